@@ -1,0 +1,35 @@
+"""One small exception hierarchy; every message says what to do next (DESIGN.md, "Contracts")."""
+
+from __future__ import annotations
+
+
+class AttnprobeError(Exception):
+    """Base class of every error attnprobe raises on purpose."""
+
+
+class ConfigError(AttnprobeError):
+    """Invalid arguments, options or files given by the user."""
+
+
+class OracleError(AttnprobeError):
+    """The oracle could not be loaded or called."""
+
+
+class OracleAnswerError(OracleError):
+    """The oracle answered with a mis-shaped or non-finite array."""
+
+
+class BudgetExceededError(AttnprobeError):
+    """A query would exceed the oracle's budget; raised before the oracle is asked."""
+
+
+class UnidentifiableError(AttnprobeError):
+    """The answers do not determine the parameters (e.g. v = 0 makes W invisible, Thm 4.1)."""
+
+
+class SaturationError(AttnprobeError):
+    """Attention weights are numerically 0 or 1, so the sigmoid cannot be inverted."""
+
+
+class RecoveryError(AttnprobeError):
+    """The recovered parameters fail their own consistency checks (e.g. a wrong rank guess)."""

@@ -1,0 +1,6 @@
+"""Learners: one module per algorithm family; each takes an oracle and returns an Extraction."""
+
+from attnprobe.learners.exact import PROBES, extract_exact
+from attnprobe.learners.result import Extraction
+
+__all__ = ["PROBES", "Extraction", "extract_exact"]

@@ -1,0 +1,47 @@
+"""Probe matrices for the column-wise solve of Thm 4.1: the paper's basis and Gaussian probes, and
+well-conditioned orthogonal probes whose inner product with v is the same for every probe."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def random_orthogonal(d: int, rng: np.random.Generator) -> np.ndarray:
+    """Haar-random orthogonal d×d matrix (QR of a Gaussian matrix with the sign fix)."""
+    Z = rng.standard_normal((d, d))
+    Q, R = np.linalg.qr(Z)
+    return Q * np.sign(np.where(np.diag(R) == 0, 1.0, np.diag(R)))
+
+
+def householder_to(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Symmetric orthogonal H with ``H x = y`` for unit vectors x, y (identity if they coincide)."""
+    w = x - y
+    n = np.linalg.norm(w)
+    H = np.eye(x.shape[0])
+    if n > 1e-15:
+        w = w / n
+        H -= 2.0 * np.outer(w, w)
+    return H
+
+
+def equal_projection_orthogonal(v: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Random orthogonal Q whose rows all have the same |q_ℓᵀv| = ‖v‖/√d.
+
+    Thm 4.1 needs ``u_ℓᵀv ≠ 0`` for each probe; making every ``|u_ℓᵀv|`` equal to its largest possible
+    common value keeps every sigmoid inversion equally well conditioned (no probe is nearly orthogonal to v).
+    """
+    d = v.shape[0]
+    h = np.ones(d) / np.sqrt(d)
+    H1 = householder_to(v / np.linalg.norm(v), h)  # H1 v̂ = h
+    R = random_orthogonal(d, rng)
+    H2 = householder_to(R @ h, h)  # (H2 R) h = h: a random rotation that keeps h
+    return H2 @ R @ H1
+
+
+def basis_probes(v: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    """The paper's deterministic probes: ``e_ℓ``, or ``e_ℓ + e_p`` where ``v_ℓ = 0`` (p = argmax |v|)."""
+    d = v.shape[0]
+    A = np.eye(d)
+    p = int(np.argmax(np.abs(v)))
+    A[zero, p] += 1.0
+    return A

@@ -1,0 +1,70 @@
+"""The result every learner returns: recovered model, exact query counts, time and a functional check."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Extraction:
+    """What a learner recovered and what it cost.
+
+    ``queries`` counts the extraction's own oracle queries (calibration and retries included);
+    ``check`` holds the functional check on fresh sequences, whose queries are counted separately.
+    """
+
+    method: str
+    model: Any
+    queries: int
+    unknowns: int
+    seconds: float
+    check: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def d(self) -> int:
+        return self.model.d
+
+    def summary(self) -> dict:
+        """JSON-ready summary (DESIGN.md: method, d, queries, seconds, check, ...)."""
+        return _jsonable({
+            "method": self.method,
+            "kind": self.model.kind,
+            "d": self.d,
+            "queries": self.queries,
+            "unknowns": self.unknowns,
+            "queries_per_unknown": self.queries / self.unknowns if self.unknowns else None,
+            "seconds": self.seconds,
+            "check": self.check,
+            "details": self.details,
+            "notes": self.notes,
+        })
+
+    def save(self, out: str | Path) -> tuple[Path, Path]:
+        """Write the recovered arrays to ``out`` (.npz, under the model's parameter names) and ``out.json``."""
+        from attnprobe.models.io import save_model
+
+        npz = save_model(self.model, out)
+        js = npz.with_suffix(".json")
+        js.write_text(json.dumps(self.summary(), indent=2) + "\n")
+        return npz, js
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    return obj

@@ -1,0 +1,108 @@
+"""Single-head attention regressor (paper Sec. 3, with the biases of real layers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from attnprobe.errors import ConfigError
+from attnprobe.models.precision import resolve_dtype
+from attnprobe.models.softmax import softmax_last
+
+
+def as_batch(X: np.ndarray, d: int) -> np.ndarray:
+    """Check that ``X`` is a float batch of sequences of shape (B, N, d) and return it as float64."""
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 3 or X.shape[2] != d or X.shape[1] < 1:
+        raise ConfigError(f"queries must have shape (B, N>=1, {d}); got {X.shape}")
+    return X
+
+
+@dataclass(frozen=True)
+class AttentionHead:
+    """``f(X) = softmax(X W x_N + X u)ᵀ (X v) + c`` for ``X ∈ R^{N×d}``, ``x_N`` the last row.
+
+    ``u = 0, c = 0`` is the paper's model ``f_{W,v}`` (Sec. 3). ``dtype`` is the precision the whole forward
+    pass is computed in, the way a deployed model answers; answers are returned as float64.
+    """
+
+    W: np.ndarray
+    v: np.ndarray
+    u: np.ndarray | None = None
+    c: float = 0.0
+    dtype: str = "float64"
+    kind: ClassVar[str] = "attention_head"
+    _cast: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        W = np.array(self.W, dtype=np.float64)
+        v = np.array(self.v, dtype=np.float64).reshape(-1)
+        d = v.shape[0]
+        if W.shape != (d, d):
+            raise ConfigError(f"W must be {d}x{d} to match v of length {d}; got {W.shape}")
+        u = np.zeros(d) if self.u is None else np.array(self.u, dtype=np.float64).reshape(-1)
+        if u.shape != (d,):
+            raise ConfigError(f"u must have length {d}; got {u.shape}")
+        if not (np.isfinite(W).all() and np.isfinite(v).all() and np.isfinite(u).all() and np.isfinite(self.c)):
+            raise ConfigError("model parameters must be finite")
+        resolve_dtype(self.dtype)
+        for name, arr in (("W", W), ("v", v), ("u", u)):
+            arr.setflags(write=False)
+            object.__setattr__(self, name, arr)
+        object.__setattr__(self, "c", float(self.c))
+
+    @property
+    def d(self) -> int:
+        return self.v.shape[0]
+
+    @property
+    def has_bias(self) -> bool:
+        return bool(np.any(self.u != 0) or self.c != 0)
+
+    @staticmethod
+    def unknowns(d: int, bias: bool = True) -> int:
+        """Degrees of freedom: ``d² + 2d + 1`` with biases, ``d² + d`` for the paper's model."""
+        return d * d + 2 * d + 1 if bias else d * d + d
+
+    def with_dtype(self, dtype: str) -> "AttentionHead":
+        return AttentionHead(self.W, self.v, self.u, self.c, dtype)
+
+    def _params(self):
+        """Parameters cast once to the compute dtype."""
+        if not self._cast:
+            dt = resolve_dtype(self.dtype)
+            self._cast.update(dt=dt, W=self.W.astype(dt), v=self.v.astype(dt), u=self.u.astype(dt),
+                              c=np.asarray(self.c, dtype=dt))
+        return self._cast
+
+    def attention(self, X: np.ndarray) -> np.ndarray:
+        """Attention weights ``α(X) ∈ Δ^{N-1}`` per sequence, shape (B, N)."""
+        p = self._params()
+        Xc = as_batch(X, self.d).astype(p["dt"])
+        return softmax_last(self._scores(Xc, p))
+
+    @staticmethod
+    def _scores(Xc, p):
+        q = Xc[:, -1, :] @ p["W"].T  # W x_N, shape (B, d)
+        return np.einsum("bnd,bd->bn", Xc, q) + Xc @ p["u"]
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        p = self._params()
+        Xc = as_batch(X, self.d).astype(p["dt"])
+        alpha = softmax_last(self._scores(Xc, p))
+        values = Xc @ p["v"]
+        out = (alpha * values).sum(axis=-1) + p["c"]
+        return out.astype(np.float64)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"W": self.W, "v": self.v, "u": self.u, "c": np.asarray(self.c)}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "AttentionHead":
+        missing = {"W", "v"} - set(arrays)
+        if missing:
+            raise ConfigError(f"an attention head needs arrays {sorted(missing)}")
+        c = float(np.asarray(arrays["c"])) if "c" in arrays else 0.0
+        return cls(arrays["W"], arrays["v"], arrays.get("u"), c, dtype)

@@ -1,0 +1,88 @@
+"""The Oracle protocol (DESIGN.md): batched black-box access with exact counting, a budget and validation."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from attnprobe.errors import BudgetExceededError, OracleAnswerError, OracleError
+from attnprobe.models.attention import as_batch
+from attnprobe.models.precision import unit_roundoff
+
+QueryFn = Callable[[np.ndarray], np.ndarray]
+
+
+class Oracle:
+    """Wraps a callable ``fn(X) -> y`` with ``X`` of shape (B, N, d) and ``y`` of shape (B,).
+
+    ``queries`` counts every sequence sent to ``fn``. A call that would pass ``budget`` raises
+    :class:`BudgetExceededError` before ``fn`` is asked. Answers that are mis-shaped or non-finite raise
+    :class:`OracleAnswerError`. ``precision`` names the precision the answers are computed in (it sets the
+    noise floor learners use to tell signal from rounding); ``max_batch`` splits large batches.
+    """
+
+    def __init__(self, fn: QueryFn, d: int, *, budget: int | None = None, precision: str = "float64",
+                 max_batch: int = 65536, name: str | None = None) -> None:
+        if not callable(fn):
+            raise OracleError(f"the oracle must be callable; got {type(fn).__name__}")
+        if int(d) < 1:
+            raise OracleError(f"the width d must be at least 1; got {d}")
+        if budget is not None and budget < 0:
+            raise OracleError(f"the budget must be non-negative; got {budget}")
+        self.fn = fn
+        self.d = int(d)
+        self.budget = budget
+        self.precision = precision
+        self.eps = unit_roundoff(precision)
+        self.max_batch = int(max_batch)
+        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        self.queries = 0
+
+    @property
+    def remaining(self) -> float:
+        return float("inf") if self.budget is None else self.budget - self.queries
+
+    def require(self, n: int, what: str = "this step") -> None:
+        """Refuse up front when ``n`` more queries do not fit in the budget."""
+        if n > self.remaining:
+            raise BudgetExceededError(
+                f"{what} needs {n} more queries but the budget has {int(self.remaining)} left "
+                f"(budget {self.budget}, used {self.queries}); raise --budget to at least {self.queries + n}")
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        X = as_batch(X, self.d)
+        B = X.shape[0]
+        self.require(B, f"a batch of {B} queries")
+        if B == 0:
+            return np.zeros(0)
+        parts = [self._ask(X[i:i + self.max_batch]) for i in range(0, B, self.max_batch)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _ask(self, X: np.ndarray) -> np.ndarray:
+        B = X.shape[0]
+        try:
+            raw = self.fn(X)
+        except Exception as exc:
+            raise OracleError(f"the oracle {self.name!r} failed on a batch of shape {X.shape}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self.queries += B
+        try:
+            y = np.asarray(raw, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise OracleAnswerError(f"the oracle {self.name!r} answered with something that is not numbers "
+                                    f"({type(raw).__name__}); it must return a float array of shape ({B},)") from exc
+        if y.shape != (B,):
+            raise OracleAnswerError(f"the oracle {self.name!r} answered with shape {y.shape} for a batch of "
+                                    f"{B} sequences; it must return one number per sequence, shape ({B},)")
+        bad = ~np.isfinite(y)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise OracleAnswerError(f"the oracle {self.name!r} answered {y[i]} (non-finite) for sequence {i} of "
+                                    f"a batch of shape {X.shape}; {int(bad.sum())} answers in the batch are "
+                                    "not finite. Check the target for overflow or lower the probe scale.")
+        return y
+
+    def __repr__(self) -> str:
+        return f"Oracle({self.name!r}, d={self.d}, queries={self.queries}, budget={self.budget})"
