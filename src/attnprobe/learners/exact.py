@@ -68,7 +68,7 @@ class _OrthogonalColumns(_Columns):
         return self.A.T @ T  # A orthogonal
 
 
-def _calibrate(oracle, Q, P, v, c, bias, allowance):
+def calibrate(oracle, Q, P, v, c, bias, allowance):
     """Estimate ``ν_u ≈ RMS qᵀu`` and ``ν_W ≈ RMS qᵀW p`` (unit q, p) from a few probes, shrinking the probes
     when they saturate and growing them when the logit drowns in rounding. Uses at most ``allowance``
     queries; an estimate it could not afford is None. Returns ``(ν_u, ν_W, queries used)``."""
@@ -106,7 +106,7 @@ def _calibrate(oracle, Q, P, v, c, bias, allowance):
     return nu_u, nu_w, used
 
 
-def _scales(nu_u, nu_w, target):
+def probe_scales(nu_u, nu_w, target):
     """Probe scales ``s_u`` (u pass), ``s_a``, ``s_b`` (W pass) that put the RMS logit at ``target``.
 
     Balanced ``s_a = s_b`` when the query bias is small; a large bias would swamp ``aᵀW b``, so b is lifted
@@ -156,8 +156,8 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
     if probes == "orthogonal":
         Q = equal_projection_orthogonal(v, rng)
         P = random_orthogonal(d, rng)
-        nu_u, nu_w, used = _calibrate(oracle, Q, P, v, c, bias, allowance)
-        s_u, s_a, s_b = _scales(nu_u, nu_w, target_logit)
+        nu_u, nu_w, used = calibrate(oracle, Q, P, v, c, bias, allowance)
+        s_u, s_a, s_b = probe_scales(nu_u, nu_w, target_logit)
         cols = _OrthogonalColumns(Q, P)
         details.update(calibration_queries=used, scale_u=s_u, scale_a=s_a, scale_b=s_b,
                        estimated_rms_qu=nu_u, estimated_rms_qWp=nu_w)
@@ -174,7 +174,7 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
     total = unknowns + details.get("calibration_queries", 0)
     u = np.zeros(d)
     if bias:
-        Z, _ = _measure_block(oracle, cols.A, np.zeros((1, d)), s_u, v, c, probes, "the query-bias pass [a; 0]")
+        Z, _ = measure_block(oracle, cols.A, np.zeros((1, d)), s_u, v, c, probes, "the query-bias pass [a; 0]")
         u = cols.solve_a(Z)[:, 0]
         report(oracle.queries - start, total)
 
@@ -183,7 +183,7 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
     for j0 in range(0, d, block):
         J = np.arange(j0, min(d, j0 + block))
         Bdir = cols.B[J]
-        Z, rms = _measure_block(oracle, cols.A, s_b * Bdir, s_a, v, c, probes, f"columns {J[0]}..{J[-1]} of W")
+        Z, rms = measure_block(oracle, cols.A, s_b * Bdir, s_a, v, c, probes, f"columns {J[0]}..{J[-1]} of W")
         M[:, J] = (cols.solve_a(Z) - u[:, None]) / s_b
         if probes == "orthogonal" and np.isfinite(rms) and rms > 0:  # steer the next block to the target logit
             s_a *= float(np.clip(target_logit / rms, 0.5, 2.0))
@@ -208,7 +208,7 @@ NOISY_FACTOR = 30.0
 NEGLIGIBLE_NOISE = 1e-9
 
 
-def _measure_block(oracle, A, Bs, scale, v, c, probes, what):
+def measure_block(oracle, A, Bs, scale, v, c, probes, what):
     """Normalised logits ``Z[ℓ, j] = a_ℓᵀ(W b_j + u)`` for probes ``scale·a_ℓ`` against each row ``b_j`` of
     ``Bs``. With orthogonal probes every saturated or unusually noisy probe is asked again alone at a quarter
     of its scale (one query each: each equation may have its own scale); the paper's fixed probes raise
