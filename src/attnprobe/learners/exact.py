@@ -73,7 +73,7 @@ def calibrate(oracle, Q, P, v, c, bias, allowance):
     when they saturate and growing them when the logit drowns in rounding. Uses at most ``allowance``
     queries; an estimate it could not afford is None. Returns ``(ν_u, ν_W, queries used)``."""
     used = 0
-    k = max(1, min(16, allowance // 8))
+    k = max(1, min(16, allowance // 4))
     d = Q.shape[1]
 
     def search(measure, power):
@@ -174,19 +174,23 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
     total = unknowns + details.get("calibration_queries", 0)
     u = np.zeros(d)
     if bias:
-        Z, _ = measure_block(oracle, cols.A, np.zeros((1, d)), s_u, v, c, probes, "the query-bias pass [a; 0]")
+        Z, _ = measure_steered(oracle, cols.A, np.zeros((1, d)), s_u, v, c, probes, "the query-bias pass [a; 0]",
+                               target_logit)
         u = cols.solve_a(Z)[:, 0]
         report(oracle.queries - start, total)
 
     M = np.empty((d, d))  # M[:, j] = W b̂_j with b̂_j the unit column direction
     block = max(1, min(d, block_floats // (2 * d * d)))
-    for j0 in range(0, d, block):
-        J = np.arange(j0, min(d, j0 + block))
+    # the first column alone steers the scale for the rest (the calibration may have had a single probe)
+    starts = [0, 1] + list(range(1 + block, d, block)) if probes == "orthogonal" else list(range(0, d, block))
+    for j0, j1 in zip(starts, starts[1:] + [d]):
+        if j0 >= d:
+            break
+        J = np.arange(j0, j1)
         Bdir = cols.B[J]
-        Z, rms = measure_block(oracle, cols.A, s_b * Bdir, s_a, v, c, probes, f"columns {J[0]}..{J[-1]} of W")
+        Z, s_a = measure_steered(oracle, cols.A, s_b * Bdir, s_a, v, c, probes, f"columns {J[0]}..{J[-1]} of W",
+                                 target_logit)
         M[:, J] = (cols.solve_a(Z) - u[:, None]) / s_b
-        if probes == "orthogonal" and np.isfinite(rms) and rms > 0:  # steer the next block to the target logit
-            s_a *= float(np.clip(target_logit / rms, 0.5, 2.0))
         report(oracle.queries - start, total)
     W = M @ cols.B if probes == "orthogonal" else M  # M = W Bᵀ for orthonormal rows B
 
@@ -202,6 +206,26 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
     return result
 
 
+def measure_steered(oracle, A, Bs, scale, v, c, probes, what, target, max_steps=3):
+    """:func:`measure_block`, then steer the probe scale to the target RMS logit. A block whose logits came out
+    more than 8x too small or too large lost precision (too little signal, or weights pressed against 0 and 1)
+    and is measured again at the corrected scale (this is where a tiny or missing calibration is paid for);
+    otherwise the correction applies to the next block.
+    Returns ``(Z, scale for the next block)``."""
+    for step in range(max_steps + 1):
+        Z, rms, noise = measure_block(oracle, A, Bs, scale, v, c, probes, what)
+        if probes != "orthogonal":
+            return Z, scale
+        factor = target / rms if rms > 0 else np.inf
+        if rms < 100 * noise:  # the logits drown in rounding: grow cautiously
+            factor = min(factor, 64.0)
+        if 0.125 <= factor <= 8.0 or step == max_steps:
+            return Z, scale * float(np.clip(factor, 0.05, 2.0))
+        oracle.require(A.shape[0] * Bs.shape[0], f"re-measuring {what} at a better probe scale")
+        scale *= float(np.clip(factor, 1e-3, 1e6))
+    raise AssertionError("unreachable")
+
+
 #: a probe whose logit noise exceeds this multiple of its block's median is re-measured at a smaller scale
 NOISY_FACTOR = 30.0
 #: ...unless its noise is below this fraction of the RMS logit anyway (float64 answers)
@@ -212,7 +236,7 @@ def measure_block(oracle, A, Bs, scale, v, c, probes, what):
     """Normalised logits ``Z[ℓ, j] = a_ℓᵀ(W b_j + u)`` for probes ``scale·a_ℓ`` against each row ``b_j`` of
     ``Bs``. With orthogonal probes every saturated or unusually noisy probe is asked again alone at a quarter
     of its scale (one query each: each equation may have its own scale); the paper's fixed probes raise
-    instead. Returns ``(Z, rms logit of the first pass)``."""
+    instead. Returns ``(Z, RMS logit and median logit noise of the first pass)``."""
     d, k = A.shape[0], Bs.shape[0]
     Z = np.empty((d, k))
     S = np.full((d, k), float(scale))
@@ -222,12 +246,12 @@ def measure_block(oracle, A, Bs, scale, v, c, probes, what):
         lg = measure_logits(oracle, A[ell] * S[ell, j][:, None], Bs[j], v, c)
         ok = ~lg.saturated
         Z[ell[ok], j[ok]] = lg.values[ok] / S[ell[ok], j[ok]]
-        if rms is None:
-            rms = float(np.sqrt(np.mean(lg.values[ok] ** 2))) if ok.any() else np.inf
+        if rms is None:  # saturated probes count as logit 40, beyond any precision's reach
+            rms = float(np.sqrt(np.mean(np.where(ok, lg.values, 40.0) ** 2)))
             median_noise = float(np.median(lg.noise[ok])) if ok.any() else 0.0
         if probes != "orthogonal":
             if not lg.saturated.any():
-                return Z, rms
+                return Z, rms, median_noise
             raise SaturationError(
                 f"{int(lg.saturated.sum())} attention weights of {what} are numerically 0 or 1 with the paper's "
                 f"{probes} probes, so the sigmoid cannot be inverted; use --probes orthogonal, which scales the "
@@ -235,7 +259,7 @@ def measure_block(oracle, A, Bs, scale, v, c, probes, what):
         noisy = lg.noise > max(NOISY_FACTOR * median_noise, NEGLIGIBLE_NOISE * rms)
         redo = lg.saturated | noisy if attempt < MAX_RETRIES else lg.saturated
         if not redo.any():
-            return Z, rms
+            return Z, rms, median_noise
         if attempt == MAX_RETRIES:
             break
         ell, j = ell[redo], j[redo]
