@@ -26,6 +26,9 @@ PROBES = ("orthogonal", "basis", "gaussian")
 #: RMS attention logit the orthogonal probes aim for: near ±1.5 the sigmoid loses least precision.
 TARGET_LOGIT = 1.5
 CALIBRATION_SHARE = 0.02
+#: probes measured first in each pass to steer the scale of the rest: at least 4, at most 16 or d/3
+def lead_probes(d: int) -> int:
+    return max(4, min(16, d // 3))
 MAX_RETRIES = 6
 
 
@@ -71,39 +74,55 @@ class _OrthogonalColumns(_Columns):
 def calibrate(oracle, Q, P, v, c, bias, allowance):
     """Estimate ``ν_u ≈ RMS qᵀu`` and ``ν_W ≈ RMS qᵀW p`` (unit q, p) from a few probes, shrinking the probes
     when they saturate and growing them when the logit drowns in rounding. Uses at most ``allowance``
-    queries; an estimate it could not afford is None. Returns ``(ν_u, ν_W, queries used)``."""
+    queries; an estimate it could not afford is None.
+
+    The probes are the first k rows of Q against b = 0 (u) and against the first k rows of P (W), so the last,
+    successful measurement of each search is also a valid equation of the main passes: ``q_iᵀu`` and
+    ``q_iᵀW p_i`` are returned and reused, and only the failed search steps cost extra queries.
+    Returns ``(ν_u, ν_W, queries used, q_iᵀu or None, q_iᵀW p_i or None)``."""
     used = 0
-    k = max(1, min(16, allowance // 4))
+    k = max(1, min(16, allowance // 2))
     d = Q.shape[1]
 
     def search(measure, power):
+        """Scale search; ``measure(s)`` returns (logits, the part that scales as s**power). Returns the RMS of
+        that part at unit scale (or an upper bound), its values, and whether they are reusable equations."""
         nonlocal used
         s, bound = 1.0, None
         while used + k <= allowance:
-            lg: Logits = measure(s)
+            lg, part = measure(s)
             used += k
             if lg.saturated.any():
                 s /= 16.0 ** (1.0 / power)
-            elif np.all(np.abs(lg.values) < 100 * lg.noise):  # below rounding: only an upper bound
-                bound = float(np.max(np.abs(lg.values) + 100 * lg.noise)) / s**power
+            elif np.all(np.abs(part) < 100 * lg.noise):  # below rounding: only an upper bound
+                bound = float(np.max(np.abs(part) + 100 * lg.noise)) / s**power
                 s *= 64.0 ** (1.0 / power)
             else:
-                return float(np.sqrt(np.mean(lg.values**2))) / s**power, lg.values / s**power
+                # reusable as equations only if taken where the sigmoid inverts well
+                rms_all = float(np.sqrt(np.mean(lg.values**2)))
+                reusable = rms_all >= TARGET_LOGIT / 8 and float(np.max(np.abs(lg.values))) <= 8.0
+                return float(np.sqrt(np.mean(part**2))) / s**power, part / s**power, reusable
             if not 1e-8 < s < 1e8:
                 break
-        return bound, None
+        return bound, None, False
 
-    nu_u, qu = None, None
+    nu_u, qu, known_u = None, np.zeros(k), None
     if bias:
-        nu_u, qu = search(lambda s: measure_logits(oracle, s * Q[:k], np.zeros(d), v, c), 1)
-    qu = np.zeros(k) if qu is None else qu
+        def u_part(s):
+            lg = measure_logits(oracle, s * Q[:k], np.zeros(d), v, c)
+            return lg, lg.values
+
+        nu_u, qu_found, ok = search(u_part, 1)
+        if qu_found is None:  # the u part of the W probes below cannot be removed: no W estimate
+            return nu_u, None, used, None, None
+        qu, known_u = qu_found, (qu_found if ok else None)
 
     def w_part(s):  # [(a+b); b] at a = s q, b = s p has logit s² qᵀW p + s qᵀu
         lg = measure_logits(oracle, s * Q[:k], s * P[:k], v, c)
-        return Logits(lg.values - s * qu, lg.saturated, lg.noise)
+        return lg, lg.values - s * qu
 
-    nu_w, _ = search(w_part, 2)
-    return nu_u, nu_w, used
+    nu_w, known_w, ok = search(w_part, 2)
+    return nu_u, nu_w, used, known_u, (known_w if ok else None)
 
 
 def probe_scales(nu_u, nu_w, target):
@@ -156,11 +175,12 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
     if probes == "orthogonal":
         Q = equal_projection_orthogonal(v, rng)
         P = random_orthogonal(d, rng)
-        nu_u, nu_w, used = calibrate(oracle, Q, P, v, c, bias, allowance)
+        nu_u, nu_w, used, known_u, known_w = calibrate(oracle, Q, P, v, c, bias, allowance)
         s_u, s_a, s_b = probe_scales(nu_u, nu_w, target_logit)
         cols = _OrthogonalColumns(Q, P)
-        details.update(calibration_queries=used, scale_u=s_u, scale_a=s_a, scale_b=s_b,
-                       estimated_rms_qu=nu_u, estimated_rms_qWp=nu_w)
+        reused = sum(0 if x is None else len(x) for x in (known_u, known_w))
+        details.update(calibration_queries=used - reused, calibration_reused=reused, scale_u=s_u, scale_a=s_a,
+                       scale_b=s_b, estimated_rms_qu=nu_u, estimated_rms_qWp=nu_w)
     else:
         if probes == "basis":
             A = basis_probes(v, zero)
@@ -170,12 +190,18 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
             A = rng.standard_normal((d, d))
         cols = _Columns(A, np.eye(d))
         s_u = s_a = s_b = 1.0
+        known_u = known_w = None
 
     total = unknowns + details.get("calibration_queries", 0)
     u = np.zeros(d)
     if bias:
+        skip = np.zeros((d, 1), bool)
+        if known_u is not None:
+            skip[: len(known_u)] = True
         Z, _ = measure_steered(oracle, cols.A, np.zeros((1, d)), s_u, v, c, probes, "the query-bias pass [a; 0]",
-                               target_logit)
+                               target_logit, lead=lead_probes(d), skip=skip)
+        if known_u is not None:
+            Z[: len(known_u), 0] = known_u
         u = cols.solve_a(Z)[:, 0]
         report(oracle.queries - start, total)
 
@@ -188,8 +214,13 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
             break
         J = np.arange(j0, j1)
         Bdir = cols.B[J]
+        skip = np.zeros((d, len(J)), bool)
+        reuse = J[J < (0 if known_w is None else len(known_w))]  # probe i of column i was a calibration probe
+        skip[reuse, reuse - j0] = True
         Z, s_a = measure_steered(oracle, cols.A, s_b * Bdir, s_a, v, c, probes, f"columns {J[0]}..{J[-1]} of W",
-                                 target_logit)
+                                 target_logit, lead=lead_probes(d) if j0 == 0 else 0, skip=skip)
+        if len(reuse):
+            Z[reuse, reuse - j0] = s_b * known_w[reuse] + cols.A[reuse] @ u
         M[:, J] = (cols.solve_a(Z) - u[:, None]) / s_b
         report(oracle.queries - start, total)
     W = M @ cols.B if probes == "orthogonal" else M  # M = W Bᵀ for orthonormal rows B
@@ -206,22 +237,34 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
     return result
 
 
-def measure_steered(oracle, A, Bs, scale, v, c, probes, what, target, max_steps=3):
+def measure_steered(oracle, A, Bs, scale, v, c, probes, what, target, lead: int = 0, skip=None):
+    """:func:`steer_block` over all probes; with ``lead > 0`` the first ``lead`` probes go first and steer the
+    scale of the rest (each equation may have its own scale), so a poor calibration costs at most ``lead``
+    re-measured probes per column instead of a whole block. ``skip`` marks (probe, column) pairs known already."""
+    skip = np.zeros((A.shape[0], Bs.shape[0]), bool) if skip is None else skip
+    if probes == "orthogonal" and 0 < lead < A.shape[0]:
+        Z1, scale = steer_block(oracle, A[:lead], Bs, scale, v, c, probes, what, target, skip[:lead])
+        Z2, scale = steer_block(oracle, A[lead:], Bs, scale, v, c, probes, what, target, skip[lead:])
+        return np.vstack([Z1, Z2]), scale
+    return steer_block(oracle, A, Bs, scale, v, c, probes, what, target, skip)
+
+
+def steer_block(oracle, A, Bs, scale, v, c, probes, what, target, skip, max_steps=3):
     """:func:`measure_block`, then steer the probe scale to the target RMS logit. A block whose logits came out
     more than 8x too small or too large lost precision (too little signal, or weights pressed against 0 and 1)
     and is measured again at the corrected scale (this is where a tiny or missing calibration is paid for);
     otherwise the correction applies to the next block.
     Returns ``(Z, scale for the next block)``."""
     for step in range(max_steps + 1):
-        Z, rms, noise = measure_block(oracle, A, Bs, scale, v, c, probes, what)
-        if probes != "orthogonal":
+        Z, rms, noise = measure_block(oracle, A, Bs, scale, v, c, probes, what, skip)
+        if probes != "orthogonal" or skip.all():
             return Z, scale
         factor = target / rms if rms > 0 else np.inf
         if rms < 100 * noise:  # the logits drown in rounding: grow cautiously
             factor = min(factor, 64.0)
         if 0.125 <= factor <= 8.0 or step == max_steps:
             return Z, scale * float(np.clip(factor, 0.05, 2.0))
-        oracle.require(A.shape[0] * Bs.shape[0], f"re-measuring {what} at a better probe scale")
+        oracle.require(int((~skip).sum()), f"re-measuring {what} at a better probe scale")
         scale *= float(np.clip(factor, 1e-3, 1e6))
     raise AssertionError("unreachable")
 
@@ -232,15 +275,20 @@ NOISY_FACTOR = 30.0
 NEGLIGIBLE_NOISE = 1e-9
 
 
-def measure_block(oracle, A, Bs, scale, v, c, probes, what):
+def measure_block(oracle, A, Bs, scale, v, c, probes, what, skip=None):
     """Normalised logits ``Z[ℓ, j] = a_ℓᵀ(W b_j + u)`` for probes ``scale·a_ℓ`` against each row ``b_j`` of
     ``Bs``. With orthogonal probes every saturated or unusually noisy probe is asked again alone at a quarter
     of its scale (one query each: each equation may have its own scale); the paper's fixed probes raise
-    instead. Returns ``(Z, RMS logit and median logit noise of the first pass)``."""
+    instead. Pairs marked in ``skip`` are not asked (left NaN). Returns ``(Z, RMS logit and median logit noise
+    of the first pass)``."""
     d, k = A.shape[0], Bs.shape[0]
-    Z = np.empty((d, k))
+    Z = np.full((d, k), np.nan)
     S = np.full((d, k), float(scale))
     ell, j = np.divmod(np.arange(d * k), k)  # ℓ-major, matching Z's C order
+    if skip is not None:
+        ell, j = ell[~skip.ravel()], j[~skip.ravel()]
+        if len(ell) == 0:
+            return Z, np.nan, 0.0
     rms, median_noise = None, None
     for attempt in range(MAX_RETRIES + 1):
         lg = measure_logits(oracle, A[ell] * S[ell, j][:, None], Bs[j], v, c)

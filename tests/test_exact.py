@@ -1,0 +1,142 @@
+"""Thm 4.1: exact recovery with value queries, with and without the biases of real layers."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from attnprobe.errors import BudgetExceededError, OracleAnswerError, SaturationError, UnidentifiableError
+from attnprobe.learners import extract_exact
+from attnprobe.models import AttentionHead
+from attnprobe.oracles import Oracle
+from attnprobe.targets import random_head
+from conftest import rel
+
+
+def assert_recovered(res, truth, tol):
+    m = res.model
+    assert rel(m.W, truth.W) <= tol
+    assert rel(m.v, truth.v) <= tol
+    assert rel(m.u, truth.u) <= tol
+    assert abs(m.c - truth.c) <= tol * max(1.0, abs(truth.c))
+
+
+@pytest.mark.parametrize("d", [16, 64])
+@pytest.mark.parametrize("scale", [1e-6, 1.0, 50.0])
+@pytest.mark.parametrize("bias", [True, False])
+def test_default_probes_recover_to_1e9_with_few_extra_queries(d, scale, bias):
+    truth = random_head(d, seed=d, scale=scale, zero_v=d // 4, bias=bias)
+    oracle = Oracle(truth, d)
+    res = extract_exact(oracle, bias=bias)
+    assert_recovered(res, truth, 1e-9)
+    assert res.unknowns == (d * d + 2 * d + 1 if bias else d * d + d)
+    assert res.unknowns <= res.queries <= 1.02 * res.unknowns
+    assert res.details["calibration_queries"] <= 0.02 * res.unknowns
+    assert oracle.queries == res.queries + res.check["queries"]
+    assert res.check["relative_error"] < 1e-9
+
+
+@settings(max_examples=25, deadline=None)
+@given(d=st.integers(1, 20), seed=st.integers(0, 10**6), log_scale=st.floats(-4, 1.5),
+       bias=st.booleans(), zeros=st.integers(0, 5))
+def test_recovery_is_exact_for_any_head(d, seed, log_scale, bias, zeros):
+    truth = random_head(d, seed=seed, scale=10**log_scale, bias=bias, zero_v=min(zeros, d - 1))
+    res = extract_exact(Oracle(truth, d), bias=bias, seed=seed)
+    assert_recovered(res, truth, 1e-8)
+
+
+@pytest.mark.parametrize("probes", ["basis", "gaussian"])
+@pytest.mark.parametrize("d", [1, 5, 24])
+def test_paper_probes_use_exactly_d_plus_d2_queries(probes, d):
+    truth = random_head(d, seed=7, bias=False, zero_v=d // 3)
+    oracle = Oracle(truth, d)
+    res = extract_exact(oracle, probes=probes, bias=False, check=False)
+    assert res.queries == oracle.queries == d + d * d
+    assert rel(res.model.W, truth.W) < 1e-9 and rel(res.model.v, truth.v) < 1e-12
+
+
+@pytest.mark.parametrize("probes", ["basis", "gaussian"])
+def test_paper_probes_with_bias_use_exactly_the_unknowns(probes):
+    d = 12
+    truth = random_head(d, seed=3)
+    res = extract_exact(Oracle(truth, d), probes=probes, check=False)
+    assert res.queries == d * d + 2 * d + 1
+    assert_recovered(res, truth, 1e-9)
+
+
+def test_basis_probes_handle_zero_entries_of_v():
+    d = 10
+    truth = random_head(d, seed=11, bias=False, zero_v=4)
+    assert (truth.v == 0).sum() == 4
+    res = extract_exact(Oracle(truth, d), probes="basis", bias=False)
+    assert rel(res.model.W, truth.W) < 1e-12
+    assert any("zero entries of v" in n for n in res.notes)
+
+
+def test_unidentifiable_when_v_is_zero():
+    d = 6
+    base = random_head(d, seed=1)
+    for truth in (AttentionHead(base.W, np.zeros(d), base.u, 0.7), AttentionHead(base.W, np.zeros(d))):
+        oracle = Oracle(truth, d)
+        with pytest.raises(UnidentifiableError, match="v = 0"):
+            extract_exact(oracle)
+        assert oracle.queries == d + 1  # it stopped right after the length-1 queries
+
+
+def test_saturated_attention_is_an_error_for_fixed_probes():
+    truth = random_head(16, seed=5, scale=200.0)
+    with pytest.raises(SaturationError, match="--probes orthogonal"):
+        extract_exact(Oracle(truth, 16), probes="basis")
+    # ...while the default probes rescale themselves
+    res = extract_exact(Oracle(truth, 16))
+    assert_recovered(res, truth, 1e-9)
+
+
+def test_budget_too_small_fails_before_any_query():
+    truth = random_head(8, seed=0)
+    oracle = Oracle(truth, 8, budget=100)
+    with pytest.raises(BudgetExceededError, match="needs 121 more"):
+        extract_exact(oracle)
+    assert oracle.queries == 0
+    exact_budget = Oracle(random_head(8, seed=0, bias=False), 8, budget=8 * 8 + 8)
+    res = extract_exact(exact_budget, probes="basis", bias=False, check=False)
+    assert res.queries == 72
+
+
+def test_non_finite_answers_are_reported():
+    truth = random_head(5, seed=2)
+
+    def broken(X):
+        y = truth(X)
+        if X.shape[1] == 2:
+            y[3] = np.nan
+        return y
+
+    with pytest.raises(OracleAnswerError, match="non-finite"):
+        extract_exact(Oracle(broken, 5))
+
+
+def test_float32_answers_with_orthogonal_probes_beat_the_papers():
+    d = 48
+    truth = random_head(d, seed=8, rank=8)
+    errs = {}
+    for probes in ("orthogonal", "basis", "gaussian"):
+        oracle = Oracle(truth.with_dtype("float32"), d, precision="float32")
+        errs[probes] = rel(extract_exact(oracle, probes=probes, check=False).model.W, truth.W)
+    assert errs["orthogonal"] < 1e-4
+    assert errs["orthogonal"] < min(errs["basis"], errs["gaussian"])
+
+
+def test_result_is_reproducible_and_saves(tmp_path):
+    truth = random_head(9, seed=4)
+    a = extract_exact(Oracle(truth, 9), seed=3)
+    b = extract_exact(Oracle(truth, 9), seed=3)
+    assert np.array_equal(a.model.W, b.model.W) and a.queries == b.queries
+    npz, js = a.save(tmp_path / "out.npz")
+    import json
+
+    summary = json.loads(js.read_text())
+    assert {"method", "d", "queries", "seconds", "check"} <= set(summary)
+    assert summary["queries"] == a.queries and summary["d"] == 9
+    with np.load(npz) as f:
+        assert set(f.files) >= {"W", "v", "u", "c"}
+        assert np.array_equal(f["W"], a.model.W)
