@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from attnprobe.errors import BudgetExceededError, OracleAnswerError, SaturationError, UnidentifiableError
+from attnprobe.errors import (BudgetExceededError, OracleAnswerError, RecoveryError, SaturationError,
+                              UnidentifiableError)
 from attnprobe.learners import extract_exact
 from attnprobe.models import AttentionHead
 from attnprobe.oracles import Oracle
@@ -140,3 +141,19 @@ def test_result_is_reproducible_and_saves(tmp_path):
     with np.load(npz) as f:
         assert set(f.files) >= {"W", "v", "u", "c"}
         assert np.array_equal(f["W"], a.model.W)
+
+
+def test_wrong_model_class_is_reported():
+    truth = random_head(8, seed=0)  # has biases
+    for probes in ("orthogonal", "basis", "gaussian"):
+        with pytest.raises(RecoveryError, match="--no-bias"):
+            extract_exact(Oracle(truth, 8), probes=probes, bias=False)
+    # a target whose length-2 answers stay consistent but that is not a head fails the functional check
+    def two_heads(X):
+        return truth(X) + 0.5 * truth(X[:, ::-1, :])
+
+    res = extract_exact(Oracle(two_heads, 8), probes="gaussian")
+    assert not res.check["passed"] and res.check["relative_error"] > 1e-3
+    assert any("FAILED" in n for n in res.notes)
+    ok = extract_exact(Oracle(truth, 8))
+    assert ok.check["passed"] and not ok.notes

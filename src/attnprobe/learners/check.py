@@ -17,6 +17,8 @@ def functional_check(oracle, model, rng: np.random.Generator, lengths=DEFAULT_LE
 
     ``input_fn(N, count, rng)`` may supply the sequences (e.g. inputs a target sees in practice); the default
     draws rows with i.i.d. N(0, scale²) entries. Costs ``len(lengths) * per_length`` oracle queries.
+    ``passed`` is False when the error exceeds what the answers' precision explains (``max(1e-6, 1e5·eps)``):
+    then the recovered model does not describe the oracle (wrong model class, biases, rank, ...).
     """
     d = oracle.d
     before = oracle.queries
@@ -31,5 +33,7 @@ def functional_check(oracle, model, rng: np.random.Generator, lengths=DEFAULT_LE
         num += e2
         den += n2
     rel = np.sqrt(num / den) if den > 0 else np.sqrt(num)
+    tolerance = max(1e-6, 1e5 * oracle.eps)
     return {"relative_error": float(rel), "per_length": per, "lengths": list(map(int, lengths)),
-            "per_length_count": per_length, "queries": oracle.queries - before}
+            "per_length_count": per_length, "queries": oracle.queries - before,
+            "tolerance": tolerance, "passed": bool(rel <= tolerance)}

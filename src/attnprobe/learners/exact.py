@@ -15,7 +15,7 @@ import time
 import numpy as np
 import scipy.linalg
 
-from attnprobe.errors import ConfigError, SaturationError, UnidentifiableError
+from attnprobe.errors import ConfigError, RecoveryError, SaturationError, UnidentifiableError
 from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, functional_check
 from attnprobe.learners.probes import basis_probes, equal_projection_orthogonal, random_orthogonal
 from attnprobe.learners.result import Extraction
@@ -233,6 +233,10 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
     result = Extraction("exact", model, queries, unknowns, 0.0, details=details, notes=notes)
     if check:
         result.check = functional_check(oracle, model, rng, check_lengths)
+        if not result.check["passed"]:
+            result.notes.append(
+                f"functional check FAILED (relative error {result.check['relative_error']:.2e}): the oracle does not "
+                "behave like a single head of this form" + (" without biases; drop --no-bias" if not bias else ""))
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -292,6 +296,12 @@ def measure_block(oracle, A, Bs, scale, v, c, probes, what, skip=None):
     rms, median_noise = None, None
     for attempt in range(MAX_RETRIES + 1):
         lg = measure_logits(oracle, A[ell] * S[ell, j][:, None], Bs[j], v, c)
+        if lg.outside.any():
+            n = int(lg.outside.sum())
+            raise RecoveryError(
+                f"{n} of {len(ell)} answers for {what} lie outside the two values the attention mixes, so they are "
+                "no softmax average: the oracle is not a single attention head of the assumed form (a biased head "
+                "learned with --no-bias?) or its answers are noisy (see --method robust)")
         ok = ~lg.saturated
         Z[ell[ok], j[ok]] = lg.values[ok] / S[ell[ok], j[ok]]
         if rms is None:  # saturated probes count as logit 40, beyond any precision's reach

@@ -17,6 +17,7 @@ class Logits:
     values: np.ndarray
     saturated: np.ndarray
     noise: np.ndarray  # first-order logit error from one rounding of each answer
+    outside: np.ndarray | None = None  # answer outside [y0, y1] beyond rounding: not a convex combination
 
 
 def two_row_queries(A: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -32,7 +33,8 @@ def invert_two_row(y: np.ndarray, y0: np.ndarray, y1: np.ndarray, eps: float) ->
 
     ``y0 = c + bᵀv`` and ``y1 = c + (a+b)ᵀv`` are the values at the two positions. Both ``α`` and ``1 − α``
     are formed from differences of answers, so either side of the sigmoid is resolved to the answers' precision.
-    A weight within ``SATURATION_ULPS`` roundings of 0 or 1 carries no usable logit and is flagged.
+    A weight within ``SATURATION_ULPS`` roundings of 0 or 1 carries no usable logit and is flagged; an answer
+    beyond that on the wrong side of ``y0`` or ``y1`` is no convex combination at all and is flagged ``outside``.
     """
     delta = y1 - y0
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -40,9 +42,10 @@ def invert_two_row(y: np.ndarray, y0: np.ndarray, y1: np.ndarray, eps: float) ->
         q = (y1 - y) / delta
         floor = SATURATION_ULPS * eps * (np.abs(y0) + np.abs(y1) + np.abs(y)) / np.abs(delta)
         saturated = ~((p > floor) & (q > floor))
+        outside = (p < -floor) | (q < -floor) | ~np.isfinite(p)
         logits = np.where(saturated, np.nan, np.log(np.where(saturated, 1.0, p)) - np.log(np.where(saturated, 1.0, q)))
         noise = eps * (np.abs(y0) + np.abs(y1) + np.abs(y)) / np.abs(delta * p * q)
-    return Logits(logits, saturated, np.where(saturated, np.inf, noise))
+    return Logits(logits, saturated, np.where(saturated, np.inf, noise), outside)
 
 
 def measure_logits(oracle, A: np.ndarray, b: np.ndarray, v: np.ndarray, c: float) -> Logits:
