@@ -120,7 +120,8 @@ def main():
     parts = [
         "### Sizes (default orthogonal probes, biased model, float64 and float32 answers)\n\n"
         "Peak memory is the numpy/Python allocation peak traced during the extraction (tracemalloc); seconds "
-        "are wall time on 2 cores that other jobs shared, so read them as rough.\n\n" + sizes_table([16, 64, 256, 1024]),
+        "are wall time on 2 cores that other jobs shared, so read them as rough.\n\n"
+        + sizes_table([16, 64, 256, 1024]),
         "### Attention scale: tiny to saturating logits (d = 64, 5 seeds each, v with d/8 zero entries)\n\n"
         "`refused` means the learner raised SaturationError instead of returning garbage (the paper's fixed "
         "probes cannot invert a sigmoid pressed against 0 or 1).\n\n" + scales_table(),

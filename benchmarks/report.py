@@ -54,7 +54,8 @@ def machine() -> str:
 def write_section(title: str, body: str, command: str) -> None:
     """Replace (or append) the section ``## title`` of docs/benchmarks.md with ``body``."""
     DOCS.mkdir(exist_ok=True)
-    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n\nAll numbers were measured on this project's machine; each section names the command that produced it.\n"
+    header = "# Benchmarks\n\nAll numbers were measured on this project's machine; each section names its command.\n"
+    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else header
     stamp = time.strftime("%Y-%m-%d")
     section = f"## {title}\n\nCommand: `{command}` ({stamp}; {machine()})\n\n{body.strip()}\n"
     pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)

@@ -112,8 +112,9 @@ def cmd_demo(args) -> int:
     finally:
         progress.close()
     unknowns = AttentionHead.unknowns(d)
-    print(f"recovered W ({d}x{d}, rank {np.linalg.matrix_rank(res.model.W, tol=1e-4 * np.linalg.norm(res.model.W, 2))}), "
-          f"v, u ({d}) and c = {res.model.c:.6f} with {args.probes} probes")
+    rank = np.linalg.matrix_rank(res.model.W, tol=1e-4 * np.linalg.norm(res.model.W, 2))
+    print(f"recovered W ({d}x{d}, numerical rank {rank}), v, u ({d}) and c = {res.model.c:.6f} "
+          f"with {args.probes} probes")
     print(f"queries: {res.queries}  (unknowns d²+2d+1 = {unknowns}; paper's bound d²+d = {d * d + d} for the "
           f"bias-free model; calibration {res.details.get('calibration_queries', 0)}, "
           f"re-measured probes {res.details.get('retry_queries', 0)})")

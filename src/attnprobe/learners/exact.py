@@ -9,27 +9,20 @@ The paper's model (``bias=False``) skips ``c`` and ``u``: exactly ``d + d²`` qu
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
 import scipy.linalg
 
-from attnprobe.errors import ConfigError, RecoveryError, SaturationError, UnidentifiableError
+from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, functional_check
 from attnprobe.learners.probes import basis_probes, equal_projection_orthogonal, random_orthogonal
 from attnprobe.learners.result import Extraction
-from attnprobe.learners.sigmoid import Logits, measure_logits
+from attnprobe.learners.scaling import (CALIBRATION_SHARE, TARGET_LOGIT, calibrate, lead_probes, measure_steered,
+                                       probe_scales)
 from attnprobe.models.attention import AttentionHead
 
 PROBES = ("orthogonal", "basis", "gaussian")
-#: RMS attention logit the orthogonal probes aim for: near ±1.5 the sigmoid loses least precision.
-TARGET_LOGIT = 1.5
-CALIBRATION_SHARE = 0.02
-#: probes measured first in each pass to steer the scale of the rest: at least 4, at most 16 or d/3
-def lead_probes(d: int) -> int:
-    return max(4, min(16, d // 3))
-MAX_RETRIES = 6
 
 
 def learn_value(oracle, bias: bool = True) -> tuple[np.ndarray, float, np.ndarray]:
@@ -69,80 +62,6 @@ class _Columns:
 class _OrthogonalColumns(_Columns):
     def solve_a(self, T):
         return self.A.T @ T  # A orthogonal
-
-
-def calibrate(oracle, Q, P, v, c, bias, allowance):
-    """Estimate ``ν_u ≈ RMS qᵀu`` and ``ν_W ≈ RMS qᵀW p`` (unit q, p) from a few probes, shrinking the probes
-    when they saturate and growing them when the logit drowns in rounding. Uses at most ``allowance``
-    queries; an estimate it could not afford is None.
-
-    The probes are the first k rows of Q against b = 0 (u) and against the first k rows of P (W), so the last,
-    successful measurement of each search is also a valid equation of the main passes: ``q_iᵀu`` and
-    ``q_iᵀW p_i`` are returned and reused, and only the failed search steps cost extra queries.
-    Returns ``(ν_u, ν_W, queries used, q_iᵀu or None, q_iᵀW p_i or None)``."""
-    used = 0
-    k = max(1, min(16, allowance // 2))
-    d = Q.shape[1]
-
-    def search(measure, power):
-        """Scale search; ``measure(s)`` returns (logits, the part that scales as s**power). Returns the RMS of
-        that part at unit scale (or an upper bound), its values, and whether they are reusable equations."""
-        nonlocal used
-        s, bound = 1.0, None
-        while used + k <= allowance:
-            lg, part = measure(s)
-            used += k
-            if lg.saturated.any():
-                s /= 16.0 ** (1.0 / power)
-            elif np.all(np.abs(part) < 100 * lg.noise):  # below rounding: only an upper bound
-                bound = float(np.max(np.abs(part) + 100 * lg.noise)) / s**power
-                s *= 64.0 ** (1.0 / power)
-            else:
-                # reusable as equations only if taken where the sigmoid inverts well
-                rms_all = float(np.sqrt(np.mean(lg.values**2)))
-                reusable = rms_all >= TARGET_LOGIT / 8 and float(np.max(np.abs(lg.values))) <= 8.0
-                return float(np.sqrt(np.mean(part**2))) / s**power, part / s**power, reusable
-            if not 1e-8 < s < 1e8:
-                break
-        return bound, None, False
-
-    nu_u, qu, known_u = None, np.zeros(k), None
-    if bias:
-        def u_part(s):
-            lg = measure_logits(oracle, s * Q[:k], np.zeros(d), v, c)
-            return lg, lg.values
-
-        nu_u, qu_found, ok = search(u_part, 1)
-        if qu_found is None:  # the u part of the W probes below cannot be removed: no W estimate
-            return nu_u, None, used, None, None
-        qu, known_u = qu_found, (qu_found if ok else None)
-
-    def w_part(s):  # [(a+b); b] at a = s q, b = s p has logit s² qᵀW p + s qᵀu
-        lg = measure_logits(oracle, s * Q[:k], s * P[:k], v, c)
-        return lg, lg.values - s * qu
-
-    nu_w, known_w, ok = search(w_part, 2)
-    return nu_u, nu_w, used, known_u, (known_w if ok else None)
-
-
-def probe_scales(nu_u, nu_w, target):
-    """Probe scales ``s_u`` (u pass), ``s_a``, ``s_b`` (W pass) that put the RMS logit at ``target``.
-
-    Balanced ``s_a = s_b`` when the query bias is small; a large bias would swamp ``aᵀW b``, so b is lifted
-    (at most 8x) until both parts weigh the same. Unknown estimates (no calibration budget) give unit scales.
-    """
-    if nu_w is None:
-        s_a = s_b = 1.0
-    else:
-        nu_w = max(nu_w, 1e-300)
-        nu_b = nu_u or 0.0
-        s_b = math.sqrt(target / nu_w)
-        if nu_b > s_b * nu_w:
-            s_b = min(nu_b / nu_w, 8.0 * s_b)
-        s_a = target / math.sqrt((s_b * nu_w) ** 2 + nu_b**2)
-    s_u = target / nu_u if nu_u else s_a
-    clip = lambda x: float(np.clip(x, 1e-8, 1e8))  # noqa: E731
-    return clip(s_u), clip(s_a), clip(s_b)
 
 
 def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed: int = 0,
@@ -241,88 +160,3 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
     return result
 
 
-def measure_steered(oracle, A, Bs, scale, v, c, probes, what, target, lead: int = 0, skip=None):
-    """:func:`steer_block` over all probes; with ``lead > 0`` the first ``lead`` probes go first and steer the
-    scale of the rest (each equation may have its own scale), so a poor calibration costs at most ``lead``
-    re-measured probes per column instead of a whole block. ``skip`` marks (probe, column) pairs known already."""
-    skip = np.zeros((A.shape[0], Bs.shape[0]), bool) if skip is None else skip
-    if probes == "orthogonal" and 0 < lead < A.shape[0]:
-        Z1, scale = steer_block(oracle, A[:lead], Bs, scale, v, c, probes, what, target, skip[:lead])
-        Z2, scale = steer_block(oracle, A[lead:], Bs, scale, v, c, probes, what, target, skip[lead:])
-        return np.vstack([Z1, Z2]), scale
-    return steer_block(oracle, A, Bs, scale, v, c, probes, what, target, skip)
-
-
-def steer_block(oracle, A, Bs, scale, v, c, probes, what, target, skip, max_steps=3):
-    """:func:`measure_block`, then steer the probe scale to the target RMS logit. A block whose logits came out
-    more than 8x too small or too large lost precision (too little signal, or weights pressed against 0 and 1)
-    and is measured again at the corrected scale (this is where a tiny or missing calibration is paid for);
-    otherwise the correction applies to the next block.
-    Returns ``(Z, scale for the next block)``."""
-    for step in range(max_steps + 1):
-        Z, rms, noise = measure_block(oracle, A, Bs, scale, v, c, probes, what, skip)
-        if probes != "orthogonal" or skip.all():
-            return Z, scale
-        factor = target / rms if rms > 0 else np.inf
-        if rms < 100 * noise:  # the logits drown in rounding: grow cautiously
-            factor = min(factor, 64.0)
-        if 0.125 <= factor <= 8.0 or step == max_steps:
-            return Z, scale * float(np.clip(factor, 0.05, 2.0))
-        oracle.require(int((~skip).sum()), f"re-measuring {what} at a better probe scale")
-        scale *= float(np.clip(factor, 1e-3, 1e6))
-    raise AssertionError("unreachable")
-
-
-#: a probe whose logit noise exceeds this multiple of its block's median is re-measured at a smaller scale
-NOISY_FACTOR = 30.0
-#: ...unless its noise is below this fraction of the RMS logit anyway (float64 answers)
-NEGLIGIBLE_NOISE = 1e-9
-
-
-def measure_block(oracle, A, Bs, scale, v, c, probes, what, skip=None):
-    """Normalised logits ``Z[ℓ, j] = a_ℓᵀ(W b_j + u)`` for probes ``scale·a_ℓ`` against each row ``b_j`` of
-    ``Bs``. With orthogonal probes every saturated or unusually noisy probe is asked again alone at a quarter
-    of its scale (one query each: each equation may have its own scale); the paper's fixed probes raise
-    instead. Pairs marked in ``skip`` are not asked (left NaN). Returns ``(Z, RMS logit and median logit noise
-    of the first pass)``."""
-    d, k = A.shape[0], Bs.shape[0]
-    Z = np.full((d, k), np.nan)
-    S = np.full((d, k), float(scale))
-    ell, j = np.divmod(np.arange(d * k), k)  # ℓ-major, matching Z's C order
-    if skip is not None:
-        ell, j = ell[~skip.ravel()], j[~skip.ravel()]
-        if len(ell) == 0:
-            return Z, np.nan, 0.0
-    rms, median_noise = None, None
-    for attempt in range(MAX_RETRIES + 1):
-        lg = measure_logits(oracle, A[ell] * S[ell, j][:, None], Bs[j], v, c)
-        if lg.outside.any():
-            n = int(lg.outside.sum())
-            raise RecoveryError(
-                f"{n} of {len(ell)} answers for {what} lie outside the two values the attention mixes, so they are "
-                "no softmax average: the oracle is not a single attention head of the assumed form (a biased head "
-                "learned with --no-bias?) or its answers are noisy (see --method robust)")
-        ok = ~lg.saturated
-        Z[ell[ok], j[ok]] = lg.values[ok] / S[ell[ok], j[ok]]
-        if rms is None:  # saturated probes count as logit 40, beyond any precision's reach
-            rms = float(np.sqrt(np.mean(np.where(ok, lg.values, 40.0) ** 2)))
-            median_noise = float(np.median(lg.noise[ok])) if ok.any() else 0.0
-        if probes != "orthogonal":
-            if not lg.saturated.any():
-                return Z, rms, median_noise
-            raise SaturationError(
-                f"{int(lg.saturated.sum())} attention weights of {what} are numerically 0 or 1 with the paper's "
-                f"{probes} probes, so the sigmoid cannot be inverted; use --probes orthogonal, which scales the "
-                "probes to the target")
-        noisy = lg.noise > max(NOISY_FACTOR * median_noise, NEGLIGIBLE_NOISE * rms)
-        redo = lg.saturated | noisy if attempt < MAX_RETRIES else lg.saturated
-        if not redo.any():
-            return Z, rms, median_noise
-        if attempt == MAX_RETRIES:
-            break
-        ell, j = ell[redo], j[redo]
-        oracle.require(len(ell), f"re-measuring {len(ell)} saturated probes of {what}")
-        S[ell, j] /= 4.0
-    raise SaturationError(
-        f"{int(lg.saturated.sum())} attention weights of {what} stay saturated after shrinking their probes "
-        f"{4**MAX_RETRIES}x; the target's logits are too steep for the answer precision")
