@@ -275,6 +275,8 @@ def wrap_oracle(oracle, **kwargs):
     """Wrap an :class:`Oracle`'s callable in place (see :func:`wrap`) and raise its rounding floor ``eps``
     to what the chain declares, so learners see the right noise floor. Returns the oracle."""
     oracle.fn = wrap(oracle.fn, **kwargs)
+    if kwargs.get("cast"):
+        oracle.precision = kwargs["cast"]
     noise = answer_noise(oracle)
     oracle.eps = max(oracle.eps, 2.0 * noise.rel_eps)
     return oracle
