@@ -35,6 +35,8 @@ TAU_CLIP = 1.0 / (1.0 + math.exp(0.5))
 LIPSCHITZ = 1.0 / (TAU_CLIP * (1.0 - TAU_CLIP))
 TARGET_LOGIT = 1.5
 MAX_RETRIES = 6
+#: relative error of an attention weight above which a probe's signal counts as drowned in noise
+WEAK_SIGNAL = 0.1
 
 
 def _sigmoid_inv(p):
@@ -131,13 +133,13 @@ def extract_robust_paper(oracle, *, w_bound: float, margin: float, tolerance: fl
 
 # ------------------------------------------------------------------------------------------- our estimator
 class _Noise:
-    """Per-answer error bound ``τ + κ·eps·|y|`` (κ = 4 roundings of slack)."""
+    """Per-answer error bound ``τ + κ·eps·|y|`` (κ = 2 roundings of slack)."""
 
     def __init__(self, tau: float, eps: float):
         self.tau, self.eps = float(tau), float(eps)
 
     def __call__(self, y):
-        return self.tau + 4.0 * self.eps * np.abs(y)
+        return self.tau + 2.0 * self.eps * np.abs(y)
 
 
 def _scale_cap(oracle, vnorm: float) -> float:
@@ -167,11 +169,12 @@ def _logits(oracle, A, Bs, v, c, noise):
         q = (y1 - y) / delta
         err = (noise(y) + noise(y0) + noise(y1)) / np.abs(delta)
         bad = ~((p > 3 * err) & (q > 3 * err))
-        lg = np.where(bad, np.nan, np.log(np.where(bad, 1.0, p)) - np.log(np.where(bad, 1.0, q)))
-    return lg, bad
+        inside = (p > 0) & (q > 0)
+        lg = np.where(inside, np.log(np.where(inside, p, 1.0)) - np.log(np.where(inside, q, 1.0)), np.nan)
+    return lg, bad, err
 
 
-def _measure(oracle, Q, P, s_a, s_b, v, c, u_proj, noise, what, target=TARGET_LOGIT):
+def _measure(oracle, Q, P, s_a, s_b, v, c, u_proj, noise, what, target=TARGET_LOGIT, a_cap=math.inf):
     """``Z[ℓ, j] ≈ q_ℓᵀ W p_j`` for probes ``a = s_a q_ℓ``, ``b = s_b p_j``. A saturated probe is asked again
     alone with its ``b`` at a quarter of the scale (the logit shrinks, the signal ``aᵀv`` does not), and its
     ``a`` too where the bias part ``aᵀu`` alone is past the target. Returns Z and the RMS logit of pass one."""
@@ -183,7 +186,9 @@ def _measure(oracle, Q, P, s_a, s_b, v, c, u_proj, noise, what, target=TARGET_LO
     idx = np.arange(d * k)
     rms = None
     for attempt in range(MAX_RETRIES + 1):
-        lg, bad = _logits(oracle, Q[ell[idx]] * Sa[idx, None], Sb[idx, None] * P[j[idx]], v, c, noise)
+        lg, bad, err = _logits(oracle, Q[ell[idx]] * Sa[idx, None], Sb[idx, None] * P[j[idx]], v, c, noise)
+        if attempt == MAX_RETRIES:  # last resort: keep every weight strictly inside (0, 1), however noisy
+            bad = ~np.isfinite(lg)
         ok = ~bad
         sel = idx[ok]
         Z[sel] = (lg[ok] - Sa[sel] * u_proj[ell[sel]]) / (Sa[sel] * (Sb[sel] if s_b > 0 else 1.0))
@@ -191,14 +196,17 @@ def _measure(oracle, Q, P, s_a, s_b, v, c, u_proj, noise, what, target=TARGET_LO
             rms = float(np.sqrt(np.mean(lg[ok] ** 2))) if ok.any() else math.inf
         if not bad.any():
             return Z.reshape(d, k), rms
+        weak = err[bad] > WEAK_SIGNAL  # the signal aᵀv drowns in the noise: grow a instead
         idx = idx[bad]
         if attempt == MAX_RETRIES:
             break
-        oracle.require(len(idx), f"re-measuring {len(idx)} saturated probes of {what}")
+        oracle.require(len(idx), f"re-measuring {len(idx)} saturated or noise-drowned probes of {what}")
+        strong = idx[~weak]
         if s_b > 0:
-            Sb[idx] /= 4.0
-        steep = np.abs(Sa[idx] * u_proj[ell[idx]]) > target / 2 if s_b > 0 else np.ones(len(idx), bool)
-        Sa[idx[steep]] /= 4.0
+            Sb[strong] /= 4.0
+        steep = np.abs(Sa[strong] * u_proj[ell[strong]]) > target / 2 if s_b > 0 else np.ones(len(strong), bool)
+        Sa[strong[steep]] /= 4.0
+        Sa[idx[weak]] = np.minimum(Sa[idx[weak]] * 4.0, a_cap)
     raise SaturationError(
         f"{len(idx)} attention weights of {what} stay within the noise of 0 or 1 after shrinking their probes "
         f"{4**MAX_RETRIES}x; the answers' noise is too large for the attention signal")
@@ -274,13 +282,13 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
     a_max = cap
     s_a = max(min(4.0 * s_v, cap), min(value_scale, cap))
     if bias:
-        Zu, _ = _measure(oracle, Q, np.zeros((1, d)), min(value_scale, cap), 0.0, v, c, np.zeros(d), noise,
-                         "the query-bias pass [a; 0]")
+        Zu, _ = _measure(oracle, Q, np.zeros((1, d)), min(4 * value_scale, cap), 0.0, v, c, np.zeros(d), noise,
+                         "the query-bias pass [a; 0]", a_cap=cap)
         u_proj = Zu[:, 0]  # b = 0: the logit is s qᵀu
         big = float(np.max(np.abs(u_proj)))
-        if big > 0:
-            s_a = min(s_a, target_logit / big)
+        if big > 0:  # relative noise rewards a large aᵀv: go as far as the bias logit aᵀu allows
             a_max = min(cap, target_logit / big)
+            s_a = a_max / 2 if tau == 0 else min(s_a, a_max)
     a_min = s_a
     u = Q.T @ u_proj
 
@@ -299,7 +307,8 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
         while j0 < d:
             size = 1 if (r == 0 and j0 == 0) else block
             J = np.arange(j0, min(d, j0 + size))
-            Z, rms = _measure(oracle, Q, P[J], s_a, s_b, v, c, u_proj, noise, f"columns {J[0]}..{J[-1]} of W")
+            Z, rms = _measure(oracle, Q, P[J], s_a, s_b, v, c, u_proj, noise, f"columns {J[0]}..{J[-1]} of W",
+                              target_logit, a_cap=a_max)
             M[:, J] = Q.T @ Z
             if np.isfinite(rms) and rms > 0:  # steer the product s_a s_b; keep s_b ≤ s_a (v̂'s error enters via b)
                 prod = s_a * s_b * float(np.clip(target_logit / rms, 1e-3, 1e3))
