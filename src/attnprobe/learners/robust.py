@@ -265,15 +265,20 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
         cap = min(cap, float(max_scale))
     extra = plan - unknowns
     s_v = value_scale
-    if extra >= d:  # value pass 2 at the largest scale the noise model rewards (inverse-variance weighted)
+    n_pass = 1
+    if extra >= d:  # more value passes, the first extra one at the largest scale the noise model rewards
         if tau > 0:
             s_v = max(value_scale, min(tau / (8 * max(oracle.eps, 1e-300) * vnorm), cap, 1e12 * value_scale))
             s_v = max(value_scale, min(s_v, cap))
-        Q1 = random_orthogonal(d, rng)
-        proj2, _ = _value_pass(oracle, Q1, s_v, c)
-        w0, w1 = (1.0, 1.0) if tau == 0 else (value_scale**2, s_v**2)
-        v = (w0 * v + w1 * (Q1.T @ proj2)) / (w0 + w1)
-        extra -= d
+        n_pass = 1 + (extra - d) // (d * d + d)  # each further W pass brings its own value pass
+        w0 = 1.0 if tau == 0 else value_scale**2
+        w1 = 1.0 if tau == 0 else s_v**2
+        acc, wsum = w0 * v, w0
+        for _ in range(n_pass):
+            Q1 = random_orthogonal(d, rng)
+            proj2, _ = _value_pass(oracle, Q1, s_v, c)
+            acc, wsum = acc + w1 * (Q1.T @ proj2), wsum + w1
+        v = acc / wsum
     report(oracle.queries - start, plan)
 
     # --- query bias u: [s q; 0] has logit s qᵀu (biased model only)
@@ -293,7 +298,6 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
     u = Q.T @ u_proj
 
     # --- W: repeated passes in fresh frames, each column block steered to the target logit
-    n_pass = 1 + max(0, extra) // (d * d)
     s_b = 1.0 / s_a  # first block: unit product scale; steered from its logits
     block = max(1, min(d, block_floats // (2 * d * d)))
     W_sum = np.zeros((d, d))
@@ -324,8 +328,7 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
     details = {"probes": "orthogonal", "bias": bias, "tolerance": tau, "declared_noise": declared.__dict__,
                "value_scales": [value_scale, s_v], "scale_a": s_a, "scale_b": s_b, "w_passes": n_pass,
                "planned_queries": plan,
-               "retry_queries": used - (2 * d + 1 if bias else 0) - d - (d if s_v != value_scale or
-                                                                         plan - unknowns >= d else 0)
+               "retry_queries": used - (2 * d + 1 if bias else 0) - d - (n_pass * d if plan - unknowns >= d else 0)
                - n_pass * d * d,
                "paper_bound": d * d + d}
     notes = []
