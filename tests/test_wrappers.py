@@ -111,3 +111,24 @@ def test_bad_specs_raise_config_errors():
         Precision(HEAD, "float8")
     with pytest.raises(ConfigError):
         BoundedNoise(42, 0.1)
+
+
+def test_cli_wraps_any_target_and_runs_the_new_methods(tmp_path, capsys):
+    import json
+
+    from attnprobe.cli import main
+    from attnprobe.models import save_model
+
+    target = tmp_path / "t.npz"
+    save_model(random_head(6, seed=1, bias=False), target)
+    out = tmp_path / "r.npz"
+    assert main(["extract", "--target", str(target), "--method", "robust", "--no-bias", "--noise", "avq:1e-4",
+                 "--out", str(out), "--quiet"]) == 0
+    js = json.loads(out.with_suffix(".json").read_text())
+    assert js["method"] == "robust" and js["details"]["tolerance"] == 1e-4 and js["queries"] >= 42
+    assert main(["extract", "--target", str(target), "--method", "membership", "--out", str(out), "--quiet"]) == 0
+    assert json.loads(out.with_suffix(".json").read_text())["check"]["sign_agreement"] > 0.99
+    assert main(["extract", "--target", str(target), "--method", "robust", "--probes", "paper", "--w-bound", "2",
+                 "--margin", "0.01", "--noise", "avq:0.1", "--out", str(out), "--quiet"]) == 2
+    assert "exceeds μ/2" in capsys.readouterr().err
+    assert main(["extract", "--target", str(target), "--noise", "avq", "--out", str(out), "--quiet"]) == 2
