@@ -35,6 +35,8 @@ TAU_CLIP = 1.0 / (1.0 + math.exp(0.5))
 LIPSCHITZ = 1.0 / (TAU_CLIP * (1.0 - TAU_CLIP))
 TARGET_LOGIT = 1.5
 MAX_RETRIES = 6
+#: probes kept with a clipped weight in the current extraction (reset by extract_robust)
+CLIPPED = [0]
 #: relative error of an attention weight above which a probe's signal counts as drowned in noise
 WEAK_SIGNAL = 0.1
 
@@ -133,13 +135,13 @@ def extract_robust_paper(oracle, *, w_bound: float, margin: float, tolerance: fl
 
 # ------------------------------------------------------------------------------------------- our estimator
 class _Noise:
-    """Per-answer error bound ``τ + κ·eps·|y|`` (κ = 2 roundings of slack)."""
+    """Per-answer error bound ``τ + κ·eps·|y|`` (κ = 1: eps is already twice the unit roundoff)."""
 
     def __init__(self, tau: float, eps: float):
         self.tau, self.eps = float(tau), float(eps)
 
     def __call__(self, y):
-        return self.tau + 2.0 * self.eps * np.abs(y)
+        return self.tau + self.eps * np.abs(y)
 
 
 def _scale_cap(oracle, vnorm: float) -> float:
@@ -157,9 +159,11 @@ def _value_pass(oracle, Q, scale, c):
     return (y - c) / scale, y
 
 
-def _logits(oracle, A, Bs, v, c, noise):
+def _logits(oracle, A, Bs, v, c, noise, clip=False):
     """Two-row queries ``[(a+b); b]`` for rows of A against rows of Bs; logits with a noise-aware
-    saturation mask (α or 1 − α within 3 noise units of 0)."""
+    saturation mask (α or 1 − α within 3 noise units of 0). ``clip``: last resort for probes whose weight
+    the noise keeps unresolved: α is clipped into ``[e, 1 − e]`` (e its own noise level, as the paper clips
+    into ``[σ(−½), σ(½)]``), which bounds the damage instead of failing."""
     y = oracle(two_row_queries(A, Bs))
     y0 = c + np.einsum("kd,d->k", np.broadcast_to(Bs, A.shape), v)
     y1 = c + (A + Bs) @ v
@@ -167,8 +171,12 @@ def _logits(oracle, A, Bs, v, c, noise):
     with np.errstate(divide="ignore", invalid="ignore"):
         p = (y - y0) / delta
         q = (y1 - y) / delta
-        err = (noise(y) + noise(y0) + noise(y1)) / np.abs(delta)
-        bad = ~((p > 3 * err) & (q > 3 * err))
+        err = (noise(y) + 0.5 * (noise(y0) + noise(y1))) / np.abs(delta)
+        bad = ~((p > 2 * err) & (q > 2 * err))
+        if clip:
+            e = np.clip(err, 1e-12, 0.25)
+            p = np.clip(p, e, 1 - e)
+            q = 1 - p
         inside = (p > 0) & (q > 0)
         lg = np.where(inside, np.log(np.where(inside, p, 1.0)) - np.log(np.where(inside, q, 1.0)), np.nan)
     return lg, bad, err
@@ -186,8 +194,11 @@ def _measure(oracle, Q, P, s_a, s_b, v, c, u_proj, noise, what, target=TARGET_LO
     idx = np.arange(d * k)
     rms = None
     for attempt in range(MAX_RETRIES + 1):
-        lg, bad, err = _logits(oracle, Q[ell[idx]] * Sa[idx, None], Sb[idx, None] * P[j[idx]], v, c, noise)
-        if attempt == MAX_RETRIES:  # last resort: keep every weight strictly inside (0, 1), however noisy
+        last = attempt == MAX_RETRIES
+        lg, bad, err = _logits(oracle, Q[ell[idx]] * Sa[idx, None], Sb[idx, None] * P[j[idx]], v, c, noise,
+                               clip=last)
+        if last:  # last resort: keep every weight, clipped inside (0, 1), and count them
+            CLIPPED[0] += int(np.sum(bad & np.isfinite(lg)))
             bad = ~np.isfinite(lg)
         ok = ~bad
         sel = idx[ok]
@@ -245,6 +256,7 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
     n_check = check_queries(check_lengths) if check else 0
     oracle.require(plan + n_check, f"robust extraction at d={d} ({plan} queries + {n_check} check)")
     report = progress or (lambda done, total: None)
+    CLIPPED[0] = 0
 
     # --- value pass 1 (and c): [0] -> c, [s q_l] -> s q_lᵀv + c
     c = float(oracle(np.zeros((1, 1, d)))[0]) if bias else 0.0
@@ -265,16 +277,17 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
         cap = min(cap, float(max_scale))
     extra = plan - unknowns
     s_v = value_scale
-    n_pass = 1
-    if extra >= d:  # more value passes, the first extra one at the largest scale the noise model rewards
+    n_pass, n_vpass = 1, 0
+    if extra >= d:  # more value passes, at the largest scale the noise model rewards, and more W passes
         if tau > 0:
             s_v = max(value_scale, min(tau / (8 * max(oracle.eps, 1e-300) * vnorm), cap, 1e12 * value_scale))
             s_v = max(value_scale, min(s_v, cap))
-        n_pass = 1 + (extra - d) // (d * d + d)  # each further W pass brings its own value pass
+        n_pass = 1 + (extra - d) // (d * d)
+        n_vpass = max(1, min(n_pass, (extra - (n_pass - 1) * d * d) // d))
         w0 = 1.0 if tau == 0 else value_scale**2
         w1 = 1.0 if tau == 0 else s_v**2
         acc, wsum = w0 * v, w0
-        for _ in range(n_pass):
+        for _ in range(n_vpass):
             Q1 = random_orthogonal(d, rng)
             proj2, _ = _value_pass(oracle, Q1, s_v, c)
             acc, wsum = acc + w1 * (Q1.T @ proj2), wsum + w1
@@ -285,11 +298,19 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
     Q = equal_projection_orthogonal(v, rng)
     u_proj = np.zeros(d)  # q_ℓᵀu in the frame Q
     a_max = cap
+    u_rescaled = 0
     s_a = max(min(4.0 * s_v, cap), min(value_scale, cap))
     if bias:
         Zu, _ = _measure(oracle, Q, np.zeros((1, d)), min(4 * value_scale, cap), 0.0, v, c, np.zeros(d), noise,
                          "the query-bias pass [a; 0]", a_cap=cap)
         u_proj = Zu[:, 0]  # b = 0: the logit is s qᵀu
+        rms_u = float(np.sqrt(np.mean(u_proj**2))) * min(4 * value_scale, cap)
+        if 0 < rms_u < target_logit / 4:  # logits too small to resolve u well: once more at the target scale
+            s_u = min(cap, min(4 * value_scale, cap) * target_logit / rms_u)
+            Zu, _ = _measure(oracle, Q, np.zeros((1, d)), s_u, 0.0, v, c, np.zeros(d), noise,
+                             "the query-bias pass [a; 0] (rescaled)", a_cap=cap)
+            u_proj = Zu[:, 0]
+            u_rescaled = d
         big = float(np.max(np.abs(u_proj)))
         if big > 0:  # relative noise rewards a large aᵀv: go as far as the bias logit aᵀu allows
             a_max = min(cap, target_logit / big)
@@ -328,10 +349,14 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
     details = {"probes": "orthogonal", "bias": bias, "tolerance": tau, "declared_noise": declared.__dict__,
                "value_scales": [value_scale, s_v], "scale_a": s_a, "scale_b": s_b, "w_passes": n_pass,
                "planned_queries": plan,
-               "retry_queries": used - (2 * d + 1 if bias else 0) - d - (n_pass * d if plan - unknowns >= d else 0)
-               - n_pass * d * d,
+               "value_passes": 1 + n_vpass, "clipped_probes": CLIPPED[0],
+               "u_rescaled_queries": u_rescaled,
+               "retry_queries": used - (2 * d + 1 if bias else 0) - u_rescaled - d - n_vpass * d - n_pass * d * d,
                "paper_bound": d * d + d}
     notes = []
+    if CLIPPED[0]:
+        notes.append(f"{CLIPPED[0]} probes stayed within the noise of 0 or 1 after re-measuring; their weights "
+                     "were clipped (their entries carry the noise's error)")
     if n_pass > 1 or s_v != value_scale:
         notes.append(f"spent extra queries: value pass at scale {s_v:.3g}, {n_pass} W passes averaged")
     res = Extraction("robust", model, used, unknowns, 0.0, details=details, notes=notes)
