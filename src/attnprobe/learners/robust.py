@@ -159,9 +159,11 @@ def _value_pass(oracle, Q, scale, c):
     return (y - c) / scale, y
 
 
-def _logits(oracle, A, Bs, v, c, noise, clip=False):
+def _logits(oracle, A, Bs, v, c, noise, clip=False, target=TARGET_LOGIT):
     """Two-row queries ``[(a+b); b]`` for rows of A against rows of Bs; logits with a noise-aware
-    saturation mask (α or 1 − α within 3 noise units of 0). ``clip``: last resort for probes whose weight
+    saturation mask: α or 1 − α within 2 noise units of 0 *and* a logit past twice the target (a weight
+    that is merely noisy near the target is kept: re-measuring it at a smaller b only amplifies its noise),
+    or α outside (0, 1). ``clip``: last resort for probes whose weight
     the noise keeps unresolved: α is clipped into ``[e, 1 − e]`` (e its own noise level, as the paper clips
     into ``[σ(−½), σ(½)]``), which bounds the damage instead of failing."""
     y = oracle(two_row_queries(A, Bs))
@@ -172,13 +174,14 @@ def _logits(oracle, A, Bs, v, c, noise, clip=False):
         p = (y - y0) / delta
         q = (y1 - y) / delta
         err = (noise(y) + 0.5 * (noise(y0) + noise(y1))) / np.abs(delta)
-        bad = ~((p > 2 * err) & (q > 2 * err))
+        near = ~((p > 2 * err) & (q > 2 * err))
         if clip:
             e = np.clip(err, 1e-12, 0.25)
             p = np.clip(p, e, 1 - e)
             q = 1 - p
         inside = (p > 0) & (q > 0)
         lg = np.where(inside, np.log(np.where(inside, p, 1.0)) - np.log(np.where(inside, q, 1.0)), np.nan)
+        bad = ~inside | (near & ~(np.abs(lg) <= 2 * target))
     return lg, bad, err
 
 
@@ -196,7 +199,7 @@ def _measure(oracle, Q, P, s_a, s_b, v, c, u_proj, noise, what, target=TARGET_LO
     for attempt in range(MAX_RETRIES + 1):
         last = attempt == MAX_RETRIES
         lg, bad, err = _logits(oracle, Q[ell[idx]] * Sa[idx, None], Sb[idx, None] * P[j[idx]], v, c, noise,
-                               clip=last)
+                               clip=last, target=target)
         if last:  # last resort: keep every weight, clipped inside (0, 1), and count them
             CLIPPED[0] += int(np.sum(bad & np.isfinite(lg)))
             bad = ~np.isfinite(lg)
@@ -275,6 +278,15 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
         if max_scale < value_scale:
             raise ConfigError(f"--max-scale {max_scale} is below --value-scale {value_scale}")
         cap = min(cap, float(max_scale))
+    v_rescaled = 0
+    rms_answer = float(np.sqrt(np.mean(proj**2))) * value_scale
+    if tau > 0 and rms_answer < 50 * tau and cap > value_scale:  # weak value answers: ask again, larger
+        s_new = min(cap, value_scale * 50 * tau / rms_answer)
+        Qr = random_orthogonal(d, rng)
+        proj_r, _ = _value_pass(oracle, Qr, s_new, c)
+        v = (value_scale**2 * v + s_new**2 * (Qr.T @ proj_r)) / (value_scale**2 + s_new**2)
+        value_scale, v_rescaled = s_new, d
+        vnorm = float(np.linalg.norm(v))
     extra = plan - unknowns
     s_v = value_scale
     n_pass, n_vpass = 1, 0
@@ -350,8 +362,9 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
                "value_scales": [value_scale, s_v], "scale_a": s_a, "scale_b": s_b, "w_passes": n_pass,
                "planned_queries": plan,
                "value_passes": 1 + n_vpass, "clipped_probes": CLIPPED[0],
-               "u_rescaled_queries": u_rescaled,
-               "retry_queries": used - (2 * d + 1 if bias else 0) - u_rescaled - d - n_vpass * d - n_pass * d * d,
+               "u_rescaled_queries": u_rescaled, "v_rescaled_queries": v_rescaled,
+               "retry_queries": used - (2 * d + 1 if bias else 0) - u_rescaled - v_rescaled - d - n_vpass * d
+               - n_pass * d * d,
                "paper_bound": d * d + d}
     notes = []
     if CLIPPED[0]:
