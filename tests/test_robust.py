@@ -117,3 +117,15 @@ def test_default_raises_when_the_answers_carry_no_signal():
         extract_robust(Oracle(Membership(h), 8))
     with pytest.raises(ConfigError):
         extract_robust(Oracle(h, 8), queries=10)
+
+
+def test_default_without_retries_spends_exactly_d_plus_d2_and_still_wins():
+    d, tau = 16, 1e-3
+    h = theorem_head(d, 0)
+    mu = margin(h)
+    o = Oracle(AdversarialNoise(h, tau), d, budget=d + d * d)
+    r = extract_robust(o, bias=False, tolerance=tau, retries=0, check=False)
+    rp = extract_robust_paper(Oracle(AdversarialNoise(h, tau), d), w_bound=2.0, margin=mu, tolerance=tau,
+                              check=False)
+    assert r.queries == o.queries == d + d * d
+    assert np.linalg.norm(r.model.W - h.W) * 10 <= np.linalg.norm(rp.model.W - h.W)

@@ -28,7 +28,7 @@ def _run_exact(oracle, args, progress):
 
 
 def _run_robust(oracle, args, progress):
-    from attnprobe.learners.robust import extract_robust, extract_robust_paper
+    from attnprobe.learners.robust import MAX_RETRIES, extract_robust, extract_robust_paper
 
     if args.probes == "paper":
         from attnprobe.oracles.wrappers import answer_noise
@@ -39,7 +39,8 @@ def _run_robust(oracle, args, progress):
     if args.probes not in (None, "orthogonal"):
         raise ConfigError(f"--method robust takes --probes paper or orthogonal (default); got {args.probes}")
     return extract_robust(oracle, bias=not args.no_bias, tolerance=args.tolerance, queries=args.queries,
-                          seed=args.seed, max_scale=args.max_scale, progress=progress)
+                          seed=args.seed, max_scale=args.max_scale, retries=0 if args.no_retries else MAX_RETRIES,
+                          progress=progress)
 
 
 def _run_membership(oracle, args, progress):
@@ -220,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     rob.add_argument("--margin", type=float, help="known μ ≤ min nonzero |v_i| (--probes paper)")
     rob.add_argument("--queries", type=int, help="robust: queries to plan for (extra ones shrink the error)")
     rob.add_argument("--max-scale", type=float, help="robust: largest probe norm the API accepts")
+    rob.add_argument("--no-retries", action="store_true",
+                     help="robust: never re-measure a probe (spend exactly --queries; unresolved weights clipped)")
     rob.add_argument("--eps-w", type=float, default=0.1, help="membership --probes paper: target ε_W")
     rob.add_argument("--delta", type=float, default=0.05, help="membership --probes paper: failure probability")
     rob.add_argument("--samples", type=int, help="membership --probes paper: sign samples (overrides Thm B.1's k)")

@@ -185,7 +185,8 @@ def _logits(oracle, A, Bs, v, c, noise, clip=False, target=TARGET_LOGIT):
     return lg, bad, err
 
 
-def _measure(oracle, Q, P, s_a, s_b, v, c, u_proj, noise, what, target=TARGET_LOGIT, a_cap=math.inf):
+def _measure(oracle, Q, P, s_a, s_b, v, c, u_proj, noise, what, target=TARGET_LOGIT, a_cap=math.inf,
+             retries=MAX_RETRIES):
     """``Z[ℓ, j] ≈ q_ℓᵀ W p_j`` for probes ``a = s_a q_ℓ``, ``b = s_b p_j``. A saturated probe is asked again
     alone with its ``b`` at a quarter of the scale (the logit shrinks, the signal ``aᵀv`` does not), and its
     ``a`` too where the bias part ``aᵀu`` alone is past the target. Returns Z and the RMS logit of pass one."""
@@ -196,8 +197,8 @@ def _measure(oracle, Q, P, s_a, s_b, v, c, u_proj, noise, what, target=TARGET_LO
     Z = np.empty(d * k)
     idx = np.arange(d * k)
     rms = None
-    for attempt in range(MAX_RETRIES + 1):
-        last = attempt == MAX_RETRIES
+    for attempt in range(retries + 1):
+        last = attempt == retries
         lg, bad, err = _logits(oracle, Q[ell[idx]] * Sa[idx, None], Sb[idx, None] * P[j[idx]], v, c, noise,
                                clip=last, target=target)
         if last:  # last resort: keep every weight, clipped inside (0, 1), and count them
@@ -212,7 +213,7 @@ def _measure(oracle, Q, P, s_a, s_b, v, c, u_proj, noise, what, target=TARGET_LO
             return Z.reshape(d, k), rms
         weak = err[bad] > WEAK_SIGNAL  # the signal aᵀv drowns in the noise: grow a instead
         idx = idx[bad]
-        if attempt == MAX_RETRIES:
+        if attempt == retries:
             break
         oracle.require(len(idx), f"re-measuring {len(idx)} saturated or noise-drowned probes of {what}")
         strong = idx[~weak]
@@ -228,7 +229,7 @@ def _measure(oracle, Q, P, s_a, s_b, v, c, u_proj, noise, what, target=TARGET_LO
 
 def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None, queries: int | None = None,
                    seed: int = 0, value_scale: float = 1.0, max_scale: float | None = None,
-                   target_logit: float = TARGET_LOGIT,
+                   target_logit: float = TARGET_LOGIT, retries: int = MAX_RETRIES,
                    check: bool = True, check_lengths=DEFAULT_LENGTHS, progress=None,
                    block_floats: int = 2**22) -> Extraction:
     """Recover ``(W, v[, u, c])`` from noisy answers without a bound on W (our estimator; see module doc).
@@ -237,7 +238,8 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
     that the oracle's wrappers declare, else 0 (answers only rounded, at ``oracle.eps``).
     ``queries``: how many queries the extraction may plan for (default: the number of unknowns, ``d² + d``
     bias-free); queries beyond that buy a large-scale value pass and repeated W passes in fresh frames.
-    Re-measured saturated probes come on top. ``max_scale`` caps the norm of every probe row (an API may
+    Re-measured saturated probes come on top (``retries=0``: none; unresolved weights are clipped instead, so
+    the extraction spends exactly ``queries`` unless the value answers are too weak and get re-asked). ``max_scale`` caps the norm of every probe row (an API may
     only accept inputs of bounded size; additive noise that ignores the input's size is otherwise beaten by
     scaling the probes up, which this estimator does).
     """
@@ -345,7 +347,7 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
             size = 1 if (r == 0 and j0 == 0) else block
             J = np.arange(j0, min(d, j0 + size))
             Z, rms = _measure(oracle, Q, P[J], s_a, s_b, v, c, u_proj, noise, f"columns {J[0]}..{J[-1]} of W",
-                              target_logit, a_cap=a_max)
+                              target_logit, a_cap=a_max, retries=retries)
             M[:, J] = Q.T @ Z
             if np.isfinite(rms) and rms > 0:  # steer the product s_a s_b; keep s_b ≤ s_a (v̂'s error enters via b)
                 prod = s_a * s_b * float(np.clip(target_logit / rms, 1e-3, 1e3))
