@@ -21,7 +21,7 @@ def test_bisection_recovers_w_and_the_direction_of_v(d, seed):
     assert np.linalg.norm(r.model.W - h.W) / np.linalg.norm(h.W) <= 1e-3
     assert np.linalg.norm(r.model.v - unit) <= 1e-4
     assert np.linalg.norm(r.model.v) == pytest.approx(1.0)
-    expected = 2 + (d - 1) * (12 + 48) + d * d * 50 + r.details["redo_queries"]
+    expected = 4 + 2 + (d - 1) * (12 + 48) + d * d * 50 + r.details["redo_queries"]
     assert r.queries == expected and o.queries == expected + r.check["queries"]
     assert r.check["sign_agreement"] > 0.99
     assert any("unit vector" in n for n in r.notes)
@@ -79,6 +79,14 @@ def test_paper_refuses_an_unaffordable_sample_count_and_bad_config():
     with pytest.raises(ConfigError):
         extract_membership_paper(o, w_bound=1.0, margin=0.1)
     assert o.queries == 0
+
+
+def test_a_biased_target_is_refused():
+    from attnprobe.errors import UnidentifiableError
+
+    h = random_head(5, seed=1)  # c ≠ 0
+    with pytest.raises(UnidentifiableError, match="bias"):
+        extract_membership(Oracle(Membership(h), 5))
 
 
 def test_value_answers_are_refused_by_the_membership_learner():

@@ -91,6 +91,21 @@ def _bisect(oracle, build, small_sign, lo, hi, steps):
 
 
 # ------------------------------------------------------------------------------------------------- ours
+BIAS_PROBES = 4
+
+
+def _refuse_bias(oracle, rng, eps: float = 1e-6) -> None:
+    """App. B's model has no bias, so ``sign f([x]) = −sign f([−x])``. A bias c ≠ 0 gives both tiny ±x the sign
+    of c: refuse with a clear error (``BIAS_PROBES`` queries)."""
+    G = rng.standard_normal((BIAS_PROBES // 2, oracle.d))
+    G *= eps / np.linalg.norm(G, axis=1, keepdims=True)
+    h = _signs(oracle, np.concatenate([G, -G])[:, None, :])
+    if np.all(h[: len(G)] == h[len(G):]):
+        raise UnidentifiableError("the membership answers are not antisymmetric (f([x]) and f([−x]) share their "
+                                  "sign for tiny x): the target has an output bias c ≠ 0, which App. B's model "
+                                  "(and this learner) excludes")
+
+
 def learn_direction(oracle, rng, steps: int = 48, rough_steps: int = 12) -> np.ndarray:
     """Unit direction of v from signs of length-1 queries ``[x] ↦ 1[xᵀv > 0]``.
 
@@ -134,15 +149,17 @@ def extract_membership(oracle, *, seed: int = 0, steps: int = 48, w_steps: int =
     ``r = qᵀv / pᵀv``, the query ``[(s/a q + a p); a p]`` at ``a = √(t |s r|)`` answers
     ``sign(a pᵀv + σ(s qᵀWp)(s/a) qᵀv)``, which flips exactly at ``t = σ(s qᵀWp)``: a bisection over
     ``t ∈ (0, 1)`` yields the attention weight itself. Entries whose weight comes out within 1e-6 of 0 or 1 are
-    bisected again at a 16x smaller ``scale``. Queries: ``2 + (d − 1)(12 + steps) + d² w_steps`` (+ redos).
+    bisected again at a 16x smaller ``scale``. Queries: ``4 + 2 + (d − 1)(12 + steps) + d² w_steps`` (+ redos;
+    the first 4 refuse targets with an output bias).
     """
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     d = oracle.d
     start = oracle.queries
-    planned = 2 + (d - 1) * (12 + steps) + d * d * w_steps
+    planned = BIAS_PROBES + 2 + (d - 1) * (12 + steps) + d * d * w_steps
     oracle.require(planned, f"membership extraction at d={d}")
     report = progress or (lambda done, total: None)
+    _refuse_bias(oracle, rng)
     v = learn_direction(oracle, rng, steps)
     report(oracle.queries - start, planned)
     Q = equal_projection_orthogonal(v, rng)
