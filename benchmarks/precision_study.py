@@ -20,7 +20,7 @@ from attnprobe.errors import AttnprobeError
 from attnprobe.learners import extract_exact
 from attnprobe.learners.robust import extract_robust
 from attnprobe.oracles import Oracle
-from attnprobe.oracles.wrappers import Precision, Rounded, answer_noise
+from attnprobe.oracles.wrappers import Precision, Rounded
 from attnprobe.targets import minilm_head
 
 

@@ -35,8 +35,6 @@ TAU_CLIP = 1.0 / (1.0 + math.exp(0.5))
 LIPSCHITZ = 1.0 / (TAU_CLIP * (1.0 - TAU_CLIP))
 TARGET_LOGIT = 1.5
 MAX_RETRIES = 6
-#: probes kept with a clipped weight in the current extraction (reset by extract_robust)
-CLIPPED = [0]
 #: relative error of an attention weight above which a probe's signal counts as drowned in noise
 WEAK_SIGNAL = 0.1
 
@@ -186,10 +184,12 @@ def _logits(oracle, A, Bs, v, c, noise, clip=False, target=TARGET_LOGIT):
 
 
 def _measure(oracle, Q, P, s_a, s_b, v, c, u_proj, noise, what, target=TARGET_LOGIT, a_cap=math.inf,
-             retries=MAX_RETRIES):
+             retries=MAX_RETRIES, stats=None):
     """``Z[ℓ, j] ≈ q_ℓᵀ W p_j`` for probes ``a = s_a q_ℓ``, ``b = s_b p_j``. A saturated probe is asked again
     alone with its ``b`` at a quarter of the scale (the logit shrinks, the signal ``aᵀv`` does not), and its
-    ``a`` too where the bias part ``aᵀu`` alone is past the target. Returns Z and the RMS logit of pass one."""
+    ``a`` too where the bias part ``aᵀu`` alone is past the target. Probes still unresolved after ``retries``
+    are kept with a clipped weight and counted in ``stats["clipped"]``. Returns Z and the RMS logit of pass
+    one."""
     d, k = Q.shape[0], P.shape[0]
     ell, j = np.divmod(np.arange(d * k), k)
     Sa = np.full(d * k, float(s_a))
@@ -202,7 +202,8 @@ def _measure(oracle, Q, P, s_a, s_b, v, c, u_proj, noise, what, target=TARGET_LO
         lg, bad, err = _logits(oracle, Q[ell[idx]] * Sa[idx, None], Sb[idx, None] * P[j[idx]], v, c, noise,
                                clip=last, target=target)
         if last:  # last resort: keep every weight, clipped inside (0, 1), and count them
-            CLIPPED[0] += int(np.sum(bad & np.isfinite(lg)))
+            if stats is not None:
+                stats["clipped"] = stats.get("clipped", 0) + int(np.sum(bad & np.isfinite(lg)))
             bad = ~np.isfinite(lg)
         ok = ~bad
         sel = idx[ok]
@@ -239,9 +240,10 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
     ``queries``: how many queries the extraction may plan for (default: the number of unknowns, ``d² + d``
     bias-free); queries beyond that buy a large-scale value pass and repeated W passes in fresh frames.
     Re-measured saturated probes come on top (``retries=0``: none; unresolved weights are clipped instead, so
-    the extraction spends exactly ``queries`` unless the value answers are too weak and get re-asked). ``max_scale`` caps the norm of every probe row (an API may
-    only accept inputs of bounded size; additive noise that ignores the input's size is otherwise beaten by
-    scaling the probes up, which this estimator does).
+    the extraction spends exactly ``queries`` unless the value answers are too weak and get re-asked).
+    ``max_scale`` caps the norm of every probe row (an API may only accept inputs of bounded size; additive
+    noise that ignores the input's size is otherwise beaten by scaling the probes up, which this estimator
+    does).
     """
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
@@ -261,7 +263,7 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
     n_check = check_queries(check_lengths) if check else 0
     oracle.require(plan + n_check, f"robust extraction at d={d} ({plan} queries + {n_check} check)")
     report = progress or (lambda done, total: None)
-    CLIPPED[0] = 0
+    stats: dict = {"clipped": 0}
 
     # --- value pass 1 (and c): [0] -> c, [s q_l] -> s q_lᵀv + c
     c = float(oracle(np.zeros((1, 1, d)))[0]) if bias else 0.0
@@ -347,7 +349,7 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
             size = 1 if (r == 0 and j0 == 0) else block
             J = np.arange(j0, min(d, j0 + size))
             Z, rms = _measure(oracle, Q, P[J], s_a, s_b, v, c, u_proj, noise, f"columns {J[0]}..{J[-1]} of W",
-                              target_logit, a_cap=a_max, retries=retries)
+                              target_logit, a_cap=a_max, retries=retries, stats=stats)
             M[:, J] = Q.T @ Z
             if np.isfinite(rms) and rms > 0:  # steer the product s_a s_b; keep s_b ≤ s_a (v̂'s error enters via b)
                 prod = s_a * s_b * float(np.clip(target_logit / rms, 1e-3, 1e3))
@@ -363,14 +365,14 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
     details = {"probes": "orthogonal", "bias": bias, "tolerance": tau, "declared_noise": declared.__dict__,
                "value_scales": [value_scale, s_v], "scale_a": s_a, "scale_b": s_b, "w_passes": n_pass,
                "planned_queries": plan,
-               "value_passes": 1 + n_vpass, "clipped_probes": CLIPPED[0],
+               "value_passes": 1 + n_vpass, "clipped_probes": stats["clipped"],
                "u_rescaled_queries": u_rescaled, "v_rescaled_queries": v_rescaled,
                "retry_queries": used - (2 * d + 1 if bias else 0) - u_rescaled - v_rescaled - d - n_vpass * d
                - n_pass * d * d,
                "paper_bound": d * d + d}
     notes = []
-    if CLIPPED[0]:
-        notes.append(f"{CLIPPED[0]} probes stayed within the noise of 0 or 1 after re-measuring; their weights "
+    if stats["clipped"]:
+        notes.append(f"{stats['clipped']} probes stayed within the noise of 0 or 1 after re-measuring; their weights "
                      "were clipped (their entries carry the noise's error)")
     if n_pass > 1 or s_v != value_scale:
         notes.append(f"spent extra queries: value pass at scale {s_v:.3g}, {n_pass} W passes averaged")
