@@ -214,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--round-digits", type=int, metavar="K", help="round answers to K significant digits")
     imp.add_argument("--cast", choices=[p for p in PRECISIONS if p != "float64"],
                      help="round inputs and answers to this precision (bfloat16 via ml_dtypes)")
-    imp.add_argument("--membership", action="store_true", help="answer only 1[f(X) > 0] (App. B; implied by --method membership)")
+    imp.add_argument("--membership", action="store_true",
+                     help="answer only 1[f(X) > 0] (App. B; implied by --method membership)")
     rob = e.add_argument_group("robust / membership learners")
     rob.add_argument("--tolerance", type=float, help="the answers' additive error bound τ (default: from --noise)")
     rob.add_argument("--w-bound", type=float, help="known W ≥ 2 with ‖W‖_F ≤ W (--probes paper)")
