@@ -74,7 +74,7 @@ def main():
     table = md_table(["answers"] + [f"{m}: rel. err of W (queries)" for m in methods], rows)
 
     best_rows = []
-    for spec in (["float16", "bfloat16 answers"] if not args.quick else ["bfloat16"]):
+    for spec in (["float16", "bfloat16 answers", "round 4"] if not args.quick else ["bfloat16"]):
         for mult in (1, 2, 4, 8):
             err, q, fail, sec = run(truth, spec, "robust", mult)
             best_rows.append([spec, f"{mult}x", q, f"{err:.3e}" if err is not None else fail, f"{sec:.0f}"])
@@ -83,7 +83,7 @@ def main():
                     best_rows)
     write_fragment("precision", f"Precision study: MiniLM-L6 layer {args.layer} head {args.head} (d = 384, "
                    "unknowns d²+2d+1 = 148225)", command(), table,
-                   "\nBest error reachable from low-precision answers (robust, more queries = more W passes in "
+                   "\nBest error reachable from low-precision or rounded answers (robust, more queries = more W passes in "
                    "fresh frames, averaged):\n\n" + best + "\n")
 
     import matplotlib

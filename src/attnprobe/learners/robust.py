@@ -330,7 +330,7 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
         big = float(np.max(np.abs(u_proj)))
         if big > 0:  # relative noise rewards a large aᵀv: go as far as the bias logit aᵀu allows
             a_max = min(cap, target_logit / big)
-            s_a = a_max / 2 if tau == 0 else min(s_a, a_max)
+            s_a = min(a_max, max(s_a, a_max / 2))
     a_min = s_a
     u = Q.T @ u_proj
 
