@@ -113,7 +113,8 @@ def tau_plot():
         ax.loglog(taus, res[k], st, label=k)
     ax.set_xlabel("tolerance τ")
     ax.set_ylabel("‖Ŵ − W‖_F")
-    ax.set_title(f"AVQ oracle, d = {d}, ‖W‖_F = W = 2, ‖v‖ = 1, μ = {mu:.3f}; d + d² = {d + d * d} queries")
+    ax.set_title(f"AVQ oracle, d = {d}, ‖W‖_F = W = 2, ‖v‖ = 1, μ = {mu:.3f}; d + d² = {d + d * d} queries",
+                 fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
