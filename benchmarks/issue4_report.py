@@ -14,7 +14,7 @@ true parameters, which the learners never see. Scripts: `benchmarks/robust_bench
 
 def main():
     parts = [HEAD, "", INTRO]
-    for name in ("robust", "minilm_tau", "membership", "precision"):
+    for name in ("robust", "minilm_tau", "membership", "precision", "precision_best"):
         f = DOCS / "issue4" / f"{name}.md"
         if f.exists():
             parts.append(f.read_text())
