@@ -21,11 +21,42 @@ from attnprobe.progress import Progress
 
 # --------------------------------------------------------------------------------------------- methods
 def _run_exact(oracle, args, progress):
-    return extract_exact(oracle, probes=args.probes, bias=not args.no_bias, seed=args.seed, progress=progress)
+    probes = args.probes or "orthogonal"
+    if probes == "paper":
+        probes = "basis"
+    return extract_exact(oracle, probes=probes, bias=not args.no_bias, seed=args.seed, progress=progress)
+
+
+def _run_robust(oracle, args, progress):
+    from attnprobe.learners.robust import MAX_RETRIES, extract_robust, extract_robust_paper
+
+    if args.probes == "paper":
+        from attnprobe.oracles.wrappers import answer_noise
+
+        tol = args.tolerance if args.tolerance is not None else answer_noise(oracle).tolerance
+        return extract_robust_paper(oracle, w_bound=args.w_bound, margin=args.margin, tolerance=tol,
+                                    seed=args.seed, progress=progress)
+    if args.probes not in (None, "orthogonal"):
+        raise ConfigError(f"--method robust takes --probes paper or orthogonal (default); got {args.probes}")
+    return extract_robust(oracle, bias=not args.no_bias, tolerance=args.tolerance, queries=args.queries,
+                          seed=args.seed, max_scale=args.max_scale, retries=0 if args.no_retries else MAX_RETRIES,
+                          progress=progress)
+
+
+def _run_membership(oracle, args, progress):
+    from attnprobe.learners.membership import extract_membership, extract_membership_paper
+
+    if args.probes == "paper":
+        return extract_membership_paper(oracle, w_bound=args.w_bound, margin=args.margin, eps_w=args.eps_w,
+                                        delta=args.delta, samples=args.samples, seed=args.seed,
+                                        progress=progress)
+    if args.probes not in (None, "bisection"):
+        raise ConfigError(f"--method membership takes --probes paper or bisection (default); got {args.probes}")
+    return extract_membership(oracle, seed=args.seed, progress=progress)
 
 
 #: ``--method`` name -> runner(oracle, args, progress) -> Extraction
-METHODS = {"exact": _run_exact}
+METHODS = {"exact": _run_exact, "robust": _run_robust, "membership": _run_membership}
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -45,6 +76,17 @@ def relative_errors(true_model, result_model) -> dict[str, float]:
 
 
 def _oracle_from_args(args) -> Oracle:
+    oracle = _plain_oracle_from_args(args)
+    wrapped = dict(noise=args.noise, decimals=args.round, digits=args.round_digits, cast=args.cast,
+                   membership=args.membership or args.method == "membership", seed=args.noise_seed)
+    if any(v for k, v in wrapped.items() if k != "seed") or args.round == 0:
+        from attnprobe.oracles.wrappers import wrap_oracle
+
+        wrap_oracle(oracle, **wrapped)
+    return oracle
+
+
+def _plain_oracle_from_args(args) -> Oracle:
     kw = {"budget": args.budget}
     if args.answer_precision:
         kw["precision"] = args.answer_precision
@@ -157,12 +199,35 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--answer-precision", choices=PRECISIONS,
                      help="precision of the oracle's answers if known (sets the rounding floor)")
     e.add_argument("--method", default="exact", help="learner: " + ", ".join(METHODS))
-    e.add_argument("--probes", choices=PROBES, default="orthogonal", help="probe design (default orthogonal)")
+    e.add_argument("--probes", choices=PROBES + ("paper", "bisection"),
+                   help="probe design: exact: orthogonal (default), basis (= paper), gaussian; robust: orthogonal "
+                        "(default) or paper (Thm 6.1); membership: bisection (default) or paper (App. B)")
     e.add_argument("--no-bias", action="store_true", help="learn the paper's bias-free model (d+d² queries)")
     e.add_argument("--budget", type=int, help="refuse to spend more than this many queries")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", required=True, metavar="OUT.npz", help="recovered arrays; a JSON summary goes beside")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
+    imp = e.add_argument_group("imperfect answers (wrap the oracle; Sec. 6, App. B)")
+    imp.add_argument("--noise", metavar="KIND:LEVEL",
+                     help="add noise: avq:τ (deterministic, |err| ≤ τ), adversarial:τ, gaussian:σ, uniform:σ")
+    imp.add_argument("--noise-seed", type=int, default=0)
+    imp.add_argument("--round", type=int, metavar="K", help="round answers to K decimals")
+    imp.add_argument("--round-digits", type=int, metavar="K", help="round answers to K significant digits")
+    imp.add_argument("--cast", choices=[p for p in PRECISIONS if p != "float64"],
+                     help="round inputs and answers to this precision (bfloat16 via ml_dtypes)")
+    imp.add_argument("--membership", action="store_true",
+                     help="answer only 1[f(X) > 0] (App. B; implied by --method membership)")
+    rob = e.add_argument_group("robust / membership learners")
+    rob.add_argument("--tolerance", type=float, help="the answers' additive error bound τ (default: from --noise)")
+    rob.add_argument("--w-bound", type=float, help="known W ≥ 2 with ‖W‖_F ≤ W (--probes paper)")
+    rob.add_argument("--margin", type=float, help="known μ ≤ min nonzero |v_i| (--probes paper)")
+    rob.add_argument("--queries", type=int, help="robust: queries to plan for (extra ones shrink the error)")
+    rob.add_argument("--max-scale", type=float, help="robust: largest probe norm the API accepts")
+    rob.add_argument("--no-retries", action="store_true",
+                     help="robust: never re-measure a probe (spend exactly --queries; unresolved weights clipped)")
+    rob.add_argument("--eps-w", type=float, default=0.1, help="membership --probes paper: target ε_W")
+    rob.add_argument("--delta", type=float, default=0.05, help="membership --probes paper: failure probability")
+    rob.add_argument("--samples", type=int, help="membership --probes paper: sign samples (overrides Thm B.1's k)")
     e.set_defaults(func=cmd_extract)
 
     v = sub.add_parser("verify", help="compare a result with the true model")

@@ -1,0 +1,383 @@
+"""Learning from approximate value queries AVQ(X; τ) (Sec. 6, Thm 6.1).
+
+Two learners:
+
+- :func:`extract_robust_paper` — exactly the algorithm in the proof of Thm 6.1 for the paper's model
+  ``f = softmax(X W x_N)ᵀ X v``: ``v̂_i = AVQ([e_i])``; for every entry the probe ``[(b u + a e_j); a e_j]``
+  with ``a = ½``, ``b = 1/W`` (W the known bound on ‖W‖_F), ``u = e_i`` or ``e_i + e_p`` where ``v̂_i`` is
+  zero (``|v̂_i| ≤ μ/2``); ``α̂`` from eq. (5), clipped to ``[σ(−½), σ(½)]`` before ``σ⁻¹``. ``d + d²`` queries.
+  :func:`theorem_guarantee` evaluates the accuracy the theorem guarantees for the given τ.
+- :func:`extract_robust` — our estimator: no bound on W; probe scales from the answers (large differing rows
+  ``a`` so the attention signal ``α·aᵀv`` towers over an additive τ, a small shared row ``b`` steered so the
+  logits sit near ±1.5); orthogonal probes with equal ``|aᵀv|``; a noise-aware saturation test with per-probe
+  re-measurement; and when granted more queries, a second value pass at a large scale plus repeated W passes
+  in fresh random frames averaged together (least squares over the stacked orthogonal designs).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from attnprobe.errors import ConfigError, SaturationError, UnidentifiableError
+from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, functional_check
+from attnprobe.learners.probes import equal_projection_orthogonal, random_orthogonal
+from attnprobe.learners.result import Extraction
+from attnprobe.learners.sigmoid import two_row_queries
+from attnprobe.models.attention import AttentionHead
+from attnprobe.models.precision import resolve_dtype
+from attnprobe.oracles.wrappers import answer_noise
+
+#: τ_clip = σ(−½) of Sec. 6 and the Lipschitz constant L = 1/(τ_clip(1 − τ_clip)) of σ⁻¹ on the clip range
+TAU_CLIP = 1.0 / (1.0 + math.exp(0.5))
+LIPSCHITZ = 1.0 / (TAU_CLIP * (1.0 - TAU_CLIP))
+TARGET_LOGIT = 1.5
+MAX_RETRIES = 6
+#: relative error of an attention weight above which a probe's signal counts as drowned in noise
+WEAK_SIGNAL = 0.1
+
+
+def _sigmoid_inv(p):
+    return np.log(p) - np.log1p(-p)
+
+
+def theorem_guarantee(d: int, tau: float, w_bound: float, margin: float, zero_rows: bool = False) -> dict:
+    """Accuracy Thm 6.1 guarantees at tolerance τ: the theorem's constants and the proof's own chain.
+
+    Theorem (paper constants): ``τ ≤ μ ε_W / (80 W² d)`` gives ``‖Ŵ − W‖_F ≤ ε_W``, so ``ε_W = 80 W² d τ / μ``
+    (doubled when some ``v_i = 0``: "dividing the tolerance values by 2"); ``ε_v = √d τ`` (needs ``τ ≤ μ/2``).
+    Proof chain: ``|α̂ − α| ≤ (2W/μ) τ + ((W + 2)/μ) τ``, times ``L/(ab) = 2 W L`` per entry (twice for rows
+    with ``v_i = 0``), over d² entries.
+    """
+    if tau > margin / 2:
+        return {"valid": False, "eps_W": math.inf, "eps_v": math.inf, "eps_W_proof": math.inf}
+    factor = 2.0 if zero_rows else 1.0
+    eps_w = factor * 80.0 * w_bound**2 * d * tau / margin
+    alpha_err = (2 * w_bound / margin) * tau + ((w_bound + 2) / margin) * tau
+    entry = 2 * w_bound * LIPSCHITZ * alpha_err
+    return {"valid": True, "eps_W": eps_w, "eps_v": math.sqrt(d) * tau,
+            "eps_W_proof": factor * d * entry, "entry_bound": factor * entry}
+
+
+def extract_robust_paper(oracle, *, w_bound: float, margin: float, tolerance: float, check: bool = True,
+                         seed: int = 0, check_lengths=DEFAULT_LENGTHS, progress=None,
+                         block_floats: int = 2**22) -> Extraction:
+    """Thm 6.1's algorithm verbatim (paper model, no biases): ``d + d²`` approximate value queries.
+
+    ``w_bound`` is the known ``W ≥ 2`` with ``‖W‖_F ≤ W``; ``margin`` the known ``μ ≤ min_{v_i ≠ 0} |v_i|``;
+    ``tolerance`` the oracle's τ (only used to report the guaranteed accuracy and to refuse ``τ > μ/2``).
+    """
+    if not (w_bound and w_bound >= 2):
+        raise ConfigError(f"Thm 6.1 needs a known bound --w-bound W ≥ 2 on ‖W‖_F; got {w_bound}")
+    if not (margin and 0 < margin <= 1):
+        raise ConfigError(f"Thm 6.1 needs the value margin --margin μ in (0, 1]; got {margin}")
+    if tolerance is None or tolerance < 0:
+        raise ConfigError(f"Thm 6.1 needs the oracle's tolerance --tolerance τ ≥ 0; got {tolerance}")
+    if tolerance > margin / 2:
+        raise UnidentifiableError(
+            f"the tolerance τ = {tolerance:g} exceeds μ/2 = {margin / 2:g}: answers within ±τ cannot tell a value "
+            "entry of size μ from 0, so Thm 6.1 gives no guarantee; lower the noise or use --method robust "
+            "(default probes), which scales its probes above the noise")
+    t0 = time.perf_counter()
+    d = oracle.d
+    start = oracle.queries
+    n_check = check_queries(check_lengths) if check else 0
+    oracle.require(d + d * d + n_check, f"Thm 6.1 at d={d} (d + d² = {d + d * d} queries + {n_check} check)")
+    report = progress or (lambda done, total: None)
+
+    v = oracle(np.eye(d)[:, None, :])  # v̂_i = AVQ([e_i])
+    nonzero = np.abs(v) > margin / 2
+    if not nonzero.any():
+        raise UnidentifiableError(
+            f"every value answer |AVQ([e_i])| is ≤ μ/2 = {margin / 2:g}: the answers carry no usable signal "
+            "(v = 0 or τ above the signal), so W cannot be identified")
+    p = int(np.argmax(np.abs(v)))
+    a, b = 0.5, 1.0 / w_bound
+    U = np.eye(d)
+    U[~nonzero, p] += 1.0  # u = e_i + e_p for the zero entries of v
+    denom = b * np.where(nonzero, v, v[p])
+    lo, hi = TAU_CLIP, 1.0 - TAU_CLIP
+    W = np.empty((d, d))
+    block = max(1, min(d, block_floats // (2 * d * d)))
+    for j0 in range(0, d, block):
+        J = np.arange(j0, min(d, j0 + block))
+        # X = [(b u_i + a e_j); a e_j] for every i (rows) and j in J
+        X = np.zeros((d, len(J), 2, d))
+        X[:, :, 0, :] = b * U[:, None, :]
+        X[:, np.arange(len(J)), 0, J] += a
+        X[:, np.arange(len(J)), 1, J] = a
+        f = oracle(X.reshape(-1, 2, d)).reshape(d, len(J))
+        alpha = (f - a * v[J][None, :]) / denom[:, None]  # eq. (5)
+        W[:, J] = _sigmoid_inv(np.clip(alpha, lo, hi)) / (a * b)
+        report(oracle.queries - start, d + d * d)
+    W[~nonzero] -= W[p][None, :]  # W_ij = σ⁻¹(α)/(ab) − W_pj for zero entries
+    queries = oracle.queries - start
+    zero_rows = bool((~nonzero).any())
+    guarantee = theorem_guarantee(d, tolerance, w_bound, margin, zero_rows)
+    model = AttentionHead(W, v)
+    notes = [f"Thm 6.1 guarantees ‖Ŵ − W‖_F ≤ {guarantee['eps_W']:.3e} and ‖v̂ − v‖ ≤ {guarantee['eps_v']:.3e} "
+             f"at τ = {tolerance:g}, W = {w_bound:g}, μ = {margin:g}, if the target meets those bounds"]
+    if zero_rows:
+        notes.append(f"{int((~nonzero).sum())} entries of v̂ are ≤ μ/2 and treated as zero (probes e_i + e_p)")
+    details = {"probes": "paper", "bias": False, "w_bound": w_bound, "margin": margin, "tolerance": tolerance,
+               "a": a, "b": b, "reference_p": p, "zero_entries": int((~nonzero).sum()),
+               "guarantee": guarantee, "paper_bound": d + d * d}
+    res = Extraction("robust", model, queries, AttentionHead.unknowns(d, False), 0.0, details=details, notes=notes)
+    if check:
+        res.check = functional_check(oracle, model, np.random.default_rng(seed), check_lengths)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+# ------------------------------------------------------------------------------------------- our estimator
+class _Noise:
+    """Per-answer error bound ``τ + κ·eps·|y|`` (κ = 1: eps is already twice the unit roundoff)."""
+
+    def __init__(self, tau: float, eps: float):
+        self.tau, self.eps = float(tau), float(eps)
+
+    def __call__(self, y):
+        return self.tau + self.eps * np.abs(y)
+
+
+def _scale_cap(oracle, vnorm: float) -> float:
+    """Largest probe scale whose answers stay far inside the answer dtype's range."""
+    try:
+        big = float(np.finfo(resolve_dtype(oracle.precision)).max)
+    except Exception:  # ml_dtypes' bfloat16 has finfo too; anything exotic falls back to float32's range
+        big = float(np.finfo(np.float32).max)
+    return big ** 0.25 / max(vnorm, 1e-300)
+
+
+def _value_pass(oracle, Q, scale, c):
+    """``[s q_ℓ] ↦ s q_ℓᵀv + c``: returns the projections ``Q v`` and the raw answers."""
+    y = oracle(scale * Q[:, None, :])
+    return (y - c) / scale, y
+
+
+def _logits(oracle, A, Bs, v, c, noise, clip=False, target=TARGET_LOGIT):
+    """Two-row queries ``[(a+b); b]`` for rows of A against rows of Bs; logits with a noise-aware
+    saturation mask: α or 1 − α within 2 noise units of 0 *and* a logit past twice the target (a weight
+    that is merely noisy near the target is kept: re-measuring it at a smaller b only amplifies its noise),
+    or α outside (0, 1). ``clip``: last resort for probes whose weight
+    the noise keeps unresolved: α is clipped into ``[e, 1 − e]`` (e its own noise level, as the paper clips
+    into ``[σ(−½), σ(½)]``), which bounds the damage instead of failing."""
+    y = oracle(two_row_queries(A, Bs))
+    y0 = c + np.einsum("kd,d->k", np.broadcast_to(Bs, A.shape), v)
+    y1 = c + (A + Bs) @ v
+    delta = y1 - y0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = (y - y0) / delta
+        q = (y1 - y) / delta
+        err = (noise(y) + 0.5 * (noise(y0) + noise(y1))) / np.abs(delta)
+        near = ~((p > 2 * err) & (q > 2 * err))
+        if clip:
+            e = np.clip(err, 1e-12, 0.25)
+            p = np.clip(p, e, 1 - e)
+            q = 1 - p
+        inside = (p > 0) & (q > 0)
+        lg = np.where(inside, np.log(np.where(inside, p, 1.0)) - np.log(np.where(inside, q, 1.0)), np.nan)
+        bad = ~inside | (near & ~(np.abs(lg) <= 2 * target))
+    return lg, bad, err
+
+
+def _measure(oracle, Q, P, s_a, s_b, v, c, u_proj, noise, what, target=TARGET_LOGIT, a_cap=math.inf,
+             retries=MAX_RETRIES, stats=None):
+    """``Z[ℓ, j] ≈ q_ℓᵀ W p_j`` for probes ``a = s_a q_ℓ``, ``b = s_b p_j``. A saturated probe is asked again
+    alone with its ``b`` at a quarter of the scale (the logit shrinks, the signal ``aᵀv`` does not), and its
+    ``a`` too where the bias part ``aᵀu`` alone is past the target. Probes still unresolved after ``retries``
+    are kept with a clipped weight and counted in ``stats["clipped"]``. Returns Z and the RMS logit of pass
+    one."""
+    d, k = Q.shape[0], P.shape[0]
+    ell, j = np.divmod(np.arange(d * k), k)
+    Sa = np.full(d * k, float(s_a))
+    Sb = np.full(d * k, float(s_b))
+    Z = np.empty(d * k)
+    idx = np.arange(d * k)
+    rms = None
+    for attempt in range(retries + 1):
+        last = attempt == retries
+        lg, bad, err = _logits(oracle, Q[ell[idx]] * Sa[idx, None], Sb[idx, None] * P[j[idx]], v, c, noise,
+                               clip=last, target=target)
+        if last:  # last resort: keep every weight, clipped inside (0, 1), and count them
+            if stats is not None:
+                stats["clipped"] = stats.get("clipped", 0) + int(np.sum(bad & np.isfinite(lg)))
+            bad = ~np.isfinite(lg)
+        ok = ~bad
+        sel = idx[ok]
+        Z[sel] = (lg[ok] - Sa[sel] * u_proj[ell[sel]]) / (Sa[sel] * (Sb[sel] if s_b > 0 else 1.0))
+        if rms is None:
+            rms = float(np.sqrt(np.mean(lg[ok] ** 2))) if ok.any() else math.inf
+        if not bad.any():
+            return Z.reshape(d, k), rms
+        weak = err[bad] > WEAK_SIGNAL  # the signal aᵀv drowns in the noise: grow a instead
+        idx = idx[bad]
+        if attempt == retries:
+            break
+        oracle.require(len(idx), f"re-measuring {len(idx)} saturated or noise-drowned probes of {what}")
+        strong = idx[~weak]
+        if s_b > 0:
+            Sb[strong] /= 4.0
+        steep = np.abs(Sa[strong] * u_proj[ell[strong]]) > target / 2 if s_b > 0 else np.ones(len(strong), bool)
+        Sa[strong[steep]] /= 4.0
+        Sa[idx[weak]] = np.minimum(Sa[idx[weak]] * 4.0, a_cap)
+    raise SaturationError(
+        f"{len(idx)} attention weights of {what} stay within the noise of 0 or 1 after shrinking their probes "
+        f"{4**MAX_RETRIES}x; the answers' noise is too large for the attention signal")
+
+
+def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None, queries: int | None = None,
+                   seed: int = 0, value_scale: float = 1.0, max_scale: float | None = None,
+                   target_logit: float = TARGET_LOGIT, retries: int = MAX_RETRIES,
+                   check: bool = True, check_lengths=DEFAULT_LENGTHS, progress=None,
+                   block_floats: int = 2**22) -> Extraction:
+    """Recover ``(W, v[, u, c])`` from noisy answers without a bound on W (our estimator; see module doc).
+
+    ``tolerance``: the answers' additive error bound τ if known; by default the τ (plus 3σ of fresh noise)
+    that the oracle's wrappers declare, else 0 (answers only rounded, at ``oracle.eps``).
+    ``queries``: how many queries the extraction may plan for (default: the number of unknowns, ``d² + d``
+    bias-free); queries beyond that buy a large-scale value pass and repeated W passes in fresh frames.
+    Re-measured saturated probes come on top (``retries=0``: none; unresolved weights are clipped instead, so
+    the extraction spends exactly ``queries`` unless the value answers are too weak and get re-asked).
+    ``max_scale`` caps the norm of every probe row (an API may only accept inputs of bounded size; additive
+    noise that ignores the input's size is otherwise beaten by scaling the probes up, which this estimator
+    does).
+    """
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    d = oracle.d
+    start = oracle.queries
+    declared = answer_noise(oracle)
+    if declared.membership:
+        raise ConfigError("the oracle answers only 0/1 (membership); use --method membership")
+    tau = float(tolerance) if tolerance is not None else declared.tolerance + 3.0 * declared.sigma
+    if tau < 0 or not math.isfinite(tau):
+        raise ConfigError(f"the tolerance must be a finite number ≥ 0; got {tolerance}")
+    noise = _Noise(tau, oracle.eps)
+    unknowns = AttentionHead.unknowns(d, bias)
+    plan = unknowns if queries is None else int(queries)
+    if plan < unknowns:
+        raise ConfigError(f"--queries {plan} is below the {unknowns} unknowns; give at least {unknowns}")
+    n_check = check_queries(check_lengths) if check else 0
+    oracle.require(plan + n_check, f"robust extraction at d={d} ({plan} queries + {n_check} check)")
+    report = progress or (lambda done, total: None)
+    stats: dict = {"clipped": 0}
+
+    # --- value pass 1 (and c): [0] -> c, [s q_l] -> s q_lᵀv + c
+    c = float(oracle(np.zeros((1, 1, d)))[0]) if bias else 0.0
+    Q0 = random_orthogonal(d, rng)
+    proj, y = _value_pass(oracle, Q0, value_scale, c)
+    floor = float(np.max(noise(y))) + (float(noise(np.array([c]))[0]) if bias else 0.0)
+    if not np.any(np.abs(proj) * value_scale > 3 * floor):
+        raise UnidentifiableError(
+            f"the value answers |f([x]) − f([0])| ≤ {np.max(np.abs(proj)) * value_scale:.3g} never exceed 3x the "
+            f"noise floor {floor:.3g} (τ = {tau:g}): the answers carry no usable signal (v = 0 or the noise is "
+            "above the signal); raise --value-scale or lower the noise")
+    v = Q0.T @ proj
+    vnorm = float(np.linalg.norm(v))
+    cap = _scale_cap(oracle, vnorm)
+    if max_scale is not None:
+        if max_scale < value_scale:
+            raise ConfigError(f"--max-scale {max_scale} is below --value-scale {value_scale}")
+        cap = min(cap, float(max_scale))
+    v_rescaled = 0
+    rms_answer = float(np.sqrt(np.mean(proj**2))) * value_scale
+    if tau > 0 and rms_answer < 50 * tau and cap > value_scale:  # weak value answers: ask again, larger
+        s_new = min(cap, value_scale * 50 * tau / rms_answer)
+        Qr = random_orthogonal(d, rng)
+        proj_r, _ = _value_pass(oracle, Qr, s_new, c)
+        v = (value_scale**2 * v + s_new**2 * (Qr.T @ proj_r)) / (value_scale**2 + s_new**2)
+        value_scale, v_rescaled = s_new, d
+        vnorm = float(np.linalg.norm(v))
+    extra = plan - unknowns
+    s_v = value_scale
+    n_pass, n_vpass = 1, 0
+    if extra >= d:  # more value passes, at the largest scale the noise model rewards, and more W passes
+        if tau > 0:
+            s_v = max(value_scale, min(tau / (8 * max(oracle.eps, 1e-300) * vnorm), cap, 1e12 * value_scale))
+            s_v = max(value_scale, min(s_v, cap))
+        n_pass = 1 + (extra - d) // (d * d)
+        n_vpass = max(1, min(n_pass, (extra - (n_pass - 1) * d * d) // d))
+        w0 = 1.0 if tau == 0 else value_scale**2
+        w1 = 1.0 if tau == 0 else s_v**2
+        acc, wsum = w0 * v, w0
+        for _ in range(n_vpass):
+            Q1 = random_orthogonal(d, rng)
+            proj2, _ = _value_pass(oracle, Q1, s_v, c)
+            acc, wsum = acc + w1 * (Q1.T @ proj2), wsum + w1
+        v = acc / wsum
+    report(oracle.queries - start, plan)
+
+    # --- query bias u: [s q; 0] has logit s qᵀu (biased model only)
+    Q = equal_projection_orthogonal(v, rng)
+    u_proj = np.zeros(d)  # q_ℓᵀu in the frame Q
+    a_max = cap
+    u_rescaled = 0
+    s_a = max(min(4.0 * s_v, cap), min(value_scale, cap))
+    if bias:
+        Zu, _ = _measure(oracle, Q, np.zeros((1, d)), min(4 * value_scale, cap), 0.0, v, c, np.zeros(d), noise,
+                         "the query-bias pass [a; 0]", a_cap=cap)
+        u_proj = Zu[:, 0]  # b = 0: the logit is s qᵀu
+        rms_u = float(np.sqrt(np.mean(u_proj**2))) * min(4 * value_scale, cap)
+        if 0 < rms_u < target_logit / 4:  # logits too small to resolve u well: once more at the target scale
+            s_u = min(cap, min(4 * value_scale, cap) * target_logit / rms_u)
+            Zu, _ = _measure(oracle, Q, np.zeros((1, d)), s_u, 0.0, v, c, np.zeros(d), noise,
+                             "the query-bias pass [a; 0] (rescaled)", a_cap=cap)
+            u_proj = Zu[:, 0]
+            u_rescaled = d
+        big = float(np.max(np.abs(u_proj)))
+        if big > 0:  # relative noise rewards a large aᵀv: go as far as the bias logit aᵀu allows
+            a_max = min(cap, target_logit / big)
+            s_a = min(a_max, max(s_a, a_max / 2))
+    a_min = s_a
+    u = Q.T @ u_proj
+
+    # --- W: repeated passes in fresh frames, each column block steered to the target logit
+    s_b = 1.0 / s_a  # first block: unit product scale; steered from its logits
+    block = max(1, min(d, block_floats // (2 * d * d)))
+    W_sum = np.zeros((d, d))
+    for r in range(n_pass):
+        if r > 0:
+            Q = equal_projection_orthogonal(v, rng)
+            u_proj = Q @ u
+        P = random_orthogonal(d, rng)
+        M = np.empty((d, d))
+        j0 = 0
+        while j0 < d:
+            size = 1 if (r == 0 and j0 == 0) else block
+            J = np.arange(j0, min(d, j0 + size))
+            Z, rms = _measure(oracle, Q, P[J], s_a, s_b, v, c, u_proj, noise, f"columns {J[0]}..{J[-1]} of W",
+                              target_logit, a_cap=a_max, retries=retries, stats=stats)
+            M[:, J] = Q.T @ Z
+            if np.isfinite(rms) and rms > 0:  # steer the product s_a s_b; keep s_b ≤ s_a (v̂'s error enters via b)
+                prod = s_a * s_b * float(np.clip(target_logit / rms, 1e-3, 1e3))
+                s_a = min(a_max, max(a_min, math.sqrt(prod)))
+                s_b = min(prod / s_a, cap)
+            j0 = J[-1] + 1
+            report(oracle.queries - start, plan)
+        W_sum += M @ P
+    W = W_sum / n_pass
+
+    model = AttentionHead(W, v, u if bias else None, c)
+    used = oracle.queries - start
+    details = {"probes": "orthogonal", "bias": bias, "tolerance": tau, "declared_noise": declared.__dict__,
+               "value_scales": [value_scale, s_v], "scale_a": s_a, "scale_b": s_b, "w_passes": n_pass,
+               "planned_queries": plan,
+               "value_passes": 1 + n_vpass, "clipped_probes": stats["clipped"],
+               "u_rescaled_queries": u_rescaled, "v_rescaled_queries": v_rescaled,
+               "retry_queries": used - (2 * d + 1 if bias else 0) - u_rescaled - v_rescaled - d - n_vpass * d
+               - n_pass * d * d,
+               "paper_bound": d * d + d}
+    notes = []
+    if stats["clipped"]:
+        notes.append(f"{stats['clipped']} probes stayed within the noise of 0 or 1 after re-measuring; their weights "
+                     "were clipped (their entries carry the noise's error)")
+    if n_pass > 1 or s_v != value_scale:
+        notes.append(f"spent extra queries: value pass at scale {s_v:.3g}, {n_pass} W passes averaged")
+    res = Extraction("robust", model, used, unknowns, 0.0, details=details, notes=notes)
+    if check:
+        res.check = functional_check(oracle, model, rng, check_lengths)
+    res.seconds = time.perf_counter() - t0
+    return res

@@ -1,0 +1,95 @@
+import numpy as np
+import pytest
+
+from attnprobe.errors import ConfigError
+from attnprobe.learners.membership import (extract_membership, extract_membership_paper, learn_direction,
+                                           paper_membership_plan, sphere_constant)
+from attnprobe.oracles import Oracle
+from attnprobe.oracles.wrappers import Membership
+from attnprobe.targets import random_head
+
+from _heads import margin, theorem_head
+
+
+@pytest.mark.parametrize("d", [8, 16])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bisection_recovers_w_and_the_direction_of_v(d, seed):
+    h = random_head(d, seed=seed, bias=False)
+    o = Oracle(Membership(h), d)
+    r = extract_membership(o, seed=seed)
+    unit = h.v / np.linalg.norm(h.v)
+    assert np.linalg.norm(r.model.W - h.W) / np.linalg.norm(h.W) <= 1e-3
+    assert np.linalg.norm(r.model.v - unit) <= 1e-4
+    assert np.linalg.norm(r.model.v) == pytest.approx(1.0)
+    expected = 4 + 2 + (d - 1) * (12 + 48) + d * d * 50 + r.details["redo_queries"]
+    assert r.queries == expected and o.queries == expected + r.check["queries"]
+    assert r.check["sign_agreement"] > 0.99
+    assert any("unit vector" in n for n in r.notes)
+    # far fewer queries than Thm B.1's evaluated bound for the same accuracy
+    plan = paper_membership_plan(d, 1e-3 * max(2, np.linalg.norm(h.W)), max(2.0, np.linalg.norm(h.W)),
+                                 float(np.abs(unit).min()), 0.05)
+    assert r.queries * 1000 < plan["queries"]
+
+
+def test_scale_of_v_does_not_matter_and_steep_logits_are_rebisected():
+    h = random_head(6, seed=5, bias=False, scale=40.0)
+    big = type(h)(h.W, 1e3 * h.v)
+    r = extract_membership(Oracle(Membership(big), 6), seed=2)
+    assert np.linalg.norm(r.model.W - h.W) / np.linalg.norm(h.W) <= 1e-6
+    assert r.details["redo_queries"] >= 0
+
+
+def test_direction_by_bisection_is_accurate_with_d_log_queries():
+    h = random_head(10, seed=7, bias=False)
+    o = Oracle(Membership(h), 10)
+    v = learn_direction(o, np.random.default_rng(0), steps=40, rough_steps=10)
+    assert np.linalg.norm(v - h.v / np.linalg.norm(h.v)) < 1e-9
+    assert o.queries == 2 + 9 * 50
+
+
+def test_paper_variant_with_samples_counts_queries_and_estimates():
+    d = 4
+    h = theorem_head(d, 0)
+    mu = margin(h)
+    o = Oracle(Membership(h), d)
+    r = extract_membership_paper(o, w_bound=2.0, margin=mu, eps_w=0.5, samples=40000, check=False)
+    plan = paper_membership_plan(d, 0.5, 2.0, mu, 0.05)
+    assert r.queries == o.queries == 40000 + d * d * plan["steps"]
+    assert np.max(np.abs(r.details["v_unnormalised"] - h.v)) < 0.05  # Hoeffding at k = 40000: t ≈ 4/(R√k)
+    assert np.linalg.norm(r.model.W - h.W) < 1.0
+    assert any("guarantee does not apply" in n for n in r.notes)
+
+
+def test_paper_plan_matches_the_formulas():
+    p = paper_membership_plan(8, 0.1, 2.0, 0.2, 0.05)
+    eps_v = 0.1 * 0.2**3 / (40 * 2 * 8)
+    assert p["eps_v"] == pytest.approx(eps_v)
+    R = sphere_constant(8)
+    assert p["samples"] == int(np.ceil(2 / (eps_v**2 * R**2) * np.log(16 / 0.05)))
+    # R = E|x_1| for x uniform on the sphere
+    x = np.random.default_rng(0).standard_normal((200000, 8))
+    assert R == pytest.approx(np.mean(np.abs(x[:, 0] / np.linalg.norm(x, axis=1))), rel=0.01)
+
+
+def test_paper_refuses_an_unaffordable_sample_count_and_bad_config():
+    h = theorem_head(4, 0)
+    o = Oracle(Membership(h), 4)
+    with pytest.raises(ConfigError, match="--samples"):
+        extract_membership_paper(o, w_bound=2.0, margin=margin(h), eps_w=0.01)
+    with pytest.raises(ConfigError):
+        extract_membership_paper(o, w_bound=1.0, margin=0.1)
+    assert o.queries == 0
+
+
+def test_a_biased_target_is_refused():
+    from attnprobe.errors import UnidentifiableError
+
+    h = random_head(5, seed=1)  # c ≠ 0
+    with pytest.raises(UnidentifiableError, match="bias"):
+        extract_membership(Oracle(Membership(h), 5))
+
+
+def test_value_answers_are_refused_by_the_membership_learner():
+    h = random_head(4, seed=0, bias=False)
+    with pytest.raises(ConfigError, match="membership"):
+        extract_membership(Oracle(h, 4))
