@@ -183,4 +183,5 @@ def measure_block(oracle, A, Bs, scale, v, c, probes, what, skip=None):
         S[ell, j] /= 4.0
     raise SaturationError(
         f"{int(lg.saturated.sum())} attention weights of {what} stay saturated after shrinking their probes "
-        f"{4**MAX_RETRIES}x; the target's logits are too steep for the answer precision")
+        f"{4**MAX_RETRIES}x: either the target's logits are too steep, or {oracle.precision} answers cannot "
+        "resolve weights this close to 0 or 1; --method robust spends more queries to average such answers")
