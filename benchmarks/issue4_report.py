@@ -16,8 +16,8 @@ def main():
     parts = [HEAD, "", INTRO]
     for name in ("robust", "minilm_tau", "membership", "precision", "precision_best"):
         f = DOCS / "issue4" / f"{name}.md"
-        if f.exists():
-            parts.append(f.read_text())
+        if f.exists():  # fragments live in docs/issue4/; the section lives in docs/
+            parts.append(f.read_text().replace("](../", "]("))
     section = "\n".join(parts)
     path = DOCS / "benchmarks.md"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
