@@ -208,13 +208,15 @@ NOISY_FACTOR = 30.0
 NEGLIGIBLE_NOISE = 1e-9
 
 
-def measure_block(oracle, A, Bs, scale, v, c, probes, what):
+def measure_block(oracle, A, Bs, scale, v, c, probes, what, with_noise=False):
     """Normalised logits ``Z[ℓ, j] = a_ℓᵀ(W b_j + u)`` for probes ``scale·a_ℓ`` against each row ``b_j`` of
     ``Bs``. With orthogonal probes every saturated or unusually noisy probe is asked again alone at a quarter
     of its scale (one query each: each equation may have its own scale); the paper's fixed probes raise
-    instead. Returns ``(Z, rms logit of the first pass)``."""
+    instead. Returns ``(Z, rms logit of the first pass)``, and with ``with_noise`` also the first-order
+    rounding error of each entry of Z (same normalisation as Z)."""
     d, k = A.shape[0], Bs.shape[0]
     Z = np.empty((d, k))
+    N = np.full((d, k), np.inf)
     S = np.full((d, k), float(scale))
     ell, j = np.divmod(np.arange(d * k), k)  # ℓ-major, matching Z's C order
     rms, median_noise = None, None
@@ -222,12 +224,13 @@ def measure_block(oracle, A, Bs, scale, v, c, probes, what):
         lg = measure_logits(oracle, A[ell] * S[ell, j][:, None], Bs[j], v, c)
         ok = ~lg.saturated
         Z[ell[ok], j[ok]] = lg.values[ok] / S[ell[ok], j[ok]]
+        N[ell[ok], j[ok]] = lg.noise[ok] / S[ell[ok], j[ok]]
         if rms is None:
             rms = float(np.sqrt(np.mean(lg.values[ok] ** 2))) if ok.any() else np.inf
             median_noise = float(np.median(lg.noise[ok])) if ok.any() else 0.0
         if probes != "orthogonal":
             if not lg.saturated.any():
-                return Z, rms
+                return (Z, rms, N) if with_noise else (Z, rms)
             raise SaturationError(
                 f"{int(lg.saturated.sum())} attention weights of {what} are numerically 0 or 1 with the paper's "
                 f"{probes} probes, so the sigmoid cannot be inverted; use --probes orthogonal, which scales the "
@@ -235,7 +238,7 @@ def measure_block(oracle, A, Bs, scale, v, c, probes, what):
         noisy = lg.noise > max(NOISY_FACTOR * median_noise, NEGLIGIBLE_NOISE * rms)
         redo = lg.saturated | noisy if attempt < MAX_RETRIES else lg.saturated
         if not redo.any():
-            return Z, rms
+            return (Z, rms, N) if with_noise else (Z, rms)
         if attempt == MAX_RETRIES:
             break
         ell, j = ell[redo], j[redo]
