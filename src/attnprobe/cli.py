@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "4 for coarser answers)")
     lr.add_argument("--measurements", type=int,
                     help="nuclear: number m of rank-one measurements (default from the measured phase transition)")
-    lr.add_argument("--solver", default="auto", help="nuclear: cvxpy solver (default auto = CLARABEL)")
+    lr.add_argument("--solver", default="auto", help="nuclear: cvxpy solver (default auto = SCS, then CLARABEL)")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", required=True, metavar="OUT.npz", help="recovered arrays; a JSON summary goes beside")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
