@@ -28,7 +28,7 @@ from attnprobe.learners.sigmoid import measure_logits
 from attnprobe.models.attention import AttentionHead
 
 #: default m = ceil(PHASE_CONSTANT · r · 2d): above the measured 95 %-success transition (docs/benchmarks.md)
-PHASE_CONSTANT = 1.5
+PHASE_CONSTANT = 3.0
 #: solvers tried for ``solver="auto"``, fastest accurate first (measured, docs/benchmarks.md)
 AUTO_SOLVERS = ("SCS", "CLARABEL")
 #: refuse dense operators above this many floats (m·d²): 2e8 floats = 1.6 GB
@@ -184,16 +184,30 @@ def extract_nuclear(oracle, *, rank: int | None = None, measurements: int | None
                "m_over_2dr": m / (2 * d * (rank or max(r_hat, 1))),
                "convex_residual": float(np.linalg.norm(np.sum((A @ W0) * B, axis=1) - t) / np.linalg.norm(t))}
     notes = []
-    if rank is not None and r_hat > int(rank):
-        raise RecoveryError(
-            f"the nuclear-norm solution has numerical rank {r_hat} > --rank {rank}: either {m} measurements are "
-            f"below the phase transition (need about {default_measurements(d, int(rank))}; raise --measurements) "
-            "or W has a larger rank than given")
     W = W0
-    if refine and 0 < r_hat < d and m >= 2 * d * r_hat - r_hat * r_hat:
-        W, res = polish(W0, A, B, t, r_hat)
+    # rounding of the measurements, relative: the level an exact rank-r fit reaches
+    fit_tol = max(1e-9, 1e3 * float(np.sqrt(np.mean(noise**2))) / max(float(np.sqrt(np.mean(t**2))), 1e-300))
+    r_fit = min(r_hat, int(rank)) if rank is not None else r_hat
+    if refine and 0 < r_fit < d and m > 2 * d * r_fit - r_fit * r_fit:
+        W, res = polish(W0, A, B, t, r_fit)
         details["polish_residual"] = res / float(np.linalg.norm(t))
         details["polish_change"] = float(np.linalg.norm(W - W0) / max(np.linalg.norm(W0), 1e-300))
+        details["polish_rank"] = r_fit
+        if r_hat > r_fit:
+            if details["polish_residual"] > fit_tol:
+                raise RecoveryError(
+                    f"the nuclear-norm solution has numerical rank {r_hat} > --rank {rank} and no rank-{rank} "
+                    f"matrix fits the {m} measurements (relative residual {details['polish_residual']:.1e}): "
+                    f"either m is below the phase transition (default {default_measurements(d, int(rank))}; raise "
+                    "--measurements) or W has a larger rank than given")
+            notes.append(f"the convex solution had rank {r_hat}; its rank-{r_fit} polish fits all {m} measurements "
+                         f"to rounding (residual {details['polish_residual']:.1e}), which determines W since "
+                         f"m > 2dr − r² = {2 * d * r_fit - r_fit * r_fit}")
+    elif rank is not None and r_hat > int(rank):
+        raise RecoveryError(
+            f"the nuclear-norm solution has numerical rank {r_hat} > --rank {rank}: either {m} measurements are "
+            f"below the phase transition (default {default_measurements(d, int(rank))}; raise --measurements) "
+            "or W has a larger rank than given")
     queries = oracle.queries - start
     r_eff = int(rank) if rank is not None else max(r_hat, 1)
     unknowns = 2 * d * r_eff - r_eff * r_eff + base
