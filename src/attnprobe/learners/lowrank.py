@@ -39,6 +39,8 @@ RANK_SAFETY = 10.0
 CERTIFICATE_SAFETY = 30.0
 CERTIFICATE_PROBES = 8
 CALIBRATION_SHARE = 0.01
+#: fewer than 3 probes per calibration step give scale estimates off by 10x or more (measured)
+MIN_CALIBRATION = 24
 #: default --oversample for answers coarser than float64 (measured on MiniLM heads, docs/benchmarks.md)
 FLOAT32_OVERSAMPLE = 4
 
@@ -116,7 +118,7 @@ def extract_lowrank(oracle, *, rank: int | None = None, oversample: int | None =
     Q = equal_projection_orthogonal(v, rng)  # range-pass probes (rows)
     Pdir = random_orthogonal(d, rng)  # rows: the directions b; the first k form B, the rest C
     r_guess = int(rank) if rank is not None else max(1, d // 8)
-    allowance = int(CALIBRATION_SHARE * (lowrank_queries(d, r_guess, 0, 0, bias)))
+    allowance = max(MIN_CALIBRATION, int(CALIBRATION_SHARE * (lowrank_queries(d, r_guess, 0, 0, bias))))
     nu_u, nu_w, used = calibrate(oracle, Q, Pdir, v, c, bias, allowance)
     s_u, s_a, s_b = probe_scales(nu_u, nu_w, target_logit)
     details: dict = {"bias": bias, "seed": seed, "oversample": P, "calibration_queries": used,
@@ -188,7 +190,9 @@ def extract_lowrank(oracle, *, rank: int | None = None, oversample: int | None =
         n_probe = min(d, r_hat + P)
         A, G = _frame_probes(U, v, n_probe, rng)
         Au = A @ u
-        nu_w2 = float(np.linalg.norm(Y_B)) / math.sqrt(k * n_probe)
+        # RMS a_kᵀW c for unit a ∈ span(U), unit c: ‖W‖_F/√(r d) = ν_W √(d/r) (ν_W: RMS qᵀW p of random unit
+        # q, p from the calibration); the sketch's own estimate is the fallback (it is poor when B is unlucky)
+        nu_w2 = (nu_w * math.sqrt(d / r_hat) if nu_w else float(np.linalg.norm(Y_B)) / math.sqrt(k * n_probe))
         nu_u2 = float(np.sqrt(np.mean(Au**2))) if bias else None
         _, s_a2, s_b2 = probe_scales(nu_u2 if bias else None, nu_w2, target_logit)
         Cdir = Pdir[k:]
