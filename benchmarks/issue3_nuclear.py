@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.learners.nuclear import (PHASE_CONSTANT, extract_nuclear, nuclear_solve, polish,
+from attnprobe.learners.nuclear import (PHASE_OFFSET, PHASE_SLOPE, extract_nuclear, nuclear_solve, polish,
                                         rop_measurements)
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_head
@@ -111,24 +111,26 @@ def write_report(rows, exact, cmds):
         Cs = sorted({x["C"] for x in sel})
         rate = [np.mean([x["final_err"] <= 1e-6 for x in sel if x["C"] == C]) for C in Cs]
         rate0 = [np.mean([x["convex_err"] <= 1e-4 for x in sel if x["C"] == C]) for C in Cs]
-        ax.plot(Cs, rate, marker="o", label=f"d={d}, r={r}")
-        first = next((C for C, s in zip(Cs, rate) if s >= 1.0 and all(
-            q >= 1.0 for C2, q in zip(Cs, rate) if C2 >= C)), None)
+        line, = ax.plot(Cs, rate0, marker="o", label=f"d={d}, r={r}")
+        ax.plot(Cs, rate, ls=":", color=line.get_color(), alpha=0.6)
+        first = next((C for C in Cs if all(q >= 1.0 for C2, q in zip(Cs, rate0) if C2 >= C)), None)
         trans.append((d, r, Cs, rate, rate0, first))
-    ax.axvline(1 - 0.0, color="grey", ls=":", lw=1)
+    ax.axvline(1.0, color="grey", ls="--", lw=1)
+    ax.text(1.02, 0.5, "m = 2dr\n(≈ degrees of freedom)", fontsize=7, color="grey")
     ax.set_xlabel("m / (r · 2d)")
-    ax.set_ylabel("success rate (rel. error ≤ 1e-6)")
-    ax.set_title("nuclear-norm recovery from rank-one queries (Thm 5.1): phase transition")
+    ax.set_ylabel("success rate")
+    ax.set_title("nuclear-norm recovery (Thm 5.1): solid = convex program alone (err ≤ 1e-4),\n"
+                 "dotted = after the rank-r polish (err ≤ 1e-6)", fontsize=9)
     ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     fig.savefig(ROOT / "docs" / "issue3_phase_transition.png", dpi=120)
-    lines += ["| d | r | m/(2dr) grid | success (polished) | success (convex only) | smallest C with 100 % from there on |",
+    lines += ["| d | r | C = m/(2dr) grid | success after polish | success, convex program alone | smallest C with 100 % (convex) from there on |",
               "|---|---|---|---|---|---|"]
     for d, r, Cs, rate, rate0, first in trans:
         lines.append(f"| {d} | {r} | {', '.join(f'{C:g}' for C in Cs)} | {', '.join(f'{s:.2f}' for s in rate)} | "
                      f"{', '.join(f'{s:.2f}' for s in rate0)} | {first if first is not None else '—'} |")
     lines += ["", f"Command: `{cmds.get('exact')}`. Exact recovery through `extract_nuclear` (biased random "
-              f"heads, default m = ⌈{PHASE_CONSTANT}·r·2d⌉, float64 answers):", "",
+              f"heads, default m = ⌈2d·({PHASE_SLOPE}·r + {PHASE_OFFSET})⌉, float64 answers):", "",
               "| d | r | m | queries | rel. error W | rel. error u | functional check | seconds (noisy, shared 2 cores) |",
               "|---|---|---|---|---|---|---|---|"]
     for x in exact:

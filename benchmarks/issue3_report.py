@@ -23,7 +23,9 @@ def section() -> str:
              "![queries vs d](issue3_queries_vs_d.png)", "",
              "### `--method nuclear` (Thm 5.1: Gaussian rank-one measurements + nuclear-norm minimisation)", "",
              (res / "issue3_nuclear.md").read_text().strip(), "",
-             "![phase transition](issue3_phase_transition.png)", ""]
+             "![phase transition](issue3_phase_transition.png)", "",
+             "#### Solver for program (2)", "",
+             (res / "issue3_solvers.md").read_text().strip(), ""]
     extra = res / "issue3_notes.md"
     if extra.exists():
         parts += [extra.read_text().strip(), ""]

@@ -38,9 +38,9 @@ RANK_SAFETY = 10.0
 #: a certificate residual counts as signal above this multiple of its rounding error
 CERTIFICATE_SAFETY = 30.0
 CERTIFICATE_PROBES = 8
-CALIBRATION_SHARE = 0.01
-#: fewer than 3 probes per calibration step give scale estimates off by 10x or more (measured)
-MIN_CALIBRATION = 24
+#: calibration allowance MIN_CALIBRATION + d/8 queries: fewer than 3 probes per calibration step give scale
+#: estimates off by 10x or more (measured); the allowance must not depend on the rank (detection costs ≤ 2d more)
+MIN_CALIBRATION = 48
 #: default --oversample for answers coarser than float64 (measured on MiniLM heads, docs/benchmarks.md)
 FLOAT32_OVERSAMPLE = 4
 
@@ -118,7 +118,7 @@ def extract_lowrank(oracle, *, rank: int | None = None, oversample: int | None =
     Q = equal_projection_orthogonal(v, rng)  # range-pass probes (rows)
     Pdir = random_orthogonal(d, rng)  # rows: the directions b; the first k form B, the rest C
     r_guess = int(rank) if rank is not None else max(1, d // 8)
-    allowance = max(MIN_CALIBRATION, int(CALIBRATION_SHARE * (lowrank_queries(d, r_guess, 0, 0, bias))))
+    allowance = MIN_CALIBRATION + d // 8  # the same with and without a given rank
     nu_u, nu_w, used = calibrate(oracle, Q, Pdir, v, c, bias, allowance)
     s_u, s_a, s_b = probe_scales(nu_u, nu_w, target_logit)
     details: dict = {"bias": bias, "seed": seed, "oversample": P, "calibration_queries": used,
