@@ -109,3 +109,16 @@ def test_cli_nuclear(tmp_path):
     s = json.loads(out.with_suffix(".json").read_text())
     assert s["method"] == "nuclear" and s["details"]["measurements"] == default_measurements(10, 1)
     assert rel(np.load(out)["W"], h.W) <= 1e-6
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_between_dof_and_transition_never_silent_garbage(seed):
+    """m above the degrees of freedom but below the phase transition: a clear error or the right W."""
+    d, r = 12, 2
+    h = random_head(d, rank=r, seed=20 + seed)
+    try:
+        res = extract_nuclear(Oracle(h, d), rank=r, measurements=2 * d * r - r * r + 6, seed=seed)
+    except RecoveryError as exc:
+        assert "--measurements" in str(exc)
+    else:
+        assert rel(res.model.W, h.W) <= 1e-6

@@ -22,6 +22,7 @@ import numpy as np
 from attnprobe.errors import ConfigError, RecoveryError, SaturationError
 from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, functional_check
 from attnprobe.learners.exact import MAX_RETRIES, TARGET_LOGIT, calibrate, learn_value, measure_block, probe_scales
+from attnprobe.learners.lowrank import MIN_CALIBRATION
 from attnprobe.learners.probes import equal_projection_orthogonal, random_orthogonal
 from attnprobe.learners.result import Extraction
 from attnprobe.learners.sigmoid import measure_logits
@@ -35,7 +36,6 @@ PHASE_OFFSET = 2.0
 AUTO_SOLVERS = ("SCS", "CLARABEL")
 #: refuse dense operators above this many floats (m·d²): 2e8 floats = 1.6 GB
 MAX_OPERATOR_FLOATS = 2 * 10**8
-CALIBRATION_SHARE = 0.01
 
 
 def default_measurements(d: int, r: int) -> int:
@@ -161,7 +161,7 @@ def extract_nuclear(oracle, *, rank: int | None = None, measurements: int | None
 
     v, c, _ = learn_value(oracle, bias)
     Q = equal_projection_orthogonal(v, rng)
-    allowance = int(CALIBRATION_SHARE * (base + m))
+    allowance = MIN_CALIBRATION + d // 8
     nu_u, nu_w, used = calibrate(oracle, Q, random_orthogonal(d, rng), v, c, bias, allowance)
     s_u, s_a, s_b = probe_scales(nu_u, nu_w, target_logit)
     u = np.zeros(d)
@@ -195,13 +195,14 @@ def extract_nuclear(oracle, *, rank: int | None = None, measurements: int | None
         details["polish_residual"] = res / float(np.linalg.norm(t))
         details["polish_change"] = float(np.linalg.norm(W - W0) / max(np.linalg.norm(W0), 1e-300))
         details["polish_rank"] = r_fit
+        if details["polish_residual"] > fit_tol:
+            raise RecoveryError(
+                f"no rank-{r_fit} matrix fits the {m} measurements (relative residual "
+                f"{details['polish_residual']:.1e} > {fit_tol:.0e}; the convex solution has numerical rank {r_hat} "
+                f"and solver status {info['status']}): m is below the phase transition (default "
+                f"{default_measurements(d, r_fit if rank is None else int(rank))}; raise --measurements), the solver "
+                "stopped early, or W has a larger rank than given")
         if r_hat > r_fit:
-            if details["polish_residual"] > fit_tol:
-                raise RecoveryError(
-                    f"the nuclear-norm solution has numerical rank {r_hat} > --rank {rank} and no rank-{rank} "
-                    f"matrix fits the {m} measurements (relative residual {details['polish_residual']:.1e}): "
-                    f"either m is below the phase transition (default {default_measurements(d, int(rank))}; raise "
-                    "--measurements) or W has a larger rank than given")
             notes.append(f"the convex solution had rank {r_hat}; its rank-{r_fit} polish fits all {m} measurements "
                          f"to rounding (residual {details['polish_residual']:.1e}), which determines W since "
                          f"m > 2dr − r² = {2 * d * r_fit - r_fit * r_fit}")
