@@ -30,7 +30,7 @@ from attnprobe.models.attention import AttentionHead
 
 #: default m = ⌈2d · (PHASE_SLOPE · r + PHASE_OFFSET)⌉: just above the measured transition to 100 % exact
 #: recovery at d = 16, 32, 64 and r = 1, 2, 4 (docs/benchmarks.md; the paper only says m = O(rd))
-PHASE_SLOPE = 1.5
+PHASE_SLOPE = 2.0
 PHASE_OFFSET = 2.0
 #: solvers tried for ``solver="auto"``, fastest accurate first (measured, docs/benchmarks.md)
 AUTO_SOLVERS = ("SCS", "CLARABEL")
@@ -39,7 +39,7 @@ MAX_OPERATOR_FLOATS = 2 * 10**8
 
 
 def default_measurements(d: int, r: int) -> int:
-    """``m = ⌈2d (1.5 r + 2)⌉`` (measured phase transition, see ``PHASE_SLOPE``), capped at d²."""
+    """``m = 2d (2 r + 2) = 4d(r + 1)`` (measured convex phase transition, see ``PHASE_SLOPE``), capped at d²."""
     return min(d * d, math.ceil(2 * d * (PHASE_SLOPE * r + PHASE_OFFSET)))
 
 
@@ -68,7 +68,7 @@ def rop_measurements(oracle, Ga, Gb, s_a, s_b, u, v, c):
                           f"{4**MAX_RETRIES}x; the target's logits are too steep for the answer precision")
 
 
-def nuclear_solve(A, B, t, solver: str = "auto", eps: float = 1e-9):
+def nuclear_solve(A, B, t, solver: str = "auto", eps: float = 1e-9, max_iters: int = 200000):
     """Program (2): ``min ‖W‖_* s.t. a_kᵀ W b_k = t_k`` with cvxpy. Returns ``(W, solver used, info)``."""
     try:
         import cvxpy as cp
@@ -90,7 +90,7 @@ def nuclear_solve(A, B, t, solver: str = "auto", eps: float = 1e-9):
         if name not in installed:
             errors.append(f"{name} not installed")
             continue
-        opts = {"eps_abs": eps, "eps_rel": eps, "max_iters": 200000} if name == "SCS" else {}
+        opts = {"eps_abs": eps, "eps_rel": eps, "max_iters": max_iters} if name == "SCS" else {}
         if name == "CLARABEL":
             opts = {"tol_gap_abs": eps, "tol_gap_rel": eps, "tol_feas": eps}
         try:
