@@ -129,8 +129,10 @@ def write_report(rows, exact, cmds):
         Cs = sorted({x["C"] for x in sel})
         rate = [np.mean([x["final_err"] <= 1e-6 for x in sel if x["C"] == C]) for C in Cs]
         rate0 = [np.mean([x["convex_err"] <= 1e-4 for x in sel if x["C"] == C]) for C in Cs]
-        line, = ax.plot(Cs, rate0, marker="o", label=f"d={d}, r={r}")
-        ax.plot(Cs, rate, ls=":", color=line.get_color(), alpha=0.6)
+        color = {1: "C0", 2: "C1", 4: "C2"}.get(r, "C3")
+        style = {16: ("o", "-"), 32: ("s", "--"), 64: ("^", "-.")}.get(d, ("x", "-"))
+        ax.plot(Cs, rate0, marker=style[0], ls=style[1], color=color, label=f"d={d}, r={r}")
+        ax.plot(Cs, rate, ls=":", color=color, alpha=0.5)
         first = next((C for C in Cs if all(q >= 1.0 for C2, q in zip(Cs, rate0) if C2 >= C)), None)
         trans.append((d, r, Cs, rate, rate0, first))
     ax.axvline(1.0, color="grey", ls="--", lw=1)
