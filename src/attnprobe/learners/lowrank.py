@@ -109,10 +109,10 @@ def extract_lowrank(oracle, *, rank: int | None = None, oversample: int | None =
     P = default_oversample(oracle) if oversample is None else int(oversample)
     report = progress or (lambda done, total: None)
     n_check = check_queries(check_lengths) if check else 0
-    if rank is not None:
-        planned = lowrank_queries(d, int(rank), P, 0, bias)
-        oracle.require(planned + n_check, f"low-rank extraction at d={d}, rank {rank} ({planned} sketch queries "
-                                          f"+ {n_check} check queries)")
+    if rank is not None:  # up front: sketch + the most calibration and certificate can take + the check
+        planned = lowrank_queries(d, int(rank), P, 0, bias) + MIN_CALIBRATION + d // 8 + certificate
+        oracle.require(planned + n_check, f"low-rank extraction at d={d}, rank {rank} ({planned} sketch, "
+                                          f"calibration and certificate queries + {n_check} check queries)")
 
     v, c, _ = learn_value(oracle, bias)
     Q = equal_projection_orthogonal(v, rng)  # range-pass probes (rows)
