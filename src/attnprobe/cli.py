@@ -55,8 +55,23 @@ def _run_membership(oracle, args, progress):
     return extract_membership(oracle, seed=args.seed, progress=progress)
 
 
+def _run_lowrank(oracle, args, progress):
+    from attnprobe.learners.lowrank import extract_lowrank
+
+    return extract_lowrank(oracle, rank=args.rank, oversample=args.oversample, bias=not args.no_bias,
+                           seed=args.seed, progress=progress)
+
+
+def _run_nuclear(oracle, args, progress):
+    from attnprobe.learners.nuclear import extract_nuclear
+
+    return extract_nuclear(oracle, rank=args.rank, measurements=args.measurements, solver=args.solver,
+                           bias=not args.no_bias, seed=args.seed, progress=progress)
+
+
 #: ``--method`` name -> runner(oracle, args, progress) -> Extraction
-METHODS = {"exact": _run_exact, "robust": _run_robust, "membership": _run_membership}
+METHODS = {"exact": _run_exact, "lowrank": _run_lowrank, "nuclear": _run_nuclear, "robust": _run_robust,
+           "membership": _run_membership}
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -116,6 +131,8 @@ def _print_summary(res, out=None) -> None:
 # --------------------------------------------------------------------------------------------- commands
 def cmd_extract(args) -> int:
     oracle = _oracle_from_args(args)
+    if args.method is None:  # a rank bound makes the low-rank sketch the natural choice
+        args.method = "lowrank" if getattr(args, "rank", None) else "exact"
     if args.method not in METHODS:
         raise ConfigError(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
     progress = Progress(f"extract ({args.method})", enabled=not args.quiet)
@@ -198,12 +215,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="precision a --target computes its answers in (default float64)")
     src.add_argument("--answer-precision", choices=PRECISIONS,
                      help="precision of the oracle's answers if known (sets the rounding floor)")
-    e.add_argument("--method", default="exact", help="learner: " + ", ".join(METHODS))
+    e.add_argument("--method", default=None,
+                   help="learner: " + ", ".join(METHODS) + " (default: lowrank when --rank is given, else exact)")
     e.add_argument("--probes", choices=PROBES + ("paper", "bisection"),
                    help="probe design: exact: orthogonal (default), basis (= paper), gaussian; robust: orthogonal "
                         "(default) or paper (Thm 6.1); membership: bisection (default) or paper (App. B)")
     e.add_argument("--no-bias", action="store_true", help="learn the paper's bias-free model (d+d² queries)")
     e.add_argument("--budget", type=int, help="refuse to spend more than this many queries")
+    lr = e.add_argument_group("low-rank heads (--method lowrank / nuclear)")
+    lr.add_argument("--rank", type=int, help="rank bound r of W (head dimension); lowrank detects it when omitted")
+    lr.add_argument("--oversample", type=int,
+                    help="lowrank: extra sketch directions/probes for noisy answers (default 0 for float64, "
+                         "4 for coarser answers)")
+    lr.add_argument("--measurements", type=int,
+                    help="nuclear: number m of rank-one measurements (default from the measured phase transition)")
+    lr.add_argument("--solver", default="auto", help="nuclear: cvxpy solver (default auto = SCS, then CLARABEL)")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", required=True, metavar="OUT.npz", help="recovered arrays; a JSON summary goes beside")
     e.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -1,6 +1,7 @@
 """Learners: one module per algorithm family; each takes an oracle and returns an Extraction."""
 
 from attnprobe.learners.exact import PROBES, extract_exact
+from attnprobe.learners.lowrank import extract_lowrank
 from attnprobe.learners.result import Extraction
 
-__all__ = ["PROBES", "Extraction", "extract_exact"]
+__all__ = ["PROBES", "Extraction", "extract_exact", "extract_lowrank"]

@@ -31,17 +31,18 @@ def lead_probes(d: int) -> int:
     return max(4, min(16, d // 3))
 
 
-def calibrate(oracle, Q, P, v, c, bias, allowance):
+def calibrate(oracle, Q, P, v, c, bias, allowance, probes_per_step: int | None = None):
     """Estimate ``ν_u ≈ RMS qᵀu`` and ``ν_W ≈ RMS qᵀW p`` (unit q, p) from a few probes, shrinking the probes
     when they saturate and growing them when the logit drowns in rounding. Uses at most ``allowance``
-    queries; an estimate it could not afford is None.
+    queries, ``probes_per_step`` (default: half the allowance, at most 16) at each step of a search; an
+    estimate it could not afford is None.
 
     The probes are the first k rows of Q against b = 0 (u) and against the first k rows of P (W), so the last,
     successful measurement of each search is also a valid equation of the main passes: ``q_iᵀu`` and
     ``q_iᵀW p_i`` are returned and reused, and only the failed search steps cost extra queries.
     Returns ``(ν_u, ν_W, queries used, q_iᵀu or None, q_iᵀW p_i or None)``."""
     used = 0
-    k = max(1, min(16, allowance // 2))
+    k = probes_per_step or max(1, min(16, allowance // 2))
     d = Q.shape[1]
 
     def search(measure, power):
@@ -137,20 +138,22 @@ def steer_block(oracle, A, Bs, scale, v, c, probes, what, target, skip, max_step
     raise AssertionError("unreachable")
 
 
-def measure_block(oracle, A, Bs, scale, v, c, probes, what, skip=None):
+def measure_block(oracle, A, Bs, scale, v, c, probes, what, skip=None, with_noise=False):
     """Normalised logits ``Z[ℓ, j] = a_ℓᵀ(W b_j + u)`` for probes ``scale·a_ℓ`` against each row ``b_j`` of
     ``Bs``. With orthogonal probes every saturated or unusually noisy probe is asked again alone at a quarter
     of its scale (one query each: each equation may have its own scale); the paper's fixed probes raise
     instead. Pairs marked in ``skip`` are not asked (left NaN). Returns ``(Z, RMS logit and median logit noise
-    of the first pass)``."""
+    of the first pass)``, and with ``with_noise`` also the first-order rounding error of each entry of Z (same
+    normalisation as Z, inf where not measured)."""
     d, k = A.shape[0], Bs.shape[0]
     Z = np.full((d, k), np.nan)
+    N = np.full((d, k), np.inf)
     S = np.full((d, k), float(scale))
     ell, j = np.divmod(np.arange(d * k), k)  # ℓ-major, matching Z's C order
     if skip is not None:
         ell, j = ell[~skip.ravel()], j[~skip.ravel()]
         if len(ell) == 0:
-            return Z, np.nan, 0.0
+            return (Z, np.nan, 0.0, N) if with_noise else (Z, np.nan, 0.0)
     rms, median_noise = None, None
     for attempt in range(MAX_RETRIES + 1):
         lg = measure_logits(oracle, A[ell] * S[ell, j][:, None], Bs[j], v, c)
@@ -162,12 +165,13 @@ def measure_block(oracle, A, Bs, scale, v, c, probes, what, skip=None):
                 "learned with --no-bias?) or its answers are noisy (see --method robust)")
         ok = ~lg.saturated
         Z[ell[ok], j[ok]] = lg.values[ok] / S[ell[ok], j[ok]]
+        N[ell[ok], j[ok]] = lg.noise[ok] / S[ell[ok], j[ok]]
         if rms is None:  # saturated probes count as logit 40, beyond any precision's reach
             rms = float(np.sqrt(np.mean(np.where(ok, lg.values, 40.0) ** 2)))
             median_noise = float(np.median(lg.noise[ok])) if ok.any() else 0.0
         if probes != "orthogonal":
             if not lg.saturated.any():
-                return Z, rms, median_noise
+                return (Z, rms, median_noise, N) if with_noise else (Z, rms, median_noise)
             raise SaturationError(
                 f"{int(lg.saturated.sum())} attention weights of {what} are numerically 0 or 1 with the paper's "
                 f"{probes} probes, so the sigmoid cannot be inverted; use --probes orthogonal, which scales the "
@@ -175,7 +179,7 @@ def measure_block(oracle, A, Bs, scale, v, c, probes, what, skip=None):
         noisy = lg.noise > max(NOISY_FACTOR * median_noise, NEGLIGIBLE_NOISE * rms)
         redo = lg.saturated | noisy if attempt < MAX_RETRIES else lg.saturated
         if not redo.any():
-            return Z, rms, median_noise
+            return (Z, rms, median_noise, N) if with_noise else (Z, rms, median_noise)
         if attempt == MAX_RETRIES:
             break
         ell, j = ell[redo], j[redo]

@@ -1,0 +1,233 @@
+"""Low-rank recovery by compressed sensing (Thm 5.1, App. A): rank-one measurements + nuclear-norm minimisation.
+
+Each two-row query ``[(a+b); b]`` with Gaussian ``a, b`` gives, after the sigmoid inversion of eq. (1), one
+rank-one projection ``t = aᵀW b = ⟨a bᵀ, W⟩`` (the query bias ``aᵀu`` is measured first and subtracted).
+With ``m = O(rd)`` of them, program (2) ``min ‖W‖_* s.t. ⟨a_k b_kᵀ, W⟩ = t_k`` recovers a rank-≤r ``W``
+exactly w.h.p. (Thm A.2, Cai & Zhang 2015). The program is solved with cvxpy (optional extra ``cvxpy``);
+an optional polish (Gauss–Newton on the rank-r̂ factorisation, fitted to the same measurements)
+takes the solver's ~1e-8 answer to the answers' own precision.
+
+The dense measurement operator has ``m·d²`` entries and the SDP behind ``‖·‖_*`` has a ``2d × 2d`` PSD block,
+so this route is practical up to about d = 64 (SCS: ~1–2 min there); ``--method lowrank`` scales to d in the
+thousands with fewer queries.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from attnprobe.errors import ConfigError, RecoveryError, SaturationError
+from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, functional_check
+from attnprobe.learners.exact import learn_value
+from attnprobe.learners.scaling import MAX_RETRIES, TARGET_LOGIT, calibrate, measure_block, probe_scales
+from attnprobe.learners.lowrank import MIN_CALIBRATION
+from attnprobe.learners.probes import equal_projection_orthogonal, random_orthogonal
+from attnprobe.learners.result import Extraction
+from attnprobe.learners.sigmoid import measure_logits
+from attnprobe.models.attention import AttentionHead
+
+#: default m = ⌈2d · (PHASE_SLOPE · r + PHASE_OFFSET)⌉: just above the measured transition to 100 % exact
+#: recovery at d = 16, 32, 64 and r = 1, 2, 4 (docs/benchmarks.md; the paper only says m = O(rd))
+PHASE_SLOPE = 2.0
+PHASE_OFFSET = 2.0
+#: solvers tried for ``solver="auto"``, fastest accurate first (measured, docs/benchmarks.md)
+AUTO_SOLVERS = ("SCS", "CLARABEL")
+#: refuse dense operators above this many floats (m·d²): 2e8 floats = 1.6 GB
+MAX_OPERATOR_FLOATS = 2 * 10**8
+
+
+def default_measurements(d: int, r: int) -> int:
+    """``m = 2d (2 r + 2) = 4d(r + 1)`` (measured convex phase transition, see ``PHASE_SLOPE``), capped at d²."""
+    return min(d * d, math.ceil(2 * d * (PHASE_SLOPE * r + PHASE_OFFSET)))
+
+
+def rop_measurements(oracle, Ga, Gb, s_a, s_b, u, v, c):
+    """Rank-one projections ``t_k = a_kᵀ W b_k`` for ``a_k = Ga[k]/√d``, ``b_k = Gb[k]/√d`` (paper: Gaussian
+    rows), from queries ``[(s_a a + s_b b); s_b b]`` (eq. 1) minus the query bias. A saturated weight is
+    asked again with ``s_a`` quartered (its own scale; one query each). Returns ``t`` and its rounding error."""
+    d = Ga.shape[1]
+    A, B = Ga / math.sqrt(d), Gb / math.sqrt(d)
+    m = A.shape[0]
+    t, noise = np.empty(m), np.empty(m)
+    sa = np.full(m, float(s_a))
+    idx = np.arange(m)
+    for _attempt in range(MAX_RETRIES + 1):
+        lg = measure_logits(oracle, A[idx] * sa[idx, None], s_b * B[idx], v, c)
+        ok = ~lg.saturated
+        k = idx[ok]
+        t[k] = (lg.values[ok] / sa[k] - A[k] @ u) / s_b
+        noise[k] = lg.noise[ok] / (sa[k] * s_b)
+        idx = idx[~ok]
+        if idx.size == 0:
+            return A, B, t, noise
+        oracle.require(idx.size, f"re-measuring {idx.size} saturated rank-one measurements")
+        sa[idx] /= 4.0
+    raise SaturationError(f"{idx.size} rank-one measurements stay saturated after shrinking their probes "
+                          f"{4**MAX_RETRIES}x; the target's logits are too steep for the answer precision")
+
+
+def nuclear_solve(A, B, t, solver: str = "auto", eps: float = 1e-9, max_iters: int = 200000):
+    """Program (2): ``min ‖W‖_* s.t. a_kᵀ W b_k = t_k`` with cvxpy. Returns ``(W, solver used, info)``."""
+    try:
+        import cvxpy as cp
+    except ImportError as exc:
+        raise ConfigError("--method nuclear needs cvxpy: pip install 'attnprobe[cvxpy]' (or pip install cvxpy); "
+                          "--method lowrank needs no solver") from exc
+    m, d = A.shape
+    if m * d * d > MAX_OPERATOR_FLOATS:
+        raise ConfigError(f"the dense measurement operator would hold m·d² = {m * d * d:.2e} floats (> "
+                          f"{MAX_OPERATOR_FLOATS:.0e}); nuclear-norm recovery is practical up to d ≈ 64 here. "
+                          "Use --method lowrank for large heads")
+    Phi = (A[:, :, None] * B[:, None, :]).reshape(m, d * d)  # row k = vec_C(a_k b_kᵀ)
+    W = cp.Variable((d, d))
+    prob = cp.Problem(cp.Minimize(cp.normNuc(W)), [Phi @ cp.vec(W, order="C") == t])
+    names = AUTO_SOLVERS if solver == "auto" else (solver.upper(),)
+    installed = set(cp.installed_solvers())
+    errors = []
+    for name in names:
+        if name not in installed:
+            errors.append(f"{name} not installed")
+            continue
+        opts = {"eps_abs": eps, "eps_rel": eps, "max_iters": max_iters} if name == "SCS" else {}
+        if name == "CLARABEL":
+            opts = {"tol_gap_abs": eps, "tol_gap_rel": eps, "tol_feas": eps}
+        try:
+            prob.solve(solver=name, **opts)
+        except cp.error.SolverError as exc:
+            errors.append(f"{name}: {exc}")
+            continue
+        if prob.status in ("optimal", "optimal_inaccurate") and W.value is not None:
+            return np.asarray(W.value), name, {"status": prob.status, "objective": float(prob.value),
+                                               "solve_seconds": prob.solver_stats.solve_time}
+        errors.append(f"{name}: status {prob.status}")
+    raise RecoveryError(f"the nuclear-norm program could not be solved ({'; '.join(errors)}); installed cvxpy "
+                        f"solvers: {', '.join(sorted(installed))}")
+
+
+def polish(W0, A, B, t, r: int, iters: int = 50, tol: float = 1e-15):
+    """Gauss–Newton on ``W = L Rᵀ`` (rank r) fitted to ``a_kᵀ L Rᵀ b_k = t_k``, started from the SVD of ``W0``.
+    Each step solves the joint linear least-squares problem in ``(δL, δR)`` (2dr unknowns, minimum-norm for the
+    r² gauge directions); near the solution it converges quadratically. Returns ``(L Rᵀ, residual norm)``."""
+    U, s, Vt = np.linalg.svd(W0)
+    L = U[:, :r] * np.sqrt(s[:r])
+    R = Vt[:r].T * np.sqrt(s[:r])
+    m, d = A.shape
+
+    def resid(L, R):
+        return np.sum((A @ L) * (B @ R), axis=1) - t
+
+    f = resid(L, R)
+    res = float(np.linalg.norm(f))
+    for _ in range(iters):
+        if res <= tol * np.linalg.norm(t):
+            break
+        JL = (A[:, :, None] * (B @ R)[:, None, :]).reshape(m, d * r)  # ∂/∂L of a_kᵀ L (Rᵀ b_k)
+        JR = (B[:, :, None] * (A @ L)[:, None, :]).reshape(m, d * r)  # ∂/∂R of b_kᵀ R (Lᵀ a_k)
+        step = np.linalg.lstsq(np.hstack([JL, JR]), -f, rcond=None)[0]
+        L2, R2 = L + step[: d * r].reshape(d, r), R + step[d * r:].reshape(d, r)
+        f2 = resid(L2, R2)
+        res2 = float(np.linalg.norm(f2))
+        if res2 >= res * (1 - 1e-6):
+            break
+        L, R, f, res = L2, R2, f2, res2
+    return L @ R.T, res
+
+
+def numerical_rank(W, noise_level: float) -> int:
+    """Singular values above ``noise_level`` (absolute)."""
+    return int(np.sum(np.linalg.svd(W, compute_uv=False) > noise_level))
+
+
+def extract_nuclear(oracle, *, rank: int | None = None, measurements: int | None = None, solver: str = "auto",
+                    bias: bool = True, seed: int = 0, refine: bool = True, target_logit: float = TARGET_LOGIT,
+                    solver_eps: float = 1e-9, check: bool = True, check_lengths=DEFAULT_LENGTHS,
+                    progress=None) -> Extraction:
+    """Thm 5.1: ``v`` (and ``c``, ``u``) from ``2d + 1`` queries, then ``W`` from ``m`` Gaussian rank-one
+    measurements by nuclear-norm minimisation. ``measurements`` defaults to ``default_measurements(d, rank)``.
+    ``refine`` polishes the convex solution on the rank-r̂ manifold (same measurements, no extra queries)."""
+    d = oracle.d
+    if rank is None and measurements is None:
+        raise ConfigError("--method nuclear needs the rank bound (--rank R, the head dimension) or the number of "
+                          "measurements (--measurements M); --method lowrank can detect the rank")
+    if rank is not None and not 1 <= int(rank) <= d:
+        raise ConfigError(f"--rank must be between 1 and d = {d}; got {rank}")
+    m = int(measurements) if measurements is not None else default_measurements(d, int(rank))
+    if m < 1:
+        raise ConfigError(f"--measurements must be ≥ 1; got {m}")
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    start = oracle.queries
+    report = progress or (lambda done, total: None)
+    n_check = check_queries(check_lengths) if check else 0
+    base = 2 * d + 1 if bias else d
+    oracle.require(base + m + n_check, f"nuclear-norm extraction at d={d} ({base} queries for v, u, c + {m} "
+                                       f"rank-one measurements + {n_check} check queries)")
+    if m * d * d > MAX_OPERATOR_FLOATS:  # refuse before spending queries
+        nuclear_solve(np.zeros((m, d)), np.zeros((m, d)), np.zeros(m), solver)
+
+    v, c, _ = learn_value(oracle, bias)
+    Q = equal_projection_orthogonal(v, rng)
+    allowance = MIN_CALIBRATION + d // 8
+    nu_u, nu_w, used, _, _ = calibrate(oracle, Q, random_orthogonal(d, rng), v, c, bias, allowance,
+                                       probes_per_step=max(1, min(16, allowance // 8)))
+    s_u, s_a, s_b = probe_scales(nu_u, nu_w, target_logit)
+    u = np.zeros(d)
+    if bias:
+        Zu, _, _ = measure_block(oracle, Q, np.zeros((1, d)), s_u, v, c, "orthogonal", "the query-bias pass [a; 0]")
+        u = Q.T @ Zu[:, 0]
+    report(oracle.queries - start, base + m + used)
+
+    # unit-norm-on-average Gaussian probes: the calibrated scales apply to them as to unit probes
+    Ga, Gb = rng.standard_normal((m, d)), rng.standard_normal((m, d))
+    A, B, t, noise = rop_measurements(oracle, Ga, Gb, s_a, s_b, u, v, c)
+    report(oracle.queries - start, base + m + used)
+
+    W0, used_solver, info = nuclear_solve(A, B, t, solver, solver_eps)
+    sv = np.linalg.svd(W0, compute_uv=False)
+    # singular values the solver's tolerance cannot distinguish from 0
+    floor = max(1e3 * solver_eps, 100 * float(np.median(noise))) * float(sv[0]) * math.sqrt(d)
+    r_hat = int(np.sum(sv > floor))
+    details = {"bias": bias, "seed": seed, "measurements": m, "solver": used_solver, "solver_info": info,
+               "calibration_queries": used, "scale_a": s_a, "scale_b": s_b, "rank_given": rank,
+               "solution_rank": r_hat, "singular_values": sv[: r_hat + 2].tolist(),
+               "m_over_2dr": m / (2 * d * (rank or max(r_hat, 1))),
+               "convex_residual": float(np.linalg.norm(np.sum((A @ W0) * B, axis=1) - t) / np.linalg.norm(t))}
+    notes = []
+    W = W0
+    # rounding of the measurements, relative: the level an exact rank-r fit reaches
+    fit_tol = max(1e-9, 1e3 * float(np.sqrt(np.mean(noise**2))) / max(float(np.sqrt(np.mean(t**2))), 1e-300))
+    r_fit = min(r_hat, int(rank)) if rank is not None else r_hat
+    if refine and 0 < r_fit < d and m > 2 * d * r_fit - r_fit * r_fit:
+        W, res = polish(W0, A, B, t, r_fit)
+        details["polish_residual"] = res / float(np.linalg.norm(t))
+        details["polish_change"] = float(np.linalg.norm(W - W0) / max(np.linalg.norm(W0), 1e-300))
+        details["polish_rank"] = r_fit
+        if details["polish_residual"] > fit_tol:
+            raise RecoveryError(
+                f"no rank-{r_fit} matrix fits the {m} measurements (relative residual "
+                f"{details['polish_residual']:.1e} > {fit_tol:.0e}; the convex solution has numerical rank {r_hat} "
+                f"and solver status {info['status']}): m is below the phase transition (default "
+                f"{default_measurements(d, r_fit if rank is None else int(rank))}; raise --measurements), the solver "
+                "stopped early, or W has a larger rank than given")
+        if r_hat > r_fit:
+            notes.append(f"the convex solution had rank {r_hat}; its rank-{r_fit} polish fits all {m} measurements "
+                         f"to rounding (residual {details['polish_residual']:.1e}), which determines W since "
+                         f"m > 2dr − r² = {2 * d * r_fit - r_fit * r_fit}")
+    elif rank is not None and r_hat > int(rank):
+        raise RecoveryError(
+            f"the nuclear-norm solution has numerical rank {r_hat} > --rank {rank}: either {m} measurements are "
+            f"below the phase transition (default {default_measurements(d, int(rank))}; raise --measurements) "
+            "or W has a larger rank than given")
+    queries = oracle.queries - start
+    r_eff = int(rank) if rank is not None else max(r_hat, 1)
+    unknowns = 2 * d * r_eff - r_eff * r_eff + base
+    details["paper_queries"] = d + m
+    model = AttentionHead(W, v, u, c)
+    result = Extraction("nuclear", model, queries, unknowns, 0.0, details=details, notes=notes)
+    if check:
+        result.check = functional_check(oracle, model, rng, check_lengths)
+    result.seconds = time.perf_counter() - t0
+    return result
