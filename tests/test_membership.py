@@ -8,7 +8,7 @@ from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import Membership
 from attnprobe.targets import random_head
 
-from _heads import margin, theorem_head
+from attnprobe.targets.theorem_heads import margin, theorem_head
 
 
 @pytest.mark.parametrize("d", [8, 16])

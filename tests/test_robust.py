@@ -7,7 +7,7 @@ from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import AdversarialNoise, BoundedNoise, FreshNoise, Membership
 from attnprobe.targets import random_head
 
-from _heads import margin, theorem_head
+from attnprobe.targets.theorem_heads import margin, theorem_head
 
 W_BOUND = 2.0
 

@@ -15,7 +15,7 @@ import numpy as np
 import scipy.linalg
 
 from attnprobe.errors import ConfigError, UnidentifiableError
-from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, functional_check
+from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, finish
 from attnprobe.learners.probes import basis_probes, equal_projection_orthogonal, random_orthogonal
 from attnprobe.learners.result import Extraction
 from attnprobe.learners.scaling import (CALIBRATION_SHARE, TARGET_LOGIT, calibrate, lead_probes, measure_steered,
@@ -150,13 +150,7 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
     queries = oracle.queries - start
     details.update(paper_bound=d * d + d, calibration_share=details.get("calibration_queries", 0) / unknowns)
     result = Extraction("exact", model, queries, unknowns, 0.0, details=details, notes=notes)
-    if check:
-        result.check = functional_check(oracle, model, rng, check_lengths)
-        if not result.check["passed"]:
-            result.notes.append(
-                f"functional check FAILED (relative error {result.check['relative_error']:.2e}): the oracle does not "
-                "behave like a single head of this form" + (" without biases; drop --no-bias" if not bias else ""))
-    result.seconds = time.perf_counter() - t0
-    return result
+    hint = " (a single head of this form" + (" without biases: drop --no-bias)" if not bias else ")")
+    return finish(result, oracle, rng, check, check_lengths, t0, hint)
 
 

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from attnprobe.errors import ConfigError, RecoveryError
-from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, functional_check
+from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, finish
 from attnprobe.learners.exact import learn_value
 from attnprobe.learners.scaling import TARGET_LOGIT, calibrate, measure_block, probe_scales
 from attnprobe.learners.probes import equal_projection_orthogonal, random_orthogonal
@@ -224,10 +224,7 @@ def extract_lowrank(oracle, *, rank: int | None = None, oversample: int | None =
                    retry_queries=queries - used - planned - details.get("certificate", {}).get("queries", 0))
     model = AttentionHead(W, v, u, c)
     result = Extraction("lowrank", model, queries, unknowns, 0.0, details=details, notes=notes)
-    if check:
-        result.check = functional_check(oracle, model, rng, check_lengths)
-    result.seconds = time.perf_counter() - t0
-    return result
+    return finish(result, oracle, rng, check, check_lengths, t0)
 
 
 def _rank_tolerance(eta: np.ndarray, d: int) -> float:

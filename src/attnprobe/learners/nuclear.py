@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from attnprobe.errors import ConfigError, RecoveryError, SaturationError
-from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, functional_check
+from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, finish
 from attnprobe.learners.exact import learn_value
 from attnprobe.learners.scaling import MAX_RETRIES, TARGET_LOGIT, calibrate, measure_block, probe_scales
 from attnprobe.learners.lowrank import MIN_CALIBRATION
@@ -227,7 +227,4 @@ def extract_nuclear(oracle, *, rank: int | None = None, measurements: int | None
     details["paper_queries"] = d + m
     model = AttentionHead(W, v, u, c)
     result = Extraction("nuclear", model, queries, unknowns, 0.0, details=details, notes=notes)
-    if check:
-        result.check = functional_check(oracle, model, rng, check_lengths)
-    result.seconds = time.perf_counter() - t0
-    return result
+    return finish(result, oracle, rng, check, check_lengths, t0)

@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from attnprobe.errors import ConfigError, SaturationError, UnidentifiableError
-from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, functional_check
+from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, finish
 from attnprobe.learners.probes import equal_projection_orthogonal, random_orthogonal
 from attnprobe.learners.result import Extraction
 from attnprobe.learners.sigmoid import two_row_queries
@@ -125,10 +125,7 @@ def extract_robust_paper(oracle, *, w_bound: float, margin: float, tolerance: fl
                "a": a, "b": b, "reference_p": p, "zero_entries": int((~nonzero).sum()),
                "guarantee": guarantee, "paper_bound": d + d * d}
     res = Extraction("robust", model, queries, AttentionHead.unknowns(d, False), 0.0, details=details, notes=notes)
-    if check:
-        res.check = functional_check(oracle, model, np.random.default_rng(seed), check_lengths)
-    res.seconds = time.perf_counter() - t0
-    return res
+    return finish(res, oracle, np.random.default_rng(seed), check, check_lengths, t0)
 
 
 # ------------------------------------------------------------------------------------------- our estimator
@@ -377,7 +374,4 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
     if n_pass > 1 or s_v != value_scale:
         notes.append(f"spent extra queries: value pass at scale {s_v:.3g}, {n_pass} W passes averaged")
     res = Extraction("robust", model, used, unknowns, 0.0, details=details, notes=notes)
-    if check:
-        res.check = functional_check(oracle, model, rng, check_lengths)
-    res.seconds = time.perf_counter() - t0
-    return res
+    return finish(res, oracle, rng, check, check_lengths, t0)
