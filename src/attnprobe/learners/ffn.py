@@ -37,12 +37,12 @@ from attnprobe.models.ffn import ReLUNet
 #: answers agree with a line if they differ by less than this many roundings of the largest answer seen
 NOISE_FACTOR = 256.0
 #: probes of a region's gradient reach at most this fraction of the way to the nearest kink along the line
-PROBE_FRACTION = 0.02
+PROBE_FRACTION = 0.1
 #: a region is re-measured when a probe crossed a recovered hyperplane; probes then reach this fraction of the
 #: distance to the nearest hyperplane
 SAFE_FRACTION = 0.5
 MAX_ROUNDS = 200
-SIGN_TIME_LIMIT = 20.0
+SIGN_TIME_LIMIT = 5.0
 
 
 @dataclass
@@ -92,28 +92,29 @@ def _meeting_point(L, R):
     The lines leaving l to the right and r to the left meet at the kink when the interval holds one kink. A
     stencil that straddles a kink gives a secant meeting the other line exactly at the stencil's far end, so such
     meeting points are not used; the kink then lies inside that stencil, where the line arriving at the stencil's
-    own centre from the outside meets the other line. Falls back to the middle."""
+    own centre from the outside meets the other line. Falls back to the middle. Returns (t, meeting point?)."""
     l, r = L[0], R[0]
     sl_out, sl_in = (L[1] - L[2]) / L[4], (L[3] - L[1]) / L[4]
     sr_in, sr_out = (R[1] - R[2]) / R[4], (R[3] - R[1]) / R[4]
     gap = 1e-3 * (r - l)  # never split within 0.1 % of an end: stencils there would be too short
     t = _meet(l, L[1], sl_in, r, R[1], sr_in)
     if t is not None and max(l + 2 * L[4], l + gap) < t < min(r - 2 * R[4], r - gap):
-        return t
+        return t, True
     t = _meet(l, L[1], sl_out, r, R[1], sr_in)  # kink inside l's stencil
     if t is not None and l + gap < t <= l + L[4] and t < r - gap:
-        return t
+        return t, True
     t = _meet(l, L[1], sl_in, r, R[1], sr_out)  # kink inside r's stencil
     if t is not None and r - R[4] <= t < r - gap and t > l + gap:
-        return t
-    return 0.5 * (l + r)
+        return t, True
+    return 0.5 * (l + r), False
 
 
-def _search_kinks(ask, segs, noise_factor, eps, min_width):
+def _search_kinks(ask, segs, noise_factor, eps, min_width, rng):
     """Batched kink search on every segment (critical points as in Carlini et al. 2020, adapted).
 
     Evaluating a point t costs 3 queries (t − δ, t, t + δ): its value and two stencil points. An interval is
-    linear when its chord passes through the stencil points inside it (a value test, exact up to rounding).
+    linear when its chord passes through the stencil points inside it and through one more answer at a random
+    point (a value test, exact up to rounding; split points are chosen, so they alone could conspire).
     A non-linear interval is split where the lines through its two ends meet (the kink itself when the interval
     holds one kink and the stencils are clean), or in its middle. When every interval is linear, the kinks are
     the split points where the chord slopes on the two sides differ.
@@ -147,18 +148,31 @@ def _search_kinks(ask, segs, noise_factor, eps, min_width):
         if rounds > MAX_ROUNDS:
             raise RecoveryError("the kink search did not converge; the oracle may not be a bias-free ReLU network")
         tol_f = noise_factor * eps * max(ask.top, 1e-300)
-        jobs = []
+        jobs, checks = [], []
         for si, L, R in frontier:
             l, r = L[0], R[0]
             w = r - l
             if linear(L, R, tol_f):
-                done[si].append((L, R, False))
+                # split points are chosen, not random: confirm with one answer at a random point inside
+                checks.append((si, L, R, l + rng.uniform(0.05, 0.95) * w))
                 continue
             if w <= min_width:
                 done[si].append((L, R, True))
                 continue
-            t = _meeting_point(L, R)
-            jobs.append((si, t, max(min(w / 16, (t - l) / 4, (r - t) / 4), 1e-4 * w), L, R))
+            t, meeting = _meeting_point(L, R)
+            # at a meeting point f agrees with both end lines even when two kinks lie just to one side of it;
+            # a short stencil there keeps such a pair from hiding behind the stencil's far point
+            rel = 1e-4 if meeting else 1 / 16
+            jobs.append((si, t, max(min(rel * w, (t - l) / 4, (r - t) / 4), 1e-6 * w), L, R))
+        if checks:
+            y = ask(np.array([segs[si].base + t * segs[si].direction for si, _, _, t in checks]))
+            for (si, L, R, t), yt in zip(checks, y):
+                chord = L[1] + (t - L[0]) * (R[1] - L[1]) / (R[0] - L[0])
+                if abs(chord - yt) <= 3 * tol_f:
+                    done[si].append((L, R, False))
+                else:
+                    w = R[0] - L[0]
+                    jobs.append((si, t, max(min(w / 16, (t - L[0]) / 4, (R[0] - t) / 4), 1e-4 * w), L, R))
         res = evaluate([j[:3] for j in jobs])
         frontier = []
         for (si, t, de, L, R), M in zip(jobs, res):
@@ -168,19 +182,27 @@ def _search_kinks(ask, segs, noise_factor, eps, min_width):
     tight = 0
     for si, seg in enumerate(segs):
         ivs = sorted(done[si], key=lambda iv: iv[0][0])
-        for (L1, R1, tiny1), (L2, R2, tiny2) in zip(ivs[:-1], ivs[1:]):
-            if tiny1 or tiny2:
-                continue
-            a, t, b = L1[0], R1[0], R2[0]
-            s1, s2 = (R1[1] - L1[1]) / (t - a), (R2[1] - L2[1]) / (b - t)
-            if abs(s1 - s2) > 3 * tol_f * (1 / (t - a) + 1 / (b - t)):
-                seg.kinks.append(t)
+        # walk the linear intervals left to right, growing one linear piece; the piece's line through its first
+        # and latest points predicts the next end point, and a miss means a kink at the latest point
+        start = None
         for L, R, tiny in ivs:
             if tiny:
                 seg.kinks.append(0.5 * (L[0] + R[0]))
                 tight += 1
+                start = None
+                continue
+            if start is None or start[0] == L[0]:
+                start = start or L
+                last = R
+                continue
+            a, c, b = start, last, R
+            pred = a[1] + (b[0] - a[0]) * (c[1] - a[1]) / (c[0] - a[0])
+            if abs(b[1] - pred) > 8 * tol_f * (1 + 2 * (b[0] - c[0]) / (c[0] - a[0])):
+                seg.kinks.append(c[0])
+                start = c
+            last = R
         seg.kinks.sort()
-        seg.unresolved = tight
+    segs[0].unresolved = tight
     return rounds
 
 
@@ -230,6 +252,7 @@ def _solve_signs(J, v, tol, time_limit):
 
 
 def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width: float = 1e-9,
+                min_jump: float = 1e-6,
                 probe_fraction: float = PROBE_FRACTION, noise_factor: float = NOISE_FACTOR,
                 refine: str = "auto", sign_time_limit: float = SIGN_TIME_LIMIT, check: bool = True,
                 check_count: int = 64, progress=None) -> Extraction:
@@ -238,7 +261,8 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
     ``v`` (= ``A w_o``, the odd part) may be given when already known (e.g. from the antisymmetric oracle);
     otherwise it costs 2d queries. Tolerances: ``noise_factor`` roundings of the largest answer separate
     "on a line" from "a kink"; search intervals shorter than ``min_width`` (in units of the search line) are
-    taken to hold one kink; ``probe_fraction`` is how far towards the nearest kink the gradient probes reach. ``refine``:
+    taken to hold one kink; a kink whose gradient jump is below ``min_jump`` times the largest jump is
+    taken as a split point that happened to sit within rounding of a real kink, and dropped; ``probe_fraction`` is how far towards the nearest kink the gradient probes reach. ``refine``:
     ``"auto"`` re-measures every region at the largest safe radius when answers are coarser than float64,
     ``"always"``/``"never"`` force it; regions whose probes crossed a recovered hyperplane are always re-measured.
     The result's model is a :class:`ReLUNet` with unit-norm columns of A.
@@ -276,7 +300,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
         Q, _ = np.linalg.qr(rng.standard_normal((d, 2)))
         segs = [_Segment(Q[:, 0], Q[:, 1]), _Segment(Q[:, 1], Q[:, 0])]
     before = oracle.queries
-    rounds = _search_kinks(ask, segs, noise_factor, eps, min_width)
+    rounds = _search_kinks(ask, segs, noise_factor, eps, min_width, rng)
     counts["kink_search"] = oracle.queries - before
     tight = sum(s.unresolved for s in segs)
     n_kinks = sum(len(s.kinks) for s in segs)
@@ -298,15 +322,33 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
     report(oracle.queries - start, oracle.queries - start)
 
     def jumps(G):
-        J, where = [], []
+        same = np.array([regs[i][0] == regs[i + 1][0] for i in range(len(regs) - 1)], dtype=bool)
+        J = (G[1:] - G[:-1])[same].T if same.any() else np.zeros((d, 0))
+        where = np.array([regs[i][0] for i in range(len(regs) - 1) if same[i]], dtype=int)
+        return J.reshape(d, -1), where
+
+    # a split point within rounding of a kink can pass for a second kink; its jump is ~0: merge its two regions
+    J, _ = jumps(G)
+    norms = np.linalg.norm(J, axis=0)
+    dropped = 0
+    if norms.size:
+        floor = min_jump * float(norms.max())
         i = 0
-        for si, s in enumerate(segs):
-            k = len(s.kinks)
-            for j in range(k):
-                J.append(G[i + j + 1] - G[i + j])
-                where.append(si)
-            i += k + 1
-        return (np.array(J).T if J else np.zeros((d, 0))), np.array(where, dtype=int)
+        while i < len(regs) - 1:
+            # noise floor of a finite-difference gradient: a few roundings of the answers over the probe radius
+            noise = 64 * eps * ask.top * math.sqrt(d) * (1 / radii[i] + 1 / radii[i + 1])
+            if regs[i][0] == regs[i + 1][0] and np.linalg.norm(G[i + 1] - G[i]) <= max(floor, noise):
+                keep = i if regs[i][2] - regs[i][1] >= regs[i + 1][2] - regs[i + 1][1] else i + 1
+                merged = (regs[i][0], regs[i][1], regs[i + 1][2])
+                regs[i:i + 2] = [merged]
+                ts = np.delete(ts, 2 * i + 1 - keep)
+                radii = np.delete(radii, 2 * i + 1 - keep)
+                G = np.delete(G, 2 * i + 1 - keep, axis=0)
+                dropped += 1
+            else:
+                i += 1
+    for si, seg in enumerate(segs):
+        seg.kinks = [l for (sj, l, _) in regs if sj == si][1:]
 
     # re-measure regions whose probes crossed a recovered hyperplane (and all regions when refining)
     do_refine = refine == "always" or (refine == "auto" and eps > 1e-12)
@@ -378,7 +420,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
     details = {
         "seed": seed, "min_width": min_width, "noise_factor": noise_factor, "probe_fraction": probe_fraction,
         "refine": refine, "neurons_found": int(J.shape[1]), "kinks_per_segment": [len(s.kinks) for s in segs],
-        "search_rounds": rounds, "kinks_at_min_width": tight, "regions": len(regs), "regions_re_measured": redone_regions,
+        "search_rounds": rounds, "kinks_at_min_width": tight, "kinks_dropped_min_jump": dropped, "regions": len(regs), "regions_re_measured": redone_regions,
         "orientation": how, "orientation_exact": bool(exact),
         "orientation_residual": float(np.linalg.norm(rho) / max(np.linalg.norm(v), 1e-300)),
         "query_breakdown": counts, "queries_per_dm": queries / (d * max(J.shape[1], 1)),
