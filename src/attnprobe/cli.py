@@ -24,8 +24,21 @@ def _run_exact(oracle, args, progress):
     return extract_exact(oracle, probes=args.probes, bias=not args.no_bias, seed=args.seed, progress=progress)
 
 
+def _run_transformer(oracle, args, progress):
+    from attnprobe.learners.transformer import extract_transformer
+
+    return extract_transformer(oracle, probes=args.probes, seed=args.seed, progress=progress,
+                               sign_time_limit=args.sign_time_limit)
+
+
+def _run_ffn(oracle, args, progress):
+    from attnprobe.learners.ffn import extract_ffn
+
+    return extract_ffn(oracle, seed=args.seed, progress=progress, sign_time_limit=args.sign_time_limit)
+
+
 #: ``--method`` name -> runner(oracle, args, progress) -> Extraction
-METHODS = {"exact": _run_exact}
+METHODS = {"exact": _run_exact, "transformer": _run_transformer, "ffn": _run_ffn}
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -132,6 +145,12 @@ def cmd_target(args) -> int:
 
         model = random_head(args.d, seed=args.seed, scale=args.scale, rank=args.rank, bias=not args.no_bias,
                             zero_v=args.zero_v)
+    elif args.kind in ("transformer", "relu"):
+        from attnprobe.targets import random_relu_net, random_transformer
+
+        m = args.m or args.d
+        model = (random_transformer(args.d, m, seed=args.seed, scale=args.scale, rank=args.rank)
+                 if args.kind == "transformer" else random_relu_net(args.d, m, seed=args.seed))
     else:
         from attnprobe.targets import minilm_head
 
@@ -158,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--method", default="exact", help="learner: " + ", ".join(METHODS))
     e.add_argument("--probes", choices=PROBES, default="orthogonal", help="probe design (default orthogonal)")
     e.add_argument("--no-bias", action="store_true", help="learn the paper's bias-free model (d+d² queries)")
+    e.add_argument("--sign-time-limit", type=float, default=5.0, metavar="SEC",
+                   help="transformer/ffn: seconds the 0/1 program may spend on neuron orientations (m > d)")
     e.add_argument("--budget", type=int, help="refuse to spend more than this many queries")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", required=True, metavar="OUT.npz", help="recovered arrays; a JSON summary goes beside")
@@ -182,8 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     dm.set_defaults(func=cmd_demo)
 
     t = sub.add_parser("target", help="save a ready-made target model to a file")
-    t.add_argument("kind", choices=["random", "minilm"])
+    t.add_argument("kind", choices=["random", "minilm", "transformer", "relu"])
     t.add_argument("--d", type=int, default=16)
+    t.add_argument("--m", type=int, help="transformer/relu: hidden width of the FFN (default d)")
     t.add_argument("--rank", type=int)
     t.add_argument("--scale", type=float, default=1.0, help="RMS attention logit on unit inputs")
     t.add_argument("--zero-v", type=int, default=0, help="number of zero entries of v")
