@@ -35,7 +35,7 @@ from attnprobe.learners.result import Extraction
 from attnprobe.models.ffn import ReLUNet
 
 #: answers agree with a line if they differ by less than this many roundings of the largest answer seen
-NOISE_FACTOR = 256.0
+NOISE_FACTOR = 64.0
 #: probes of a region's gradient reach at most this fraction of the way to the nearest kink along the line
 PROBE_FRACTION = 0.1
 #: a region is re-measured when a probe crossed a recovered hyperplane; probes then reach this fraction of the
@@ -43,6 +43,8 @@ PROBE_FRACTION = 0.1
 SAFE_FRACTION = 0.5
 MAX_ROUNDS = 200
 SIGN_TIME_LIMIT = 5.0
+#: random inputs per unknown for the least-squares polish (coarse answers only, by default)
+POLISH_FACTOR = 3
 
 
 @dataclass
@@ -120,6 +122,7 @@ def _search_kinks(ask, segs, noise_factor, eps, min_width, rng):
     the split points where the chord slopes on the two sides differ.
     """
     d = segs[0].base.shape[0]
+    floor = 1024 * eps  # inputs are rounded to the answers' precision: shorter stencils measure rounding
 
     def evaluate(jobs):  # jobs: (segment index, t, δ) -> points (t, f, f(t−δ), f(t+δ), δ)
         if not jobs:
@@ -163,7 +166,7 @@ def _search_kinks(ask, segs, noise_factor, eps, min_width, rng):
             # at a meeting point f agrees with both end lines even when two kinks lie just to one side of it;
             # a short stencil there keeps such a pair from hiding behind the stencil's far point
             rel = 1e-4 if meeting else 1 / 16
-            jobs.append((si, t, max(min(rel * w, (t - l) / 4, (r - t) / 4), 1e-6 * w), L, R))
+            jobs.append((si, t, max(min(rel * w, (t - l) / 4, (r - t) / 4), 1e-6 * w, floor), L, R))
         if checks:
             y = ask(np.array([segs[si].base + t * segs[si].direction for si, _, _, t in checks]))
             for (si, L, R, t), yt in zip(checks, y):
@@ -172,7 +175,7 @@ def _search_kinks(ask, segs, noise_factor, eps, min_width, rng):
                     done[si].append((L, R, False))
                 else:
                     w = R[0] - L[0]
-                    jobs.append((si, t, max(min(w / 16, (t - L[0]) / 4, (R[0] - t) / 4), 1e-4 * w), L, R))
+                    jobs.append((si, t, max(min(w / 16, (t - L[0]) / 4, (R[0] - t) / 4), 1e-4 * w, floor), L, R))
         res = evaluate([j[:3] for j in jobs])
         frontier = []
         for (si, t, de, L, R), M in zip(jobs, res):
@@ -251,20 +254,52 @@ def _solve_signs(J, v, tol, time_limit):
     return s, False, how
 
 
-def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width: float = 1e-9,
+def _polish(A, w, X, y, margin=1e-3, rounds=3, max_unknowns=8192):
+    """Least-squares polish on every answer already paid for: with the activation pattern of the current
+    neurons fixed, ``f(x) = Σ_k [a_kᵀx > 0] (w_k a_k)ᵀx`` is linear in ``b_k = w_k a_k``. Points within
+    ``margin``·‖x‖ of a hyperplane are left out (their pattern is uncertain). Averaging over all answers
+    beats the d+1 finite differences per region when answers are coarse (float32). Returns (A, w, used?)."""
+    d, m = A.shape
+    if d * m > max_unknowns or X.shape[0] < d * m:
+        return A, w, False
+    used = False
+    for _ in range(rounds):
+        H = X @ A
+        dist = np.abs(H) / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-300)
+        ok = np.min(dist, axis=1) > margin
+        if ok.sum() < d * m:
+            break
+        act = (H[ok] > 0).astype(np.float64)
+        F = (act[:, :, None] * X[ok][:, None, :]).reshape(-1, m * d)
+        old = float(np.linalg.norm(F @ (w[:, None] * A.T).reshape(-1) - y[ok]))
+        b, *_ = np.linalg.lstsq(F, y[ok], rcond=None)
+        B = b.reshape(m, d)
+        new = float(np.linalg.norm(F @ b - y[ok]))
+        nb = np.linalg.norm(B, axis=1)
+        same = np.einsum("kd,dk->k", B, A) * w > 0  # b_k = w_k a_k keeps the neuron's orientation
+        if not (new < old and same.all() and (nb > 0).all()):
+            break
+        A, w, used = (np.sign(w)[:, None] * B / nb[:, None]).T, np.sign(w) * nb, True  # a_k = sign(w_k) b_k/‖b_k‖
+    return A, w, used
+
+
+def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width: float | None = None,
                 min_jump: float = 1e-6,
                 probe_fraction: float = PROBE_FRACTION, noise_factor: float = NOISE_FACTOR,
-                refine: str = "auto", sign_time_limit: float = SIGN_TIME_LIMIT, check: bool = True,
+                refine: str = "auto", polish: str = "auto", sign_time_limit: float = SIGN_TIME_LIMIT, check: bool = True,
                 check_count: int = 64, progress=None) -> Extraction:
     """Recover a bias-free ReLU network ``x ↦ w_oᵀReLU(Aᵀx)`` from length-1 value queries.
 
     ``v`` (= ``A w_o``, the odd part) may be given when already known (e.g. from the antisymmetric oracle);
     otherwise it costs 2d queries. Tolerances: ``noise_factor`` roundings of the largest answer separate
-    "on a line" from "a kink"; search intervals shorter than ``min_width`` (in units of the search line) are
+    "on a line" from "a kink"; search intervals shorter than ``min_width`` (in units of the search line; default
+    ``max(1e-9, 1024·eps)``) are
     taken to hold one kink; a kink whose gradient jump is below ``min_jump`` times the largest jump is
     taken as a split point that happened to sit within rounding of a real kink, and dropped; ``probe_fraction`` is how far towards the nearest kink the gradient probes reach. ``refine``:
-    ``"auto"`` re-measures every region at the largest safe radius when answers are coarser than float64,
-    ``"always"``/``"never"`` force it; regions whose probes crossed a recovered hyperplane are always re-measured.
+    ``"always"`` re-measures every region at the largest safe radius, ``"auto"``/``"never"`` only the regions
+    whose probes crossed a recovered hyperplane.
+    ``polish`` refits all neurons by least squares on ``3·d·m`` fresh random inputs (``"auto"``: only when the
+    answers are coarser than float64, where it brings float32 answers to float32 precision).
     The result's model is a :class:`ReLUNet` with unit-norm columns of A.
     """
     if refine not in ("auto", "always", "never"):
@@ -277,6 +312,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
     eps = oracle.eps
     start = oracle.queries
     report = progress or (lambda done, total: None)
+    min_width = float(min_width) if min_width is not None else max(1e-9, 1024 * eps)
     ask = _Recorder(oracle)
     notes: list[str] = []
     counts: dict = {}
@@ -310,8 +346,9 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
     regs = [(si, l, r) for si, s in enumerate(segs) for (l, r) in _regions(s)]
     U = random_orthogonal(d, rng)
 
-    def region_points(ts):
-        return np.array([segs[si].base + t * segs[si].direction for (si, _, _), t in zip(regs, ts)])
+    def region_points(ts, idx=None):
+        idx = range(len(regs)) if idx is None else idx
+        return np.array([segs[regs[i][0]].base + t * segs[regs[i][0]].direction for i, t in zip(idx, ts)])
 
     ts = np.array([0.5 * (l + r) for _, l, r in regs])
     lens = np.array([np.linalg.norm(segs[si].direction) for si, _, _ in regs])
@@ -351,7 +388,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
         seg.kinks = [l for (sj, l, _) in regs if sj == si][1:]
 
     # re-measure regions whose probes crossed a recovered hyperplane (and all regions when refining)
-    do_refine = refine == "always" or (refine == "auto" and eps > 1e-12)
+    do_refine = refine == "always"
     counts["re_measured"] = 0
     redone_regions = 0
     for round_ in range(4):
@@ -383,7 +420,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
         if np.any(radii[idx] <= 0):
             raise RecoveryError("a linear region is too thin to probe; retry with another --seed")
         before = oracle.queries
-        G[idx] = _gradients(ask, region_points(ts[idx]), radii[idx], U)
+        G[idx] = _gradients(ask, region_points(ts[idx], idx), radii[idx], U)
         counts["re_measured"] += oracle.queries - before
         redone_regions += len(idx)
     J, where = jumps(G)
@@ -412,14 +449,24 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
     w_hat = weights[keep] * cn[keep]
     if A_hat.shape[1] == 0:
         raise UnidentifiableError("the network answers 0 on every query: no neuron is visible (all dead)")
+    Xs, ys = ask.all()
+    polished = False
+    if polish == "always" or (polish == "auto" and eps > 1e-12):
+        # the answers so far lie near two lines; the refit needs inputs spread over every direction
+        n_fit = POLISH_FACTOR * d * A_hat.shape[1]
+        oracle.require(n_fit, f"the least-squares polish ({n_fit} random inputs)")
+        before = oracle.queries
+        Xp = rng.standard_normal((n_fit, d))
+        yp = ask(Xp)
+        counts["polish"] = oracle.queries - before
+        A_hat, w_hat, polished = _polish(A_hat, w_hat, Xp, yp)
     model = ReLUNet(A_hat, w_hat)
 
-    Xs, ys = ask.all()
     resid = float(np.max(np.abs(model.forward(Xs) - ys)) / max(ask.top, 1e-300))
     queries = oracle.queries - start
     details = {
         "seed": seed, "min_width": min_width, "noise_factor": noise_factor, "probe_fraction": probe_fraction,
-        "refine": refine, "neurons_found": int(J.shape[1]), "kinks_per_segment": [len(s.kinks) for s in segs],
+        "refine": refine, "polished": polished, "neurons_found": int(J.shape[1]), "kinks_per_segment": [len(s.kinks) for s in segs],
         "search_rounds": rounds, "kinks_at_min_width": tight, "kinks_dropped_min_jump": dropped, "regions": len(regs), "regions_re_measured": redone_regions,
         "orientation": how, "orientation_exact": bool(exact),
         "orientation_residual": float(np.linalg.norm(rho) / max(np.linalg.norm(v), 1e-300)),
