@@ -107,3 +107,19 @@ def canonical_neurons(A: np.ndarray, w_o: np.ndarray, tol: float = 1e-12) -> tup
             weights.append(eff[k])
     D = np.array(dirs).T if dirs else np.zeros((A.shape[0], 0))
     return D, np.array(weights)
+
+
+def neuron_errors(A_true, w_true, A_hat, w_hat) -> dict:
+    """Compare two networks neuron by neuron up to permutation and positive scale (after
+    :func:`canonical_neurons`): each true neuron is matched to the recovered one of largest cosine. Returns the
+    neuron counts, the largest direction error ``‖â − a‖`` and the largest relative output-weight error."""
+    Dt, wt = canonical_neurons(A_true, w_true)
+    Dh, wh = canonical_neurons(A_hat, w_hat)
+    out = {"true_neurons": int(Dt.shape[1]), "recovered_neurons": int(Dh.shape[1])}
+    if Dt.shape[1] == 0 or Dh.shape[1] == 0:
+        return {**out, "direction_error": float("inf"), "weight_error": float("inf")}
+    j = np.argmax(Dt.T @ Dh, axis=1)
+    dir_err = np.linalg.norm(Dh[:, j] - Dt, axis=0)
+    w_err = np.abs(wh[j] - wt) / np.abs(wt)
+    return {**out, "direction_error": float(dir_err.max()), "weight_error": float(w_err.max()),
+            "matched_one_to_one": bool(len(set(j.tolist())) == len(j))}
