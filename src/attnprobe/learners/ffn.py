@@ -222,7 +222,7 @@ def _gradients(ask, points, radii, U):
     X = np.concatenate([points[:, None, :], points[:, None, :] + radii[:, None, None] * U[None]], axis=1)
     y = ask(X.reshape(-1, d)).reshape(n, d + 1)
     D = (y[:, 1:] - y[:, :1]) / radii[:, None]  # D[r, i] = g_r·u_i
-    return D @ U  # g_r = Σ_i (g_r·u_i) u_i
+    return D @ U, y[:, 0]  # g_r = Σ_i (g_r·u_i) u_i, and f at the points
 
 
 def _solve_signs(J, v, tol, time_limit):
@@ -354,7 +354,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
     lens = np.array([np.linalg.norm(segs[si].direction) for si, _, _ in regs])
     radii = probe_fraction * 0.5 * np.array([r - l for _, l, r in regs]) * lens / math.sqrt(d)
     before = oracle.queries
-    G = _gradients(ask, region_points(ts), radii, U)
+    G, F0 = _gradients(ask, region_points(ts), radii, U)
     counts["gradients"] = oracle.queries - before
     report(oracle.queries - start, oracle.queries - start)
 
@@ -379,6 +379,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
                 merged = (regs[i][0], regs[i][1], regs[i + 1][2])
                 regs[i:i + 2] = [merged]
                 ts = np.delete(ts, 2 * i + 1 - keep)
+                F0 = np.delete(F0, 2 * i + 1 - keep)
                 radii = np.delete(radii, 2 * i + 1 - keep)
                 G = np.delete(G, 2 * i + 1 - keep, axis=0)
                 dropped += 1
@@ -411,16 +412,22 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
         for i in range(len(regs)):
             probes = X0[i] + radii[i] * U
             crossed[i] = bool(np.any(np.sign(probes @ N) != np.sign(side0[i])))
-        redo = crossed | (do_refine and round_ == 0)
+        # Euler's identity f(x) = ∇f(x)·x holds inside every linear region of a positively homogeneous f:
+        # a probe that left the region breaks it (free check, no queries)
+        euler = np.abs(np.einsum("rd,rd->r", G, X0) - F0)
+        euler_tol = 64 * eps * ask.top * (1 + math.sqrt(d) * np.linalg.norm(X0, axis=1) / radii)
+        broken = euler > euler_tol
+        redo = crossed | broken | (do_refine and round_ == 0)
         if not redo.any():
             break
         idx = np.flatnonzero(redo)
         ts[idx] = best_t[idx]
-        radii[idx] = SAFE_FRACTION * best_dist[idx]
+        radii[idx] = np.where(broken[idx], np.minimum(SAFE_FRACTION * best_dist[idx], radii[idx] / 8),
+                              SAFE_FRACTION * best_dist[idx])
         if np.any(radii[idx] <= 0):
             raise RecoveryError("a linear region is too thin to probe; retry with another --seed")
         before = oracle.queries
-        G[idx] = _gradients(ask, region_points(ts[idx], idx), radii[idx], U)
+        G[idx], F0[idx] = _gradients(ask, region_points(ts[idx], idx), radii[idx], U)
         counts["re_measured"] += oracle.queries - before
         redone_regions += len(idx)
     J, where = jumps(G)

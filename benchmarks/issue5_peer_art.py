@@ -1,0 +1,106 @@
+"""Issue 5 peer comparison: the Adversarial Robustness Toolbox's FunctionallyEquivalentExtraction (Jagielski et
+al. 2020, a one-hidden-layer ReLU extractor) against attnprobe's FFN learner on the same bias-free ReLU networks.
+
+    pip install adversarial-robustness-toolbox     # after torch==2.13.0 if torch is wanted; ART does not pull torch
+    python benchmarks/issue5_peer_art.py [--timeout 240] [--out docs/issue5_peer.md]
+
+ART's victim is wrapped so every input row it asks about is counted (its last-layer fit asks about the sample
+inputs it is given, counted too). ART's model has biases and K outputs, so the bias-free scalar networks are inside
+its assumptions (biases 0, K = 1); it needs the number of neurons m, which attnprobe does not. ART computes in
+float32. Both are scored by the relative error on the same 256 fresh Gaussian inputs (not counted as queries).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import time
+from pathlib import Path
+
+import numpy as np
+
+from attnprobe.learners.ffn import extract_ffn
+from attnprobe.oracles import Oracle
+from attnprobe.targets import random_relu_net
+
+
+class CountingVictim:
+    """The victim as ART sees it: rows (n, d) -> (n, 1) logits; counts every row."""
+
+    def __init__(self, net):
+        self.net = net
+        self.rows = 0
+
+    def __call__(self, x):
+        x = np.asarray(x, dtype=np.float64).reshape(-1, self.net.d)
+        self.rows += x.shape[0]
+        return self.net.forward(x)[:, None]
+
+
+def fresh_error(net, predict, seed):
+    X = np.random.default_rng(seed + 7).standard_normal((256, net.d))
+    y = net.forward(X)
+    yh = np.asarray(predict(X), dtype=np.float64).reshape(-1)
+    return float(np.linalg.norm(yh - y) / np.linalg.norm(y))
+
+
+def run_art(d, m, seed, queue):
+    from art.attacks.extraction import FunctionallyEquivalentExtraction
+    from art.estimators.classification import BlackBoxClassifier
+
+    net = random_relu_net(d, m, seed=seed)
+    victim = CountingVictim(net)
+    np.random.seed(seed)
+    clf = BlackBoxClassifier(victim, input_shape=(d,), nb_classes=1)
+    attack = FunctionallyEquivalentExtraction(classifier=clf, num_neurons=m)
+    X_fit = np.random.default_rng(seed).standard_normal((10 * (m + 1), d)).astype(np.float32)
+    t0 = time.perf_counter()
+    try:
+        extracted = attack.extract(X_fit)
+        err = fresh_error(net, lambda X: extracted.predict(X.astype(np.float32)), seed)
+        status = "ok"
+    except Exception as exc:  # ART raises AssertionError when it finds the wrong number of critical points
+        err, status = float("nan"), f"failed: {type(exc).__name__}: {str(exc)[:80]}"
+    queue.put((victim.rows, err, time.perf_counter() - t0, status))
+
+
+def run_ours(d, m, seed):
+    net = random_relu_net(d, m, seed=seed)
+    o = Oracle(net, d)
+    t0 = time.perf_counter()
+    res = extract_ffn(o, seed=seed, check=False)
+    return res.queries, fresh_error(net, res.model.forward, seed), time.perf_counter() - t0
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--timeout", type=float, default=240.0, help="seconds per ART run")
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--out", default="docs/issue5_peer.md")
+    args = p.parse_args()
+    rows = ["| d | m | seed | ART queries | ART rel. error | ART s | ART status | attnprobe queries | "
+            "attnprobe rel. error | attnprobe s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    ctx = mp.get_context("fork")
+    for d, m in ((8, 4), (8, 8), (16, 8), (16, 16), (32, 16), (32, 32)):
+        for seed in range(args.seeds):
+            q = ctx.Queue()
+            proc = ctx.Process(target=run_art, args=(d, m, seed, q))
+            proc.start()
+            proc.join(args.timeout)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+                a_rows, a_err, a_s, status = "—", float("nan"), args.timeout, f"stopped after {args.timeout:.0f} s"
+            else:
+                a_rows, a_err, a_s, status = q.get()
+            o_q, o_err, o_s = run_ours(d, m, seed)
+            rows.append(f"| {d} | {m} | {seed} | {a_rows} | {a_err:.1e} | {a_s:.1f} | {status} | {o_q} | "
+                        f"{o_err:.1e} | {o_s:.1f} |")
+            print(rows[-1], flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("\n".join(rows) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
