@@ -6,7 +6,7 @@ al. 2020, a one-hidden-layer ReLU extractor) against attnprobe's FFN learner on 
 
 ART's victim is wrapped so every input row it asks about is counted (its last-layer fit asks about the sample
 inputs it is given, counted too). ART's model has biases and K outputs, so the bias-free scalar networks are inside
-its assumptions (biases 0, K = 1); it needs the number of neurons m, which attnprobe does not. ART computes in
+its assumptions (biases 0; K = 2 outputs f and −f, since ART needs two classes); it needs the number of neurons m, which attnprobe does not. ART computes in
 float32. Both are scored by the relative error on the same 256 fresh Gaussian inputs (not counted as queries).
 """
 
@@ -25,7 +25,8 @@ from attnprobe.targets import random_relu_net
 
 
 class CountingVictim:
-    """The victim as ART sees it: rows (n, d) -> (n, 1) logits; counts every row."""
+    """The victim as ART sees it: rows (n, d) -> logits (f(x), −f(x)) (ART needs at least two classes; the pair is
+    the same hidden layer read by w_o and −w_o); counts every row."""
 
     def __init__(self, net):
         self.net = net
@@ -34,7 +35,8 @@ class CountingVictim:
     def __call__(self, x):
         x = np.asarray(x, dtype=np.float64).reshape(-1, self.net.d)
         self.rows += x.shape[0]
-        return self.net.forward(x)[:, None]
+        y = self.net.forward(x)
+        return np.stack([y, -y], axis=1)
 
 
 def fresh_error(net, predict, seed):
@@ -46,18 +48,18 @@ def fresh_error(net, predict, seed):
 
 def run_art(d, m, seed, queue):
     from art.attacks.extraction import FunctionallyEquivalentExtraction
-    from art.estimators.classification import BlackBoxClassifier
+    from art.estimators.classification import BlackBoxClassifierNeuralNetwork
 
     net = random_relu_net(d, m, seed=seed)
     victim = CountingVictim(net)
     np.random.seed(seed)
-    clf = BlackBoxClassifier(victim, input_shape=(d,), nb_classes=1)
+    clf = BlackBoxClassifierNeuralNetwork(victim, input_shape=(d,), nb_classes=2)
     attack = FunctionallyEquivalentExtraction(classifier=clf, num_neurons=m)
     X_fit = np.random.default_rng(seed).standard_normal((10 * (m + 1), d)).astype(np.float32)
     t0 = time.perf_counter()
     try:
         extracted = attack.extract(X_fit)
-        err = fresh_error(net, lambda X: extracted.predict(X.astype(np.float32)), seed)
+        err = fresh_error(net, lambda X: extracted.predict(X.astype(np.float32))[:, 0], seed)
         status = "ok"
     except Exception as exc:  # ART raises AssertionError when it finds the wrong number of critical points
         err, status = float("nan"), f"failed: {type(exc).__name__}: {str(exc)[:80]}"

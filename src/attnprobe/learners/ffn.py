@@ -43,6 +43,8 @@ PROBE_FRACTION = 0.1
 SAFE_FRACTION = 0.5
 MAX_ROUNDS = 200
 SIGN_TIME_LIMIT = 5.0
+#: regions probed at a radius below this fraction of ‖x‖ are re-measured at the centre of their cell
+NARROW = 1e-5
 #: random inputs per unknown for the least-squares polish (coarse answers only, by default)
 POLISH_FACTOR = 3
 
@@ -225,6 +227,22 @@ def _gradients(ask, points, radii, U):
     return D @ U, y[:, 0]  # g_r = Σ_i (g_r·u_i) u_i, and f at the points
 
 
+def _chebyshev_centre(N, signs, x0):
+    """Deepest point of the cone cell ``{x : signs_k n_kᵀx ≥ 0}`` inside the box ``‖x‖_∞ ≤ ‖x0‖_∞`` (an LP):
+    returns (x, its distance to the nearest hyperplane) or (None, 0) when the solver fails."""
+    from scipy.optimize import linprog
+
+    d, k = N.shape
+    box = float(np.max(np.abs(x0)))
+    A_ub = np.concatenate([-(signs[None, :] * N).T, np.ones((k, 1))], axis=1)  # −s_k n_kᵀx + r ≤ 0
+    c = np.zeros(d + 1)
+    c[-1] = -1.0
+    res = linprog(c, A_ub=A_ub, b_ub=np.zeros(k), bounds=[(-box, box)] * d + [(0, None)], method="highs")
+    if res.status != 0 or res.x is None or res.x[-1] <= 0:
+        return None, 0.0
+    return res.x[:d], float(res.x[-1])
+
+
 def _solve_signs(J, v, tol, time_limit):
     """Orientations s ∈ {±1}^m with ``J s = v`` (J: d×m). Returns (s, exact?, how)."""
     d, m = J.shape
@@ -284,7 +302,7 @@ def _polish(A, w, X, y, margin=1e-3, rounds=3, max_unknowns=8192):
 
 
 def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width: float | None = None,
-                min_jump: float = 1e-6,
+                min_jump: float = 1e-6, min_region: float = 1e-7, chebyshev: bool = True,
                 probe_fraction: float = PROBE_FRACTION, noise_factor: float = NOISE_FACTOR,
                 refine: str = "auto", polish: str = "auto", sign_time_limit: float = SIGN_TIME_LIMIT, check: bool = True,
                 check_count: int = 64, progress=None) -> Extraction:
@@ -295,9 +313,12 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
     "on a line" from "a kink"; search intervals shorter than ``min_width`` (in units of the search line; default
     ``max(1e-9, 1024·eps)``) are
     taken to hold one kink; a kink whose gradient jump is below ``min_jump`` times the largest jump is
-    taken as a split point that happened to sit within rounding of a real kink, and dropped; ``probe_fraction`` is how far towards the nearest kink the gradient probes reach. ``refine``:
+    taken as a split point that happened to sit within rounding of a real kink, and dropped, and so is a
+    region narrower than ``min_region`` (two real kinks that close are taken as one); ``probe_fraction`` is how far towards the nearest kink the gradient probes reach. ``refine``:
     ``"always"`` re-measures every region at the largest safe radius, ``"auto"``/``"never"`` only the regions
     whose probes crossed a recovered hyperplane.
+    ``chebyshev``: regions the search line only grazes are re-measured at the deepest point of their cell
+    (an LP over the recovered hyperplanes), where wider probes give more precise gradients.
     ``polish`` refits all neurons by least squares on ``3·d·m`` fresh random inputs (``"auto"``: only when the
     answers are coarser than float64, where it brings float32 answers to float32 precision).
     The result's model is a :class:`ReLUNet` with unit-norm columns of A.
@@ -364,6 +385,24 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
         where = np.array([regs[i][0] for i in range(len(regs) - 1) if same[i]], dtype=int)
         return J.reshape(d, -1), where
 
+    # a region narrower than min_region (in t) lies between a kink and a split point within rounding of it: its
+    # gradient equals one neighbour's up to its (large) finite-difference noise; join it to that neighbour
+    tiny_merged = 0
+    i = 0
+    while i < len(regs):
+        si, l, r = regs[i]
+        nbrs = [j for j in (i - 1, i + 1) if 0 <= j < len(regs) and regs[j][0] == si]
+        if r - l >= min_region or not nbrs:
+            i += 1
+            continue
+        j = min(nbrs, key=lambda k: float(np.linalg.norm(G[k] - G[i])))
+        lo, hi = min(i, j), max(i, j)
+        regs[lo:hi + 1] = [(si, regs[lo][1], regs[hi][2])]
+        ts, F0, radii = np.delete(ts, i), np.delete(F0, i), np.delete(radii, i)
+        G = np.delete(G, i, axis=0)
+        tiny_merged += 1
+        i = lo
+
     # a split point within rounding of a kink can pass for a second kink; its jump is ~0: merge its two regions
     J, _ = jumps(G)
     norms = np.linalg.norm(J, axis=0)
@@ -392,7 +431,10 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
     do_refine = refine == "always"
     counts["re_measured"] = 0
     redone_regions = 0
-    for round_ in range(4):
+    XR = region_points(ts)  # where each region's gradient is measured
+    moved = 0
+    attempts = np.zeros(len(regs), dtype=int)
+    for round_ in range(8):
         J, where = jumps(G)
         norms = np.linalg.norm(J, axis=0)
         N = J / np.where(norms > 0, norms, 1.0)
@@ -400,35 +442,53 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
             break
         # candidate points inside each region: pick the one farthest from every recovered hyperplane
         cand = np.linspace(0.1, 0.9, 9)
-        best_t, best_dist = ts.copy(), np.zeros(len(regs))
+        best_x, best_dist = XR.copy(), np.zeros(len(regs))
         for i, (si, l, r) in enumerate(regs):
             P = segs[si].base[None, :] + (l + cand * (r - l))[:, None] * segs[si].direction[None, :]
             dist = np.min(np.abs(P @ N), axis=1)
             j = int(np.argmax(dist))
-            best_t[i], best_dist[i] = l + cand[j] * (r - l), dist[j]
-        X0 = region_points(ts)
-        crossed = np.zeros(len(regs), dtype=bool)
-        side0 = X0 @ N
-        for i in range(len(regs)):
-            probes = X0[i] + radii[i] * U
-            crossed[i] = bool(np.any(np.sign(probes @ N) != np.sign(side0[i])))
+            best_x[i], best_dist[i] = P[j], dist[j]
+        side0 = XR @ N
+        crossed = np.array([bool(np.any(np.sign((XR[i] + radii[i] * U) @ N) != np.sign(side0[i])))
+                            for i in range(len(regs))])
         # Euler's identity f(x) = ∇f(x)·x holds inside every linear region of a positively homogeneous f:
         # a probe that left the region breaks it (free check, no queries)
-        euler = np.abs(np.einsum("rd,rd->r", G, X0) - F0)
-        euler_tol = 64 * eps * ask.top * (1 + math.sqrt(d) * np.linalg.norm(X0, axis=1) / radii)
+        euler = np.abs(np.einsum("rd,rd->r", G, XR) - F0)
+        euler_tol = 64 * eps * ask.top * (1 + math.sqrt(d) * np.linalg.norm(XR, axis=1) / radii)
         broken = euler > euler_tol
-        redo = crossed | broken | (do_refine and round_ == 0)
+        # a region the search line cuts only near its edge: move off the line to the centre of its cell
+        narrow = np.zeros(len(regs), dtype=bool)
+        if round_ == 0 and chebyshev:
+            for i in np.flatnonzero(radii < NARROW * np.linalg.norm(XR, axis=1)):
+                x, rad = _chebyshev_centre(N, np.sign(side0[i]), XR[i])
+                if x is not None and SAFE_FRACTION * rad > 8 * radii[i]:
+                    best_x[i], best_dist[i], narrow[i] = x, rad, True
+        redo = crossed | broken | narrow | (do_refine and round_ == 0)
         if not redo.any():
             break
         idx = np.flatnonzero(redo)
-        ts[idx] = best_t[idx]
-        radii[idx] = np.where(broken[idx], np.minimum(SAFE_FRACTION * best_dist[idx], radii[idx] / 8),
+        moved += int(narrow.sum())
+        old_x, old_r = XR.copy(), radii.copy()
+        XR[idx] = best_x[idx]
+        # a region measured again (or whose Euler check failed) shrinks its probes 8x at least: the recovered
+        # hyperplanes near it may be the ones its own bad gradient distorted
+        shrink = (broken[idx] | (attempts[idx] > 0)) & ~narrow[idx]
+        radii[idx] = np.where(shrink, np.minimum(SAFE_FRACTION * best_dist[idx], radii[idx] / 8),
                               SAFE_FRACTION * best_dist[idx])
+        attempts[idx] += 1
         if np.any(radii[idx] <= 0):
             raise RecoveryError("a linear region is too thin to probe; retry with another --seed")
+        old = (G[idx].copy(), F0[idx].copy(), old_x[idx], old_r[idx])
         before = oracle.queries
-        G[idx], F0[idx] = _gradients(ask, region_points(ts[idx], idx), radii[idx], U)
+        G[idx], F0[idx] = _gradients(ask, XR[idx], radii[idx], U)
         counts["re_measured"] += oracle.queries - before
+        # a moved region must keep its gradient (up to the old measurement's noise), else it left its cell
+        noise_old = 64 * eps * ask.top * math.sqrt(d) / old[3]
+        back = narrow[idx] & (np.linalg.norm(G[idx] - old[0], axis=1) > 16 * noise_old)
+        if back.any():
+            b = idx[back]
+            G[b], F0[b], XR[b], radii[b] = old[0][back], old[1][back], old[2][back], old[3][back]
+            moved -= int(back.sum())
         redone_regions += len(idx)
     J, where = jumps(G)
 
@@ -474,7 +534,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
     details = {
         "seed": seed, "min_width": min_width, "noise_factor": noise_factor, "probe_fraction": probe_fraction,
         "refine": refine, "polished": polished, "neurons_found": int(J.shape[1]), "kinks_per_segment": [len(s.kinks) for s in segs],
-        "search_rounds": rounds, "kinks_at_min_width": tight, "kinks_dropped_min_jump": dropped, "regions": len(regs), "regions_re_measured": redone_regions,
+        "search_rounds": rounds, "kinks_at_min_width": tight, "kinks_dropped_min_jump": dropped, "tiny_regions_merged": tiny_merged, "regions_moved_off_line": moved, "regions": len(regs), "regions_re_measured": redone_regions,
         "orientation": how, "orientation_exact": bool(exact),
         "orientation_residual": float(np.linalg.norm(rho) / max(np.linalg.norm(v), 1e-300)),
         "query_breakdown": counts, "queries_per_dm": queries / (d * max(J.shape[1], 1)),
