@@ -117,3 +117,14 @@ def test_cli_ffn_method_and_clear_error_on_wrong_target(tmp_path, capsys):
     assert main(["extract", "--target", str(target), "--method", "transformer", "--out",
                  str(tmp_path / "t.npz"), "--quiet"]) == 2
     assert "length-1" in capsys.readouterr().err
+
+
+def test_cli_verify_matches_neurons_up_to_permutation(tmp_path, capsys):
+    target, out = tmp_path / "tf.npz", tmp_path / "rec.npz"
+    main(["target", "transformer", "--d", "6", "--m", "6", "--seed", "5", "--out", str(target)])
+    main(["extract", "--target", str(target), "--method", "transformer", "--out", str(out), "--quiet"])
+    capsys.readouterr()
+    js = tmp_path / "errs.json"
+    assert main(["verify", "--target", str(target), "--result", str(out), "--json", str(js)]) == 0
+    errs = json.loads(js.read_text())
+    assert errs["W"] <= 1e-9 and errs["neuron_direction"] <= 1e-8 and errs["neuron_weight"] <= 1e-8

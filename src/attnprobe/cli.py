@@ -99,10 +99,28 @@ def cmd_extract(args) -> int:
     return 0
 
 
+def _ffn_errors(true_model, result) -> dict[str, float]:
+    """Transformer / ReLU-network results: W and v compare entrywise, the FFN neurons only up to permutation and
+    positive scale (Sec. 4.1), so they are matched first."""
+    from attnprobe.models import neuron_errors
+
+    out = {}
+    if true_model.kind == "one_layer_transformer" and result.kind == true_model.kind:
+        for name, a, b in (("W", result.W, true_model.W), ("v", result.v, true_model.v)):
+            n = np.linalg.norm(b)
+            out[name] = float(np.linalg.norm(a - b) / n) if n > 0 else float(np.linalg.norm(a))
+    ne = neuron_errors(true_model.A, true_model.w_o, result.A, result.w_o)
+    out["neuron_direction"], out["neuron_weight"] = ne["direction_error"], ne["weight_error"]
+    return out
+
+
 def cmd_verify(args) -> int:
     true_model = load_model(args.target)
     result = load_model(args.result)
-    errs = relative_errors(true_model, result)
+    if true_model.kind in ("one_layer_transformer", "relu_net"):
+        errs = _ffn_errors(true_model, result)
+    else:
+        errs = relative_errors(true_model, result)
     width = max(map(len, errs))
     for name, e in errs.items():
         print(f"{name:<{width}}  relative error {e:.3e}")
