@@ -309,19 +309,25 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
     """Recover a bias-free ReLU network ``x ↦ w_oᵀReLU(Aᵀx)`` from length-1 value queries.
 
     ``v`` (= ``A w_o``, the odd part) may be given when already known (e.g. from the antisymmetric oracle);
-    otherwise it costs 2d queries. Tolerances: ``noise_factor`` roundings of the largest answer separate
-    "on a line" from "a kink"; search intervals shorter than ``min_width`` (in units of the search line; default
-    ``max(1e-9, 1024·eps)``) are
-    taken to hold one kink; a kink whose gradient jump is below ``min_jump`` times the largest jump is
-    taken as a split point that happened to sit within rounding of a real kink, and dropped, and so is a
-    region narrower than ``min_region`` (two real kinks that close are taken as one); ``probe_fraction`` is how far towards the nearest kink the gradient probes reach. ``refine``:
-    ``"always"`` re-measures every region at the largest safe radius, ``"auto"``/``"never"`` only the regions
-    whose probes crossed a recovered hyperplane.
-    ``chebyshev``: regions the search line only grazes are re-measured at the deepest point of their cell
-    (an LP over the recovered hyperplanes), where wider probes give more precise gradients.
-    ``polish`` refits all neurons by least squares on ``3·d·m`` fresh random inputs (``"auto"``: only when the
-    answers are coarser than float64, where it brings float32 answers to float32 precision).
-    The result's model is a :class:`ReLUNet` with unit-norm columns of A.
+    otherwise it costs 2d queries. The tolerances that matter:
+
+    * ``noise_factor``: answers within this many roundings of the largest answer count as "on a line";
+    * ``min_width``: search intervals shorter than this (in units of the search line; default
+      ``max(1e-9, 1024·eps)``) are taken to hold one kink;
+    * ``min_jump`` / ``min_region``: a kink whose gradient jump is below ``min_jump`` times the largest (or below
+      its finite-difference noise), and a region narrower than ``min_region``, are taken as a split point that
+      sat within rounding of a real kink and merged away (two real kinks that close are taken as one);
+    * ``probe_fraction``: how far towards the nearest kink along the line the gradient probes reach;
+    * ``refine``: ``"always"`` re-measures every region at the largest safe radius, ``"auto"``/``"never"`` only
+      regions whose probes crossed a recovered hyperplane or broke Euler's identity ``f(x) = ∇f(x)·x``;
+    * ``chebyshev``: regions the search line only grazes are re-measured at the deepest point of their cell
+      (an LP over the recovered hyperplanes), where wider probes give more precise gradients;
+    * ``polish``: refit all neurons by least squares on ``3·d·m`` fresh random inputs (``"auto"``: only when
+      answers are coarser than float64, where it brings float32 answers to float32 precision);
+    * ``sign_time_limit``: seconds for the 0/1 program that fixes neuron orientations when m > d.
+
+    The result's model is a :class:`ReLUNet` with unit-norm columns of A; ``details`` holds the query
+    breakdown, how the orientations were found and whether they are exact, and a self-consistency residual.
     """
     if refine not in ("auto", "always", "never"):
         raise ConfigError(f"refine must be auto, always or never; got {refine!r}")
