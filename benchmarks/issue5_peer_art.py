@@ -70,6 +70,38 @@ def run_art(d, m, seed, queue, counter, params):
     queue.put((victim.rows, err, time.perf_counter() - t0, status))
 
 
+class BiasedNet:
+    """ART's home setting as a harness check: ``x ↦ w_oᵀReLU(Aᵀx + b)`` with a random bias b."""
+
+    def __init__(self, d, m, seed):
+        rng = np.random.default_rng(seed)
+        self.d, self.A = d, rng.standard_normal((d, m)) / np.sqrt(d)
+        self.b, self.w_o = rng.standard_normal(m), rng.standard_normal(m)
+
+    def forward(self, x):
+        return np.maximum(np.asarray(x, dtype=np.float64) @ self.A + self.b, 0) @ self.w_o
+
+
+def run_art_biased(d, m, seed, queue, counter, params):
+    from art.attacks.extraction import FunctionallyEquivalentExtraction
+    from art.estimators.classification import BlackBoxClassifierNeuralNetwork
+
+    net = BiasedNet(d, m, seed)
+    victim = CountingVictim(net, counter)
+    np.random.seed(seed)
+    attack = FunctionallyEquivalentExtraction(
+        classifier=BlackBoxClassifierNeuralNetwork(victim, input_shape=(d,), nb_classes=2), num_neurons=m)
+    t0 = time.perf_counter()
+    try:
+        extracted = attack.extract(np.random.default_rng(seed).standard_normal((10 * (m + 1), d)).astype(np.float32),
+                                   **params)
+        err = fresh_error(net, lambda X: extracted.predict(X.astype(np.float32))[:, 0], seed)
+        status = "ok"
+    except Exception as exc:
+        err, status = float("nan"), f"failed: {type(exc).__name__}: {str(exc)[:80]}"
+    queue.put((victim.rows, err, time.perf_counter() - t0, status))
+
+
 def run_ours(d, m, seed):
     net = random_relu_net(d, m, seed=seed)
     o = Oracle(net, d)
@@ -83,7 +115,21 @@ def main():
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per ART run")
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--out", default="docs/issue5_peer.md")
+    p.add_argument("--biased", action="store_true", help="only the harness check: ART on a ReLU net with biases")
     args = p.parse_args()
+    if args.biased:
+        ctx = mp.get_context("fork")
+        q, counter = ctx.Queue(), ctx.Value("q", 0)
+        proc = ctx.Process(target=run_art_biased, args=(8, 4, 0, q, counter, {}))
+        proc.start()
+        proc.join(args.timeout)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join()
+            print(f"ART on a biased net d=8, m=4: stopped after {args.timeout:.0f} s and {counter.value} queries")
+        else:
+            print("ART on a biased net d=8, m=4 (queries, rel. error, s, status):", q.get())
+        return
     rows = ["| d | m | seed | ART queries | ART rel. error | ART s | ART status | attnprobe queries | "
             "attnprobe rel. error | attnprobe s |", "|---|---|---|---|---|---|---|---|---|---|"]
     ctx = mp.get_context("fork")
