@@ -20,11 +20,15 @@ from attnprobe.progress import Progress
 
 
 # --------------------------------------------------------------------------------------------- methods
-def _run_exact(oracle, args, progress):
+def _exact_probes(args) -> str:
+    """--probes for Thm 4.1 learners: orthogonal by default; ``paper`` means the paper's basis probes."""
     probes = args.probes or "orthogonal"
-    if probes == "paper":
-        probes = "basis"
-    return extract_exact(oracle, probes=probes, bias=not args.no_bias, seed=args.seed, progress=progress)
+    return "basis" if probes == "paper" else probes
+
+
+def _run_exact(oracle, args, progress):
+    return extract_exact(oracle, probes=_exact_probes(args), bias=not args.no_bias, seed=args.seed,
+                         progress=progress)
 
 
 def _run_robust(oracle, args, progress):
@@ -69,9 +73,22 @@ def _run_nuclear(oracle, args, progress):
                            bias=not args.no_bias, seed=args.seed, progress=progress)
 
 
+def _run_transformer(oracle, args, progress):
+    from attnprobe.learners.transformer import extract_transformer
+
+    return extract_transformer(oracle, probes=_exact_probes(args), seed=args.seed, progress=progress,
+                               sign_time_limit=args.sign_time_limit)
+
+
+def _run_ffn(oracle, args, progress):
+    from attnprobe.learners.ffn import extract_ffn
+
+    return extract_ffn(oracle, seed=args.seed, progress=progress, sign_time_limit=args.sign_time_limit)
+
+
 #: ``--method`` name -> runner(oracle, args, progress) -> Extraction
 METHODS = {"exact": _run_exact, "lowrank": _run_lowrank, "nuclear": _run_nuclear, "robust": _run_robust,
-           "membership": _run_membership}
+           "membership": _run_membership, "transformer": _run_transformer, "ffn": _run_ffn}
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -145,10 +162,28 @@ def cmd_extract(args) -> int:
     return 0
 
 
+def _ffn_errors(true_model, result) -> dict[str, float]:
+    """Transformer / ReLU-network results: W and v compare entrywise, the FFN neurons only up to permutation and
+    positive scale (Sec. 4.1), so they are matched first."""
+    from attnprobe.models import neuron_errors
+
+    out = {}
+    if true_model.kind == "one_layer_transformer" and result.kind == true_model.kind:
+        for name, a, b in (("W", result.W, true_model.W), ("v", result.v, true_model.v)):
+            n = np.linalg.norm(b)
+            out[name] = float(np.linalg.norm(a - b) / n) if n > 0 else float(np.linalg.norm(a))
+    ne = neuron_errors(true_model.A, true_model.w_o, result.A, result.w_o)
+    out["neuron_direction"], out["neuron_weight"] = ne["direction_error"], ne["weight_error"]
+    return out
+
+
 def cmd_verify(args) -> int:
     true_model = load_model(args.target)
     result = load_model(args.result)
-    errs = relative_errors(true_model, result)
+    if true_model.kind in ("one_layer_transformer", "relu_net"):
+        errs = _ffn_errors(true_model, result)
+    else:
+        errs = relative_errors(true_model, result)
     width = max(map(len, errs))
     for name, e in errs.items():
         print(f"{name:<{width}}  relative error {e:.3e}")
@@ -192,6 +227,12 @@ def cmd_target(args) -> int:
 
         model = random_head(args.d, seed=args.seed, scale=args.scale, rank=args.rank, bias=not args.no_bias,
                             zero_v=args.zero_v)
+    elif args.kind in ("transformer", "relu"):
+        from attnprobe.targets import random_relu_net, random_transformer
+
+        m = args.m or args.d
+        model = (random_transformer(args.d, m, seed=args.seed, scale=args.scale, rank=args.rank)
+                 if args.kind == "transformer" else random_relu_net(args.d, m, seed=args.seed))
     else:
         from attnprobe.targets import minilm_head
 
@@ -221,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="probe design: exact: orthogonal (default), basis (= paper), gaussian; robust: orthogonal "
                         "(default) or paper (Thm 6.1); membership: bisection (default) or paper (App. B)")
     e.add_argument("--no-bias", action="store_true", help="learn the paper's bias-free model (d+d² queries)")
+    e.add_argument("--sign-time-limit", type=float, default=5.0, metavar="SEC",
+                   help="transformer/ffn: seconds the 0/1 program may spend on neuron orientations (m > d)")
     e.add_argument("--budget", type=int, help="refuse to spend more than this many queries")
     lr = e.add_argument_group("low-rank heads (--method lowrank / nuclear)")
     lr.add_argument("--rank", type=int, help="rank bound r of W (head dimension); lowrank detects it when omitted")
@@ -274,8 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     dm.set_defaults(func=cmd_demo)
 
     t = sub.add_parser("target", help="save a ready-made target model to a file")
-    t.add_argument("kind", choices=["random", "minilm"])
+    t.add_argument("kind", choices=["random", "minilm", "transformer", "relu"])
     t.add_argument("--d", type=int, default=16)
+    t.add_argument("--m", type=int, help="transformer/relu: hidden width of the FFN (default d)")
     t.add_argument("--rank", type=int)
     t.add_argument("--scale", type=float, default=1.0, help="RMS attention logit on unit inputs")
     t.add_argument("--zero-v", type=int, default=0, help="number of zero entries of v")

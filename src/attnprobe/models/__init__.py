@@ -1,10 +1,14 @@
 """Pure numpy forward maps; parameters as frozen dataclasses; batched (B, N, d) -> (B,)."""
 
 from attnprobe.models.attention import AttentionHead, as_batch
+from attnprobe.models.ffn import ReLUNet, canonical_neurons, neuron_errors
 from attnprobe.models.io import load_model, register, save_model
 from attnprobe.models.precision import PRECISIONS, resolve_dtype, unit_roundoff
+from attnprobe.models.transformer import OneLayerTransformer
 
 register(AttentionHead)
+register(ReLUNet)
+register(OneLayerTransformer)
 
-__all__ = ["AttentionHead", "as_batch", "load_model", "save_model", "register", "PRECISIONS",
+__all__ = ["AttentionHead", "ReLUNet", "OneLayerTransformer", "canonical_neurons", "neuron_errors", "as_batch", "load_model", "save_model", "register", "PRECISIONS",
            "resolve_dtype", "unit_roundoff"]

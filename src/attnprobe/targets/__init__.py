@@ -2,5 +2,6 @@
 
 from attnprobe.targets.minilm import minilm_head
 from attnprobe.targets.random_heads import random_head
+from attnprobe.targets.transformers import random_relu_net, random_transformer
 
-__all__ = ["minilm_head", "random_head"]
+__all__ = ["minilm_head", "random_head", "random_relu_net", "random_transformer"]

@@ -1,0 +1,26 @@
+"""Seeded random bias-free ReLU networks and one-layer transformers (Sec. 4.1 targets)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnprobe.models.ffn import ReLUNet
+from attnprobe.models.transformer import OneLayerTransformer
+
+
+def random_relu_net(d: int, m: int, *, seed: int = 0, dtype: str = "float64") -> ReLUNet:
+    """``x ↦ w_oᵀReLU(Aᵀx)`` with Gaussian ``A`` (entries N(0, 1/d)) and Gaussian ``w_o``."""
+    rng = np.random.default_rng(seed)
+    return ReLUNet(rng.standard_normal((d, m)) / np.sqrt(d), rng.standard_normal(m), dtype)
+
+
+def random_transformer(d: int, m: int, *, seed: int = 0, scale: float = 1.0, rank: int | None = None,
+                       dtype: str = "float64") -> OneLayerTransformer:
+    """A random one-layer transformer: ``W = KᵀQ`` normalised so the logits of unit-variance inputs have standard
+    deviation ≈ ``scale`` (as :func:`random_head`), and the FFN of :func:`random_relu_net`."""
+    rng = np.random.default_rng(seed)
+    r = d if rank is None else int(rank)
+    W = rng.standard_normal((r, d)).T @ rng.standard_normal((r, d))
+    W *= scale / np.linalg.norm(W)
+    net = random_relu_net(d, m, seed=int(rng.integers(2**31)))
+    return OneLayerTransformer(W, net.A, net.w_o, dtype)

@@ -1,0 +1,158 @@
+"""Bias-free ReLU networks and the critical-point FFN learner (the A_FFN of Sec. 4.1)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnprobe.errors import BudgetExceededError, ConfigError, UnidentifiableError
+from attnprobe.learners.ffn import extract_ffn
+from attnprobe.models import ReLUNet, load_model, neuron_errors, save_model
+from attnprobe.oracles import Oracle
+from attnprobe.targets import random_relu_net
+
+
+def run(net, seed=0, **kw):
+    o = Oracle(net, net.d)
+    res = extract_ffn(o, seed=seed, **kw)
+    return o, res
+
+
+# ------------------------------------------------------------------------------------------------ model
+def test_forward_matches_definition_and_reads_length_one_sequences():
+    rng = np.random.default_rng(0)
+    A, w = rng.standard_normal((5, 3)), rng.standard_normal(3)
+    net = ReLUNet(A, w)
+    x = rng.standard_normal((7, 5))
+    want = np.array([w @ np.maximum(A.T @ xi, 0) for xi in x])
+    np.testing.assert_allclose(net.forward(x), want, rtol=1e-14)
+    np.testing.assert_allclose(net(x[:, None, :]), want, rtol=1e-14)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.floats(0.0, 100.0))
+def test_positively_homogeneous(seed, lam):
+    net = random_relu_net(6, 9, seed=seed % 1000)
+    x = np.random.default_rng(seed).standard_normal((4, 6))
+    np.testing.assert_allclose(net.forward(lam * x), lam * net.forward(x), rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_odd_part_is_linear_in_v(seed):
+    net = random_relu_net(5, 11, seed=seed % 1000)
+    x = np.random.default_rng(seed).standard_normal((4, 5))
+    np.testing.assert_allclose(net.forward(x) - net.forward(-x), x @ (net.A @ net.w_o), rtol=1e-10, atol=1e-12)
+
+
+def test_bad_inputs_raise_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="d×m"):
+        ReLUNet(np.ones((3, 2)), np.ones(3))
+    with pytest.raises(ConfigError, match="finite"):
+        ReLUNet(np.full((3, 2), np.nan), np.ones(2))
+    net = random_relu_net(3, 2)
+    with pytest.raises(ConfigError, match="length-1"):
+        net(np.ones((1, 2, 3)))
+    path = save_model(net, tmp_path / "net.npz")
+    back = load_model(path)
+    assert back.kind == "relu_net"
+    np.testing.assert_array_equal(back.A, net.A)
+
+
+# ------------------------------------------------------------------------------------------------ learner
+@pytest.mark.parametrize("d,m", [(8, 4), (8, 8), (16, 8), (16, 16)])
+def test_exact_recovery_when_neurons_are_independent(d, m):
+    net = random_relu_net(d, m, seed=d + m)
+    o, res = run(net)
+    assert res.check["relative_error"] <= 1e-9
+    err = neuron_errors(net.A, net.w_o, res.model.A, res.model.w_o)
+    assert err["recovered_neurons"] == m and err["matched_one_to_one"]
+    assert err["direction_error"] <= 1e-8 and err["weight_error"] <= 1e-8
+    assert res.details["orientation_exact"]
+    # every query is counted: the breakdown adds up and the check is counted apart
+    assert sum(res.details["query_breakdown"].values()) == res.queries
+    assert o.queries == res.queries + res.check["queries"]
+
+
+def test_more_neurons_than_inputs_orientations_from_the_0_1_program():
+    net = random_relu_net(8, 32, seed=1)
+    o, res = run(net)
+    assert res.check["relative_error"] <= 1e-9
+    assert res.details["orientation"].startswith("0/1 program")
+    err = neuron_errors(net.A, net.w_o, res.model.A, res.model.w_o)
+    assert err["recovered_neurons"] == 32 and err["direction_error"] <= 1e-7
+
+
+def test_given_v_saves_the_odd_part_queries():
+    net = random_relu_net(8, 8, seed=4)
+    _, a = run(net)
+    _, b = run(net, v=net.A @ net.w_o)
+    assert a.details["query_breakdown"]["odd_part"] == 16 and b.details["query_breakdown"]["odd_part"] == 0
+    assert b.check["relative_error"] <= 1e-9
+
+
+def test_dead_neurons_are_invisible_and_dropped():
+    net = random_relu_net(8, 6, seed=5)
+    A, w = net.A.copy(), net.w_o.copy()
+    A[:, 0] = 0.0  # a = 0: never fires
+    w[1] = 0.0  # w = 0: fires into nothing
+    dead = ReLUNet(A, w)
+    _, res = run(dead)
+    assert res.model.m == 4
+    assert res.check["relative_error"] <= 1e-9
+    err = neuron_errors(A, w, res.model.A, res.model.w_o)
+    assert err["true_neurons"] == 4 and err["direction_error"] <= 1e-8
+
+
+def test_positively_parallel_neurons_merge_into_one():
+    net = random_relu_net(8, 5, seed=6)
+    A, w = net.A.copy(), net.w_o.copy()
+    A[:, 1] = 2.5 * A[:, 0]
+    w[1] = abs(w[1]) * np.sign(w[0])  # same sign: one neuron of weight w0‖a0‖ + w1‖a1‖
+    par = ReLUNet(A, w)
+    _, res = run(par)
+    assert res.model.m == 4
+    assert res.check["relative_error"] <= 1e-9
+    err = neuron_errors(A, w, res.model.A, res.model.w_o)
+    assert err["true_neurons"] == 4 and err["weight_error"] <= 1e-8
+
+
+def test_antiparallel_neurons_give_an_equivalent_network_and_say_so():
+    net = random_relu_net(8, 5, seed=7)
+    A, w = net.A.copy(), net.w_o.copy()
+    A[:, 1] = -A[:, 0]  # w0 ReLU(aᵀx) + w1 ReLU(−aᵀx): a hyperplane plus a linear part
+    anti = ReLUNet(A, w)
+    _, res = run(anti)
+    assert res.check["relative_error"] <= 1e-9
+    assert not res.details["orientation_exact"]
+    assert any("same function" in n for n in res.notes)
+
+
+def test_all_dead_network_is_unidentifiable():
+    net = ReLUNet(np.ones((4, 2)), np.zeros(2))
+    with pytest.raises(UnidentifiableError, match="no neuron"):
+        run(net)
+
+
+def test_budget_is_refused_before_asking():
+    net = random_relu_net(8, 8, seed=8)
+    o = Oracle(net, 8, budget=20)
+    with pytest.raises(BudgetExceededError):
+        extract_ffn(o)
+    assert o.queries <= 20
+
+
+def test_bad_options():
+    o = Oracle(random_relu_net(4, 2), 4)
+    with pytest.raises(ConfigError):
+        extract_ffn(o, refine="sometimes")
+    with pytest.raises(ConfigError):
+        extract_ffn(o, probe_fraction=2.0)
+
+
+def test_float32_answers_are_polished_to_float32_precision():
+    net = random_relu_net(8, 8, seed=2, dtype="float32")
+    o = Oracle(net, 8, precision="float32")
+    res = extract_ffn(o, seed=0)
+    assert res.details["polished"]
+    assert res.check["relative_error"] <= 1e-5

@@ -1,0 +1,66 @@
+"""Torch adapters: a real nn.MultiheadAttention + Linear/ReLU/Linear victim, extracted and written back."""
+
+import numpy as np
+import pytest
+import torch
+
+from attnprobe.errors import OracleError
+from attnprobe.learners.transformer import extract_transformer
+from attnprobe.oracles.torch_adapter import (TorchOneLayerTransformer, oracle_from_torch, transformer_from_torch,
+                                             transformer_to_torch)
+from attnprobe.targets import random_transformer
+
+
+def victim(d=8, m=8, seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    return TorchOneLayerTransformer(d, m, dtype=dtype).eval()
+
+
+def run(module, X):
+    with torch.no_grad():
+        return module(torch.as_tensor(X, dtype=next(module.parameters()).dtype)).double().numpy()
+
+
+def test_paper_parameters_of_a_torch_victim_reproduce_it():
+    vic = victim(6, 5, dtype=torch.float64)
+    truth = transformer_from_torch(vic)
+    X = np.random.default_rng(0).standard_normal((16, 4, 6))
+    np.testing.assert_allclose(truth(X), run(vic, X), rtol=1e-10, atol=1e-13)
+
+
+def test_written_back_module_computes_the_model():
+    tf = random_transformer(6, 9, seed=1)
+    mod = transformer_to_torch(tf, dtype=torch.float64)
+    X = np.random.default_rng(1).standard_normal((16, 5, 6))
+    np.testing.assert_allclose(run(mod, X), tf(X), rtol=1e-10, atol=1e-13)
+    sd = mod.state_dict()
+    assert {"attn.in_proj_weight", "attn.out_proj.weight", "fc1.weight", "fc2.weight"} <= set(sd)
+
+
+def test_oracle_precision_follows_the_module():
+    assert oracle_from_torch(victim()).precision == "float32"
+    assert oracle_from_torch(victim(dtype=torch.float64)).precision == "float64"
+    with pytest.raises(OracleError):
+        oracle_from_torch(lambda X: X, d=3)
+
+
+def test_float32_victim_end_to_end():
+    vic = victim(8, 8, seed=0)
+    truth = transformer_from_torch(vic)
+    o = oracle_from_torch(vic)
+    res = extract_transformer(o, seed=0)
+    assert np.linalg.norm(res.model.W - truth.W) / np.linalg.norm(truth.W) <= 1e-3
+    rec = transformer_to_torch(res.model)
+    X = np.random.default_rng(2).standard_normal((256, 5, 8))
+    a, b = run(vic, X), run(rec, X)
+    assert np.linalg.norm(a - b) / np.linalg.norm(a) <= 1e-4
+    qb = res.details["query_breakdown"]
+    assert qb["attention"] + qb["ffn"] == res.queries
+
+
+def test_float64_victim_is_exact():
+    vic = victim(8, 8, seed=3, dtype=torch.float64)
+    truth = transformer_from_torch(vic)
+    res = extract_transformer(oracle_from_torch(vic), seed=0)
+    assert np.linalg.norm(res.model.W - truth.W) / np.linalg.norm(truth.W) <= 1e-9
+    assert res.check["relative_error"] <= 1e-8
