@@ -111,6 +111,9 @@ def measure_steered(oracle, A, Bs, scale, v, c, probes, what, target, lead: int 
     scale of the rest (each equation may have its own scale), so a poor calibration costs at most ``lead``
     re-measured probes per column instead of a whole block. ``skip`` marks (probe, column) pairs known already."""
     skip = np.zeros((A.shape[0], Bs.shape[0]), bool) if skip is None else skip
+    if lead > 0:  # the lead is `lead` probes actually asked, not counting the known ones
+        asked = np.cumsum(~skip.all(axis=1))
+        lead = int(np.searchsorted(asked, lead) + 1)
     if probes == "orthogonal" and 0 < lead < A.shape[0]:
         Z1, scale = steer_block(oracle, A[:lead], Bs, scale, v, c, probes, what, target, skip[:lead])
         Z2, scale = steer_block(oracle, A[lead:], Bs, scale, v, c, probes, what, target, skip[lead:])
