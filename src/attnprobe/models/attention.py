@@ -12,6 +12,15 @@ from attnprobe.models.precision import resolve_dtype
 from attnprobe.models.softmax import softmax_last
 
 
+def attention_weights(Xc: np.ndarray, W: np.ndarray, u: np.ndarray | None = None) -> np.ndarray:
+    """``α(X) = softmax(X W x_N + X u)`` per sequence, shape (B, N), computed in the dtype of ``Xc``."""
+    q = Xc[:, -1, :] @ W.T  # W x_N, shape (B, d)
+    scores = np.einsum("bnd,bd->bn", Xc, q)
+    if u is not None:
+        scores = scores + Xc @ u
+    return softmax_last(scores)
+
+
 def as_batch(X: np.ndarray, d: int) -> np.ndarray:
     """Check that ``X`` is a float batch of sequences of shape (B, N, d) and return it as float64."""
     X = np.asarray(X, dtype=np.float64)
@@ -80,18 +89,12 @@ class AttentionHead:
     def attention(self, X: np.ndarray) -> np.ndarray:
         """Attention weights ``α(X) ∈ Δ^{N-1}`` per sequence, shape (B, N)."""
         p = self._params()
-        Xc = as_batch(X, self.d).astype(p["dt"])
-        return softmax_last(self._scores(Xc, p))
-
-    @staticmethod
-    def _scores(Xc, p):
-        q = Xc[:, -1, :] @ p["W"].T  # W x_N, shape (B, d)
-        return np.einsum("bnd,bd->bn", Xc, q) + Xc @ p["u"]
+        return attention_weights(as_batch(X, self.d).astype(p["dt"]), p["W"], p["u"])
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         p = self._params()
         Xc = as_batch(X, self.d).astype(p["dt"])
-        alpha = softmax_last(self._scores(Xc, p))
+        alpha = attention_weights(Xc, p["W"], p["u"])
         values = Xc @ p["v"]
         out = (alpha * values).sum(axis=-1) + p["c"]
         return out.astype(np.float64)

@@ -8,10 +8,9 @@ from typing import ClassVar
 import numpy as np
 
 from attnprobe.errors import ConfigError
-from attnprobe.models.attention import as_batch
+from attnprobe.models.attention import as_batch, attention_weights
 from attnprobe.models.ffn import ReLUNet, _check_ffn
 from attnprobe.models.precision import resolve_dtype
-from attnprobe.models.softmax import softmax_last
 
 
 @dataclass(frozen=True)
@@ -68,15 +67,12 @@ class OneLayerTransformer:
 
     def attention(self, X: np.ndarray) -> np.ndarray:
         dt = resolve_dtype(self.dtype)
-        Xc = as_batch(X, self.d).astype(dt)
-        q = Xc[:, -1, :] @ self.W.astype(dt).T
-        return softmax_last(np.einsum("bnd,bd->bn", Xc, q))
+        return attention_weights(as_batch(X, self.d).astype(dt), self.W.astype(dt))
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         dt = resolve_dtype(self.dtype)
         Xc = as_batch(X, self.d).astype(dt)
-        q = Xc[:, -1, :] @ self.W.astype(dt).T  # W x_N
-        alpha = softmax_last(np.einsum("bnd,bd->bn", Xc, q))
+        alpha = attention_weights(Xc, self.W.astype(dt))
         z = np.einsum("bn,bnd->bd", alpha, Xc) @ self.A.astype(dt)  # α(X)ᵀ X A, shape (B, m)
         return (np.maximum(z, 0) @ self.w_o.astype(dt)).astype(np.float64)
 
