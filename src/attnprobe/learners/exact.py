@@ -71,8 +71,9 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
 
     ``probes``: ``basis`` (paper: ``e_ℓ`` or ``e_ℓ + e_p``), ``gaussian`` (paper: ``a ~ N(0, I)``) or
     ``orthogonal`` (default: orthogonal probes with equal ``|aᵀv|``, scaled from the oracle's own answers so the
-    logits sit where the sigmoid inverts best; calibration costs at most 2 % extra queries, and a column whose
-    probes saturate is re-measured at a smaller scale). ``bias=False`` learns the paper's model with exactly
+    logits sit where the sigmoid inverts best; calibration costs at most 2 % extra queries, its readings are
+    reused as equations, and a probe that saturates is asked again alone at a smaller scale, see
+    :mod:`attnprobe.learners.scaling`). ``bias=False`` learns the paper's model with exactly
     ``d + d²`` queries (basis/gaussian probes). ``progress(done, total)`` is called after each block.
     """
     if probes not in PROBES:
@@ -142,7 +143,7 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
             Z[reuse, reuse - j0] = s_b * known_w[reuse] + cols.A[reuse] @ u
         M[:, J] = (cols.solve_a(Z) - u[:, None]) / s_b
         report(oracle.queries - start, total)
-    W = M @ cols.B if probes == "orthogonal" else M  # M = W Bᵀ for orthonormal rows B
+    W = M @ cols.B  # M = W Bᵀ with orthonormal rows B (the identity for the paper's probes)
 
     retries = oracle.queries - start - unknowns - details.get("calibration_queries", 0)
     details["retry_queries"] = retries
