@@ -157,3 +157,14 @@ def test_wrong_model_class_is_reported():
     assert any("FAILED" in n for n in res.notes)
     ok = extract_exact(Oracle(truth, 8))
     assert ok.check["passed"] and not ok.notes
+
+
+def test_float16_answers_do_not_overflow_the_calibration():
+    """A target with u = 0 gives zero logits to the u calibration; growing the probes must stop before the
+    float16 forward pass overflows (it used to answer NaN)."""
+    d = 16
+    truth = random_head(d, seed=0, bias=False)
+    oracle = Oracle(truth.with_dtype("float16"), d, precision="float16")
+    res = extract_exact(oracle)
+    assert rel(res.model.W, truth.W) < 5e-2
+    assert np.linalg.norm(res.model.u) < 5e-2 * np.linalg.norm(truth.W)  # the true u is 0

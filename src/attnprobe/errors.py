@@ -19,6 +19,10 @@ class OracleAnswerError(OracleError):
     """The oracle answered with a mis-shaped or non-finite array."""
 
 
+class NonFiniteAnswerError(OracleAnswerError):
+    """The oracle answered inf or NaN (e.g. its forward pass overflowed its precision)."""
+
+
 class BudgetExceededError(AttnprobeError):
     """A query would exceed the oracle's budget; raised before the oracle is asked."""
 

@@ -18,8 +18,8 @@ from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, finish
 from attnprobe.learners.probes import basis_probes, equal_projection_orthogonal, random_orthogonal
 from attnprobe.learners.result import Extraction
-from attnprobe.learners.scaling import (CALIBRATION_SHARE, TARGET_LOGIT, calibrate, lead_probes, measure_steered,
-                                       probe_scales)
+from attnprobe.learners.scaling import (CALIBRATION_SHARE, TARGET_LOGIT, calibrate, lead_probes,
+                                       max_probe_scale, measure_steered, probe_scales)
 from attnprobe.models.attention import AttentionHead
 
 PROBES = ("orthogonal", "basis", "gaussian")
@@ -96,7 +96,7 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
         Q = equal_projection_orthogonal(v, rng)
         P = random_orthogonal(d, rng)
         nu_u, nu_w, used, known_u, known_w = calibrate(oracle, Q, P, v, c, bias, allowance)
-        s_u, s_a, s_b = probe_scales(nu_u, nu_w, target_logit)
+        s_u, s_a, s_b = probe_scales(nu_u, nu_w, target_logit, max_probe_scale(oracle))
         cols = _OrthogonalColumns(Q, P)
         reused = sum(0 if x is None else len(x) for x in (known_u, known_w))
         details.update(calibration_queries=used - reused, calibration_reused=reused, scale_u=s_u, scale_a=s_a,

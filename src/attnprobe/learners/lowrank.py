@@ -28,7 +28,7 @@ import numpy as np
 from attnprobe.errors import ConfigError, RecoveryError
 from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, finish
 from attnprobe.learners.exact import learn_value
-from attnprobe.learners.scaling import TARGET_LOGIT, calibrate, measure_block, probe_scales
+from attnprobe.learners.scaling import TARGET_LOGIT, calibrate, max_probe_scale, measure_block, probe_scales
 from attnprobe.learners.probes import equal_projection_orthogonal, random_orthogonal
 from attnprobe.learners.result import Extraction
 from attnprobe.learners.sigmoid import measure_logits
@@ -122,7 +122,7 @@ def extract_lowrank(oracle, *, rank: int | None = None, oversample: int | None =
     allowance = MIN_CALIBRATION + d // 8  # the same with and without a given rank
     nu_u, nu_w, used, _, _ = calibrate(oracle, Q, Pdir, v, c, bias, allowance,
                                        probes_per_step=max(1, min(16, allowance // 8)))
-    s_u, s_a, s_b = probe_scales(nu_u, nu_w, target_logit)
+    s_u, s_a, s_b = probe_scales(nu_u, nu_w, target_logit, max_probe_scale(oracle))
     details: dict = {"bias": bias, "seed": seed, "oversample": P, "calibration_queries": used,
                      "rank_given": rank, "scale_u": s_u, "scale_a": s_a, "scale_b": s_b}
     notes: list[str] = []
@@ -196,7 +196,7 @@ def extract_lowrank(oracle, *, rank: int | None = None, oversample: int | None =
         # q, p from the calibration); the sketch's own estimate is the fallback (it is poor when B is unlucky)
         nu_w2 = (nu_w * math.sqrt(d / r_hat) if nu_w else float(np.linalg.norm(Y_B)) / math.sqrt(k * n_probe))
         nu_u2 = float(np.sqrt(np.mean(Au**2))) if bias else None
-        _, s_a2, s_b2 = probe_scales(nu_u2 if bias else None, nu_w2, target_logit)
+        _, s_a2, s_b2 = probe_scales(nu_u2 if bias else None, nu_w2, target_logit, max_probe_scale(oracle))
         Cdir = Pdir[k:]
         Y_C = np.empty((r_hat, d - k))
         block2 = max(1, min(d - k, block_floats // (2 * d * max(n_probe, 1))))

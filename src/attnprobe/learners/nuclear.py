@@ -22,7 +22,8 @@ import numpy as np
 from attnprobe.errors import ConfigError, RecoveryError, SaturationError
 from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, finish
 from attnprobe.learners.exact import learn_value
-from attnprobe.learners.scaling import MAX_RETRIES, TARGET_LOGIT, calibrate, measure_block, probe_scales
+from attnprobe.learners.scaling import (MAX_RETRIES, TARGET_LOGIT, calibrate, max_probe_scale, measure_block,
+                                       probe_scales)
 from attnprobe.learners.lowrank import MIN_CALIBRATION
 from attnprobe.learners.probes import equal_projection_orthogonal, random_orthogonal
 from attnprobe.learners.result import Extraction
@@ -173,7 +174,7 @@ def extract_nuclear(oracle, *, rank: int | None = None, measurements: int | None
     allowance = MIN_CALIBRATION + d // 8
     nu_u, nu_w, used, _, _ = calibrate(oracle, Q, random_orthogonal(d, rng), v, c, bias, allowance,
                                        probes_per_step=max(1, min(16, allowance // 8)))
-    s_u, s_a, s_b = probe_scales(nu_u, nu_w, target_logit)
+    s_u, s_a, s_b = probe_scales(nu_u, nu_w, target_logit, max_probe_scale(oracle))
     u = np.zeros(d)
     if bias:
         Zu, _, _ = measure_block(oracle, Q, np.zeros((1, d)), s_u, v, c, "orthogonal", "the query-bias pass [a; 0]")

@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 
-from attnprobe.errors import RecoveryError, SaturationError
+from attnprobe.errors import NonFiniteAnswerError, RecoveryError, SaturationError
+from attnprobe.models.precision import resolve_dtype
 from attnprobe.learners.sigmoid import measure_logits
 
 #: RMS attention logit the orthogonal probes aim for: near ±1.5 the sigmoid loses least precision.
@@ -24,6 +25,13 @@ MAX_RETRIES = 6
 NOISY_FACTOR = 30.0
 #: ...unless its noise is below this fraction of the RMS logit anyway (float64 answers)
 NEGLIGIBLE_NOISE = 1e-9
+
+
+def max_probe_scale(oracle) -> float:
+    """Largest probe scale worth trying: 1e8, or less where the answers' precision would overflow (the
+    forward pass squares the input scale in its logits: float16 stops near 2.5)."""
+    dt = resolve_dtype(oracle.precision)
+    return float(min(1e8, 0.01 * np.sqrt(float(np.finfo(dt).max))))
 
 
 def lead_probes(d: int) -> int:
@@ -43,6 +51,7 @@ def calibrate(oracle, Q, P, v, c, bias, allowance, probes_per_step: int | None =
     Returns ``(ν_u, ν_W, queries used, q_iᵀu or None, q_iᵀW p_i or None)``."""
     used = 0
     k = probes_per_step or max(1, min(16, allowance // 2))
+    s_max = max_probe_scale(oracle)
     d = Q.shape[1]
 
     def search(measure, power):
@@ -51,7 +60,11 @@ def calibrate(oracle, Q, P, v, c, bias, allowance, probes_per_step: int | None =
         nonlocal used
         s, bound = 1.0, None
         while used + k <= allowance:
-            lg, part = measure(s)
+            try:
+                lg, part = measure(s)
+            except NonFiniteAnswerError:  # the target overflowed its own precision: stop growing
+                used += k
+                break
             used += k
             if lg.saturated.any():
                 s /= 16.0 ** (1.0 / power)
@@ -63,7 +76,7 @@ def calibrate(oracle, Q, P, v, c, bias, allowance, probes_per_step: int | None =
                 rms_all = float(np.sqrt(np.mean(lg.values**2)))
                 reusable = rms_all >= TARGET_LOGIT / 8 and float(np.max(np.abs(lg.values))) <= 8.0
                 return float(np.sqrt(np.mean(part**2))) / s**power, part / s**power, reusable
-            if not 1e-8 < s < 1e8:
+            if not 1e-8 < s < s_max:
                 break
         return bound, None, False
 
@@ -86,7 +99,7 @@ def calibrate(oracle, Q, P, v, c, bias, allowance, probes_per_step: int | None =
     return nu_u, nu_w, used, known_u, (known_w if ok else None)
 
 
-def probe_scales(nu_u, nu_w, target):
+def probe_scales(nu_u, nu_w, target, s_max: float = 1e8):
     """Probe scales ``s_u`` (u pass), ``s_a``, ``s_b`` (W pass) that put the RMS logit at ``target``.
 
     Balanced ``s_a = s_b`` when the query bias is small; a large bias would swamp ``aᵀW b``, so b is lifted
@@ -102,7 +115,7 @@ def probe_scales(nu_u, nu_w, target):
             s_b = min(nu_b / nu_w, 8.0 * s_b)
         s_a = target / math.sqrt((s_b * nu_w) ** 2 + nu_b**2)
     s_u = target / nu_u if nu_u else s_a
-    clip = lambda x: float(np.clip(x, 1e-8, 1e8))  # noqa: E731
+    clip = lambda x: float(np.clip(x, 1e-8, s_max))  # noqa: E731
     return clip(s_u), clip(s_a), clip(s_b)
 
 
@@ -137,7 +150,7 @@ def steer_block(oracle, A, Bs, scale, v, c, probes, what, target, skip, max_step
         if 0.125 <= factor <= 8.0 or step == max_steps:
             return Z, scale * float(np.clip(factor, 0.05, 2.0))
         oracle.require(int((~skip).sum()), f"re-measuring {what} at a better probe scale")
-        scale *= float(np.clip(factor, 1e-3, 1e6))
+        scale = min(scale * float(np.clip(factor, 1e-3, 1e6)), max_probe_scale(oracle))
     raise AssertionError("unreachable")
 
 

@@ -6,7 +6,7 @@ from typing import Callable
 
 import numpy as np
 
-from attnprobe.errors import BudgetExceededError, OracleAnswerError, OracleError
+from attnprobe.errors import BudgetExceededError, NonFiniteAnswerError, OracleAnswerError, OracleError
 from attnprobe.models.attention import as_batch
 from attnprobe.models.precision import unit_roundoff
 
@@ -79,7 +79,7 @@ class Oracle:
         bad = ~np.isfinite(y)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise OracleAnswerError(f"the oracle {self.name!r} answered {y[i]} (non-finite) for sequence {i} of "
+            raise NonFiniteAnswerError(f"the oracle {self.name!r} answered {y[i]} (non-finite) for sequence {i} of "
                                     f"a batch of shape {X.shape}; {int(bad.sum())} answers in the batch are "
                                     "not finite. Check the target for overflow or lower the probe scale.")
         return y
