@@ -81,6 +81,8 @@ def run_cli(*args, cwd):
     (["extract", "--target", "t.npz", "--budget", "10", "--out", "x.npz"], "budget"),
     (["extract", "--target", "zero.npz", "--out", "x.npz"], "v = 0"),
     (["extract", "--target", "t.npz", "--method", "magic", "--out", "x.npz"], "unknown --method"),
+    (["extract", "--target", "t.npz", "--method", "lowrank", "--probes", "basis", "--out", "x.npz"],
+     "single probe design"),
 ])
 def test_errors_are_one_line_without_traceback(tmp_path, args, message):
     save_model(random_head(4, seed=0), tmp_path / "t.npz")

@@ -89,6 +89,8 @@ def _run_ffn(oracle, args, progress):
 #: ``--method`` name -> runner(oracle, args, progress) -> Extraction
 METHODS = {"exact": _run_exact, "lowrank": _run_lowrank, "nuclear": _run_nuclear, "robust": _run_robust,
            "membership": _run_membership, "transformer": _run_transformer, "ffn": _run_ffn}
+#: methods whose probe design --probes chooses (the others have one design and refuse the option)
+TAKES_PROBES = {"exact", "robust", "membership", "transformer"}
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -152,6 +154,8 @@ def cmd_extract(args) -> int:
         args.method = "lowrank" if getattr(args, "rank", None) else "exact"
     if args.method not in METHODS:
         raise ConfigError(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
+    if args.probes and args.method not in TAKES_PROBES:
+        raise ConfigError(f"--method {args.method} has a single probe design; drop --probes {args.probes}")
     progress = Progress(f"extract ({args.method})", enabled=not args.quiet)
     try:
         res = METHODS[args.method](oracle, args, progress)
