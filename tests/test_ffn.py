@@ -185,3 +185,31 @@ def test_refit_finds_a_weak_kink_next_to_a_strong_one():
     assert len(kinks) == 2 and abs(kinks[1] - weak) < 1e-3
     # a straight piece gains nothing
     assert _refit_pieces(t, 1.4 + 0.3 * t + 2e-7 * rng.standard_normal(t.size), [], tol=6.4e-6) == []
+
+
+def test_cell_signs_follow_the_kink_order_not_the_measuring_point():
+    # FFN float64, d = 64, m = 256 (seed 1): a region 1.7e-7 wide sat within the recovered hyperplanes' error, its
+    # cell was taken on the wrong side, every move off the line was undone and a 2.5e-7 gradient error stayed
+    from attnprobe.learners.ffn import _cell_signs, _Segment
+
+    seg = _Segment(np.array([1.0, 0.0, 0.0]), np.array([0.0, 1.0, 0.0]))
+    t1, t2 = 0.3, 0.3 + 1e-7
+    n1 = np.array([-t1, 1.0, 0.0])  # n·x(t) = t − t1: crosses at t1, growing along the segment
+    n2 = -np.array([-t2, 1.0, 0.0])  # crosses at t2, falling along the segment
+    N = np.stack([n1, n2], axis=1) / np.linalg.norm(np.stack([n1, n2], axis=1), axis=0)
+    regs = [(0, -1.0, t1), (0, t1, t2), (0, t2, 1.0)]
+    x_mid = seg.base + 0.5 * (t1 + t2) * seg.direction
+    truth = np.sign(x_mid @ N)
+    wrong = truth.copy()
+    wrong[0] = -wrong[0]  # what a 1e-7 error in the recovered hyperplane does to the sign at the point
+    np.testing.assert_array_equal(_cell_signs(regs, [seg], 1, N, wrong), truth)
+    np.testing.assert_array_equal(_cell_signs(regs, [seg], 0, N, np.zeros(2)), [-1.0, 1.0])
+    np.testing.assert_array_equal(_cell_signs(regs, [seg], 2, N, np.zeros(2)), [1.0, -1.0])
+
+
+@pytest.mark.slow
+def test_thin_regions_at_d64_m256_stay_exact():
+    # the benchmark's seed-1 net (python benchmarks/issue5_transformer.py --seeds 3): 1.6e-8 before the fix
+    net = random_relu_net(64, 256, seed=1000 * 64 + 256 + 1)
+    _, res = run(net, seed=1)
+    assert res.check["relative_error"] <= 1e-9

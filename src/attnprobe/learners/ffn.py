@@ -52,6 +52,8 @@ MAX_ROUNDS = 200
 SIGN_TIME_LIMIT = 5.0
 #: regions probed at a radius below this fraction of ‖x‖ are re-measured at the centre of their cell
 NARROW = 1e-5
+#: times a narrow region may be moved to the centre of its cell (a move into another cell is undone)
+CHEBYSHEV_TRIES = 3
 #: random inputs per unknown for the least-squares polish (coarse answers only, by default)
 POLISH_FACTOR = 3
 
@@ -293,6 +295,25 @@ def _gradients(ask, points, radii, U):
     return D @ U, y[:, 0]  # g_r = Σ_i (g_r·u_i) u_i, and f at the points
 
 
+def _cell_signs(regs, segs, i, N, side):
+    """Side of region i (regions ``(segment, l, r)`` in order) for every recovered hyperplane (columns of N, one per
+    pair of neighbouring regions on one segment). A hyperplane found on the region's own segment crosses it once,
+    at its kink, so the region's side follows from the order of the kinks; the sign at the measuring point
+    (``side``, used for the other hyperplanes) is wrong when a thin region puts it within the hyperplanes' own error."""
+    signs = np.sign(np.asarray(side, dtype=np.float64)).copy()
+    si = regs[i][0]
+    c = 0
+    for k in range(len(regs) - 1):
+        if regs[k][0] != regs[k + 1][0]:
+            continue
+        if regs[k][0] == si:
+            up = np.sign(N[:, c] @ segs[si].direction)  # N·x grows along the segment when up > 0
+            if up != 0:
+                signs[c] = -up if i <= k else up
+        c += 1
+    return signs
+
+
 def _chebyshev_centre(N, signs, x0):
     """Deepest point of the cone cell ``{x : signs_k n_kᵀx ≥ 0}`` inside the box ``‖x‖_∞ ≤ ‖x0‖_∞`` (an LP):
     returns (x, its distance to the nearest hyperplane) or (None, 0) when the solver fails."""
@@ -512,6 +533,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
     XR = region_points(ts)  # where each region's gradient is measured
     moved = 0
     attempts = np.zeros(len(regs), dtype=int)
+    cheb_tries = np.zeros(len(regs), dtype=int)
     for round_ in range(8):
         J, where = jumps(G)
         norms = np.linalg.norm(J, axis=0)
@@ -536,9 +558,13 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
         broken = euler > euler_tol
         # a region the search line cuts only near its edge: move off the line to the centre of its cell
         narrow = np.zeros(len(regs), dtype=bool)
-        if round_ == 0 and chebyshev:
-            for i in np.flatnonzero(radii < NARROW * np.linalg.norm(XR, axis=1)):
-                x, rad = _chebyshev_centre(N, np.sign(side0[i]), XR[i])
+        if chebyshev:
+            # a move is sent back when the centre lies in another cell, which happens while a neighbouring
+            # region's bad gradient still distorts a recovered hyperplane: try again in later rounds, once those
+            # regions are re-measured (at most CHEBYSHEV_TRIES times per region)
+            for i in np.flatnonzero((radii < NARROW * np.linalg.norm(XR, axis=1)) & (cheb_tries < CHEBYSHEV_TRIES)):
+                cheb_tries[i] += 1
+                x, rad = _chebyshev_centre(N, _cell_signs(regs, segs, i, N, side0[i]), XR[i])
                 if x is not None and SAFE_FRACTION * rad > 8 * radii[i]:
                     best_x[i], best_dist[i], narrow[i] = x, rad, True
         redo = crossed | broken | narrow | (do_refine and round_ == 0)
