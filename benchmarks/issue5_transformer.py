@@ -1,6 +1,7 @@
 """Issue 5 benchmark: the FFN learner, the one-layer transformer learner (Sec. 4.1) and a float32 torch victim.
 
     python benchmarks/issue5_transformer.py [--seeds 3] [--out docs/issue5_tables.md]
+        [--tables ffn,ffn32,transformer,torch]
 
 Prints markdown tables and writes them to --out. Timings are wall-clock seconds on a shared 2-core machine.
 """
@@ -57,6 +58,29 @@ def ffn_table(seeds):
                         f"{np.mean(ks):.0f} / {np.mean(gr):.0f} | {min(found)}–{max(found)} of {m} | "
                         f"{sum(exact)}/{seeds} | {de} | {max(ferr):.1e} | {np.mean(secs):.1f} |")
             print(rows[-1], flush=True)
+    return rows
+
+
+def ffn32_table(seeds):
+    """The FFN learner on float32 answers (a float32 forward pass): the sizes where m ≥ 2d used to lose weak
+    neurons."""
+    rows = ["| d | m | seeds | queries (mean) | neurons found | all found | max rel. error (fresh inputs) | "
+            "median rel. error | s (mean) |", "|---|---|---|---|---|---|---|---|---|"]
+    for d, m in ((8, 8), (8, 16), (16, 16), (8, 32), (16, 32)):
+        q, found, ferr, secs = [], [], [], []
+        for seed in range(seeds):
+            net = random_relu_net(d, m, seed=seed, dtype="float32")
+            o = Oracle(net, d, precision="float32")
+            t0 = time.perf_counter()
+            res = extract_ffn(o, seed=seed)
+            secs.append(time.perf_counter() - t0)
+            q.append(res.queries)
+            found.append(res.details["neurons_found"])
+            ferr.append(fresh_error(net, res.model, np.random.default_rng(seed)))
+        rows.append(f"| {d} | {m} | {seeds} | {np.mean(q):.0f} | {min(found)}–{max(found)} of {m} | "
+                    f"{sum(f == m for f in found)}/{seeds} | {max(ferr):.1e} | {np.median(ferr):.1e} | "
+                    f"{np.mean(secs):.1f} |")
+        print(rows[-1], flush=True)
     return rows
 
 
@@ -118,10 +142,20 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--out", default="docs/issue5_tables.md")
+    p.add_argument("--tables", default="ffn,transformer,torch",
+                   help="comma-separated: ffn, ffn32 (float32 answers), transformer, torch")
+    p.add_argument("--seeds32", type=int, default=10, help="seeds per row of the float32 FFN table")
     args = p.parse_args()
-    parts = ["### FFN learner (float64 answers)", *ffn_table(args.seeds), "",
-             "### One-layer transformer (float64 answers)", *transformer_table(args.seeds), "",
-             "### Torch victim in float32", *torch_table(), ""]
+    which = args.tables.split(",")
+    parts = []
+    if "ffn" in which:
+        parts += ["### FFN learner (float64 answers)", *ffn_table(args.seeds), ""]
+    if "ffn32" in which:
+        parts += ["### FFN learner (float32 answers)", *ffn32_table(args.seeds32), ""]
+    if "transformer" in which:
+        parts += ["### One-layer transformer (float64 answers)", *transformer_table(args.seeds), ""]
+    if "torch" in which:
+        parts += ["### Torch victim in float32", *torch_table(), ""]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(parts) + "\n")
     print(f"wrote {args.out}")

@@ -41,10 +41,19 @@ PROBE_FRACTION = 0.1
 #: a region is re-measured when a probe crossed a recovered hyperplane; probes then reach this fraction of the
 #: distance to the nearest hyperplane
 SAFE_FRACTION = 0.5
+#: the same for answers coarser than float64 (float32, bfloat16): their real rounding is a few units of the
+#: largest answer, and 64 of them hide the kinks of weak neurons
+COARSE_NOISE_FACTOR = 8.0
+#: a kink is merged away when its gradient jump is below this many roundings over the probe radius
+#: (float64 answers / coarser answers)
+MERGE_NOISE = 64.0
+COARSE_MERGE_NOISE = 2.0
 MAX_ROUNDS = 200
 SIGN_TIME_LIMIT = 5.0
 #: regions probed at a radius below this fraction of ‖x‖ are re-measured at the centre of their cell
 NARROW = 1e-5
+#: times a narrow region may be moved to the centre of its cell (a move into another cell is undone)
+CHEBYSHEV_TRIES = 3
 #: random inputs per unknown for the least-squares polish (coarse answers only, by default)
 POLISH_FACTOR = 3
 
@@ -113,7 +122,7 @@ def _meeting_point(L, R):
     return 0.5 * (l + r), False
 
 
-def _search_kinks(ask, segs, noise_factor, eps, min_width, rng):
+def _search_kinks(ask, segs, noise_factor, eps, min_width, rng, refit=False):
     """Batched kink search on every segment (critical points as in Carlini et al. 2020, adapted).
 
     Evaluating a point t costs 3 queries (t − δ, t, t + δ): its value and two stencil points. An interval is
@@ -121,7 +130,9 @@ def _search_kinks(ask, segs, noise_factor, eps, min_width, rng):
     point (a value test, exact up to rounding; split points are chosen, so they alone could conspire).
     A non-linear interval is split where the lines through its two ends meet (the kink itself when the interval
     holds one kink and the stencils are clean), or in its middle. When every interval is linear, the kinks are
-    the split points where the chord slopes on the two sides differ.
+    the split points where the chord slopes on the two sides differ. With ``refit`` (coarse answers), every
+    piece between two kinks is then tested once more against a least-squares line through all its answers
+    (:func:`_refit_pieces`): a weak kink next to a strong one hides from the short chords but not from that.
     """
     d = segs[0].base.shape[0]
     floor = 1024 * eps  # inputs are rounded to the answers' precision: shorter stencils measure rounding
@@ -147,6 +158,7 @@ def _search_kinks(ask, segs, noise_factor, eps, min_width, rng):
     ends = evaluate([(si, t, 2.0 / 64) for si in range(len(segs)) for t in (-1.0, 1.0)])
     frontier = [(si, ends[2 * si], ends[2 * si + 1]) for si in range(len(segs))]
     done: list[list] = [[] for _ in segs]  # finished intervals (L, R, tiny?)
+    seen: list[list] = [[] for _ in segs]  # the random check answers (t, f)
     rounds = 0
     while frontier:
         rounds += 1
@@ -172,6 +184,7 @@ def _search_kinks(ask, segs, noise_factor, eps, min_width, rng):
         if checks:
             y = ask(np.array([segs[si].base + t * segs[si].direction for si, _, _, t in checks]))
             for (si, L, R, t), yt in zip(checks, y):
+                seen[si].append((t, float(yt)))
                 chord = L[1] + (t - L[0]) * (R[1] - L[1]) / (R[0] - L[0])
                 if abs(chord - yt) <= 3 * tol_f:
                     done[si].append((L, R, False))
@@ -207,8 +220,63 @@ def _search_kinks(ask, segs, noise_factor, eps, min_width, rng):
                 start = c
             last = R
         seg.kinks.sort()
+        if refit:
+            pts = {}
+            for L, R, _ in ivs:
+                for P in (L, R):
+                    pts[P[0]] = P[1]
+                    pts[P[0] - P[4]] = P[2]
+                    pts[P[0] + P[4]] = P[3]
+            for t, y in seen[si]:
+                pts[t] = y
+            ts = np.array(sorted(pts))
+            seg.kinks = _refit_pieces(ts, np.array([pts[t] for t in ts]), seg.kinks, 3 * tol_f)
     segs[0].unresolved = tight
     return rounds
+
+
+def _line_fit(t, y):
+    """Least-squares line through (t, y): (slope, intercept, max |residual|, sum of squares)."""
+    if t.size < 2:
+        return 0.0, float(y[0]) if y.size else 0.0, 0.0, 0.0
+    M = np.stack([t, np.ones_like(t)], axis=1)
+    (a, b), *_ = np.linalg.lstsq(M, y, rcond=None)
+    r = y - (a * t + b)
+    return float(a), float(b), float(np.max(np.abs(r))), float(r @ r)
+
+
+def _refit_pieces(t, y, kinks, tol, max_new=64):
+    """Kinks the chord tests missed: every piece between two kinks must lie on one least-squares line through
+    all its answers (within ``tol``); a piece that does not is split where two lines fit best, the new kink being
+    where those lines meet (or the middle of the gap between the two groups). Points within a stencil of a
+    kink are left out (the kink's own position is known to rounding only). Returns the sorted kinks."""
+    kinks = sorted(kinks)
+    width = float(t[-1] - t[0]) if t.size else 0.0
+    pad = 1e-6 * width
+    stack = list(zip([-np.inf] + kinks, kinks + [np.inf]))
+    added = 0
+    while stack and added < max_new:
+        lo, hi = stack.pop()
+        inside = (t > lo + pad) & (t < hi - pad)
+        tp, yp = t[inside], y[inside]
+        if tp.size < 5 or _line_fit(tp, yp)[2] <= tol:
+            continue
+        best = None
+        for j in range(2, tp.size - 1):  # two lines: points [:j] and [j:], each of at least 2 points
+            a1, b1, m1, s1 = _line_fit(tp[:j], yp[:j])
+            a2, b2, m2, s2 = _line_fit(tp[j:], yp[j:])
+            if best is None or s1 + s2 < best[0]:
+                best = (s1 + s2, j, a1, b1, a2, b2, max(m1, m2))
+        _, j, a1, b1, a2, b2, worst = best
+        if worst > tol:  # two lines do not explain the piece either: leave it to the region checks
+            continue
+        k = (b2 - b1) / (a1 - a2) if a1 != a2 else np.nan
+        if not (np.isfinite(k) and tp[j - 1] <= k <= tp[j]):
+            k = 0.5 * (tp[j - 1] + tp[j])
+        kinks.append(float(k))
+        added += 1
+        stack += [(lo, float(k)), (float(k), hi)]
+    return sorted(kinks)
 
 
 def _regions(seg):
@@ -225,6 +293,25 @@ def _gradients(ask, points, radii, U):
     y = ask(X.reshape(-1, d)).reshape(n, d + 1)
     D = (y[:, 1:] - y[:, :1]) / radii[:, None]  # D[r, i] = g_r·u_i
     return D @ U, y[:, 0]  # g_r = Σ_i (g_r·u_i) u_i, and f at the points
+
+
+def _cell_signs(regs, segs, i, N, side):
+    """Side of region i (regions ``(segment, l, r)`` in order) for every recovered hyperplane (columns of N, one per
+    pair of neighbouring regions on one segment). A hyperplane found on the region's own segment crosses it once,
+    at its kink, so the region's side follows from the order of the kinks; the sign at the measuring point
+    (``side``, used for the other hyperplanes) is wrong when a thin region puts it within the hyperplanes' own error."""
+    signs = np.sign(np.asarray(side, dtype=np.float64)).copy()
+    si = regs[i][0]
+    c = 0
+    for k in range(len(regs) - 1):
+        if regs[k][0] != regs[k + 1][0]:
+            continue
+        if regs[k][0] == si:
+            up = np.sign(N[:, c] @ segs[si].direction)  # N·x grows along the segment when up > 0
+            if up != 0:
+                signs[c] = -up if i <= k else up
+        c += 1
+    return signs
 
 
 def _chebyshev_centre(N, signs, x0):
@@ -303,7 +390,7 @@ def _polish(A, w, X, y, margin=1e-3, rounds=3, max_unknowns=8192):
 
 def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width: float | None = None,
                 min_jump: float = 1e-6, min_region: float = 1e-7, chebyshev: bool = True,
-                probe_fraction: float = PROBE_FRACTION, noise_factor: float = NOISE_FACTOR,
+                probe_fraction: float = PROBE_FRACTION, noise_factor: float | None = None,
                 refine: str = "auto", polish: str = "auto", sign_time_limit: float = SIGN_TIME_LIMIT, check: bool = True,
                 check_count: int = 64, progress=None) -> Extraction:
     """Recover a bias-free ReLU network ``x ↦ w_oᵀReLU(Aᵀx)`` from length-1 value queries.
@@ -311,7 +398,9 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
     ``v`` (= ``A w_o``, the odd part) may be given when already known (e.g. from the antisymmetric oracle);
     otherwise it costs 2d queries. The tolerances that matter:
 
-    * ``noise_factor``: answers within this many roundings of the largest answer count as "on a line";
+    * ``noise_factor``: answers within this many roundings of the largest answer count as "on a line"
+      (default 64 for float64 answers, 8 for coarser ones, whose pieces between kinks are then also checked
+      against a least-squares line through all their answers);
     * ``min_width``: search intervals shorter than this (in units of the search line; default
       ``max(1e-9, 1024·eps)``) are taken to hold one kink;
     * ``min_jump`` / ``min_region``: a kink whose gradient jump is below ``min_jump`` times the largest (or below
@@ -340,6 +429,10 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
     start = oracle.queries
     report = progress or (lambda done, total: None)
     min_width = float(min_width) if min_width is not None else max(1e-9, 1024 * eps)
+    coarse = eps > 1e-12
+    if noise_factor is None:
+        noise_factor = COARSE_NOISE_FACTOR if coarse else NOISE_FACTOR
+    merge_noise = COARSE_MERGE_NOISE if coarse else MERGE_NOISE
     ask = _Recorder(oracle)
     notes: list[str] = []
     counts: dict = {}
@@ -363,7 +456,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
         Q, _ = np.linalg.qr(rng.standard_normal((d, 2)))
         segs = [_Segment(Q[:, 0], Q[:, 1]), _Segment(Q[:, 1], Q[:, 0])]
     before = oracle.queries
-    rounds = _search_kinks(ask, segs, noise_factor, eps, min_width, rng)
+    rounds = _search_kinks(ask, segs, noise_factor, eps, min_width, rng, refit=coarse)
     counts["kink_search"] = oracle.queries - before
     tight = sum(s.unresolved for s in segs)
     n_kinks = sum(len(s.kinks) for s in segs)
@@ -418,7 +511,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
         i = 0
         while i < len(regs) - 1:
             # noise floor of a finite-difference gradient: a few roundings of the answers over the probe radius
-            noise = 64 * eps * ask.top * math.sqrt(d) * (1 / radii[i] + 1 / radii[i + 1])
+            noise = merge_noise * eps * ask.top * math.sqrt(d) * (1 / radii[i] + 1 / radii[i + 1])
             if regs[i][0] == regs[i + 1][0] and np.linalg.norm(G[i + 1] - G[i]) <= max(floor, noise):
                 keep = i if regs[i][2] - regs[i][1] >= regs[i + 1][2] - regs[i + 1][1] else i + 1
                 merged = (regs[i][0], regs[i][1], regs[i + 1][2])
@@ -440,6 +533,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
     XR = region_points(ts)  # where each region's gradient is measured
     moved = 0
     attempts = np.zeros(len(regs), dtype=int)
+    cheb_tries = np.zeros(len(regs), dtype=int)
     for round_ in range(8):
         J, where = jumps(G)
         norms = np.linalg.norm(J, axis=0)
@@ -464,9 +558,13 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
         broken = euler > euler_tol
         # a region the search line cuts only near its edge: move off the line to the centre of its cell
         narrow = np.zeros(len(regs), dtype=bool)
-        if round_ == 0 and chebyshev:
-            for i in np.flatnonzero(radii < NARROW * np.linalg.norm(XR, axis=1)):
-                x, rad = _chebyshev_centre(N, np.sign(side0[i]), XR[i])
+        if chebyshev:
+            # a move is sent back when the centre lies in another cell, which happens while a neighbouring
+            # region's bad gradient still distorts a recovered hyperplane: try again in later rounds, once those
+            # regions are re-measured (at most CHEBYSHEV_TRIES times per region)
+            for i in np.flatnonzero((radii < NARROW * np.linalg.norm(XR, axis=1)) & (cheb_tries < CHEBYSHEV_TRIES)):
+                cheb_tries[i] += 1
+                x, rad = _chebyshev_centre(N, _cell_signs(regs, segs, i, N, side0[i]), XR[i])
                 if x is not None and SAFE_FRACTION * rad > 8 * radii[i]:
                     best_x[i], best_dist[i], narrow[i] = x, rad, True
         redo = crossed | broken | narrow | (do_refine and round_ == 0)
