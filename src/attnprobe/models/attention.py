@@ -21,6 +21,13 @@ def attention_weights(Xc: np.ndarray, W: np.ndarray, u: np.ndarray | None = None
     return softmax_last(scores)
 
 
+def set_frozen(obj, **arrays: np.ndarray) -> None:
+    """Store read-only arrays on a frozen dataclass (its ``__post_init__`` normalises, then calls this)."""
+    for name, arr in arrays.items():
+        arr.setflags(write=False)
+        object.__setattr__(obj, name, arr)
+
+
 def as_batch(X: np.ndarray, d: int) -> np.ndarray:
     """Check that ``X`` is a float batch of sequences of shape (B, N, d) and return it as float64."""
     X = np.asarray(X, dtype=np.float64)
@@ -57,9 +64,7 @@ class AttentionHead:
         if not (np.isfinite(W).all() and np.isfinite(v).all() and np.isfinite(u).all() and np.isfinite(self.c)):
             raise ConfigError("model parameters must be finite")
         resolve_dtype(self.dtype)
-        for name, arr in (("W", W), ("v", v), ("u", u)):
-            arr.setflags(write=False)
-            object.__setattr__(self, name, arr)
+        set_frozen(self, W=W, v=v, u=u)
         object.__setattr__(self, "c", float(self.c))
 
     @property

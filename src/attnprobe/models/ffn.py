@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from attnprobe.errors import ConfigError
-from attnprobe.models.attention import as_batch
+from attnprobe.models.attention import as_batch, set_frozen
 from attnprobe.models.precision import resolve_dtype
 
 
@@ -41,9 +41,7 @@ class ReLUNet:
     def __post_init__(self) -> None:
         A, w_o = _check_ffn(self.A, self.w_o)
         resolve_dtype(self.dtype)
-        for name, arr in (("A", A), ("w_o", w_o)):
-            arr.setflags(write=False)
-            object.__setattr__(self, name, arr)
+        set_frozen(self, A=A, w_o=w_o)
 
     @property
     def d(self) -> int:

@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from attnprobe.errors import ConfigError
-from attnprobe.models.attention import as_batch, attention_weights
+from attnprobe.models.attention import as_batch, attention_weights, set_frozen
 from attnprobe.models.ffn import ReLUNet, _check_ffn
 from attnprobe.models.precision import resolve_dtype
 
@@ -36,9 +36,7 @@ class OneLayerTransformer:
         if not np.isfinite(W).all():
             raise ConfigError("model parameters must be finite")
         resolve_dtype(self.dtype)
-        for name, arr in (("W", W), ("A", A), ("w_o", w_o)):
-            arr.setflags(write=False)
-            object.__setattr__(self, name, arr)
+        set_frozen(self, W=W, A=A, w_o=w_o)
 
     @property
     def d(self) -> int:
