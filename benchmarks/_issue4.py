@@ -5,16 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 
 from attnprobe.targets.theorem_heads import margin, theorem_head  # noqa: F401 - re-exported to the scripts
+from report import rel  # noqa: F401 - re-exported to the scripts
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 FRAG = DOCS / "issue4"
-
-
-def rel(a, b) -> float:
-    return float(np.linalg.norm(np.asarray(a) - np.asarray(b)) / np.linalg.norm(b))
 
 
 def write_fragment(name: str, title: str, command: str, table: str, extra: str = "") -> None:

@@ -20,13 +20,10 @@ from attnprobe.learners import extract_exact
 from attnprobe.learners.lowrank import extract_lowrank, lowrank_dof
 from attnprobe.oracles import Oracle
 from attnprobe.targets import minilm_head, random_head
+from report import rel  # benchmarks/ is on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parents[1]
 CMD = "python benchmarks/issue3_lowrank.py"
-
-
-def rel(a, b):
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 def run(h, rank, precision="float64", oversample=None, seed=0):

@@ -13,10 +13,7 @@ from attnprobe.learners.lowrank import CERTIFICATE_PROBES, extract_lowrank, lowr
 from attnprobe.models import AttentionHead, save_model
 from attnprobe.oracles import Oracle
 from attnprobe.targets import minilm_head, random_head
-
-
-def rel(a, b):
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+from conftest import rel
 
 
 def oracle_for(h, precision="float64", **kw):

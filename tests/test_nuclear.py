@@ -14,10 +14,7 @@ from attnprobe.oracles import Oracle
 from attnprobe.targets import random_head
 
 import cvxpy  # noqa: F401  (the test extra installs it: these tests run, never skip)
-
-
-def rel(a, b):
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+from conftest import rel
 
 
 def test_rop_measurements_are_bilinear_forms():
