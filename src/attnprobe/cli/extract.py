@@ -1,25 +1,15 @@
-"""Command line: ``attnprobe extract | verify | demo | target``.
-
-Errors from :mod:`attnprobe.errors` become one readable line and exit code 2, never a traceback.
-"""
+"""``attnprobe extract``: load an oracle, run a learner, write OUT.npz and OUT.json."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from pathlib import Path
-
-import numpy as np
-
-from attnprobe.errors import AttnprobeError, ConfigError
+from attnprobe.cli.common import print_summary
+from attnprobe.errors import ConfigError
 from attnprobe.learners import PROBES, extract_exact
-from attnprobe.models import PRECISIONS, AttentionHead, load_model, save_model
+from attnprobe.models import PRECISIONS
 from attnprobe.oracles import Oracle, oracle_from_file, oracle_from_spec
 from attnprobe.progress import Progress
 
 
-# --------------------------------------------------------------------------------------------- methods
 def _exact_probes(args) -> str:
     """--probes for Thm 4.1 learners: orthogonal by default; ``paper`` means the paper's basis probes."""
     probes = args.probes or "orthogonal"
@@ -93,22 +83,6 @@ METHODS = {"exact": _run_exact, "lowrank": _run_lowrank, "nuclear": _run_nuclear
 TAKES_PROBES = {"exact", "robust", "membership", "transformer"}
 
 
-# --------------------------------------------------------------------------------------------- helpers
-def relative_errors(true_model, result_model) -> dict[str, float]:
-    """Per-parameter relative error ‖x̂ − x‖/‖x‖ (absolute error where ‖x‖ = 0)."""
-    t, r = true_model.arrays(), result_model.arrays()
-    out = {}
-    for name in t:
-        if name not in r:
-            continue
-        a, b = np.asarray(r[name], float), np.asarray(t[name], float)
-        if a.shape != b.shape:
-            raise ConfigError(f"parameter {name} has shape {a.shape} in the result but {b.shape} in the target")
-        n = np.linalg.norm(b)
-        out[name] = float(np.linalg.norm(a - b) / n) if n > 0 else float(np.linalg.norm(a))
-    return out
-
-
 def _oracle_from_args(args) -> Oracle:
     oracle = _plain_oracle_from_args(args)
     wrapped = dict(noise=args.noise, decimals=args.round, digits=args.round_digits, cast=args.cast,
@@ -133,22 +107,7 @@ def _plain_oracle_from_args(args) -> Oracle:
     raise ConfigError("say what to extract: --oracle MODULE:ATTR --d D, or --target FILE.npz")
 
 
-def _print_summary(res, out=None) -> None:
-    s = res.summary()
-    chk = s["check"] or {}
-    print(f"method {s['method']}  d={s['d']}  queries {s['queries']} for {s['unknowns']} unknowns "
-          f"({s['queries_per_unknown']:.4f} per unknown)  {s['seconds']:.2f} s")
-    if chk:
-        print(f"functional check: relative error {chk['relative_error']:.3e} on {chk['queries']} fresh sequences "
-              f"of lengths {chk['lengths']}")
-    for note in s["notes"]:
-        print(f"note: {note}")
-    if out:
-        print(f"wrote {out[0]} and {out[1]}")
-
-
-# --------------------------------------------------------------------------------------------- commands
-def cmd_extract(args) -> int:
+def run(args) -> int:
     oracle = _oracle_from_args(args)
     if args.method is None:  # a rank bound makes the low-rank sketch the natural choice
         args.method = "lowrank" if getattr(args, "rank", None) else "exact"
@@ -162,95 +121,12 @@ def cmd_extract(args) -> int:
     finally:
         progress.close()
     paths = res.save(args.out)
-    _print_summary(res, paths)
+    print_summary(res, paths)
     return 0
 
 
-def _ffn_errors(true_model, result) -> dict[str, float]:
-    """Transformer / ReLU-network results: W and v compare entrywise, the FFN neurons only up to permutation and
-    positive scale (Sec. 4.1), so they are matched first."""
-    from attnprobe.models import neuron_errors
 
-    out = {}
-    if true_model.kind == "one_layer_transformer" and result.kind == true_model.kind:
-        for name, a, b in (("W", result.W, true_model.W), ("v", result.v, true_model.v)):
-            n = np.linalg.norm(b)
-            out[name] = float(np.linalg.norm(a - b) / n) if n > 0 else float(np.linalg.norm(a))
-    ne = neuron_errors(true_model.A, true_model.w_o, result.A, result.w_o)
-    out["neuron_direction"], out["neuron_weight"] = ne["direction_error"], ne["weight_error"]
-    return out
-
-
-def cmd_verify(args) -> int:
-    true_model = load_model(args.target)
-    result = load_model(args.result)
-    if true_model.kind in ("one_layer_transformer", "relu_net"):
-        errs = _ffn_errors(true_model, result)
-    else:
-        errs = relative_errors(true_model, result)
-    width = max(map(len, errs))
-    for name, e in errs.items():
-        print(f"{name:<{width}}  relative error {e:.3e}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(errs, indent=2) + "\n")
-    return 0
-
-
-def cmd_demo(args) -> int:
-    from attnprobe.targets import minilm_head
-
-    truth = minilm_head(args.layer, args.head, args.row, dtype=args.dtype)
-    d = truth.d
-    print(f"target: MiniLM-L6 layer {args.layer} head {args.head}, output row {args.row}, d = {d}, "
-          f"answers computed in {args.dtype}")
-    oracle = Oracle(truth, d, precision=args.dtype, name="minilm")
-    progress = Progress("extract", enabled=not args.quiet)
-    try:
-        res = extract_exact(oracle, probes=args.probes, seed=args.seed, progress=progress)
-    finally:
-        progress.close()
-    unknowns = AttentionHead.unknowns(d)
-    rank = np.linalg.matrix_rank(res.model.W, tol=1e-4 * np.linalg.norm(res.model.W, 2))
-    print(f"recovered W ({d}x{d}, numerical rank {rank}), v, u ({d}) and c = {res.model.c:.6f} "
-          f"with {args.probes} probes")
-    print(f"queries: {res.queries}  (unknowns d²+2d+1 = {unknowns}; paper's bound d²+d = {d * d + d} for the "
-          f"bias-free model; calibration {res.details.get('calibration_queries', 0)}, "
-          f"re-measured probes {res.details.get('retry_queries', 0)})")
-    for name, e in relative_errors(truth, res.model).items():
-        print(f"  {name}: relative error {e:.3e}")
-    print(f"functional check: relative error {res.check['relative_error']:.3e} on {res.check['queries']} fresh "
-          f"sequences (lengths {res.check['lengths']}), {res.seconds:.2f} s")
-    if args.out:
-        _print_summary(res, res.save(args.out))
-    return 0
-
-
-def cmd_target(args) -> int:
-    if args.kind == "random":
-        from attnprobe.targets import random_head
-
-        model = random_head(args.d, seed=args.seed, scale=args.scale, rank=args.rank, bias=not args.no_bias,
-                            zero_v=args.zero_v)
-    elif args.kind in ("transformer", "relu"):
-        from attnprobe.targets import random_relu_net, random_transformer
-
-        m = args.m or args.d
-        model = (random_transformer(args.d, m, seed=args.seed, scale=args.scale, rank=args.rank)
-                 if args.kind == "transformer" else random_relu_net(args.d, m, seed=args.seed))
-    else:
-        from attnprobe.targets import minilm_head
-
-        model = minilm_head(args.layer, args.head, args.row)
-    path = save_model(model, args.out)
-    print(f"wrote {model.kind} (d = {model.d}) to {path}")
-    return 0
-
-
-# --------------------------------------------------------------------------------------------- parser
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attnprobe", description="Recover attention weights from black-box queries.")
-    sub = p.add_subparsers(dest="command", required=True)
-
+def add_parser(sub) -> None:
     e = sub.add_parser("extract", help="extract a model from an oracle")
     src = e.add_argument_group("what to query")
     src.add_argument("--oracle", metavar="MODULE:ATTR", help="a callable (B,N,d)->(B,); the cwd is importable")
@@ -301,54 +177,4 @@ def build_parser() -> argparse.ArgumentParser:
     rob.add_argument("--eps-w", type=float, default=0.1, help="membership --probes paper: target ε_W")
     rob.add_argument("--delta", type=float, default=0.05, help="membership --probes paper: failure probability")
     rob.add_argument("--samples", type=int, help="membership --probes paper: sign samples (overrides Thm B.1's k)")
-    e.set_defaults(func=cmd_extract)
-
-    v = sub.add_parser("verify", help="compare a result with the true model")
-    v.add_argument("--target", required=True, metavar="TRUE.npz")
-    v.add_argument("--result", required=True, metavar="OUT.npz")
-    v.add_argument("--json", metavar="FILE", help="also write the errors as JSON")
-    v.set_defaults(func=cmd_verify)
-
-    dm = sub.add_parser("demo", help="extract a real MiniLM-L6 head answered in float32")
-    dm.add_argument("--layer", type=int, default=0)
-    dm.add_argument("--head", type=int, default=0)
-    dm.add_argument("--row", type=int, default=0, help="row of the attention output projection")
-    dm.add_argument("--dtype", choices=PRECISIONS, default="float32")
-    dm.add_argument("--probes", choices=PROBES, default="orthogonal")
-    dm.add_argument("--seed", type=int, default=0)
-    dm.add_argument("--out", metavar="OUT.npz")
-    dm.add_argument("--quiet", action="store_true")
-    dm.set_defaults(func=cmd_demo)
-
-    t = sub.add_parser("target", help="save a ready-made target model to a file")
-    t.add_argument("kind", choices=["random", "minilm", "transformer", "relu"])
-    t.add_argument("--d", type=int, default=16)
-    t.add_argument("--m", type=int, help="transformer/relu: hidden width of the FFN (default d)")
-    t.add_argument("--rank", type=int)
-    t.add_argument("--scale", type=float, default=1.0, help="RMS attention logit on unit inputs")
-    t.add_argument("--zero-v", type=int, default=0, help="number of zero entries of v")
-    t.add_argument("--no-bias", action="store_true")
-    t.add_argument("--layer", type=int, default=0)
-    t.add_argument("--head", type=int, default=0)
-    t.add_argument("--row", type=int, default=0)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--out", required=True)
-    t.set_defaults(func=cmd_target)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except AttnprobeError as exc:
-        print(f"attnprobe: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("attnprobe: interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    e.set_defaults(func=run)
