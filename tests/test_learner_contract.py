@@ -7,6 +7,7 @@ import pytest
 
 from attnprobe.errors import BudgetExceededError
 from attnprobe.learners import extract_exact
+from attnprobe.learners.lowrank import extract_lowrank
 from attnprobe.models import AttentionHead
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_head
@@ -18,10 +19,16 @@ def head_oracle(budget=None):
     return Oracle(random_head(D, seed=3), D, budget=budget)
 
 
+def lowrank_oracle(budget=None):
+    return Oracle(random_head(D, rank=2, seed=3), D, budget=budget)
+
+
 #: learner name -> (oracle factory, learner call); learners join this table as they move onto the skeleton
 LEARNERS = {
     "exact": (head_oracle, lambda o, seed=0: extract_exact(o, seed=seed)),
     "exact-basis": (head_oracle, lambda o, seed=0: extract_exact(o, probes="basis", seed=seed)),
+    "lowrank": (lowrank_oracle, lambda o, seed=0: extract_lowrank(o, rank=2, seed=seed)),
+    "lowrank-detected": (lowrank_oracle, lambda o, seed=0: extract_lowrank(o, seed=seed)),
 }
 
 
