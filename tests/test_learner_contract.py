@@ -8,6 +8,7 @@ import pytest
 from attnprobe.errors import BudgetExceededError
 from attnprobe.learners import extract_exact
 from attnprobe.learners.lowrank import extract_lowrank
+from attnprobe.learners.nuclear import extract_nuclear
 from attnprobe.models import AttentionHead
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_head
@@ -29,6 +30,7 @@ LEARNERS = {
     "exact-basis": (head_oracle, lambda o, seed=0: extract_exact(o, probes="basis", seed=seed)),
     "lowrank": (lowrank_oracle, lambda o, seed=0: extract_lowrank(o, rank=2, seed=seed)),
     "lowrank-detected": (lowrank_oracle, lambda o, seed=0: extract_lowrank(o, seed=seed)),
+    "nuclear": (lowrank_oracle, lambda o, seed=0: extract_nuclear(o, rank=2, seed=seed)),
 }
 
 
