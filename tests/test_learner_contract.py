@@ -9,15 +9,29 @@ from attnprobe.errors import BudgetExceededError
 from attnprobe.learners import extract_exact
 from attnprobe.learners.lowrank import extract_lowrank
 from attnprobe.learners.nuclear import extract_nuclear
+from attnprobe.learners.robust import extract_robust, extract_robust_paper
 from attnprobe.models import AttentionHead
 from attnprobe.oracles import Oracle
+from attnprobe.oracles.wrappers import AdversarialNoise
 from attnprobe.targets import random_head
+from attnprobe.targets.theorem_heads import margin, theorem_head
 
 D = 6
 
 
 def head_oracle(budget=None):
     return Oracle(random_head(D, seed=3), D, budget=budget)
+
+
+def noisy_oracle(budget=None):
+    return Oracle(AdversarialNoise(random_head(D, seed=3), 1e-6), D, budget=budget)
+
+
+THEOREM = theorem_head(D, 0)
+
+
+def theorem_oracle(budget=None):
+    return Oracle(THEOREM, D, budget=budget)
 
 
 def lowrank_oracle(budget=None):
@@ -31,6 +45,9 @@ LEARNERS = {
     "lowrank": (lowrank_oracle, lambda o, seed=0: extract_lowrank(o, rank=2, seed=seed)),
     "lowrank-detected": (lowrank_oracle, lambda o, seed=0: extract_lowrank(o, seed=seed)),
     "nuclear": (lowrank_oracle, lambda o, seed=0: extract_nuclear(o, rank=2, seed=seed)),
+    "robust": (noisy_oracle, lambda o, seed=0: extract_robust(o, queries=2 * AttentionHead.unknowns(D), seed=seed)),
+    "robust-paper": (theorem_oracle, lambda o, seed=0: extract_robust_paper(o, w_bound=2.0, margin=margin(THEOREM),
+                                                                            tolerance=0.0, seed=seed)),
 }
 
 
