@@ -11,10 +11,11 @@ from attnprobe.learners.lowrank import extract_lowrank
 from attnprobe.learners.membership import extract_membership, extract_membership_paper
 from attnprobe.learners.nuclear import extract_nuclear
 from attnprobe.learners.robust import extract_robust, extract_robust_paper
+from attnprobe.learners.transformer import extract_transformer
 from attnprobe.models import AttentionHead
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import AdversarialNoise, Membership
-from attnprobe.targets import random_head
+from attnprobe.targets import random_head, random_transformer
 from attnprobe.targets.theorem_heads import margin, theorem_head
 
 D = 6
@@ -56,6 +57,8 @@ LEARNERS = {
     "membership-paper": (lambda budget=None: Oracle(Membership(THEOREM4), 4, budget=budget),
                          lambda o, seed=0: extract_membership_paper(o, w_bound=2.0, margin=margin(THEOREM4),
                                                                     samples=10**6, seed=seed)),
+    "transformer": (lambda budget=None: Oracle(random_transformer(D, 2 * D, seed=3), D, budget=budget),
+                    lambda o, seed=0: extract_transformer(o, seed=seed)),
     "robust-paper": (theorem_oracle, lambda o, seed=0: extract_robust_paper(o, w_bound=2.0, margin=margin(THEOREM),
                                                                             tolerance=0.0, seed=seed)),
 }

@@ -66,9 +66,10 @@ class Run:
         self.oracle.require(self.planned + k, f"{what} needs {kind}{self.planned} queries plus {k} for the "
                                               "functional check;")
 
-    def phase(self, name: str):
-        """Context manager charging the queries inside it to phase ``name``."""
-        return self.oracle.phase(name)
+    def phase(self, name: str, *, absorb: bool = False):
+        """Context manager charging the queries inside it to phase ``name`` (``absorb``: inner phases too, for
+        a phase that runs another learner)."""
+        return self.oracle.phase(name, absorb=absorb)
 
     def report(self, total: int | None = None) -> None:
         """Tell the progress callback how far the extraction is (``total`` defaults to the plan)."""
