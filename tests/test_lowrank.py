@@ -160,3 +160,14 @@ def test_cli_lowrank(tmp_path, capsys):
     assert main(["extract", "--target", str(target), "--method", "lowrank", "--rank", "2", "--out", str(out),
                  "--quiet"]) == 2
     assert "rank" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, flag_message", [
+    (["--method", "lowrank", "--rank", "40"], "--rank must be an integer in [1, 32]; got 40"),
+    (["--method", "nuclear"], "needs the rank bound (--rank, the head dimension)"),
+])
+def test_cli_names_the_flag_where_the_library_names_the_parameter(tmp_path, capsys, args, flag_message):
+    target = save_model(random_head(32, rank=3, seed=4), tmp_path / "t.npz")
+    assert main(["extract", "--target", str(target), *args, "--out", str(tmp_path / "r.npz"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert flag_message in err and "parameter" not in err

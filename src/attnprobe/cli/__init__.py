@@ -6,6 +6,7 @@ Errors from :mod:`attnprobe.errors` become one readable line and exit code 2, ne
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from attnprobe.cli import demo, extract, target, verify
@@ -33,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except AttnprobeError as exc:
-        print(f"attnprobe: error: {exc}", file=sys.stderr)
+        message = re.sub(r"\b[Tt]he '(\w+)' parameter",  # library messages name parameters; the CLI names flags
+                         lambda m: extract.PARAM_FLAGS.get(m.group(1), m.group(0)), str(exc))
+        print(f"attnprobe: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("attnprobe: interrupted", file=sys.stderr)
