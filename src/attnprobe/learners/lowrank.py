@@ -167,7 +167,8 @@ def extract_lowrank(oracle, *, rank: int | None = None, oversample: int | None =
     else:
         U = np.linalg.svd(M[:, :k], full_matrices=False)[0][:, :r_hat]
         with run.phase("co_range"):
-            W = _co_range(run, sk, U, M[:, :k], nu_w, min(d, r_hat + P), block_floats, details)
+            W = _co_range(run, sk, U, M[:, :k], nu_w, min(d, r_hat + P), block_floats=block_floats,
+                          details=details)
         if certificate:
             # sin∠(U, range W) ≲ error/σ_r(M), times ‖W‖ ≈ σ_1(M); random unit a ⊥ U, b see ~√r/d of it
             leak = tol / RANK_SAFETY * sv[0] / sv[r_hat - 1] * math.sqrt(r_hat) / d
@@ -231,7 +232,7 @@ def _choose_rank(M, eta, rank, extra_columns, notes):
     return r_hat, r_num, sv, tol
 
 
-def _co_range(run, sk: _Sketch, U, M, nu_w, n_probe, block_floats, details):
+def _co_range(run, sk: _Sketch, U, M, nu_w, n_probe, *, block_floats, details):
     """Phases 2-3: the co-range sketch ``UᵀW C`` with ``n_probe`` probes ``a ∈ span(U)`` (+ a part of v outside
     the range), then ``W = U (UᵀW B Bᵀ + UᵀW C Cᵀ)``."""
     d, k = M.shape
