@@ -168,3 +168,18 @@ def test_float16_answers_do_not_overflow_the_calibration():
     res = extract_exact(oracle)
     assert rel(res.model.W, truth.W) < 5e-2
     assert np.linalg.norm(res.model.u) < 5e-2 * np.linalg.norm(truth.W)  # the true u is 0
+
+
+@pytest.mark.parametrize("seed, log_scale, pass_refused", [(21, 1.5, "columns 0..0 of W"),
+                                                          (9, -4.0, "the query-bias pass")])
+def test_a_large_output_bias_is_never_refused_as_outside_the_mixed_values(seed, log_scale, pass_refused):
+    """Regression: an exact float64 head whose output bias c dwarfs v (here c ≈ 300 ‖v‖/√d) was refused with
+    "answers for {pass_refused} lie outside the two values the attention mixes": y0 = c + bᵀv̂ carries the
+    rounding of v̂ (each entry learned from an answer c + v_i, off by ~eps·|c|) times ‖b‖₁, far above
+    4 eps |y0|, so a weight near 0 or 1 looked like no convex combination. Now it is saturated and asked again."""
+    d = 13
+    h = random_head(d, seed=seed, scale=10**log_scale)
+    big_c = AttentionHead(h.W, h.v, h.u, 1000 * h.c)
+    res = extract_exact(Oracle(big_c, d), seed=seed)
+    assert res.passed
+    assert rel(res.model.W, h.W) <= 1e-8 and rel(res.model.u, h.u) <= 1e-8
