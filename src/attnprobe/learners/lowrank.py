@@ -132,9 +132,11 @@ def extract_lowrank(oracle, *, rank: int | None = None, oversample: int | None =
     if rank is not None:  # up front: sketch + the most calibration and certificate can take + the check
         run.plan(lowrank_queries(d, rank, P, 0, bias) + allowance + certificate,
                  f"low-rank extraction at d={d}, rank {rank} (sketch, calibration and certificate)")
-    else:  # the rank is detected: the sketch of a rank-1 head is the least it can cost
-        run.plan(lowrank_queries(d, 1, P, extra_columns, bias), f"low-rank extraction at d={d} (rank detected)",
-                 at_least=True)
+    else:  # the rank is detected: the sketch of a rank-1 head (1 + extra_columns range directions, 1 + P
+        # co-range probes) is the least it can cost
+        k0 = min(d, 1 + extra_columns)
+        least = (2 * d + 1 if bias else d) + d * k0 + min(d, 1 + P) * (d - k0)
+        run.plan(least, f"low-rank extraction at d={d} (rank detected)", at_least=True)
 
     with run.phase("values"):
         v, c, _ = learn_value(oracle, bias)
