@@ -271,13 +271,13 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
         raise UnidentifiableError(
             f"the value answers |f([x]) − f([0])| ≤ {np.max(np.abs(proj)) * value_scale:.3g} never exceed 3x the "
             f"noise floor {floor:.3g} (τ = {tau:g}): the answers carry no usable signal (v = 0 or the noise is "
-            "above the signal); raise --value-scale or lower the noise")
+            "above the signal); lower the noise, or raise value_scale (the value probes' norm)")
     v = Q0.T @ proj
     vnorm = float(np.linalg.norm(v))
     cap = _scale_cap(oracle, vnorm)
     if max_scale is not None:
         if max_scale < value_scale:
-            raise ConfigError(f"--max-scale {max_scale} is below --value-scale {value_scale}")
+            raise ConfigError(f"max_scale {max_scale} is below value_scale {value_scale}")
         cap = min(cap, float(max_scale))
     v_rescaled = 0
     rms_answer = float(np.sqrt(np.mean(proj**2))) * value_scale
