@@ -265,3 +265,36 @@ def test_oracle_failing_late_reports_all_queries_spent(folder, capsys):
                    says="backend down")
     spent = int(line.split("; ")[-1].split()[0])
     assert spent > 40 and "not logged" in line
+
+
+# ---------------------------------------------------------------- defect 5: bfloat16 works or is refused in one line
+@pytest.mark.parametrize("flags", [["--dtype", "bfloat16"], ["--cast", "bfloat16"],
+                                   ["--answer-precision", "bfloat16"]])
+@pytest.mark.parametrize("method", ["exact", "robust", "lowrank"])
+def test_bfloat16_answers_never_crash(folder, capsys, flags, method):
+    rc, out, err = run(capsys, "extract", "--target", "t.npz", "--method", method, *flags, "--out", "o.npz",
+                       "--quiet")
+    if rc == 0:
+        summary = json.loads((folder / "o.json").read_text())
+        assert summary["check"]["passed"] and not err
+    else:
+        assert rc in (2, 3) and "internal error" not in one_line(err)
+
+
+@pytest.mark.parametrize("method, target", [("ffn", "relu.npz"), ("transformer", "tf.npz")])
+def test_bfloat16_is_refused_by_the_kink_learners(folder, capsys, method, target):
+    from attnprobe.targets import random_relu_net, random_transformer
+
+    save_model(random_transformer(6, 6, seed=0), folder / "tf.npz")
+    save_model(random_relu_net(6, 6, seed=0), folder / "relu.npz")
+    refused(capsys, folder, "extract", "--target", target, "--method", method, "--dtype", "bfloat16", "--out",
+            "o.npz", "--quiet", says="float32 or better")
+
+
+def test_bfloat16_precision_helpers():
+    from attnprobe.learners.scaling import max_probe_scale
+    from attnprobe import Oracle
+
+    o = Oracle(random_head(3, seed=0), 3, precision="bfloat16")
+    assert o.eps == 2.0**-7  # bfloat16's largest finite value is 3.39e38, as for float32
+    assert max_probe_scale(o) == pytest.approx(min(1e8, 0.01 * np.sqrt(3.3895313892515355e38)))

@@ -178,7 +178,8 @@ def extract_lowrank(oracle, *, rank: int | None = None, oversample: int | None =
                          "(W may have a smaller rank, or the square sketch is ill-conditioned: see --oversample)")
     if r_hat == 0:
         raise RecoveryError("the range sketch shows no signal above the answers' rounding: W is 0 to the oracle's "
-                            "precision (or the probes are far too small); nothing low-rank to recover")
+                            "precision (or the probes are far too small, or the answers too coarse for the sketch: float16 and "
+                            "bfloat16 answers are, where the exact method still works); nothing low-rank to recover")
     details.update(range_directions=k, detected_rank=r_hat, numerical_rank=r_num, singular_values=sv[: min(k, r_hat + 4)].tolist(),
                    rank_tolerance=tol)
 
