@@ -31,7 +31,7 @@ from attnprobe.learners.scaling import MAX_RETRIES, TARGET_LOGIT
 from attnprobe.learners.sigmoid import two_row_queries
 from attnprobe.learners.skeleton import Run
 from attnprobe.models.attention import AttentionHead
-from attnprobe.models.precision import resolve_dtype
+from attnprobe.models.precision import finfo
 
 #: τ_clip = σ(−½) of Sec. 6 and the Lipschitz constant L = 1/(τ_clip(1 − τ_clip)) of σ⁻¹ on the clip range
 TAU_CLIP = 1.0 / (1.0 + math.exp(0.5))
@@ -134,7 +134,7 @@ class _Noise:
 def _scale_cap(oracle, vnorm: float) -> float:
     """Largest probe scale whose answers stay far inside the answer dtype's range."""
     try:
-        big = float(np.finfo(resolve_dtype(oracle.precision)).max)
+        big = float(finfo(oracle.precision).max)
     except Exception:  # ml_dtypes' bfloat16 has finfo too; anything exotic falls back to float32's range
         big = float(np.finfo(np.float32).max)
     return big ** 0.25 / max(vnorm, 1e-300)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from attnprobe.errors import NonFiniteAnswerError, RecoveryError, SaturationError
-from attnprobe.models.precision import resolve_dtype
+from attnprobe.models.precision import finfo
 from attnprobe.learners.sigmoid import measure_logits
 
 #: RMS attention logit the orthogonal probes aim for: near ±1.5 the sigmoid loses least precision.
@@ -32,8 +32,7 @@ NEGLIGIBLE_NOISE = 1e-9
 def max_probe_scale(oracle) -> float:
     """Largest probe scale worth trying: 1e8, or less where the answers' precision would overflow (the
     forward pass squares the input scale in its logits: float16 stops near 2.5)."""
-    dt = resolve_dtype(oracle.precision)
-    return float(min(1e8, 0.01 * np.sqrt(float(np.finfo(dt).max))))
+    return float(min(1e8, 0.01 * np.sqrt(float(finfo(oracle.precision).max))))
 
 
 def lead_probes(d: int) -> int:

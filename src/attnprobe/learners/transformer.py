@@ -12,7 +12,7 @@ import numpy as np
 from attnprobe._validation import check_option, check_seed
 from attnprobe.errors import UnidentifiableError
 from attnprobe.learners.exact import PROBES, extract_exact
-from attnprobe.learners.ffn import extract_ffn
+from attnprobe.learners.ffn import extract_ffn, require_fine_answers
 from attnprobe.learners.result import Extraction
 from attnprobe.learners.skeleton import Run
 from attnprobe.models.attention import AttentionHead
@@ -35,6 +35,7 @@ def extract_transformer(oracle, *, probes: str = "orthogonal", seed: int = 0, ch
     antisymmetric queries. The FFN part is adaptive: only the attention part is known up front.
     """
     check_option(probes, "probes", PROBES)
+    require_fine_answers(oracle, "the one-layer transformer learner")
     d = oracle.d
     run = Run(oracle, "transformer", seed=[check_seed(seed), 1], check=check, check_lengths=check_lengths,
               progress=progress)

@@ -34,7 +34,9 @@ class Oracle:
     def __init__(self, fn: QueryFn, d: int, *, budget: int | None = None, precision: str = "float64",
                  max_batch: int = 65536, name: str | None = None) -> None:
         if not callable(fn):
-            raise OracleError(f"the oracle must be callable; got {type(fn).__name__}")
+            hint = (" (a torch module: wrap it with attnprobe.oracles.torch_adapter)"
+                    if type(fn).__module__.startswith("torch") else "")
+            raise OracleError(f"the oracle must be callable; got {type(fn).__name__}{hint}")
         self.fn = fn
         self.d = check_int(d, "d", min_value=1)
         self.budget = check_int(budget, "budget", min_value=0, allow_none=True)
@@ -80,7 +82,8 @@ class Oracle:
         if n > self.remaining:
             raise BudgetExceededError(
                 f"{what} needs {n} more queries but the budget has {int(self.remaining)} left "
-                f"(budget {self.budget}, used {self.queries}); raise --budget to at least {self.queries + n}")
+                f"(budget {self.budget}, used {self.queries}); raise the budget to at least {self.queries + n} "
+                "(a lower bound: it covers this step, and later steps may need more)")
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         X = as_batch(X, self.d)
@@ -95,16 +98,15 @@ class Oracle:
         B = X.shape[0]
         try:
             raw = self.fn(X)
+        except SystemExit as exc:  # an oracle must not end the process: report it like any failure
+            raise OracleError(f"the oracle {self.name!r} called exit({exc.code!r}) on a batch of shape {X.shape}; "
+                              "an oracle must return answers or raise an exception") from exc
         except Exception as exc:
             raise OracleError(f"the oracle {self.name!r} failed on a batch of shape {X.shape}: "
                               f"{type(exc).__name__}: {exc}") from exc
         finally:
             self._charge(B)
-        try:
-            y = np.asarray(raw, dtype=np.float64)
-        except (TypeError, ValueError) as exc:
-            raise OracleAnswerError(f"the oracle {self.name!r} answered with something that is not numbers "
-                                    f"({type(raw).__name__}); it must return a float array of shape ({B},)") from exc
+        y = self._numbers(raw, B)
         if y.shape != (B,):
             raise OracleAnswerError(f"the oracle {self.name!r} answered with shape {y.shape} for a batch of "
                                     f"{B} sequences; it must return one number per sequence, shape ({B},)")
@@ -115,6 +117,25 @@ class Oracle:
                                     f"a batch of shape {X.shape}; {int(bad.sum())} answers in the batch are "
                                     "not finite. Check the target for overflow or lower the probe scale.")
         return y
+
+    def _numbers(self, raw, B: int) -> np.ndarray:
+        """The answers as float64, refusing what a conversion would corrupt (complex, strings, objects)."""
+        try:
+            arr = np.asarray(raw)
+            if arr.dtype.kind == "O":
+                arr = arr.astype(np.float64)
+        except (TypeError, ValueError, OverflowError) as exc:
+            arr = None
+            cause = exc
+        else:
+            cause = None
+        if arr is None or arr.dtype.kind not in "biuf":
+            what = "complex numbers" if arr is not None and arr.dtype.kind == "c" else \
+                f"something that is not numbers ({type(raw).__name__}" + \
+                (f" of {arr.dtype}" if arr is not None else "") + ")"
+            raise OracleAnswerError(f"the oracle {self.name!r} answered with {what}; it must return a real float "
+                                    f"array of shape ({B},)") from cause
+        return arr.astype(np.float64, copy=False)
 
     def __repr__(self) -> str:
         return f"Oracle({self.name!r}, d={self.d}, queries={self.queries}, budget={self.budget})"
