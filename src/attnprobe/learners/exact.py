@@ -64,6 +64,19 @@ class _OrthogonalColumns(_Columns):
         return self.A.T @ T  # A orthogonal
 
 
+def _rebalanced(column, u, nu_w, target, s_max):
+    """Probe scales ``(s_a, s_b)`` for W when the calibration's ``ν_W`` (from as little as one probe) is off by
+    more than 8x from the RMS of the first column ``W b̂``, measured with d probes; None otherwise. A ``b``
+    scaled for a wrong ``ν_W`` stays wrong in every column (steering corrects ``s_a`` only), and a huge ``b``
+    against a small ``a`` buries the logits in the rounding of ``bᵀv``."""
+    d = column.shape[0]
+    nu_obs = float(np.linalg.norm(column)) / np.sqrt(d)
+    if nu_w is None or not nu_obs > 0 or 0.125 <= nu_obs / nu_w <= 8.0:
+        return None
+    nu_u = float(np.linalg.norm(u)) / np.sqrt(d) if np.any(u) else None
+    return probe_scales(nu_u, nu_obs, target, s_max)[1:]
+
+
 def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed: int = 0,
                   target_logit: float = TARGET_LOGIT, check: bool = True, check_lengths=DEFAULT_LENGTHS,
                   progress=None, block_floats: int = 2**22) -> Extraction:
@@ -130,21 +143,31 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
     block = max(1, min(d, block_floats // (2 * d * d)))
     # the first column alone steers the scale for the rest (the calibration may have had a single probe)
     starts = [0, 1] + list(range(1 + block, d, block)) if probes == "orthogonal" else list(range(0, d, block))
+
+    def columns(J, s_a, s_b, phase):
+        """``W b̂_j`` for the columns J at probe scales ``s_a``, ``s_b``; returns them and the next ``s_a``."""
+        skip = np.zeros((d, len(J)), bool)
+        reuse = J[J < (0 if known_w is None else len(known_w))]  # probe i of column i was a calibration probe
+        skip[reuse, reuse - J[0]] = True
+        with run.phase(phase):
+            block_logits = probe.measure_steered(cols.A, s_b * cols.B[J], s_a, f"columns {J[0]}..{J[-1]} of W",
+                                                 lead=lead_probes(d) if J[0] == 0 else 0, skip=skip)
+        Z = block_logits.Z
+        if len(reuse):
+            Z[reuse, reuse - J[0]] = s_b * known_w[reuse] + cols.A[reuse] @ u
+        return (cols.solve_a(Z) - u[:, None]) / s_b, block_logits.next_scale
+
     for j0, j1 in zip(starts, starts[1:] + [d]):
         if j0 >= d:
             break
         J = np.arange(j0, j1)
-        Bdir = cols.B[J]
-        skip = np.zeros((d, len(J)), bool)
-        reuse = J[J < (0 if known_w is None else len(known_w))]  # probe i of column i was a calibration probe
-        skip[reuse, reuse - j0] = True
-        with run.phase("weights"):
-            block_logits = probe.measure_steered(cols.A, s_b * Bdir, s_a, f"columns {J[0]}..{J[-1]} of W",
-                                                 lead=lead_probes(d) if j0 == 0 else 0, skip=skip)
-        Z, s_a = block_logits.Z, block_logits.next_scale
-        if len(reuse):
-            Z[reuse, reuse - j0] = s_b * known_w[reuse] + cols.A[reuse] @ u
-        M[:, J] = (cols.solve_a(Z) - u[:, None]) / s_b
+        M[:, J], s_a = columns(J, s_a, s_b, "weights")
+        orthogonal_first = probes == "orthogonal" and j0 == 0
+        scales = _rebalanced(M[:, 0], u, nu_w, target_logit, max_probe_scale(oracle)) if orthogonal_first else None
+        if scales is not None:  # the calibration missed ν_W by more than 8x: column 0 again at sound scales
+            s_a, s_b = scales
+            M[:, J], s_a = columns(J, s_a, s_b, "retries")
+            details["rebalanced_scales"] = [s_a, s_b]
         run.report(total)
     W = M @ cols.B  # M = W Bᵀ with orthonormal rows B (the identity for the paper's probes)
 
