@@ -2,7 +2,7 @@
 (the same targets, seeds and options as the issue 3/4/5 scripts, fewer of them), so the numbers can be
 compared before and after a refactoring: run it once with the old tree on PYTHONPATH and once with the new.
 
-    PYTHONPATH=src python benchmarks/skeleton_remeasure.py
+    PYTHONPATH=src python benchmarks/skeleton_remeasure.py [exact,lowrank,nuclear,robust,membership,transformer]
 
 Prints one markdown table (setting, queries, errors, functional check); uses only the public learner API.
 """
@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+import sys
+
+from attnprobe.learners.exact import extract_exact
 from attnprobe.learners.lowrank import extract_lowrank
 from attnprobe.learners.membership import extract_membership, extract_membership_paper
 from attnprobe.learners.nuclear import extract_nuclear
@@ -31,6 +34,18 @@ def row(method, setting, res, err_w, err_other="", check=None):
     ROWS.append([method, setting, res.queries, extra, f"{err_w:.2e}", err_other,
                  "" if check is None else f"{check:.2e}"])
     print("| " + " | ".join(map(str, ROWS[-1])) + " |", flush=True)
+
+
+def exact():
+    for scale in (1e-6, 1.0, 50.0):  # bench_exact.py's attention-scale table: d = 64, d/8 zero entries of v
+        for seed in range(3):
+            h = random_head(64, seed=seed, scale=scale, zero_v=8)
+            res = extract_exact(Oracle(h, 64), seed=seed)
+            row("exact", f"d=64 scale {scale:g} seed {seed}", res, rel(res.model.W, h.W),
+                f"u {rel(res.model.u, h.u):.1e}")
+    h = random_head(64, seed=1, zero_v=8, dtype="float32")
+    res = extract_exact(Oracle(h, 64, precision="float32"), seed=1)
+    row("exact", "d=64 float32 answers", res, rel(res.model.W, h.W), f"u {rel(res.model.u, h.u):.1e}")
 
 
 def lowrank():
@@ -56,7 +71,8 @@ def nuclear():
 def robust():
     for tau in (1e-6, 1e-4, 1e-3):  # robust_bench.py compare(), d = 16, seed 0
         h = theorem_head(16, 0, 2.0)
-        for name, mk in (("avq", lambda: BoundedNoise(h, tau, seed=0)), ("adversarial", lambda: AdversarialNoise(h, tau))):
+        for name, mk in (("avq", lambda: BoundedNoise(h, tau, seed=0)),
+                         ("adversarial", lambda: AdversarialNoise(h, tau))):
             rp = extract_robust_paper(Oracle(mk(), 16), w_bound=2.0, margin=margin(h), tolerance=tau)
             row("robust paper", f"d=16 τ={tau:g} {name}", rp, float(np.linalg.norm(rp.model.W - h.W)), "‖·‖_F")
             for retries in (6, 0):
@@ -94,8 +110,10 @@ def transformer():
 def main():
     print("| learner | setting | queries | re-measured | rel. err W | other | check |")
     print("|---|---|---|---|---|---|---|")
-    for part in (lowrank, nuclear, robust, membership, transformer):
-        part()
+    parts = {"exact": exact, "lowrank": lowrank, "nuclear": nuclear, "robust": robust, "membership": membership,
+             "transformer": transformer}
+    for name in (sys.argv[1].split(",") if len(sys.argv) > 1 else parts):
+        parts[name]()
 
 
 if __name__ == "__main__":
