@@ -105,12 +105,13 @@ def cross_components(oracle, v, v_sum, c, WP, uP, bias, rng, *, max_retries=6):
                     zeta /= 8
                     gamma /= 2 if a.saturated[0] else 1
                     continue
-                rep = np.max(np.abs(a.values - b.values) / (1 + np.abs(b.values)))
+                da, db = a.values[1:] - a.values[0], b.values[1:] - b.values[0]
+                rep = float(np.max(np.abs(da - db) / (1 + np.abs(db)))) if db.size else 0.0
                 if rep > 1e6 * eps:
                     zeta /= 4  # a smaller probe moves the switched-off heads' logits less
                     continue
                 worst_repeat = max(worst_repeat, rep)
-                T[i] = signs * (b.values[1:] - b.values[0]) / zeta
+                T[i] = signs * db / zeta
                 break
             else:
                 raise RecoveryError(f"could not switch the other heads off around head {h} (saturated or unstable "

@@ -32,7 +32,7 @@ SATURATED_LOGIT = 40.0
 #: local cone coefficients that differ by more than this (relative) belong to different cones
 LABEL_TOL = 1e-7
 #: the search radius is this many times the smallest radius found saturated at random points
-RADIUS_MARGIN = 1e6
+RADIUS_MARGIN = 1e7
 
 
 @dataclass
@@ -73,7 +73,7 @@ def _homogeneous(F1, F2, eps, mag):
     return np.abs(F2 - 2 * F1) <= 64 * eps * (np.abs(F2) + mag)
 
 
-def saturate_radius(circle, rng, eps, n_points=8, start=1.0, grow=10.0, max_radius=1e15):
+def saturate_radius(circle, rng, eps, n_points=6, start=1.0, grow=100.0, max_radius=1e15):
     """Smallest radius ``start·grow^k`` at which F is homogeneous at ``n_points`` random circle points."""
     thetas = rng.uniform(0, np.pi, n_points)
     T = start
@@ -111,7 +111,7 @@ def _predicts(label, theta, value, scale):
     return label is not None and abs(label[0] * np.cos(theta) + label[1] * np.sin(theta) - value) <= LABEL_TOL * scale
 
 
-def find_crossings(circle, T, v_sum, grid=64, resolution=1e-9):
+def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7):
     """Angles in (0, π) where the cone changes, by bisection between points of different cones.
 
     A point of the circle is labelled by its local cone coefficients (valid when three nearby answers agree);
@@ -174,7 +174,7 @@ def cone_gradient(circle, center, delta, basis, eps):
     return g, bool(ok)
 
 
-def saturated_values(oracle, y, v_sum, base, rng, *, grid=64, resolution=1e-9, min_width=1e-6):
+def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, min_width=1e-6):
     """The first stage: every head's value vector ``v_h`` from one saturated half circle around ``y``.
 
     ``v_sum`` = ``Σ_h v_h`` and ``base`` = ``f([y; y])`` come from length-1 queries. Raises
