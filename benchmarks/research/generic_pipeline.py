@@ -29,8 +29,9 @@ def run(name, m, **kw):
 
 if __name__ == "__main__":
     if "--minilm" in sys.argv:
-        from attnprobe.targets.minilm import minilm_layer
-        run("MiniLM L0 row 0", minilm_layer(0, 0), rank=32)
+        sys.path.insert(0, __file__.rsplit("/", 1)[0])
+        from mh_common import fast_minilm_layer
+        run("MiniLM L0 row 0", fast_minilm_layer(0, 0), rank=32)
     else:
         for d, H in [(8, 2), (8, 4), (16, 3), (16, 4), (32, 4), (64, 4)]:
             for seed in range(2):

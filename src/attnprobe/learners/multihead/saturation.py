@@ -33,6 +33,8 @@ SATURATED_LOGIT = 40.0
 LABEL_TOL = 1e-7
 #: the search radius is this many times the smallest radius found saturated at random points
 RADIUS_MARGIN = 1e7
+#: adjacent cone gradients closer than this many roundings are one cone
+JUMP_FLOOR = 1e4
 
 
 @dataclass
@@ -217,6 +219,12 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
         grads.append(g)
     G = np.array(grads + [v_sum - grads[0]])  # the cone after the last crossing is opposite the first
     J = np.diff(G, axis=0)  # one jump per crossing
+    # a "crossing" between two cones with the same gradient is a search artefact (a label that straddled a
+    # small jump): drop it
+    real = np.linalg.norm(J, axis=1) > JUMP_FLOOR * max(oracle.eps, 1e-16) * float(np.max(np.linalg.norm(G, axis=1)))
+    spurious = int(np.sum(~real))
+    J = J[real]
+    G = np.concatenate([G[:1], G[1:][real]])
     # signs: g_0 = Σ_{heads on in the first cone} v_h = −Σ_{jumps that switch a head off} J_i
     coef, *_ = np.linalg.lstsq(J.T, G[0], rcond=None)
     off = coef < -0.5
@@ -227,6 +235,6 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
                             "search resolution or the heads are not generic; retry with another seed")
     signs = np.where(off, -1.0, 1.0)
     v = signs[:, None] * J
-    return ValueStage(v, T, 0.5 * (hi + np.roll(lo, -1)), G, signs, oracle.queries - start,
+    return ValueStage(v, T, cross, G, signs, oracle.queries - start,
                       {"radius": T, "cones": len(lo), "crossings_found": int(cross.size), "label_scale": scale,
-                       "sign_residual": bad})
+                       "sign_residual": bad, "spurious_crossings": spurious})
