@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from attnprobe._validation import as_batch  # noqa: F401  (re-exported: models take batches)
 from attnprobe.errors import ConfigError
 from attnprobe.models.precision import resolve_dtype
 from attnprobe.models.softmax import softmax_last
@@ -26,14 +27,6 @@ def set_frozen(obj, **arrays: np.ndarray) -> None:
     for name, arr in arrays.items():
         arr.setflags(write=False)
         object.__setattr__(obj, name, arr)
-
-
-def as_batch(X: np.ndarray, d: int) -> np.ndarray:
-    """Check that ``X`` is a float batch of sequences of shape (B, N, d) and return it as float64."""
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 3 or X.shape[2] != d or X.shape[1] < 1:
-        raise ConfigError(f"queries must have shape (B, N>=1, {d}); got {X.shape}")
-    return X
 
 
 @dataclass(frozen=True)
