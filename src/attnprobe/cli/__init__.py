@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -89,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     except CheckFailedError as exc:
         return _end(args, "check failed", str(exc), EXIT_CHECK_FAILED)
     except AttnprobeError as exc:
-        return _end(args, "error", str(exc), EXIT_REFUSED)
+        message = re.sub(r"\b[Tt]he '(\w+)' parameter",  # library messages name parameters; the CLI names flags
+                         lambda m: extract.PARAM_FLAGS.get(m.group(1), m.group(0)), str(exc))
+        return _end(args, "error", message, EXIT_REFUSED)
     except KeyboardInterrupt:
         return _end(args, "interrupted", "stopped by SIGINT (Ctrl-C); nothing written", EXIT_SIGINT)
     except Terminated:

@@ -89,6 +89,12 @@ SIGN_TIME_LIMIT = 5.0
 #: ``--method`` name -> runner(oracle, args, progress) -> Extraction
 METHODS = {"exact": _run_exact, "lowrank": _run_lowrank, "nuclear": _run_nuclear, "robust": _run_robust,
            "membership": _run_membership, "transformer": _run_transformer, "ffn": _run_ffn}
+#: library parameter -> the flag that sets it: ``main`` rewrites "the 'rank' parameter" in an error into "--rank"
+PARAM_FLAGS = {"rank": "--rank", "oversample": "--oversample", "measurements": "--measurements",
+               "solver": "--solver", "probes": "--probes", "seed": "--seed", "budget": "--budget", "d": "--d",
+               "tolerance": "--tolerance", "w_bound": "--w-bound", "margin": "--margin", "queries": "--queries",
+               "max_scale": "--max-scale", "eps_w": "--eps-w", "delta": "--delta", "samples": "--samples",
+               "sign_time_limit": "--sign-time-limit"}
 #: methods whose probe design --probes chooses (the others have one design and refuse the option)
 TAKES_PROBES = {"exact", "robust", "membership", "transformer"}
 #: method-specific options (argparse dests) and the methods that use them; giving one to another method is an
