@@ -9,24 +9,10 @@ import os
 import tempfile
 from pathlib import Path
 
-import numpy as np
 
 from attnprobe.errors import CheckFailedError, ConfigError
 
-
-def relative_errors(true_model, result_model) -> dict[str, float]:
-    """Per-parameter relative error ‖x̂ − x‖/‖x‖ (absolute error where ‖x‖ = 0)."""
-    t, r = true_model.arrays(), result_model.arrays()
-    out = {}
-    for name in t:
-        if name not in r:
-            continue
-        a, b = np.asarray(r[name], float), np.asarray(t[name], float)
-        if a.shape != b.shape:
-            raise ConfigError(f"parameter {name} has shape {a.shape} in the result but {b.shape} in the target")
-        n = np.linalg.norm(b)
-        out[name] = float(np.linalg.norm(a - b) / n) if n > 0 else float(np.linalg.norm(a))
-    return out
+from attnprobe.models.compare import relative_error, relative_errors  # noqa: E402,F401  (re-exported)
 
 
 def print_summary(res, out=None) -> None:

@@ -28,9 +28,7 @@ def _run_robust(oracle, args, progress):
     from attnprobe.learners.robust import MAX_RETRIES, extract_robust, extract_robust_paper
 
     if args.probes == "paper":
-        from attnprobe.oracles.wrappers import answer_noise
-
-        tol = args.tolerance if args.tolerance is not None else answer_noise(oracle).tolerance
+        tol = args.tolerance if args.tolerance is not None else oracle.noise.tolerance
         return extract_robust_paper(oracle, w_bound=args.w_bound, margin=args.margin, tolerance=tol,
                                     seed=args.seed, progress=progress)
     if args.probes not in (None, "orthogonal"):

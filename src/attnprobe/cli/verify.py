@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
-import numpy as np
 
-from attnprobe.cli.common import plan_file, relative_errors
+from attnprobe.cli.common import plan_file, relative_error, relative_errors
 from attnprobe.errors import ConfigError
 from attnprobe.models import load_model
 from attnprobe.models.io import json_writer, write_files
@@ -20,8 +18,7 @@ def _ffn_errors(true_model, result) -> dict[str, float]:
     out = {}
     if true_model.kind == "one_layer_transformer" and result.kind == true_model.kind:
         for name, a, b in (("W", result.W, true_model.W), ("v", result.v, true_model.v)):
-            n = np.linalg.norm(b)
-            out[name] = float(np.linalg.norm(a - b) / n) if n > 0 else float(np.linalg.norm(a))
+            out[name] = relative_error(a, b)
     ne = neuron_errors(true_model.A, true_model.w_o, result.A, result.w_o)
     out["neuron_direction"], out["neuron_weight"] = ne["direction_error"], ne["weight_error"]
     return out

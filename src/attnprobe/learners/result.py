@@ -13,8 +13,11 @@ import numpy as np
 class Extraction:
     """What a learner recovered and what it cost.
 
-    ``queries`` counts the extraction's own oracle queries (calibration and retries included);
-    ``check`` holds the functional check on fresh sequences, whose queries are counted separately.
+    ``queries`` counts the extraction's own oracle queries (calibration and retries included) and
+    ``queries_by_phase`` splits them by the phase that asked them (the values sum to ``queries``);
+    ``check`` holds the functional check on fresh sequences (a
+    :class:`~attnprobe.learners.check.CheckResult`, or None when it was not run), whose queries are counted
+    separately. A failed check does not raise: ``check.passed`` is False and a note says so.
     """
 
     method: str
@@ -22,9 +25,18 @@ class Extraction:
     queries: int
     unknowns: int
     seconds: float
-    check: dict = field(default_factory=dict)
+    check: Any = None
     details: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    queries_by_phase: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool | None:
+        """Whether the functional check passed (None when no check was run)."""
+        if not self.check:
+            return None
+        passed = self.check.get("passed")
+        return None if passed is None else bool(passed)
 
     @property
     def d(self) -> int:
@@ -40,7 +52,9 @@ class Extraction:
             "unknowns": self.unknowns,
             "queries_per_unknown": self.queries / self.unknowns if self.unknowns else None,
             "seconds": self.seconds,
-            "check": self.check,
+            "queries_by_phase": self.queries_by_phase,
+            "passed": self.passed,
+            "check": self.check.to_dict() if hasattr(self.check, "to_dict") else (self.check or {}),
             "details": self.details,
             "notes": self.notes,
         })

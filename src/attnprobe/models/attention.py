@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from attnprobe._validation import as_batch, real_array  # noqa: F401  (re-exported: models take batches)
 from attnprobe.errors import ConfigError
 from attnprobe.models.precision import resolve_dtype
 from attnprobe.models.softmax import softmax_last
@@ -26,30 +27,6 @@ def set_frozen(obj, **arrays: np.ndarray) -> None:
     for name, arr in arrays.items():
         arr.setflags(write=False)
         object.__setattr__(obj, name, arr)
-
-
-def real_array(name: str, x, ndim: int | None = None) -> np.ndarray:
-    """``x`` as a float64 array, refusing what a silent conversion would corrupt: strings, objects and complex
-    numbers (their imaginary part would be dropped), a number of dimensions other than ``ndim`` (no silent
-    reshape) and non-finite entries."""
-    a = x if isinstance(x, np.ndarray) else np.asarray(x)
-    if a.dtype.kind not in "biuf":
-        raise ConfigError(f"{name} must hold real numbers; got {a.dtype} values")
-    if ndim is not None and a.ndim != ndim:
-        want = {0: "a scalar", 1: "a vector"}.get(ndim, f"a {ndim}-d array")
-        raise ConfigError(f"{name} must be {want}; got shape {a.shape}")
-    a = np.array(a, dtype=np.float64)
-    if not np.isfinite(a).all():
-        raise ConfigError(f"{name} must be finite; it holds inf or NaN")
-    return a
-
-
-def as_batch(X: np.ndarray, d: int) -> np.ndarray:
-    """Check that ``X`` is a float batch of sequences of shape (B, N, d) and return it as float64."""
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 3 or X.shape[2] != d or X.shape[1] < 1:
-        raise ConfigError(f"queries must have shape (B, N>=1, {d}); got {X.shape}")
-    return X
 
 
 @dataclass(frozen=True)

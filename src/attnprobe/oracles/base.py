@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import numpy as np
 
+from attnprobe._validation import check_int
 from attnprobe.errors import BudgetExceededError, NonFiniteAnswerError, OracleAnswerError, OracleError
-from attnprobe.models.attention import as_batch
+from attnprobe._validation import as_batch
 from attnprobe.models.precision import unit_roundoff
+from attnprobe.oracles.noise import AnswerNoise, noise_of
 
 QueryFn = Callable[[np.ndarray], np.ndarray]
-
-
-def whole_number(name: str, value, minimum: int = 0) -> int:
-    """``value`` as an int if it is a whole number ≥ ``minimum`` (8 or 8.0, not 8.7, NaN, inf or True)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise OracleError(f"{name} must be a whole number; got {value!r}")
-    if not (np.isfinite(value) and float(value).is_integer()) or value < minimum:
-        raise OracleError(f"{name} must be a whole number ≥ {minimum}; got {value!r}")
-    return int(value)
 
 
 class Oracle:
@@ -29,7 +23,13 @@ class Oracle:
     :class:`BudgetExceededError` before ``fn`` is asked. Answers that are mis-shaped or non-finite raise
     :class:`OracleAnswerError`. ``precision`` names the precision the answers are computed in (it sets the
     noise floor learners use to tell signal from rounding); ``max_batch`` splits large batches.
+
+    Every query is charged to the innermost active :meth:`phase` (``queries_by_phase``; queries asked outside
+    any phase go to ``"unphased"``), so a learner's per-phase counts always sum to its total. ``noise`` is what
+    the callable declares about its answers (:class:`~attnprobe.oracles.noise.AnswerNoise`).
     """
+
+    UNPHASED = "unphased"
 
     def __init__(self, fn: QueryFn, d: int, *, budget: int | None = None, precision: str = "float64",
                  max_batch: int = 65536, name: str | None = None) -> None:
@@ -37,17 +37,35 @@ class Oracle:
             hint = (" (a torch module: wrap it with attnprobe.oracles.torch_adapter)"
                     if type(fn).__module__.startswith("torch") else "")
             raise OracleError(f"the oracle must be callable; got {type(fn).__name__}{hint}")
-        d = whole_number("the width d", d, minimum=1)
-        if budget is not None:
-            budget = whole_number("the budget", budget, minimum=0)
         self.fn = fn
-        self.d = d
-        self.budget = budget
+        self.d = check_int(d, "d", min_value=1)
+        self.budget = check_int(budget, "budget", min_value=0, allow_none=True)
         self.precision = precision
         self.eps = unit_roundoff(precision)
         self.max_batch = int(max_batch)
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         self.queries = 0
+        self.queries_by_phase: dict[str, int] = {}
+        self._phases: list[str] = []
+
+    @property
+    def noise(self) -> AnswerNoise:
+        """The answers' declared noise, from the callable (wrappers compose theirs with what they wrap)."""
+        return noise_of(self.fn)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Charge every query asked inside the ``with`` block to phase ``name`` (the innermost phase wins)."""
+        self._phases.append(str(name))
+        try:
+            yield
+        finally:
+            self._phases.pop()
+
+    def _charge(self, n: int) -> None:
+        self.queries += n
+        key = self._phases[-1] if self._phases else self.UNPHASED
+        self.queries_by_phase[key] = self.queries_by_phase.get(key, 0) + n
 
     @property
     def remaining(self) -> float:
@@ -81,7 +99,7 @@ class Oracle:
             raise OracleError(f"the oracle {self.name!r} failed on a batch of shape {X.shape}: "
                               f"{type(exc).__name__}: {exc}") from exc
         finally:
-            self.queries += B
+            self._charge(B)
         y = self._numbers(raw, B)
         if y.shape != (B,):
             raise OracleAnswerError(f"the oracle {self.name!r} answered with shape {y.shape} for a batch of "
