@@ -61,6 +61,7 @@ def _run_nuclear(oracle, args, progress):
     from attnprobe.learners.nuclear import extract_nuclear
 
     return extract_nuclear(oracle, rank=args.rank, measurements=args.measurements, solver=args.solver or "auto",
+                           solver_time_limit=_default(args.solver_time_limit, SOLVER_TIME_LIMIT),
                            bias=not args.no_bias, seed=args.seed, progress=progress)
 
 
@@ -82,6 +83,8 @@ def _default(value, default):
     return default if value is None else value
 
 
+#: nuclear: refuse when the solver is estimated to take longer (learners.nuclear.SOLVER_TIME_LIMIT)
+SOLVER_TIME_LIMIT = 300.0
 #: seconds the 0/1 orientation program of transformer/ffn may take by default (learners.ffn.SIGN_TIME_LIMIT)
 SIGN_TIME_LIMIT = 5.0
 
@@ -102,7 +105,7 @@ TAKES_PROBES = {"exact", "robust", "membership", "transformer"}
 METHOD_OPTIONS = {
     "no_bias": {"exact", "lowrank", "nuclear", "robust"},
     "rank": {"lowrank", "nuclear"}, "oversample": {"lowrank"},
-    "measurements": {"nuclear"}, "solver": {"nuclear"},
+    "measurements": {"nuclear"}, "solver": {"nuclear"}, "solver_time_limit": {"nuclear"},
     "tolerance": {"robust"}, "queries": {"robust"}, "max_scale": {"robust"}, "no_retries": {"robust"},
     "w_bound": {"robust", "membership"}, "margin": {"robust", "membership"},
     "eps_w": {"membership"}, "delta": {"membership"}, "samples": {"membership"},
@@ -216,6 +219,8 @@ def add_parser(sub) -> None:
                          "4 for coarser answers)")
     lr.add_argument("--measurements", type=positive_int,
                     help="nuclear: number m of rank-one measurements (default from the measured phase transition)")
+    lr.add_argument("--solver-time-limit", type=positive_float, metavar="SEC",
+                    help="nuclear: refuse up front when the solver is estimated to take longer (default 300)")
     lr.add_argument("--solver", help="nuclear: cvxpy solver (default auto = SCS, then CLARABEL)")
     e.add_argument("--seed", type=nonneg_int, default=0)
     e.add_argument("--out", required=True, metavar="OUT.npz", help="recovered arrays; a JSON summary goes beside")
