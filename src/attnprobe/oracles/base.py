@@ -9,6 +9,8 @@ import numpy as np
 from attnprobe.errors import BudgetExceededError, NonFiniteAnswerError, OracleAnswerError, OracleError
 from attnprobe.models.attention import as_batch
 from attnprobe.models.precision import unit_roundoff
+from attnprobe.oracles.precision_detect import PrecisionDetector
+from attnprobe.oracles.querylog import answer_through_log
 
 QueryFn = Callable[[np.ndarray], np.ndarray]
 
@@ -19,11 +21,14 @@ class Oracle:
     ``queries`` counts every sequence sent to ``fn``. A call that would pass ``budget`` raises
     :class:`BudgetExceededError` before ``fn`` is asked. Answers that are mis-shaped or non-finite raise
     :class:`OracleAnswerError`. ``precision`` names the precision the answers are computed in (it sets the
-    noise floor learners use to tell signal from rounding); ``max_batch`` splits large batches.
+    noise floor learners use to tell signal from rounding; ``"auto"`` reads it from the answers, see
+    :mod:`~attnprobe.oracles.precision_detect`); ``max_batch`` splits large batches. With a ``log``
+    (:class:`~attnprobe.oracles.querylog.QueryLog`) every answer is stored before use and answers already in
+    the log are not asked again: they count in ``queries`` and ``from_log`` but not against ``budget``.
     """
 
     def __init__(self, fn: QueryFn, d: int, *, budget: int | None = None, precision: str = "float64",
-                 max_batch: int = 65536, name: str | None = None) -> None:
+                 max_batch: int = 65536, name: str | None = None, log=None) -> None:
         if not callable(fn):
             raise OracleError(f"the oracle must be callable; got {type(fn).__name__}")
         if int(d) < 1:
@@ -33,15 +38,49 @@ class Oracle:
         self.fn = fn
         self.d = int(d)
         self.budget = budget
-        self.precision = precision
-        self.eps = unit_roundoff(precision)
+        self.detector = PrecisionDetector() if precision == "auto" else None
+        self._precision = None if precision == "auto" else precision
+        self._eps_floor = unit_roundoff("float64" if precision == "auto" else precision)
         self.max_batch = int(max_batch)
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         self.queries = 0
+        self.log = log
+        self.from_log = 0
+
+    @property
+    def precision(self) -> str:
+        """The answers' binary precision: declared, or detected (``precision="auto"``)."""
+        if self._precision is None:
+            return self.detector.dtype_name if self._detected() else "float64"
+        return self._precision
+
+    @precision.setter
+    def precision(self, value: str) -> None:  # a declaration wins over detection
+        self._precision, self.detector = value, None
+        self._eps_floor = max(self._eps_floor, unit_roundoff(value))
+
+    @property
+    def eps(self) -> float:
+        """Unit roundoff of the answers (the noise floor learners separate signal from rounding with)."""
+        if self.detector is not None and self._detected():
+            return max(self._eps_floor, self.detector.eps)
+        return self._eps_floor
+
+    @eps.setter
+    def eps(self, value: float) -> None:
+        self._eps_floor = float(value)
+
+    def _detected(self) -> bool:
+        """``precision="auto"``: when precision is needed before enough answers were seen, ask a few."""
+        if not self.detector.decided and not self.detector.probed:
+            self.detector.probed = True
+            self(self.detector.probe_batch(self.d))
+        return self.detector.decided
 
     @property
     def remaining(self) -> float:
-        return float("inf") if self.budget is None else self.budget - self.queries
+        spent = self.queries - self.from_log
+        return float("inf") if self.budget is None else self.budget - spent
 
     def require(self, n: int, what: str = "this step") -> None:
         """Refuse up front when ``n`` more queries do not fit in the budget."""
@@ -53,11 +92,18 @@ class Oracle:
     def __call__(self, X: np.ndarray) -> np.ndarray:
         X = as_batch(X, self.d)
         B = X.shape[0]
-        self.require(B, f"a batch of {B} queries")
+        if self.log is None:
+            self.require(B, f"a batch of {B} queries")
         if B == 0:
             return np.zeros(0)
-        parts = [self._ask(X[i:i + self.max_batch]) for i in range(0, B, self.max_batch)]
+        parts = [self._answer_part(X[i:i + self.max_batch]) for i in range(0, B, self.max_batch)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _answer_part(self, X: np.ndarray) -> np.ndarray:
+        y = self._ask(X) if self.log is None else answer_through_log(self, X)
+        if self.detector is not None:
+            self.detector.observe(y)
+        return y
 
     def _ask(self, X: np.ndarray) -> np.ndarray:
         B = X.shape[0]

@@ -16,12 +16,24 @@ import numpy as np
 
 from attnprobe.models.precision import resolve_dtype, unit_roundoff
 
-#: binary formats tried from the coarsest; the first that every answer round-trips through wins
-BINARY_FORMATS = ("bfloat16", "float16", "float32")
-#: fewest non-integer answers before a verdict coarser than float64 is believed
+#: binary formats from the coarsest: (name, significand bits incl. the implicit one, fewest bits the answers must
+#: reach before the verdict is believed: a model computing in that format gives answers whose significands use
+#: about all its bits, while answers that are short binary fractions by construction (0.5, 0.75) say nothing)
+BINARY_FORMATS = (("bfloat16", 8, 6), ("float16", 11, 9), ("float32", 24, 20))
+#: fewest non-integer answers before decimal rounding to K significant digits is believed
 MIN_EVIDENCE = 8
 #: answers of at most this many significant digits count as decimally rounded (a random double needs 15-17)
 MAX_ROUNDED_DIGITS = 12
+#: answers asked when precision is needed before any answer was seen (seeded Gaussian length-1 sequences)
+PROBE_QUERIES = 8
+
+
+def significant_bits(y: np.ndarray) -> np.ndarray:
+    """Per answer: bits of its float64 significand in use (1 for 0.5 or 3.0, 24 at most for a float32 value)."""
+    y = np.ascontiguousarray(np.asarray(y, dtype=np.float64).ravel())
+    m = (y.view(np.uint64) & np.uint64((1 << 52) - 1)) | np.uint64(1 << 52)
+    low = m & (~m + np.uint64(1))  # lowest set bit
+    return 53 - np.log2(low.astype(np.float64)).astype(np.int64)
 
 
 def round_trips(y: np.ndarray, fmt: str) -> np.ndarray:
@@ -42,8 +54,7 @@ def significant_digits(y: np.ndarray) -> np.ndarray:
             break
         idx = np.flatnonzero(todo)
         vals = y[idx]
-        back = np.array([float(f"{x:.{k - 1}e}") for x in vals])
-        ok = back == vals
+        ok = np.array([float(f"{x:.{k - 1}e}") for x in vals]) == vals
         out[idx[ok]] = k
         todo[idx[ok]] = False
     return out
@@ -52,16 +63,24 @@ def significant_digits(y: np.ndarray) -> np.ndarray:
 class PrecisionDetector:
     """Accumulates evidence from answers and names the coarsest precision they are all consistent with.
 
-    ``precision`` is one of ``float64, float32, float16, bfloat16`` or ``"K digits"`` (decimal rounding to K
-    significant digits); ``eps`` is its unit roundoff (``10**(1-K)`` for K digits, so that the relative
-    rounding error ``≤ eps/2`` as for binary formats). Until ``MIN_EVIDENCE`` non-integer answers have been
-    seen the verdict is float64 (the finest, so nothing is assumed).
+    A binary format F is the verdict when every answer round-trips through F and the answers use nearly all of
+    F's significand bits (so they are not merely short fractions); more than 24 bits in any answer means
+    float64 computation, or decimal rounding to K ≤ 12 significant digits when at least ``MIN_EVIDENCE``
+    answers all have at most K digits (``precision`` is then ``"K digits"`` and ``eps = 10**(1-K)``, so the
+    relative rounding error is ``≤ eps/2`` as for binary formats). Until the evidence decides (``decided``),
+    the verdict is float64, the finest: nothing coarse is assumed without proof.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = int(seed)
         self.seen = 0
-        self.formats = {fmt: True for fmt in BINARY_FORMATS}
+        self.max_bits = 0
+        self.fits = {name: True for name, _, _ in BINARY_FORMATS}
         self.max_digits = 0
+        self.probed = False
+
+    def probe_batch(self, d: int) -> np.ndarray:
+        return np.random.default_rng(self.seed).standard_normal((PROBE_QUERIES, 1, d))
 
     def observe(self, y: np.ndarray) -> None:
         y = np.asarray(y, dtype=np.float64).ravel()
@@ -69,33 +88,39 @@ class PrecisionDetector:
         if y.size == 0:
             return
         self.seen += int(y.size)
-        for fmt, ok in self.formats.items():
+        self.max_bits = max(self.max_bits, int(significant_bits(y).max()))
+        for name, ok in self.fits.items():
             if ok:
-                self.formats[fmt] = bool(round_trips(y, fmt).all())
-        if self.max_digits <= MAX_ROUNDED_DIGITS:
+                self.fits[name] = bool(round_trips(y, name).all())
+        if self.max_bits > 24 and self.max_digits <= MAX_ROUNDED_DIGITS:
             sample = y[:256]  # digit counting is a Python loop; a sample keeps it cheap on big batches
             self.max_digits = max(self.max_digits, int(significant_digits(sample).max()))
 
+    def _verdict(self) -> str | None:
+        if self.seen == 0:
+            return None
+        if self.max_bits > 24:
+            if self.max_digits > MAX_ROUNDED_DIGITS:
+                return "float64"
+            return f"{self.max_digits} digits" if self.seen >= MIN_EVIDENCE else None
+        for name, bits, needed in BINARY_FORMATS:
+            if self.fits[name] and needed <= self.max_bits <= bits:
+                return name
+        return None
+
     @property
     def decided(self) -> bool:
-        return self.seen >= MIN_EVIDENCE
+        return self._verdict() is not None
 
     @property
     def precision(self) -> str:
-        if not self.decided:
-            return "float64"
-        for fmt in BINARY_FORMATS:
-            if self.formats[fmt]:
-                return fmt
-        if self.max_digits <= MAX_ROUNDED_DIGITS:
-            return f"{self.max_digits} digits"
-        return "float64"
+        return self._verdict() or "float64"
 
     @property
     def dtype_name(self) -> str:
         """The binary format whose range bounds the answers (float64 for decimal rounding)."""
         p = self.precision
-        return p if p in BINARY_FORMATS else "float64"
+        return p if p in {name for name, _, _ in BINARY_FORMATS} else "float64"
 
     @property
     def eps(self) -> float:
@@ -105,4 +130,6 @@ class PrecisionDetector:
         return unit_roundoff(p)
 
     def describe(self) -> dict:
-        return {"precision": self.precision, "eps": self.eps, "evidence": self.seen, "decided": self.decided}
+        """What the summary reports: the verdict, its unit roundoff and the evidence behind it."""
+        return {"precision": self.precision, "eps": self.eps, "decided": self.decided, "answers_seen": self.seen,
+                "max_significand_bits": self.max_bits}

@@ -192,3 +192,21 @@ def file_identity(path: str | Path) -> str:
     except OSError as exc:
         raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from exc
     return f"file sha256:{digest}"
+
+
+def answer_through_log(oracle, X: np.ndarray) -> np.ndarray:
+    """The :class:`~attnprobe.oracles.base.Oracle`'s path when it has a ``log``: answers in the log are counted
+    in ``oracle.queries`` and ``oracle.from_log`` (not against the budget); only the missing sequences are
+    asked (budget checked for them alone), validated, and stored before anything is returned."""
+    log = oracle.log
+
+    def ask_missing(Xm: np.ndarray) -> np.ndarray:
+        oracle.require(len(Xm), f"a batch of {len(Xm)} queries missing from the log")
+        return oracle._ask(Xm)
+
+    before = log.hits
+    y = log.answer(X, ask_missing)
+    hits = log.hits - before
+    oracle.queries += hits
+    oracle.from_log += hits
+    return y
