@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
+from attnprobe.cli import remote
 from attnprobe.cli.common import print_summary
-from attnprobe.errors import ConfigError
+from attnprobe.errors import AttnprobeError, ConfigError
 from attnprobe.learners import PROBES, extract_exact
 from attnprobe.models import PRECISIONS
 from attnprobe.oracles import Oracle, oracle_from_file, oracle_from_spec
@@ -84,14 +87,15 @@ TAKES_PROBES = {"exact", "robust", "membership", "transformer"}
 
 
 def _oracle_from_args(args) -> Oracle:
-    oracle = _plain_oracle_from_args(args)
+    oracle = remote.source_oracle(args, budget=args.budget, precision=args.answer_precision or "auto")
+    oracle = oracle if oracle is not None else _plain_oracle_from_args(args)
     wrapped = dict(noise=args.noise, decimals=args.round, digits=args.round_digits, cast=args.cast,
                    membership=args.membership or args.method == "membership", seed=args.noise_seed)
     if any(v for k, v in wrapped.items() if k != "seed") or args.round == 0:
         from attnprobe.oracles.wrappers import wrap_oracle
 
         wrap_oracle(oracle, **wrapped)
-    return oracle
+    return remote.attach_log(oracle, args)
 
 
 def _plain_oracle_from_args(args) -> Oracle:
@@ -100,9 +104,10 @@ def _plain_oracle_from_args(args) -> Oracle:
         kw["precision"] = args.answer_precision
     if args.target and args.oracle:
         raise ConfigError("give either --oracle MODULE:ATTR or --target FILE.npz, not both")
-    if args.target:
+    if args.target:  # a saved model's precision is its --dtype unless --answer-precision says otherwise
         return oracle_from_file(args.target, dtype=args.dtype, **kw)
     if args.oracle:
+        kw.setdefault("precision", "auto")
         return oracle_from_spec(args.oracle, args.d, **kw)
     raise ConfigError("say what to extract: --oracle MODULE:ATTR --d D, or --target FILE.npz")
 
@@ -118,8 +123,14 @@ def run(args) -> int:
     progress = Progress(f"extract ({args.method})", enabled=not args.quiet)
     try:
         res = METHODS[args.method](oracle, args, progress)
+    except AttnprobeError as exc:  # every message that ends a run says what was spent and whether it is logged
+        raise type(exc)(f"{exc} ({remote.spent(oracle)})") from exc
+    except KeyboardInterrupt:
+        print(f"attnprobe: interrupted after {remote.spent(oracle)}", file=sys.stderr)
+        raise
     finally:
         progress.close()
+    res.details["oracle"] = remote.describe(oracle)
     paths = res.save(args.out)
     print_summary(res, paths)
     return 0
@@ -134,8 +145,10 @@ def add_parser(sub) -> None:
     src.add_argument("--target", metavar="FILE.npz", help="a saved model to use as the oracle")
     src.add_argument("--dtype", choices=PRECISIONS, default="float64",
                      help="precision a --target computes its answers in (default float64)")
-    src.add_argument("--answer-precision", choices=PRECISIONS,
-                     help="precision of the oracle's answers if known (sets the rounding floor)")
+    src.add_argument("--answer-precision", choices=remote.PRECISION_CHOICES,
+                     help="precision of the oracle's answers if known (sets the rounding floor); default auto: "
+                          "read from the answers (a --target answers in its --dtype)")
+    remote.add_arguments(e)
     e.add_argument("--method", default=None,
                    help="learner: " + ", ".join(METHODS) + " (default: lowrank when --rank is given, else exact)")
     e.add_argument("--probes", choices=PROBES + ("paper", "bisection"),

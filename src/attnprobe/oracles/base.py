@@ -82,12 +82,15 @@ class Oracle:
         spent = self.queries - self.from_log
         return float("inf") if self.budget is None else self.budget - spent
 
-    def require(self, n: int, what: str = "this step") -> None:
-        """Refuse up front when ``n`` more queries do not fit in the budget."""
-        if n > self.remaining:
+    def require(self, n: int, what: str = "this step", *, paid: bool = False) -> None:
+        """Refuse up front when ``n`` more queries do not fit in the budget. With a log, the answers it holds
+        that this run has not used yet may cover a plan (``paid=False``); what is asked is checked exactly."""
+        credit = 0 if paid or self.log is None else max(0, len(self.log) - self.from_log)
+        if n > self.remaining + credit:
+            spent = self.queries - self.from_log
             raise BudgetExceededError(
                 f"{what} needs {n} more queries but the budget has {int(self.remaining)} left "
-                f"(budget {self.budget}, used {self.queries}); raise --budget to at least {self.queries + n}")
+                f"(budget {self.budget}, used {spent}); raise --budget to at least {spent + n - credit}")
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         X = as_batch(X, self.d)

@@ -180,7 +180,7 @@ class ReplayOracle:
 
 def identity_of(source: str, **options) -> str:
     """A stable identity string: the oracle ``source`` plus every option that changes its answers."""
-    opts = {k: v for k, v in sorted(options.items()) if v not in (None, False)}
+    opts = {k: v for k, v in sorted(options.items()) if v is not None and v is not False}
     return source + ("" if not opts else " " + json.dumps(opts, sort_keys=True))
 
 
@@ -201,7 +201,7 @@ def answer_through_log(oracle, X: np.ndarray) -> np.ndarray:
     log = oracle.log
 
     def ask_missing(Xm: np.ndarray) -> np.ndarray:
-        oracle.require(len(Xm), f"a batch of {len(Xm)} queries missing from the log")
+        oracle.require(len(Xm), f"a batch of {len(Xm)} queries missing from the log", paid=True)
         return oracle._ask(Xm)
 
     before = log.hits
