@@ -70,6 +70,10 @@ class Oracle:
     def eps(self, value: float) -> None:
         self._eps_floor = float(value)
 
+    def raise_floor(self, eps: float) -> None:
+        """Raise the rounding floor to at least ``eps`` (a declared noise); asks nothing, even when ``auto``."""
+        self._eps_floor = max(self._eps_floor, float(eps))
+
     def _detected(self) -> bool:
         """``precision="auto"``: when precision is needed before enough answers were seen, ask a few."""
         if not self.detector.decided and not self.detector.probed:

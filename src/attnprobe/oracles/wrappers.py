@@ -278,5 +278,5 @@ def wrap_oracle(oracle, **kwargs):
     if kwargs.get("cast"):
         oracle.precision = kwargs["cast"]
     noise = answer_noise(oracle)
-    oracle.eps = max(oracle.eps, 2.0 * noise.rel_eps)
+    oracle.raise_floor(2.0 * noise.rel_eps)
     return oracle
