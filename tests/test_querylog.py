@@ -106,6 +106,7 @@ def test_the_log_refuses_another_oracle_and_replay_refuses_missing_queries(tmp_p
     assert o(np.ones((1, 1, 4)))[0] == 1.5
     with pytest.raises(OracleError, match="lacks 1 of the queries"):
         o(np.zeros((1, 1, 4)))
+    assert o.queries == 1 and o.from_log == 1  # the refused query was not counted
     with pytest.raises(ConfigError, match="does not exist"):
         QueryLog(tmp_path / "none.sqlite", readonly=True)
     (tmp_path / "junk.sqlite").write_bytes(b"not a database" * 100)

@@ -131,6 +131,8 @@ def run(args) -> int:
     finally:
         progress.close()
     res.details["oracle"] = remote.describe(oracle)
+    if res.check and not res.check["passed"]:
+        res.notes.append(remote.assumed_precision(oracle))
     paths = res.save(args.out)
     print_summary(res, paths)
     return 0

@@ -93,11 +93,26 @@ def describe(oracle) -> dict:
     return out
 
 
+def assumed_precision(oracle) -> str:
+    """How the run read the answers' precision, for messages where it matters."""
+    detector = getattr(oracle, "detector", None)
+    if detector is None:
+        return f"answers taken as {oracle.precision} (declared)"
+    if not detector.decided:
+        return ("answers taken as float64: too few answers to read their precision (declare it with "
+                "--answer-precision if it is coarser)")
+    return f"answers look like {detector.precision} (read from {detector.seen} answers; --answer-precision overrides)"
+
+
 def spent(oracle) -> str:
-    """Appended to every message that ends a run: the queries spent and whether they are logged."""
+    """Appended to every message that ends a run: the queries spent, whether they are logged, the precision."""
     asked = oracle.queries - getattr(oracle, "from_log", 0)
     log = getattr(oracle, "log", None)
     if log is None:
-        return f"{asked} queries spent, not logged (use --log FILE.sqlite to keep answers for a rerun)"
-    return (f"{asked} queries spent and {getattr(oracle, 'from_log', 0)} answered from the log; all "
-            f"{len(log)} answers so far are in {log.path}: rerun the same command to resume")
+        where = f"{asked} queries spent, not logged (use --log FILE.sqlite to keep answers for a rerun)"
+    elif log.readonly:
+        where = f"replay: nothing asked, {getattr(oracle, 'from_log', 0)} answered from {log.path}"
+    else:
+        where = (f"{asked} queries spent and {getattr(oracle, 'from_log', 0)} answered from the log; all "
+                 f"{len(log)} answers so far are in {log.path}: rerun the same command to resume")
+    return f"{where}; {assumed_precision(oracle)}"

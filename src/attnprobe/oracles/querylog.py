@@ -67,6 +67,7 @@ class QueryLog:
                               "path") from exc
         self.asked = 0
         self.hits = 0
+        self.readonly = bool(readonly)
         self._check_meta(identity, d, precision, readonly)
 
     # --- identity -------------------------------------------------------------------------------------------
@@ -144,6 +145,10 @@ class QueryLog:
                 y[i] = found[k]
             elif k not in missing:
                 missing[k] = i
+        if missing and self.readonly:
+            raise MissingFromLog(f"the query log {self.path} lacks {len(missing)} of the queries this run needs "
+                                 f"(it holds {len(self)}); --replay reruns only what the log recorded, so run the "
+                                 "same command without --replay (the log will be completed)")
         self.hits += len(keys) - len(missing)
         if missing:
             idx = np.fromiter(missing.values(), dtype=np.int64, count=len(missing))
@@ -165,17 +170,16 @@ class QueryLog:
 
 
 class ReplayOracle:
-    """A callable answering only from a log (``--replay``): a query the log lacks raises :class:`MissingFromLog`."""
+    """The callable behind a replay (``--replay``): the log (opened ``readonly``) answers everything, and a query
+    it lacks raises :class:`MissingFromLog` before anything is counted."""
 
     def __init__(self, log: QueryLog):
         self.log = log
         self.d = log.d
         self.__name__ = f"replay of {log.path.name}"
 
-    def __call__(self, X: np.ndarray) -> np.ndarray:
-        raise MissingFromLog(f"the query log {self.log.path} lacks {len(X)} of the queries this run needs "
-                             f"(it holds {len(self.log)}); --replay reruns only what the log recorded, so run the "
-                             "same command without --replay (the log will be completed)")
+    def __call__(self, X: np.ndarray) -> np.ndarray:  # reached only when the log is not opened read-only
+        raise MissingFromLog(f"{self.__name__} has no answer for {len(X)} queries the log lacks")
 
 
 def identity_of(source: str, **options) -> str:
