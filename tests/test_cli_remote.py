@@ -46,7 +46,7 @@ def test_extract_url_reads_float32_logs_and_replays(served_float32, capsys):
     assert main(["extract", "--log", str(tmp / "q.sqlite"), "--replay", "--method", "lowrank", "--out",
                  str(tmp / "c.npz"), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "lacks" in err and "replay: nothing asked" in err and "q.sqlite" in err and err.count("\n") == 1
+    assert "lacks" in err and "0 queries spent (replay" in err and "q.sqlite" in err and err.count("\n") == 1
 
 
 def test_cli_refusals_are_one_line(served_float32, capsys, monkeypatch):
@@ -57,7 +57,7 @@ def test_cli_refusals_are_one_line(served_float32, capsys, monkeypatch):
         (["--target", str(tmp / "head.npz"), "--api-key", "x"], "--api-key goes with --url"),
         (["--url", srv.url, "--target", str(tmp / "head.npz")], "give one oracle"),
         (["--url", srv.url, "--d", "9"], "does not match the width d = 8"),
-        (["--url", srv.url, "--budget", "10"], "0 queries spent, not logged"),
+        (["--url", srv.url, "--budget", "10"], "0 queries spent (not logged)"),
     ]
     for extra, message in cases:
         capsys.readouterr()

@@ -94,25 +94,29 @@ def describe(oracle) -> dict:
 
 
 def assumed_precision(oracle) -> str:
-    """How the run read the answers' precision, for messages where it matters."""
+    """How the run read the answers' precision, for messages where it matters (no "; " inside)."""
     detector = getattr(oracle, "detector", None)
     if detector is None:
         return f"answers taken as {oracle.precision} (declared)"
     if not detector.decided:
         return ("answers taken as float64: too few answers to read their precision (declare it with "
                 "--answer-precision if it is coarser)")
-    return f"answers look like {detector.precision} (read from {detector.seen} answers; --answer-precision overrides)"
+    return f"answers look like {detector.precision} (read from {detector.seen} answers, --answer-precision overrides)"
 
 
 def spent(oracle) -> str:
-    """Appended to every message that ends a run: the queries spent, whether they are logged, the precision."""
+    """The tail of every message that ends a run: the precision assumed (when read from the answers or coarser
+    than float64), then ``N queries spent (...)`` saying whether and where they are logged."""
     asked = oracle.queries - getattr(oracle, "from_log", 0)
     log = getattr(oracle, "log", None)
     if log is None:
-        where = f"{asked} queries spent, not logged (use --log FILE.sqlite to keep answers for a rerun)"
+        where = f"{asked} queries spent (not logged)"
     elif log.readonly:
-        where = f"replay: nothing asked, {getattr(oracle, 'from_log', 0)} answered from {log.path}"
+        where = f"0 queries spent (replay: {getattr(oracle, 'from_log', 0)} answered from {log.path})"
     else:
-        where = (f"{asked} queries spent and {getattr(oracle, 'from_log', 0)} answered from the log; all "
-                 f"{len(log)} answers so far are in {log.path}: rerun the same command to resume")
-    return f"{where}; {assumed_precision(oracle)}"
+        where = (f"{asked} queries spent (logged in {log.path} with {getattr(oracle, 'from_log', 0)} more answered "
+                 f"from it, {len(log)} answers in all: rerun the same command to resume)")
+    detector = getattr(oracle, "detector", None)
+    if detector is None and oracle.precision == "float64":
+        return where
+    return f"{assumed_precision(oracle)}; {where}"

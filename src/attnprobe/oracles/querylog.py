@@ -211,6 +211,6 @@ def answer_through_log(oracle, X: np.ndarray) -> np.ndarray:
     before = log.hits
     y = log.answer(X, ask_missing)
     hits = log.hits - before
-    oracle.queries += hits
+    oracle._charge(hits)  # counted (and charged to the current phase) like any answer, but not paid for
     oracle.from_log += hits
     return y
