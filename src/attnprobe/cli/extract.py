@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from attnprobe.cli import remote
 from attnprobe.cli.common import (check_outcome, finite_float, nonneg_int, plan_outputs, positive_float, positive_int,
                                   print_summary, refuse_memory, track)
 from attnprobe.errors import ConfigError
@@ -128,14 +129,15 @@ def _refuse_foreign_options(args) -> None:
 
 
 def _oracle_from_args(args) -> Oracle:
-    oracle = _plain_oracle_from_args(args)
+    oracle = remote.source_oracle(args, budget=args.budget, precision=args.answer_precision or "auto")
+    oracle = oracle if oracle is not None else _plain_oracle_from_args(args)
     wrapped = dict(noise=args.noise, decimals=args.round, digits=args.round_digits, cast=args.cast,
                    membership=args.membership or args.method == "membership", seed=args.noise_seed)
     if any(v is not None and v is not False for k, v in wrapped.items() if k != "seed"):
         from attnprobe.oracles.wrappers import wrap_oracle
 
         wrap_oracle(oracle, **wrapped)
-    return oracle
+    return remote.attach_log(oracle, args)
 
 
 def _plain_oracle_from_args(args) -> Oracle:
@@ -144,7 +146,7 @@ def _plain_oracle_from_args(args) -> Oracle:
         kw["precision"] = args.answer_precision
     if args.target and args.oracle:
         raise ConfigError("give either --oracle MODULE:ATTR or --target FILE.npz, not both")
-    if args.target:
+    if args.target:  # a saved model's precision is its --dtype unless --answer-precision says otherwise
         oracle = oracle_from_file(args.target, dtype=args.dtype, **kw)
         if args.d is not None and args.d != oracle.d:
             raise ConfigError(f"--d {args.d} contradicts --target {args.target}, whose model has d = {oracle.d}; "
@@ -153,6 +155,7 @@ def _plain_oracle_from_args(args) -> Oracle:
     if args.oracle:
         if args.d is not None and args.method in (None, *HEAD_METHODS):
             refuse_memory(HEAD_BYTES_PER_D2 * args.d**2, f"extracting a d = {args.d} head")
+        kw.setdefault("precision", "auto")
         return oracle_from_spec(args.oracle, args.d, **kw)
     raise ConfigError("say what to extract: --oracle MODULE:ATTR --d D, or --target FILE.npz")
 
@@ -180,6 +183,9 @@ def run(args) -> int:
         res = METHODS[args.method](oracle, args, progress)
     finally:
         progress.close()
+    res.details["oracle"] = remote.describe(oracle)
+    if res.check and not res.check.get("passed", True):
+        res.notes.append(remote.assumed_precision(oracle))
     failure = check_outcome(res, args.keep_failed)
     paths = res.save(args.out) if failure is None or args.keep_failed else None
     print_summary(res, paths)
@@ -201,8 +207,10 @@ def add_parser(sub) -> None:
     src.add_argument("--target", metavar="FILE.npz", help="a saved model to use as the oracle")
     src.add_argument("--dtype", choices=PRECISIONS, default="float64",
                      help="precision a --target computes its answers in (default float64)")
-    src.add_argument("--answer-precision", choices=PRECISIONS,
-                     help="precision of the oracle's answers if known (sets the rounding floor)")
+    src.add_argument("--answer-precision", choices=remote.PRECISION_CHOICES,
+                     help="precision of the oracle's answers if known (sets the rounding floor); default auto: "
+                          "read from the answers (a --target answers in its --dtype)")
+    remote.add_arguments(e)
     e.add_argument("--method", default=None,
                    help="learner: " + ", ".join(METHODS) + " (default: lowrank when --rank is given, else exact)")
     e.add_argument("--probes", choices=PROBES + ("paper", "bisection"),
