@@ -2,24 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
-
-from attnprobe.errors import ConfigError
-
-
-def relative_errors(true_model, result_model) -> dict[str, float]:
-    """Per-parameter relative error ‖x̂ − x‖/‖x‖ (absolute error where ‖x‖ = 0)."""
-    t, r = true_model.arrays(), result_model.arrays()
-    out = {}
-    for name in t:
-        if name not in r:
-            continue
-        a, b = np.asarray(r[name], float), np.asarray(t[name], float)
-        if a.shape != b.shape:
-            raise ConfigError(f"parameter {name} has shape {a.shape} in the result but {b.shape} in the target")
-        n = np.linalg.norm(b)
-        out[name] = float(np.linalg.norm(a - b) / n) if n > 0 else float(np.linalg.norm(a))
-    return out
+from attnprobe.reports.metrics import relative_errors  # noqa: F401 - re-exported to the subcommands
 
 
 def print_summary(res, out=None) -> None:
