@@ -76,7 +76,7 @@ def write_report(run, path: str | Path) -> Path:
         rep.heading(f"Defence: {name}")
         err, layers, heads = _grid(run, name, lambda r: r["relative_error"]["W"])
         rep.image(heatmap_png(err, title=f"{name}: relative error of W", xlabel="head", ylabel="layer",
-                              colorbar="‖Ŵ−W‖/‖W‖"), alt=f"{name}: W error per head")
+                              colorbar="‖Ŵ−W‖/‖W‖", vmin=-16, vmax=1), alt=f"{name}: W error per head")
         q, _, _ = _grid(run, name, lambda r: r["queries"])
         rep.image(heatmap_png(q, title=f"{name}: queries per head", xlabel="head", ylabel="layer",
                               colorbar="queries"), alt=f"{name}: queries per head")

@@ -42,15 +42,16 @@ def figure_png(fig, path: str | Path | None = None, dpi: int = 110) -> bytes:
 
 
 def heatmap_png(values: np.ndarray, *, title: str, xlabel: str, ylabel: str, colorbar: str,
-                log: bool = True, annotate: bool = True) -> bytes:
-    """A heatmap of a (rows, cols) array; NaN cells (failed or missing) are drawn grey and marked ×."""
+                log: bool = True, annotate: bool = True, vmin: float | None = None,
+                vmax: float | None = None) -> bytes:
+    """A heatmap of a (rows, cols) array; NaN cells (failed or missing) are drawn grey and marked ×.
+    ``vmin``/``vmax`` fix the colour scale (in log10 units when ``log``) so several maps compare."""
     values = np.asarray(values, dtype=float)
     fig, ax = new_figure(max(4.0, 0.55 * values.shape[1] + 2.5), max(2.5, 0.45 * values.shape[0] + 1.5))
     shown = np.log10(np.maximum(values, 1e-300)) if log else values
     masked = np.ma.masked_invalid(shown)
-    cmap = _pyplot().get_cmap("viridis").copy()
-    cmap.set_bad("lightgrey")
-    im = ax.imshow(masked, cmap=cmap, aspect="auto")
+    cmap = _pyplot().get_cmap("viridis").with_extremes(bad="lightgrey")
+    im = ax.imshow(masked, cmap=cmap, aspect="auto", vmin=vmin, vmax=vmax)
     fig.colorbar(im, ax=ax, label=("log10 " if log else "") + colorbar)
     ax.set_xticks(range(values.shape[1]))
     ax.set_yticks(range(values.shape[0]))
