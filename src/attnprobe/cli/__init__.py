@@ -1,4 +1,4 @@
-"""Command line: ``attnprobe extract | verify | demo | target | audit``, one module per subcommand.
+"""Command line: ``attnprobe extract | verify | demo | target | audit | reproduce``, one module per subcommand.
 
 Errors from :mod:`attnprobe.errors` become one readable line and exit code 2, never a traceback.
 """
@@ -8,12 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnprobe.cli import audit, demo, extract, target, verify
+from attnprobe.cli import audit, demo, extract, reproduce, target, verify
 from attnprobe.cli.common import relative_errors
 from attnprobe.errors import AttnprobeError
 
 #: the subcommands, in the order ``--help`` lists them; each module has ``add_parser(sub)`` and ``run(args)``
-SUBCOMMANDS = (extract, verify, demo, target, audit)
+SUBCOMMANDS = (extract, verify, demo, target, audit, reproduce)
 METHODS = extract.METHODS
 
 __all__ = ["METHODS", "build_parser", "main", "relative_errors"]
