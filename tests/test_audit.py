@@ -6,13 +6,13 @@ import subprocess
 
 import numpy as np
 import pytest
+from conftest import rel
 
 from attnprobe.audit import HeadSpec, Task, parse_defenses, run_audit, run_processes
 from attnprobe.cli import main
 from attnprobe.errors import ConfigError
 from attnprobe.models.io import load_model
 from attnprobe.targets import BertCheckpoint
-from conftest import rel
 
 D, HEADS, LAYERS = 16, 2, 2
 

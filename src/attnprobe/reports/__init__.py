@@ -4,7 +4,14 @@
 from attnprobe.reports.figures import figure_png, heatmap_png
 from attnprobe.reports.html import HtmlReport
 from attnprobe.reports.metrics import relative_error, relative_errors
-from attnprobe.reports.sections import BENCHMARKS_MD, DOCS, command_line, machine, measured, write_section
+from attnprobe.reports.sections import (
+           BENCHMARKS_MD,
+           DOCS,
+           command_line,
+           machine,
+           measured,
+           write_section,
+)
 from attnprobe.reports.tables import Table, fmt
 
 __all__ = ["BENCHMARKS_MD", "DOCS", "HtmlReport", "Table", "command_line", "figure_png", "fmt", "heatmap_png",
