@@ -7,7 +7,9 @@ Ctrl-C (KeyboardInterrupt) stops the workers and returns what finished, with ``i
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
 import signal
 from typing import Callable, Sequence
 
@@ -22,6 +24,26 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+#: one BLAS thread per worker, as Ray gives its workers: no oversubscription of the cores, and the same
+#: floating-point summation order (so the same numbers) on either engine
+ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    """Set environment variables for the processes started inside the block (they copy it at spawn)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _indexed(item: tuple[int, Task]) -> tuple[int, dict]:
     i, task = item
     return i, run_task(task)
@@ -33,7 +55,8 @@ def run_processes(tasks: Sequence[Task], on_result: OnResult, workers: int = 1):
         raise ConfigError(f"workers must be at least 1; got {workers}")
     records: list[dict | None] = [None] * len(tasks)
     ctx = multiprocessing.get_context("spawn")
-    pool = ctx.Pool(min(int(workers), max(1, len(tasks))), initializer=_ignore_sigint)
+    with _environment(ONE_THREAD):
+        pool = ctx.Pool(min(int(workers), max(1, len(tasks))), initializer=_ignore_sigint)
     try:
         for i, rec in pool.imap_unordered(_indexed, list(enumerate(tasks))):
             records[i] = rec
@@ -58,7 +81,8 @@ def run_ray(tasks: Sequence[Task], on_result: OnResult, address: str | None = No
     started = not ray.is_initialized()
     if started:
         kw = {"address": address} if address else {"num_cpus": int(workers) if workers else None}
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR", **kw)
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                 runtime_env={"env_vars": ONE_THREAD}, **kw)
     remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
     records: list[dict | None] = [None] * len(tasks)
     index = {remote.remote(task): i for i, task in enumerate(tasks)}

@@ -146,6 +146,9 @@ def run_task(task: Task) -> dict:
         rec.update(queries=int(res.queries), check_queries=check_queries, unknowns=int(res.unknowns),
                    relative_error=_errors(truth, res.model, task.defense.membership), check_error=err,
                    passed=bool(passed), arrays={k: np.asarray(v) for k, v in res.model.arrays().items()})
+        phases = getattr(res, "queries_by_phase", None)  # learners on the skeleton charge queries to phases
+        if phases:
+            rec["queries_by_phase"] = {str(k): int(v) for k, v in dict(phases).items()}
     except Exception as exc:  # reported in the record: one failing head must not end a 72-head audit
         rec["error"] = f"{type(exc).__name__}: {exc}"
         if not isinstance(exc, AttnprobeError):  # not a refusal we raise on purpose: keep where it came from
