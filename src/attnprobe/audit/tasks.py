@@ -15,7 +15,7 @@ import numpy as np
 from attnprobe.audit.defenses import Defense
 from attnprobe.errors import AttnprobeError, ConfigError
 from attnprobe.oracles import Oracle
-from attnprobe.reports.metrics import relative_error, relative_errors
+from attnprobe.models.compare import relative_error, relative_errors
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
-import numpy as np
 
-from attnprobe.cli.common import relative_errors
+from attnprobe.cli.common import plan_file, relative_error, relative_errors
+from attnprobe.errors import ConfigError
 from attnprobe.models import load_model
+from attnprobe.models.io import json_writer, write_files
 
 
 def _ffn_errors(true_model, result) -> dict[str, float]:
@@ -19,16 +18,27 @@ def _ffn_errors(true_model, result) -> dict[str, float]:
     out = {}
     if true_model.kind == "one_layer_transformer" and result.kind == true_model.kind:
         for name, a, b in (("W", result.W, true_model.W), ("v", result.v, true_model.v)):
-            n = np.linalg.norm(b)
-            out[name] = float(np.linalg.norm(a - b) / n) if n > 0 else float(np.linalg.norm(a))
+            out[name] = relative_error(a, b)
     ne = neuron_errors(true_model.A, true_model.w_o, result.A, result.w_o)
     out["neuron_direction"], out["neuron_weight"] = ne["direction_error"], ne["weight_error"]
     return out
 
 
+#: which result kinds compare with which target kinds
+COMPARABLE = {"attention_head": {"attention_head"}, "one_layer_transformer": {"one_layer_transformer", "relu_net"},
+              "relu_net": {"relu_net", "one_layer_transformer"}}
+
+
 def run(args) -> int:
+    json_path = plan_file(args.json, [args.target, args.result], "--json") if args.json else None
     true_model = load_model(args.target)
     result = load_model(args.result)
+    if result.kind not in COMPARABLE.get(true_model.kind, {true_model.kind}):
+        raise ConfigError(f"--result {args.result} holds a {result.kind} but --target {args.target} holds a "
+                          f"{true_model.kind}; they cannot be compared")
+    if result.d != true_model.d:
+        raise ConfigError(f"--result {args.result} has d = {result.d} but --target {args.target} has d = "
+                          f"{true_model.d}")
     if true_model.kind in ("one_layer_transformer", "relu_net"):
         errs = _ffn_errors(true_model, result)
     else:
@@ -36,8 +46,8 @@ def run(args) -> int:
     width = max(map(len, errs))
     for name, e in errs.items():
         print(f"{name:<{width}}  relative error {e:.3e}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(errs, indent=2) + "\n")
+    if json_path:
+        write_files([(json_path, json_writer(errs))])
     return 0
 
 

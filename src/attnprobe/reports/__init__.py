@@ -3,7 +3,7 @@
 
 from attnprobe.reports.figures import figure_png, heatmap_png
 from attnprobe.reports.html import HtmlReport
-from attnprobe.reports.metrics import relative_error, relative_errors
+from attnprobe.models.compare import relative_error, relative_errors
 from attnprobe.reports.sections import (
            BENCHMARKS_MD,
            DOCS,
