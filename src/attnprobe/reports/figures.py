@@ -41,6 +41,16 @@ def figure_png(fig, path: str | Path | None = None, dpi: int = 110) -> bytes:
     return data
 
 
+def labelled_png(fig, ax, *, title: str, xlabel: str, ylabel: str, legend: bool = True, **legend_kw) -> bytes:
+    """Title, axis labels and legend on ``ax``, then :func:`figure_png`."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if legend:
+        ax.legend(**legend_kw)
+    return figure_png(fig)
+
+
 def heatmap_png(values: np.ndarray, *, title: str, xlabel: str, ylabel: str, colorbar: str,
                 log: bool = True, annotate: bool = True, vmin: float | None = None,
                 vmax: float | None = None) -> bytes:

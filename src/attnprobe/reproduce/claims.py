@@ -16,7 +16,7 @@ from attnprobe.errors import RecoveryError
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import AdversarialNoise, BoundedNoise, Membership
 from attnprobe.reports import Table, relative_error
-from attnprobe.reports.figures import figure_png, new_figure
+from attnprobe.reports.figures import labelled_png, new_figure
 from attnprobe.targets import random_head, random_transformer
 from attnprobe.targets.theorem_heads import margin, theorem_head
 
@@ -67,11 +67,8 @@ def thm_4_1(quick: bool) -> Claim:
     ds = np.array(dims, float)
     ax.loglog(ds, ds + ds**2, "-", color="grey", label="d + d² (Thm 4.1)")
     ax.loglog([r[0] for r in c.table.rows], [r[2] for r in c.table.rows], "o", label="queries measured")
-    ax.set_xlabel("d")
-    ax.set_ylabel("value queries")
-    ax.legend()
-    ax.set_title("Thm 4.1: queries for exact recovery")
-    c.figure = figure_png(fig)
+    c.figure = labelled_png(fig, ax, title="Thm 4.1: queries for exact recovery", xlabel="d",
+                            ylabel="value queries")
     return c
 
 
@@ -119,11 +116,8 @@ def thm_5_1(quick: bool) -> Claim:
     fig, ax = new_figure()
     for (d, r), rates in curves.items():
         ax.plot(ratios, rates, "o-", label=f"d={d}, r={r}")
-    ax.set_xlabel("m / (r d)")
-    ax.set_ylabel("fraction of seeds recovered exactly")
-    ax.set_title("Thm 5.1: phase transition of nuclear-norm recovery")
-    ax.legend()
-    c.figure = figure_png(fig)
+    c.figure = labelled_png(fig, ax, title="Thm 5.1: phase transition of nuclear-norm recovery",
+                            xlabel="m / (r d)", ylabel="fraction of seeds recovered exactly")
     return c
 
 
@@ -168,11 +162,8 @@ def thm_6_1(quick: bool) -> Claim:
         p = [(t, e) for t, e, n in points if n == name]
         ax.loglog([t for t, _ in p], [max(e, 1e-18) for _, e in p], marker, label=f"{name} oracle")
     ax.axhline(1.0, color="red", label="guarantee ε_W")
-    ax.set_xlabel("τ / μ")
-    ax.set_ylabel("‖Ŵ − W‖_F / ε_W")
-    ax.set_title("Thm 6.1: error relative to the guarantee")
-    ax.legend()
-    c.figure = figure_png(fig)
+    c.figure = labelled_png(fig, ax, title="Thm 6.1: error relative to the guarantee", xlabel="τ / μ",
+                            ylabel="‖Ŵ − W‖_F / ε_W")
     return c
 
 
@@ -209,10 +200,8 @@ def app_b(quick: bool) -> Claim:
     ax.bar(xs + 0.2, [row[7] for row in c.table.rows], 0.4, label="Thm B.1 count")
     ax.set_yscale("log")
     ax.set_xticks(xs, [f"d={row[0]}\ns={row[1]}" for row in c.table.rows], fontsize=7)
-    ax.set_ylabel("membership queries")
-    ax.set_title(f"App. B: queries for ‖Ŵ−W‖_F ≤ {EPS_W:g}")
-    ax.legend()
-    c.figure = figure_png(fig)
+    c.figure = labelled_png(fig, ax, title=f"App. B: queries for ‖Ŵ−W‖_F ≤ {EPS_W:g}", xlabel="target, seed",
+                            ylabel="membership queries")
     return c
 
 
@@ -245,9 +234,8 @@ def sec_4_1(quick: bool) -> Claim:
     ax.axhline(EXACT, color="red", label=f"{EXACT:g}")
     ax.set_yscale("log")
     ax.set_xticks(xs, labels, fontsize=7)
-    ax.set_title("Sec 4.1: one-layer transformers")
-    ax.legend()
-    c.figure = figure_png(fig)
+    c.figure = labelled_png(fig, ax, title="Sec 4.1: one-layer transformers", xlabel="transformer, seed",
+                            ylabel="relative error")
     return c
 
 
