@@ -110,6 +110,9 @@ def test_audit_cli_refuses_bad_ranges(checkpoint, tmp_path, capsys):
     assert "--heads-per-layer" in capsys.readouterr().err
     assert main(base + ["--heads-per-layer", "2", "--defense", "float8"]) == 2
     assert "unknown defence 'float8'" in capsys.readouterr().err
+    assert main(base + ["--heads-per-layer", "2", "--workers", "0"]) == 2
+    assert "--workers must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()  # refused before any work
 
 
 def test_interrupt_keeps_what_finished(checkpoint):
@@ -164,3 +167,16 @@ def test_report_opens_in_chromium_with_every_figure(checkpoint, tmp_path):
     widths = dom.split('<pre id="w">')[1].split("</pre>")[0].split()
     assert len(widths) == html.count("<img ") == 4
     assert all(w.startswith("true:") and int(w.split(":")[1]) > 100 for w in widths)
+
+
+def test_a_budget_too_small_is_a_finding_not_a_crash(checkpoint, tmp_path):
+    """An attacker with 100 queries per head cannot extract d = 16 heads (289 unknowns): every task reports
+    the refusal, made before any query was spent, and the audit still writes its outputs."""
+    path, _ = checkpoint
+    out = tmp_path / "budget"
+    assert main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--heads", "0", "--budget", "100",
+                 "--quiet", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["failed"] == res["tasks"] == 2
+    assert all(h["error"].startswith("BudgetExceededError") and h["queries"] == 0 for h in res["heads"])
+    assert "undefended answers: no head recovered (BudgetExceededError" in (out / "report.html").read_text()

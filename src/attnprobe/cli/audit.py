@@ -30,6 +30,10 @@ def build_tasks(args):
     if args.multihead:
         raise ConfigError("--multihead audits need the multi-head learner, which is not available yet; "
                           "audit single heads (drop --multihead)")
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be at least 1; got {args.workers}")
+    if args.budget is not None and args.budget < 1:
+        raise ConfigError(f"--budget must be a positive number of queries per head; got {args.budget}")
     if bool(args.model) == bool(args.safetensors):
         raise ConfigError("say what to audit: --model minilm or --safetensors FILE --heads-per-layer H")
     if args.model and args.model != "minilm":
