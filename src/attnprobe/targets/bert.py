@@ -82,20 +82,30 @@ class BertCheckpoint:
             raise ConfigError(f"{self.path} has no tensor {key!r}")
         return tensors[key].astype(np.float64)
 
+    def _check_index(self, layer: int, output_row: int, head: int = 0) -> None:
+        if not (0 <= layer < self.layers and 0 <= head < self.heads_per_layer and 0 <= output_row < self.hidden):
+            raise ConfigError(f"{Path(self.path).name} has layers 0..{self.layers - 1}, heads "
+                              f"0..{self.heads_per_layer - 1}, output rows 0..{self.hidden - 1}; got "
+                              f"layer={layer}, head={head}, output_row={output_row}")
+
+    def layer_projections(self, layer: int, output_row: int) -> dict[str, np.ndarray]:
+        """Per-head float64 projections of one layer: ``Q, K, V (H, d_h, d)``, ``bQ, bV (H, d_h)``, the output
+        row ``w (H, d_h)`` split by head, and its scalar bias ``b``."""
+        self._check_index(layer, output_row)
+        split = lambda a: a.reshape((self.heads_per_layer, self.head_dim) + a.shape[1:])  # noqa: E731
+        return {"Q": split(self._get(layer, "self.query.weight")), "bQ": split(self._get(layer, "self.query.bias")),
+                "K": split(self._get(layer, "self.key.weight")), "V": split(self._get(layer, "self.value.weight")),
+                "bV": split(self._get(layer, "self.value.bias")),
+                "w": split(self._get(layer, "output.dense.weight")[output_row]),
+                "b": self._get(layer, "output.dense.bias")[output_row]}
+
     def head(self, layer: int = 0, head: int = 0, output_row: int = 0, dtype: str = "float64") -> AttentionHead:
         """The biased single-head regressor of head ``head`` of layer ``layer`` at output row ``output_row``
         (DESIGN.md, "Real layers"): ``W = K_hᵀQ_h/√d_h``, ``u = K_hᵀb_{Q,h}/√d_h``, ``v = V_hᵀw``,
         ``c = b_{V,h}·w + b`` with ``w``, ``b`` row ``output_row`` of the output projection restricted to the
         head's columns."""
-        if not (0 <= layer < self.layers and 0 <= head < self.heads_per_layer and 0 <= output_row < self.hidden):
-            raise ConfigError(f"{Path(self.path).name} has layers 0..{self.layers - 1}, heads "
-                              f"0..{self.heads_per_layer - 1}, output rows 0..{self.hidden - 1}; got "
-                              f"layer={layer}, head={head}, output_row={output_row}")
-        rows = slice(head * self.head_dim, (head + 1) * self.head_dim)
-        Q, bQ = self._get(layer, "self.query.weight")[rows], self._get(layer, "self.query.bias")[rows]
-        K = self._get(layer, "self.key.weight")[rows]
-        V, bV = self._get(layer, "self.value.weight")[rows], self._get(layer, "self.value.bias")[rows]
-        w = self._get(layer, "output.dense.weight")[output_row, rows]
-        b = self._get(layer, "output.dense.bias")[output_row]
+        self._check_index(layer, output_row, head)
+        p = {k: a[head] if np.ndim(a) else a for k, a in self.layer_projections(layer, output_row).items()}
         scale = 1.0 / np.sqrt(self.head_dim)
-        return AttentionHead(K.T @ Q * scale, V.T @ w, K.T @ bQ * scale, float(bV @ w + b), dtype)
+        return AttentionHead(p["K"].T @ p["Q"] * scale, p["V"].T @ p["w"], p["K"].T @ p["bQ"] * scale,
+                             float(p["bV"] @ p["w"] + p["b"]), dtype)

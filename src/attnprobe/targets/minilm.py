@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import numpy as np
+
 from attnprobe.errors import ConfigError
 from attnprobe.models.attention import AttentionHead
 from attnprobe.targets.bert import BertCheckpoint
@@ -27,6 +29,16 @@ def weights_path() -> Path:
 def minilm_checkpoint() -> BertCheckpoint:
     """The installed all-MiniLM-L6-v2 weights as a :class:`BertCheckpoint` (12 heads per layer)."""
     return BertCheckpoint(str(weights_path()), HEADS)
+
+
+def _tensors() -> dict[str, np.ndarray]:
+    """Every tensor of the installed MiniLM-L6 checkpoint (read once per process)."""
+    return minilm_checkpoint().tensors()
+
+
+def layer_projections(layer: int, output_row: int) -> dict[str, np.ndarray]:
+    """Per-head float64 projections of one MiniLM-L6 layer (:meth:`BertCheckpoint.layer_projections`)."""
+    return minilm_checkpoint().layer_projections(layer, output_row)
 
 
 def minilm_head(layer: int = 0, head: int = 0, output_row: int = 0, dtype: str = "float64") -> AttentionHead:
