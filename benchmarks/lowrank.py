@@ -131,7 +131,8 @@ def report(out, stamp=True):
         b = json.loads(big.read_text())
         g, n = b[str(b["r"])], b["None"]
         L += ["", f"d = 1024, r = 64 (random head, float64; command `python benchmarks/scale.py`): rank given "
-              f"{g['queries']} queries, rel. err W {g['errW']:.1e}, {g['seconds']:.1f} s of which {g['oracle_seconds']:.1f} s "
+              f"{g['queries']} queries, rel. err W {g['errW']:.1e}, {g['seconds']:.1f} s of which "
+              f"{g['oracle_seconds']:.1f} s "
               f"inside the oracle (the victim's own forward passes) and {g['learner_seconds']:.1f} s in the learner; "
               f"peak traced numpy/Python allocation {g['traced_peak_mb']:.0f} MB. Rank detected ({n['detected']}): "
               f"{n['queries']} queries, rel. err W {n['errW']:.1e}, {n['seconds']:.1f} s ({n['oracle_seconds']:.1f} s "

@@ -64,7 +64,8 @@ def guarantee_grid():
                 rows.append([d, zero, f"{tau_rel:g}·μ" if tau_rel != 0.25 else "≈μ/2", n, f"{max(ratios):.2e}",
                              f"{max(rv):.6f}", "yes" if ok else "NO", ",".join(map(str, sorted(qs))), d + d * d])
     table = Table(["d", "zero v entries", "τ", "runs (5 seeds × avq/adversarial)",
-                      "max ‖Ŵ−W‖_F / ε_W", "max ‖v̂−v‖ / ε_v (adversary sits on the bound)", "within guarantee", "queries", "d + d²"], rows).markdown()
+                      "max ‖Ŵ−W‖_F / ε_W", "max ‖v̂−v‖ / ε_v (adversary sits on the bound)", "within guarantee", "queries",
+                      "d + d²"], rows).markdown()
     return table, worst
 
 
@@ -106,7 +107,8 @@ def extra_queries():
                                    check=False)
                 rows.append([name, "none" if ms is None else ms, f"{mult}x", r.queries, f"{err_w(r, h):.3e}",
                              f"{np.linalg.norm(r.model.v - h.v):.3e}"])
-    return Table(["oracle (τ = 1e-4, d = 16)", "max probe norm", "planned", "queries", "‖Ŵ−W‖_F", "‖v̂−v‖"], rows).markdown()
+    return Table(["oracle (τ = 1e-4, d = 16)", "max probe norm", "planned", "queries", "‖Ŵ−W‖_F", "‖v̂−v‖"],
+                 rows).markdown()
 
 
 def tau_plot():

@@ -152,7 +152,8 @@ def write_report(rows, exact, cmds, stamp=True):
     figure_png(fig, ROOT / "docs" / "nuclear_phase_transition.png", dpi=120)
     write_section("Nuclear norm: phase transition", "(float64 answers, SCS eps 1e-8; success = relative error of W "
                   "≤ 1e-6 after the polish; the convex solution alone is also shown as ≤ 1e-4)\n\n" + phase.markdown()
-                  + "\n\n![phase transition](nuclear_phase_transition.png)", cmds.get("phase", "?"), parent=SECTION, stamp=stamp)
+                  + "\n\n![phase transition](nuclear_phase_transition.png)", cmds.get("phase", "?"),
+                  parent=SECTION, stamp=stamp)
     ex = Table(["d", "r", "m", "queries", "rel. error W", "rel. error u", "functional check",
                 "seconds (noisy, shared 2 cores)"])
     for x in exact:

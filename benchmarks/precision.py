@@ -97,7 +97,8 @@ def main():
                     best_rows).markdown()
     write_fragment(f"Precision study: MiniLM-L6 layer {args.layer} head {args.head} (d = 384, "
                    "unknowns d²+2d+1 = 148225)", command_line(), table,
-                   "\nBest error reachable from low-precision or rounded answers (robust, more queries = more W passes in "
+                   "\nBest error reachable from low-precision or rounded answers (robust, more queries = more W "
+                   "passes in "
                    "fresh frames, averaged):\n\n" + best + "\n\n![precision study](precision_study.png)\n")
 
     fig, ax = new_figure(8, 4.5)
