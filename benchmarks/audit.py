@@ -95,7 +95,8 @@ def overhead_part(args, tmp: Path) -> None:
         t.add(a[0], a[1], a[3], b[3], a[3] - a[2] * per, per, b[4] / b[2])
     body = (f"Tiny heads (d = 16, undefended): each extraction takes milliseconds, so the wall time is the engine's "
             f"start-up and dispatch. Start-up = wall time not explained by the tasks; per extra task = the slope "
-            f"between the two batch sizes ({before} at the start, {load()} at the end).\n\n{t.markdown()}\n")
+            f"between the two batch sizes ({before} at the start, {load()} at the end); a slope near zero or below "
+            f"means the engine's cost per task is under the timing noise of this shared machine.\n\n{t.markdown()}\n")
     write_section("Engine overhead", body, command_line(), parent=SECTION)
 
 
