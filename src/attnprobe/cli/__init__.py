@@ -1,4 +1,4 @@
-"""Command line: ``attnprobe extract | verify | demo | target | serve``, one module per subcommand.
+"""Command line: ``attnprobe extract | verify | demo | target | serve | audit | reproduce``, one module per subcommand.
 
 Every run ends with an exit code and, unless it succeeded, one line on stderr that says what happened and how
 many queries were spent (DESIGN.md): 0 done and verified; 2 bad input or refused (before or during the run);
@@ -16,12 +16,12 @@ import signal
 import sys
 import threading
 
-from attnprobe.cli import demo, extract, serve, target, verify
+from attnprobe.cli import audit, demo, extract, reproduce, serve, target, verify
 from attnprobe.cli.common import queries_spent, relative_errors
 from attnprobe.errors import AttnprobeError, CheckFailedError
 
 #: the subcommands, in the order ``--help`` lists them; each module has ``add_parser(sub)`` and ``run(args)``
-SUBCOMMANDS = (extract, verify, demo, target, serve)
+SUBCOMMANDS = (extract, verify, demo, target, serve, audit, reproduce)
 METHODS = extract.METHODS
 
 #: exit codes (README "Exit codes")

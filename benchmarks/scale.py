@@ -1,8 +1,8 @@
-"""Issue 3 benchmark: `lowrank` at d = 1024, r = 64 — seconds (split into oracle and learner) and peak memory.
+"""Scale: `lowrank` at d = 1024, r = 64 — seconds (split into oracle and learner) and peak memory.
 
-    python benchmarks/issue3_big.py
+    python benchmarks/scale.py
 
-Writes benchmarks/results/issue3_big.json (used by benchmarks/issue3_report.py).
+Writes benchmarks/results/scale.json (read by `python benchmarks/lowrank.py --report-only`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def main(d=1024, r=64):
                               check=res.check["relative_error"])
         print(rank, out[str(rank)], flush=True)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    (ROOT / "benchmarks" / "results" / "issue3_big.json").write_text(json.dumps(out, indent=1))
+    (ROOT / "benchmarks" / "results" / "scale.json").write_text(json.dumps(out, indent=1))
     print(out)
 
 

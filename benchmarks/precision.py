@@ -1,11 +1,11 @@
-"""Precision study on a real MiniLM-L6 head (issue 4): relative error of W against answer precision for
+"""Answer precision on a real MiniLM-L6 head: relative error of W against answer precision for
 ``exact`` with each probe design and for ``robust``; and the best error reachable from float16/bfloat16
 answers with more queries.
 
 float64/float32/bfloat16 rows compute the whole head in that precision (AttentionHead dtype); the float16 and
 "bfloat16 answers" rows compute in float32 and cast inputs and answers (numpy's float16 matmul is ~100x slower
 than float32 here, so full float16 compute is left out). ``round k`` rows round float64 answers to k
-decimals. Writes docs/issue4/precision.md and docs/precision_study.png.
+decimals. Writes docs/precision_study.png and the subsections of "Answer precision" in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -15,13 +15,23 @@ import time
 
 import numpy as np
 
-from _issue4 import DOCS, command, md_table, rel, write_fragment
 from attnprobe.errors import AttnprobeError
 from attnprobe.learners import extract_exact
 from attnprobe.learners.robust import extract_robust
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import Precision, Rounded
+from attnprobe.reports import DOCS, Table, command_line, write_section
+from attnprobe.reports import relative_error as rel
+from attnprobe.reports.figures import figure_png, new_figure
 from attnprobe.targets import minilm_head
+
+SECTION = "Answer precision"
+
+
+def write_fragment(title, command, table, extra=""):
+    """One subsection of docs/benchmarks.md: the table, then what to read in it."""
+    write_section(title, f"{table}\n{extra}", command, parent=SECTION)
+    print(table)
 
 
 def make_oracle(truth64, spec):
@@ -75,7 +85,7 @@ def main():
             row.append(f"{err:.2e} ({q})" if err is not None else f"fails: {fail} after {q}")
             print(spec, m, err, q, fail, f"{sec:.1f}s", flush=True)
         rows.append(row)
-    table = md_table(["answers"] + [f"{m}: rel. err of W (queries)" for m in methods], rows)
+    table = Table(["answers"] + [f"{m}: rel. err of W (queries)" for m in methods], rows).markdown()
 
     best_rows = []
     for spec in (["float16", "bfloat16 answers", "round 4"] if not args.quick else ["bfloat16"]):
@@ -83,17 +93,15 @@ def main():
             err, q, fail, sec = run(truth, spec, "robust", mult)
             best_rows.append([spec, f"{mult}x", q, f"{err:.3e}" if err is not None else fail, f"{sec:.0f}"])
             print(spec, mult, err, q, f"{sec:.1f}s", flush=True)
-    best = md_table(["answers", "queries planned", "queries used", "rel. err of W", "seconds (noisy: shared 2 cores)"],
-                    best_rows)
-    write_fragment("precision", f"Precision study: MiniLM-L6 layer {args.layer} head {args.head} (d = 384, "
-                   "unknowns d²+2d+1 = 148225)", command(), table,
-                   "\nBest error reachable from low-precision or rounded answers (robust, more queries = more W passes in "
-                   "fresh frames, averaged):\n\n" + best + "\n")
+    best = Table(["answers", "queries planned", "queries used", "rel. err of W", "seconds (noisy: shared 2 cores)"],
+                    best_rows).markdown()
+    write_fragment(f"Precision study: MiniLM-L6 layer {args.layer} head {args.head} (d = 384, "
+                   "unknowns d²+2d+1 = 148225)", command_line(), table,
+                   "\nBest error reachable from low-precision or rounded answers (robust, more queries = more W "
+                   "passes in "
+                   "fresh frames, averaged):\n\n" + best + "\n\n![precision study](precision_study.png)\n")
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = new_figure(8, 4.5)
     x = np.arange(len(specs))
     for m, mk in zip(methods, "osD^"):
         ys = [data[(s, m)] if data[(s, m)] is not None else np.nan for s in specs]
@@ -103,8 +111,7 @@ def main():
     ax.set_title(f"MiniLM-L6 L{args.layer}H{args.head}: error of W vs answer precision (missing = failed)")
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(DOCS / "precision_study.png", dpi=120)
+    figure_png(fig, DOCS / "precision_study.png", dpi=120)
 
 
 def best_only(args):
@@ -115,10 +122,10 @@ def best_only(args):
             err, q, fail, sec = run(truth, spec, "robust", mult)
             rows.append([spec, f"{mult}x", q, f"{err:.3e}" if err is not None else fail, f"{sec:.0f}"])
             print(rows[-1], flush=True)
-    table = md_table(["answers", "queries planned", "queries used", "rel. err of W", "seconds (noisy: shared 2 cores)"],
-                     rows)
-    write_fragment("precision_best", "Best error reachable from float16 / bfloat16 answers, larger budgets",
-                   command(), table)
+    table = Table(["answers", "queries planned", "queries used", "rel. err of W", "seconds (noisy: shared 2 cores)"],
+                     rows).markdown()
+    write_fragment("Best error reachable from float16 / bfloat16 answers, larger budgets",
+                   command_line(), table)
 
 
 if __name__ == "__main__":

@@ -1,24 +1,23 @@
-"""Issue 2 benchmark: exact single-head extraction (Thm 4.1) — queries, errors, seconds, peak memory.
+"""Exact single-head extraction (Thm 4.1): queries, errors, seconds, peak memory.
 
-    python benchmarks/bench_exact.py            # full table (d up to 1024), writes docs/benchmarks.md
-    python benchmarks/bench_exact.py --quick    # small sizes only, prints without writing
+    python benchmarks/exact.py            # full tables (d up to 1024), writes its section of docs/benchmarks.md
+    python benchmarks/exact.py --quick    # small sizes only, prints without writing
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import measured, rel, table, write_section  # noqa: E402
+from attnprobe.errors import AttnprobeError
+from attnprobe.learners import extract_exact
+from attnprobe.oracles import Oracle
+from attnprobe.reports import Table, command_line, measured, write_section
+from attnprobe.reports import relative_error as rel
+from attnprobe.targets import minilm_head, random_head
 
-from attnprobe.errors import AttnprobeError  # noqa: E402
-from attnprobe.learners import extract_exact  # noqa: E402
-from attnprobe.oracles import Oracle  # noqa: E402
-from attnprobe.targets import minilm_head, random_head  # noqa: E402
+SECTION = "Exact extraction (Thm 4.1)"
 
 
 def run(truth, precision, probes="orthogonal", bias=True, seed=0):
@@ -41,8 +40,8 @@ def sizes_table(ds, minilm=True):
             rows.append([name, precision, res.queries, res.unknowns, f"{res.queries / res.unknowns:.4f}",
                          e["W"], e["u"], e["v"], e["c"], res.check["relative_error"], f"{secs:.1f}", f"{peak:.0f}"])
             print(rows[-1], flush=True)
-    return table(["target", "answers", "queries", "unknowns", "q/unknown", "rel err W", "u", "v", "c",
-                  "check", "seconds", "peak MiB"], rows)
+    return Table(["target", "answers", "queries", "unknowns", "q/unknown", "rel err W", "u", "v", "c",
+                  "check", "seconds", "peak MiB"], rows).markdown()
 
 
 def scales_table(d=64, seeds=range(5)):
@@ -62,8 +61,8 @@ def scales_table(d=64, seeds=range(5)):
             rows.append([scale, probes, len(seeds) - fails, fails, worst if fails < len(seeds) else "-",
                          f"{worst_q:.4f}" if fails < len(seeds) else "-"])
             print(rows[-1], flush=True)
-    return table(["logit scale", "probes", "recovered", "refused (saturated)", "worst rel err (W,u,v,c)",
-                  "worst q/unknown"], rows)
+    return Table(["logit scale", "probes", "recovered", "refused (saturated)", "worst rel err (W,u,v,c)",
+                  "worst q/unknown"], rows).markdown()
 
 
 def minilm_table(heads):
@@ -81,7 +80,7 @@ def minilm_table(heads):
                 rows.append([f"L{layer} h{head} row {row}", precision, probes, res.queries, e["W"], e["u"],
                              e["v"], e["c"], res.check["relative_error"]])
                 print(rows[-1], flush=True)
-    return table(["head", "answers", "probes", "queries", "rel err W", "u", "v", "c", "check"], rows)
+    return Table(["head", "answers", "probes", "queries", "rel err W", "u", "v", "c", "check"], rows).markdown()
 
 
 def paper_counts_table(ds=(8, 32, 128)):
@@ -91,7 +90,7 @@ def paper_counts_table(ds=(8, 32, 128)):
         for probes in ("basis", "gaussian", "orthogonal"):
             res, e, _, _ = run(truth, "float64", probes, bias=False)
             rows.append([d, probes, res.queries, d * d + d, e["W"], e["v"]])
-    return table(["d", "probes", "queries", "d + d²", "rel err W", "rel err v"], rows)
+    return Table(["d", "probes", "queries", "d + d²", "rel err W", "rel err v"], rows).markdown()
 
 
 def small_d_counts(ds=(16, 24, 32, 64), seeds=range(40)):
@@ -107,7 +106,7 @@ def small_d_counts(ds=(16, 24, 32, 64), seeds=range(40)):
         ratios = np.array(ratios)
         rows.append([d, len(ratios), f"{np.median(ratios):.4f}", f"{ratios.max():.4f}",
                      f"{np.mean(ratios <= 1.02):.3f}", max(errs)])
-    return table(["d", "heads", "median q/unknown", "max q/unknown", "share ≤ 1.02", "worst rel err"], rows)
+    return Table(["d", "heads", "median q/unknown", "max q/unknown", "share ≤ 1.02", "worst rel err"], rows).markdown()
 
 
 def main():
@@ -132,8 +131,7 @@ def main():
         "Calibration may cost at most 2 % of the unknowns; probes whose weight saturates or whose logit is "
         "unusually noisy are re-measured alone (one query each).\n\n" + small_d_counts(),
     ]
-    write_section("Issue 2: exact single-head extraction (Thm 4.1)", "\n\n".join(parts),
-                  "python benchmarks/bench_exact.py")
+    write_section(SECTION, "\n\n".join(parts), command_line())
 
 
 if __name__ == "__main__":

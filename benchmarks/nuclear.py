@@ -1,9 +1,10 @@
-"""Issue 3 benchmark: the nuclear-norm route (Thm 5.1) — phase transition and exact recovery.
+"""The nuclear-norm route (Thm 5.1): phase transition and exact recovery.
 
-    python benchmarks/issue3_nuclear.py [--quick]
+    python benchmarks/nuclear.py [--quick]
 
-Writes benchmarks/results/issue3_nuclear.{json,md} and docs/issue3_phase_transition.png;
-benchmarks/issue3_report.py assembles docs/benchmarks.md.
+Writes benchmarks/results/nuclear.json, docs/nuclear_phase_transition.png and the subsections "Nuclear norm:
+phase transition" and "Nuclear norm: exact recovery at the default m" of "Low-rank heads (Thm 5.1)" in
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -19,10 +20,20 @@ import numpy as np
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.learners.scaling import LogitProbe
-from attnprobe.learners.nuclear import (PHASE_OFFSET, PHASE_SLOPE, extract_nuclear, nuclear_solve, polish,
-                                        rop_measurements)
+from attnprobe.learners.nuclear import (
+    PHASE_OFFSET,
+    PHASE_SLOPE,
+    extract_nuclear,
+    nuclear_solve,
+    polish,
+    rop_measurements,
+)
 from attnprobe.oracles import Oracle
+from attnprobe.reports import Table, write_section
+from attnprobe.reports.figures import figure_png, new_figure
 from attnprobe.targets import random_head
+
+SECTION = "Low-rank heads (Thm 5.1)"
 
 ROOT = Path(__file__).resolve().parents[1]
 #: SCS iteration cap for the phase-transition trials: failing instances otherwise grind for many minutes
@@ -58,8 +69,8 @@ def main(argv=None):
     p.add_argument("--sizes", default="16,32,64", help="d values of the phase grid to run")
     args = p.parse_args(argv)
     if args.report_only:
-        prev = json.loads((ROOT / "benchmarks" / "results" / "issue3_nuclear.json").read_text())
-        return write_report(prev["phase"], prev["exact"], prev["commands"])
+        prev = json.loads((ROOT / "benchmarks" / "results" / "nuclear.json").read_text())
+        return write_report(prev["phase"], prev["exact"], prev["commands"], stamp=False)
     eps = 1e-8
     grid = {16: ([1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0], 6),
             32: ([1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0], 4),
@@ -67,7 +78,7 @@ def main(argv=None):
     if args.quick:
         grid = {16: ([1.0, 2.0, 3.0], 2)}
     out = ROOT / "benchmarks" / "results"
-    prev = json.loads((out / "issue3_nuclear.json").read_text()) if (out / "issue3_nuclear.json").exists() else {}
+    prev = json.loads((out / "nuclear.json").read_text()) if (out / "nuclear.json").exists() else {}
     rows = prev.get("phase", []) if args.part == "exact" else []
     if args.from_log:
         for line in Path(args.from_log).read_text().splitlines():
@@ -105,26 +116,20 @@ def main(argv=None):
             exact.append(row)
             print(row, flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "issue3_nuclear.json").write_text(json.dumps({"phase": rows, "exact": exact, "eps": eps}, indent=1))
+    (out / "nuclear.json").write_text(json.dumps({"phase": rows, "exact": exact, "eps": eps}, indent=1))
     cmds = prev.get("commands", {}) if args.part != "all" else {}
-    cmd = " ".join(["python benchmarks/issue3_nuclear.py"] + (argv or sys.argv[1:]))
+    cmd = " ".join(["python benchmarks/nuclear.py"] + (argv or sys.argv[1:]))
     for part in (("phase", "exact") if args.part == "all" else (args.part,)):
         cmds[part] = cmd
-    (out / "issue3_nuclear.json").write_text(json.dumps({"phase": rows, "exact": exact, "eps": eps,
+    (out / "nuclear.json").write_text(json.dumps({"phase": rows, "exact": exact, "eps": eps,
                                                          "commands": cmds}, indent=1))
     write_report(rows, exact, cmds)
 
 
-def write_report(rows, exact, cmds):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    lines = [f"Command: `{cmds.get('phase')}` (float64 answers, SCS eps 1e-8; success = relative error of W ≤ 1e-6 after "
-             "the polish; the convex solution alone is also shown as ≤ 1e-4)", ""]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    trans = []
+def write_report(rows, exact, cmds, stamp=True):
+    fig, ax = new_figure(7, 4.2)
+    phase = Table(["d", "r", "C = m/(2dr) grid", "success after polish", "success, convex program alone",
+                   "smallest C with 100 % (convex) from there on"])
     for (d, r) in sorted({(x["d"], x["r"]) for x in rows}):
         sel = [x for x in rows if x["d"] == d and x["r"] == r]
         Cs = sorted({x["C"] for x in sel})
@@ -135,7 +140,8 @@ def write_report(rows, exact, cmds):
         ax.plot(Cs, rate0, marker=style[0], ls=style[1], color=color, label=f"d={d}, r={r}")
         ax.plot(Cs, rate, ls=":", color=color, alpha=0.5)
         first = next((C for C in Cs if all(q >= 1.0 for C2, q in zip(Cs, rate0) if C2 >= C)), None)
-        trans.append((d, r, Cs, rate, rate0, first))
+        phase.add(d, r, ", ".join(f"{C:g}" for C in Cs), ", ".join(f"{s:.2f}" for s in rate),
+                  ", ".join(f"{s:.2f}" for s in rate0), first if first is not None else "—")
     ax.axvline(1.0, color="grey", ls="--", lw=1)
     ax.text(1.02, 0.5, "m = 2dr\n(≈ degrees of freedom)", fontsize=7, color="grey")
     ax.set_xlabel("m / (r · 2d)")
@@ -143,26 +149,22 @@ def write_report(rows, exact, cmds):
     ax.set_title("nuclear-norm recovery (Thm 5.1): solid = convex program alone (err ≤ 1e-4),\n"
                  "dotted = after the rank-r polish (err ≤ 1e-6)", fontsize=9)
     ax.legend(fontsize=7, ncol=3)
-    fig.tight_layout()
-    fig.savefig(ROOT / "docs" / "issue3_phase_transition.png", dpi=120)
-    lines += ["| d | r | C = m/(2dr) grid | success after polish | success, convex program alone | smallest C with 100 % (convex) from there on |",
-              "|---|---|---|---|---|---|"]
-    for d, r, Cs, rate, rate0, first in trans:
-        lines.append(f"| {d} | {r} | {', '.join(f'{C:g}' for C in Cs)} | {', '.join(f'{s:.2f}' for s in rate)} | "
-                     f"{', '.join(f'{s:.2f}' for s in rate0)} | {first if first is not None else '—'} |")
-    lines += ["", f"Command: `{cmds.get('exact')}`. Exact recovery through `extract_nuclear` (biased random "
-              f"heads, default m = ⌈2d·({PHASE_SLOPE}·r + {PHASE_OFFSET})⌉, float64 answers):", "",
-              "| d | r | m | queries | rel. error W | rel. error u | functional check | seconds (noisy, shared 2 cores) |",
-              "|---|---|---|---|---|---|---|---|"]
+    figure_png(fig, ROOT / "docs" / "nuclear_phase_transition.png", dpi=120)
+    write_section("Nuclear norm: phase transition", "(float64 answers, SCS eps 1e-8; success = relative error of W "
+                  "≤ 1e-6 after the polish; the convex solution alone is also shown as ≤ 1e-4)\n\n" + phase.markdown()
+                  + "\n\n![phase transition](nuclear_phase_transition.png)", cmds.get("phase", "?"),
+                  parent=SECTION, stamp=stamp)
+    ex = Table(["d", "r", "m", "queries", "rel. error W", "rel. error u", "functional check",
+                "seconds (noisy, shared 2 cores)"])
     for x in exact:
         if x["status"] == "ok":
-            lines.append(f"| {x['d']} | {x['r']} | {x['m']} | {x['queries']} | {x['errW']:.1e} | {x['erru']:.1e} | "
-                         f"{x['check']:.1e} | {x['seconds']:.1f} |")
+            ex.add(x["d"], x["r"], x["m"], x["queries"], f"{x['errW']:.1e}", f"{x['erru']:.1e}", f"{x['check']:.1e}",
+                   f"{x['seconds']:.1f}")
         else:
-            lines.append(f"| {x['d']} | {x['r']} | — | — | {x['status']} | | | |")
-    text = "\n".join(lines) + "\n"
-    (ROOT / "benchmarks" / "results" / "issue3_nuclear.md").write_text(text)
-    print(text)
+            ex.add(x["d"], x["r"], "—", "—", x["status"], "", "", "")
+    write_section("Nuclear norm: exact recovery at the default m", "Exact recovery through `extract_nuclear` "
+                  f"(biased random heads, default m = ⌈2d·({PHASE_SLOPE}·r + {PHASE_OFFSET})⌉, float64 answers):\n\n"
+                  + ex.markdown(), cmds.get("exact", "?"), parent=SECTION, stamp=stamp)
 
 
 if __name__ == "__main__":

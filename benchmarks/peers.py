@@ -1,8 +1,8 @@
-"""Issue 5 peer comparison: the Adversarial Robustness Toolbox's FunctionallyEquivalentExtraction (Jagielski et
+"""Peer comparison: the Adversarial Robustness Toolbox's FunctionallyEquivalentExtraction (Jagielski et
 al. 2020, a one-hidden-layer ReLU extractor) against attnprobe's FFN learner on the same bias-free ReLU networks.
 
     pip install adversarial-robustness-toolbox     # after torch==2.13.0 if torch is wanted; ART does not pull torch
-    python benchmarks/issue5_peer_art.py [--timeout 60] [--seeds 1] [--out docs/issue5_peer.md]
+    python benchmarks/peers.py [--timeout 60] [--seeds 1]
 
 ART's victim is wrapped so every input row it asks about is counted (its last-layer fit asks about the sample
 inputs it is given, counted too). ART's model has biases and K outputs, so the bias-free scalar networks are inside
@@ -15,13 +15,15 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import time
-from pathlib import Path
 
 import numpy as np
 
 from attnprobe.learners.ffn import extract_ffn
 from attnprobe.oracles import Oracle
+from attnprobe.reports import Table, command_line, write_section
 from attnprobe.targets import random_relu_net
+
+TITLE = "ART FunctionallyEquivalentExtraction (Jagielski et al. 2020) against the FFN learner"
 
 
 class CountingVictim:
@@ -114,7 +116,6 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per ART run")
     p.add_argument("--seeds", type=int, default=1)
-    p.add_argument("--out", default="docs/issue5_peer.md")
     p.add_argument("--biased", action="store_true", help="only the harness check: ART on a ReLU net with biases")
     args = p.parse_args()
     if args.biased:
@@ -130,12 +131,10 @@ def main():
         else:
             print("ART on a biased net d=8, m=4 (queries, rel. error, s, status):", q.get())
         return
-    rows = ["| d | m | seed | ART queries | ART rel. error | ART s | ART status | attnprobe queries | "
-            "attnprobe rel. error | attnprobe s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    t = Table(["d", "m", "seed", "ART settings", "ART queries", "ART rel. error", "ART s", "ART status",
+               "attnprobe queries", "attnprobe rel. error", "attnprobe s"])
     ctx = mp.get_context("fork")
     configs = {"ART defaults": {}, "ART loosened": {"rel_diff_slope": 1e-3, "rel_diff_value": 1e-3}}
-    rows[0] = "| d | m | seed | ART settings " + rows[0][len("| d | m | seed "):]
-    rows[1] = "|---" + rows[1]
     for d, m in ((8, 4), (8, 8), (16, 8), (16, 16)):
         for seed in range(args.seeds):
             o_q, o_err, o_s = run_ours(d, m, seed)
@@ -151,12 +150,10 @@ def main():
                     status = f"stopped after {args.timeout:.0f} s (no result)"
                 else:
                     a_rows, a_err, a_s, status = q.get()
-                rows.append(f"| {d} | {m} | {seed} | {name} | {a_rows} | {a_err:.1e} | {a_s:.1f} | {status} | "
-                            f"{o_q} | {o_err:.1e} | {o_s:.1f} |")
-                print(rows[-1], flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(rows) + "\n")
-    print(f"wrote {args.out}")
+                t.add(d, m, seed, name, a_rows, f"{a_err:.1e}", f"{a_s:.1f}", status, o_q, f"{o_err:.1e}",
+                      f"{o_s:.1f}")
+                print(t.rows[-1], flush=True)
+    write_section(TITLE, t.markdown(), command_line(), parent="Peer comparison")
 
 
 if __name__ == "__main__":
