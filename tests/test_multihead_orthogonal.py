@@ -88,3 +88,42 @@ def test_block_diagonalisation_of_exact_matrices():
     assert [b.shape[1] for b in split.bases] == [4, 4, 4] and split.kernel.shape[1] == 0
     for B in split.bases:
         assert min(np.linalg.norm(B - Et @ (Et.T @ B), 2) for Et in E) < 1e-10
+
+
+def test_cli_target_extract_verify_multihead(tmp_path, capsys):
+    import json
+
+    from attnprobe.cli import main
+    from attnprobe.models import load_model
+
+    t = tmp_path / "mh.npz"
+    assert main(["target", "multihead", "--d", "8", "--heads", "2", "--head-dim", "4", "--orthogonal",
+                 "--seed", "4", "--out", str(t)]) == 0
+    sub = tmp_path / "mh_subspaces.npz"
+    assert sub.exists()
+    out = tmp_path / "known.npz"
+    assert main(["extract", "--target", str(t), "--method", "multihead", "--subspaces", str(sub), "--out", str(out),
+                 "--quiet"]) == 0
+    assert load_model(out).kind == "multi_head"
+    out2 = tmp_path / "unknown.npz"
+    assert main(["extract", "--target", str(t), "--method", "multihead", "--heads", "2",
+                 "--multihead-learner", "orthogonal", "--out", str(out2), "--quiet"]) == 0
+    summary = json.loads(out2.with_suffix(".json").read_text())
+    assert summary["kind"] == "multi_head" and summary["check"]["passed"]
+    assert summary["queries"] <= 4 * 2 * 64 - 2 * 2 + 1
+    capsys.readouterr()
+    js = tmp_path / "errs.json"
+    assert main(["verify", "--target", str(t), "--result", str(out2), "--json", str(js)]) == 0
+    printed = capsys.readouterr().out
+    assert "worst_head" in printed
+    errs = json.loads(js.read_text())
+    assert errs["heads_found"] == 2 and errs["worst_head"] < 1e-6
+
+
+def test_cli_multihead_options_need_the_multihead_method(tmp_path, capsys):
+    from attnprobe.cli import main
+    from attnprobe.models import save_model
+
+    t = save_model(random_multihead(4, 2, seed=0), tmp_path / "t.npz")
+    assert main(["extract", "--target", str(t), "--heads", "2", "--out", str(tmp_path / "o.npz")]) == 2
+    assert "--heads is for --method multihead" in capsys.readouterr().err
