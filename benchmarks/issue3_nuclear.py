@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
+from attnprobe.learners.scaling import LogitProbe
 from attnprobe.learners.nuclear import (PHASE_OFFSET, PHASE_SLOPE, extract_nuclear, nuclear_solve, polish,
                                         rop_measurements)
 from attnprobe.oracles import Oracle
@@ -36,7 +37,7 @@ def phase_trial(d, r, C, seed, eps):
     rng = np.random.default_rng(seed)
     m = int(np.ceil(C * r * 2 * d))
     Ga, Gb = rng.standard_normal((m, d)), rng.standard_normal((m, d))
-    A, B, t, _ = rop_measurements(o, Ga, Gb, 1.0, 1.0, np.zeros(d), h.v, 0.0)
+    A, B, t, _ = rop_measurements(LogitProbe(o, h.v, 0.0), Ga, Gb, 1.0, 1.0, np.zeros(d))
     t0 = time.perf_counter()
     W0, _, info = nuclear_solve(A, B, t, "SCS", eps, max_iters=MAX_ITERS)
     secs = time.perf_counter() - t0

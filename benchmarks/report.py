@@ -15,10 +15,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 BENCHMARKS_MD = DOCS / "benchmarks.md"
 
 
-def rel(a, b) -> float:
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    n = np.linalg.norm(b)
-    return float(np.linalg.norm(a - b) / n) if n > 0 else float(np.linalg.norm(a))
+from attnprobe.models.compare import relative_error as rel  # noqa: E402,F401  (the library's one formula)
 
 
 def table(headers: list[str], rows: list[list]) -> str:

@@ -2,13 +2,18 @@ import numpy as np
 import pytest
 
 
-def rel(a, b):
-    """Relative error ‖a − b‖/‖b‖ (absolute where b = 0)."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    n = np.linalg.norm(b)
-    return float(np.linalg.norm(a - b) / n) if n > 0 else float(np.linalg.norm(a))
+from attnprobe.models.compare import relative_error as rel  # noqa: F401  (the library's one formula)
 
 
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+# CI runs must be reproducible: hypothesis draws its examples from a fixed seed (explore more with
+# `pytest --hypothesis-profile=explore`, which is randomized and tries 20x as many examples).
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", max_examples=500, print_blob=True)
+settings.load_profile("ci")

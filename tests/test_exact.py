@@ -85,7 +85,7 @@ def test_unidentifiable_when_v_is_zero():
 
 def test_saturated_attention_is_an_error_for_fixed_probes():
     truth = random_head(16, seed=5, scale=200.0)
-    with pytest.raises(SaturationError, match="--probes orthogonal"):
+    with pytest.raises(SaturationError, match="probes='orthogonal'"):
         extract_exact(Oracle(truth, 16), probes="basis")
     # ...while the default probes rescale themselves
     res = extract_exact(Oracle(truth, 16))
@@ -146,7 +146,7 @@ def test_result_is_reproducible_and_saves(tmp_path):
 def test_wrong_model_class_is_reported():
     truth = random_head(8, seed=0)  # has biases
     for probes in ("orthogonal", "basis", "gaussian"):
-        with pytest.raises(RecoveryError, match="--no-bias"):
+        with pytest.raises(RecoveryError, match="bias=False"):
             extract_exact(Oracle(truth, 8), probes=probes, bias=False)
     # a target whose length-2 answers stay consistent but that is not a head fails the functional check
     def two_heads(X):

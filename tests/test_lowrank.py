@@ -88,7 +88,7 @@ def test_overestimated_rank_gives_correct_answer_and_a_note():
     res = extract_lowrank(oracle_for(h), rank=7)
     assert rel(res.model.W, h.W) <= 1e-8
     assert res.details["numerical_rank"] == 3
-    assert any("numerical rank 3 < --rank 7" in n for n in res.notes)
+    assert any("numerical rank 3 < the given rank 7" in n for n in res.notes)
 
 
 def test_full_rank_target_detected_as_full_rank():

@@ -7,8 +7,16 @@ class AttnprobeError(Exception):
     """Base class of every error attnprobe raises on purpose."""
 
 
-class ConfigError(AttnprobeError):
-    """Invalid arguments, options or files given by the user."""
+class ConfigError(AttnprobeError, ValueError):
+    """Invalid arguments, options or files given by the user.
+
+    ``param`` names the library parameter that was wrong (e.g. ``"rank"``) when there is one; the CLI maps it to
+    its flag, so library messages never name command-line flags.
+    """
+
+    def __init__(self, message: str = "", *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class OracleError(AttnprobeError):
@@ -37,3 +45,7 @@ class SaturationError(AttnprobeError):
 
 class RecoveryError(AttnprobeError):
     """The recovered parameters fail their own consistency checks (e.g. a wrong rank guess)."""
+
+
+class CheckFailedError(AttnprobeError):
+    """The functional check on fresh queries failed: the recovered model does not describe the oracle."""

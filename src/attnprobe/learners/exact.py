@@ -9,17 +9,17 @@ The paper's model (``bias=False``) skips ``c`` and ``u``: exactly ``d + d²`` qu
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import scipy.linalg
 
-from attnprobe.errors import ConfigError, UnidentifiableError
-from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, finish
+from attnprobe._validation import check_option
+from attnprobe.errors import UnidentifiableError
+from attnprobe.learners.check import DEFAULT_LENGTHS
 from attnprobe.learners.probes import basis_probes, equal_projection_orthogonal, random_orthogonal
 from attnprobe.learners.result import Extraction
-from attnprobe.learners.scaling import (CALIBRATION_SHARE, TARGET_LOGIT, calibrate, lead_probes,
-                                       max_probe_scale, measure_steered, probe_scales)
+from attnprobe.learners.skeleton import Run
+from attnprobe.learners.scaling import (CALIBRATION_SHARE, TARGET_LOGIT, LogitProbe, calibrate, lead_probes,
+                                       max_probe_scale, probe_scales)
 from attnprobe.models.attention import AttentionHead
 
 PROBES = ("orthogonal", "basis", "gaussian")
@@ -76,26 +76,25 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
     :mod:`attnprobe.learners.scaling`). ``bias=False`` learns the paper's model with exactly
     ``d + d²`` queries (basis/gaussian probes). ``progress(done, total)`` is called after each block.
     """
-    if probes not in PROBES:
-        raise ConfigError(f"unknown probe design {probes!r}; choose one of {', '.join(PROBES)}")
-    t0 = time.perf_counter()
-    rng = np.random.default_rng(seed)
+    check_option(probes, "probes", PROBES)
+    run = Run(oracle, "exact", seed=seed, check=check, check_lengths=check_lengths, progress=progress)
+    rng = run.rng
     d = oracle.d
-    start = oracle.queries
     unknowns = AttentionHead.unknowns(d, bias)
     allowance = int(CALIBRATION_SHARE * unknowns) if probes == "orthogonal" else 0
-    n_check = check_queries(check_lengths) if check else 0
-    oracle.require(unknowns + n_check, f"exact extraction at d={d} ({unknowns} unknowns + {n_check} check queries)")
-    report = progress or (lambda done, total: None)
+    run.plan(unknowns, f"exact extraction at d={d} ({unknowns} unknowns; calibration and re-measured probes "
+                       f"may add up to {allowance} more)")
 
-    v, c, zero = learn_value(oracle, bias)
+    with run.phase("values"):
+        v, c, zero = learn_value(oracle, bias)
     notes = []
     details: dict = {"probes": probes, "bias": bias, "seed": seed}
 
     if probes == "orthogonal":
         Q = equal_projection_orthogonal(v, rng)
         P = random_orthogonal(d, rng)
-        nu_u, nu_w, used, known_u, known_w = calibrate(oracle, Q, P, v, c, bias, allowance)
+        with run.phase("calibration"):
+            nu_u, nu_w, used, known_u, known_w = calibrate(oracle, Q, P, v, c, bias, allowance)
         s_u, s_a, s_b = probe_scales(nu_u, nu_w, target_logit, max_probe_scale(oracle))
         cols = _OrthogonalColumns(Q, P)
         reused = sum(0 if x is None else len(x) for x in (known_u, known_w))
@@ -113,17 +112,19 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
         known_u = known_w = None
 
     total = unknowns + details.get("calibration_queries", 0)
+    probe = LogitProbe(oracle, v, c, probes, target_logit)
     u = np.zeros(d)
     if bias:
         skip = np.zeros((d, 1), bool)
         if known_u is not None:
             skip[: len(known_u)] = True
-        Z, _ = measure_steered(oracle, cols.A, np.zeros((1, d)), s_u, v, c, probes, "the query-bias pass [a; 0]",
-                               target_logit, lead=lead_probes(d), skip=skip)
+        with run.phase("query_bias"):
+            Z = probe.measure_steered(cols.A, np.zeros((1, d)), s_u, "the query-bias pass [a; 0]",
+                                      lead=lead_probes(d), skip=skip).Z
         if known_u is not None:
             Z[: len(known_u), 0] = known_u
         u = cols.solve_a(Z)[:, 0]
-        report(oracle.queries - start, total)
+        run.report(total)
 
     M = np.empty((d, d))  # M[:, j] = W b̂_j with b̂_j the unit column direction
     block = max(1, min(d, block_floats // (2 * d * d)))
@@ -137,21 +138,19 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
         skip = np.zeros((d, len(J)), bool)
         reuse = J[J < (0 if known_w is None else len(known_w))]  # probe i of column i was a calibration probe
         skip[reuse, reuse - j0] = True
-        Z, s_a = measure_steered(oracle, cols.A, s_b * Bdir, s_a, v, c, probes, f"columns {J[0]}..{J[-1]} of W",
-                                 target_logit, lead=lead_probes(d) if j0 == 0 else 0, skip=skip)
+        with run.phase("weights"):
+            block_logits = probe.measure_steered(cols.A, s_b * Bdir, s_a, f"columns {J[0]}..{J[-1]} of W",
+                                                 lead=lead_probes(d) if j0 == 0 else 0, skip=skip)
+        Z, s_a = block_logits.Z, block_logits.next_scale
         if len(reuse):
             Z[reuse, reuse - j0] = s_b * known_w[reuse] + cols.A[reuse] @ u
         M[:, J] = (cols.solve_a(Z) - u[:, None]) / s_b
-        report(oracle.queries - start, total)
+        run.report(total)
     W = M @ cols.B  # M = W Bᵀ with orthonormal rows B (the identity for the paper's probes)
 
-    retries = oracle.queries - start - unknowns - details.get("calibration_queries", 0)
-    details["retry_queries"] = retries
-    model = AttentionHead(W, v, u, c)
-    queries = oracle.queries - start
+    details["retry_queries"] = run.queries_by_phase().get("retries", 0)
     details.update(paper_bound=d * d + d, calibration_share=details.get("calibration_queries", 0) / unknowns)
-    result = Extraction("exact", model, queries, unknowns, 0.0, details=details, notes=notes)
-    hint = " (a single head of this form" + (" without biases: drop --no-bias)" if not bias else ")")
-    return finish(result, oracle, rng, check, check_lengths, t0, hint)
+    hint = " (a single head of this form" + (" without biases: learn with bias=True)" if not bias else ")")
+    return run.finish(AttentionHead(W, v, u, c), unknowns=unknowns, details=details, notes=notes, hint=hint)
 
 

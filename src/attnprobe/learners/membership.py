@@ -102,8 +102,9 @@ def _refuse_bias(oracle, rng, eps: float = 1e-6) -> None:
     h = _signs(oracle, np.concatenate([G, -G])[:, None, :])
     if np.all(h[: len(G)] == h[len(G):]):
         raise UnidentifiableError("the membership answers are not antisymmetric (f([x]) and f([−x]) share their "
-                                  "sign for tiny x): the target has an output bias c ≠ 0, which App. B's model "
-                                  "(and this learner) excludes")
+                                  "sign for tiny x): either v = 0 (every answer is then the same and W is "
+                                  "invisible) or the target has an output bias c ≠ 0; App. B's model (and this "
+                                  "learner) needs c = 0 and v ≠ 0")
 
 
 def learn_direction(oracle, rng, steps: int = 48, rough_steps: int = 12) -> np.ndarray:

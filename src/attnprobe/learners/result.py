@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,11 @@ import numpy as np
 class Extraction:
     """What a learner recovered and what it cost.
 
-    ``queries`` counts the extraction's own oracle queries (calibration and retries included);
-    ``check`` holds the functional check on fresh sequences, whose queries are counted separately.
+    ``queries`` counts the extraction's own oracle queries (calibration and retries included) and
+    ``queries_by_phase`` splits them by the phase that asked them (the values sum to ``queries``);
+    ``check`` holds the functional check on fresh sequences (a
+    :class:`~attnprobe.learners.check.CheckResult`, or None when it was not run), whose queries are counted
+    separately. A failed check does not raise: ``check.passed`` is False and a note says so.
     """
 
     method: str
@@ -23,9 +25,18 @@ class Extraction:
     queries: int
     unknowns: int
     seconds: float
-    check: dict = field(default_factory=dict)
+    check: Any = None
     details: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    queries_by_phase: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool | None:
+        """Whether the functional check passed (None when no check was run)."""
+        if not self.check:
+            return None
+        passed = self.check.get("passed")
+        return None if passed is None else bool(passed)
 
     @property
     def d(self) -> int:
@@ -41,18 +52,21 @@ class Extraction:
             "unknowns": self.unknowns,
             "queries_per_unknown": self.queries / self.unknowns if self.unknowns else None,
             "seconds": self.seconds,
-            "check": self.check,
+            "queries_by_phase": self.queries_by_phase,
+            "passed": self.passed,
+            "check": self.check.to_dict() if hasattr(self.check, "to_dict") else (self.check or {}),
             "details": self.details,
             "notes": self.notes,
         })
 
     def save(self, out: str | Path) -> tuple[Path, Path]:
-        """Write the recovered arrays to ``out`` (.npz, under the model's parameter names) and ``out.json``."""
-        from attnprobe.models.io import save_model
+        """Write the recovered arrays to ``out`` (.npz, under the model's parameter names) and ``out.json``,
+        atomically and the JSON last (:func:`attnprobe.models.io.write_files`)."""
+        from attnprobe.models.io import json_writer, model_writer, npz_path, write_files
 
-        npz = save_model(self.model, out)
+        npz = npz_path(out)
         js = npz.with_suffix(".json")
-        js.write_text(json.dumps(self.summary(), indent=2) + "\n")
+        write_files([(npz, model_writer(self.model)), (js, json_writer(self.summary()))])
         return npz, js
 
 

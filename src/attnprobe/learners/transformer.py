@@ -14,7 +14,7 @@ import numpy as np
 from attnprobe.errors import UnidentifiableError
 from attnprobe.learners.check import functional_check
 from attnprobe.learners.exact import extract_exact
-from attnprobe.learners.ffn import extract_ffn
+from attnprobe.learners.ffn import extract_ffn, require_fine_answers
 from attnprobe.learners.result import Extraction
 from attnprobe.models.transformer import OneLayerTransformer
 from attnprobe.oracles.antisymmetric import AntisymmetricOracle
@@ -33,6 +33,7 @@ def extract_transformer(oracle, *, probes: str = "orthogonal", seed: int = 0, ch
     identically 0 and W is invisible to it. ``details['query_breakdown']`` separates the attention part
     (underlying queries, two per antisymmetric query) from the FFN part.
     """
+    require_fine_answers(oracle, "the one-layer transformer learner")
     t0 = time.perf_counter()
     start = oracle.queries
     anti = AntisymmetricOracle(oracle)

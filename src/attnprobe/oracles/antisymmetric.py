@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from attnprobe.errors import ConfigError
@@ -34,6 +36,17 @@ class AntisymmetricOracle(Oracle):
 
     def require(self, n: int, what: str = "this step") -> None:
         self.base.require(2 * n, f"{what} (antisymmetric: 2 underlying queries each)")
+
+    @property
+    def noise(self):
+        """A difference of two answers: twice the base's absolute noise (Sec. 4.1)."""
+        return self.base.noise.scaled(2.0)
+
+    @contextmanager
+    def phase(self, name: str):
+        """Charge both this oracle's and the base's queries to ``name``."""
+        with super().phase(name), self.base.phase(name):
+            yield
 
     def _answer(self, X: np.ndarray) -> np.ndarray:
         B = X.shape[0]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import numpy as np
 
+from attnprobe._validation import check_int
 from attnprobe.errors import BudgetExceededError, NonFiniteAnswerError, OracleAnswerError, OracleError
-from attnprobe.models.attention import as_batch
+from attnprobe._validation import as_batch
 from attnprobe.models.precision import unit_roundoff
+from attnprobe.oracles.noise import AnswerNoise, noise_of
 
 QueryFn = Callable[[np.ndarray], np.ndarray]
 
@@ -20,24 +23,49 @@ class Oracle:
     :class:`BudgetExceededError` before ``fn`` is asked. Answers that are mis-shaped or non-finite raise
     :class:`OracleAnswerError`. ``precision`` names the precision the answers are computed in (it sets the
     noise floor learners use to tell signal from rounding); ``max_batch`` splits large batches.
+
+    Every query is charged to the innermost active :meth:`phase` (``queries_by_phase``; queries asked outside
+    any phase go to ``"unphased"``), so a learner's per-phase counts always sum to its total. ``noise`` is what
+    the callable declares about its answers (:class:`~attnprobe.oracles.noise.AnswerNoise`).
     """
+
+    UNPHASED = "unphased"
 
     def __init__(self, fn: QueryFn, d: int, *, budget: int | None = None, precision: str = "float64",
                  max_batch: int = 65536, name: str | None = None) -> None:
         if not callable(fn):
-            raise OracleError(f"the oracle must be callable; got {type(fn).__name__}")
-        if int(d) < 1:
-            raise OracleError(f"the width d must be at least 1; got {d}")
-        if budget is not None and budget < 0:
-            raise OracleError(f"the budget must be non-negative; got {budget}")
+            hint = (" (a torch module: wrap it with attnprobe.oracles.torch_adapter)"
+                    if type(fn).__module__.startswith("torch") else "")
+            raise OracleError(f"the oracle must be callable; got {type(fn).__name__}{hint}")
         self.fn = fn
-        self.d = int(d)
-        self.budget = budget
+        self.d = check_int(d, "d", min_value=1)
+        self.budget = check_int(budget, "budget", min_value=0, allow_none=True)
         self.precision = precision
         self.eps = unit_roundoff(precision)
         self.max_batch = int(max_batch)
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         self.queries = 0
+        self.queries_by_phase: dict[str, int] = {}
+        self._phases: list[str] = []
+
+    @property
+    def noise(self) -> AnswerNoise:
+        """The answers' declared noise, from the callable (wrappers compose theirs with what they wrap)."""
+        return noise_of(self.fn)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Charge every query asked inside the ``with`` block to phase ``name`` (the innermost phase wins)."""
+        self._phases.append(str(name))
+        try:
+            yield
+        finally:
+            self._phases.pop()
+
+    def _charge(self, n: int) -> None:
+        self.queries += n
+        key = self._phases[-1] if self._phases else self.UNPHASED
+        self.queries_by_phase[key] = self.queries_by_phase.get(key, 0) + n
 
     @property
     def remaining(self) -> float:
@@ -48,7 +76,8 @@ class Oracle:
         if n > self.remaining:
             raise BudgetExceededError(
                 f"{what} needs {n} more queries but the budget has {int(self.remaining)} left "
-                f"(budget {self.budget}, used {self.queries}); raise --budget to at least {self.queries + n}")
+                f"(budget {self.budget}, used {self.queries}); raise the budget to at least {self.queries + n} "
+                "(a lower bound: it covers this step, and later steps may need more)")
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         X = as_batch(X, self.d)
@@ -63,16 +92,15 @@ class Oracle:
         B = X.shape[0]
         try:
             raw = self.fn(X)
+        except SystemExit as exc:  # an oracle must not end the process: report it like any failure
+            raise OracleError(f"the oracle {self.name!r} called exit({exc.code!r}) on a batch of shape {X.shape}; "
+                              "an oracle must return answers or raise an exception") from exc
         except Exception as exc:
             raise OracleError(f"the oracle {self.name!r} failed on a batch of shape {X.shape}: "
                               f"{type(exc).__name__}: {exc}") from exc
         finally:
-            self.queries += B
-        try:
-            y = np.asarray(raw, dtype=np.float64)
-        except (TypeError, ValueError) as exc:
-            raise OracleAnswerError(f"the oracle {self.name!r} answered with something that is not numbers "
-                                    f"({type(raw).__name__}); it must return a float array of shape ({B},)") from exc
+            self._charge(B)
+        y = self._numbers(raw, B)
         if y.shape != (B,):
             raise OracleAnswerError(f"the oracle {self.name!r} answered with shape {y.shape} for a batch of "
                                     f"{B} sequences; it must return one number per sequence, shape ({B},)")
@@ -83,6 +111,25 @@ class Oracle:
                                     f"a batch of shape {X.shape}; {int(bad.sum())} answers in the batch are "
                                     "not finite. Check the target for overflow or lower the probe scale.")
         return y
+
+    def _numbers(self, raw, B: int) -> np.ndarray:
+        """The answers as float64, refusing what a conversion would corrupt (complex, strings, objects)."""
+        try:
+            arr = np.asarray(raw)
+            if arr.dtype.kind == "O":
+                arr = arr.astype(np.float64)
+        except (TypeError, ValueError, OverflowError) as exc:
+            arr = None
+            cause = exc
+        else:
+            cause = None
+        if arr is None or arr.dtype.kind not in "biuf":
+            what = "complex numbers" if arr is not None and arr.dtype.kind == "c" else \
+                f"something that is not numbers ({type(raw).__name__}" + \
+                (f" of {arr.dtype}" if arr is not None else "") + ")"
+            raise OracleAnswerError(f"the oracle {self.name!r} answered with {what}; it must return a real float "
+                                    f"array of shape ({B},)") from cause
+        return arr.astype(np.float64, copy=False)
 
     def __repr__(self) -> str:
         return f"Oracle({self.name!r}, d={self.d}, queries={self.queries}, budget={self.budget})"

@@ -2,8 +2,9 @@
 
 Each wrapper takes a callable ``fn(X) -> y`` (``X`` of shape (B, N, d)) and is one, so they stack:
 ``Membership(Rounded(BoundedNoise(head, 1e-3), decimals=4))``. Each states what it does to the answers
-(``tolerance``: absolute error bound; ``rel_eps``: relative rounding; ``sigma``: fresh noise level) and
-:func:`answer_noise` sums these over a chain so learners and the CLI know the oracle's noise floor.
+(``tolerance``: absolute error bound; ``rel_eps``: relative rounding; ``sigma``: fresh noise level) and its
+``noise`` adds these to the inner callable's (:mod:`attnprobe.oracles.noise`), so ``Oracle.noise`` knows the
+whole chain's noise floor.
 
 - :class:`BoundedNoise` — the paper's approximate value oracle AVQ(X; τ) (Sec. 6): deterministic, |error| ≤ τ.
 - :class:`AdversarialNoise` — AVQ whose ±τ error is chosen against sigmoid inversion (Thm 6.1's worst case).
@@ -16,12 +17,11 @@ Each wrapper takes a callable ``fn(X) -> y`` (``X`` of shape (B, N, d)) and is o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import numpy as np
 
 from attnprobe.errors import ConfigError
 from attnprobe.models.precision import resolve_dtype, unit_roundoff
+from attnprobe.oracles.noise import AnswerNoise, noise_of
 
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -74,6 +74,13 @@ class Wrapper:
 
     def _raw(self, X) -> np.ndarray:
         return np.asarray(self.inner(X), dtype=np.float64)
+
+    @property
+    def noise(self) -> AnswerNoise:
+        """This wrapper's own noise added to its inner callable's."""
+        own = AnswerNoise(self.tolerance, self.rel_eps, self.sigma, isinstance(self, Membership),
+                          isinstance(self, FreshNoise))
+        return noise_of(self.inner) + own
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.inner!r})"
@@ -151,6 +158,10 @@ class FreshNoise(Wrapper):
         return y + self.sigma * self.rng.uniform(-1.0, 1.0, y.shape)
 
 
+#: float64 holds 17 significant digits, and 10**±308 is the widest power of ten it holds
+MAX_DIGITS, MAX_DECIMALS = 17, 308
+
+
 class Rounded(Wrapper):
     """Answers rounded to ``decimals`` places or to ``digits`` significant digits (exactly one of them)."""
 
@@ -158,8 +169,11 @@ class Rounded(Wrapper):
         super().__init__(fn)
         if (decimals is None) == (digits is None):
             raise ConfigError("give exactly one of decimals (places after the point) or digits (significant)")
-        if digits is not None and int(digits) < 1:
-            raise ConfigError(f"significant digits must be at least 1; got {digits}")
+        if digits is not None and not 1 <= int(digits) <= MAX_DIGITS:
+            raise ConfigError(f"significant digits must be between 1 and {MAX_DIGITS} (float64 answers carry at "
+                              f"most {MAX_DIGITS}); got {digits}")
+        if decimals is not None and not -MAX_DECIMALS <= int(decimals) <= MAX_DECIMALS:
+            raise ConfigError(f"decimals must be between -{MAX_DECIMALS} and {MAX_DECIMALS}; got {decimals}")
         self.decimals = None if decimals is None else int(decimals)
         self.digits = None if digits is None else int(digits)
         if self.decimals is not None:
@@ -169,13 +183,16 @@ class Rounded(Wrapper):
 
     def __call__(self, X):
         y = self._raw(X)
-        if self.decimals is not None:
-            return np.round(y, self.decimals)
-        with np.errstate(divide="ignore"):
-            mag = np.floor(np.log10(np.abs(y)))
-        mag = np.where(np.isfinite(mag), mag, 0.0)
-        scale = 10.0 ** (self.digits - 1 - mag)
-        return np.round(y * scale) / scale
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            if self.decimals is not None:
+                r = np.round(y, self.decimals)
+            else:
+                mag = np.floor(np.log10(np.abs(y)))
+                mag = np.where(np.isfinite(mag), mag, 0.0)
+                scale = 10.0 ** (self.digits - 1 - mag)
+                r = np.round(y * scale) / scale
+        # where scaling overflowed, the rounding is finer than float64 itself: the answer is already rounded
+        return np.where(np.isfinite(r), r, y)
 
 
 class Precision(Wrapper):
@@ -208,30 +225,9 @@ class Membership(Wrapper):
         return (self._raw(X) > 0).astype(np.float64)
 
 
-@dataclass(frozen=True)
-class AnswerNoise:
-    """What a wrapper chain does to answers: ``|error| ≤ tolerance + rel_eps·|f|`` plus fresh noise ``sigma``."""
-
-    tolerance: float = 0.0
-    rel_eps: float = 0.0
-    sigma: float = 0.0
-    membership: bool = False
-    fresh: bool = False
-
-
 def answer_noise(fn) -> AnswerNoise:
-    """Walk a wrapper chain (an :class:`~attnprobe.oracles.base.Oracle` or a wrapper) and add up its noise."""
-    tol = rel = sig = 0.0
-    member = fresh = False
-    obj = getattr(fn, "fn", fn)
-    while isinstance(obj, Wrapper):
-        tol += obj.tolerance
-        rel += obj.rel_eps
-        sig = math.hypot(sig, obj.sigma)
-        member |= isinstance(obj, Membership)
-        fresh |= isinstance(obj, FreshNoise)
-        obj = obj.inner
-    return AnswerNoise(tol, rel, sig, member, fresh)
+    """The noise an :class:`~attnprobe.oracles.base.Oracle` or a wrapper declares (its ``noise``)."""
+    return noise_of(fn)
 
 
 NOISE_KINDS = ("avq", "adversarial", "gaussian", "uniform")
@@ -277,6 +273,5 @@ def wrap_oracle(oracle, **kwargs):
     oracle.fn = wrap(oracle.fn, **kwargs)
     if kwargs.get("cast"):
         oracle.precision = kwargs["cast"]
-    noise = answer_noise(oracle)
-    oracle.eps = max(oracle.eps, 2.0 * noise.rel_eps)
+    oracle.eps = max(oracle.eps, 2.0 * oracle.noise.rel_eps)
     return oracle

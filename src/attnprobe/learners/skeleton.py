@@ -1,0 +1,107 @@
+"""The one skeleton every learner runs on: seed, timer, progress, an up-front budget check, queries charged to
+named phases, and the functional check with one failure semantics.
+
+    run = Run(oracle, "exact", seed=seed, check=check, progress=progress)
+    run.plan(n, "exact extraction at d=16")          # refuses before the first query if n + check won't fit
+    with run.phase("values"):
+        y = oracle(X)                               # charged to "values"
+    return run.finish(model, unknowns=..., details=..., notes=...)
+
+The Extraction's ``queries_by_phase`` sums to its ``queries`` (the check's queries are counted apart, in
+``check.queries``); ``check`` is a :class:`~attnprobe.learners.check.CheckResult`. A failed check does not raise:
+the result comes back with ``check.passed = False`` and a note (the CLI turns it into exit code 3).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from attnprobe._validation import check_seed
+from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, functional_check
+from attnprobe.learners.result import Extraction
+
+
+def _no_progress(done: int, total: int) -> None:
+    return None
+
+
+class Run:
+    """One extraction in progress on ``oracle`` (see the module docstring)."""
+
+    def __init__(self, oracle, method: str, *, seed=0, check: bool = True, check_lengths=DEFAULT_LENGTHS,
+                 check_per_length: int = 8, progress: Callable[[int, int], None] | None = None) -> None:
+        self.oracle = oracle
+        self.method = method
+        self.seed = check_seed(seed) if not isinstance(seed, (list, tuple)) else seed
+        self.rng = np.random.default_rng(self.seed)
+        self.check = bool(check)
+        self.check_lengths = tuple(check_lengths)
+        self.check_per_length = int(check_per_length)
+        self.progress = progress or _no_progress
+        self.planned: int | None = None
+        self.t0 = time.perf_counter()
+        self.start = oracle.queries
+        self._phase_start = dict(oracle.queries_by_phase)
+
+    @property
+    def check_queries(self) -> int:
+        return check_queries(self.check_lengths, self.check_per_length) if self.check else 0
+
+    @property
+    def queries(self) -> int:
+        """Queries this extraction has asked so far (the check excluded)."""
+        return self.oracle.queries - self.start
+
+    def plan(self, n: int, what: str, *, at_least: bool = False) -> None:
+        """Refuse up front when ``n`` planned queries plus the check's do not fit in the budget.
+
+        ``at_least``: an adaptive learner knows only a lower bound; the message says so.
+        """
+        self.planned = int(n)
+        k = self.check_queries
+        kind = "at least " if at_least else ""
+        self.oracle.require(self.planned + k, f"{what} needs {kind}{self.planned} queries plus {k} for the "
+                                              "functional check;")
+
+    def phase(self, name: str):
+        """Context manager charging the queries inside it to phase ``name``."""
+        return self.oracle.phase(name)
+
+    def report(self, total: int | None = None) -> None:
+        """Tell the progress callback how far the extraction is (``total`` defaults to the plan)."""
+        total = total if total is not None else (self.planned or self.queries)
+        self.progress(self.queries, max(total, self.queries))
+
+    def queries_by_phase(self) -> dict[str, int]:
+        now = self.oracle.queries_by_phase
+        diff = {k: now[k] - self._phase_start.get(k, 0) for k in now}
+        return {k: v for k, v in diff.items() if v}
+
+    def finish(self, model, *, unknowns: int, details: dict | None = None, notes: list[str] | None = None,
+               hint: str = "", check_model=None, check_oracle=None, check_input_fn=None,
+               check_scale: float = 1.0) -> Extraction:
+        """Assemble the :class:`Extraction`, then run the functional check on fresh sequences.
+
+        ``check_model`` / ``check_oracle`` default to ``model`` / the run's oracle (a learner whose result is
+        compared on another oracle, e.g. the transformer's, passes its own). A failed check adds a note ending
+        in ``hint``.
+        """
+        queries = self.queries
+        by_phase = self.queries_by_phase()
+        result = Extraction(self.method, model, queries, int(unknowns), 0.0, details=dict(details or {}),
+                            notes=list(notes or []), queries_by_phase=by_phase)
+        if self.check:
+            oracle = check_oracle or self.oracle
+            with oracle.phase("check"):
+                result.check = functional_check(oracle, check_model if check_model is not None else model,
+                                                self.rng, self.check_lengths, self.check_per_length,
+                                                scale=check_scale, input_fn=check_input_fn)
+            if not result.check.passed:
+                result.notes.append(
+                    f"functional check FAILED (relative error {result.check.error:.2e} > "
+                    f"{result.check.tolerance:.1e}): the recovered model does not describe the oracle{hint}")
+        result.seconds = time.perf_counter() - self.t0
+        return result
