@@ -21,7 +21,7 @@ def test_known_subspaces_recover_every_head(H, dh, bias):
     # each head costs exactly what the single-head learner costs in d_h dimensions (+ at most 2 % calibration)
     per_head = dh * dh + 2 * dh + 1 if bias else dh * dh + dh
     assert H * per_head <= res.queries <= H * per_head * 1.02 + H
-    assert res.queries == sum(res.details["queries_per_head"])
+    assert res.queries == sum(res.details["queries_per_head"]) == res.queries_by_phase["heads"]
     assert res.check["passed"] and res.check["relative_error"] < 1e-10
 
 
@@ -56,7 +56,8 @@ def test_unknown_orthogonal_subspaces(H, dh, seed):
     assert res.model.H == H and res.details["blocks"]["sizes"] == [dh] * H
     assert match_heads(m, res.model).worst < 1e-6
     assert res.queries <= MultiHeadAttention.query_bound(d, H)
-    assert sum(res.details["stages"].values()) == res.queries
+    assert set(res.queries_by_phase) == {"values", "hessians", "heads"}
+    assert sum(res.queries_by_phase.values()) == res.queries
     assert res.check["passed"]
 
 
