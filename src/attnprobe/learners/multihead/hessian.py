@@ -28,8 +28,9 @@ from attnprobe.learners.skeleton import Run
 from attnprobe.models.attention import AttentionHead
 from attnprobe.models.multihead import MultiHeadAttention
 
-#: relative singular value below which a Hessian direction is noise (the ranges' rank test)
-RANK_TOL = 1e-6
+#: relative singular value below which a Hessian direction is noise (the ranges' rank test), at least
+#: ``RANK_NOISE × √eps`` (the one-step Hessians' relative error is ~√eps)
+RANK_TOL, RANK_NOISE = 1e-6, 30.0
 #: finite-difference steps in units of eps^(1/4) (one step) and eps^(1/6) (Richardson); measured best on
 #: float64 orthogonal heads with unit logit scale: subspace errors ~1e-7 and ~3e-9 (docs/multihead.md)
 STEP_SINGLE, STEP_RICHARDSON = 4.0, 4.0
@@ -73,9 +74,14 @@ def hessian_at(oracle, y: np.ndarray, v_sum: np.ndarray, c: float, step: float,
     return Hm
 
 
-def _rank(mats: list[np.ndarray]) -> int:
+def rank_tolerance(eps: float) -> float:
+    """Relative size below which a direction of the measured Hessians is finite-difference noise."""
+    return max(RANK_TOL, RANK_NOISE * eps ** 0.5)
+
+
+def _rank(mats: list[np.ndarray], tol: float) -> int:
     s = np.linalg.svd(np.concatenate(mats, axis=1), compute_uv=False)
-    return int(np.sum(s > RANK_TOL * s[0])) if s[0] > 0 else 0
+    return int(np.sum(s > tol * s[0])) if s[0] > 0 else 0
 
 
 def _step(oracle, richardson: bool) -> float:
@@ -116,7 +122,7 @@ def measure_hessians(oracle, v_sum: np.ndarray, c: float, rng: np.random.Generat
         y = rng.standard_normal(d)
         mats.append(hessian_at(oracle, y, v_sum, c, _step(oracle, rich), rich))
         modes.append(bool(rich))
-        ranks.append(_rank(mats))
+        ranks.append(_rank(mats, rank_tolerance(oracle.eps)))
         if progress:
             progress(len(mats), cap)
         grown = len(ranks) == 1 or ranks[-1] > ranks[-2]
@@ -155,7 +161,7 @@ def extract_multihead_orthogonal(oracle, *, heads: int | None = None, bias: bool
         mats, hdetails = measure_hessians(oracle, v_sum, c, rng, budget=cap - run.queries, heads=heads,
                                           richardson=richardson, max_hessians=max_hessians,
                                           progress=lambda *_: run.report(int(min(cap, 1e18))))
-    split = simultaneous_blocks(mats, rng, blocks=heads)
+    split = simultaneous_blocks(mats, rng, blocks=heads, kernel_tol=max(1e-7, rank_tolerance(oracle.eps) ** 2))
     bases = split.bases
     if heads is not None and len(bases) != heads:
         raise RecoveryError(f"found {len(bases)} head subspaces, expected heads={heads}; "
