@@ -131,3 +131,36 @@ def test_shared_attention_target_has_tied_heads():
     m = shared_attention_multihead(5, 3, tied=2, seed=0)
     assert np.array_equal(m.W[0], m.W[1]) and not np.allclose(m.W[0], m.W[2])
     assert abs(np.linalg.det(np.stack([m.v[0], m.v[1]])[:, :2])) < 1e-12  # v_0 ∥ v_1
+
+
+def test_prop71_witness_has_the_same_function_and_other_parameters():
+    from attnprobe.models.identifiability import equivalent, tied_groups, witness
+
+    rng = np.random.default_rng(0)
+    m = shared_attention_multihead(4, 3, tied=2, seed=1)
+    assert tied_groups(m) == [[0, 1]]
+    w = witness(m, rng)
+    assert w.H == m.H and rel(w.v, m.v) > 0.1  # a real difference, not a permutation
+    assert match_heads(m, w).worst > 0.1
+    rep = equivalent(m, w, rng, per=16, climbs=2, climb_iters=200)
+    assert rep.max_gap <= 1e-9 and rep.evaluations > 16 * 15
+
+
+def test_witness_splits_a_head_when_none_are_tied():
+    from attnprobe.models.identifiability import equivalent, witness
+
+    rng = np.random.default_rng(1)
+    m = random_multihead(3, 2, seed=2)
+    w = witness(m, rng)
+    assert w.H == 3
+    assert equivalent(m, w, rng, per=16, climbs=1, climb_iters=100).max_gap <= 1e-9
+
+
+def test_equivalent_finds_a_gap_between_different_layers():
+    from attnprobe.models.identifiability import equivalent
+
+    rng = np.random.default_rng(2)
+    m = random_multihead(4, 2, seed=3)
+    other = MultiHeadAttention(m.W + 1e-3 * rng.standard_normal(m.W.shape), m.v, m.u, m.c)
+    rep = equivalent(m, other, rng, per=16, climbs=2, climb_iters=200)
+    assert rep.max_gap > 1e-5 and rep.max_gap >= rep.random_gap

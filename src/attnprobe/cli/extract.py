@@ -76,9 +76,44 @@ def _run_ffn(oracle, args, progress):
     return extract_ffn(oracle, seed=args.seed, progress=progress, sign_time_limit=args.sign_time_limit)
 
 
+def load_subspaces(path) -> list:
+    """Head subspace bases from an .npz: an array ``subspaces`` (or ``E``) of shape (H, d, d_h), or one
+    (d, d_h) array per head (in file order)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"--subspaces file {path} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except Exception as exc:
+        raise ConfigError(f"cannot read --subspaces {path} as an .npz file: {exc}") from exc
+    for key in ("subspaces", "E"):
+        if key in arrays:
+            return list(arrays[key])
+    if not arrays:
+        raise ConfigError(f"--subspaces {path} holds no arrays; save an (H, d, d_h) array named 'subspaces'")
+    return list(arrays.values())
+
+
+def _run_multihead(oracle, args, progress):
+    from attnprobe.learners.multihead import extract_multihead
+
+    subspaces = load_subspaces(args.subspaces) if args.subspaces else None
+    method = "subspaces" if subspaces is not None else args.multihead_learner
+    return extract_multihead(oracle, heads=args.heads, max_heads=args.max_heads, subspaces=subspaces,
+                             bias=not args.no_bias, method=method, seed=args.seed, progress=progress)
+
+
 #: ``--method`` name -> runner(oracle, args, progress) -> Extraction
 METHODS = {"exact": _run_exact, "lowrank": _run_lowrank, "nuclear": _run_nuclear, "robust": _run_robust,
-           "membership": _run_membership, "transformer": _run_transformer, "ffn": _run_ffn}
+           "membership": _run_membership, "transformer": _run_transformer, "ffn": _run_ffn,
+           "multihead": _run_multihead}
+#: options only one method reads: given with another method they are an error, not silently ignored
+MULTIHEAD_ONLY = ("heads", "max_heads", "subspaces")
 #: methods whose probe design --probes chooses (the others have one design and refuse the option)
 TAKES_PROBES = {"exact", "robust", "membership", "transformer"}
 
@@ -115,6 +150,11 @@ def run(args) -> int:
         raise ConfigError(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
     if args.probes and args.method not in TAKES_PROBES:
         raise ConfigError(f"--method {args.method} has a single probe design; drop --probes {args.probes}")
+    if args.method != "multihead":
+        given = [o for o in MULTIHEAD_ONLY if getattr(args, o) is not None]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise ConfigError(f"{flag} is for --method multihead; drop it or use --method multihead")
     progress = Progress(f"extract ({args.method})", enabled=not args.quiet)
     try:
         res = METHODS[args.method](oracle, args, progress)
@@ -153,6 +193,15 @@ def add_parser(sub) -> None:
     lr.add_argument("--measurements", type=int,
                     help="nuclear: number m of rank-one measurements (default from the measured phase transition)")
     lr.add_argument("--solver", default="auto", help="nuclear: cvxpy solver (default auto = SCS, then CLARABEL)")
+    mh = e.add_argument_group("multi-head layers (--method multihead; Sec. 7, App. C)")
+    heads = mh.add_mutually_exclusive_group()
+    heads.add_argument("--heads", type=int, metavar="H", help="number of heads (detected when omitted)")
+    heads.add_argument("--max-heads", type=int, metavar="H0", help="upper bound on the number of heads")
+    mh.add_argument("--subspaces", metavar="FILE.npz",
+                    help="known mutually orthogonal head subspaces: an (H, d, d_h) array 'subspaces' (Prop. C.2)")
+    mh.add_argument("--multihead-learner", choices=["auto", "orthogonal", "generic"], default="auto",
+                    help="orthogonal: heads in unknown orthogonal subspaces (App. C Hessians); generic: overlapping "
+                         "heads; auto: generic when available")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", required=True, metavar="OUT.npz", help="recovered arrays; a JSON summary goes beside")
     e.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -24,16 +24,37 @@ def _ffn_errors(true_model, result) -> dict[str, float]:
     return out
 
 
+def _multihead_errors(true_model, result) -> dict[str, float]:
+    """Multi-head results: heads matched up to permutation (Hungarian), per-head W/v/u errors, the worst, c."""
+    from attnprobe.errors import ConfigError
+    from attnprobe.models import match_heads
+
+    if result.kind != "multi_head":
+        raise ConfigError(f"the target is a multi-head layer but the result is a {result.kind}")
+    m = match_heads(true_model, result)
+    out = {"heads_found": float(result.H), "heads_true": float(true_model.H)}
+    for h in range(true_model.H):
+        out[f"head{h}<-{int(m.perm[h])}"] = float(m.head_error[h])
+    out["worst_head"] = m.worst
+    out["c"] = m.c
+    return out
+
+
 def run(args) -> int:
     true_model = load_model(args.target)
     result = load_model(args.result)
-    if true_model.kind in ("one_layer_transformer", "relu_net"):
+    if true_model.kind == "multi_head":
+        errs = _multihead_errors(true_model, result)
+    elif true_model.kind in ("one_layer_transformer", "relu_net"):
         errs = _ffn_errors(true_model, result)
     else:
         errs = relative_errors(true_model, result)
     width = max(map(len, errs))
     for name, e in errs.items():
-        print(f"{name:<{width}}  relative error {e:.3e}")
+        if name.startswith("heads_"):
+            print(f"{name:<{width}}  {int(e)}")
+        else:
+            print(f"{name:<{width}}  relative error {e:.3e}")
     if args.json:
         Path(args.json).write_text(json.dumps(errs, indent=2) + "\n")
     return 0

@@ -76,3 +76,22 @@ def minilm_layer(layer: int = 0, output_row: int = 0, dtype: str = "float64") ->
     return MultiHeadAttention.from_projections(p["Q"], p["K"], p["V"], p["w"].reshape(-1), float(p["b"]),
                                                b_Q=p["bQ"], b_V=p["bV"], scale=1.0 / np.sqrt(HEAD_DIM),
                                                dtype=dtype)
+
+
+def minilm_torch_layer(layer: int = 0, output_row: int = 0, dtype=None):
+    """A real MiniLM-L6 attention layer (all 12 heads, query/key/value + output dense, float64 unless ``dtype``)
+    as a torch :class:`~attnprobe.oracles.torch_multihead.BertSelfAttentionRow`; needs the ``torch`` extra."""
+    from attnprobe.oracles.torch_multihead import BertSelfAttentionRow, torch
+
+    _check_index(layer, output_row)
+    dtype = torch.float64 if dtype is None else dtype
+    t = _tensors()
+    pre = f"encoder.layer.{layer}.attention"
+    mod = BertSelfAttentionRow(HIDDEN, HEADS, output_row, dtype=dtype)
+    names = {"query": "self.query", "key": "self.key", "value": "self.value", "dense": "output.dense"}
+    with torch.no_grad():
+        for attr, name in names.items():
+            lin = getattr(mod, attr)
+            lin.weight.copy_(torch.as_tensor(np.asarray(t[f"{pre}.{name}.weight"]), dtype=dtype))
+            lin.bias.copy_(torch.as_tensor(np.asarray(t[f"{pre}.{name}.bias"]), dtype=dtype))
+    return mod.eval()

@@ -3,8 +3,8 @@
 
 Given ``M_1, …, M_K`` that are all block-diagonal in an unknown orthonormal basis ``[E_1 … E_H]``:
 1. the common kernel (directions no ``M_k`` reaches) is split off;
-2. a random symmetric element ``B`` of the matrix *-algebra the ``M_k`` generate (linear and quadratic terms)
-   is block-diagonal too; its eigenvectors lie inside single blocks when its spectrum is simple;
+2. a random symmetric element ``B`` of the matrix *-algebra the ``M_k`` generate (linear and quadratic terms:
+   :func:`algebra_elements`) is block-diagonal too; its eigenvectors lie inside single blocks when its spectrum is simple;
 3. eigenvectors ``q_a, q_b`` are linked with weight ``Σ_k (q_aᵀ A_k q_b)²`` over the algebra elements ``A_k``;
    blocks are the connected components — cut the weakest edges of the maximum spanning tree (the ``H − 1``
    weakest when ``H`` is known, else those below a wide gap);
@@ -37,14 +37,17 @@ class Blocks:
     strongest_cut: float
 
 
-def algebra_elements(mats: list[np.ndarray], rng: np.random.Generator, products: int | None = None
+def algebra_elements(mats: list[np.ndarray], rng: np.random.Generator, max_products: int = 64
                      ) -> list[np.ndarray]:
-    """The normalised ``M_k`` plus ``products`` random symmetrised products ``M_k M_l + M_l M_k`` (default K)."""
+    """The normalised ``M_k`` and their symmetrised products ``M_k M_l + M_l M_k`` (all pairs ``k ≤ l``, or
+    ``max_products`` random ones). Linear combinations of rank-2-per-block Hessians stay rank 2 per block, so a
+    generic element with a simple spectrum needs the products (their ranges span every block)."""
     A = [M / np.linalg.norm(M) for M in mats]
     K = len(A)
-    n = K if products is None else products
-    for _ in range(n):
-        k, l = rng.integers(K, size=2)
+    pairs = [(k, l) for k in range(K) for l in range(k, K)]
+    if len(pairs) > max_products:
+        pairs = [pairs[i] for i in rng.choice(len(pairs), max_products, replace=False)]
+    for k, l in pairs:
         P = A[k] @ A[l] + A[l] @ A[k]
         nP = np.linalg.norm(P)
         if nP > 0:

@@ -21,8 +21,8 @@ import time
 
 import numpy as np
 
-from attnprobe.errors import BudgetExceededError, RecoveryError
-from attnprobe.learners.check import finish
+from attnprobe.errors import RecoveryError
+from attnprobe.learners.check import check_queries, finish
 from attnprobe.learners.exact import learn_value
 from attnprobe.learners.multihead.blocks import simultaneous_blocks
 from attnprobe.learners.multihead.subspaces import learn_heads_in_subspaces
@@ -80,53 +80,87 @@ def _rank(mats: list[np.ndarray]) -> int:
     return int(np.sum(s > RANK_TOL * s[0])) if s[0] > 0 else 0
 
 
-def measure_hessians(oracle, v_sum: np.ndarray, c: float, rng: np.random.Generator, *, max_hessians: int,
-                     extra: int = 1, step: float | None = None, richardson: bool = False, progress=None) -> tuple[list[np.ndarray], dict]:
+def _step(oracle, richardson: bool) -> float:
+    return STEP_RICHARDSON * oracle.eps ** (1 / 6) if richardson else STEP_SINGLE * oracle.eps ** 0.25
+
+
+def heads_reserve(d: int, H: int) -> int:
+    """Queries the head pass needs for ``H`` heads of dimension ``⌈d/H⌉`` (with 10 % for calibration)."""
+    dh = -(-d // max(H, 1))
+    return int(1.1 * H * (dh + 1) ** 2)
+
+
+def measure_hessians(oracle, v_sum: np.ndarray, c: float, rng: np.random.Generator, *, budget: float,
+                     heads: int | None = None, extra: int = 1, richardson: bool | None = None,
+                     max_hessians: int | None = None, progress=None) -> tuple[list[np.ndarray], dict]:
     """Phase function: Hessians at random last tokens until the rank of their ranges stops growing, plus
-    ``extra``; at most ``max_hessians``. Returns the Hessians and details (ranks, step)."""
+    ``extra``, within ``budget`` queries (less what the head passes will need: :func:`heads_reserve`).
+
+    ``richardson``: True/False for every Hessian, or None (auto): Richardson (2 queries per entry, ~30x more
+    accurate) whenever the Hessians still expected (``d_h − 1 + extra``, with ``d_h = d/H`` and H known or read
+    from the first Hessian's rank ``2H``) fit with it, one-step otherwise.
+    """
     d = oracle.d
-    if step is None:
-        step = STEP_RICHARDSON * oracle.eps ** (1 / 6) if richardson else STEP_SINGLE * oracle.eps ** 0.25
-    step = float(step)
-    per = d * (d + 1) // 2 * (2 if richardson else 1)
-    mats, ranks, after_full = [], [], 0
-    while len(mats) < max_hessians:
-        if oracle.remaining < per:
+    per = d * (d + 1) // 2
+    cap = max_hessians if max_hessians is not None else d + 1
+    mats, ranks, modes, after_full = [], [], [], 0
+    used0 = oracle.queries
+    while len(mats) < cap:
+        H_est = heads or (max(1, ranks[0] // 2) if ranks else 2)
+        left = budget - (oracle.queries - used0) - heads_reserve(d, H_est)
+        if ranks:
+            need = max(1, -(-(d - ranks[-1]) // max(1, H_est)) + extra - after_full)
+        else:
+            need = -(-d // H_est) - 1 + extra
+        rich = richardson if richardson is not None else left >= (need + 1) * per
+        if left < per * (2 if rich else 1):
             break
         y = rng.standard_normal(d)
-        mats.append(hessian_at(oracle, y, v_sum, c, step, richardson))
+        mats.append(hessian_at(oracle, y, v_sum, c, _step(oracle, rich), rich))
+        modes.append(bool(rich))
         ranks.append(_rank(mats))
         if progress:
-            progress(len(mats), max_hessians)
+            progress(len(mats), cap)
         grown = len(ranks) == 1 or ranks[-1] > ranks[-2]
         if ranks[-1] == d or not grown:
             after_full += 1
             if after_full > extra:
                 break
-    return mats, {"hessians": len(mats), "ranks": ranks, "step": step, "queries_per_hessian": per,
-                  "richardson": richardson}
+    return mats, {"hessians": len(mats), "ranks": ranks, "richardson": modes, "queries_per_hessian": per}
 
 
 def extract_multihead_orthogonal(oracle, *, heads: int | None = None, bias: bool = True, seed: int = 0,
-                                 check: bool = True, max_hessians: int | None = None, richardson: bool = False,
-                                 step: float | None = None, progress=None
-                                 ) -> Extraction:
+                                 check: bool = True, max_queries: int | None = None,
+                                 richardson: bool | None = None, max_hessians: int | None = None,
+                                 progress=None) -> Extraction:
     """Heads in unknown mutually orthogonal subspaces (App. C conjecture): Hessians → finest simultaneous block
-    diagonalisation → each head by the exact learner in its subspace. ``heads`` fixes H (else detected)."""
+    diagonalisation → each head by the exact learner in its subspace (small probe logits, so the leakage of
+    the other heads through the estimated subspaces is not amplified).
+
+    ``heads`` fixes H (else detected from the block structure). ``max_queries`` caps the extraction's queries
+    (default: ``4Hd² − 2H + 1`` when H is known, else the oracle's budget).
+    """
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     d = oracle.d
     start = oracle.queries
     stages: dict[str, int] = {}
-    oracle.require(d + 1 + d * (d + 1) // 2, f"orthogonal multi-head extraction at d={d} (at least one Hessian)")
+    n_check = check_queries() if check else 0
+    cap = oracle.remaining - n_check
+    if max_queries is None and heads is not None:
+        max_queries = MultiHeadAttention.query_bound(d, heads)
+    if max_queries is not None:
+        cap = min(cap, max_queries)
+    oracle.require(d + 1 + d * (d + 1) // 2 + n_check,
+                   f"orthogonal multi-head extraction at d={d} (at least one Hessian and the check)")
 
     q0 = oracle.queries
     v_sum, c, _ = learn_value(oracle, bias=True)
     stages["values"] = oracle.queries - q0
 
     q0 = oracle.queries
-    cap = max_hessians if max_hessians is not None else d + 1
-    mats, hdetails = measure_hessians(oracle, v_sum, c, rng, max_hessians=cap, richardson=richardson, step=step)
+    mats, hdetails = measure_hessians(oracle, v_sum, c, rng, budget=cap - stages["values"], heads=heads,
+                                      richardson=richardson, max_hessians=max_hessians, progress=progress)
     stages["hessians"] = oracle.queries - q0
 
     split = simultaneous_blocks(mats, rng, blocks=heads)
@@ -134,12 +168,10 @@ def extract_multihead_orthogonal(oracle, *, heads: int | None = None, bias: bool
     if heads is not None and len(bases) != heads:
         raise RecoveryError(f"found {len(bases)} head subspaces, expected {heads}")
     q0 = oracle.queries
-    try:
-        model, head_details = learn_heads_in_subspaces(oracle, bases, bias=bias, seed=seed,
-                                                       leakage=LEAKAGE_FACTOR * split.residual_after)
-    except BudgetExceededError:
-        raise
+    model, head_details = learn_heads_in_subspaces(oracle, bases, bias=bias, seed=seed,
+                                                   leakage=LEAKAGE_FACTOR * split.residual_after)
     stages["heads"] = oracle.queries - q0
+    notes = []
     if not bias:
         model = MultiHeadAttention(model.W, model.v, None, 0.0)
     H = model.H
@@ -149,7 +181,6 @@ def extract_multihead_orthogonal(oracle, *, heads: int | None = None, bias: bool
                           "residual_after_refine": split.residual_after,
                           "weakest_kept_edge": split.weakest_kept, "strongest_cut_edge": split.strongest_cut},
                "query_bound": MultiHeadAttention.query_bound(d, H)}
-    notes = []
     if split.kernel.shape[1]:
         notes.append(f"{split.kernel.shape[1]} input directions reach no head (common kernel of the Hessians); "
                      "the heads are taken to be zero there")
