@@ -80,3 +80,22 @@ def test_attention_that_ignores_the_probe_is_refused():
     target = MultiHeadAttention(np.zeros((2, 6, 6)), np.random.default_rng(0).standard_normal((2, 6)))
     with pytest.raises(UnidentifiableError, match="linear in the probe"):
         extract_generic(Oracle(target, 6))
+
+
+def test_torch_multihead_attention_layer():
+    """A real ``torch.nn.MultiheadAttention`` (float64, biases, d_h = d/H) read at one output row."""
+    import torch
+
+    from attnprobe.oracles.torch_adapter import oracle_from_torch
+    from attnprobe.oracles.torch_multihead import TorchMultiheadRow, multihead_from_torch
+
+    torch.manual_seed(3)
+    module = TorchMultiheadRow(12, 3, row=2)
+    with torch.no_grad():
+        module.attn.in_proj_bias.normal_(0, 0.5)  # torch initialises the biases to 0: make u_h and c visible
+        module.attn.out_proj.bias.normal_(0, 0.5)
+    truth = multihead_from_torch(module)
+    res = extract_generic(oracle_from_torch(module, 12), seed=0)
+    assert res.model.H == 3
+    assert match_heads(truth, res.model).worst <= 1e-6
+    assert res.check.passed

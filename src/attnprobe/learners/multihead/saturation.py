@@ -33,8 +33,8 @@ SATURATED_LOGIT = 40.0
 LABEL_TOL = 1e-7
 #: the search radius is this many times the smallest radius found saturated at random points
 RADIUS_MARGIN = 1e7
-#: adjacent cone gradients closer than this many roundings are one cone
-JUMP_FLOOR = 1e4
+#: adjacent cone gradients closer than this (relative to the largest) are one cone
+SAME_CONE = 1e-6
 
 
 @dataclass
@@ -219,14 +219,23 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
             raise SaturationError("no step stays inside a saturated cone of the probe circle; the heads' logits are "
                                   "too close to one another to be separated")
         grads.append(g)
-    G = np.array(grads + [v_sum - grads[0]])  # the cone after the last crossing is opposite the first
-    J = np.diff(G, axis=0)  # one jump per crossing
     # a "crossing" between two cones with the same gradient is a search artefact (a label that straddled a
-    # small jump): drop it
-    real = np.linalg.norm(J, axis=1) > JUMP_FLOOR * max(oracle.eps, 1e-16) * float(np.max(np.linalg.norm(G, axis=1)))
-    spurious = int(np.sum(~real))
-    J = J[real]
-    G = np.concatenate([G[:1], G[1:][real]])
+    # crossing where the head's value z(θ)ᵀv_h nearly vanishes): merge such cones, keeping the gradient of the
+    # widest one (the most accurate: the largest steps)
+    widths = list(hi - lo)
+    floor = max(SAME_CONE, 1e5 * oracle.eps) * float(np.max(np.linalg.norm(grads, axis=1)))
+    merged, best = [grads[0]], [widths[0]]
+    spurious = 0
+    for g, w in zip(grads[1:], widths[1:]):
+        if np.linalg.norm(g - merged[-1]) <= floor:
+            spurious += 1
+            if w > best[-1]:
+                merged[-1], best[-1] = g, w
+        else:
+            merged.append(g)
+            best.append(w)
+    G = np.array(merged + [v_sum - merged[0]])  # the cone after the last crossing is opposite the first
+    J = np.diff(G, axis=0)  # one jump per crossing
     # signs: g_0 = Σ_{heads on in the first cone} v_h = −Σ_{jumps that switch a head off} J_i
     coef, *_ = np.linalg.lstsq(J.T, G[0], rcond=None)
     off = coef < -0.5
