@@ -88,7 +88,7 @@ def random_rows(seeds):
     return rows
 
 
-def minilm_row(layer, dtype, seed=0):
+def minilm_row(layer, dtype, seed=0, rank=32):
     from attnprobe.targets.minilm import minilm_layer
 
     target = minilm_layer(layer, 0)
@@ -99,12 +99,12 @@ def minilm_row(layer, dtype, seed=0):
     load0 = _load()
     t0 = time.perf_counter()
     try:
-        res = extract_generic(oracle, rank=32, seed=seed)
+        res = extract_generic(oracle, rank=rank, seed=seed)
     except AttnprobeError as exc:
-        return {"layer": layer, "dtype": dtype, "error": f"{type(exc).__name__}: {exc}",
+        return {"layer": layer, "dtype": dtype, "rank": rank or "detected", "error": f"{type(exc).__name__}: {exc}",
                 "queries": oracle.queries, "seconds": time.perf_counter() - t0, "agree": agree}
     secs = time.perf_counter() - t0
-    out = {"layer": layer, "dtype": dtype, "heads": res.model.H, "queries": res.queries,
+    out = {"layer": layer, "dtype": dtype, "rank": rank or "detected", "heads": res.model.H, "queries": res.queries,
            "by_phase": res.queries_by_phase, "seconds": secs, "load": (load0 + _load()) / 2,
            "check": res.check.error, "passed": res.check.passed, "agree": agree}
     if res.model.H == target.H:
@@ -119,6 +119,7 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, nargs="*", default=[0])
     ap.add_argument("--float32", action="store_true", help="also run the MiniLM layers with float32 answers")
     ap.add_argument("--skip-random", action="store_true")
+    ap.add_argument("--detect-rank", action="store_true", help="also run MiniLM float64 without rank=32")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
     parts = []
@@ -130,26 +131,27 @@ def main(argv=None):
                          ["d", "H", "d_h", "≤1e-6", "worst head error", "queries (median)", "4Hd²−2H+1",
                           "unknowns H(d²+2d)+1", "seconds (median)"], rows))
     mrows, per_head = [], []
-    for layer in args.layers:
-        for dtype in ["float64"] + (["float32"] if args.float32 else []):
-            r = minilm_row(layer, dtype)
-            print(r, file=sys.stderr, flush=True)
-            if "error" in r:
-                mrows.append([layer, dtype, "—", r["queries"], "—", r["error"][:120], f"{r['seconds']:.0f}", "—"])
-                continue
-            mrows.append([layer, dtype, r["heads"], r["queries"], ", ".join(f"{k} {v}" for k, v in r["by_phase"].items()),
-                          f"{r.get('worst', float('nan')):.2e} (check {r['check']:.1e}, passed {r['passed']})",
-                          f"{r['seconds']:.0f}", f"{r['load']:.1f}"])
-            if "W" in r:
-                per_head.append([layer, dtype] + [f"{max(a, b, c):.1e}" for a, b, c in zip(r["W"], r["v"], r["u"])])
+    runs = [(layer, dtype, 32) for layer in args.layers for dtype in ["float64"] + (["float32"] if args.float32 else [])]
+    runs += [(layer, "float64", None) for layer in args.layers] if args.detect_rank else []
+    for layer, dtype, rank in runs:
+        r = minilm_row(layer, dtype, rank=rank)
+        print(r, file=sys.stderr, flush=True)
+        if "error" in r:
+            mrows.append([layer, dtype, r["rank"], "—", r["queries"], "—", r["error"][:160], f"{r['seconds']:.0f}", "—"])
+            continue
+        mrows.append([layer, dtype, r["rank"], r["heads"], r["queries"], ", ".join(f"{k} {v}" for k, v in r["by_phase"].items()),
+                      f"{r.get('worst', float('nan')):.2e} (check {r['check']:.1e}, passed {r['passed']})",
+                      f"{r['seconds']:.0f}", f"{r['load']:.1f}"])
+        if "W" in r:
+            per_head.append([layer, dtype, r["rank"]] + [f"{max(a, b, c):.1e}" for a, b, c in zip(r["W"], r["v"], r["u"])])
     if mrows:
         parts.append("The real MiniLM-L6 layer (`targets.minilm_layer(layer, output_row=0)`, all 12 heads, d = 384, "
-                     "biases), `rank=32` given; the bound 4Hd²−2H+1 = 7,077,865 queries.\n\n" + table(
-                         ["layer", "answers", "heads found", "queries", "by phase", "worst head error",
+                     "biases), `rank=32` given (or detected); the bound 4Hd²−2H+1 = 7,077,865 queries.\n\n" + table(
+                         ["layer", "answers", "rank", "heads found", "queries", "by phase", "worst head error",
                           "seconds", "load avg (2 cores)"], mrows))
     if per_head:
         parts.append("Per-head worst relative error (max of W, v, u; true head order):\n\n" + table(
-            ["layer", "answers"] + [f"h{h}" for h in range(12)], per_head))
+            ["layer", "answers", "rank"] + [f"h{h}" for h in range(12)], per_head))
     body = "\n\n".join(parts)
     print(body)
     if not args.no_write:
