@@ -21,24 +21,14 @@ from __future__ import annotations
 import numpy as np
 
 from attnprobe.errors import ConfigError, UnidentifiableError
-from attnprobe.learners.lowrank import lowrank_queries, extract_lowrank
+from attnprobe.learners.exact import learn_value
+from attnprobe.learners.lowrank import extract_lowrank, lowrank_queries
 from attnprobe.learners.multihead.cross import cross_components
 from attnprobe.learners.multihead.isolation import isolated_oracle
 from attnprobe.learners.multihead.saturation import saturated_values
 from attnprobe.learners.skeleton import Run
 
 METHOD = "multihead-generic"
-
-
-def _value_sum(oracle, bias):
-    """``[0] ↦ c`` and ``[e_i] ↦ (Σ_h v_h)_i + c`` (length-1 queries see every head's value vector summed)."""
-    d = oracle.d
-    X = np.eye(d)[:, None, :]
-    if bias:
-        X = np.concatenate([np.zeros((1, 1, d)), X])
-    a = oracle(X)
-    c = float(a[0]) if bias else 0.0
-    return (a[1:] - c if bias else a.copy()), c
 
 
 def _planned_rest(d, H, rank, bias):
@@ -68,7 +58,7 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
     notes: list[str] = []
     run.plan(d + 1 + 4 * d, f"generic multi-head extraction at d={d} (values stage)", at_least=True)
     with run.phase("values"):
-        v_sum, c = _value_sum(oracle, bias)
+        v_sum, c, _ = learn_value(oracle, bias)  # length 1: [0] ↦ c, [e_i] ↦ (Σ_h v_h)_i + c
         y = rng.standard_normal(d) / np.sqrt(d)
         stage = saturated_values(oracle, y, v_sum, c + y @ v_sum, rng)
     v = stage.v
