@@ -167,14 +167,19 @@ def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7):
 def cone_gradient(circle, center, delta, basis, eps):
     """Gradient of F in the cone around ``center`` from ``F(center + δ q_i)`` (q_i: rows of ``basis``).
 
-    F is linear and homogeneous in a saturated cone, so ``F(center) = centerᵀg`` must hold too; returns
-    ``(g, ok)`` with ``ok`` False when that check fails (a step left the cone or a head is not saturated).
+    F is linear and homogeneous in a saturated cone, so the gradient from steps δ and δ/4 must agree to
+    rounding (a step that left the cone shows as a jump divided by the step), and ``F(2c) = 2F(c)``;
+    returns ``(g, ok)`` (2d + 2 queries).
     """
-    pts = np.concatenate([center[None], center[None] + delta * basis, 2 * center[None]])
+    pts = np.concatenate([center[None], center[None] + delta * basis, center[None] + (delta / 4) * basis,
+                          2 * center[None]])
+    d = basis.shape[0]
     F = circle.F(pts)
-    g = basis.T @ ((F[1:-1] - F[0]) / delta)
+    g = basis.T @ ((F[1:d + 1] - F[0]) / delta)
+    g4 = basis.T @ ((F[d + 1:2 * d + 1] - F[0]) / (delta / 4))
     mag = np.abs(F[0]) + np.linalg.norm(center) * (np.linalg.norm(g) + circle.gain)
-    ok = abs(center @ g - F[0]) <= max(1e-9, 1e5 * eps) * mag and _homogeneous(F[0], F[-1], eps, 2 * mag)
+    agree = np.linalg.norm(g - g4) <= 64 * eps * mag / (delta / 4) * np.sqrt(d)
+    ok = agree and _homogeneous(F[0], F[-1], eps, 2 * mag)
     return g, bool(ok)
 
 
