@@ -105,3 +105,13 @@ def test_torch_multihead_attention_layer():
     assert res.model.H == 3
     assert match_heads(truth, res.model).worst <= 1e-6
     assert res.check.passed
+
+
+def test_budget_is_refused_before_the_first_query():
+    from attnprobe.errors import BudgetExceededError
+
+    target = random_multihead(16, 2, 16, seed=0)
+    oracle = Oracle(target, 16, budget=50)
+    with pytest.raises(BudgetExceededError):
+        extract_generic(oracle)
+    assert oracle.queries == 0
