@@ -27,6 +27,12 @@ def test_generic_heads_recovered_up_to_permutation(d, H, d_h, seed):
     assert sum(res.queries_by_phase.values()) == res.queries
     assert res.queries + res.check["queries"] == oracle.queries
     assert res.queries <= MultiHeadAttention.query_bound(d, H)
+    # the cross stage asks exactly H probes per head and last token, twice (the 4L repeat): last tokens are 0 and a
+    # basis of W_h's row space (rank d_h), or all of R^d when P_h W_h is full rank on the (d−H+1)-dim S_h
+    r = d_h or d // H
+    last_tokens = (r if r < d - H + 1 else d) + 1
+    assert res.queries_by_phase["cross"] == H * 2 * H * last_tokens
+    assert set(res.queries_by_phase) == {"values", "isolated", "cross"}
 
 
 def test_without_biases():
@@ -80,3 +86,32 @@ def test_attention_that_ignores_the_probe_is_refused():
     target = MultiHeadAttention(np.zeros((2, 6, 6)), np.random.default_rng(0).standard_normal((2, 6)))
     with pytest.raises(UnidentifiableError, match="linear in the probe"):
         extract_generic(Oracle(target, 6))
+
+
+def test_torch_multihead_attention_layer():
+    """A real ``torch.nn.MultiheadAttention`` (float64, biases, d_h = d/H) read at one output row."""
+    import torch
+
+    from attnprobe.oracles.torch_adapter import oracle_from_torch
+    from attnprobe.oracles.torch_multihead import TorchMultiheadRow, multihead_from_torch
+
+    torch.manual_seed(3)
+    module = TorchMultiheadRow(12, 3, row=2)
+    with torch.no_grad():
+        module.attn.in_proj_bias.normal_(0, 0.5)  # torch initialises the biases to 0: make u_h and c visible
+        module.attn.out_proj.bias.normal_(0, 0.5)
+    truth = multihead_from_torch(module)
+    res = extract_generic(oracle_from_torch(module, 12), seed=0)
+    assert res.model.H == 3
+    assert match_heads(truth, res.model).worst <= 1e-6
+    assert res.check.passed
+
+
+def test_budget_is_refused_before_the_first_query():
+    from attnprobe.errors import BudgetExceededError
+
+    target = random_multihead(16, 2, 16, seed=0)
+    oracle = Oracle(target, 16, budget=50)
+    with pytest.raises(BudgetExceededError):
+        extract_generic(oracle)
+    assert oracle.queries == 0

@@ -4,6 +4,9 @@
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 
 
@@ -45,34 +48,9 @@ def minilm_mh(layer=0, output_row=0, dtype=np.float64):
               sum(h.c for h in hs), dtype)
 
 
-class FastMultiHead:
-    """A MultiHeadAttention evaluated through its low-rank factors: the same function, ~10x faster at d = 384
-    (scores ``(X K_hᵀ)(Q_h x_N + b)`` instead of dense ``W_h``). Exposes H, d, W, v, u, c like the model."""
-
-    def __init__(self, model, rank):
-        self.model = model
-        self.H, self.d = model.H, model.d
-        self.W, self.v, self.u, self.c = model.W, model.v, model.u, model.c
-        U, s, Vt = np.linalg.svd(model.W)
-        self.K = (U[:, :, :rank] * s[:, None, :rank]).transpose(0, 2, 1).reshape(self.H * rank, self.d)  # rows
-        self.Q = Vt[:, :rank, :].reshape(self.H * rank, self.d)
-        self.r = rank
-        self.uK = np.einsum("hdk,hd->hk", U[:, :, :rank], model.u) / s[:, :rank]  # u_h = U_h S (S⁻¹U_hᵀu_h) + rest
-        self.u_rest = model.u - np.einsum("hdk,hk->hd", U[:, :, :rank], self.uK * s[:, :rank])
-
-    def __call__(self, X):
-        X = np.asarray(X, dtype=np.float64)
-        B, N, d = X.shape
-        q = (X[:, -1, :] @ self.Q.T).reshape(B, self.H, self.r) + self.uK  # Σ_h-th factor of W_h x_N + u_h
-        k = (X.reshape(B * N, d) @ self.K.T).reshape(B, N, self.H, self.r)
-        s = np.einsum("bnhk,bhk->bhn", k, q) + np.einsum("bnd,hd->bhn", X, self.u_rest)
-        s -= s.max(-1, keepdims=True)
-        a = np.exp(s)
-        a /= a.sum(-1, keepdims=True)
-        vals = X @ self.v.T
-        return np.einsum("bhn,bnh->b", a, vals) + self.c
-
-
 def fast_minilm_layer(layer=0, output_row=0):
+    """The MiniLM layer evaluated through its rank-32 factors (benchmarks/multihead_generic.py: FactorForm)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from multihead_generic import FactorForm
     from attnprobe.targets.minilm import minilm_layer
-    return FastMultiHead(minilm_layer(layer, output_row), 32)
+    return FactorForm(minilm_layer(layer, output_row), 32)

@@ -79,43 +79,46 @@ def cross_components(oracle, v, v_sum, c, WP, uP, bias, rng, *, max_retries=6):
         pP = np.einsum("gij,yj->ygi", WP, Y) + uP[None]
         pnorm = np.linalg.norm(pP, axis=2)  # (nY, H)
         grow = np.sqrt(d / free)
-        T = np.empty((nY, H - 1))
-        for i in range(nY):
-            ph = pP[i, h]
-            mp = m @ ph
-            gamma = 1.0 / max(abs(mp), pnorm[i, h] / np.sqrt(d), 1e-300)
-            zeta = np.sqrt(free) / max(pnorm[i, h], 1e-300)
-            signs = np.where(C.T @ v[h] >= 0, 1.0, -1.0)
-            for attempt in range(max_retries):
-                A = np.concatenate([gamma * m[None], gamma * m[None] + zeta * signs[:, None] * C.T])  # (H, d)
-                L = SATURATED_LOGIT + 3 * (gamma + zeta) * pnorm[i] * grow
-                logits = []
-                for boost in (1.0, 4.0):
-                    w = _switch_off_probe(N, pP[i], h, boost * L)
-                    Z = A + w
-                    X = np.empty((H, 2, d))
-                    X[:, 0] = Y[i] + Z
-                    X[:, 1] = Y[i]
-                    ans = oracle(X)
-                    y0 = c + Y[i] @ v_sum
-                    lg = invert_two_row(ans, np.full(H, y0), y0 + Z @ v[h], eps)
-                    logits.append(lg)
-                a, b = logits
-                if np.any(a.saturated) or np.any(b.saturated):
-                    zeta /= 8
-                    gamma /= 2 if a.saturated[0] else 1
-                    continue
-                da, db = a.values[1:] - a.values[0], b.values[1:] - b.values[0]
-                rep = float(np.max(np.abs(da - db) / (1 + np.abs(db)))) if db.size else 0.0
-                if rep > 1e6 * eps:
-                    zeta /= 4  # a smaller probe moves the switched-off heads' logits less
-                    continue
-                worst_repeat = max(worst_repeat, rep)
-                T[i] = signs * db / zeta
+        T = np.full((nY, H - 1), np.nan)
+        signs = np.where(C.T @ v[h] >= 0, 1.0, -1.0)
+        gamma = 1.0 / np.maximum(np.maximum(np.abs(pP[:, h] @ m), pnorm[:, h] / np.sqrt(d)), 1e-300)  # (nY,)
+        zeta = np.sqrt(free) / np.maximum(pnorm[:, h], 1e-300)
+        todo = np.arange(nY)
+        for attempt in range(max_retries):
+            if todo.size == 0:
                 break
-            else:
-                raise RecoveryError(f"could not switch the other heads off around head {h} (saturated or unstable "
-                                    "logits after retries); the heads' logits are too large for the probe scales")
+            # probes of every pending last token in one batch per boost: (len(todo) * H, 2, d)
+            A = gamma[todo, None, None] * m[None, None] + np.concatenate(
+                [np.zeros((todo.size, 1, d)), zeta[todo, None, None] * (signs[:, None] * C.T)[None]], axis=1)
+            L = SATURATED_LOGIT + 3 * (gamma[todo] + zeta[todo])[:, None] * pnorm[todo] * grow  # (n, H)
+            y0 = c + Y[todo] @ v_sum
+            res = []
+            for boost in (1.0, 4.0):
+                w = np.stack([_switch_off_probe(N, pP[i], h, boost * L[j]) for j, i in enumerate(todo)])
+                Z = A + w[:, None, :]
+                X = np.empty((todo.size, H, 2, d))
+                X[:, :, 0] = Y[todo, None] + Z
+                X[:, :, 1] = Y[todo, None]
+                ans = oracle(X.reshape(-1, 2, d)).reshape(todo.size, H)
+                lg = invert_two_row(ans, np.broadcast_to(y0[:, None], ans.shape), y0[:, None] + Z @ v[h], eps)
+                res.append(lg)
+            a, b = res
+            sat = np.any(a.saturated, axis=1) | np.any(b.saturated, axis=1)
+            da, db = a.values[:, 1:] - a.values[:, :1], b.values[:, 1:] - b.values[:, :1]
+            with np.errstate(invalid="ignore"):
+                rep = np.max(np.abs(da - db) / (1 + np.abs(db)), axis=1) if H > 1 else np.zeros(todo.size)
+            good = ~sat & (rep <= 1e6 * eps)
+            T[todo[good]] = signs * db[good] / zeta[todo[good], None]
+            if np.any(good):
+                worst_repeat = max(worst_repeat, float(np.max(rep[good])))
+            bad = todo[~good]
+            zeta[bad] /= np.where(sat[~good], 8.0, 4.0)  # smaller probes: unsaturated, and move the others less
+            gamma[bad] /= np.where(a.saturated[~good, 0], 2.0, 1.0)
+            todo = bad
+        if todo.size:
+            raise RecoveryError(f"could not switch the other heads off around head {h} ({todo.size} last tokens "
+                                "saturated or unstable after retries); the heads' logits are too large for the "
+                                "probe scales")
         if bias:
             u_cross[h] = C @ T[0]
             M = (T[1:] - T[0]) / s_y

@@ -32,6 +32,7 @@ class IsolatedHead:
         self.P = np.eye(v.shape[1]) - C @ C.T
         self.shift = v_sum - self.P @ v[h]
         self.__name__ = f"head {h} isolated"
+        self.noise = getattr(oracle, "noise", None)  # one answer minus known numbers: the same noise
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)

@@ -33,8 +33,8 @@ SATURATED_LOGIT = 40.0
 LABEL_TOL = 1e-7
 #: the search radius is this many times the smallest radius found saturated at random points
 RADIUS_MARGIN = 1e7
-#: adjacent cone gradients closer than this many roundings are one cone
-JUMP_FLOOR = 1e4
+#: adjacent cone gradients closer than this (relative to the largest) are one cone
+SAME_CONE = 1e-6
 
 
 @dataclass
@@ -56,6 +56,7 @@ class _Circle:
     def __init__(self, oracle, y, z0, z1, base, gain):
         self.oracle, self.y, self.z0, self.z1, self.base = oracle, y, z0, z1, base
         self.gain = gain  # a bound on ‖g‖ for the rounding tolerances (‖Σ_h v_h‖ until the heads are known)
+        self.tol = max(LABEL_TOL, 1e5 * oracle.eps)  # relative agreement of answers on one cone
 
     def point(self, theta, T):
         th = np.atleast_1d(theta)
@@ -105,12 +106,12 @@ def _labels(circle, thetas, T, step):
     b = (c0 * F[n:2 * n] - c1 * F[:n]) / det
     pred = a * np.cos(th - step) + b * np.sin(th - step)
     scale = np.abs(F[:n]) + np.abs(F[n:2 * n]) + np.abs(F[2 * n:]) + 1e-6 * circle.gain  # rounding: eps·‖g‖
-    valid = np.abs(pred - F[2 * n:]) <= LABEL_TOL * scale
+    valid = np.abs(pred - F[2 * n:]) <= circle.tol * scale
     return np.stack([a, b], axis=1), valid
 
 
-def _predicts(label, theta, value, scale):
-    return label is not None and abs(label[0] * np.cos(theta) + label[1] * np.sin(theta) - value) <= LABEL_TOL * scale
+def _predicts(label, theta, value, scale, tol):
+    return label is not None and abs(label[0] * np.cos(theta) + label[1] * np.sin(theta) - value) <= tol * scale
 
 
 def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7):
@@ -131,7 +132,8 @@ def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7):
     sum_label = np.array([circle.z0 @ v_sum, circle.z1 @ v_sum])
     pts.append((pts[0][0] + np.pi, sum_label - pts[0][1]))
     scale = float(np.max(np.abs(lab[ok]))) or 1.0
-    pending = [(p[0], p[1], q[0], q[1]) for p, q in zip(pts, pts[1:]) if np.linalg.norm(p[1] - q[1]) > LABEL_TOL * scale]
+    tol = circle.tol
+    pending = [(p[0], p[1], q[0], q[1]) for p, q in zip(pts, pts[1:]) if np.linalg.norm(p[1] - q[1]) > tol * scale]
     crossings = []
     while pending:
         mids = np.array([(lo + hi) / 2 for lo, _, hi, _ in pending])
@@ -140,9 +142,9 @@ def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7):
         for (lo, L, hi, R), m, f in zip(pending, mids, vals):
             if hi - lo <= resolution:
                 crossings.append(0.5 * (lo + hi))
-            elif _predicts(L, m, f, scale):
+            elif _predicts(L, m, f, scale, tol):
                 nxt.append((m, L, hi, R))
-            elif _predicts(R, m, f, scale):
+            elif _predicts(R, m, f, scale, tol):
                 nxt.append((lo, L, m, R))
             else:
                 unknown.append((lo, L, hi, R, m))
@@ -155,7 +157,7 @@ def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7):
                 nxt.append((lo, L, m, M))
                 nxt.append((m, M, hi, R))
         pending = [p for p in nxt if p[1] is None or p[3] is None
-                   or np.linalg.norm(p[1] - p[3]) > LABEL_TOL * scale]
+                   or np.linalg.norm(p[1] - p[3]) > tol * scale]
     cross = np.sort(np.array(crossings) % np.pi)
     if cross.size:  # several search paths can end at one crossing
         cross = cross[np.concatenate([[True], np.diff(cross) > 4 * resolution])]
@@ -165,14 +167,19 @@ def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7):
 def cone_gradient(circle, center, delta, basis, eps):
     """Gradient of F in the cone around ``center`` from ``F(center + δ q_i)`` (q_i: rows of ``basis``).
 
-    F is linear and homogeneous in a saturated cone, so ``F(center) = centerᵀg`` must hold too; returns
-    ``(g, ok)`` with ``ok`` False when that check fails (a step left the cone or a head is not saturated).
+    F is linear and homogeneous in a saturated cone, so the gradient from steps δ and δ/4 must agree to
+    rounding (a step that left the cone shows as a jump divided by the step), and ``F(2c) = 2F(c)``;
+    returns ``(g, ok)`` (2d + 2 queries).
     """
-    pts = np.concatenate([center[None], center[None] + delta * basis, 2 * center[None]])
+    pts = np.concatenate([center[None], center[None] + delta * basis, center[None] + (delta / 4) * basis,
+                          2 * center[None]])
+    d = basis.shape[0]
     F = circle.F(pts)
-    g = basis.T @ ((F[1:-1] - F[0]) / delta)
+    g = basis.T @ ((F[1:d + 1] - F[0]) / delta)
+    g4 = basis.T @ ((F[d + 1:2 * d + 1] - F[0]) / (delta / 4))
     mag = np.abs(F[0]) + np.linalg.norm(center) * (np.linalg.norm(g) + circle.gain)
-    ok = abs(center @ g - F[0]) <= 1e-9 * mag and _homogeneous(F[0], F[-1], eps, 2 * mag)
+    agree = np.linalg.norm(g - g4) <= 64 * eps * mag / (delta / 4) * np.sqrt(d)
+    ok = agree and _homogeneous(F[0], F[-1], eps, 2 * mag)
     return g, bool(ok)
 
 
@@ -217,19 +224,28 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
             raise SaturationError("no step stays inside a saturated cone of the probe circle; the heads' logits are "
                                   "too close to one another to be separated")
         grads.append(g)
-    G = np.array(grads + [v_sum - grads[0]])  # the cone after the last crossing is opposite the first
-    J = np.diff(G, axis=0)  # one jump per crossing
     # a "crossing" between two cones with the same gradient is a search artefact (a label that straddled a
-    # small jump): drop it
-    real = np.linalg.norm(J, axis=1) > JUMP_FLOOR * max(oracle.eps, 1e-16) * float(np.max(np.linalg.norm(G, axis=1)))
-    spurious = int(np.sum(~real))
-    J = J[real]
-    G = np.concatenate([G[:1], G[1:][real]])
+    # crossing where the head's value z(θ)ᵀv_h nearly vanishes): merge such cones, keeping the gradient of the
+    # widest one (the most accurate: the largest steps)
+    widths = list(hi - lo)
+    floor = max(SAME_CONE, 1e5 * oracle.eps) * float(np.max(np.linalg.norm(grads, axis=1)))
+    merged, best = [grads[0]], [widths[0]]
+    spurious = 0
+    for g, w in zip(grads[1:], widths[1:]):
+        if np.linalg.norm(g - merged[-1]) <= floor:
+            spurious += 1
+            if w > best[-1]:
+                merged[-1], best[-1] = g, w
+        else:
+            merged.append(g)
+            best.append(w)
+    G = np.array(merged + [v_sum - merged[0]])  # the cone after the last crossing is opposite the first
+    J = np.diff(G, axis=0)  # one jump per crossing
     # signs: g_0 = Σ_{heads on in the first cone} v_h = −Σ_{jumps that switch a head off} J_i
     coef, *_ = np.linalg.lstsq(J.T, G[0], rcond=None)
     off = coef < -0.5
     bad = float(np.max(np.abs(np.where(off, coef + 1, coef))))
-    if bad > 1e-6:
+    if bad > max(1e-6, 1e5 * oracle.eps):
         raise RecoveryError(f"the cone gradients are not a sum of per-head value vectors (coefficients "
                             f"{np.round(coef, 4).tolist()}, expected 0 or −1): two heads crossed within the "
                             "search resolution or the heads are not generic; retry with another seed")
