@@ -268,5 +268,5 @@ def wrap_oracle(oracle, **kwargs):
     oracle.fn = wrap(oracle.fn, **kwargs)
     if kwargs.get("cast"):
         oracle.precision = kwargs["cast"]
-    oracle.eps = max(oracle.eps, 2.0 * oracle.noise.rel_eps)
+    oracle.raise_floor(2.0 * oracle.noise.rel_eps)  # reads nothing: an "auto" oracle asks no query here
     return oracle
