@@ -10,9 +10,10 @@ import pytest
 import attnprobe.learners
 
 LEARNERS_DIR = pathlib.Path(attnprobe.learners.__file__).parent
-#: modules still being moved onto the skeleton by their own branch
-PENDING = {"ffn.py"}
-MODULES = sorted(p for p in LEARNERS_DIR.glob("*.py") if p.name not in PENDING)
+#: modules that do not meet it yet, each owned by another branch (ffn.py: 263-line extract_ffn, a "--seed";
+#: multihead/cross.py: 8 positional parameters; multihead/subspaces.py: a message naming --method, --subspaces)
+PENDING = {"ffn.py", "multihead/cross.py", "multihead/subspaces.py"}
+MODULES = sorted(p for p in LEARNERS_DIR.rglob("*.py") if p.relative_to(LEARNERS_DIR).as_posix() not in PENDING)
 
 
 def functions(path):
@@ -20,7 +21,7 @@ def functions(path):
     return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.relative_to(LEARNERS_DIR).as_posix())
 def test_functions_are_short_with_at_most_7_positional_parameters(path):
     for fn in functions(path):
         assert fn.end_lineno - fn.lineno + 1 <= 100, f"{path.name}:{fn.name} is longer than 100 lines"
@@ -28,7 +29,7 @@ def test_functions_are_short_with_at_most_7_positional_parameters(path):
         assert positional <= 7, f"{path.name}:{fn.name} takes {positional} positional parameters"
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.relative_to(LEARNERS_DIR).as_posix())
 def test_no_string_names_a_command_line_flag(path):
     flags = [m.group(0) for m in re.finditer(r"--[a-z][a-z-]*", path.read_text())]
     assert not flags, f"{path.name} names command-line flags {flags}; name the parameter instead"
