@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -74,6 +75,29 @@ _SIGNAL_ENDINGS = {signal.SIGINT: ("interrupted", "stopped by SIGINT (Ctrl-C); n
                    signal.SIGTERM: ("terminated", "stopped by SIGTERM; nothing written")}
 
 
+#: library parameters whose command-line flag is not ``--`` + the parameter name with dashes
+PARAM_FLAGS = {"decimals": "--round", "digits": "--round-digits", "tau": "--noise", "sigma": "--noise"}
+
+
+def _option_for(parser: argparse.ArgumentParser, command: str, param: str) -> str | None:
+    """The flag of subcommand ``command`` whose destination is ``param`` (None when it has none)."""
+    if param in PARAM_FLAGS:
+        return PARAM_FLAGS[param]
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    return next((a.option_strings[0] for a in sub._actions if a.dest == param and a.option_strings), None)
+
+
+def flag_message(parser, args, exc: Exception) -> str:
+    """The error's message with its library parameter (``exc.param``) named by the CLI flag that sets it."""
+    message = str(exc)
+    param = getattr(exc, "param", None)
+    flag = _option_for(parser, args.command, param) if param else None
+    if not flag:
+        return message
+    message = re.sub(rf"\b[Tt]he '{re.escape(param)}' parameter", flag, message)
+    return message.replace(f"'{param}'", flag)
+
+
 def _end(args, kind: str, message: str, code: int) -> int:
     """Print the one line that ends a failed run (with the queries it spent) and return the exit code."""
     tail = queries_spent(args) if args.command in ("extract", "demo") else ""
@@ -95,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     except CheckFailedError as exc:
         return _end(args, "check failed", str(exc), EXIT_CHECK_FAILED)
     except AttnprobeError as exc:
-        return _end(args, "error", str(exc), EXIT_REFUSED)
+        return _end(args, "error", flag_message(parser, args, exc), EXIT_REFUSED)
     except KeyboardInterrupt:
         return _end(args, *_SIGNAL_ENDINGS[signal.SIGINT], EXIT_SIGINT)
     except Terminated:
