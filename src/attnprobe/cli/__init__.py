@@ -1,4 +1,4 @@
-"""Command line: ``attnprobe extract | verify | demo | target``, one module per subcommand.
+"""Command line: ``attnprobe extract | verify | demo | target | serve | audit | reproduce``, one module per subcommand.
 
 Every run ends with an exit code and, unless it succeeded, one line on stderr that says what happened and how
 many queries were spent (DESIGN.md): 0 done and verified; 2 bad input or refused (before or during the run);
@@ -16,12 +16,12 @@ import signal
 import sys
 import threading
 
-from attnprobe.cli import demo, extract, target, verify
+from attnprobe.cli import audit, demo, extract, reproduce, serve, target, verify
 from attnprobe.cli.common import queries_spent, relative_errors
 from attnprobe.errors import AttnprobeError, CheckFailedError
 
 #: the subcommands, in the order ``--help`` lists them; each module has ``add_parser(sub)`` and ``run(args)``
-SUBCOMMANDS = (extract, verify, demo, target)
+SUBCOMMANDS = (extract, verify, demo, target, serve, audit, reproduce)
 METHODS = extract.METHODS
 
 #: exit codes (README "Exit codes")
@@ -81,21 +81,20 @@ PARAM_FLAGS = {"decimals": "--round", "digits": "--round-digits", "tau": "--nois
 
 def _option_for(parser: argparse.ArgumentParser, command: str, param: str) -> str | None:
     """The flag of subcommand ``command`` whose destination is ``param`` (None when it has none)."""
-    if param in PARAM_FLAGS:
-        return PARAM_FLAGS[param]
+    known = PARAM_FLAGS.get(param) or extract.PARAM_FLAGS.get(param)
+    if known:
+        return known
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
     return next((a.option_strings[0] for a in sub._actions if a.dest == param and a.option_strings), None)
 
 
 def flag_message(parser, args, exc: Exception) -> str:
     """The error's message with its library parameter (``exc.param``) named by the CLI flag that sets it."""
-    message = str(exc)
+    message = re.sub(r"\b[Tt]he '(\w+)' parameter",
+                     lambda m: _option_for(parser, args.command, m.group(1)) or m.group(0), str(exc))
     param = getattr(exc, "param", None)
     flag = _option_for(parser, args.command, param) if param else None
-    if not flag:
-        return message
-    message = re.sub(rf"\b[Tt]he '{re.escape(param)}' parameter", flag, message)
-    return message.replace(f"'{param}'", flag)
+    return message.replace(f"'{param}'", flag) if flag else message
 
 
 def _end(args, kind: str, message: str, code: int) -> int:

@@ -105,20 +105,3 @@ def check_tolerance(oracle, rms_answer: float, rms_signal: float | None = None) 
                 + CHECK_NOISE_FACTOR * (noise.tolerance + 3 * noise.sigma))
     tol = absolute / rms_signal if rms_signal > 0 else CHECK_CAP
     return float(min(CHECK_CAP, max(CHECK_FLOOR, tol)))
-
-
-def finish(result, oracle, rng, check: bool, lengths=DEFAULT_LENGTHS, t0: float | None = None, hint: str = ""):
-    """Older learners' wrap-up (being replaced by :class:`attnprobe.learners.skeleton.Run`): attach the check
-    (a note when it fails, ending in ``hint``) and the elapsed seconds."""
-    import time
-
-    if check:
-        with oracle.phase("check"):
-            result.check = functional_check(oracle, result.model, rng, lengths)
-        if not result.check.passed:
-            result.notes.append(
-                f"functional check FAILED (relative error {result.check.error:.2e} > "
-                f"{result.check.tolerance:.1e}): the recovered model does not describe the oracle{hint}")
-    if t0 is not None:
-        result.seconds = time.perf_counter() - t0
-    return result
