@@ -171,6 +171,7 @@ def test_verify_json_into_a_missing_folder_is_written(folder, capsys):
     (["--target", "t.npz", "--round", "400"], "--round must be between"),
     (["--target", "t.npz", "--method", "lowrank", "--rank", "7"], "--rank must be an integer in [1, 6]"),
     (["--target", "t.npz", "--membership"], "use --method membership"),
+    (["--target", "t.npz", "--method", "membership", "--probes", "paper", "--samples", "0"], "--samples"),
 ])
 def test_ignored_or_silently_wrong_options_are_refused(folder, capsys, argv, says):
     line = refused(capsys, folder, "extract", *argv, "--out", "o.npz", "--quiet", says=says)
