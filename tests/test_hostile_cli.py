@@ -167,9 +167,11 @@ def test_verify_json_into_a_missing_folder_is_written(folder, capsys):
     (["--target", "t.npz", "--method", "ffn", "--sign-time-limit", "nan"], "--sign-time-limit"),
     (["--target", "t.npz", "--d", "5"], "contradicts"),
     (["--target", "t.npz", "--round-digits", "0"], "--round-digits"),
-    (["--target", "t.npz", "--round-digits", "400"], "significant digits must be between 1 and 17"),
-    (["--target", "t.npz", "--round", "400"], "decimals must be between"),
+    (["--target", "t.npz", "--round-digits", "400"], "--round-digits (significant digits) must be between 1 and 17"),
+    (["--target", "t.npz", "--round", "400"], "--round must be between"),
+    (["--target", "t.npz", "--method", "lowrank", "--rank", "7"], "--rank must be an integer in [1, 6]"),
     (["--target", "t.npz", "--membership"], "use --method membership"),
+    (["--target", "t.npz", "--method", "membership", "--probes", "paper", "--samples", "0"], "--samples"),
 ])
 def test_ignored_or_silently_wrong_options_are_refused(folder, capsys, argv, says):
     line = refused(capsys, folder, "extract", *argv, "--out", "o.npz", "--quiet", says=says)

@@ -29,9 +29,8 @@ def _wait_for(marker, proc):
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"),
-                                             (signal.SIGTERM, 143, "terminated")])
-def test_signal_ends_nuclear_inside_the_solver(tmp_path, sig, code, word):
+def test_sigint_ends_nuclear_inside_the_solver(tmp_path):
+    sig, code, word = signal.SIGINT, 130, "interrupted"
     pytest.importorskip("cvxpy")
     save_model(random_head(48, seed=0, rank=2), tmp_path / "h.npz")
     # the oracle's module also marks the moment SCS starts (scs.solve is what cvxpy calls), so that the signal
@@ -56,6 +55,22 @@ def test_signal_ends_nuclear_inside_the_solver(tmp_path, sig, code, word):
     assert "CLARABEL" not in err + out
 
 
+def test_sigterm_ends_an_extraction_with_143(tmp_path):
+    save_model(random_head(40, seed=0), tmp_path / "h.npz")
+    (tmp_path / "victim.py").write_text(
+        "import pathlib, time\nfrom attnprobe.models import load_model\nhead = load_model('h.npz')\n"
+        "def answer(X):\n    if X.shape[1] == 2:\n        pathlib.Path('asked').touch()\n        time.sleep(0.5)\n"
+        "    return head(X)\n")  # a slow API: the run is still asking when the signal comes
+    proc = _start(tmp_path, "--oracle", "victim:answer", "--d", "40")
+    _wait_for(tmp_path / "asked", proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 143, err
+    assert len(lines) == 1 and lines[0].startswith("attnprobe: terminated") and "queries spent" in lines[0]
+    assert not (tmp_path / "o.npz").exists() and not (tmp_path / "o.json").exists()
+
+
 def test_nuclear_refuses_a_solve_estimated_too_long_before_any_query(tmp_path, capsys, monkeypatch):
     pytest.importorskip("cvxpy")
     from hostile import refused
@@ -64,4 +79,5 @@ def test_nuclear_refuses_a_solve_estimated_too_long_before_any_query(tmp_path, c
     monkeypatch.chdir(tmp_path)
     line = refused(capsys, tmp_path, "extract", "--target", "big.npz", "--method", "nuclear", "--rank", "2",
                    "--out", "o.npz", "--quiet", says="would take about")
+    assert "raise --solver-time-limit" in line
     assert "GiB" in line and "no queries spent" not in line and "0 queries spent" in line

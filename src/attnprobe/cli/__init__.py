@@ -75,6 +75,28 @@ _SIGNAL_ENDINGS = {signal.SIGINT: ("interrupted", "stopped by SIGINT (Ctrl-C); n
                    signal.SIGTERM: ("terminated", "stopped by SIGTERM; nothing written")}
 
 
+#: library parameters whose command-line flag is not ``--`` + the parameter name with dashes
+PARAM_FLAGS = {"decimals": "--round", "digits": "--round-digits", "tau": "--noise", "sigma": "--noise"}
+
+
+def _option_for(parser: argparse.ArgumentParser, command: str, param: str) -> str | None:
+    """The flag of subcommand ``command`` whose destination is ``param`` (None when it has none)."""
+    known = PARAM_FLAGS.get(param) or extract.PARAM_FLAGS.get(param)
+    if known:
+        return known
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    return next((a.option_strings[0] for a in sub._actions if a.dest == param and a.option_strings), None)
+
+
+def flag_message(parser, args, exc: Exception) -> str:
+    """The error's message with its library parameter (``exc.param``) named by the CLI flag that sets it."""
+    message = re.sub(r"\b[Tt]he '(\w+)' parameter",
+                     lambda m: _option_for(parser, args.command, m.group(1)) or m.group(0), str(exc))
+    param = getattr(exc, "param", None)
+    flag = _option_for(parser, args.command, param) if param else None
+    return message.replace(f"'{param}'", flag) if flag else message
+
+
 def _end(args, kind: str, message: str, code: int) -> int:
     """Print the one line that ends a failed run (with the queries it spent) and return the exit code."""
     tail = queries_spent(args) if args.command in ("extract", "demo") else ""
@@ -96,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     except CheckFailedError as exc:
         return _end(args, "check failed", str(exc), EXIT_CHECK_FAILED)
     except AttnprobeError as exc:
-        message = re.sub(r"\b[Tt]he '(\w+)' parameter",  # library messages name parameters; the CLI names flags
-                         lambda m: extract.PARAM_FLAGS.get(m.group(1), m.group(0)), str(exc))
-        return _end(args, "error", message, EXIT_REFUSED)
+        return _end(args, "error", flag_message(parser, args, exc), EXIT_REFUSED)
     except KeyboardInterrupt:
         return _end(args, *_SIGNAL_ENDINGS[signal.SIGINT], EXIT_SIGINT)
     except Terminated:

@@ -229,9 +229,10 @@ def extract_nuclear(oracle, *, rank: int | None = None, measurements: int | None
     seconds, nbytes = solver_cost(d, m)
     if solver_time_limit is not None and seconds > solver_time_limit:
         raise ConfigError(f"the nuclear-norm program at d = {d} with m = {m} measurements would take about "
-                          f"{seconds / 60:.0f} min and {nbytes / 2**30:.1f} GiB (estimated; limit solver_time_limit = "
-                          f"{solver_time_limit:g} s); raise solver_time_limit or use the lowrank method, which needs "
-                          "no solver")
+                          f"{seconds / 60:.0f} min and {nbytes / 2**30:.1f} GiB (estimated from solve times measured "
+                          f"on a 2-core machine) > the limit 'solver_time_limit' = {solver_time_limit:g} s; raise "
+                          "'solver_time_limit' or use the lowrank method, which needs no solver",
+                          param="solver_time_limit")
 
     with run.phase("values"):
         v, c, _ = learn_value(oracle, bias)

@@ -7,11 +7,16 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import weakref
 from pathlib import Path
 
 from attnprobe.errors import ConfigError, OracleError
 from attnprobe.models.io import load_model
 from attnprobe.oracles.base import Oracle
+
+
+#: the oracle modules this process loaded from a working directory (only those are ever replaced)
+_FROM_CWD: weakref.WeakSet = weakref.WeakSet()
 
 
 def import_from_cwd(module_name: str):
@@ -22,11 +27,16 @@ def import_from_cwd(module_name: str):
     if cwd not in sys.path and "" not in sys.path:
         sys.path.append(cwd)
     top = module_name.split(".")[0]
-    if top not in sys.modules:
-        found = importlib.machinery.PathFinder.find_spec(top, [cwd])
-        if found is not None and found.loader is not None:
+    found = importlib.machinery.PathFinder.find_spec(top, [cwd])
+    if found is not None and found.loader is not None:
+        loaded = sys.modules.get(top)
+        stale = loaded is not None and loaded in _FROM_CWD and getattr(loaded, "__file__", None) != found.origin
+        if loaded is None or stale:  # not imported yet, or an oracle module of the same name from another folder
+            for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+                del sys.modules[name]
             module = importlib.util.module_from_spec(found)
             sys.modules[top] = module
+            _FROM_CWD.add(module)
             try:
                 found.loader.exec_module(module)
             except BaseException:

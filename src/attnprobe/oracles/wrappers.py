@@ -170,10 +170,11 @@ class Rounded(Wrapper):
         if (decimals is None) == (digits is None):
             raise ConfigError("give exactly one of decimals (places after the point) or digits (significant)")
         if digits is not None and not 1 <= int(digits) <= MAX_DIGITS:
-            raise ConfigError(f"significant digits must be between 1 and {MAX_DIGITS} (float64 answers carry at "
-                              f"most {MAX_DIGITS}); got {digits}")
+            raise ConfigError(f"The 'digits' parameter (significant digits) must be between 1 and {MAX_DIGITS} "
+                              f"(float64 answers carry at most {MAX_DIGITS}); got {digits}", param="digits")
         if decimals is not None and not -MAX_DECIMALS <= int(decimals) <= MAX_DECIMALS:
-            raise ConfigError(f"decimals must be between -{MAX_DECIMALS} and {MAX_DECIMALS}; got {decimals}")
+            raise ConfigError(f"The 'decimals' parameter must be between -{MAX_DECIMALS} and {MAX_DECIMALS}; "
+                              f"got {decimals}", param="decimals")
         self.decimals = None if decimals is None else int(decimals)
         self.digits = None if digits is None else int(digits)
         if self.decimals is not None:

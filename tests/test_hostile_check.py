@@ -1,0 +1,79 @@
+"""A result that says "passed" must be right: the functional check's tolerance comes from the answers' rounding
+and declared noise (never more than CHECK_CAP of f − c), so a wrong model fails at every precision."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attnprobe import Oracle
+from attnprobe.learners import extract_exact
+from attnprobe.learners.check import CHECK_CAP, functional_check
+from attnprobe.models import AttentionHead
+from attnprobe.models.attention import attention_weights
+from attnprobe.models.precision import resolve_dtype
+from attnprobe.targets import random_head
+
+PRECISIONS = ("float64", "float32", "float16", "bfloat16")
+
+
+def first_row_query(head: AttentionHead, precision: str):
+    """A head that attends with the FIRST row as the query token, in ``precision``: not of the paper's form."""
+    dt = resolve_dtype(precision)
+
+    def answer(X):
+        Xr = np.asarray(X, dtype=np.float64)[:, ::-1, :].astype(dt)
+        a = attention_weights(Xr, head.W.astype(dt), head.u.astype(dt))
+        return ((a * (Xr @ head.v.astype(dt))).sum(-1) + dt.type(head.c)).astype(np.float64)
+
+    return answer
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_wrong_model_fails_at_every_precision(precision):
+    truth = random_head(6, seed=0)
+    res = extract_exact(Oracle(first_row_query(truth, precision), 6, precision=precision), seed=0)
+    assert not res.check.passed and res.check.error > res.check.tolerance
+    assert res.check.tolerance <= CHECK_CAP
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_correct_model_passes_at_every_precision(precision):
+    truth = random_head(6, seed=0, dtype=precision)
+    res = extract_exact(Oracle(truth, 6, precision=precision), seed=0)
+    assert res.check.passed, (res.check.error, res.check.tolerance)
+    assert np.linalg.norm(res.model.W - truth.W) / np.linalg.norm(truth.W) < 50 * res.check.tolerance
+
+
+def test_a_huge_bias_does_not_hide_a_zero_W():
+    """c = 1e12: relative to ‖f‖ a model with W = 0 was within 1e-12; on f − c it is 100 % wrong."""
+    h = random_head(6, seed=2)
+    truth = AttentionHead(h.W, h.v, h.u, 1e12)
+    oracle = Oracle(truth, 6)
+    wrong = AttentionHead(np.zeros((6, 6)), h.v, np.zeros(6), 1e12)
+    chk = functional_check(oracle, wrong, np.random.default_rng(0))
+    assert not chk.passed and chk.error > 0.1 and chk["measured_on"] == "f - c"
+    assert functional_check(oracle, truth, np.random.default_rng(0)).passed
+
+
+def test_ffn_and_transformer_learners_report_a_failed_check():
+    from attnprobe.learners.ffn import extract_ffn
+    from attnprobe.learners.transformer import extract_transformer
+
+    head = random_head(5, seed=1)
+    assert not extract_transformer(Oracle(head, 5), seed=0).check.passed
+    assert not extract_ffn(Oracle(head, 5), seed=0).check.passed  # x ↦ xᵀv + c: no bias-free ReLU network
+
+
+def test_declared_noise_widens_the_tolerance_but_never_past_the_cap():
+    from attnprobe.oracles.wrappers import wrap_oracle
+
+    truth = random_head(6, seed=0)
+    quiet = functional_check(Oracle(truth, 6), truth, np.random.default_rng(0))
+    noisy_oracle = wrap_oracle(Oracle(truth, 6), noise="avq:1e-6")
+    noisy = functional_check(noisy_oracle, truth, np.random.default_rng(0))
+    loud = functional_check(wrap_oracle(Oracle(truth, 6), noise="avq:10"), AttentionHead(np.zeros((6, 6)), truth.v,
+                                                                                         truth.u, truth.c),
+                            np.random.default_rng(0))
+    assert quiet.tolerance < noisy.tolerance < CHECK_CAP and noisy.passed
+    assert loud.tolerance == CHECK_CAP
