@@ -160,7 +160,7 @@ def extract_multihead_orthogonal(oracle, *, heads: int | None = None, bias: bool
     with run.phase("hessians"):
         mats, hdetails = measure_hessians(oracle, v_sum, c, rng, budget=cap - run.queries, heads=heads,
                                           richardson=richardson, max_hessians=max_hessians,
-                                          progress=lambda *_: run.report(int(min(cap, 1e18))))
+                                          progress=lambda *_: run.report())
     split = simultaneous_blocks(mats, rng, blocks=heads, kernel_tol=max(1e-7, rank_tolerance(oracle.eps) ** 2))
     bases = split.bases
     if heads is not None and len(bases) != heads:
@@ -182,7 +182,11 @@ def extract_multihead_orthogonal(oracle, *, heads: int | None = None, bias: bool
     if split.kernel.shape[1]:
         notes.append(f"{split.kernel.shape[1]} input directions reach no head (common kernel of the Hessians); "
                      "the heads are taken to be zero there")
-    unknowns = sum(AttentionHead.unknowns(b.shape[1], bias) for b in bases) - (H - 1) * int(bias)
+    # per-head parameters inside the subspaces, one shared c, and the subspaces themselves (a point of the flag
+    # manifold: d(d−1)/2 rotation angles less those inside each block)
+    dims = [b.shape[1] for b in bases]
+    unknowns = (sum(AttentionHead.unknowns(k, bias) for k in dims) - (H - 1) * int(bias)
+                + (d * (d - 1) - sum(k * (k - 1) for k in dims)) // 2)
     return run.finish(model, unknowns=unknowns, details=details, notes=notes,
                       hint=" (heads in mutually orthogonal subspaces, App. C; overlapping heads need "
                            "method='generic')")
