@@ -128,3 +128,17 @@ def test_cli_multihead_options_need_the_multihead_method(tmp_path, capsys):
     t = save_model(random_multihead(4, 2, seed=0), tmp_path / "t.npz")
     assert main(["extract", "--target", str(t), "--heads", "2", "--out", str(tmp_path / "o.npz")]) == 2
     assert "--heads (it is for --method multihead)" in capsys.readouterr().err
+
+
+def test_dispatcher_refuses_contradictory_options():
+    m, E = random_orthogonal_multihead(8, 2, 4, seed=0)
+    oracle = Oracle(m, 8)
+    with pytest.raises(ConfigError, match="unknown multi-head method"):
+        extract_multihead(oracle, method="magic")
+    with pytest.raises(ConfigError, match="not both"):
+        extract_multihead(oracle, heads=2, max_heads=3)
+    with pytest.raises(ConfigError, match="heads=3 but 2 subspaces"):
+        extract_multihead(oracle, subspaces=E, heads=3)
+    with pytest.raises(ConfigError, match="would ignore them"):
+        extract_multihead(oracle, subspaces=E, method="orthogonal")
+    assert oracle.queries == 0

@@ -126,7 +126,11 @@ def refine(A: list[np.ndarray], bases: list[np.ndarray], steps: int = 6) -> list
                 ng, nh = sizes[g], sizes[h]
                 L = np.concatenate([np.kron(c[sg, sg], np.eye(nh)) - np.kron(np.eye(ng), c[sh, sh].T) for c in C])
                 r = -np.concatenate([c[sg, sh].reshape(-1) for c in C])
-                S = np.linalg.lstsq(L, r, rcond=None)[0].reshape(ng, nh)
+                # normal equations: many tiny least-squares solves are far slower through LAPACK's SVD driver
+                # (and threaded BLAS thrashes on them); L is well conditioned when the blocks are irreducible
+                G = L.T @ L
+                G[np.diag_indices_from(G)] += 1e-14 * np.trace(G) / len(G)
+                S = scipy.linalg.solve(G, L.T @ r, assume_a="pos").reshape(ng, nh)
                 K[sg, sh], K[sh, sg] = S, -S.T
         E_new = E @ scipy.linalg.expm(K)
         new_bases = [E_new[:, cuts[i]:cuts[i + 1]] for i in range(len(sizes))]

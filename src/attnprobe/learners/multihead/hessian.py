@@ -7,7 +7,8 @@ symmetric matrix that is block-diagonal in the head subspaces when they are mutu
 Measuring it. ``F_y(z) − ½ zᵀv̄`` (``v̄ = Σ_h v_h`` and ``c`` from length-1 queries) is even in z, so
 ``G(hz) = f([y + hz; y]) − c − yᵀv̄ − ½h zᵀv̄ = ½h² zᵀ∇²F_y(0) z + O(h⁴)``: one query per quadratic form, no
 central difference needed; polarisation over ``z ∈ {e_a, e_a + e_b}`` gives the whole Hessian with
-``d(d+1)/2`` queries. Each Hessian reaches ``span{p_h(y), v_h}`` in every head, so Hessians are added at
+``d(d+1)/2`` queries (twice that with Richardson extrapolation over the steps h and 2h, which cancels the
+``O(h²)`` term; used whenever the query cap allows). Each Hessian reaches ``span{p_h(y), v_h}`` in every head, so Hessians are added at
 random ``y`` until their ranges stop growing (``d_h − 1`` of them cover a ``d_h``-dim head), plus one.
 
 Then :func:`~attnprobe.learners.multihead.blocks.simultaneous_blocks` (finest simultaneous block
@@ -160,7 +161,7 @@ def extract_multihead_orthogonal(oracle, *, heads: int | None = None, bias: bool
     with run.phase("hessians"):
         mats, hdetails = measure_hessians(oracle, v_sum, c, rng, budget=cap - run.queries, heads=heads,
                                           richardson=richardson, max_hessians=max_hessians,
-                                          progress=lambda *_: run.report(int(min(cap, 1e18))))
+                                          progress=lambda *_: run.report())
     split = simultaneous_blocks(mats, rng, blocks=heads, kernel_tol=max(1e-7, rank_tolerance(oracle.eps) ** 2))
     bases = split.bases
     if heads is not None and len(bases) != heads:
@@ -182,7 +183,11 @@ def extract_multihead_orthogonal(oracle, *, heads: int | None = None, bias: bool
     if split.kernel.shape[1]:
         notes.append(f"{split.kernel.shape[1]} input directions reach no head (common kernel of the Hessians); "
                      "the heads are taken to be zero there")
-    unknowns = sum(AttentionHead.unknowns(b.shape[1], bias) for b in bases) - (H - 1) * int(bias)
+    # per-head parameters inside the subspaces, one shared c, and the subspaces themselves (a point of the flag
+    # manifold: d(d−1)/2 rotation angles less those inside each block)
+    dims = [b.shape[1] for b in bases]
+    unknowns = (sum(AttentionHead.unknowns(k, bias) for k in dims) - (H - 1) * int(bias)
+                + (d * (d - 1) - sum(k * (k - 1) for k in dims)) // 2)
     return run.finish(model, unknowns=unknowns, details=details, notes=notes,
                       hint=" (heads in mutually orthogonal subspaces, App. C; overlapping heads need "
                            "method='generic')")
