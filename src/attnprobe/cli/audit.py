@@ -71,7 +71,9 @@ def run(args) -> int:
           f"{res.seconds:.1f} s; {spent} queries spent (not logged); wrote {args.out}/results.json, "
           f"{args.out}/report.html and {args.out}/heads/")
     if res.interrupted:
-        print("attnprobe: audit interrupted; the finished tasks are kept in the results", file=sys.stderr)
+        how = "SIGTERM" if res.terminated else "SIGINT (Ctrl-C)"
+        print(f"attnprobe: interrupted: audit stopped by {how}; the {len(res.records)} finished tasks are kept in "
+              f"{args.out}/results.json", file=sys.stderr)
         return 143 if res.terminated else 130
     return 0
 
