@@ -39,6 +39,10 @@ def queries_spent(args) -> str:
     oracle = getattr(args, "tracked_oracle", None)
     if oracle is None:
         return "no queries spent"
+    if hasattr(oracle, "from_log"):  # an Oracle: asked vs answered from the log, and the assumed precision
+        from attnprobe.cli.remote import spent
+
+        return spent(oracle)
     n = getattr(oracle, "queries", 0)
     log = getattr(args, "log", None)
     return f"{n} queries spent ({'logged in ' + str(log) if log else 'not logged'})"

@@ -225,11 +225,6 @@ class Membership(Wrapper):
         return (self._raw(X) > 0).astype(np.float64)
 
 
-def answer_noise(fn) -> AnswerNoise:
-    """The noise an :class:`~attnprobe.oracles.base.Oracle` or a wrapper declares (its ``noise``)."""
-    return noise_of(fn)
-
-
 NOISE_KINDS = ("avq", "adversarial", "gaussian", "uniform")
 
 
@@ -273,5 +268,5 @@ def wrap_oracle(oracle, **kwargs):
     oracle.fn = wrap(oracle.fn, **kwargs)
     if kwargs.get("cast"):
         oracle.precision = kwargs["cast"]
-    oracle.eps = max(oracle.eps, 2.0 * oracle.noise.rel_eps)
+    oracle.raise_floor(2.0 * oracle.noise.rel_eps)  # reads nothing: an "auto" oracle asks no query here
     return oracle
