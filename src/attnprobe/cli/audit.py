@@ -28,8 +28,8 @@ def build_tasks(args):
     from attnprobe.audit import HeadSpec, Task, parse_defenses
 
     if args.multihead:
-        raise ConfigError("--multihead audits need the multi-head learner, which is not available yet; "
-                          "audit single heads (drop --multihead)")
+        raise ConfigError("--multihead (one task per whole layer) is not wired into audit yet; audit single heads "
+                          "(drop --multihead), or extract one layer with attnprobe extract --method multihead")
     if args.workers < 1:
         raise ConfigError(f"--workers must be at least 1; got {args.workers}")
     if args.budget is not None and args.budget < 1:
@@ -89,7 +89,7 @@ def add_parser(sub) -> None:
     src.add_argument("--layers", default="all", help="layers to audit: all (default), 0-5, 3 or 0,2,4")
     src.add_argument("--heads", default="all", help="heads to audit in each layer: all (default), 0-3, ...")
     src.add_argument("--row", type=int, default=0, help="output row R of the layer each head's scalar is read at")
-    src.add_argument("--multihead", action="store_true", help="audit whole layers (needs the multi-head learner)")
+    src.add_argument("--multihead", action="store_true", help="audit whole layers (not wired in yet)")
     a.add_argument("--method", default="exact", help="learner: exact (default), lowrank, nuclear, robust; "
                                                       "a membership defence always uses membership")
     a.add_argument("--rank", type=int, help="lowrank/nuclear: rank bound (the head dimension)")
