@@ -180,3 +180,25 @@ def test_a_budget_too_small_is_a_finding_not_a_crash(checkpoint, tmp_path):
     assert res["failed"] == res["tasks"] == 2
     assert all(h["error"].startswith("BudgetExceededError") and h["queries"] == 0 for h in res["heads"])
     assert "undefended answers: no head recovered (BudgetExceededError" in (out / "report.html").read_text()
+
+
+def test_multihead_audit_recovers_whole_layers(checkpoint, tmp_path):
+    """--multihead: one task per layer; every head of the layer recovered up to permutation (App. C learner)."""
+    path, _ = checkpoint
+    out = tmp_path / "layers"
+    assert main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--multihead", "--rank", "8",
+                 "--quiet", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert [(h["layer"], h["head"], h["method"]) for h in res["heads"]] == [(0, None, "multihead"),
+                                                                             (1, None, "multihead")]
+    ck = BertCheckpoint(path, HEADS)
+    for h in res["heads"]:
+        assert h["error"] is None and h["passed"] and len(h["head_W_errors"]) == HEADS
+        assert max(h["relative_error"].values()) < 1e-8
+        saved = load_model(out / f"heads/L{h['layer']}.npz")
+        truth = ck.layer(h["layer"], 0)
+        X = np.random.default_rng(3).standard_normal((4, 5, D))
+        assert saved.H == HEADS and np.allclose(saved(X), truth(X), rtol=1e-9, atol=1e-12)
+    assert (out / "report.html").read_text().count("<img ") == 2
+    assert main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--multihead", "--heads", "0",
+                 "--out", str(tmp_path / "x")]) == 2

@@ -30,3 +30,18 @@ def test_reproduce_quick_every_claim_holds(tmp_path, capsys):
 def test_reproduce_refuses_unknown_claims(tmp_path, capsys):
     assert main(["reproduce", "--claims", "Thm 9.9", "--out", str(tmp_path)]) == 2
     assert "unknown claim(s) Thm 9.9" in capsys.readouterr().err
+
+
+def test_a_broken_experiment_is_reported_and_fails_the_run(tmp_path, monkeypatch, capsys):
+    """An experiment that raises shows up as a claim that does not hold (exit 3); the others still run."""
+    from attnprobe.reproduce import claims
+
+    def broken(quick):
+        raise ArithmeticError("boom")
+
+    monkeypatch.setitem(claims.CLAIMS, "Thm 4.1", broken)
+    assert main(["reproduce", "--quick", "--claims", "Thm 4.1,Sec 4.1", "--out", str(tmp_path)]) == 3
+    res = {c["claim"]: c for c in json.loads((tmp_path / "results.json").read_text())["claims"]}
+    assert res["Thm 4.1"]["holds"] is False and "ArithmeticError: boom" in res["Thm 4.1"]["measured"]
+    assert res["Sec 4.1"]["holds"] is True
+    assert "1 do not (Thm 4.1)" in capsys.readouterr().out

@@ -50,13 +50,21 @@ def verdicts(run) -> Table:
 
 
 def _grid(run, defense: str, value) -> tuple[np.ndarray, list[int], list[int]]:
+    """(layers × heads) array of ``value(record, head)``; a whole-layer task fills every head of its layer."""
     layers = sorted({t.head.layer for t in run.tasks})
-    heads = sorted({t.head.head for t in run.tasks})
+    heads = sorted({h for t in run.tasks for h in ([t.head.head] if t.head.head is not None
+                                                    else range(t.head.checkpoint().heads_per_layer))})
     grid = np.full((len(layers), len(heads)), np.nan)
     for r in run.records:
         if r["defense"] == defense and not r["error"]:
-            grid[layers.index(r["layer"]), heads.index(r["head"])] = value(r)
+            for h in ([r["head"]] if r["head"] is not None else heads):
+                grid[layers.index(r["layer"]), heads.index(h)] = value(r, h)
     return grid, layers, heads
+
+
+def _w_error(r, h) -> float:
+    """W's error of head h: per head for a whole-layer task (heads matched up to permutation)."""
+    return r["head_W_errors"][h] if r.get("head_W_errors") else r["relative_error"]["W"]
 
 
 def write_report(run, path: str | Path) -> Path:
@@ -74,11 +82,12 @@ def write_report(run, path: str | Path) -> Path:
                   f"when the best is below {PROTECTS:g}, strong otherwise (or when no head is recovered).")
     for name in run.defenses:
         rep.heading(f"Defence: {name}")
-        err, layers, heads = _grid(run, name, lambda r: r["relative_error"]["W"])
+        err, layers, heads = _grid(run, name, _w_error)
         rep.image(heatmap_png(err, title=f"{name}: relative error of W", xlabel="head", ylabel="layer",
                               colorbar="‖Ŵ−W‖/‖W‖", vmin=-16, vmax=1), alt=f"{name}: W error per head")
-        q, _, _ = _grid(run, name, lambda r: r["queries"])
-        rep.image(heatmap_png(q, title=f"{name}: queries per head", xlabel="head", ylabel="layer",
+        q, _, _ = _grid(run, name, lambda r, h: r["queries"])
+        per = "layer (whole-layer tasks)" if any(t.head.head is None for t in run.tasks) else "head"
+        rep.image(heatmap_png(q, title=f"{name}: queries per {per}", xlabel="head", ylabel="layer",
                               colorbar="queries"), alt=f"{name}: queries per head")
         rep.paragraph(f"Rows: layers {layers}; columns: heads {heads}; grey × = failed or not run.")
     if failed:

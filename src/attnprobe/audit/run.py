@@ -17,6 +17,7 @@ from attnprobe.errors import ConfigError
 from attnprobe.learners.result import _jsonable
 from attnprobe.models.attention import AttentionHead
 from attnprobe.models.io import save_model
+from attnprobe.models.multihead import MultiHeadAttention
 from attnprobe.progress import Progress
 
 
@@ -45,7 +46,8 @@ class AuditRun:
 
 
 def head_file(task: Task, several_defenses: bool) -> str:
-    """``heads/L{layer}H{head}.npz``; with several defences the defended ones get ``_{defence}``."""
+    """``heads/L{layer}H{head}.npz`` (``L{layer}.npz`` for a whole layer); with several defences the defended
+    ones get ``_{defence}``."""
     name = task.head.name
     if several_defenses and task.defense.name != "none":
         name += f"_{task.defense.slug}"
@@ -73,7 +75,8 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
         rec["file"] = None
         if arrays is not None:
             rec["file"] = head_file(tasks[i], several)
-            save_model(AttentionHead.from_arrays(arrays), out / rec["file"])
+            model_class = MultiHeadAttention if rec.get("kind") == MultiHeadAttention.kind else AttentionHead
+            save_model(model_class.from_arrays(arrays), out / rec["file"])
         done[0] += 1
         bar(done[0], len(tasks))
 

@@ -21,11 +21,12 @@ from attnprobe.models.compare import relative_error, relative_errors
 @dataclass(frozen=True)
 class HeadSpec:
     """Which head to audit: ``source`` is ``"minilm"`` (the installed MiniLM-L6 weights) or a path to a
-    BERT-family ``.safetensors`` checkpoint split into ``heads_per_layer`` heads."""
+    BERT-family ``.safetensors`` checkpoint split into ``heads_per_layer`` heads; ``head=None`` is the whole
+    layer (all its heads as one multi-head oracle)."""
 
     source: str
     layer: int
-    head: int
+    head: int | None
     row: int = 0
     heads_per_layer: int | None = None
 
@@ -42,11 +43,13 @@ class HeadSpec:
         return BertCheckpoint(self.source, self.heads_per_layer)
 
     def target(self):
+        if self.head is None:
+            return self.checkpoint().layer(self.layer, self.row)
         return self.checkpoint().head(self.layer, self.head, self.row)
 
     @property
     def name(self) -> str:
-        return f"L{self.layer}H{self.head}"
+        return f"L{self.layer}" if self.head is None else f"L{self.layer}H{self.head}"
 
 
 def _exact(oracle, task):
@@ -79,9 +82,16 @@ def _membership(oracle, task):
     return extract_membership(oracle, seed=task.seed)
 
 
-#: ``--method`` of ``attnprobe audit`` -> learner(oracle, task); yes/no answers always use ``membership``
+def _multihead(oracle, task):
+    from attnprobe.learners.multihead.generic import extract_generic
+
+    return extract_generic(oracle, heads=task.head.checkpoint().heads_per_layer, rank=task.rank, seed=task.seed)
+
+
+#: ``--method`` of ``attnprobe audit`` -> learner(oracle, task); yes/no answers always use ``membership``,
+#: whole layers ``multihead``
 AUDIT_METHODS = {"exact": _exact, "lowrank": _lowrank, "nuclear": _nuclear, "robust": _robust,
-                 "membership": _membership}
+                 "membership": _membership, "multihead": _multihead}
 
 
 @dataclass(frozen=True)
@@ -97,7 +107,10 @@ class Task:
 
     @property
     def learner(self) -> str:
-        """The method actually run: a membership defence leaves only the membership learner (App. B)."""
+        """The method actually run: a membership defence leaves only the membership learner (App. B); a whole
+        layer needs the multi-head learner (App. C and beyond)."""
+        if self.head.head is None:
+            return "multihead"
         return "membership" if self.defense.membership else self.method
 
 
@@ -112,6 +125,15 @@ def _check_fields(check) -> tuple[float | None, bool | None, int]:
     if passed is None and get("sign_agreement") is not None:
         passed = bool(get("sign_agreement") >= 0.99)
     return (None if err is None else float(err)), (None if passed is None else bool(passed)), int(queries or 0)
+
+
+def _layer_errors(truth, model) -> tuple[dict[str, float], list[float]]:
+    """Worst head's W, v, u errors and c's, after matching heads up to permutation; per true head, W's error."""
+    from attnprobe.models.multihead import match_heads
+
+    m = match_heads(truth, model)
+    worst = {name: float(np.max(getattr(m, name))) for name in ("W", "v", "u")}
+    return dict(worst, c=float(m.c)), [float(x) for x in m.W]
 
 
 def _errors(truth, model, membership: bool) -> dict[str, float]:
@@ -143,8 +165,13 @@ def run_task(task: Task) -> dict:
         oracle = task.defense.apply(Oracle(truth, truth.d, budget=task.budget), seed=task.seed)
         res = AUDIT_METHODS[task.learner](oracle, task)
         err, passed, check_queries = _check_fields(res.check)
-        rec.update(queries=int(res.queries), check_queries=check_queries, unknowns=int(res.unknowns),
-                   relative_error=_errors(truth, res.model, task.defense.membership), check_error=err,
+        if task.head.head is None:
+            errors, rec["head_W_errors"] = _layer_errors(truth, res.model)
+        else:
+            errors = _errors(truth, res.model, task.defense.membership)
+        rec.update(kind=res.model.kind, queries=int(res.queries), check_queries=check_queries,
+                   unknowns=int(res.unknowns),
+                   relative_error=errors, check_error=err,
                    passed=bool(passed), arrays={k: np.asarray(v) for k, v in res.model.arrays().items()})
         phases = getattr(res, "queries_by_phase", None)  # learners on the skeleton charge queries to phases
         if phases:

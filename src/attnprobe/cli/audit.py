@@ -27,9 +27,6 @@ def parse_range(text: str, count: int, what: str) -> list[int]:
 def build_tasks(args):
     from attnprobe.audit import HeadSpec, Task, parse_defenses
 
-    if args.multihead:
-        raise ConfigError("--multihead audits need the multi-head learner, which is not available yet; "
-                          "audit single heads (drop --multihead)")
     if args.workers < 1:
         raise ConfigError(f"--workers must be at least 1; got {args.workers}")
     if args.budget is not None and args.budget < 1:
@@ -51,6 +48,14 @@ def build_tasks(args):
     defenses = parse_defenses(args.defense)
     if args.method not in ("exact", "lowrank", "nuclear", "robust", "membership"):
         raise ConfigError(f"unknown --method {args.method!r}; choose exact, lowrank, nuclear, robust or membership")
+    if args.multihead:
+        if args.heads != "all":
+            raise ConfigError("--multihead audits whole layers; drop --heads")
+        if any(d.membership for d in defenses):
+            raise ConfigError("--multihead has no learner for yes/no answers; drop membership from --defense")
+        return [Task(HeadSpec(source, layer, None, args.row, args.heads_per_layer), "multihead", d, args.seed,
+                     args.budget, args.rank)
+                for d in defenses for layer in layers]
     return [Task(HeadSpec(source, layer, head, args.row, args.heads_per_layer), args.method, d, args.seed,
                  args.budget, args.rank)
             for d in defenses for layer in layers for head in heads]
@@ -71,7 +76,9 @@ def run(args) -> int:
           f"{res.seconds:.1f} s; {spent} queries spent (not logged); wrote {args.out}/results.json, "
           f"{args.out}/report.html and {args.out}/heads/")
     if res.interrupted:
-        print("attnprobe: audit interrupted; the finished tasks are kept in the results", file=sys.stderr)
+        how = "SIGTERM" if res.terminated else "SIGINT (Ctrl-C)"
+        print(f"attnprobe: interrupted: audit stopped by {how}; the {len(res.records)} finished tasks are kept in "
+              f"{args.out}/results.json", file=sys.stderr)
         return 143 if res.terminated else 130
     return 0
 
@@ -87,10 +94,12 @@ def add_parser(sub) -> None:
     src.add_argument("--layers", default="all", help="layers to audit: all (default), 0-5, 3 or 0,2,4")
     src.add_argument("--heads", default="all", help="heads to audit in each layer: all (default), 0-3, ...")
     src.add_argument("--row", type=int, default=0, help="output row R of the layer each head's scalar is read at")
-    src.add_argument("--multihead", action="store_true", help="audit whole layers (needs the multi-head learner)")
+    src.add_argument("--multihead", action="store_true",
+                     help="one task per whole layer: all its heads at once (the multi-head learner; "
+                          "--rank = head dimension if known)")
     a.add_argument("--method", default="exact", help="learner: exact (default), lowrank, nuclear, robust; "
                                                       "a membership defence always uses membership")
-    a.add_argument("--rank", type=int, help="lowrank/nuclear: rank bound (the head dimension)")
+    a.add_argument("--rank", type=int, help="lowrank/nuclear/--multihead: rank bound (the head dimension)")
     a.add_argument("--defense", default="none", help=f"comma-separated defences: {HELP}")
     a.add_argument("--budget", type=int, help="queries an attacker may spend per head")
     a.add_argument("--seed", type=int, default=0, help="seed of every task (probes and noise)")

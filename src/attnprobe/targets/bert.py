@@ -109,3 +109,13 @@ class BertCheckpoint:
         scale = 1.0 / np.sqrt(self.head_dim)
         return AttentionHead(p["K"].T @ p["Q"] * scale, p["V"].T @ p["w"], p["K"].T @ p["bQ"] * scale,
                              float(p["bV"] @ p["w"] + p["b"]), dtype)
+
+    def layer(self, layer: int = 0, output_row: int = 0, dtype: str = "float64"):
+        """All heads of layer ``layer`` at output row ``output_row`` as one multi-head layer (App. C): head h is
+        :meth:`head` ``(layer, h)`` and ``c = Σ_h b_{V,h}·w_h + b`` holds the output bias once."""
+        from attnprobe.models.multihead import MultiHeadAttention
+
+        p = self.layer_projections(layer, output_row)
+        return MultiHeadAttention.from_projections(p["Q"], p["K"], p["V"], p["w"].reshape(-1), float(p["b"]),
+                                                   b_Q=p["bQ"], b_V=p["bV"], scale=1.0 / np.sqrt(self.head_dim),
+                                                   dtype=dtype)

@@ -57,13 +57,9 @@ def _check_index(layer: int, output_row: int, head: int = 0) -> None:
 
 
 def minilm_layer(layer: int = 0, output_row: int = 0, dtype: str = "float64") -> MultiHeadAttention:
-    """All 12 heads of one MiniLM-L6 attention layer, output row ``output_row`` at the last position (App. C):
-    head h is :func:`minilm_head` ``(layer, h)`` and ``c = Σ_h b_{V,h}·w_h + b`` holds the output bias once."""
-    _check_index(layer, output_row)
-    p = layer_projections(layer, output_row)
-    return MultiHeadAttention.from_projections(p["Q"], p["K"], p["V"], p["w"].reshape(-1), float(p["b"]),
-                                               b_Q=p["bQ"], b_V=p["bV"], scale=1.0 / np.sqrt(HEAD_DIM),
-                                               dtype=dtype)
+    """All 12 heads of one MiniLM-L6 attention layer, output row ``output_row`` at the last position (App. C)
+    (:meth:`BertCheckpoint.layer`)."""
+    return minilm_checkpoint().layer(layer, output_row, dtype)
 
 
 def minilm_torch_layer(layer: int = 0, output_row: int = 0, dtype=None):
