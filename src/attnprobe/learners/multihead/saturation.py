@@ -159,8 +159,10 @@ def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7):
         pending = [p for p in nxt if p[1] is None or p[3] is None
                    or np.linalg.norm(p[1] - p[3]) > tol * scale]
     cross = np.sort(np.array(crossings) % np.pi)
-    if cross.size:  # several search paths can end at one crossing
+    if cross.size:  # several search paths can end at one crossing (also across θ = 0 ≡ π)
         cross = cross[np.concatenate([[True], np.diff(cross) > 4 * resolution])]
+        if cross.size > 1 and cross[0] + np.pi - cross[-1] <= 4 * resolution:
+            cross = cross[:-1]
     return cross, scale
 
 
@@ -239,7 +241,14 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
         else:
             merged.append(g)
             best.append(w)
-    G = np.array(merged + [v_sum - merged[0]])  # the cone after the last crossing is opposite the first
+    # the cone after the last crossing is opposite the first (gradient Σv − g₀); a spurious crossing near θ = π
+    # makes the last measured cone that same cone
+    if len(merged) > 1 and np.linalg.norm(merged[-1] - (v_sum - merged[0])) <= floor:
+        spurious += 1
+        merged[-1] = v_sum - merged[0]
+    else:
+        merged.append(v_sum - merged[0])
+    G = np.array(merged)
     J = np.diff(G, axis=0)  # one jump per crossing
     # signs: g_0 = Σ_{heads on in the first cone} v_h = −Σ_{jumps that switch a head off} J_i
     coef, *_ = np.linalg.lstsq(J.T, G[0], rcond=None)
