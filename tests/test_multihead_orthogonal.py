@@ -21,7 +21,7 @@ def test_known_subspaces_recover_every_head(H, dh, bias):
     # each head costs exactly what the single-head learner costs in d_h dimensions (+ at most 2 % calibration)
     per_head = dh * dh + 2 * dh + 1 if bias else dh * dh + dh
     assert H * per_head <= res.queries <= H * per_head * 1.02 + H
-    assert res.queries == sum(res.details["queries_per_head"])
+    assert res.queries == sum(res.details["queries_per_head"]) == res.queries_by_phase["heads"]
     assert res.check["passed"] and res.check["relative_error"] < 1e-10
 
 
@@ -56,7 +56,8 @@ def test_unknown_orthogonal_subspaces(H, dh, seed):
     assert res.model.H == H and res.details["blocks"]["sizes"] == [dh] * H
     assert match_heads(m, res.model).worst < 1e-6
     assert res.queries <= MultiHeadAttention.query_bound(d, H)
-    assert sum(res.details["stages"].values()) == res.queries
+    assert set(res.queries_by_phase) == {"values", "hessians", "heads"}
+    assert sum(res.queries_by_phase.values()) == res.queries
     assert res.check["passed"]
 
 
@@ -88,3 +89,42 @@ def test_block_diagonalisation_of_exact_matrices():
     assert [b.shape[1] for b in split.bases] == [4, 4, 4] and split.kernel.shape[1] == 0
     for B in split.bases:
         assert min(np.linalg.norm(B - Et @ (Et.T @ B), 2) for Et in E) < 1e-10
+
+
+def test_cli_target_extract_verify_multihead(tmp_path, capsys):
+    import json
+
+    from attnprobe.cli import main
+    from attnprobe.models import load_model
+
+    t = tmp_path / "mh.npz"
+    assert main(["target", "multihead", "--d", "8", "--heads", "2", "--head-dim", "4", "--orthogonal",
+                 "--seed", "4", "--out", str(t)]) == 0
+    sub = tmp_path / "mh_subspaces.npz"
+    assert sub.exists()
+    out = tmp_path / "known.npz"
+    assert main(["extract", "--target", str(t), "--method", "multihead", "--subspaces", str(sub), "--out", str(out),
+                 "--quiet"]) == 0
+    assert load_model(out).kind == "multi_head"
+    out2 = tmp_path / "unknown.npz"
+    assert main(["extract", "--target", str(t), "--method", "multihead", "--heads", "2",
+                 "--multihead-learner", "orthogonal", "--out", str(out2), "--quiet"]) == 0
+    summary = json.loads(out2.with_suffix(".json").read_text())
+    assert summary["kind"] == "multi_head" and summary["check"]["passed"]
+    assert summary["queries"] <= 4 * 2 * 64 - 2 * 2 + 1
+    capsys.readouterr()
+    js = tmp_path / "errs.json"
+    assert main(["verify", "--target", str(t), "--result", str(out2), "--json", str(js)]) == 0
+    printed = capsys.readouterr().out
+    assert "worst_head" in printed
+    errs = json.loads(js.read_text())
+    assert errs["heads_found"] == 2 and errs["worst_head"] < 1e-6
+
+
+def test_cli_multihead_options_need_the_multihead_method(tmp_path, capsys):
+    from attnprobe.cli import main
+    from attnprobe.models import save_model
+
+    t = save_model(random_multihead(4, 2, seed=0), tmp_path / "t.npz")
+    assert main(["extract", "--target", str(t), "--heads", "2", "--out", str(tmp_path / "o.npz")]) == 2
+    assert "--heads (it is for --method multihead)" in capsys.readouterr().err

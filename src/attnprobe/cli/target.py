@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from attnprobe.cli.common import nonneg_int, plan_outputs, positive_float, positive_int, refuse_memory
 from attnprobe.models import save_model
+
+#: a random target of width d holds W and its factors K, Q: about 3·8·d² bytes
+TARGET_BYTES_PER_D2 = 3 * 8
 
 
 def run(args) -> int:
+    path, _ = plan_outputs(args.out)
+    if args.kind != "minilm":
+        refuse_memory(TARGET_BYTES_PER_D2 * args.d * max(args.d, args.m or 0), f"a random target of width {args.d}")
     if args.kind == "random":
         from attnprobe.targets import random_head
 
@@ -14,7 +21,7 @@ def run(args) -> int:
     elif args.kind in ("transformer", "relu"):
         from attnprobe.targets import random_relu_net, random_transformer
 
-        m = args.m or args.d
+        m = args.d if args.m is None else args.m
         model = (random_transformer(args.d, m, seed=args.seed, scale=args.scale, rank=args.rank)
                  if args.kind == "transformer" else random_relu_net(args.d, m, seed=args.seed))
     elif args.kind == "multihead":
@@ -27,22 +34,20 @@ def run(args) -> int:
         from attnprobe.targets import minilm_head
 
         model = minilm_head(args.layer, args.head, args.row)
-    path = save_model(model, args.out)
+    save_model(model, path)
     print(f"wrote {model.kind} (d = {model.d}) to {path}")
     return 0
 
 
 def _multihead(args) -> int:
     """A random multi-head layer; with ``--orthogonal`` its head subspaces go to OUT_subspaces.npz too."""
-    from pathlib import Path
-
     import numpy as np
 
     from attnprobe.errors import ConfigError
     from attnprobe.targets import random_multihead, random_orthogonal_multihead
 
-    if args.heads is None or args.heads < 1:
-        raise ConfigError("give the number of heads with --heads H (at least 1)")
+    if args.heads is None:
+        raise ConfigError("give the number of heads with --heads H")
     kw = dict(seed=args.seed, bias=not args.no_bias, scale=args.scale)
     if args.orthogonal:
         model, E = random_orthogonal_multihead(args.d, args.heads, args.head_dim, **kw)
@@ -60,19 +65,19 @@ def _multihead(args) -> int:
 def add_parser(sub) -> None:
     t = sub.add_parser("target", help="save a ready-made target model to a file")
     t.add_argument("kind", choices=["random", "minilm", "minilm-layer", "transformer", "relu", "multihead"])
-    t.add_argument("--d", type=int, default=16)
-    t.add_argument("--m", type=int, help="transformer/relu: hidden width of the FFN (default d)")
-    t.add_argument("--rank", type=int)
-    t.add_argument("--heads", type=int, help="multihead: number of heads H")
-    t.add_argument("--head-dim", type=int, help="multihead: head dimension d_h (default d // H)")
+    t.add_argument("--d", type=positive_int, default=16)
+    t.add_argument("--m", type=positive_int, help="transformer/relu: hidden width of the FFN (default d)")
+    t.add_argument("--rank", type=positive_int)
+    t.add_argument("--heads", type=positive_int, help="multihead: number of heads H")
+    t.add_argument("--head-dim", type=positive_int, help="multihead: head dimension d_h (default d // H)")
     t.add_argument("--orthogonal", action="store_true",
                    help="multihead: heads in mutually orthogonal subspaces (App. C); also writes OUT_subspaces.npz")
-    t.add_argument("--scale", type=float, default=1.0, help="RMS attention logit on unit inputs")
-    t.add_argument("--zero-v", type=int, default=0, help="number of zero entries of v")
+    t.add_argument("--scale", type=positive_float, default=1.0, help="RMS attention logit on unit inputs")
+    t.add_argument("--zero-v", type=nonneg_int, default=0, help="number of zero entries of v")
     t.add_argument("--no-bias", action="store_true")
-    t.add_argument("--layer", type=int, default=0)
-    t.add_argument("--head", type=int, default=0)
-    t.add_argument("--row", type=int, default=0)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--layer", type=nonneg_int, default=0)
+    t.add_argument("--head", type=nonneg_int, default=0)
+    t.add_argument("--row", type=nonneg_int, default=0)
+    t.add_argument("--seed", type=nonneg_int, default=0)
     t.add_argument("--out", required=True)
     t.set_defaults(func=run)

@@ -50,6 +50,15 @@ MERGE_NOISE = 64.0
 COARSE_MERGE_NOISE = 2.0
 MAX_ROUNDS = 200
 SIGN_TIME_LIMIT = 5.0
+#: coarsest answer rounding the kink search resolves (float32's 1.2e-7 works; float16's 9.8e-4 does not)
+FINEST_EPS = 1e-6
+
+
+def require_fine_answers(oracle, what: str) -> None:
+    """Refuse answers coarser than :data:`FINEST_EPS` (float16, bfloat16): the kinks drown in rounding."""
+    if oracle.eps > FINEST_EPS:
+        raise ConfigError(f"{what} needs answers rounded at most at {FINEST_EPS:g} (float32 or better); these are "
+                          f"rounded at {oracle.eps:.2g} ({oracle.precision}), where kinks drown in rounding")
 #: regions probed at a radius below this fraction of ‖x‖ are re-measured at the centre of their cell
 NARROW = 1e-5
 #: times a narrow region may be moved to the centre of its cell (a move into another cell is undone)
@@ -423,6 +432,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, min_width
     if not 0 < probe_fraction < 1:
         raise ConfigError(f"probe_fraction must lie in (0, 1); got {probe_fraction}")
     t0 = time.perf_counter()
+    require_fine_answers(oracle, "the ReLU-network learner")
     rng = np.random.default_rng(seed)
     d = oracle.d
     eps = oracle.eps

@@ -8,19 +8,17 @@ from typing import ClassVar
 import numpy as np
 
 from attnprobe.errors import ConfigError
-from attnprobe.models.attention import as_batch, set_frozen
+from attnprobe.models.attention import as_batch, real_array, set_frozen
 from attnprobe.models.precision import resolve_dtype
 
 
 def _check_ffn(A, w_o) -> tuple[np.ndarray, np.ndarray]:
-    A = np.array(A, dtype=np.float64)
-    w_o = np.array(w_o, dtype=np.float64).reshape(-1)
-    if A.ndim != 2 or A.shape[1] != w_o.shape[0]:
+    A = real_array("A", A, 2)
+    w_o = real_array("w_o", w_o, 1)
+    if A.shape[1] != w_o.shape[0]:
         raise ConfigError(f"A must be d×m with m = len(w_o) = {w_o.shape[0]}; got A of shape {A.shape}")
     if A.shape[0] < 1 or A.shape[1] < 1:
         raise ConfigError(f"A must have at least one row and one column; got {A.shape}")
-    if not (np.isfinite(A).all() and np.isfinite(w_o).all()):
-        raise ConfigError("model parameters must be finite")
     return A, w_o
 
 

