@@ -15,13 +15,10 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import table, write_section  # noqa: E402
-
+from attnprobe.reports import Table, command_line, write_section  # noqa: E402
 from attnprobe.errors import AttnprobeError  # noqa: E402
 from attnprobe.learners.multihead.generic import extract_generic  # noqa: E402
 from attnprobe.models.multihead import MultiHeadAttention, match_heads  # noqa: E402
@@ -55,6 +52,10 @@ class FactorForm:
         a = np.exp(s)
         a /= a.sum(-1, keepdims=True)
         return (np.einsum("bhn,bnh->b", a, X @ self.v.T) + self.c).astype(np.float64)
+
+
+def _table(headers, rows):
+    return Table(headers, rows).markdown()
 
 
 def _load():
@@ -145,7 +146,7 @@ def torch_rows(layers, dtypes):
                          f"{res.check.error:.1e}, passed {res.check.passed})",
                          f"{secs:.0f}", f"{(load0 + _load()) / 2:.1f}"])
             print(rows[-1], file=sys.stderr, flush=True)
-    return table(["layer", "answers", "heads found", "queries", "by phase", "worst head error", "seconds",
+    return _table(["layer", "answers", "heads found", "queries", "by phase", "worst head error", "seconds",
                   "load avg (2 cores)"], rows)
 
 
@@ -167,15 +168,14 @@ def main(argv=None):
                 + torch_rows(args.layers, args.torch or ["float64"]))
         print(body)
         if not args.no_write:
-            write_section(TORCH_TITLE, body, "PYTHONPATH=src python benchmarks/multihead_generic.py "
-                          + " ".join(argv if argv is not None else sys.argv[1:]))
+            write_section(TORCH_TITLE, body, command_line())
         return
     parts = []
     if not args.skip_random:
         rows = random_rows(args.seeds)
         parts.append("Random generic heads with biases (`targets.random_multihead`, Gaussian `v_h`, `u_h`, `c`; "
                      "head dimension d_h = rank of W_h), float64 answers. Success: every head ≤ 1e-6 relative "
-                     "error (W, v, u; Hungarian matching).\n\n" + table(
+                     "error (W, v, u; Hungarian matching).\n\n" + _table(
                          ["d", "H", "d_h", "≤1e-6", "worst head error", "queries (median)", "4Hd²−2H+1",
                           "unknowns H(d²+2d)+1", "seconds (median)"], rows))
     mrows, per_head = [], []
@@ -194,17 +194,16 @@ def main(argv=None):
             per_head.append([layer, dtype, r["rank"]] + [f"{max(a, b, c):.1e}" for a, b, c in zip(r["W"], r["v"], r["u"])])
     if mrows:
         parts.append("The real MiniLM-L6 layer (`targets.minilm_layer(layer, output_row=0)`, all 12 heads, d = 384, "
-                     "biases), `rank=32` given (or detected); the bound 4Hd²−2H+1 = 7,077,865 queries.\n\n" + table(
+                     "biases), `rank=32` given (or detected); the bound 4Hd²−2H+1 = 7,077,865 queries.\n\n" + _table(
                          ["layer", "answers", "rank", "heads found", "queries", "by phase", "worst head error",
                           "seconds", "load avg (2 cores)"], mrows))
     if per_head:
-        parts.append("Per-head worst relative error (max of W, v, u; true head order):\n\n" + table(
+        parts.append("Per-head worst relative error (max of W, v, u; true head order):\n\n" + _table(
             ["layer", "answers", "rank"] + [f"h{h}" for h in range(12)], per_head))
     body = "\n\n".join(parts)
     print(body)
     if not args.no_write:
-        cmd = "PYTHONPATH=src python benchmarks/multihead_generic.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        write_section(TITLE, body, cmd.strip())
+        write_section(TITLE, body, command_line())
 
 
 if __name__ == "__main__":
