@@ -11,7 +11,8 @@ On the half circle ``w(θ) = T(cos θ z₀ + sin θ z₁)``, θ ∈ [0, π], eve
 1. raises the radius T until F is homogeneous of degree one at random points (``F(2w) = 2F(w)``: saturated);
 2. labels points of the circle by their local cone coefficients ``(z₀ᵀg, z₁ᵀg)`` and bisects between points with
    different labels down to ``resolution`` radians: the crossings;
-3. measures the full gradient (d + 1 queries, one homogeneity check) at the middle of every cone;
+3. measures the full gradient (2d + 2 queries: two step sizes that must agree, one homogeneity check) at the
+   middle of every cone; cones with equal gradients (search artefacts) are merged;
 4. differences adjacent cones: the jumps ``J_i = ±v_h``; the signs come from ``g_0 = Σ_{h on at θ=0} v_h``
    written in the basis of the jumps (coefficients in {0, −1}), and ``Σ_h v_h`` (length-1 queries) checks them.
 
