@@ -14,7 +14,8 @@ On the half circle ``w(θ) = T(cos θ z₀ + sin θ z₁)``, θ ∈ [0, π], eve
 3. measures the full gradient (2d + 2 queries: two step sizes that must agree, one homogeneity check) at the
    middle of every cone; cones with equal gradients (search artefacts) are merged;
 4. differences adjacent cones: the jumps ``J_i = ±v_h``; the signs come from ``g_0 = Σ_{h on at θ=0} v_h``
-   written in the basis of the jumps (coefficients in {0, −1}), and ``Σ_h v_h`` (length-1 queries) checks them.
+   written in the basis of the jumps (coefficients in {0, −1}); ``Σ_h v_h`` (length-1 queries) gives the
+   gradient of the cone after the last crossing (opposite the first).
 
 H is the number of jumps. Heads with parallel ``p_h`` (equal ``W_h, u_h``: Prop. 7.1) cross together and come
 out as one head with the summed value vector, which computes the same function.
