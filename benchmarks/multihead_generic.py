@@ -15,13 +15,10 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import table, write_section  # noqa: E402
-
+from attnprobe.reports import Table, command_line, write_section  # noqa: E402
 from attnprobe.errors import AttnprobeError  # noqa: E402
 from attnprobe.learners.multihead.generic import extract_generic  # noqa: E402
 from attnprobe.models.multihead import MultiHeadAttention, match_heads  # noqa: E402
@@ -55,6 +52,10 @@ class FactorForm:
         a = np.exp(s)
         a /= a.sum(-1, keepdims=True)
         return (np.einsum("bhn,bnh->b", a, X @ self.v.T) + self.c).astype(np.float64)
+
+
+def _table(headers, rows):
+    return Table(headers, rows).markdown()
 
 
 def _load():
@@ -113,6 +114,42 @@ def minilm_row(layer, dtype, seed=0, rank=32):
     return out
 
 
+TORCH_TITLE = "Multi-head: generic learner on the real MiniLM-L6 layer as a torch module"
+
+
+def torch_rows(layers, dtypes):
+    """``targets.minilm_torch_layer`` (BERT self-attention + output dense, torch) as the oracle."""
+    import torch
+
+    from attnprobe.oracles.torch_adapter import oracle_from_torch
+    from attnprobe.targets.minilm import minilm_layer, minilm_torch_layer
+
+    rows = []
+    for layer in layers:
+        for dtype in dtypes:
+            module = minilm_torch_layer(layer, 0, dtype=getattr(torch, dtype))
+            oracle = oracle_from_torch(module, 384)
+            truth = minilm_layer(layer, 0)
+            load0, t0 = _load(), time.perf_counter()
+            try:
+                res = extract_generic(oracle, rank=32, seed=0)
+            except AttnprobeError as exc:
+                rows.append([layer, dtype, "—", oracle.queries, "—", f"{type(exc).__name__}: {exc}"[:160],
+                             f"{time.perf_counter() - t0:.0f}", f"{(load0 + _load()) / 2:.1f}"])
+                continue
+            secs = time.perf_counter() - t0
+            m = match_heads(truth, res.model) if res.model.H == truth.H else None
+            rows.append([layer, dtype, res.model.H, res.queries,
+                         ", ".join(f"{k} {v}" for k, v in res.queries_by_phase.items()),
+                         f"{m.worst if m else float('nan'):.2e} (W {np.max(m.W) if m else 0:.1e}, v "
+                         f"{np.max(m.v) if m else 0:.1e}, u {np.max(m.u) if m else 0:.1e}; check "
+                         f"{res.check.error:.1e}, passed {res.check.passed})",
+                         f"{secs:.0f}", f"{(load0 + _load()) / 2:.1f}"])
+            print(rows[-1], file=sys.stderr, flush=True)
+    return _table(["layer", "answers", "heads found", "queries", "by phase", "worst head error", "seconds",
+                  "load avg (2 cores)"], rows)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
@@ -121,13 +158,24 @@ def main(argv=None):
     ap.add_argument("--skip-random", action="store_true")
     ap.add_argument("--detect-rank", action="store_true", help="also run MiniLM float64 without rank=32")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--torch", nargs="*", metavar="DTYPE", default=None,
+                    help="only run the real torch MiniLM layer(s) with these answer dtypes (float64 float32)")
     args = ap.parse_args(argv)
+    if args.torch is not None:
+        body = ("The real layer itself as the oracle: `targets.minilm_torch_layer(layer, output_row=0, dtype)` "
+                "(torch `BertSelfAttentionRow`: query/key/value Linear layers, softmax, output dense; no "
+                "residual/LayerNorm), `rank=32`; errors against `targets.minilm_layer` (float64 sum form).\n\n"
+                + torch_rows(args.layers, args.torch or ["float64"]))
+        print(body)
+        if not args.no_write:
+            write_section(TORCH_TITLE, body, command_line())
+        return
     parts = []
     if not args.skip_random:
         rows = random_rows(args.seeds)
         parts.append("Random generic heads with biases (`targets.random_multihead`, Gaussian `v_h`, `u_h`, `c`; "
                      "head dimension d_h = rank of W_h), float64 answers. Success: every head ≤ 1e-6 relative "
-                     "error (W, v, u; Hungarian matching).\n\n" + table(
+                     "error (W, v, u; Hungarian matching).\n\n" + _table(
                          ["d", "H", "d_h", "≤1e-6", "worst head error", "queries (median)", "4Hd²−2H+1",
                           "unknowns H(d²+2d)+1", "seconds (median)"], rows))
     mrows, per_head = [], []
@@ -146,17 +194,16 @@ def main(argv=None):
             per_head.append([layer, dtype, r["rank"]] + [f"{max(a, b, c):.1e}" for a, b, c in zip(r["W"], r["v"], r["u"])])
     if mrows:
         parts.append("The real MiniLM-L6 layer (`targets.minilm_layer(layer, output_row=0)`, all 12 heads, d = 384, "
-                     "biases), `rank=32` given (or detected); the bound 4Hd²−2H+1 = 7,077,865 queries.\n\n" + table(
+                     "biases), `rank=32` given (or detected); the bound 4Hd²−2H+1 = 7,077,865 queries.\n\n" + _table(
                          ["layer", "answers", "rank", "heads found", "queries", "by phase", "worst head error",
                           "seconds", "load avg (2 cores)"], mrows))
     if per_head:
-        parts.append("Per-head worst relative error (max of W, v, u; true head order):\n\n" + table(
+        parts.append("Per-head worst relative error (max of W, v, u; true head order):\n\n" + _table(
             ["layer", "answers", "rank"] + [f"h{h}" for h in range(12)], per_head))
     body = "\n\n".join(parts)
     print(body)
     if not args.no_write:
-        cmd = "PYTHONPATH=src python benchmarks/multihead_generic.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        write_section(TITLE, body, cmd.strip())
+        write_section(TITLE, body, command_line())
 
 
 if __name__ == "__main__":

@@ -70,9 +70,11 @@ def test_tied_heads_merge_with_a_note():
 
 
 def test_too_many_heads_for_the_width_is_refused():
-    target = random_multihead(6, 4, 6, seed=0)
-    with pytest.raises(UnidentifiableError, match="d ≥ 2H − 1"):
-        extract_generic(Oracle(target, 6))
+    target = random_multihead(7, 4, 7, seed=0)  # found H = 4 heads, but the switch-off probe needs d ≥ 2H
+    with pytest.raises(UnidentifiableError, match="d ≥ 2H"):
+        extract_generic(Oracle(target, 7))
+    with pytest.raises(UnidentifiableError, match="at most 3 heads"):  # refused before any query
+        extract_generic(Oracle(target, 7, budget=0), heads=4)
 
 
 def test_max_heads_is_enforced():

@@ -10,7 +10,7 @@ every other head is switched off (weight ``σ(−L + …) = 0`` to rounding) wha
 sigmoid at ``a = γ m_h`` and at ``a = γ m_h + ζ c_k`` (``m_h ∝ P_h v_h``, so ``aᵀv_h ≠ 0``; ``c_k`` the
 columns of C_h) and differencing gives ``c_kᵀp_h(y)`` exactly; the logit error of ``w`` cancels.
 ``p_h(y)`` is affine in y and only depends on y through the row space of ``W_h`` (rank r), so ``r + 1`` last
-tokens per head suffice: ``(H − 1)(r + 1)`` unknowns, ``H (r + 1)`` probes per head, plus a repeat with 4L
+tokens per head suffice (needs d ≥ 2H): ``(H − 1)(r + 1)`` unknowns, ``H (r + 1)`` probes per head, plus a repeat with 4L
 that certifies the switch-off.
 """
 
@@ -42,9 +42,6 @@ def _switch_off_probe(N, pP, h, L):
     A = pP @ N  # (H, d − H)
     rhs = -L.copy()
     rhs[h] = 0.0
-    if A.shape[1] < A.shape[0]:  # not enough room for the zero constraint: switch the others off only
-        keep = np.arange(A.shape[0]) != h
-        A, rhs = A[keep], rhs[keep]
     t, *_ = np.linalg.lstsq(A, rhs, rcond=None)
     return N @ t
 
@@ -57,8 +54,9 @@ def cross_components(oracle, v, v_sum, c, WP, uP, bias, rng, *, max_retries=6):
     start = oracle.queries
     free = d - H + 1
     N = np.linalg.svd(v)[2][H:].T  # basis of span{v}^⊥, d × (d − H)
-    if N.shape[1] < H - 1:
-        raise SaturationError(f"switching heads off needs d ≥ 2H − 1 free directions (d = {d}, H = {H})")
+    if N.shape[1] < H:
+        raise SaturationError(f"switching heads off needs d ≥ 2H (d = {d}, H = {H}): a probe ⊥ every v_g with H "
+                              "prescribed logits")
     W_cross = np.zeros((H, d, d))
     u_cross = np.zeros((H, d))
     worst_repeat = 0.0

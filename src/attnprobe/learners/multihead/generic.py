@@ -13,7 +13,7 @@
 
 Heads whose ``(W_h, u_h)`` coincide (Prop. 7.1) cross their hyperplanes together and come back as one head with
 the summed value vector: the same function, said in a note. A head with ``v_h = 0`` contributes nothing and is
-not found. Needs ``d ≥ 2H − 1``.
+not found. Needs ``d ≥ 2H`` (room for the switch-off probe of the cross stage).
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
     for name, val in (("heads", heads), ("max_heads", max_heads), ("rank", rank)):
         if val is not None and not (isinstance(val, (int, np.integer)) and val >= 1):
             raise ConfigError(f"{name} must be a positive integer; got {val!r}", param=name)
-    if heads is not None and 2 * heads - 1 > d:
-        raise UnidentifiableError(f"{heads} heads at width d = {d}: isolating a head needs d ≥ 2H − 1 "
-                                  f"(at most {(d + 1) // 2} heads)")
+    if heads is not None and 2 * heads > d:
+        raise UnidentifiableError(f"{heads} heads at width d = {d}: switching the other heads off needs d ≥ 2H "
+                                  f"(at most {d // 2} heads)")
     run = Run(oracle, METHOD, seed=seed, check=check, progress=progress)
     rng = run.rng
     notes: list[str] = []
@@ -73,8 +73,8 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
                                   "was given; omit heads to keep all of them")
     if max_heads is not None and H > max_heads:
         raise UnidentifiableError(f"found {H} heads, more than max_heads = {max_heads}; raise max_heads")
-    if 2 * H - 1 > d:
-        raise UnidentifiableError(f"found {H} heads at width d = {d}: isolating a head needs d ≥ 2H − 1")
+    if 2 * H > d:
+        raise UnidentifiableError(f"found {H} heads at width d = {d}: switching the other heads off needs d ≥ 2H")
     run.plan(_planned_rest(d, H, rank, bias), f"generic multi-head extraction at d={d}, H={H} "
              "(isolated and cross stages)", at_least=True)
     run.report(run.queries + _planned_rest(d, H, rank, bias))

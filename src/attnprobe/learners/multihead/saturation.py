@@ -11,9 +11,11 @@ On the half circle ``w(θ) = T(cos θ z₀ + sin θ z₁)``, θ ∈ [0, π], eve
 1. raises the radius T until F is homogeneous of degree one at random points (``F(2w) = 2F(w)``: saturated);
 2. labels points of the circle by their local cone coefficients ``(z₀ᵀg, z₁ᵀg)`` and bisects between points with
    different labels down to ``resolution`` radians: the crossings;
-3. measures the full gradient (d + 1 queries, one homogeneity check) at the middle of every cone;
+3. measures the full gradient (2d + 2 queries: two step sizes that must agree, one homogeneity check) at the
+   middle of every cone; cones with equal gradients (search artefacts) are merged;
 4. differences adjacent cones: the jumps ``J_i = ±v_h``; the signs come from ``g_0 = Σ_{h on at θ=0} v_h``
-   written in the basis of the jumps (coefficients in {0, −1}), and ``Σ_h v_h`` (length-1 queries) checks them.
+   written in the basis of the jumps (coefficients in {0, −1}); ``Σ_h v_h`` (length-1 queries) gives the
+   gradient of the cone after the last crossing (opposite the first).
 
 H is the number of jumps. Heads with parallel ``p_h`` (equal ``W_h, u_h``: Prop. 7.1) cross together and come
 out as one head with the summed value vector, which computes the same function.
@@ -159,8 +161,10 @@ def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7):
         pending = [p for p in nxt if p[1] is None or p[3] is None
                    or np.linalg.norm(p[1] - p[3]) > tol * scale]
     cross = np.sort(np.array(crossings) % np.pi)
-    if cross.size:  # several search paths can end at one crossing
+    if cross.size:  # several search paths can end at one crossing (also across θ = 0 ≡ π)
         cross = cross[np.concatenate([[True], np.diff(cross) > 4 * resolution])]
+        if cross.size > 1 and cross[0] + np.pi - cross[-1] <= 4 * resolution:
+            cross = cross[:-1]
     return cross, scale
 
 
@@ -239,7 +243,14 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
         else:
             merged.append(g)
             best.append(w)
-    G = np.array(merged + [v_sum - merged[0]])  # the cone after the last crossing is opposite the first
+    # the cone after the last crossing is opposite the first (gradient Σv − g₀); a spurious crossing near θ = π
+    # makes the last measured cone that same cone
+    if len(merged) > 1 and np.linalg.norm(merged[-1] - (v_sum - merged[0])) <= floor:
+        spurious += 1
+        merged[-1] = v_sum - merged[0]
+    else:
+        merged.append(v_sum - merged[0])
+    G = np.array(merged)
     J = np.diff(G, axis=0)  # one jump per crossing
     # signs: g_0 = Σ_{heads on in the first cone} v_h = −Σ_{jumps that switch a head off} J_i
     coef, *_ = np.linalg.lstsq(J.T, G[0], rcond=None)
