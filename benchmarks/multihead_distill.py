@@ -20,7 +20,14 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import DOCS, table, write_section  # noqa: E402
+from attnprobe.reports import BENCHMARKS_MD, Table, write_section  # noqa: E402
+DOCS = BENCHMARKS_MD.parent
+
+
+def table(headers, rows) -> str:
+    """Markdown through the one formatter (:class:`attnprobe.reports.Table`)."""
+    return Table(headers, rows).markdown()
+
 
 from attnprobe.learners.multihead import extract_multihead  # noqa: E402
 from attnprobe.models import MultiHeadAttention, match_heads  # noqa: E402

@@ -10,7 +10,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import table  # noqa: E402
+from attnprobe.reports import Table  # noqa: E402
+
+
+def table(headers, rows) -> str:
+    """Markdown through the one formatter (:class:`attnprobe.reports.Table`)."""
+    return Table(headers, rows).markdown()
+
 
 from attnprobe.learners.multihead import extract_multihead  # noqa: E402
 from attnprobe.models import match_heads  # noqa: E402

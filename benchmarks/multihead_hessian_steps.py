@@ -17,7 +17,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import table  # noqa: E402
+from attnprobe.reports import Table  # noqa: E402
+
+
+def table(headers, rows) -> str:
+    """Markdown through the one formatter (:class:`attnprobe.reports.Table`)."""
+    return Table(headers, rows).markdown()
+
 
 from attnprobe.learners.exact import extract_exact, learn_value  # noqa: E402
 from attnprobe.learners.multihead.blocks import simultaneous_blocks  # noqa: E402

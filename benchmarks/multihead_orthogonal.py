@@ -18,7 +18,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import table, write_section  # noqa: E402
+from attnprobe.reports import Table, write_section  # noqa: E402
+
+
+def table(headers, rows) -> str:
+    """Markdown through the one formatter (:class:`attnprobe.reports.Table`)."""
+    return Table(headers, rows).markdown()
+
 
 from attnprobe.learners.multihead import extract_multihead  # noqa: E402
 from attnprobe.models import MultiHeadAttention, match_heads  # noqa: E402

@@ -23,7 +23,7 @@ from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import AdversarialNoise, BoundedNoise, Membership
 from attnprobe.targets import minilm_head, random_head, random_transformer
 from attnprobe.targets.theorem_heads import margin, theorem_head
-from report import rel  # benchmarks/ is on sys.path when a script runs
+from attnprobe.models.compare import relative_error as rel  # noqa: E402
 
 ROWS = []
 

@@ -117,3 +117,24 @@ def test_budget_is_refused_before_the_first_query():
     with pytest.raises(BudgetExceededError):
         extract_generic(oracle)
     assert oracle.queries == 0
+
+
+def test_cli_generic_multihead_with_the_head_dimension_given(tmp_path):
+    """--rank reaches the generic learner: every isolated head is sketched at rank d_h, heads recovered exactly."""
+    import json
+
+    from attnprobe.cli import main
+    from attnprobe.models import load_model, save_model
+    from attnprobe.models.multihead import match_heads
+    from attnprobe.targets import random_multihead
+
+    truth = random_multihead(16, 2, 4, seed=5)
+    t = save_model(truth, tmp_path / "layer.npz")
+    out = tmp_path / "got.npz"
+    assert main(["extract", "--target", str(t), "--method", "multihead", "--rank", "4", "--quiet",
+                 "--out", str(out)]) == 0
+    got = load_model(out)
+    assert match_heads(truth, got).worst <= 1e-6
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert summary["passed"] is True
+    assert sum(summary["queries_by_phase"].values()) == summary["queries"] <= 4 * 2 * 16**2 - 2 * 2 + 1

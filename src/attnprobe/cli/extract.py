@@ -119,7 +119,8 @@ def _run_multihead(oracle, args, progress):
     subspaces = load_subspaces(args.subspaces) if args.subspaces else None
     method = "subspaces" if subspaces is not None else (args.multihead_learner or "auto")
     return extract_multihead(oracle, heads=args.heads, max_heads=args.max_heads, subspaces=subspaces,
-                             bias=not args.no_bias, method=method, seed=args.seed, progress=progress)
+                             bias=not args.no_bias, method=method, rank=args.rank, seed=args.seed,
+                             progress=progress)
 
 
 #: ``--method`` name -> runner(oracle, args, progress) -> Extraction
@@ -140,7 +141,7 @@ TAKES_PROBES = {"exact", "robust", "membership", "transformer"}
 METHOD_OPTIONS = {
     "no_bias": {"exact", "lowrank", "nuclear", "robust", "multihead"},
     "heads": {"multihead"}, "max_heads": {"multihead"}, "subspaces": {"multihead"}, "multihead_learner": {"multihead"},
-    "rank": {"lowrank", "nuclear"}, "oversample": {"lowrank"},
+    "rank": {"lowrank", "nuclear", "multihead"}, "oversample": {"lowrank"},
     "measurements": {"nuclear"}, "solver": {"nuclear"}, "solver_time_limit": {"nuclear"},
     "tolerance": {"robust"}, "queries": {"robust"}, "max_scale": {"robust"}, "no_retries": {"robust"},
     "w_bound": {"robust", "membership"}, "margin": {"robust", "membership"},

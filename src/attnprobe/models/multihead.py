@@ -151,7 +151,8 @@ class MultiHeadAttention:
     def _forward(self, X: np.ndarray):
         p = self._params()
         Xc = as_batch(X, self.d).astype(p["dt"])
-        q = np.einsum("hde,be->bhd", p["W"], Xc[:, -1, :])  # W_h x_N
+        H, d = p["W"].shape[:2]
+        q = (Xc[:, -1, :] @ p["W"].reshape(H * d, d).T).reshape(-1, H, d)  # W_h x_N, one BLAS product
         scores = np.einsum("bnd,bhd->bhn", Xc, q) + np.einsum("bnd,hd->bhn", Xc, p["u"])
         return Xc, softmax_last(scores), p
 

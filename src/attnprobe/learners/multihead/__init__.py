@@ -16,13 +16,15 @@ METHODS = ("auto", "subspaces", "orthogonal", "generic")
 
 
 def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None = None, subspaces=None,
-                      bias: bool = True, method: str = "auto", seed: int = 0, check: bool = True, progress=None):
+                      bias: bool = True, method: str = "auto", rank: int | None = None, seed: int = 0,
+                      check: bool = True, progress=None):
     """Recover every head of a multi-head layer ``f(X) = Σ_h softmax(X W_h x_N + X u_h)ᵀ(X v_h) + c``.
 
     ``method``: ``subspaces`` (needs ``subspaces``: known orthogonal head subspaces, Prop. C.2),
     ``orthogonal`` (unknown orthogonal subspaces, App. C), ``generic`` (overlapping heads) or ``auto``
     (``subspaces`` when they are given, else ``generic`` when that learner is installed, else ``orthogonal``).
-    ``heads`` fixes H; ``max_heads`` bounds it when H is detected. Returns an Extraction whose model is a
+    ``heads`` fixes H; ``max_heads`` bounds it when H is detected; ``rank`` (the head dimension, generic learner
+    only) lets each isolated head be sketched with ``≈ 2d·rank`` queries instead of detecting its rank. Returns an Extraction whose model is a
     :class:`~attnprobe.models.multihead.MultiHeadAttention` (heads are defined up to permutation).
     """
     if method not in METHODS:
@@ -42,6 +44,8 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
             raise ConfigError(f"heads={heads} but {len(subspaces)} subspaces were given")
         return extract_multihead_subspaces(oracle, subspaces, bias=bias, seed=seed, check=check,
                                            progress=progress)
+    if rank is not None and method != "generic":
+        raise ConfigError(f"rank is used by the generic multi-head learner only; got method {method!r}", param="rank")
     if method == "orthogonal":
         res = extract_multihead_orthogonal(oracle, heads=heads, bias=bias, seed=seed, check=check,
                                            progress=progress)
@@ -52,7 +56,8 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
     if gen is None:
         raise ConfigError("the generic multi-head learner (attnprobe.learners.multihead.generic) is not available "
                           "in this installation; use method='orthogonal' or give the subspaces")
-    return gen(oracle, heads=heads, max_heads=max_heads, bias=bias, seed=seed, check=check, progress=progress)
+    return gen(oracle, heads=heads, max_heads=max_heads, rank=rank, bias=bias, seed=seed, check=check,
+               progress=progress)
 
 
 def _generic():
