@@ -150,7 +150,6 @@ def simultaneous_blocks(mats: list[np.ndarray], rng: np.random.Generator, *, blo
     """
     mats = [0.5 * (M + M.T) for M in mats]
     A = algebra_elements(mats, rng)
-    d = mats[0].shape[0]
     S = sum(a @ a for a in A[: len(mats)])
     w, V = np.linalg.eigh(S)
     live = w > kernel_tol * w.max()
