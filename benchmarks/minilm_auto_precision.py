@@ -67,9 +67,12 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=LAYERS * HEADS, help="first N of the 72 (layer-major)")
     ap.add_argument("--methods", default="lowrank,lowrank32,exact")
     ap.add_argument("--no-docs", action="store_true")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="JSON rows (one file per concurrent run)")
+    ap.add_argument("--merge", type=Path, nargs="*", default=[], help="more result files to include in the table")
     args = ap.parse_args()
     methods = args.methods.split(",")
-    rows = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+    results = args.results
+    rows = json.loads(results.read_text()) if results.exists() else []
     done = {(r["layer"], r["head"], r["method"]) for r in rows}
     pairs = [(lh // HEADS, lh % HEADS) for lh in range(args.heads)]
     for m in methods:
@@ -78,9 +81,11 @@ def main() -> None:
                 continue
             row = run_one(layer, head, m)
             rows.append(row)
-            RESULTS.parent.mkdir(exist_ok=True)
-            RESULTS.write_text(json.dumps(rows, indent=1))
+            results.parent.mkdir(exist_ok=True)
+            results.write_text(json.dumps(rows, indent=1))
             print(json.dumps(row), flush=True)
+    for extra in args.merge:
+        rows += json.loads(extra.read_text())
     body = summarize(rows, methods)
     print(body)
     if not args.no_docs:
