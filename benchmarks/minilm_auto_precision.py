@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("--no-docs", action="store_true")
     ap.add_argument("--results", type=Path, default=RESULTS, help="JSON rows (one file per concurrent run)")
     ap.add_argument("--merge", type=Path, nargs="*", default=[], help="more result files to include in the table")
+    ap.add_argument("--note", default="", help="a paragraph to add under the table (e.g. which heads ran)")
     args = ap.parse_args()
     methods = args.methods.split(",")
     results = args.results
@@ -96,7 +97,8 @@ wrapped as `Oracle(head, 384, precision="auto")`: nothing tells the learner that
 "read as float32" counts heads whose answers the detector (attnprobe.oracles.precision_detect) read as float32;
 "rank 32 found" counts lowrank runs whose detected rank is the true head dimension 32; lowrank32 is
 `extract_lowrank(rank=32)` (`--rank 32`). Unknowns are d² + 2d + 1 = 148,225. Before this change the same heads
-without a declared precision failed their functional check (exact: 71 of 72) and lowrank detected rank 384.""",
+without a declared precision failed their functional check (exact: 71 of 72) and lowrank detected rank 384.
+""" + args.note,
                       f"python benchmarks/minilm_auto_precision.py --heads {args.heads} --methods {args.methods}")
 
 
