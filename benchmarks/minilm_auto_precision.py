@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-from report import rel, table, write_section
 
 from attnprobe.learners import extract_exact
 from attnprobe.learners.lowrank import extract_lowrank
 from attnprobe.models.attention import AttentionHead
 from attnprobe.oracles import Oracle
+from attnprobe.reports import Table, write_section
+from attnprobe.reports import relative_error as rel
 from attnprobe.targets.minilm import HEADS, LAYERS, minilm_head
 
 RESULTS = Path(__file__).resolve().parent / "results" / "minilm_auto_precision.json"
@@ -58,8 +59,12 @@ def summarize(rows: list[dict], methods) -> str:
                     float(max(r["W_error"] for r in ok)) if ok else float("nan"),
                     float(max(r["check_error"] for r in ok)) if ok else float("nan"),
                     float(np.median([r["seconds"] for r in ok])) if ok else float("nan")])
-    return table(["method", "heads", "read as float32", "check passed", "errors", "rank 32 found",
+    return _table(["method", "heads", "read as float32", "check passed", "errors", "rank 32 found",
                   "queries/unknowns (median)", "(max)", "max W rel. error", "max check error", "median s"], out)
+
+
+def _table(headers, rows) -> str:
+    return Table(list(headers), [list(r) for r in rows]).markdown()
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Command line: ``attnprobe extract | verify | demo | target | serve``, one module per subcommand.
+"""Command line: ``attnprobe extract | verify | demo | target | serve | audit | reproduce``, one module per subcommand.
 
 Every run ends with an exit code and, unless it succeeded, one line on stderr that says what happened and how
 many queries were spent (DESIGN.md): 0 done and verified; 2 bad input or refused (before or during the run);
@@ -11,16 +11,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
 
-from attnprobe.cli import demo, extract, serve, target, verify
+from attnprobe.cli import audit, demo, extract, reproduce, serve, target, verify
 from attnprobe.cli.common import queries_spent, relative_errors
 from attnprobe.errors import AttnprobeError, CheckFailedError
 
 #: the subcommands, in the order ``--help`` lists them; each module has ``add_parser(sub)`` and ``run(args)``
-SUBCOMMANDS = (extract, verify, demo, target, serve)
+SUBCOMMANDS = (extract, verify, demo, target, serve, audit, reproduce)
 METHODS = extract.METHODS
 
 #: exit codes (README "Exit codes")
@@ -50,8 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 @contextlib.contextmanager
 def _signals_end_the_run():
-    """SIGINT raises KeyboardInterrupt and SIGTERM raises :class:`Terminated` in the main thread for the
-    duration of a run (solvers that trap SIGINT themselves report it and are stopped by the learner)."""
+    """SIGINT raises KeyboardInterrupt and SIGTERM :class:`Terminated` in the main thread for the duration of a
+    run; :func:`main` turns them into the one-line message and exit code 130/143. (Solvers that would trap
+    SIGINT run in a child process: :func:`attnprobe.learners.nuclear.solve_in_child`.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -69,11 +71,16 @@ def _signals_end_the_run():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
+_SIGNAL_ENDINGS = {signal.SIGINT: ("interrupted", "stopped by SIGINT (Ctrl-C); nothing written"),
+                   signal.SIGTERM: ("terminated", "stopped by SIGTERM; nothing written")}
+
+
 def _end(args, kind: str, message: str, code: int) -> int:
     """Print the one line that ends a failed run (with the queries it spent) and return the exit code."""
     tail = queries_spent(args) if args.command in ("extract", "demo") else ""
     text = message.rstrip(". ") if tail else message
-    print(f"attnprobe: {kind}: {text}" + (f"; {tail}" if tail else ""), file=sys.stderr)
+    line = f"attnprobe: {kind}: {text}" + (f"; {tail}" if tail else "")
+    print(" ".join(line.split()), file=sys.stderr)
     return code
 
 
@@ -89,11 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     except CheckFailedError as exc:
         return _end(args, "check failed", str(exc), EXIT_CHECK_FAILED)
     except AttnprobeError as exc:
-        return _end(args, "error", str(exc), EXIT_REFUSED)
+        message = re.sub(r"\b[Tt]he '(\w+)' parameter",  # library messages name parameters; the CLI names flags
+                         lambda m: extract.PARAM_FLAGS.get(m.group(1), m.group(0)), str(exc))
+        return _end(args, "error", message, EXIT_REFUSED)
     except KeyboardInterrupt:
-        return _end(args, "interrupted", "stopped by SIGINT (Ctrl-C); nothing written", EXIT_SIGINT)
+        return _end(args, *_SIGNAL_ENDINGS[signal.SIGINT], EXIT_SIGINT)
     except Terminated:
-        return _end(args, "terminated", "stopped by SIGTERM; nothing written", EXIT_SIGTERM)
+        return _end(args, *_SIGNAL_ENDINGS[signal.SIGTERM], EXIT_SIGTERM)
     except MemoryError:
         return _end(args, "error", "out of memory; try a smaller model width or method", EXIT_REFUSED)
     except Exception as exc:  # a bug: still one line, never a traceback unless asked for

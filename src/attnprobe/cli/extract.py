@@ -62,6 +62,7 @@ def _run_nuclear(oracle, args, progress):
     from attnprobe.learners.nuclear import extract_nuclear
 
     return extract_nuclear(oracle, rank=args.rank, measurements=args.measurements, solver=args.solver or "auto",
+                           solver_time_limit=_default(args.solver_time_limit, SOLVER_TIME_LIMIT),
                            bias=not args.no_bias, seed=args.seed, progress=progress)
 
 
@@ -83,21 +84,64 @@ def _default(value, default):
     return default if value is None else value
 
 
+#: nuclear: refuse when the solver is estimated to take longer (learners.nuclear.SOLVER_TIME_LIMIT)
+SOLVER_TIME_LIMIT = 300.0
 #: seconds the 0/1 orientation program of transformer/ffn may take by default (learners.ffn.SIGN_TIME_LIMIT)
 SIGN_TIME_LIMIT = 5.0
 
 
+def load_subspaces(path) -> list:
+    """Head subspace bases from an .npz: an array ``subspaces`` (or ``E``) of shape (H, d, d_h), or one
+    (d, d_h) array per head (in file order)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"--subspaces file {path} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except Exception as exc:
+        raise ConfigError(f"cannot read --subspaces {path} as an .npz file: {exc}") from exc
+    for key in ("subspaces", "E"):
+        if key in arrays:
+            return list(arrays[key])
+    if not arrays:
+        raise ConfigError(f"--subspaces {path} holds no arrays; save an (H, d, d_h) array named 'subspaces'")
+    return list(arrays.values())
+
+
+def _run_multihead(oracle, args, progress):
+    from attnprobe.learners.multihead import extract_multihead
+
+    subspaces = load_subspaces(args.subspaces) if args.subspaces else None
+    method = "subspaces" if subspaces is not None else (args.multihead_learner or "auto")
+    return extract_multihead(oracle, heads=args.heads, max_heads=args.max_heads, subspaces=subspaces,
+                             bias=not args.no_bias, method=method, seed=args.seed, progress=progress)
+
+
 #: ``--method`` name -> runner(oracle, args, progress) -> Extraction
 METHODS = {"exact": _run_exact, "lowrank": _run_lowrank, "nuclear": _run_nuclear, "robust": _run_robust,
-           "membership": _run_membership, "transformer": _run_transformer, "ffn": _run_ffn}
+           "membership": _run_membership, "transformer": _run_transformer, "ffn": _run_ffn,
+           "multihead": _run_multihead}
+#: library parameter -> the flag that sets it: ``main`` rewrites "the 'rank' parameter" in an error into "--rank"
+PARAM_FLAGS = {"rank": "--rank", "oversample": "--oversample", "measurements": "--measurements",
+               "solver": "--solver", "probes": "--probes", "seed": "--seed", "budget": "--budget", "d": "--d",
+               "tolerance": "--tolerance", "w_bound": "--w-bound", "margin": "--margin", "queries": "--queries",
+               "max_scale": "--max-scale", "eps_w": "--eps-w", "delta": "--delta", "samples": "--samples",
+               "sign_time_limit": "--sign-time-limit",
+               "heads": "--heads", "max_heads": "--max-heads", "subspaces": "--subspaces"}
 #: methods whose probe design --probes chooses (the others have one design and refuse the option)
 TAKES_PROBES = {"exact", "robust", "membership", "transformer"}
 #: method-specific options (argparse dests) and the methods that use them; giving one to another method is an
 #: error rather than silently ignored. A method missing from every set (e.g. added later) is not restricted.
 METHOD_OPTIONS = {
-    "no_bias": {"exact", "lowrank", "nuclear", "robust"},
+    "no_bias": {"exact", "lowrank", "nuclear", "robust", "multihead"},
+    "heads": {"multihead"}, "max_heads": {"multihead"}, "subspaces": {"multihead"}, "multihead_learner": {"multihead"},
     "rank": {"lowrank", "nuclear"}, "oversample": {"lowrank"},
-    "measurements": {"nuclear"}, "solver": {"nuclear"},
+    "measurements": {"nuclear"}, "solver": {"nuclear"}, "solver_time_limit": {"nuclear"},
     "tolerance": {"robust"}, "queries": {"robust"}, "max_scale": {"robust"}, "no_retries": {"robust"},
     "w_bound": {"robust", "membership"}, "margin": {"robust", "membership"},
     "eps_w": {"membership"}, "delta": {"membership"}, "samples": {"membership"},
@@ -218,7 +262,18 @@ def add_parser(sub) -> None:
                          "4 for coarser answers)")
     lr.add_argument("--measurements", type=positive_int,
                     help="nuclear: number m of rank-one measurements (default from the measured phase transition)")
+    lr.add_argument("--solver-time-limit", type=positive_float, metavar="SEC",
+                    help="nuclear: refuse up front when the solver is estimated to take longer (default 300)")
     lr.add_argument("--solver", help="nuclear: cvxpy solver (default auto = SCS, then CLARABEL)")
+    mh = e.add_argument_group("multi-head layers (--method multihead; Sec. 7, App. C)")
+    heads = mh.add_mutually_exclusive_group()
+    heads.add_argument("--heads", type=positive_int, metavar="H", help="number of heads (detected when omitted)")
+    heads.add_argument("--max-heads", type=positive_int, metavar="H0", help="upper bound on the number of heads")
+    mh.add_argument("--subspaces", metavar="FILE.npz",
+                    help="known mutually orthogonal head subspaces: an (H, d, d_h) array 'subspaces' (Prop. C.2)")
+    mh.add_argument("--multihead-learner", choices=["auto", "orthogonal", "generic"],
+                    help="orthogonal: heads in unknown orthogonal subspaces (App. C Hessians); generic: overlapping "
+                         "heads; auto (default): generic when available")
     e.add_argument("--seed", type=nonneg_int, default=0)
     e.add_argument("--out", required=True, metavar="OUT.npz", help="recovered arrays; a JSON summary goes beside")
     e.add_argument("--quiet", action="store_true", help="no progress bar")

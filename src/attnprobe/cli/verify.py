@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-
-
 from attnprobe.cli.common import plan_file, relative_error, relative_errors
 from attnprobe.errors import ConfigError
 from attnprobe.models import load_model
@@ -24,9 +22,22 @@ def _ffn_errors(true_model, result) -> dict[str, float]:
     return out
 
 
+def _multihead_errors(true_model, result) -> dict[str, float]:
+    """Multi-head results: heads matched up to permutation (Hungarian), per-head worst of W/v/u errors, c."""
+    from attnprobe.models import match_heads
+
+    m = match_heads(true_model, result)
+    out = {"heads_found": float(result.H), "heads_true": float(true_model.H)}
+    for h in range(true_model.H):
+        out[f"head{h}<-{int(m.perm[h])}"] = float(m.head_error[h])
+    out["worst_head"] = m.worst
+    out["c"] = m.c
+    return out
+
+
 #: which result kinds compare with which target kinds
 COMPARABLE = {"attention_head": {"attention_head"}, "one_layer_transformer": {"one_layer_transformer", "relu_net"},
-              "relu_net": {"relu_net", "one_layer_transformer"}}
+              "relu_net": {"relu_net", "one_layer_transformer"}, "multi_head": {"multi_head"}}
 
 
 def run(args) -> int:
@@ -39,13 +50,18 @@ def run(args) -> int:
     if result.d != true_model.d:
         raise ConfigError(f"--result {args.result} has d = {result.d} but --target {args.target} has d = "
                           f"{true_model.d}")
-    if true_model.kind in ("one_layer_transformer", "relu_net"):
+    if true_model.kind == "multi_head":
+        errs = _multihead_errors(true_model, result)
+    elif true_model.kind in ("one_layer_transformer", "relu_net"):
         errs = _ffn_errors(true_model, result)
     else:
         errs = relative_errors(true_model, result)
     width = max(map(len, errs))
     for name, e in errs.items():
-        print(f"{name:<{width}}  relative error {e:.3e}")
+        if name.startswith("heads_"):
+            print(f"{name:<{width}}  {int(e)}")
+        else:
+            print(f"{name:<{width}}  relative error {e:.3e}")
     if json_path:
         write_files([(json_path, json_writer(errs))])
     return 0

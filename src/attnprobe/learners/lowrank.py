@@ -132,9 +132,11 @@ def extract_lowrank(oracle, *, rank: int | None = None, oversample: int | None =
     if rank is not None:  # up front: sketch + the most calibration and certificate can take + the check
         run.plan(lowrank_queries(d, rank, P, 0, bias) + allowance + certificate,
                  f"low-rank extraction at d={d}, rank {rank} (sketch, calibration and certificate)")
-    else:  # the rank is detected: the sketch of a rank-1 head is the least it can cost
-        run.plan(lowrank_queries(d, 1, P, extra_columns, bias), f"low-rank extraction at d={d} (rank detected)",
-                 at_least=True)
+    else:  # the rank is detected: the sketch of a rank-1 head (1 + extra_columns range directions, 1 + P
+        # co-range probes) is the least it can cost
+        k0 = min(d, 1 + extra_columns)
+        least = (2 * d + 1 if bias else d) + d * k0 + min(d, 1 + P) * (d - k0)
+        run.plan(least, f"low-rank extraction at d={d} (rank detected)", at_least=True)
 
     with run.phase("values"):
         v, c, _ = learn_value(oracle, bias)
@@ -167,7 +169,8 @@ def extract_lowrank(oracle, *, rank: int | None = None, oversample: int | None =
     else:
         U = np.linalg.svd(M[:, :k], full_matrices=False)[0][:, :r_hat]
         with run.phase("co_range"):
-            W = _co_range(run, sk, U, M[:, :k], nu_w, min(d, r_hat + P), block_floats, details)
+            W = _co_range(run, sk, U, M[:, :k], nu_w, min(d, r_hat + P), block_floats=block_floats,
+                          details=details)
         if certificate:
             # sin∠(U, range W) ≲ error/σ_r(M), times ‖W‖ ≈ σ_1(M); random unit a ⊥ U, b see ~√r/d of it
             leak = tol / RANK_SAFETY * sv[0] / sv[r_hat - 1] * math.sqrt(r_hat) / d
@@ -232,7 +235,7 @@ def _choose_rank(M, eta, rank, extra_columns, notes):
     return r_hat, r_num, sv, tol
 
 
-def _co_range(run, sk: _Sketch, U, M, nu_w, n_probe, block_floats, details):
+def _co_range(run, sk: _Sketch, U, M, nu_w, n_probe, *, block_floats, details):
     """Phases 2-3: the co-range sketch ``UᵀW C`` with ``n_probe`` probes ``a ∈ span(U)`` (+ a part of v outside
     the range), then ``W = U (UᵀW B Bᵀ + UᵀW C Cᵀ)``."""
     d, k = M.shape

@@ -15,6 +15,7 @@ so this route is practical up to about d = 64 (SCS: ~1–2 min there); the low-r
 from __future__ import annotations
 
 import math
+import signal
 from contextlib import nullcontext
 
 import numpy as np
@@ -40,6 +41,21 @@ PHASE_OFFSET = 2.0
 AUTO_SOLVERS = ("SCS", "CLARABEL")
 #: refuse dense operators above this many floats (m·d²): 2e8 floats = 1.6 GB
 MAX_OPERATOR_FLOATS = 2 * 10**8
+
+
+#: SCS time model t ≈ SCS_SECONDS · (m·d²)^SCS_EXPONENT, fitted to solves at d = 16..48, r = 2, default m on this
+#: project's 2-core machine (d = 32: 2.7 s, d = 48: 10.7 s; benchmarks/ nuclear timing in docs/benchmarks.md)
+SCS_SECONDS, SCS_EXPONENT = 9.7e-7, 1.15
+#: bytes per operator entry while cvxpy builds and SCS solves the program (the dense operator and its copies)
+SOLVER_BYTES_PER_ENTRY = 4 * 8
+#: refuse up front when the solver is estimated to need longer than this (seconds; ``solver_time_limit``)
+SOLVER_TIME_LIMIT = 300.0
+
+
+def solver_cost(d: int, m: int) -> tuple[float, float]:
+    """Estimated seconds and bytes the nuclear-norm program takes at width d with m measurements."""
+    entries = float(m) * d * d
+    return SCS_SECONDS * entries**SCS_EXPONENT, SOLVER_BYTES_PER_ENTRY * entries
 
 
 def default_measurements(d: int, r: int) -> int:
@@ -74,6 +90,46 @@ def rop_measurements(probe: LogitProbe, Ga, Gb, s_a, s_b, u):
                           f"{4**MAX_RETRIES}x; the target's logits are too steep for the answer precision")
 
 
+def solve_in_child(prob, variable, solver: str, opts: dict):
+    """``prob.solve(solver, **opts)`` in a forked child process; returns (status, value, solve seconds, W).
+
+    SCS installs its own SIGINT handler while it runs and swallows Ctrl-C (the run went on for minutes); in a
+    child it cannot: this process keeps its handlers, so SIGINT/SIGTERM interrupt the wait at once and the
+    child is killed. A solver failure comes back as the child's :class:`cvxpy.error.SolverError` message."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+
+    def work():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it kills this process on a signal
+        try:
+            prob.solve(solver=solver, **opts)
+            send.send(("ok", prob.status, prob.value, prob.solver_stats.solve_time, variable.value))
+        except Exception as exc:  # noqa: BLE001 - reported to the parent as text
+            send.send(("error", f"{type(exc).__name__}: {exc}"))
+
+    child = ctx.Process(target=work, daemon=True)
+    child.start()
+    send.close()
+    try:
+        reply = recv.recv()
+    except EOFError:
+        reply = ("error", f"the solver process died (exit code {child.join(5) or child.exitcode}; out of memory?)")
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join()
+        recv.close()
+    if reply[0] == "error":
+        raise SolverFailed(reply[1])
+    return reply[1:]
+
+
+class SolverFailed(Exception):
+    """The cvxpy solver failed in the child process (its message)."""
+
+
 def nuclear_solve(A, B, t, solver: str = "auto", eps: float = 1e-9, max_iters: int = 200000):
     """Program (2): ``min ‖W‖_* s.t. a_kᵀ W b_k = t_k`` with cvxpy. Returns ``(W, solver used, info)``."""
     try:
@@ -100,14 +156,14 @@ def nuclear_solve(A, B, t, solver: str = "auto", eps: float = 1e-9, max_iters: i
         if name == "CLARABEL":
             opts = {"tol_gap_abs": eps, "tol_gap_rel": eps, "tol_feas": eps}
         try:
-            prob.solve(solver=name, **opts)
-        except cp.error.SolverError as exc:
+            status, value, seconds, W_value = solve_in_child(prob, W, name, opts)
+        except SolverFailed as exc:
             errors.append(f"{name}: {exc}")
             continue
-        if prob.status in ("optimal", "optimal_inaccurate") and W.value is not None:
-            return np.asarray(W.value), name, {"status": prob.status, "objective": float(prob.value),
-                                               "solve_seconds": prob.solver_stats.solve_time}
-        errors.append(f"{name}: status {prob.status}")
+        if status in ("optimal", "optimal_inaccurate") and W_value is not None:
+            return np.asarray(W_value), name, {"status": status, "objective": float(value),
+                                               "solve_seconds": seconds}
+        errors.append(f"{name}: status {status}")
     raise RecoveryError(f"the nuclear-norm program could not be solved ({'; '.join(errors)}); installed cvxpy "
                         f"solvers: {', '.join(sorted(installed))}")
 
@@ -149,10 +205,12 @@ def numerical_rank(W, noise_level: float) -> int:
 def extract_nuclear(oracle, *, rank: int | None = None, measurements: int | None = None, solver: str = "auto",
                     bias: bool = True, seed: int = 0, refine: bool = True, target_logit: float = TARGET_LOGIT,
                     solver_eps: float = 1e-9, check: bool = True, check_lengths=DEFAULT_LENGTHS,
-                    progress=None) -> Extraction:
+                    progress=None, solver_time_limit: float | None = SOLVER_TIME_LIMIT) -> Extraction:
     """Thm 5.1: ``v`` (and ``c``, ``u``) from ``2d + 1`` queries, then ``W`` from ``m`` Gaussian rank-one
     measurements by nuclear-norm minimisation. ``measurements`` defaults to ``default_measurements(d, rank)``.
-    ``refine`` polishes the convex solution on the rank-r̂ manifold (same measurements, no extra queries)."""
+    ``refine`` polishes the convex solution on the rank-r̂ manifold (same measurements, no extra queries).
+    ``solver_time_limit``: refuse before any query when the program is estimated (:func:`solver_cost`) to take
+    longer (None: no limit)."""
     d = oracle.d
     if rank is None and measurements is None:
         raise ConfigError("the nuclear-norm learner needs the rank bound (the 'rank' parameter, the head "
@@ -168,6 +226,12 @@ def extract_nuclear(oracle, *, rank: int | None = None, measurements: int | None
                                    f"measurements and at most {allowance} for calibration)")
     if m * d * d > MAX_OPERATOR_FLOATS:  # refuse before spending queries
         nuclear_solve(np.zeros((m, d)), np.zeros((m, d)), np.zeros(m), solver)
+    seconds, nbytes = solver_cost(d, m)
+    if solver_time_limit is not None and seconds > solver_time_limit:
+        raise ConfigError(f"the nuclear-norm program at d = {d} with m = {m} measurements would take about "
+                          f"{seconds / 60:.0f} min and {nbytes / 2**30:.1f} GiB (estimated; limit solver_time_limit = "
+                          f"{solver_time_limit:g} s); raise solver_time_limit or use the lowrank method, which needs "
+                          "no solver")
 
     with run.phase("values"):
         v, c, _ = learn_value(oracle, bias)

@@ -40,7 +40,7 @@ def lead_probes(d: int) -> int:
     return max(4, min(16, d // 3))
 
 
-def calibrate(oracle, Q, P, v, c, bias, allowance, probes_per_step: int | None = None):
+def calibrate(oracle, Q, P, v, c, bias, allowance, *, probes_per_step: int | None = None):
     """Estimate ``ν_u ≈ RMS qᵀu`` and ``ν_W ≈ RMS qᵀW p`` (unit q, p) from a few probes, shrinking the probes
     when they saturate and growing them when the logit drowns in rounding. Uses at most ``allowance``
     queries, ``probes_per_step`` (default: half the allowance, at most 16) at each step of a search; an

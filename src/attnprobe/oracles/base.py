@@ -53,7 +53,7 @@ class Oracle:
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         self.queries = 0
         self.queries_by_phase: dict[str, int] = {}
-        self._phases: list[str] = []
+        self._phases: list[tuple[str, bool]] = []
         self.log = log
         self.from_log = 0
 
@@ -98,9 +98,13 @@ class Oracle:
         return noise_of(self.fn)
 
     @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """Charge every query asked inside the ``with`` block to phase ``name`` (the innermost phase wins)."""
-        self._phases.append(str(name))
+    def phase(self, name: str, *, absorb: bool = False) -> Iterator[None]:
+        """Charge every query asked inside the ``with`` block to phase ``name`` (the innermost phase wins).
+
+        ``absorb``: the block keeps every query, even those asked inside inner phases (a learner that runs
+        another learner as one of its phases, e.g. the transformer's ``"attention"``).
+        """
+        self._phases.append((str(name), bool(absorb)))
         try:
             yield
         finally:
@@ -108,7 +112,9 @@ class Oracle:
 
     def _charge(self, n: int) -> None:
         self.queries += n
-        key = self._phases[-1] if self._phases else self.UNPHASED
+        key = self.UNPHASED
+        if self._phases:
+            key = next((name for name, absorb in self._phases if absorb), self._phases[-1][0])
         self.queries_by_phase[key] = self.queries_by_phase.get(key, 0) + n
 
     @property

@@ -225,11 +225,6 @@ class Membership(Wrapper):
         return (self._raw(X) > 0).astype(np.float64)
 
 
-def answer_noise(fn) -> AnswerNoise:
-    """The noise an :class:`~attnprobe.oracles.base.Oracle` or a wrapper declares (its ``noise``)."""
-    return noise_of(fn)
-
-
 NOISE_KINDS = ("avq", "adversarial", "gaussian", "uniform")
 
 
