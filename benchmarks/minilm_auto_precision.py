@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-from report import rel, table, write_section
 
 from attnprobe.learners import extract_exact
 from attnprobe.learners.lowrank import extract_lowrank
 from attnprobe.models.attention import AttentionHead
 from attnprobe.oracles import Oracle
+from attnprobe.reports import Table, write_section
+from attnprobe.reports import relative_error as rel
 from attnprobe.targets.minilm import HEADS, LAYERS, minilm_head
 
 RESULTS = Path(__file__).resolve().parent / "results" / "minilm_auto_precision.json"
@@ -58,8 +59,12 @@ def summarize(rows: list[dict], methods) -> str:
                     float(max(r["W_error"] for r in ok)) if ok else float("nan"),
                     float(max(r["check_error"] for r in ok)) if ok else float("nan"),
                     float(np.median([r["seconds"] for r in ok])) if ok else float("nan")])
-    return table(["method", "heads", "read as float32", "check passed", "errors", "rank 32 found",
+    return _table(["method", "heads", "read as float32", "check passed", "errors", "rank 32 found",
                   "queries/unknowns (median)", "(max)", "max W rel. error", "max check error", "median s"], out)
+
+
+def _table(headers, rows) -> str:
+    return Table(list(headers), [list(r) for r in rows]).markdown()
 
 
 def main() -> None:
@@ -67,9 +72,13 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=LAYERS * HEADS, help="first N of the 72 (layer-major)")
     ap.add_argument("--methods", default="lowrank,lowrank32,exact")
     ap.add_argument("--no-docs", action="store_true")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="JSON rows (one file per concurrent run)")
+    ap.add_argument("--merge", type=Path, nargs="*", default=[], help="more result files to include in the table")
+    ap.add_argument("--note", default="", help="a paragraph to add under the table (e.g. which heads ran)")
     args = ap.parse_args()
     methods = args.methods.split(",")
-    rows = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+    results = args.results
+    rows = json.loads(results.read_text()) if results.exists() else []
     done = {(r["layer"], r["head"], r["method"]) for r in rows}
     pairs = [(lh // HEADS, lh % HEADS) for lh in range(args.heads)]
     for m in methods:
@@ -78,9 +87,11 @@ def main() -> None:
                 continue
             row = run_one(layer, head, m)
             rows.append(row)
-            RESULTS.parent.mkdir(exist_ok=True)
-            RESULTS.write_text(json.dumps(rows, indent=1))
+            results.parent.mkdir(exist_ok=True)
+            results.write_text(json.dumps(rows, indent=1))
             print(json.dumps(row), flush=True)
+    for extra in args.merge:
+        rows += json.loads(extra.read_text())
     body = summarize(rows, methods)
     print(body)
     if not args.no_docs:
@@ -91,7 +102,8 @@ wrapped as `Oracle(head, 384, precision="auto")`: nothing tells the learner that
 "read as float32" counts heads whose answers the detector (attnprobe.oracles.precision_detect) read as float32;
 "rank 32 found" counts lowrank runs whose detected rank is the true head dimension 32; lowrank32 is
 `extract_lowrank(rank=32)` (`--rank 32`). Unknowns are d² + 2d + 1 = 148,225. Before this change the same heads
-without a declared precision failed their functional check (exact: 71 of 72) and lowrank detected rank 384.""",
+without a declared precision failed their functional check (exact: 71 of 72) and lowrank detected rank 384.
+""" + args.note,
                       f"python benchmarks/minilm_auto_precision.py --heads {args.heads} --methods {args.methods}")
 
 

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from report import table, write_section
 
 from attnprobe.learners import extract_exact
 from attnprobe.models.io import save_model
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.http import oracle_from_url
+from attnprobe.reports import Table, write_section
 from attnprobe.targets.random_heads import random_head
 
 KEY = "load-test-key"
@@ -84,6 +84,10 @@ async def level(url: str, clients: int, body: bytes, batch: int, seconds: float,
             "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95))}
 
 
+def _table(headers, rows) -> str:
+    return Table(list(headers), [list(r) for r in rows]).markdown()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=8.0)
@@ -126,10 +130,10 @@ def main() -> None:
         res_local = extract_exact(local, seed=0)
         t_local = time.perf_counter() - t0
         same = all(np.array_equal(a, res_local.model.arrays()[k]) for k, a in res.model.arrays().items())
-    load = table(["clients", "requests", "errors", "seconds", "requests/s", "queries/s", "p50 ms", "p95 ms"],
+    load = _table(["clients", "requests", "errors", "seconds", "requests/s", "queries/s", "p50 ms", "p95 ms"],
                  [[r["clients"], r["requests"], r["errors"], r["seconds"], r["req_s"], r["q_s"], r["p50_ms"],
                    r["p95_ms"]] for r in rows])
-    ext = table(["extraction", "d", "queries (incl. check)", "server usage", "seconds", "queries/s",
+    ext = _table(["extraction", "d", "queries (incl. check)", "server usage", "seconds", "queries/s",
                  "bit-identical to in-process"],
                 [["exact over HTTP", args.extract_d, remote.queries, usage, t_http, remote.queries / t_http, same],
                  ["exact in process", args.extract_d, local.queries, "-", t_local, local.queries / t_local, "-"]])

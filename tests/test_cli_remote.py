@@ -8,6 +8,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from attnprobe.cli import build_parser, main  # noqa: E402
+from attnprobe.cli.serve import api_keys as serve_keys  # noqa: E402
 from attnprobe.cli.serve import build_from_args  # noqa: E402
 from attnprobe.models.io import save_model  # noqa: E402
 from attnprobe.service.server import BackgroundServer  # noqa: E402
@@ -78,6 +79,8 @@ def test_serve_needs_a_key_and_one_target(tmp_path, monkeypatch, capsys):
     keyfile = tmp_path / "keys.txt"
     keyfile.write_text("# keys\nalpha\n\nbeta\n")
     args = build_parser().parse_args(["serve", "--target", str(target), "--api-key-file", str(keyfile)])
-    app, _ = build_from_args(args)
+    assert serve_keys(args) == ["alpha", "beta"]
+    app, options = build_from_args(args)
+    assert options.d == 4 and any(route.path == "/v1/query" for route in app.routes)
     assert main(["serve", "--api-key", "k"]) == 2
     assert "say what to serve" in capsys.readouterr().err

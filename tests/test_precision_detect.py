@@ -90,8 +90,11 @@ def test_minilm_float32_lowrank_with_rank_32_given_undeclared(minilm_float32):
 
 
 @pytest.mark.slow
-def test_minilm_float32_exact_passes_its_check_undeclared(minilm_float32):
-    truth, f32 = minilm_float32
+@pytest.mark.parametrize("layer, head", [(3, 7), (0, 1)])  # (0, 1): re-measured probes must not spoil W
+def test_minilm_float32_exact_passes_its_check_undeclared(minilm_float32, layer, head):
+    truth = minilm_float32[0] if (layer, head) == (3, 7) else pytest.importorskip(
+        "attnprobe.targets.minilm").minilm_head(layer, head, 0)
+    f32 = truth.with_dtype("float32")
     oracle = Oracle(f32, 384, precision="auto")
     res = extract_exact(oracle, seed=0)
     assert oracle.precision == "float32"

@@ -56,7 +56,7 @@ def test_rerun_asks_nothing_and_is_bit_identical(tmp_path):
     o2 = Oracle(fn2, 8, budget=0, log=QueryLog(tmp_path / "q.sqlite", identity="head", d=8))
     r2 = extract_exact(o2, seed=3)  # budget 0: answers from the log cost nothing
     assert fn2.asked == 0 and o2.queries == o1.queries == o2.from_log
-    assert r2.queries == r1.queries
+    assert r2.queries == r1.queries and r2.queries_by_phase == r1.queries_by_phase  # log hits keep their phase
     for k, a in r1.model.arrays().items():
         assert np.array_equal(a, r2.model.arrays()[k])
     assert o2.log.summary()["from_log"] == o1.queries

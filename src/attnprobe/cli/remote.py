@@ -117,6 +117,6 @@ def spent(oracle) -> str:
         where = (f"{asked} queries spent (logged in {log.path} with {getattr(oracle, 'from_log', 0)} more answered "
                  f"from it, {len(log)} answers in all: rerun the same command to resume)")
     detector = getattr(oracle, "detector", None)
-    if detector is None and oracle.precision == "float64":
-        return where
+    if (detector is None and oracle.precision == "float64") or (detector is not None and detector.seen == 0):
+        return where  # float64 declared, or no fractional answer seen yet (e.g. 0/1 answers): nothing to say
     return f"{assumed_precision(oracle)}; {where}"

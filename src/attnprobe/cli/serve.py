@@ -11,7 +11,7 @@ from attnprobe.models import PRECISIONS
 KEY_ENV = "ATTNPROBE_API_KEY"
 
 
-def _keys(args) -> list[str]:
+def api_keys(args) -> list[str]:
     keys = list(args.api_key or [])
     if args.api_key_file:
         path = Path(args.api_key_file)
@@ -46,7 +46,7 @@ def build_from_args(args):
 
     fn, d, name = served_callable(args)
     options = ServiceOptions(d=d, max_batch=args.max_batch, max_length=args.max_length, name=name)
-    keys = KeyStore(_keys(args), budget=args.budget, rate=args.rate, burst=args.max_batch)
+    keys = KeyStore(api_keys(args), budget=args.budget, rate=args.rate, burst=args.max_batch)
     return build_app(fn, options, keys), options
 
 

@@ -206,8 +206,10 @@ class LogitProbe:
                 lg = measure_logits(self.oracle, A[ell] * S[ell, j][:, None], Bs[j], self.v, self.c)
             self._refuse_outside(lg, len(ell), what)
             ok = ~lg.saturated
+            noise = np.where(ok, lg.noise, np.inf) / S[ell, j]
+            ok &= noise < N[ell, j]  # a re-measurement replaces a value only when it is more precise
             Z[ell[ok], j[ok]] = lg.values[ok] / S[ell[ok], j[ok]]
-            N[ell[ok], j[ok]] = lg.noise[ok] / S[ell[ok], j[ok]]
+            N[ell[ok], j[ok]] = noise[ok]
             if rms is None:  # saturated probes count as logit 40, beyond any precision's reach
                 rms = float(np.sqrt(np.mean(np.where(ok, lg.values, 40.0) ** 2)))
                 median_noise = float(np.median(lg.noise[ok])) if ok.any() else 0.0

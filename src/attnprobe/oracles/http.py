@@ -159,4 +159,5 @@ def oracle_from_url(url: str, api_key: str | None = None, d: int | None = None, 
     if d is not None and int(d) != fn.d:
         raise ConfigError(f"--d {d} does not match the width d = {fn.d} that {url}/v1/info reports")
     kwargs.setdefault("max_batch", fn.max_batch * fn.concurrency)
+    kwargs.setdefault("precision", "auto")  # a remote model's precision is read from its answers
     return Oracle(fn, fn.d, name=fn.url, **kwargs)
