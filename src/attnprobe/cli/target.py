@@ -16,7 +16,8 @@ def run(args) -> int:
 
         m = args.m or args.d
         model = (random_transformer(args.d, m, seed=args.seed, scale=args.scale, rank=args.rank)
-                 if args.kind == "transformer" else random_relu_net(args.d, m, seed=args.seed))
+                 if args.kind == "transformer" else
+                 random_relu_net(args.d, m, seed=args.seed, bias=args.relu_bias, outputs=args.outputs))
     else:
         from attnprobe.targets import minilm_head
 
@@ -35,6 +36,8 @@ def add_parser(sub) -> None:
     t.add_argument("--scale", type=float, default=1.0, help="RMS attention logit on unit inputs")
     t.add_argument("--zero-v", type=int, default=0, help="number of zero entries of v")
     t.add_argument("--no-bias", action="store_true")
+    t.add_argument("--relu-bias", action="store_true", help="relu: hidden biases b and output bias c")
+    t.add_argument("--outputs", type=int, metavar="K", help="relu: K outputs per input (w_o of shape m×K)")
     t.add_argument("--layer", type=int, default=0)
     t.add_argument("--head", type=int, default=0)
     t.add_argument("--row", type=int, default=0)
