@@ -73,7 +73,8 @@ def _run_transformer(oracle, args, progress):
 def _run_ffn(oracle, args, progress):
     from attnprobe.learners.ffn import extract_ffn
 
-    return extract_ffn(oracle, seed=args.seed, progress=progress, sign_time_limit=args.sign_time_limit)
+    return extract_ffn(oracle, seed=args.seed, progress=progress, sign_time_limit=args.sign_time_limit,
+                       bias=not args.no_bias, hidden=args.hidden)
 
 
 #: ``--method`` name -> runner(oracle, args, progress) -> Extraction
@@ -95,7 +96,7 @@ def _oracle_from_args(args) -> Oracle:
 
 
 def _plain_oracle_from_args(args) -> Oracle:
-    kw = {"budget": args.budget}
+    kw = {"budget": args.budget, "outputs": args.outputs}
     if args.answer_precision:
         kw["precision"] = args.answer_precision
     if args.target and args.oracle:
@@ -145,6 +146,10 @@ def add_parser(sub) -> None:
     e.add_argument("--sign-time-limit", type=float, default=5.0, metavar="SEC",
                    help="transformer/ffn: seconds the 0/1 program may spend on neuron orientations (m > d)")
     e.add_argument("--budget", type=int, help="refuse to spend more than this many queries")
+    e.add_argument("--outputs", type=int, metavar="K",
+                   help="the oracle answers K numbers per sequence (e.g. logits); default: taken from its first answer")
+    e.add_argument("--hidden", type=int, metavar="M",
+                   help="ffn: hidden width if known (neurons no answer shows are then reported as unidentifiable)")
     lr = e.add_argument_group("low-rank heads (--method lowrank / nuclear)")
     lr.add_argument("--rank", type=int, help="rank bound r of W (head dimension); lowrank detects it when omitted")
     lr.add_argument("--oversample", type=int,

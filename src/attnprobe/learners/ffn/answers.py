@@ -59,8 +59,8 @@ class Answers:
         y = y.reshape(n, -1)
         if self.lifted:
             y = y * Z[:, self.d:]
-        self.points.append(Z)
-        self.values.append(y)
+        self.points.append(Z.copy())
+        self.values.append(y.copy())  # callers may write into what they get back
         self.top = max(self.top, float(np.max(np.abs(y))))
         return y
 

@@ -62,6 +62,8 @@ class SearchSettings:
     eps: float
     min_width: float
     refit: bool = False
+    #: lifted segments end at s = δ: their end stencils must stay at s > 0
+    end_stencil: float = 2.0 / 64  # stencil half-width at t = ±1 (its outer point lies beyond the segment)
 
 
 def _meet(l, fl, sl, r, fr, sr):
@@ -175,7 +177,7 @@ def search_kinks(ask, segs: list[Segment], settings: SearchSettings, rng: np.ran
     every piece between two kinks is then tested once more against a least-squares line through all its answers
     (:func:`refit_pieces`): a weak kink next to a strong one hides from the short chords but not from that.
     """
-    ends = _evaluate(ask, segs, [(si, t, 2.0 / 64) for si in range(len(segs)) for t in (-1.0, 1.0)])
+    ends = _evaluate(ask, segs, [(si, t, settings.end_stencil) for si in range(len(segs)) for t in (-1.0, 1.0)])
     frontier = [(si, ends[2 * si], ends[2 * si + 1]) for si in range(len(segs))]
     state = _SearchState(rng, [[] for _ in segs], [[] for _ in segs])
     rounds = 0

@@ -197,7 +197,8 @@ def _search_and_measure(run: Run, ask: Answers, segs, opts: FFNOptions, coarse: 
     noise_factor = opts.noise_factor or (COARSE_NOISE_FACTOR if coarse else NOISE_FACTOR)
     min_width = opts.min_width or max(1e-9, 1024 * eps)
     with run.phase("kink_search"):
-        rounds = search_kinks(ask, segs, SearchSettings(noise_factor, eps, min_width, refit=coarse), run.rng)
+        end = 0.5 / opts.reach if ask.lifted else 2.0 / 64  # lifted: the ends' outer stencils stay at s > 0
+        rounds = search_kinks(ask, segs, SearchSettings(noise_factor, eps, min_width, coarse, end), run.rng)
     tight = sum(s.unresolved for s in segs)
     dim = ask.dim
     run.report(run.queries + (dim + 1) * (sum(len(s.kinks) for s in segs) + len(segs)))
@@ -206,9 +207,12 @@ def _search_and_measure(run: Run, ask: Answers, segs, opts: FFNOptions, coarse: 
         regions = Regions(segs, ask, U, opts.probe_fraction)
     run.report(run.queries)
     tiny = regions.merge_tiny(opts.min_region)
-    dropped = regions.merge_small_jumps(opts.min_jump, COARSE_MERGE_NOISE if coarse else MERGE_NOISE, eps)
+    merge_noise = COARSE_MERGE_NOISE if coarse else MERGE_NOISE
+    dropped = regions.merge_small_jumps(opts.min_jump, merge_noise, eps)
     with run.phase("re_measured"):
         stats = regions.refine(RefineSettings(opts.refine == "always", opts.refine == "never", opts.chebyshev), eps)
+    # a split point next to a kink whose region's first gradient was bad shows its ~0 jump only once re-measured
+    dropped += regions.merge_small_jumps(opts.min_jump, merge_noise, eps)
     return {"regions": regions, "min_width": min_width, "noise_factor": noise_factor, "search_rounds": rounds,
             "kinks_at_min_width": tight, "kinks_dropped_min_jump": dropped, "tiny_regions_merged": tiny, **stats}
 
@@ -272,6 +276,6 @@ def _model(neurons: Neurons, d: int, lifted: bool, vector: bool) -> ReLUNet:
 def _unidentifiable_notes(hidden: int | None, found: int) -> list[str]:
     if hidden is None or found >= hidden:
         return []
-    return [f"{hidden - found} of the {hidden} hidden neurons never show in any answer (dead: never active or "
-            "always active, with a zero or merged hyperplane, or zero output weight in every output): they are "
+    return [f"{hidden - found} of the {hidden} hidden neurons never show in any answer (a_k = 0, a constant folded "
+            "into c; zero output weight in every output; or the same hyperplane as another neuron): they are "
             f"unidentifiable from queries and the model holds the {found} visible ones"]
