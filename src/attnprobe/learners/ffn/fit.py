@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.linalg
 
-#: random inputs per unknown for the least-squares polish (coarse answers only, by default)
+#: random inputs per unknown for the least-squares polish (coarse answers only, by default; one more per unknown
+#: for biased networks, whose inputs are mostly placed next to the hyperplanes)
 POLISH_FACTOR = 3
 
 
@@ -59,40 +61,46 @@ def polish(neurons: Neurons, Z: np.ndarray, Y: np.ndarray, lifted: bool, *, marg
            max_unknowns: int = 8192) -> tuple[Neurons, bool]:
     """Least-squares polish: with the activation pattern of the current neurons fixed, the answers are linear in
     ``B_k = dir_k w_kᵀ`` (and c when lifted); each refitted ``B_k`` is brought back to rank one (its leading
-    singular pair). Points within ``margin``·‖z‖ of a hyperplane are left out (their pattern is uncertain).
-    Averaging over many answers beats the d + 1 finite differences per region when answers are coarse (float32).
+    singular pair). Points within ``margin``·‖z‖ of a hyperplane are left out (their pattern is uncertain), and
+    only neurons seen on both sides by many points are refitted (a biased neuron the inputs never switch is
+    indistinguishable from an affine term there, and its refit would move its hyperplane). Averaging over many
+    answers beats the d + 1 finite differences per region when answers are coarse (float32).
     Returns (neurons, used?)."""
     D, m = neurons.dirs.shape
-    K = neurons.weights.shape[1]
-    n_unknown = D * m + int(lifted)
-    if D * m > max_unknowns or Z.shape[0] < n_unknown:
+    if D * m > max_unknowns:
         return neurons, False
     used = False
     for _ in range(rounds):
         H = Z @ neurons.dirs
         dist = np.abs(H) / np.maximum(np.linalg.norm(Z, axis=1, keepdims=True), 1e-300)
         ok = np.min(dist, axis=1) > margin
-        if ok.sum() < n_unknown:
+        on = H[ok] > 0
+        free = np.minimum(on.sum(axis=0), (~on).sum(axis=0)) >= D
+        n_unknown = D * int(free.sum()) + int(lifted)
+        if not free.any() or ok.sum() < 2 * n_unknown:
             break
-        F = ((H[ok] > 0)[:, :, None] * Z[ok][:, None, :]).reshape(-1, m * D)
+        fixed = Neurons(neurons.dirs[:, ~free], neurons.weights[~free], np.zeros(0))
+        target = Y[ok] - fixed.values(Z[ok])
+        F = (on[:, free][:, :, None] * Z[ok][:, None, :]).reshape(int(ok.sum()), -1)
         if lifted:
             F = np.concatenate([F, Z[ok][:, -1:]], axis=1)
         old = float(np.linalg.norm(neurons.values(Z[ok]) - Y[ok]))
-        coef, *_ = np.linalg.lstsq(F, Y[ok], rcond=None)
-        new = float(np.linalg.norm(F @ coef - Y[ok]))
-        cand = _rank_one(coef[: m * D].reshape(m, D, K), neurons, coef[m * D] if lifted else neurons.c)
+        coef = scipy.linalg.lstsq(F, target, lapack_driver="gelsy", check_finite=False)[0]  # QR: fast
+        new = float(np.linalg.norm(F @ coef - target))
+        cand = _rank_one(coef[: D * free.sum()].reshape(int(free.sum()), D, -1), neurons, free,
+                         coef[-1] if lifted else neurons.c)
         if cand is None or not new < old:
             break
         neurons, used = cand, True
     return neurons, used
 
 
-def _rank_one(B: np.ndarray, old: Neurons, c: np.ndarray) -> Neurons | None:
-    """Neurons from refitted ``B_k = dir_k w_kᵀ`` (m, D, K); None when a neuron turned over or vanished."""
-    m = B.shape[0]
-    dirs, weights = np.zeros_like(old.dirs), np.zeros_like(old.weights)
-    for k in range(m):
-        U, S, Vt = np.linalg.svd(B[k], full_matrices=False)
+def _rank_one(B: np.ndarray, old: Neurons, free: np.ndarray, c: np.ndarray) -> Neurons | None:
+    """Neurons from refitted ``B_k = dir_k w_kᵀ`` (one (D, K) block per free neuron; the others are kept); None
+    when a neuron turned over or vanished."""
+    dirs, weights = old.dirs.copy(), old.weights.copy()
+    for i, k in enumerate(np.flatnonzero(free)):
+        U, S, Vt = np.linalg.svd(B[i], full_matrices=False)
         u, w = U[:, 0], S[0] * Vt[0]
         if u @ old.dirs[:, k] < 0:
             u, w = -u, -w

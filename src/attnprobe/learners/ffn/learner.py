@@ -250,12 +250,32 @@ def _polish_phase(run: Run, ask: Answers, neurons: Neurons, opts: FFNOptions, co
     if not (opts.polish == "always" or (opts.polish == "auto" and coarse)):
         return neurons, False
     # the answers so far lie near one or two lines; the refit needs inputs spread over every direction
-    n_fit = POLISH_FACTOR * ask.dim * neurons.dirs.shape[1]
+    n_fit = (POLISH_FACTOR + int(ask.lifted)) * ask.dim * neurons.dirs.shape[1]
     with run.phase("polish"):
         X = run.rng.standard_normal((n_fit, ask.d))
+        if ask.lifted:
+            X = _near_hyperplanes(X, neurons.dirs, run.rng)
         Z = np.concatenate([X, np.ones((n_fit, 1))], axis=1) if ask.lifted else X
         Y = ask.vectors(Z)
     return polish(neurons, Z, Y, ask.lifted)
+
+
+def _near_hyperplanes(X: np.ndarray, dirs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Three quarters of the polish inputs moved next to the hyperplanes ``aᵀx + b = 0`` (one neuron after another): a
+    Gaussian point projected onto the hyperplane, then shifted by N(0, 1) along its normal. A biased neuron that
+    Gaussian inputs rarely switch is then seen on both of its sides."""
+    d, m = dirs.shape[0] - 1, dirs.shape[1]
+    half = 3 * X.shape[0] // 4
+    k = np.arange(half) % m
+    a, b = dirs[:d, k].T, dirs[d, k]
+    na = np.linalg.norm(a, axis=1)
+    ok = na > 1e-12
+    g = X[:half][ok]
+    a_hat = a[ok] / na[ok, None]
+    off = (np.einsum("nd,nd->n", g, a[ok]) + b[ok]) / na[ok]
+    X = X.copy()
+    X[np.flatnonzero(ok)] = g - (off - rng.standard_normal(int(ok.sum())))[:, None] * a_hat
+    return X
 
 
 def _model(neurons: Neurons, d: int, lifted: bool, vector: bool) -> ReLUNet:
