@@ -64,7 +64,7 @@ def main(argv=None):
     out = table(head, rows)
     print(out)
     if a.write:
-        write_section(TITLE, out, "PYTHONPATH=src python benchmarks/ffn_biased.py " + " ".join(argv or sys.argv[1:]))
+        write_section(f"{TITLE} ({', '.join(a.precisions)} answers)", out, "PYTHONPATH=src python benchmarks/ffn_biased.py " + " ".join(argv or sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -225,7 +225,7 @@ class Regions:
                 break
             idx = np.flatnonzero(redo)
             stats["regions_moved_off_line"] += int(narrow.sum())
-            stats["regions_moved_off_line"] -= self._remeasure(idx, broken, narrow, attempts, best_x, best_dist, eps)
+            stats["regions_moved_off_line"] -= self._remeasure(idx, broken, narrow, attempts, best_x, best_dist, eps=eps)
             stats["regions_re_measured"] += len(idx)
         return stats
 
@@ -245,7 +245,7 @@ class Regions:
                 best_x[i], best_dist[i], narrow[i] = x, rad, True
         return narrow
 
-    def _remeasure(self, idx, broken, narrow, attempts, best_x, best_dist, eps) -> int:
+    def _remeasure(self, idx, broken, narrow, attempts, best_x, best_dist, *, eps: float) -> int:
         """Measure regions ``idx`` again at their best points; returns how many moves were undone."""
         old_x, old_r = self.XR[idx].copy(), self.radii[idx].copy()
         old_G, old_F = self.G[idx].copy(), self.F0[idx].copy()
