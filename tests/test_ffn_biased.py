@@ -168,3 +168,11 @@ def test_cli_learns_a_biased_ten_logit_net(tmp_path):
     assert got.w_o.shape == (8, 10) and got.c.shape == (10,)
     y, yh = fresh(net, got)
     assert rel(yh, y) <= 1e-9
+
+
+def test_same_seed_same_result_bit_for_bit():
+    net = random_relu_net(10, 12, seed=4, bias=True, outputs=3)
+    (_, a), (_, b) = learn(net, seed=7), learn(net, seed=7)
+    assert a.queries == b.queries and a.queries_by_phase == b.queries_by_phase
+    for name, arr in a.model.arrays().items():
+        np.testing.assert_array_equal(arr, b.model.arrays()[name])
