@@ -23,8 +23,7 @@ from attnprobe.models import neuron_errors
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_relu_net
 
-sys.path.insert(0, __import__("os").path.dirname(__file__))
-from report import rel, table, write_section  # noqa: E402
+from attnprobe.reports import Table, relative_error as rel, write_section
 
 TITLE = "FFN learner: ReLU networks with biases and K outputs"
 
@@ -61,7 +60,7 @@ def main(argv=None):
                         print(rows[-1], flush=True)
     head = ["d", "m", "K", "answers", "seed", "queries", "queries/(d·m)", "seconds", "rel. L2 error (1000 fresh)",
             "neurons < 1e-3", "check passed"]
-    out = table(head, rows)
+    out = Table(head, rows).markdown()
     print(out)
     if a.write:
         write_section(f"{TITLE} ({', '.join(a.precisions)} answers)", out, "PYTHONPATH=src python benchmarks/ffn_biased.py " + " ".join(argv or sys.argv[1:]))

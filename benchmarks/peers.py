@@ -33,8 +33,7 @@ from attnprobe.models import ReLUNet, neuron_errors
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_relu_net
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import rel, table, write_section  # noqa: E402
+from attnprobe.reports import Table, relative_error as rel, write_section
 
 TITLE = "Peer comparison: ReLU networks, attnprobe vs ART FunctionallyEquivalentExtraction (fair setup)"
 SMALL = ((8, 4), (8, 8), (16, 8), (16, 16))
@@ -143,8 +142,8 @@ def main(argv=None):
                 label = f"{d}-{m}-10 biased" if kind == "art" else f"{d}-{m}-1 bias-free"
                 rows.append([label, seed, precision, name, q, round(secs, 1), err, f"{good}/{m}", status])
                 print(rows[-1], flush=True)
-    out = table(["network", "seed", "answers", "learner", "queries", "seconds", "rel. L2 error (1000 fresh)",
-                 "neurons < 1e-3", "outcome"], rows)
+    out = Table(["network", "seed", "answers", "learner", "queries", "seconds", "rel. L2 error (1000 fresh)",
+                 "neurons < 1e-3", "outcome"], rows).markdown()
     print(out)
     if a.write:
         title = TITLE if len(a.networks) == 2 else f"{TITLE}: {'ART setting' if a.networks == ['art'] else 'small bias-free nets'}, ART stopped after {a.timeout:.0f} s"

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from attnprobe.errors import (BudgetExceededError, OracleAnswerError, RecoveryError, SaturationError,
                               UnidentifiableError)
@@ -39,6 +39,7 @@ def test_default_probes_recover_to_1e9_with_few_extra_queries(d, scale, bias):
 @settings(max_examples=25, deadline=None)
 @given(d=st.integers(1, 20), seed=st.integers(0, 10**6), log_scale=st.floats(-4, 1.5),
        bias=st.booleans(), zeros=st.integers(0, 5))
+@example(d=10, seed=691986, log_scale=1.3132751326074068, bias=True, zeros=1)  # was refused, see below
 def test_recovery_is_exact_for_any_head(d, seed, log_scale, bias, zeros):
     truth = random_head(d, seed=seed, scale=10**log_scale, bias=bias, zero_v=min(zeros, d - 1))
     res = extract_exact(Oracle(truth, d), bias=bias, seed=seed)
@@ -85,7 +86,7 @@ def test_unidentifiable_when_v_is_zero():
 
 def test_saturated_attention_is_an_error_for_fixed_probes():
     truth = random_head(16, seed=5, scale=200.0)
-    with pytest.raises(SaturationError, match="--probes orthogonal"):
+    with pytest.raises(SaturationError, match="probes='orthogonal'"):
         extract_exact(Oracle(truth, 16), probes="basis")
     # ...while the default probes rescale themselves
     res = extract_exact(Oracle(truth, 16))
@@ -146,7 +147,7 @@ def test_result_is_reproducible_and_saves(tmp_path):
 def test_wrong_model_class_is_reported():
     truth = random_head(8, seed=0)  # has biases
     for probes in ("orthogonal", "basis", "gaussian"):
-        with pytest.raises(RecoveryError, match="--no-bias"):
+        with pytest.raises(RecoveryError, match="bias=False"):
             extract_exact(Oracle(truth, 8), probes=probes, bias=False)
     # a target whose length-2 answers stay consistent but that is not a head fails the functional check
     def two_heads(X):
@@ -168,3 +169,31 @@ def test_float16_answers_do_not_overflow_the_calibration():
     res = extract_exact(oracle)
     assert rel(res.model.W, truth.W) < 5e-2
     assert np.linalg.norm(res.model.u) < 5e-2 * np.linalg.norm(truth.W)  # the true u is 0
+
+
+@pytest.mark.parametrize("seed, log_scale, pass_refused", [(21, 1.5, "columns 0..0 of W"),
+                                                          (9, -4.0, "the query-bias pass")])
+def test_a_large_output_bias_is_never_refused_as_outside_the_mixed_values(seed, log_scale, pass_refused):
+    """Regression: an exact float64 head whose output bias c dwarfs v (here c ≈ 300 ‖v‖/√d) was refused with
+    "answers for {pass_refused} lie outside the two values the attention mixes": y0 = c + bᵀv̂ carries the
+    rounding of v̂ (each entry learned from an answer c + v_i, off by ~eps·|c|) times ‖b‖₁, far above
+    4 eps |y0|, so a weight near 0 or 1 looked like no convex combination. Now it is saturated and asked again."""
+    d = 13
+    h = random_head(d, seed=seed, scale=10**log_scale)
+    big_c = AttentionHead(h.W, h.v, h.u, 1000 * h.c)
+    res = extract_exact(Oracle(big_c, d), seed=seed)
+    assert res.passed
+    assert rel(res.model.W, h.W) <= 1e-8 and rel(res.model.u, h.u) <= 1e-8
+
+
+def test_a_saturated_probe_against_a_large_b_is_re_measured_not_refused():
+    """Regression (found by a random search over test_recovery_is_exact_for_any_head's domain; 1 in ~45 000 heads):
+    a steep head (‖W‖_F = 20.6) whose one-probe calibration under-estimated ν_W put ‖b‖ = 432 in the first column's
+    lead probes. Their logits (−69 .. −256) saturate, so the answer sits at y0 = c + bᵀv̂ = 11.3, but y0 is a sum of
+    terms of size ‖b‖·‖v‖ ≈ 580 and rounds with them: 3 of 4 answers fell more than 4 eps|y0| below it and the
+    exact float64 head was refused as "no softmax average". Now the outside test allows the terms' rounding."""
+    d, seed = 10, 691986
+    truth = random_head(d, seed=seed, scale=10**1.3132751326074068, zero_v=1)
+    res = extract_exact(Oracle(truth, d), seed=seed)
+    assert_recovered(res, truth, 1e-8)
+    assert res.passed and res.details["retry_queries"] > 0  # the saturated lead probes were asked again

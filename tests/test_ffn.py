@@ -210,7 +210,7 @@ def test_cell_signs_follow_the_kink_order_not_the_measuring_point():
 
 @pytest.mark.slow
 def test_thin_regions_at_d64_m256_stay_exact():
-    # the benchmark's seed-1 net (python benchmarks/issue5_transformer.py --seeds 3): 1.6e-8 before the fix
+    # the benchmark's seed-1 net (python benchmarks/transformer.py --seeds 3): 1.6e-8 before the fix
     net = random_relu_net(64, 256, seed=1000 * 64 + 256 + 1)
     _, res = run(net, seed=1)
     assert res.check["relative_error"] <= 1e-9

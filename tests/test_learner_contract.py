@@ -7,9 +7,16 @@ import pytest
 
 from attnprobe.errors import BudgetExceededError
 from attnprobe.learners import extract_exact
+from attnprobe.learners.lowrank import extract_lowrank
+from attnprobe.learners.membership import extract_membership, extract_membership_paper
+from attnprobe.learners.nuclear import extract_nuclear
+from attnprobe.learners.robust import extract_robust, extract_robust_paper
+from attnprobe.learners.transformer import extract_transformer
 from attnprobe.models import AttentionHead
 from attnprobe.oracles import Oracle
-from attnprobe.targets import random_head
+from attnprobe.oracles.wrappers import AdversarialNoise, Membership
+from attnprobe.targets import random_head, random_transformer
+from attnprobe.targets.theorem_heads import margin, theorem_head
 
 D = 6
 
@@ -18,10 +25,42 @@ def head_oracle(budget=None):
     return Oracle(random_head(D, seed=3), D, budget=budget)
 
 
+def noisy_oracle(budget=None):
+    return Oracle(AdversarialNoise(random_head(D, seed=3), 1e-6), D, budget=budget)
+
+
+THEOREM, THEOREM4 = theorem_head(D, 0), theorem_head(4, 0)
+
+
+def theorem_oracle(budget=None):
+    return Oracle(THEOREM, D, budget=budget)
+
+
+def membership_oracle(budget=None):
+    return Oracle(Membership(random_head(D, seed=3, bias=False)), D, budget=budget)
+
+
+def lowrank_oracle(budget=None):
+    return Oracle(random_head(D, rank=2, seed=3), D, budget=budget)
+
+
 #: learner name -> (oracle factory, learner call); learners join this table as they move onto the skeleton
 LEARNERS = {
     "exact": (head_oracle, lambda o, seed=0: extract_exact(o, seed=seed)),
     "exact-basis": (head_oracle, lambda o, seed=0: extract_exact(o, probes="basis", seed=seed)),
+    "lowrank": (lowrank_oracle, lambda o, seed=0: extract_lowrank(o, rank=2, seed=seed)),
+    "lowrank-detected": (lowrank_oracle, lambda o, seed=0: extract_lowrank(o, seed=seed)),
+    "nuclear": (lowrank_oracle, lambda o, seed=0: extract_nuclear(o, rank=2, seed=seed)),
+    "robust": (noisy_oracle, lambda o, seed=0: extract_robust(o, queries=2 * AttentionHead.unknowns(D), seed=seed)),
+    "membership": (membership_oracle, lambda o, seed=0: extract_membership(o, seed=seed)),
+    # App. B at d = 4 with 10⁶ sign samples (far below Thm B.1's k, but enough for the sign check to pass)
+    "membership-paper": (lambda budget=None: Oracle(Membership(THEOREM4), 4, budget=budget),
+                         lambda o, seed=0: extract_membership_paper(o, w_bound=2.0, margin=margin(THEOREM4),
+                                                                    samples=10**6, seed=seed)),
+    "transformer": (lambda budget=None: Oracle(random_transformer(D, 2 * D, seed=3), D, budget=budget),
+                    lambda o, seed=0: extract_transformer(o, seed=seed)),
+    "robust-paper": (theorem_oracle, lambda o, seed=0: extract_robust_paper(o, w_bound=2.0, margin=margin(THEOREM),
+                                                                            tolerance=0.0, seed=seed)),
 }
 
 

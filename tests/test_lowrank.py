@@ -88,7 +88,7 @@ def test_overestimated_rank_gives_correct_answer_and_a_note():
     res = extract_lowrank(oracle_for(h), rank=7)
     assert rel(res.model.W, h.W) <= 1e-8
     assert res.details["numerical_rank"] == 3
-    assert any("numerical rank 3 < --rank 7" in n for n in res.notes)
+    assert any("numerical rank 3 < the given rank 7" in n for n in res.notes)
 
 
 def test_full_rank_target_detected_as_full_rank():
@@ -160,3 +160,30 @@ def test_cli_lowrank(tmp_path, capsys):
     assert main(["extract", "--target", str(target), "--method", "lowrank", "--rank", "2", "--out", str(out),
                  "--quiet"]) == 2
     assert "rank" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, flag_message", [
+    (["--method", "lowrank", "--rank", "40"], "--rank must be an integer in [1, 32]; got 40"),
+    (["--method", "nuclear"], "needs the rank bound (--rank, the head dimension)"),
+])
+def test_cli_names_the_flag_where_the_library_names_the_parameter(tmp_path, capsys, args, flag_message):
+    target = save_model(random_head(32, rank=3, seed=4), tmp_path / "t.npz")
+    assert main(["extract", "--target", str(target), *args, "--out", str(tmp_path / "r.npz"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert flag_message in err and "parameter" not in err
+
+
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_detected_rank_runs_on_a_budget_of_exactly_what_it_spends(precision):
+    """The up-front plan of a rank-detecting run is a lower bound (oversampling included): a budget equal to
+    what a run spends plus its check is enough for the same run; a budget below the bound is refused unasked."""
+    h = random_head(24, rank=2, seed=3)
+    first = extract_lowrank(oracle_for(h, precision), seed=5)
+    o = oracle_for(h, precision, budget=first.queries + check_queries())
+    again = extract_lowrank(o, seed=5)
+    assert again.queries == first.queries and again.passed and o.queries == o.budget
+    assert sum(again.queries_by_phase.values()) == again.queries
+    tiny = oracle_for(h, precision, budget=2 * 24 + 1 + 24)
+    with pytest.raises(BudgetExceededError):
+        extract_lowrank(tiny, seed=5)
+    assert tiny.queries == 0

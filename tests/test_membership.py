@@ -74,7 +74,7 @@ def test_paper_plan_matches_the_formulas():
 def test_paper_refuses_an_unaffordable_sample_count_and_bad_config():
     h = theorem_head(4, 0)
     o = Oracle(Membership(h), 4)
-    with pytest.raises(ConfigError, match="--samples"):
+    with pytest.raises(ConfigError, match="'samples' parameter"):
         extract_membership_paper(o, w_bound=2.0, margin=margin(h), eps_w=0.01)
     with pytest.raises(ConfigError):
         extract_membership_paper(o, w_bound=1.0, margin=0.1)
@@ -93,3 +93,35 @@ def test_value_answers_are_refused_by_the_membership_learner():
     h = random_head(4, seed=0, bias=False)
     with pytest.raises(ConfigError, match="membership"):
         extract_membership(Oracle(h, 4))
+
+
+def test_a_budget_of_plan_plus_check_is_enough_and_one_less_is_refused_up_front():
+    """The sign check is part of the plan: with a budget of exactly plan + check the extraction finishes and
+    reports its check; one query less is refused before the first query."""
+    from attnprobe.errors import BudgetExceededError
+    from attnprobe.learners.membership import CHECK_COUNT
+
+    d = 4
+    h = random_head(d, seed=2, bias=False)
+    planned = 4 + 2 + (d - 1) * (12 + 48) + d * d * 50
+    assert planned == 986
+    o = Oracle(Membership(h), d, budget=planned + CHECK_COUNT)
+    r = extract_membership(o, seed=0)
+    assert r.details["redo_queries"] == 0 and r.queries == planned
+    assert r.check.queries == CHECK_COUNT == 200 and o.queries == planned + CHECK_COUNT
+    assert r.passed and r.check["sign_agreement"] > 0.99
+    assert r.queries_by_phase == {"bias_test": 4, "direction": 2 + (d - 1) * 60, "weights": d * d * 50}
+    short = Oracle(Membership(h), d, budget=planned + CHECK_COUNT - 1)
+    with pytest.raises(BudgetExceededError):
+        extract_membership(short, seed=0)
+    assert short.queries == 0
+
+
+def test_a_wrong_model_fails_the_sign_check():
+    from attnprobe.learners.membership import sign_check
+
+    truth, other = random_head(6, seed=1, bias=False), random_head(6, seed=2, bias=False)
+    res = sign_check(Oracle(Membership(truth), 6), other, np.random.default_rng(0))
+    assert not res.passed and res.error > res.tolerance and res.queries == 200
+    ok = sign_check(Oracle(Membership(truth), 6), truth, np.random.default_rng(0))
+    assert ok.passed and ok.error == 0.0 and ok["sign_agreement"] == 1.0

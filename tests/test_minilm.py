@@ -7,7 +7,7 @@ from attnprobe.errors import ConfigError
 from attnprobe.learners import extract_exact
 from attnprobe.oracles import Oracle
 from attnprobe.targets import minilm_head
-from attnprobe.targets.minilm import _tensors
+from attnprobe.targets.minilm import minilm_checkpoint
 from conftest import rel
 
 
@@ -15,7 +15,7 @@ def test_head_matches_the_real_layer():
     """The single-head regressor equals the BERT self-attention + output row computed from the raw tensors."""
     layer, head, row = 2, 5, 17
     m = minilm_head(layer, head, row)
-    t = _tensors()
+    t = minilm_checkpoint().tensors()
     p = f"encoder.layer.{layer}.attention"
     X = np.random.default_rng(0).standard_normal((3, 6, 384))
     sl = slice(32 * head, 32 * head + 32)

@@ -8,6 +8,7 @@ import pytest
 from attnprobe.cli import main
 from attnprobe.errors import ConfigError, RecoveryError
 from attnprobe.learners.check import check_queries
+from attnprobe.learners.scaling import LogitProbe
 from attnprobe.learners.nuclear import default_measurements, extract_nuclear, nuclear_solve, polish, rop_measurements
 from attnprobe.models import save_model
 from attnprobe.oracles import Oracle
@@ -23,7 +24,7 @@ def test_rop_measurements_are_bilinear_forms():
     o = Oracle(h, d)
     rng = np.random.default_rng(0)
     Ga, Gb = rng.standard_normal((30, d)), rng.standard_normal((30, d))
-    A, B, t, noise = rop_measurements(o, Ga, Gb, 1.0, 1.0, h.u, h.v, h.c)
+    A, B, t, noise = rop_measurements(LogitProbe(o, h.v, h.c), Ga, Gb, 1.0, 1.0, h.u)
     assert o.queries == 30
     np.testing.assert_allclose(t, np.sum((A @ h.W) * B, axis=1), atol=1e-12)
     assert np.all(noise < 1e-12)
@@ -79,13 +80,13 @@ def test_polish_converges_from_a_perturbed_start():
 def test_too_few_measurements_give_a_clear_error():
     d, r = 12, 2
     h = random_head(d, rank=r, seed=7)
-    with pytest.raises(RecoveryError, match="raise --measurements"):
+    with pytest.raises(RecoveryError, match="raise the 'measurements' parameter"):
         extract_nuclear(Oracle(h, d), rank=r, measurements=20)
 
 
 def test_configuration_errors():
     h = random_head(8, rank=1, seed=1)
-    with pytest.raises(ConfigError, match="--rank"):
+    with pytest.raises(ConfigError, match="'rank' parameter"):
         extract_nuclear(Oracle(h, 8))
     with pytest.raises(ConfigError):
         extract_nuclear(Oracle(h, 8), rank=9)
@@ -116,6 +117,6 @@ def test_between_dof_and_transition_never_silent_garbage(seed):
     try:
         res = extract_nuclear(Oracle(h, d), rank=r, measurements=2 * d * r - r * r + 6, seed=seed)
     except RecoveryError as exc:
-        assert "--measurements" in str(exc)
+        assert "'measurements' parameter" in str(exc)
     else:
         assert rel(res.model.W, h.W) <= 1e-6

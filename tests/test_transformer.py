@@ -74,8 +74,9 @@ def test_extraction_recovers_W_exactly_and_the_function(d, m):
     assert res.check["lengths"] == list(range(1, 9))
     assert max(res.check["per_length"].values()) <= 1e-8
     qb = res.details["query_breakdown"]
-    assert qb["attention"] == 2 * qb["antisymmetric_queries"]
+    assert qb["attention"] == 2 * qb["antisymmetric_queries"] == 2 * sum(qb["attention_phases"].values())
     assert qb["attention"] + qb["ffn"] == res.queries
+    assert res.queries_by_phase == {"attention": qb["attention"], "ffn": qb["ffn"]}
     assert o.queries == res.queries + res.check["queries"]
     np.testing.assert_allclose(res.model.v, tf.A @ tf.w_o, rtol=1e-8, atol=1e-10)
     err = neuron_errors(tf.A, tf.w_o, res.model.A, res.model.w_o)

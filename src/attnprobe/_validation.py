@@ -17,12 +17,14 @@ from attnprobe.errors import ConfigError
 
 def check_int(value, name: str, *, min_value: int | None = None, max_value: int | None = None,
               allow_none: bool = False) -> int | None:
-    """``value`` as an ``int`` within ``[min_value, max_value]``; bools, floats and strings are refused."""
+    """``value`` as an ``int`` within ``[min_value, max_value]`` (8 or 8.0; not 8.7, NaN, inf, True or "8")."""
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ConfigError(f"The {name!r} parameter must be an integer; got {value!r} ({type(value).__name__})",
-                          param=name)
+    whole = isinstance(value, numbers.Integral) or (isinstance(value, numbers.Real) and math.isfinite(value)
+                                                    and float(value).is_integer())
+    if isinstance(value, (bool, np.bool_)) or not whole:
+        raise ConfigError(f"The {name!r} parameter must be a whole number; got {value!r} "
+                          f"({type(value).__name__})", param=name)
     value = int(value)
     _check_range(value, name, min_value, max_value, "an integer")
     return value
@@ -77,3 +79,19 @@ def as_batch(X, d: int) -> np.ndarray:
     if arr.ndim != 3 or arr.shape[2] != d or arr.shape[1] < 1:
         raise ConfigError(f"queries must have shape (B, N>=1, {d}); got {arr.shape}", param="X")
     return arr
+
+
+def real_array(name: str, x, ndim: int | None = None) -> np.ndarray:
+    """``x`` as a float64 array, refusing what a silent conversion would corrupt: strings, objects and complex
+    numbers (their imaginary part would be dropped), a number of dimensions other than ``ndim`` (no silent
+    reshape) and non-finite entries."""
+    a = x if isinstance(x, np.ndarray) else np.asarray(x)
+    if a.dtype.kind not in "biuf":
+        raise ConfigError(f"{name} must hold real numbers; got {a.dtype} values", param=name)
+    if ndim is not None and a.ndim != ndim:
+        want = {0: "a scalar", 1: "a vector"}.get(ndim, f"a {ndim}-d array")
+        raise ConfigError(f"{name} must be {want}; got shape {a.shape}", param=name)
+    a = np.array(a, dtype=np.float64)
+    if not np.isfinite(a).all():
+        raise ConfigError(f"{name} must be finite; it holds inf or NaN", param=name)
+    return a

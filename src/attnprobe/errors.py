@@ -45,3 +45,7 @@ class SaturationError(AttnprobeError):
 
 class RecoveryError(AttnprobeError):
     """The recovered parameters fail their own consistency checks (e.g. a wrong rank guess)."""
+
+
+class CheckFailedError(AttnprobeError):
+    """The functional check on fresh queries failed: the recovered model does not describe the oracle."""

@@ -9,8 +9,8 @@ import time
 class Progress:
     """Callable ``progress(done, total)`` that draws a bar once the work has run for ``delay`` seconds."""
 
-    def __init__(self, desc: str, enabled: bool = True, delay: float = 1.0):
-        self.desc, self.enabled, self.delay = desc, enabled, delay
+    def __init__(self, desc: str, enabled: bool = True, delay: float = 1.0, unit: str = "q"):
+        self.desc, self.enabled, self.delay, self.unit = desc, enabled, delay, unit
         self.t0 = time.perf_counter()
         self.bar = None
         self._last = 0.0
@@ -23,11 +23,13 @@ class Progress:
         except ImportError:
             now = time.perf_counter()
             if now - self._last > 1.0 or done >= total:
-                print(f"\r{self.desc}: {done}/{total} queries", end="", file=sys.stderr, flush=True)
+                units = "queries" if self.unit == "q" else self.unit + "s"
+                print(f"\r{self.desc}: {done}/{total} {units}", end="", file=sys.stderr, flush=True)
                 self._last = now
             return
         if self.bar is None:
-            self.bar = tqdm(total=total, desc=self.desc, unit="q", unit_scale=True, delay=0, leave=False)
+            self.bar = tqdm(total=total, desc=self.desc, unit=self.unit, unit_scale=self.unit == "q", delay=0,
+                            leave=False)
         self.bar.total = max(total, done)
         self.bar.update(done - self.bar.n)
 

@@ -1,43 +1,115 @@
-"""Command line: ``attnprobe extract | verify | demo | target``, one module per subcommand.
+"""Command line: ``attnprobe extract | verify | demo | target | serve | audit | reproduce``, one module per subcommand.
 
-Errors from :mod:`attnprobe.errors` become one readable line and exit code 2, never a traceback.
+Every run ends with an exit code and, unless it succeeded, one line on stderr that says what happened and how
+many queries were spent (DESIGN.md): 0 done and verified; 2 bad input or refused (before or during the run);
+3 the functional check failed (nothing written unless ``--keep-failed``); 130 interrupted (SIGINT, Ctrl-C);
+143 terminated (SIGTERM); 1 an internal error (a bug: the line says so; ``ATTNPROBE_DEBUG=1`` shows the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import re
+import signal
 import sys
+import threading
 
-from attnprobe.cli import demo, extract, target, verify
-from attnprobe.cli.common import relative_errors
-from attnprobe.errors import AttnprobeError
+from attnprobe.cli import audit, demo, extract, reproduce, serve, target, verify
+from attnprobe.cli.common import queries_spent, relative_errors
+from attnprobe.errors import AttnprobeError, CheckFailedError
 
 #: the subcommands, in the order ``--help`` lists them; each module has ``add_parser(sub)`` and ``run(args)``
-SUBCOMMANDS = (extract, verify, demo, target)
+SUBCOMMANDS = (extract, verify, demo, target, serve, audit, reproduce)
 METHODS = extract.METHODS
+
+#: exit codes (README "Exit codes")
+EXIT_OK, EXIT_BUG, EXIT_REFUSED, EXIT_CHECK_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 2, 3, 130, 143
 
 __all__ = ["METHODS", "build_parser", "main", "relative_errors"]
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived: unwinds the run like KeyboardInterrupt does for SIGINT."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (``attnprobe: error: ...``) instead of the usage block."""
+
+    def error(self, message):
+        self.exit(EXIT_REFUSED, f"attnprobe: error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attnprobe", description="Recover attention weights from black-box queries.")
+    p = _Parser(prog="attnprobe", description="Recover attention weights from black-box queries.")
     sub = p.add_subparsers(dest="command", required=True)
     for module in SUBCOMMANDS:
         module.add_parser(sub)
     return p
 
 
+@contextlib.contextmanager
+def _signals_end_the_run():
+    """SIGINT raises KeyboardInterrupt and SIGTERM :class:`Terminated` in the main thread for the duration of a
+    run; :func:`main` turns them into the one-line message and exit code 130/143. (Solvers that would trap
+    SIGINT run in a child process: :func:`attnprobe.learners.nuclear.solve_in_child`.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        raise Terminated()
+
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+_SIGNAL_ENDINGS = {signal.SIGINT: ("interrupted", "stopped by SIGINT (Ctrl-C); nothing written"),
+                   signal.SIGTERM: ("terminated", "stopped by SIGTERM; nothing written")}
+
+
+def _end(args, kind: str, message: str, code: int) -> int:
+    """Print the one line that ends a failed run (with the queries it spent) and return the exit code."""
+    tail = queries_spent(args) if args.command in ("extract", "demo") else ""
+    text = message.rstrip(". ") if tail else message
+    line = f"attnprobe: {kind}: {text}" + (f"; {tail}" if tail else "")
+    print(" ".join(line.split()), file=sys.stderr)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already printed on one line
+        return exc.code if isinstance(exc.code, int) else EXIT_REFUSED
+    try:
+        with _signals_end_the_run():
+            return args.func(args)
+    except CheckFailedError as exc:
+        return _end(args, "check failed", str(exc), EXIT_CHECK_FAILED)
     except AttnprobeError as exc:
-        print(f"attnprobe: error: {exc}", file=sys.stderr)
-        return 2
+        message = re.sub(r"\b[Tt]he '(\w+)' parameter",  # library messages name parameters; the CLI names flags
+                         lambda m: extract.PARAM_FLAGS.get(m.group(1), m.group(0)), str(exc))
+        return _end(args, "error", message, EXIT_REFUSED)
     except KeyboardInterrupt:
-        print("attnprobe: interrupted", file=sys.stderr)
-        return 130
+        return _end(args, *_SIGNAL_ENDINGS[signal.SIGINT], EXIT_SIGINT)
+    except Terminated:
+        return _end(args, *_SIGNAL_ENDINGS[signal.SIGTERM], EXIT_SIGTERM)
+    except MemoryError:
+        return _end(args, "error", "out of memory; try a smaller model width or method", EXIT_REFUSED)
+    except Exception as exc:  # a bug: still one line, never a traceback unless asked for
+        if os.environ.get("ATTNPROBE_DEBUG"):
+            raise
+        return _end(args, "internal error", f"{type(exc).__name__}: {exc} (a bug in attnprobe; rerun with "
+                    "ATTNPROBE_DEBUG=1 for the traceback and report it)", EXIT_BUG)
 
 
 if __name__ == "__main__":

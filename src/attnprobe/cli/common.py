@@ -1,8 +1,18 @@
-"""What every subcommand shares: the summary printout and per-parameter relative errors."""
+"""What every subcommand shares: the summary printout, per-parameter relative errors, the queries a run
+spent (for the message that ends it) and the checks of output paths made before any query."""
 
 from __future__ import annotations
 
-from attnprobe.models.compare import relative_error, relative_errors  # noqa: F401  (re-exported)
+import argparse
+import math
+import os
+import tempfile
+from pathlib import Path
+
+
+from attnprobe.errors import CheckFailedError, ConfigError
+
+from attnprobe.models.compare import relative_error, relative_errors  # noqa: E402,F401  (re-exported)
 
 
 def print_summary(res, out=None) -> None:
@@ -17,3 +27,138 @@ def print_summary(res, out=None) -> None:
         print(f"note: {note}")
     if out:
         print(f"wrote {out[0]} and {out[1]}")
+
+
+def track(args, oracle) -> None:
+    """Remember the oracle of this run so that every message ending it can say how many queries it spent."""
+    args.tracked_oracle = oracle
+
+
+def queries_spent(args) -> str:
+    """``"123 queries spent (not logged)"``: the tail of every message that ends a run (DESIGN.md)."""
+    oracle = getattr(args, "tracked_oracle", None)
+    if oracle is None:
+        return "no queries spent"
+    if hasattr(oracle, "from_log"):  # an Oracle: asked vs answered from the log, and the assumed precision
+        from attnprobe.cli.remote import spent
+
+        return spent(oracle)
+    n = getattr(oracle, "queries", 0)
+    log = getattr(args, "log", None)
+    return f"{n} queries spent ({'logged in ' + str(log) if log else 'not logged'})"
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name the same file (through symlinks, hard links and relative spellings)."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return a.resolve() == b.resolve()
+
+
+def plan_outputs(out, inputs=(), flag: str = "--out") -> tuple[Path, Path]:
+    """OUT.npz and OUT.json for ``--out``, checked before any query is asked (:func:`plan_file`)."""
+    from attnprobe.models.io import npz_path
+
+    try:
+        npz = npz_path(out)
+    except ConfigError:
+        raise ConfigError(f"{flag} names the .npz file of the result (a JSON summary goes beside it); "
+                          f"got {out}") from None
+    return plan_file(npz, inputs, flag), plan_file(npz.with_suffix(".json"), inputs, flag)
+
+
+def plan_file(path, inputs=(), flag: str = "--out") -> Path:
+    """Refuse an output ``path`` that is one of the run's ``inputs`` (the target file, the oracle's module, the
+    query log), an existing folder or special file, or in a folder that cannot take a new file."""
+    path = Path(path)
+    for inp in inputs:
+        if inp is not None and same_file(path, Path(inp)):
+            raise ConfigError(f"{flag} would overwrite the input {inp} (as {path}); choose another path")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{flag}: {path} exists and is not a regular file")
+    writable_folder(path.parent, flag)
+    return path
+
+
+def writable_folder(folder: Path, flag: str) -> None:
+    """Refuse early when ``folder`` (or, if it does not exist yet, its nearest existing parent) cannot hold a
+    new file: probed by creating and removing a temporary file there."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{flag}: {probe} is not a folder, so {folder} cannot be created")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot write in {probe} ({exc.strerror}); choose a writable folder") from None
+
+
+def _number(text: str, cast, ok, what: str):
+    try:
+        value = cast(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {what}; got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer ≥ 1."""
+    return _number(text, int, lambda x: x >= 1, "an integer ≥ 1")
+
+
+def nonneg_int(text: str) -> int:
+    """argparse type: an integer ≥ 0 (seeds, budgets)."""
+    return _number(text, int, lambda x: x >= 0, "an integer ≥ 0")
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    return _number(text, float, lambda x: math.isfinite(x) and x > 0, "a finite number > 0")
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (the learner checks its range and names the parameter)."""
+    return _number(text, float, math.isfinite, "a finite number")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (MemAvailable on Linux), or None when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return None
+
+
+def refuse_memory(nbytes: float, what: str) -> None:
+    """Refuse up front (no query asked) when ``what`` needs more memory than is available."""
+    avail = available_memory()
+    if avail is not None and nbytes > avail:
+        raise ConfigError(f"{what} needs about {nbytes / 2**30:.1f} GiB of memory but {avail / 2**30:.1f} GiB are "
+                          "available; use a smaller width or a machine with more memory")
+
+
+def check_outcome(res, kept: bool = False) -> CheckFailedError | None:
+    """The error that ends a run whose functional check failed (None when it passed or has no verdict)."""
+    chk = res.check or {}
+    if chk.get("passed", True):
+        return None
+    err, tol = chk.get("relative_error"), chk.get("tolerance")
+    return CheckFailedError(
+        f"the recovered model does not describe the oracle: functional check error {err:.3e} > tolerance "
+        f"{tol:.1e} on {chk.get('queries')} fresh queries; "
+        + ("written anyway (--keep-failed; the JSON says passed: false)" if kept
+           else "nothing written (--keep-failed writes it anyway)"))

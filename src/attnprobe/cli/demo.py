@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnprobe.cli.common import print_summary, relative_errors
+from attnprobe.cli.common import check_outcome, nonneg_int, plan_outputs, print_summary, relative_errors, track
 from attnprobe.learners import PROBES, extract_exact
 from attnprobe.models import PRECISIONS, AttentionHead
 from attnprobe.oracles import Oracle
@@ -14,11 +14,14 @@ from attnprobe.progress import Progress
 def run(args) -> int:
     from attnprobe.targets import minilm_head
 
+    if args.out:
+        plan_outputs(args.out)
     truth = minilm_head(args.layer, args.head, args.row, dtype=args.dtype)
     d = truth.d
     print(f"target: MiniLM-L6 layer {args.layer} head {args.head}, output row {args.row}, d = {d}, "
           f"answers computed in {args.dtype}")
     oracle = Oracle(truth, d, precision=args.dtype, name="minilm")
+    track(args, oracle)
     progress = Progress("extract", enabled=not args.quiet)
     try:
         res = extract_exact(oracle, probes=args.probes, seed=args.seed, progress=progress)
@@ -35,8 +38,11 @@ def run(args) -> int:
         print(f"  {name}: relative error {e:.3e}")
     print(f"functional check: relative error {res.check['relative_error']:.3e} on {res.check['queries']} fresh "
           f"sequences (lengths {res.check['lengths']}), {res.seconds:.2f} s")
+    failure = check_outcome(res, args.keep_failed)
     if args.out:
-        print_summary(res, res.save(args.out))
+        print_summary(res, res.save(args.out) if failure is None or args.keep_failed else None)
+    if failure is not None:
+        raise failure
     return 0
 
 
@@ -47,7 +53,8 @@ def add_parser(sub) -> None:
     dm.add_argument("--row", type=int, default=0, help="row of the attention output projection")
     dm.add_argument("--dtype", choices=PRECISIONS, default="float32")
     dm.add_argument("--probes", choices=PROBES, default="orthogonal")
-    dm.add_argument("--seed", type=int, default=0)
+    dm.add_argument("--seed", type=nonneg_int, default=0)
     dm.add_argument("--out", metavar="OUT.npz")
     dm.add_argument("--quiet", action="store_true")
+    dm.add_argument("--keep-failed", action="store_true", help="write --out even when the functional check fails")
     dm.set_defaults(func=run)

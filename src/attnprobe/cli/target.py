@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from attnprobe.cli.common import nonneg_int, plan_outputs, positive_float, positive_int, refuse_memory
 from attnprobe.models import save_model
+
+#: a random target of width d holds W and its factors K, Q: about 3·8·d² bytes
+TARGET_BYTES_PER_D2 = 3 * 8
 
 
 def run(args) -> int:
+    path, _ = plan_outputs(args.out)
+    if args.kind != "minilm":
+        refuse_memory(TARGET_BYTES_PER_D2 * args.d * max(args.d, args.m or 0), f"a random target of width {args.d}")
     if args.kind == "random":
         from attnprobe.targets import random_head
 
@@ -14,33 +21,66 @@ def run(args) -> int:
     elif args.kind in ("transformer", "relu"):
         from attnprobe.targets import random_relu_net, random_transformer
 
-        m = args.m or args.d
+        m = args.d if args.m is None else args.m
         model = (random_transformer(args.d, m, seed=args.seed, scale=args.scale, rank=args.rank)
                  if args.kind == "transformer" else
                  random_relu_net(args.d, m, seed=args.seed, bias=args.relu_bias, outputs=args.outputs))
+    elif args.kind == "multihead":
+        return _multihead(args)
+    elif args.kind == "minilm-layer":
+        from attnprobe.targets import minilm_layer
+
+        model = minilm_layer(args.layer, args.row)
     else:
         from attnprobe.targets import minilm_head
 
         model = minilm_head(args.layer, args.head, args.row)
-    path = save_model(model, args.out)
+    save_model(model, path)
     print(f"wrote {model.kind} (d = {model.d}) to {path}")
+    return 0
+
+
+def _multihead(args) -> int:
+    """A random multi-head layer; with ``--orthogonal`` its head subspaces go to OUT_subspaces.npz too."""
+    import numpy as np
+
+    from attnprobe.errors import ConfigError
+    from attnprobe.targets import random_multihead, random_orthogonal_multihead
+
+    if args.heads is None:
+        raise ConfigError("give the number of heads with --heads H")
+    kw = dict(seed=args.seed, bias=not args.no_bias, scale=args.scale)
+    if args.orthogonal:
+        model, E = random_orthogonal_multihead(args.d, args.heads, args.head_dim, **kw)
+    else:
+        model, E = random_multihead(args.d, args.heads, args.head_dim, **kw), None
+    path = save_model(model, args.out)
+    print(f"wrote {model.kind} (d = {model.d}, H = {model.H}) to {path}")
+    if E is not None:
+        sub = path.with_name(path.stem + "_subspaces.npz")
+        np.savez(sub, subspaces=E)
+        print(f"wrote its head subspaces (H, d, d_h) = {E.shape} to {sub} (for extract --subspaces)")
     return 0
 
 
 def add_parser(sub) -> None:
     t = sub.add_parser("target", help="save a ready-made target model to a file")
-    t.add_argument("kind", choices=["random", "minilm", "transformer", "relu"])
-    t.add_argument("--d", type=int, default=16)
-    t.add_argument("--m", type=int, help="transformer/relu: hidden width of the FFN (default d)")
-    t.add_argument("--rank", type=int)
-    t.add_argument("--scale", type=float, default=1.0, help="RMS attention logit on unit inputs")
-    t.add_argument("--zero-v", type=int, default=0, help="number of zero entries of v")
+    t.add_argument("kind", choices=["random", "minilm", "minilm-layer", "transformer", "relu", "multihead"])
+    t.add_argument("--d", type=positive_int, default=16)
+    t.add_argument("--m", type=positive_int, help="transformer/relu: hidden width of the FFN (default d)")
+    t.add_argument("--rank", type=positive_int)
+    t.add_argument("--heads", type=positive_int, help="multihead: number of heads H")
+    t.add_argument("--head-dim", type=positive_int, help="multihead: head dimension d_h (default d // H)")
+    t.add_argument("--orthogonal", action="store_true",
+                   help="multihead: heads in mutually orthogonal subspaces (App. C); also writes OUT_subspaces.npz")
+    t.add_argument("--scale", type=positive_float, default=1.0, help="RMS attention logit on unit inputs")
+    t.add_argument("--zero-v", type=nonneg_int, default=0, help="number of zero entries of v")
     t.add_argument("--no-bias", action="store_true")
     t.add_argument("--relu-bias", action="store_true", help="relu: hidden biases b and output bias c")
     t.add_argument("--outputs", type=int, metavar="K", help="relu: K outputs per input (w_o of shape m×K)")
-    t.add_argument("--layer", type=int, default=0)
-    t.add_argument("--head", type=int, default=0)
-    t.add_argument("--row", type=int, default=0)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--layer", type=nonneg_int, default=0)
+    t.add_argument("--head", type=nonneg_int, default=0)
+    t.add_argument("--row", type=nonneg_int, default=0)
+    t.add_argument("--seed", type=nonneg_int, default=0)
     t.add_argument("--out", required=True)
     t.set_defaults(func=run)

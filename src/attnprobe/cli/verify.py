@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-
-from attnprobe.cli.common import relative_error, relative_errors
+from attnprobe.cli.common import plan_file, relative_error, relative_errors
+from attnprobe.errors import ConfigError
 from attnprobe.models import load_model
+from attnprobe.models.io import json_writer, write_files
 
 
 def _ffn_errors(true_model, result) -> dict[str, float]:
@@ -27,18 +25,48 @@ def _ffn_errors(true_model, result) -> dict[str, float]:
     return out
 
 
+def _multihead_errors(true_model, result) -> dict[str, float]:
+    """Multi-head results: heads matched up to permutation (Hungarian), per-head worst of W/v/u errors, c."""
+    from attnprobe.models import match_heads
+
+    m = match_heads(true_model, result)
+    out = {"heads_found": float(result.H), "heads_true": float(true_model.H)}
+    for h in range(true_model.H):
+        out[f"head{h}<-{int(m.perm[h])}"] = float(m.head_error[h])
+    out["worst_head"] = m.worst
+    out["c"] = m.c
+    return out
+
+
+#: which result kinds compare with which target kinds
+COMPARABLE = {"attention_head": {"attention_head"}, "one_layer_transformer": {"one_layer_transformer", "relu_net"},
+              "relu_net": {"relu_net", "one_layer_transformer"}, "multi_head": {"multi_head"}}
+
+
 def run(args) -> int:
+    json_path = plan_file(args.json, [args.target, args.result], "--json") if args.json else None
     true_model = load_model(args.target)
     result = load_model(args.result)
-    if true_model.kind in ("one_layer_transformer", "relu_net"):
+    if result.kind not in COMPARABLE.get(true_model.kind, {true_model.kind}):
+        raise ConfigError(f"--result {args.result} holds a {result.kind} but --target {args.target} holds a "
+                          f"{true_model.kind}; they cannot be compared")
+    if result.d != true_model.d:
+        raise ConfigError(f"--result {args.result} has d = {result.d} but --target {args.target} has d = "
+                          f"{true_model.d}")
+    if true_model.kind == "multi_head":
+        errs = _multihead_errors(true_model, result)
+    elif true_model.kind in ("one_layer_transformer", "relu_net"):
         errs = _ffn_errors(true_model, result)
     else:
         errs = relative_errors(true_model, result)
     width = max(map(len, errs))
     for name, e in errs.items():
-        print(f"{name:<{width}}  relative error {e:.3e}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(errs, indent=2) + "\n")
+        if name.startswith("heads_"):
+            print(f"{name:<{width}}  {int(e)}")
+        else:
+            print(f"{name:<{width}}  relative error {e:.3e}")
+    if json_path:
+        write_files([(json_path, json_writer(errs))])
     return 0
 
 

@@ -84,20 +84,3 @@ def check_tolerance(oracle, rms_answer: float) -> float:
     if rms_answer > 0:
         tol = max(tol, 100 * (noise.tolerance + 3 * noise.sigma) / rms_answer)
     return tol
-
-
-def finish(result, oracle, rng, check: bool, lengths=DEFAULT_LENGTHS, t0: float | None = None, hint: str = ""):
-    """Older learners' wrap-up (being replaced by :class:`attnprobe.learners.skeleton.Run`): attach the check
-    (a note when it fails, ending in ``hint``) and the elapsed seconds."""
-    import time
-
-    if check:
-        with oracle.phase("check"):
-            result.check = functional_check(oracle, result.model, rng, lengths)
-        if not result.check.passed:
-            result.notes.append(
-                f"functional check FAILED (relative error {result.check.error:.2e} > "
-                f"{result.check.tolerance:.1e}): the recovered model does not describe the oracle{hint}")
-    if t0 is not None:
-        result.seconds = time.perf_counter() - t0
-    return result

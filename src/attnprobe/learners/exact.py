@@ -18,8 +18,8 @@ from attnprobe.learners.check import DEFAULT_LENGTHS
 from attnprobe.learners.probes import basis_probes, equal_projection_orthogonal, random_orthogonal
 from attnprobe.learners.result import Extraction
 from attnprobe.learners.skeleton import Run
-from attnprobe.learners.scaling import (CALIBRATION_SHARE, TARGET_LOGIT, calibrate, lead_probes,
-                                       max_probe_scale, measure_steered, probe_scales)
+from attnprobe.learners.scaling import (CALIBRATION_SHARE, TARGET_LOGIT, LogitProbe, calibrate, lead_probes,
+                                       max_probe_scale, probe_scales)
 from attnprobe.models.attention import AttentionHead
 
 PROBES = ("orthogonal", "basis", "gaussian")
@@ -112,14 +112,15 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
         known_u = known_w = None
 
     total = unknowns + details.get("calibration_queries", 0)
+    probe = LogitProbe(oracle, v, c, probes, target_logit)
     u = np.zeros(d)
     if bias:
         skip = np.zeros((d, 1), bool)
         if known_u is not None:
             skip[: len(known_u)] = True
         with run.phase("query_bias"):
-            Z, _ = measure_steered(oracle, cols.A, np.zeros((1, d)), s_u, v, c, probes,
-                                   "the query-bias pass [a; 0]", target_logit, lead=lead_probes(d), skip=skip)
+            Z = probe.measure_steered(cols.A, np.zeros((1, d)), s_u, "the query-bias pass [a; 0]",
+                                      lead=lead_probes(d), skip=skip).Z
         if known_u is not None:
             Z[: len(known_u), 0] = known_u
         u = cols.solve_a(Z)[:, 0]
@@ -138,16 +139,16 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
         reuse = J[J < (0 if known_w is None else len(known_w))]  # probe i of column i was a calibration probe
         skip[reuse, reuse - j0] = True
         with run.phase("weights"):
-            Z, s_a = measure_steered(oracle, cols.A, s_b * Bdir, s_a, v, c, probes,
-                                     f"columns {J[0]}..{J[-1]} of W", target_logit,
-                                     lead=lead_probes(d) if j0 == 0 else 0, skip=skip)
+            block_logits = probe.measure_steered(cols.A, s_b * Bdir, s_a, f"columns {J[0]}..{J[-1]} of W",
+                                                 lead=lead_probes(d) if j0 == 0 else 0, skip=skip)
+        Z, s_a = block_logits.Z, block_logits.next_scale
         if len(reuse):
             Z[reuse, reuse - j0] = s_b * known_w[reuse] + cols.A[reuse] @ u
         M[:, J] = (cols.solve_a(Z) - u[:, None]) / s_b
         run.report(total)
     W = M @ cols.B  # M = W Bᵀ with orthonormal rows B (the identity for the paper's probes)
 
-    details["retry_queries"] = run.queries - unknowns - details.get("calibration_queries", 0)
+    details["retry_queries"] = run.queries_by_phase().get("retries", 0)
     details.update(paper_bound=d * d + d, calibration_share=details.get("calibration_queries", 0) / unknowns)
     hint = " (a single head of this form" + (" without biases: learn with bias=True)" if not bias else ")")
     return run.finish(AttentionHead(W, v, u, c), unknowns=unknowns, details=details, notes=notes, hint=hint)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,12 +60,13 @@ class Extraction:
         })
 
     def save(self, out: str | Path) -> tuple[Path, Path]:
-        """Write the recovered arrays to ``out`` (.npz, under the model's parameter names) and ``out.json``."""
-        from attnprobe.models.io import save_model
+        """Write the recovered arrays to ``out`` (.npz, under the model's parameter names) and ``out.json``,
+        atomically and the JSON last (:func:`attnprobe.models.io.write_files`)."""
+        from attnprobe.models.io import json_writer, model_writer, npz_path, write_files
 
-        npz = save_model(self.model, out)
+        npz = npz_path(out)
         js = npz.with_suffix(".json")
-        js.write_text(json.dumps(self.summary(), indent=2) + "\n")
+        write_files([(npz, model_writer(self.model)), (js, json_writer(self.summary()))])
         return npz, js
 
 

@@ -17,24 +17,25 @@ Two learners:
 from __future__ import annotations
 
 import math
-import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from attnprobe._validation import check_float, check_int, check_option
 from attnprobe.errors import ConfigError, SaturationError, UnidentifiableError
-from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, finish
+from attnprobe.learners.check import DEFAULT_LENGTHS
 from attnprobe.learners.probes import equal_projection_orthogonal, random_orthogonal
 from attnprobe.learners.result import Extraction
+from attnprobe.learners.scaling import MAX_RETRIES, TARGET_LOGIT
 from attnprobe.learners.sigmoid import two_row_queries
+from attnprobe.learners.skeleton import Run
 from attnprobe.models.attention import AttentionHead
-from attnprobe.models.precision import resolve_dtype
-from attnprobe.oracles.wrappers import answer_noise
+from attnprobe.models.precision import finfo
 
 #: τ_clip = σ(−½) of Sec. 6 and the Lipschitz constant L = 1/(τ_clip(1 − τ_clip)) of σ⁻¹ on the clip range
 TAU_CLIP = 1.0 / (1.0 + math.exp(0.5))
 LIPSCHITZ = 1.0 / (TAU_CLIP * (1.0 - TAU_CLIP))
-TARGET_LOGIT = 1.5
-MAX_RETRIES = 6
 #: relative error of an attention weight above which a probe's signal counts as drowned in noise
 WEAK_SIGNAL = 0.1
 
@@ -69,25 +70,19 @@ def extract_robust_paper(oracle, *, w_bound: float, margin: float, tolerance: fl
     ``w_bound`` is the known ``W ≥ 2`` with ``‖W‖_F ≤ W``; ``margin`` the known ``μ ≤ min_{v_i ≠ 0} |v_i|``;
     ``tolerance`` the oracle's τ (only used to report the guaranteed accuracy and to refuse ``τ > μ/2``).
     """
-    if not (w_bound and w_bound >= 2):
-        raise ConfigError(f"Thm 6.1 needs a known bound --w-bound W ≥ 2 on ‖W‖_F; got {w_bound}")
-    if not (margin and 0 < margin <= 1):
-        raise ConfigError(f"Thm 6.1 needs the value margin --margin μ in (0, 1]; got {margin}")
-    if tolerance is None or tolerance < 0:
-        raise ConfigError(f"Thm 6.1 needs the oracle's tolerance --tolerance τ ≥ 0; got {tolerance}")
+    w_bound = check_float(w_bound, "w_bound", min_value=2.0)
+    margin = check_float(margin, "margin", min_value=0.0, max_value=1.0, strict_min=True)
+    tolerance = check_float(tolerance, "tolerance", min_value=0.0)
     if tolerance > margin / 2:
         raise UnidentifiableError(
             f"the tolerance τ = {tolerance:g} exceeds μ/2 = {margin / 2:g}: answers within ±τ cannot tell a value "
-            "entry of size μ from 0, so Thm 6.1 gives no guarantee; lower the noise or use --method robust "
-            "(default probes), which scales its probes above the noise")
-    t0 = time.perf_counter()
+            "entry of size μ from 0, so Thm 6.1 gives no guarantee; lower the noise or use the default probes "
+            "(extract_robust), which scale their probes above the noise")
     d = oracle.d
-    start = oracle.queries
-    n_check = check_queries(check_lengths) if check else 0
-    oracle.require(d + d * d + n_check, f"Thm 6.1 at d={d} (d + d² = {d + d * d} queries + {n_check} check)")
-    report = progress or (lambda done, total: None)
-
-    v = oracle(np.eye(d)[:, None, :])  # v̂_i = AVQ([e_i])
+    run = Run(oracle, "robust", seed=seed, check=check, check_lengths=check_lengths, progress=progress)
+    run.plan(d + d * d, f"Thm 6.1 at d={d} (d + d² = {d + d * d} queries)")
+    with run.phase("values"):
+        v = oracle(np.eye(d)[:, None, :])  # v̂_i = AVQ([e_i])
     nonzero = np.abs(v) > margin / 2
     if not nonzero.any():
         raise UnidentifiableError(
@@ -98,7 +93,6 @@ def extract_robust_paper(oracle, *, w_bound: float, margin: float, tolerance: fl
     U = np.eye(d)
     U[~nonzero, p] += 1.0  # u = e_i + e_p for the zero entries of v
     denom = b * np.where(nonzero, v, v[p])
-    lo, hi = TAU_CLIP, 1.0 - TAU_CLIP
     W = np.empty((d, d))
     block = max(1, min(d, block_floats // (2 * d * d)))
     for j0 in range(0, d, block):
@@ -108,15 +102,14 @@ def extract_robust_paper(oracle, *, w_bound: float, margin: float, tolerance: fl
         X[:, :, 0, :] = b * U[:, None, :]
         X[:, np.arange(len(J)), 0, J] += a
         X[:, np.arange(len(J)), 1, J] = a
-        f = oracle(X.reshape(-1, 2, d)).reshape(d, len(J))
+        with run.phase("weights"):
+            f = oracle(X.reshape(-1, 2, d)).reshape(d, len(J))
         alpha = (f - a * v[J][None, :]) / denom[:, None]  # eq. (5)
-        W[:, J] = _sigmoid_inv(np.clip(alpha, lo, hi)) / (a * b)
-        report(oracle.queries - start, d + d * d)
+        W[:, J] = _sigmoid_inv(np.clip(alpha, TAU_CLIP, 1.0 - TAU_CLIP)) / (a * b)
+        run.report()
     W[~nonzero] -= W[p][None, :]  # W_ij = σ⁻¹(α)/(ab) − W_pj for zero entries
-    queries = oracle.queries - start
     zero_rows = bool((~nonzero).any())
     guarantee = theorem_guarantee(d, tolerance, w_bound, margin, zero_rows)
-    model = AttentionHead(W, v)
     notes = [f"Thm 6.1 guarantees ‖Ŵ − W‖_F ≤ {guarantee['eps_W']:.3e} and ‖v̂ − v‖ ≤ {guarantee['eps_v']:.3e} "
              f"at τ = {tolerance:g}, W = {w_bound:g}, μ = {margin:g}, if the target meets those bounds"]
     if zero_rows:
@@ -124,8 +117,7 @@ def extract_robust_paper(oracle, *, w_bound: float, margin: float, tolerance: fl
     details = {"probes": "paper", "bias": False, "w_bound": w_bound, "margin": margin, "tolerance": tolerance,
                "a": a, "b": b, "reference_p": p, "zero_entries": int((~nonzero).sum()),
                "guarantee": guarantee, "paper_bound": d + d * d}
-    res = Extraction("robust", model, queries, AttentionHead.unknowns(d, False), 0.0, details=details, notes=notes)
-    return finish(res, oracle, np.random.default_rng(seed), check, check_lengths, t0)
+    return run.finish(AttentionHead(W, v), unknowns=AttentionHead.unknowns(d, False), details=details, notes=notes)
 
 
 # ------------------------------------------------------------------------------------------- our estimator
@@ -142,7 +134,7 @@ class _Noise:
 def _scale_cap(oracle, vnorm: float) -> float:
     """Largest probe scale whose answers stay far inside the answer dtype's range."""
     try:
-        big = float(np.finfo(resolve_dtype(oracle.precision)).max)
+        big = float(finfo(oracle.precision).max)
     except Exception:  # ml_dtypes' bfloat16 has finfo too; anything exotic falls back to float32's range
         big = float(np.finfo(np.float32).max)
     return big ** 0.25 / max(vnorm, 1e-300)
@@ -154,75 +146,130 @@ def _value_pass(oracle, Q, scale, c):
     return (y - c) / scale, y
 
 
-def _logits(oracle, A, Bs, v, c, noise, clip=False, target=TARGET_LOGIT):
-    """Two-row queries ``[(a+b); b]`` for rows of A against rows of Bs; logits with a noise-aware
-    saturation mask: α or 1 − α within 2 noise units of 0 *and* a logit past twice the target (a weight
-    that is merely noisy near the target is kept: re-measuring it at a smaller b only amplifies its noise),
-    or α outside (0, 1). ``clip``: last resort for probes whose weight
-    the noise keeps unresolved: α is clipped into ``[e, 1 − e]`` (e its own noise level, as the paper clips
-    into ``[σ(−½), σ(½)]``), which bounds the damage instead of failing."""
-    y = oracle(two_row_queries(A, Bs))
-    y0 = c + np.einsum("kd,d->k", np.broadcast_to(Bs, A.shape), v)
-    y1 = c + (A + Bs) @ v
-    delta = y1 - y0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p = (y - y0) / delta
-        q = (y1 - y) / delta
-        err = (noise(y) + 0.5 * (noise(y0) + noise(y1))) / np.abs(delta)
-        near = ~((p > 2 * err) & (q > 2 * err))
-        if clip:
-            e = np.clip(err, 1e-12, 0.25)
-            p = np.clip(p, e, 1 - e)
-            q = 1 - p
-        inside = (p > 0) & (q > 0)
-        lg = np.where(inside, np.log(np.where(inside, p, 1.0)) - np.log(np.where(inside, q, 1.0)), np.nan)
-        bad = ~inside | (near & ~(np.abs(lg) <= 2 * target))
-    return lg, bad, err
+@dataclass(frozen=True)
+class _Measured:
+    """Normalised logits ``Z[ℓ, j] ≈ q_ℓᵀ W p_j`` of a probe block and the RMS logit of its first pass."""
+
+    Z: np.ndarray
+    rms: float
 
 
-def _measure(oracle, Q, P, s_a, s_b, v, c, u_proj, noise, what, target=TARGET_LOGIT, a_cap=math.inf,
-             retries=MAX_RETRIES, stats=None):
-    """``Z[ℓ, j] ≈ q_ℓᵀ W p_j`` for probes ``a = s_a q_ℓ``, ``b = s_b p_j``. A saturated probe is asked again
-    alone with its ``b`` at a quarter of the scale (the logit shrinks, the signal ``aᵀv`` does not), and its
-    ``a`` too where the bias part ``aᵀu`` alone is past the target. Probes still unresolved after ``retries``
-    are kept with a clipped weight and counted in ``stats["clipped"]``. Returns Z and the RMS logit of pass
-    one."""
-    d, k = Q.shape[0], P.shape[0]
-    ell, j = np.divmod(np.arange(d * k), k)
-    Sa = np.full(d * k, float(s_a))
-    Sb = np.full(d * k, float(s_b))
-    Z = np.empty(d * k)
-    idx = np.arange(d * k)
-    rms = None
-    for attempt in range(retries + 1):
-        last = attempt == retries
-        lg, bad, err = _logits(oracle, Q[ell[idx]] * Sa[idx, None], Sb[idx, None] * P[j[idx]], v, c, noise,
-                               clip=last, target=target)
-        if last:  # last resort: keep every weight, clipped inside (0, 1), and count them
-            if stats is not None:
-                stats["clipped"] = stats.get("clipped", 0) + int(np.sum(bad & np.isfinite(lg)))
-            bad = ~np.isfinite(lg)
-        ok = ~bad
-        sel = idx[ok]
-        Z[sel] = (lg[ok] - Sa[sel] * u_proj[ell[sel]]) / (Sa[sel] * (Sb[sel] if s_b > 0 else 1.0))
-        if rms is None:
-            rms = float(np.sqrt(np.mean(lg[ok] ** 2))) if ok.any() else math.inf
-        if not bad.any():
-            return Z.reshape(d, k), rms
-        weak = err[bad] > WEAK_SIGNAL  # the signal aᵀv drowns in the noise: grow a instead
-        idx = idx[bad]
-        if attempt == retries:
-            break
-        oracle.require(len(idx), f"re-measuring {len(idx)} saturated or noise-drowned probes of {what}")
-        strong = idx[~weak]
-        if s_b > 0:
-            Sb[strong] /= 4.0
-        steep = np.abs(Sa[strong] * u_proj[ell[strong]]) > target / 2 if s_b > 0 else np.ones(len(strong), bool)
-        Sa[strong[steep]] /= 4.0
-        Sa[idx[weak]] = np.minimum(Sa[idx[weak]] * 4.0, a_cap)
-    raise SaturationError(
-        f"{len(idx)} attention weights of {what} stay within the noise of 0 or 1 after shrinking their probes "
-        f"{4**MAX_RETRIES}x; the answers' noise is too large for the attention signal")
+@dataclass(frozen=True)
+class _NoisyProbe:
+    """What the length-2 measurements of the robust estimator share: the oracle, the estimates ``v, c``, the
+    answers' error bound, the target logit, the re-measurement limit and a counter of clipped weights."""
+
+    oracle: object
+    v: np.ndarray
+    c: float
+    noise: _Noise
+    target: float = TARGET_LOGIT
+    retries: int = MAX_RETRIES
+    stats: dict = field(default_factory=lambda: {"clipped": 0})
+
+    def logits(self, A, Bs, clip=False):
+        """Two-row queries ``[(a+b); b]`` for rows of A against rows of Bs; logits with a noise-aware
+        saturation mask: α or 1 − α within 2 noise units of 0 *and* a logit past twice the target (a weight
+        that is merely noisy near the target is kept: re-measuring it at a smaller b only amplifies its
+        noise), or α outside (0, 1). ``clip``: last resort for probes whose weight the noise keeps unresolved:
+        α is clipped into ``[e, 1 − e]`` (e its own noise level, as the paper clips into ``[σ(−½), σ(½)]``),
+        which bounds the damage instead of failing. Returns ``(logits, bad, relative error of α)``."""
+        noise = self.noise
+        y = self.oracle(two_row_queries(A, Bs))
+        y0 = self.c + np.einsum("kd,d->k", np.broadcast_to(Bs, A.shape), self.v)
+        y1 = self.c + (A + Bs) @ self.v
+        delta = y1 - y0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            p = (y - y0) / delta
+            q = (y1 - y) / delta
+            err = (noise(y) + 0.5 * (noise(y0) + noise(y1))) / np.abs(delta)
+            near = ~((p > 2 * err) & (q > 2 * err))
+            if clip:
+                e = np.clip(err, 1e-12, 0.25)
+                p = np.clip(p, e, 1 - e)
+                q = 1 - p
+            inside = (p > 0) & (q > 0)
+            lg = np.where(inside, np.log(np.where(inside, p, 1.0)) - np.log(np.where(inside, q, 1.0)), np.nan)
+            bad = ~inside | (near & ~(np.abs(lg) <= 2 * self.target))
+        return lg, bad, err
+
+    def measure(self, Q, P, s_a, s_b, u_proj, what, *, a_cap=math.inf) -> _Measured:
+        """``Z[ℓ, j] ≈ q_ℓᵀ W p_j`` for probes ``a = s_a q_ℓ``, ``b = s_b p_j``. A saturated probe is asked
+        again alone (phase ``"retries"``) with its ``b`` at a quarter of the scale (the logit shrinks, the
+        signal ``aᵀv`` does not), and its ``a`` too where the bias part ``aᵀu`` alone is past the target.
+        Probes still unresolved after ``retries`` are kept with a clipped weight and counted in
+        ``stats["clipped"]``."""
+        d, k = Q.shape[0], P.shape[0]
+        ell, j = np.divmod(np.arange(d * k), k)
+        Sa, Sb = np.full(d * k, float(s_a)), np.full(d * k, float(s_b))
+        Z = np.empty(d * k)
+        idx = np.arange(d * k)
+        rms = None
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            with self.oracle.phase("retries") if attempt else nullcontext():
+                lg, bad, err = self.logits(Q[ell[idx]] * Sa[idx, None], Sb[idx, None] * P[j[idx]], clip=last)
+            if last:  # last resort: keep every weight, clipped inside (0, 1), and count them
+                self.stats["clipped"] += int(np.sum(bad & np.isfinite(lg)))
+                bad = ~np.isfinite(lg)
+            ok = ~bad
+            sel = idx[ok]
+            Z[sel] = (lg[ok] - Sa[sel] * u_proj[ell[sel]]) / (Sa[sel] * (Sb[sel] if s_b > 0 else 1.0))
+            if rms is None:
+                rms = float(np.sqrt(np.mean(lg[ok] ** 2))) if ok.any() else math.inf
+            if not bad.any():
+                return _Measured(Z.reshape(d, k), rms)
+            weak = err[bad] > WEAK_SIGNAL  # the signal aᵀv drowns in the noise: grow a instead
+            idx = idx[bad]
+            if last:
+                break
+            self.oracle.require(len(idx), f"re-measuring {len(idx)} saturated or noise-drowned probes of {what}")
+            strong = idx[~weak]
+            if s_b > 0:
+                Sb[strong] /= 4.0
+            steep = (np.abs(Sa[strong] * u_proj[ell[strong]]) > self.target / 2 if s_b > 0
+                     else np.ones(len(strong), bool))
+            Sa[strong[steep]] /= 4.0
+            Sa[idx[weak]] = np.minimum(Sa[idx[weak]] * 4.0, a_cap)
+        raise SaturationError(
+            f"{len(idx)} attention weights of {what} stay within the noise of 0 or 1 after shrinking their probes "
+            f"{4**self.retries}x; the answers' noise is too large for the attention signal")
+
+
+@dataclass(frozen=True)
+class RobustOptions:
+    """The robust estimator's options, validated once (see :func:`extract_robust` for their meaning)."""
+
+    bias: bool = True
+    tolerance: float | None = None
+    queries: int | None = None
+    value_scale: float = 1.0
+    max_scale: float | None = None
+    target_logit: float = TARGET_LOGIT
+    retries: int = MAX_RETRIES
+    block_floats: int = 2**22
+
+    def __post_init__(self) -> None:
+        check_option(self.bias, "bias", (True, False))
+        check_float(self.tolerance, "tolerance", min_value=0.0, allow_none=True)
+        check_int(self.queries, "queries", min_value=1, allow_none=True)
+        check_float(self.value_scale, "value_scale", min_value=0.0, strict_min=True)
+        check_float(self.max_scale, "max_scale", min_value=self.value_scale, allow_none=True)
+        check_float(self.target_logit, "target_logit", min_value=0.0, strict_min=True)
+        check_int(self.retries, "retries", min_value=0)
+        check_int(self.block_floats, "block_floats", min_value=1)
+
+
+@dataclass
+class _Values:
+    """What the value phase learned: ``v``, ``c``, the value-pass scales and the probe-scale cap."""
+
+    v: np.ndarray
+    c: float
+    scale: float  # scale of the (last) first-order value pass
+    s_v: float  # scale of the extra value passes
+    passes: int  # extra value passes
+    cap: float
 
 
 def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None, queries: int | None = None,
@@ -233,145 +280,158 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
     """Recover ``(W, v[, u, c])`` from noisy answers without a bound on W (our estimator; see module doc).
 
     ``tolerance``: the answers' additive error bound τ if known; by default the τ (plus 3σ of fresh noise)
-    that the oracle's wrappers declare, else 0 (answers only rounded, at ``oracle.eps``).
+    that the oracle declares (``oracle.noise``), else 0 (answers only rounded, at ``oracle.eps``).
     ``queries``: how many queries the extraction may plan for (default: the number of unknowns, ``d² + d``
     bias-free); queries beyond that buy a large-scale value pass and repeated W passes in fresh frames.
     Re-measured saturated probes come on top (``retries=0``: none; unresolved weights are clipped instead, so
     the extraction spends exactly ``queries`` unless the value answers are too weak and get re-asked).
     ``max_scale`` caps the norm of every probe row (an API may only accept inputs of bounded size; additive
     noise that ignores the input's size is otherwise beaten by scaling the probes up, which this estimator
-    does).
+    does). The options are checked once (:class:`RobustOptions`).
     """
-    t0 = time.perf_counter()
-    rng = np.random.default_rng(seed)
+    opts = RobustOptions(bias, tolerance, queries, value_scale, max_scale, target_logit, retries, block_floats)
     d = oracle.d
-    start = oracle.queries
-    declared = answer_noise(oracle)
+    declared = oracle.noise
     if declared.membership:
-        raise ConfigError("the oracle answers only 0/1 (membership); use --method membership")
+        raise ConfigError("the oracle answers only 0/1 (membership); use the membership learner "
+                          "(extract_membership)")
     tau = float(tolerance) if tolerance is not None else declared.tolerance + 3.0 * declared.sigma
-    if tau < 0 or not math.isfinite(tau):
-        raise ConfigError(f"the tolerance must be a finite number ≥ 0; got {tolerance}")
     noise = _Noise(tau, oracle.eps)
     unknowns = AttentionHead.unknowns(d, bias)
-    plan = unknowns if queries is None else int(queries)
+    plan = unknowns if queries is None else queries
     if plan < unknowns:
-        raise ConfigError(f"--queries {plan} is below the {unknowns} unknowns; give at least {unknowns}")
-    n_check = check_queries(check_lengths) if check else 0
-    oracle.require(plan + n_check, f"robust extraction at d={d} ({plan} queries + {n_check} check)")
-    report = progress or (lambda done, total: None)
-    stats: dict = {"clipped": 0}
+        raise ConfigError(f"The 'queries' parameter ({plan}) is below the {unknowns} unknowns; give at least "
+                          f"{unknowns}", param="queries")
+    run = Run(oracle, "robust", seed=seed, check=check, check_lengths=check_lengths, progress=progress)
+    run.plan(plan, f"robust extraction at d={d}")
 
-    # --- value pass 1 (and c): [0] -> c, [s q_l] -> s q_lᵀv + c
-    c = float(oracle(np.zeros((1, 1, d)))[0]) if bias else 0.0
-    Q0 = random_orthogonal(d, rng)
-    proj, y = _value_pass(oracle, Q0, value_scale, c)
-    floor = float(np.max(noise(y))) + (float(noise(np.array([c]))[0]) if bias else 0.0)
+    vals = _learn_values(run, opts, noise, plan - unknowns)
+    probe = _NoisyProbe(oracle, vals.v, vals.c, noise, target_logit, retries)
+    Q, u_proj, s_a, a_max = _learn_query_bias(run, probe, vals, opts)
+    n_pass = 1 + (plan - unknowns - d) // (d * d) if plan - unknowns >= d else 1
+    W, s_a, s_b = _learn_weights(run, probe, (Q, u_proj, s_a, a_max), vals.cap, n_pass, opts)
+
+    by_phase = run.queries_by_phase()
+    details = {"probes": "orthogonal", "bias": bias, "tolerance": tau, "declared_noise": asdict(declared),
+               "value_scales": [vals.scale, vals.s_v], "scale_a": s_a, "scale_b": s_b, "w_passes": n_pass,
+               "planned_queries": plan, "value_passes": 1 + vals.passes, "clipped_probes": probe.stats["clipped"],
+               "u_rescaled_queries": by_phase.get("query_bias_rescale", 0),
+               "v_rescaled_queries": by_phase.get("value_rescale", 0),
+               "retry_queries": by_phase.get("retries", 0), "paper_bound": d * d + d}
+    notes = []
+    if probe.stats["clipped"]:
+        notes.append(f"{probe.stats['clipped']} probes stayed within the noise of 0 or 1 after re-measuring; their "
+                     "weights were clipped (their entries carry the noise's error)")
+    if n_pass > 1 or vals.s_v != vals.scale:
+        notes.append(f"spent extra queries: value pass at scale {vals.s_v:.3g}, {n_pass} W passes averaged")
+    u = Q.T @ u_proj if bias else None
+    return run.finish(AttentionHead(W, vals.v, u, vals.c), unknowns=unknowns, details=details, notes=notes)
+
+
+def _learn_values(run, opts: RobustOptions, noise: _Noise, extra: int) -> _Values:
+    """``c`` from ``[0]`` and ``v`` from ``[s q_ℓ] ↦ s q_ℓᵀv + c`` in a random orthogonal frame; weak answers
+    are asked again at a larger scale, and ``extra ≥ d`` planned queries buy value passes at the largest
+    scale the noise model rewards."""
+    oracle, rng, d = run.oracle, run.rng, run.oracle.d
+    tau, value_scale = noise.tau, opts.value_scale
+    with run.phase("values"):
+        c = float(oracle(np.zeros((1, 1, d)))[0]) if opts.bias else 0.0
+        Q0 = random_orthogonal(d, rng)
+        proj, y = _value_pass(oracle, Q0, value_scale, c)
+    floor = float(np.max(noise(y))) + (float(noise(np.array([c]))[0]) if opts.bias else 0.0)
     if not np.any(np.abs(proj) * value_scale > 3 * floor):
         raise UnidentifiableError(
             f"the value answers |f([x]) − f([0])| ≤ {np.max(np.abs(proj)) * value_scale:.3g} never exceed 3x the "
             f"noise floor {floor:.3g} (τ = {tau:g}): the answers carry no usable signal (v = 0 or the noise is "
-            "above the signal); raise --value-scale or lower the noise")
+            "above the signal); raise the 'value_scale' parameter or lower the noise")
     v = Q0.T @ proj
-    vnorm = float(np.linalg.norm(v))
-    cap = _scale_cap(oracle, vnorm)
-    if max_scale is not None:
-        if max_scale < value_scale:
-            raise ConfigError(f"--max-scale {max_scale} is below --value-scale {value_scale}")
-        cap = min(cap, float(max_scale))
-    v_rescaled = 0
+    cap = _scale_cap(oracle, float(np.linalg.norm(v)))
+    if opts.max_scale is not None:
+        cap = min(cap, opts.max_scale)
     rms_answer = float(np.sqrt(np.mean(proj**2))) * value_scale
     if tau > 0 and rms_answer < 50 * tau and cap > value_scale:  # weak value answers: ask again, larger
         s_new = min(cap, value_scale * 50 * tau / rms_answer)
         Qr = random_orthogonal(d, rng)
-        proj_r, _ = _value_pass(oracle, Qr, s_new, c)
+        with run.phase("value_rescale"):
+            proj_r, _ = _value_pass(oracle, Qr, s_new, c)
         v = (value_scale**2 * v + s_new**2 * (Qr.T @ proj_r)) / (value_scale**2 + s_new**2)
-        value_scale, v_rescaled = s_new, d
-        vnorm = float(np.linalg.norm(v))
-    extra = plan - unknowns
-    s_v = value_scale
-    n_pass, n_vpass = 1, 0
+        value_scale = s_new
+    s_v, n_vpass = value_scale, 0
     if extra >= d:  # more value passes, at the largest scale the noise model rewards, and more W passes
         if tau > 0:
+            vnorm = float(np.linalg.norm(v))
             s_v = max(value_scale, min(tau / (8 * max(oracle.eps, 1e-300) * vnorm), cap, 1e12 * value_scale))
             s_v = max(value_scale, min(s_v, cap))
         n_pass = 1 + (extra - d) // (d * d)
         n_vpass = max(1, min(n_pass, (extra - (n_pass - 1) * d * d) // d))
-        w0 = 1.0 if tau == 0 else value_scale**2
-        w1 = 1.0 if tau == 0 else s_v**2
+        w0, w1 = (1.0, 1.0) if tau == 0 else (value_scale**2, s_v**2)
         acc, wsum = w0 * v, w0
         for _ in range(n_vpass):
             Q1 = random_orthogonal(d, rng)
-            proj2, _ = _value_pass(oracle, Q1, s_v, c)
+            with run.phase("value_passes"):
+                proj2, _ = _value_pass(oracle, Q1, s_v, c)
             acc, wsum = acc + w1 * (Q1.T @ proj2), wsum + w1
         v = acc / wsum
-    report(oracle.queries - start, plan)
+    run.report()
+    return _Values(v, c, value_scale, s_v, n_vpass, cap)
 
-    # --- query bias u: [s q; 0] has logit s qᵀu (biased model only)
-    Q = equal_projection_orthogonal(v, rng)
+
+def _learn_query_bias(run, probe: _NoisyProbe, vals: _Values, opts: RobustOptions):
+    """``[s q; 0]`` has logit ``s qᵀu`` (biased model only), once more at the target scale when the logits came
+    out too small. Returns the frame Q, ``Q u``, the first probe scale ``s_a`` and the largest one ``a_max``."""
+    d, cap, target = run.oracle.d, vals.cap, probe.target  # target: the caller's target_logit
+    Q = equal_projection_orthogonal(vals.v, run.rng)
     u_proj = np.zeros(d)  # q_ℓᵀu in the frame Q
     a_max = cap
-    u_rescaled = 0
-    s_a = max(min(4.0 * s_v, cap), min(value_scale, cap))
-    if bias:
-        Zu, _ = _measure(oracle, Q, np.zeros((1, d)), min(4 * value_scale, cap), 0.0, v, c, np.zeros(d), noise,
-                         "the query-bias pass [a; 0]", a_cap=cap)
-        u_proj = Zu[:, 0]  # b = 0: the logit is s qᵀu
-        rms_u = float(np.sqrt(np.mean(u_proj**2))) * min(4 * value_scale, cap)
-        if 0 < rms_u < target_logit / 4:  # logits too small to resolve u well: once more at the target scale
-            s_u = min(cap, min(4 * value_scale, cap) * target_logit / rms_u)
-            Zu, _ = _measure(oracle, Q, np.zeros((1, d)), s_u, 0.0, v, c, np.zeros(d), noise,
-                             "the query-bias pass [a; 0] (rescaled)", a_cap=cap)
-            u_proj = Zu[:, 0]
-            u_rescaled = d
-        big = float(np.max(np.abs(u_proj)))
-        if big > 0:  # relative noise rewards a large aᵀv: go as far as the bias logit aᵀu allows
-            a_max = min(cap, target_logit / big)
-            s_a = min(a_max, max(s_a, a_max / 2))
-    a_min = s_a
-    u = Q.T @ u_proj
+    s_a = max(min(4.0 * vals.s_v, cap), min(vals.scale, cap))
+    if not opts.bias:
+        return Q, u_proj, s_a, a_max
+    s_u = min(4 * vals.scale, cap)
+    # the u pass always re-measures (up to MAX_RETRIES) at the default target, and its clipped weights are not
+    # counted: as before the move onto the skeleton (retries=0 limits the W passes only)
+    probe = replace(probe, target=TARGET_LOGIT, retries=MAX_RETRIES, stats={"clipped": 0})
+    with run.phase("query_bias"):
+        u_proj = probe.measure(Q, np.zeros((1, d)), s_u, 0.0, np.zeros(d), "the query-bias pass [a; 0]",
+                               a_cap=cap).Z[:, 0]  # b = 0: the logit is s qᵀu
+    rms_u = float(np.sqrt(np.mean(u_proj**2))) * s_u
+    if 0 < rms_u < target / 4:  # logits too small to resolve u well: once more at the target scale
+        with run.phase("query_bias_rescale"):
+            u_proj = probe.measure(Q, np.zeros((1, d)), min(cap, s_u * target / rms_u), 0.0, np.zeros(d),
+                                   "the query-bias pass [a; 0] (rescaled)", a_cap=cap).Z[:, 0]
+    big = float(np.max(np.abs(u_proj)))
+    if big > 0:  # relative noise rewards a large aᵀv: go as far as the bias logit aᵀu allows
+        a_max = min(cap, target / big)
+        s_a = min(a_max, max(s_a, a_max / 2))
+    return Q, u_proj, s_a, a_max
 
-    # --- W: repeated passes in fresh frames, each column block steered to the target logit
+
+def _learn_weights(run, probe: _NoisyProbe, frame, cap: float, n_pass: int, opts: RobustOptions):
+    """W from ``n_pass`` passes in fresh frames (averaged), each column block steered to the target logit.
+    ``frame`` is the query-bias phase's ``(Q, Q u, s_a, a_max)``. Returns ``(W, s_a, s_b)``."""
+    Q, u_proj, s_a, a_max = frame
+    d, target = run.oracle.d, probe.target
+    u = Q.T @ u_proj
+    a_min = s_a
     s_b = 1.0 / s_a  # first block: unit product scale; steered from its logits
-    block = max(1, min(d, block_floats // (2 * d * d)))
+    block = max(1, min(d, opts.block_floats // (2 * d * d)))
     W_sum = np.zeros((d, d))
     for r in range(n_pass):
         if r > 0:
-            Q = equal_projection_orthogonal(v, rng)
+            Q = equal_projection_orthogonal(probe.v, run.rng)
             u_proj = Q @ u
-        P = random_orthogonal(d, rng)
+        P = random_orthogonal(d, run.rng)
         M = np.empty((d, d))
         j0 = 0
         while j0 < d:
-            size = 1 if (r == 0 and j0 == 0) else block
-            J = np.arange(j0, min(d, j0 + size))
-            Z, rms = _measure(oracle, Q, P[J], s_a, s_b, v, c, u_proj, noise, f"columns {J[0]}..{J[-1]} of W",
-                              target_logit, a_cap=a_max, retries=retries, stats=stats)
-            M[:, J] = Q.T @ Z
-            if np.isfinite(rms) and rms > 0:  # steer the product s_a s_b; keep s_b ≤ s_a (v̂'s error enters via b)
-                prod = s_a * s_b * float(np.clip(target_logit / rms, 1e-3, 1e3))
+            J = np.arange(j0, min(d, j0 + (1 if (r == 0 and j0 == 0) else block)))
+            with run.phase("weights"):
+                m = probe.measure(Q, P[J], s_a, s_b, u_proj, f"columns {J[0]}..{J[-1]} of W", a_cap=a_max)
+            M[:, J] = Q.T @ m.Z
+            if np.isfinite(m.rms) and m.rms > 0:  # steer s_a s_b; keep s_b ≤ s_a (v̂'s error enters via b)
+                prod = s_a * s_b * float(np.clip(target / m.rms, 1e-3, 1e3))
                 s_a = min(a_max, max(a_min, math.sqrt(prod)))
                 s_b = min(prod / s_a, cap)
             j0 = J[-1] + 1
-            report(oracle.queries - start, plan)
+            run.report()
         W_sum += M @ P
-    W = W_sum / n_pass
-
-    model = AttentionHead(W, v, u if bias else None, c)
-    used = oracle.queries - start
-    details = {"probes": "orthogonal", "bias": bias, "tolerance": tau, "declared_noise": declared.__dict__,
-               "value_scales": [value_scale, s_v], "scale_a": s_a, "scale_b": s_b, "w_passes": n_pass,
-               "planned_queries": plan,
-               "value_passes": 1 + n_vpass, "clipped_probes": stats["clipped"],
-               "u_rescaled_queries": u_rescaled, "v_rescaled_queries": v_rescaled,
-               "retry_queries": used - (2 * d + 1 if bias else 0) - u_rescaled - v_rescaled - d - n_vpass * d
-               - n_pass * d * d,
-               "paper_bound": d * d + d}
-    notes = []
-    if stats["clipped"]:
-        notes.append(f"{stats['clipped']} probes stayed within the noise of 0 or 1 after re-measuring; their weights "
-                     "were clipped (their entries carry the noise's error)")
-    if n_pass > 1 or s_v != value_scale:
-        notes.append(f"spent extra queries: value pass at scale {s_v:.3g}, {n_pass} W passes averaged")
-    res = Extraction("robust", model, used, unknowns, 0.0, details=details, notes=notes)
-    return finish(res, oracle, rng, check, check_lengths, t0)
+    return W_sum / n_pass, s_a, s_b

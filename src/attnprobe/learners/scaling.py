@@ -8,11 +8,13 @@ its own scale, so a probe whose weight saturates (or whose logit drowns in round
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from attnprobe.errors import NonFiniteAnswerError, RecoveryError, SaturationError
-from attnprobe.models.precision import resolve_dtype
+from attnprobe.models.precision import finfo
 from attnprobe.learners.sigmoid import measure_logits
 
 #: RMS attention logit the orthogonal probes aim for: near ±1.5 the sigmoid loses least precision.
@@ -30,8 +32,7 @@ NEGLIGIBLE_NOISE = 1e-9
 def max_probe_scale(oracle) -> float:
     """Largest probe scale worth trying: 1e8, or less where the answers' precision would overflow (the
     forward pass squares the input scale in its logits: float16 stops near 2.5)."""
-    dt = resolve_dtype(oracle.precision)
-    return float(min(1e8, 0.01 * np.sqrt(float(np.finfo(dt).max))))
+    return float(min(1e8, 0.01 * np.sqrt(float(finfo(oracle.precision).max))))
 
 
 def lead_probes(d: int) -> int:
@@ -39,7 +40,7 @@ def lead_probes(d: int) -> int:
     return max(4, min(16, d // 3))
 
 
-def calibrate(oracle, Q, P, v, c, bias, allowance, probes_per_step: int | None = None):
+def calibrate(oracle, Q, P, v, c, bias, allowance, *, probes_per_step: int | None = None):
     """Estimate ``ν_u ≈ RMS qᵀu`` and ``ν_W ≈ RMS qᵀW p`` (unit q, p) from a few probes, shrinking the probes
     when they saturate and growing them when the logit drowns in rounding. Uses at most ``allowance``
     queries, ``probes_per_step`` (default: half the allowance, at most 16) at each step of a search; an
@@ -119,89 +120,121 @@ def probe_scales(nu_u, nu_w, target, s_max: float = 1e8):
     return clip(s_u), clip(s_a), clip(s_b)
 
 
-def measure_steered(oracle, A, Bs, scale, v, c, probes, what, target, lead: int = 0, skip=None):
-    """:func:`steer_block` over all probes; with ``lead > 0`` the first ``lead`` probes go first and steer the
-    scale of the rest (each equation may have its own scale), so a poor calibration costs at most ``lead``
-    re-measured probes per column instead of a whole block. ``skip`` marks (probe, column) pairs known already."""
-    skip = np.zeros((A.shape[0], Bs.shape[0]), bool) if skip is None else skip
-    if lead > 0:  # the lead is `lead` probes actually asked, not counting the known ones
-        asked = np.cumsum(~skip.all(axis=1))
-        lead = int(np.searchsorted(asked, lead) + 1)
-    if probes == "orthogonal" and 0 < lead < A.shape[0]:
-        Z1, scale = steer_block(oracle, A[:lead], Bs, scale, v, c, probes, what, target, skip[:lead])
-        Z2, scale = steer_block(oracle, A[lead:], Bs, scale, v, c, probes, what, target, skip[lead:])
-        return np.vstack([Z1, Z2]), scale
-    return steer_block(oracle, A, Bs, scale, v, c, probes, what, target, skip)
+@dataclass(frozen=True)
+class BlockLogits:
+    """Normalised logits of a probe block: ``Z[ℓ, j] = a_ℓᵀ(W b_j + u)`` (NaN where a pair was skipped) with the
+    first-order rounding error of each entry (``noise``, same normalisation, inf where not measured), the RMS
+    logit and median logit noise of the first pass, and the probe scale :meth:`LogitProbe.steer` proposes for
+    the next block (``next_scale``; the block's own scale when not steered)."""
+
+    Z: np.ndarray
+    noise: np.ndarray
+    rms: float
+    median_noise: float
+    next_scale: float
 
 
-def steer_block(oracle, A, Bs, scale, v, c, probes, what, target, skip, max_steps=3):
-    """:func:`measure_block`, then steer the probe scale to the target RMS logit. A block whose logits came out
-    more than 8x too small or too large lost precision (too little signal, or weights pressed against 0 and 1)
-    and is measured again at the corrected scale (this is where a tiny or missing calibration is paid for);
-    otherwise the correction applies to the next block.
-    Returns ``(Z, scale for the next block)``."""
-    for step in range(max_steps + 1):
-        Z, rms, noise = measure_block(oracle, A, Bs, scale, v, c, probes, what, skip)
-        if probes != "orthogonal" or skip.all():
-            return Z, scale
-        factor = target / rms if rms > 0 else np.inf
-        if rms < 100 * noise:  # the logits drown in rounding: grow cautiously
-            factor = min(factor, 64.0)
-        if 0.125 <= factor <= 8.0 or step == max_steps:
-            return Z, scale * float(np.clip(factor, 0.05, 2.0))
-        oracle.require(int((~skip).sum()), f"re-measuring {what} at a better probe scale")
-        scale = min(scale * float(np.clip(factor, 1e-3, 1e6)), max_probe_scale(oracle))
-    raise AssertionError("unreachable")
+@dataclass(frozen=True)
+class LogitProbe:
+    """What every length-2 measurement of Thm 4.1 shares: the oracle, the learner's estimates ``v, c``, the
+    probe design (``orthogonal`` probes are re-scaled per probe; the paper's fixed ``basis``/``gaussian``
+    probes raise on saturation instead) and the target RMS logit. Re-measured probes are charged to the
+    oracle phase ``"retries"``."""
 
+    oracle: object
+    v: np.ndarray
+    c: float
+    probes: str = "orthogonal"
+    target: float = TARGET_LOGIT
 
-def measure_block(oracle, A, Bs, scale, v, c, probes, what, skip=None, with_noise=False):
-    """Normalised logits ``Z[ℓ, j] = a_ℓᵀ(W b_j + u)`` for probes ``scale·a_ℓ`` against each row ``b_j`` of
-    ``Bs``. With orthogonal probes every saturated or unusually noisy probe is asked again alone at a quarter
-    of its scale (one query each: each equation may have its own scale); the paper's fixed probes raise
-    instead. Pairs marked in ``skip`` are not asked (left NaN). Returns ``(Z, RMS logit and median logit noise
-    of the first pass)``, and with ``with_noise`` also the first-order rounding error of each entry of Z (same
-    normalisation as Z, inf where not measured)."""
-    d, k = A.shape[0], Bs.shape[0]
-    Z = np.full((d, k), np.nan)
-    N = np.full((d, k), np.inf)
-    S = np.full((d, k), float(scale))
-    ell, j = np.divmod(np.arange(d * k), k)  # ℓ-major, matching Z's C order
-    if skip is not None:
-        ell, j = ell[~skip.ravel()], j[~skip.ravel()]
-        if len(ell) == 0:
-            return (Z, np.nan, 0.0, N) if with_noise else (Z, np.nan, 0.0)
-    rms, median_noise = None, None
-    for attempt in range(MAX_RETRIES + 1):
-        lg = measure_logits(oracle, A[ell] * S[ell, j][:, None], Bs[j], v, c)
+    @property
+    def adaptive(self) -> bool:
+        return self.probes == "orthogonal"
+
+    def measure_steered(self, A, Bs, scale, what, *, lead: int = 0, skip=None) -> BlockLogits:
+        """:meth:`steer` over all probes; with ``lead > 0`` the first ``lead`` probes go first and steer the
+        scale of the rest (each equation may have its own scale), so a poor calibration costs at most ``lead``
+        re-measured probes per column instead of a whole block. ``skip`` marks (probe, column) pairs known
+        already."""
+        skip = np.zeros((A.shape[0], Bs.shape[0]), bool) if skip is None else skip
+        if lead > 0:  # the lead is `lead` probes actually asked, not counting the known ones
+            asked = np.cumsum(~skip.all(axis=1))
+            lead = int(np.searchsorted(asked, lead) + 1)
+        if not (self.adaptive and 0 < lead < A.shape[0]):
+            return self.steer(A, Bs, scale, what, skip)
+        first = self.steer(A[:lead], Bs, scale, what, skip[:lead])
+        rest = self.steer(A[lead:], Bs, first.next_scale, what, skip[lead:])
+        return BlockLogits(np.vstack([first.Z, rest.Z]), np.vstack([first.noise, rest.noise]), rest.rms,
+                           rest.median_noise, rest.next_scale)
+
+    def steer(self, A, Bs, scale, what, skip=None, max_steps: int = 3) -> BlockLogits:
+        """:meth:`measure`, then steer the probe scale to the target RMS logit. A block whose logits came out
+        more than 8x too small or too large lost precision (too little signal, or weights pressed against 0
+        and 1) and is measured again at the corrected scale (this is where a tiny or missing calibration is
+        paid for); otherwise the correction applies to the next block (``next_scale``)."""
+        skip = np.zeros((A.shape[0], Bs.shape[0]), bool) if skip is None else skip
+        for step in range(max_steps + 1):
+            with self.oracle.phase("retries") if step else nullcontext():
+                block = self.measure(A, Bs, scale, what, skip)
+            if not self.adaptive or skip.all():
+                return block
+            factor = self.target / block.rms if block.rms > 0 else np.inf
+            if block.rms < 100 * block.median_noise:  # the logits drown in rounding: grow cautiously
+                factor = min(factor, 64.0)
+            if 0.125 <= factor <= 8.0 or step == max_steps:
+                return replace(block, next_scale=scale * float(np.clip(factor, 0.05, 2.0)))
+            self.oracle.require(int((~skip).sum()), f"re-measuring {what} at a better probe scale")
+            scale = min(scale * float(np.clip(factor, 1e-3, 1e6)), max_probe_scale(self.oracle))
+        raise AssertionError("unreachable")
+
+    def measure(self, A, Bs, scale, what, skip=None) -> BlockLogits:
+        """Logits for probes ``scale·a_ℓ`` (rows of ``A``) against each row ``b_j`` of ``Bs``. With orthogonal
+        probes every saturated or unusually noisy probe is asked again alone at a quarter of its scale (one
+        query each: each equation may have its own scale); the paper's fixed probes raise instead. Pairs
+        marked in ``skip`` are not asked (left NaN)."""
+        d, k = A.shape[0], Bs.shape[0]
+        Z, N = np.full((d, k), np.nan), np.full((d, k), np.inf)
+        S = np.full((d, k), float(scale))
+        ell, j = np.divmod(np.arange(d * k), k)  # ℓ-major, matching Z's C order
+        if skip is not None:
+            ell, j = ell[~skip.ravel()], j[~skip.ravel()]
+            if len(ell) == 0:
+                return BlockLogits(Z, N, np.nan, 0.0, float(scale))
+        rms = median_noise = None
+        for attempt in range(MAX_RETRIES + 1):
+            with self.oracle.phase("retries") if attempt else nullcontext():
+                lg = measure_logits(self.oracle, A[ell] * S[ell, j][:, None], Bs[j], self.v, self.c)
+            self._refuse_outside(lg, len(ell), what)
+            ok = ~lg.saturated
+            Z[ell[ok], j[ok]] = lg.values[ok] / S[ell[ok], j[ok]]
+            N[ell[ok], j[ok]] = lg.noise[ok] / S[ell[ok], j[ok]]
+            if rms is None:  # saturated probes count as logit 40, beyond any precision's reach
+                rms = float(np.sqrt(np.mean(np.where(ok, lg.values, 40.0) ** 2)))
+                median_noise = float(np.median(lg.noise[ok])) if ok.any() else 0.0
+            if not self.adaptive and lg.saturated.any():
+                raise SaturationError(
+                    f"{int(lg.saturated.sum())} attention weights of {what} are numerically 0 or 1 with the "
+                    f"paper's {self.probes} probes, so the sigmoid cannot be inverted; use probes='orthogonal', "
+                    "which scales the probes to the target")
+            noisy = lg.noise > max(NOISY_FACTOR * median_noise, NEGLIGIBLE_NOISE * rms)
+            redo = lg.saturated | noisy if self.adaptive and attempt < MAX_RETRIES else lg.saturated
+            if not redo.any():
+                return BlockLogits(Z, N, rms, median_noise, float(scale))
+            if attempt == MAX_RETRIES:
+                break
+            ell, j = ell[redo], j[redo]
+            self.oracle.require(len(ell), f"re-measuring {len(ell)} saturated probes of {what}")
+            S[ell, j] /= 4.0
+        raise SaturationError(
+            f"{int(lg.saturated.sum())} attention weights of {what} stay saturated after shrinking their probes "
+            f"{4**MAX_RETRIES}x: either the target's logits are too steep, or {self.oracle.precision} answers "
+            "cannot resolve weights this close to 0 or 1; the robust learner spends more queries to average such "
+            "answers")
+
+    @staticmethod
+    def _refuse_outside(lg, asked: int, what: str) -> None:
         if lg.outside.any():
-            n = int(lg.outside.sum())
             raise RecoveryError(
-                f"{n} of {len(ell)} answers for {what} lie outside the two values the attention mixes, so they are "
-                "no softmax average: the oracle is not a single attention head of the assumed form (a biased head "
-                "learned with --no-bias?) or its answers are noisy (see --method robust)")
-        ok = ~lg.saturated
-        Z[ell[ok], j[ok]] = lg.values[ok] / S[ell[ok], j[ok]]
-        N[ell[ok], j[ok]] = lg.noise[ok] / S[ell[ok], j[ok]]
-        if rms is None:  # saturated probes count as logit 40, beyond any precision's reach
-            rms = float(np.sqrt(np.mean(np.where(ok, lg.values, 40.0) ** 2)))
-            median_noise = float(np.median(lg.noise[ok])) if ok.any() else 0.0
-        if probes != "orthogonal":
-            if not lg.saturated.any():
-                return (Z, rms, median_noise, N) if with_noise else (Z, rms, median_noise)
-            raise SaturationError(
-                f"{int(lg.saturated.sum())} attention weights of {what} are numerically 0 or 1 with the paper's "
-                f"{probes} probes, so the sigmoid cannot be inverted; use --probes orthogonal, which scales the "
-                "probes to the target")
-        noisy = lg.noise > max(NOISY_FACTOR * median_noise, NEGLIGIBLE_NOISE * rms)
-        redo = lg.saturated | noisy if attempt < MAX_RETRIES else lg.saturated
-        if not redo.any():
-            return (Z, rms, median_noise, N) if with_noise else (Z, rms, median_noise)
-        if attempt == MAX_RETRIES:
-            break
-        ell, j = ell[redo], j[redo]
-        oracle.require(len(ell), f"re-measuring {len(ell)} saturated probes of {what}")
-        S[ell, j] /= 4.0
-    raise SaturationError(
-        f"{int(lg.saturated.sum())} attention weights of {what} stay saturated after shrinking their probes "
-        f"{4**MAX_RETRIES}x: either the target's logits are too steep, or {oracle.precision} answers cannot "
-        "resolve weights this close to 0 or 1; --method robust spends more queries to average such answers")
+                f"{int(lg.outside.sum())} of {asked} answers for {what} lie outside the two values the attention "
+                "mixes, so they are no softmax average: the oracle is not a single attention head of the assumed "
+                "form (a biased head learned with bias=False?) or its answers are noisy (see the robust learner)")

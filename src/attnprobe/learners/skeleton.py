@@ -66,9 +66,10 @@ class Run:
         self.oracle.require(self.planned + k, f"{what} needs {kind}{self.planned} queries plus {k} for the "
                                               "functional check;")
 
-    def phase(self, name: str):
-        """Context manager charging the queries inside it to phase ``name``."""
-        return self.oracle.phase(name)
+    def phase(self, name: str, *, absorb: bool = False):
+        """Context manager charging the queries inside it to phase ``name`` (``absorb``: inner phases too, for
+        a phase that runs another learner)."""
+        return self.oracle.phase(name, absorb=absorb)
 
     def report(self, total: int | None = None) -> None:
         """Tell the progress callback how far the extraction is (``total`` defaults to the plan)."""
@@ -82,12 +83,14 @@ class Run:
 
     def finish(self, model, *, unknowns: int, details: dict | None = None, notes: list[str] | None = None,
                hint: str = "", check_model=None, check_oracle=None, check_input_fn=None,
-               check_scale: float = 1.0) -> Extraction:
+               check_scale: float = 1.0, check_fn=None) -> Extraction:
         """Assemble the :class:`Extraction`, then run the functional check on fresh sequences.
 
         ``check_model`` / ``check_oracle`` default to ``model`` / the run's oracle (a learner whose result is
-        compared on another oracle, e.g. the transformer's, passes its own). A failed check adds a note ending
-        in ``hint``.
+        compared on another oracle, e.g. the transformer's, passes its own). ``check_fn(oracle, model, rng,
+        lengths, per_length) -> CheckResult`` replaces the value check (e.g. sign agreement for membership
+        answers); it must ask exactly ``len(lengths) * per_length`` queries, as planned. A failed check adds a
+        note ending in ``hint``.
         """
         queries = self.queries
         by_phase = self.queries_by_phase()
@@ -95,10 +98,14 @@ class Run:
                             notes=list(notes or []), queries_by_phase=by_phase)
         if self.check:
             oracle = check_oracle or self.oracle
+            target = check_model if check_model is not None else model
             with oracle.phase("check"):
-                result.check = functional_check(oracle, check_model if check_model is not None else model,
-                                                self.rng, self.check_lengths, self.check_per_length,
-                                                scale=check_scale, input_fn=check_input_fn)
+                if check_fn is not None:
+                    result.check = check_fn(oracle, target, self.rng, self.check_lengths, self.check_per_length)
+                else:
+                    result.check = functional_check(oracle, target, self.rng, self.check_lengths,
+                                                    self.check_per_length, scale=check_scale,
+                                                    input_fn=check_input_fn)
             if not result.check.passed:
                 result.notes.append(
                     f"functional check FAILED (relative error {result.check.error:.2e} > "

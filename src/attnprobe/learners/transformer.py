@@ -7,15 +7,15 @@ so Thm 4.1 (:func:`extract_exact` with ``bias=False``) recovers ``W`` and ``v``;
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
+from attnprobe._validation import check_option, check_seed
 from attnprobe.errors import UnidentifiableError
-from attnprobe.learners.check import functional_check
-from attnprobe.learners.exact import extract_exact
-from attnprobe.learners.ffn import extract_ffn
+from attnprobe.learners.exact import PROBES, extract_exact
+from attnprobe.learners.ffn import extract_ffn, require_fine_answers
 from attnprobe.learners.result import Extraction
+from attnprobe.learners.skeleton import Run
+from attnprobe.models.attention import AttentionHead
 from attnprobe.models.transformer import OneLayerTransformer
 from attnprobe.oracles.antisymmetric import AntisymmetricOracle
 
@@ -30,35 +30,38 @@ def extract_transformer(oracle, *, probes: str = "orthogonal", seed: int = 0, ch
     ``W`` is exact (Thm 4.1 on the antisymmetric oracle; ``probes`` as in :func:`extract_exact`); the FFN is
     recovered up to permutation and positive scaling of its neurons (see :func:`extract_ffn`, which receives
     ``ffn_options``). Raises :class:`UnidentifiableError` when ``v = A w_o = 0``: the antisymmetric oracle is then
-    identically 0 and W is invisible to it. ``details['query_breakdown']`` separates the attention part
-    (underlying queries, two per antisymmetric query) from the FFN part.
+    identically 0 and W is invisible to it. Queries are charged to phases ``"attention"`` (underlying queries,
+    two per antisymmetric query) and ``"ffn"``; ``details['query_breakdown']`` repeats them with the number of
+    antisymmetric queries. The FFN part is adaptive: only the attention part is known up front.
     """
-    t0 = time.perf_counter()
-    start = oracle.queries
+    check_option(probes, "probes", PROBES)
+    require_fine_answers(oracle, "the one-layer transformer learner")
+    d = oracle.d
+    run = Run(oracle, "transformer", seed=[check_seed(seed), 1], check=check, check_lengths=check_lengths,
+              progress=progress)
+    n_att = AttentionHead.unknowns(d, bias=False)
+    run.plan(2 * n_att, f"one-layer transformer at d={d} (Thm 4.1 on TF(X) − TF(−X): {n_att} antisymmetric "
+                        "queries of 2 each; the FFN part is adaptive)", at_least=True)
     anti = AntisymmetricOracle(oracle)
-    try:
-        head = extract_exact(anti, probes=probes, bias=False, seed=seed, check=False, progress=progress)
-    except UnidentifiableError as exc:
-        raise UnidentifiableError(
-            "TF(X) − TF(−X) is 0 on every length-1 query, so v = A w_o = 0: the attention output never reaches the "
-            "antisymmetric oracle and W cannot be identified (Sec. 4.1 needs A w_o ≠ 0). The FFN alone can still be "
-            f"learned with --method ffn. ({exc})") from exc
-    q_att = oracle.queries - start
+    with run.phase("attention", absorb=True):
+        try:
+            head = extract_exact(anti, probes=probes, bias=False, seed=seed, check=False, progress=progress)
+        except UnidentifiableError as exc:
+            raise UnidentifiableError(
+                "TF(X) − TF(−X) is 0 on every length-1 query, so v = A w_o = 0: the attention output never reaches "
+                "the antisymmetric oracle and W cannot be identified (Sec. 4.1 needs A w_o ≠ 0). The FFN alone can "
+                f"still be learned with extract_ffn. ({exc})") from exc
     v = head.model.v
-    ffn = extract_ffn(oracle, seed=seed, v=v, check=False, progress=progress, **ffn_options)
-    q_ffn = oracle.queries - start - q_att
+    with run.phase("ffn", absorb=True):
+        ffn = extract_ffn(oracle, seed=seed, v=v, check=False, progress=progress, **ffn_options)
     model = OneLayerTransformer(head.model.W, ffn.model.A, ffn.model.w_o)
-    d, m = model.d, model.m
-    vhat = model.v
+    by_phase = run.queries_by_phase()
     details = {
-        "probes": probes, "seed": seed, "neurons": m,
-        "query_breakdown": {"attention": q_att, "antisymmetric_queries": anti.queries, "ffn": q_ffn},
-        "v_consistency": float(np.linalg.norm(vhat - v) / max(np.linalg.norm(v), 1e-300)),
+        "probes": probes, "seed": seed, "neurons": model.m,
+        "query_breakdown": {"attention": by_phase.get("attention", 0), "antisymmetric_queries": head.queries,
+                            "ffn": by_phase.get("ffn", 0), "attention_phases": head.queries_by_phase},
+        "v_consistency": float(np.linalg.norm(model.v - v) / max(np.linalg.norm(v), 1e-300)),
         "attention": head.details, "ffn": ffn.details,
     }
-    res = Extraction("transformer", model, oracle.queries - start, OneLayerTransformer.unknowns(d, m), 0.0,
-                     details=details, notes=list(head.notes) + list(ffn.notes))
-    if check:
-        res.check = functional_check(oracle, model, np.random.default_rng([seed, 1]), check_lengths)
-    res.seconds = time.perf_counter() - t0
-    return res
+    return run.finish(model, unknowns=OneLayerTransformer.unknowns(d, model.m), details=details,
+                      notes=list(head.notes) + list(ffn.notes), hint=" (a one-layer single-head transformer)")

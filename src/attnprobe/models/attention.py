@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from attnprobe._validation import as_batch  # noqa: F401  (re-exported: models take batches)
+from attnprobe._validation import as_batch, real_array  # noqa: F401  (re-exported: models take batches)
 from attnprobe.errors import ConfigError
 from attnprobe.models.precision import resolve_dtype
 from attnprobe.models.softmax import softmax_last
@@ -46,19 +46,20 @@ class AttentionHead:
     _cast: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        W = np.array(self.W, dtype=np.float64)
-        v = np.array(self.v, dtype=np.float64).reshape(-1)
+        v = real_array("v", self.v, 1)
         d = v.shape[0]
+        if d < 1:
+            raise ConfigError("v must have at least one entry (the width d is at least 1)")
+        W = real_array("W", self.W, 2)
         if W.shape != (d, d):
             raise ConfigError(f"W must be {d}x{d} to match v of length {d}; got {W.shape}")
-        u = np.zeros(d) if self.u is None else np.array(self.u, dtype=np.float64).reshape(-1)
+        u = np.zeros(d) if self.u is None else real_array("u", self.u, 1)
         if u.shape != (d,):
             raise ConfigError(f"u must have length {d}; got {u.shape}")
-        if not (np.isfinite(W).all() and np.isfinite(v).all() and np.isfinite(u).all() and np.isfinite(self.c)):
-            raise ConfigError("model parameters must be finite")
+        c = real_array("c", self.c, 0)
         resolve_dtype(self.dtype)
         set_frozen(self, W=W, v=v, u=u)
-        object.__setattr__(self, "c", float(self.c))
+        object.__setattr__(self, "c", float(c))
 
     @property
     def d(self) -> int:
@@ -105,5 +106,4 @@ class AttentionHead:
         missing = {"W", "v"} - set(arrays)
         if missing:
             raise ConfigError(f"an attention head needs arrays {sorted(missing)}")
-        c = float(np.asarray(arrays["c"])) if "c" in arrays else 0.0
-        return cls(arrays["W"], arrays["v"], arrays.get("u"), c, dtype)
+        return cls(arrays["W"], arrays["v"], arrays.get("u"), arrays.get("c", 0.0), dtype)

@@ -9,22 +9,17 @@ from typing import ClassVar
 import numpy as np
 
 from attnprobe.errors import ConfigError
-from attnprobe.models.attention import as_batch, set_frozen
+from attnprobe.models.attention import as_batch, real_array, set_frozen
 from attnprobe.models.precision import resolve_dtype
 
 
 def _check_ffn(A, w_o) -> tuple[np.ndarray, np.ndarray]:
-    A = np.array(A, dtype=np.float64)
-    w_o = np.array(w_o, dtype=np.float64)
-    w_o = w_o.reshape(-1) if w_o.ndim < 2 else w_o
-    if w_o.ndim != 1 and not (w_o.ndim == 2 and w_o.shape[1] >= 1):
-        raise ConfigError(f"w_o must have shape (m,) or (m, K); got {w_o.shape}", param="w_o")
-    if A.ndim != 2 or A.shape[1] != w_o.shape[0]:
+    A = real_array("A", A, 2)
+    w_o = real_array("w_o", w_o, 2 if np.ndim(w_o) == 2 else 1)
+    if A.shape[1] != w_o.shape[0]:
         raise ConfigError(f"A must be d×m with m = len(w_o) = {w_o.shape[0]}; got A of shape {A.shape}")
     if A.shape[0] < 1 or A.shape[1] < 1:
         raise ConfigError(f"A must have at least one row and one column; got {A.shape}")
-    if not (np.isfinite(A).all() and np.isfinite(w_o).all()):
-        raise ConfigError("model parameters must be finite")
     return A, w_o
 
 

@@ -23,9 +23,16 @@ def resolve_dtype(name: str | np.dtype) -> np.dtype:
     return np.dtype(key)
 
 
-def unit_roundoff(name: str | np.dtype) -> float:
-    """Machine epsilon of a precision (2**-52 for float64, 2**-23 for float32, ...)."""
+def finfo(name: str | np.dtype):
+    """``np.finfo`` of a precision; bfloat16 (not a numpy floating type) through ``ml_dtypes.finfo``."""
     dt = resolve_dtype(name)
     if dt.name == "bfloat16":
-        return 2.0**-7
-    return float(np.finfo(dt).eps)
+        import ml_dtypes
+
+        return ml_dtypes.finfo(dt)
+    return np.finfo(dt)
+
+
+def unit_roundoff(name: str | np.dtype) -> float:
+    """Machine epsilon of a precision (2**-52 for float64, 2**-23 for float32, 2**-7 for bfloat16, ...)."""
+    return float(finfo(name).eps)

@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from attnprobe.errors import ConfigError
-from attnprobe.models.attention import as_batch, attention_weights, set_frozen
+from attnprobe.models.attention import as_batch, attention_weights, real_array, set_frozen
 from attnprobe.models.ffn import ReLUNet, _check_ffn
 from attnprobe.models.precision import resolve_dtype
 
@@ -29,12 +29,10 @@ class OneLayerTransformer:
 
     def __post_init__(self) -> None:
         A, w_o = _check_ffn(self.A, self.w_o)
-        W = np.array(self.W, dtype=np.float64)
+        W = real_array("W", self.W, 2)
         d = A.shape[0]
         if W.shape != (d, d):
             raise ConfigError(f"W must be {d}x{d} to match A with {d} rows; got {W.shape}")
-        if not np.isfinite(W).all():
-            raise ConfigError("model parameters must be finite")
         resolve_dtype(self.dtype)
         set_frozen(self, W=W, A=A, w_o=w_o)
 

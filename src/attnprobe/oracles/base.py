@@ -12,6 +12,8 @@ from attnprobe.errors import BudgetExceededError, NonFiniteAnswerError, OracleAn
 from attnprobe._validation import as_batch
 from attnprobe.models.precision import unit_roundoff
 from attnprobe.oracles.noise import AnswerNoise, noise_of
+from attnprobe.oracles.precision_detect import PrecisionDetector
+from attnprobe.oracles.querylog import answer_through_log
 
 QueryFn = Callable[[np.ndarray], np.ndarray]
 
@@ -26,7 +28,11 @@ class Oracle:
     ``queries`` counts every sequence sent to ``fn``. A call that would pass ``budget`` raises
     :class:`BudgetExceededError` before ``fn`` is asked. Answers that are mis-shaped or non-finite raise
     :class:`OracleAnswerError`. ``precision`` names the precision the answers are computed in (it sets the
-    noise floor learners use to tell signal from rounding); ``max_batch`` splits large batches.
+    noise floor learners use to tell signal from rounding; ``"auto"`` reads it from the answers, see
+    :mod:`~attnprobe.oracles.precision_detect`); ``max_batch`` splits large batches. With a ``log``
+    (:class:`~attnprobe.oracles.querylog.QueryLog`) every answer is stored before use and answers already in
+    the log are not asked again: they count in ``queries`` (and their phase) and in ``from_log``, but not
+    against ``budget``.
 
     Every query is charged to the innermost active :meth:`phase` (``queries_by_phase``; queries asked outside
     any phase go to ``"unphased"``), so a learner's per-phase counts always sum to its total. ``noise`` is what
@@ -36,14 +42,17 @@ class Oracle:
     UNPHASED = "unphased"
 
     def __init__(self, fn: QueryFn, d: int, *, budget: int | None = None, precision: str = "float64",
-                 max_batch: int = 65536, name: str | None = None, outputs: int | None = None) -> None:
+                 max_batch: int = 65536, name: str | None = None, log=None, outputs: int | None = None) -> None:
         if not callable(fn):
-            raise OracleError(f"the oracle must be callable; got {type(fn).__name__}")
+            hint = (" (a torch module: wrap it with attnprobe.oracles.torch_adapter)"
+                    if type(fn).__module__.startswith("torch") else "")
+            raise OracleError(f"the oracle must be callable; got {type(fn).__name__}{hint}")
         self.fn = fn
         self.d = check_int(d, "d", min_value=1)
         self.budget = check_int(budget, "budget", min_value=0, allow_none=True)
-        self.precision = precision
-        self.eps = unit_roundoff(precision)
+        self.detector = PrecisionDetector() if precision == "auto" else None
+        self._precision = None if precision == "auto" else precision
+        self._eps_floor = unit_roundoff("float64" if precision == "auto" else precision)
         self.max_batch = int(max_batch)
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         #: outputs per sequence: None until the first answer (scalar answers set 1 and keep the (B,) shape)
@@ -51,7 +60,44 @@ class Oracle:
         self._vector = None if outputs is None else True
         self.queries = 0
         self.queries_by_phase: dict[str, int] = {}
-        self._phases: list[str] = []
+        self._phases: list[tuple[str, bool]] = []
+        self.log = log
+        self.from_log = 0
+
+    @property
+    def precision(self) -> str:
+        """The answers' binary precision: declared, or detected (``precision="auto"``)."""
+        if self._precision is None:
+            return self.detector.dtype_name if self._detected() else "float64"
+        return self._precision
+
+    @precision.setter
+    def precision(self, value: str) -> None:  # a declaration wins over detection
+        self._precision, self.detector = value, None
+        self._eps_floor = max(self._eps_floor, unit_roundoff(value))
+
+    @property
+    def eps(self) -> float:
+        """Unit roundoff of the answers (the noise floor learners separate signal from rounding with)."""
+        if self.detector is not None and self._detected():
+            return max(self._eps_floor, self.detector.eps)
+        return self._eps_floor
+
+    @eps.setter
+    def eps(self, value: float) -> None:
+        self._eps_floor = float(value)
+
+    def raise_floor(self, eps: float) -> None:
+        """Raise the rounding floor to at least ``eps`` (a declared noise); asks nothing, even when ``auto``."""
+        self._eps_floor = max(self._eps_floor, float(eps))
+
+    def _detected(self) -> bool:
+        """``precision="auto"``: when precision is needed before enough answers were seen, ask a few."""
+        if not self.detector.decided and not self.detector.probed:
+            self.detector.probed = True
+            with self.phase("precision"):
+                self(self.detector.probe_batch(self.d))
+        return self.detector.decided
 
     @property
     def noise(self) -> AnswerNoise:
@@ -59,9 +105,13 @@ class Oracle:
         return noise_of(self.fn)
 
     @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """Charge every query asked inside the ``with`` block to phase ``name`` (the innermost phase wins)."""
-        self._phases.append(str(name))
+    def phase(self, name: str, *, absorb: bool = False) -> Iterator[None]:
+        """Charge every query asked inside the ``with`` block to phase ``name`` (the innermost phase wins).
+
+        ``absorb``: the block keeps every query, even those asked inside inner phases (a learner that runs
+        another learner as one of its phases, e.g. the transformer's ``"attention"``).
+        """
+        self._phases.append((str(name), bool(absorb)))
         try:
             yield
         finally:
@@ -69,43 +119,56 @@ class Oracle:
 
     def _charge(self, n: int) -> None:
         self.queries += n
-        key = self._phases[-1] if self._phases else self.UNPHASED
+        key = self.UNPHASED
+        if self._phases:
+            key = next((name for name, absorb in self._phases if absorb), self._phases[-1][0])
         self.queries_by_phase[key] = self.queries_by_phase.get(key, 0) + n
 
     @property
     def remaining(self) -> float:
-        return float("inf") if self.budget is None else self.budget - self.queries
+        spent = self.queries - self.from_log
+        return float("inf") if self.budget is None else self.budget - spent
 
-    def require(self, n: int, what: str = "this step") -> None:
-        """Refuse up front when ``n`` more queries do not fit in the budget."""
-        if n > self.remaining:
+    def require(self, n: int, what: str = "this step", *, paid: bool = False) -> None:
+        """Refuse up front when ``n`` more queries do not fit in the budget. With a log, the answers it holds
+        that this run has not used yet may cover a plan (``paid=False``); what is asked is checked exactly."""
+        credit = 0 if paid or self.log is None else max(0, len(self.log) - self.from_log)
+        if n > self.remaining + credit:
+            spent = self.queries - self.from_log
             raise BudgetExceededError(
                 f"{what} needs {n} more queries but the budget has {int(self.remaining)} left "
-                f"(budget {self.budget}, used {self.queries}); raise --budget to at least {self.queries + n}")
+                f"(budget {self.budget}, used {spent}); raise the budget to at least {spent + n - credit} "
+                "(a lower bound: it covers this step, and later steps may need more)")
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         X = as_batch(X, self.d)
         B = X.shape[0]
-        self.require(B, f"a batch of {B} queries")
+        if self.log is None:
+            self.require(B, f"a batch of {B} queries")
         if B == 0:
             return np.zeros((0, self.outputs)) if self._vector else np.zeros(0)
-        parts = [self._ask(X[i:i + self.max_batch]) for i in range(0, B, self.max_batch)]
+        parts = [self._answer_part(X[i:i + self.max_batch]) for i in range(0, B, self.max_batch)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _answer_part(self, X: np.ndarray) -> np.ndarray:
+        y = self._ask(X) if self.log is None else answer_through_log(self, X)
+        if self.detector is not None:
+            self.detector.observe(y)
+        return y
 
     def _ask(self, X: np.ndarray) -> np.ndarray:
         B = X.shape[0]
         try:
             raw = self.fn(X)
+        except SystemExit as exc:  # an oracle must not end the process: report it like any failure
+            raise OracleError(f"the oracle {self.name!r} called exit({exc.code!r}) on a batch of shape {X.shape}; "
+                              "an oracle must return answers or raise an exception") from exc
         except Exception as exc:
             raise OracleError(f"the oracle {self.name!r} failed on a batch of shape {X.shape}: "
                               f"{type(exc).__name__}: {exc}") from exc
         finally:
             self._charge(B)
-        try:
-            y = np.asarray(raw, dtype=np.float64)
-        except (TypeError, ValueError) as exc:
-            raise OracleAnswerError(f"the oracle {self.name!r} answered with something that is not numbers "
-                                    f"({type(raw).__name__}); it must return a float array of shape ({B},)") from exc
+        y = self._numbers(raw, B)
         self._check_shape(y, B)
         bad = ~np.isfinite(y)
         if bad.any():
@@ -129,6 +192,25 @@ class Oracle:
         raise OracleAnswerError(f"the oracle {self.name!r} answered with shape {y.shape} for a batch of {B} "
                                 f"sequences; it must return shape {want} (one number, or the same K outputs, per "
                                 "sequence)")
+
+    def _numbers(self, raw, B: int) -> np.ndarray:
+        """The answers as float64, refusing what a conversion would corrupt (complex, strings, objects)."""
+        try:
+            arr = np.asarray(raw)
+            if arr.dtype.kind == "O":
+                arr = arr.astype(np.float64)
+        except (TypeError, ValueError, OverflowError) as exc:
+            arr = None
+            cause = exc
+        else:
+            cause = None
+        if arr is None or arr.dtype.kind not in "biuf":
+            what = "complex numbers" if arr is not None and arr.dtype.kind == "c" else \
+                f"something that is not numbers ({type(raw).__name__}" + \
+                (f" of {arr.dtype}" if arr is not None else "") + ")"
+            raise OracleAnswerError(f"the oracle {self.name!r} answered with {what}; it must return a real float "
+                                    f"array of shape ({B},)") from cause
+        return arr.astype(np.float64, copy=False)
 
     def __repr__(self) -> str:
         return f"Oracle({self.name!r}, d={self.d}, queries={self.queries}, budget={self.budget})"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -12,15 +14,34 @@ from attnprobe.models.io import load_model
 from attnprobe.oracles.base import Oracle
 
 
+def import_from_cwd(module_name: str):
+    """Import ``module_name``, taking its top-level module from the current directory when it is there, without
+    letting the current directory shadow anything else: it is appended to ``sys.path`` (so the module's own
+    sibling imports still work), never put first, so a stray ``tqdm.py`` or ``numpy.py`` there is not run."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    top = module_name.split(".")[0]
+    if top not in sys.modules:
+        found = importlib.machinery.PathFinder.find_spec(top, [cwd])
+        if found is not None and found.loader is not None:
+            module = importlib.util.module_from_spec(found)
+            sys.modules[top] = module
+            try:
+                found.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[top]
+                raise
+    return importlib.import_module(module_name)
+
+
 def load_callable(spec: str):
     """Import ``MODULE:ATTR`` (the current directory is importable); ATTR may be dotted."""
     if ":" not in spec:
         raise ConfigError(f"--oracle must look like MODULE:ATTR (e.g. victims:head); got {spec!r}")
     module_name, attr = spec.split(":", 1)
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        obj = importlib.import_module(module_name)
+        obj = import_from_cwd(module_name)
     except Exception as exc:
         raise OracleError(f"cannot import module {module_name!r} for --oracle {spec}: "
                           f"{type(exc).__name__}: {exc}") from exc
@@ -35,6 +56,11 @@ def load_callable(spec: str):
 
 def oracle_from_spec(spec: str, d: int | None, **kwargs) -> Oracle:
     fn = load_callable(spec)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(fn, torch.nn.Module):  # a bare module: answer through the adapter
+        from attnprobe.oracles.torch_adapter import oracle_from_torch
+
+        return oracle_from_torch(fn, d, name=spec, **kwargs)
     d = d if d is not None else getattr(fn, "d", None)
     if d is None:
         raise ConfigError(f"give the width with --d: {spec} does not say its d")

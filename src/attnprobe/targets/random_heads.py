@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnprobe.errors import ConfigError
 from attnprobe.models.attention import AttentionHead
 
 
@@ -12,6 +13,10 @@ def random_head(d: int, *, seed: int = 0, scale: float = 1.0, rank: int | None =
     """A random head ``W = KᵀQ`` with Gaussian ``K, Q ∈ R^{r×d}`` (``r = rank`` or d) normalised so that for
     unit-variance inputs the logits ``x_iᵀW x_N`` have standard deviation ≈ ``scale`` (1 is typical, 1e-6 tiny,
     50 saturating); ``v`` Gaussian with ``zero_v`` entries set to 0; ``u``, ``c`` Gaussian when ``bias``."""
+    if d < 1:
+        raise ConfigError(f"the width d must be at least 1; got {d}")
+    if rank is not None and not 1 <= rank <= d:
+        raise ConfigError(f"rank must be between 1 and d = {d}; got {rank}")
     rng = np.random.default_rng(seed)
     r = d if rank is None else int(rank)
     K = rng.standard_normal((r, d))

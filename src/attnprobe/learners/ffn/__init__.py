@@ -10,6 +10,6 @@ Identifiability: the function fixes only the hyperplanes with their jumps and th
 merge into one, and a neuron is recovered up to positive rescaling and permutation.
 """
 
-from attnprobe.learners.ffn.learner import FFNOptions, extract_ffn
+from attnprobe.learners.ffn.learner import FINEST_EPS, SIGN_TIME_LIMIT, FFNOptions, extract_ffn, require_fine_answers
 
-__all__ = ["FFNOptions", "extract_ffn"]
+__all__ = ["FINEST_EPS", "FFNOptions", "SIGN_TIME_LIMIT", "extract_ffn", "require_fine_answers"]

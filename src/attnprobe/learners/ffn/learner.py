@@ -30,6 +30,15 @@ NOISE_FACTOR, COARSE_NOISE_FACTOR = 64.0, 8.0
 #: a kink is merged away when its gradient jump is below this many roundings over the probe radius
 MERGE_NOISE, COARSE_MERGE_NOISE = 64.0, 2.0
 SIGN_TIME_LIMIT = 5.0
+#: coarsest answer rounding the kink search resolves (float32's 1.2e-7 works; float16's 9.8e-4 does not)
+FINEST_EPS = 1e-6
+
+
+def require_fine_answers(oracle, what: str) -> None:
+    """Refuse answers coarser than :data:`FINEST_EPS` (float16, bfloat16): the kinks drown in rounding."""
+    if oracle.eps > FINEST_EPS:
+        raise ConfigError(f"{what} needs answers rounded at most at {FINEST_EPS:g} (float32 or better); these are "
+                          f"rounded at {oracle.eps:.2g} ({oracle.precision}), where kinks drown in rounding")
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, options: 
     The model has unit neuron directions (``(a_k, b_k)`` with biases) and is unique up to neuron permutation.
     """
     opts = FFNOptions.build(options, settings)
+    require_fine_answers(oracle, "the ReLU-network learner")
     lifted = opts.bias if opts.bias is not None else v is None
     if lifted and v is not None:
         raise ConfigError("v (the odd part A w_o) describes a bias-free network; drop v or set bias=False", param="v")
@@ -222,18 +232,20 @@ def _orient(J, where, segs, v, opts: FFNOptions, eps: float, lifted: bool):
     (antiparallel neurons, or none found in time), pairs of extra neurons carry the linear rest ``½ρᵀx``."""
     K, d = v.shape
     dim = d + int(lifted)
-    if J.shape[0] == 0:
+    if J.shape[0] == 0 and lifted:
         raise UnidentifiableError("no kink on the search line: the answers are affine in the input, so no neuron is "
                                   "visible (all dead, or zero output weights)")
-    N = hyperplane_normals(J)
-    seg_dirs = np.array([segs[si].direction for si in where]).T
-    N, C = jump_neurons(J, N, seg_dirs)
+    if J.shape[0] == 0:  # bias-free: the odd part alone (extra neurons below); the check judges the result
+        N, C = np.zeros((dim, 0)), np.zeros((0, K))
+    else:
+        N, C = jump_neurons(J, hyperplane_normals(J), np.array([segs[si].direction for si in where]).T)
     M = orientation_matrix(N, C, d)
     col = np.linalg.norm(M, axis=0)
     scale_v = max(float(np.linalg.norm(v)), float(np.sum(col)), 1e-300)
     coarse = eps > 1e-12
     tol = max(1e-6 if coarse else 1e-8, 1e4 * eps) * scale_v
-    orient = solve_signs(M, v.reshape(-1), tol, opts.sign_time_limit, loose=0.25 * float(col.min()) if coarse else 0.0)
+    loose = 0.25 * float(col.min()) if coarse and col.size else 0.0
+    orient = solve_signs(M, v.reshape(-1), tol, opts.sign_time_limit, loose=loose)
     dirs, weights = N * orient.signs[None, :], C
     rest = v - (M @ orient.signs).reshape(K, d)
     notes = []

@@ -26,7 +26,7 @@ class Orientation:
 
 def orientation_matrix(N: np.ndarray, C: np.ndarray, dx: int) -> np.ndarray:
     """Columns ``vec_j(c_kj n_k[:dx])`` (K·dx rows, m columns): ``M ε = vec(v)`` for the right orientations."""
-    return np.einsum("kj,ik->jik", C, N[:dx]).reshape(-1, N.shape[1])
+    return np.einsum("kj,ik->jik", C, N[:dx]).reshape(C.shape[1] * dx, N.shape[1])
 
 
 def solve_signs(M: np.ndarray, v: np.ndarray, tol: float, time_limit: float, loose: float = 0.0) -> Orientation:

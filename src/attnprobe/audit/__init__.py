@@ -1,0 +1,10 @@
+"""Audit a whole model: one extraction task per (layer, head, defence), run on a local process pool or on
+Ray, with a report of what an attacker recovers under each output restriction."""
+
+from attnprobe.audit.defenses import Defense, parse_defenses
+from attnprobe.audit.engines import ENGINES, run_processes, run_ray
+from attnprobe.audit.run import AuditRun, run_audit
+from attnprobe.audit.tasks import AUDIT_METHODS, HeadSpec, Task, run_task
+
+__all__ = ["AUDIT_METHODS", "ENGINES", "AuditRun", "Defense", "HeadSpec", "Task", "parse_defenses",
+           "run_audit", "run_processes", "run_ray", "run_task"]

@@ -1,0 +1,112 @@
+"""Engines that run audit tasks: a local process pool (default) or Ray (a local cluster or an existing one).
+
+Both call ``on_result(index, record)`` as each task finishes, in completion order, and return
+``(records, interrupted)`` with ``records[i]`` the record of ``tasks[i]`` (None if it never finished).
+Ctrl-C (KeyboardInterrupt) stops the workers and returns what finished, with ``interrupted = True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+from typing import Callable, Sequence
+
+from attnprobe.audit.tasks import Task, failed_record, run_task
+from attnprobe.errors import ConfigError
+
+OnResult = Callable[[int, dict], None]
+
+
+def _ignore_sigint() -> None:
+    """Workers leave Ctrl-C to the parent, which stops them (otherwise each prints a traceback)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+#: one BLAS thread per worker, as Ray gives its workers: no oversubscription of the cores, and the same
+#: floating-point summation order (so the same numbers) on either engine
+ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    """Set environment variables for the processes started inside the block (they copy it at spawn)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _indexed(item: tuple[int, Task]) -> tuple[int, dict]:
+    i, task = item
+    return i, run_task(task)
+
+
+def run_processes(tasks: Sequence[Task], on_result: OnResult, workers: int = 1):
+    """Run the tasks on ``workers`` fresh (spawned) processes."""
+    if int(workers) < 1:
+        raise ConfigError(f"workers must be at least 1; got {workers}")
+    records: list[dict | None] = [None] * len(tasks)
+    ctx = multiprocessing.get_context("spawn")
+    with _environment(ONE_THREAD):
+        pool = ctx.Pool(min(int(workers), max(1, len(tasks))), initializer=_ignore_sigint)
+    try:
+        for i, rec in pool.imap_unordered(_indexed, list(enumerate(tasks))):
+            records[i] = rec
+            on_result(i, rec)
+    except KeyboardInterrupt:
+        pool.terminate()
+        pool.join()
+        return records, True
+    pool.close()
+    pool.join()
+    return records, False
+
+
+def run_ray(tasks: Sequence[Task], on_result: OnResult, address: str | None = None, workers: int | None = None):
+    """Run the tasks as Ray tasks: on a local cluster of ``workers`` CPUs started here (``address`` None) or
+    on the cluster at ``address`` (attnprobe must be importable on its nodes). A cluster started here is
+    shut down afterwards."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError("--ray needs Ray: pip install 'attnprobe[ray]'") from exc
+    started = not ray.is_initialized()
+    if started:
+        kw = {"address": address} if address else {"num_cpus": int(workers) if workers else None}
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                 runtime_env={"env_vars": ONE_THREAD}, **kw)
+    remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
+    records: list[dict | None] = [None] * len(tasks)
+    index = {remote.remote(task): i for i, task in enumerate(tasks)}
+    pending = list(index)
+    interrupted = False
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                i = index[ref]
+                try:
+                    records[i] = ray.get(ref)
+                except ray.exceptions.RayError as exc:  # the worker died (e.g. out of memory)
+                    records[i] = failed_record(tasks[i], f"{type(exc).__name__}: {exc}")
+                on_result(i, records[i])
+    except KeyboardInterrupt:
+        interrupted = True
+        for ref in pending:
+            ray.cancel(ref, force=True)
+    finally:
+        if started:
+            ray.shutdown()
+    return records, interrupted
+
+
+#: engine name (as written to results.json) -> runner
+ENGINES = {"processes": run_processes, "ray": run_ray}

@@ -1,0 +1,103 @@
+"""``attnprobe audit``: extract every head of a model under each defence and report what an attacker gets."""
+
+from __future__ import annotations
+
+import sys
+
+from attnprobe.errors import ConfigError
+
+
+def parse_range(text: str, count: int, what: str) -> list[int]:
+    """``all`` | ``A-B`` | ``A`` | ``A,B,C-D`` -> sorted indices in ``0..count-1``."""
+    if text == "all":
+        return list(range(count))
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            a, b = int(lo), int(hi) if sep else int(lo)
+        except ValueError as exc:
+            raise ConfigError(f"--{what} must look like all, 3, 0-5 or 0,2,4; got {text!r}") from exc
+        if not (0 <= a <= b < count):
+            raise ConfigError(f"--{what} {text!r} is outside 0..{count - 1} (the model has {count} {what})")
+        out.update(range(a, b + 1))
+    return sorted(out)
+
+
+def build_tasks(args):
+    from attnprobe.audit import HeadSpec, Task, parse_defenses
+
+    if args.multihead:
+        raise ConfigError("--multihead audits need the multi-head learner, which is not available yet; "
+                          "audit single heads (drop --multihead)")
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be at least 1; got {args.workers}")
+    if args.budget is not None and args.budget < 1:
+        raise ConfigError(f"--budget must be a positive number of queries per head; got {args.budget}")
+    if bool(args.model) == bool(args.safetensors):
+        raise ConfigError("say what to audit: --model minilm or --safetensors FILE --heads-per-layer H")
+    if args.model and args.model != "minilm":
+        raise ConfigError(f"--model knows only minilm (all-MiniLM-L6-v2); got {args.model!r}; "
+                          "for other BERT-family models use --safetensors FILE --heads-per-layer H")
+    if args.safetensors and args.heads_per_layer is None:
+        raise ConfigError("--safetensors needs --heads-per-layer H (the model's attention heads per layer)")
+    source = "minilm" if args.model else args.safetensors
+    probe = HeadSpec(source, 0, 0, 0, args.heads_per_layer)
+    ckpt = probe.checkpoint()
+    if not (0 <= args.row < ckpt.hidden):
+        raise ConfigError(f"--row must be in 0..{ckpt.hidden - 1}; got {args.row}")
+    layers = parse_range(args.layers, ckpt.layers, "layers")
+    heads = parse_range(args.heads, ckpt.heads_per_layer, "heads")
+    defenses = parse_defenses(args.defense)
+    if args.method not in ("exact", "lowrank", "nuclear", "robust", "membership"):
+        raise ConfigError(f"unknown --method {args.method!r}; choose exact, lowrank, nuclear, robust or membership")
+    return [Task(HeadSpec(source, layer, head, args.row, args.heads_per_layer), args.method, d, args.seed,
+                 args.budget, args.rank)
+            for d in defenses for layer in layers for head in heads]
+
+
+def run(args) -> int:
+    from attnprobe.audit import run_audit
+
+    tasks = build_tasks(args)
+    engine = "ray" if args.ray is not None else "processes"
+    info = {"model": args.model or args.safetensors, "method": args.method, "seed": args.seed, "row": args.row,
+            "rank": args.rank, "budget": args.budget}
+    res = run_audit(tasks, args.out, engine=engine, workers=args.workers, address=args.ray or None,
+                    progress=not args.quiet, info=info)
+    failed = sum(1 for r in res.records if r["error"])
+    spent = sum(r["queries"] + r.get("check_queries", 0) for r in res.records)
+    print(f"audit: {len(res.records)}/{len(tasks)} tasks finished ({failed} failed) on {engine} in "
+          f"{res.seconds:.1f} s; {spent} queries spent (not logged); wrote {args.out}/results.json, "
+          f"{args.out}/report.html and {args.out}/heads/")
+    if res.interrupted:
+        print("attnprobe: audit interrupted; the finished tasks are kept in the results", file=sys.stderr)
+        return 143 if res.terminated else 130
+    return 0
+
+
+def add_parser(sub) -> None:
+    from attnprobe.audit.defenses import HELP
+
+    a = sub.add_parser("audit", help="extract every head of a model under each defence; write a report")
+    src = a.add_argument_group("what to audit")
+    src.add_argument("--model", help="a known model: minilm (all-MiniLM-L6-v2, installed weights)")
+    src.add_argument("--safetensors", metavar="FILE", help="a BERT-family checkpoint (.safetensors)")
+    src.add_argument("--heads-per-layer", type=int, metavar="H", help="attention heads per layer of --safetensors")
+    src.add_argument("--layers", default="all", help="layers to audit: all (default), 0-5, 3 or 0,2,4")
+    src.add_argument("--heads", default="all", help="heads to audit in each layer: all (default), 0-3, ...")
+    src.add_argument("--row", type=int, default=0, help="output row R of the layer each head's scalar is read at")
+    src.add_argument("--multihead", action="store_true", help="audit whole layers (needs the multi-head learner)")
+    a.add_argument("--method", default="exact", help="learner: exact (default), lowrank, nuclear, robust; "
+                                                      "a membership defence always uses membership")
+    a.add_argument("--rank", type=int, help="lowrank/nuclear: rank bound (the head dimension)")
+    a.add_argument("--defense", default="none", help=f"comma-separated defences: {HELP}")
+    a.add_argument("--budget", type=int, help="queries an attacker may spend per head")
+    a.add_argument("--seed", type=int, default=0, help="seed of every task (probes and noise)")
+    run_on = a.add_argument_group("where to run")
+    run_on.add_argument("--workers", type=int, default=1, help="worker processes (or local Ray CPUs)")
+    run_on.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="run on Ray: a local cluster without ADDRESS, else the cluster at ADDRESS")
+    a.add_argument("--out", required=True, metavar="DIR", help="results.json, report.html and heads/*.npz")
+    a.add_argument("--quiet", action="store_true", help="no progress bar")
+    a.set_defaults(func=run)

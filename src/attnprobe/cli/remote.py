@@ -1,0 +1,122 @@
+"""What ``extract`` adds for remote oracles and the query log: ``--url``/``--api-key``, ``--log``/``--replay``.
+
+The summary JSON gets ``details.oracle``: the answers' precision (declared or detected, with its evidence),
+``queries_total`` (every answer the run used, the functional check included), ``queries_from_log`` (answered
+from the log: not asked, not charged to any budget) and ``queries_asked`` (sent to the oracle and paid for).
+"""
+
+from __future__ import annotations
+
+from attnprobe.errors import ConfigError
+
+PRECISION_CHOICES = ("auto", "float64", "float32", "float16", "bfloat16")
+
+
+def add_arguments(parser) -> None:
+    g = parser.add_argument_group("served models and the query log")
+    g.add_argument("--url", help="an attnprobe prediction API (attnprobe serve) to query; d is read from /v1/info")
+    g.add_argument("--api-key", metavar="KEY", help="the API key for --url (better: ATTNPROBE_API_KEY in the "
+                                                    "environment, which keeps it out of the process list)")
+    g.add_argument("--concurrency", type=int, default=4, help="--url: requests in flight (default 4)")
+    g.add_argument("--timeout", type=float, default=60.0, help="--url: seconds per request (default 60)")
+    g.add_argument("--retries", type=int, default=6,
+                   help="--url: retries of a request on 429/5xx/connection errors, with backoff (default 6)")
+    g.add_argument("--log", metavar="FILE.sqlite", help="store every query and answer; a rerun with the same log "
+                                                       "asks only for what the log lacks")
+    g.add_argument("--replay", action="store_true", help="answer only from --log (offline rerun of a learner)")
+
+
+def identity(args) -> str:
+    """The oracle's identity recorded in the log: its source plus every option that changes its answers."""
+    from attnprobe.oracles.querylog import file_identity, identity_of
+
+    if args.target:
+        source = f"{file_identity(args.target)} dtype={args.dtype}"
+    elif args.oracle:
+        source = f"callable {args.oracle}"
+    else:
+        source = f"url {args.url.rstrip('/')}"
+    return identity_of(source, noise=args.noise, noise_seed=args.noise_seed if args.noise else None,
+                       round=args.round, round_digits=args.round_digits, cast=args.cast, membership=args.membership)
+
+
+def source_oracle(args, **kw):
+    """The oracle for ``--url`` or ``--replay`` (``None`` when neither is given)."""
+    if args.replay:
+        from attnprobe.oracles import Oracle
+        from attnprobe.oracles.querylog import QueryLog, ReplayOracle
+
+        if not args.log:
+            raise ConfigError("--replay answers from a query log: give --log FILE.sqlite")
+        log = QueryLog(args.log, readonly=True)
+        if args.d is not None and args.d != log.d:
+            raise ConfigError(f"--d {args.d} does not match the width d = {log.d} recorded in {args.log}")
+        oracle = Oracle(ReplayOracle(log), log.d, name=f"replay of {args.log}", **kw)
+        oracle.log = log
+        return oracle
+    if args.url:
+        if args.target or args.oracle:
+            raise ConfigError("give one oracle: --url, --oracle MODULE:ATTR or --target FILE.npz")
+        from attnprobe.oracles.http import oracle_from_url
+
+        return oracle_from_url(args.url, args.api_key, args.d, timeout=args.timeout, retries=args.retries,
+                               concurrency=args.concurrency, **kw)
+    if args.api_key:
+        raise ConfigError("--api-key goes with --url")
+    return None
+
+
+def attach_log(oracle, args):
+    """Open ``--log`` for this oracle (refusing a log of another oracle) unless the oracle already has one."""
+    if not args.log or getattr(oracle, "log", None) is not None:
+        return oracle
+    from attnprobe.oracles.querylog import QueryLog
+
+    oracle.log = QueryLog(args.log, identity=identity(args), d=oracle.d,
+                          precision=args.answer_precision or "auto")
+    return oracle
+
+
+def describe(oracle) -> dict:
+    """``details.oracle`` of the summary JSON (see the module docstring)."""
+    detector = getattr(oracle, "detector", None)
+    out = {"name": oracle.name, "precision": oracle.precision, "eps": oracle.eps,
+           "precision_source": "detected from the answers" if detector is not None else "declared",
+           "queries_total": oracle.queries, "queries_from_log": getattr(oracle, "from_log", 0),
+           "queries_asked": oracle.queries - getattr(oracle, "from_log", 0)}
+    if detector is not None:
+        out["precision_detection"] = detector.describe()
+    log = getattr(oracle, "log", None)
+    if log is not None:
+        out["query_log"] = log.summary()
+        log.set_meta("detected_precision", detector.precision if detector is not None else oracle.precision)
+    return out
+
+
+def assumed_precision(oracle) -> str:
+    """How the run read the answers' precision, for messages where it matters (no "; " inside)."""
+    detector = getattr(oracle, "detector", None)
+    if detector is None:
+        return f"answers taken as {oracle.precision} (declared)"
+    if not detector.decided:
+        return ("answers taken as float64: too few answers to read their precision (declare it with "
+                "--answer-precision if it is coarser)")
+    return f"answers look like {detector.precision} (read from {detector.seen} answers, --answer-precision overrides)"
+
+
+def spent(oracle) -> str:
+    """The tail of every message that ends a run: the precision assumed (when read from the answers or coarser
+    than float64), then ``N queries spent (...)`` saying whether and where they are logged."""
+    asked = oracle.queries - getattr(oracle, "from_log", 0)
+    log = getattr(oracle, "log", None)
+    if log is None:
+        where = f"{asked} queries spent (not logged)"
+    elif log.readonly:
+        where = f"0 queries spent (replay: {getattr(oracle, 'from_log', 0)} answered from {log.path})"
+    else:
+        where = (f"{asked} queries spent (logged in {log.path} with {getattr(oracle, 'from_log', 0)} more answered "
+                 f"from it, {len(log)} answers in all: rerun the same command to resume)")
+    detector = getattr(oracle, "detector", None)
+    if detector is None and oracle.precision == "float64":
+        return where
+    return f"{assumed_precision(oracle)}; {where}"

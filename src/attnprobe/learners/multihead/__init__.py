@@ -1,0 +1,69 @@
+"""Multi-head attention learners (paper Sec. 7, App. C; DESIGN.md "Multi-head").
+
+- :func:`extract_multihead_subspaces` — known mutually orthogonal head subspaces (Prop. C.2);
+- :func:`extract_multihead_orthogonal` — unknown orthogonal subspaces from Hessians (App. C conjecture);
+- ``generic`` — overlapping heads (:mod:`attnprobe.learners.multihead.generic`, imported lazily);
+- :func:`extract_multihead` dispatches between them.
+"""
+
+from __future__ import annotations
+
+from attnprobe.errors import ConfigError
+from attnprobe.learners.multihead.hessian import extract_multihead_orthogonal
+from attnprobe.learners.multihead.subspaces import extract_multihead_subspaces
+
+METHODS = ("auto", "subspaces", "orthogonal", "generic")
+
+
+def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None = None, subspaces=None,
+                      bias: bool = True, method: str = "auto", seed: int = 0, check: bool = True, progress=None):
+    """Recover every head of a multi-head layer ``f(X) = Σ_h softmax(X W_h x_N + X u_h)ᵀ(X v_h) + c``.
+
+    ``method``: ``subspaces`` (needs ``subspaces``: known orthogonal head subspaces, Prop. C.2),
+    ``orthogonal`` (unknown orthogonal subspaces, App. C), ``generic`` (overlapping heads) or ``auto``
+    (``subspaces`` when they are given, else ``generic`` when that learner is installed, else ``orthogonal``).
+    ``heads`` fixes H; ``max_heads`` bounds it when H is detected. Returns an Extraction whose model is a
+    :class:`~attnprobe.models.multihead.MultiHeadAttention` (heads are defined up to permutation).
+    """
+    if method not in METHODS:
+        raise ConfigError(f"unknown multi-head method {method!r}; choose one of {', '.join(METHODS)}")
+    if heads is not None and heads < 1:
+        raise ConfigError(f"heads must be at least 1; got {heads}")
+    if heads is not None and max_heads is not None:
+        raise ConfigError("give either heads (H known) or max_heads (an upper bound), not both")
+    if method == "auto":
+        method = "subspaces" if subspaces is not None else ("generic" if _generic() else "orthogonal")
+    if method == "subspaces" or subspaces is not None:
+        if subspaces is None:
+            raise ConfigError("method 'subspaces' needs the head subspaces (an (H, d, d_h) array of bases)")
+        if method != "subspaces":
+            raise ConfigError(f"subspaces were given, so method {method!r} would ignore them; use 'subspaces'")
+        if heads is not None and len(subspaces) != heads:
+            raise ConfigError(f"heads={heads} but {len(subspaces)} subspaces were given")
+        return extract_multihead_subspaces(oracle, subspaces, bias=bias, seed=seed, check=check,
+                                           progress=progress)
+    if method == "orthogonal":
+        res = extract_multihead_orthogonal(oracle, heads=heads, bias=bias, seed=seed, check=check,
+                                           progress=progress)
+        if max_heads is not None and res.model.H > max_heads:
+            res.notes.append(f"found {res.model.H} heads, more than max_heads={max_heads}")
+        return res
+    gen = _generic()
+    if gen is None:
+        raise ConfigError("the generic multi-head learner (attnprobe.learners.multihead.generic) is not available "
+                          "in this installation; use method='orthogonal' or give the subspaces")
+    return gen(oracle, heads=heads, max_heads=max_heads, bias=bias, seed=seed, check=check, progress=progress)
+
+
+def _generic():
+    """The generic learner's entry point, or None while it is not part of the package."""
+    import importlib.util
+
+    if importlib.util.find_spec("attnprobe.learners.multihead.generic") is None:
+        return None
+    from attnprobe.learners.multihead.generic import extract_generic
+
+    return extract_generic
+
+
+__all__ = ["METHODS", "extract_multihead", "extract_multihead_orthogonal", "extract_multihead_subspaces"]

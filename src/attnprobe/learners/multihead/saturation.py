@@ -1,0 +1,256 @@
+"""Value vectors of every head from the saturated regime (the multi-head learner's first stage).
+
+For a fixed last token ``y`` and probe ``w``, ``F_y(w) = f([y + w; y]) − f([y; y]) = Σ_h σ(wᵀp_h)·wᵀv_h`` with
+``p_h = W_h y + u_h`` (App. C's two-row form, with biases). Where every logit ``|wᵀp_h|`` exceeds ~40,
+``σ`` is 0 or 1 to float64 rounding, so F is *exactly linear* on each cone of the arrangement of the H
+hyperplanes ``p_h^⊥``: ``F_y(w) = wᵀg_S`` with ``g_S = Σ_{h∈S} v_h`` (S: the heads with ``wᵀp_h > 0``).
+
+On the half circle ``w(θ) = T(cos θ z₀ + sin θ z₁)``, θ ∈ [0, π], every hyperplane is crossed exactly once
+(``w(π) = −w(0)``), and each crossing changes the gradient by ``±v_h``. The stage
+
+1. raises the radius T until F is homogeneous of degree one at random points (``F(2w) = 2F(w)``: saturated);
+2. labels points of the circle by their local cone coefficients ``(z₀ᵀg, z₁ᵀg)`` and bisects between points with
+   different labels down to ``resolution`` radians: the crossings;
+3. measures the full gradient (d + 1 queries, one homogeneity check) at the middle of every cone;
+4. differences adjacent cones: the jumps ``J_i = ±v_h``; the signs come from ``g_0 = Σ_{h on at θ=0} v_h``
+   written in the basis of the jumps (coefficients in {0, −1}), and ``Σ_h v_h`` (length-1 queries) checks them.
+
+H is the number of jumps. Heads with parallel ``p_h`` (equal ``W_h, u_h``: Prop. 7.1) cross together and come
+out as one head with the summed value vector, which computes the same function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from attnprobe.errors import RecoveryError, SaturationError, UnidentifiableError
+
+#: |logit| above which σ is 0 or 1 to float64 rounding (σ(−40) = 4e-18)
+SATURATED_LOGIT = 40.0
+#: local cone coefficients that differ by more than this (relative) belong to different cones
+LABEL_TOL = 1e-7
+#: the search radius is this many times the smallest radius found saturated at random points
+RADIUS_MARGIN = 1e7
+#: adjacent cone gradients closer than this (relative to the largest) are one cone
+SAME_CONE = 1e-6
+
+
+@dataclass
+class ValueStage:
+    """What the saturated circle found: value vectors ``v (H, d)``, cone gradients and bookkeeping."""
+
+    v: np.ndarray
+    radius: float
+    crossings: np.ndarray  # θ of each crossing, in order
+    gradients: np.ndarray  # (H + 1, d): cone gradients along the circle
+    signs: np.ndarray  # +1: the head switches on at its crossing, −1: off
+    queries: int
+    details: dict = field(default_factory=dict)
+
+
+class _Circle:
+    """``F_y`` on the half circle ``T(cos θ z₀ + sin θ z₁)``: counted queries, answers minus ``f([y; y])``."""
+
+    def __init__(self, oracle, y, z0, z1, base, gain):
+        self.oracle, self.y, self.z0, self.z1, self.base = oracle, y, z0, z1, base
+        self.gain = gain  # a bound on ‖g‖ for the rounding tolerances (‖Σ_h v_h‖ until the heads are known)
+        self.tol = max(LABEL_TOL, 1e5 * oracle.eps)  # relative agreement of answers on one cone
+
+    def point(self, theta, T):
+        th = np.atleast_1d(theta)
+        return T * (np.cos(th)[:, None] * self.z0 + np.sin(th)[:, None] * self.z1)
+
+    def F(self, W):
+        W = np.atleast_2d(W)
+        X = np.empty((W.shape[0], 2, W.shape[1]))
+        X[:, 0] = self.y + W
+        X[:, 1] = self.y
+        return self.oracle(X) - self.base
+
+
+def _homogeneous(F1, F2, eps, mag):
+    """``F(2w) = 2F(w)`` to rounding: every head's weight is 0 or 1 at w. ``mag`` bounds ``|F(w)|``
+    (``‖w‖·‖g‖``): the rounding of the probe ``y + w`` makes an error of ``eps·mag`` even where F cancels."""
+    return np.abs(F2 - 2 * F1) <= 64 * eps * (np.abs(F2) + mag)
+
+
+def saturate_radius(circle, rng, eps, n_points=6, start=1.0, grow=100.0, max_radius=1e15):
+    """Smallest radius ``start·grow^k`` at which F is homogeneous at ``n_points`` random circle points."""
+    thetas = rng.uniform(0, np.pi, n_points)
+    T = start
+    while T <= max_radius:
+        P = circle.point(thetas, T)
+        F = circle.F(np.concatenate([P, 2 * P]))
+        if np.all(_homogeneous(F[:n_points], F[n_points:], eps, 2 * T * circle.gain)):
+            return T
+        T *= grow
+    raise SaturationError(f"the answers never became homogeneous in the probe up to radius {max_radius:.0e}: some "
+                          "head's logits do not grow with the probe (W_h y + u_h = 0?), so the saturated regime "
+                          "that separates the heads cannot be reached")
+
+
+def _labels(circle, thetas, T, step):
+    """Local cone coefficients ``(a, b)`` with ``F/T = a cos θ + b sin θ`` from F at θ − step, θ, θ + step.
+
+    Returns the labels and a mask of valid ones (the three points lie on one cone: the third point agrees).
+    """
+    th = np.asarray(thetas, dtype=float)
+    step = np.broadcast_to(np.asarray(step, dtype=float), th.shape)
+    n = th.size
+    F = circle.F(np.concatenate([circle.point(th, T), circle.point(th + step, T), circle.point(th - step, T)])) / T
+    c0, s0, c1, s1 = np.cos(th), np.sin(th), np.cos(th + step), np.sin(th + step)
+    det = c0 * s1 - s0 * c1  # = sin(step)
+    a = (F[:n] * s1 - F[n:2 * n] * s0) / det
+    b = (c0 * F[n:2 * n] - c1 * F[:n]) / det
+    pred = a * np.cos(th - step) + b * np.sin(th - step)
+    scale = np.abs(F[:n]) + np.abs(F[n:2 * n]) + np.abs(F[2 * n:]) + 1e-6 * circle.gain  # rounding: eps·‖g‖
+    valid = np.abs(pred - F[2 * n:]) <= circle.tol * scale
+    return np.stack([a, b], axis=1), valid
+
+
+def _predicts(label, theta, value, scale, tol):
+    return label is not None and abs(label[0] * np.cos(theta) + label[1] * np.sin(theta) - value) <= tol * scale
+
+
+def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7):
+    """Angles in (0, π) where the cone changes, by bisection between points of different cones.
+
+    A point of the circle is labelled by its local cone coefficients (valid when three nearby answers agree);
+    the midpoint of an interval joins the side whose label predicts its answer, otherwise it gets its own
+    label (or none, inside a transition). Intervals narrower than ``resolution`` with different sides are
+    the crossings (several heads whose crossings are closer than that come out merged).
+    """
+    th = np.linspace(0.0, np.pi, grid + 1)[:-1] + np.pi / (2 * grid)
+    lab, ok = _labels(circle, th, T, np.pi / (16 * grid))
+    pts = [(t, l) for t, l, k in zip(th, lab, ok) if k]
+    if len(pts) < 2:
+        raise SaturationError("the answers are not piecewise linear on the probe circle: the saturated regime was "
+                              "not reached")
+    # close the circle: the point θ₀ + π lies in the opposite cone, whose gradient is Σ_h v_h − g
+    sum_label = np.array([circle.z0 @ v_sum, circle.z1 @ v_sum])
+    pts.append((pts[0][0] + np.pi, sum_label - pts[0][1]))
+    scale = float(np.max(np.abs(lab[ok]))) or 1.0
+    tol = circle.tol
+    pending = [(p[0], p[1], q[0], q[1]) for p, q in zip(pts, pts[1:]) if np.linalg.norm(p[1] - q[1]) > tol * scale]
+    crossings = []
+    while pending:
+        mids = np.array([(lo + hi) / 2 for lo, _, hi, _ in pending])
+        vals = circle.F(circle.point(mids, T)) / T
+        nxt, unknown = [], []
+        for (lo, L, hi, R), m, f in zip(pending, mids, vals):
+            if hi - lo <= resolution:
+                crossings.append(0.5 * (lo + hi))
+            elif _predicts(L, m, f, scale, tol):
+                nxt.append((m, L, hi, R))
+            elif _predicts(R, m, f, scale, tol):
+                nxt.append((lo, L, m, R))
+            else:
+                unknown.append((lo, L, hi, R, m))
+        if unknown:
+            ms = np.array([u[4] for u in unknown])
+            steps = np.array([(u[2] - u[0]) / 64 for u in unknown])
+            labs, oks = _labels(circle, ms, T, steps)
+            for (lo, L, hi, R, m), lm, k in zip(unknown, labs, oks):
+                M = lm if k else None
+                nxt.append((lo, L, m, M))
+                nxt.append((m, M, hi, R))
+        pending = [p for p in nxt if p[1] is None or p[3] is None
+                   or np.linalg.norm(p[1] - p[3]) > tol * scale]
+    cross = np.sort(np.array(crossings) % np.pi)
+    if cross.size:  # several search paths can end at one crossing
+        cross = cross[np.concatenate([[True], np.diff(cross) > 4 * resolution])]
+    return cross, scale
+
+
+def cone_gradient(circle, center, delta, basis, eps):
+    """Gradient of F in the cone around ``center`` from ``F(center + δ q_i)`` (q_i: rows of ``basis``).
+
+    F is linear and homogeneous in a saturated cone, so the gradient from steps δ and δ/4 must agree to
+    rounding (a step that left the cone shows as a jump divided by the step), and ``F(2c) = 2F(c)``;
+    returns ``(g, ok)`` (2d + 2 queries).
+    """
+    pts = np.concatenate([center[None], center[None] + delta * basis, center[None] + (delta / 4) * basis,
+                          2 * center[None]])
+    d = basis.shape[0]
+    F = circle.F(pts)
+    g = basis.T @ ((F[1:d + 1] - F[0]) / delta)
+    g4 = basis.T @ ((F[d + 1:2 * d + 1] - F[0]) / (delta / 4))
+    mag = np.abs(F[0]) + np.linalg.norm(center) * (np.linalg.norm(g) + circle.gain)
+    agree = np.linalg.norm(g - g4) <= 64 * eps * mag / (delta / 4) * np.sqrt(d)
+    ok = agree and _homogeneous(F[0], F[-1], eps, 2 * mag)
+    return g, bool(ok)
+
+
+def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, min_width=1e-6):
+    """The first stage: every head's value vector ``v_h`` from one saturated half circle around ``y``.
+
+    ``v_sum`` = ``Σ_h v_h`` and ``base`` = ``f([y; y])`` come from length-1 queries. Raises
+    :class:`SaturationError` when the regime is out of reach, :class:`RecoveryError` when the jumps are not
+    consistent with a sum of heads (then raise ``grid`` or lower ``resolution``).
+    """
+    d = oracle.d
+    start = oracle.queries
+    Z = np.linalg.qr(rng.standard_normal((d, 2)))[0]
+    circle = _Circle(oracle, y, Z[:, 0], Z[:, 1], base, float(np.linalg.norm(v_sum)))
+    T = saturate_radius(circle, rng, oracle.eps, start=max(1.0, float(np.linalg.norm(y))))
+    T *= RADIUS_MARGIN  # transitions far narrower than the resolution of the search
+    cross, scale = find_crossings(circle, T, v_sum, grid, resolution)
+    if cross.size == 0:
+        raise UnidentifiableError("the saturated answers are linear in the probe: no head's attention depends on it "
+                                  "(every W_h y + u_h = 0), so the heads cannot be told apart")
+    # cones between consecutive crossings on the circle (the first wraps around θ = 0); a cone whose centre is
+    # not saturated lies inside a transition (search debris): drop it, its neighbours' jump covers it
+    lo = np.concatenate([[cross[-1] - np.pi], cross[:-1]])
+    hi = cross
+    wide = hi - lo > min_width
+    lo, hi = lo[wide], hi[wide]
+    centers = circle.point(0.5 * (lo + hi), T)
+    F = circle.F(np.concatenate([centers, 2 * centers]))
+    sat = _homogeneous(F[: len(lo)], F[len(lo):], oracle.eps, 2 * T * max(scale, circle.gain))
+    lo, hi = lo[sat], hi[sat]
+    basis = np.linalg.qr(rng.standard_normal((d, d)))[0].T
+    grads = []
+    for a, b in zip(lo, hi):
+        center = circle.point(0.5 * (a + b), T)[0]
+        delta = 0.25 * T * np.sin(0.5 * (b - a))
+        for _ in range(20):
+            g, ok = cone_gradient(circle, center, delta, basis, oracle.eps)
+            if ok:
+                break
+            delta /= 8
+        else:
+            raise SaturationError("no step stays inside a saturated cone of the probe circle; the heads' logits are "
+                                  "too close to one another to be separated")
+        grads.append(g)
+    # a "crossing" between two cones with the same gradient is a search artefact (a label that straddled a
+    # crossing where the head's value z(θ)ᵀv_h nearly vanishes): merge such cones, keeping the gradient of the
+    # widest one (the most accurate: the largest steps)
+    widths = list(hi - lo)
+    floor = max(SAME_CONE, 1e5 * oracle.eps) * float(np.max(np.linalg.norm(grads, axis=1)))
+    merged, best = [grads[0]], [widths[0]]
+    spurious = 0
+    for g, w in zip(grads[1:], widths[1:]):
+        if np.linalg.norm(g - merged[-1]) <= floor:
+            spurious += 1
+            if w > best[-1]:
+                merged[-1], best[-1] = g, w
+        else:
+            merged.append(g)
+            best.append(w)
+    G = np.array(merged + [v_sum - merged[0]])  # the cone after the last crossing is opposite the first
+    J = np.diff(G, axis=0)  # one jump per crossing
+    # signs: g_0 = Σ_{heads on in the first cone} v_h = −Σ_{jumps that switch a head off} J_i
+    coef, *_ = np.linalg.lstsq(J.T, G[0], rcond=None)
+    off = coef < -0.5
+    bad = float(np.max(np.abs(np.where(off, coef + 1, coef))))
+    if bad > max(1e-6, 1e5 * oracle.eps):
+        raise RecoveryError(f"the cone gradients are not a sum of per-head value vectors (coefficients "
+                            f"{np.round(coef, 4).tolist()}, expected 0 or −1): two heads crossed within the "
+                            "search resolution or the heads are not generic; retry with another seed")
+    signs = np.where(off, -1.0, 1.0)
+    v = signs[:, None] * J
+    return ValueStage(v, T, cross, G, signs, oracle.queries - start,
+                      {"radius": T, "cones": len(lo), "crossings_found": int(cross.size), "label_scale": scale,
+                       "sign_residual": bad, "spurious_crossings": spurious})

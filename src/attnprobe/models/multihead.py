@@ -1,0 +1,242 @@
+"""Multi-head attention regressor (paper Sec. 7 and App. C, with the biases of real layers).
+
+``f(X) = Σ_h softmax(X W_h x_N + X u_h)ᵀ (X v_h) + c``: one output row of a real layer at the last position.
+App. C: the concatenate-then-project form ``[a⁽¹⁾, …, a⁽ᴴ⁾]ᵀ w_o + b_o`` is this sum with ``W_h = K_hᵀQ_h/√d_h``,
+``v_h = V_hᵀ w_o⁽ʰ⁾`` (:meth:`MultiHeadAttention.from_projections`). Heads are only defined up to permutation
+(and not at all when two heads share ``W_h, u_h``: Prop. 7.1); :func:`match_heads` compares two models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from attnprobe.errors import ConfigError
+from attnprobe.models.attention import AttentionHead, as_batch, set_frozen
+from attnprobe.models.precision import resolve_dtype
+from attnprobe.models.softmax import softmax_last
+
+
+@dataclass(frozen=True)
+class MultiHeadAttention:
+    """``f(X) = Σ_h softmax(X W_h x_N + X u_h)ᵀ (X v_h) + c`` with ``W (H, d, d)``, ``v (H, d)``, ``u (H, d)``
+    and one scalar ``c`` (the value biases and the output bias of every head summed; it cannot be split
+    among heads from queries). ``dtype`` is the precision the forward pass is computed in (as
+    :class:`AttentionHead`); answers are returned as float64.
+    """
+
+    W: np.ndarray
+    v: np.ndarray
+    u: np.ndarray | None = None
+    c: float = 0.0
+    dtype: str = "float64"
+    kind: ClassVar[str] = "multi_head"
+    _cast: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        W = np.array(self.W, dtype=np.float64)
+        v = np.array(self.v, dtype=np.float64)
+        if v.ndim != 2 or v.shape[0] < 1 or v.shape[1] < 1:
+            raise ConfigError(f"v must have shape (H, d) with H, d >= 1; got {v.shape}")
+        H, d = v.shape
+        if W.shape != (H, d, d):
+            raise ConfigError(f"W must have shape (H, d, d) = ({H}, {d}, {d}) to match v of shape {v.shape}; "
+                              f"got {W.shape}")
+        u = np.zeros((H, d)) if self.u is None else np.array(self.u, dtype=np.float64)
+        if u.shape != (H, d):
+            raise ConfigError(f"u must have shape (H, d) = ({H}, {d}); got {u.shape}")
+        c = np.asarray(self.c, dtype=np.float64)
+        if c.size != 1:
+            raise ConfigError(f"c must be one number (the summed output bias); got shape {c.shape}")
+        if not (np.isfinite(W).all() and np.isfinite(v).all() and np.isfinite(u).all() and np.isfinite(c).all()):
+            raise ConfigError("model parameters must be finite")
+        resolve_dtype(self.dtype)
+        set_frozen(self, W=W, v=v, u=u)
+        object.__setattr__(self, "c", float(c.reshape(())))
+
+    # ----------------------------------------------------------------------------------------------- shape
+    @property
+    def H(self) -> int:
+        return self.v.shape[0]
+
+    @property
+    def d(self) -> int:
+        return self.v.shape[1]
+
+    @property
+    def has_bias(self) -> bool:
+        return bool(np.any(self.u != 0) or self.c != 0)
+
+    @staticmethod
+    def unknowns(d: int, H: int, bias: bool = True) -> int:
+        """Degrees of freedom of the parametrisation: ``H(d² + 2d) + 1`` with biases, ``H(d² + d)`` without."""
+        return H * (d * d + 2 * d) + 1 if bias else H * (d * d + d)
+
+    @staticmethod
+    def query_bound(d: int, H: int) -> int:
+        """``4Hd² − 2H + 1``: the value-query count of the generic multi-head learner (arXiv 2608.03294)."""
+        return 4 * H * d * d - 2 * H + 1
+
+    # ------------------------------------------------------------------------------------------ conversions
+    def head(self, h: int, with_c: bool | None = None) -> AttentionHead:
+        """Head ``h`` alone as an :class:`AttentionHead`. The shared ``c`` goes to head 0 (``with_c=None``),
+        so ``Σ_h head(h)(X) == self(X)``; ``with_c`` forces it on or off."""
+        if not 0 <= h < self.H:
+            raise ConfigError(f"head index must be in 0..{self.H - 1}; got {h}")
+        keep = (h == 0) if with_c is None else bool(with_c)
+        return AttentionHead(self.W[h], self.v[h], self.u[h], self.c if keep else 0.0, self.dtype)
+
+    def heads(self) -> list[AttentionHead]:
+        return [self.head(h) for h in range(self.H)]
+
+    @classmethod
+    def from_heads(cls, heads, c: float | None = None, dtype: str = "float64") -> "MultiHeadAttention":
+        """Stack single heads; ``c`` defaults to the sum of the heads' ``c`` (their sum is the model)."""
+        heads = list(heads)
+        if not heads:
+            raise ConfigError("need at least one head")
+        c = sum(h.c for h in heads) if c is None else c
+        return cls(np.stack([h.W for h in heads]), np.stack([h.v for h in heads]),
+                   np.stack([h.u for h in heads]), c, dtype)
+
+    @classmethod
+    def from_projections(cls, Q, K, V, w_o, b_o: float = 0.0, b_Q=None, b_K=None, b_V=None, *,
+                         scale: float | None = None, dtype: str = "float64") -> "MultiHeadAttention":
+        """The concatenate-then-project layer of App. C, read at the last position, as the sum form.
+
+        ``Q, K, V`` have shape ``(H, d_h, d)`` (per-head projections acting on row vectors: ``q = Q_h x + b_Q``),
+        ``w_o`` (``H·d_h``,) is one row of the output projection over the concatenated heads, ``b_o`` its bias.
+        Then ``W_h = s K_hᵀQ_h``, ``u_h = s K_hᵀ b_Q,h`` (key biases shift all scores of a head equally and
+        cancel in the softmax), ``v_h = V_hᵀ w_o⁽ʰ⁾``, ``c = Σ_h b_V,h·w_o⁽ʰ⁾ + b_o``; ``s = 1/√d_h`` by default.
+        """
+        Q, K, V = (np.asarray(a, dtype=np.float64) for a in (Q, K, V))
+        if Q.ndim != 3 or K.shape != Q.shape or V.shape != Q.shape:
+            raise ConfigError(f"Q, K, V must all have shape (H, d_h, d); got {Q.shape}, {K.shape}, {V.shape}")
+        H, dh, d = Q.shape
+        w = np.asarray(w_o, dtype=np.float64).reshape(-1)
+        if w.shape != (H * dh,):
+            raise ConfigError(f"w_o must have length H·d_h = {H * dh}; got {w.shape}")
+        w = w.reshape(H, dh)
+        zeros = np.zeros((H, dh))
+        bQ = zeros if b_Q is None else np.asarray(b_Q, dtype=np.float64).reshape(H, dh)
+        bV = zeros if b_V is None else np.asarray(b_V, dtype=np.float64).reshape(H, dh)
+        # b_K is accepted for completeness: it adds q·b_K to every score of a head and cancels in the softmax
+        s = 1.0 / np.sqrt(dh) if scale is None else float(scale)
+        W = s * np.einsum("hkd,hke->hde", K, Q)
+        u = s * np.einsum("hkd,hk->hd", K, bQ)
+        v = np.einsum("hkd,hk->hd", V, w)
+        c = float(np.sum(bV * w) + float(b_o))
+        return cls(W, v, u, c, dtype)
+
+    def with_dtype(self, dtype: str) -> "MultiHeadAttention":
+        return MultiHeadAttention(self.W, self.v, self.u, self.c, dtype)
+
+    def permuted(self, perm) -> "MultiHeadAttention":
+        """The same function with heads reordered: head ``i`` of the result is head ``perm[i]`` of this one."""
+        perm = np.asarray(perm, dtype=int)
+        if sorted(perm.tolist()) != list(range(self.H)):
+            raise ConfigError(f"perm must be a permutation of 0..{self.H - 1}; got {perm.tolist()}")
+        return MultiHeadAttention(self.W[perm], self.v[perm], self.u[perm], self.c, self.dtype)
+
+    # ---------------------------------------------------------------------------------------------- forward
+    def _params(self):
+        if not self._cast:
+            dt = resolve_dtype(self.dtype)
+            self._cast.update(dt=dt, W=self.W.astype(dt), v=self.v.astype(dt), u=self.u.astype(dt),
+                              c=np.asarray(self.c, dtype=dt))
+        return self._cast
+
+    def _forward(self, X: np.ndarray):
+        p = self._params()
+        Xc = as_batch(X, self.d).astype(p["dt"])
+        q = np.einsum("hde,be->bhd", p["W"], Xc[:, -1, :])  # W_h x_N
+        scores = np.einsum("bnd,bhd->bhn", Xc, q) + np.einsum("bnd,hd->bhn", Xc, p["u"])
+        return Xc, softmax_last(scores), p
+
+    def attention(self, X: np.ndarray) -> np.ndarray:
+        """Attention weights of every head, shape (B, H, N)."""
+        return self._forward(X)[1]
+
+    def head_outputs(self, X: np.ndarray) -> np.ndarray:
+        """Each head's contribution ``α_hᵀ X v_h`` (without ``c``), shape (B, H), as float64."""
+        Xc, alpha, p = self._forward(X)
+        values = np.einsum("bnd,hd->bhn", Xc, p["v"])
+        return (alpha * values).sum(axis=-1).astype(np.float64)
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        Xc, alpha, p = self._forward(X)
+        values = np.einsum("bnd,hd->bhn", Xc, p["v"])
+        out = (alpha * values).sum(axis=(1, 2)) + p["c"]
+        return out.astype(np.float64)
+
+    # -------------------------------------------------------------------------------------------------- I/O
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"W": self.W, "v": self.v, "u": self.u, "c": np.asarray(self.c)}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "MultiHeadAttention":
+        missing = {"W", "v"} - set(arrays)
+        if missing:
+            raise ConfigError(f"a multi-head model needs arrays {sorted(missing)}")
+        c = float(np.asarray(arrays["c"])) if "c" in arrays else 0.0
+        return cls(arrays["W"], arrays["v"], arrays.get("u"), c, dtype)
+
+
+@dataclass(frozen=True)
+class HeadMatch:
+    """Heads of ``got`` matched to heads of ``true`` (Hungarian assignment on relative parameter distances).
+
+    ``perm[h]`` is the index in ``got`` of the head matched to true head ``h`` (-1 if unmatched, when ``got``
+    has fewer heads). ``W``, ``v``, ``u`` are per-true-head relative errors (inf when unmatched); ``worst`` is
+    the largest relative error over every matched head and parameter; ``c`` the error of the shared bias.
+    """
+
+    perm: np.ndarray
+    W: np.ndarray
+    v: np.ndarray
+    u: np.ndarray
+    c: float
+
+    @property
+    def head_error(self) -> np.ndarray:
+        """Per true head: the largest of its W, v, u relative errors."""
+        return np.maximum(np.maximum(self.W, self.v), self.u)
+
+    @property
+    def worst(self) -> float:
+        return float(self.head_error.max()) if self.head_error.size else 0.0
+
+    def as_dict(self) -> dict:
+        return {"perm": self.perm.tolist(), "W": self.W.tolist(), "v": self.v.tolist(), "u": self.u.tolist(),
+                "c": self.c, "worst": self.worst}
+
+
+def _rel(a: np.ndarray, b: np.ndarray, axes) -> np.ndarray:
+    """‖a − b‖/‖b‖ over ``axes`` (absolute where ‖b‖ = 0)."""
+    num = np.sqrt(np.sum((a - b) ** 2, axis=axes))
+    den = np.sqrt(np.sum(b ** 2, axis=axes))
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), num)
+
+
+def match_heads(true: MultiHeadAttention, got: MultiHeadAttention) -> HeadMatch:
+    """Match the heads of ``got`` to those of ``true`` up to permutation (``scipy.optimize.linear_sum_assignment``
+    on the sum of relative ``W`` and ``v`` distances) and report per-head relative errors of W, v and u."""
+    from scipy.optimize import linear_sum_assignment
+
+    if true.d != got.d:
+        raise ConfigError(f"cannot compare models of widths {true.d} and {got.d}")
+    dW = _rel(got.W[None, :], true.W[:, None], (2, 3))  # (H_true, H_got)
+    dv = _rel(got.v[None, :], true.v[:, None], 2)
+    du = _rel(got.u[None, :], true.u[:, None], 2)
+    rows, cols = linear_sum_assignment(dW + dv)
+    perm = -np.ones(true.H, dtype=int)
+    perm[rows] = cols
+    errs = []
+    for D in (dW, dv, du):
+        e = np.full(true.H, np.inf)
+        e[rows] = D[rows, cols]
+        errs.append(e)
+    c_err = abs(got.c - true.c) / abs(true.c) if true.c != 0 else abs(got.c)
+    return HeadMatch(perm, errs[0], errs[1], errs[2], float(c_err))

@@ -1,0 +1,75 @@
+"""Figures as PNG bytes (matplotlib, Agg backend: no display needed), ready to embed or to write to docs/."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+
+from attnprobe.errors import ConfigError
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ConfigError("figures need matplotlib: pip install 'attnprobe[plots]'") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def new_figure(width: float = 6.0, height: float = 4.0):
+    """A fresh (figure, axes) pair on the Agg backend."""
+    plt = _pyplot()
+    return plt.subplots(figsize=(width, height))
+
+
+def figure_png(fig, path: str | Path | None = None, dpi: int = 110) -> bytes:
+    """Render ``fig`` to PNG bytes (and to ``path`` when given), then close it."""
+    plt = _pyplot()
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    data = buf.getvalue()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(data)
+    return data
+
+
+def labelled_png(fig, ax, *, title: str, xlabel: str, ylabel: str, legend: bool = True, **legend_kw) -> bytes:
+    """Title, axis labels and legend on ``ax``, then :func:`figure_png`."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if legend:
+        ax.legend(**legend_kw)
+    return figure_png(fig)
+
+
+def heatmap_png(values: np.ndarray, *, title: str, xlabel: str, ylabel: str, colorbar: str,
+                log: bool = True, annotate: bool = True, vmin: float | None = None,
+                vmax: float | None = None) -> bytes:
+    """A heatmap of a (rows, cols) array; NaN cells (failed or missing) are drawn grey and marked ×.
+    ``vmin``/``vmax`` fix the colour scale (in log10 units when ``log``) so several maps compare."""
+    values = np.asarray(values, dtype=float)
+    fig, ax = new_figure(max(4.0, 0.55 * values.shape[1] + 2.5), max(2.5, 0.45 * values.shape[0] + 1.5))
+    shown = np.log10(np.maximum(values, 1e-300)) if log else values
+    masked = np.ma.masked_invalid(shown)
+    cmap = _pyplot().get_cmap("viridis").with_extremes(bad="lightgrey")
+    im = ax.imshow(masked, cmap=cmap, aspect="auto", vmin=vmin, vmax=vmax)
+    fig.colorbar(im, ax=ax, label=("log10 " if log else "") + colorbar)
+    ax.set_xticks(range(values.shape[1]))
+    ax.set_yticks(range(values.shape[0]))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if annotate and values.size <= 144:
+        for (i, j), x in np.ndenumerate(values):
+            ax.text(j, i, "×" if not np.isfinite(x) else f"{x:.0e}" if log else f"{x:.3g}",
+                    ha="center", va="center", fontsize=6, color="black" if not np.isfinite(x) else "white")
+    return figure_png(fig)

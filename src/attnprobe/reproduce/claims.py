@@ -1,0 +1,266 @@
+"""The paper's claims as experiments. Each function takes ``quick`` (a small grid that runs in seconds) and
+returns a :class:`Claim`: the paper's statement, what was measured, ``holds`` and a figure (PNG bytes).
+
+Targets are the seeded ones of :mod:`attnprobe.targets`; errors are measured against the truth, which the
+learners never see.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from attnprobe.errors import RecoveryError
+from attnprobe.oracles import Oracle
+from attnprobe.oracles.wrappers import AdversarialNoise, BoundedNoise, Membership
+from attnprobe.reports import Table, relative_error
+from attnprobe.reports.figures import labelled_png, new_figure
+from attnprobe.targets import random_head, random_transformer
+from attnprobe.targets.theorem_heads import margin, theorem_head
+
+EXACT = 1e-8  # relative error we call exact recovery in float64
+
+
+@dataclass
+class Claim:
+    """One claim of the paper and its measurement; ``holds`` is None when the experiment is not available."""
+
+    claim: str
+    title: str
+    paper: str
+    measured: str = ""
+    holds: bool | None = None
+    table: Table | None = None
+    figure: bytes | None = None
+    details: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def summary(self) -> dict:
+        return {"claim": self.claim, "title": self.title, "paper": self.paper, "measured": self.measured,
+                "holds": self.holds, "seconds": self.seconds, "details": self.details}
+
+
+def thm_4_1(quick: bool) -> Claim:
+    """Thm 4.1: ``d + d²`` value queries identify (W, v) exactly (bias-free model, the paper's basis probes)."""
+    from attnprobe.learners.exact import extract_exact
+
+    c = Claim("Thm 4.1", "exact recovery from d + d² value queries",
+              "Assuming v* ≠ 0, W* and v* are exactly learnable in polynomial time with O(d²) value queries; "
+              "the algorithm asks d length-1 queries [e_i] and d² length-2 queries (d + d² in all).")
+    dims = (4, 8, 16, 32, 64) if quick else (4, 8, 16, 32, 64, 128, 256)
+    c.table = Table(["d", "seed", "queries", "d + d²", "rel. error W", "rel. error v"])
+    ok = True
+    for d in dims:
+        for seed in range(2 if quick else 3):
+            h = random_head(d, seed=seed, bias=False)
+            r = extract_exact(Oracle(h, d), probes="basis", bias=False, seed=seed, check=False)
+            ew, ev = relative_error(r.model.W, h.W), relative_error(r.model.v, h.v)
+            c.table.add(d, seed, r.queries, d + d * d, ew, ev)
+            ok &= r.queries == d + d * d and max(ew, ev) <= EXACT
+    worst = max(max(row[4], row[5]) for row in c.table.rows)
+    c.holds = bool(ok)
+    c.measured = (f"queries = d + d² exactly for d ∈ {{{', '.join(map(str, dims))}}}; worst relative error "
+                  f"{worst:.1e}")
+    fig, ax = new_figure()
+    ds = np.array(dims, float)
+    ax.loglog(ds, ds + ds**2, "-", color="grey", label="d + d² (Thm 4.1)")
+    ax.loglog([r[0] for r in c.table.rows], [r[2] for r in c.table.rows], "o", label="queries measured")
+    c.figure = labelled_png(fig, ax, title="Thm 4.1: queries for exact recovery", xlabel="d",
+                            ylabel="value queries")
+    return c
+
+
+def _nuclear_success(d: int, r: int, m: int, seed: int) -> tuple[bool, int]:
+    from attnprobe.learners.nuclear import extract_nuclear
+
+    h = random_head(d, seed=seed, rank=r, bias=False)
+    try:
+        res = extract_nuclear(Oracle(h, d), rank=r, measurements=m, bias=False, seed=seed, check=False,
+                              solver="CLARABEL")  # SCS can take 25x longer near the transition
+    except RecoveryError:
+        return False, m
+    return relative_error(res.model.W, h.W) <= 1e-6, res.queries
+
+
+def thm_5_1(quick: bool) -> Claim:
+    """Thm 5.1: rank-r W from m = O(rd) Gaussian rank-one measurements; the phase transition in m/(rd)."""
+    c = Claim("Thm 5.1", "low rank: O(rd) rank-one measurements and nuclear-norm minimisation",
+              "Assume v* ≠ 0 and rank(W*) ≤ r. A randomized polynomial-time algorithm returns (W*, v*) "
+              "exactly with probability ≥ 1 − e^{−Ω(m)} using d + m queries, where m = O(rd) (program (2)).")
+    C_MAX = 8.0
+    cases = ((8, 1), (8, 2), (12, 1), (12, 2)) if quick else ((8, 1), (8, 2), (16, 1), (16, 2), (16, 4))
+    ratios = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0) if quick else (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0)
+    seeds = range(3 if quick else 5)
+    c.table = Table(["d", "r", "m / (rd)", "m", "recovered (of seeds)", "queries"])
+    curves, transitions = {}, {}
+    for d, r in cases:
+        rates = []
+        for k in ratios:
+            m = int(round(k * r * d))
+            runs = [_nuclear_success(d, r, m, s) for s in seeds]
+            wins = sum(ok for ok, _ in runs)
+            rates.append(wins / len(runs))
+            c.table.add(d, r, k, m, f"{wins}/{len(runs)}", max(q for _, q in runs))
+            if wins == len(runs) and (d, r) not in transitions:
+                transitions[(d, r)] = k
+        curves[(d, r)] = rates
+    c.holds = len(transitions) == len(cases) and max(transitions.values()) <= C_MAX
+    c.details = {"transition_m_over_rd": {f"d={d},r={r}": k for (d, r), k in transitions.items()},
+                 "C_max": C_MAX}
+    found = ", ".join(f"d={d} r={r}: {k:g}" for (d, r), k in sorted(transitions.items()))
+    c.measured = (f"every seed recovers W exactly (rel. error ≤ 1e-6) from m = C·rd measurements once C ≥ "
+                  f"[{found}]; all below C = {C_MAX:g} (our constant for 'O(rd)')"
+                  if transitions else "no m in the grid recovered W for every seed")
+    fig, ax = new_figure()
+    for (d, r), rates in curves.items():
+        ax.plot(ratios, rates, "o-", label=f"d={d}, r={r}")
+    c.figure = labelled_png(fig, ax, title="Thm 5.1: phase transition of nuclear-norm recovery",
+                            xlabel="m / (r d)", ylabel="fraction of seeds recovered exactly")
+    return c
+
+
+def thm_6_1(quick: bool) -> Claim:
+    """Thm 6.1: from AVQ(·; τ) answers the paper's algorithm stays within its guarantee (ε_W, ε_v)."""
+    from attnprobe.learners.robust import extract_robust_paper
+
+    c = Claim("Thm 6.1", "approximate value queries: error never above the guarantee",
+              "With ‖W*‖_F ≤ W (W ≥ 2), ‖v*‖ ≤ 1, min nonzero |v*_i| ≥ μ and a deterministic oracle within ±τ, "
+              "O(d²) approximate value queries give ‖v̂ − v*‖ ≤ ε_v and ‖Ŵ − W*‖_F ≤ ε_W for τ = O(min{μ, "
+              "ε_v/√d, μ ε_W/(W² d)}).")
+    W_BOUND = 2.0
+    oracles = {"avq": lambda h, t, s: BoundedNoise(h, t, seed=s), "adversarial": lambda h, t, s: AdversarialNoise(h, t)}
+    dims = (4, 8) if quick else (4, 8, 16, 32)
+    taus = (1e-6, 1e-4, 1e-2, 0.4999)
+    c.table = Table(["d", "τ / μ", "oracle", "runs", "max ‖Ŵ−W‖_F / ε_W", "max ‖v̂−v‖ / ε_v", "queries"])
+    points, worst_w, worst_v = [], 0.0, 0.0
+    for d in dims:
+        for t_rel in taus:
+            for name, make in oracles.items():
+                rw, rv, qs = [], [], set()
+                for seed in range(2 if quick else 5):
+                    h = theorem_head(d, seed, W_BOUND)
+                    mu = margin(h)
+                    tau = t_rel * mu
+                    r = extract_robust_paper(Oracle(make(h, tau, seed), d), w_bound=W_BOUND, margin=mu,
+                                             tolerance=tau, check=False)
+                    g = r.details["guarantee"]
+                    rw.append(float(np.linalg.norm(r.model.W - h.W)) / g["eps_W"])
+                    rv.append(float(np.linalg.norm(r.model.v - h.v)) / g["eps_v"])
+                    qs.add(r.queries)
+                    points.append((t_rel, rw[-1], name))
+                worst_w, worst_v = max(worst_w, max(rw)), max(worst_v, max(rv))
+                c.table.add(d, t_rel, name, len(rw), max(rw), max(rv), ",".join(map(str, sorted(qs))))
+    c.holds = worst_w <= 1.0 and worst_v <= 1.0 + 1e-9
+    c.details = {"worst_W_ratio": worst_w, "worst_v_ratio": worst_v}
+    c.measured = (f"over {len(points)} runs (d ∈ {{{', '.join(map(str, dims))}}}, τ from 1e-6·μ to μ/2, avq and "
+                  f"adversarial oracles) the largest ‖Ŵ−W‖_F / ε_W is {worst_w:.2e} and the largest ‖v̂−v‖ / ε_v "
+                  f"is {worst_v:.6f} (the adversary puts v's error on the bound); ≤ 1 is within the guarantee")
+    fig, ax = new_figure()
+    for name, marker in (("avq", "o"), ("adversarial", "x")):
+        p = [(t, e) for t, e, n in points if n == name]
+        ax.loglog([t for t, _ in p], [max(e, 1e-18) for _, e in p], marker, label=f"{name} oracle")
+    ax.axhline(1.0, color="red", label="guarantee ε_W")
+    c.figure = labelled_png(fig, ax, title="Thm 6.1: error relative to the guarantee", xlabel="τ / μ",
+                            ylabel="‖Ŵ − W‖_F / ε_W")
+    return c
+
+
+def app_b(quick: bool) -> Claim:
+    """App. B (Thm B.1): membership queries recover W to ε_W and v to ε_v within the theorem's query count."""
+    from attnprobe.learners.membership import extract_membership, paper_membership_plan
+
+    c = Claim("App. B", "membership queries (yes/no answers)",
+              "With MQ(X) = 1[f*(X) > 0], ‖W*‖_F ≤ W, ‖v*‖ = 1, min |v*_i| ≥ μ: O(d/ε_v² log(d²/δ) + d² log(d/(ε_W "
+              "μ))) membership queries give ‖v̂ − v*‖_∞ ≤ ε_v, ‖Ŵ − W*‖_F ≤ ε_W with probability 1 − δ, "
+              "ε_v = ε_W μ³/(40 W d) (Thm B.1).")
+    EPS_W, DELTA, W_BOUND = 1e-3, 0.05, 2.0
+    dims = (4, 8) if quick else (4, 8, 16)
+    c.table = Table(["d", "seed", "‖Ŵ−W‖_F", "ε_W", "‖v̂−v‖_∞", "ε_v", "queries", "Thm B.1 count"])
+    ok = True
+    for d in dims:
+        for seed in range(2 if quick else 5):
+            h = theorem_head(d, seed, W_BOUND)
+            mu = margin(h)
+            r = extract_membership(Oracle(Membership(h), d), seed=seed, check=False)
+            plan = paper_membership_plan(d, EPS_W, W_BOUND, mu, DELTA)
+            ew = float(np.linalg.norm(r.model.W - h.W))
+            ev = float(np.max(np.abs(r.model.v - h.v)))
+            c.table.add(d, seed, ew, EPS_W, ev, plan["eps_v"], r.queries, int(plan["queries"]))
+            ok &= ew <= EPS_W and ev <= plan["eps_v"] and r.queries <= plan["queries"]
+    c.holds = bool(ok)
+    worst = max(row[2] for row in c.table.rows)
+    ratio = max(row[6] / row[7] for row in c.table.rows)
+    c.measured = (f"every run recovers W to ‖Ŵ−W‖_F ≤ {worst:.1e} (ε_W = {EPS_W:g}) and v within ε_v, using at "
+                  f"most {ratio:.1e} × the theorem's query count (default bisection learner, δ = {DELTA:g})")
+    fig, ax = new_figure()
+    xs = np.arange(len(c.table.rows))
+    ax.bar(xs - 0.2, [row[6] for row in c.table.rows], 0.4, label="queries used")
+    ax.bar(xs + 0.2, [row[7] for row in c.table.rows], 0.4, label="Thm B.1 count")
+    ax.set_yscale("log")
+    ax.set_xticks(xs, [f"d={row[0]}\ns={row[1]}" for row in c.table.rows], fontsize=7)
+    c.figure = labelled_png(fig, ax, title=f"App. B: queries for ‖Ŵ−W‖_F ≤ {EPS_W:g}", xlabel="target, seed",
+                            ylabel="membership queries")
+    return c
+
+
+def sec_4_1(quick: bool) -> Claim:
+    """Sec. 4.1: TF(X) − TF(−X) is a single head with v = A w_o; length-1 queries expose the ReLU network."""
+    from attnprobe.learners.transformer import extract_transformer
+
+    c = Claim("Sec 4.1", "one-layer transformers",
+              "TF(X) = w_oᵀ ReLU(α(X,W)ᵀ X A): VQ(X) − VQ(−X) = α(X,W*)ᵀ X v* with v* = A* w_o*, so W* is "
+              "recovered exactly as in Thm 4.1, and length-1 queries reduce (A, w_o) to learning a ReLU network.")
+    cases = ((4, 4), (8, 8), (8, 16)) if quick else ((4, 4), (8, 8), (8, 16), (16, 16), (16, 32), (32, 64))
+    c.table = Table(["d", "m", "seed", "rel. error W", "functional error (fresh inputs)", "queries"])
+    ok = True
+    for d, m in cases:
+        for seed in range(2 if quick else 3):
+            tf = random_transformer(d, m, seed=seed)
+            r = extract_transformer(Oracle(tf, d), seed=seed)
+            ew = relative_error(r.model.W, tf.W)
+            fe = float(r.check["relative_error"])
+            c.table.add(d, m, seed, ew, fe, r.queries)
+            ok &= ew <= EXACT and fe <= EXACT
+    c.holds = bool(ok)
+    c.measured = (f"worst rel. error of W {max(r[3] for r in c.table.rows):.1e}, worst functional error "
+                  f"{max(r[4] for r in c.table.rows):.1e} over {len(c.table.rows)} transformers")
+    fig, ax = new_figure()
+    labels = [f"d={r[0]} m={r[1]}\ns={r[2]}" for r in c.table.rows]
+    xs = np.arange(len(labels))
+    ax.bar(xs - 0.2, [max(r[3], 1e-17) for r in c.table.rows], 0.4, label="rel. error W")
+    ax.bar(xs + 0.2, [max(r[4], 1e-17) for r in c.table.rows], 0.4, label="functional error")
+    ax.axhline(EXACT, color="red", label=f"{EXACT:g}")
+    ax.set_yscale("log")
+    ax.set_xticks(xs, labels, fontsize=7)
+    c.figure = labelled_png(fig, ax, title="Sec 4.1: one-layer transformers", xlabel="transformer, seed",
+                            ylabel="relative error")
+    return c
+
+
+def _not_yet(claim: str, title: str, paper: str):
+    def run(quick: bool) -> Claim:
+        return Claim(claim, title, paper, measured="not yet available: needs the multi-head model and learner "
+                     "(models/multihead.py, learners/multihead/), which have not landed", holds=None)
+    run.__doc__ = f"{claim}: {title} (waits for the multi-head learner)."
+    return run
+
+
+prop_7_1 = _not_yet("Prop 7.1", "multi-head attention is not identifiable in general",
+                    "A multi-head layer with equal W^(h) = A and v^(h) = λ_h b (Σλ_h = 1) computes the same "
+                    "function for every choice of the λ_h: several parameter sets, one function.")
+app_c = _not_yet("App. C", "multi-head attention with heads in orthogonal subspaces",
+                 "When the heads live in mutually orthogonal subspaces, the parameters are identifiable up to a "
+                 "permutation of the heads and are learned from value queries.")
+
+#: every claim, in the paper's order; each entry is claim(quick) -> Claim
+CLAIMS = {"Thm 4.1": thm_4_1, "Sec 4.1": sec_4_1, "Thm 5.1": thm_5_1, "Thm 6.1": thm_6_1, "Prop 7.1": prop_7_1,
+          "App. B": app_b, "App. C": app_c}
+
+
+def timed(fn, quick: bool) -> Claim:
+    t0 = time.perf_counter()
+    c = fn(quick)
+    c.seconds = time.perf_counter() - t0
+    return c

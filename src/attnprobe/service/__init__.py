@@ -1,0 +1,6 @@
+"""The served prediction API (DESIGN.md, "Served API"): a FastAPI app answering queries of one oracle."""
+
+from attnprobe.service.app import ServiceOptions, build_app
+from attnprobe.service.keys import KeyStore
+
+__all__ = ["KeyStore", "ServiceOptions", "build_app"]

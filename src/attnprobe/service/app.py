@@ -1,0 +1,182 @@
+"""FastAPI app serving one oracle callable (DESIGN.md, "Served API").
+
+``POST /v1/query {"inputs": [B sequences × N rows × d numbers]}`` with ``Authorization: Bearer KEY`` →
+``{"outputs": [B numbers]}``; ``GET /v1/info`` (``d``, limits), ``GET /v1/usage`` (the calling key's
+``queries`` and ``budget``), ``GET /healthz`` (no key). Bad input gets a 4xx and never reaches the model:
+401 without or with a wrong key, 413 for a batch, sequence or body above the limits, 422 for anything
+malformed (bad JSON, strings, NaN, ±Infinity, numbers that overflow, empty or ragged sequences, wrong width),
+429 over budget or rate. A request carrying an ``Idempotency-Key`` header that the key already used is
+answered again from a small cache without a second charge (so a client that retries, or resumes after a
+crash, never pays twice for the batch that was in flight).
+"""
+
+
+import hashlib
+import threading
+from dataclasses import dataclass
+from typing import Annotated, Callable
+
+import numpy as np
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from attnprobe.errors import ConfigError
+from attnprobe.service.keys import KeyStore, Refused
+
+API_VERSION = "1"
+
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Row = Annotated[list[Number], Field(min_length=1, description="one token: d numbers")]
+Sequence = Annotated[list[Row], Field(min_length=1, description="N rows of the same width d")]
+
+
+class QueryRequest(BaseModel):
+    inputs: Annotated[list[Sequence], Field(min_length=1, description="B sequences, all of the same length N")]
+
+
+class QueryResponse(BaseModel):
+    outputs: list[float]
+
+
+class InfoResponse(BaseModel):
+    d: int
+    max_batch: int
+    max_length: int
+    name: str
+    api_version: str = API_VERSION
+    rate: float | None = None
+
+
+class UsageResponse(BaseModel):
+    queries: int
+    budget: int | None
+    replayed: int = 0
+
+
+class Health(BaseModel):
+    status: str = "ok"
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    """Limits of the served API. ``max_body_bytes`` defaults to what ``max_batch`` sequences of
+    ``max_length`` rows need at 32 bytes a number (JSON text), with room for whitespace."""
+
+    d: int
+    max_batch: int = 1024
+    max_length: int = 512
+    max_body_bytes: int | None = None
+    name: str = "attnprobe"
+
+    def __post_init__(self) -> None:
+        for field in ("d", "max_batch", "max_length"):
+            if int(getattr(self, field)) < 1:
+                raise ConfigError(f"{field} must be at least 1; got {getattr(self, field)}")
+
+    @property
+    def body_limit(self) -> int:
+        if self.max_body_bytes is not None:
+            return int(self.max_body_bytes)
+        return 64 * 1024 + 32 * self.max_batch * min(self.max_length, 64) * self.d
+
+
+def _problem(status: int, message: str, headers: dict | None = None) -> HTTPException:
+    return HTTPException(status_code=status, detail=message, headers=headers)
+
+
+def build_app(fn: Callable[[np.ndarray], np.ndarray], options: ServiceOptions, keys: KeyStore) -> FastAPI:
+    """The app answering ``fn(X) -> y`` (X of shape (B, N, d)) under ``options`` for the keys in ``keys``."""
+    app = FastAPI(title="attnprobe prediction API", version=API_VERSION,
+                  description="A black-box attention model: send sequences, get one number per sequence.")
+    model_lock = threading.Lock()
+    d = int(options.d)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError):
+        # the offending input is not echoed back: it may be NaN/Infinity (not JSON) or megabytes long
+        errors = [{"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type"))}
+                  for e in exc.errors()[:10]]
+        return JSONResponse({"detail": errors}, status_code=422)
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        size = request.headers.get("content-length")
+        if size is not None:
+            try:
+                too_big = int(size) > options.body_limit
+            except ValueError:
+                return JSONResponse({"detail": "Content-Length is not a number"}, status_code=400)
+            if too_big:
+                return JSONResponse({"detail": f"request body of {size} bytes is above the limit of "
+                                               f"{options.body_limit}; send smaller batches"}, status_code=413)
+        return await call_next(request)
+
+    def caller(authorization: Annotated[str | None, Header()] = None) -> bytes:
+        scheme, _, token = (authorization or "").partition(" ")
+        kh = keys.identify(token.strip()) if scheme.lower() == "bearer" else None
+        if kh is None:
+            raise _problem(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
+                           {"WWW-Authenticate": "Bearer"})
+        return kh
+
+    @app.get("/healthz", response_model=Health)
+    def healthz() -> Health:
+        return Health()
+
+    @app.get("/v1/info", response_model=InfoResponse, responses={401: {"description": "missing or wrong key"}})
+    def info(kh: Annotated[bytes, Depends(caller)]) -> InfoResponse:
+        return InfoResponse(d=d, max_batch=options.max_batch, max_length=options.max_length, name=options.name,
+                            rate=keys.rate)
+
+    @app.get("/v1/usage", response_model=UsageResponse, responses={401: {"description": "missing or wrong key"}})
+    def usage(kh: Annotated[bytes, Depends(caller)]) -> UsageResponse:
+        u = keys.usage(kh)
+        return UsageResponse(queries=u.queries, budget=keys.budget, replayed=u.replayed)
+
+    @app.post("/v1/query", response_model=QueryResponse,
+              responses={401: {"description": "missing or wrong key"}, 413: {"description": "batch too big"},
+                         429: {"description": "over budget or rate"}})
+    def query(body: QueryRequest, kh: Annotated[bytes, Depends(caller)],
+              idempotency_key: Annotated[str | None, Header(max_length=128)] = None) -> QueryResponse:
+        B = len(body.inputs)
+        if B > options.max_batch:
+            raise _problem(413, f"a batch of {B} sequences is above the limit of {options.max_batch}")
+        N = len(body.inputs[0])
+        if N > options.max_length:
+            raise _problem(413, f"sequences of {N} rows are above the limit of {options.max_length}")
+        for i, seq in enumerate(body.inputs):
+            if len(seq) != N:
+                raise _problem(422, f"sequence {i} has {len(seq)} rows but sequence 0 has {N}; all sequences of "
+                                    "a batch must have the same length")
+            for j, row in enumerate(seq):
+                if len(row) != d:
+                    raise _problem(422, f"row {j} of sequence {i} has {len(row)} numbers; every row needs d = {d}")
+        X = np.asarray(body.inputs, dtype=np.float64)
+        idem = None
+        if idempotency_key:  # the cached answer is reused only for the very same batch
+            idem = idempotency_key + ":" + hashlib.sha256(X.tobytes()).hexdigest() + f":{B}x{N}"
+        hit = keys.cached(kh, idem)
+        if hit is not None:
+            return QueryResponse(outputs=hit)
+        try:
+            keys.charge(kh, B)
+        except Refused as exc:
+            headers = {"Retry-After": f"{max(1, int(np.ceil(exc.retry_after)))}"} if exc.retry_after else None
+            raise _problem(429, str(exc), headers) from exc
+        try:
+            with model_lock, np.errstate(all="ignore"):
+                y = np.asarray(fn(X), dtype=np.float64).reshape(B)
+        except Exception:
+            keys.refund(kh, B)
+            raise
+        if not np.all(np.isfinite(y)):
+            keys.refund(kh, B)
+            raise _problem(422, "the model's answer is not finite for this input (its numbers are too large for "
+                                "the model's precision); send smaller numbers")
+        outputs = y.tolist()
+        keys.remember(kh, idem, outputs)
+        return QueryResponse(outputs=outputs)
+
+    return app

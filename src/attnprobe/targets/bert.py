@@ -1,0 +1,111 @@
+"""Single heads of any BERT-family attention layer stored as safetensors (MiniLM, BERT, RoBERTa, ...).
+
+A layer's keys are ``{prefix}encoder.layer.{i}.attention.self.{query,key,value}.{weight,bias}`` and
+``{prefix}encoder.layer.{i}.attention.output.dense.{weight,bias}`` (``prefix`` empty, ``bert.``, ``roberta.``
+...). The tensors are read with ``safetensors.numpy`` (no torch, no network).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from attnprobe.errors import ConfigError
+from attnprobe.models.attention import AttentionHead
+
+SAFETENSORS_HINT = "pip install 'attnprobe[minilm]' (safetensors)"
+_QUERY = re.compile(r"^(.*?)encoder\.layer\.(\d+)\.attention\.self\.query\.weight$")
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str) -> dict[str, np.ndarray]:
+    try:
+        from safetensors.numpy import load_file
+    except ImportError as exc:
+        raise ConfigError(f"reading safetensors checkpoints needs safetensors; run: {SAFETENSORS_HINT}") from exc
+    if not Path(path).exists():
+        raise ConfigError(f"checkpoint {path} does not exist")
+    try:
+        return load_file(path)
+    except Exception as exc:
+        raise ConfigError(f"cannot read {path} as a safetensors file: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class BertCheckpoint:
+    """The attention layers of a BERT-family checkpoint; ``heads_per_layer`` splits each layer's hidden width."""
+
+    path: str
+    heads_per_layer: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", str(self.path))
+        if int(self.heads_per_layer) < 1:
+            raise ConfigError(f"heads_per_layer must be at least 1; got {self.heads_per_layer}")
+        if self.hidden % self.heads_per_layer:
+            raise ConfigError(f"the hidden width {self.hidden} of {self.path} is not divisible by "
+                              f"heads_per_layer={self.heads_per_layer}; give the model's number of heads per layer")
+
+    @functools.cached_property
+    def _layout(self) -> tuple[str, int]:
+        found = [m for m in map(_QUERY.match, _load(self.path)) if m]
+        if not found:
+            raise ConfigError(f"{self.path} has no key like 'encoder.layer.0.attention.self.query.weight'; "
+                              "it is not a BERT-family checkpoint")
+        prefix = found[0].group(1)
+        return prefix, 1 + max(int(m.group(2)) for m in found if m.group(1) == prefix)
+
+    @property
+    def layers(self) -> int:
+        return self._layout[1]
+
+    @property
+    def hidden(self) -> int:
+        return self._get(0, "self.query.weight").shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads_per_layer
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """Every tensor of the checkpoint, as stored (read once per process)."""
+        return _load(self.path)
+
+    def _get(self, layer: int, name: str) -> np.ndarray:
+        key = f"{self._layout[0]}encoder.layer.{layer}.attention.{name}"
+        tensors = _load(self.path)
+        if key not in tensors:
+            raise ConfigError(f"{self.path} has no tensor {key!r}")
+        return tensors[key].astype(np.float64)
+
+    def _check_index(self, layer: int, output_row: int, head: int = 0) -> None:
+        if not (0 <= layer < self.layers and 0 <= head < self.heads_per_layer and 0 <= output_row < self.hidden):
+            raise ConfigError(f"{Path(self.path).name} has layers 0..{self.layers - 1}, heads "
+                              f"0..{self.heads_per_layer - 1}, output rows 0..{self.hidden - 1}; got "
+                              f"layer={layer}, head={head}, output_row={output_row}")
+
+    def layer_projections(self, layer: int, output_row: int) -> dict[str, np.ndarray]:
+        """Per-head float64 projections of one layer: ``Q, K, V (H, d_h, d)``, ``bQ, bV (H, d_h)``, the output
+        row ``w (H, d_h)`` split by head, and its scalar bias ``b``."""
+        self._check_index(layer, output_row)
+        split = lambda a: a.reshape((self.heads_per_layer, self.head_dim) + a.shape[1:])  # noqa: E731
+        return {"Q": split(self._get(layer, "self.query.weight")), "bQ": split(self._get(layer, "self.query.bias")),
+                "K": split(self._get(layer, "self.key.weight")), "V": split(self._get(layer, "self.value.weight")),
+                "bV": split(self._get(layer, "self.value.bias")),
+                "w": split(self._get(layer, "output.dense.weight")[output_row]),
+                "b": self._get(layer, "output.dense.bias")[output_row]}
+
+    def head(self, layer: int = 0, head: int = 0, output_row: int = 0, dtype: str = "float64") -> AttentionHead:
+        """The biased single-head regressor of head ``head`` of layer ``layer`` at output row ``output_row``
+        (DESIGN.md, "Real layers"): ``W = K_hᵀQ_h/√d_h``, ``u = K_hᵀb_{Q,h}/√d_h``, ``v = V_hᵀw``,
+        ``c = b_{V,h}·w + b`` with ``w``, ``b`` row ``output_row`` of the output projection restricted to the
+        head's columns."""
+        self._check_index(layer, output_row, head)
+        p = {k: a[head] if np.ndim(a) else a for k, a in self.layer_projections(layer, output_row).items()}
+        scale = 1.0 / np.sqrt(self.head_dim)
+        return AttentionHead(p["K"].T @ p["Q"] * scale, p["V"].T @ p["w"], p["K"].T @ p["bQ"] * scale,
+                             float(p["bV"] @ p["w"] + p["b"]), dtype)

@@ -1,0 +1,44 @@
+"""Helpers of the hostile-input tests: run the CLI in-process and check the contract (exit code, exactly one
+line on stderr, no traceback) and that no file in the folder was harmed."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from attnprobe.cli import main
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Name -> sha256 of every regular file under ``folder``."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    """``attnprobe argv`` in-process; returns (exit code, stdout, stderr). A traceback would propagate here."""
+    capsys.readouterr()
+    rc = main([str(a) for a in argv])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def one_line(err: str) -> str:
+    """The single non-empty stderr line a failed run must print (asserts there is exactly one)."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith("attnprobe: "), lines[0]
+    return lines[0]
+
+
+def refused(capsys, folder: Path, *argv, code: int = 2, says: str = "") -> str:
+    """Assert the run ends with ``code``, one line containing ``says``, and every file in ``folder`` unchanged
+    (none added, none removed, none modified). Returns the line."""
+    before = snapshot(folder)
+    rc, _, err = run(capsys, *argv)
+    line = one_line(err)
+    assert rc == code, (rc, err)
+    assert says in line, line
+    assert snapshot(folder) == before
+    return line

@@ -1,0 +1,67 @@
+"""SIGINT and SIGTERM end every run promptly with 130/143 and one line saying how many queries were spent,
+even inside the SCS solver (which would otherwise trap Ctrl-C and fall back to another solver)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from attnprobe.models import save_model
+from attnprobe.targets import random_head
+
+
+def _start(tmp_path, *args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return subprocess.Popen([sys.executable, "-m", "attnprobe", "extract", *args, "--out", "o.npz", "--quiet"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_for(marker, proc):
+    """Wait until the run touches ``marker`` (or ends)."""
+    for _ in range(1200):
+        if marker.exists() or proc.poll() is not None:
+            return
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"),
+                                             (signal.SIGTERM, 143, "terminated")])
+def test_signal_ends_nuclear_inside_the_solver(tmp_path, sig, code, word):
+    pytest.importorskip("cvxpy")
+    save_model(random_head(48, seed=0, rank=2), tmp_path / "h.npz")
+    # the oracle's module also marks the moment SCS starts (scs.solve is what cvxpy calls), so that the signal
+    # arrives inside the solver, where SCS would trap SIGINT and the run would go on with another solver
+    (tmp_path / "victim.py").write_text(
+        "import pathlib, scs\nfrom attnprobe.models import load_model\nhead = load_model('h.npz')\n"
+        "real = scs.solve\n"
+        "def solve(*a, **k):\n    pathlib.Path('solving').touch()\n    return real(*a, **k)\n"
+        "scs.solve = solve\n"
+        "def answer(X):\n    return head(X)\n")
+    proc = _start(tmp_path, "--oracle", "victim:answer", "--d", "48", "--method", "nuclear", "--rank", "2")
+    _wait_for(tmp_path / "solving", proc)
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == code, err
+    assert len(lines) == 1 and lines[0].startswith(f"attnprobe: {word}") and "Traceback" not in err
+    spent = int(lines[0].rsplit("; ", 1)[1].split()[0])
+    assert spent > 576 and "not logged" in lines[0]
+    assert not (tmp_path / "o.npz").exists() and not (tmp_path / "o.json").exists()
+    assert "CLARABEL" not in err + out
+
+
+def test_nuclear_refuses_a_solve_estimated_too_long_before_any_query(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("cvxpy")
+    from hostile import refused
+
+    save_model(random_head(160, seed=0, rank=2), tmp_path / "big.npz")
+    monkeypatch.chdir(tmp_path)
+    line = refused(capsys, tmp_path, "extract", "--target", "big.npz", "--method", "nuclear", "--rank", "2",
+                   "--out", "o.npz", "--quiet", says="would take about")
+    assert "GiB" in line and "no queries spent" not in line and "0 queries spent" in line
