@@ -1,159 +1,153 @@
-"""Peer comparison: the Adversarial Robustness Toolbox's FunctionallyEquivalentExtraction (Jagielski et
-al. 2020, a one-hidden-layer ReLU extractor) against attnprobe's FFN learner on the same bias-free ReLU networks.
+"""Fair peer comparison of ReLU-network extraction: attnprobe's FFN learner against the Adversarial Robustness
+Toolbox's FunctionallyEquivalentExtraction (Jagielski et al. 2020), set up as its authors intend.
 
-    pip install adversarial-robustness-toolbox     # after torch==2.13.0 if torch is wanted; ART does not pull torch
-    python benchmarks/peers.py [--timeout 60] [--seeds 1]
+    PYTHONPATH=src python -W ignore benchmarks/peers.py [--seeds 2] [--art-seeds 2] [--timeout 300] [--write]
 
-ART's victim is wrapped so every input row it asks about is counted (its last-layer fit asks about the sample
-inputs it is given, counted too). ART's model has biases and K outputs, so the bias-free scalar networks are inside
-its assumptions (biases 0; K = 2 outputs f and −f, since ART needs two classes); it needs the number of neurons m, which attnprobe does not. ART computes in
-float32. Both are scored by the relative error on the same 256 fresh Gaussian inputs (not counted as queries).
+Both learners query the same networks at the same answer precision (a float64 column and a float32 one: the
+victim computes and answers in that precision). ART is set up as in its own example: ``art.config.ART_NUMPY_DTYPE
+= np.float64`` (its example sets Keras to float64), ``BlackBoxClassifierNeuralNetwork(..., preprocessing=None)``
+(the default (0, 1) preprocessing would cast every input to float32), its default ``extract`` parameters, the
+number of neurons m given (attnprobe is not told m), and 100 fresh inputs for its last-layer fit (its example
+passes ``x_test[0:100]``; those queries are counted). Every row either learner sends is counted by a wrapper
+whose count survives a stopped run. Each ART run is stopped after ``--timeout`` seconds.
+
+Networks: ART's own setting, 784-16-10 with hidden and output biases (random Gaussian weights of that shape:
+:func:`attnprobe.targets.random_relu_net` with ``bias=True, outputs=10``), and the paper's bias-free scalar nets
+(Sec. 4.1) at small d, m, which ART sees as two logits (f, −f) because it needs at least two classes.
+Scored on 1000 fresh N(0, I) inputs (not counted): the relative L2 error over all outputs, and the neurons
+recovered to < 1e-3 up to permutation and positive scale (direction of (a_k, b_k) and output weights).
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from attnprobe.learners.ffn import extract_ffn
+from attnprobe.models import ReLUNet, neuron_errors
 from attnprobe.oracles import Oracle
-from attnprobe.reports import Table, command_line, write_section
 from attnprobe.targets import random_relu_net
 
-TITLE = "ART FunctionallyEquivalentExtraction (Jagielski et al. 2020) against the FFN learner"
+from attnprobe.reports import Table, relative_error as rel, write_section
+
+TITLE = "Peer comparison: ReLU networks, attnprobe vs ART FunctionallyEquivalentExtraction (fair setup)"
+SMALL = ((8, 4), (8, 8), (16, 8), (16, 16))
 
 
-class CountingVictim:
-    """The victim as ART sees it: rows (n, d) -> logits (f(x), −f(x)) (ART needs at least two classes; the pair is
-    the same hidden layer read by w_o and −w_o); counts every row."""
+def network(kind: str, d: int, m: int, seed: int) -> ReLUNet:
+    if kind == "art":
+        return random_relu_net(d, m, seed=seed, bias=True, outputs=10)
+    return random_relu_net(d, m, seed=seed)
 
-    def __init__(self, net, counter=None):
-        self.net = net
-        self.counter = counter  # a multiprocessing.Value, so the count survives a stopped run
 
-    @property
-    def rows(self):
-        return self.counter.value
+class Victim:
+    """Rows (n, d) -> answers in ``precision``; every row counted in a shared counter. ``pair``: a scalar net is
+    answered as the two logits (f, −f) (ART needs two classes)."""
+
+    def __init__(self, net: ReLUNet, precision: str, counter, pair: bool = False) -> None:
+        self.net, self.counter, self.pair = net.with_dtype(precision), counter, pair
 
     def __call__(self, x):
         x = np.asarray(x, dtype=np.float64).reshape(-1, self.net.d)
         self.counter.value += x.shape[0]
         y = self.net.forward(x)
-        return np.stack([y, -y], axis=1)
+        return np.stack([y, -y], axis=1) if self.pair else y
 
 
-def fresh_error(net, predict, seed):
-    X = np.random.default_rng(seed + 7).standard_normal((256, net.d))
-    y = net.forward(X)
-    yh = np.asarray(predict(X), dtype=np.float64).reshape(-1)
-    return float(np.linalg.norm(yh - y) / np.linalg.norm(y))
+def score(net: ReLUNet, model: ReLUNet, seed: int) -> tuple[float, int]:
+    X = np.random.default_rng(10_000 + seed).standard_normal((1000, net.d))
+    err = rel(model.forward(X), net.forward(X))
+    ne = neuron_errors(net.A, net.w_o, model.A, model.w_o, b_true=net.b, b_hat=model.b)
+    return err, ne["within_1e-3"]
 
 
-def run_art(d, m, seed, queue, counter, params):
+def run_art(kind, d, m, seed, precision, queue, counter):
+    import art.config
+
+    art.config.ART_NUMPY_DTYPE = np.float64
     from art.attacks.extraction import FunctionallyEquivalentExtraction
     from art.estimators.classification import BlackBoxClassifierNeuralNetwork
 
-    net = random_relu_net(d, m, seed=seed)
-    victim = CountingVictim(net, counter)
-    np.random.seed(seed)
-    clf = BlackBoxClassifierNeuralNetwork(victim, input_shape=(d,), nb_classes=2)
+    net = network(kind, d, m, seed)
+    victim = Victim(net, precision, counter, pair=net.outputs is None)
+    np.random.seed(seed)  # ART draws its search line and probes from numpy's global generator
+    K = net.outputs or 2
+    clf = BlackBoxClassifierNeuralNetwork(victim, input_shape=(d,), nb_classes=K, preprocessing=None)
     attack = FunctionallyEquivalentExtraction(classifier=clf, num_neurons=m)
-    X_fit = np.random.default_rng(seed).standard_normal((10 * (m + 1), d)).astype(np.float32)
+    sample = np.random.default_rng(20_000 + seed).standard_normal((100, d))
     t0 = time.perf_counter()
     try:
-        extracted = attack.extract(X_fit, **params)
-        err = fresh_error(net, lambda X: extracted.predict(X.astype(np.float32))[:, 0], seed)
-        status = "ok"
-    except Exception as exc:  # ART raises AssertionError when it finds the wrong number of critical points
-        err, status = float("nan"), f"failed: {type(exc).__name__}: {str(exc)[:80]}"
-    queue.put((victim.rows, err, time.perf_counter() - t0, status))
+        attack.extract(sample)
+        w_1, b_1 = attack.w_1, attack.b_1[:, 0]
+        if net.outputs is None:  # logits (f, −f): f is the first
+            w_1, b_1 = w_1[:, 0], b_1[0]
+        model = ReLUNet(attack.w_0, w_1, "float64", attack.b_0[:, 0], b_1)
+        err, good = score(net, model, seed)
+        status = "model returned"
+    except Exception as exc:  # ART asserts on the number of critical points it found
+        err, good, status = float("nan"), 0, f"failed: {type(exc).__name__}: {str(exc)[:70]}"
+    queue.put((err, good, time.perf_counter() - t0, status))
 
 
-class BiasedNet:
-    """ART's home setting as a harness check: ``x ↦ w_oᵀReLU(Aᵀx + b)`` with a random bias b."""
-
-    def __init__(self, d, m, seed):
-        rng = np.random.default_rng(seed)
-        self.d, self.A = d, rng.standard_normal((d, m)) / np.sqrt(d)
-        self.b, self.w_o = rng.standard_normal(m), rng.standard_normal(m)
-
-    def forward(self, x):
-        return np.maximum(np.asarray(x, dtype=np.float64) @ self.A + self.b, 0) @ self.w_o
-
-
-def run_art_biased(d, m, seed, queue, counter, params):
-    from art.attacks.extraction import FunctionallyEquivalentExtraction
-    from art.estimators.classification import BlackBoxClassifierNeuralNetwork
-
-    net = BiasedNet(d, m, seed)
-    victim = CountingVictim(net, counter)
-    np.random.seed(seed)
-    attack = FunctionallyEquivalentExtraction(
-        classifier=BlackBoxClassifierNeuralNetwork(victim, input_shape=(d,), nb_classes=2), num_neurons=m)
-    t0 = time.perf_counter()
-    try:
-        extracted = attack.extract(np.random.default_rng(seed).standard_normal((10 * (m + 1), d)).astype(np.float32),
-                                   **params)
-        err = fresh_error(net, lambda X: extracted.predict(X.astype(np.float32))[:, 0], seed)
-        status = "ok"
-    except Exception as exc:
-        err, status = float("nan"), f"failed: {type(exc).__name__}: {str(exc)[:80]}"
-    queue.put((victim.rows, err, time.perf_counter() - t0, status))
-
-
-def run_ours(d, m, seed):
-    net = random_relu_net(d, m, seed=seed)
-    o = Oracle(net, d)
-    t0 = time.perf_counter()
-    res = extract_ffn(o, seed=seed, check=False)
-    return res.queries, fresh_error(net, res.model.forward, seed), time.perf_counter() - t0
-
-
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds per ART run")
-    p.add_argument("--seeds", type=int, default=1)
-    p.add_argument("--biased", action="store_true", help="only the harness check: ART on a ReLU net with biases")
-    args = p.parse_args()
-    if args.biased:
-        ctx = mp.get_context("fork")
-        q, counter = ctx.Queue(), ctx.Value("q", 0)
-        proc = ctx.Process(target=run_art_biased, args=(8, 4, 0, q, counter, {}))
-        proc.start()
-        proc.join(args.timeout)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join()
-            print(f"ART on a biased net d=8, m=4: stopped after {args.timeout:.0f} s and {counter.value} queries")
-        else:
-            print("ART on a biased net d=8, m=4 (queries, rel. error, s, status):", q.get())
-        return
-    t = Table(["d", "m", "seed", "ART settings", "ART queries", "ART rel. error", "ART s", "ART status",
-               "attnprobe queries", "attnprobe rel. error", "attnprobe s"])
+def art_row(kind, d, m, seed, precision, timeout):
     ctx = mp.get_context("fork")
-    configs = {"ART defaults": {}, "ART loosened": {"rel_diff_slope": 1e-3, "rel_diff_value": 1e-3}}
-    for d, m in ((8, 4), (8, 8), (16, 8), (16, 16)):
-        for seed in range(args.seeds):
-            o_q, o_err, o_s = run_ours(d, m, seed)
-            for name, params in configs.items():
-                q, counter = ctx.Queue(), ctx.Value("q", 0)
-                proc = ctx.Process(target=run_art, args=(d, m, seed, q, counter, params))
-                proc.start()
-                proc.join(args.timeout)
-                if proc.is_alive():
-                    proc.terminate()
-                    proc.join()
-                    a_rows, a_err, a_s = counter.value, float("nan"), args.timeout
-                    status = f"stopped after {args.timeout:.0f} s (no result)"
-                else:
-                    a_rows, a_err, a_s, status = q.get()
-                t.add(d, m, seed, name, a_rows, f"{a_err:.1e}", f"{a_s:.1f}", status, o_q, f"{o_err:.1e}",
-                      f"{o_s:.1f}")
-                print(t.rows[-1], flush=True)
-    write_section(TITLE, t.markdown(), command_line(), parent="Peer comparison")
+    q, counter = ctx.Queue(), ctx.Value("q", 0)
+    proc = ctx.Process(target=run_art, args=(kind, d, m, seed, precision, q, counter))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join()
+        return counter.value, float("nan"), 0, timeout, f"stopped after {timeout:.0f} s (no model)"
+    err, good, secs, status = q.get()
+    return counter.value, err, good, secs, status
+
+
+def ours_row(kind, d, m, seed, precision):
+    net = network(kind, d, m, seed)
+    oracle = Oracle(net.with_dtype(precision), d, precision=precision)
+    t0 = time.perf_counter()
+    try:
+        res = extract_ffn(oracle, seed=seed, bias=kind == "art", check=False)
+        err, good = score(net, res.model, seed)
+        status = "model returned"
+    except Exception as exc:  # report, never hide
+        err, good, status = float("nan"), 0, f"failed: {type(exc).__name__}: {str(exc)[:70]}"
+    return oracle.queries, err, good, time.perf_counter() - t0, status
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=2, help="seeds per small bias-free network")
+    ap.add_argument("--art-seeds", type=int, default=2, help="seeds of ART's own 784-16-10 setting")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per ART run")
+    ap.add_argument("--precisions", nargs="+", default=["float64", "float32"])
+    ap.add_argument("--networks", nargs="+", choices=["art", "paper"], default=["art", "paper"],
+                    help="art: ART's 784-16-10 biased setting; paper: the small bias-free nets")
+    ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
+    a = ap.parse_args(argv)
+    cases = [("art", 784, 16, s) for s in range(a.art_seeds)] if "art" in a.networks else []
+    cases += [("paper", d, m, s) for d, m in SMALL for s in range(a.seeds)] if "paper" in a.networks else []
+    rows = []
+    for kind, d, m, seed in cases:
+        for precision in a.precisions:
+            for name, fn in (("attnprobe", lambda: ours_row(kind, d, m, seed, precision)),
+                             ("ART", lambda: art_row(kind, d, m, seed, precision, a.timeout))):
+                q, err, good, secs, status = fn()
+                label = f"{d}-{m}-10 biased" if kind == "art" else f"{d}-{m}-1 bias-free"
+                rows.append([label, seed, precision, name, q, round(secs, 1), err, f"{good}/{m}", status])
+                print(rows[-1], flush=True)
+    out = Table(["network", "seed", "answers", "learner", "queries", "seconds", "rel. L2 error (1000 fresh)",
+                 "neurons < 1e-3", "outcome"], rows).markdown()
+    print(out)
+    if a.write:
+        title = TITLE if len(a.networks) == 2 else f"{TITLE}: {'ART setting' if a.networks == ['art'] else 'small bias-free nets'}, ART stopped after {a.timeout:.0f} s"
+        write_section(title, out, "PYTHONPATH=src python -W ignore benchmarks/peers.py " + " ".join(argv or sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -27,13 +27,19 @@ def folder(tmp_path, monkeypatch):
 @pytest.mark.parametrize("argv", [
     ["--target", "u.npz", "--no-bias"],                                   # the model class drops u: W 99 % wrong
     ["--target", "t.npz", "--method", "transformer"],                     # an attention head is no transformer
-    ["--target", "t.npz", "--method", "ffn"],
     ["--target", "t.npz", "--method", "robust", "--probes", "paper", "--w-bound", "3", "--margin", "0.01"],
 ])
 def test_failed_check_exits_3_and_writes_nothing(folder, capsys, argv):
     line = refused(capsys, folder, "extract", *argv, "--out", "o.npz", "--quiet", code=3, says="check failed")
     assert "tolerance" in line and "nothing written" in line and "queries spent (not logged)" in line
     assert not (folder / "o.npz").exists() and not (folder / "o.json").exists()
+
+
+def test_ffn_on_an_attention_head_is_refused_as_affine(folder, capsys):
+    # length-1 queries of a head are affine in x: the ReLU-network learner (biases allowed) finds no kink and
+    # refuses (exit 2) instead of returning a network whose check then fails
+    refused(capsys, folder, "extract", "--target", "t.npz", "--method", "ffn", "--out", "o.npz", "--quiet", code=2,
+            says="no kink")
 
 
 def test_failed_check_nuclear_too_few_measurements(folder, capsys):

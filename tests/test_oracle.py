@@ -43,7 +43,7 @@ def test_budget_refuses_before_asking():
 
 
 @pytest.mark.parametrize("answer, match", [
-    (lambda X: np.zeros((len(X), 1)), "shape"),
+    (lambda X: np.zeros((len(X), 2, 1)), "shape"),  # (B, K) answers are fine, (B, K, 1) are not
     (lambda X: np.zeros(len(X) + 1), "shape"),
     (lambda X: np.full(len(X), np.nan), "non-finite"),
     (lambda X: np.full(len(X), np.inf), "non-finite"),
@@ -104,3 +104,23 @@ def test_oracle_from_file_uses_the_saved_model(tmp_path):
     assert o.precision == "float32"
     assert np.allclose(o(X), m(X), rtol=1e-5)
     assert not np.array_equal(o(X), m(X))
+
+
+def test_vector_answers_count_one_query_per_sequence_and_keep_their_width():
+    o = Oracle(lambda X: np.stack([X[:, 0, 0], 2 * X[:, 0, 1], X[:, -1, 0]], axis=1), 2)
+    y = o(np.ones((4, 3, 2)))
+    assert y.shape == (4, 3) and o.outputs == 3 and o.queries == 4
+    assert o(np.zeros((0, 1, 2))).shape == (0, 3)
+    # a callable whose width changes between batches is refused
+    flip = iter([np.zeros((2, 3)), np.zeros((2, 4))])
+    o2 = Oracle(lambda X: next(flip), 2)
+    o2(np.ones((2, 1, 2)))
+    with pytest.raises(OracleAnswerError, match=r"\(2, 3\)"):
+        o2(np.ones((2, 1, 2)))
+    # scalar answers stay scalar; outputs=K insists on K
+    with pytest.raises(OracleAnswerError, match=r"\(3, 5\)"):
+        Oracle(lambda X: np.zeros(len(X)), 2, outputs=5)(np.ones((3, 1, 2)))
+    with pytest.raises(OracleAnswerError, match=r"\(3, 2\)"):
+        Oracle(lambda X: np.zeros((len(X), 3)), 2, outputs=2)(np.ones((3, 1, 2)))
+    s = Oracle(lambda X: np.zeros(len(X)), 2)
+    assert s(np.ones((3, 1, 2))).shape == (3,) and s.outputs == 1

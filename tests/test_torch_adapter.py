@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from attnprobe.errors import OracleError
+from attnprobe.models import neuron_errors
 from attnprobe.learners.transformer import extract_transformer
 from attnprobe.oracles.torch_adapter import (TorchOneLayerTransformer, oracle_from_torch, transformer_from_torch,
                                              transformer_to_torch)
@@ -54,9 +55,15 @@ def test_float32_victim_end_to_end(d, m):
     rec = transformer_to_torch(res.model)
     X = np.random.default_rng(2).standard_normal((256, 5, d))
     a, b = run(vic, X), run(rec, X)
-    # float32 precision: m = 2d used to lose a weak neuron (3e-3 .. 1e-2)
+    # float32 precision: m = 2d used to lose a weak neuron (3e-3 .. 1e-2); at (8, 8) the orientation solve sat on a
+    # knife edge (cond(J) ≈ 1.4e3: the true signs' residual, 1.96e-3·‖v‖ from float32 jump errors, against a
+    # 2.0e-3 tolerance, so another CPU's float32 rounding gave 7.6e-4): every neuron must be found, oriented and
+    # matched one to one, and the function then agrees to a few float32 roundings of the attention part
+    ffn = res.details["ffn"]
+    assert ffn["neurons_found"] == m and ffn["orientation_exact"]
+    err = neuron_errors(truth.A, truth.w_o, res.model.A, res.model.w_o)
+    assert err["matched_one_to_one"] and err["recovered_neurons"] == m and err["direction_error"] <= 1e-4
     assert np.linalg.norm(a - b) / np.linalg.norm(a) <= 3e-5
-    assert res.details["ffn"]["neurons_found"] == m
     qb = res.details["query_breakdown"]
     assert qb["attention"] + qb["ffn"] == res.queries
 

@@ -77,7 +77,8 @@ def _run_ffn(oracle, args, progress):
     from attnprobe.learners.ffn import extract_ffn
 
     return extract_ffn(oracle, seed=args.seed, progress=progress,
-                       sign_time_limit=_default(args.sign_time_limit, SIGN_TIME_LIMIT))
+                       sign_time_limit=_default(args.sign_time_limit, SIGN_TIME_LIMIT), bias=not args.no_bias,
+                       hidden=args.hidden)
 
 
 def _default(value, default):
@@ -132,14 +133,14 @@ PARAM_FLAGS = {"rank": "--rank", "oversample": "--oversample", "measurements": "
                "solver": "--solver", "probes": "--probes", "seed": "--seed", "budget": "--budget", "d": "--d",
                "tolerance": "--tolerance", "w_bound": "--w-bound", "margin": "--margin", "queries": "--queries",
                "max_scale": "--max-scale", "eps_w": "--eps-w", "delta": "--delta", "samples": "--samples",
-               "sign_time_limit": "--sign-time-limit",
+               "sign_time_limit": "--sign-time-limit", "hidden": "--hidden", "outputs": "--outputs",
                "heads": "--heads", "max_heads": "--max-heads", "subspaces": "--subspaces"}
 #: methods whose probe design --probes chooses (the others have one design and refuse the option)
 TAKES_PROBES = {"exact", "robust", "membership", "transformer"}
 #: method-specific options (argparse dests) and the methods that use them; giving one to another method is an
 #: error rather than silently ignored. A method missing from every set (e.g. added later) is not restricted.
 METHOD_OPTIONS = {
-    "no_bias": {"exact", "lowrank", "nuclear", "robust", "multihead"},
+    "no_bias": {"exact", "lowrank", "nuclear", "robust", "multihead", "ffn"}, "hidden": {"ffn"},
     "heads": {"multihead"}, "max_heads": {"multihead"}, "subspaces": {"multihead"}, "multihead_learner": {"multihead"},
     "rank": {"lowrank", "nuclear", "multihead"}, "oversample": {"lowrank"},
     "measurements": {"nuclear"}, "solver": {"nuclear"}, "solver_time_limit": {"nuclear"},
@@ -177,7 +178,7 @@ def _oracle_from_args(args) -> Oracle:
 
 
 def _plain_oracle_from_args(args) -> Oracle:
-    kw = {"budget": args.budget}
+    kw = {"budget": args.budget, "outputs": args.outputs}
     if args.answer_precision:
         kw["precision"] = args.answer_precision
     if args.target and args.oracle:
@@ -256,6 +257,10 @@ def add_parser(sub) -> None:
     e.add_argument("--sign-time-limit", type=positive_float, metavar="SEC",
                    help="transformer/ffn: seconds the 0/1 program may spend on neuron orientations (m > d; default 5)")
     e.add_argument("--budget", type=nonneg_int, help="refuse to spend more than this many queries")
+    e.add_argument("--outputs", type=positive_int, metavar="K",
+                   help="the oracle answers K numbers per sequence (e.g. logits); default: taken from its first answer")
+    e.add_argument("--hidden", type=positive_int, metavar="M",
+                   help="ffn: hidden width if known (neurons no answer shows are then reported as unidentifiable)")
     lr = e.add_argument_group("low-rank heads (--method lowrank / nuclear)")
     lr.add_argument("--rank", type=positive_int, help="rank bound r of W (head dimension); lowrank detects it when omitted")
     lr.add_argument("--oversample", type=nonneg_int,

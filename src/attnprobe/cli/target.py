@@ -23,7 +23,8 @@ def run(args) -> int:
 
         m = args.d if args.m is None else args.m
         model = (random_transformer(args.d, m, seed=args.seed, scale=args.scale, rank=args.rank)
-                 if args.kind == "transformer" else random_relu_net(args.d, m, seed=args.seed))
+                 if args.kind == "transformer" else
+                 random_relu_net(args.d, m, seed=args.seed, bias=args.relu_bias, outputs=args.outputs))
     elif args.kind == "multihead":
         return _multihead(args)
     elif args.kind == "minilm-layer":
@@ -75,6 +76,8 @@ def add_parser(sub) -> None:
     t.add_argument("--scale", type=positive_float, default=1.0, help="RMS attention logit on unit inputs")
     t.add_argument("--zero-v", type=nonneg_int, default=0, help="number of zero entries of v")
     t.add_argument("--no-bias", action="store_true")
+    t.add_argument("--relu-bias", action="store_true", help="relu: hidden biases b and output bias c")
+    t.add_argument("--outputs", type=int, metavar="K", help="relu: K outputs per input (w_o of shape m×K)")
     t.add_argument("--layer", type=nonneg_int, default=0)
     t.add_argument("--head", type=nonneg_int, default=0)
     t.add_argument("--row", type=nonneg_int, default=0)

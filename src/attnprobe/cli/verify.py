@@ -17,7 +17,10 @@ def _ffn_errors(true_model, result) -> dict[str, float]:
     if true_model.kind == "one_layer_transformer" and result.kind == true_model.kind:
         for name, a, b in (("W", result.W, true_model.W), ("v", result.v, true_model.v)):
             out[name] = relative_error(a, b)
-    ne = neuron_errors(true_model.A, true_model.w_o, result.A, result.w_o)
+    biases = {"b_true": getattr(true_model, "b", None), "b_hat": getattr(result, "b", None)}
+    if all(b is None for b in biases.values()):
+        biases = {}
+    ne = neuron_errors(true_model.A, true_model.w_o, result.A, result.w_o, **biases)
     out["neuron_direction"], out["neuron_weight"] = ne["direction_error"], ne["weight_error"]
     return out
 

@@ -19,7 +19,11 @@ QueryFn = Callable[[np.ndarray], np.ndarray]
 
 
 class Oracle:
-    """Wraps a callable ``fn(X) -> y`` with ``X`` of shape (B, N, d) and ``y`` of shape (B,).
+    """Wraps a callable ``fn(X) -> y`` with ``X`` of shape (B, N, d) and ``y`` of shape (B,) or (B, K).
+
+    A callable may answer a vector of K outputs per sequence (a classifier's logits): each sequence is still one
+    query. K is taken from the first answer (``outputs``), or fixed up front by ``outputs=K``; every later answer
+    must have the same K.
 
     ``queries`` counts every sequence sent to ``fn``. A call that would pass ``budget`` raises
     :class:`BudgetExceededError` before ``fn`` is asked. Answers that are mis-shaped or non-finite raise
@@ -38,7 +42,7 @@ class Oracle:
     UNPHASED = "unphased"
 
     def __init__(self, fn: QueryFn, d: int, *, budget: int | None = None, precision: str = "float64",
-                 max_batch: int = 65536, name: str | None = None, log=None) -> None:
+                 max_batch: int = 65536, name: str | None = None, log=None, outputs: int | None = None) -> None:
         if not callable(fn):
             hint = (" (a torch module: wrap it with attnprobe.oracles.torch_adapter)"
                     if type(fn).__module__.startswith("torch") else "")
@@ -51,6 +55,9 @@ class Oracle:
         self._eps_floor = unit_roundoff("float64" if precision == "auto" else precision)
         self.max_batch = int(max_batch)
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        #: outputs per sequence: None until the first answer (scalar answers set 1 and keep the (B,) shape)
+        self.outputs = check_int(outputs, "outputs", min_value=1, allow_none=True)
+        self._vector = None if outputs is None else True
         self.queries = 0
         self.queries_by_phase: dict[str, int] = {}
         self._phases: list[tuple[str, bool]] = []
@@ -139,7 +146,7 @@ class Oracle:
         if self.log is None:
             self.require(B, f"a batch of {B} queries")
         if B == 0:
-            return np.zeros(0)
+            return np.zeros((0, self.outputs)) if self._vector else np.zeros(0)
         parts = [self._answer_part(X[i:i + self.max_batch]) for i in range(0, B, self.max_batch)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
@@ -162,9 +169,7 @@ class Oracle:
         finally:
             self._charge(B)
         y = self._numbers(raw, B)
-        if y.shape != (B,):
-            raise OracleAnswerError(f"the oracle {self.name!r} answered with shape {y.shape} for a batch of "
-                                    f"{B} sequences; it must return one number per sequence, shape ({B},)")
+        self._check_shape(y, B)
         bad = ~np.isfinite(y)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
@@ -172,6 +177,21 @@ class Oracle:
                                     f"a batch of shape {X.shape}; {int(bad.sum())} answers in the batch are "
                                     "not finite. Check the target for overflow or lower the probe scale.")
         return y
+
+    def _check_shape(self, y: np.ndarray, B: int) -> None:
+        """Answers are (B,) or (B, K); K is fixed by the first answer (or by ``outputs``) and may not change."""
+        vector = y.ndim == 2 and y.shape[0] == B and y.shape[1] >= 1
+        if y.shape == (B,) and self._vector is not True:
+            self._vector, self.outputs = False, 1
+            return
+        if vector and self._vector is not False and (self.outputs is None or y.shape[1] == self.outputs):
+            self._vector, self.outputs = True, y.shape[1]
+            return
+        want = (f"({B},)" if self._vector is False else f"({B}, {self.outputs})" if self.outputs
+                else f"({B},) or ({B}, K)")
+        raise OracleAnswerError(f"the oracle {self.name!r} answered with shape {y.shape} for a batch of {B} "
+                                f"sequences; it must return shape {want} (one number, or the same K outputs, per "
+                                "sequence)")
 
     def _numbers(self, raw, B: int) -> np.ndarray:
         """The answers as float64, refusing what a conversion would corrupt (complex, strings, objects)."""

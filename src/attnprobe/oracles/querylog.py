@@ -122,6 +122,9 @@ class QueryLog:
 
     def store(self, keys: list[bytes], X: np.ndarray, y: np.ndarray) -> None:
         """Commit the answers ``y`` of the sequences ``X`` (one transaction, durable before returning)."""
+        if np.ndim(y) != 1:
+            raise ConfigError(f"the query log stores one number per sequence, but the oracle answers {np.shape(y)[1:]} "
+                              "numbers per sequence (K outputs); run without a query log", param="log")
         now = time.time()
         N = int(X.shape[1])
         with self.db:

@@ -1,4 +1,5 @@
-"""Seeded random bias-free ReLU networks and one-layer transformers (Sec. 4.1 targets)."""
+"""Seeded random ReLU networks (bias-free as in Sec. 4.1, or with biases and K outputs) and one-layer
+transformers (Sec. 4.1 targets)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,22 @@ from attnprobe.models.ffn import ReLUNet
 from attnprobe.models.transformer import OneLayerTransformer
 
 
-def random_relu_net(d: int, m: int, *, seed: int = 0, dtype: str = "float64") -> ReLUNet:
-    """``x ↦ w_oᵀReLU(Aᵀx)`` with Gaussian ``A`` (entries N(0, 1/d)) and Gaussian ``w_o``."""
+def random_relu_net(d: int, m: int, *, seed: int = 0, dtype: str = "float64", bias: bool = False,
+                    outputs: int | None = None) -> ReLUNet:
+    """``x ↦ w_oᵀReLU(Aᵀx)`` with Gaussian ``A`` (entries N(0, 1/d)) and Gaussian ``w_o``.
+
+    ``bias=True`` adds Gaussian hidden biases ``b`` (N(0, 1), the scale of ``aᵀx`` on N(0, I) inputs) and output
+    bias ``c``; ``outputs=K`` gives ``w_o`` of shape (m, K) and K answers per query (a classifier's logits).
+    The bias-free single-output net of a seed is the same as before these options existed.
+    """
     rng = np.random.default_rng(seed)
-    return ReLUNet(rng.standard_normal((d, m)) / np.sqrt(d), rng.standard_normal(m), dtype)
+    A = rng.standard_normal((d, m)) / np.sqrt(d)
+    w_o = rng.standard_normal(m) if outputs is None else rng.standard_normal((m, outputs))
+    b = c = None
+    if bias:
+        b = rng.standard_normal(m)
+        c = rng.standard_normal(() if outputs is None else (outputs,))
+    return ReLUNet(A, w_o, dtype, b, c)
 
 
 def random_transformer(d: int, m: int, *, seed: int = 0, scale: float = 1.0, rank: int | None = None,

@@ -1,0 +1,15 @@
+"""Two-layer ReLU networks from value queries (the ``A_FFN`` of Sec. 4.1, extended to biases and K outputs).
+
+Modules, one phase each: :mod:`.answers` (the oracle seen in input or lifted space), :mod:`.kinks` (critical
+points along a line), :mod:`.regions` (gradients of the linear regions and their jumps), :mod:`.orientation`
+(which side of its hyperplane each neuron is active on), :mod:`.fit` (assembly and least-squares polish), and
+:mod:`.learner` (the driver :func:`extract_ffn` and its :class:`FFNOptions`).
+
+Identifiability: the function fixes only the hyperplanes with their jumps and the linear part, so dead neurons
+(``a_k = 0``, or ``w_k = 0`` in every output) are invisible, neurons with the same hyperplane and orientation
+merge into one, and a neuron is recovered up to positive rescaling and permutation.
+"""
+
+from attnprobe.learners.ffn.learner import FINEST_EPS, SIGN_TIME_LIMIT, FFNOptions, extract_ffn, require_fine_answers
+
+__all__ = ["FINEST_EPS", "FFNOptions", "SIGN_TIME_LIMIT", "extract_ffn", "require_fine_answers"]

@@ -1,0 +1,313 @@
+"""``extract_ffn``: a short driver over the phases of the critical-point FFN learner.
+
+Phases (each charged to its own query count): ``odd_part`` (bias-free nets: ``f(x) − f(−x) = vᵀx``, 2d
+queries unless v is given), ``kink_search`` (:mod:`.kinks`), ``gradients`` and ``re_measured`` (:mod:`.regions`),
+then orientations (:mod:`.orientation`, no queries) and, for coarse answers, ``polish`` (:mod:`.fit`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+
+from attnprobe._validation import check_float, check_int, check_option
+from attnprobe.errors import ConfigError, UnidentifiableError
+from attnprobe.learners.ffn.answers import Answers
+from attnprobe.learners.ffn.fit import (POLISH_FACTOR, Neurons, fit_output_bias, jump_neurons,
+                                            linear_rest_neurons, polish)
+from attnprobe.learners.ffn.kinks import Segment, SearchSettings, search_kinks
+from attnprobe.learners.ffn.orientation import Orientation, orientation_matrix, solve_signs
+from attnprobe.learners.ffn.regions import PROBE_FRACTION, Regions, RefineSettings, hyperplane_normals
+from attnprobe.learners.probes import random_orthogonal
+from attnprobe.learners.result import Extraction
+from attnprobe.learners.skeleton import Run
+from attnprobe.models.ffn import ReLUNet
+
+#: answers agree with a line if they differ by less than this many roundings of the largest answer seen
+#: (float64 answers / coarser answers: float32's real rounding is a few units, and 64 hide weak kinks)
+NOISE_FACTOR, COARSE_NOISE_FACTOR = 64.0, 8.0
+#: a kink is merged away when its gradient jump is below this many roundings over the probe radius
+MERGE_NOISE, COARSE_MERGE_NOISE = 64.0, 2.0
+SIGN_TIME_LIMIT = 5.0
+#: coarsest answer rounding the kink search resolves (float32's 1.2e-7 works; float16's 9.8e-4 does not)
+FINEST_EPS = 1e-6
+
+
+def require_fine_answers(oracle, what: str) -> None:
+    """Refuse answers coarser than :data:`FINEST_EPS` (float16, bfloat16): the kinks drown in rounding."""
+    if oracle.eps > FINEST_EPS:
+        raise ConfigError(f"{what} needs answers rounded at most at {FINEST_EPS:g} (float32 or better); these are "
+                          f"rounded at {oracle.eps:.2g} ({oracle.precision}), where kinks drown in rounding")
+
+
+@dataclass(frozen=True)
+class FFNOptions:
+    """The FFN learner's settings, validated on construction (every error names its parameter).
+
+    * ``bias``: learn ``w_oᵀReLU(Aᵀx + b) + c`` (default, searched in the lifted space) or the paper's bias-free
+      ``w_oᵀReLU(Aᵀx)`` (``False``; implied when ``v`` is given);
+    * ``noise_factor``: answers within this many roundings of the largest answer count as "on a line" (default
+      64 for float64 answers, 8 for coarser ones, whose pieces between kinks are then also checked against a
+      least-squares line through all their answers);
+    * ``min_width``: search intervals shorter than this (in units of the search line; default
+      ``max(1e-9, 1024·eps)``) are taken to hold one kink;
+    * ``min_jump`` / ``min_region``: a kink whose gradient jump is below ``min_jump`` times the largest (or below
+      its finite-difference noise), and a region narrower than ``min_region``, are merged away;
+    * ``probe_fraction``: how far towards the nearest kink along the line the gradient probes reach;
+    * ``refine``: ``"auto"`` re-measures regions whose probes crossed a recovered hyperplane or broke Euler's
+      identity, ``"always"`` every region once more, ``"never"`` none;
+    * ``chebyshev``: regions the search line only grazes are re-measured at the deepest point of their cell;
+    * ``polish``: refit all neurons by least squares on ``3·D·m`` fresh random inputs (``"auto"``: only when
+      answers are coarser than float64; ``"always"``, ``"never"``);
+    * ``sign_time_limit``: seconds for the 0/1 program that fixes neuron orientations;
+    * ``reach``: biased nets: the search line reaches ``reach`` times its own scale (kinks farther out are missed);
+    * ``hidden``: the hidden width if known: neurons the answers cannot show are then reported as unidentifiable;
+    * ``check_count``: fresh inputs of the functional check.
+    """
+
+    bias: bool | None = None
+    noise_factor: float | None = None
+    min_width: float | None = None
+    min_jump: float = 1e-6
+    min_region: float = 1e-7
+    probe_fraction: float = PROBE_FRACTION
+    refine: str = "auto"
+    chebyshev: bool = True
+    polish: str = "auto"
+    sign_time_limit: float = SIGN_TIME_LIMIT
+    reach: float = 1e6
+    hidden: int | None = None
+    check_count: int = 64
+
+    def __post_init__(self) -> None:
+        check_option(self.refine, "refine", ("auto", "always", "never"))
+        check_option(self.polish, "polish", ("auto", "always", "never"))
+        check_option(self.bias, "bias", (None, True, False))
+        check_option(self.chebyshev, "chebyshev", (True, False))
+        check_float(self.noise_factor, "noise_factor", min_value=0, strict_min=True, allow_none=True)
+        check_float(self.min_width, "min_width", min_value=0, strict_min=True, allow_none=True)
+        check_float(self.min_jump, "min_jump", min_value=0, max_value=1)
+        check_float(self.min_region, "min_region", min_value=0, max_value=1)
+        check_float(self.probe_fraction, "probe_fraction", min_value=0, max_value=1, strict_min=True)
+        if self.probe_fraction >= 1:
+            raise ConfigError(f"The 'probe_fraction' parameter must lie in (0, 1); got {self.probe_fraction}",
+                              param="probe_fraction")
+        check_float(self.sign_time_limit, "sign_time_limit", min_value=0, strict_min=True)
+        check_float(self.reach, "reach", min_value=1, strict_min=True)
+        check_int(self.hidden, "hidden", min_value=1, allow_none=True)
+        check_int(self.check_count, "check_count", min_value=1)
+
+    @classmethod
+    def build(cls, options: "FFNOptions | None", settings: dict) -> "FFNOptions":
+        """``options`` with ``settings`` (keyword arguments of :func:`extract_ffn`) applied; unknown names are
+        refused with the list of known ones."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise ConfigError(f"unknown FFN option(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(known))}",
+                              param=unknown[0])
+        return replace(options or cls(), **settings)
+
+
+def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, options: FFNOptions | None = None,
+                check: bool = True, progress=None, **settings) -> Extraction:
+    """Recover a ReLU network ``x ↦ w_oᵀReLU(Aᵀx + b) + c`` (one or K outputs) from length-1 value queries.
+
+    Critical points as in Carlini–Jagielski–Mironov (2020) and Jagielski et al. (2020), adapted: the kinks are
+    found once on one line (shared by every output), each linear region's gradient gives every output's layer,
+    and the neurons' orientations come from the network's linear part. Bias-free (``bias=False``, the ``A_FFN``
+    of Sec. 4.1) the odd part ``v = A w_o`` costs 2d queries unless given (the transformer passes it).
+    ``settings`` are :class:`FFNOptions` fields (validated). Neurons no output sees (dead, or zero output weight
+    everywhere) are invisible to any query: with ``hidden`` given they are reported as unidentifiable.
+    The model has unit neuron directions (``(a_k, b_k)`` with biases) and is unique up to neuron permutation.
+    """
+    opts = FFNOptions.build(options, settings)
+    require_fine_answers(oracle, "the ReLU-network learner")
+    lifted = opts.bias if opts.bias is not None else v is None
+    if lifted and v is not None:
+        raise ConfigError("v (the odd part A w_o) describes a bias-free network; drop v or set bias=False", param="v")
+    run = Run(oracle, "ffn", seed=seed, check=check, check_lengths=(1,), check_per_length=opts.check_count,
+              progress=progress)
+    d = oracle.d
+    dim = d + int(lifted)
+    run.plan((2 * d if not lifted and v is None else 0) + 14 + 2 * (dim + 1),
+             f"the FFN learner at d={d} (3 queries per search point, {dim + 1} per linear region)", at_least=True)
+    ask = Answers(oracle, lifted=lifted, rng=run.rng, reserve=run.check_queries)
+    coarse = oracle.eps > 1e-12
+    if not lifted:
+        with run.phase("odd_part"):
+            v = _odd_part(ask, d) if v is None else _given_v(v, d)
+    segs = _segments(d, lifted, run.rng, opts.reach)
+    state = _search_and_measure(run, ask, segs, opts, coarse)
+    regions = state.pop("regions")
+    J, where = regions.jumps()
+    if lifted:  # the two far ends of the line: their gradients sum to Σ_k w_k a_k (+ 2c in the s entry)
+        v = (regions.G[0] + regions.G[-1])[:, :d]
+    neurons, orient, rest, notes = _orient(J, where, segs, v, opts, oracle.eps, lifted)
+    if lifted:
+        neurons = replace(neurons, c=fit_output_bias(neurons, regions.XR, regions.F0))
+    neurons, polished = _polish_phase(run, ask, neurons, opts, coarse)
+    model = _model(neurons, d, lifted, ask.vector)
+    m_found = J.shape[0]
+    notes += _unidentifiable_notes(opts.hidden, m_found)
+    Zs, Ys = ask.all()
+    details = {
+        "seed": seed, "bias": lifted, "outputs": ask.outputs, "min_width": state.pop("min_width"),
+        "noise_factor": state.pop("noise_factor"), "probe_fraction": opts.probe_fraction, "refine": opts.refine,
+        "polished": polished, "neurons_found": int(m_found),
+        "neurons_unidentifiable": None if opts.hidden is None else max(0, opts.hidden - m_found),
+        "kinks_per_segment": [len(s.kinks) for s in segs], **state, "regions": len(regions.regs),
+        "orientation": orient.how, "orientation_exact": bool(orient.exact),
+        "orientation_residual": float(np.linalg.norm(rest) / max(np.linalg.norm(v), 1e-300)),
+        "queries_per_dm": run.queries / (d * max(m_found, 1)),
+        "self_consistency": float(np.max(np.abs(neurons.values(Zs) - Ys)) / max(ask.top, 1e-300)),
+    }
+    unknowns = ReLUNet.unknowns(d, max(m_found, 1), ask.outputs, lifted)
+    return run.finish(model, unknowns=unknowns, details=details, notes=notes,
+                      hint=" (a two-layer ReLU network of this form" + (")" if lifted else " without biases)"))
+
+
+def _odd_part(ask: Answers, d: int) -> np.ndarray:
+    """``f(x) − f(−x) = vᵀx`` for a bias-free network: v of every output (K, d) from 2d queries."""
+    I = np.eye(d)
+    y = ask.vectors(np.concatenate([I, -I]))
+    return (y[:d] - y[d:]).T
+
+
+def _given_v(v, d: int) -> np.ndarray:
+    v = np.asarray(v, dtype=np.float64)
+    v = v.reshape(1, -1) if v.ndim == 1 else v.T
+    if v.shape[1] != d:
+        raise ConfigError(f"The 'v' parameter must have length d = {d} (or shape (d, K)); got {v.shape}", param="v")
+    return v
+
+
+def _segments(d: int, lifted: bool, rng: np.random.Generator, reach: float) -> list[Segment]:
+    """Search segments that together meet every neuron's hyperplane once.
+
+    Bias-free: ``p + t q`` and ``q + t p`` (p ⟂ q) cover every direction up to sign. Biased (lifted space): the
+    input line ``x = p + τq`` as two straight segments ``(−q, δ) → (p, 1) → (q, δ)`` of ``(x, s)``, δ = 1/reach.
+    """
+    if d == 1 and not lifted:  # directions ±1 only: the segment through 0 sees the single hyperplane x = 0
+        return [Segment(np.zeros(1), np.ones(1))]
+    Q, _ = np.linalg.qr(rng.standard_normal((d, 2))) if d > 1 else (np.array([[0.0, 1.0]]), None)
+    p, q = Q[:, 0], Q[:, 1]
+    if not lifted:
+        return [Segment(p, q), Segment(q, p)]
+    delta = 1.0 / reach
+    mid, left, right = np.r_[p, 1.0], np.r_[-q, delta], np.r_[q, delta]
+    return [Segment(0.5 * (left + mid), 0.5 * (mid - left)), Segment(0.5 * (mid + right), 0.5 * (right - mid))]
+
+
+def _search_and_measure(run: Run, ask: Answers, segs, opts: FFNOptions, coarse: bool) -> dict:
+    """Kinks on every segment, then the gradient of every linear region between them (re-measured where
+    needed). Returns the regions and what the phases saw."""
+    eps = run.oracle.eps
+    noise_factor = opts.noise_factor or (COARSE_NOISE_FACTOR if coarse else NOISE_FACTOR)
+    min_width = opts.min_width or max(1e-9, 1024 * eps)
+    with run.phase("kink_search"):
+        end = 0.5 / opts.reach if ask.lifted else 2.0 / 64  # lifted: the ends' outer stencils stay at s > 0
+        rounds = search_kinks(ask, segs, SearchSettings(noise_factor, eps, min_width, coarse, end), run.rng)
+    tight = sum(s.unresolved for s in segs)
+    dim = ask.dim
+    run.report(run.queries + (dim + 1) * (sum(len(s.kinks) for s in segs) + len(segs)))
+    U = random_orthogonal(dim, run.rng)
+    with run.phase("gradients"):
+        regions = Regions(segs, ask, U, opts.probe_fraction)
+    run.report(run.queries)
+    tiny = regions.merge_tiny(opts.min_region)
+    merge_noise = COARSE_MERGE_NOISE if coarse else MERGE_NOISE
+    dropped = regions.merge_small_jumps(opts.min_jump, merge_noise, eps)
+    with run.phase("re_measured"):
+        stats = regions.refine(RefineSettings(opts.refine == "always", opts.refine == "never", opts.chebyshev), eps)
+    # a split point next to a kink whose region's first gradient was bad shows its ~0 jump only once re-measured
+    dropped += regions.merge_small_jumps(opts.min_jump, merge_noise, eps)
+    return {"regions": regions, "min_width": min_width, "noise_factor": noise_factor, "search_rounds": rounds,
+            "kinks_at_min_width": tight, "kinks_dropped_min_jump": dropped, "tiny_regions_merged": tiny, **stats}
+
+
+def _orient(J, where, segs, v, opts: FFNOptions, eps: float, lifted: bool):
+    """Neurons from the jumps, oriented by the linear part v (K, d). When no ±1 orientation reproduces v
+    (antiparallel neurons, or none found in time), pairs of extra neurons carry the linear rest ``½ρᵀx``."""
+    K, d = v.shape
+    dim = d + int(lifted)
+    if J.shape[0] == 0 and lifted:
+        raise UnidentifiableError("no kink on the search line: the answers are affine in the input, so no neuron is "
+                                  "visible (all dead, or zero output weights)")
+    if J.shape[0] == 0:  # bias-free: the odd part alone (extra neurons below); the check judges the result
+        N, C = np.zeros((dim, 0)), np.zeros((0, K))
+    else:
+        N, C = jump_neurons(J, hyperplane_normals(J), np.array([segs[si].direction for si in where]).T)
+    M = orientation_matrix(N, C, d)
+    col = np.linalg.norm(M, axis=0)
+    scale_v = max(float(np.linalg.norm(v)), float(np.sum(col)), 1e-300)
+    coarse = eps > 1e-12
+    tol = max(1e-6 if coarse else 1e-8, 1e4 * eps) * scale_v
+    loose = 0.25 * float(col.min()) if coarse and col.size else 0.0
+    orient = solve_signs(M, v.reshape(-1), tol, opts.sign_time_limit, loose=loose)
+    dirs, weights = N * orient.signs[None, :], C
+    rest = v - (M @ orient.signs).reshape(K, d)
+    notes = []
+    if not orient.exact:
+        extra_dirs, extra_w = linear_rest_neurons(rest, dim, d, tiny=0.0)
+        dirs, weights = np.concatenate([dirs, extra_dirs], axis=1), np.concatenate([weights, extra_w])
+        notes.append(f"neuron orientations not pinned down ({orient.how}): extra neuron pairs carry the linear part "
+                     f"½ρᵀx with ‖ρ‖/‖v‖ = {np.linalg.norm(rest) / max(np.linalg.norm(v), 1e-300):.2e}; the network "
+                     "computes the same function but its neurons are not the target's")
+    return Neurons(dirs, weights, np.zeros(K if lifted else 0)), orient, rest, notes
+
+
+def _polish_phase(run: Run, ask: Answers, neurons: Neurons, opts: FFNOptions, coarse: bool):
+    if not (opts.polish == "always" or (opts.polish == "auto" and coarse)):
+        return neurons, False
+    # the answers so far lie near one or two lines; the refit needs inputs spread over every direction
+    n_fit = (POLISH_FACTOR + int(ask.lifted)) * ask.dim * neurons.dirs.shape[1]
+    with run.phase("polish"):
+        X = run.rng.standard_normal((n_fit, ask.d))
+        if ask.lifted:
+            X = _near_hyperplanes(X, neurons.dirs, run.rng)
+        Z = np.concatenate([X, np.ones((n_fit, 1))], axis=1) if ask.lifted else X
+        Y = ask.vectors(Z)
+    return polish(neurons, Z, Y, ask.lifted)
+
+
+def _near_hyperplanes(X: np.ndarray, dirs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Three quarters of the polish inputs moved next to the hyperplanes ``aᵀx + b = 0`` (one neuron after another): a
+    Gaussian point projected onto the hyperplane, then shifted by N(0, 1) along its normal. A biased neuron that
+    Gaussian inputs rarely switch is then seen on both of its sides."""
+    d, m = dirs.shape[0] - 1, dirs.shape[1]
+    half = 3 * X.shape[0] // 4
+    k = np.arange(half) % m
+    a, b = dirs[:d, k].T, dirs[d, k]
+    na = np.linalg.norm(a, axis=1)
+    ok = na > 1e-12
+    g = X[:half][ok]
+    a_hat = a[ok] / na[ok, None]
+    off = (np.einsum("nd,nd->n", g, a[ok]) + b[ok]) / na[ok]
+    X = X.copy()
+    X[np.flatnonzero(ok)] = g - (off - rng.standard_normal(int(ok.sum())))[:, None] * a_hat
+    return X
+
+
+def _model(neurons: Neurons, d: int, lifted: bool, vector: bool) -> ReLUNet:
+    """The ReLUNet of the neurons: unit columns of A (bias-free) or unit ``(a_k, b_k)`` (biased)."""
+    dirs = neurons.dirs
+    norms = np.linalg.norm(dirs[:d] if not lifted else dirs, axis=0)
+    keep = norms > 0
+    dirs, W = dirs[:, keep] / norms[keep], neurons.weights[keep] * norms[keep, None]
+    if dirs.shape[1] == 0:
+        raise UnidentifiableError("the network answers 0 on every query: no neuron is visible (all dead)")
+    w_o = W if vector else W[:, 0]
+    c = None
+    if lifted:
+        c = neurons.c if vector else neurons.c[0]
+    return ReLUNet(dirs[:d], w_o, "float64", dirs[d] if lifted else None, c)
+
+
+def _unidentifiable_notes(hidden: int | None, found: int) -> list[str]:
+    if hidden is None or found >= hidden:
+        return []
+    return [f"{hidden - found} of the {hidden} hidden neurons never show in any answer (a_k = 0, a constant folded "
+            "into c; zero output weight in every output; or the same hyperplane as another neuron): they are "
+            f"unidentifiable from queries and the model holds the {found} visible ones"]
