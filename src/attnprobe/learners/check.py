@@ -74,7 +74,8 @@ def functional_check(oracle, model, rng: np.random.Generator, lengths=DEFAULT_LE
     """
     d = oracle.d
     before = oracle.queries
-    c_hat = float(np.sum(getattr(model, "c", 0.0) or 0.0))
+    c = getattr(model, "c", None)
+    c_hat = np.asarray(0.0 if c is None else c, dtype=np.float64)  # () or (K,) for a K-output model
     per = {}
     num = den = mag = 0.0
     for N in lengths:
