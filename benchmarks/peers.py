@@ -24,7 +24,6 @@ import argparse
 import multiprocessing as mp
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 

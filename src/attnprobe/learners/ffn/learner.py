@@ -17,7 +17,7 @@ from attnprobe.learners.ffn.answers import Answers
 from attnprobe.learners.ffn.fit import (POLISH_FACTOR, Neurons, fit_output_bias, jump_neurons,
                                             linear_rest_neurons, polish)
 from attnprobe.learners.ffn.kinks import Segment, SearchSettings, search_kinks
-from attnprobe.learners.ffn.orientation import Orientation, orientation_matrix, solve_signs
+from attnprobe.learners.ffn.orientation import orientation_matrix, solve_signs
 from attnprobe.learners.ffn.regions import PROBE_FRACTION, Regions, RefineSettings, hyperplane_normals
 from attnprobe.learners.probes import random_orthogonal
 from attnprobe.learners.result import Extraction
