@@ -46,7 +46,7 @@ def _switch_off_probe(N, pP, h, L):
     return N @ t
 
 
-def cross_components(oracle, v, v_sum, c, WP, uP, bias, rng, *, max_retries=6):
+def cross_components(oracle, v, v_sum, c, WP, uP, *, bias, rng, max_retries=6):
     """``C_hᵀW_h`` and ``C_hᵀu_h`` for every head (module docstring). Returns ``(W_cross, u_cross, info)``
     with ``W_cross[h] = C_h C_hᵀ W_h`` and ``u_cross[h] = C_h C_hᵀ u_h``."""
     H, d = v.shape

@@ -93,7 +93,7 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
             head_rank.append(int(res.details.get("detected_rank", d)))
             run.report()
     with run.phase("cross"):
-        Wx, ux, info = cross_components(oracle, v, v_sum, c, WP, uP, bias, rng)
+        Wx, ux, info = cross_components(oracle, v, v_sum, c, WP, uP, bias=bias, rng=rng)
     model = MultiHeadAttention(WP + Wx, v, uP + ux, c)
     details = {"heads": H, "bias": bias, "seed": seed, "rank_given": rank, "head_rank": head_rank,
                "radius": stage.radius, "crossings": stage.crossings, "spurious_crossings":

@@ -43,7 +43,7 @@ def as_bases(subspaces, d: int) -> list[np.ndarray]:
     if gap > ORTHOGONALITY_TOL:
         raise ConfigError(f"the subspace bases are not orthonormal and mutually orthogonal (max |EᵀE − I| = "
                           f"{gap:.1e}); Prop. C.2 needs orthogonal head subspaces. Orthonormalise each basis, and "
-                          "use --method multihead without --subspaces when the subspaces are unknown")
+                          "leave subspaces out (the generic learner) when they are unknown", param="subspaces")
     return [np.asarray(B, dtype=np.float64) for B in bases]
 
 
