@@ -164,3 +164,11 @@ def test_equivalent_finds_a_gap_between_different_layers():
     other = MultiHeadAttention(m.W + 1e-3 * rng.standard_normal(m.W.shape), m.v, m.u, m.c)
     rep = equivalent(m, other, rng, per=16, climbs=2, climb_iters=200)
     assert rep.max_gap > 1e-5 and rep.max_gap >= rep.random_gap
+
+
+def test_complex_or_string_parameters_are_refused_not_truncated():
+    """The same validation as a single head (``real_array``): no imaginary part silently dropped."""
+    with pytest.raises(ConfigError, match="real numbers"):
+        MultiHeadAttention(np.zeros((1, 2, 2)) + 0.5j, np.ones((1, 2)))
+    with pytest.raises(ConfigError, match="real numbers"):
+        MultiHeadAttention(np.zeros((1, 2, 2)), np.array([["a", "b"]]))

@@ -29,8 +29,38 @@ def set_frozen(obj, **arrays: np.ndarray) -> None:
         object.__setattr__(obj, name, arr)
 
 
+class AttentionParameters:
+    """What every attention model with parameters ``W, v, u, c`` shares (a single head, or H heads stacked):
+    the bias test, the parameters cast once to the compute dtype, and npz I/O under those names."""
+
+    #: how error messages name the model (e.g. "an attention head")
+    DESCRIPTION = "an attention model"
+
+    @property
+    def has_bias(self) -> bool:
+        return bool(np.any(self.u != 0) or self.c != 0)
+
+    def _params(self):
+        """Parameters cast once to the compute dtype."""
+        if not self._cast:
+            dt = resolve_dtype(self.dtype)
+            self._cast.update(dt=dt, W=self.W.astype(dt), v=self.v.astype(dt), u=self.u.astype(dt),
+                              c=np.asarray(self.c, dtype=dt))
+        return self._cast
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"W": self.W, "v": self.v, "u": self.u, "c": np.asarray(self.c)}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64"):
+        missing = {"W", "v"} - set(arrays)
+        if missing:
+            raise ConfigError(f"{cls.DESCRIPTION} needs arrays {sorted(missing)}")
+        return cls(arrays["W"], arrays["v"], arrays.get("u"), arrays.get("c", 0.0), dtype)
+
+
 @dataclass(frozen=True)
-class AttentionHead:
+class AttentionHead(AttentionParameters):
     """``f(X) = softmax(X W x_N + X u)ᵀ (X v) + c`` for ``X ∈ R^{N×d}``, ``x_N`` the last row.
 
     ``u = 0, c = 0`` is the paper's model ``f_{W,v}`` (Sec. 3). ``dtype`` is the precision the whole forward
@@ -43,6 +73,7 @@ class AttentionHead:
     c: float = 0.0
     dtype: str = "float64"
     kind: ClassVar[str] = "attention_head"
+    DESCRIPTION: ClassVar[str] = "an attention head"
     _cast: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -65,10 +96,6 @@ class AttentionHead:
     def d(self) -> int:
         return self.v.shape[0]
 
-    @property
-    def has_bias(self) -> bool:
-        return bool(np.any(self.u != 0) or self.c != 0)
-
     @staticmethod
     def unknowns(d: int, bias: bool = True) -> int:
         """Degrees of freedom: ``d² + 2d + 1`` with biases, ``d² + d`` for the paper's model."""
@@ -76,14 +103,6 @@ class AttentionHead:
 
     def with_dtype(self, dtype: str) -> "AttentionHead":
         return AttentionHead(self.W, self.v, self.u, self.c, dtype)
-
-    def _params(self):
-        """Parameters cast once to the compute dtype."""
-        if not self._cast:
-            dt = resolve_dtype(self.dtype)
-            self._cast.update(dt=dt, W=self.W.astype(dt), v=self.v.astype(dt), u=self.u.astype(dt),
-                              c=np.asarray(self.c, dtype=dt))
-        return self._cast
 
     def attention(self, X: np.ndarray) -> np.ndarray:
         """Attention weights ``α(X) ∈ Δ^{N-1}`` per sequence, shape (B, N)."""
@@ -97,13 +116,3 @@ class AttentionHead:
         values = Xc @ p["v"]
         out = (alpha * values).sum(axis=-1) + p["c"]
         return out.astype(np.float64)
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {"W": self.W, "v": self.v, "u": self.u, "c": np.asarray(self.c)}
-
-    @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "AttentionHead":
-        missing = {"W", "v"} - set(arrays)
-        if missing:
-            raise ConfigError(f"an attention head needs arrays {sorted(missing)}")
-        return cls(arrays["W"], arrays["v"], arrays.get("u"), arrays.get("c", 0.0), dtype)

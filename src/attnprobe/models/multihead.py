@@ -14,13 +14,13 @@ from typing import ClassVar
 import numpy as np
 
 from attnprobe.errors import ConfigError
-from attnprobe.models.attention import AttentionHead, as_batch, set_frozen
+from attnprobe.models.attention import AttentionHead, AttentionParameters, as_batch, real_array, set_frozen
 from attnprobe.models.precision import resolve_dtype
 from attnprobe.models.softmax import softmax_last
 
 
 @dataclass(frozen=True)
-class MultiHeadAttention:
+class MultiHeadAttention(AttentionParameters):
     """``f(X) = Σ_h softmax(X W_h x_N + X u_h)ᵀ (X v_h) + c`` with ``W (H, d, d)``, ``v (H, d)``, ``u (H, d)``
     and one scalar ``c`` (the value biases and the output bias of every head summed; it cannot be split
     among heads from queries). ``dtype`` is the precision the forward pass is computed in (as
@@ -33,25 +33,24 @@ class MultiHeadAttention:
     c: float = 0.0
     dtype: str = "float64"
     kind: ClassVar[str] = "multi_head"
+    DESCRIPTION: ClassVar[str] = "a multi-head model"
     _cast: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        W = np.array(self.W, dtype=np.float64)
-        v = np.array(self.v, dtype=np.float64)
+        W = real_array("W", self.W)  # real, finite numbers; the shapes are checked below
+        v = real_array("v", self.v)
         if v.ndim != 2 or v.shape[0] < 1 or v.shape[1] < 1:
             raise ConfigError(f"v must have shape (H, d) with H, d >= 1; got {v.shape}")
         H, d = v.shape
         if W.shape != (H, d, d):
             raise ConfigError(f"W must have shape (H, d, d) = ({H}, {d}, {d}) to match v of shape {v.shape}; "
                               f"got {W.shape}")
-        u = np.zeros((H, d)) if self.u is None else np.array(self.u, dtype=np.float64)
+        u = np.zeros((H, d)) if self.u is None else real_array("u", self.u)
         if u.shape != (H, d):
             raise ConfigError(f"u must have shape (H, d) = ({H}, {d}); got {u.shape}")
-        c = np.asarray(self.c, dtype=np.float64)
+        c = real_array("c", self.c)
         if c.size != 1:
             raise ConfigError(f"c must be one number (the summed output bias); got shape {c.shape}")
-        if not (np.isfinite(W).all() and np.isfinite(v).all() and np.isfinite(u).all() and np.isfinite(c).all()):
-            raise ConfigError("model parameters must be finite")
         resolve_dtype(self.dtype)
         set_frozen(self, W=W, v=v, u=u)
         object.__setattr__(self, "c", float(c.reshape(())))
@@ -64,10 +63,6 @@ class MultiHeadAttention:
     @property
     def d(self) -> int:
         return self.v.shape[1]
-
-    @property
-    def has_bias(self) -> bool:
-        return bool(np.any(self.u != 0) or self.c != 0)
 
     @staticmethod
     def unknowns(d: int, H: int, bias: bool = True) -> int:
@@ -141,13 +136,6 @@ class MultiHeadAttention:
         return MultiHeadAttention(self.W[perm], self.v[perm], self.u[perm], self.c, self.dtype)
 
     # ---------------------------------------------------------------------------------------------- forward
-    def _params(self):
-        if not self._cast:
-            dt = resolve_dtype(self.dtype)
-            self._cast.update(dt=dt, W=self.W.astype(dt), v=self.v.astype(dt), u=self.u.astype(dt),
-                              c=np.asarray(self.c, dtype=dt))
-        return self._cast
-
     def _forward(self, X: np.ndarray):
         p = self._params()
         Xc = as_batch(X, self.d).astype(p["dt"])
@@ -172,17 +160,6 @@ class MultiHeadAttention:
         out = (alpha * values).sum(axis=(1, 2)) + p["c"]
         return out.astype(np.float64)
 
-    # -------------------------------------------------------------------------------------------------- I/O
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {"W": self.W, "v": self.v, "u": self.u, "c": np.asarray(self.c)}
-
-    @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "MultiHeadAttention":
-        missing = {"W", "v"} - set(arrays)
-        if missing:
-            raise ConfigError(f"a multi-head model needs arrays {sorted(missing)}")
-        c = float(np.asarray(arrays["c"])) if "c" in arrays else 0.0
-        return cls(arrays["W"], arrays["v"], arrays.get("u"), c, dtype)
 
 
 @dataclass(frozen=True)
