@@ -26,8 +26,6 @@ class CheckResult:
     per_length: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
-    _ALIASES = {"relative_error": "error"}
-
     def to_dict(self) -> dict:
         out = {"passed": self.passed, "relative_error": self.error, "tolerance": self.tolerance,
                "queries": self.queries, "lengths": list(self.lengths), "per_length": dict(self.per_length)}
