@@ -41,6 +41,19 @@ def figure_png(fig, path: str | Path | None = None, dpi: int = 110) -> bytes:
     return data
 
 
+def paired_bars(labels, first: tuple[str, list], second: tuple[str, list], *, log: bool = True):
+    """Two bars per label (``(legend, values)`` each), on a log scale by default; returns ``(fig, ax)`` for
+    :func:`labelled_png`. Zeros are drawn at 1e-18 so a log axis can show an exact result."""
+    fig, ax = new_figure()
+    xs = np.arange(len(labels))
+    for shift, (name, values) in ((-0.2, first), (0.2, second)):
+        ax.bar(xs + shift, [max(float(x), 1e-18) if log else x for x in values], 0.4, label=name)
+    if log:
+        ax.set_yscale("log")
+    ax.set_xticks(xs, labels, fontsize=7)
+    return fig, ax
+
+
 def labelled_png(fig, ax, *, title: str, xlabel: str, ylabel: str, legend: bool = True, **legend_kw) -> bytes:
     """Title, axis labels and legend on ``ax``, then :func:`figure_png`."""
     ax.set_xlabel(xlabel)

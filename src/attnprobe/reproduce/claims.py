@@ -16,7 +16,7 @@ from attnprobe.errors import RecoveryError
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import AdversarialNoise, BoundedNoise, Membership
 from attnprobe.reports import Table, relative_error
-from attnprobe.reports.figures import labelled_png, new_figure
+from attnprobe.reports.figures import labelled_png, new_figure, paired_bars
 from attnprobe.targets import random_head, random_transformer
 from attnprobe.targets.theorem_heads import margin, theorem_head
 
@@ -194,12 +194,9 @@ def app_b(quick: bool) -> Claim:
     ratio = max(row[6] / row[7] for row in c.table.rows)
     c.measured = (f"every run recovers W to ‖Ŵ−W‖_F ≤ {worst:.1e} (ε_W = {EPS_W:g}) and v within ε_v, using at "
                   f"most {ratio:.1e} × the theorem's query count (default bisection learner, δ = {DELTA:g})")
-    fig, ax = new_figure()
-    xs = np.arange(len(c.table.rows))
-    ax.bar(xs - 0.2, [row[6] for row in c.table.rows], 0.4, label="queries used")
-    ax.bar(xs + 0.2, [row[7] for row in c.table.rows], 0.4, label="Thm B.1 count")
-    ax.set_yscale("log")
-    ax.set_xticks(xs, [f"d={row[0]}\ns={row[1]}" for row in c.table.rows], fontsize=7)
+    fig, ax = paired_bars([f"d={row[0]}\ns={row[1]}" for row in c.table.rows],
+                          ("queries used", [row[6] for row in c.table.rows]),
+                          ("Thm B.1 count", [row[7] for row in c.table.rows]))
     c.figure = labelled_png(fig, ax, title=f"App. B: queries for ‖Ŵ−W‖_F ≤ {EPS_W:g}", xlabel="target, seed",
                             ylabel="membership queries")
     return c
@@ -226,14 +223,10 @@ def sec_4_1(quick: bool) -> Claim:
     c.holds = bool(ok)
     c.measured = (f"worst rel. error of W {max(r[3] for r in c.table.rows):.1e}, worst functional error "
                   f"{max(r[4] for r in c.table.rows):.1e} over {len(c.table.rows)} transformers")
-    fig, ax = new_figure()
-    labels = [f"d={r[0]} m={r[1]}\ns={r[2]}" for r in c.table.rows]
-    xs = np.arange(len(labels))
-    ax.bar(xs - 0.2, [max(r[3], 1e-17) for r in c.table.rows], 0.4, label="rel. error W")
-    ax.bar(xs + 0.2, [max(r[4], 1e-17) for r in c.table.rows], 0.4, label="functional error")
+    fig, ax = paired_bars([f"d={r[0]} m={r[1]}\ns={r[2]}" for r in c.table.rows],
+                          ("rel. error W", [r[3] for r in c.table.rows]),
+                          ("functional error", [r[4] for r in c.table.rows]))
     ax.axhline(EXACT, color="red", label=f"{EXACT:g}")
-    ax.set_yscale("log")
-    ax.set_xticks(xs, labels, fontsize=7)
     c.figure = labelled_png(fig, ax, title="Sec 4.1: one-layer transformers", xlabel="transformer, seed",
                             ylabel="relative error")
     return c
@@ -264,12 +257,9 @@ def prop_7_1(quick: bool) -> Claim:
     c.measured = (f"{len(c.table.rows)} layers with tied heads: every witness moves the values by ≥ "
                   f"{min(r[3] for r in c.table.rows):.2f} (relative) while the largest output gap found by random "
                   f"inputs and a Nelder-Mead search is {max(r[4] for r in c.table.rows):.1e} of the answers' size")
-    fig, ax = new_figure()
-    xs = np.arange(len(c.table.rows))
-    ax.bar(xs - 0.2, [r[3] for r in c.table.rows], 0.4, label="parameters: ‖v − v'‖/‖v‖")
-    ax.bar(xs + 0.2, [max(r[4], 1e-18) for r in c.table.rows], 0.4, label="function: max |f − f'| / rms f")
-    ax.set_yscale("log")
-    ax.set_xticks(xs, [f"d={r[0]} H={r[1]}\ns={r[2]}" for r in c.table.rows], fontsize=7)
+    fig, ax = paired_bars([f"d={r[0]} H={r[1]}\ns={r[2]}" for r in c.table.rows],
+                          ("parameters: ‖v − v'‖/‖v‖", [r[3] for r in c.table.rows]),
+                          ("function: max |f − f'| / rms f", [r[4] for r in c.table.rows]))
     c.figure = labelled_png(fig, ax, title="Prop 7.1: different parameters, same function", xlabel="layer, seed",
                             ylabel="relative difference")
     return c
