@@ -1,0 +1,40 @@
+"""Attention logits of every head at once, once the value maps ``V_h`` are known (docs/multihead-vector.md).
+
+A query ``X = [b + p_1; …; b + p_m; b]`` answers ``f(X) = M b + c + Σ_h Σ_i α_{h,i} V_h p_i``: K numbers and
+``H·m`` unknown attention weights, read by one least-squares solve with the K × Hm matrix ``[V_h p_i]``
+(well-conditioned for m ≪ K/H). Then ``log(α_{h,i}/α_{h,N}) = p_iᵀ(W_h b + u_h)`` (eq. 1 of the paper, one
+bilinear measurement per head and token), so ``m`` tokens per query measure ``H·m`` entries of ``W_h b + u_h``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnprobe.errors import RecoveryError
+
+
+def token_queries(B: np.ndarray, P: np.ndarray) -> np.ndarray:
+    """Queries ``[b + p_1; …; b + p_m; b]`` for every row ``b`` of ``B`` (n, d) and offsets ``P`` (m, d)."""
+    X = np.empty((B.shape[0], P.shape[0] + 1, B.shape[1]))
+    X[:, :-1, :] = B[:, None, :] + P[None]
+    X[:, -1, :] = B
+    return X
+
+
+def read_logits(R: np.ndarray, V: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, float]:
+    """Logits ``p_iᵀ(W_h b + u_h)`` (n, H, m) from residuals ``R = f − M b − c`` (n, K) of :func:`token_queries`;
+    also the smallest attention weight seen (how close to saturation the probes came)."""
+    H, m = V.shape[0], P.shape[0]
+    A = np.einsum("hkd,md->khm", V, P).reshape(V.shape[1], H * m)
+    alpha = np.linalg.lstsq(A, R.T, rcond=None)[0].T.reshape(-1, H, m)
+    last = 1.0 - alpha.sum(axis=2)
+    smallest = float(min(alpha.min(), last.min()))
+    if smallest <= 0:
+        raise RecoveryError(f"an attention weight came out {smallest:.2e} ≤ 0: the value maps V_h do not explain "
+                            "the answers (heads not separated, or the answers too coarse for these probes)")
+    return np.log(alpha) - np.log(last)[:, :, None], smallest
+
+
+def chunks(P: np.ndarray, m: int) -> list[np.ndarray]:
+    """Rows of ``P`` in consecutive blocks of at most ``m``."""
+    return [P[i:i + m] for i in range(0, P.shape[0], m)]
