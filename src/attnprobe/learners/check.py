@@ -95,12 +95,12 @@ def functional_check(oracle, model, rng: np.random.Generator, lengths=DEFAULT_LE
 
 def check_tolerance(oracle, rms_answer: float, rms_signal: float | None = None) -> float:
     """Largest relative check error (on ``f − c``, RMS ``rms_signal``) a correct model can show: the answers'
-    rounding ``CHECK_EPS_FACTOR·eps·rms_answer`` (eps: the oracle's precision or declared relative rounding,
-    whichever is coarser) plus ``CHECK_NOISE_FACTOR·(τ + 3σ)`` of declared noise, relative to ``rms_signal``;
+    rounding ``CHECK_EPS_FACTOR·eps·rms_answer`` (``oracle.eps``: the answers' precision and declared relative
+    rounding) plus ``CHECK_NOISE_FACTOR·(τ + 3σ)`` of declared noise, relative to ``rms_signal``;
     at least ``CHECK_FLOOR`` and at most ``CHECK_CAP``."""
     noise = oracle.noise
     rms_signal = rms_answer if rms_signal is None else rms_signal
-    absolute = (CHECK_EPS_FACTOR * max(oracle.eps, noise.rel_eps) * rms_answer
+    absolute = (CHECK_EPS_FACTOR * oracle.eps * rms_answer
                 + CHECK_NOISE_FACTOR * (noise.tolerance + 3 * noise.sigma))
     tol = absolute / rms_signal if rms_signal > 0 else CHECK_CAP
     return float(min(CHECK_CAP, max(CHECK_FLOOR, tol)))
