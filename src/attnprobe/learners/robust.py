@@ -54,12 +54,22 @@ def theorem_guarantee(d: int, tau: float, w_bound: float, margin: float, zero_ro
     """
     if tau > margin / 2:
         return {"valid": False, "eps_W": math.inf, "eps_v": math.inf, "eps_W_proof": math.inf}
+    _refuse_beyond_float64(d, w_bound, margin)
     factor = 2.0 if zero_rows else 1.0
     eps_w = factor * 80.0 * w_bound**2 * d * tau / margin
     alpha_err = (2 * w_bound / margin) * tau + ((w_bound + 2) / margin) * tau
     entry = 2 * w_bound * LIPSCHITZ * alpha_err
     return {"valid": True, "eps_W": eps_w, "eps_v": math.sqrt(d) * tau,
             "eps_W_proof": factor * d * entry, "entry_bound": factor * entry}
+
+
+def _refuse_beyond_float64(d: int, w_bound: float, margin: float) -> None:
+    """Thm 6.1's probes ``b = 1/W`` and its bound ``80 W² d / μ`` must be float64 numbers: refuse bounds beyond."""
+    log10 = math.log10(80.0 * d) + 2 * math.log10(w_bound) - math.log10(margin)
+    if log10 >= 300:
+        raise ConfigError(f"Thm 6.1 at W = {w_bound:g}, μ = {margin:g} works with 80 W² d / μ ≈ 1e{log10:.0f} and "
+                          "probes of size 1/W, beyond float64's range: give a tighter 'w_bound' and 'margin' (the "
+                          "default probes need neither: extract_robust)", param="w_bound")
 
 
 def extract_robust_paper(oracle, *, w_bound: float, margin: float, tolerance: float, check: bool = True,
@@ -73,13 +83,15 @@ def extract_robust_paper(oracle, *, w_bound: float, margin: float, tolerance: fl
     w_bound = check_float(w_bound, "w_bound", min_value=2.0)
     margin = check_float(margin, "margin", min_value=0.0, max_value=1.0, strict_min=True)
     tolerance = check_float(tolerance, "tolerance", min_value=0.0)
+    _refuse_beyond_float64(oracle.d, w_bound, margin)
     if tolerance > margin / 2:
         raise UnidentifiableError(
             f"the tolerance τ = {tolerance:g} exceeds μ/2 = {margin / 2:g}: answers within ±τ cannot tell a value "
             "entry of size μ from 0, so Thm 6.1 gives no guarantee; lower the noise or use the default probes "
             "(extract_robust), which scale their probes above the noise")
     d = oracle.d
-    run = Run(oracle, "robust", seed=seed, check=check, check_lengths=check_lengths, progress=progress)
+    run = Run(oracle, "robust", seed=seed, check=check, check_lengths=check_lengths, progress=progress,
+              tolerance=tolerance)
     run.plan(d + d * d, f"Thm 6.1 at d={d} (d + d² = {d + d * d} queries)")
     with run.phase("values"):
         v = oracle(np.eye(d)[:, None, :])  # v̂_i = AVQ([e_i])
@@ -302,7 +314,8 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
     if plan < unknowns:
         raise ConfigError(f"The 'queries' parameter ({plan}) is below the {unknowns} unknowns; give at least "
                           f"{unknowns}", param="queries")
-    run = Run(oracle, "robust", seed=seed, check=check, check_lengths=check_lengths, progress=progress)
+    run = Run(oracle, "robust", seed=seed, check=check, check_lengths=check_lengths, progress=progress,
+              tolerance=tolerance)
     run.plan(plan, f"robust extraction at d={d}")
 
     vals = _learn_values(run, opts, noise, plan - unknowns)
