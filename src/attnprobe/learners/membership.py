@@ -22,7 +22,7 @@ from scipy.special import gammaln
 from attnprobe._validation import check_float, check_int
 from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.check import CheckResult
-from attnprobe.learners.probes import equal_projection_orthogonal, random_orthogonal
+from attnprobe.learners.probes import equal_projection_orthogonal, paper_bound, random_orthogonal
 from attnprobe.learners.result import Extraction
 from attnprobe.learners.skeleton import Run
 from attnprobe.models.attention import AttentionHead
@@ -46,6 +46,11 @@ def _signs(oracle, X) -> np.ndarray:
         raise ConfigError("the oracle's answers are not 0/1 membership bits; wrap it in a Membership oracle or "
                           "use a value learner (exact, robust) for value answers")
     return 2.0 * g - 1.0
+
+
+def membership_unknowns(d: int) -> int:
+    """Numbers 0/1 answers determine (App. B): the paper model's ``d + d²`` less the norm of v."""
+    return paper_bound(d) - 1
 
 
 def sphere_constant(d: int) -> float:
@@ -195,7 +200,7 @@ def extract_membership(oracle, *, seed: int = 0, steps: int = 48, w_steps: int =
     Z = _bisect_weights(run, Q, P, v, scale, w_steps)
     details = {"probes": "bisection", "direction_steps": steps, "w_steps": w_steps, "scale": scale,
                "redo_queries": run.queries_by_phase().get("rebisection", 0), "planned_queries": run.planned}
-    return run.finish(AttentionHead(Q.T @ Z @ P, v), unknowns=d * d + d - 1, details=details, notes=[UNIT_NOTE],
+    return run.finish(AttentionHead(Q.T @ Z @ P, v), unknowns=membership_unknowns(d), details=details, notes=[UNIT_NOTE],
                       check_fn=sign_check)
 
 
@@ -279,7 +284,7 @@ def extract_membership_paper(oracle, *, w_bound: float, margin: float, eps_w: fl
     details = {"probes": "paper", "w_bound": w_bound, "margin": margin, "eps_w": eps_w, "delta": delta,
                "samples": k, "bisection_steps": steps, "plan": plan, "v_unnormalised": v,
                "guarantee": {"eps_W": eps_w, "eps_v_inf": plan["eps_v"], "probability": 1 - delta}}
-    return run.finish(AttentionHead(W, v / np.linalg.norm(v)), unknowns=d * d + d - 1, details=details,
+    return run.finish(AttentionHead(W, v / np.linalg.norm(v)), unknowns=membership_unknowns(d), details=details,
                       notes=notes, check_fn=sign_check)
 
 
