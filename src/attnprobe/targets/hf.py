@@ -106,3 +106,13 @@ def save_layer_arrays(arrays: dict[str, np.ndarray], path) -> Path:
     path = npz_path(path)
     write_files([(path, model_writer(_LayerFile(arrays)))])
     return path
+
+
+def torch_layer_arrays(module) -> dict[str, np.ndarray]:
+    """The vector layout of a torch attention layer (``nn.MultiheadAttention``, or a module of
+    :mod:`attnprobe.oracles.torch_multihead` / :mod:`attnprobe.oracles.hf_attention`), from its weights in float64;
+    needs the ``torch`` extra."""
+    from attnprobe.oracles.torch_multihead import torch_projections
+
+    p = torch_projections(module)
+    return vector_layer_arrays(p["Q"], p["K"], p["V"], p["WO"], p["bO"], p["bQ"], p["bV"])
