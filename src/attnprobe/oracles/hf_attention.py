@@ -51,7 +51,7 @@ def _load(path: str, dtype: str):
                                                        attn_implementation="eager")
     except Exception as exc:
         raise ConfigError(f"transformers cannot load {path} offline: {type(exc).__name__}: {exc}") from exc
-    return model.eval()
+    return model.to(DTYPES[dtype]).eval()  # whatever the transformers version did with ``dtype``
 
 
 def load_bert(model_dir, dtype: str = "float64"):
