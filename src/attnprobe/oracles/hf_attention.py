@@ -100,14 +100,15 @@ def hf_attention_layer(model_dir, layer: int, *, dtype: str = "float64", row: in
     ``readout`` (a ``(K,)`` vector) make it answer one number per sequence."""
     layers = attention_layers(load_bert(model_dir, dtype))
     if not 0 <= int(layer) < len(layers):
-        raise ConfigError(f"{model_dir} has layers 0..{len(layers) - 1}; got layer={layer}", param="layer")
+        raise ConfigError(f"The 'layer' parameter must be in 0..{len(layers) - 1} (the layers of {model_dir}); "
+                          f"got {layer}", param="layer")
     attention = layers[int(layer)]
     if row is not None:
         if readout is not None:
             raise ConfigError("give an output row or a readout vector, not both")
         K = attention.output.dense.out_features
         if not 0 <= int(row) < K:
-            raise ConfigError(f"the output row must be in 0..{K - 1}; got row={row}", param="row")
+            raise ConfigError(f"The 'row' parameter must be an output index in 0..{K - 1}; got {row}", param="row")
         readout = np.eye(K)[int(row)]
     return HFAttentionLayer(attention, readout)
 
