@@ -100,6 +100,19 @@ def test_module_is_in_eval_mode_and_deterministic(minilm):
     np.testing.assert_array_equal(oracle(X), oracle(X))
 
 
+def test_a_model_left_in_training_mode_still_answers_without_dropout(tiny):
+    from attnprobe.oracles.hf_attention import load_bert
+
+    load_bert(tiny).train()  # someone trained the cached model: the oracle still answers deterministically
+    try:
+        oracle = oracle_from_hf(tiny, 0)
+        X = np.random.default_rng(5).standard_normal((8, 3, 16))
+        np.testing.assert_array_equal(oracle(X), oracle(X))
+        assert _rel(oracle(X), layer_answers(hf_layer_arrays(tiny, 0), X)) < 1e-10
+    finally:
+        load_bert(tiny).eval()
+
+
 def test_any_bert_folder(tiny):
     """A random BERT folder (2 heads, d = 16) read the same two ways: converter and live module agree."""
     for layer in (0, 1):

@@ -64,7 +64,7 @@ def test_ladder_reaches_the_bound():
     assert np.all(np.diff(ladder(37.0)) > 0)
 
 
-@pytest.mark.parametrize("R", [3.0, 1e4, 1e6])
+@pytest.mark.parametrize("R", [3.0, 1e4, 1e6, 5e12])
 @pytest.mark.parametrize("vector", [False, True])
 def test_a_row_clamp_is_found_at_its_norm(R, vector):
     model = random_multihead(8, 2, seed=int(R) % 7)
