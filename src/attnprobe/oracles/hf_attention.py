@@ -23,11 +23,11 @@ import numpy as np
 from attnprobe.errors import ConfigError
 from attnprobe.oracles.base import Oracle
 from attnprobe.oracles.hf_folder import check_model_dir
-from attnprobe.oracles.torch_adapter import _PRECISION, TorchFunction, nn, torch
+from attnprobe.oracles.torch_adapter import TorchFunction, nn, torch
 
 HF_HINT = "pip install 'attnprobe[hf]' (transformers; torch==2.13.0 first)"
 #: torch dtypes by the precision names the rest of attnprobe uses
-DTYPES = {name: dt for dt, name in _PRECISION.items() if name in ("float64", "float32")}
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
 #: sequences per forward pass: a MiniLM batch of 4096 length-2 rows in float64 holds ~100 MB of activations
 MAX_BATCH = 4096
 
