@@ -66,7 +66,7 @@ class MultiHeadAttention(AttentionParameters):
 
     @property
     def d(self) -> int:
-        return self.v.shape[1]
+        return self.v.shape[-1]
 
     @staticmethod
     def unknowns(d: int, H: int, bias: bool = True, outputs: int = 1) -> int:

@@ -3,16 +3,17 @@
 - :func:`extract_multihead_subspaces` — known mutually orthogonal head subspaces (Prop. C.2);
 - :func:`extract_multihead_orthogonal` — unknown orthogonal subspaces from Hessians (App. C conjecture);
 - ``generic`` — overlapping heads (:mod:`attnprobe.learners.multihead.generic`, imported lazily);
+- ``vector`` — whole output rows (K-vector answers, :mod:`attnprobe.learners.multihead.vector`);
 - :func:`extract_multihead` dispatches between them.
 """
 
 from __future__ import annotations
 
-from attnprobe.errors import ConfigError
+from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.multihead.hessian import extract_multihead_orthogonal
 from attnprobe.learners.multihead.subspaces import extract_multihead_subspaces
 
-METHODS = ("auto", "subspaces", "orthogonal", "generic")
+METHODS = ("auto", "subspaces", "orthogonal", "generic", "vector")
 
 
 def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None = None, subspaces=None,
@@ -29,6 +30,26 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
     """
     if method not in METHODS:
         raise ConfigError(f"unknown multi-head method {method!r}; choose one of {', '.join(METHODS)}")
+    if method in ("auto", "vector") and subspaces is None and getattr(oracle, "outputs", None) is None:
+        probe = _probe_outputs(oracle)  # one length-1 query: scalar or vector answers?
+        res = extract_multihead(oracle, heads=heads, max_heads=max_heads, bias=bias, method=method, rank=rank,
+                                seed=seed, check=check, progress=progress)
+        res.queries += probe
+        res.queries_by_phase["values"] = res.queries_by_phase.get("values", 0) + probe
+        return res
+    if method in ("auto", "vector") and subspaces is None and oracle.outputs >= 2:
+        from attnprobe.learners.multihead.vector import extract_vector
+
+        if rank is not None:
+            raise ConfigError("rank is not used by the vector-answer multi-head learner (it needs no head "
+                              "dimension)", param="rank")
+        res = extract_vector(oracle, heads=heads, seed=seed, check=check, progress=progress)
+        if max_heads is not None and res.model.H > max_heads:
+            raise UnidentifiableError(f"found {res.model.H} heads, more than max_heads = {max_heads}; raise max_heads")
+        return res
+    if method == "vector":
+        raise ConfigError("method 'vector' needs an oracle answering K ≥ 2 outputs per sequence (a whole output "
+                          "row); this one answers one number", param="method")
     if heads is not None and heads < 1:
         raise ConfigError(f"heads must be at least 1; got {heads}")
     if heads is not None and max_heads is not None:
@@ -58,6 +79,17 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
                           "in this installation; use method='orthogonal' or give the subspaces")
     return gen(oracle, heads=heads, max_heads=max_heads, rank=rank, bias=bias, seed=seed, check=check,
                progress=progress)
+
+
+def _probe_outputs(oracle) -> int:
+    """Ask one length-1 query so the oracle knows how many outputs it answers; returns the queries asked (the
+    caller adds them to the learner's result, whose run starts after them)."""
+    import numpy as np
+
+    before = oracle.queries
+    with oracle.phase("values"):
+        oracle(np.zeros((1, 1, oracle.d)))
+    return oracle.queries - before
 
 
 def _generic():

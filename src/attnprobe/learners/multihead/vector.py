@@ -28,6 +28,7 @@ from attnprobe.learners.multihead.vector_heads import fit_delta, jennrich, theta
 from attnprobe.learners.multihead.vector_logits import chunks, read_logits, token_queries
 from attnprobe.learners.probes import random_orthogonal
 from attnprobe.learners.skeleton import Run
+from attnprobe.oracles.input_bound import refuse_clipping
 
 METHOD = "multihead-vector"
 #: the column spaces split M when their stacked bases are at most this ill-conditioned (else d differences)
@@ -36,6 +37,9 @@ SUBSPACE_COND = 1e4
 TARGET_NONLINEARITY = 0.5
 #: token norm of the logits stage relative to the calibrated one (m + 1 tokens spread the logits further)
 LOGIT_SCALE = 0.5
+#: differences δ_k = δ_0 + step·q_k, relative to |δ_0|: short ones inherit δ_0's head labels; long ones (coarse
+#: answers) give V_h without dividing the fits' errors by a short step
+SMALL_STEP, FAR_STEP = 0.05, 1.0
 
 
 def _values(oracle, rng, rho):
@@ -91,7 +95,8 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
     run = Run(oracle, METHOD, seed=seed, check=check, progress=progress)
     rng = run.rng
     eps = max(float(oracle.eps), 1e-16)
-    tokens = int(tokens or (16 if eps < 1e-10 else 8))
+    coarse = eps > 1e-10
+
     max_norm = getattr(oracle, "max_input_norm", None)
     rho_max = np.inf if max_norm is None else float(max_norm) / 3.0
     run.plan(2 * d, f"vector multi-head extraction at d={d} (values stage)", at_least=True)
@@ -105,18 +110,20 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
     layer = _Layer(oracle, M, c)
     with run.phase("calibrate"):
         rho, ratio = _calibrate(layer, rng, d, rho_max)
+    with run.phase("input bound"):
+        refuse_clipping(oracle, 3 * rho, seed=int(rng.integers(2**31)))
     if ratio < 1e3 * eps:
         raise UnidentifiableError(f"two-row answers are affine in the input (nonlinear part {ratio:.1e} of the "
                                   "linear one at the largest probe norm): no head's attention depends on the input")
     # ---------------------------------------------------------------------------------------------- separate
-    q = 3
+    q = 8 if coarse else 3  # design plane: wider and denser for coarse answers (the fit averages their rounding)
     s = rho / np.sqrt(d)
     b0 = rng.standard_normal(d) * s
     Z = np.linalg.qr(rng.standard_normal((d, q)))[0] * rho
     with run.phase("separate"):
         delta0 = rng.standard_normal(d) * s
-        n0 = max(24, 2 * (heads or 0) + 4)
-        T0 = rng.standard_normal((max(n0, 4 * q + 8), q)) / np.sqrt(q)
+        n0 = max(48 if coarse else 24, 2 * (heads or 0) + q + 4)
+        T0 = rng.standard_normal((n0, q)) / np.sqrt(q)
         R0 = layer.residuals(_two_row(b0 + T0 @ Z.T, delta0))
         sv = np.linalg.svd(R0, compute_uv=False)
         floor = 100 * eps * sv[0] * np.sqrt(R0.shape[1])
@@ -130,10 +137,13 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
                          + (": heads with equal (W_h, u_h) attend identically (Prop. 7.1) and merge" if found < heads
                             else ""))
             H = min(found, heads)
-        n = design or max(24, 2 * H + 4)
+        n = design or max(48 if coarse else 24, 2 * H + q + 4)
+        tokens = int(tokens or max(1, min(8 if coarse else 16, K // (2 * H))))  # Hm unknowns ≤ K/2 per query
         per_delta = n
-        run.plan(4 * H + d * per_delta + (d + 1) * -(-d // tokens),
-                 f"vector multi-head extraction at d={d}, H={H} (at most)", at_least=True)
+        rest = 4 * H + d * per_delta * (2 if coarse else 1) + (d + 1) * -(-d // tokens)
+        planned = run.queries + rest
+        run.plan(rest,
+                 f"vector multi-head extraction at d={d}, H={H} (at most)")
         U = np.linalg.svd(R0, full_matrices=False)[0][:, :H]
         eta = rho * (1e-5 if eps < 1e-10 else 3e-3)
         G = rng.standard_normal((d, H)) * s
@@ -153,27 +163,44 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
                                 "with independent value maps, or its answers are noisier than their precision")
         T = rng.standard_normal((n, q)) / np.sqrt(q)
         Q = random_orthogonal(d, rng)
-        step = 0.05 * np.linalg.norm(delta0)
+        step = SMALL_STEP * np.linalg.norm(delta0)
+        far = coarse  # coarse answers: long differences, their labels carried over from short ones
         ws, deltas, worst = [fit0.w], [delta0], fit0.residual
-        V = None
+        V, route = None, None
         batch = 16
-        for k0 in range(0, d, batch):
-            ks = range(k0, min(d, k0 + batch))
-            dk = [delta0 + step * Q[k] for k in ks]
+
+        def separate(dk, thetas):
             Rk = layer.residuals(np.concatenate([_two_row(b0 + T @ Z.T, dl) for dl in dk]))
-            for j, dl in enumerate(dk):
-                fk = fit_delta(Rk[:, j * n:(j + 1) * n], T, M @ dl, fit0.theta)
-                worst = max(worst, fk.residual)
+            fits = []
+            for j, (dl, th) in enumerate(zip(dk, thetas)):
+                fk = fit_delta(Rk[:, j * n:(j + 1) * n], T, M @ dl, th)
                 if fk.residual > tol:
                     raise RecoveryError(f"a probe difference did not separate into the {H} heads found first "
                                         f"(misfit {fk.residual:.1e} > {tol:.1e}); retry with another seed")
+                fits.append(fk)
+            return fits
+
+        for k0 in range(0, d, batch):
+            ks = range(k0, min(d, k0 + batch))
+            dk = [delta0 + step * Q[k] for k in ks]
+            fits = [_relabel(f, fit0.w, f.w) for f in separate(dk, [fit0.theta] * len(dk))]
+            if far:  # θ is linear in δ: extrapolate the short difference's θ to the long one, then fit there
+                ratio_far = FAR_STEP / SMALL_STEP
+                dk = [delta0 + FAR_STEP * np.linalg.norm(delta0) * Q[k] for k in ks]
+                guess = [fit0.theta + ratio_far * (f.theta - fit0.theta) for f in fits]
+                fits = [_relabel(f, g.T, f.theta.T) for f, g in zip(separate(dk, guess), guess)]
+            for dl, fk in zip(dk, fits):
+                worst = max(worst, fk.residual)
                 ws.append(fk.w)
                 deltas.append(dl)
             run.report()
-            if len(ws) >= 16 and (len(ws) - 1) % 32 == 0 or len(deltas) == d + 1:
-                V, route = _value_maps(np.stack(ws, axis=2), np.stack(deltas, axis=1), M, eps, final=len(deltas) == d + 1)
+            if not far and (len(ws) >= 16 and (len(ws) - 1) % 32 == 0 or len(deltas) == d + 1):
+                V, route = _value_maps(np.stack(ws, axis=2), np.stack(deltas, axis=1), M, eps,
+                                       final=len(deltas) == d + 1)
                 if V is not None:
                     break
+        if V is None:
+            V, route = _value_maps(np.stack(ws, axis=2), np.stack(deltas, axis=1), M, eps, final=True)
     # ------------------------------------------------------------------------------------------------ logits
     with run.phase("logits"):
         rl = LOGIT_SCALE * rho  # many tokens per query: keep the largest logit moderate
@@ -195,10 +222,23 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
     details = {"heads": H, "outputs": K, "token_norm": rho, "nonlinearity": ratio, "route": route,
                "differences": len(deltas), "separation_misfit": worst, "tokens_per_query": tokens,
                "smallest_attention": smallest, "head_rank": [int(r) for r in _ranks(V, eps)],
-               "largest_probe_norm": None}
+               "largest_probe_norm": float(getattr(oracle, "max_input_norm_used", np.nan)), "check_scale": s,
+               "planned": planned}
     return run.finish(model, unknowns=MultiHeadAttention.unknowns(d, H, True, K), details=details, notes=notes,
                       check_scale=s, hint=" (the layer is not a sum of softmax heads over whole output rows, or "
                                           "its answers are coarser than their precision says)")
+
+
+def _relabel(fit, ref, got):
+    """The fit with its heads put in the order of the reference: columns of ``got`` (a view of the fit) matched to
+    the nearest columns of ``ref`` (Hungarian assignment), so every difference keeps δ_0's head labels."""
+    from scipy.optimize import linear_sum_assignment
+
+    cost = np.linalg.norm(got[:, :, None] - ref[:, None, :], axis=0)
+    rows, cols = linear_sum_assignment(cost)
+    order = rows[np.argsort(cols)]
+    fit.w, fit.theta = fit.w[:, order], fit.theta[order]
+    return fit
 
 
 def _two_row(B, delta):
@@ -213,11 +253,9 @@ def _fit_tolerance(eps):
 
 
 def _ranks(V, eps):
-    out = []
-    for Vh in V:
-        sv = np.linalg.svd(Vh, compute_uv=False)
-        out.append(int(np.sum(sv > max(1e3 * eps, 1e-12) * sv[0])))
-    return out
+    """Numerical rank of each ``V_h`` (singular values above √eps of the largest: the separation's errors are
+    far below that, the head dimension's values far above it)."""
+    return [int(np.sum(np.linalg.svd(Vh, compute_uv=False) > 10 * np.sqrt(eps) * np.linalg.norm(Vh, 2))) for Vh in V]
 
 
 def _value_maps(Wv, D, M, eps, final):
