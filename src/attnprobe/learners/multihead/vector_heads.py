@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.optimize
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
@@ -78,12 +77,40 @@ def fit_delta(R: np.ndarray, T: np.ndarray, m: np.ndarray, theta0: np.ndarray, *
         J = -np.einsum("kh,hnl->knhl", w, G) / scale
         return J.reshape(R.size, -1)
 
-    sol = scipy.optimize.least_squares(fun, theta0.ravel(), jac=jac, method="lm", max_nfev=max_nfev,
-                                       xtol=1e-14, ftol=1e-14, gtol=1e-14)
-    theta = sol.x.reshape(H, -1)
+    x = _levenberg_marquardt(fun, jac, theta0.ravel(), max_nfev)
+    theta = x.reshape(H, -1)
     w, res = _solve_values(theta, T1, R, m)
     misfit = np.linalg.norm(R_full - U @ (U.T @ R_full))  # zero up to rounding; kept for honesty
     return DeltaFit(U @ w, theta, float(np.hypot(np.linalg.norm(res), misfit) / scale))
+
+
+def _levenberg_marquardt(fun, jac, x, max_iter):
+    """Minimise ``‖fun(x)‖`` (Levenberg–Marquardt with Nielsen's damping update); stops when a step no longer
+    reduces the misfit by a relative 1e-12 or after ``max_iter`` iterations."""
+    r = fun(x)
+    cost = float(r @ r)
+    lam, nu = 1e-3, 2.0
+    for _ in range(max_iter):
+        J = jac(x)
+        g = J.T @ r
+        A = J.T @ J
+        diag = np.maximum(np.diag(A), 1e-300)
+        while True:
+            step = np.linalg.solve(A + lam * np.diag(diag), -g)
+            x_new = x + step
+            r_new = fun(x_new)
+            cost_new = float(r_new @ r_new)
+            if cost_new < cost:
+                break
+            lam *= nu
+            nu *= 2.0
+            if lam > 1e12:
+                return x
+        done = cost - cost_new <= 1e-12 * cost or np.linalg.norm(step) <= 1e-14 * (1 + np.linalg.norm(x))
+        x, r, cost, lam, nu = x_new, r_new, cost_new, max(lam / 3.0, 1e-12), 2.0
+        if done:
+            break
+    return x
 
 
 def jennrich(J1: np.ndarray, J2: np.ndarray, U: np.ndarray, m: np.ndarray) -> np.ndarray:
