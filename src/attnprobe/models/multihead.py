@@ -168,9 +168,9 @@ class MultiHeadAttention(AttentionParameters):
         p = self._params()
         Xc = as_batch(X, self.d).astype(p["dt"])
         H, d = p["W"].shape[:2]
-        q = (Xc[:, -1, :] @ p["W"].reshape(H * d, d).T).reshape(-1, H, d)  # W_h x_N, one BLAS product
-        scores = np.einsum("bnd,bhd->bhn", Xc, q) + np.einsum("bnd,hd->bhn", Xc, p["u"])
-        return Xc, softmax_last(scores), p
+        q = Xc[:, -1, :] @ p["W"].reshape(H * d, d).T  # W_h x_N for every head, one BLAS product: (B, H·d)
+        scores = np.matmul(Xc, q.reshape(-1, H, d).transpose(0, 2, 1)) + Xc @ p["u"].T  # (B, N, H)
+        return Xc, softmax_last(scores.transpose(0, 2, 1)), p
 
     def attention(self, X: np.ndarray) -> np.ndarray:
         """Attention weights of every head, shape (B, H, N)."""
@@ -180,20 +180,20 @@ class MultiHeadAttention(AttentionParameters):
         """Each head's contribution ``α_hᵀ X v_h`` (without ``c``), shape (B, H), or (B, H, K) in the vector
         layout, as float64."""
         Xc, alpha, p = self._forward(X)
-        ctx = np.einsum("bhn,bnd->bhd", alpha, Xc)  # α_hᵀ X per head
+        ctx = np.matmul(alpha, Xc)  # α_hᵀ X per head: (B, H, d)
         if self.vector:
-            return np.einsum("bhd,hkd->bhk", ctx, p["v"]).astype(np.float64)
+            return np.einsum("bhd,hkd->bhk", ctx, p["v"], optimize=True).astype(np.float64)
         return np.einsum("bhd,hd->bh", ctx, p["v"]).astype(np.float64)
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         Xc, alpha, p = self._forward(X)
-        ctx = np.einsum("bhn,bnd->bhd", alpha, Xc)
+        ctx = np.matmul(alpha, Xc)  # (B, H, d)
+        B, H, d = ctx.shape
         if self.vector:
-            out = np.einsum("bhd,hkd->bk", ctx, p["v"]) + p["c"]
+            out = ctx.reshape(B, H * d) @ p["v"].transpose(0, 2, 1).reshape(H * d, -1) + p["c"]
         else:
-            out = np.einsum("bhd,hd->b", ctx, p["v"]) + p["c"]
+            out = ctx.reshape(B, H * d) @ p["v"].reshape(H * d) + p["c"]
         return out.astype(np.float64)
-
 
 
 @dataclass(frozen=True)
