@@ -138,3 +138,39 @@ def test_cli_generic_multihead_with_the_head_dimension_given(tmp_path):
     summary = json.loads(out.with_suffix(".json").read_text())
     assert summary["passed"] is True
     assert sum(summary["queries_by_phase"].values()) == summary["queries"] <= 4 * 2 * 16**2 - 2 * 2 + 1
+
+
+def _column(fn):
+    """The same oracle answering one output per sequence as a column (B, 1)."""
+    return lambda X: fn(X)[:, None]
+
+
+@pytest.mark.parametrize("method", ["exact", "lowrank", "generic", "orthogonal", "subspaces"])
+def test_one_output_column_answers_work_like_scalars(method):
+    """Answers of shape (B, 1) (a vector with K = 1) give every scalar learner the result (B,) answers give."""
+    from attnprobe.learners import extract_exact, extract_lowrank
+    from attnprobe.learners.multihead import extract_multihead
+    from attnprobe.targets import random_head
+    from attnprobe.targets.multihead import random_orthogonal_multihead
+
+    if method in ("exact", "lowrank"):
+        target = random_head(8, seed=0)
+        learn = extract_exact if method == "exact" else extract_lowrank
+    else:
+        target, E = random_orthogonal_multihead(8, 2, seed=0)
+        def learn(o, seed=0):
+            return extract_multihead(o, method=method, subspaces=E if method == "subspaces" else None, seed=seed)
+    flat, col = learn(Oracle(target, 8), seed=0), learn(Oracle(_column(target), 8), seed=0)
+    assert col.check.passed and col.check.error <= 1e-8
+    assert col.queries == flat.queries
+    np.testing.assert_allclose(col.model.W, flat.model.W, rtol=0, atol=1e-12)
+
+
+def test_several_outputs_are_refused_by_a_scalar_learner_in_one_line():
+    from attnprobe.errors import OracleAnswerError
+
+    target = random_multihead(8, 2, seed=0)
+    oracle = Oracle(lambda X: np.stack([target(X), 2 * target(X)], axis=1), 8)
+    with pytest.raises(OracleAnswerError, match="answers 2 outputs per sequence.*multi-head learner") as err:
+        extract_generic(oracle)
+    assert "\n" not in str(err.value)

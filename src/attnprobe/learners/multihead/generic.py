@@ -58,7 +58,7 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
     notes: list[str] = []
     run.plan(d + 1 + 4 * d, f"generic multi-head extraction at d={d} (values stage)", at_least=True)
     with run.phase("values"):
-        v_sum, c, _ = learn_value(oracle, bias)  # length 1: [0] ↦ c, [e_i] ↦ (Σ_h v_h)_i + c
+        v_sum, c, _ = learn_value(oracle, bias, "multi-head")  # length 1: [0] ↦ c, [e_i] ↦ (Σ_h v_h)_i + c
         y = rng.standard_normal(d) / np.sqrt(d)
         stage = saturated_values(oracle, y, v_sum, c + y @ v_sum, rng)
     v = stage.v
