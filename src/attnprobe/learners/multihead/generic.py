@@ -84,6 +84,7 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
     with run.phase("isolated"):
         for h in range(H):
             iso = isolated_oracle(oracle, v, h, v_sum)
+            iso.raise_floor(stage.leak)  # the other heads leak through the errors of v: rounding to this learner
             r_h = None if rank is None else min(int(rank), d - H + 1)
             res = extract_lowrank(iso, rank=r_h, bias=bias, seed=int(rng.integers(2**31)), check=False,
                                   certificate=0)
@@ -96,7 +97,8 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
         Wx, ux, info = cross_components(oracle, v, v_sum, c, WP, uP, bias=bias, rng=rng)
     model = MultiHeadAttention(WP + Wx, v, uP + ux, c)
     details = {"heads": H, "bias": bias, "seed": seed, "rank_given": rank, "head_rank": head_rank,
-               "radius": stage.radius, "crossings": stage.crossings, "spurious_crossings":
+               "radius": stage.radius, "crossings": stage.crossings, "value_error": stage.details["value_error"],
+               "isolation_leak": stage.leak, "spurious_crossings":
                stage.details.get("spurious_crossings", 0), "sign_residual": stage.details["sign_residual"],
                "switch_off_repeat": info["switch_off_repeat"], "query_bound": MultiHeadAttention.query_bound(d, H)}
     return run.finish(model, unknowns=MultiHeadAttention.unknowns(d, H, bias), details=details, notes=notes,

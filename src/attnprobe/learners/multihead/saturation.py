@@ -50,6 +50,13 @@ class ValueStage:
     signs: np.ndarray  # +1: the head switches on at its crossing, −1: off
     queries: int
     details: dict = field(default_factory=dict)
+    v_err: np.ndarray | None = None  # (H,): measured bound on ‖v̂_h − v_h‖ (step agreement of both cones)
+
+    @property
+    def leak(self) -> float:
+        """``Σ_h ‖v̂_h − v_h‖ / ‖Σ_h v_h‖``: the relative size of the other heads' leak into an isolated head."""
+        total = float(np.linalg.norm(self.gradients[-1] + self.gradients[0]))  # Σv = g_last + g_0
+        return float(np.sum(self.v_err)) / max(total, float(np.max(np.linalg.norm(self.v, axis=1))))
 
 
 class _Circle:
@@ -116,14 +123,18 @@ def _predicts(label, theta, value, scale, tol):
     return label is not None and abs(label[0] * np.cos(theta) + label[1] * np.sin(theta) - value) <= tol * scale
 
 
-def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7):
+def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7, max_crossings=None):
     """Angles in (0, π) where the cone changes, by bisection between points of different cones.
 
     A point of the circle is labelled by its local cone coefficients (valid when three nearby answers agree);
     the midpoint of an interval joins the side whose label predicts its answer, otherwise it gets its own
     label (or none, inside a transition). Intervals narrower than ``resolution`` with different sides are
-    the crossings (several heads whose crossings are closer than that come out merged).
+    the crossings (several heads whose crossings are closer than that come out merged). Every open interval
+    holds a crossing, so more than ``max_crossings`` (default d) of them at once ends the search with
+    :class:`RecoveryError` instead of bisecting answers that are not piecewise linear.
     """
+    d = circle.z0.size
+    cap = 4 * (d if max_crossings is None else max_crossings) + 2 * grid
     th = np.linspace(0.0, np.pi, grid + 1)[:-1] + np.pi / (2 * grid)
     lab, ok = _labels(circle, th, T, np.pi / (16 * grid))
     pts = [(t, l) for t, l, k in zip(th, lab, ok) if k]
@@ -133,11 +144,18 @@ def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7):
     # close the circle: the point θ₀ + π lies in the opposite cone, whose gradient is Σ_h v_h − g
     sum_label = np.array([circle.z0 @ v_sum, circle.z1 @ v_sum])
     pts.append((pts[0][0] + np.pi, sum_label - pts[0][1]))
-    scale = float(np.max(np.abs(lab[ok]))) or 1.0
+    # labels are in units of ‖g‖ ≤ gain: a circle whose grid lies in the all-heads-off cone has labels of pure
+    # rounding (~1e-28), which must not set the scale that tells cones apart
+    scale = max(float(np.max(np.abs(lab[ok]))), circle.gain) or 1.0
     tol = circle.tol
     pending = [(p[0], p[1], q[0], q[1]) for p, q in zip(pts, pts[1:]) if np.linalg.norm(p[1] - q[1]) > tol * scale]
     crossings = []
     while pending:
+        if len(pending) > cap:
+            raise RecoveryError(f"the saturated answers change their linear piece more than {cap} times on the probe "
+                                f"circle (at most {cap // 4 - grid // 2} heads expected): they are not a sum of "
+                                "saturated heads at the answers' precision; stopped after "
+                                f"{circle.oracle.queries} queries instead of bisecting noise")
         mids = np.array([(lo + hi) / 2 for lo, _, hi, _ in pending])
         vals = circle.F(circle.point(mids, T)) / T
         nxt, unknown = [], []
@@ -173,7 +191,8 @@ def cone_gradient(circle, center, delta, basis, eps):
 
     F is linear and homogeneous in a saturated cone, so the gradient from steps δ and δ/4 must agree to
     rounding (a step that left the cone shows as a jump divided by the step), and ``F(2c) = 2F(c)``;
-    returns ``(g, ok)`` (2d + 2 queries).
+    returns ``(g, ok, err)`` (2d + 2 queries), ``err = ‖g − g₄‖``: the δ/4 step carries four times the rounding
+    of g, so this bounds g's error (measured, whatever the answers' precision or noise).
     """
     pts = np.concatenate([center[None], center[None] + delta * basis, center[None] + (delta / 4) * basis,
                           2 * center[None]])
@@ -184,7 +203,7 @@ def cone_gradient(circle, center, delta, basis, eps):
     mag = np.abs(F[0]) + np.linalg.norm(center) * (np.linalg.norm(g) + circle.gain)
     agree = np.linalg.norm(g - g4) <= 64 * eps * mag / (delta / 4) * np.sqrt(d)
     ok = agree and _homogeneous(F[0], F[-1], eps, 2 * mag)
-    return g, bool(ok)
+    return g, bool(ok), float(np.linalg.norm(g - g4))
 
 
 def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, min_width=1e-6):
@@ -215,12 +234,12 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
     sat = _homogeneous(F[: len(lo)], F[len(lo):], oracle.eps, 2 * T * max(scale, circle.gain))
     lo, hi = lo[sat], hi[sat]
     basis = np.linalg.qr(rng.standard_normal((d, d)))[0].T
-    grads = []
+    grads, errs = [], []
     for a, b in zip(lo, hi):
         center = circle.point(0.5 * (a + b), T)[0]
         delta = 0.25 * T * np.sin(0.5 * (b - a))
         for _ in range(20):
-            g, ok = cone_gradient(circle, center, delta, basis, oracle.eps)
+            g, ok, err = cone_gradient(circle, center, delta, basis, oracle.eps)
             if ok:
                 break
             delta /= 8
@@ -228,29 +247,8 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
             raise SaturationError("no step stays inside a saturated cone of the probe circle; the heads' logits are "
                                   "too close to one another to be separated")
         grads.append(g)
-    # a "crossing" between two cones with the same gradient is a search artefact (a label that straddled a
-    # crossing where the head's value z(θ)ᵀv_h nearly vanishes): merge such cones, keeping the gradient of the
-    # widest one (the most accurate: the largest steps)
-    widths = list(hi - lo)
-    floor = max(SAME_CONE, 1e5 * oracle.eps) * float(np.max(np.linalg.norm(grads, axis=1)))
-    merged, best = [grads[0]], [widths[0]]
-    spurious = 0
-    for g, w in zip(grads[1:], widths[1:]):
-        if np.linalg.norm(g - merged[-1]) <= floor:
-            spurious += 1
-            if w > best[-1]:
-                merged[-1], best[-1] = g, w
-        else:
-            merged.append(g)
-            best.append(w)
-    # the cone after the last crossing is opposite the first (gradient Σv − g₀); a spurious crossing near θ = π
-    # makes the last measured cone that same cone
-    if len(merged) > 1 and np.linalg.norm(merged[-1] - (v_sum - merged[0])) <= floor:
-        spurious += 1
-        merged[-1] = v_sum - merged[0]
-    else:
-        merged.append(v_sum - merged[0])
-    G = np.array(merged)
+        errs.append(err)
+    G, E, spurious = _merge_cones(grads, errs, list(hi - lo), v_sum, max(SAME_CONE, 1e5 * oracle.eps))
     J = np.diff(G, axis=0)  # one jump per crossing
     # signs: g_0 = Σ_{heads on in the first cone} v_h = −Σ_{jumps that switch a head off} J_i
     coef, *_ = np.linalg.lstsq(J.T, G[0], rcond=None)
@@ -262,6 +260,36 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
                             "search resolution or the heads are not generic; retry with another seed")
     signs = np.where(off, -1.0, 1.0)
     v = signs[:, None] * J
+    v_err = E[1:] + E[:-1]
     return ValueStage(v, T, cross, G, signs, oracle.queries - start,
                       {"radius": T, "cones": len(lo), "crossings_found": int(cross.size), "label_scale": scale,
-                       "sign_residual": bad, "spurious_crossings": spurious})
+                       "sign_residual": bad, "spurious_crossings": spurious,
+                       "value_error": float(np.max(v_err / np.linalg.norm(v, axis=1)))}, v_err)
+
+
+def _merge_cones(grads, errs, widths, v_sum, same):
+    """Adjacent cones whose gradients agree to ``same`` (relative) are one cone, keeping the gradient of the widest
+    (the most accurate: the largest steps); the cone after the last crossing is opposite the first (gradient
+    ``Σv − g₀``). A "crossing" between equal gradients is a search artefact (a label that straddled a crossing
+    where the head's value ``z(θ)ᵀv_h`` nearly vanishes). Returns the gradients, their error bounds and the
+    number of spurious crossings."""
+    floor = same * float(np.max(np.linalg.norm(grads, axis=1)))
+    merged, err, best = [grads[0]], [errs[0]], [widths[0]]
+    spurious = 0
+    for g, e, w in zip(grads[1:], errs[1:], widths[1:]):
+        if np.linalg.norm(g - merged[-1]) <= floor:
+            spurious += 1
+            if w > best[-1]:
+                merged[-1], err[-1], best[-1] = g, e, w
+        else:
+            merged.append(g)
+            err.append(e)
+            best.append(w)
+    # a spurious crossing near θ = π makes the last measured cone the closing one
+    if len(merged) > 1 and np.linalg.norm(merged[-1] - (v_sum - merged[0])) <= floor:
+        spurious += 1
+        merged[-1], err[-1] = v_sum - merged[0], err[0]
+    else:
+        merged.append(v_sum - merged[0])
+        err.append(err[0])
+    return np.array(merged), np.array(err), spurious
