@@ -37,6 +37,8 @@ LABEL_TOL = 1e-7
 RADIUS_MARGIN = 1e7
 #: adjacent cone gradients closer than this (relative to the largest) are one cone
 SAME_CONE = 1e-6
+#: the largest probe row is this many times the search radius (the homogeneity and gradient checks double it)
+PROBE_GROWTH = 2.5
 
 
 @dataclass
@@ -85,19 +87,60 @@ def _homogeneous(F1, F2, eps, mag):
     return np.abs(F2 - 2 * F1) <= 64 * eps * (np.abs(F2) + mag)
 
 
+def input_norm_limit(oracle) -> float:
+    """The largest input row norm the oracle accepts (``oracle.max_input_norm``, inf when unset); refuses up front
+    when it leaves no room for saturated probes (``RADIUS_MARGIN`` times a saturation radius of at least 1)."""
+    limit = getattr(oracle, "max_input_norm", None)
+    limit = float("inf") if limit is None else float(limit)
+    need = PROBE_GROWTH * RADIUS_MARGIN
+    if limit < need:
+        raise SaturationError(f"the oracle accepts input rows of norm at most {limit:.3g}, but the generic multi-head "
+                              f"learner's saturated probes need norms of at least {need:.0e} (typically 1e10 … 1e13) "
+                              "to tell the heads apart from scalar answers; raise the oracle's input-norm bound, or "
+                              "use a learner for vector answers if the oracle returns whole output rows")
+    return limit
+
+
+def _relative_residual(F1, F2, mag):
+    return np.abs(F2 - 2 * F1) / (np.abs(F2) + mag)
+
+
 def saturate_radius(circle, rng, eps, n_points=6, start=1.0, grow=100.0, max_radius=1e15):
-    """Smallest radius ``start·grow^k`` at which F is homogeneous at ``n_points`` random circle points."""
+    """Smallest radius ``start·grow^k`` at which F is homogeneous at ``n_points`` random circle points.
+
+    Returns ``(T, noise)``. When ``F(2w) − 2F(w)`` stops shrinking as T grows (a plateau of relative size
+    ``noise`` ≥ 64 eps, below 1e-6), the answers carry noise or rounding of that size: the radius is accepted and
+    the caller raises its rounding floor to ``noise`` (otherwise noise is ``None``). Answers that stop growing
+    with the probe (``F(2w) = F(w)``) come from an oracle that clips or normalises its inputs: refused, said so.
+    """
     thetas = rng.uniform(0, np.pi, n_points)
     T = start
+    last = None
     while T <= max_radius:
         P = circle.point(thetas, T)
         F = circle.F(np.concatenate([P, 2 * P]))
-        if np.all(_homogeneous(F[:n_points], F[n_points:], eps, 2 * T * circle.gain)):
-            return T
+        F1, F2 = F[:n_points], F[n_points:]
+        if np.all(_homogeneous(F1, F2, eps, 2 * T * circle.gain)):
+            return T, None
+        if np.all(np.abs(F2 - F1) <= 1e-3 * np.abs(F1)) and np.all(F1 != 0):
+            raise SaturationError(f"the answers stop growing with the input: doubling probes of norm {T:.1e} leaves "
+                                  "them unchanged, so the oracle clips or normalises its input rows (at a norm "
+                                  f"≤ {T:.1e}); the saturated probes of the generic multi-head learner cannot pass such "
+                                  "a bound (declare it as the oracle's max_input_norm to be refused before querying)")
+        res = float(np.max(_relative_residual(F1, F2, 2 * T * circle.gain)))
+        if last is not None and 64 * eps < res < 1e-6 and last < 1e-6 and res > last / 30:
+            return T, 4 * max(res, last)  # a plateau: what is left is the answers' noise, not the sigmoids' tails
+        last = res
         T *= grow
-    raise SaturationError(f"the answers never became homogeneous in the probe up to radius {max_radius:.0e}: some "
-                          "head's logits do not grow with the probe (W_h y + u_h = 0?), so the saturated regime "
-                          "that separates the heads cannot be reached")
+    if last is not None and last < 1e-6:
+        raise SaturationError(f"the answers are not homogeneous in the probe up to radius {T / grow:.0e}: F(2w) − 2F(w) "
+                              f"stays at {last:.1e} of the answers, above the {eps:.1e} rounding of their precision, "
+                              "and the probes may not grow further (the oracle's max_input_norm): noise or rounding "
+                              "of that relative size hides the saturated regime")
+    raise SaturationError(f"the answers never became homogeneous in the probe up to radius {T / grow:.0e} "
+                          f"(F(2w) − 2F(w) at {last:.1e} of the answers): some head's logits do not grow with the "
+                          "probe (W_h y + u_h = 0?), so the saturated regime that separates the heads cannot be "
+                          "reached")
 
 
 def _labels(circle, thetas, T, step):
@@ -144,9 +187,9 @@ def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7, max_crossings=None
     # close the circle: the point θ₀ + π lies in the opposite cone, whose gradient is Σ_h v_h − g
     sum_label = np.array([circle.z0 @ v_sum, circle.z1 @ v_sum])
     pts.append((pts[0][0] + np.pi, sum_label - pts[0][1]))
-    # labels are in units of ‖g‖ ≤ gain: a circle whose grid lies in the all-heads-off cone has labels of pure
-    # rounding (~1e-28), which must not set the scale that tells cones apart
-    scale = max(float(np.max(np.abs(lab[ok]))), circle.gain) or 1.0
+    # labels are projections of g onto the circle's plane (typically ‖g‖·√(2/d)): a grid that lies in the
+    # all-heads-off cone has labels of pure rounding (~1e-28), which must not set the scale that tells cones apart
+    scale = max(float(np.max(np.abs(lab[ok]))), 0.1 * circle.gain * np.sqrt(2.0 / circle.z0.size)) or 1.0
     tol = circle.tol
     pending = [(p[0], p[1], q[0], q[1]) for p, q in zip(pts, pts[1:]) if np.linalg.norm(p[1] - q[1]) > tol * scale]
     crossings = []
@@ -206,20 +249,26 @@ def cone_gradient(circle, center, delta, basis, eps):
     return g, bool(ok), float(np.linalg.norm(g - g4))
 
 
-def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, min_width=1e-6):
+def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, min_width=1e-6, max_crossings=None):
     """The first stage: every head's value vector ``v_h`` from one saturated half circle around ``y``.
 
     ``v_sum`` = ``Σ_h v_h`` and ``base`` = ``f([y; y])`` come from length-1 queries. Raises
     :class:`SaturationError` when the regime is out of reach, :class:`RecoveryError` when the jumps are not
-    consistent with a sum of heads (then raise ``grid`` or lower ``resolution``).
+    consistent with a sum of heads (then raise ``grid`` or lower ``resolution``). Probes stay within the
+    oracle's ``max_input_norm``; answer noise found on the way (a plateau of ``F(2w) − 2F(w)``) raises the
+    oracle's rounding floor (``details["measured_noise"]``).
     """
     d = oracle.d
     start = oracle.queries
     Z = np.linalg.qr(rng.standard_normal((d, 2)))[0]
     circle = _Circle(oracle, y, Z[:, 0], Z[:, 1], base, float(np.linalg.norm(v_sum)))
-    T = saturate_radius(circle, rng, oracle.eps, start=max(1.0, float(np.linalg.norm(y))))
+    top = min(1e15, input_norm_limit(oracle) / PROBE_GROWTH / RADIUS_MARGIN)
+    T, noise = saturate_radius(circle, rng, oracle.eps, start=max(1.0, float(np.linalg.norm(y))), max_radius=top)
+    if noise is not None:
+        oracle.raise_floor(noise)
+        circle.tol = max(LABEL_TOL, 1e5 * oracle.eps)
     T *= RADIUS_MARGIN  # transitions far narrower than the resolution of the search
-    cross, scale = find_crossings(circle, T, v_sum, grid, resolution)
+    cross, scale = find_crossings(circle, T, v_sum, grid, resolution, max_crossings)
     if cross.size == 0:
         raise UnidentifiableError("the saturated answers are linear in the probe: no head's attention depends on it "
                                   "(every W_h y + u_h = 0), so the heads cannot be told apart")
@@ -254,16 +303,20 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
     coef, *_ = np.linalg.lstsq(J.T, G[0], rcond=None)
     off = coef < -0.5
     bad = float(np.max(np.abs(np.where(off, coef + 1, coef))))
+    rel_err = float(np.max(E)) / float(np.min(np.linalg.norm(J, axis=1)))
     if bad > max(1e-6, 1e5 * oracle.eps):
+        cause = (f"the gradients themselves are only measured to {rel_err:.1e} (relative) at these answers' "
+                 "precision" if bad <= 100 * rel_err else "two heads crossed within the search resolution or the "
+                 "heads are not generic; retry with another seed")
         raise RecoveryError(f"the cone gradients are not a sum of per-head value vectors (coefficients "
-                            f"{np.round(coef, 4).tolist()}, expected 0 or −1): two heads crossed within the "
-                            "search resolution or the heads are not generic; retry with another seed")
+                            f"{np.round(coef, 4).tolist()}, expected 0 or −1): {cause}")
     signs = np.where(off, -1.0, 1.0)
     v = signs[:, None] * J
     v_err = E[1:] + E[:-1]
     return ValueStage(v, T, cross, G, signs, oracle.queries - start,
                       {"radius": T, "cones": len(lo), "crossings_found": int(cross.size), "label_scale": scale,
-                       "sign_residual": bad, "spurious_crossings": spurious,
+                       "sign_residual": bad, "spurious_crossings": spurious, "measured_noise": noise,
+                       "max_input_norm": PROBE_GROWTH * T,
                        "value_error": float(np.max(v_err / np.linalg.norm(v, axis=1)))}, v_err)
 
 
