@@ -36,6 +36,7 @@ from attnprobe.learners.multihead.headcheck import check_heads, head_check_queri
 from attnprobe.learners.multihead.isolation import isolated_oracle
 from attnprobe.learners.multihead.saturation import input_norm_limit, saturated_values
 from attnprobe.learners.skeleton import Run
+from attnprobe.models.precision import unit_roundoff
 
 METHOD = "multihead-generic"
 #: the other heads leak into an isolated head through the errors of v̂ (relative size ``ValueStage.leak``); the
@@ -159,7 +160,7 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
     _heads_found(H, d, heads, max_heads, notes)
     if stage.details["measured_noise"] is not None:
         notes.append(f"the answers carry relative noise of about {stage.details['measured_noise']:.1e} (measured on "
-                     f"the saturated probes; {oracle.precision} rounding alone would be ≤ {oracle.eps:.0e}): used as "
+                     f"the saturated probes; {oracle.precision} rounding alone is {unit_roundoff(oracle.precision):.0e}): used as "
                      "their rounding floor, and by the check's tolerance")
     if verr > VALUE_ERROR_LIMIT:
         raise RecoveryError(f"the answers are too coarse for the generic multi-head learner: "

@@ -105,6 +105,31 @@ def _relative_residual(F1, F2, mag):
     return np.abs(F2 - 2 * F1) / (np.abs(F2) + mag)
 
 
+def _refuse_clipping(circle, F1, F2, T):
+    """Answers that do not grow when the probe doubles come from an oracle that clips or normalises its inputs
+    (judged where F is above rounding: in the all-heads-off cone F is 0 at any norm)."""
+    sig = np.abs(F1) > 1e3 * circle.oracle.eps * (abs(circle.base) + circle.gain)
+    if 2 * np.sum(sig) >= sig.size and np.all(np.abs(F2 - F1)[sig] <= 1e-3 * np.abs(F1)[sig]):
+        raise SaturationError(f"the answers stop growing with the input: doubling probes of norm {T:.1e} leaves them "
+                              "unchanged, so the oracle clips or normalises its input rows (at a norm "
+                              f"≤ {T:.1e}); the saturated probes of the generic multi-head learner cannot pass such a "
+                              "bound (declare it as the oracle's max_input_norm to be refused before querying)")
+
+
+def confirm_radius(circle, rng, T, eps, n_points=6):
+    """The search radius (``RADIUS_MARGIN`` beyond the first saturated one) must still be homogeneous: an oracle
+    that clips, normalises or overflows large inputs is refused here, naming that (2·n_points queries)."""
+    P = circle.point(rng.uniform(0, np.pi, n_points), T)
+    F = circle.F(np.concatenate([P, 2 * P]))
+    F1, F2 = F[:n_points], F[n_points:]
+    _refuse_clipping(circle, F1, F2, T)
+    if not np.all(_homogeneous(F1, F2, eps, 2 * T * circle.gain)):
+        res = float(np.max(_relative_residual(F1, F2, 2 * T * circle.gain)))
+        raise SaturationError(f"the answers were homogeneous in the probe at a smaller norm but not at {T:.1e} "
+                              f"(F(2w) − 2F(w) at {res:.1e} of the answers): the oracle changes large inputs (clips, "
+                              "normalises or overflows them); declare its max_input_norm")
+
+
 def saturate_radius(circle, rng, eps, n_points=6, start=1.0, grow=100.0, max_radius=1e15):
     """Smallest radius ``start·grow^k`` at which F is homogeneous at ``n_points`` random circle points.
 
@@ -122,11 +147,7 @@ def saturate_radius(circle, rng, eps, n_points=6, start=1.0, grow=100.0, max_rad
         F1, F2 = F[:n_points], F[n_points:]
         if np.all(_homogeneous(F1, F2, eps, 2 * T * circle.gain)):
             return T, None
-        if np.all(np.abs(F2 - F1) <= 1e-3 * np.abs(F1)) and np.all(F1 != 0):
-            raise SaturationError(f"the answers stop growing with the input: doubling probes of norm {T:.1e} leaves "
-                                  "them unchanged, so the oracle clips or normalises its input rows (at a norm "
-                                  f"≤ {T:.1e}); the saturated probes of the generic multi-head learner cannot pass such "
-                                  "a bound (declare it as the oracle's max_input_norm to be refused before querying)")
+        _refuse_clipping(circle, F1, F2, T)
         res = float(np.max(_relative_residual(F1, F2, 2 * T * circle.gain)))
         if last is not None and 64 * eps < res < 1e-6 and last < 1e-6 and res > last / 30:
             return T, 4 * max(res, last)  # a plateau: what is left is the answers' noise, not the sigmoids' tails
@@ -268,6 +289,7 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
         oracle.raise_floor(noise)
         circle.tol = max(LABEL_TOL, 1e5 * oracle.eps)
     T *= RADIUS_MARGIN  # transitions far narrower than the resolution of the search
+    confirm_radius(circle, rng, T, oracle.eps)
     cross, scale = find_crossings(circle, T, v_sum, grid, resolution, max_crossings)
     if cross.size == 0:
         raise UnidentifiableError("the saturated answers are linear in the probe: no head's attention depends on it "
