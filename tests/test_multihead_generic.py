@@ -318,3 +318,44 @@ def test_rank_is_detected_per_head_at_about_the_rank_given_cost():
     assert found.details["isolated_rank"] == [4] * 4
     assert found.queries <= given.queries + 4 * 2 * 32
     assert _true_worst(target, found) <= 1e-8 and found.check.passed
+
+
+VICTIM = '''
+import numpy as np
+from attnprobe.targets.multihead import random_multihead
+
+layer = random_multihead(12, 2, seed=0)
+
+
+def clipped(X):
+    n = np.linalg.norm(X, axis=2, keepdims=True)
+    return layer(X * np.minimum(1.0, 1e6 / np.maximum(n, 1e-300)))
+
+
+def column(X):
+    return layer(X)[:, None]
+'''
+
+
+@pytest.mark.parametrize("attr, dtype, code, message", [
+    ("clipped", None, 2, "clips or normalises its input rows"),
+    (None, "float16", 2, "float16 answers overflow for inputs of norm above about 256"),
+    ("column", None, 0, None),
+])
+def test_cli_multihead_refusals_name_the_cause_in_one_line(tmp_path, monkeypatch, capsys, attr, dtype, code,
+                                                           message):
+    from attnprobe.cli import main
+    from attnprobe.models import save_model
+
+    (tmp_path / "mh_victim.py").write_text(VICTIM)
+    save_model(random_multihead(12, 2, seed=0), tmp_path / "layer.npz")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    src = ["--oracle", f"mh_victim:{attr}", "--d", "12"] if attr else ["--target", "layer.npz", "--dtype", dtype]
+    assert main(["extract", *src, "--method", "multihead", "--quiet", "--out", "x.npz"]) == code
+    err = capsys.readouterr().err
+    if message:
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and message in lines[0], err
+        assert not any(w in lines[0] for w in ("seed", "rank", "bias=", "W_h y + u_h = 0"))
+        assert not (tmp_path / "x.npz").exists()

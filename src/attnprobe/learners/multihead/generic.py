@@ -147,7 +147,7 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
     if heads is not None and 2 * heads > d:
         raise UnidentifiableError(f"{heads} heads at width d = {d}: switching the other heads off needs d ≥ 2H "
                                   f"(at most {d // 2} heads)")
-    input_norm_limit(oracle)  # refuses up front when the oracle's input norm bound leaves no saturated regime
+    input_norm_limit(oracle, precision=False)  # refused before any query when max_input_norm is too small
     run = Run(oracle, METHOD, seed=seed, check=check, progress=progress)
     rng = run.rng
     notes: list[str] = []

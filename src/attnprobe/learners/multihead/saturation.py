@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from attnprobe.errors import RecoveryError, SaturationError, UnidentifiableError
+from attnprobe.errors import AttnprobeError, RecoveryError, SaturationError, UnidentifiableError
 
 #: |logit| above which σ is 0 or 1 to float64 rounding (σ(−40) = 4e-18)
 SATURATED_LOGIT = 40.0
@@ -87,18 +87,35 @@ def _homogeneous(F1, F2, eps, mag):
     return np.abs(F2 - 2 * F1) <= 64 * eps * (np.abs(F2) + mag)
 
 
-def input_norm_limit(oracle) -> float:
-    """The largest input row norm the oracle accepts (``oracle.max_input_norm``, inf when unset); refuses up front
-    when it leaves no room for saturated probes (``RADIUS_MARGIN`` times a saturation radius of at least 1)."""
+def input_norm_limit(oracle, *, precision: bool = True) -> float:
+    """The largest input row norm the oracle accepts (``oracle.max_input_norm``, inf when unset); refuses when it
+    leaves no room for saturated probes (``RADIUS_MARGIN`` times a saturation radius of at least 1), or when the
+    answers' ``precision`` overflows first (reading it may ask an ``auto`` oracle a few queries)."""
     limit = getattr(oracle, "max_input_norm", None)
     limit = float("inf") if limit is None else float(limit)
     need = PROBE_GROWTH * RADIUS_MARGIN
+    top = _largest_finite(oracle.precision) if precision else float("inf")
+    if top ** 0.5 < need:  # logits are products of two rows: they overflow at the square root
+        raise SaturationError(f"{oracle.precision} answers overflow for inputs of norm above about {top ** 0.5:.3g} "
+                              f"(logits are products of two rows, the largest {oracle.precision} is {top:.6g}), but "
+                              f"the generic multi-head learner's saturated probes need norms of at least {need:.0e}: "
+                              "the answers are too coarse for it")
     if limit < need:
         raise SaturationError(f"the oracle accepts input rows of norm at most {limit:.3g}, but the generic multi-head "
                               f"learner's saturated probes need norms of at least {need:.0e} (typically 1e10 … 1e13) "
                               "to tell the heads apart from scalar answers; raise the oracle's input-norm bound, or "
                               "use a learner for vector answers if the oracle returns whole output rows")
     return limit
+
+
+def _largest_finite(precision: str) -> float:
+    """The largest finite number of a binary precision (inf for decimal rounding and unknown names)."""
+    from attnprobe.models.precision import resolve_dtype
+
+    try:
+        return float(np.finfo(resolve_dtype(precision)).max)
+    except (AttnprobeError, TypeError, ValueError):
+        return float("inf")
 
 
 def _relative_residual(F1, F2, mag):
