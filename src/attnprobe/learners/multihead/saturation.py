@@ -96,10 +96,12 @@ def input_norm_limit(oracle, *, precision: bool = True) -> float:
     need = PROBE_GROWTH * RADIUS_MARGIN
     top = _largest_finite(oracle.precision) if precision else float("inf")
     if top ** 0.5 < need:  # logits are products of two rows: they overflow at the square root
-        raise SaturationError(f"{oracle.precision} answers overflow for inputs of norm above about {top ** 0.5:.3g} "
+        err = SaturationError(f"{oracle.precision} answers overflow for inputs of norm above about {top ** 0.5:.3g} "
                               f"(logits are products of two rows, the largest {oracle.precision} is {top:.6g}), but "
                               f"the generic multi-head learner's saturated probes need norms of at least {need:.0e}: "
                               "the answers are too coarse for it")
+        err.precision_named = True  # already the cause: not to be reworded as a failed stage
+        raise err
     if limit < need:
         raise SaturationError(f"the oracle accepts input rows of norm at most {limit:.3g}, but the generic multi-head "
                               f"learner's saturated probes need norms of at least {need:.0e} (typically 1e10 … 1e13) "
