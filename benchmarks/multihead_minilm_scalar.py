@@ -5,6 +5,7 @@ Each row says what a user gets: the heads' true error against what the check rep
     OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/multihead_minilm_scalar.py --runs float32 [--write]
     OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/multihead_minilm_scalar.py --runs given detected
     OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/multihead_minilm_scalar.py --runs noise --layers 0
+    OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/multihead_minilm_scalar.py --random32 [--write]
 
 float64/float32 rows query the layer through its rank-32 factors (``FactorForm``, the same function, 10x
 faster than the dense einsum); ``--torch`` rows query transformers-free torch ``BertSelfAttentionRow`` (real
@@ -70,13 +71,44 @@ def row(layer, run):
             round(time.perf_counter() - t0), round((load0 + os.getloadavg()[0]) / 2, 1)]
 
 
+def random32_rows(seeds=3):
+    """Random layers computing in float32 (precision declared): passed, failed the check, or refused."""
+    from attnprobe.targets.multihead import random_multihead
+
+    rows = []
+    for d, H in [(16, 2), (32, 4), (64, 4)]:
+        for seed in range(seeds):
+            t = random_multihead(d, H, seed=seed)
+            oracle = Oracle(t.with_dtype("float32"), d, precision="float32")
+            try:
+                res = extract_generic(oracle, seed=seed)
+            except AttnprobeError as exc:
+                rows.append([d, H, seed, oracle.queries, "—", "—", f"refused: {str(exc)[:110]}…"])
+                continue
+            m = match_heads(t, res.model)
+            worst = max(np.max(m.W), np.max(m.v))
+            rows.append([d, H, seed, res.queries, f"{worst:.1e} (u {np.max(m.u):.1e})",
+                         f"{res.check.error:.1e} / {res.check.tolerance:.1e}",
+                         f"passed {res.check.passed}; bound covers W, v: {'yes' if worst <= res.check.error else 'NO'}"])
+            print(rows[-1], flush=True)
+    return Table(["d", "H", "seed", "queries", "worst head W/v error (true)", "check error / tolerance", "outcome"],
+                 rows)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", nargs="+", default=["float32"],
                     choices=["given", "detected", "float32", "torch32", "noise"])
     ap.add_argument("--layers", type=int, nargs="+", default=list(range(6)))
     ap.add_argument("--write", action="store_true")
+    ap.add_argument("--random32", action="store_true", help="only random layers with float32 answers")
     args = ap.parse_args(argv)
+    if args.random32:
+        body = random32_rows().markdown()
+        print(body)
+        if args.write:
+            write_section(TITLE + " — random float32 layers", body, command_line())
+        return
     table = Table(["layer", "answers", "rank", "found", "queries", "worst head error (true)",
                    "check error / tolerance", "notes", "seconds", "load avg"])
     for layer in args.layers:
