@@ -114,7 +114,7 @@ def _isolated(run, stage, rank, bias):
     WP, uP, ranks = np.empty((H, d, d)), np.empty((H, d)), []
     for h in range(H):
         iso = isolated_oracle(oracle, v, h, v_sum)
-        iso.raise_floor(min(stage.leak, LEAK_FLOOR_CAP))  # the other heads' leak counts as rounding
+        iso.eps_floor = max(iso.eps_floor, min(stage.leak, LEAK_FLOOR_CAP))  # the other heads' leak counts as rounding
         r_h = None if rank is None else min(int(rank), d - H + 1)
         # oversampling averages the answers' rounding: chosen for their precision, not for the leak floor
         res = extract_lowrank(iso, rank=r_h, oversample=default_oversample(oracle), bias=bias,
