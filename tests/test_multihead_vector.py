@@ -153,3 +153,12 @@ def test_torch_multihead_whole_out_proj_row():
                                                    b_V=p["bV"])
         res = extract_multihead(oracle_from_torch(mod, d), seed=0)
         assert match_heads(true, res.model).worst <= 1e-9
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_coarse_answers_are_refused_naming_the_precision(dtype):
+    from attnprobe.errors import RecoveryError
+
+    true = whole_row_layer(16, 2, seed=1)
+    with pytest.raises(RecoveryError, match=f"answers in {dtype} .*too coarse.*float32"):
+        extract_vector(Oracle(true.with_dtype(dtype), 16, precision=dtype), seed=0)

@@ -41,6 +41,8 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
                                 seed=seed, check=check, progress=progress)
         res.queries += probe
         res.queries_by_phase["values"] = res.queries_by_phase.get("values", 0) + probe
+        if "planned" in res.details:
+            res.details["planned"] += probe
         return res
     if method in ("auto", "vector") and subspaces is None and oracle.outputs >= 2:
         from attnprobe.learners.multihead.vector import extract_vector

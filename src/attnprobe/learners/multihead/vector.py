@@ -40,6 +40,8 @@ LOGIT_SCALE = 0.5
 #: differences δ_k = δ_0 + step·q_k, relative to |δ_0|: short ones inherit δ_0's head labels; long ones (coarse
 #: answers) give V_h without dividing the fits' errors by a short step
 SMALL_STEP, FAR_STEP = 0.05, 1.0
+#: answers coarser than this unit roundoff (float32's is 6e-8) that fail to separate are refused naming it
+COARSEST_EPS = 1e-6
 
 
 def _values(oracle, rng, rho):
@@ -83,9 +85,23 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
 
     ``heads``: H if known (detected from the rank of the two-row residuals otherwise); ``tokens``: probe tokens
     per query in the logits stage (default 16, or 8 for answers coarser than float64); ``design``: design points
-    per difference δ (default max(24, 2H + 4)). Returns an :class:`~attnprobe.learners.result.Extraction` whose
-    model is a :class:`~attnprobe.models.multihead.MultiHeadAttention` in the vector layout.
+    per difference δ (default max(20, H + q + 6), 48 for coarse answers). Returns an
+    :class:`~attnprobe.learners.result.Extraction` whose model is a
+    :class:`~attnprobe.models.multihead.MultiHeadAttention` in the vector layout.
     """
+    try:
+        return _extract(oracle, heads=heads, seed=seed, check=check, progress=progress, tokens=tokens,
+                        design=design)
+    except RecoveryError as exc:
+        eps = float(oracle.eps)
+        if eps <= COARSEST_EPS:
+            raise
+        raise RecoveryError(f"answers in {oracle.precision} (unit roundoff {eps:.1e}, coarser than float32) are too "
+                            f"coarse to separate the heads of a whole output row ({exc}); ask for float32 or finer "
+                            f"answers; {oracle.queries} queries were spent") from exc
+
+
+def _extract(oracle, *, heads, seed, check, progress, tokens, design):
     from attnprobe.models.multihead import MultiHeadAttention
 
     d = oracle.d
@@ -112,7 +128,7 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
         rho, ratio = _calibrate(layer, rng, d, rho_max)
     with run.phase("input bound"):
         refuse_clipping(oracle, 3 * rho, seed=int(rng.integers(2**31)))
-    if ratio < 1e3 * eps:
+    if ratio < 30 * eps:
         raise UnidentifiableError(f"two-row answers are affine in the input (nonlinear part {ratio:.1e} of the "
                                   "linear one at the largest probe norm): no head's attention depends on the input")
     # ---------------------------------------------------------------------------------------------- separate
@@ -132,6 +148,9 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
             sv = np.linalg.svd(R0, compute_uv=False)
             floor = 100 * eps * sv[0] * np.sqrt(R0.shape[1])
             found = int(np.sum(sv > floor))
+            if found == 0:
+                raise RecoveryError("the two-row residuals are all below the answers' rounding: no head's "
+                                    "attention is visible at these probes")
             if found < min(R0.shape) - 4:
                 break
             if n0 >= K:
