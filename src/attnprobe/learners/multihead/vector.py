@@ -168,21 +168,25 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
         tokens = int(tokens or max(1, min(8 if coarse else 16, K // (2 * H))))  # Hm unknowns ≤ K/2 per query
         per_delta = n
         rest = 4 * H + d * per_delta * (2 if coarse else 1) + (d + 1) * -(-d // tokens)
+        # (a difference whose continuation fails is restarted with 4H more queries: charged beyond this plan)
         planned = run.queries + rest
         run.plan(rest,
                  f"vector multi-head extraction at d={d}, H={H} (at most)")
-        U = np.linalg.svd(R0, full_matrices=False)[0][:, :H]
         eta = rho * (1e-5 if eps < 1e-10 else 3e-3)
-        G = rng.standard_normal((d, H)) * s
-        Js = []
-        for _ in range(2):
-            bb = b0 + Z @ (rng.standard_normal(q) / np.sqrt(q))
-            Xp = _two_row(bb + eta * G.T, delta0)
-            Xm = _two_row(bb - eta * G.T, delta0)
-            Js.append((layer.residuals(Xp) - layer.residuals(Xm)) / (2 * eta))
-        m0 = M @ delta0
-        w0 = jennrich(Js[0], Js[1], U, m0)
-        fit0 = fit_delta(R0, T0, m0, theta_from_values(w0, R0, T0))
+
+        def from_scratch(delta, R, T_design):
+            """Jennrich on two finite-difference Jacobians (4H queries), then variable projection."""
+            U = np.linalg.svd(R, full_matrices=False)[0][:, :H]
+            G = rng.standard_normal((d, H)) * s
+            Js = []
+            for _ in range(2):
+                bb = b0 + Z @ (rng.standard_normal(q) / np.sqrt(q))
+                Js.append((layer.residuals(_two_row(bb + eta * G.T, delta))
+                           - layer.residuals(_two_row(bb - eta * G.T, delta))) / (2 * eta))
+            w = jennrich(Js[0], Js[1], U, M @ delta)
+            return fit_delta(R, T_design, M @ delta, theta_from_values(w, R, T_design))
+
+        fit0 = from_scratch(delta0, R0, T0)
         tol = _fit_tolerance(eps)
         if fit0.residual > tol:
             raise RecoveryError(f"the heads did not separate along the first probe difference (misfit "
@@ -196,11 +200,17 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
         V, route = None, None
         batch = 16
 
+        restarts = 0
+
         def separate(dk, thetas):
+            nonlocal restarts
             Rk = layer.residuals(np.concatenate([_two_row(b0 + T @ Z.T, dl) for dl in dk]))
             fits = []
             for j, (dl, th) in enumerate(zip(dk, thetas)):
                 fk = fit_delta(Rk[:, j * n:(j + 1) * n], T, M @ dl, th)
+                if fk.residual > tol:  # the continuation fell into another minimum: start this δ afresh
+                    restarts += 1
+                    fk = _relabel(from_scratch(dl, Rk[:, j * n:(j + 1) * n], T), th.T, None)
                 if fk.residual > tol:
                     raise RecoveryError(f"a probe difference did not separate into the {H} heads found first "
                                         f"(misfit {fk.residual:.1e} > {tol:.1e}); retry with another seed")
@@ -247,7 +257,7 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
         W = np.einsum("hdb,be->hde", Pb[:, :, 1:] - u[:, :, None], Bs[1:]) / rl**2
     model = MultiHeadAttention(W, V, u, c)
     details = {"heads": H, "outputs": K, "token_norm": rho, "nonlinearity": ratio, "route": route,
-               "differences": len(deltas), "separation_misfit": worst, "tokens_per_query": tokens,
+               "differences": len(deltas), "separation_misfit": worst, "restarts": restarts, "tokens_per_query": tokens,
                "smallest_attention": smallest, "head_rank": [int(r) for r in _ranks(V, eps)],
                "largest_probe_norm": float(getattr(oracle, "max_input_norm_used", np.nan)), "check_scale": s,
                "planned": planned}
@@ -261,6 +271,7 @@ def _relabel(fit, ref, got):
     the nearest columns of ``ref`` (Hungarian assignment), so every difference keeps δ_0's head labels."""
     from scipy.optimize import linear_sum_assignment
 
+    got = fit.theta.T if got is None else got
     cost = np.linalg.norm(got[:, :, None] - ref[:, None, :], axis=0)
     rows, cols = linear_sum_assignment(cost)
     order = rows[np.argsort(cols)]
