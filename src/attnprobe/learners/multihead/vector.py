@@ -25,7 +25,7 @@ import numpy as np
 
 from attnprobe.errors import ConfigError, RecoveryError, UnidentifiableError
 from attnprobe.learners.multihead.vector_heads import fit_delta, jennrich, theta_from_values
-from attnprobe.learners.multihead.vector_logits import chunks, read_logits, token_queries
+from attnprobe.learners.multihead.vector_logits import learn_logits
 from attnprobe.learners.probes import random_orthogonal
 from attnprobe.learners.skeleton import Run
 from attnprobe.oracles.input_bound import refuse_clipping
@@ -131,139 +131,141 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
     if ratio < 30 * eps:
         raise UnidentifiableError(f"two-row answers are affine in the input (nonlinear part {ratio:.1e} of the "
                                   "linear one at the largest probe norm): no head's attention depends on the input")
-    # ---------------------------------------------------------------------------------------------- separate
-    q = 8 if coarse else 3  # design plane: wider and denser for coarse answers (the fit averages their rounding)
-    s = rho / np.sqrt(d)
-    b0 = rng.standard_normal(d) * s
-    Z = np.linalg.qr(rng.standard_normal((d, q)))[0] * rho
+    sep = _Separation(layer, rng, rho, eps, coarse)
     with run.phase("separate"):
-        delta0 = rng.standard_normal(d) * s
-        n0 = max(48 if coarse else 24, 2 * (heads or 0) + q + 4)
-        T0 = np.zeros((0, q))
-        R0 = np.zeros((K, 0))
-        while True:  # the residuals' rank is the number of heads: add design points until it shows a gap
-            T_new = rng.standard_normal((n0 - len(T0), q)) / np.sqrt(q)
-            R0 = np.concatenate([R0, layer.residuals(_two_row(b0 + T_new @ Z.T, delta0))], axis=1)
-            T0 = np.concatenate([T0, T_new])
-            sv = np.linalg.svd(R0, compute_uv=False)
-            floor = 100 * eps * sv[0] * np.sqrt(R0.shape[1])
-            found = int(np.sum(sv > floor))
-            if found == 0:
-                raise RecoveryError("the two-row residuals are all below the answers' rounding: no head's "
-                                    "attention is visible at these probes")
-            if found < min(R0.shape) - 4:
-                break
-            if n0 >= K:
-                raise RecoveryError(f"the two-row residuals have rank {found} of at most {min(R0.shape)}: more "
-                                    "heads than K outputs can separate, or answers noisier than their precision "
-                                    "says")
-            n0 = min(K, 2 * n0)
-        H = found if heads is None else int(heads)
+        found = sep.detect(heads)
+        H = found if heads is None else min(found, int(heads))
         if heads is not None and found != heads:
             notes.append(f"the two-row residuals have rank {found} where heads={heads} was given"
                          + (": heads with equal (W_h, u_h) attend identically (Prop. 7.1) and merge" if found < heads
                             else ""))
-            H = min(found, heads)
-        n = design or max(48 if coarse else 20, H + q + 6)  # H² + Hq unknowns, H numbers per design point
+        sep.H = H
+        sep.n = design or max(48 if coarse else 20, H + sep.q + 6)  # H² + Hq unknowns, H numbers per point
         tokens = int(tokens or max(1, min(8 if coarse else 16, K // (2 * H))))  # Hm unknowns ≤ K/2 per query
-        per_delta = n
-        rest = 4 * H + d * per_delta * (2 if coarse else 1) + (d + 1) * -(-d // tokens)
         # (a difference whose continuation fails is restarted with 4H more queries: charged beyond this plan)
+        rest = 4 * H + d * sep.n * (2 if coarse else 1) + (d + 1) * -(-d // tokens)
         planned = run.queries + rest
-        run.plan(rest,
-                 f"vector multi-head extraction at d={d}, H={H} (at most)")
-        eta = rho * (1e-5 if eps < 1e-10 else 3e-3)
-
-        def from_scratch(delta, R, T_design):
-            """Jennrich on two finite-difference Jacobians (4H queries), then variable projection."""
-            U = np.linalg.svd(R, full_matrices=False)[0][:, :H]
-            G = rng.standard_normal((d, H)) * s
-            Js = []
-            for _ in range(2):
-                bb = b0 + Z @ (rng.standard_normal(q) / np.sqrt(q))
-                Js.append((layer.residuals(_two_row(bb + eta * G.T, delta))
-                           - layer.residuals(_two_row(bb - eta * G.T, delta))) / (2 * eta))
-            w = jennrich(Js[0], Js[1], U, M @ delta)
-            return fit_delta(R, T_design, M @ delta, theta_from_values(w, R, T_design))
-
-        fit0 = from_scratch(delta0, R0, T0)
-        tol = _fit_tolerance(eps)
-        if fit0.residual > tol:
-            raise RecoveryError(f"the heads did not separate along the first probe difference (misfit "
-                                f"{fit0.residual:.1e} > {tol:.1e}): the layer is not a sum of H={H} softmax heads "
-                                "with independent value maps, or its answers are noisier than their precision")
-        T = rng.standard_normal((n, q)) / np.sqrt(q)
-        Q = random_orthogonal(d, rng)
-        step = SMALL_STEP * np.linalg.norm(delta0)
-        far = coarse  # coarse answers: long differences, their labels carried over from short ones
-        ws, deltas, worst = [fit0.w], [delta0], fit0.residual
-        V, route = None, None
-        batch = 16
-
-        restarts = 0
-
-        def separate(dk, thetas):
-            nonlocal restarts
-            Rk = layer.residuals(np.concatenate([_two_row(b0 + T @ Z.T, dl) for dl in dk]))
-            fits = []
-            for j, (dl, th) in enumerate(zip(dk, thetas)):
-                fk = fit_delta(Rk[:, j * n:(j + 1) * n], T, M @ dl, th)
-                if fk.residual > tol:  # the continuation fell into another minimum: start this δ afresh
-                    restarts += 1
-                    fk = _relabel(from_scratch(dl, Rk[:, j * n:(j + 1) * n], T), th.T, None)
-                if fk.residual > tol:
-                    raise RecoveryError(f"a probe difference did not separate into the {H} heads found first "
-                                        f"(misfit {fk.residual:.1e} > {tol:.1e}); retry with another seed")
-                fits.append(fk)
-            return fits
-
-        for k0 in range(0, d, batch):
-            ks = range(k0, min(d, k0 + batch))
-            dk = [delta0 + step * Q[k] for k in ks]
-            fits = [_relabel(f, fit0.w, f.w) for f in separate(dk, [fit0.theta] * len(dk))]
-            if far:  # θ is linear in δ: extrapolate the short difference's θ to the long one, then fit there
-                ratio_far = FAR_STEP / SMALL_STEP
-                dk = [delta0 + FAR_STEP * np.linalg.norm(delta0) * Q[k] for k in ks]
-                guess = [fit0.theta + ratio_far * (f.theta - fit0.theta) for f in fits]
-                fits = [_relabel(f, g.T, f.theta.T) for f, g in zip(separate(dk, guess), guess)]
-            for dl, fk in zip(dk, fits):
-                worst = max(worst, fk.residual)
-                ws.append(fk.w)
-                deltas.append(dl)
-            run.report()
-            if not far and (len(ws) >= 16 and (len(ws) - 1) % 32 == 0 or len(deltas) == d + 1):
-                V, route = _value_maps(np.stack(ws, axis=2), np.stack(deltas, axis=1), M, eps,
-                                       final=len(deltas) == d + 1)
-                if V is not None:
-                    break
-        if V is None:
-            V, route = _value_maps(np.stack(ws, axis=2), np.stack(deltas, axis=1), M, eps, final=True)
-    # ------------------------------------------------------------------------------------------------ logits
+        run.plan(rest, f"vector multi-head extraction at d={d}, H={H} (at most)")
+        V, route = sep.value_maps(run.report)
     with run.phase("logits"):
-        rl = LOGIT_SCALE * rho  # many tokens per query: keep the largest logit moderate
-        P = rl * random_orthogonal(d, rng)  # token offsets p (rows)
-        Bs = np.concatenate([np.zeros((1, d)), rl * random_orthogonal(d, rng)])  # b = 0, then rl·O
-        Y = np.empty((H, d, d + 1))  # columns: P (W_h b + u_h) for each b
-        smallest = 1.0
-        for Pc_idx in chunks(np.arange(d), tokens):
-            Pc = P[Pc_idx]
-            R = layer.residuals(token_queries(Bs, Pc)).T  # (d+1, K)
-            L, sm = read_logits(R, V, Pc)
-            smallest = min(smallest, sm)
-            Y[:, Pc_idx, :] = L.transpose(1, 2, 0)
-            run.report()
-        Pb = np.einsum("ed,heb->hdb", P, Y) / rl**2  # W_h b + u_h for each b (P orthogonal·rl)
-        u = Pb[:, :, 0]
-        W = np.einsum("hdb,be->hde", Pb[:, :, 1:] - u[:, :, None], Bs[1:]) / rl**2
+        W, u, smallest = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report)
     model = MultiHeadAttention(W, V, u, c)
     details = {"heads": H, "outputs": K, "token_norm": rho, "nonlinearity": ratio, "route": route,
-               "differences": len(deltas), "separation_misfit": worst, "restarts": restarts, "tokens_per_query": tokens,
+               "differences": sep.count, "separation_misfit": sep.worst, "restarts": sep.restarts,
+               "tokens_per_query": tokens,
                "smallest_attention": smallest, "head_rank": [int(r) for r in _ranks(V, eps)],
-               "largest_probe_norm": float(getattr(oracle, "max_input_norm_used", np.nan)), "check_scale": s,
+               "largest_probe_norm": float(getattr(oracle, "max_input_norm_used", np.nan)), "check_scale": sep.s,
                "planned": planned}
     return run.finish(model, unknowns=MultiHeadAttention.unknowns(d, H, True, K), details=details, notes=notes,
-                      check_scale=s, hint=" (the layer is not a sum of softmax heads over whole output rows, or "
+                      check_scale=sep.s, hint=" (the layer is not a sum of softmax heads over whole output rows, or "
                                           "its answers are coarser than their precision says)")
+
+
+class _Separation:
+    """Stage 3: the heads' value vectors ``w_h = V_h δ`` along many differences δ, on the design plane
+    ``b = b_0 + Z t`` (module docstring); ``H`` and ``n`` (design points per δ) are set after :meth:`detect`."""
+
+    def __init__(self, layer, rng, rho, eps, coarse):
+        d = layer.M.shape[1]
+        self.layer, self.rng, self.eps, self.coarse, self.d = layer, rng, eps, coarse, d
+        self.q = 8 if coarse else 3  # design plane: wider and denser for coarse answers (the fit averages them)
+        self.s = rho / np.sqrt(d)
+        self.b0 = rng.standard_normal(d) * self.s
+        self.Z = np.linalg.qr(rng.standard_normal((d, self.q)))[0] * rho
+        self.eta = rho * (3e-3 if coarse else 1e-5)  # finite-difference step of the Jacobians
+        self.tol = _fit_tolerance(eps)
+        self.delta0 = rng.standard_normal(d) * self.s
+        self.H = self.n = None
+        self.count, self.worst, self.restarts = 0, 0.0, 0
+
+    def residuals(self, T, delta):
+        return self.layer.residuals(_two_row(self.b0 + T @ self.Z.T, delta))
+
+    def detect(self, heads):
+        """The number of heads: the rank of δ_0's residuals (design points added until it shows a gap)."""
+        K = self.layer.M.shape[0]
+        n0 = max(48 if self.coarse else 24, 2 * (heads or 0) + self.q + 4)
+        self.T0, self.R0 = np.zeros((0, self.q)), np.zeros((K, 0))
+        while True:
+            T_new = self.rng.standard_normal((n0 - len(self.T0), self.q)) / np.sqrt(self.q)
+            self.R0 = np.concatenate([self.R0, self.residuals(T_new, self.delta0)], axis=1)
+            self.T0 = np.concatenate([self.T0, T_new])
+            sv = np.linalg.svd(self.R0, compute_uv=False)
+            found = int(np.sum(sv > 100 * self.eps * sv[0] * np.sqrt(self.R0.shape[1])))
+            if found == 0:
+                raise RecoveryError("the two-row residuals are all below the answers' rounding: no head's "
+                                    "attention is visible at these probes")
+            if found < min(self.R0.shape) - 4:
+                return found
+            if n0 >= K:
+                raise RecoveryError(f"the two-row residuals have rank {found} of at most {min(self.R0.shape)}: "
+                                    "more heads than K outputs can separate, or answers noisier than their "
+                                    "precision says")
+            n0 = min(K, 2 * n0)
+
+    def from_scratch(self, delta, R, T):
+        """Jennrich on two finite-difference Jacobians (4H queries), then variable projection."""
+        H, M = self.H, self.layer.M
+        U = np.linalg.svd(R, full_matrices=False)[0][:, :H]
+        G = self.rng.standard_normal((self.d, H)) * self.s
+        Js = []
+        for _ in range(2):
+            bb = self.b0 + self.Z @ (self.rng.standard_normal(self.q) / np.sqrt(self.q))
+            Js.append((self.layer.residuals(_two_row(bb + self.eta * G.T, delta))
+                       - self.layer.residuals(_two_row(bb - self.eta * G.T, delta))) / (2 * self.eta))
+        w = jennrich(Js[0], Js[1], U, M @ delta)
+        return fit_delta(R, T, M @ delta, theta_from_values(w, R, T))
+
+    def fits(self, deltas, thetas):
+        """Separate a batch of differences, each started from its θ (restarted from scratch if that fails)."""
+        n = self.n
+        R = self.layer.residuals(np.concatenate([_two_row(self.b0 + self.T @ self.Z.T, dl) for dl in deltas]))
+        out = []
+        for j, (dl, th) in enumerate(zip(deltas, thetas)):
+            Rj = R[:, j * n:(j + 1) * n]
+            fk = fit_delta(Rj, self.T, self.layer.M @ dl, th)
+            if fk.residual > self.tol:  # the continuation fell into another minimum: start this δ afresh
+                self.restarts += 1
+                fk = _relabel(self.from_scratch(dl, Rj, self.T), th.T, None)
+            if fk.residual > self.tol:
+                raise RecoveryError(f"a probe difference did not separate into the {self.H} heads found first "
+                                    f"(misfit {fk.residual:.1e} > {self.tol:.1e}); retry with another seed")
+            out.append(fk)
+        return out
+
+    def value_maps(self, report, batch: int = 16):
+        """Every ``V_h`` (route "differences" or "column spaces", :func:`_value_maps`)."""
+        d, M, eps = self.d, self.layer.M, self.eps
+        fit0 = self.from_scratch(self.delta0, self.R0, self.T0)
+        if fit0.residual > self.tol:
+            raise RecoveryError(f"the heads did not separate along the first probe difference (misfit "
+                                f"{fit0.residual:.1e} > {self.tol:.1e}): the layer is not a sum of H={self.H} "
+                                "softmax heads with independent value maps, or its answers are noisier than their "
+                                "precision")
+        self.T = self.rng.standard_normal((self.n, self.q)) / np.sqrt(self.q)
+        Q = random_orthogonal(d, self.rng)
+        size = np.linalg.norm(self.delta0)
+        ws, deltas, self.worst = [fit0.w], [self.delta0], fit0.residual
+        for k0 in range(0, d, batch):
+            ks = range(k0, min(d, k0 + batch))
+            dk = [self.delta0 + SMALL_STEP * size * Q[k] for k in ks]
+            fits = [_relabel(f, fit0.w, f.w) for f in self.fits(dk, [fit0.theta] * len(dk))]
+            if self.coarse:  # θ is linear in δ: extrapolate the short difference's θ to the long one, fit there
+                dk = [self.delta0 + FAR_STEP * size * Q[k] for k in ks]
+                guess = [fit0.theta + FAR_STEP / SMALL_STEP * (f.theta - fit0.theta) for f in fits]
+                fits = [_relabel(f, g.T, f.theta.T) for f, g in zip(self.fits(dk, guess), guess)]
+            for dl, fk in zip(dk, fits):
+                self.worst = max(self.worst, fk.residual)
+                ws.append(fk.w)
+                deltas.append(dl)
+            self.count = len(deltas)
+            report()
+            final = len(deltas) == d + 1
+            if final or (not self.coarse and len(ws) >= 16 and (len(ws) - 1) % 32 == 0):
+                V, route = _value_maps(np.stack(ws, axis=2), np.stack(deltas, axis=1), M, eps, final=final)
+                if V is not None:
+                    return V, route
+        raise RecoveryError("the value maps could not be assembled")  # pragma: no cover - final always returns
 
 
 def _relabel(fit, ref, got):

@@ -38,3 +38,27 @@ def read_logits(R: np.ndarray, V: np.ndarray, P: np.ndarray) -> tuple[np.ndarray
 def chunks(P: np.ndarray, m: int) -> list[np.ndarray]:
     """Rows of ``P`` in consecutive blocks of at most ``m``."""
     return [P[i:i + m] for i in range(0, P.shape[0], m)]
+
+
+def learn_logits(layer, V, scale, tokens, rng, report):
+    """Every ``W_h`` and ``u_h`` from :func:`token_queries` (stage 4 of the vector learner): token offsets ``p``
+    over a scaled orthogonal basis in blocks of ``tokens``, last tokens ``b = 0`` (``u_h``) and a scaled
+    orthogonal basis (``W_h``): ``(d + 1)·⌈d/tokens⌉`` queries. Returns ``W, u`` and the smallest attention
+    weight seen."""
+    from attnprobe.learners.probes import random_orthogonal
+
+    H, d = V.shape[0], V.shape[-1]
+    P = scale * random_orthogonal(d, rng)  # token offsets p (rows)
+    Bs = np.concatenate([np.zeros((1, d)), scale * random_orthogonal(d, rng)])  # b = 0, then scale·O
+    Y = np.empty((H, d, d + 1))  # P (W_h b + u_h) for each b
+    smallest = 1.0
+    for idx in chunks(np.arange(d), tokens):
+        R = layer.residuals(token_queries(Bs, P[idx])).T  # (d + 1, K)
+        L, sm = read_logits(R, V, P[idx])
+        smallest = min(smallest, sm)
+        Y[:, idx, :] = L.transpose(1, 2, 0)
+        report()
+    Pb = np.einsum("ed,heb->hdb", P, Y) / scale**2  # W_h b + u_h for each b (P orthogonal·scale)
+    u = Pb[:, :, 0]
+    W = np.einsum("hdb,be->hde", Pb[:, :, 1:] - u[:, :, None], Bs[1:]) / scale**2
+    return W, u, smallest
