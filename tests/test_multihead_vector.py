@@ -162,3 +162,19 @@ def test_coarse_answers_are_refused_naming_the_precision(dtype):
     true = whole_row_layer(16, 2, seed=1)
     with pytest.raises(RecoveryError, match=f"answers in {dtype} .*too coarse.*float32"):
         extract_vector(Oracle(true.with_dtype(dtype), 16, precision=dtype), seed=0)
+
+
+def test_per_head_attention_check_sees_one_worse_head():
+    from attnprobe.learners.multihead.vector import _Layer
+    from attnprobe.learners.multihead.vector_logits import head_attention_errors
+
+    true = whole_row_layer(24, 3, seed=1)
+    oracle = Oracle(true, 24)
+    res = extract_vector(oracle, seed=0)
+    assert max(res.details["head_attention_error"]) <= 1e-9
+    W = res.model.W.copy()
+    W[1] *= 1.001
+    worse = MultiHeadAttention(W, res.model.v, res.model.u, res.model.c)
+    errs = head_attention_errors(_Layer(oracle, res.model.v.sum(0), res.model.c), worse, res.details["token_norm"],
+                                 4, np.random.default_rng(0))
+    assert errs[1] > 1e-4 and max(errs[0], errs[2]) < 1e-9

@@ -25,7 +25,7 @@ import numpy as np
 
 from attnprobe.errors import ConfigError, RecoveryError, UnidentifiableError
 from attnprobe.learners.multihead.vector_heads import fit_delta, jennrich, theta_from_values
-from attnprobe.learners.multihead.vector_logits import learn_logits
+from attnprobe.learners.multihead.vector_logits import head_attention_errors, learn_logits
 from attnprobe.learners.probes import random_orthogonal
 from attnprobe.learners.skeleton import Run
 from attnprobe.oracles.input_bound import refuse_clipping
@@ -42,6 +42,8 @@ LOGIT_SCALE = 0.5
 SMALL_STEP, FAR_STEP = 0.05, 1.0
 #: answers coarser than this unit roundoff (float32's is 6e-8) that fail to separate are refused naming it
 COARSEST_EPS = 1e-6
+#: fresh queries of the per-head attention check (:func:`head_attention_errors`)
+HEAD_CHECK_QUERIES = 16
 
 
 def _values(oracle, rng, rho):
@@ -143,14 +145,17 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
         sep.n = design or max(48 if coarse else 20, H + sep.q + 6)  # H² + Hq unknowns, H numbers per point
         tokens = int(tokens or max(1, min(8 if coarse else 16, K // (2 * H))))  # Hm unknowns ≤ K/2 per query
         # (a difference whose continuation fails is restarted with 4H more queries: charged beyond this plan)
-        rest = 4 * H + d * sep.n * (2 if coarse else 1) + (d + 1) * -(-d // tokens)
+        rest = 4 * H + d * sep.n * (2 if coarse else 1) + (d + 1) * -(-d // tokens) + HEAD_CHECK_QUERIES
         planned = run.queries + rest
         run.plan(rest, f"vector multi-head extraction at d={d}, H={H} (at most)")
         V, route = sep.value_maps(run.report)
     with run.phase("logits"):
         W, u, smallest = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report)
     model = MultiHeadAttention(W, V, u, c)
-    details = {"heads": H, "outputs": K, "token_norm": rho, "nonlinearity": ratio, "route": route,
+    with run.phase("head check"):
+        head_errors = head_attention_errors(layer, model, LOGIT_SCALE * rho, tokens, rng, HEAD_CHECK_QUERIES)
+    details = {"head_attention_error": head_errors.tolist(), "heads": H, "outputs": K, "token_norm": rho,
+               "nonlinearity": ratio, "route": route,
                "differences": sep.count, "separation_misfit": sep.worst, "restarts": sep.restarts,
                "tokens_per_query": tokens,
                "smallest_attention": smallest, "head_rank": [int(r) for r in _ranks(V, eps)],

@@ -62,3 +62,17 @@ def learn_logits(layer, V, scale, tokens, rng, report):
     u = Pb[:, :, 0]
     W = np.einsum("hdb,be->hde", Pb[:, :, 1:] - u[:, :, None], Bs[1:]) / scale**2
     return W, u, smallest
+
+
+def head_attention_errors(layer, model, scale, tokens, rng, queries: int = 16) -> np.ndarray:
+    """Per head, the relative error of its attention logits on fresh random queries (a check of each ``W_h,
+    u_h`` apart, with no access to the truth): the observed logits :func:`read_logits` against the recovered
+    model's ``p_iᵀ(Ŵ_h b + û_h)``, RMS miss over RMS logit. Asks ``queries`` queries."""
+    d = model.d
+    B = scale * rng.standard_normal((queries, d)) / np.sqrt(d)
+    P = scale * rng.standard_normal((tokens, d)) / np.sqrt(d)
+    R = layer.residuals(token_queries(B, P)).T
+    L, _ = read_logits(R, model.v, P)
+    pred = np.einsum("md,hde,be->bhm", P, model.W, B) + np.einsum("md,hd->hm", P, model.u)[None]
+    miss = np.sqrt(np.mean((L - pred) ** 2, axis=(0, 2)))
+    return miss / np.maximum(np.sqrt(np.mean(pred**2, axis=(0, 2))), 1e-300)
