@@ -150,12 +150,12 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
         run.plan(rest, f"vector multi-head extraction at d={d}, H={H} (at most)")
         V, route = sep.value_maps(run.report)
     with run.phase("logits"):
-        W, u, smallest = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report)
+        W, u, smallest, w_ranks = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report, eps=eps)
     model = MultiHeadAttention(W, V, u, c)
     with run.phase("head check"):
         head_errors = head_attention_errors(layer, model, LOGIT_SCALE * rho, tokens, rng, HEAD_CHECK_QUERIES)
     details = {"head_attention_error": head_errors.tolist(), "heads": H, "outputs": K, "token_norm": rho,
-               "nonlinearity": ratio, "route": route,
+               "nonlinearity": ratio, "route": route, "W_rank": w_ranks,
                "differences": sep.count, "separation_misfit": sep.worst, "restarts": sep.restarts,
                "tokens_per_query": tokens,
                "smallest_attention": smallest, "head_rank": [int(r) for r in _ranks(V, eps)],

@@ -40,28 +40,64 @@ def chunks(P: np.ndarray, m: int) -> list[np.ndarray]:
     return [P[i:i + m] for i in range(0, P.shape[0], m)]
 
 
-def learn_logits(layer, V, scale, tokens, rng, report):
-    """Every ``W_h`` and ``u_h`` from :func:`token_queries` (stage 4 of the vector learner): token offsets ``p``
-    over a scaled orthogonal basis in blocks of ``tokens``, last tokens ``b = 0`` (``u_h``) and a scaled
-    orthogonal basis (``W_h``): ``(d + 1)·⌈d/tokens⌉`` queries. Returns ``W, u`` and the smallest attention
-    weight seen."""
+def _columns(layer, V, P, Bs, tokens, report):
+    """``W_h b + u_h`` (H, d, len(Bs)) for the rows b of ``Bs``: every token offset of ``P`` (orthogonal·scale)
+    in blocks of ``tokens``; ``(len(Bs))·⌈d/tokens⌉`` queries. Also the smallest attention weight seen."""
+    H, d = V.shape[0], V.shape[-1]
+    Y = np.empty((H, d, len(Bs)))
+    smallest = 1.0
+    for idx in chunks(np.arange(d), tokens):
+        L, sm = read_logits(layer.residuals(token_queries(Bs, P[idx])).T, V, P[idx])
+        smallest = min(smallest, sm)
+        Y[:, idx, :] = L.transpose(1, 2, 0)
+        report()
+    return np.einsum("ed,heb->hdb", P, Y) / np.sum(P[0] ** 2), smallest
+
+
+def learn_logits(layer, V, scale, tokens, rng, report, *, eps: float = 1e-16):
+    """Every ``W_h`` and ``u_h`` from :func:`token_queries` (stage 4 of the vector learner; Sec. 5's low-rank
+    sketch shared by all heads). Token offsets over a scaled orthogonal basis in blocks of ``tokens``:
+
+    1. ``b = 0`` gives ``u_h``; ``b`` over ``L`` rows of a scaled orthogonal basis O gives ``Y_h = W_h Oᵀ_L``
+       (its numerical rank is the head's rank r_h; ``L = d/H + 16``);
+    2. if every ``r_h ≤ L − 8``: ``L`` shared random token directions Z against ``b`` over all of O give
+       ``ZᵀW_h``, and ``W_h = Q_h (ZᵀQ_h)⁺ ZᵀW_h`` with ``Q_h`` an orthonormal basis of ``Y_h``
+       (``(L + 1)⌈d/m⌉ + d⌈L/m⌉`` queries); otherwise ``b`` over the rest of O measures ``W_h`` whole
+       (``(d + 1)⌈d/m⌉`` in all).
+
+    Returns ``W, u``, the smallest attention weight seen and the heads' ranks (None when measured whole)."""
     from attnprobe.learners.probes import random_orthogonal
 
     H, d = V.shape[0], V.shape[-1]
     P = scale * random_orthogonal(d, rng)  # token offsets p (rows)
-    Bs = np.concatenate([np.zeros((1, d)), scale * random_orthogonal(d, rng)])  # b = 0, then scale·O
-    Y = np.empty((H, d, d + 1))  # P (W_h b + u_h) for each b
-    smallest = 1.0
-    for idx in chunks(np.arange(d), tokens):
-        R = layer.residuals(token_queries(Bs, P[idx])).T  # (d + 1, K)
-        L, sm = read_logits(R, V, P[idx])
+    O = scale * random_orthogonal(d, rng)  # last tokens b (rows)
+    L = min(d, -(-d // H) + 16)
+    cols, smallest = _columns(layer, V, P, np.concatenate([np.zeros((1, d)), O[:L]]), tokens, report)
+    u = cols[:, :, 0]
+    Y = cols[:, :, 1:] - u[:, :, None]  # W_h O_Lᵀ
+    ranks = []
+    for Yh in Y:
+        sv = np.linalg.svd(Yh, compute_uv=False)
+        ranks.append(int(np.sum(sv > 100 * np.sqrt(eps) * sv[0])) if sv[0] > 0 else 0)
+    if L < d and max(ranks) <= L - 8:
+        Zt = scale * random_orthogonal(d, rng)[:L]  # shared token directions (rows)
+        M = np.empty((H, L, d))
+        for idx in chunks(np.arange(L), tokens):
+            Lg, sm = read_logits(layer.residuals(token_queries(O, Zt[idx])).T, V, Zt[idx])
+            smallest = min(smallest, sm)
+            M[:, idx, :] = Lg.transpose(1, 2, 0)  # z_kᵀ(W_h b_j + u_h)
+            report()
+        ZW = (M - np.einsum("kd,hd->hk", Zt, u)[:, :, None]) @ O / scale**2  # Zᵀ W_h, (H, L, d)
+        W = np.empty((H, d, d))
+        for h in range(H):
+            Qh = np.linalg.svd(Y[h], full_matrices=False)[0][:, :ranks[h]]
+            W[h] = Qh @ np.linalg.lstsq(Zt @ Qh, ZW[h], rcond=None)[0]
+        return W, u, smallest, ranks
+    if L < d:
+        rest, sm = _columns(layer, V, P, O[L:], tokens, report)
+        Y = np.concatenate([Y, rest - u[:, :, None]], axis=2)  # W_h Oᵀ
         smallest = min(smallest, sm)
-        Y[:, idx, :] = L.transpose(1, 2, 0)
-        report()
-    Pb = np.einsum("ed,heb->hdb", P, Y) / scale**2  # W_h b + u_h for each b (P orthogonal·scale)
-    u = Pb[:, :, 0]
-    W = np.einsum("hdb,be->hde", Pb[:, :, 1:] - u[:, :, None], Bs[1:]) / scale**2
-    return W, u, smallest
+    return np.einsum("hdb,be->hde", Y, O) / scale**2, u, smallest, None
 
 
 def head_attention_errors(layer, model, scale, tokens, rng, queries: int = 16) -> np.ndarray:
