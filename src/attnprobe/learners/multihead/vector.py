@@ -25,7 +25,7 @@ import numpy as np
 
 from attnprobe.errors import ConfigError, RecoveryError, UnidentifiableError
 from attnprobe.learners.multihead.vector_heads import fit_delta, jennrich, theta_from_values
-from attnprobe.learners.multihead.vector_logits import head_attention_errors, learn_logits
+from attnprobe.learners.multihead.vector_logits import gap_rank, head_attention_errors, learn_logits
 from attnprobe.learners.probes import random_orthogonal
 from attnprobe.learners.skeleton import Run
 from attnprobe.oracles.input_bound import refuse_clipping
@@ -150,7 +150,7 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
         run.plan(rest, f"vector multi-head extraction at d={d}, H={H} (at most)")
         V, route = sep.value_maps(run.report)
     with run.phase("logits"):
-        W, u, smallest, w_ranks = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report, eps=eps)
+        W, u, smallest, w_ranks = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report)
     model = MultiHeadAttention(W, V, u, c)
     with run.phase("head check"):
         head_errors = head_attention_errors(layer, model, LOGIT_SCALE * rho, tokens, rng, HEAD_CHECK_QUERIES)
@@ -158,7 +158,7 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
                "nonlinearity": ratio, "route": route, "W_rank": w_ranks,
                "differences": sep.count, "separation_misfit": sep.worst, "restarts": sep.restarts,
                "tokens_per_query": tokens,
-               "smallest_attention": smallest, "head_rank": [int(r) for r in _ranks(V, eps)],
+               "smallest_attention": smallest, "head_rank": _ranks(V),
                "largest_probe_norm": float(getattr(oracle, "max_input_norm_used", np.nan)), "check_scale": sep.s,
                "planned": planned}
     return run.finish(model, unknowns=MultiHeadAttention.unknowns(d, H, True, K), details=details, notes=notes,
@@ -297,10 +297,9 @@ def _fit_tolerance(eps):
     return max(1e4 * eps, 1e-11)
 
 
-def _ranks(V, eps):
-    """Numerical rank of each ``V_h`` (singular values above √eps of the largest: the separation's errors are
-    far below that, the head dimension's values far above it)."""
-    return [int(np.sum(np.linalg.svd(Vh, compute_uv=False) > 10 * np.sqrt(eps) * np.linalg.norm(Vh, 2))) for Vh in V]
+def _ranks(V):
+    """Numerical rank of each ``V_h``: at the largest gap of its singular values (:func:`gap_rank`)."""
+    return [gap_rank(np.linalg.svd(Vh, compute_uv=False), min(Vh.shape)) for Vh in V]
 
 
 def _value_maps(Wv, D, M, eps, final):

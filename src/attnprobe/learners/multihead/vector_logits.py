@@ -54,12 +54,22 @@ def _columns(layer, V, P, Bs, tokens, report):
     return np.einsum("ed,heb->hdb", P, Y) / np.sum(P[0] ** 2), smallest
 
 
-def learn_logits(layer, V, scale, tokens, rng, report, *, eps: float = 1e-16):
+def gap_rank(sv: np.ndarray, full: int, gap: float = 100.0) -> int:
+    """Numerical rank at the largest drop between consecutive singular values, when that drop is at least
+    ``gap`` (the head's smallest singular value against the measurement noise); ``full`` when there is none."""
+    if sv.size < 2 or sv[0] <= 0:
+        return full if sv.size and sv[0] > 0 else 0
+    ratio = sv[:-1] / np.maximum(sv[1:], 1e-300)
+    i = int(np.argmax(ratio))
+    return i + 1 if ratio[i] >= gap else full
+
+
+def learn_logits(layer, V, scale, tokens, rng, report):
     """Every ``W_h`` and ``u_h`` from :func:`token_queries` (stage 4 of the vector learner; Sec. 5's low-rank
     sketch shared by all heads). Token offsets over a scaled orthogonal basis in blocks of ``tokens``:
 
     1. ``b = 0`` gives ``u_h``; ``b`` over ``L`` rows of a scaled orthogonal basis O gives ``Y_h = W_h Oᵀ_L``
-       (its numerical rank is the head's rank r_h; ``L = d/H + 16``);
+       (its numerical rank, at the largest gap of its singular values, is the head's rank r_h; ``L = d/H + 16``);
     2. if every ``r_h ≤ L − 8``: ``L`` shared random token directions Z against ``b`` over all of O give
        ``ZᵀW_h``, and ``W_h = Q_h (ZᵀQ_h)⁺ ZᵀW_h`` with ``Q_h`` an orthonormal basis of ``Y_h``
        (``(L + 1)⌈d/m⌉ + d⌈L/m⌉`` queries); otherwise ``b`` over the rest of O measures ``W_h`` whole
@@ -78,10 +88,7 @@ def learn_logits(layer, V, scale, tokens, rng, report, *, eps: float = 1e-16):
     cols, smallest = _columns(layer, V, P, np.concatenate([np.zeros((1, d)), O[:L]]), tokens, report)
     u = cols[:, :, 0]
     Y = cols[:, :, 1:] - u[:, :, None]  # W_h O_Lᵀ
-    ranks = []
-    for Yh in Y:
-        sv = np.linalg.svd(Yh, compute_uv=False)
-        ranks.append(int(np.sum(sv > 100 * np.sqrt(eps) * sv[0])) if sv[0] > 0 else 0)
+    ranks = [gap_rank(np.linalg.svd(Yh, compute_uv=False), L) for Yh in Y]
     if L < d and max(ranks) <= L - 8:
         Zt = scale * random_orthogonal(d, rng)[:L]  # shared token directions (rows)
         M = np.empty((H, L, d))
