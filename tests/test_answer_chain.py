@@ -76,6 +76,11 @@ def test_the_chain_wraps_innermost_first_and_states_its_noise():
     assert AnswerChain(noise="adversarial:0.1").apply(HEAD).__class__ is AdversarialNoise
     assert AnswerChain(noise="uniform:0.1").apply(HEAD).kind == "uniform"
     assert AnswerChain().apply(HEAD) is HEAD
+    # the noise seed reaches the noise: same seed, same answers; another seed, other answers
+    X = batch(7)
+    for kind in ("avq", "gaussian", "uniform"):
+        a, b, other = (AnswerChain(noise=f"{kind}:0.1", seed=s).apply(HEAD)(X) for s in (4, 4, 5))
+        assert np.array_equal(a, b) and not np.array_equal(a, other)
 
 
 def test_clip_scales_long_rows_down_and_leaves_short_ones():
