@@ -35,6 +35,12 @@ def max_probe_scale(oracle) -> float:
     return float(min(1e8, 0.01 * np.sqrt(float(finfo(oracle.precision).max))))
 
 
+def saturated_shrink(beyond, target: float):
+    """How far to shrink a saturated probe: by 4, or by ``beyond / target`` when its saturation shows a logit
+    larger than that (``Logits.beyond``), which lands it at the target at least instead of four times closer."""
+    return np.maximum(4.0, np.asarray(beyond, dtype=np.float64) / target)
+
+
 def lead_probes(d: int) -> int:
     """Probes measured first in a pass to steer the scale of the rest: at least 4, at most 16 or d/3."""
     return max(4, min(16, d // 3))
@@ -67,8 +73,9 @@ def calibrate(oracle, Q, P, v, c, bias, allowance, *, probes_per_step: int | Non
                 used += k
                 break
             used += k
-            if lg.saturated.any():
-                s /= 16.0 ** (1.0 / power)
+            if lg.saturated.any():  # shrink at least as far as the least saturated probe's logit allows
+                least = float(np.min(lg.beyond[lg.saturated]))
+                s /= max(16.0, saturated_shrink(least, TARGET_LOGIT)) ** (1.0 / power)
             elif np.all(np.abs(part) < 100 * lg.noise):  # below rounding: only an upper bound
                 bound = float(np.max(np.abs(part) + 100 * lg.noise)) / s**power
                 s *= 64.0 ** (1.0 / power)
@@ -224,9 +231,10 @@ class LogitProbe:
                 return BlockLogits(Z, N, rms, median_noise, float(scale))
             if attempt == MAX_RETRIES:
                 break
+            shrink = np.where(lg.saturated[redo], saturated_shrink(lg.beyond[redo], self.target), 4.0)
             ell, j = ell[redo], j[redo]
             self.oracle.require(len(ell), f"re-measuring {len(ell)} saturated probes of {what}")
-            S[ell, j] /= 4.0
+            S[ell, j] /= shrink
         raise SaturationError(
             f"{int(lg.saturated.sum())} attention weights of {what} stay saturated after shrinking their probes "
             f"{4**MAX_RETRIES}x: either the target's logits are too steep, or {self.oracle.precision} answers "
