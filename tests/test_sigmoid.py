@@ -12,7 +12,8 @@ value = st.floats(-1e3, 1e3).filter(lambda x: abs(x) > 1e-3)
 
 
 def _alpha(t):
-    return 1.0 / (1.0 + np.exp(-t))
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-t))
 
 
 @settings(max_examples=200, deadline=None)
@@ -70,3 +71,37 @@ def test_measured_logits_of_a_head_are_its_bilinear_form():
     lg = measure_logits(o, A, b, h.v, h.c)
     assert not lg.saturated.any() and o.queries == 10
     assert np.allclose(lg.values, A @ (h.W @ b + h.u), rtol=0, atol=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(t=st.floats(-800.0, 800.0), y0=value, y1=value, eps_bits=st.sampled_from([52, 23, 10]))
+def test_a_saturated_weight_proves_its_logit_at_least_beyond(t, y0, y1, eps_bits):
+    """``beyond`` never overstates a saturated logit, so shrinking by beyond/target never undershoots the target."""
+    if abs(y1 - y0) < 1e-2 * max(abs(y0), abs(y1)):
+        return
+    eps = 2.0**-eps_bits
+    a = _alpha(t)
+    y = np.array([a * y1 + (1 - a) * y0])
+    y = y * (1 + 0.5 * eps)  # one rounding
+    lg = invert_two_row(y, np.array([y0]), np.array([y1]), RoundingError(eps))
+    if lg.saturated[0] and not lg.outside[0]:
+        assert lg.beyond[0] <= abs(t) + 1e-9
+    else:
+        assert lg.beyond[0] == 0.0
+
+
+def test_beyond_is_tight_near_the_saturation_threshold():
+    """A sweep across the logits where weights start to saturate: beyond stays below |logit| but within a few
+    units of it at the threshold (it is what sets how far a saturated probe shrinks)."""
+    y0, y1 = np.array([0.3]), np.array([1.7])
+    for bits in (52, 23, 10):
+        eps = 2.0**-bits
+        t = np.arange(1.0, 45.0, 0.01)
+        a = _alpha(t)
+        y = a * y1 + (1 - a) * y0
+        lg = invert_two_row(y, np.broadcast_to(y0, y.shape), np.broadcast_to(y1, y.shape), RoundingError(eps))
+        sat = lg.saturated
+        assert sat.any() and not sat.all()
+        assert np.all(lg.beyond[sat] <= t[sat])
+        first = t[sat][0]  # the smallest saturated logit: beyond is close to it there
+        assert first - lg.beyond[sat][0] < 3.0
