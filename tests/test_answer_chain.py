@@ -129,7 +129,8 @@ def test_machine_epsilon_and_unit_roundoff_mean_one_thing_each():
     ("noise:1e-6", "does not say which noise"), ("float8", "unknown defence"), ("round:x", "whole number"),
     ("round:4+round-digits:3", "twice"), ("float16+float32", "twice"), ("clip:0", "> 0"), ("clip:-1", ">= 0"),
     ("avq:nan", "finite"), ("round-digits:18", "at most 17"), ("round:400", "-308 <= K <= 308"), ("", "empty"),
-    ("cast:float64", "casts to"), ("noise-seed:1.5", "whole number"),
+    ("cast:float64", "casts to"), ("noise-seed:1.5", "whole number"), ("none+float16", "stands alone"),
+    ("float16+", "unknown defence ''"),
 ])
 def test_bad_specs_are_refused_with_what_to_do(spec, says):
     with pytest.raises(ConfigError, match=says.replace("+", r"\+")):
@@ -137,7 +138,7 @@ def test_bad_specs_are_refused_with_what_to_do(spec, says):
 
 
 def test_bad_python_values_are_refused():
-    for kw in (dict(cast="float64"), dict(decimals=2.5), dict(digits=0), dict(noise="laplace:1"),
+    for kw in (dict(cast="float64"), dict(decimals=2.5), dict(decimals=True), dict(clip=True), dict(digits=0), dict(noise="laplace:1"),
                dict(noise=("avq", -1.0)), dict(seed=-1), dict(membership="yes"), dict(decimals=1, digits=1)):
         with pytest.raises(ConfigError):
             AnswerChain(**kw)
