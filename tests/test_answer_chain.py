@@ -165,6 +165,7 @@ def test_flags_and_spec_combine_and_refuse_a_stage_given_twice(tmp_path, capsys)
 
     js = json.loads((tmp_path / "o.json").read_text())
     assert js["details"]["oracle"]["precision"] == "float32" and js["check"]["passed"]
+    assert js["details"]["oracle"]["defense"] == "float32+round-digits:9"
 
 
 def test_defended_cli_run_matches_the_python_chain(tmp_path, capsys):
