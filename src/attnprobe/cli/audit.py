@@ -44,8 +44,15 @@ def build_tasks(args):
         raise ConfigError(f"--workers must be at least 1; got {args.workers}")
     if args.budget is not None and args.budget < 1:
         raise ConfigError(f"--budget must be a positive number of queries per head; got {args.budget}")
+    if args.hf_dir is not None:
+        if args.model or args.safetensors or args.heads_per_layer is not None:
+            raise ConfigError("--hf-dir reads the checkpoint and its heads per layer from the folder; drop "
+                              "--model/--safetensors/--heads-per-layer")
+        from attnprobe.cli.hf import audit_source
+
+        args.safetensors, args.heads_per_layer = audit_source(args.hf_dir)
     if bool(args.model) == bool(args.safetensors):
-        raise ConfigError("say what to audit: --model minilm or --safetensors FILE --heads-per-layer H")
+        raise ConfigError("say what to audit: --model minilm, --hf-dir DIR or --safetensors FILE --heads-per-layer H")
     if args.model and args.model != "minilm":
         raise ConfigError(f"--model knows only minilm (all-MiniLM-L6-v2); got {args.model!r}; "
                           "for other BERT-family models use --safetensors FILE --heads-per-layer H")
@@ -105,6 +112,8 @@ def add_parser(sub) -> None:
     src.add_argument("--model", help="a known model: minilm (all-MiniLM-L6-v2, installed weights)")
     src.add_argument("--safetensors", metavar="FILE", help="a BERT-family checkpoint (.safetensors)")
     src.add_argument("--heads-per-layer", type=int, metavar="H", help="attention heads per layer of --safetensors")
+    src.add_argument("--hf-dir", metavar="DIR", help="a Hugging Face BERT-family model folder (config.json with "
+                                                     "num_attention_heads, model.safetensors)")
     src.add_argument("--layers", default="all", help="layers to audit: all (default), 0-5, 3 or 0,2,4")
     src.add_argument("--heads", default="all", help="heads to audit in each layer: all (default), 0-3, ...")
     src.add_argument("--row", type=int, default=0, help="output row R of the layer each head's scalar is read at")

@@ -33,6 +33,10 @@ def identity(args, chain) -> str:
 
     if args.target:
         source = f"{file_identity(args.target)} dtype={args.dtype}"
+    elif getattr(args, "hf_dir", None):
+        from attnprobe.cli.hf import identity as hf_identity
+
+        source = hf_identity(args)
     elif args.oracle:
         source = f"callable {args.oracle}"
     else:
@@ -85,7 +89,9 @@ def describe(oracle) -> dict:
            "precision": oracle.precision, "eps": oracle.eps,
            "precision_source": "detected from the answers" if detector is not None else "declared",
            "queries_total": oracle.queries, "queries_from_log": getattr(oracle, "from_log", 0),
-           "queries_asked": oracle.queries - getattr(oracle, "from_log", 0)}
+           "queries_asked": oracle.queries - getattr(oracle, "from_log", 0),
+           "max_input_norm_used": getattr(oracle, "max_input_norm_used", None),
+           "max_input_norm": getattr(oracle, "max_input_norm", None)}
     if detector is not None:
         out["precision_detection"] = detector.describe()
     log = getattr(oracle, "log", None)

@@ -61,7 +61,7 @@ CHECK_CAP = 0.1
 
 
 def functional_check(oracle, model, rng: np.random.Generator, lengths=DEFAULT_LENGTHS, per_length: int = 8,
-                     scale: float = 1.0, input_fn=None, *, noise=None) -> CheckResult:
+                     *, scale: float = 1.0, input_fn=None, noise=None) -> CheckResult:
     """Relative error ``‖f̂(X) − f(X)‖ / ‖f(X) − ĉ‖`` on fresh Gaussian sequences of each length.
 
     The error is measured against the part of the answers that depends on X (``ĉ``: the model's constant

@@ -7,8 +7,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from attnprobe._validation import check_int
-from attnprobe.errors import BudgetExceededError, NonFiniteAnswerError, OracleAnswerError, OracleError
+from attnprobe._validation import check_float, check_int
+from attnprobe.errors import (BudgetExceededError, InputNormError, NonFiniteAnswerError, OracleAnswerError,
+                               OracleError)
 from attnprobe._validation import as_batch
 from attnprobe.models.precision import coarser, machine_epsilon
 from attnprobe.oracles.noise import AnswerNoise, noise_of
@@ -58,13 +59,19 @@ class Oracle:
     Every query is charged to the innermost active :meth:`phase` (``queries_by_phase``; queries asked outside
     any phase go to ``"unphased"``), so a learner's per-phase counts always sum to its total. ``noise`` is what
     the callable declares about its answers (:class:`~attnprobe.oracles.noise.AnswerNoise`).
+
+    Bounded inputs: ``max_input_norm_used`` is the largest Euclidean norm of any input row sent so far.
+    ``max_input_norm`` (``None``: unbounded) is the largest row norm the target accepts; a batch with a longer
+    row raises :class:`~attnprobe.errors.InputNormError` before anything is asked or charged. Learners read
+    ``oracle.max_input_norm`` to plan probes within it (and
+    :func:`~attnprobe.oracles.input_bound.refuse_clipping` to detect a target that clips silently).
     """
 
     UNPHASED = "unphased"
 
     def __init__(self, fn: QueryFn, d: int, *, budget: int | None = None, precision: str | None = None,
                  max_batch: int = 65536, name: str | None = None, log=None, outputs: int | None = None,
-                 chain=None, eps_floor: float = 0.0) -> None:
+                 chain=None, eps_floor: float = 0.0, max_input_norm: float | None = None) -> None:
         if not callable(fn):
             hint = (" (a torch module: wrap it with attnprobe.oracles.torch_adapter)"
                     if type(fn).__module__.startswith("torch") else "")
@@ -89,6 +96,9 @@ class Oracle:
         self._phases: list[tuple[str, bool]] = []
         self.log = log
         self.from_log = 0
+        self.max_input_norm = max_input_norm
+        #: the largest input row norm sent to this oracle so far
+        self.max_input_norm_used = 0.0
 
     @property
     def precision(self) -> str:
@@ -142,6 +152,31 @@ class Oracle:
         self.queries_by_phase[key] = self.queries_by_phase.get(key, 0) + n
 
     @property
+    def max_input_norm(self) -> float | None:
+        """The largest input row norm the target accepts (``None``: unbounded)."""
+        return self._max_input_norm
+
+    @max_input_norm.setter
+    def max_input_norm(self, value: float | None) -> None:
+        self._max_input_norm = check_float(value, "max_input_norm", min_value=0.0, strict_min=True, allow_none=True)
+
+    def _check_input_norm(self, X: np.ndarray) -> None:
+        """Record the largest row norm of ``X``; refuse the batch when it passes ``max_input_norm``."""
+        if X.size == 0:
+            return
+        norms = np.linalg.norm(X, axis=-1)
+        top = float(norms.max())
+        limit = self._max_input_norm
+        if limit is not None and top > limit:
+            b, n = np.unravel_index(int(np.argmax(norms)), norms.shape)
+            raise InputNormError(f"a probe row has norm {top:.4g} (sequence {b}, row {n} of a batch of shape "
+                                 f"{X.shape}) but the oracle accepts rows of norm at most {limit:.4g}; the "
+                                 "batch was not sent. Use a learner that keeps its probes within the bound, or "
+                                 "raise the 'max_input_norm' parameter if the target accepts longer rows",
+                                 norm=top, limit=limit)
+        self.max_input_norm_used = max(self.max_input_norm_used, top)
+
+    @property
     def remaining(self) -> float:
         spent = self.queries - self.from_log
         return float("inf") if self.budget is None else self.budget - spent
@@ -160,6 +195,7 @@ class Oracle:
     def __call__(self, X: np.ndarray) -> np.ndarray:
         X = as_batch(X, self.d)
         B = X.shape[0]
+        self._check_input_norm(X)
         if self.log is None:
             self.require(B, f"a batch of {B} queries")
         if B == 0:
