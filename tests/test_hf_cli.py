@@ -50,6 +50,8 @@ def test_target_writes_the_vector_layout_and_rows(tiny, tmp_path):
     (["extract", "--hf-dir", "{tiny}", "--layer", "0", "--dtype", "float16"], "float64 or float32"),
     (["extract", "--target", "x.npz", "--layer", "0"], "--layer goes with --hf-dir"),
     (["extract", "--hf-dir", "{tmp}", "--layer", "0"], "has no config.json"),
+    (["extract", "--hf-dir", "{tmp}/missing", "--layer", "0"], "does not exist"),
+    (["audit", "--hf-dir", "{tmp}/missing"], "does not exist"),
     (["audit", "--hf-dir", "{tiny}", "--model", "minilm"], "drop --model"),
 ])
 def test_bad_use_is_one_line_and_exit_2(tiny, tmp_path, capsys, args, want):
