@@ -24,8 +24,21 @@ def parse_range(text: str, count: int, what: str) -> list[int]:
     return sorted(out)
 
 
+def _defenses(args):
+    """``--defense LIST`` or the shared defence flags (one chain), not both; default: no defence."""
+    from attnprobe.audit import parse_defenses
+    from attnprobe.cli import answer_chain
+
+    if answer_chain.has_flags(args):
+        if args.defense is not None:
+            raise ConfigError("give the defences either as --defense LIST or as flags (--cast, --round, ...), "
+                              "not both")
+        return [answer_chain.flags_chain(args)]
+    return parse_defenses("none" if args.defense is None else args.defense)
+
+
 def build_tasks(args):
-    from attnprobe.audit import HeadSpec, Task, parse_defenses
+    from attnprobe.audit import HeadSpec, Task
 
     if args.workers < 1:
         raise ConfigError(f"--workers must be at least 1; got {args.workers}")
@@ -52,7 +65,7 @@ def build_tasks(args):
         raise ConfigError(f"--row must be in 0..{ckpt.hidden - 1}; got {args.row}")
     layers = parse_range(args.layers, ckpt.layers, "layers")
     heads = parse_range(args.heads, ckpt.heads_per_layer, "heads")
-    defenses = parse_defenses(args.defense)
+    defenses = _defenses(args)
     if args.method not in ("exact", "lowrank", "nuclear", "robust", "membership"):
         raise ConfigError(f"unknown --method {args.method!r}; choose exact, lowrank, nuclear, robust or membership")
     if args.multihead:
@@ -92,6 +105,7 @@ def run(args) -> int:
 
 def add_parser(sub) -> None:
     from attnprobe.audit.defenses import HELP
+    from attnprobe.cli import answer_chain
 
     a = sub.add_parser("audit", help="extract every head of a model under each defence; write a report")
     src = a.add_argument_group("what to audit")
@@ -109,7 +123,7 @@ def add_parser(sub) -> None:
     a.add_argument("--method", default="exact", help="learner: exact (default), lowrank, nuclear, robust; "
                                                       "a membership defence always uses membership")
     a.add_argument("--rank", type=int, help="lowrank/nuclear/--multihead: rank bound (the head dimension)")
-    a.add_argument("--defense", default="none", help=f"comma-separated defences: {HELP}")
+    answer_chain.add_arguments(a, defense_help=f"{HELP}; or one defence as the flags below (default none)")
     a.add_argument("--budget", type=int, help="queries an attacker may spend per head")
     a.add_argument("--seed", type=int, default=0, help="seed of every task (probes and noise)")
     run_on = a.add_argument_group("where to run")

@@ -26,8 +26,8 @@ def add_arguments(parser) -> None:
     g.add_argument("--replay", action="store_true", help="answer only from --log (offline rerun of a learner)")
 
 
-def identity(args) -> str:
-    """The oracle's identity recorded in the log: its source plus every option that changes its answers."""
+def identity(args, chain) -> str:
+    """The oracle's identity recorded in the log: its source plus every option of its answer ``chain``."""
     from attnprobe.oracles.querylog import file_identity, identity_of
 
     if args.target:
@@ -40,8 +40,7 @@ def identity(args) -> str:
         source = f"callable {args.oracle}"
     else:
         source = f"url {args.url.rstrip('/')}"
-    return identity_of(source, noise=args.noise, noise_seed=args.noise_seed if args.noise else None,
-                       round=args.round, round_digits=args.round_digits, cast=args.cast, membership=args.membership)
+    return identity_of(source, **chain.identity_options())
 
 
 def source_oracle(args, **kw):
@@ -76,7 +75,7 @@ def attach_log(oracle, args):
         return oracle
     from attnprobe.oracles.querylog import QueryLog
 
-    oracle.log = QueryLog(args.log, identity=identity(args), d=oracle.d,
+    oracle.log = QueryLog(args.log, identity=identity(args, oracle.chain), d=oracle.d,
                           precision=args.answer_precision or "auto")
     return oracle
 

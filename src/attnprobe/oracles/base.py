@@ -11,12 +11,33 @@ from attnprobe._validation import check_float, check_int
 from attnprobe.errors import (BudgetExceededError, InputNormError, NonFiniteAnswerError, OracleAnswerError,
                                OracleError)
 from attnprobe._validation import as_batch
-from attnprobe.models.precision import unit_roundoff
+from attnprobe.models.precision import coarser, machine_epsilon
 from attnprobe.oracles.noise import AnswerNoise, noise_of
+from attnprobe.oracles.wrappers import declared_precision
 from attnprobe.oracles.precision_detect import PrecisionDetector
 from attnprobe.oracles.querylog import answer_through_log
 
 QueryFn = Callable[[np.ndarray], np.ndarray]
+
+
+def answer_precision(fn, declared: str | None = None, cast: str | None = None) -> str:
+    """The one place the answers' precision is decided, for every way an oracle is built (``"auto"``: read it
+    from the answers, :mod:`~attnprobe.oracles.precision_detect`).
+
+    ``fn`` is the callable as asked (answer chain applied), ``declared`` what the caller says, ``cast`` the
+    answer chain's cast. A declared precision is taken as given, made coarser by a cast; else a cast is the
+    answers' precision (coarser where the model's own dtype is, :func:`~attnprobe.oracles.wrappers.
+    declared_precision`); else ``"auto"`` detects; else (``declared=None``, the Python default) the callable's
+    own dtype (a model computed in float32, a torch module) or float64.
+    """
+    known = declared_precision(fn)
+    if declared not in (None, "auto"):
+        return coarser(declared, known if cast else None)
+    if cast:
+        return coarser(cast, known)
+    if declared == "auto":
+        return "auto"
+    return known or "float64"
 
 
 class Oracle:
@@ -48,21 +69,25 @@ class Oracle:
 
     UNPHASED = "unphased"
 
-    def __init__(self, fn: QueryFn, d: int, *, budget: int | None = None, precision: str = "float64",
+    def __init__(self, fn: QueryFn, d: int, *, budget: int | None = None, precision: str | None = None,
                  max_batch: int = 65536, name: str | None = None, log=None, outputs: int | None = None,
-                 max_input_norm: float | None = None) -> None:
+                 chain=None, eps_floor: float = 0.0, max_input_norm: float | None = None) -> None:
         if not callable(fn):
             hint = (" (a torch module: wrap it with attnprobe.oracles.torch_adapter)"
                     if type(fn).__module__.startswith("torch") else "")
             raise OracleError(f"the oracle must be callable; got {type(fn).__name__}{hint}")
-        self.fn = fn
+        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        #: the defences between ``fn`` and the answers (:class:`~attnprobe.oracles.chain.AnswerChain`)
+        self.chain = chain
+        self.fn = fn if chain is None else chain.apply(fn)
         self.d = check_int(d, "d", min_value=1)
         self.budget = check_int(budget, "budget", min_value=0, allow_none=True)
-        self.detector = PrecisionDetector() if precision == "auto" else None
-        self._precision = None if precision == "auto" else precision
-        self._eps_floor = unit_roundoff("float64" if precision == "auto" else precision)
+        decided = answer_precision(self.fn, precision, None if chain is None else chain.cast)
+        self.detector = PrecisionDetector() if decided == "auto" else None
+        self._precision = None if decided == "auto" else decided
+        #: a rounding floor the answers carry beyond their precision and noise (an oracle derived from another)
+        self.eps_floor = float(eps_floor)
         self.max_batch = int(max_batch)
-        self.name = name or getattr(fn, "__name__", type(fn).__name__)
         #: outputs per sequence: None until the first answer (scalar answers set 1 and keep the (B,) shape)
         self.outputs = check_int(outputs, "outputs", min_value=1, allow_none=True)
         self._vector = None if outputs is None else True
@@ -77,30 +102,21 @@ class Oracle:
 
     @property
     def precision(self) -> str:
-        """The answers' binary precision: declared, or detected (``precision="auto"``)."""
+        """The answers' binary precision (:func:`answer_precision`): known, declared, or detected (``"auto"``)."""
         if self._precision is None:
             return self.detector.dtype_name if self._detected() else "float64"
         return self._precision
 
-    @precision.setter
-    def precision(self, value: str) -> None:  # a declaration wins over detection
-        self._precision, self.detector = value, None
-        self._eps_floor = max(self._eps_floor, unit_roundoff(value))
-
     @property
     def eps(self) -> float:
-        """Unit roundoff of the answers (the noise floor learners separate signal from rounding with)."""
+        """The answers' rounding floor as a machine epsilon (learners separate signal from rounding with it): the
+        largest of the precision's machine epsilon (declared or detected), twice the relative rounding the
+        answer chain declares (``noise.rel_eps`` is a unit roundoff) and ``eps_floor``. Reading it asks
+        nothing unless the precision is ``"auto"`` and still undecided."""
+        floor = max(machine_epsilon(self._precision or "float64"), 2.0 * self.noise.rel_eps, self.eps_floor)
         if self.detector is not None and self._detected():
-            return max(self._eps_floor, self.detector.eps)
-        return self._eps_floor
-
-    @eps.setter
-    def eps(self, value: float) -> None:
-        self._eps_floor = float(value)
-
-    def raise_floor(self, eps: float) -> None:
-        """Raise the rounding floor to at least ``eps`` (a declared noise); asks nothing, even when ``auto``."""
-        self._eps_floor = max(self._eps_floor, float(eps))
+            return max(floor, self.detector.eps)
+        return floor
 
     def _detected(self) -> bool:
         """``precision="auto"``: when precision is needed before enough answers were seen, ask a few."""

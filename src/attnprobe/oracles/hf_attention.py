@@ -23,11 +23,11 @@ import numpy as np
 from attnprobe.errors import ConfigError
 from attnprobe.oracles.base import Oracle
 from attnprobe.oracles.hf_folder import check_model_dir
-from attnprobe.oracles.torch_adapter import _PRECISION, TorchFunction, nn, torch
+from attnprobe.oracles.torch_adapter import TorchFunction, nn, torch
 
 HF_HINT = "pip install 'attnprobe[hf]' (transformers; torch==2.13.0 first)"
 #: torch dtypes by the precision names the rest of attnprobe uses
-DTYPES = {name: dt for dt, name in _PRECISION.items() if name in ("float64", "float32")}
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
 #: sequences per forward pass: a MiniLM batch of 4096 length-2 rows in float64 holds ~100 MB of activations
 MAX_BATCH = 4096
 
@@ -120,7 +120,8 @@ def oracle_from_hf(model_dir, layer: int, *, dtype: str = "float64", row: int | 
     module = hf_attention_layer(model_dir, layer, dtype=dtype, row=row, readout=readout)
     fn = TorchFunction(module, module.d)
     fn.__name__ = f"{Path(model_dir).name} layer {layer}" + ("" if row is None else f" row {row}")
-    kwargs.setdefault("precision", dtype)
+    if kwargs.get("precision") is None:
+        kwargs["precision"] = dtype
     kwargs.setdefault("max_batch", MAX_BATCH)
     if module.readout is None:
         kwargs.setdefault("outputs", module.K)
