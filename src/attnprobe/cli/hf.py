@@ -25,6 +25,9 @@ def oracle_from_args(args, kw: dict):
         raise ConfigError("give one oracle: --hf-dir DIR, --oracle MODULE:ATTR or --target FILE.npz")
     if args.layer is None:
         raise ConfigError("--hf-dir needs --layer L (the attention layer to query)")
+    from attnprobe.oracles.hf_folder import check_model_dir
+
+    check_model_dir(args.hf_dir)
     if args.dtype not in DTYPES:
         raise ConfigError(f"--hf-dir runs the module in float64 or float32; got --dtype {args.dtype}")
     if args.outputs is not None:
