@@ -165,11 +165,16 @@ def test_options_are_validated_and_name_their_parameter(kw, param):
     assert o.queries == 0
 
 
-def test_refine_never_is_not_auto():
+def test_refine_always_and_never():
+    # "auto" re-measures only the regions whose probes went wrong (adaptive: none on some CPUs' rounding); "always"
+    # re-measures every region once, by construction, and "never" none
     net = random_relu_net(16, 64, seed=16 * 64, bias=True)
-    _, auto = learn(net)
+    _, always = learn(net, options=FFNOptions(refine="always"))
     _, never = learn(net, options=FFNOptions(refine="never"))
-    assert auto.queries_by_phase.get("re_measured", 0) > 0 and "re_measured" not in never.queries_by_phase
+    assert always.queries_by_phase["re_measured"] >= always.details["regions"] * (16 + 2)
+    assert "re_measured" not in never.queries_by_phase
+    for res in (always, never):
+        assert res.check.passed and sum(res.queries_by_phase.values()) == res.queries
 
 
 def test_cli_learns_a_biased_ten_logit_net(tmp_path):
