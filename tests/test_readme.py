@@ -16,8 +16,14 @@ def test_readme_has_two_setup_lines_and_ci_runs_the_test_line():
     assert len(cmds) == 2
     demo, tests = cmds
     assert demo.endswith("attnprobe demo") and "pytest" in tests
+    # CI runs the README's test command step by step (its steps in order, other steps such as the linter between)
     ci = (ROOT / ".ci" / "run").read_text()
-    assert tests in ci.splitlines()
+    ci_steps = [step.strip() for line in ci.splitlines() for step in line.split(" && ")]
+    steps = [step.strip() for step in tests.split(" && ")]
+    at = 0
+    for step in steps:
+        assert step in ci_steps[at:], f"CI does not run the README's step {step!r} (in order)"
+        at = ci_steps.index(step, at) + 1
 
 
 def test_readme_python_examples_run(capsys):
