@@ -101,3 +101,21 @@ def test_declared_noise_widens_the_tolerance_but_never_past_the_cap():
                             np.random.default_rng(0))
     assert quiet.tolerance < noisy.tolerance < CHECK_CAP and noisy.passed
     assert loud.tolerance == CHECK_CAP
+
+
+def test_a_wrong_model_cannot_pick_its_own_denominator():
+    """A model whose huge c is cancelled by a neuron that is always on agrees with nothing in particular, yet measured
+    against its own c its error would look ~1e-12: the check measures f − c against the answers' own mean."""
+    from attnprobe.models import ReLUNet
+    from attnprobe.targets import random_relu_net
+
+    net = random_relu_net(6, 4, seed=0, bias=True)
+    oracle = Oracle(net, 6)
+    big = 1e9
+    # neuron 5: −big·ReLU(1e-12·aᵀx + 1) = −big − 1e-3·aᵀx on any sane input: the −big cancels c + big, and the
+    # model is the net with W's first neuron 5 % off plus a linear term
+    A = np.concatenate([net.A * np.r_[1.05, 1, 1, 1], 1e-12 * np.ones((6, 1))], axis=1)
+    wrong = ReLUNet(A, np.r_[net.w_o, -big], "float64", np.r_[net.b, 1.0], float(net.c) + big)
+    chk = functional_check(oracle, wrong, np.random.default_rng(0), lengths=(1,), per_length=64)
+    assert not chk.passed and chk.error > 1e-3
+    assert functional_check(oracle, net, np.random.default_rng(0), lengths=(1,), per_length=64).passed
