@@ -223,3 +223,34 @@ def test_thin_regions_at_d64_m256_stay_exact():
     net = random_relu_net(64, 256, seed=1000 * 64 + 256 + 1)
     _, res = run(net, seed=1)
     assert res.check["relative_error"] <= 1e-9
+
+
+def test_more_lines_keep_neurons_seen_twice_and_drop_merged_kinks():
+    """Two lines' jumps (K = 1, D = 6): line 0 merged neurons 3 and 4 into one kink (its jump is their sum) and
+    missed nothing else; line 1 saw all five. The first candidate set holds each neuron once and not the merged
+    kink; a jump one line alone saw that is no sum of two others is kept as a candidate of its own."""
+    from attnprobe.learners.ffn.more_lines import candidate_sets, is_merged_pair
+
+    rng = np.random.default_rng(0)
+    n = rng.standard_normal((5, 1, 6))
+    noise = lambda: 1e-6 * rng.standard_normal((1, 6))  # noqa: E731 - float32-like measurement error
+    line0 = [n[0] + noise(), n[1] + noise(), -n[2] + noise(), n[3] + n[4] + noise()]
+    line1 = [n[0] + noise(), n[1] + noise(), n[2] + noise(), n[3] + noise(), -n[4] + noise()]
+    J = np.array(line0 + line1)
+    line = np.array([0] * 4 + [1] * 5)
+    sets, singles = candidate_sets(J, line)
+    kept = J[sets[0]]
+    N = kept[:, 0, :] / np.linalg.norm(kept[:, 0, :], axis=1, keepdims=True)
+    truth = n[:, 0, :] / np.linalg.norm(n[:, 0, :], axis=1, keepdims=True)
+    assert kept.shape[0] == 5 and np.all(np.max(np.abs(truth @ N.T), axis=1) > 1 - 1e-9)
+    assert not singles[3] and singles[7] and singles[8]  # the merged kink is no single; neurons 3, 4 of line 1 are
+    assert is_merged_pair(J[3], J[[7, 8]]) and not is_merged_pair(J[0], J[[7, 8]])
+    assert not is_merged_pair(J[3], J[[7]])  # one other jump cannot make a pair
+
+
+def test_float32_runs_are_reproducible_bit_for_bit():
+    net = random_relu_net(8, 16, seed=0, dtype="float32")
+    a, b = (extract_ffn(Oracle(net, 8, precision="float32"), seed=0, bias=False) for _ in range(2))
+    assert a.queries_by_phase == b.queries_by_phase and a.details == b.details
+    np.testing.assert_array_equal(a.model.A, b.model.A)
+    np.testing.assert_array_equal(a.model.w_o, b.model.w_o)
