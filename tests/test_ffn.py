@@ -254,3 +254,20 @@ def test_float32_runs_are_reproducible_bit_for_bit():
     assert a.queries_by_phase == b.queries_by_phase and a.details == b.details
     np.testing.assert_array_equal(a.model.A, b.model.A)
     np.testing.assert_array_equal(a.model.w_o, b.model.w_o)
+
+
+@pytest.mark.parametrize("budget", [850, 1000, 1300])
+def test_float32_runs_stay_within_any_budget(budget):
+    """Further search lines are paid from what the budget leaves: the run ends within it (check included), says
+    so when it had to stop looking, or refuses with the typed error; it never overspends."""
+    net = random_relu_net(8, 16, seed=0, dtype="float32")
+    o = Oracle(net, 8, precision="float32", budget=budget)
+    try:
+        res = extract_ffn(o, seed=0, bias=False)
+    except BudgetExceededError:
+        assert o.queries <= budget
+        return
+    assert o.queries == res.queries + res.check.queries <= budget
+    assert sum(res.queries_by_phase.values()) == res.queries
+    if res.details.get("more_lines", {}).get("stopped") == "budget":
+        assert any("no room for another search line" in n for n in res.notes)

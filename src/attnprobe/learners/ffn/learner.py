@@ -157,6 +157,9 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, options: 
     notes += _unidentifiable_notes(opts.hidden, m_found)
     if "more_lines" in state and orient.exact:
         notes = [n for n in notes if not n.startswith("neuron orientations not pinned down")]
+    if state.get("more_lines", {}).get("stopped") == "budget":
+        notes.append("the neurons found do not explain every answer, and the budget had no room for another search "
+                     "line (raise the budget to let the learner look again)")
     details = {
         "seed": seed, "bias": lifted, "outputs": ask.outputs, "min_width": state.pop("min_width"),
         "noise_factor": state.pop("noise_factor"), "probe_fraction": opts.probe_fraction, "refine": opts.refine,
