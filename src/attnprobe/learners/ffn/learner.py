@@ -275,13 +275,18 @@ def _consistency(neurons: Neurons, ask: Answers) -> float:
 def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_data):
     """Coarse answers whose first line left a neuron missing or wrong (:mod:`.more_lines`): search up to
     :data:`MAX_LINES` − 1 more lines, and after each keep the neuron set whose polished network best explains every
-    answer (a set that orients exactly beats one that does not). Stops when the answers are explained or the
-    budget has no room for another line. Returns ``(J, (neurons, orientation, rest), summary)``."""
+    answer (a set that explains them all beats one that does not, then one that orients exactly). Stops when the
+    answers are explained or the budget has no room for another line. Returns ``(J, (neurons, orientation, rest), summary)``."""
     J, where, segs = first
     line = np.zeros(J.shape[0], dtype=int)
+    eps = ask.oracle.eps
+
+    def rank(score: float, exact: bool) -> tuple:  # explaining every answer first, then an exact orientation
+        return (needs_another_line(True, score, eps), not exact, score)
+
     best = (_consistency(fitted[0], ask), J, fitted)
     summary = {"lines": 1, "neurons_per_line": [int(J.shape[0])], "sets_tried": 0, "kept": "first line"}
-    while summary["lines"] < MAX_LINES and needs_another_line(best[2][1].exact, best[0], ask.oracle.eps):
+    while summary["lines"] < MAX_LINES and needs_another_line(best[2][1].exact, best[0], eps):
         new_segs = _segments(ask.d, ask.lifted, run.rng, opts.reach)
         try:
             with run.phase("more_lines", absorb=True):
@@ -296,14 +301,14 @@ def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_
         jumps = (J, where, segs)
         sets, singles = candidate_sets(J, line)
         scored = [(_score(ask, jumps, keep, v, opts, fit_data, summary), keep) for keep in sets]
-        (top, keep) = min(scored, key=lambda sk: (not sk[0][1], sk[0][0]))
+        (top, keep) = min(scored, key=lambda sk: rank(sk[0][0], sk[0][1]))
         for k in np.flatnonzero(singles & ~keep):  # one line alone saw it: kept when it explains more
             trial = keep.copy()
             trial[k] = True
             got = _score(ask, jumps, trial, v, opts, fit_data, summary)
-            if got[0] < 0.5 * top[0] and (got[1] or not top[1]):
+            if got[0] < 0.5 * top[0] and rank(*got[:2]) < rank(*top[:2]):
                 top, keep = got, trial
-        if top[0] < best[0] and (top[1] or not best[2][1].exact):
+        if rank(*top[:2]) < rank(best[0], best[2][1].exact):
             best = (top[0], J[keep], top[2])
             summary["kept"] = f"{int(keep.sum())} neurons from {summary['lines']} lines"
     return best[1], best[2], summary
