@@ -213,3 +213,11 @@ def test_a_calibration_that_missed_nu_w_is_corrected_after_the_first_column(d, s
     res = extract_exact(Oracle(truth, d), seed=seed)
     assert_recovered(res, truth, 1e-12)
     assert "rebalanced_scales" in res.details and res.queries <= res.unknowns + 3 * d  # one column again + retries
+
+
+def test_same_seed_reproduces_bit_for_bit_on_float32_answers():
+    truth = random_head(12, seed=4)
+    a, b = (extract_exact(Oracle(truth.with_dtype("float32"), 12, precision="float32"), seed=3) for _ in range(2))
+    assert a.queries == b.queries and a.queries_by_phase == b.queries_by_phase and a.check.error == b.check.error
+    for name in ("W", "v", "u"):
+        np.testing.assert_array_equal(getattr(a.model, name), getattr(b.model, name))
