@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+from attnprobe.oracles.chain import AnswerChain
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -64,6 +66,10 @@ def test_readme_python_examples_run(capsys):
             m = ns["m"]  # membership answers: W exactly, v as a unit vector
             assert m.passed and _rel(m.model.W, head.W) <= 1e-6
             assert _rel(m.model.v, head.v / np.linalg.norm(head.v)) <= 1e-6
+        elif "AnswerChain.parse(" in block:  # the spec and the constructor are one chain; its floor is the coarser
+            chain, defended = ns["chain"], ns["defended"]
+            assert chain == AnswerChain(cast="bfloat16", digits=4) and chain.spec == "bfloat16+round-digits:4"
+            assert defended.precision == "bfloat16" and defended.eps >= 2.0 * chain.answer_noise.rel_eps > 0
         elif "extract_ffn(" in block:
             ffn, net = ns["ffn"], ns["net"]
             X = np.random.default_rng(0).standard_normal((500, net.d))
