@@ -174,7 +174,7 @@ def _oracle_from_args(args) -> Oracle:
         from attnprobe.oracles.wrappers import wrap_oracle
 
         wrap_oracle(oracle, **wrapped)
-    return remote.attach_log(oracle, args)
+    return oracle
 
 
 def _plain_oracle_from_args(args) -> Oracle:
@@ -183,6 +183,7 @@ def _plain_oracle_from_args(args) -> Oracle:
         kw["precision"] = args.answer_precision
     if args.target and args.oracle:
         raise ConfigError("give either --oracle MODULE:ATTR or --target FILE.npz, not both")
+    kw["log"] = remote.open_log(args)  # built with the Oracle; a log of another oracle is refused here
     if args.target:  # a saved model's precision is its --dtype unless --answer-precision says otherwise
         oracle = oracle_from_file(args.target, dtype=args.dtype, **kw)
         if args.d is not None and args.d != oracle.d:

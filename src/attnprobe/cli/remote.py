@@ -26,55 +26,91 @@ def add_arguments(parser) -> None:
     g.add_argument("--replay", action="store_true", help="answer only from --log (offline rerun of a learner)")
 
 
-def identity(args) -> str:
-    """The oracle's identity recorded in the log: its source plus every option that changes its answers."""
+#: the defences on the answers (argparse dests) a query log records and a replay must not contradict
+DEFENCES = ("noise", "noise_seed", "round", "round_digits", "cast", "membership")
+
+
+def defences(args) -> dict:
+    """The defences this run puts on the answers (only those given; ``--method membership`` implies
+    ``membership``)."""
+    given = {k: getattr(args, k, None) for k in DEFENCES}
+    given["membership"] = bool(given["membership"] or getattr(args, "method", None) == "membership")
+    if not given["noise"]:
+        given["noise_seed"] = None  # the seed matters only with noise
+    return {k: v for k, v in given.items() if v is not None and v is not False}
+
+
+def identity(args, source: str | None = None) -> str:
+    """The oracle's identity recorded in the log: its source (``source`` for a URL: the server's own account)
+    plus every defence that changes its answers."""
     from attnprobe.oracles.querylog import file_identity, identity_of
 
-    if args.target:
-        source = f"{file_identity(args.target)} dtype={args.dtype}"
-    elif args.oracle:
-        source = f"callable {args.oracle}"
-    else:
-        source = f"url {args.url.rstrip('/')}"
-    return identity_of(source, noise=args.noise, noise_seed=args.noise_seed if args.noise else None,
-                       round=args.round, round_digits=args.round_digits, cast=args.cast, membership=args.membership)
+    if source is None:
+        if args.target:
+            source = f"{file_identity(args.target)} dtype={args.dtype}"
+        elif args.oracle:
+            source = f"callable {args.oracle}"
+        else:
+            source = f"url {args.url.rstrip('/')}"
+    return identity_of(source, **defences(args))
+
+
+def open_log(args, source: str | None = None):
+    """The query log ``--log`` for this run's oracle (None without ``--log``); a log of another oracle is refused
+    here, before any query. It is given to the Oracle when the Oracle is built."""
+    if not getattr(args, "log", None):
+        return None
+    from attnprobe.oracles.querylog import QueryLog
+
+    return QueryLog(args.log, identity=identity(args, source), precision=args.answer_precision or "auto",
+                    defences=defences(args))
+
+
+def _replay_oracle(args, kw):
+    """``--replay``: the log answers everything. Flags that would name another oracle are refused; the defences
+    the log recorded are taken as this run's (they declare the answers' noise; nothing is re-applied to them)."""
+    from attnprobe.oracles import Oracle
+    from attnprobe.oracles.querylog import QueryLog, ReplayOracle
+
+    if not args.log:
+        raise ConfigError("--replay answers from a query log: give --log FILE.sqlite")
+    for flag in ("target", "oracle", "url", "api_key"):
+        if getattr(args, flag, None):
+            raise ConfigError(f"--replay answers from the query log alone, which records its own oracle; drop "
+                              f"--{flag.replace('_', '-')}")
+    log = QueryLog(args.log, readonly=True)
+    if args.d is not None and args.d != log.d:
+        raise ConfigError(f"--d {args.d} does not match the width d = {log.d} recorded in {args.log}")
+    recorded = log.defences()
+    given = defences(args)
+    if "defences" in log.meta():
+        for key in sorted(set(given) | set(recorded)):
+            if key in given and given.get(key) != recorded.get(key):
+                flag = "--method membership / --membership" if key == "membership" else "--" + key.replace("_", "-")
+                was = f"{recorded[key]}" if key in recorded else "not used"
+                raise ConfigError(f"{flag} contradicts the oracle {args.log} recorded ({flag.split()[0]} was {was} "
+                                  f"there); --replay answers as recorded, so drop {flag.split()[0]} or run "
+                                  "without --replay on a new log")
+        for key, value in recorded.items():
+            setattr(args, key, value)  # declared, not re-applied: every answer comes from the log
+    return Oracle(ReplayOracle(log), log.d, name=f"replay of {args.log}", log=log, **kw)
 
 
 def source_oracle(args, **kw):
-    """The oracle for ``--url`` or ``--replay`` (``None`` when neither is given)."""
+    """The oracle for ``--url`` or ``--replay`` (``None`` when neither is given), built with its query log."""
     if args.replay:
-        from attnprobe.oracles import Oracle
-        from attnprobe.oracles.querylog import QueryLog, ReplayOracle
-
-        if not args.log:
-            raise ConfigError("--replay answers from a query log: give --log FILE.sqlite")
-        log = QueryLog(args.log, readonly=True)
-        if args.d is not None and args.d != log.d:
-            raise ConfigError(f"--d {args.d} does not match the width d = {log.d} recorded in {args.log}")
-        oracle = Oracle(ReplayOracle(log), log.d, name=f"replay of {args.log}", **kw)
-        oracle.log = log
-        return oracle
+        return _replay_oracle(args, kw)
     if args.url:
         if args.target or args.oracle:
             raise ConfigError("give one oracle: --url, --oracle MODULE:ATTR or --target FILE.npz")
-        from attnprobe.oracles.http import oracle_from_url
+        from attnprobe.oracles.http import HttpOracle, oracle_from_http
 
-        return oracle_from_url(args.url, args.api_key, args.d, timeout=args.timeout, retries=args.retries,
-                               concurrency=args.concurrency, **kw)
+        fn = HttpOracle(args.url, args.api_key, timeout=args.timeout, retries=args.retries,
+                        concurrency=args.concurrency)
+        return oracle_from_http(fn, args.d, log=open_log(args, fn.identity), **kw)
     if args.api_key:
         raise ConfigError("--api-key goes with --url")
     return None
-
-
-def attach_log(oracle, args):
-    """Open ``--log`` for this oracle (refusing a log of another oracle) unless the oracle already has one."""
-    if not args.log or getattr(oracle, "log", None) is not None:
-        return oracle
-    from attnprobe.oracles.querylog import QueryLog
-
-    oracle.log = QueryLog(args.log, identity=identity(args), d=oracle.d,
-                          precision=args.answer_precision or "auto")
-    return oracle
 
 
 def describe(oracle) -> dict:
@@ -89,7 +125,7 @@ def describe(oracle) -> dict:
     log = getattr(oracle, "log", None)
     if log is not None:
         out["query_log"] = log.summary()
-        log.set_meta("detected_precision", detector.precision if detector is not None else oracle.precision)
+        out["check_answered_by"] = "the query log (replay)" if log.readonly else "the oracle (never the log)"
     return out
 
 

@@ -99,7 +99,7 @@ class Run:
         if self.check:
             oracle = check_oracle or self.oracle
             target = check_model if check_model is not None else model
-            with oracle.phase("check"):
+            with oracle.phase("check", fresh=True):  # never answered from a query log
                 if check_fn is not None:
                     result.check = check_fn(oracle, target, self.rng, self.check_lengths, self.check_per_length)
                 else:

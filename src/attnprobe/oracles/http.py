@@ -150,14 +150,20 @@ def _detail(r) -> str:
     return str(detail)
 
 
-def oracle_from_url(url: str, api_key: str | None = None, d: int | None = None, *, timeout: float = 60.0,
-                    retries: int = 6, concurrency: int = 4, **kwargs):
-    """An :class:`~attnprobe.oracles.base.Oracle` asking the API at ``url`` (``d`` read from ``/v1/info``)."""
+def oracle_from_http(fn: HttpOracle, d: int | None = None, **kwargs):
+    """An :class:`~attnprobe.oracles.base.Oracle` asking the API behind ``fn`` (``d`` checked against
+    ``/v1/info``); ``kwargs`` go to the Oracle (``log``, ``budget``, ...)."""
     from attnprobe.oracles.base import Oracle
 
-    fn = HttpOracle(url, api_key, timeout=timeout, retries=retries, concurrency=concurrency)
     if d is not None and int(d) != fn.d:
-        raise ConfigError(f"--d {d} does not match the width d = {fn.d} that {url}/v1/info reports")
+        raise ConfigError(f"--d {d} does not match the width d = {fn.d} that {fn.url}/v1/info reports")
     kwargs.setdefault("max_batch", fn.max_batch * fn.concurrency)
     kwargs.setdefault("precision", "auto")  # a remote model's precision is read from its answers
     return Oracle(fn, fn.d, name=fn.url, **kwargs)
+
+
+def oracle_from_url(url: str, api_key: str | None = None, d: int | None = None, *, timeout: float = 60.0,
+                    retries: int = 6, concurrency: int = 4, **kwargs):
+    """An :class:`~attnprobe.oracles.base.Oracle` asking the API at ``url`` (``d`` read from ``/v1/info``)."""
+    fn = HttpOracle(url, api_key, timeout=timeout, retries=retries, concurrency=concurrency)
+    return oracle_from_http(fn, d, **kwargs)
