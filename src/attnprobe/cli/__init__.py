@@ -106,6 +106,13 @@ def _end(args, kind: str, message: str, code: int) -> int:
     return code
 
 
+def _close_log(args) -> None:
+    """Close the run's query log (its WAL is folded back into the file: nothing is left half-written)."""
+    for log in (getattr(getattr(args, "tracked_oracle", None), "log", None), getattr(args, "query_log", None)):
+        if log is not None:
+            log.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -114,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_REFUSED
     try:
         with _signals_end_the_run():
-            return args.func(args)
+            try:
+                return args.func(args)
+            finally:
+                _close_log(args)
     except CheckFailedError as exc:
         return _end(args, "check failed", str(exc), EXIT_CHECK_FAILED)
     except AttnprobeError as exc:

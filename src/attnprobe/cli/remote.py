@@ -62,8 +62,8 @@ def open_log(args, source: str | None = None):
         return None
     from attnprobe.oracles.querylog import QueryLog
 
-    return QueryLog(args.log, identity=identity(args, source), precision=args.answer_precision or "auto",
-                    defences=defences(args))
+    args.query_log = QueryLog(args.log, identity=identity(args, source), defences=defences(args))  # closed when the run ends, whatever happens
+    return args.query_log
 
 
 def _replay_oracle(args, kw):
@@ -78,7 +78,7 @@ def _replay_oracle(args, kw):
         if getattr(args, flag, None):
             raise ConfigError(f"--replay answers from the query log alone, which records its own oracle; drop "
                               f"--{flag.replace('_', '-')}")
-    log = QueryLog(args.log, readonly=True)
+    log = args.query_log = QueryLog(args.log, readonly=True)
     if args.d is not None and args.d != log.d:
         raise ConfigError(f"--d {args.d} does not match the width d = {log.d} recorded in {args.log}")
     recorded = log.defences()
@@ -93,6 +93,8 @@ def _replay_oracle(args, kw):
                                   "without --replay on a new log")
         for key, value in recorded.items():
             setattr(args, key, value)  # declared, not re-applied: every answer comes from the log
+    if not args.answer_precision and log.precision:
+        kw["precision"] = log.precision  # read the answers as the recording run did
     return Oracle(ReplayOracle(log), log.d, name=f"replay of {args.log}", log=log, **kw)
 
 
@@ -147,6 +149,8 @@ def spent(oracle) -> str:
     log = getattr(oracle, "log", None)
     if log is None:
         where = f"{asked} queries spent (not logged)"
+    elif log.refused:
+        where = f"{asked} queries spent (asked to recognise the oracle of {log.path}; nothing logged)"
     elif log.readonly:
         where = f"0 queries spent (replay: {getattr(oracle, 'from_log', 0)} answered from {log.path})"
     else:

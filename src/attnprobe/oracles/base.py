@@ -74,7 +74,7 @@ class Oracle:
         self.from_log = 0
         self._fresh = 0
         if log is not None:
-            log.attach(self.d, self.outputs)
+            log.attach(self.d, self.outputs, precision)
 
     @property
     def precision(self) -> str:

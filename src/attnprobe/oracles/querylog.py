@@ -80,6 +80,7 @@ class QueryLog:
         self.asked = 0
         self.hits = 0
         self.verified = False
+        self.refused = False  # set when verify found the answers of another oracle
         self._want = {"schema": SCHEMA_VERSION, "identity": identity, "precision": precision,
                       "defences": None if defences is None else json.dumps(defences, sort_keys=True)}
         self._d = None
@@ -90,13 +91,17 @@ class QueryLog:
             raise ConfigError(f"--replay needs an existing query log; {self.path} does not exist")
         if exists and not self.path.is_file():
             raise ConfigError(f"the query log {self.path} is not a regular file; give a file path for the log")
-        if exists:
-            self._connect()
-            self._check_meta(readonly)
-        elif identity is None:
+        if not exists and identity is None:
             raise ConfigError("a new query log needs the oracle's identity")
-        if d is not None:
-            self.attach(d)
+        try:
+            if exists:
+                self._connect()
+                self._check_meta(readonly)
+            if d is not None:
+                self.attach(d)
+        except BaseException:
+            self.close()
+            raise
 
     # --- the file -------------------------------------------------------------------------------------------
     def _fail(self, exc: Exception, doing: str) -> ConfigError:
@@ -104,29 +109,33 @@ class QueryLog:
                            "file")
 
     def _connect(self) -> None:
+        """Open the file; an existing SQLite file must be a query log (checked before anything is written)."""
         try:
             self.db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
+            names = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             tables = {t: tuple(r[1] for r in self.db.execute(f"PRAGMA table_info({t})")) for t in _TABLES}
-            if self.readonly:
-                missing = [t for t in ("meta", "answers") if not tables[t]]
-                if missing:
-                    raise ConfigError(f"{self.path} is not a query log of attnprobe (no table {missing[0]!r}); "
-                                      "give the log an earlier run wrote")
-            else:
-                self.db.execute("PRAGMA journal_mode=WAL")
-                self.db.execute("PRAGMA synchronous=NORMAL")
-                self.db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-                self.db.execute("CREATE TABLE IF NOT EXISTS answers (key BLOB PRIMARY KEY, n INTEGER NOT NULL, "
-                                "y NOT NULL, t REAL NOT NULL)")
-                self.db.execute("CREATE TABLE IF NOT EXISTS probes (key BLOB PRIMARY KEY, n INTEGER NOT NULL, "
-                                "x BLOB NOT NULL)")
         except sqlite3.Error as exc:
             raise self._fail(exc, "opening it") from exc
+        if names and not {"meta", "answers"} <= names:
+            raise ConfigError(f"{self.path} is an SQLite file but not a query log of attnprobe (it has tables "
+                              f"{', '.join(sorted(names)[:5])}); give another log file")
         for table, columns in _TABLES.items():
-            have = tables.get(table) or columns
-            if tuple(have) != columns:
+            if tables[table] and tables[table] != columns:
                 raise ConfigError(f"{self.path} is an SQLite file but not a query log of attnprobe (its table "
-                                  f"{table!r} has columns {', '.join(have)}); give another log file")
+                                  f"{table!r} has columns {', '.join(tables[table])}); give another log file")
+        if self.readonly:
+            return
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            self.db.execute("CREATE TABLE IF NOT EXISTS answers (key BLOB PRIMARY KEY, n INTEGER NOT NULL, "
+                            "y NOT NULL, t REAL NOT NULL)")
+            self.db.execute("CREATE TABLE IF NOT EXISTS probes (key BLOB PRIMARY KEY, n INTEGER NOT NULL, "
+                            "x BLOB NOT NULL)")
+        except sqlite3.Error as exc:
+            raise QueryLogWriteError(f"cannot prepare the query log {self.path} (SQLite said: {exc}); give a "
+                                     "writable log file") from exc
 
     def _execute(self, sql: str, params=(), doing: str = "reading it"):
         try:
@@ -155,13 +164,16 @@ class QueryLog:
         self._d = _int_meta(meta, "d", self.path)
         self._outputs = _int_meta(meta, "outputs", self.path)
         for k, v in self._want.items():
-            if k == "schema" or v is None or meta.get(k) is None or meta[k] == v:
+            if k in ("schema", "precision") or v is None or meta.get(k) is None or meta[k] == v:
                 continue
             raise ConfigError(f"the query log {self.path} belongs to another oracle: its {k} is {meta[k]!r} but "
                               f"this run's is {v!r}; answers of two oracles must not mix, so give a new log file")
 
-    def attach(self, d: int, outputs: int | None = None) -> None:
-        """Bind the log to an oracle of width ``d`` (and ``outputs`` K when known): refuse a log of another."""
+    def attach(self, d: int, outputs: int | None = None, precision: str | None = None) -> None:
+        """Bind the log to an oracle of width ``d`` (and ``outputs`` K when known): refuse a log of another.
+        ``precision``: what the oracle declares about its answers (or ``"auto"``), recorded for a replay."""
+        if precision is not None and self._want["precision"] is None:
+            self._want["precision"] = str(precision)
         d = int(d)
         if self._d is not None and self._d != d:
             raise ConfigError(f"the query log {self.path} belongs to another oracle: it holds queries of width "
@@ -180,6 +192,11 @@ class QueryLog:
         if self._d is None:
             raise ConfigError(f"the query log {self.path} does not record the width d; give another log file")
         return self._d
+
+    @property
+    def precision(self) -> str | None:
+        """The answer precision the recording oracle declared (``"auto"``: read from its answers)."""
+        return self.meta().get("precision")
 
     @property
     def outputs(self) -> int | None:
@@ -356,6 +373,7 @@ class QueryLog:
             if np.any(excess > 0):
                 worst = max(worst, float(np.max(np.abs(fresh - recorded)) / scale))
         if worst > 0:
+            self.refused = True
             raise ConfigError(f"the query log {self.path} was recorded from another oracle: asked again, {count} "
                               f"recorded queries were answered differently (by up to {worst:.2g} of the answers' "
                               "scale); answers of two oracles must not mix, so give a new log file")

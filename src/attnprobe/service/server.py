@@ -37,15 +37,15 @@ def serve_forever(app, host: str, port: int, log_level: str = "info") -> None:
 
 
 class BackgroundServer:
-    """uvicorn serving ``app`` from a daemon thread on a free loopback port; ``url``; ``stop()``.
+    """uvicorn serving ``app`` from a daemon thread on a free loopback port (or ``port``); ``url``; ``stop()``.
 
     Use as a context manager. The server is real (TCP on 127.0.0.1); nothing about HTTP is mocked.
     """
 
-    def __init__(self, app, host: str = "127.0.0.1", log_level: str = "warning"):
+    def __init__(self, app, host: str = "127.0.0.1", log_level: str = "warning", port: int = 0):
         import uvicorn
 
-        self.sock = bind(host, 0)
+        self.sock = bind(host, port)
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         self.server = uvicorn.Server(_config(app, log_level))
