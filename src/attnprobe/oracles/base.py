@@ -73,6 +73,7 @@ class Oracle:
         self.log = log
         self.from_log = 0
         self._fresh = 0
+        self._scalar_for: tuple[str, str] | None = None
         if log is not None:
             log.attach(self.d, self.outputs, precision)
 
@@ -226,6 +227,18 @@ class Oracle:
                                     "not finite. Check the target for overflow or lower the probe scale.")
         return y
 
+    def expect_scalar(self, reader: str, hint: str = "") -> None:
+        """Refuse (one :class:`OracleAnswerError`) answers of K > 1 numbers per sequence from now on: ``reader``
+        reads one number per sequence (``hint`` says what reads vectors). Answers of shape (B, 1) pass."""
+        self._scalar_for = (reader, hint)
+        if self.outputs is not None and self.outputs > 1:
+            self._refuse_vector(self.outputs)
+
+    def _refuse_vector(self, k: int) -> None:
+        reader, hint = self._scalar_for
+        raise OracleAnswerError(f"the oracle {self.name!r} answers K = {k} numbers per sequence, but {reader} reads "
+                                f"one number per sequence" + (f"; {hint}" if hint else ""))
+
     def _check_shape(self, y: np.ndarray, B: int) -> None:
         """Answers are (B,) or (B, K); K is fixed by the first answer (or by ``outputs``) and may not change."""
         vector = y.ndim == 2 and y.shape[0] == B and y.shape[1] >= 1
@@ -233,6 +246,8 @@ class Oracle:
             self._vector, self.outputs = False, 1
             return
         if vector and self._vector is not False and (self.outputs is None or y.shape[1] == self.outputs):
+            if self._scalar_for is not None and y.shape[1] > 1:
+                self._refuse_vector(y.shape[1])
             self._vector, self.outputs = True, y.shape[1]
             return
         want = (f"({B},)" if self._vector is False else f"({B}, {self.outputs})" if self.outputs
