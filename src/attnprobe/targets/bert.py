@@ -29,6 +29,8 @@ def _load(path: str) -> dict[str, np.ndarray]:
         raise ConfigError(f"reading safetensors checkpoints needs safetensors; run: {SAFETENSORS_HINT}") from exc
     if not Path(path).exists():
         raise ConfigError(f"checkpoint {path} does not exist")
+    if not Path(path).is_file():  # a FIFO or device would block the reader for good
+        raise ConfigError(f"checkpoint {path} is not a regular file; give a .safetensors file")
     try:
         return load_file(path)
     except Exception as exc:
@@ -65,7 +67,11 @@ class BertCheckpoint:
 
     @property
     def hidden(self) -> int:
-        return self._get(0, "self.query.weight").shape[1]
+        shape = _load(self.path)[f"{self._layout[0]}encoder.layer.0.attention.self.query.weight"].shape
+        if len(shape) != 2 or shape[0] != shape[1] or shape[0] < 1:
+            raise ConfigError(f"{self.path}: the query weight of layer 0 has shape {shape}, not (hidden, hidden); "
+                              "it is not a BERT-family checkpoint")
+        return int(shape[1])
 
     @property
     def head_dim(self) -> int:
@@ -80,6 +86,10 @@ class BertCheckpoint:
         tensors = _load(self.path)
         if key not in tensors:
             raise ConfigError(f"{self.path} has no tensor {key!r}")
+        want = (self.hidden,) * (2 if name.endswith("weight") else 1)
+        if tensors[key].shape != want:
+            raise ConfigError(f"{self.path}: tensor {key!r} has shape {tensors[key].shape}, not {want}; it is not "
+                              "a BERT-family checkpoint")
         return tensors[key].astype(np.float64)
 
     def _check_index(self, layer: int, output_row: int, head: int = 0) -> None:
