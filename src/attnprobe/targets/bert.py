@@ -18,6 +18,9 @@ from attnprobe.errors import ConfigError
 from attnprobe.models.attention import AttentionHead
 
 SAFETENSORS_HINT = "pip install 'attnprobe[minilm]' (safetensors)"
+#: the attention tensors of a layer (under ``encoder.layer.L.attention.``)
+_TENSORS = ("self.query.weight", "self.query.bias", "self.key.weight", "self.value.weight", "self.value.bias",
+            "output.dense.weight", "output.dense.bias")
 _QUERY = re.compile(r"^(.*?)encoder\.layer\.(\d+)\.attention\.self\.query\.weight$")
 
 
@@ -48,6 +51,7 @@ class BertCheckpoint:
         object.__setattr__(self, "path", str(self.path))
         if int(self.heads_per_layer) < 1:
             raise ConfigError(f"heads_per_layer must be at least 1; got {self.heads_per_layer}")
+        self._check_shapes()
         if self.hidden % self.heads_per_layer:
             raise ConfigError(f"the hidden width {self.hidden} of {self.path} is not divisible by "
                               f"heads_per_layer={self.heads_per_layer}; give the model's number of heads per layer")
@@ -60,6 +64,19 @@ class BertCheckpoint:
                               "it is not a BERT-family checkpoint")
         prefix = found[0].group(1)
         return prefix, 1 + max(int(m.group(2)) for m in found if m.group(1) == prefix)
+
+    def _check_shapes(self) -> None:
+        """Every attention tensor of every layer has its BERT shape (checked up front, without copying)."""
+        tensors, prefix, hidden = _load(self.path), self._layout[0], self.hidden
+        for layer in range(self.layers):
+            for name in _TENSORS:
+                key = f"{prefix}encoder.layer.{layer}.attention.{name}"
+                want = (hidden,) * (2 if name.endswith("weight") else 1)
+                if key not in tensors:
+                    raise ConfigError(f"{self.path} has no tensor {key!r}; it is not a BERT-family checkpoint")
+                if tuple(tensors[key].shape) != want:
+                    raise ConfigError(f"{self.path}: tensor {key!r} has shape {tuple(tensors[key].shape)}, not "
+                                      f"{want}; it is not a BERT-family checkpoint")
 
     @property
     def layers(self) -> int:
