@@ -14,7 +14,7 @@ from attnprobe.errors import ConfigError
 from attnprobe.learners import extract_exact
 from attnprobe.models.io import save_model
 from attnprobe.oracles import Oracle
-from attnprobe.oracles.querylog import QueryLog, sequence_keys
+from attnprobe.oracles.querylog import QueryLog
 from attnprobe.targets.random_heads import random_head
 from hostile import refused, run
 
@@ -152,17 +152,17 @@ def test_other_files_given_as_logs_are_refused(tmp_path, capsys):
                 tmp_path / "b.npz", "--quiet", says=says)
 
 
-def test_huge_answers_in_a_log_end_in_one_line(tmp_path, capsys):
-    """A log whose answers are all 1e308 (finite, but every difference overflows): one line, no warnings."""
-    path = tmp_path / "q.sqlite"
-    X = np.random.default_rng(0).standard_normal((3, 1, D))
-    log = QueryLog(path, identity="huge", d=D)
-    log.store(sequence_keys(X), X, np.full(3, 1e308))
-    log.close()
-    rc, _, err = run(capsys, "extract", "--log", path, "--replay", "--out", tmp_path / "b.npz", "--quiet")
-    assert rc == 2
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("attnprobe: error:"), err
+def test_huge_answers_in_a_log_end_in_one_line(tmp_path, capsys, monkeypatch):
+    """A log of answers all 1e308 (finite, but their squares and sums overflow): every run, the resumed one and
+    the replay included, ends in one line without numpy's warnings."""
+    (tmp_path / "huge.py").write_text("import numpy as np\n\ndef fn(X):\n    return np.full(len(X), 1e308)\n")
+    monkeypatch.chdir(tmp_path)
+    base = ("extract", "--log", "q.sqlite", "--out", "b.npz", "--quiet")
+    for extra in (["--oracle", "huge:fn", "--d", "4"], ["--oracle", "huge:fn", "--d", "4"], ["--replay"]):
+        rc, _, err = run(capsys, *base, *extra)
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert rc == 2 and len(lines) == 1 and lines[0].startswith("attnprobe: error:"), err
+        assert " 0 answers in all" not in lines[0]  # the count is read before the log is closed
 
 
 def test_vector_answers_are_logged_and_replayed(tmp_path):

@@ -210,3 +210,31 @@ def test_serve_refuses_bad_ports_key_files_and_broken_models_before_it_says_serv
         busy.listen(1)
         rc, out, err = run(capsys, "serve", *target, "--port", str(busy.getsockname()[1]))
         assert rc == 2 and "serving" not in out and "cannot listen" in err
+
+
+def test_serve_answers_a_k_output_model_file_and_extract_resumes_through_its_log(tmp_path, capsys, monkeypatch):
+    """``serve --target`` a ReLU network with 3 outputs: /v1/info says so, the ffn learner recovers it over
+    HTTP, and a rerun through the same query log asks only the log check and the functional check."""
+    import json
+
+    from attnprobe.cli import build_parser
+    from attnprobe.cli.serve import build_from_args
+    from attnprobe.targets import random_relu_net
+
+    monkeypatch.setenv("ATTNPROBE_API_KEY", "k")
+    save_model(random_relu_net(4, 6, seed=2, outputs=3), tmp_path / "relu.npz")
+    app, options = build_from_args(build_parser().parse_args(["serve", "--target", str(tmp_path / "relu.npz")]))
+    assert options.outputs == 3
+    with BackgroundServer(app) as srv:
+        assert httpx.get(srv.url + "/v1/info", headers=AUTH).json()["outputs"] == 3
+        for out in ("a.npz", "b.npz"):
+            rc, _, err = run(capsys, "extract", "--url", srv.url, "--method", "ffn", "--log", tmp_path / "q.sqlite",
+                             "--out", tmp_path / out, "--quiet")
+            assert rc == 0, err
+    second = json.loads((tmp_path / "b.json").read_text())
+    from attnprobe.oracles.querylog import MAX_PROBES
+
+    asked = second["details"]["oracle"]["queries_asked"]  # the log's probes re-asked, and the check afresh
+    assert second["check"]["queries"] < asked <= second["check"]["queries"] + MAX_PROBES
+    rc, _, err = run(capsys, "verify", "--target", tmp_path / "relu.npz", "--result", tmp_path / "b.npz")
+    assert rc == 0, err

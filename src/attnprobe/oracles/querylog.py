@@ -86,6 +86,7 @@ class QueryLog:
         self._d = None
         self._outputs = None
         self.db = None
+        self._closed_len = 0
         exists = self.path.exists()
         if readonly and not exists:
             raise ConfigError(f"--replay needs an existing query log; {self.path} does not exist")
@@ -229,7 +230,7 @@ class QueryLog:
     # --- answers --------------------------------------------------------------------------------------------
     def __len__(self) -> int:
         if self.db is None:
-            return 0
+            return self._closed_len
         return int(self._execute("SELECT COUNT(*) FROM answers").fetchone()[0])
 
     def lookup(self, keys: list[bytes]) -> dict[bytes, float | np.ndarray]:
@@ -366,12 +367,13 @@ class QueryLog:
                 if not noise.fresh and np.any(fresh != recorded):
                     worst = max(worst, float(np.mean(fresh != recorded)))
                 continue
-            absolute = 0.0 if noise is None else 2 * (noise.tolerance + 4 * noise.sigma)
-            scale = float(np.sqrt(np.mean(recorded**2))) + 1e-300
-            allowed = absolute + VERIFY_RELATIVE * (np.abs(recorded) + scale)
-            excess = np.abs(fresh - recorded) - allowed
-            if np.any(excess > 0):
-                worst = max(worst, float(np.max(np.abs(fresh - recorded)) / scale))
+            absolute = 0.0 if noise is None else 2 * (noise.tolerance + 4 * noise.sigma)  # two answers' noise
+            scale = float(np.max(np.abs(recorded))) + 1e-300  # (a mean of squares could overflow)
+            with np.errstate(over="ignore", invalid="ignore"):  # answers near the float64 limit
+                allowed = absolute + VERIFY_RELATIVE * np.abs(recorded) + VERIFY_RELATIVE * scale
+                gap = np.abs(fresh - recorded)
+            if np.any(gap > allowed):
+                worst = max(worst, float(np.max(gap) / scale))
         if worst > 0:
             self.refused = True
             raise ConfigError(f"the query log {self.path} was recorded from another oracle: asked again, {count} "
@@ -383,7 +385,12 @@ class QueryLog:
         return {"path": str(self.path), "from_log": self.hits, "asked": self.asked, "stored": len(self)}
 
     def close(self) -> None:
+        """Close the file (its WAL folded back in); ``len`` still says how many answers it held."""
         if self.db is not None:
+            try:
+                self._closed_len = len(self)
+            except ConfigError:
+                pass
             self.db.close()
             self.db = None
 
