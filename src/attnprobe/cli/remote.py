@@ -26,73 +26,64 @@ def add_arguments(parser) -> None:
     g.add_argument("--replay", action="store_true", help="answer only from --log (offline rerun of a learner)")
 
 
-#: the defences on the answers (argparse dests) a query log records and a replay must not contradict
-DEFENCES = ("noise", "noise_seed", "round", "round_digits", "cast", "membership")
-
-
-def defences(args) -> dict:
-    """The defences this run puts on the answers (only those given; ``--method membership`` implies
-    ``membership``)."""
-    given = {k: getattr(args, k, None) for k in DEFENCES}
-    given["membership"] = bool(given["membership"] or getattr(args, "method", None) == "membership")
-    if not given["noise"]:
-        given["noise_seed"] = None  # the seed matters only with noise
-    return {k: v for k, v in given.items() if v is not None and v is not False}
-
-
-def identity(args, source: str | None = None) -> str:
-    """The oracle's identity recorded in the log: its source (``source`` for a URL: the server's own account)
-    plus every defence that changes its answers."""
+def identity(args, chain, source: str | None = None) -> str:
+    """The oracle's identity recorded in the log: its source (``source`` for a URL: the server's own account of
+    itself) plus every option of its answer ``chain``."""
     from attnprobe.oracles.querylog import file_identity, identity_of
 
-    if source is None:
-        if args.target:
-            source = f"{file_identity(args.target)} dtype={args.dtype}"
-        elif args.oracle:
-            source = f"callable {args.oracle}"
-        else:
-            source = f"url {args.url.rstrip('/')}"
-    return identity_of(source, **defences(args))
+    if source is not None:
+        pass
+    elif args.target:
+        source = f"{file_identity(args.target)} dtype={args.dtype}"
+    elif getattr(args, "hf_dir", None):
+        from attnprobe.cli.hf import identity as hf_identity
+
+        source = hf_identity(args)
+    elif args.oracle:
+        source = f"callable {args.oracle}"
+    else:
+        source = f"url {args.url.rstrip('/')}"
+    return identity_of(source, **chain.identity_options())
 
 
-def open_log(args, source: str | None = None):
+def open_log(args, chain, source: str | None = None):
     """The query log ``--log`` for this run's oracle (None without ``--log``); a log of another oracle is refused
-    here, before any query. It is given to the Oracle when the Oracle is built."""
+    here, before any query. It is given to the Oracle when the Oracle is built, and closed when the run ends."""
     if not getattr(args, "log", None):
         return None
     from attnprobe.oracles.querylog import QueryLog
 
-    args.query_log = QueryLog(args.log, identity=identity(args, source), defences=defences(args))  # closed when the run ends, whatever happens
+    args.query_log = QueryLog(args.log, identity=identity(args, chain, source), defences=chain.spec)
     return args.query_log
 
 
 def _replay_oracle(args, kw):
     """``--replay``: the log answers everything. Flags that would name another oracle are refused; the defences
-    the log recorded are taken as this run's (they declare the answers' noise; nothing is re-applied to them)."""
+    the log recorded are this run's (they declare the answers' noise; nothing is re-applied to the answers)."""
     from attnprobe.oracles import Oracle
+    from attnprobe.oracles.chain import AnswerChain
     from attnprobe.oracles.querylog import QueryLog, ReplayOracle
 
     if not args.log:
         raise ConfigError("--replay answers from a query log: give --log FILE.sqlite")
-    for flag in ("target", "oracle", "url", "api_key"):
+    for flag in ("target", "oracle", "url", "api_key", "hf_dir"):
         if getattr(args, flag, None):
             raise ConfigError(f"--replay answers from the query log alone, which records its own oracle; drop "
                               f"--{flag.replace('_', '-')}")
     log = args.query_log = QueryLog(args.log, readonly=True)
     if args.d is not None and args.d != log.d:
         raise ConfigError(f"--d {args.d} does not match the width d = {log.d} recorded in {args.log}")
+    given = kw.get("chain") or AnswerChain()
     recorded = log.defences()
-    given = defences(args)
-    if "defences" in log.meta():
-        for key in sorted(set(given) | set(recorded)):
-            if key in given and given.get(key) != recorded.get(key):
-                flag = "--method membership / --membership" if key == "membership" else "--" + key.replace("_", "-")
-                was = f"{recorded[key]}" if key in recorded else "not used"
-                raise ConfigError(f"{flag} contradicts the oracle {args.log} recorded ({flag.split()[0]} was {was} "
-                                  f"there); --replay answers as recorded, so drop {flag.split()[0]} or run "
-                                  "without --replay on a new log")
-        for key, value in recorded.items():
-            setattr(args, key, value)  # declared, not re-applied: every answer comes from the log
+    if recorded is not None:
+        chain = AnswerChain.parse(recorded)
+        if not given.empty and given.spec != chain.spec:
+            raise ConfigError(f"the defences of this run ({given.spec}) contradict those the log {args.log} recorded "
+                              f"({chain.spec}); --replay answers as recorded: give the same defence flags or none")
+        if chain.membership and getattr(args, "method", None) != "membership":
+            raise ConfigError(f"the log {args.log} recorded yes/no answers (membership); replay them with --method "
+                              "membership")
+        kw["chain"] = chain  # declared, not re-applied: every answer comes from the log
     if not args.answer_precision and log.precision:
         kw["precision"] = log.precision  # read the answers as the recording run did
     return Oracle(ReplayOracle(log), log.d, name=f"replay of {args.log}", log=log, **kw)
@@ -109,7 +100,9 @@ def source_oracle(args, **kw):
 
         fn = HttpOracle(args.url, args.api_key, timeout=args.timeout, retries=args.retries,
                         concurrency=args.concurrency)
-        return oracle_from_http(fn, args.d, log=open_log(args, fn.identity), **kw)
+        from attnprobe.oracles.chain import AnswerChain
+
+        return oracle_from_http(fn, args.d, log=open_log(args, kw.get("chain") or AnswerChain(), fn.identity), **kw)
     if args.api_key:
         raise ConfigError("--api-key goes with --url")
     return None
@@ -121,7 +114,9 @@ def describe(oracle) -> dict:
     out = {"name": oracle.name, "precision": oracle.precision, "eps": oracle.eps,
            "precision_source": "detected from the answers" if detector is not None else "declared",
            "queries_total": oracle.queries, "queries_from_log": getattr(oracle, "from_log", 0),
-           "queries_asked": oracle.queries - getattr(oracle, "from_log", 0)}
+           "queries_asked": oracle.queries - getattr(oracle, "from_log", 0),
+           "max_input_norm_used": getattr(oracle, "max_input_norm_used", None),
+           "max_input_norm": getattr(oracle, "max_input_norm", None)}
     if detector is not None:
         out["precision_detection"] = detector.describe()
     log = getattr(oracle, "log", None)

@@ -67,14 +67,14 @@ class QueryLog:
 
     ``identity`` (a string naming the oracle: file hash, URL and server name, MODULE:ATTR, and the answer
     defences), ``d`` and ``precision`` are stored on first use and checked on every later open: a mismatch raises
-    :class:`ConfigError`. ``defences`` (a dict) records the defences on the answers so that a replay can refuse
-    flags that contradict them. ``d`` may be left to :meth:`attach`, which the Oracle calls when it is built with
+    :class:`ConfigError`. ``defences`` (the answer chain's spec) records the defences on the answers so that a
+    replay can refuse flags that contradict them. ``d`` may be left to :meth:`attach`, which the Oracle calls when it is built with
     the log. A log that does not exist yet is created at its first answer (a run refused before any query leaves
     no file). ``asked`` counts answers stored by this process, ``hits`` answers served from the log.
     """
 
     def __init__(self, path: str | Path, *, identity: str | None = None, d: int | None = None,
-                 precision: str | None = None, defences: dict | None = None, readonly: bool = False):
+                 precision: str | None = None, defences: str | None = None, readonly: bool = False):
         self.path = Path(path)
         self.readonly = bool(readonly)
         self.asked = 0
@@ -82,7 +82,7 @@ class QueryLog:
         self.verified = False
         self.refused = False  # set when verify found the answers of another oracle
         self._want = {"schema": SCHEMA_VERSION, "identity": identity, "precision": precision,
-                      "defences": None if defences is None else json.dumps(defences, sort_keys=True)}
+                      "defences": None if defences is None else str(defences)}
         self._d = None
         self._outputs = None
         self.db = None
@@ -204,17 +204,10 @@ class QueryLog:
         """Answers per sequence the log holds (None while it holds none)."""
         return self._outputs
 
-    def defences(self) -> dict:
-        """The defences on the answers the log recorded (empty for a log that did not record them)."""
-        text = self.meta().get("defences")
-        try:
-            value = json.loads(text) if text else {}
-        except ValueError:
-            value = None
-        if not isinstance(value, dict):
-            raise ConfigError(f"{self.path} is a damaged query log (its 'defences' are not a JSON object); give "
-                              "another log file")
-        return value
+    def defences(self) -> str | None:
+        """The defences on the answers the log recorded (an answer-chain spec; None for a log that did not
+        record them)."""
+        return self.meta().get("defences")
 
     def _create(self, outputs: int) -> None:
         """Write the metadata of a new log (at its first answer)."""
