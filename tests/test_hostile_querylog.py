@@ -93,9 +93,10 @@ def test_the_functional_check_is_asked_afresh_even_when_the_log_holds_its_answer
 @pytest.mark.parametrize("extra, says", [
     (["--target", "head.npz"], "drop --target"),
     (["--oracle", "victims:head"], "drop --oracle"),
-    (["--round-digits", "3"], "--round-digits contradicts"),
-    (["--method", "membership"], "--membership contradicts"),
-    (["--noise", "avq:1e-3"], "--noise contradicts"),
+    (["--round-digits", "3"], "(round-digits:3) contradict those the log"),
+    (["--method", "membership"], "(membership) contradict those the log"),
+    (["--noise", "avq:1e-3"], "(avq:0.001) contradict those the log"),
+    (["--defense", "float16"], "(float16) contradict those the log"),
 ])
 def test_replay_refuses_flags_that_contradict_the_recorded_oracle(logged, capsys, extra, says):
     extra = [str(logged / e) if e.endswith(".npz") else e for e in extra]
@@ -114,6 +115,16 @@ def test_replay_takes_the_recorded_defences(tmp_path, capsys):
         assert rc == 0, err
         a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
         assert all(np.array_equal(a[k], b[k]) for k in a.files)
+
+
+def test_a_log_of_yes_no_answers_replays_only_for_the_membership_learner(tmp_path, capsys):
+    save_model(random_head(D, seed=1, bias=False), tmp_path / "head.npz")  # App. B's model: no output bias
+    rc, _, err = run(capsys, "extract", "--target", tmp_path / "head.npz", "--method", "membership", "--log",
+                     tmp_path / "q.sqlite", "--out", tmp_path / "a.npz", "--quiet")
+    assert rc == 0, err
+    refused(capsys, tmp_path, *_extract(tmp_path, "--replay"), says="replay them with --method membership")
+    rc, _, err = run(capsys, *_extract(tmp_path, "--replay", "--method", "membership"))
+    assert rc == 0, err
 
 
 def _damage(path, sql):
