@@ -150,9 +150,12 @@ def test_an_audit_where_every_task_fails_does_not_exit_0(small, capsys, monkeypa
     assert (small / "out" / "results.json").exists()  # what was tried is still reported
 
 
-def test_out_that_is_a_file_is_refused(small, capsys):
+def test_out_that_is_a_file_or_empty_is_refused(small, capsys, monkeypatch):
     (small / "out").write_text("keep me")
     refused(capsys, small, *_audit(small), says="is not a folder")
+    monkeypatch.chdir(small)  # an empty --out would have meant the current folder
+    refused(capsys, small, "audit", "--safetensors", "m.safetensors", "--heads-per-layer", "2", "--out", "",
+            "--quiet", says="got ''")
 
 
 def test_a_second_audit_into_a_busy_folder_is_refused_and_a_rerun_drops_stale_heads(small, capsys):

@@ -219,3 +219,21 @@ def test_a_log_write_that_fails_mid_run_ends_in_one_line(tmp_path):
     assert len(lines) == 1 and "cannot store answers in the query log" in lines[0], p.stderr
     assert "queries spent" in lines[0]
     assert not (tmp_path / "r.npz").exists()
+
+
+def test_log_paths_that_cannot_hold_a_log_are_refused_before_any_query(logged, capsys):
+    for log, says in ((logged / "nodir" / "q.sqlite", "does not exist"), (logged / "head.npz", "not a usable query"),
+                      (Path("/dev/null"), "not a regular file")):
+        line = refused(capsys, logged, "extract", "--target", logged / "head.npz", "--log", log, "--out",
+                       logged / "b.npz", "--quiet", says=says)
+        assert "no queries spent" in line
+
+
+def test_replay_refuses_an_outputs_count_the_log_contradicts(logged, capsys):
+    refused(capsys, logged, *_extract(logged, "--replay", "--outputs", "2"), says="--outputs 2 does not match")
+
+
+def test_a_budget_too_small_for_the_log_check_says_so(logged, capsys):
+    line = refused(capsys, logged, *_extract(logged, "--target", logged / "head.npz", "--budget", "1"),
+                   says="re-asked to check that the log is this oracle's")
+    assert "queries spent" in line

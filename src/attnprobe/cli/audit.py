@@ -142,6 +142,8 @@ def run(args) -> int:
     from attnprobe.audit import run_audit
 
     _refuse_values(args)
+    if not str(args.out).strip():
+        raise ConfigError("--out names the folder for results.json, report.html and heads/; got ''")
     tasks = build_tasks(args)
     engine = "ray" if args.ray is not None else "processes"
     info = {"model": args.model or args.safetensors, "method": args.method, "seed": args.seed, "row": args.row,

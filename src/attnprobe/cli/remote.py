@@ -7,6 +7,8 @@ from the log: not asked, not charged to any budget) and ``queries_asked`` (sent 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from attnprobe.errors import ConfigError
 
 PRECISION_CHOICES = ("auto", "float64", "float32", "float16", "bfloat16")
@@ -51,8 +53,13 @@ def open_log(args, chain, source: str | None = None):
     here, before any query. It is given to the Oracle when the Oracle is built, and closed when the run ends."""
     if not getattr(args, "log", None):
         return None
+    from attnprobe.cli.common import writable_folder
     from attnprobe.oracles.querylog import QueryLog
 
+    folder = Path(args.log).parent
+    if not folder.is_dir():  # refused before any query is paid for (SQLite creates no folders)
+        raise ConfigError(f"--log: the folder {folder} does not exist; create it or give another path")
+    writable_folder(folder, "--log")
     args.query_log = QueryLog(args.log, identity=identity(args, chain, source), defences=chain.spec)
     return args.query_log
 
@@ -73,6 +80,9 @@ def _replay_oracle(args, kw):
     log = args.query_log = QueryLog(args.log, readonly=True)
     if args.d is not None and args.d != log.d:
         raise ConfigError(f"--d {args.d} does not match the width d = {log.d} recorded in {args.log}")
+    if getattr(args, "outputs", None) is not None and log.outputs is not None and args.outputs != log.outputs:
+        raise ConfigError(f"--outputs {args.outputs} does not match the {log.outputs} answer(s) per sequence recorded "
+                          f"in {args.log}")
     given = kw.get("chain") or AnswerChain()
     recorded = log.defences()
     if recorded is not None:

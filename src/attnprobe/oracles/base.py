@@ -225,10 +225,13 @@ class Oracle:
             self.detector.observe(y)
         return y
 
-    def _ask_paid(self, X: np.ndarray) -> np.ndarray:
+    def _ask_paid(self, X: np.ndarray, what: str = "missing from the log") -> np.ndarray:
         """Ask the callable for ``X`` with the budget checked for all of it (queries the log cannot answer)."""
-        self.require(len(X), f"a batch of {len(X)} queries missing from the log", paid=True)
+        self.require(len(X), f"a batch of {len(X)} queries {what}", paid=True)
         return self._ask(X)
+
+    def _ask_again(self, X: np.ndarray) -> np.ndarray:
+        return self._ask_paid(X, "re-asked to check that the log is this oracle's")
 
     def _through_log(self, X: np.ndarray) -> np.ndarray:
         """Answers through the log: recorded ones counted in ``queries`` and ``from_log`` (charged to the current
@@ -237,7 +240,7 @@ class Oracle:
         if not log.verified:  # a resumed log: is it this oracle's? (a new or replayed one needs no check)
             if len(log) and not log.readonly:
                 with self.phase("log check"):
-                    log.verify(self._ask_paid, self.noise)
+                    log.verify(self._ask_again, self.noise)
             log.verified = True
         if self._fresh and not log.readonly:
             y = self._ask_paid(X)
