@@ -138,6 +138,7 @@ def _damage(path, sql):
     ("UPDATE meta SET value = 'abc' WHERE key = 'd'", "damaged query log"),
     ("UPDATE answers SET y = 'abc' WHERE n <= 2", "damaged query log"),
     ("UPDATE answers SET y = x'00ff' WHERE n <= 2", "damaged query log"),
+    ("UPDATE answers SET y = 9e999 WHERE n <= 2", "damaged query log"),
     ("UPDATE meta SET value = '99' WHERE key = 'schema'", "another format"),
     ("DROP TABLE answers; CREATE TABLE answers (id INTEGER, text TEXT)", "not a query log of attnprobe"),
     ("UPDATE meta SET value = '3.5' WHERE key = 'd'", "damaged query log"),
