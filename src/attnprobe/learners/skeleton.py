@@ -29,11 +29,8 @@ def _no_progress(done: int, total: int) -> None:
     return None
 
 
-#: learners that read one number per sequence: an oracle answering K > 1 numbers is refused in one line
-SCALAR_METHODS = frozenset({"exact", "lowrank", "nuclear", "robust", "membership", "transformer",
-                            "multihead-orthogonal", "multihead-subspaces", "multihead-generic"})
-SCALAR_HINT = ("an attention layer's whole output row is for the multi-head learner (method multihead), a ReLU "
-               "network with K outputs for the ffn learner (method ffn)")
+#: learners that read one number per sequence (those that start with ``exact.learn_value`` say so there too)
+SCALAR_METHODS = frozenset({"exact", "lowrank", "nuclear", "robust", "membership", "transformer"})
 
 
 class Run:
@@ -58,8 +55,7 @@ class Run:
         self.start = oracle.queries
         self._phase_start = dict(oracle.queries_by_phase)
         if method in SCALAR_METHODS and hasattr(oracle, "expect_scalar"):
-            hint = SCALAR_HINT if not method.startswith("multihead") else SCALAR_HINT.split(", ", 1)[1]
-            oracle.expect_scalar(f"the {method} learner", hint)
+            oracle.expect_scalar(method)  # K > 1 outputs refused in one line, (B, 1) read as (B,)
 
     @property
     def check_queries(self) -> int:

@@ -99,13 +99,13 @@ class Oracle:
         #: outputs per sequence: None until the first answer (scalar answers set 1 and keep the (B,) shape)
         self.outputs = check_int(outputs, "outputs", min_value=1, allow_none=True)
         self._vector = None if outputs is None else True
+        self._scalar: str | None = None  # set by expect_scalar: the learner reading one number per sequence
         self.queries = 0
         self.queries_by_phase: dict[str, int] = {}
         self._phases: list[tuple[str, bool]] = []
         self.log = log
         self.from_log = 0
         self._fresh = 0
-        self._scalar_for: tuple[str, str] | None = None
         self.max_input_norm = max_input_norm
         #: the largest input row norm sent to this oracle so far
         self.max_input_norm_used = 0.0
@@ -223,6 +223,9 @@ class Oracle:
         y = self._ask(X) if self.log is None else self._through_log(X)
         if self.detector is not None:
             self.detector.observe(y)
+        if self._scalar is not None and y.ndim == 2:
+            self._refuse_outputs(y.shape[1])
+            y = y[:, 0]
         return y
 
     def _ask_paid(self, X: np.ndarray, what: str = "missing from the log") -> np.ndarray:
@@ -255,6 +258,20 @@ class Oracle:
         self._check_shape(y, len(X))  # answers all from the log still fix K (a replay asks nothing)
         return y
 
+    def expect_scalar(self, learner: str) -> None:
+        """``learner`` reads one number per sequence: from now on answers of shape (B, 1) come back as (B,), and
+        K > 1 outputs per sequence are refused in one line (asks nothing)."""
+        self._scalar = str(learner)
+        if self.outputs is not None:
+            self._refuse_outputs(self.outputs)
+
+    def _refuse_outputs(self, k: int) -> None:
+        if k != 1:
+            raise OracleAnswerError(f"the oracle {self.name!r} answers {k} outputs per sequence, but the {self._scalar} "
+                                    "learner reads one number per sequence; use a learner for vector answers (the "
+                                    "multi-head learner for an attention layer's whole output row, the ffn learner "
+                                    "for a ReLU network with K outputs), or make the oracle return one output")
+
     def _ask(self, X: np.ndarray) -> np.ndarray:
         B = X.shape[0]
         try:
@@ -282,18 +299,6 @@ class Oracle:
                                     "not finite. Check the target for overflow or lower the probe scale.")
         return y
 
-    def expect_scalar(self, reader: str, hint: str = "") -> None:
-        """Refuse (one :class:`OracleAnswerError`) answers of K > 1 numbers per sequence from now on: ``reader``
-        reads one number per sequence (``hint`` says what reads vectors). Answers of shape (B, 1) pass."""
-        self._scalar_for = (reader, hint)
-        if self.outputs is not None and self.outputs > 1:
-            self._refuse_vector(self.outputs)
-
-    def _refuse_vector(self, k: int) -> None:
-        reader, hint = self._scalar_for
-        raise OracleAnswerError(f"the oracle {self.name!r} answers K = {k} numbers per sequence, but {reader} reads "
-                                f"one number per sequence" + (f"; {hint}" if hint else ""))
-
     def _check_shape(self, y: np.ndarray, B: int) -> None:
         """Answers are (B,) or (B, K); K is fixed by the first answer (or by ``outputs``) and may not change."""
         vector = y.ndim == 2 and y.shape[0] == B and y.shape[1] >= 1
@@ -301,8 +306,6 @@ class Oracle:
             self._vector, self.outputs = False, 1
             return
         if vector and self._vector is not False and (self.outputs is None or y.shape[1] == self.outputs):
-            if self._scalar_for is not None and y.shape[1] > 1:
-                self._refuse_vector(y.shape[1])
             self._vector, self.outputs = True, y.shape[1]
             return
         want = (f"({B},)" if self._vector is False else f"({B}, {self.outputs})" if self.outputs
