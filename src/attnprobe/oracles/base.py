@@ -268,9 +268,9 @@ class Oracle:
     def _refuse_outputs(self, k: int) -> None:
         if k != 1:
             raise OracleAnswerError(f"the oracle {self.name!r} answers {k} outputs per sequence, but the {self._scalar} "
-                                    "learner reads one number per sequence; use a learner for vector answers (the "
-                                    "multi-head learner for an attention layer's whole output row, the ffn learner "
-                                    "for a ReLU network with K outputs), or make the oracle return one output")
+                                    "learner reads one number per sequence; use a learner that reads K outputs per "
+                                    "sequence (the ffn learner for a ReLU network with K outputs), or make the oracle "
+                                    "return one output")
 
     def _ask(self, X: np.ndarray) -> np.ndarray:
         B = X.shape[0]
