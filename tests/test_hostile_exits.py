@@ -134,7 +134,7 @@ def test_sigint_during_reproduce_says_what_was_written(tmp_path):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert p.returncode == 130, err
     assert len(lines) == 1 and "1 file(s) written" in lines[0] and "thm4.1.png" in lines[0], err
-    assert "nothing written" not in lines[0]
+    assert "no result written" not in lines[0]
     assert not (out / "results.json").exists()
 
 
@@ -149,3 +149,18 @@ def test_a_reader_that_leaves_the_pipe_does_not_fail_a_finished_run(tmp_path):
     assert p.returncode == 0 and err == "", err
     assert (tmp_path / "r.npz").exists() and (tmp_path / "r.json").exists()
     assert set(snapshot(tmp_path)) == {"head.npz", "r.npz", "r.json"}
+
+
+def test_sigterm_during_a_logged_extraction_says_the_log_keeps_the_answers(tmp_path):
+    save_model(random_head(96, seed=1), tmp_path / "head.npz")
+    p = _cli("extract", "--target", tmp_path / "head.npz", "--log", tmp_path / "q.sqlite", "--out", tmp_path / "r.npz",
+             "--quiet", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "q.sqlite").exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert p.returncode == 143 and len(lines) == 1, err
+    assert "no result written" in lines[0] and "logged in" in lines[0] and "rerun the same command" in lines[0]
+    assert not (tmp_path / "r.npz").exists()

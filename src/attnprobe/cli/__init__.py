@@ -71,8 +71,8 @@ def _signals_end_the_run():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
-_SIGNAL_ENDINGS = {signal.SIGINT: ("interrupted", "stopped by SIGINT (Ctrl-C); nothing written"),
-                   signal.SIGTERM: ("terminated", "stopped by SIGTERM; nothing written")}
+_SIGNAL_ENDINGS = {signal.SIGINT: ("interrupted", "stopped by SIGINT (Ctrl-C); no result written"),
+                   signal.SIGTERM: ("terminated", "stopped by SIGTERM; no result written")}
 
 
 #: library parameters whose command-line flag is not ``--`` + the parameter name with dashes
@@ -98,12 +98,12 @@ def flag_message(parser, args, exc: Exception) -> str:
 
 
 def _written(args, message: str) -> str:
-    """``message`` with "nothing written" replaced by what an interrupted run did write (``args.written``)."""
+    """``message`` with "no result written" replaced by what an interrupted run did write (``args.written``)."""
     paths = getattr(args, "written", None)
-    if not paths or "nothing written" not in message:
+    if not paths or "no result written" not in message:
         return message
     folders = sorted({str(p.parent) for p in paths})
-    return message.replace("nothing written", f"{len(paths)} file(s) written before it stopped (in "
+    return message.replace("no result written", f"{len(paths)} file(s) written before it stopped (in "
                            f"{', '.join(folders)}: {', '.join(p.name for p in paths[:3])}"
                            f"{', ...' if len(paths) > 3 else ''}); the run is incomplete")
 
