@@ -80,11 +80,17 @@ def _precision_named(oracle, stage: str, value_error=None):
     except (RecoveryError, SaturationError, UnidentifiableError) as exc:
         if not _coarse(oracle, value_error) or getattr(exc, "precision_named", False):
             raise
-        err = RecoveryError(f"the answers are too coarse for the generic multi-head learner: {precision_said(oracle, value_error)}; "
-                            f"its {stage} stage could not separate the heads ({type(exc).__name__}). The saturated "
-                            "probes need float64 answers without noise; declare the precision if it is known")
-        err.precision_named = True
-        raise err from exc
+        raise precision_error(f"the answers are too coarse for the generic multi-head learner: "
+                              f"{precision_said(oracle, value_error)}; its {stage} stage could not separate the heads "
+                              f"({type(exc).__name__}). The saturated probes need float64 answers without noise; "
+                              "declare the precision if it is known") from exc
+
+
+def precision_error(message: str) -> RecoveryError:
+    """A refusal whose cause is the answers' precision (``precision_named``: no other learner is tried)."""
+    err = RecoveryError(message)
+    err.precision_named = True
+    return err
 
 
 def _heads_found(H, d, heads, max_heads, notes):
@@ -165,9 +171,9 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
                      f"the saturated probes; {oracle.precision} rounding alone is {unit_roundoff(oracle.precision):.0e}): used as "
                      "their rounding floor, and by the check's tolerance")
     if verr > VALUE_ERROR_LIMIT:
-        raise RecoveryError(f"the answers are too coarse for the generic multi-head learner: "
-                            f"{precision_said(oracle, verr)} (> {VALUE_ERROR_LIMIT:.0e}): every isolated head would "
-                            f"carry the other heads' leak of that size; refused after {run.queries} queries")
+        raise precision_error(f"the answers are too coarse for the generic multi-head learner: "
+                              f"{precision_said(oracle, verr)} (> {VALUE_ERROR_LIMIT:.0e}): every isolated head would "
+                              f"carry the other heads' leak of that size; refused after {run.queries} queries")
     rest = _planned_rest(d, H, rank, bias) + (head_check_queries(H) if check else 0)
     run.plan(rest, f"generic multi-head extraction at d={d}, H={H} (isolated and cross stages, per-head check)",
              at_least=True)

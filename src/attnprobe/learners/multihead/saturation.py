@@ -67,7 +67,12 @@ class _Circle:
     def __init__(self, oracle, y, z0, z1, base, gain):
         self.oracle, self.y, self.z0, self.z1, self.base = oracle, y, z0, z1, base
         self.gain = gain  # a bound on ‖g‖ for the rounding tolerances (‖Σ_h v_h‖ until the heads are known)
-        self.tol = max(LABEL_TOL, 1e5 * oracle.eps)  # relative agreement of answers on one cone
+
+    @property
+    def tol(self) -> float:
+        """Relative agreement of answers on one cone, at the answers' precision as known now (an ``auto`` oracle
+        may only read it from the answers of this stage)."""
+        return max(LABEL_TOL, 1e5 * self.oracle.eps)
 
     def point(self, theta, T):
         th = np.atleast_1d(theta)
@@ -213,11 +218,12 @@ def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7, max_crossings=None
     the midpoint of an interval joins the side whose label predicts its answer, otherwise it gets its own
     label (or none, inside a transition). Intervals narrower than ``resolution`` with different sides are
     the crossings (several heads whose crossings are closer than that come out merged). Every open interval
-    holds a crossing, so more than ``max_crossings`` (default d) of them at once ends the search with
-    :class:`RecoveryError` instead of bisecting answers that are not piecewise linear.
+    holds a crossing, so more than ``4·max_crossings + 2·grid`` intervals and crossings (``max_crossings``
+    defaults to d/2: more heads cannot be separated anyway) end the search with :class:`RecoveryError` instead of
+    bisecting answers that are not piecewise linear.
     """
     d = circle.z0.size
-    cap = 4 * (d if max_crossings is None else max_crossings) + 2 * grid
+    cap = 4 * (max(1, d // 2) if max_crossings is None else max_crossings) + 2 * grid
     th = np.linspace(0.0, np.pi, grid + 1)[:-1] + np.pi / (2 * grid)
     lab, ok = _labels(circle, th, T, np.pi / (16 * grid))
     pts = [(t, l) for t, l, k in zip(th, lab, ok) if k]
@@ -234,9 +240,10 @@ def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7, max_crossings=None
     pending = [(p[0], p[1], q[0], q[1]) for p, q in zip(pts, pts[1:]) if np.linalg.norm(p[1] - q[1]) > tol * scale]
     crossings = []
     while pending:
-        if len(pending) > cap:
+        tol = circle.tol
+        if len(pending) + len(crossings) > cap:
             raise RecoveryError(f"the saturated answers change their linear piece more than {cap} times on the probe "
-                                f"circle (at most {cap // 4 - grid // 2} heads expected): they are not a sum of "
+                                f"circle (at most {(cap - 2 * grid) // 4} heads expected): they are not a sum of "
                                 "saturated heads at the answers' precision; stopped after "
                                 f"{circle.oracle.queries} queries instead of bisecting noise")
         mids = np.array([(lo + hi) / 2 for lo, _, hi, _ in pending])
@@ -306,13 +313,17 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
     T, noise = saturate_radius(circle, rng, oracle.eps, start=max(1.0, float(np.linalg.norm(y))), max_radius=top)
     if noise is not None:
         oracle.raise_floor(noise)
-        circle.tol = max(LABEL_TOL, 1e5 * oracle.eps)
     T *= RADIUS_MARGIN  # transitions far narrower than the resolution of the search
     confirm_radius(circle, rng, T, oracle.eps)
     cross, scale = find_crossings(circle, T, v_sum, grid, resolution, max_crossings)
     if cross.size == 0:
         raise UnidentifiableError("the saturated answers are linear in the probe: no head's attention depends on it "
                                   "(every W_h y + u_h = 0), so the heads cannot be told apart")
+    most = 2 * (max(1, d // 2) if max_crossings is None else max_crossings) + 4
+    if cross.size > most:  # each cone's gradient costs 2d + 2 queries: do not pay for search debris
+        raise RecoveryError(f"the saturated probe circle shows {cross.size} crossings, more than {most} for the heads "
+                            "that can be separated: the answers are not a sum of saturated heads at their precision "
+                            f"({oracle.precision}); stopped after {oracle.queries - start} queries")
     # cones between consecutive crossings on the circle (the first wraps around θ = 0); a cone whose centre is
     # not saturated lies inside a transition (search debris): drop it, its neighbours' jump covers it
     lo = np.concatenate([[cross[-1] - np.pi], cross[:-1]])
