@@ -300,6 +300,10 @@ def test_max_input_norm_is_respected_or_refused_up_front():
     with pytest.raises(SaturationError, match="norm at most 1e\\+06.*need norms of at least"):
         extract_generic(oracle)
     assert oracle.queries == 0
+    oracle.max_input_norm = 1e9  # room for radius 40 only; this layer saturates at radius 1e4
+    with pytest.raises(SaturationError, match="max_input_norm = 1e\\+09 lets the saturated probes") as err:
+        extract_generic(oracle)
+    assert "W_h y + u_h" not in str(err.value)
     sent = []
     oracle = Oracle(lambda X: (sent.append(float(np.max(np.linalg.norm(X, axis=2)))), target(X))[1], 12)
     oracle.max_input_norm = 1e12

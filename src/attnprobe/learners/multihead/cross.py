@@ -129,8 +129,9 @@ def cross_components(oracle, v, v_sum, c, WP, uP, *, bias, rng, max_retries=6):
             todo = bad
         if todo.size:
             raise RecoveryError(f"could not switch the other heads off around head {h} ({todo.size} last tokens "
-                                "saturated or unstable after retries); the heads' logits are too large for the "
-                                "probe scales")
+                                "saturated or unstable after retries): the answers are less precise than their "
+                                f"declared {oracle.precision} (undeclared rounding or noise?), or the heads' logits "
+                                "are too large for the probe scales")
         if bias:
             u_cross[h] = C @ T[0]
             M = (T[1:] - T[0]) / s_y
