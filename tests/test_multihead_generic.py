@@ -363,3 +363,12 @@ def test_cli_multihead_refusals_name_the_cause_in_one_line(tmp_path, monkeypatch
         assert len(lines) == 1 and message in lines[0], err
         assert not any(w in lines[0] for w in ("seed", "rank", "bias=", "W_h y + u_h = 0"))
         assert not (tmp_path / "x.npz").exists()
+
+
+def test_values_stage_plan_is_a_lower_bound():
+    from attnprobe.learners.multihead.generic import _planned_values
+
+    for d, H, tied in [(8, 3, 3), (8, 3, 2), (16, 2, None), (12, 3, None)]:
+        target = shared_attention_multihead(d, H, tied=tied, seed=0) if tied else random_multihead(d, H, seed=0)
+        res = extract_generic(Oracle(target, d), seed=0)
+        assert _planned_values(d) <= res.queries_by_phase["values"]

@@ -56,6 +56,12 @@ def _planned_rest(d, H, rank, bias):
     return H * (lowrank_queries(d, r, 0, 0 if rank else 2, bias) + 2 * H * (min(r, d) + 1))
 
 
+def _planned_values(d):
+    """The least the values stage costs (one head): length-1 queries, one radius step and its confirmation (12
+    each), the labelled grid (24) and two cone gradients (2d + 2 each); the crossing search comes on top."""
+    return (d + 1) + 12 + 12 + 24 + 2 * (2 * d + 2)
+
+
 def _coarse(oracle, value_error=None) -> bool:
     """Answers coarser than float64 rounding, declared noisy, or value vectors measured no better than 1e-8."""
     return oracle.eps > 1e-13 or not oracle.noise.exact or (value_error is not None and value_error > 1e-8)
@@ -159,7 +165,7 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
     run = Run(oracle, METHOD, seed=seed, check=check, progress=progress)
     rng = run.rng
     notes: list[str] = []
-    run.plan(d + 1 + 4 * d, f"generic multi-head extraction at d={d} (values stage)", at_least=True)
+    run.plan(_planned_values(d), f"generic multi-head extraction at d={d} (values stage)", at_least=True)
     with run.phase("values"), _precision_named(oracle, "values"):
         v_sum, c, _ = learn_value(oracle, bias, "multi-head")  # length 1: [0] ↦ c, [e_i] ↦ (Σ_h v_h)_i + c
         y = rng.standard_normal(d) / np.sqrt(d)
