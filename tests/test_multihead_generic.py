@@ -372,3 +372,15 @@ def test_values_stage_plan_is_a_lower_bound():
         target = shared_attention_multihead(d, H, tied=tied, seed=0) if tied else random_multihead(d, H, seed=0)
         res = extract_generic(Oracle(target, d), seed=0)
         assert _planned_values(d) <= res.queries_by_phase["values"]
+
+
+@pytest.mark.parametrize("noise", ["gaussian:1e-9", "gaussian:1e-7", "avq:1e-8"])
+def test_declared_answer_noise_reaches_the_cross_stage(noise):
+    """Declared noise sets the cross stage's switch-off tolerance (fresh 1e-9 noise used to be refused)."""
+    from attnprobe.oracles.wrappers import wrap_oracle
+
+    target = random_multihead(16, 2, seed=0)
+    oracle = Oracle(target, 16)
+    wrap_oracle(oracle, noise=noise, seed=1)
+    res = extract_generic(oracle, seed=0)
+    assert res.check.passed and _true_worst(target, res) <= res.check.error
