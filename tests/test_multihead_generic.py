@@ -277,7 +277,7 @@ def test_undeclared_relative_noise_is_measured_and_named(rel):
 
 
 def test_clipped_inputs_are_detected_and_named():
-    from attnprobe.errors import SaturationError
+    from attnprobe.errors import InputNormError
 
     target = random_multihead(12, 2, seed=0)
 
@@ -286,7 +286,7 @@ def test_clipped_inputs_are_detected_and_named():
         return target(X * np.minimum(1.0, 1e6 / np.maximum(n, 1e-300)))
 
     oracle = Oracle(clipped, 12)
-    with pytest.raises(SaturationError, match="clips or normalises its input rows") as err:
+    with pytest.raises(InputNormError, match="clips inputs at norm ≈ 1e\\+06") as err:
         extract_generic(oracle)
     assert "\n" not in str(err.value) and "W_h y + u_h" not in str(err.value)
 
@@ -342,7 +342,7 @@ def column(X):
 
 
 @pytest.mark.parametrize("attr, dtype, code, message", [
-    ("clipped", None, 2, "clips or normalises its input rows"),
+    ("clipped", None, 2, "clips inputs at norm ≈ 1e+06"),
     (None, "float16", 2, "float16 answers overflow for inputs of norm above about 256"),
     ("column", None, 0, None),
 ])
@@ -377,10 +377,9 @@ def test_values_stage_plan_is_a_lower_bound():
 @pytest.mark.parametrize("noise", ["gaussian:1e-9", "gaussian:1e-7", "avq:1e-8"])
 def test_declared_answer_noise_reaches_the_cross_stage(noise):
     """Declared noise sets the cross stage's switch-off tolerance (fresh 1e-9 noise used to be refused)."""
-    from attnprobe.oracles.wrappers import wrap_oracle
+    from attnprobe.oracles.chain import AnswerChain
 
     target = random_multihead(16, 2, seed=0)
-    oracle = Oracle(target, 16)
-    wrap_oracle(oracle, noise=noise, seed=1)
+    oracle = Oracle(target, 16, chain=AnswerChain(noise=noise, seed=1))
     res = extract_generic(oracle, seed=0)
     assert res.check.passed and _true_worst(target, res) <= res.check.error

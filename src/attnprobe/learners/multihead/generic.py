@@ -126,7 +126,7 @@ def _isolated(run, stage, rank, bias):
     WP, uP, ranks = np.empty((H, d, d)), np.empty((H, d)), []
     for h in range(H):
         iso = isolated_oracle(oracle, v, h, v_sum)
-        iso.raise_floor(min(stage.leak, LEAK_FLOOR_CAP))  # the other heads' leak counts as rounding
+        iso.eps_floor = max(oracle.eps_floor, min(stage.leak, LEAK_FLOOR_CAP))  # the other heads' leak: rounding
         r_h = None if rank is None else min(int(rank), d - H + 1)
         # oversampling averages the answers' rounding: chosen for their precision, not for the leak floor
         res = extract_lowrank(iso, rank=r_h, oversample=default_oversample(oracle), bias=bias,
@@ -166,7 +166,7 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
     rng = run.rng
     notes: list[str] = []
     run.plan(_planned_values(d), f"generic multi-head extraction at d={d} (values stage)", at_least=True)
-    with run.phase("values"), _precision_named(oracle, "values"):
+    with run.phase("values", absorb=True), _precision_named(oracle, "values"):  # absorb: the input-bound check
         v_sum, c, _ = learn_value(oracle, bias, "multi-head")  # length 1: [0] ↦ c, [e_i] ↦ (Σ_h v_h)_i + c
         y = rng.standard_normal(d) / np.sqrt(d)
         stage = saturated_values(oracle, y, v_sum, c + y @ v_sum, rng, max_crossings=heads or max_heads)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnprobe.learners.sigmoid import invert_two_row
+from attnprobe.learners.sigmoid import RoundingError, invert_two_row
 
 SWITCH_OFF_LOGIT = 40.0
 #: the reported bound is this multiple of the estimate (a mean of n squared random projections): with n = 16 it
@@ -77,7 +77,7 @@ def check_heads(oracle, model, rng, n: int = PROBES_PER_HEAD) -> HeadCheck:
         X[:, 1] = y
         ans = oracle(X)
         y0 = model.c + y @ v_sum
-        lg = invert_two_row(ans[:n], y0[:n], y0[:n] + Z0 @ model.v[h], oracle.eps)
+        lg = invert_two_row(ans[:n], y0[:n], y0[:n] + Z0 @ model.v[h], RoundingError(oracle.eps))
         miss_l = np.where(lg.saturated, np.inf, np.abs(lg.values - np.einsum("nd,nd->n", Z0, p_h)))
         miss_v = np.abs(ans[n:] - y0[n:] - Z1 @ model.v[h])
         rp = np.sqrt(np.mean(miss_l**2 * d / np.sum(Z0**2, axis=1)))

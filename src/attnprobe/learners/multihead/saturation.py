@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attnprobe.errors import AttnprobeError, RecoveryError, SaturationError, UnidentifiableError
+from attnprobe.oracles.input_bound import refuse_clipping
 
 #: |logit| above which σ is 0 or 1 to float64 rounding (σ(−40) = 4e-18)
 SATURATED_LOGIT = 40.0
@@ -129,24 +130,14 @@ def _relative_residual(F1, F2, mag):
     return np.abs(F2 - 2 * F1) / (np.abs(F2) + mag)
 
 
-def _refuse_clipping(circle, F1, F2, T):
-    """Answers that do not grow when the probe doubles come from an oracle that clips or normalises its inputs
-    (judged where F is above rounding: in the all-heads-off cone F is 0 at any norm)."""
-    sig = np.abs(F1) > 1e3 * circle.oracle.eps * (abs(circle.base) + circle.gain)
-    if 2 * np.sum(sig) >= sig.size and np.all(np.abs(F2 - F1)[sig] <= 1e-3 * np.abs(F1)[sig]):
-        raise SaturationError(f"the answers stop growing with the input: doubling probes of norm {T:.1e} leaves them "
-                              "unchanged, so the oracle clips or normalises its input rows (at a norm "
-                              f"≤ {T:.1e}); the saturated probes of the generic multi-head learner cannot pass such a "
-                              "bound (declare it as the oracle's max_input_norm to be refused before querying)")
-
-
 def confirm_radius(circle, rng, T, eps, n_points=6):
     """The search radius (``RADIUS_MARGIN`` beyond the first saturated one) must still be homogeneous: an oracle
-    that clips, normalises or overflows large inputs is refused here, naming that (2·n_points queries)."""
+    that clips its rows is refused by :func:`refuse_clipping` (its length-1 answers, ~15 queries), one that changes
+    large inputs otherwise (normalises, overflows) here (2·n_points queries)."""
+    refuse_clipping(circle.oracle, PROBE_GROWTH * T)
     P = circle.point(rng.uniform(0, np.pi, n_points), T)
     F = circle.F(np.concatenate([P, 2 * P]))
     F1, F2 = F[:n_points], F[n_points:]
-    _refuse_clipping(circle, F1, F2, T)
     if not np.all(_homogeneous(F1, F2, eps, 2 * T * circle.gain)):
         res = float(np.max(_relative_residual(F1, F2, 2 * T * circle.gain)))
         raise SaturationError(f"the answers were homogeneous in the probe at a smaller norm but not at {T:.1e} "
@@ -159,8 +150,8 @@ def saturate_radius(circle, rng, eps, n_points=6, start=1.0, grow=100.0, max_rad
 
     Returns ``(T, noise)``. When ``F(2w) − 2F(w)`` stops shrinking as T grows (a plateau of relative size
     ``noise`` ≥ 64 eps, below 1e-6), the answers carry noise or rounding of that size: the radius is accepted and
-    the caller raises its rounding floor to ``noise`` (otherwise noise is ``None``). Answers that stop growing
-    with the probe (``F(2w) = F(w)``) come from an oracle that clips or normalises its inputs: refused, said so.
+    the caller raises its rounding floor to ``noise`` (otherwise noise is ``None``). When no radius works, an
+    oracle that clips its rows is named as the cause (:func:`refuse_clipping`) before anything else.
     """
     thetas = rng.uniform(0, np.pi, n_points)
     T = start
@@ -171,12 +162,12 @@ def saturate_radius(circle, rng, eps, n_points=6, start=1.0, grow=100.0, max_rad
         F1, F2 = F[:n_points], F[n_points:]
         if np.all(_homogeneous(F1, F2, eps, 2 * T * circle.gain)):
             return T, None
-        _refuse_clipping(circle, F1, F2, T)
         res = float(np.max(_relative_residual(F1, F2, 2 * T * circle.gain)))
         if last is not None and 64 * eps < res < 1e-6 and last < 1e-6 and res > last / 30:
             return T, 4 * max(res, last)  # a plateau: what is left is the answers' noise, not the sigmoids' tails
         last = res
         T *= grow
+    refuse_clipping(circle.oracle, 2 * T / grow)
     bound = getattr(circle.oracle, "max_input_norm", None)
     if max_radius < 1e15 and bound is not None:
         raise SaturationError(f"the oracle's max_input_norm = {bound:.3g} lets the saturated probes search radii up to "
@@ -317,7 +308,7 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
     top = min(1e15, input_norm_limit(oracle) / PROBE_GROWTH / RADIUS_MARGIN)
     T, noise = saturate_radius(circle, rng, oracle.eps, start=max(1.0, float(np.linalg.norm(y))), max_radius=top)
     if noise is not None:
-        oracle.raise_floor(noise)
+        oracle.eps_floor = max(oracle.eps_floor, noise)
     T *= RADIUS_MARGIN  # transitions far narrower than the resolution of the search
     confirm_radius(circle, rng, T, oracle.eps)
     cross, scale = find_crossings(circle, T, v_sum, grid, resolution, max_crossings)
