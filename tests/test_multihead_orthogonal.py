@@ -195,3 +195,14 @@ def test_auto_does_not_fall_back_on_a_precision_refusal_or_a_wide_layer(monkeypa
     with pytest.raises(RecoveryError, match="too coarse|generic failed"):
         extract_multihead(oracle)
     assert oracle.queries == 5
+
+
+def test_auto_does_not_fall_back_past_an_input_bound_refused_up_front():
+    """A max_input_norm too small for the saturated probes is refused before any query, by auto too."""
+    from attnprobe.errors import SaturationError
+
+    m, _ = random_orthogonal_multihead(8, 2, 4, seed=0)
+    oracle = Oracle(m, 8, max_input_norm=1e6)
+    with pytest.raises(SaturationError, match="norm at most 1e\\+06"):
+        extract_multihead(oracle)
+    assert oracle.queries == 0

@@ -66,7 +66,7 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
         return gen(oracle, heads=heads, max_heads=max_heads, rank=rank, bias=bias, seed=seed, check=check,
                    progress=progress)
     except (RecoveryError, SaturationError) as exc:
-        if not fallback or rank is not None or getattr(exc, "precision_named", False):
+        if not fallback or rank is not None or getattr(exc, "cause_named", False):
             raise
         return _orthogonal_after(exc, oracle, oracle.queries - before, heads=heads, max_heads=max_heads, bias=bias, seed=seed, check=check,
                                  progress=progress)

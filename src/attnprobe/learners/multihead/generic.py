@@ -79,12 +79,12 @@ def precision_said(oracle, value_error=None) -> str:
 
 
 @contextmanager
-def _precision_named(oracle, stage: str, value_error=None):
+def _blamed_on_precision(oracle, stage: str, value_error=None):
     """A stage that fails on coarse answers fails because of them: say so instead of the stage's guess."""
     try:
         yield
     except (RecoveryError, SaturationError, UnidentifiableError) as exc:
-        if not _coarse(oracle, value_error) or getattr(exc, "precision_named", False):
+        if not _coarse(oracle, value_error) or getattr(exc, "cause_named", False):
             raise
         raise precision_error(f"the answers are too coarse for the generic multi-head learner: "
                               f"{precision_said(oracle, value_error)}; its {stage} stage could not separate the heads "
@@ -93,9 +93,9 @@ def _precision_named(oracle, stage: str, value_error=None):
 
 
 def precision_error(message: str) -> RecoveryError:
-    """A refusal whose cause is the answers' precision (``precision_named``: no other learner is tried)."""
+    """A refusal whose cause is the answers' precision (``cause_named``: no other learner is tried)."""
     err = RecoveryError(message)
-    err.precision_named = True
+    err.cause_named = True
     return err
 
 
@@ -166,7 +166,7 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
     rng = run.rng
     notes: list[str] = []
     run.plan(_planned_values(d), f"generic multi-head extraction at d={d} (values stage)", at_least=True)
-    with run.phase("values", absorb=True), _precision_named(oracle, "values"):  # absorb: the input-bound check
+    with run.phase("values", absorb=True), _blamed_on_precision(oracle, "values"):  # absorb: the input-bound check
         v_sum, c, _ = learn_value(oracle, bias, "multi-head")  # length 1: [0] ↦ c, [e_i] ↦ (Σ_h v_h)_i + c
         y = rng.standard_normal(d) / np.sqrt(d)
         stage = saturated_values(oracle, y, v_sum, c + y @ v_sum, rng, max_crossings=heads or max_heads)
@@ -184,9 +184,9 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
     run.plan(rest, f"generic multi-head extraction at d={d}, H={H} (isolated and cross stages, per-head check)",
              at_least=True)
     run.report(run.queries + rest)
-    with run.phase("isolated"), _precision_named(oracle, "isolated-head", verr):
+    with run.phase("isolated"), _blamed_on_precision(oracle, "isolated-head", verr):
         WP, uP, head_rank = _isolated(run, stage, rank, bias)
-    with run.phase("cross"), _precision_named(oracle, "cross", verr):
+    with run.phase("cross"), _blamed_on_precision(oracle, "cross", verr):
         Wx, ux, info = cross_components(oracle, stage.v, v_sum, c, WP, uP, bias=bias, rng=rng)
     model = MultiHeadAttention(WP + Wx, stage.v, uP + ux, c)
     details = {"heads": H, "bias": bias, "seed": seed, "rank_given": rank, "isolated_rank": head_rank,

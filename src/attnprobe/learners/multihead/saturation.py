@@ -104,15 +104,18 @@ def input_norm_limit(oracle, *, precision: bool = True) -> float:
     if top ** 0.5 < need:  # logits are products of two rows: they overflow at the square root
         err = SaturationError(f"{oracle.precision} answers overflow for inputs of norm above about {top ** 0.5:.3g} "
                               f"(logits are products of two rows, the largest {oracle.precision} is {top:.6g}), but "
-                              f"the generic multi-head learner's saturated probes need norms of at least {need:.0e}: "
+                              f"the generic multi-head learner's saturated probes need norms of at least {need:.1e}: "
                               "the answers are too coarse for it")
-        err.precision_named = True  # already the cause: not to be reworded as a failed stage
+        err.cause_named = True  # already the cause: not to be reworded as a failed stage
         raise err
     if limit < need:
-        raise SaturationError(f"the oracle accepts input rows of norm at most {limit:.3g}, but the generic multi-head "
-                              f"learner's saturated probes need norms of at least {need:.0e} (typically 1e10 … 1e13) "
-                              "to tell the heads apart from scalar answers; raise the oracle's input-norm bound, or "
-                              "use a learner for vector answers if the oracle returns whole output rows")
+        err = SaturationError(f"the oracle accepts input rows of norm at most {limit:.3g}, but the generic multi-head "
+                              f"learner's saturated probes need norms of at least {need:.1e} (typically 1e10 … 1e13) "
+                              "to tell the heads apart from scalar answers; raise the oracle's input-norm bound, use "
+                              "a learner for vector answers if the oracle returns whole output rows, or method "
+                              "'orthogonal' (small probes) if the heads live in orthogonal subspaces")
+        err.cause_named = True  # refused before any query: no other learner is tried behind the user's back
+        raise err
     return limit
 
 
