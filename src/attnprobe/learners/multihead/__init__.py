@@ -68,8 +68,8 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
     except (RecoveryError, SaturationError) as exc:
         if not fallback or rank is not None or getattr(exc, "cause_named", False):
             raise
-        return _orthogonal_after(exc, oracle, oracle.queries - before, heads=heads, max_heads=max_heads, bias=bias, seed=seed, check=check,
-                                 progress=progress)
+        return _orthogonal_after(exc, oracle, oracle.queries - before, heads=heads, max_heads=max_heads, bias=bias,
+                                 seed=seed, check=check, progress=progress)
 
 
 def _orthogonal_after(exc, oracle, spent, *, max_heads, **kw):

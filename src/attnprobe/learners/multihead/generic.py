@@ -36,7 +36,7 @@ from attnprobe.learners.multihead.headcheck import check_heads, head_check_queri
 from attnprobe.learners.multihead.isolation import isolated_oracle
 from attnprobe.learners.multihead.saturation import input_norm_limit, saturated_values
 from attnprobe.learners.skeleton import Run
-from attnprobe.models.precision import unit_roundoff
+from attnprobe.models.precision import machine_epsilon
 
 METHOD = "multihead-generic"
 #: the other heads leak into an isolated head through the errors of v̂ (relative size ``ValueStage.leak``); the
@@ -70,7 +70,7 @@ def _coarse(oracle, value_error=None) -> bool:
 def precision_said(oracle, value_error=None) -> str:
     """One phrase naming the answers' precision and noise as measured or declared."""
     noise = oracle.noise
-    said = f"{oracle.precision} answers (unit roundoff {oracle.eps:.1e})"
+    said = f"{oracle.precision} answers (machine epsilon {oracle.eps:.1e})"
     if not noise.exact:
         said += f", declared noise: relative {noise.rel_eps:.1e}, absolute {noise.tolerance:.1e}, σ {noise.sigma:.1e}"
     if value_error is not None:
@@ -173,9 +173,10 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
     H, verr = stage.v.shape[0], stage.details["value_error"]
     _heads_found(H, d, heads, max_heads, notes)
     if stage.details["measured_noise"] is not None:
+        alone = machine_epsilon(oracle.precision)
         notes.append(f"the answers carry relative noise of about {stage.details['measured_noise']:.1e} (measured on "
-                     f"the saturated probes; {oracle.precision} rounding alone is {unit_roundoff(oracle.precision):.0e}): used as "
-                     "their rounding floor, and by the check's tolerance")
+                     f"the saturated probes; {oracle.precision} rounding alone is {alone:.0e}): used as their "
+                     "rounding floor, and by the check's tolerance")
     if verr > VALUE_ERROR_LIMIT:
         raise precision_error(f"the answers are too coarse for the generic multi-head learner: "
                               f"{precision_said(oracle, verr)} (> {VALUE_ERROR_LIMIT:.0e}): every isolated head would "

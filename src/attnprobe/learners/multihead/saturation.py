@@ -176,10 +176,11 @@ def saturate_radius(circle, rng, eps, n_points=6, start=1.0, grow=100.0, max_rad
         raise SaturationError(f"the oracle's max_input_norm = {bound:.3g} lets the saturated probes search radii up to "
                               f"{max_radius:.1e} only (they need {RADIUS_MARGIN:.0e}× the first saturated radius), "
                               f"and up to radius {T / grow:.0e} the answers were not yet saturated (F(2w) − 2F(w) at "
-                              f"{last:.1e} of the answers); raise the bound to about {PROBE_GROWTH * RADIUS_MARGIN * T:.0e}")
+                              f"{last:.1e} of the answers); raise the bound to about "
+                              f"{PROBE_GROWTH * RADIUS_MARGIN * T:.0e}")
     if last is not None and last < 1e-6:
-        raise SaturationError(f"the answers are not homogeneous in the probe up to radius {T / grow:.0e}: F(2w) − 2F(w) "
-                              f"stays at {last:.1e} of the answers, above the {eps:.1e} rounding of their precision: "
+        raise SaturationError(f"the answers are not homogeneous in the probe up to radius {T / grow:.0e}: "
+                              f"F(2w) − 2F(w) stays at {last:.1e} of the answers, above the {eps:.1e} rounding of their precision: "
                               "noise or rounding of that relative size hides the saturated regime")
     raise SaturationError(f"the answers never became homogeneous in the probe up to radius {T / grow:.0e} "
                           f"(F(2w) − 2F(w) at {last:.1e} of the answers): some head's logits do not grow with the "
