@@ -30,7 +30,7 @@ import numpy as np
 
 from attnprobe.errors import ConfigError, RecoveryError, SaturationError, UnidentifiableError
 from attnprobe.learners.exact import learn_value
-from attnprobe.learners.lowrank import default_oversample, extract_lowrank, lowrank_queries
+from attnprobe.learners.lowrank import FLOAT32_OVERSAMPLE, default_oversample, extract_lowrank, lowrank_queries
 from attnprobe.learners.multihead.cross import cross_components
 from attnprobe.learners.multihead.headcheck import check_heads, head_check_queries
 from attnprobe.learners.multihead.isolation import isolated_oracle
@@ -128,8 +128,9 @@ def _isolated(run, stage, rank, bias):
         iso = isolated_oracle(oracle, v, h, v_sum)
         iso.eps_floor = max(oracle.eps_floor, min(stage.leak, LEAK_FLOOR_CAP))  # the other heads' leak: rounding
         r_h = None if rank is None else min(int(rank), d - H + 1)
-        # oversampling averages the answers' rounding: chosen for their precision, not for the leak floor
-        res = extract_lowrank(iso, rank=r_h, oversample=default_oversample(oracle), bias=bias,
+        # oversampling averages the answers' rounding and noise: chosen for them, not for the leak floor
+        over = default_oversample(oracle) if stage.details["measured_noise"] is None else FLOAT32_OVERSAMPLE
+        res = extract_lowrank(iso, rank=r_h, oversample=over, bias=bias,
                               seed=int(rng.integers(2**31)), check=False, certificate=0)
         P = iso.fn.P
         WP[h] = P @ res.model.W
