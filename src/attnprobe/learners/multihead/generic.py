@@ -126,7 +126,7 @@ def _isolated(run, stage, rank, bias):
     WP, uP, ranks = np.empty((H, d, d)), np.empty((H, d)), []
     for h in range(H):
         iso = isolated_oracle(oracle, v, h, v_sum)
-        iso.eps_floor = max(oracle.eps_floor, min(stage.leak, LEAK_FLOOR_CAP))  # the other heads' leak: rounding
+        iso.eps_floor = max(iso.eps_floor, oracle.eps_floor, min(stage.leak, LEAK_FLOOR_CAP))  # the leak: rounding
         r_h = None if rank is None else min(int(rank), d - H + 1)
         # oversampling averages the answers' rounding and noise: chosen for them, not for the leak floor
         over = default_oversample(oracle) if stage.details["measured_noise"] is None else FLOAT32_OVERSAMPLE

@@ -312,7 +312,7 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
     top = min(1e15, input_norm_limit(oracle) / PROBE_GROWTH / RADIUS_MARGIN)
     T, noise = saturate_radius(circle, rng, oracle.eps, start=max(1.0, float(np.linalg.norm(y))), max_radius=top)
     if noise is not None:
-        oracle.eps_floor = max(oracle.eps_floor, noise)
+        oracle.eps_floor = max(oracle.eps_floor, float(noise))  # the measured noise is the answers' floor
     T *= RADIUS_MARGIN  # transitions far narrower than the resolution of the search
     confirm_radius(circle, rng, T, oracle.eps)
     cross, scale = find_crossings(circle, T, v_sum, grid, resolution, max_crossings)
