@@ -383,3 +383,17 @@ def test_declared_answer_noise_reaches_the_cross_stage(noise):
     oracle = Oracle(target, 16, chain=AnswerChain(noise=noise, seed=1))
     res = extract_generic(oracle, seed=0)
     assert res.check.passed and _true_worst(target, res) <= res.check.error
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layer", range(6))
+def test_float32_minilm_layers_are_refused_naming_the_precision(layer):
+    """Scalar float32 answers of every real MiniLM-L6 layer: refused in one line that names the precision and the
+    value error it left, never a rank, a seed or a bias (run: pytest -m slow)."""
+    from attnprobe.errors import RecoveryError
+    from attnprobe.targets.minilm import minilm_layer
+
+    target = minilm_layer(layer, 0, dtype="float32")
+    with pytest.raises(RecoveryError, match="too coarse.*float32 answers.*value vectors only to") as err:
+        extract_generic(Oracle(target, 384, precision="float32"), rank=32)
+    assert not any(w in str(err.value) for w in ("seed", "rank", "bias="))
