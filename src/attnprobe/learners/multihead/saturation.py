@@ -180,8 +180,8 @@ def saturate_radius(circle, rng, eps, n_points=6, start=1.0, grow=100.0, max_rad
                               f"{PROBE_GROWTH * RADIUS_MARGIN * T:.0e}")
     if last is not None and last < 1e-6:
         raise SaturationError(f"the answers are not homogeneous in the probe up to radius {T / grow:.0e}: "
-                              f"F(2w) − 2F(w) stays at {last:.1e} of the answers, above the {eps:.1e} rounding of their precision: "
-                              "noise or rounding of that relative size hides the saturated regime")
+                              f"F(2w) − 2F(w) stays at {last:.1e} of the answers, above the {eps:.1e} rounding of "
+                              "their precision: noise or rounding of that relative size hides the saturated regime")
     raise SaturationError(f"the answers never became homogeneous in the probe up to radius {T / grow:.0e} "
                           f"(F(2w) − 2F(w) at {last:.1e} of the answers): some head's logits do not grow with the "
                           "probe (W_h y + u_h = 0?), so the saturated regime that separates the heads cannot be "
