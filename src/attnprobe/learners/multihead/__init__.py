@@ -13,14 +13,10 @@ from attnprobe.errors import AttnprobeError, ConfigError, RecoveryError, Saturat
 from attnprobe.learners.multihead.hessian import extract_multihead_orthogonal
 from attnprobe.learners.multihead.subspaces import extract_multihead_subspaces
 
-<<<<<<< HEAD
 METHODS = ("auto", "subspaces", "orthogonal", "generic", "vector")
-=======
-METHODS = ("auto", "subspaces", "orthogonal", "generic")
 #: widest layer ``auto`` hands to the orthogonal learner when the generic one fails (docs/multihead.md: measured up
 #: to d = 64; at MiniLM's d = 384 its Hessians would cost ~2.4M queries)
 FALLBACK_MAX_D = 64
->>>>>>> scalarmh
 
 
 def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None = None, subspaces=None,
@@ -42,7 +38,6 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
         raise ConfigError(f"heads must be at least 1; got {heads}")
     if heads is not None and max_heads is not None:
         raise ConfigError("give either heads (H known) or max_heads (an upper bound), not both")
-<<<<<<< HEAD
     if method in ("auto", "vector") and subspaces is None and getattr(oracle, "outputs", None) is None:
         probe = _probe_outputs(oracle)  # one length-1 query: scalar or vector answers?
         res = extract_multihead(oracle, heads=heads, max_heads=max_heads, bias=bias, method=method, rank=rank,
@@ -65,11 +60,8 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
     if method == "vector":
         raise ConfigError("method 'vector' needs an oracle answering K ≥ 2 outputs per sequence (a whole output "
                           "row); this one answers one number", param="method")
-    fallback = method == "auto" and subspaces is None and _generic() is not None
-=======
     # the orthogonal learner's Hessians cost ~d³/(2H) queries: a fallback only where it was measured (d ≤ 64)
     fallback = method == "auto" and subspaces is None and _generic() is not None and oracle.d <= FALLBACK_MAX_D
->>>>>>> scalarmh
     if method == "auto":
         method = "subspaces" if subspaces is not None else ("generic" if _generic() else "orthogonal")
     if method == "subspaces" or subspaces is not None:
