@@ -116,7 +116,7 @@ class AttentionHead(AttentionParameters):
             raise ConfigError("v must have at least one entry (the width d is at least 1)")
         W = real_array("W", self.W, 2)
         if W.shape != (d, d):
-            raise ConfigError(f"W must be {d}x{d} to match v of length {d}; got {W.shape}")
+            raise ConfigError(f"W must be {d}x{d} to match v of shape {v.shape} (width d = {d}); got {W.shape}")
         u = np.zeros(d) if self.u is None else real_array("u", self.u, 1)
         if u.shape != (d,):
             raise ConfigError(f"u must have length {d}; got {u.shape}")
