@@ -241,11 +241,11 @@ AFFINE_AT_LENGTH_ONE = ("exact", "lowrank", "nuclear", "robust", "multihead")
 
 
 def _clipping_cause(oracle, args, exc=None):
-    """When a run of an attention learner failed: the error naming input clipping if the answers show it (unless
-    the learner's own refusal ``exc`` already names the clipping or the input bound)."""
+    """When a run of an attention learner failed: the error naming input clipping, with the bound read from the
+    answers, if they show it (a refusal for a declared bound, ``exc`` an :class:`InputNormError`, stands)."""
     if args.method not in AFFINE_AT_LENGTH_ONE or args.membership or getattr(args, "replay", False):
         return None
-    if isinstance(exc, InputNormError) or "clip" in str(exc or "").lower():
+    if isinstance(exc, InputNormError):
         return None
     from attnprobe.oracles.input_bound import diagnose_clipping
 
