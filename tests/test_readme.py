@@ -64,6 +64,13 @@ def test_readme_python_examples_run(capsys):
             m = ns["m"]  # membership answers: W exactly, v as a unit vector
             assert m.passed and _rel(m.model.W, head.W) <= 1e-6
             assert _rel(m.model.v, head.v / np.linalg.norm(head.v)) <= 1e-6
+        elif "AnswerChain.parse(" in block:  # a defence chain from its spec: cast to bfloat16, 4 significant digits
+            chain, defended = ns["chain"], ns["defended"]
+            assert type(chain).parse(chain.spec) == chain and defended.precision == "bfloat16"
+            assert defended.eps >= 2.0**-7 and chain.answer_noise.rel_eps > 0
+            y = defended(np.random.default_rng(0).standard_normal((20, 3, 16)))
+            scale = 10.0 ** (np.floor(np.log10(np.abs(y))) - 3)
+            assert np.allclose(np.round(y / scale) * scale, y, rtol=1e-12, atol=0) and defended.queries == 20
         elif "extract_ffn(" in block:
             ffn, net = ns["ffn"], ns["net"]
             X = np.random.default_rng(0).standard_normal((500, net.d))
