@@ -215,6 +215,27 @@ def test_a_calibration_that_missed_nu_w_is_corrected_after_the_first_column(d, s
     assert "rebalanced_scales" in res.details and res.queries <= res.unknowns + 3 * d  # one column again + retries
 
 
+@pytest.mark.parametrize("d, scale", [(16, 300.0), (16, 3000.0), (32, 3000.0)])
+def test_steep_heads_cost_at_most_two_percent_over_the_unknowns(d, scale):
+    """Heads whose logits saturate unit probes (RMS logit `scale` on unit inputs): the calibration's saturated
+    steps size the query bias, saturated probes shrink as far as their saturation proves, and blocks steer from
+    their resolved logits, so the whole extraction stays within 1.02x the unknowns, and exact."""
+    for seed in range(2):
+        h = random_head(d, seed=seed, scale=scale)
+        res = extract_exact(Oracle(h, d), seed=0)
+        assert res.check.passed and res.queries <= 1.02 * res.unknowns, (seed, res.queries, res.queries_by_phase)
+        assert np.linalg.norm(res.model.W - h.W) <= 1e-9 * np.linalg.norm(h.W)
+
+
+def test_a_steep_one_dimensional_head_is_found_in_a_few_shrinks():
+    """d = 1, logits ~1e4 at unit scale and no calibration budget: each saturated retry shrinks by the ~22x its
+    saturation proves, and the pass then steers from the resolved logit, so u and W cost at most 6 queries each
+    (a 4x-per-retry search needs up to 8)."""
+    for seed in range(6):
+        h = random_head(1, seed=seed, scale=3000.0)
+        res = extract_exact(Oracle(h, 1), seed=0)
+        assert res.check.passed and res.queries <= 2 + 6 + 6, (seed, res.queries_by_phase)
+
 def test_same_seed_reproduces_bit_for_bit_on_float32_answers():
     truth = random_head(12, seed=4)
     a, b = (extract_exact(Oracle(truth.with_dtype("float32"), 12, precision="float32"), seed=3) for _ in range(2))

@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+from attnprobe.oracles.chain import AnswerChain
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -64,10 +66,12 @@ def test_readme_python_examples_run(capsys):
             m = ns["m"]  # membership answers: W exactly, v as a unit vector
             assert m.passed and _rel(m.model.W, head.W) <= 1e-6
             assert _rel(m.model.v, head.v / np.linalg.norm(head.v)) <= 1e-6
-        elif "AnswerChain.parse(" in block:  # a defence chain from its spec: cast to bfloat16, 4 significant digits
+        elif "AnswerChain.parse(" in block:  # the spec and the constructor are one chain; its floor is the coarser
             chain, defended = ns["chain"], ns["defended"]
-            assert type(chain).parse(chain.spec) == chain and defended.precision == "bfloat16"
-            assert defended.eps >= 2.0**-7 and chain.answer_noise.rel_eps > 0
+            assert chain == AnswerChain(cast="bfloat16", digits=4) and chain.spec == "bfloat16+round-digits:4"
+            assert type(chain).parse(chain.spec) == chain
+            assert defended.precision == "bfloat16" and defended.eps >= 2.0 * chain.answer_noise.rel_eps > 0
+            # and the answers are what it says: 4 significant digits, every query counted
             y = defended(np.random.default_rng(0).standard_normal((20, 3, 16)))
             scale = 10.0 ** (np.floor(np.log10(np.abs(y))) - 3)
             assert np.allclose(np.round(y / scale) * scale, y, rtol=1e-12, atol=0) and defended.queries == 20
