@@ -157,7 +157,8 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
         run.plan(rest, f"vector multi-head extraction at d={d}, H={H} (at most)")
         V, route = sep.value_maps(run.report)
     with run.phase("logits"):
-        W, u, smallest, w_ranks = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report)
+        W, u, smallest, w_ranks = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report,
+                                              sketch=not coarse)
     model = MultiHeadAttention(W, V, u, c)
     with run.phase("head check"):
         head_errors = head_attention_errors(layer, model, LOGIT_SCALE * rho, tokens, rng, HEAD_CHECK_QUERIES)
