@@ -93,12 +93,14 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
     :class:`~attnprobe.models.multihead.MultiHeadAttention` in the vector layout.
     """
     noise = oracle.noise  # a declared relative rounding up to float32's is rounding; anything else is refused
-    if noise.tolerance or noise.sigma or noise.membership or noise.rel_eps > COARSEST_EPS:
-        raise RecoveryError(f"the answers carry declared noise (relative {noise.rel_eps:.1e}, absolute "
-                            f"{noise.tolerance:.1e}, random σ = {noise.sigma:.1e}): the vector learner separates heads "
-                            "from answers exact up to their rounding (float64 or float32) and measured heads 2.7e-2 "
-                            "wrong at a relative noise of 1e-6; ask for unperturbed answers; "
-                            f"{oracle.queries} queries were spent")
+    if noise.tolerance or noise.sigma or noise.membership:
+        raise RecoveryError(f"the answers carry declared noise (absolute {noise.tolerance:.1e}, random σ = "
+                            f"{noise.sigma:.1e}{', sign only' if noise.membership else ''}): the vector learner "
+                            "separates heads from answers exact up to their rounding (float64 or float32; a relative "
+                            "noise of 1e-6 left heads 2.7e-2 wrong); ask for unperturbed answers")
+    if noise.rel_eps > COARSEST_EPS:
+        raise RecoveryError(f"the answers are rounded to a relative {noise.rel_eps:.1e} (coarser than float32): too "
+                            "coarse to separate the heads of a whole output row; ask for float32 or finer answers")
     try:
         return _extract(oracle, heads=heads, seed=seed, check=check, progress=progress, tokens=tokens,
                         design=design)
@@ -108,7 +110,7 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
             raise
         raise RecoveryError(f"answers in {oracle.precision} (unit roundoff {eps:.1e}, coarser than float32) are too "
                             f"coarse to separate the heads of a whole output row ({exc}); ask for float32 or finer "
-                            f"answers; {oracle.queries} queries were spent") from exc
+                            "answers") from exc
 
 
 def _extract(oracle, *, heads, seed, check, progress, tokens, design):
