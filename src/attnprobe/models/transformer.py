@@ -9,7 +9,8 @@ import numpy as np
 
 from attnprobe.errors import ConfigError
 from attnprobe.models.attention import as_batch, attention_weights, real_array, set_frozen
-from attnprobe.models.ffn import ReLUNet, _check_ffn
+from attnprobe.models.ffn import ReLUNet, _check_biases, _check_ffn
+from attnprobe.models.softmax import softmax_last
 from attnprobe.models.precision import resolve_dtype
 
 
@@ -81,3 +82,107 @@ class OneLayerTransformer:
         if missing:
             raise ConfigError(f"a one-layer transformer needs arrays {sorted(missing)}")
         return cls(arrays["W"], arrays["A"], arrays["w_o"], dtype)
+
+
+@dataclass(frozen=True)
+class MultiHeadTransformer:
+    """``TF(X) = w_oᵀ ReLU(Aᵀ a(X) + b) + c`` with ``a(X) = Σ_h V_h Xᵀ softmax(X W_h x_N + X u_h)`` (multi-head
+    attention, a biased ReLU FFN and K outputs); ``residual=True`` feeds ``x_N + a(X)`` to the FFN instead.
+
+    Shapes: ``W (H, d, d)``, ``u (H, d)``, ``v (H, d, d)`` (``V_h``, the head's value-output map), ``A (d, m)``,
+    ``b (m,)``, ``w_o (m, K)``, ``c (K,)``; one output is stored as ``(m, 1)`` / ``(1,)`` and answered as ``(B,)``.
+    Only compositions are identifiable: ``V_h`` and ``A`` up to an invertible map between them (none with the
+    residual), neurons up to positive scale and order, heads up to order (and Prop. 7.1 merges).
+    """
+
+    W: np.ndarray
+    u: np.ndarray
+    v: np.ndarray
+    A: np.ndarray
+    b: np.ndarray
+    w_o: np.ndarray
+    c: np.ndarray
+    residual: bool = False
+    dtype: str = "float64"
+    kind: ClassVar[str] = "multihead_transformer"
+
+    def __post_init__(self) -> None:
+        W, u, v = real_array("W", self.W, 3), real_array("u", self.u, 2), real_array("v", self.v, 3)
+        H, d = u.shape
+        if W.shape != (H, d, d) or v.shape != (H, d, d):
+            raise ConfigError(f"W and v must have shape (H, d, d) = ({H}, {d}, {d}) to match u of shape {u.shape}; "
+                              f"got {W.shape} and {v.shape}")
+        w_o = real_array("w_o", self.w_o)
+        w_o = w_o.reshape(-1, 1) if w_o.ndim == 1 else w_o
+        A, w_o = _check_ffn(self.A, w_o)
+        if A.shape[0] != d:
+            raise ConfigError(f"A must have d = {d} rows to match the heads; got {A.shape}")
+        b, c = _check_biases(self.b, self.c, A.shape[1], w_o)
+        if H < 1:
+            raise ConfigError("a transformer needs at least one head")
+        resolve_dtype(self.dtype)
+        set_frozen(self, W=W, u=u, v=v, A=A, b=b, w_o=w_o, c=c)
+        object.__setattr__(self, "residual", bool(np.asarray(self.residual).reshape(())))
+
+    @property
+    def d(self) -> int:
+        return self.A.shape[0]
+
+    @property
+    def m(self) -> int:
+        return self.A.shape[1]
+
+    @property
+    def H(self) -> int:
+        return self.W.shape[0]
+
+    @property
+    def K(self) -> int:
+        return self.w_o.shape[1]
+
+    @property
+    def ffn(self) -> ReLUNet:
+        """The FFN ``z ↦ w_oᵀReLU(Aᵀz + b) + c`` (K outputs)."""
+        return ReLUNet(self.A, self.w_o, self.dtype, self.b, self.c)
+
+    @staticmethod
+    def unknowns(d: int, H: int, m: int, K: int, residual: bool = False) -> int:
+        """Identifiable numbers: ``H(d² + d)`` for the attention scores, the maps ``AᵀV_h`` (``H·d·min(d, m)``,
+        less the ``min(d, m)²`` of the invertible map between V and A unless the residual pins it, plus ``d·m``
+        for the residual's A), ``m`` biases, ``m·K`` output weights less ``m`` neuron scales, and ``K``."""
+        r = min(d, m)
+        maps = H * d * r + (d * m if residual else -r * r)
+        return H * (d * d + d) + maps + m * K + K
+
+    def with_dtype(self, dtype: str) -> "MultiHeadTransformer":
+        return MultiHeadTransformer(self.W, self.u, self.v, self.A, self.b, self.w_o, self.c, self.residual, dtype)
+
+    def attention_output(self, X: np.ndarray) -> np.ndarray:
+        """``a(X)`` (plus ``x_N`` with the residual), shape (B, d), in the model's dtype."""
+        dt = resolve_dtype(self.dtype)
+        Xc = as_batch(X, self.d).astype(dt)
+        H, d = self.H, self.d
+        q = (Xc[:, -1, :] @ self.W.astype(dt).reshape(H * d, d).T).reshape(-1, H, d)  # W_h x_N
+        scores = np.einsum("bnd,bhd->bhn", Xc, q) + np.einsum("bnd,hd->bhn", Xc, self.u.astype(dt))
+        mixed = np.einsum("bhn,bnd->bhd", softmax_last(scores), Xc)  # Xᵀ α_h
+        out = np.einsum("hij,bhj->bi", self.v.astype(dt), mixed)
+        return out + Xc[:, -1, :] if self.residual else out
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        dt = resolve_dtype(self.dtype)
+        z = self.attention_output(X) @ self.A.astype(dt) + self.b.astype(dt)
+        y = np.maximum(z, 0) @ self.w_o.astype(dt) + self.c.astype(dt)
+        y = y.astype(np.float64)
+        return y[:, 0] if self.K == 1 else y
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"W": self.W, "u": self.u, "v": self.v, "A": self.A, "b": self.b, "w_o": self.w_o, "c": self.c,
+                "residual": np.asarray(self.residual)}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "MultiHeadTransformer":
+        missing = {"W", "u", "v", "A", "b", "w_o", "c"} - set(arrays)
+        if missing:
+            raise ConfigError(f"a multi-head transformer needs arrays {sorted(missing)}")
+        return cls(arrays["W"], arrays["u"], arrays["v"], arrays["A"], arrays["b"], arrays["w_o"], arrays["c"],
+                   bool(arrays.get("residual", False)), dtype)
