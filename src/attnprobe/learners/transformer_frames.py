@@ -64,8 +64,8 @@ class Frame:
         self.active = ffn.pattern(self.z)[0]
         G, self.kappa = ffn.linear(self.active)
         self.G = G
-        self.g = G @ r
-        self.offset = float(r @ self.kappa + self.g @ self.z)
+        self.g = G @ r  # (d,) for a mix r (K,), (d, K') for a matrix r (K, K')
+        self.offset = r.T @ self.kappa + self.g.T @ self.z
         self.__name__ = "transformer in one FFN region"
         self.noise = getattr(oracle, "noise", None)
 
@@ -74,7 +74,7 @@ class Frame:
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         y = np.asarray(self.oracle(self.tokens(X)), dtype=np.float64).reshape(len(X), -1)
-        return (y @ self.r - self.offset) / self.s
+        return (y @ self.r - self.offset) / self.s  # (B,) for a mix, (B, K') for a matrix
 
 
 def frame_oracle(oracle, ffn: KnownFFN, z, s: float, r, answer_scale: float) -> Oracle:
@@ -84,7 +84,8 @@ def frame_oracle(oracle, ffn: KnownFFN, z, s: float, r, answer_scale: float) -> 
     fn = Frame(oracle, ffn, z, s, r)
     budget = None if oracle.budget is None else int(oracle.remaining)
     out = Oracle(fn, oracle.d, budget=budget, precision=oracle.precision, name=f"{oracle.name}[one FFN region]")
-    size = abs(fn.offset) + float(np.abs(r) @ np.abs(fn.kappa)) + float(np.linalg.norm(fn.g) * np.linalg.norm(z))
+    size = float(np.max(np.abs(fn.offset)) + np.max(np.abs(r.T) @ np.abs(fn.kappa))
+                 + np.linalg.norm(fn.g) * np.linalg.norm(z))
     fn.rounding = oracle.eps * size / fn.s  # absolute rounding of the frame's answers
     set_scale(out, answer_scale)
     return out
@@ -122,7 +123,7 @@ def heads_sum(oracle, scale: float) -> np.ndarray:
     X[:d, 0] = scale * np.eye(d)
     X[d:, 0] = -scale * np.eye(d)
     y = oracle(X)
-    return (y[:d] - y[d:]) / scale
+    return (y[:d] - y[d:]) / scale  # (d,) or (d, K') for vector answers
 
 
 @dataclass
@@ -133,7 +134,8 @@ class FrameValues:
     z0: np.ndarray
     z1: np.ndarray
     radius: float
-    crossings: np.ndarray
+    crossings: np.ndarray  # θ of each head's crossing, in the order of v
+    signs: np.ndarray  # +1: the head switches on at its crossing, −1: off
     details: dict
 
 
@@ -183,11 +185,13 @@ def frame_values(oracle, v_heads: np.ndarray, rng, *, T: float, grid: int = 8, r
     off = coef < -0.5
     bad = float(np.max(np.abs(np.where(off, coef + 1, coef))))
     if bad > max(1e-6, 1e5 * oracle.eps):
-        raise RecoveryError(f"the cone gradients are not a sum of per-head value vectors (coefficients "
-                            f"{np.round(coef, 4).tolist()}, expected 0 or −1)")
-    v = np.where(off, -1.0, 1.0)[:, None] * J
-    return FrameValues(v, Z[:, 0], Z[:, 1], T, np.array(real),
-                       {"label_scale": scale, "sign_residual": bad, "crossings": int(len(v))})
+        raise RecoveryError(f"the cone gradients along the saturated circle are not a sum of per-head value vectors "
+                            f"({len(J)} crossings; a coefficient is off 0/−1 by {bad:.1e}): the probes left the FFN "
+                            "region, or the target is not a transformer of this form")
+    signs = np.where(off, -1.0, 1.0)
+    v = signs[:, None] * J
+    return FrameValues(v, Z[:, 0], Z[:, 1], T, np.array(real), signs,
+                       {"label_scale": scale, "sign_residual": bad, "crossings": len(v)})
 
 
 def saturated_radius(oracle, rng, *, top: float, shrink: float = 10.0, n_points: int = 16,
@@ -212,3 +216,37 @@ def saturated_radius(oracle, rng, *, top: float, shrink: float = 10.0, n_points:
         T /= shrink
     raise SaturationError("the answers are not homogeneous in the probe at any radius: the probes leave the FFN "
                           "region before the heads saturate (a target that is not a transformer of this form?)")
+
+
+def frame_maps(oracle, vals: FrameValues, heads_total: np.ndarray, rng) -> np.ndarray:
+    """Every head's map ``Ṽ_hᵀG`` (H, d, K) from a vector-answer frame (``r`` the identity) on the circle where
+    :func:`frame_values` found the crossings: the gradient (d, K) of every cone between consecutive crossings,
+    the last cone ``Σ_h − first`` (``heads_total``: :func:`heads_sum` of the vector frame), jumps times signs."""
+    d = oracle.d
+    T = vals.radius
+    cross = np.sort(vals.crossings)
+    lo = np.concatenate([[cross[-1] - np.pi], cross[:-1]])
+    Q = np.linalg.qr(rng.standard_normal((d, d)))[0].T
+    grads = []
+    for a, b in zip(lo, cross):
+        th = 0.5 * (a + b)
+        center = T * (np.cos(th) * vals.z0 + np.sin(th) * vals.z1)
+        delta = 0.25 * T * np.sin(0.5 * (b - a))
+        for _ in range(12):
+            P = np.concatenate([center[None], center + delta * Q, center + (delta / 4) * Q])
+            X = np.zeros((len(P), 2, d))
+            X[:, 0] = P
+            F = np.asarray(oracle(X)).reshape(len(P), -1)
+            g1 = Q.T @ ((F[1:d + 1] - F[0]) / delta)
+            g4 = Q.T @ ((F[d + 1:] - F[0]) / (delta / 4))
+            if np.linalg.norm(g1 - g4) <= 1e-6 * max(np.linalg.norm(g1), 1e-300):
+                break
+            delta /= 8
+        else:
+            raise SaturationError("no step stays inside a saturated cone of the probe circle (vector answers)")
+        grads.append(g1)
+    grads.append(heads_total.reshape(d, -1) - grads[0])
+    G = np.array(grads)  # (H + 1, d, K)
+    order = np.argsort(np.argsort(vals.crossings))  # position of each head's crossing among the sorted ones
+    J = np.diff(G, axis=0)
+    return vals.signs[:, None, None] * J[order]

@@ -92,9 +92,13 @@ def head_scores(frame, v: np.ndarray, h: int, tokens: np.ndarray, bases: np.ndar
 
 
 def scores_to_parameters(N: np.ndarray, scores: np.ndarray, z: np.ndarray, rho: float):
-    """``N_hᵀW_h`` and ``N_hᵀu_h`` from the scores at last tokens ``z + {0, ρ e_1, …, ρ e_d}``."""
-    NW = (scores[1:] - scores[0]).T / rho  # (k, d): column i is N_hᵀW_h e_i
-    Nu = scores[0] - NW @ z
+    """``N_hᵀW_h`` and ``N_hᵀu_h`` from the scores at last tokens ``z + {0, ρe_1, …, ρe_d, −ρe_1, …, −ρe_d}``
+    (central differences; the affine fit through all of them gives ``p_h(z)``)."""
+    d = z.size
+    plus, minus = scores[1:d + 1], scores[d + 1:2 * d + 1]
+    NW = (plus - minus).T / (2 * rho)  # (k, d): column i is N_hᵀW_h e_i
+    pz = (scores[0] + plus.sum(axis=0) + minus.sum(axis=0)) / (2 * d + 1)  # the mean token is z
+    Nu = pz - NW @ z
     return NW, Nu
 
 

@@ -31,11 +31,10 @@ from attnprobe._validation import check_seed
 from attnprobe.errors import RecoveryError, UnidentifiableError
 from attnprobe.learners.ffn import extract_ffn, require_fine_answers
 from attnprobe.learners.skeleton import Run
-from attnprobe.learners.transformer_frames import (KnownFFN, frame_oracle, frame_values, heads_sum,
+from attnprobe.learners.transformer_frames import (KnownFFN, frame_maps, frame_oracle, frame_values, heads_sum,
                                                    saturated_radius, set_scale)
-from attnprobe.learners.transformer_heads import (combine_rows, head_scores, isolating_basis,
+from attnprobe.learners.transformer_heads import (combine_rows, head_scores,
                                                   scores_to_parameters, token_bases)
-from attnprobe.models.softmax import softmax_last
 from attnprobe.models.transformer import MultiHeadTransformer
 
 METHOD = "transformer"
@@ -43,12 +42,12 @@ METHOD = "transformer"
 CHECK_LENGTHS = tuple(range(1, 17))
 #: base of the far frames (every logit ≈ 10⁸·‖W_h β‖·‖w‖: saturated except next to a head's hyperplane)
 FAR = 1e8
-#: smallest base of the near frames (the bigger, the more the frame's answers cancel; measured 20–50 best)
-NEAR = 20.0
 #: the residual counts as present when the last-token term exceeds this share of g
 RESIDUAL_TOL = 1e-6
 #: a region is usable when its base is at least this share of the distance to the nearest neuron hyperplane
 CANDIDATES = 4096
+#: last tokens of the near frames reach this share of the distance to the nearest neuron hyperplane
+NEAR_TOKENS = 0.5
 
 
 class _Regions:
@@ -78,53 +77,74 @@ class _Regions:
         raise RecoveryError("no further FFN region with a usable margin: the neurons leave no room to probe in")
 
     def near_base(self, beta, pattern) -> np.ndarray:
-        """The near frame's base ``Rβ`` (R ≥ NEAR, the region's pattern reached with half its asymptotic margin)."""
-        R = NEAR
-        for _ in range(200):
-            z = R * beta
-            if np.array_equal(self.ffn.pattern(z)[0], pattern) and self.ffn.margin(z)[0] >= 0.25 * R * \
-                    float(np.min(np.abs(self.ffn.C @ beta) / np.linalg.norm(self.ffn.C, axis=1))):
-                return z
-            R *= 1.25
-        raise RecoveryError("no point of the FFN region is far enough from its neuron hyperplanes")
+        """The near frame's base ``Rβ``: over R in the region, the least ``(R + 1)²/dist(Rβ)`` (the error of
+        ``u_h = p_h(z) − W_h z`` grows with ‖z‖ and shrinks with the room the last tokens have)."""
+        R = np.geomspace(0.5, 5e3, 400)
+        Z = R[:, None] * beta
+        ok = np.all(self.ffn.pattern(Z) == pattern, axis=1)
+        if not np.any(ok):
+            raise RecoveryError("no point of the FFN region is far enough from its neuron hyperplanes")
+        cost = np.where(ok, (R + 1.0) ** 2 / np.maximum(self.ffn.margin(Z), 1e-300), np.inf)
+        return Z[int(np.argmin(cost))]
 
 
 def _far_values(oracle, ffn, beta, margin, r, rng, plane):
-    """Value vectors in the far frame along β (stage 2)."""
-    frame = frame_oracle(oracle, ffn, FAR * beta, 1.0, r, 1.0)
+    """Value vectors (scalar mix r) and every head's map ``Ṽ_hᵀG`` (all K outputs) in the far frame along β
+    (stage 2). Returns ``(values, maps (H, d, K), last-token part of G (d, K))``."""
+    z = FAR * beta
+    frame = frame_oracle(oracle, ffn, z, 1.0, r, 1.0)
     T = saturated_radius(frame, rng, top=FAR * margin / 4)
     v_heads = heads_sum(frame, T)
     set_scale(frame, T * max(np.linalg.norm(v_heads), 1e-300))
     if np.linalg.norm(v_heads) <= 1e5 * frame.eps * np.linalg.norm(frame.fn.g):
         raise UnidentifiableError("the attention output does not reach this FFN region's output (Σ_h Ṽ_hᵀg = 0)")
-    vals = frame_values(frame, v_heads, rng, T=T, plane=plane)
-    return frame, vals, v_heads
+    if plane is not None:
+        X = np.zeros((8, 2, z.size))
+        X[:, 0] = T * (plane @ rng.standard_normal((plane.shape[1], 8))).T
+        if np.max(np.abs(frame(X) - frame(np.zeros((1, 2, z.size))))) <= 1e3 * frame.fn.rounding:
+            raise UnidentifiableError("the heads' value vectors lie in the same subspace in every FFN region (value "
+                                      "maps of rank 1?): the directions of each head's scores along the other "
+                                      "heads' values are not visible to this learner")
+    vals = frame_values(frame, v_heads, rng, T=T)
+    K = ffn.w.shape[1]
+    vec = frame_oracle(oracle, ffn, z, 1.0, np.eye(K), 1.0)
+    total = heads_sum(vec, T)  # (d, K): Σ_h Ṽ_hᵀG
+    set_scale(vec, T * max(np.linalg.norm(total), 1e-300))
+    maps = frame_maps(vec, vals, total, rng)
+    if plane is not None:  # the crossings inside the plane match heads across regions; values from the full circle
+        flat = frame_values(frame, v_heads, rng, T=T, plane=plane)
+        if flat.v.shape != vals.v.shape:
+            raise RecoveryError(f"two saturated circles of one FFN region show {vals.v.shape[0]} and "
+                                f"{flat.v.shape[0]} heads: the target is not a transformer of this form")
+        D = np.linalg.norm(vals.v[:, None] - flat.v[None], axis=2)
+        rows, cols = linear_sum_assignment(D)
+        if np.max(D[rows, cols]) > 1e-5 * np.linalg.norm(vals.v):
+            raise RecoveryError("two saturated circles of one FFN region disagree on the heads' value vectors")
+        vals.z0, vals.z1, vals.crossings = flat.z0, flat.z1, flat.crossings[cols]
+    return vals, maps, vec.fn.g - total
 
 
 def _near_scores(oracle, ffn, z, r, v, rng):
-    """``(N_h, N_hᵀW_h, N_hᵀu_h)`` of every head in the near frame at z (stage 3)."""
+    """``(N_h, N_hᵀW_h, N_hᵀu_h)`` of every head in the near frame at z (stage 3): last tokens ``z ± ρe_i``."""
     frame = frame_oracle(oracle, ffn, z, 1.0, r, 1.0)
     dist = float(ffn.margin(z)[0])
-    rho = dist / 2
+    rho = NEAR_TOKENS * dist
     d = z.size
-    tokens = np.concatenate([np.zeros((1, d)), rho * np.eye(d)])
+    tokens = np.concatenate([np.zeros((1, d)), rho * np.eye(d), -rho * np.eye(d)])
     bases = token_bases(frame, tokens)
     set_scale(frame, max(float(np.max(np.abs(bases))), 1e-300) * 1e-2)
     out = []
     for h in range(v.shape[0]):
         N, sc = head_scores(frame, v, h, tokens, bases, max_probe=dist / 10)
-        NW, Nu = scores_to_parameters(N, sc, z, rho)
-        out.append((N, NW, Nu))
+        out.append((N, *scores_to_parameters(N, sc, z, rho)))
     return out
 
 
-def _match(parts0, vals, z_far):
-    """Heads of a new region (crossings of a circle inside ``{v_g}^⊥`` of region 0) matched to region 0's."""
-    pred = []
-    for N, NW, Nu in parts0:
-        q = N @ (NW @ z_far + Nu)  # the part of p_h(z_far) the circle sees
-        pred.append(np.arctan2(-(vals.z0 @ q), vals.z1 @ q) % np.pi)
-    pred = np.array(pred)
+def _match(predict, vals, z_far):
+    """Heads of a new region matched to the known ones by where they cross its saturated circle: head h crosses
+    where ``wᵀp_h(z_far) = 0``; ``predict(z_far)`` gives the scores (H, d) as far as the circle's plane sees them."""
+    q = predict(z_far)
+    pred = np.arctan2(-(q @ vals.z0), q @ vals.z1) % np.pi
     got = np.asarray(vals.crossings) % np.pi
     D = np.abs(pred[:, None] - got[None, :])
     D = np.minimum(D, np.pi - D)
@@ -136,61 +156,14 @@ def _match(parts0, vals, z_far):
     return cols, worst  # cols[h]: the new region's index of head h
 
 
-def _maps(oracle, ffn, regions, W, u, rng, rank_C, first):
-    """Least squares for ``GᵀṼ_h`` in regions whose G span the row space of C, then Ṽ_h (stage 4)."""
-    H, d = u.shape
-    Gs, Bs = [], []
-    bases = list(first)
-    while True:
-        if bases:
-            z = bases.pop(0)
-        else:
-            beta, _, pattern = regions.next()
-            z = regions.near_base(beta, pattern)
-        active = ffn.pattern(z)[0]
-        G, _ = ffn.linear(active)
-        dist = float(ffn.margin(z)[0])
-        n_tok = d + 2
-        Bt = rng.standard_normal((n_tok, d))
-        Bt *= (dist / 2) / np.linalg.norm(Bt, axis=1, keepdims=True) * rng.uniform(0.2, 1.0, (n_tok, 1))
-        last = z + Bt
-        P = np.einsum("hij,tj->thi", W, last) + u[None]  # (n_tok, H, d) scores p_h
-        n_a = H + 1
-        Adir = rng.standard_normal((n_tok, n_a, d))
-        Adir /= np.linalg.norm(Adir, axis=2, keepdims=True)
-        gam = 2.0 / np.max(np.linalg.norm(P, axis=2), axis=1)  # logits of order 1
-        A = gam[:, None, None] * Adir
-        X = np.empty((n_tok * (n_a + 1), 2, d))
-        X[:n_tok] = last[:, None, :]
-        X[n_tok:, 0] = (last[:, None, :] + A).reshape(-1, d)
-        X[n_tok:, 1] = np.repeat(last, n_a, axis=0)
-        y = np.asarray(oracle(X), dtype=np.float64).reshape(len(X), -1)
-        base, yy = y[:n_tok], y[n_tok:].reshape(n_tok, n_a, -1)
-        Y = (yy - base[:, None, :]).reshape(n_tok * n_a, -1)
-        logits = np.einsum("tad,thd->tah", A, P)
-        sig = softmax_last(np.stack([logits, np.zeros_like(logits)], axis=-1))[..., 0]  # σ(ℓ)
-        Phi = (sig[..., :, None] * A[:, :, None, :]).reshape(n_tok * n_a, H * d)
-        Bm, *_ = np.linalg.lstsq(Phi, Y, rcond=None)  # (H d, K): block h = Ṽ_hᵀG
-        Gs.append(G)
-        Bs.append(Bm.reshape(H, d, -1))
-        Gall = np.concatenate(Gs, axis=1)
-        if np.linalg.matrix_rank(Gall, tol=1e-8 * np.linalg.norm(Gall, 2)) >= rank_C:
-            break
-        if len(Gs) > 4 * d:
-            raise RecoveryError("the FFN regions' output maps do not span the neurons' row space")
-    Gpinv = np.linalg.pinv(Gall, rcond=1e-10)
-    Ball = np.concatenate(Bs, axis=2)  # (H, d, ΣK)
-    Vt = np.einsum("hik,kj->hji", Ball, Gpinv)  # Ṽ_h = (B_h G⁺)ᵀ
-    return Vt, len(Gs)
-
-
 def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, check_lengths=CHECK_LENGTHS,
                                   progress=None, max_regions: int | None = None, **ffn_options):
     """Recover a multi-head transformer with a biased ReLU FFN and K outputs (module docstring).
 
-    Heads, biases, outputs and the residual are detected. Phases: ``ffn``, ``values``, ``scores``, ``maps``.
-    Raises :class:`UnidentifiableError` for targets whose attention never reaches the output (or is affine: a
-    plain head has no kinks) and :class:`RecoveryError` when the answers contradict the model's form.
+    Heads, biases, outputs and the residual are detected. Phases: ``ffn``, ``values`` (saturated circles far
+    out), ``scores`` (isolated heads near the origin). Raises :class:`UnidentifiableError` for targets whose
+    attention never reaches the output (or is affine: a plain head has no kinks) and :class:`RecoveryError`
+    when the answers contradict the model's form. ``ffn_options`` go to :func:`extract_ffn`.
     """
     require_fine_answers(oracle, "the transformer learner")
     d = oracle.d
@@ -199,7 +172,6 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
     run.plan(4 * d + 16, f"the transformer learner at d={d} (FFN kinks, saturated circles, head scores; adaptive)",
              at_least=True)
     rng = run.rng
-    notes: list[str] = []
     with run.phase("ffn", absorb=True):
         net = extract_ffn(oracle, seed=seed, check=False, progress=progress, **ffn_options).model
     ffn = KnownFFN.from_net(net)
@@ -207,81 +179,98 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
     r = rng.standard_normal(K)
     r /= np.linalg.norm(r)
     regions = _Regions(ffn, rng, r)
-    parts: list[list] = []
-    near: list[np.ndarray] = []
-    residual_part = 0.0
-    info: dict = {"regions": []}
+    limit = max_regions or (2 * d + 2)
+    # stage 2 and 3 in the first region; more regions until every head's scores are seen in every direction
     with run.phase("values"):
         beta, margin, pattern = regions.next()
-        _, vals0, v_heads = _far_values(oracle, ffn, beta, margin, r, rng, None)
+        vals0, maps0, last0 = _far_values(oracle, ffn, beta, margin, r, rng, None)
     H = vals0.v.shape[0]
-    sum_check = float(np.linalg.norm(vals0.v.sum(axis=0) - v_heads) / max(np.linalg.norm(v_heads), 1e-300))
-    residual_part = max(residual_part, float(np.linalg.norm(_frame_g(ffn, pattern, r) - v_heads)
-                                             / np.linalg.norm(_frame_g(ffn, pattern, r))))
+    G0 = ffn.linear(pattern)[0]
+    Gs, maps, lasts = [G0], [maps0], [last0]
     z = regions.near_base(beta, pattern)
     with run.phase("scores"):
         parts0 = _near_scores(oracle, ffn, z, r, vals0.v, rng)
     parts = [[p] for p in parts0]
-    near.append(z)
-    info["regions"].append({"margin": margin, "near_base": float(np.linalg.norm(z)), "radius": vals0.radius})
-    plane = None
-    if H > 1:
-        _, _, Vt = np.linalg.svd(vals0.v)
-        plane = Vt[H:].T
-    limit = max_regions or (d + 2)
+    plane = np.linalg.svd(vals0.v)[2][H:].T if H > 1 else None
+    info = [{"margin": margin, "near_base": float(np.linalg.norm(z)), "radius": vals0.radius}]
     while min(combine_rows(p)[2] for p in parts) < 1e-3:
         if plane is None or plane.shape[1] < 2:
             raise UnidentifiableError(f"{H} heads at width d = {d}: one FFN region shows only {d - H + 1} of the d "
                                       "directions of each head's scores, and matching heads across regions needs "
                                       "d ≥ H + 2")
-        if len(near) >= limit:
-            raise RecoveryError(f"{len(near)} FFN regions do not show every direction of the heads' scores")
+        if len(info) >= limit:
+            raise RecoveryError(f"{len(info)} FFN regions do not show every direction of the heads' scores")
         with run.phase("values"):
             beta, margin, pattern = regions.next()
-            _, vals, v_heads = _far_values(oracle, ffn, beta, margin, r, rng, plane)
-        if vals.v.shape[0] != H:
-            raise RecoveryError(f"one FFN region shows {H} heads and another {vals.v.shape[0]}: the target is not "
-                                "a multi-head transformer of this form")
-        g = _frame_g(ffn, pattern, r)
-        residual_part = max(residual_part, float(np.linalg.norm(g - v_heads) / np.linalg.norm(g)))
-        cols, worst = _match(parts0, vals, FAR * beta)
+            vals, m_j, last_j = _far_values(oracle, ffn, beta, margin, r, rng, plane)
+        _same_heads(H, vals)
+        cols, worst = _match(_partial_predictor(parts0), vals, FAR * beta)
         z = regions.near_base(beta, pattern)
         with run.phase("scores"):
             new = _near_scores(oracle, ffn, z, r, vals.v[cols], rng)
         for h in range(H):
             parts[h].append(new[h])
-        near.append(z)
-        info["regions"].append({"margin": margin, "near_base": float(np.linalg.norm(z)), "radius": vals.radius,
-                                "match_angle": worst})
+        Gs.append(ffn.linear(pattern)[0])
+        maps.append(m_j[cols])
+        lasts.append(last_j)
+        info.append({"margin": margin, "near_base": float(np.linalg.norm(z)), "radius": vals.radius,
+                     "match_angle": worst})
     W = np.empty((H, d, d))
     u = np.empty((H, d))
     for h in range(H):
         W[h], u[h], _ = combine_rows(parts[h])
+    # stage 4: more regions (values only) until the maps' G span the neurons' row space
     rank_C = np.linalg.matrix_rank(ffn.C, tol=1e-8 * np.linalg.norm(ffn.C, 2))
-    with run.phase("maps"):
-        Vt, n_map = _maps(oracle, ffn, regions, W, u, rng, rank_C, near)
+    n_map = 0
+    while _rank(Gs) < rank_C:
+        if len(Gs) >= limit + d:
+            raise RecoveryError("the FFN regions' output maps do not span the neurons' row space")
+        with run.phase("values"):
+            beta, margin, pattern = regions.next()
+            vals, m_j, last_j = _far_values(oracle, ffn, beta, margin, r, rng, None)
+        _same_heads(H, vals)
+        cols, _ = _match(lambda zf: W @ zf + u, vals, FAR * beta)
+        Gs.append(ffn.linear(pattern)[0])
+        maps.append(m_j[cols])
+        lasts.append(last_j)
+        n_map += 1
+    Gall = np.concatenate(Gs, axis=1)  # (d, ΣK)
+    Mall = np.concatenate(maps, axis=2)  # (H, d, ΣK): Ṽ_hᵀ G
+    Vt = np.einsum("hik,kj->hji", Mall, np.linalg.pinv(Gall, rcond=1e-10))  # Ṽ_h = (M_h G⁺)ᵀ
+    last = np.concatenate(lasts, axis=1)
+    residual_part = float(np.linalg.norm(last) / max(np.linalg.norm(Gall), 1e-300))
     residual = residual_part > RESIDUAL_TOL
-    A = ffn.C.T
-    v = Vt
+    A, v = ffn.C.T, Vt
     if residual:
-        R0 = np.eye(d) - Vt.sum(axis=0)
+        R0 = np.eye(d) - Vt.sum(axis=0)  # the last token's map in the length-1 frame
         if np.linalg.cond(R0) > 1e12:
-            raise RecoveryError("the residual's last-token map I − Σ_h Ṽ_h is singular: not a residual block")
-        A = R0.T @ ffn.C.T
-        v = np.linalg.solve(R0, Vt)
-    c = ffn.c
-    model = MultiHeadTransformer(W, u, v, A, ffn.b, ffn.w, c, residual)
-    if H == 1:
-        notes.append("one head found")
-    notes.append("identifiable up to: neuron order and positive scale, head order"
-                 + ("" if residual else ", and V_h ↦ M V_h with A ↦ M⁻ᵀA for any invertible M")
-                 + "; heads with equal (W_h, u_h) would come back as one (Prop. 7.1)")
+            raise RecoveryError("the last-token map I − Σ_h Ṽ_h is singular: not a residual block of this form")
+        A, v = R0.T @ ffn.C.T, np.linalg.solve(R0, Vt)
+    model = MultiHeadTransformer(W, u, v, A, ffn.b, ffn.w, ffn.c, residual)
+    notes = ["identifiable up to: neuron order and positive scale, head order"
+             + ("" if residual else ", and V_h ↦ M V_h with A ↦ M⁻ᵀA for any invertible M")
+             + "; heads with equal (W_h, u_h) would come back as one (Prop. 7.1)"]
     details = {"heads": H, "neurons": int(ffn.C.shape[0]), "outputs": K, "residual": residual,
-               "residual_part": residual_part, "attention_regions": len(near), "map_regions": n_map,
-               "value_sum_check": sum_check,
-               **info}
+               "residual_part": residual_part, "attention_regions": len(info), "map_regions": n_map,
+               "regions": info}
     return run.finish(model, unknowns=MultiHeadTransformer.unknowns(d, H, int(ffn.C.shape[0]), K, residual),
                       details=details, notes=notes, hint=" (a one-layer multi-head transformer of this form)")
+
+
+def _same_heads(H: int, vals) -> None:
+    if vals.v.shape[0] != H:
+        raise RecoveryError(f"one FFN region shows {H} heads and another {vals.v.shape[0]}: the target is not a "
+                            "multi-head transformer of this form")
+
+
+def _partial_predictor(parts0):
+    """``z ↦`` the part of every head's scores ``p_h(z)`` inside its first region's ``S_h``."""
+    return lambda zf: np.array([N @ (NW @ zf + Nu) for N, NW, Nu in parts0])
+
+
+def _rank(Gs) -> int:
+    Gall = np.concatenate(Gs, axis=1)
+    return int(np.linalg.matrix_rank(Gall, tol=1e-8 * np.linalg.norm(Gall, 2)))
 
 
 def _frame_g(ffn: KnownFFN, pattern, r) -> np.ndarray:

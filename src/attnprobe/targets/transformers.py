@@ -43,13 +43,14 @@ def random_multihead_transformer(d: int, heads: int, m: int, *, outputs: int = 1
                                  residual: bool = False, head_dim: int | None = None, seed: int = 0,
                                  scale: float = 1.0, dtype: str = "float64") -> MultiHeadTransformer:
     """A random multi-head one-layer transformer: the heads' ``W_h, u_h`` as :func:`random_multihead` (head
-    dimension ``d // heads`` by default), ``V_h = O_h P_h`` of rank ``head_dim`` (Gaussian factors,
+    dimension ``max(2, d // heads)`` by default), ``V_h = O_h P_h`` of rank ``head_dim`` (Gaussian factors,
     scaled so ``Σ_h V_h x`` has about the scale of x) and the FFN of :func:`random_relu_net` with ``outputs``
     outputs (biases when ``bias``)."""
     from attnprobe.targets.multihead import random_multihead
 
-    mh = random_multihead(d, heads, head_dim, seed=seed, bias=bias, scale=scale)
-    d_h = max(1, d // heads) if head_dim is None else int(head_dim)
+    d_h = max(2, d // heads) if head_dim is None else int(head_dim)
+    mh = random_multihead(d, heads, d_h, seed=seed, bias=bias, scale=scale)
+    d_h = max(2, d // heads) if head_dim is None else int(head_dim)
     rng = np.random.default_rng([seed, 19])
     V = np.einsum("hik,hkj->hij", rng.standard_normal((heads, d, d_h)), rng.standard_normal((heads, d_h, d)))
     V /= np.sqrt(heads * d_h * d)
