@@ -140,7 +140,7 @@ class FrameValues:
 
 
 def frame_values(oracle, v_heads: np.ndarray, rng, *, T: float, grid: int = 8, resolution: float = 1e-7,
-                 plane: np.ndarray | None = None) -> FrameValues:
+                 plane: np.ndarray | None = None, max_crossings: int = 64) -> FrameValues:
     """Every head's value vector on one saturated half circle of radius ``T`` (as the generic multi-head learner's
     first stage, :mod:`attnprobe.learners.multihead.saturation`, with last token 0 and the radius chosen by the
     caller). ``plane``: an orthonormal (d, k ≥ 2) basis the circle is drawn in (default all of R^d)."""
@@ -151,6 +151,9 @@ def frame_values(oracle, v_heads: np.ndarray, rng, *, T: float, grid: int = 8, r
     gain = float(np.linalg.norm(v_heads))
     circle = _Circle(oracle, Z[:, 0], Z[:, 1], base, gain, max(1e-7, 1e5 * oracle.eps))
     cross, scale = find_crossings(circle, T, v_heads, grid, resolution)
+    if cross.size > max_crossings:
+        raise RecoveryError(f"{cross.size} cone changes on one saturated circle (at most {max_crossings} expected): the "
+                            "answers are not piecewise linear there (probes outside the FFN region, or rounding)")
     if cross.size == 0:
         raise UnidentifiableError("the saturated answers are linear in the probe: no head's attention depends on it")
     lo = np.concatenate([[cross[-1] - np.pi], cross[:-1]])
@@ -227,6 +230,7 @@ def frame_maps(oracle, vals: FrameValues, heads_total: np.ndarray, rng) -> np.nd
     cross = np.sort(vals.crossings)
     lo = np.concatenate([[cross[-1] - np.pi], cross[:-1]])
     Q = np.linalg.qr(rng.standard_normal((d, d)))[0].T
+    scale = max(float(np.linalg.norm(heads_total)), 1e-300)  # a cone's gradient can be 0 (every head off)
     grads = []
     for a, b in zip(lo, cross):
         th = 0.5 * (a + b)
@@ -239,7 +243,7 @@ def frame_maps(oracle, vals: FrameValues, heads_total: np.ndarray, rng) -> np.nd
             F = np.asarray(oracle(X)).reshape(len(P), -1)
             g1 = Q.T @ ((F[1:d + 1] - F[0]) / delta)
             g4 = Q.T @ ((F[d + 1:] - F[0]) / (delta / 4))
-            if np.linalg.norm(g1 - g4) <= 1e-6 * max(np.linalg.norm(g1), 1e-300):
+            if np.linalg.norm(g1 - g4) <= 1e-6 * scale:
                 break
             delta /= 8
         else:
