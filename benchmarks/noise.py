@@ -84,8 +84,12 @@ def compare():
                                         check=False)
                     r0 = extract_robust(Oracle(mk(h, tau, seed), d), bias=False, tolerance=tau, seed=seed,
                                         check=False, retries=0)
-                    ep.append(err_w(rp, h)); eo.append(err_w(ro, h)); qp.append(rp.queries); qo.append(ro.queries)
-                    e0.append(err_w(r0, h)); q0.append(r0.queries)
+                    ep.append(err_w(rp, h))
+                    eo.append(err_w(ro, h))
+                    qp.append(rp.queries)
+                    qo.append(ro.queries)
+                    e0.append(err_w(r0, h))
+                    q0.append(r0.queries)
                 ratio = min(np.array(ep) / np.array(eo))
                 ratio0 = min(np.array(ep) / np.array(e0))
                 rows.append([d, f"{tau:g}", name, f"{np.mean(ep):.3e}", f"{np.mean(eo):.3e}", f"{ratio:.1f}",
