@@ -18,6 +18,13 @@ def run(args) -> int:
 
         model = random_head(args.d, seed=args.seed, scale=args.scale, rank=args.rank, bias=not args.no_bias,
                             zero_v=args.zero_v)
+    elif args.kind == "transformer" and args.heads is not None:
+        from attnprobe.targets import random_multihead_transformer
+
+        model = random_multihead_transformer(args.d, args.heads, args.d if args.m is None else args.m,
+                                             outputs=args.outputs or 1, bias=not args.no_bias,
+                                             residual=args.residual, head_dim=args.head_dim, seed=args.seed,
+                                             scale=args.scale)
     elif args.kind in ("transformer", "relu"):
         from attnprobe.targets import random_relu_net, random_transformer
 
@@ -69,7 +76,10 @@ def add_parser(sub) -> None:
     t.add_argument("--d", type=positive_int, default=16)
     t.add_argument("--m", type=positive_int, help="transformer/relu: hidden width of the FFN (default d)")
     t.add_argument("--rank", type=positive_int)
-    t.add_argument("--heads", type=positive_int, help="multihead: number of heads H")
+    t.add_argument("--heads", type=positive_int,
+                   help="multihead: number of heads H; transformer: H heads, FFN biases (--no-bias: none), "
+                        "--outputs K, --residual (without --heads: the one-head Sec. 4.1 model)")
+    t.add_argument("--residual", action="store_true", help="transformer --heads: x_N + a(X) feeds the FFN")
     t.add_argument("--head-dim", type=positive_int, help="multihead: head dimension d_h (default d // H)")
     t.add_argument("--orthogonal", action="store_true",
                    help="multihead: heads in mutually orthogonal subspaces (App. C); also writes OUT_subspaces.npz")
@@ -77,7 +87,7 @@ def add_parser(sub) -> None:
     t.add_argument("--zero-v", type=nonneg_int, default=0, help="number of zero entries of v")
     t.add_argument("--no-bias", action="store_true")
     t.add_argument("--relu-bias", action="store_true", help="relu: hidden biases b and output bias c")
-    t.add_argument("--outputs", type=int, metavar="K", help="relu: K outputs per input (w_o of shape m×K)")
+    t.add_argument("--outputs", type=int, metavar="K", help="relu / transformer --heads: K outputs per input (w_o of shape m×K)")
     t.add_argument("--layer", type=nonneg_int, default=0)
     t.add_argument("--head", type=nonneg_int, default=0)
     t.add_argument("--row", type=nonneg_int, default=0)

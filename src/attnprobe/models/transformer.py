@@ -76,6 +76,12 @@ class OneLayerTransformer:
     def arrays(self) -> dict[str, np.ndarray]:
         return {"W": self.W, "A": self.A, "w_o": self.w_o, "v": self.v}
 
+    def as_multihead(self) -> "MultiHeadTransformer":
+        """The same function as a :class:`MultiHeadTransformer`: one head, ``u = 0``, ``V = I``, no biases."""
+        d, m = self.A.shape
+        return MultiHeadTransformer(self.W[None], np.zeros((1, d)), np.eye(d)[None], self.A, np.zeros(m),
+                                    self.w_o.reshape(m, 1), np.zeros(1), False, self.dtype)
+
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "OneLayerTransformer":
         missing = {"W", "A", "w_o"} - set(arrays)
@@ -186,3 +192,27 @@ class MultiHeadTransformer:
             raise ConfigError(f"a multi-head transformer needs arrays {sorted(missing)}")
         return cls(arrays["W"], arrays["u"], arrays["v"], arrays["A"], arrays["b"], arrays["w_o"], arrays["c"],
                    bool(arrays.get("residual", False)), dtype)
+
+
+def transformer_errors(true, got, *, seed: int = 0, per_length: int = 16) -> dict[str, float]:
+    """How far ``got`` is from ``true`` (either a multi-head or a Sec. 4.1 transformer): heads matched by their
+    scores (Hungarian on ``‖W_h − Ŵ_g‖``), the worst relative error of W and of u over matched heads, and the
+    relative error of the function on fresh N(0, I) sequences of every length 1–16 (V_h and A are only defined up
+    to an invertible map, so they are judged through the function)."""
+    from scipy.optimize import linear_sum_assignment
+
+    true = true.as_multihead() if isinstance(true, OneLayerTransformer) else true
+    got = got.as_multihead() if isinstance(got, OneLayerTransformer) else got
+    D = np.linalg.norm(true.W[:, None] - got.W[None], axis=(2, 3)) / np.linalg.norm(true.W, axis=(1, 2))[:, None]
+    rows, cols = linear_sum_assignment(D)
+    u_scale = max(float(np.linalg.norm(true.u)), 1e-300)
+    u_err = max(float(np.linalg.norm(true.u[i] - got.u[j])) for i, j in zip(rows, cols)) / u_scale
+    rng = np.random.default_rng(seed)
+    num = den = 0.0
+    for N in range(1, 17):
+        X = rng.standard_normal((per_length, N, true.d))
+        y = true(X)
+        num += float(np.sum((got(X) - y) ** 2))
+        den += float(np.sum((y - true.c.reshape(-1)[0] if true.K == 1 else y - true.c) ** 2))
+    return {"heads_found": float(got.H), "heads_true": float(true.H), "W": float(np.max(D[rows, cols])),
+            "u": u_err, "function": float(np.sqrt(num / max(den, 1e-300)))}

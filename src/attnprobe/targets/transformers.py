@@ -46,8 +46,11 @@ def random_multihead_transformer(d: int, heads: int, m: int, *, outputs: int = 1
     dimension ``max(2, d // heads)`` by default), ``V_h = O_h P_h`` of rank ``head_dim`` (Gaussian factors,
     scaled so ``Σ_h V_h x`` has about the scale of x) and the FFN of :func:`random_relu_net` with ``outputs``
     outputs (biases when ``bias``)."""
+    from attnprobe.errors import ConfigError
     from attnprobe.targets.multihead import random_multihead
 
+    if int(outputs) < 1:
+        raise ConfigError(f"outputs must be at least 1; got {outputs}", param="outputs")
     d_h = max(2, d // heads) if head_dim is None else int(head_dim)
     mh = random_multihead(d, heads, d_h, seed=seed, bias=bias, scale=scale)
     d_h = max(2, d // heads) if head_dim is None else int(head_dim)
