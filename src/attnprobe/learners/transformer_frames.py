@@ -100,9 +100,10 @@ class _Circle:
     """``F(w) = f([w; 0]) − f([0; 0])`` on the half circle ``T(cos θ z₀ + sin θ z₁)`` (the interface
     :func:`find_crossings` and :func:`cone_gradient` read)."""
 
-    def __init__(self, oracle, z0, z1, base, gain, tol):
+    def __init__(self, oracle, z0, z1, base, gain, tol, shift):
         self.oracle, self.z0, self.z1, self.base, self.gain, self.tol = oracle, z0, z1, base, gain, tol
         self.y = np.zeros_like(z0)
+        self.shift = shift  # a known linear term wᵀs: no cone has a zero gradient (labels need a scale)
 
     def point(self, theta, T):
         th = np.atleast_1d(theta)
@@ -112,7 +113,7 @@ class _Circle:
         W = np.atleast_2d(W)
         X = np.zeros((W.shape[0], 2, W.shape[1]))
         X[:, 0] = W
-        return self.oracle(X) - self.base
+        return self.oracle(X) - self.base + W @ self.shift
 
 
 def heads_sum(oracle, scale: float) -> np.ndarray:
@@ -149,8 +150,11 @@ def frame_values(oracle, v_heads: np.ndarray, rng, *, T: float, grid: int = 8, r
     Z = basis @ np.linalg.qr(rng.standard_normal((basis.shape[1], 2)))[0]
     base = float(oracle(np.zeros((1, 2, d)))[0])
     gain = float(np.linalg.norm(v_heads))
-    circle = _Circle(oracle, Z[:, 0], Z[:, 1], base, gain, max(1e-7, 1e5 * oracle.eps))
-    cross, scale = find_crossings(circle, T, v_heads, grid, resolution)
+    # with every head off F is 0 (no residual): a shift s = Σ_h v_h keeps every cone's label away from 0; the
+    # cone opposite ĝ = g + s then has ĝ' = (Σ_h v_h − g) + s = 3s − ĝ
+    circle = _Circle(oracle, Z[:, 0], Z[:, 1], base, 2 * gain, max(1e-7, 1e5 * oracle.eps), v_heads)
+    closing = 3 * v_heads
+    cross, scale = find_crossings(circle, T, closing, grid, resolution)
     if cross.size > max_crossings:
         raise RecoveryError(f"{cross.size} cone changes on one saturated circle (at most {max_crossings} expected): the "
                             "answers are not piecewise linear there (probes outside the FFN region, or rounding)")
@@ -177,12 +181,12 @@ def frame_values(oracle, v_heads: np.ndarray, rng, *, T: float, grid: int = 8, r
         if np.linalg.norm(g - merged[-1]) > floor:
             merged.append(g)
             real.append(cross[j - 1])
-    if len(merged) > 1 and np.linalg.norm(merged[-1] - (v_heads - merged[0])) <= floor:
-        merged[-1] = v_heads - merged[0]  # the last cone is already the one opposite the first
+    if len(merged) > 1 and np.linalg.norm(merged[-1] - (closing - merged[0])) <= floor:
+        merged[-1] = closing - merged[0]  # the last cone is already the one opposite the first
     else:
-        merged.append(v_heads - merged[0])
+        merged.append(closing - merged[0])
         real.append(cross[-1])
-    G = np.array(merged)
+    G = np.array(merged) - v_heads  # undo the shift
     J = np.diff(G, axis=0)
     coef, *_ = np.linalg.lstsq(J.T, G[0], rcond=None)
     off = coef < -0.5
