@@ -28,7 +28,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from attnprobe._validation import check_seed
-from attnprobe.errors import RecoveryError, UnidentifiableError
+from attnprobe.errors import BudgetExceededError, RecoveryError, UnidentifiableError
 from attnprobe.learners.ffn import extract_ffn, require_fine_answers
 from attnprobe.learners.skeleton import Run
 from attnprobe.learners.transformer_frames import (KnownFFN, frame_maps, frame_oracle, frame_values, heads_sum,
@@ -36,12 +36,15 @@ from attnprobe.learners.transformer_frames import (KnownFFN, frame_maps, frame_o
 from attnprobe.learners.transformer_heads import (combine_rows, head_scores,
                                                   scores_to_parameters, token_bases)
 from attnprobe.models.transformer import MultiHeadTransformer
+from attnprobe.oracles.base import Oracle
 
 METHOD = "transformer"
 #: the issue's check: fresh random sequences of every length 1..16
 CHECK_LENGTHS = tuple(range(1, 17))
 #: base of the far frames (every logit ≈ 10⁸·‖W_h β‖·‖w‖: saturated except next to a head's hyperplane)
 FAR = 1e8
+#: default cap on the FFN stage's length-1 queries per input dimension (a 32-64-10 FFN needs ~300 per dimension)
+FFN_QUERIES_PER_INPUT = 2000
 #: the residual counts as present when the last-token term exceeds this share of g
 RESIDUAL_TOL = 1e-6
 #: a region is usable when its base is at least this share of the distance to the nearest neuron hyperplane
@@ -157,13 +160,15 @@ def _match(predict, vals, z_far):
 
 
 def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, check_lengths=CHECK_LENGTHS,
-                                  progress=None, max_regions: int | None = None, **ffn_options):
+                                  progress=None, max_regions: int | None = None, ffn_queries: int | None = None,
+                                  **ffn_options):
     """Recover a multi-head transformer with a biased ReLU FFN and K outputs (module docstring).
 
     Heads, biases, outputs and the residual are detected. Phases: ``ffn``, ``values`` (saturated circles far
     out), ``scores`` (isolated heads near the origin). Raises :class:`UnidentifiableError` for targets whose
     attention never reaches the output (or is affine: a plain head has no kinks) and :class:`RecoveryError`
-    when the answers contradict the model's form. ``ffn_options`` go to :func:`extract_ffn`.
+    when the answers contradict the model's form. ``ffn_options`` go to :func:`extract_ffn`; ``ffn_queries`` caps
+    its length-1 queries (default ``FFN_QUERIES_PER_INPUT·(d + 1)``: a smooth FFN would never stop finding kinks).
     """
     require_fine_answers(oracle, "the transformer learner")
     d = oracle.d
@@ -172,8 +177,19 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
     run.plan(4 * d + 16, f"the transformer learner at d={d} (FFN kinks, saturated circles, head scores; adaptive)",
              at_least=True)
     rng = run.rng
+    cap = FFN_QUERIES_PER_INPUT * (d + 1) if ffn_queries is None else int(ffn_queries)
+    limit_ffn = cap if oracle.budget is None else min(cap, int(oracle.remaining))
+    capped = Oracle(oracle, d, budget=limit_ffn, precision=oracle.precision, name=f"{oracle.name}[length 1]")
+    capped.eps = oracle.eps
     with run.phase("ffn", absorb=True):
-        net = extract_ffn(oracle, seed=seed, check=False, progress=progress, **ffn_options).model
+        try:
+            net = extract_ffn(capped, seed=seed, check=False, progress=progress, **ffn_options).model
+        except BudgetExceededError:
+            if limit_ffn < cap:
+                raise
+            raise RecoveryError(f"the length-1 answers did not settle into a ReLU network within {cap} queries "
+                                f"({oracle.queries} spent): the FFN is not piecewise linear (GELU?) or wider than "
+                                "expected (raise ffn_queries)") from None
     ffn = KnownFFN.from_net(net)
     K = ffn.w.shape[1]
     r = rng.standard_normal(K)
