@@ -7,7 +7,7 @@
 when its functional check passes and the model's relative error on fresh N(0, I) sequences of every length 1–16
 (against the true model) is ≤ 1e-8. ``eprint``: d = 8, H = 6 (the ePrint 2026/1678 experiment's size) beside its
 2⁻⁵¹. ``mha26``: bias-free FFN, one output. ``separate``: our queries against the unknowns and against the
-multi-head generic learner plus the FFN learner run on their own. Each run has a budget of 5·10⁶ queries.
+multi-head generic learner plus the FFN learner run on their own. Each run has a budget of 10⁶ queries.
 Timings are wall-clock seconds on a shared 2-core machine. Tables go to docs/benchmarks.md.
 """
 
@@ -28,7 +28,7 @@ from attnprobe.oracles import Oracle
 from attnprobe.reports import Table, command_line, write_section
 from attnprobe.targets import random_multihead, random_multihead_transformer, random_relu_net
 
-BUDGET = 5_000_000
+BUDGET = 1_000_000
 TOL = 1e-8
 
 

@@ -50,7 +50,7 @@ RESIDUAL_TOL = 1e-6
 #: a region is usable when its base is at least this share of the distance to the nearest neuron hyperplane
 CANDIDATES = 4096
 #: last tokens of the near frames reach this share of the distance to the nearest neuron hyperplane
-NEAR_TOKENS = 0.5
+NEAR_TOKENS = 0.8
 
 
 class _Regions:
@@ -80,14 +80,17 @@ class _Regions:
         raise RecoveryError("no further FFN region with a usable margin: the neurons leave no room to probe in")
 
     def near_base(self, beta, pattern) -> np.ndarray:
-        """The near frame's base ``Rβ``: over R in the region, the least ``(R + 1)²/dist(Rβ)`` (the error of
-        ``u_h = p_h(z) − W_h z`` grows with ‖z‖ and shrinks with the room the last tokens have)."""
+        """The near frame's base ``Rβ``: the R with the least predicted error of ``u_h = p_h(z) − W_h z``,
+        ``(R + 1)²/(γ²·dist)`` — the answers round with ‖TF(z)‖ ∝ R + 1, probes ``γ = min(2/(R + 1), dist/10)``
+        (logits of order one, inside the region), last tokens within ``dist/2`` (differences over them)."""
         R = np.geomspace(0.5, 5e3, 400)
         Z = R[:, None] * beta
         ok = np.all(self.ffn.pattern(Z) == pattern, axis=1)
         if not np.any(ok):
             raise RecoveryError("no point of the FFN region is far enough from its neuron hyperplanes")
-        cost = np.where(ok, (R + 1.0) ** 2 / np.maximum(self.ffn.margin(Z), 1e-300), np.inf)
+        dist = np.maximum(self.ffn.margin(Z), 1e-300)
+        gamma = np.minimum(2.0 / (R + 1.0), dist / 10)
+        cost = np.where(ok, (R + 1.0) ** 2 / (gamma**2 * dist), np.inf)
         return Z[int(np.argmin(cost))]
 
 

@@ -205,7 +205,7 @@ def transformer_errors(true, got, *, seed: int = 0, per_length: int = 16) -> dic
     got = got.as_multihead() if isinstance(got, OneLayerTransformer) else got
     D = np.linalg.norm(true.W[:, None] - got.W[None], axis=(2, 3)) / np.linalg.norm(true.W, axis=(1, 2))[:, None]
     rows, cols = linear_sum_assignment(D)
-    u_scale = max(float(np.linalg.norm(true.u)), 1e-300)
+    u_scale = float(np.linalg.norm(true.u)) or 1.0  # bias-free: the absolute error
     u_err = max(float(np.linalg.norm(true.u[i] - got.u[j])) for i, j in zip(rows, cols)) / u_scale
     rng = np.random.default_rng(seed)
     num = den = 0.0
