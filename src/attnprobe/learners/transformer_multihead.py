@@ -45,6 +45,10 @@ CHECK_LENGTHS = tuple(range(1, 17))
 FAR = 1e8
 #: default cap on the FFN stage's length-1 queries per input dimension (a 32-64-10 FFN needs ~300 per dimension)
 FFN_QUERIES_PER_INPUT = 2000
+#: regions are added until the stacked bases of every head's scores, and the stacked region maps G, have a
+#: smallest singular value (relative) of at least this: least squares through them amplifies errors by its inverse
+WELL_SEEN = 0.2
+WELL_SPANNED = 0.05
 #: the residual counts as present when the last-token term exceeds this share of g
 RESIDUAL_TOL = 1e-6
 #: a region is usable when its base is at least this share of the distance to the nearest neuron hyperplane
@@ -212,12 +216,14 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
     parts = [[p] for p in parts0]
     plane = np.linalg.svd(vals0.v)[2][H:].T if H > 1 else None
     info = [{"margin": margin, "near_base": float(np.linalg.norm(z)), "radius": vals0.radius}]
-    while min(combine_rows(p)[2] for p in parts) < 1e-3:
+    while min(combine_rows(p)[2] for p in parts) < WELL_SEEN:
         if plane is None or plane.shape[1] < 2:
             raise UnidentifiableError(f"{H} heads at width d = {d}: one FFN region shows only {d - H + 1} of the d "
                                       "directions of each head's scores, and matching heads across regions needs "
                                       "d ≥ H + 2")
         if len(info) >= limit:
+            if min(combine_rows(p)[2] for p in parts) > 1e-3:
+                break  # seen, if not well: the check judges the result
             raise RecoveryError(f"{len(info)} FFN regions do not show every direction of the heads' scores")
         with run.phase("values"):
             beta, margin, pattern = regions.next()
@@ -241,8 +247,10 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
     # stage 4: more regions (values only) until the maps' G span the neurons' row space
     rank_C = np.linalg.matrix_rank(ffn.C, tol=1e-8 * np.linalg.norm(ffn.C, 2))
     n_map = 0
-    while _rank(Gs) < rank_C:
+    while _conditioning(Gs, rank_C) < WELL_SPANNED:
         if len(Gs) >= limit + d:
+            if _conditioning(Gs, rank_C) > 0:
+                break  # spanned, if not well: the check judges the result
             raise RecoveryError("the FFN regions' output maps do not span the neurons' row space")
         with run.phase("values"):
             beta, margin, pattern = regions.next()
@@ -287,9 +295,10 @@ def _partial_predictor(parts0):
     return lambda zf: np.array([N @ (NW @ zf + Nu) for N, NW, Nu in parts0])
 
 
-def _rank(Gs) -> int:
-    Gall = np.concatenate(Gs, axis=1)
-    return int(np.linalg.matrix_rank(Gall, tol=1e-8 * np.linalg.norm(Gall, 2)))
+def _conditioning(Gs, rank_C: int) -> float:
+    """``σ_rank C / σ_1`` of the stacked region maps G (0 while they do not span the neurons' row space)."""
+    sv = np.linalg.svd(np.concatenate(Gs, axis=1), compute_uv=False)
+    return float(sv[rank_C - 1] / sv[0]) if sv.size >= rank_C and sv[0] > 0 else 0.0
 
 
 def _frame_g(ffn: KnownFFN, pattern, r) -> np.ndarray:
