@@ -100,7 +100,7 @@ class _Circle:
     """``F(w) = f([w; 0]) − f([0; 0])`` on the half circle ``T(cos θ z₀ + sin θ z₁)`` (the interface
     :func:`find_crossings` and :func:`cone_gradient` read)."""
 
-    def __init__(self, oracle, z0, z1, base, gain, tol, shift):
+    def __init__(self, oracle, z0, z1, base, gain, tol, *, shift):
         self.oracle, self.z0, self.z1, self.base, self.gain, self.tol = oracle, z0, z1, base, gain, tol
         self.y = np.zeros_like(z0)
         self.shift = shift  # a known linear term wᵀs: no cone has a zero gradient (labels need a scale)
@@ -152,7 +152,7 @@ def frame_values(oracle, v_heads: np.ndarray, rng, *, T: float, grid: int = 8, r
     gain = float(np.linalg.norm(v_heads))
     # with every head off F is 0 (no residual): a shift s = Σ_h v_h keeps every cone's label away from 0; the
     # cone opposite ĝ = g + s then has ĝ' = (Σ_h v_h − g) + s = 3s − ĝ
-    circle = _Circle(oracle, Z[:, 0], Z[:, 1], base, 2 * gain, max(1e-7, 1e5 * oracle.eps), v_heads)
+    circle = _Circle(oracle, Z[:, 0], Z[:, 1], base, 2 * gain, max(1e-7, 1e5 * oracle.eps), shift=v_heads)
     closing = 3 * v_heads
     cross, scale = find_crossings(circle, T, closing, grid, resolution)
     if cross.size > max_crossings:

@@ -183,88 +183,130 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
               progress=progress)
     run.plan(4 * d + 16, f"the transformer learner at d={d} (FFN kinks, saturated circles, head scores; adaptive)",
              at_least=True)
-    rng = run.rng
+    ffn = _learn_ffn(run, seed, ffn_queries, ffn_options)
+    K = ffn.w.shape[1]
+    r = run.rng.standard_normal(K)
+    r /= np.linalg.norm(r)
+    seen = _Seen(run, ffn, _Regions(ffn, run.rng, r), r, max_regions or (2 * d + 2))
+    seen.attention()
+    H = seen.H
+    W = np.empty((H, d, d))
+    u = np.empty((H, d))
+    for h in range(H):
+        W[h], u[h], _ = combine_rows(seen.parts[h])
+    n_map = seen.maps_spanned(W, u)
+    model, residual_part = _assemble(ffn, W, u, seen)
+    notes = ["identifiable up to: neuron order and positive scale, head order"
+             + ("" if model.residual else ", and V_h ↦ M V_h with A ↦ M⁻ᵀA for any invertible M")
+             + "; heads with equal (W_h, u_h) would come back as one (Prop. 7.1)"]
+    details = {"heads": H, "neurons": int(ffn.C.shape[0]), "outputs": K, "residual": model.residual,
+               "residual_part": residual_part, "attention_regions": len(seen.info), "map_regions": n_map,
+               "regions": seen.info}
+    return run.finish(model, unknowns=MultiHeadTransformer.unknowns(d, H, int(ffn.C.shape[0]), K, model.residual),
+                      details=details, notes=notes, hint=" (a one-layer multi-head transformer of this form)")
+
+
+def _learn_ffn(run, seed, ffn_queries, ffn_options) -> KnownFFN:
+    """Stage 1 on length-1 queries, through an oracle capped at ``ffn_queries``."""
+    oracle = run.oracle
+    d = oracle.d
     cap = FFN_QUERIES_PER_INPUT * (d + 1) if ffn_queries is None else int(ffn_queries)
     limit_ffn = cap if oracle.budget is None else min(cap, int(oracle.remaining))
     capped = Oracle(oracle, d, budget=limit_ffn, precision=oracle.precision, name=f"{oracle.name}[length 1]")
     capped.eps = oracle.eps
     with run.phase("ffn", absorb=True):
         try:
-            net = extract_ffn(capped, seed=seed, check=False, progress=progress, **ffn_options).model
+            net = extract_ffn(capped, seed=seed, check=False, progress=run.progress, **ffn_options).model
         except BudgetExceededError:
             if limit_ffn < cap:
                 raise
             raise RecoveryError(f"the length-1 answers did not settle into a ReLU network within {cap} queries "
                                 f"({oracle.queries} spent): the FFN is not piecewise linear (GELU?) or wider than "
                                 "expected (raise ffn_queries)") from None
-    ffn = KnownFFN.from_net(net)
-    K = ffn.w.shape[1]
-    r = rng.standard_normal(K)
-    r /= np.linalg.norm(r)
-    regions = _Regions(ffn, rng, r)
-    limit = max_regions or (2 * d + 2)
-    # stage 2 and 3 in the first region; more regions until every head's scores are seen in every direction
-    with run.phase("values"):
-        beta, margin, pattern = regions.next()
-        vals0, maps0, last0 = _far_values(oracle, ffn, beta, margin, r, rng, None)
-    H = vals0.v.shape[0]
-    G0 = ffn.linear(pattern)[0]
-    Gs, maps, lasts = [G0], [maps0], [last0]
-    z = regions.near_base(beta, pattern)
-    with run.phase("scores"):
-        parts0 = _near_scores(oracle, ffn, z, r, vals0.v, rng)
-    parts = [[p] for p in parts0]
-    plane = np.linalg.svd(vals0.v)[2][H:].T if H > 1 else None
-    info = [{"margin": margin, "near_base": float(np.linalg.norm(z)), "radius": vals0.radius}]
-    while min(combine_rows(p)[2] for p in parts) < WELL_SEEN:
-        if plane is None or plane.shape[1] < 2:
-            raise UnidentifiableError(f"{H} heads at width d = {d}: one FFN region shows only {d - H + 1} of the d "
-                                      "directions of each head's scores, and matching heads across regions needs "
-                                      "d ≥ H + 2")
-        if len(info) >= limit:
-            if min(combine_rows(p)[2] for p in parts) > 1e-3:
-                break  # seen, if not well: the check judges the result
-            raise RecoveryError(f"{len(info)} FFN regions do not show every direction of the heads' scores")
-        with run.phase("values"):
-            beta, margin, pattern = regions.next()
-            vals, m_j, last_j = _far_values(oracle, ffn, beta, margin, r, rng, plane)
-        _same_heads(H, vals)
-        cols, worst = _match(_partial_predictor(parts0), vals, FAR * beta)
-        z = regions.near_base(beta, pattern)
-        with run.phase("scores"):
-            new = _near_scores(oracle, ffn, z, r, vals.v[cols], rng)
-        for h in range(H):
-            parts[h].append(new[h])
-        Gs.append(ffn.linear(pattern)[0])
-        maps.append(m_j[cols])
-        lasts.append(last_j)
-        info.append({"margin": margin, "near_base": float(np.linalg.norm(z)), "radius": vals.radius,
-                     "match_angle": worst})
-    W = np.empty((H, d, d))
-    u = np.empty((H, d))
-    for h in range(H):
-        W[h], u[h], _ = combine_rows(parts[h])
-    # stage 4: more regions (values only) until the maps' G span the neurons' row space
-    rank_C = np.linalg.matrix_rank(ffn.C, tol=1e-8 * np.linalg.norm(ffn.C, 2))
-    n_map = 0
-    while _conditioning(Gs, rank_C) < WELL_SPANNED:
-        if len(Gs) >= limit + d:
-            if _conditioning(Gs, rank_C) > 0:
-                break  # spanned, if not well: the check judges the result
-            raise RecoveryError("the FFN regions' output maps do not span the neurons' row space")
-        with run.phase("values"):
-            beta, margin, pattern = regions.next()
-            vals, m_j, last_j = _far_values(oracle, ffn, beta, margin, r, rng, None)
-        _same_heads(H, vals)
-        cols, _ = _match(lambda zf: W @ zf + u, vals, FAR * beta)
-        Gs.append(ffn.linear(pattern)[0])
-        maps.append(m_j[cols])
-        lasts.append(last_j)
-        n_map += 1
-    Gall = np.concatenate(Gs, axis=1)  # (d, ΣK)
-    Mall = np.concatenate(maps, axis=2)  # (H, d, ΣK): Ṽ_hᵀ G
+    return KnownFFN.from_net(net)
+
+
+class _Seen:
+    """What the regions showed so far: every head's score parts, every region's G, maps and last-token part."""
+
+    def __init__(self, run, ffn, regions, r, limit):
+        self.run, self.ffn, self.regions, self.r, self.limit = run, ffn, regions, r, limit
+        self.Gs, self.maps, self.lasts, self.info = [], [], [], []
+        self.parts: list[list] = []
+        self.H = 0
+
+    def _values(self, plane):
+        with self.run.phase("values"):
+            beta, margin, pattern = self.regions.next()
+            vals, maps, last = _far_values(self.run.oracle, self.ffn, beta, margin, self.r, self.run.rng, plane)
+        if self.H and vals.v.shape[0] != self.H:
+            raise RecoveryError(f"one FFN region shows {self.H} heads and another {vals.v.shape[0]}: the target is "
+                                "not a multi-head transformer of this form")
+        return beta, margin, pattern, vals, maps, last
+
+    def _keep(self, pattern, maps, last):
+        self.Gs.append(self.ffn.linear(pattern)[0])
+        self.maps.append(maps)
+        self.lasts.append(last)
+
+    def _scores(self, beta, pattern, v):
+        z = self.regions.near_base(beta, pattern)
+        with self.run.phase("scores"):
+            return z, _near_scores(self.run.oracle, self.ffn, z, self.r, v, self.run.rng)
+
+    def attention(self) -> None:
+        """Stages 2 and 3 in the first region, then in more regions until every head's scores are seen well."""
+        d = self.run.oracle.d
+        beta, margin, pattern, vals0, maps0, last0 = self._values(None)
+        self.H = H = vals0.v.shape[0]
+        self._keep(pattern, maps0, last0)
+        z, parts0 = self._scores(beta, pattern, vals0.v)
+        self.parts = [[p] for p in parts0]
+        plane = np.linalg.svd(vals0.v)[2][H:].T if H > 1 else None
+        self.info.append({"margin": margin, "near_base": float(np.linalg.norm(z)), "radius": vals0.radius})
+        while min(combine_rows(p)[2] for p in self.parts) < WELL_SEEN:
+            if plane is None or plane.shape[1] < 2:
+                raise UnidentifiableError(f"{H} heads at width d = {d}: one FFN region shows only {d - H + 1} of the "
+                                          "d directions of each head's scores, and matching heads across regions "
+                                          "needs d ≥ H + 2")
+            if len(self.info) >= self.limit:
+                if min(combine_rows(p)[2] for p in self.parts) > 1e-3:
+                    break  # seen, if not well: the check judges the result
+                raise RecoveryError(f"{len(self.info)} FFN regions do not show every direction of the heads' scores")
+            beta, margin, pattern, vals, m_j, last_j = self._values(plane)
+            cols, worst = _match(_partial_predictor(parts0), vals, FAR * beta)
+            z, new = self._scores(beta, pattern, vals.v[cols])
+            for h in range(H):
+                self.parts[h].append(new[h])
+            self._keep(pattern, m_j[cols], last_j)
+            self.info.append({"margin": margin, "near_base": float(np.linalg.norm(z)), "radius": vals.radius,
+                              "match_angle": worst})
+
+    def maps_spanned(self, W, u) -> int:
+        """Stage 4: more regions (values only, heads matched by the complete scores) until the G's span the
+        neurons' row space well. Returns how many were added."""
+        C = self.ffn.C
+        rank_C = np.linalg.matrix_rank(C, tol=1e-8 * np.linalg.norm(C, 2))
+        added = 0
+        while _conditioning(self.Gs, rank_C) < WELL_SPANNED:
+            if len(self.Gs) >= self.limit + C.shape[1]:
+                if _conditioning(self.Gs, rank_C) > 0:
+                    break  # spanned, if not well: the check judges the result
+                raise RecoveryError("the FFN regions' output maps do not span the neurons' row space")
+            beta, _, pattern, vals, m_j, last_j = self._values(None)
+            cols, _ = _match(lambda zf: W @ zf + u, vals, FAR * beta)
+            self._keep(pattern, m_j[cols], last_j)
+            added += 1
+        return added
+
+
+def _assemble(ffn: KnownFFN, W, u, seen: _Seen):
+    """The representative (module docstring) and the residual's share of the maps."""
+    d = W.shape[1]
+    Gall = np.concatenate(seen.Gs, axis=1)  # (d, ΣK)
+    Mall = np.concatenate(seen.maps, axis=2)  # (H, d, ΣK): Ṽ_hᵀ G
     Vt = np.einsum("hik,kj->hji", Mall, np.linalg.pinv(Gall, rcond=1e-10))  # Ṽ_h = (M_h G⁺)ᵀ
-    last = np.concatenate(lasts, axis=1)
+    last = np.concatenate(seen.lasts, axis=1)
     residual_part = float(np.linalg.norm(last) / max(np.linalg.norm(Gall), 1e-300))
     residual = residual_part > RESIDUAL_TOL
     A, v = ffn.C.T, Vt
@@ -273,21 +315,7 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
         if np.linalg.cond(R0) > 1e12:
             raise RecoveryError("the last-token map I − Σ_h Ṽ_h is singular: not a residual block of this form")
         A, v = R0.T @ ffn.C.T, np.linalg.solve(R0, Vt)
-    model = MultiHeadTransformer(W, u, v, A, ffn.b, ffn.w, ffn.c, residual)
-    notes = ["identifiable up to: neuron order and positive scale, head order"
-             + ("" if residual else ", and V_h ↦ M V_h with A ↦ M⁻ᵀA for any invertible M")
-             + "; heads with equal (W_h, u_h) would come back as one (Prop. 7.1)"]
-    details = {"heads": H, "neurons": int(ffn.C.shape[0]), "outputs": K, "residual": residual,
-               "residual_part": residual_part, "attention_regions": len(info), "map_regions": n_map,
-               "regions": info}
-    return run.finish(model, unknowns=MultiHeadTransformer.unknowns(d, H, int(ffn.C.shape[0]), K, residual),
-                      details=details, notes=notes, hint=" (a one-layer multi-head transformer of this form)")
-
-
-def _same_heads(H: int, vals) -> None:
-    if vals.v.shape[0] != H:
-        raise RecoveryError(f"one FFN region shows {H} heads and another {vals.v.shape[0]}: the target is not a "
-                            "multi-head transformer of this form")
+    return MultiHeadTransformer(W, u, v, A, ffn.b, ffn.w, ffn.c, residual), residual_part
 
 
 def _partial_predictor(parts0):
