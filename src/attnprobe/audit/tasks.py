@@ -100,7 +100,7 @@ class Task:
 
     head: HeadSpec
     method: str
-    defense: Defense = field(default_factory=lambda: Defense("none"))
+    defense: Defense = field(default_factory=Defense)
     seed: int = 0
     budget: int | None = None
     rank: int | None = None
@@ -162,7 +162,7 @@ def run_task(task: Task) -> dict:
         if task.learner not in AUDIT_METHODS:
             raise ConfigError(f"unknown audit method {task.learner!r}; choose one of {', '.join(AUDIT_METHODS)}")
         truth = task.head.target()
-        oracle = task.defense.apply(Oracle(truth, truth.d, budget=task.budget), seed=task.seed)
+        oracle = Oracle(truth, truth.d, budget=task.budget, chain=task.defense.seeded(task.seed))
         res = AUDIT_METHODS[task.learner](oracle, task)
         err, passed, check_queries = _check_fields(res.check)
         if task.head.head is None:

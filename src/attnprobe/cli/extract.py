@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnprobe.cli import remote
+from attnprobe.cli import answer_chain, hf, remote
 from attnprobe.cli.common import (check_outcome, finite_float, nonneg_int, plan_outputs, positive_float, positive_int,
                                   print_summary, refuse_memory, track)
 from attnprobe.errors import ConfigError
@@ -176,22 +176,19 @@ def _refuse_foreign_options(args) -> None:
                               f"{' / '.join(sorted(methods))}); drop {flag}")
 
 
-def _oracle_from_args(args) -> Oracle:
-    oracle = remote.source_oracle(args, budget=args.budget, precision=args.answer_precision or "auto")
-    oracle = oracle if oracle is not None else _plain_oracle_from_args(args)
-    wrapped = dict(noise=args.noise, decimals=args.round, digits=args.round_digits, cast=args.cast,
-                   membership=args.membership or args.method == "membership", seed=args.noise_seed)
-    if any(v is not None and v is not False for k, v in wrapped.items() if k != "seed"):
-        from attnprobe.oracles.wrappers import wrap_oracle
-
-        wrap_oracle(oracle, **wrapped)
+def _oracle_from_args(args, chain) -> Oracle:
+    # the answers' precision: as declared, else a saved model's or HF module's --dtype, else read from the answers
+    precision = args.answer_precision or (None if (args.target or args.hf_dir) and not args.replay else "auto")
+    oracle = remote.source_oracle(args, budget=args.budget, precision=precision, chain=chain)
+    oracle = oracle if oracle is not None else _plain_oracle_from_args(args, chain, precision)
+    oracle.max_input_norm = args.max_input_norm
     return remote.attach_log(oracle, args)
 
 
-def _plain_oracle_from_args(args) -> Oracle:
-    kw = {"budget": args.budget, "outputs": args.outputs}
-    if args.answer_precision:
-        kw["precision"] = args.answer_precision
+def _plain_oracle_from_args(args, chain, precision) -> Oracle:
+    kw = {"budget": args.budget, "outputs": args.outputs, "chain": chain, "precision": precision}
+    if args.hf_dir:
+        return hf.oracle_from_args(args, kw)
     if args.target and args.oracle:
         raise ConfigError("give either --oracle MODULE:ATTR or --target FILE.npz, not both")
     if args.target:  # a saved model's precision is its --dtype unless --answer-precision says otherwise
@@ -203,9 +200,8 @@ def _plain_oracle_from_args(args) -> Oracle:
     if args.oracle:
         if args.d is not None and args.method in (None, *HEAD_METHODS):
             refuse_memory(HEAD_BYTES_PER_D2 * args.d**2, f"extracting a d = {args.d} head")
-        kw.setdefault("precision", "auto")
         return oracle_from_spec(args.oracle, args.d, **kw)
-    raise ConfigError("say what to extract: --oracle MODULE:ATTR --d D, or --target FILE.npz")
+    raise ConfigError("say what to extract: --oracle MODULE:ATTR --d D, --target FILE.npz or --hf-dir DIR --layer L")
 
 
 def run(args) -> int:
@@ -217,14 +213,16 @@ def run(args) -> int:
     if args.probes and args.method not in TAKES_PROBES:
         raise ConfigError(f"--method {args.method} has a single probe design; drop --probes {args.probes}")
     _refuse_foreign_options(args)
-    if args.membership and args.method != "membership":
+    hf.refuse_stray(args)
+    chain = answer_chain.chain_from_args(args, membership=args.method == "membership")
+    if chain.membership and args.method != "membership":
         raise ConfigError(f"--membership makes the answers 0/1, which --method {args.method} cannot use; "
                           "use --method membership")
-    inputs = [args.target, getattr(args, "log", None)]
+    inputs = [args.target, getattr(args, "log", None), Path(args.hf_dir) / "model.safetensors" if args.hf_dir else None]
     if args.oracle and ":" in args.oracle:
         inputs.append(Path(args.oracle.split(":", 1)[0].replace(".", "/") + ".py"))
     plan_outputs(args.out, inputs)
-    oracle = _oracle_from_args(args)
+    oracle = _oracle_from_args(args, chain)
     track(args, oracle)
     progress = Progress(f"extract ({args.method})", enabled=not args.quiet)
     try:
@@ -254,7 +252,8 @@ def add_parser(sub) -> None:
     src.add_argument("--d", type=positive_int, help="input width of --oracle")
     src.add_argument("--target", metavar="FILE.npz", help="a saved model to use as the oracle")
     src.add_argument("--dtype", choices=PRECISIONS, default="float64",
-                     help="precision a --target computes its answers in (default float64)")
+                     help="precision a --target (or --hf-dir module) computes its answers in (default float64)")
+    hf.add_source_arguments(src)
     src.add_argument("--answer-precision", choices=remote.PRECISION_CHOICES,
                      help="precision of the oracle's answers if known (sets the rounding floor); default auto: "
                           "read from the answers (a --target answers in its --dtype)")
@@ -271,6 +270,9 @@ def add_parser(sub) -> None:
     e.add_argument("--sign-time-limit", type=positive_float, metavar="SEC",
                    help="transformer/ffn: seconds the 0/1 program may spend on neuron orientations (m > d; default 5)")
     e.add_argument("--budget", type=nonneg_int, help="refuse to spend more than this many queries")
+    e.add_argument("--max-input-norm", type=positive_float, metavar="R",
+                   help="the oracle accepts input rows of norm at most R: a batch with a longer row is refused "
+                        "before it is sent (the largest norm used is in OUT.json details.oracle)")
     e.add_argument("--outputs", type=positive_int, metavar="K",
                    help="the oracle answers K numbers per sequence (e.g. logits); default: taken from its first answer")
     e.add_argument("--hidden", type=positive_int, metavar="M",
@@ -299,16 +301,8 @@ def add_parser(sub) -> None:
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.add_argument("--keep-failed", action="store_true",
                    help="write OUT.npz/OUT.json even when the functional check fails (exit code stays 3)")
-    imp = e.add_argument_group("imperfect answers (wrap the oracle; Sec. 6, App. B)")
-    imp.add_argument("--noise", metavar="KIND:LEVEL",
-                     help="add noise: avq:τ (deterministic, |err| ≤ τ), adversarial:τ, gaussian:σ, uniform:σ")
-    imp.add_argument("--noise-seed", type=nonneg_int, default=0)
-    imp.add_argument("--round", type=int, metavar="K", help="round answers to K decimals")
-    imp.add_argument("--round-digits", type=positive_int, metavar="K", help="round answers to K significant digits")
-    imp.add_argument("--cast", choices=[p for p in PRECISIONS if p != "float64"],
-                     help="round inputs and answers to this precision (bfloat16 via ml_dtypes)")
-    imp.add_argument("--membership", action="store_true",
-                     help="answer only 1[f(X) > 0] (App. B; implied by --method membership)")
+    answer_chain.add_arguments(e)  # --defense, --cast, --clip, --noise, --round, ... (--method membership implies
+    # --membership)
     rob = e.add_argument_group("robust / membership learners")
     rob.add_argument("--tolerance", type=finite_float, help="the answers' additive error bound τ (default: from --noise)")
     rob.add_argument("--w-bound", type=finite_float, help="known W ≥ 2 with ‖W‖_F ≤ W (--probes paper)")

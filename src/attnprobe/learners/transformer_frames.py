@@ -141,7 +141,7 @@ class FrameValues:
 
 
 def frame_values(oracle, v_heads: np.ndarray, rng, *, T: float, grid: int = 8, resolution: float = 1e-7,
-                 plane: np.ndarray | None = None, max_crossings: int = 64) -> FrameValues:
+                 plane: np.ndarray | None = None, max_crossings: int | None = None) -> FrameValues:
     """Every head's value vector on one saturated half circle of radius ``T`` (as the generic multi-head learner's
     first stage, :mod:`attnprobe.learners.multihead.saturation`, with last token 0 and the radius chosen by the
     caller). ``plane``: an orthonormal (d, k ≥ 2) basis the circle is drawn in (default all of R^d)."""
@@ -154,10 +154,7 @@ def frame_values(oracle, v_heads: np.ndarray, rng, *, T: float, grid: int = 8, r
     # cone opposite ĝ = g + s then has ĝ' = (Σ_h v_h − g) + s = 3s − ĝ
     circle = _Circle(oracle, Z[:, 0], Z[:, 1], base, 2 * gain, max(1e-7, 1e5 * oracle.eps), shift=v_heads)
     closing = 3 * v_heads
-    cross, scale = find_crossings(circle, T, closing, grid, resolution)
-    if cross.size > max_crossings:
-        raise RecoveryError(f"{cross.size} cone changes on one saturated circle (at most {max_crossings} expected): the "
-                            "answers are not piecewise linear there (probes outside the FFN region, or rounding)")
+    cross, scale = find_crossings(circle, T, closing, grid, resolution, max_crossings=max_crossings)
     if cross.size == 0:
         raise UnidentifiableError("the saturated answers are linear in the probe: no head's attention depends on it")
     lo = np.concatenate([[cross[-1] - np.pi], cross[:-1]])
@@ -167,7 +164,7 @@ def frame_values(oracle, v_heads: np.ndarray, rng, *, T: float, grid: int = 8, r
         center = circle.point(0.5 * (a + b), T)[0]
         delta = 0.25 * T * np.sin(0.5 * (b - a))
         for _ in range(12):
-            g, ok = cone_gradient(circle, center, delta, qbasis, oracle.eps)
+            g, ok, _ = cone_gradient(circle, center, delta, qbasis, oracle.eps)
             if ok:
                 break
             delta /= 8

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnprobe.errors import RecoveryError
-from attnprobe.learners.sigmoid import invert_two_row
+from attnprobe.learners.sigmoid import RoundingError, invert_two_row
 
 #: probes are scaled so the largest logit is about this (the sigmoid inverts best near 0)
 PROBE_LOGIT = 2.0
@@ -39,7 +39,7 @@ def _logits(frame, v_h, B, A, base):
     X[:, 0] = B + A
     X[:, 1] = B
     y = frame(X)
-    return invert_two_row(y, base, base + A @ v_h, frame.eps)
+    return invert_two_row(y, base, base + A @ v_h, RoundingError(frame.eps))
 
 
 def token_bases(frame, tokens: np.ndarray) -> np.ndarray:
