@@ -93,7 +93,7 @@ def frame_oracle(oracle, ffn: KnownFFN, z, s: float, r, answer_scale: float) -> 
 
 def set_scale(frame, answer_scale: float) -> None:
     """Set a frame oracle's ``eps`` for answers of size ``answer_scale`` (its rounding is absolute)."""
-    frame.eps = max(frame.fn.oracle.eps, frame.fn.rounding / max(answer_scale, 1e-300))
+    frame.eps_floor = max(frame.fn.oracle.eps, frame.fn.rounding / max(answer_scale, 1e-300))
 
 
 class _Circle:

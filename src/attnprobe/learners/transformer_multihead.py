@@ -28,7 +28,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from attnprobe._validation import check_seed
-from attnprobe.errors import BudgetExceededError, RecoveryError, UnidentifiableError
+from attnprobe.errors import BudgetExceededError, ConfigError, RecoveryError, UnidentifiableError
 from attnprobe.learners.ffn import extract_ffn, require_fine_answers
 from attnprobe.learners.skeleton import Run
 from attnprobe.learners.transformer_frames import (KnownFFN, frame_maps, frame_oracle, frame_values, heads_sum,
@@ -179,6 +179,10 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
     """
     require_fine_answers(oracle, "the transformer learner")
     d = oracle.d
+    limit_norm = getattr(oracle, "max_input_norm", None)
+    if limit_norm is not None and limit_norm < 2 * FAR:
+        raise ConfigError(f"the transformer learner saturates every head with tokens of norm up to {2 * FAR:.0e}; "
+                          f"this oracle accepts inputs of norm at most {limit_norm:.3g}", param="max_input_norm")
     run = Run(oracle, METHOD, seed=[check_seed(seed), 19], check=check, check_lengths=check_lengths,
               progress=progress)
     run.plan(4 * d + 16, f"the transformer learner at d={d} (FFN kinks, saturated circles, head scores; adaptive)",
@@ -213,7 +217,7 @@ def _learn_ffn(run, seed, ffn_queries, ffn_options) -> KnownFFN:
     cap = FFN_QUERIES_PER_INPUT * (d + 1) if ffn_queries is None else int(ffn_queries)
     limit_ffn = cap if oracle.budget is None else min(cap, int(oracle.remaining))
     capped = Oracle(oracle, d, budget=limit_ffn, precision=oracle.precision, name=f"{oracle.name}[length 1]")
-    capped.eps = oracle.eps
+    capped.eps_floor = oracle.eps
     with run.phase("ffn", absorb=True):
         try:
             net = extract_ffn(capped, seed=seed, check=False, progress=run.progress, **ffn_options).model
