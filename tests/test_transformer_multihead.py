@@ -205,3 +205,11 @@ def test_cli_refuses_probes_on_the_region_route_and_a_plain_head(tmp_path, capsy
                  "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "affine" in err[0]
+
+
+def test_float32_answers_are_refused_up_front():
+    t = random_multihead_transformer(6, 2, 6, seed=0)
+    oracle = Oracle(t.with_dtype("float32"), 6, precision="float32")
+    with pytest.raises(ConfigError, match="float64"):
+        extract_transformer_multihead(oracle)
+    assert oracle.queries == 0

@@ -49,6 +49,8 @@ FFN_QUERIES_PER_INPUT = 2000
 #: smallest singular value (relative) of at least this: least squares through them amplifies errors by its inverse
 WELL_SEEN = 0.2
 WELL_SPANNED = 0.05
+#: coarsest answer rounding the far frames stand (float64's 2.2e-16; float32's 1.2e-7 leaves ~1e1 of 1e8)
+FINEST_EPS = 1e-12
 #: the residual counts as present when the last-token term exceeds this share of g
 RESIDUAL_TOL = 1e-6
 #: a region is usable when its base is at least this share of the distance to the nearest neuron hyperplane
@@ -178,6 +180,10 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
     its length-1 queries (default ``FFN_QUERIES_PER_INPUT·(d + 1)``: a smooth FFN would never stop finding kinks).
     """
     require_fine_answers(oracle, "the transformer learner")
+    if oracle.eps > FINEST_EPS:
+        raise ConfigError(f"the transformer learner needs float64 answers (its far frames subtract answers of size "
+                          f"~10⁸); these are rounded at {oracle.eps:.2g} ({oracle.precision}). For one head, a bias-free "
+                          "FFN and one output use the Sec. 4.1 route (extract_transformer)")
     d = oracle.d
     limit_norm = getattr(oracle, "max_input_norm", None)
     if limit_norm is not None and limit_norm < 2 * FAR:
