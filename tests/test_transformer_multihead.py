@@ -81,7 +81,7 @@ def test_learner_recovers_heads_biases_outputs_and_residual(d, H, m, K, bias, re
     assert res.passed and res.check.error <= 1e-8
     assert res.model.H == H and res.model.K == K and res.model.residual == residual
     assert sum(res.queries_by_phase.values()) == res.queries
-    assert set(res.queries_by_phase) <= {"ffn", "values", "scores"}
+    assert set(res.queries_by_phase) <= {"ffn", "values", "scores", "polish"}
     errs = transformer_errors(t, res.model, seed=7)
     assert errs["W"] <= 1e-7 and errs["function"] <= 1e-8
     if bias:

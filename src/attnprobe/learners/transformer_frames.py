@@ -141,10 +141,12 @@ class FrameValues:
 
 
 def frame_values(oracle, v_heads: np.ndarray, rng, *, T: float, grid: int = 8, resolution: float = 1e-7,
-                 plane: np.ndarray | None = None, max_crossings: int | None = None) -> FrameValues:
+                 plane: np.ndarray | None = None, max_crossings: int | None = None,
+                 sign_tol: float = 1e-6) -> FrameValues:
     """Every head's value vector on one saturated half circle of radius ``T`` (as the generic multi-head learner's
     first stage, :mod:`attnprobe.learners.multihead.saturation`, with last token 0 and the radius chosen by the
-    caller). ``plane``: an orthonormal (d, k ≥ 2) basis the circle is drawn in (default all of R^d)."""
+    caller). ``plane``: an orthonormal (d, k ≥ 2) basis the circle is drawn in (default all of R^d);
+    ``sign_tol``: how far the cone gradients may be from a 0/−1 combination of the jumps."""
     d = oracle.d
     basis = np.eye(d) if plane is None else plane
     Z = basis @ np.linalg.qr(rng.standard_normal((basis.shape[1], 2)))[0]
@@ -188,7 +190,7 @@ def frame_values(oracle, v_heads: np.ndarray, rng, *, T: float, grid: int = 8, r
     coef, *_ = np.linalg.lstsq(J.T, G[0], rcond=None)
     off = coef < -0.5
     bad = float(np.max(np.abs(np.where(off, coef + 1, coef))))
-    if bad > max(1e-6, 1e5 * oracle.eps):
+    if bad > max(sign_tol, 1e5 * oracle.eps):
         raise RecoveryError(f"the cone gradients along the saturated circle are not a sum of per-head value vectors "
                             f"({len(J)} crossings; a coefficient is off 0/−1 by {bad:.1e}): the probes left the FFN "
                             "region, or the target is not a transformer of this form")

@@ -33,7 +33,7 @@ from attnprobe.learners.ffn import extract_ffn, require_fine_answers
 from attnprobe.learners.skeleton import Run
 from attnprobe.learners.transformer_frames import (KnownFFN, frame_maps, frame_oracle, frame_values, heads_sum,
                                                    saturated_radius, set_scale)
-from attnprobe.learners.transformer_heads import (combine_rows, head_scores,
+from attnprobe.learners.transformer_heads import (combine_rows, head_scores, polish_u,
                                                   scores_to_parameters, token_bases)
 from attnprobe.models.transformer import MultiHeadTransformer
 from attnprobe.oracles.base import Oracle
@@ -124,7 +124,7 @@ def _far_values(oracle, ffn, beta, margin, r, rng, plane):
     set_scale(vec, T * max(np.linalg.norm(total), 1e-300))
     maps = frame_maps(vec, vals, total, rng)
     if plane is not None:  # the crossings inside the plane match heads across regions; values from the full circle
-        flat = frame_values(frame, v_heads, rng, T=T, plane=plane)
+        flat = frame_values(frame, v_heads, rng, T=T, plane=plane, sign_tol=1e-3)  # only its crossings are used
         if flat.v.shape != vals.v.shape:
             raise RecoveryError(f"two saturated circles of one FFN region show {vals.v.shape[0]} and "
                                 f"{flat.v.shape[0]} heads: the target is not a transformer of this form")
@@ -174,7 +174,7 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
     """Recover a multi-head transformer with a biased ReLU FFN and K outputs (module docstring).
 
     Heads, biases, outputs and the residual are detected. Phases: ``ffn``, ``values`` (saturated circles far
-    out), ``scores`` (isolated heads near the origin). Raises :class:`UnidentifiableError` for targets whose
+    out), ``scores`` (isolated heads near the origin), ``polish`` (Gauss–Newton on the u_h, fresh sequences). Raises :class:`UnidentifiableError` for targets whose
     attention never reaches the output (or is affine: a plain head has no kinks) and :class:`RecoveryError`
     when the answers contradict the model's form. ``ffn_options`` go to :func:`extract_ffn`; ``ffn_queries`` caps
     its length-1 queries (default ``FFN_QUERIES_PER_INPUT·(d + 1)``: a smooth FFN would never stop finding kinks).
@@ -206,11 +206,16 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
         W[h], u[h], _ = combine_rows(seen.parts[h])
     n_map = seen.maps_spanned(W, u)
     model, residual_part = _assemble(ffn, W, u, seen)
+    with run.phase("polish"):
+        polished, before, after = polish_u(oracle, model, run.rng)
+    if after < before:
+        model = polished
     notes = ["identifiable up to: neuron order and positive scale, head order"
              + ("" if model.residual else ", and V_h ↦ M V_h with A ↦ M⁻ᵀA for any invertible M")
              + "; heads with equal (W_h, u_h) would come back as one (Prop. 7.1)"]
     details = {"heads": H, "neurons": int(ffn.C.shape[0]), "outputs": K, "residual": model.residual,
                "residual_part": residual_part, "attention_regions": len(seen.info), "map_regions": n_map,
+               "polish_residual": [before, after],
                "regions": seen.info}
     return run.finish(model, unknowns=MultiHeadTransformer.unknowns(d, H, int(ffn.C.shape[0]), K, model.residual),
                       details=details, notes=notes, hint=" (a one-layer multi-head transformer of this form)")
