@@ -213,3 +213,12 @@ def test_float32_answers_are_refused_up_front():
     with pytest.raises(ConfigError, match="float64"):
         extract_transformer_multihead(oracle)
     assert oracle.queries == 0
+
+
+def test_model_files_are_never_reshaped(tmp_path):
+    t = random_multihead_transformer(4, 2, 3, seed=0)
+    arrays = {**t.arrays(), "kind": np.asarray(t.kind)}
+    for name, bad in (("w_o", t.w_o[:, 0]), ("c", t.c[0]), ("b", t.b[None]), ("residual", np.zeros(2))):
+        np.savez(tmp_path / "m.npz", **{**arrays, name: bad})
+        with pytest.raises(ConfigError, match=name):
+            load_model(tmp_path / "m.npz")

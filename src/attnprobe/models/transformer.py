@@ -190,6 +190,12 @@ class MultiHeadTransformer:
         missing = {"W", "u", "v", "A", "b", "w_o", "c"} - set(arrays)
         if missing:
             raise ConfigError(f"a multi-head transformer needs arrays {sorted(missing)}")
+        for name, ndim in (("b", 1), ("w_o", 2), ("c", 1)):  # files hold K = 1 as (m, 1) / (1,): nothing reshaped
+            if np.ndim(arrays[name]) != ndim:
+                raise ConfigError(f"{name} must have {ndim} dimension(s) in a multi-head transformer file; got shape "
+                                  f"{np.shape(arrays[name])}", param=name)
+        if np.ndim(arrays.get("residual", False)) != 0:
+            raise ConfigError("residual must be one flag", param="residual")
         return cls(arrays["W"], arrays["u"], arrays["v"], arrays["A"], arrays["b"], arrays["w_o"], arrays["c"],
                    bool(arrays.get("residual", False)), dtype)
 
