@@ -222,3 +222,16 @@ def test_model_files_are_never_reshaped(tmp_path):
         np.savez(tmp_path / "m.npz", **{**arrays, name: bad})
         with pytest.raises(ConfigError, match=name):
             load_model(tmp_path / "m.npz")
+
+
+def test_budget_and_bad_outputs_are_refused_in_one_line(tmp_path, capsys):
+    target = tmp_path / "t.npz"
+    assert main(["target", "transformer", "--d", "6", "--heads", "2", "--outputs", "0", "--out", str(target)]) == 2
+    assert "outputs must be at least 1" in capsys.readouterr().err
+    assert main(["target", "transformer", "--d", "6", "--heads", "2", "--m", "8", "--out", str(target)]) == 0
+    capsys.readouterr()
+    assert main(["extract", "--target", str(target), "--method", "transformer", "--budget", "600", "--out",
+                 str(tmp_path / "o.npz"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "budget of 600" in err[0]
+    assert not (tmp_path / "o.npz").exists()

@@ -30,7 +30,7 @@ def run(args) -> int:
         from attnprobe.targets import random_multihead_transformer
 
         model = random_multihead_transformer(args.d, args.heads, args.d if args.m is None else args.m,
-                                             outputs=args.outputs or 1, bias=not args.no_bias,
+                                             outputs=1 if args.outputs is None else args.outputs, bias=not args.no_bias,
                                              residual=args.residual, head_dim=args.head_dim, seed=args.seed,
                                              scale=args.scale)
     elif args.kind in ("transformer", "relu"):

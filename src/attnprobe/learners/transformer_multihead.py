@@ -24,6 +24,8 @@ whose ``(W_h, u_h)`` coincide (Prop. 7.1: they come back as one head).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
@@ -198,16 +200,17 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
     r = run.rng.standard_normal(K)
     r /= np.linalg.norm(r)
     seen = _Seen(run, ffn, _Regions(ffn, run.rng, r), r, max_regions or (2 * d + 2))
-    seen.attention()
-    H = seen.H
-    W = np.empty((H, d, d))
-    u = np.empty((H, d))
-    for h in range(H):
-        W[h], u[h], _ = combine_rows(seen.parts[h])
-    n_map = seen.maps_spanned(W, u)
-    model, residual_part = _assemble(ffn, W, u, seen)
-    with run.phase("polish"):
-        polished, before, after = polish_u(oracle, model, run.rng)
+    with _budget_in_terms_of(oracle):
+        seen.attention()
+        H = seen.H
+        W = np.empty((H, d, d))
+        u = np.empty((H, d))
+        for h in range(H):
+            W[h], u[h], _ = combine_rows(seen.parts[h])
+        n_map = seen.maps_spanned(W, u)
+        model, residual_part = _assemble(ffn, W, u, seen)
+        with run.phase("polish"):
+            polished, before, after = polish_u(oracle, model, run.rng)
     if after < before:
         model = polished
     notes = ["identifiable up to: neuron order and positive scale, head order"
@@ -219,6 +222,17 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
                "regions": seen.info}
     return run.finish(model, unknowns=MultiHeadTransformer.unknowns(d, H, int(ffn.C.shape[0]), K, model.residual),
                       details=details, notes=notes, hint=" (a one-layer multi-head transformer of this form)")
+
+
+@contextmanager
+def _budget_in_terms_of(oracle):
+    """A frame's budget error (frames are oracles over what the budget leaves) restated for the user's oracle."""
+    try:
+        yield
+    except BudgetExceededError:
+        raise BudgetExceededError(f"the transformer learner ran out of the budget of {oracle.budget} queries (it "
+                                  "needs 10–30 per unknown: saturated circles and isolated probes in several FFN "
+                                  "regions); raise the budget") from None
 
 
 def _learn_ffn(run, seed, ffn_queries, ffn_options) -> KnownFFN:
@@ -234,7 +248,9 @@ def _learn_ffn(run, seed, ffn_queries, ffn_options) -> KnownFFN:
             net = extract_ffn(capped, seed=seed, check=False, progress=run.progress, **ffn_options).model
         except BudgetExceededError:
             if limit_ffn < cap:
-                raise
+                raise BudgetExceededError(f"the FFN stage (length-1 queries) needs more than the {limit_ffn} queries the "
+                                          f"budget of {oracle.budget} leaves; raise the budget (the whole extraction "
+                                          "needs 10–30 queries per unknown)") from None
             raise RecoveryError(f"the length-1 answers did not settle into a ReLU network within {cap} queries "
                                 f"({oracle.queries} spent): the FFN is not piecewise linear (GELU?) or wider than "
                                 "expected (raise ffn_queries)") from None
