@@ -7,7 +7,7 @@ from pathlib import Path
 from attnprobe.cli import answer_chain, hf, remote
 from attnprobe.cli.common import (check_outcome, finite_float, nonneg_int, plan_outputs, positive_float, positive_int,
                                   print_summary, refuse_memory, track)
-from attnprobe.errors import ConfigError
+from attnprobe.errors import AttnprobeError, ConfigError
 from attnprobe.learners import PROBES, extract_exact
 from attnprobe.models import PRECISIONS
 from attnprobe.oracles import Oracle, oracle_from_file, oracle_from_spec
@@ -182,15 +182,16 @@ def _oracle_from_args(args, chain) -> Oracle:
     oracle = remote.source_oracle(args, budget=args.budget, precision=precision, chain=chain)
     oracle = oracle if oracle is not None else _plain_oracle_from_args(args, chain, precision)
     oracle.max_input_norm = args.max_input_norm
-    return remote.attach_log(oracle, args)
+    return oracle
 
 
 def _plain_oracle_from_args(args, chain, precision) -> Oracle:
     kw = {"budget": args.budget, "outputs": args.outputs, "chain": chain, "precision": precision}
-    if args.hf_dir:
-        return hf.oracle_from_args(args, kw)
     if args.target and args.oracle:
         raise ConfigError("give either --oracle MODULE:ATTR or --target FILE.npz, not both")
+    kw["log"] = remote.open_log(args, chain)  # built with the Oracle; a log of another oracle is refused here
+    if args.hf_dir:
+        return hf.oracle_from_args(args, kw)
     if args.target:  # a saved model's precision is its --dtype unless --answer-precision says otherwise
         oracle = oracle_from_file(args.target, dtype=args.dtype, **kw)
         if args.d is not None and args.d != oracle.d:
@@ -227,12 +228,16 @@ def run(args) -> int:
     progress = Progress(f"extract ({args.method})", enabled=not args.quiet)
     try:
         res = METHODS[args.method](oracle, args, progress)
+    except AttnprobeError as exc:
+        raise _clipping_cause(oracle, args) or exc
     finally:
         progress.close()
     res.details["oracle"] = remote.describe(oracle)
     if res.check and not res.check.get("passed", True):
         res.notes.append(remote.assumed_precision(oracle))
     failure = check_outcome(res, args.keep_failed)
+    if failure is not None and not args.keep_failed:
+        failure = _clipping_cause(oracle, args) or failure
     paths = res.save(args.out) if failure is None or args.keep_failed else None
     print_summary(res, paths)
     if failure is not None:
@@ -242,6 +247,17 @@ def run(args) -> int:
 
 #: methods that recover an attention head (W is d x d)
 HEAD_METHODS = ("exact", "lowrank", "nuclear", "robust", "membership")
+#: methods whose targets answer a length-1 query affinely in its row (so clipping shows in the answers)
+AFFINE_AT_LENGTH_ONE = ("exact", "lowrank", "nuclear", "robust", "multihead")
+
+
+def _clipping_cause(oracle, args):
+    """When a run of an attention learner failed: the error naming input clipping if the answers show it."""
+    if args.method not in AFFINE_AT_LENGTH_ONE or args.membership or getattr(args, "replay", False):
+        return None
+    from attnprobe.oracles.input_bound import diagnose_clipping
+
+    return diagnose_clipping(oracle, seed=args.seed)
 
 
 

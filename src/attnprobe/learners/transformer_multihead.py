@@ -40,7 +40,7 @@ from attnprobe.learners.transformer_heads import (combine_rows, head_scores, pol
 from attnprobe.models.transformer import MultiHeadTransformer
 from attnprobe.oracles.base import Oracle
 
-METHOD = "transformer"
+METHOD = "transformer-multihead"  # the Run name: "transformer" is the scalar Sec. 4.1 learner
 #: the issue's check: fresh random sequences of every length 1..16
 CHECK_LENGTHS = tuple(range(1, 17))
 #: base of the far frames (every logit ≈ 10⁸·‖W_h β‖·‖w‖: saturated except next to a head's hyperplane)
