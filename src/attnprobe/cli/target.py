@@ -19,8 +19,11 @@ def _refuse_options(args) -> None:
     if args.zero_v > args.d:
         raise ConfigError(f"--zero-v {args.zero_v} asks for more zero entries of v than its d = {args.d} entries; "
                           f"give at most {args.d}")
-    if args.outputs is not None and args.kind != "relu":
-        raise ConfigError(f"--outputs is for target relu; drop it for target {args.kind}")
+    multihead_tf = args.kind == "transformer" and args.heads is not None
+    if args.outputs is not None and args.kind != "relu" and not multihead_tf:
+        raise ConfigError(f"--outputs is for target relu and transformer --heads; drop it for target {args.kind}")
+    if args.residual and not multihead_tf:
+        raise ConfigError("--residual is for target transformer --heads; drop it or give --heads")
 
 
 def run(args) -> int:
