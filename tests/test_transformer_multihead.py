@@ -235,3 +235,15 @@ def test_budget_and_bad_outputs_are_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "budget of 600" in err[0]
     assert not (tmp_path / "o.npz").exists()
+
+
+def test_cli_k_output_relu_network_is_refused_by_the_transformer_learner(tmp_path, capsys):
+    """The region learner reads K outputs; a ReLU network answers length-1 queries only: one line, exit 2."""
+    target = tmp_path / "relu3.npz"
+    assert main(["target", "relu", "--d", "5", "--m", "4", "--relu-bias", "--outputs", "3", "--out", str(target)]) == 0
+    capsys.readouterr()
+    assert main(["extract", "--target", str(target), "--method", "transformer", "--out", str(tmp_path / "o.npz"),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "length-1" in err[0] and "queries spent" in err[0]
+    assert not (tmp_path / "o.npz").exists()
