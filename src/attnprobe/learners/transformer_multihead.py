@@ -30,7 +30,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from attnprobe._validation import check_seed
-from attnprobe.errors import BudgetExceededError, ConfigError, RecoveryError, UnidentifiableError
+from attnprobe.errors import BudgetExceededError, ConfigError, RecoveryError, SaturationError, UnidentifiableError
 from attnprobe.learners.ffn import extract_ffn, require_fine_answers
 from attnprobe.learners.skeleton import Run
 from attnprobe.learners.transformer_frames import (KnownFFN, frame_maps, frame_oracle, frame_values, heads_sum,
@@ -218,7 +218,7 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
              + "; heads with equal (W_h, u_h) would come back as one (Prop. 7.1)"]
     details = {"heads": H, "neurons": int(ffn.C.shape[0]), "outputs": K, "residual": model.residual,
                "residual_part": residual_part, "attention_regions": len(seen.info), "map_regions": n_map,
-               "polish_residual": [before, after],
+               "polish_residual": [before, after], "regions_skipped": seen.skipped,
                "regions": seen.info}
     return run.finish(model, unknowns=MultiHeadTransformer.unknowns(d, H, int(ffn.C.shape[0]), K, model.residual),
                       details=details, notes=notes, hint=" (a one-layer multi-head transformer of this form)")
@@ -265,11 +265,22 @@ class _Seen:
         self.Gs, self.maps, self.lasts, self.info = [], [], [], []
         self.parts: list[list] = []
         self.H = 0
+        self.skipped = 0
 
-    def _values(self, plane):
-        with self.run.phase("values"):
-            beta, margin, pattern = self.regions.next()
-            vals, maps, last = _far_values(self.run.oracle, self.ffn, beta, margin, self.r, self.run.rng, plane)
+    def _values(self, plane, tries: int = 4):
+        """The next region whose saturated circles read cleanly (a region whose cones are too narrow for the
+        steps, or whose circle leaves it, is skipped: at most ``tries`` in a row)."""
+        for attempt in range(tries):
+            with self.run.phase("values"):
+                beta, margin, pattern = self.regions.next()
+                try:
+                    vals, maps, last = _far_values(self.run.oracle, self.ffn, beta, margin, self.r, self.run.rng,
+                                                   plane)
+                    break
+                except (SaturationError, RecoveryError):
+                    self.skipped += 1
+                    if attempt == tries - 1:
+                        raise
         if self.H and vals.v.shape[0] != self.H:
             raise RecoveryError(f"one FFN region shows {self.H} heads and another {vals.v.shape[0]}: the target is "
                                 "not a multi-head transformer of this form")
