@@ -29,7 +29,7 @@ ROWS = []
 
 
 def row(method, setting, res, err_w, err_other="", check=None):
-    check = res.check["relative_error"] if check is None and res.check else check
+    check = res.check.error if check is None and res.check else check
     extra = res.details.get("retry_queries", res.details.get("redo_queries", ""))
     ROWS.append([method, setting, res.queries, extra, f"{err_w:.2e}", err_other,
                  "" if check is None else f"{check:.2e}"])
@@ -89,7 +89,7 @@ def membership():
         h = random_head(8, seed=seed, bias=False)
         r = extract_membership(Oracle(Membership(h), 8), seed=seed)
         row("membership", f"d=8 seed {seed}", r, rel(r.model.W, h.W),
-            f"v {np.linalg.norm(r.model.v - h.v / np.linalg.norm(h.v)):.1e}", check=1 - r.check["sign_agreement"])
+            f"v {np.linalg.norm(r.model.v - h.v / np.linalg.norm(h.v)):.1e}", check=1 - r.check.extra["sign_agreement"])
     h = theorem_head(4, 0)
     for k in (10**4, 10**5):
         r = extract_membership_paper(Oracle(Membership(h), 4), w_bound=2.0, margin=margin(h), eps_w=0.5, samples=k,

@@ -78,7 +78,7 @@ def test_audit_cli_writes_results_heads_and_report(checkpoint, tmp_path):
     path, _ = checkpoint
     out = tmp_path / "audit"
     code = main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--layers", "0-1", "--heads", "1",
-                 "--row", "3", "--defense", "none,float16,membership", "--workers", "2", "--quiet",
+                 "--row", "3", "--defense", "none,float16,membership", "--method", "exact", "--workers", "2", "--quiet",
                  "--out", str(out)])
     assert code == 0
     res = json.loads((out / "results.json").read_text())
@@ -175,7 +175,7 @@ def test_a_budget_too_small_is_a_finding_not_a_crash(checkpoint, tmp_path):
     path, _ = checkpoint
     out = tmp_path / "budget"
     assert main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--heads", "0", "--budget", "100",
-                 "--quiet", "--out", str(out)]) == 0
+                 "--method", "exact", "--quiet", "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
     assert res["failed"] == res["tasks"] == 2
     assert all(h["error"].startswith("BudgetExceededError") and h["queries"] == 0 for h in res["heads"])
@@ -202,3 +202,46 @@ def test_multihead_audit_recovers_whole_layers(checkpoint, tmp_path):
     assert (out / "report.html").read_text().count("<img ") == 2
     assert main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--multihead", "--heads", "0",
                  "--out", str(tmp_path / "x")]) == 2
+
+
+def test_the_verdict_comes_from_every_learner_that_fits(checkpoint, tmp_path, monkeypatch):
+    """--method auto (the default) attacks each defence with every registered learner whose capabilities fit it;
+    the verdict names them, and a defence that one learner breaks is not "strong" because another failed. The
+    heatmaps label their rows with the real layer numbers."""
+    from attnprobe.audit import fitting_learners, report
+
+    labels = []
+    real = report.heatmap_png
+    monkeypatch.setattr(report, "heatmap_png", lambda v, **kw: labels.append((kw["rows"], kw["cols"])) or real(v, **kw))
+    path, _ = checkpoint
+    out = tmp_path / "auto"
+    assert main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--layers", "1", "--heads", "0",
+                 "--defense", "none,membership", "--quiet", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    value_learners = fitting_learners(parse_defenses("none")[0])
+    assert {"exact", "lowrank", "robust"} <= set(value_learners) and "membership" not in value_learners
+    tried = [h["method"] for h in res["heads"] if h["defense"] == "none"]
+    assert tried == value_learners and [h["method"] for h in res["heads"] if h["defense"] == "membership"] == [
+        "membership"]
+    html = (out / "report.html").read_text()
+    assert ", ".join(value_learners) in html and "strong: no head was recovered by membership" in html
+    assert all(rows == [1] and cols == [0] for rows, cols in labels) and len(labels) == 4
+
+
+def test_strong_only_when_every_learner_failed():
+    """A defence one learner breaks (robust on rounded answers) is not "strong" because another was refused."""
+    from attnprobe.audit import report
+    from attnprobe.audit.run import AuditRun
+
+    spec = HeadSpec("minilm", 0, 0)
+    defense = parse_defenses("round:4")[0]
+    tasks = [Task(spec, m, defense) for m in ("lowrank", "robust")]
+    refused = {"layer": 0, "head": 0, "defense": "round:4", "method": "lowrank", "error": "RecoveryError: rank",
+               "queries": 10, "relative_error": {}, "passed": False}
+    broke = dict(refused, method="robust", error=None, relative_error={"W": 0.1 / 2}, passed=True, queries=9)
+    run = AuditRun("processes", tasks, [refused, broke], False, 1.0, None)
+    row = report.verdicts(run).rows[0]
+    assert row[1] == "lowrank, robust" and row[6] == "partial" and "robust ×1" in row[7]
+    run.records = [refused]
+    assert report.verdicts(run).rows[0][6] == "strong: no head was recovered by lowrank, robust"
+    assert report.protection([0.5], ["exact", "robust"]).startswith("strong: every learner failed (exact, robust)")

@@ -62,7 +62,7 @@ def test_python_api_returns_the_failed_result(folder):
     from attnprobe import Oracle, extract_exact
 
     res = extract_exact(Oracle(load_model(folder / "u.npz"), 6), bias=False)
-    assert res.check["passed"] is False and res.check["relative_error"] > 0.1
+    assert res.check.passed is False and res.check.error > 0.1
 
 
 # ---------------------------------------------------------------- defect 3: files never destroyed

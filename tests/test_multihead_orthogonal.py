@@ -22,7 +22,7 @@ def test_known_subspaces_recover_every_head(H, dh, bias):
     per_head = dh * dh + 2 * dh + 1 if bias else dh * dh + dh
     assert H * per_head <= res.queries <= H * per_head * 1.02 + H
     assert res.queries == sum(res.details["queries_per_head"]) == res.queries_by_phase["heads"]
-    assert res.check["passed"] and res.check["relative_error"] < 1e-10
+    assert res.check.passed and res.check.error < 1e-10
 
 
 def test_known_subspaces_must_be_orthogonal():
@@ -43,7 +43,7 @@ def test_known_subspaces_of_a_generic_layer_fail_the_check():
     except Exception as exc:  # the single-head learner may refuse the non-softmax answers outright
         assert "softmax" in str(exc) or "saturated" in str(exc)
     else:
-        assert not res.check["passed"]
+        assert not res.check.passed
 
 
 @pytest.mark.parametrize("H,dh,seed", [(2, 4, 0), (3, 4, 1), (4, 3, 2)])
@@ -58,7 +58,7 @@ def test_unknown_orthogonal_subspaces(H, dh, seed):
     assert res.queries <= MultiHeadAttention.query_bound(d, H)
     assert set(res.queries_by_phase) == {"values", "hessians", "heads"}
     assert sum(res.queries_by_phase.values()) == res.queries
-    assert res.check["passed"]
+    assert res.check.passed
 
 
 def test_unknown_orthogonal_subspaces_respect_the_query_bound_when_tight():

@@ -28,5 +28,5 @@ def test_readme_python_examples_run(capsys):
     ns: dict = {}
     for block in blocks:
         exec(compile(block, "README.md", "exec"), ns)  # noqa: S102 - our own documentation
-    assert ns["result"].check["passed"] and ns["res"].check["relative_error"] < 1e-2
+    assert ns["result"].check.passed and ns["res"].check.error < 1e-2
     assert capsys.readouterr().out.strip()

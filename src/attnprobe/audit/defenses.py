@@ -26,6 +26,16 @@ class Defense:
         return dict(self.wrap).get("membership", False)
 
     @property
+    def answers(self) -> dict:
+        """What the answers are like, as :meth:`attnprobe.learners.registry.Learner.fits` asks: yes/no
+        (``membership``) and coarser than float32 (``coarse``: a float16/bfloat16 cast, rounding to decimals or
+        to fewer than 7 significant digits, noise)."""
+        w = dict(self.wrap)
+        coarse = (w.get("cast") in ("float16", "bfloat16") or "decimals" in w or w.get("digits", 99) < 7
+                  or "noise" in w)
+        return {"membership": self.membership, "coarse": bool(coarse)}
+
+    @property
     def slug(self) -> str:
         """The name as a file-name part: ``round:4`` -> ``round4``, ``noise:1e-06`` -> ``noise1e-06``."""
         return self.name.replace(":", "")

@@ -25,7 +25,7 @@ def parse_range(text: str, count: int, what: str) -> list[int]:
 
 
 def build_tasks(args):
-    from attnprobe.audit import HeadSpec, Task, parse_defenses
+    from attnprobe.audit import HeadSpec, Task, fitting_learners, parse_defenses
 
     if args.workers < 1:
         raise ConfigError(f"--workers must be at least 1; got {args.workers}")
@@ -46,19 +46,38 @@ def build_tasks(args):
     layers = parse_range(args.layers, ckpt.layers, "layers")
     heads = parse_range(args.heads, ckpt.heads_per_layer, "heads")
     defenses = parse_defenses(args.defense)
-    if args.method not in ("exact", "lowrank", "nuclear", "robust", "membership"):
-        raise ConfigError(f"unknown --method {args.method!r}; choose exact, lowrank, nuclear, robust or membership")
-    if args.multihead:
-        if args.heads != "all":
-            raise ConfigError("--multihead audits whole layers; drop --heads")
-        if any(d.membership for d in defenses):
-            raise ConfigError("--multihead has no learner for yes/no answers; drop membership from --defense")
-        return [Task(HeadSpec(source, layer, None, args.row, args.heads_per_layer), "multihead", d, args.seed,
-                     args.budget, args.rank)
-                for d in defenses for layer in layers]
-    return [Task(HeadSpec(source, layer, head, args.row, args.heads_per_layer), args.method, d, args.seed,
-                 args.budget, args.rank)
-            for d in defenses for layer in layers for head in heads]
+    whole = bool(args.multihead)
+    if whole and args.heads != "all":
+        raise ConfigError("--multihead audits whole layers; drop --heads")
+    chosen = _chosen_learners(args.method, whole)
+    tasks = []
+    for d in defenses:
+        names = [n for n in chosen if n in fitting_learners(d, whole)] or fitting_learners(d, whole)
+        if not names:
+            raise ConfigError(f"no {'multi-head ' if whole else ''}learner can read the answers the defence "
+                              f"{d.name!r} leaves; drop {d.name} from --defense")
+        for layer in layers:
+            for head in ([None] if whole else heads):
+                spec = HeadSpec(source, layer, head, args.row, args.heads_per_layer)
+                tasks += [Task(spec, name, d, args.seed, args.budget, args.rank) for name in names]
+    return tasks
+
+
+def _chosen_learners(method: str, whole_layers: bool) -> list[str]:
+    """``--method``: ``auto`` (every registered learner of the task's kind; each defence keeps those that fit
+    it) or a comma-separated list of learner names."""
+    from attnprobe.audit import audit_learners
+
+    known = audit_learners(whole_layers)
+    if method == "auto":
+        return known
+    names = [m.strip() for m in method.split(",") if m.strip()]
+    if whole_layers:
+        return known
+    unknown = [m for m in names if m not in known]
+    if unknown or not names:
+        raise ConfigError(f"unknown --method {method!r}; choose auto or a comma-separated list of {', '.join(known)}")
+    return list(dict.fromkeys(names))
 
 
 def run(args) -> int:
@@ -84,6 +103,7 @@ def run(args) -> int:
 
 
 def add_parser(sub) -> None:
+    from attnprobe.audit import audit_learners
     from attnprobe.audit.defenses import HELP
 
     a = sub.add_parser("audit", help="extract every head of a model under each defence; write a report")
@@ -97,8 +117,10 @@ def add_parser(sub) -> None:
     src.add_argument("--multihead", action="store_true",
                      help="one task per whole layer: all its heads at once (the multi-head learner; "
                           "--rank = head dimension if known)")
-    a.add_argument("--method", default="exact", help="learner: exact (default), lowrank, nuclear, robust; "
-                                                      "a membership defence always uses membership")
+    a.add_argument("--method", default="auto",
+                   help="learners to attack with: auto (default: every registered learner whose capabilities fit "
+                        "each defence; a defence is called strong only when all of them fail) or a comma-separated "
+                        "list of " + ", ".join(audit_learners()) + " (a defence none of them fits gets those that do)")
     a.add_argument("--rank", type=int, help="lowrank/nuclear/--multihead: rank bound (the head dimension)")
     a.add_argument("--defense", default="none", help=f"comma-separated defences: {HELP}")
     a.add_argument("--budget", type=int, help="queries an attacker may spend per head")

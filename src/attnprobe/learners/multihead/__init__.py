@@ -1,14 +1,15 @@
-"""Multi-head attention learners (paper Sec. 7, App. C; DESIGN.md "Multi-head").
+"""Multi-head attention learners (paper Sec. 7, App. C).
 
 - :func:`extract_multihead_subspaces` — known mutually orthogonal head subspaces (Prop. C.2);
 - :func:`extract_multihead_orthogonal` — unknown orthogonal subspaces from Hessians (App. C conjecture);
-- ``generic`` — overlapping heads (:mod:`attnprobe.learners.multihead.generic`, imported lazily);
+- :func:`extract_generic` — overlapping heads (:mod:`attnprobe.learners.multihead.generic`);
 - :func:`extract_multihead` dispatches between them.
 """
 
 from __future__ import annotations
 
 from attnprobe.errors import ConfigError
+from attnprobe.learners.multihead.generic import extract_generic
 from attnprobe.learners.multihead.hessian import extract_multihead_orthogonal
 from attnprobe.learners.multihead.subspaces import extract_multihead_subspaces
 
@@ -22,7 +23,7 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
 
     ``method``: ``subspaces`` (needs ``subspaces``: known orthogonal head subspaces, Prop. C.2),
     ``orthogonal`` (unknown orthogonal subspaces, App. C), ``generic`` (overlapping heads) or ``auto``
-    (``subspaces`` when they are given, else ``generic`` when that learner is installed, else ``orthogonal``).
+    (``subspaces`` when they are given, else ``generic``).
     ``heads`` fixes H; ``max_heads`` bounds it when H is detected; ``rank`` (the head dimension, generic learner
     only) lets each isolated head be sketched with ``≈ 2d·rank`` queries instead of detecting its rank. Returns an Extraction whose model is a
     :class:`~attnprobe.models.multihead.MultiHeadAttention` (heads are defined up to permutation).
@@ -34,7 +35,7 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
     if heads is not None and max_heads is not None:
         raise ConfigError("give either heads (H known) or max_heads (an upper bound), not both")
     if method == "auto":
-        method = "subspaces" if subspaces is not None else ("generic" if _generic() else "orthogonal")
+        method = "subspaces" if subspaces is not None else "generic"
     if method == "subspaces" or subspaces is not None:
         if subspaces is None:
             raise ConfigError("method 'subspaces' needs the head subspaces (an (H, d, d_h) array of bases)")
@@ -52,23 +53,8 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
         if max_heads is not None and res.model.H > max_heads:
             res.notes.append(f"found {res.model.H} heads, more than max_heads={max_heads}")
         return res
-    gen = _generic()
-    if gen is None:
-        raise ConfigError("the generic multi-head learner (attnprobe.learners.multihead.generic) is not available "
-                          "in this installation; use method='orthogonal' or give the subspaces")
-    return gen(oracle, heads=heads, max_heads=max_heads, rank=rank, bias=bias, seed=seed, check=check,
-               progress=progress)
+    return extract_generic(oracle, heads=heads, max_heads=max_heads, rank=rank, bias=bias, seed=seed, check=check,
+                           progress=progress)
 
 
-def _generic():
-    """The generic learner's entry point, or None while it is not part of the package."""
-    import importlib.util
-
-    if importlib.util.find_spec("attnprobe.learners.multihead.generic") is None:
-        return None
-    from attnprobe.learners.multihead.generic import extract_generic
-
-    return extract_generic
-
-
-__all__ = ["METHODS", "extract_multihead", "extract_multihead_orthogonal", "extract_multihead_subspaces"]
+__all__ = ["METHODS", "extract_generic", "extract_multihead", "extract_multihead_orthogonal", "extract_multihead_subspaces"]
