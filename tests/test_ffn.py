@@ -159,7 +159,7 @@ def test_float32_answers_are_polished_to_float32_precision():
 
 
 # float32 answers with m ≥ 2d used to lose weak neurons: their kinks hid below a 64-rounding tolerance, next to
-# strong kinks, or were merged away as finite-difference noise (issue 5, first "done means" gap)
+# strong kinks, or were merged away as finite-difference noise
 @pytest.mark.parametrize("d,m,seed", [(8, 16, 1), (16, 16, 0), (16, 16, 1), (16, 16, 2), (8, 32, 2)])
 def test_float32_answers_keep_weak_neurons(d, m, seed):
     net = random_relu_net(d, m, seed=seed, dtype="float32")

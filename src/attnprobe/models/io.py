@@ -161,12 +161,16 @@ def npz_header(path: str | Path, max_bytes: int = MAX_MODEL_BYTES,
                                       "real numbers (no strings, complex numbers or records)")
                 total += int(np.prod(shape, dtype=object)) * dtype.itemsize
                 if total > max_bytes:
-                    raise ConfigError(f"{path} declares arrays of more than {max_bytes / 2**30:.1f} GiB (array "
-                                      f"{name!r} has shape {shape}); refusing to load it")
+                    raise ConfigError(f"{path} declares arrays of more than {_size(max_bytes)} (array {name!r} has "
+                                      f"shape {shape}); refusing to load it")
                 out[name] = (tuple(shape), dtype)
     except (zipfile.BadZipFile, ValueError, EOFError, OSError) as exc:
         raise ConfigError(f"cannot read {what} {path} as an .npz file: {exc}") from exc
     return out
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def load_arrays(path: str | Path, max_bytes: int = MAX_MODEL_BYTES, what: str = "model file") -> dict:

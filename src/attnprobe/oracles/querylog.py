@@ -1,4 +1,4 @@
-"""The query log (DESIGN.md, "Query log"): every query and answer in SQLite (WAL) before the learner sees it.
+"""The query log (docs/architecture.md, "Query log"): every query and answer in SQLite (WAL) before the learner sees it.
 
 A sequence is keyed by the SHA-256 of its float64 bytes (``-0.0`` folded into ``0.0``) and shape, so the
 seeded learners, which repeat their queries exactly, find every answer already paid for: a rerun with the same
