@@ -8,8 +8,9 @@ from the log: not asked, not charged to any budget) and ``queries_asked`` (sent 
 from __future__ import annotations
 
 from attnprobe.errors import ConfigError
+from attnprobe.models import PRECISIONS
 
-PRECISION_CHOICES = ("auto", "float64", "float32", "float16", "bfloat16")
+PRECISION_CHOICES = ("auto", *PRECISIONS)
 
 
 def add_arguments(parser) -> None:

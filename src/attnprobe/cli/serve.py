@@ -7,8 +7,7 @@ from pathlib import Path
 
 from attnprobe.errors import ConfigError
 from attnprobe.models import PRECISIONS
-
-KEY_ENV = "ATTNPROBE_API_KEY"
+from attnprobe.oracles.http import KEY_ENV
 
 
 def api_keys(args) -> list[str]:

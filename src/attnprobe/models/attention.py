@@ -36,10 +36,6 @@ class AttentionParameters:
     #: how error messages name the model (e.g. "an attention head")
     DESCRIPTION = "an attention model"
 
-    @property
-    def has_bias(self) -> bool:
-        return bool(np.any(self.u != 0) or self.c != 0)
-
     def _params(self):
         """Parameters cast once to the compute dtype."""
         if not self._cast:
