@@ -11,7 +11,8 @@ from conftest import rel
 from attnprobe.audit import HeadSpec, Task, parse_defenses, run_audit
 from attnprobe.cli import main
 from attnprobe.errors import ConfigError
-from attnprobe.learners import registry
+from attnprobe.learners import extract_exact, extract_lowrank, registry
+from attnprobe.learners.robust import extract_robust
 from attnprobe.learners.registry import Capabilities, Option
 from attnprobe.models import load_model, save_model
 from attnprobe.oracles import Oracle
@@ -120,3 +121,22 @@ def test_the_example_learner_keeps_the_contract(rotated):
     from test_learner_contract import check_contract
 
     check_contract(("rotated", None, {"scale": 0.7}))
+
+
+DIRECT = {  # learner -> (registry options, the same call made directly)
+    "exact": ({"probes": "paper"}, lambda o: extract_exact(o, probes="basis", seed=2)),
+    "lowrank": ({"rank": 6}, lambda o: extract_lowrank(o, rank=6, seed=2)),
+    "robust": ({"no_bias": True, "no_retries": True}, lambda o: extract_robust(o, bias=False, retries=0, seed=2)),
+}
+
+
+@pytest.mark.parametrize("name", DIRECT)
+def test_a_registry_call_is_the_learners_own_call(name):
+    """The registry adds no behaviour: the same learner call, bit for bit (arrays, queries per phase, check)."""
+    options, direct = DIRECT[name]
+    truth = random_head(6, seed=5, bias=name != "robust")
+    a = registry.learner(name)(Oracle(truth, 6), seed=2, **options)
+    b = direct(Oracle(truth, 6))
+    for key, arr in a.model.arrays().items():
+        np.testing.assert_array_equal(arr, b.model.arrays()[key])
+    assert a.queries_by_phase == b.queries_by_phase and a.check.error == b.check.error

@@ -105,6 +105,8 @@ def run(args) -> int:
 def add_parser(sub) -> None:
     from attnprobe.audit import audit_learners
     from attnprobe.audit.defenses import HELP
+    from attnprobe.cli.extract import learner_type
+    from attnprobe.learners import registry
 
     a = sub.add_parser("audit", help="extract every head of a model under each defence; write a report")
     src = a.add_argument_group("what to audit")
@@ -121,7 +123,8 @@ def add_parser(sub) -> None:
                    help="learners to attack with: auto (default: every registered learner whose capabilities fit "
                         "each defence; a defence is called strong only when all of them fail) or a comma-separated "
                         "list of " + ", ".join(audit_learners()) + " (a defence none of them fits gets those that do)")
-    a.add_argument("--rank", type=int, help="lowrank/nuclear/--multihead: rank bound (the head dimension)")
+    a.add_argument("--rank", type=learner_type(registry.options()["rank"][0]),
+                   help="learners that take a rank bound (the head dimension): " + ", ".join(registry.options()["rank"][1]))
     a.add_argument("--defense", default="none", help=f"comma-separated defences: {HELP}")
     a.add_argument("--budget", type=int, help="queries an attacker may spend per head")
     a.add_argument("--seed", type=int, default=0, help="seed of every task (probes and noise)")

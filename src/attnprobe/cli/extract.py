@@ -104,7 +104,7 @@ def run(args) -> int:
     return 0
 
 
-def _learner_type(option):
+def learner_type(option):
     """argparse ``type`` of a learner option: the registry's parsing and constraints."""
     def parse(text: str):
         try:
@@ -124,7 +124,7 @@ def add_learner_options(parser) -> None:
         if option.type is bool:
             g.add_argument(option.flag, action="store_true", help=f"{where}: {option.help}")
             continue
-        kw = {"choices": option.choices} if option.choices else {"type": _learner_type(option)}
+        kw = {"choices": option.choices} if option.choices else {"type": learner_type(option)}
         help_ = option.help if option.help.startswith(users[0] + ": ") else f"{where}: {option.help}"
         g.add_argument(option.flag, metavar=option.metavar, help=help_, **kw)
 

@@ -15,7 +15,7 @@ Adding a learner is one call::
              options=[Option("width", int, "probe width", default=4, low=1)],
              help="my learner (Thm 4.1 with wider probes)")
 
-``attnprobe extract --method mine --width 8`` then works, ``--width`` is refused for every other learner,
+``attnprobe extract`` then runs it with its ``width`` option, which it refuses for every other learner,
 ``attnprobe audit`` runs it on every defence its capabilities fit, and the contract tests cover it.
 """
 
@@ -258,8 +258,8 @@ _NO_BIAS = Option("no_bias", bool, "learn the paper's bias-free model (d+d² que
 _RANK = Option("rank", int, "rank bound r of W (head dimension); lowrank detects it when omitted", low=1)
 _SIGN_TIME = Option("sign_time_limit", float, "seconds the 0/1 program may spend on neuron orientations "
                     "(m > d; default 5)", default=5.0, low=0, open_low=True, metavar="SEC")
-_W_BOUND = Option("w_bound", float, "known W ≥ 2 with ‖W‖_F ≤ W (--probes paper)")
-_MARGIN = Option("margin", float, "known μ ≤ min nonzero |v_i| (--probes paper)")
+_W_BOUND = Option("w_bound", float, "known W ≥ 2 with ‖W‖_F ≤ W (probes paper)")
+_MARGIN = Option("margin", float, "known μ ≤ min nonzero |v_i| (probes paper)")
 
 
 def _basis(probes: str) -> str:
@@ -372,21 +372,21 @@ register("robust", _robust, recovers="head", capabilities=Capabilities(noisy_ans
          help="Sec. 6: heads from answers with additive noise or rounding",
          options=[Option("probes", str, "orthogonal (default) or paper (Thm 6.1)", default="orthogonal",
                          choices=("orthogonal", "paper")), _NO_BIAS,
-                  Option("tolerance", float, "the answers' additive error bound τ (default: from --noise)"),
+                  Option("tolerance", float, "the answers' additive error bound τ (default: the declared noise)"),
                   Option("queries", int, "queries to plan for (extra ones shrink the error)", low=1),
                   Option("max_scale", float, "largest probe norm the API accepts", low=0, open_low=True),
-                  Option("no_retries", bool, "never re-measure a probe (spend exactly --queries; unresolved "
+                  Option("no_retries", bool, "never re-measure a probe (spend exactly the planned queries; unresolved "
                          "weights clipped)"), _W_BOUND, _MARGIN])
 register("membership", _membership, recovers="head",
          capabilities=Capabilities(value_answers=False, membership_answers=True),
          help="App. B: heads from yes/no answers 1[f(X) > 0]",
          options=[Option("probes", str, "bisection (default) or paper (App. B)", default="bisection",
                          choices=("bisection", "paper")), _W_BOUND, _MARGIN,
-                  Option("eps_w", float, "--probes paper: target ε_W (default 0.1)", default=0.1, low=0,
+                  Option("eps_w", float, "probes paper: target ε_W (default 0.1)", default=0.1, low=0,
                          open_low=True),
-                  Option("delta", float, "--probes paper: failure probability (default 0.05)", default=0.05, low=0,
+                  Option("delta", float, "probes paper: failure probability (default 0.05)", default=0.05, low=0,
                          open_low=True),
-                  Option("samples", int, "--probes paper: sign samples (overrides Thm B.1's k)", low=1)])
+                  Option("samples", int, "probes paper: sign samples (overrides Thm B.1's k)", low=1)])
 register("transformer", _transformer, recovers="transformer", capabilities=Capabilities(fine_answers=True),
          help="Sec. 4.1: a one-layer transformer (W exactly, the FFN up to neuron permutation and scale)",
          options=[Option("probes", str, "probe design of W, as for exact", default="orthogonal",
