@@ -245,3 +245,19 @@ def test_strong_only_when_every_learner_failed():
     run.records = [refused]
     assert report.verdicts(run).rows[0][6] == "strong: no head was recovered by lowrank, robust"
     assert report.protection([0.5], ["exact", "robust"]).startswith("strong: every learner failed (exact, robust)")
+    # a model that passes its functional check imitates the answers, however far its W is off (MiniLM L0H0 under
+    # round:4: robust's W is 10 % off, its v, u, c to 1e-3 and better): not strong
+    assert report.protection([0.103], ["lowrank", "robust"], [True]) == "partial"
+
+
+def test_the_attackers_best_learner_is_kept_per_head():
+    from attnprobe.audit import report
+    from attnprobe.audit.run import AuditRun
+
+    defense = parse_defenses("none")[0]
+    tasks = [Task(HeadSpec("minilm", 0, 0), m, defense) for m in ("exact", "robust")]
+    base = {"layer": 0, "head": 0, "defense": "none", "error": None, "passed": True, "queries": 5}
+    recs = [dict(base, method="exact", relative_error={"W": 0.2}), dict(base, method="robust", relative_error={"W": 3e-4})]
+    run = AuditRun("processes", tasks, recs, False, 1.0, None)
+    assert report.best_records(run, "none")[(0, 0)]["method"] == "robust"
+    assert report.verdicts(run).rows[0][6] == "none"

@@ -17,17 +17,20 @@ def _k(n: float) -> str:
     return f"{n / 1000:.0f}k" if n >= 10_000 else f"{n:.0f}"
 
 
-def protection(errors: list[float], tried: list[str] | None = None) -> str:
+def protection(errors: list[float], tried: list[str] | None = None, passed: list[bool] | None = None) -> str:
     """Measured protection of a defence from the recovered heads' W errors (none / partial / strong): the
-    attacker's best head over every learner ``tried`` is the defender's worst case, so "strong" means that all of
-    them failed."""
+    attacker's best head over every learner ``tried`` is the defender's worst case. A recovered model that
+    passes its functional check imitates the defended answers, so the defence is at most partial then; "strong"
+    means that every learner tried failed."""
     by = f" by {', '.join(tried)}" if tried else ""
     if not errors:
         return f"strong: no head was recovered{by}"
     worst_case = min(errors)
     if worst_case < NO_PROTECTION:
         return "none"
-    return "partial" if worst_case < PROTECTS else f"strong: every learner failed ({', '.join(tried or [])})"
+    if worst_case < PROTECTS or any(passed or ()):
+        return "partial"
+    return f"strong: every learner failed ({', '.join(tried or [])})"
 
 
 def best_records(run, defense: str) -> dict:
@@ -64,7 +67,7 @@ def verdicts(run) -> Table:
         heads = {(t.head.layer, t.head.head) for t in run.tasks if t.defense.name == name}
         t.add(name, ", ".join(tried), f"{len(best)}/{len(heads)}", float(np.median(errs)) if errs else None,
               float(min(errs)) if errs else None, int(np.median(queries)) if queries else None,
-              protection(errs, tried), verdict)
+              protection(errs, tried, [bool(r["passed"]) for r in recs if not r["error"]]), verdict)
     return t
 
 
@@ -105,8 +108,8 @@ def write_report(run, path: str | Path) -> Path:
     rep.heading("Verdict per defence")
     rep.table(verdicts(run))
     rep.paragraph(f"Protection: none when some head's W is recovered to better than {NO_PROTECTION:g} by some "
-                  f"learner, partial when the best is below {PROTECTS:g}, strong only when every learner tried "
-                  "failed (no head recovered, or none better than that).")
+                  f"learner, partial when the best is below {PROTECTS:g} or a recovered model passes its functional "
+                  "check (it imitates the defended answers), strong only when every learner tried failed.")
     for name in run.defenses:
         rep.heading(f"Defence: {name}")
         err, layers, heads = _grid(run, name, _w_error)
