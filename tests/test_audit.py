@@ -112,6 +112,10 @@ def test_audit_cli_refuses_bad_ranges(checkpoint, tmp_path, capsys):
     assert "unknown defence 'float8'" in capsys.readouterr().err
     assert main(base + ["--heads-per-layer", "2", "--workers", "0"]) == 2
     assert "--workers must be at least 1" in capsys.readouterr().err
+    assert main(base + ["--heads-per-layer", "2", "--method", "exact,magic"]) == 2
+    assert "the learners of heads are auto or a comma-separated list of exact, lowrank" in capsys.readouterr().err
+    assert main(base + ["--heads-per-layer", "2", "--rank", "0"]) == 2
+    assert "--rank: expected an integer ≥ 1; got '0'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()  # refused before any work
 
 
@@ -202,6 +206,8 @@ def test_multihead_audit_recovers_whole_layers(checkpoint, tmp_path):
     assert (out / "report.html").read_text().count("<img ") == 2
     assert main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--multihead", "--heads", "0",
                  "--out", str(tmp_path / "x")]) == 2
+    assert main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--multihead", "--method", "exact",
+                 "--out", str(tmp_path / "x")]) == 2
 
 
 def test_the_verdict_comes_from_every_learner_that_fits(checkpoint, tmp_path, monkeypatch):
@@ -261,3 +267,12 @@ def test_the_attackers_best_learner_is_kept_per_head():
     run = AuditRun("processes", tasks, recs, False, 1.0, None)
     assert report.best_records(run, "none")[(0, 0)]["method"] == "robust"
     assert report.verdicts(run).rows[0][6] == "none"
+
+
+def test_a_task_runs_a_learner_that_fits_its_defence():
+    """Yes/no answers leave only a learner of yes/no answers; value answers keep the learner asked for."""
+    spec = HeadSpec("minilm", 0, 0)
+    none, member = parse_defenses("none,membership")
+    assert Task(spec, "exact", member).learner == "membership" and Task(spec, "exact", none).learner == "exact"
+    assert Task(spec, "robust", parse_defenses("round:2")[0]).learner == "robust"
+    assert Task(HeadSpec("minilm", 0, None), "multihead", none).learner == "multihead"

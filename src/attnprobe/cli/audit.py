@@ -72,11 +72,11 @@ def _chosen_learners(method: str, whole_layers: bool) -> list[str]:
     if method == "auto":
         return known
     names = [m.strip() for m in method.split(",") if m.strip()]
-    if whole_layers:
-        return known
     unknown = [m for m in names if m not in known]
     if unknown or not names:
-        raise ConfigError(f"unknown --method {method!r}; choose auto or a comma-separated list of {', '.join(known)}")
+        what = "whole layers (--multihead)" if whole_layers else "heads"
+        raise ConfigError(f"--method {method!r}: the learners of {what} are auto or a comma-separated list of "
+                          f"{', '.join(known)}")
     return list(dict.fromkeys(names))
 
 
