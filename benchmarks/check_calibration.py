@@ -22,12 +22,11 @@ from attnprobe.learners.robust import extract_robust
 from attnprobe.models import AttentionHead
 from attnprobe.models.attention import attention_weights
 from attnprobe.models.precision import resolve_dtype
-from attnprobe.oracles.wrappers import wrap_oracle
+from attnprobe.oracles.chain import AnswerChain
 from attnprobe.targets import random_head
 
 PRECISIONS = ("float64", "float32", "float16", "bfloat16")
-WRAPS = {"none": {}, "avq:1e-3": {"noise": "avq:1e-3"}, "gaussian:1e-3": {"noise": "gaussian:1e-3"},
-         "round:4": {"decimals": 4}, "digits:5": {"digits": 5}}
+WRAPS = ("none", "avq:1e-3", "gaussian:1e-3", "round:4", "round-digits:5")
 LEARNERS = {"exact": lambda o, s: extract_exact(o, seed=s), "lowrank": lambda o, s: extract_lowrank(o, seed=s),
             "robust": lambda o, s: extract_robust(o, seed=s)}
 
@@ -62,14 +61,12 @@ def main() -> None:
           f"{'W error':>9}")
     worst = {}
     for prec in PRECISIONS:
-        for wname, wrap in WRAPS.items():
+        for wname in WRAPS:
             for name in args.learners:
                 for d in args.d:
                     for seed in range(args.seeds):
                         truth = random_head(d, seed=seed, dtype=prec)
-                        oracle = Oracle(truth, d, precision=prec)
-                        if wrap:
-                            wrap_oracle(oracle, **wrap)
+                        oracle = Oracle(truth, d, precision=prec, chain=AnswerChain.parse(wname))
                         try:
                             res = LEARNERS[name](oracle, seed)
                         except AttnprobeError as exc:

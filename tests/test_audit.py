@@ -138,14 +138,15 @@ def test_ray_gives_the_numbers_of_the_process_pool(checkpoint, tmp_path):
     """Same tasks and seeds on a local Ray cluster and on the process pool: identical records."""
     pytest.importorskip("ray")
     path, _ = checkpoint
-    tasks = _tasks(path, "none,noise:1e-4")  # fresh Gaussian noise: the seed must travel with the task
+    tasks = _tasks(path, "none,gaussian:1e-4")  # fresh Gaussian noise: the seed must travel with the task
     ray_run = run_audit(tasks, tmp_path / "ray", engine="ray", workers=2, progress=False)
     pool_run = run_audit(tasks, tmp_path / "pool", engine="processes", workers=2, progress=False)
     assert ray_run.engine == "ray" and not ray_run.interrupted and len(ray_run.records) == len(tasks)
     assert _numbers(ray_run.records) == _numbers(pool_run.records)
     assert all(r["error"] is None for r in ray_run.records)
     files = sorted(r["file"] for r in ray_run.records)
-    assert files == ["heads/L0H0.npz", "heads/L0H0_noise0.0001.npz", "heads/L1H0.npz", "heads/L1H0_noise0.0001.npz"]
+    assert files == ["heads/L0H0.npz", "heads/L0H0_gaussian0.0001.npz", "heads/L1H0.npz",
+                     "heads/L1H0_gaussian0.0001.npz"]
     for name in files:
         a, b = np.load(tmp_path / "ray" / name), np.load(tmp_path / "pool" / name)
         assert all(np.array_equal(a[k], b[k]) for k in a.files)
@@ -224,8 +225,12 @@ def test_the_verdict_comes_from_every_learner_that_fits(checkpoint, tmp_path, mo
     assert main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--layers", "1", "--heads", "0",
                  "--defense", "none,membership", "--quiet", "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
-    value_learners = fitting_learners(parse_defenses("none")[0])
+    from attnprobe.learners import registry
+
+    fits = fitting_learners(parse_defenses("none")[0])
+    value_learners = [n for n in fits if registry.learner(n).ready({})]  # nuclear needs a rank bound
     assert {"exact", "lowrank", "robust"} <= set(value_learners) and "membership" not in value_learners
+    assert "nuclear" in fits and "nuclear" not in value_learners
     tried = [h["method"] for h in res["heads"] if h["defense"] == "none"]
     assert tried == value_learners and [h["method"] for h in res["heads"] if h["defense"] == "membership"] == [
         "membership"]

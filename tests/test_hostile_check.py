@@ -69,13 +69,13 @@ def test_ffn_and_transformer_learners_report_a_failed_check():
 
 
 def test_declared_noise_widens_the_tolerance_but_never_past_the_cap():
-    from attnprobe.oracles.wrappers import wrap_oracle
+    from attnprobe.oracles.chain import AnswerChain
 
     truth = random_head(6, seed=0)
     quiet = functional_check(Oracle(truth, 6), truth, np.random.default_rng(0))
-    noisy_oracle = wrap_oracle(Oracle(truth, 6), noise="avq:1e-6")
+    noisy_oracle = Oracle(truth, 6, chain=AnswerChain(noise="avq:1e-6"))
     noisy = functional_check(noisy_oracle, truth, np.random.default_rng(0))
-    loud = functional_check(wrap_oracle(Oracle(truth, 6), noise="avq:10"), AttentionHead(np.zeros((6, 6)), truth.v,
+    loud = functional_check(Oracle(truth, 6, chain=AnswerChain(noise="avq:10")), AttentionHead(np.zeros((6, 6)), truth.v,
                                                                                          truth.u, truth.c),
                             np.random.default_rng(0))
     assert quiet.tolerance < noisy.tolerance < CHECK_CAP and noisy.passed

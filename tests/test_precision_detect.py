@@ -52,9 +52,13 @@ def test_a_declared_precision_wins():
     o = Oracle(Precision(random_head(5, seed=2), "float32"), 5, precision="float64")
     o(np.random.default_rng(0).standard_normal((16, 2, 5)))
     assert o.precision == "float64" and o.detector is None
-    o = Oracle(random_head(5, seed=2), 5, precision="auto")
-    o.precision = "float16"
-    assert o.precision == "float16" and o.eps == 2.0**-10
+    o = Oracle(random_head(5, seed=2), 5, precision="float16")
+    assert o.precision == "float16" and o.eps == 2.0**-10 and o.detector is None
+    # a cast in the oracle's own answer chain is known, so it wins over "auto" (nothing to read)
+    from attnprobe.oracles.chain import AnswerChain
+
+    o = Oracle(random_head(5, seed=2), 5, precision="auto", chain=AnswerChain(cast="bfloat16"))
+    assert o.precision == "bfloat16" and o.eps == 2.0**-7 and o.detector is None and o.queries == 0
 
 
 @pytest.fixture(scope="module")

@@ -68,6 +68,9 @@ def test_capabilities_decide_which_learners_fit_the_answers():
     assert not registry.learner("ffn").fits(coarse=True) and registry.learner("ffn").fits(vector=True)
     assert registry.learner("exact").fits() and not registry.learner("exact").fits(vector=True)
     assert Capabilities().value_answers and not Capabilities().membership_answers
+    nuclear = registry.learner("nuclear")
+    assert not nuclear.ready({}) and nuclear.ready({"rank": 2}) and nuclear.ready({"measurements": 30})
+    assert registry.learner("exact").ready({})
 
 
 def test_the_example_learner_recovers_a_head(rotated):

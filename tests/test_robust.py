@@ -129,3 +129,47 @@ def test_default_without_retries_spends_exactly_d_plus_d2_and_still_wins():
                               check=False)
     assert r.queries == o.queries == d + d * d
     assert np.linalg.norm(r.model.W - h.W) * 10 <= np.linalg.norm(rp.model.W - h.W)
+
+
+def test_a_declared_tolerance_reaches_the_check(tmp_path, capsys, monkeypatch):
+    """A black box whose answers are off by up to 1e-7 (and which does not say so): with --tolerance 1e-7 a
+    correct robust extraction passes its check; without it, the check knows no noise and holds it to 1e-6."""
+    import json
+
+    from attnprobe.learners.check import CHECK_FLOOR
+    from hostile import run
+
+    (tmp_path / "victim.py").write_text(
+        "from attnprobe.oracles.wrappers import BoundedNoise\nfrom attnprobe.targets import random_head\n"
+        "_noisy = BoundedNoise(random_head(8, seed=0), 1e-7)\n"
+        "def answer(X):\n    return _noisy(X)\n")
+    monkeypatch.chdir(tmp_path)
+    argv = ["extract", "--oracle", "victim:answer", "--d", "8", "--method", "robust", "--out", "r.npz", "--quiet"]
+    rc, _, err = run(capsys, *argv, "--tolerance", "1e-7")
+    assert rc == 0, err
+    chk = json.loads((tmp_path / "r.json").read_text())["check"]
+    assert chk["passed"] and chk["tolerance"] > 100 * CHECK_FLOOR  # τ = 1e-7 widened it
+    W = np.load(tmp_path / "r.npz")["W"]
+    truth = random_head(8, seed=0)
+    assert np.linalg.norm(W - truth.W) / np.linalg.norm(truth.W) < 1e-4  # and the model is right
+    # the same extraction without the declaration: the check's tolerance stays at the float64 floor
+    rc, _, err = run(capsys, *argv, "--keep-failed")
+    assert json.loads((tmp_path / "r.json").read_text())["check"]["tolerance"] == CHECK_FLOOR
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--method", "robust", "--probes", "paper", "--w-bound", "1e308", "--margin", "1e-308"], "--w-bound"),
+    (["--method", "robust", "--probes", "paper", "--w-bound", "1e200", "--margin", "1e-3"], "beyond float64"),
+    (["--method", "membership", "--probes", "paper", "--w-bound", "2", "--margin", "0.1", "--eps-w", "1e-300"],
+     "--eps-w"),
+    (["--method", "membership", "--probes", "paper", "--w-bound", "1e308", "--margin", "1e-308", "--samples", "9"],
+     "finer than float64"),
+])
+def test_paper_bounds_beyond_float64_are_refused_up_front(tmp_path, capsys, flags, says):
+    from attnprobe.models import save_model
+    from hostile import refused
+
+    save_model(random_head(4, seed=0, bias=False), tmp_path / "t.npz")
+    line = refused(capsys, tmp_path, "extract", "--target", tmp_path / "t.npz", *flags, "--out", tmp_path / "o.npz",
+                   says=says)
+    assert "0 queries spent" in line or "no queries spent" in line

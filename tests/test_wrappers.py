@@ -4,8 +4,9 @@ from hypothesis import given, settings, strategies as st
 
 from attnprobe.errors import ConfigError
 from attnprobe.oracles import Oracle
+from attnprobe.oracles.chain import AnswerChain, parse_noise
 from attnprobe.oracles.wrappers import (AdversarialNoise, BoundedNoise, FreshNoise, Membership, Precision, Rounded,
-                                        input_hash, parse_noise, wrap, wrap_oracle)
+                                        input_hash)
 from attnprobe.targets import random_head
 
 HEAD = random_head(6, seed=3)
@@ -91,10 +92,10 @@ def test_membership_and_composition():
     X = batch(6)
     g = Membership(HEAD)(X)
     assert set(np.unique(g)) <= {0.0, 1.0} and np.array_equal(g, (HEAD(X) > 0).astype(float))
-    chain = wrap(HEAD, noise="avq:1e-3", decimals=4, membership=True)
+    chain = AnswerChain(noise="avq:1e-3", decimals=4, membership=True).apply(HEAD)
     n = chain.noise
     assert n.membership and n.tolerance == pytest.approx(1e-3 + 0.5e-4)
-    o = wrap_oracle(Oracle(HEAD, 6), cast="float16", noise="gaussian:0.01")
+    o = Oracle(HEAD, 6, chain=AnswerChain(cast="float16", noise="gaussian:0.01"))
     assert o.precision == "float16" and o.eps == 2**-10 and o.noise.fresh
     assert o(X).shape == (64,) and o.queries == 64
 

@@ -49,3 +49,12 @@ class RecoveryError(AttnprobeError):
 
 class CheckFailedError(AttnprobeError):
     """The functional check on fresh queries failed: the recovered model does not describe the oracle."""
+
+
+class InputNormError(OracleError):
+    """A probe row is longer than the oracle accepts (``Oracle.max_input_norm``), or the answers show that the
+    oracle clips longer rows. ``limit`` is the bound (declared or estimated), ``norm`` the norm that passed it."""
+
+    def __init__(self, message: str = "", *, norm: float | None = None, limit: float | None = None) -> None:
+        super().__init__(message)
+        self.norm, self.limit = norm, limit

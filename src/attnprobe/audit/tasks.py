@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from attnprobe.audit.defenses import Defense
+from attnprobe.audit.defenses import Defense, answers_left
 from attnprobe.errors import AttnprobeError, ConfigError
 from attnprobe.learners import registry
 from attnprobe.models.compare import parameter_errors
@@ -63,7 +63,7 @@ class Task:
 
     head: HeadSpec
     method: str
-    defense: Defense = field(default_factory=lambda: Defense("none"))
+    defense: Defense = field(default_factory=Defense)
     seed: int = 0
     budget: int | None = None
     rank: int | None = None
@@ -92,7 +92,7 @@ def audit_learners(whole_layers: bool = False) -> list[str]:
 def fitting_learners(defense: Defense, whole_layers: bool = False) -> list[str]:
     """The audit learners whose capabilities fit the answers ``defense`` leaves (with the packages installed)."""
     recovers = "multi_head" if whole_layers else "head"
-    return [e.name for e in registry.learners(recovers) if e.fits(**defense.answers)]
+    return [e.name for e in registry.learners(recovers) if e.fits(**answers_left(defense))]
 
 
 def _errors(task: Task, truth, model) -> tuple[dict[str, float], list[float] | None]:
@@ -126,7 +126,7 @@ def run_task(task: Task) -> dict:
     try:
         learner = registry.learner(task.learner)
         truth = task.head.target()
-        oracle = task.defense.apply(Oracle(truth, truth.d, budget=task.budget), seed=task.seed)
+        oracle = Oracle(truth, truth.d, budget=task.budget, chain=task.defense.seeded(task.seed))
         options = {"rank": task.rank} if "rank" in learner.option_names else {}
         if task.head.head is None and "heads" in learner.option_names:
             options["heads"] = task.head.checkpoint().heads_per_layer

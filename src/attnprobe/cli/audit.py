@@ -24,15 +24,35 @@ def parse_range(text: str, count: int, what: str) -> list[int]:
     return sorted(out)
 
 
+def _defenses(args):
+    """``--defense LIST`` or the shared defence flags (one chain), not both; default: no defence."""
+    from attnprobe.audit import parse_defenses
+    from attnprobe.cli import answer_chain
+
+    if answer_chain.has_flags(args):
+        if args.defense is not None:
+            raise ConfigError("give the defences either as --defense LIST or as flags (--cast, --round, ...), "
+                              "not both")
+        return [answer_chain.flags_chain(args)]
+    return parse_defenses("none" if args.defense is None else args.defense)
+
+
 def build_tasks(args):
-    from attnprobe.audit import HeadSpec, Task, fitting_learners, parse_defenses
+    from attnprobe.audit import HeadSpec, Task, fitting_learners
 
     if args.workers < 1:
         raise ConfigError(f"--workers must be at least 1; got {args.workers}")
     if args.budget is not None and args.budget < 1:
         raise ConfigError(f"--budget must be a positive number of queries per head; got {args.budget}")
+    if args.hf_dir is not None:
+        if args.model or args.safetensors or args.heads_per_layer is not None:
+            raise ConfigError("--hf-dir reads the checkpoint and its heads per layer from the folder; drop "
+                              "--model/--safetensors/--heads-per-layer")
+        from attnprobe.cli.hf import audit_source
+
+        args.safetensors, args.heads_per_layer = audit_source(args.hf_dir)
     if bool(args.model) == bool(args.safetensors):
-        raise ConfigError("say what to audit: --model minilm or --safetensors FILE --heads-per-layer H")
+        raise ConfigError("say what to audit: --model minilm, --hf-dir DIR or --safetensors FILE --heads-per-layer H")
     if args.model and args.model != "minilm":
         raise ConfigError(f"--model knows only minilm (all-MiniLM-L6-v2); got {args.model!r}; "
                           "for other BERT-family models use --safetensors FILE --heads-per-layer H")
@@ -45,11 +65,11 @@ def build_tasks(args):
         raise ConfigError(f"--row must be in 0..{ckpt.hidden - 1}; got {args.row}")
     layers = parse_range(args.layers, ckpt.layers, "layers")
     heads = parse_range(args.heads, ckpt.heads_per_layer, "heads")
-    defenses = parse_defenses(args.defense)
+    defenses = _defenses(args)
     whole = bool(args.multihead)
     if whole and args.heads != "all":
         raise ConfigError("--multihead audits whole layers; drop --heads")
-    chosen = _chosen_learners(args.method, whole)
+    chosen = _chosen_learners(args.method, whole, args.rank)
     tasks = []
     for d in defenses:
         names = [n for n in chosen if n in fitting_learners(d, whole)] or fitting_learners(d, whole)
@@ -63,14 +83,15 @@ def build_tasks(args):
     return tasks
 
 
-def _chosen_learners(method: str, whole_layers: bool) -> list[str]:
-    """``--method``: ``auto`` (every registered learner of the task's kind; each defence keeps those that fit
-    it) or a comma-separated list of learner names."""
+def _chosen_learners(method: str, whole_layers: bool, rank: int | None) -> list[str]:
+    """``--method``: ``auto`` (every registered learner of the task's kind that can run with ``rank``; each
+    defence keeps those that fit it) or a comma-separated list of learner names."""
     from attnprobe.audit import audit_learners
+    from attnprobe.learners import registry
 
     known = audit_learners(whole_layers)
-    if method == "auto":
-        return known
+    if method == "auto":  # every learner that can run with the options given
+        return [n for n in known if registry.learner(n).ready({"rank": rank})]
     names = [m.strip() for m in method.split(",") if m.strip()]
     unknown = [m for m in names if m not in known]
     if unknown or not names:
@@ -107,12 +128,15 @@ def add_parser(sub) -> None:
     from attnprobe.audit.defenses import HELP
     from attnprobe.cli.extract import learner_type
     from attnprobe.learners import registry
+    from attnprobe.cli import answer_chain
 
     a = sub.add_parser("audit", help="extract every head of a model under each defence; write a report")
     src = a.add_argument_group("what to audit")
     src.add_argument("--model", help="a known model: minilm (all-MiniLM-L6-v2, installed weights)")
     src.add_argument("--safetensors", metavar="FILE", help="a BERT-family checkpoint (.safetensors)")
     src.add_argument("--heads-per-layer", type=int, metavar="H", help="attention heads per layer of --safetensors")
+    src.add_argument("--hf-dir", metavar="DIR", help="a Hugging Face BERT-family model folder (config.json with "
+                                                     "num_attention_heads, model.safetensors)")
     src.add_argument("--layers", default="all", help="layers to audit: all (default), 0-5, 3 or 0,2,4")
     src.add_argument("--heads", default="all", help="heads to audit in each layer: all (default), 0-3, ...")
     src.add_argument("--row", type=int, default=0, help="output row R of the layer each head's scalar is read at")
@@ -125,7 +149,7 @@ def add_parser(sub) -> None:
                         "list of " + ", ".join(audit_learners()) + " (a defence none of them fits gets those that do)")
     a.add_argument("--rank", type=learner_type(registry.options()["rank"][0]),
                    help="learners that take a rank bound (the head dimension): " + ", ".join(registry.options()["rank"][1]))
-    a.add_argument("--defense", default="none", help=f"comma-separated defences: {HELP}")
+    answer_chain.add_arguments(a, defense_help=f"{HELP}; or one defence as the flags below (default none)")
     a.add_argument("--budget", type=int, help="queries an attacker may spend per head")
     a.add_argument("--seed", type=int, default=0, help="seed of every task (probes and noise)")
     run_on = a.add_argument_group("where to run")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnprobe.cli import remote
-from attnprobe.cli.common import check_outcome, nonneg_int, plan_outputs, positive_int, print_summary, refuse_memory, track
+from attnprobe.cli import answer_chain, hf, remote
+from attnprobe.cli.common import (check_outcome, nonneg_int, plan_outputs, positive_float, positive_int, print_summary,
+                                  refuse_memory, track)
 from attnprobe.errors import ConfigError
 from attnprobe.learners import registry
 from attnprobe.models import PRECISIONS
@@ -35,23 +36,19 @@ def _refuse_foreign_options(learner, args) -> None:
                           f"{' / '.join(sorted(users))}); drop {option.flag}")
 
 
-def _oracle_from_args(args, learner) -> Oracle:
-    oracle = remote.source_oracle(args, budget=args.budget, precision=args.answer_precision or "auto")
-    oracle = oracle if oracle is not None else _plain_oracle_from_args(args, learner)
-    yes_no = args.membership or not learner.capabilities.value_answers  # a yes/no learner implies --membership
-    wrapped = dict(noise=args.noise, decimals=args.round, digits=args.round_digits, cast=args.cast,
-                   membership=yes_no, seed=args.noise_seed)
-    if any(v is not None and v is not False for k, v in wrapped.items() if k != "seed"):
-        from attnprobe.oracles.wrappers import wrap_oracle
-
-        wrap_oracle(oracle, **wrapped)
+def _oracle_from_args(args, chain, learner) -> Oracle:
+    # the answers' precision: as declared, else a saved model's or HF module's --dtype, else read from the answers
+    precision = args.answer_precision or (None if (args.target or args.hf_dir) and not args.replay else "auto")
+    oracle = remote.source_oracle(args, budget=args.budget, precision=precision, chain=chain)
+    oracle = oracle if oracle is not None else _plain_oracle_from_args(args, chain, precision, learner)
+    oracle.max_input_norm = args.max_input_norm
     return remote.attach_log(oracle, args)
 
 
-def _plain_oracle_from_args(args, learner) -> Oracle:
-    kw = {"budget": args.budget, "outputs": args.outputs}
-    if args.answer_precision:
-        kw["precision"] = args.answer_precision
+def _plain_oracle_from_args(args, chain, precision, learner) -> Oracle:
+    kw = {"budget": args.budget, "outputs": args.outputs, "chain": chain, "precision": precision}
+    if args.hf_dir:
+        return hf.oracle_from_args(args, kw)
     if args.target and args.oracle:
         raise ConfigError("give either --oracle MODULE:ATTR or --target FILE.npz, not both")
     if args.target:  # a saved model's precision is its --dtype unless --answer-precision says otherwise
@@ -63,9 +60,8 @@ def _plain_oracle_from_args(args, learner) -> Oracle:
     if args.oracle:
         if args.d is not None and learner.recovers == "head":
             refuse_memory(HEAD_BYTES_PER_D2 * args.d**2, f"extracting a d = {args.d} head")
-        kw.setdefault("precision", "auto")
         return oracle_from_spec(args.oracle, args.d, **kw)
-    raise ConfigError("say what to extract: --oracle MODULE:ATTR --d D, or --target FILE.npz")
+    raise ConfigError("say what to extract: --oracle MODULE:ATTR --d D, --target FILE.npz or --hf-dir DIR --layer L")
 
 
 def run(args) -> int:
@@ -77,16 +73,19 @@ def run(args) -> int:
                           f"{', '.join(e.name for e in registry.learners())}")
     learner = registry.learner(args.method)
     _refuse_foreign_options(learner, args)
-    if args.membership and not learner.capabilities.membership_answers:
+    hf.refuse_stray(args)
+    # a learner of yes/no answers only implies --membership
+    chain = answer_chain.chain_from_args(args, membership=not learner.capabilities.value_answers)
+    if chain.membership and not learner.capabilities.membership_answers:
         raise ConfigError(f"--membership makes the answers 0/1, which --method {args.method} cannot use; "
                           "use --method membership")
     options = learner.resolve(_given_options(args))
-    inputs = [args.target, getattr(args, "log", None)]
+    inputs = [args.target, getattr(args, "log", None), Path(args.hf_dir) / "model.safetensors" if args.hf_dir else None]
     inputs += [options[o.name] for o in learner.options if o.input_file]
     if args.oracle and ":" in args.oracle:
         inputs.append(Path(args.oracle.split(":", 1)[0].replace(".", "/") + ".py"))
     plan_outputs(args.out, inputs)
-    oracle = _oracle_from_args(args, learner)
+    oracle = _oracle_from_args(args, chain, learner)
     track(args, oracle)
     progress = Progress(f"extract ({args.method})", enabled=not args.quiet)
     try:
@@ -136,7 +135,8 @@ def add_parser(sub) -> None:
     src.add_argument("--d", type=positive_int, help="input width of --oracle")
     src.add_argument("--target", metavar="FILE.npz", help="a saved model to use as the oracle")
     src.add_argument("--dtype", choices=PRECISIONS, default="float64",
-                     help="precision a --target computes its answers in (default float64)")
+                     help="precision a --target (or --hf-dir module) computes its answers in (default float64)")
+    hf.add_source_arguments(src)
     src.add_argument("--answer-precision", choices=remote.PRECISION_CHOICES,
                      help="precision of the oracle's answers if known (sets the rounding floor); default auto: "
                           "read from the answers (a --target answers in its --dtype)")
@@ -145,6 +145,9 @@ def add_parser(sub) -> None:
                    help="learner: " + ", ".join(f"{x.name} ({x.help})" for x in registry.learners())
                         + " (default: lowrank when --rank is given, else exact)")
     e.add_argument("--budget", type=nonneg_int, help="refuse to spend more than this many queries")
+    e.add_argument("--max-input-norm", type=positive_float, metavar="R",
+                   help="the oracle accepts input rows of norm at most R: a batch with a longer row is refused "
+                        "before it is sent (the largest norm used is in OUT.json details.oracle)")
     e.add_argument("--outputs", type=positive_int, metavar="K",
                    help="the oracle answers K numbers per sequence (e.g. logits); default: taken from its first answer")
     e.add_argument("--seed", type=nonneg_int, default=0)
@@ -153,14 +156,6 @@ def add_parser(sub) -> None:
     e.add_argument("--keep-failed", action="store_true",
                    help="write OUT.npz/OUT.json even when the functional check fails (exit code stays 3)")
     add_learner_options(e)
-    imp = e.add_argument_group("imperfect answers (wrap the oracle; Sec. 6, App. B)")
-    imp.add_argument("--noise", metavar="KIND:LEVEL",
-                     help="add noise: avq:τ (deterministic, |err| ≤ τ), adversarial:τ, gaussian:σ, uniform:σ")
-    imp.add_argument("--noise-seed", type=nonneg_int, default=0)
-    imp.add_argument("--round", type=int, metavar="K", help="round answers to K decimals")
-    imp.add_argument("--round-digits", type=positive_int, metavar="K", help="round answers to K significant digits")
-    imp.add_argument("--cast", choices=[p for p in PRECISIONS if p != "float64"],
-                     help="round inputs and answers to this precision (bfloat16 via ml_dtypes)")
-    imp.add_argument("--membership", action="store_true",
-                     help="answer only 1[f(X) > 0] (App. B; implied by a learner of yes/no answers)")
+    answer_chain.add_arguments(e)  # --defense, --cast, --clip, --noise, --round, ... (a learner of yes/no answers
+    # implies --membership)
     e.set_defaults(func=run)

@@ -27,18 +27,21 @@ def add_arguments(parser) -> None:
     g.add_argument("--replay", action="store_true", help="answer only from --log (offline rerun of a learner)")
 
 
-def identity(args) -> str:
-    """The oracle's identity recorded in the log: its source plus every option that changes its answers."""
+def identity(args, chain) -> str:
+    """The oracle's identity recorded in the log: its source plus every option of its answer ``chain``."""
     from attnprobe.oracles.querylog import file_identity, identity_of
 
     if args.target:
         source = f"{file_identity(args.target)} dtype={args.dtype}"
+    elif getattr(args, "hf_dir", None):
+        from attnprobe.cli.hf import identity as hf_identity
+
+        source = hf_identity(args)
     elif args.oracle:
         source = f"callable {args.oracle}"
     else:
         source = f"url {args.url.rstrip('/')}"
-    return identity_of(source, noise=args.noise, noise_seed=args.noise_seed if args.noise else None,
-                       round=args.round, round_digits=args.round_digits, cast=args.cast, membership=args.membership)
+    return identity_of(source, **chain.identity_options())
 
 
 def source_oracle(args, **kw):
@@ -73,7 +76,7 @@ def attach_log(oracle, args):
         return oracle
     from attnprobe.oracles.querylog import QueryLog
 
-    oracle.log = QueryLog(args.log, identity=identity(args), d=oracle.d,
+    oracle.log = QueryLog(args.log, identity=identity(args, oracle.chain), d=oracle.d,
                           precision=args.answer_precision or "auto")
     return oracle
 
@@ -84,7 +87,9 @@ def describe(oracle) -> dict:
     out = {"name": oracle.name, "precision": oracle.precision, "eps": oracle.eps,
            "precision_source": "detected from the answers" if detector is not None else "declared",
            "queries_total": oracle.queries, "queries_from_log": getattr(oracle, "from_log", 0),
-           "queries_asked": oracle.queries - getattr(oracle, "from_log", 0)}
+           "queries_asked": oracle.queries - getattr(oracle, "from_log", 0),
+           "max_input_norm_used": getattr(oracle, "max_input_norm_used", None),
+           "max_input_norm": getattr(oracle, "max_input_norm", None)}
     if detector is not None:
         out["precision_detection"] = detector.describe()
     log = getattr(oracle, "log", None)

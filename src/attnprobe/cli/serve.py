@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from attnprobe.cli import answer_chain
+from attnprobe.cli.common import positive_int
 from attnprobe.errors import ConfigError
 from attnprobe.models import PRECISIONS
 from attnprobe.oracles.http import KEY_ENV
@@ -27,17 +29,16 @@ def api_keys(args) -> list[str]:
 
 
 def served_callable(args):
-    """The callable to serve and its width: a saved model (``--target``) or ``--oracle MODULE:ATTR``, wrapped in
-    the defences asked for (``--cast``, ``--noise``, ``--round``/``--round-digits``, ``--membership``)."""
+    """The callable to serve and its width: a saved model (``--target``) or ``--oracle MODULE:ATTR``, answering
+    through the answer chain of the shared defence flags (``--defense``, ``--cast``, ``--noise``, ...)."""
     from attnprobe.oracles import oracle_from_file, oracle_from_spec
-    from attnprobe.oracles.wrappers import wrap
 
     if bool(args.target) == bool(args.oracle):
         raise ConfigError("say what to serve: either --target FILE.npz or --oracle MODULE:ATTR --d D")
-    oracle = oracle_from_file(args.target, dtype=args.dtype) if args.target else oracle_from_spec(args.oracle, args.d)
-    fn = wrap(oracle.fn, noise=args.noise, decimals=args.round, digits=args.round_digits, cast=args.cast,
-              membership=args.membership, seed=args.noise_seed)
-    return fn, oracle.d, oracle.name
+    chain = answer_chain.chain_from_args(args)
+    oracle = (oracle_from_file(args.target, dtype=args.dtype, chain=chain) if args.target
+              else oracle_from_spec(args.oracle, args.d, chain=chain))
+    return oracle.fn, oracle.d, oracle.name
 
 
 def build_from_args(args):
@@ -64,7 +65,7 @@ def add_parser(sub) -> None:
     src = s.add_argument_group("what to serve")
     src.add_argument("--target", metavar="FILE.npz", help="a saved model")
     src.add_argument("--oracle", metavar="MODULE:ATTR", help="a callable (B,N,d)->(B,); the cwd is importable")
-    src.add_argument("--d", type=int, help="input width of --oracle")
+    src.add_argument("--d", type=positive_int, help="input width of --oracle")
     src.add_argument("--dtype", choices=PRECISIONS, default="float64",
                      help="precision a --target computes its answers in (default float64)")
     net = s.add_argument_group("server")
@@ -78,12 +79,5 @@ def add_parser(sub) -> None:
     net.add_argument("--max-batch", type=int, default=1024, help="largest batch per request (413 above it)")
     net.add_argument("--max-length", type=int, default=512, help="longest sequence per request (413 above it)")
     net.add_argument("--quiet", action="store_true", help="log warnings only")
-    dfn = s.add_argument_group("defences (change the answers)")
-    dfn.add_argument("--cast", choices=[p for p in PRECISIONS if p != "float64"],
-                     help="round inputs and answers to this precision")
-    dfn.add_argument("--noise", metavar="KIND:LEVEL", help="avq:τ, adversarial:τ, gaussian:σ or uniform:σ")
-    dfn.add_argument("--noise-seed", type=int, default=0)
-    dfn.add_argument("--round", type=int, metavar="K", help="round answers to K decimals")
-    dfn.add_argument("--round-digits", type=int, metavar="K", help="round answers to K significant digits")
-    dfn.add_argument("--membership", action="store_true", help="answer only 1[f(X) > 0]")
+    answer_chain.add_arguments(s)
     s.set_defaults(func=run)

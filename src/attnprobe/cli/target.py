@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from attnprobe.cli.common import nonneg_int, plan_outputs, positive_float, positive_int, refuse_memory
+from attnprobe.errors import ConfigError
 from attnprobe.models import save_model
 
 #: a random target of width d holds W and its factors K, Q: about 3·8·d² bytes
@@ -11,7 +12,14 @@ TARGET_BYTES_PER_D2 = 3 * 8
 
 def run(args) -> int:
     path, _ = plan_outputs(args.out)
-    if args.kind != "minilm":
+    if args.kind == "hf-attention":
+        from attnprobe.cli.hf import write_target
+
+        return write_target(args)
+    if args.model_dir is not None:
+        raise ConfigError("--model-dir goes with target hf-attention")
+    row = 0 if args.row is None else args.row
+    if args.kind not in ("minilm", "minilm-layer"):
         refuse_memory(TARGET_BYTES_PER_D2 * args.d * max(args.d, args.m or 0), f"a random target of width {args.d}")
     if args.kind == "random":
         from attnprobe.targets import random_head
@@ -30,11 +38,11 @@ def run(args) -> int:
     elif args.kind == "minilm-layer":
         from attnprobe.targets import minilm_layer
 
-        model = minilm_layer(args.layer, args.row)
+        model = minilm_layer(args.layer, row)
     else:
         from attnprobe.targets import minilm_head
 
-        model = minilm_head(args.layer, args.head, args.row)
+        model = minilm_head(args.layer, args.head, row)
     save_model(model, path)
     print(f"wrote {model.kind} (d = {model.d}) to {path}")
     return 0
@@ -65,7 +73,10 @@ def _multihead(args) -> int:
 
 def add_parser(sub) -> None:
     t = sub.add_parser("target", help="save a ready-made target model to a file")
-    t.add_argument("kind", choices=["random", "minilm", "minilm-layer", "transformer", "relu", "multihead"])
+    t.add_argument("kind", choices=["random", "minilm", "minilm-layer", "transformer", "relu", "multihead",
+                                    "hf-attention"])
+    t.add_argument("--model-dir", metavar="DIR",
+                   help="hf-attention: a Hugging Face BERT-family model folder (config.json, model.safetensors)")
     t.add_argument("--d", type=positive_int, default=16)
     t.add_argument("--m", type=positive_int, help="transformer/relu: hidden width of the FFN (default d)")
     t.add_argument("--rank", type=positive_int)
@@ -80,7 +91,9 @@ def add_parser(sub) -> None:
     t.add_argument("--outputs", type=int, metavar="K", help="relu: K outputs per input (w_o of shape m×K)")
     t.add_argument("--layer", type=nonneg_int, default=0)
     t.add_argument("--head", type=nonneg_int, default=0)
-    t.add_argument("--row", type=nonneg_int, default=0)
+    t.add_argument("--row", type=nonneg_int,
+                   help="output row R read by minilm/minilm-layer (default 0); hf-attention: one output row "
+                        "instead of the whole row")
     t.add_argument("--seed", type=nonneg_int, default=0)
     t.add_argument("--out", required=True)
     t.set_defaults(func=run)

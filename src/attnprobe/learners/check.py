@@ -53,14 +53,15 @@ CHECK_CAP = 0.1
 
 
 def functional_check(oracle, model, rng: np.random.Generator, lengths=DEFAULT_LENGTHS, per_length: int = 8,
-                     scale: float = 1.0, input_fn=None) -> CheckResult:
+                     *, scale: float = 1.0, input_fn=None, noise=None) -> CheckResult:
     """Relative error ``‖f̂(X) − f(X)‖ / ‖f(X) − ĉ‖`` on fresh Gaussian sequences of each length.
 
     The error is measured against the part of the answers that depends on X (``ĉ``: the model's constant
     output ``c``, 0 for models without one), so a large bias cannot hide a wrong W. ``input_fn(N, count, rng)``
     may supply the sequences; the default draws rows with i.i.d. N(0, scale²) entries. Costs
     ``len(lengths) * per_length`` oracle queries. ``passed`` is False when the error exceeds what the answers'
-    rounding and declared noise explain (:func:`check_tolerance`), and always above ``CHECK_CAP``.
+    rounding and declared noise explain (:func:`check_tolerance`; ``noise`` replaces ``oracle.noise``, e.g. by
+    a tolerance the caller declares), and always above ``CHECK_CAP``.
     """
     d = oracle.d
     before = oracle.queries
@@ -79,20 +80,20 @@ def functional_check(oracle, model, rng: np.random.Generator, lengths=DEFAULT_LE
         mag += float(np.sum(y**2))
     rel = float(np.sqrt(num / den) if den > 0 else np.sqrt(num))
     count = max(1, len(lengths) * per_length)
-    tolerance = check_tolerance(oracle, np.sqrt(mag / count), np.sqrt(den / count))
+    tolerance = check_tolerance(oracle, np.sqrt(mag / count), np.sqrt(den / count), noise)
     return CheckResult(passed=bool(rel <= tolerance), error=rel, tolerance=float(tolerance),
                        queries=oracle.queries - before, lengths=tuple(map(int, lengths)), per_length=per,
                        extra={"per_length_count": per_length, "measured_on": "f - c"})
 
 
-def check_tolerance(oracle, rms_answer: float, rms_signal: float | None = None) -> float:
+def check_tolerance(oracle, rms_answer: float, rms_signal: float | None = None, noise=None) -> float:
     """Largest relative check error (on ``f − c``, RMS ``rms_signal``) a correct model can show: the answers'
-    rounding ``CHECK_EPS_FACTOR·eps·rms_answer`` (eps: the oracle's precision or declared relative rounding,
-    whichever is coarser) plus ``CHECK_NOISE_FACTOR·(τ + 3σ)`` of declared noise, relative to ``rms_signal``;
-    at least ``CHECK_FLOOR`` and at most ``CHECK_CAP``."""
-    noise = oracle.noise
+    rounding ``CHECK_EPS_FACTOR·eps·rms_answer`` (``oracle.eps``: the answers' precision and declared relative
+    rounding) plus ``CHECK_NOISE_FACTOR·(τ + 3σ)`` of declared noise, relative to ``rms_signal``;
+    at least ``CHECK_FLOOR`` and at most ``CHECK_CAP``. ``noise``: the answers' noise if not ``oracle.noise``."""
+    noise = oracle.noise if noise is None else noise
     rms_signal = rms_answer if rms_signal is None else rms_signal
-    absolute = (CHECK_EPS_FACTOR * max(oracle.eps, noise.rel_eps) * rms_answer
+    absolute = (CHECK_EPS_FACTOR * oracle.eps * rms_answer
                 + CHECK_NOISE_FACTOR * (noise.tolerance + 3 * noise.sigma))
     tol = absolute / rms_signal if rms_signal > 0 else CHECK_CAP
     return float(min(CHECK_CAP, max(CHECK_FLOOR, tol)))

@@ -15,7 +15,7 @@ import scipy.linalg
 from attnprobe._validation import check_option
 from attnprobe.errors import UnidentifiableError
 from attnprobe.learners.check import DEFAULT_LENGTHS
-from attnprobe.learners.probes import basis_probes, equal_projection_orthogonal, random_orthogonal
+from attnprobe.learners.probes import basis_probes, equal_projection_orthogonal, paper_bound, random_orthogonal
 from attnprobe.learners.result import Extraction
 from attnprobe.learners.skeleton import Run
 from attnprobe.learners.scaling import (CALIBRATION_SHARE, TARGET_LOGIT, LogitProbe, calibrate, lead_probes,
@@ -172,7 +172,7 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
     W = M @ cols.B  # M = W Bᵀ with orthonormal rows B (the identity for the paper's probes)
 
     details["retry_queries"] = run.queries_by_phase().get("retries", 0)
-    details.update(paper_bound=d * d + d, calibration_share=details.get("calibration_queries", 0) / unknowns)
+    details.update(paper_bound=paper_bound(d), calibration_share=details.get("calibration_queries", 0) / unknowns)
     hint = " (a single head of this form" + (" without biases: learn with bias=True)" if not bias else ")")
     return run.finish(AttentionHead(W, v, u, c), unknowns=unknowns, details=details, notes=notes, hint=hint)
 

@@ -31,7 +31,7 @@ from attnprobe.learners.check import DEFAULT_LENGTHS
 from attnprobe.learners.exact import learn_value
 from attnprobe.learners.scaling import TARGET_LOGIT, LogitProbe, calibrate, max_probe_scale, probe_scales
 from attnprobe.learners.skeleton import Run
-from attnprobe.learners.probes import equal_projection_orthogonal, random_orthogonal
+from attnprobe.learners.probes import equal_projection_orthogonal, first_order_queries, random_orthogonal
 from attnprobe.learners.result import Extraction
 from attnprobe.learners.sigmoid import measure_logits
 from attnprobe.models.attention import AttentionHead
@@ -58,7 +58,7 @@ def lowrank_queries(d: int, r: int, oversample: int = 0, extra: int = 0, bias: b
     ``d(r+P+e)`` range measurements and ``(r+P)(d−r−P−e)`` co-range measurements."""
     k = min(d, r + oversample + extra)
     n_probe = min(d, r + oversample)
-    return (2 * d + 1 if bias else d) + d * k + (n_probe * (d - k) if k < d else 0)
+    return first_order_queries(d, bias) + d * k + (n_probe * (d - k) if k < d else 0)
 
 
 def default_oversample(oracle) -> int:
@@ -135,7 +135,7 @@ def extract_lowrank(oracle, *, rank: int | None = None, oversample: int | None =
     else:  # the rank is detected: the sketch of a rank-1 head (1 + extra_columns range directions, 1 + P
         # co-range probes) is the least it can cost
         k0 = min(d, 1 + extra_columns)
-        least = (2 * d + 1 if bias else d) + d * k0 + min(d, 1 + P) * (d - k0)
+        least = first_order_queries(d, bias) + d * k0 + min(d, 1 + P) * (d - k0)
         run.plan(least, f"low-rank extraction at d={d} (rank detected)", at_least=True)
 
     with run.phase("values"):
@@ -178,10 +178,10 @@ def extract_lowrank(oracle, *, rank: int | None = None, oversample: int | None =
                 details["certificate"] = _certify(sk, U, leak, n=certificate, rng=run.rng, rank=rank)
 
     dof = lowrank_dof(d, r_hat)
-    planned = (2 * d + 1 if bias else d) + d * k + (details.get("co_range_probes", 0) * (d - k))
+    planned = first_order_queries(d, bias) + d * k + (details.get("co_range_probes", 0) * (d - k))
     details.update(dof=dof, planned_queries=planned, full_rank_unknowns=AttentionHead.unknowns(d, bias),
                    retry_queries=run.queries_by_phase().get("retries", 0))
-    return run.finish(AttentionHead(W, v, sk.u, c), unknowns=dof + (2 * d + 1 if bias else d), details=details,
+    return run.finish(AttentionHead(W, v, sk.u, c), unknowns=dof + first_order_queries(d, bias), details=details,
                       notes=notes)
 
 

@@ -22,7 +22,7 @@ from scipy.special import gammaln
 from attnprobe._validation import check_float, check_int
 from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.check import CheckResult
-from attnprobe.learners.probes import equal_projection_orthogonal, random_orthogonal
+from attnprobe.learners.probes import equal_projection_orthogonal, paper_bound, random_orthogonal
 from attnprobe.learners.result import Extraction
 from attnprobe.learners.skeleton import Run
 from attnprobe.models.attention import AttentionHead
@@ -48,6 +48,11 @@ def _signs(oracle, X) -> np.ndarray:
     return 2.0 * g - 1.0
 
 
+def membership_unknowns(d: int) -> int:
+    """Numbers 0/1 answers determine (App. B): the paper model's ``d + d²`` less the norm of v."""
+    return paper_bound(d) - 1
+
+
 def sphere_constant(d: int) -> float:
     """R = Γ(d/2) / (√π Γ((d+1)/2)) of eq. (12)."""
     return float(math.exp(gammaln(d / 2) - gammaln((d + 1) / 2)) / math.sqrt(math.pi))
@@ -59,12 +64,21 @@ def paper_membership_plan(d: int, eps_w: float, w_bound: float, margin: float, d
     ``ε_v = ε_W μ³ / (40 W d)``; value part ``k = ⌈2 / (ε_v² R²) · log(2d/δ)⌉`` (Hoeffding, eq. 15); W part
     ``d²`` bisections to tolerance ``τ_a = η_W μ³ / (8 L W²)`` (``η_W = ε_W / d``, L = 5, the proof's Const = 1)
     over ``[√(μ/8W), √(1/(2Wμ))]``.
+
+    A plan float64 cannot carry out (a bisection tolerance or interval beyond its range) is refused with
+    :class:`ConfigError`; a sample count past float64's range is ``inf`` (refused by the learner).
     """
     eps_v = eps_w * margin**3 / (40.0 * w_bound * d)
     R = sphere_constant(d)
-    k = math.ceil(2.0 / (eps_v**2 * R**2) * math.log(2 * d / delta))
+    spread = eps_v**2 * R**2
+    k = math.ceil(2.0 / spread * math.log(2 * d / delta)) if spread > 1e-300 else math.inf
     lo, hi = math.sqrt(margin / (8 * w_bound)), math.sqrt(1 / (2 * w_bound * margin))
-    tau_a = (eps_w / d) * margin**3 / (8 * LIPSCHITZ_BOUND * w_bound**2)
+    tau_a = (eps_w / d) * margin**3 / (8 * LIPSCHITZ_BOUND * (w_bound**2 if w_bound < 1e150 else math.inf))
+    if not (0 < lo < hi < math.inf and tau_a >= 2.0**-52 * hi):  # finer than float64 resolves on [lo, hi]
+        raise ConfigError(f"Thm B.1's bisections cannot be carried out in float64 at ε_W = {eps_w:g}, "
+                          f"W = {w_bound:g}, μ = {margin:g}: their tolerance τ_a = ε_W μ³ / (8 L W² d) = {tau_a:.3g} "
+                          f"on [√(μ/8W), √(1/2Wμ)] = [{lo:.3g}, {hi:.3g}] is finer than float64 resolves there; give a larger "
+                          "'eps_w' (or a tighter 'w_bound' and 'margin')", param="eps_w")
     steps = max(1, math.ceil(math.log2((hi - lo) / tau_a)))
     return {"eps_v": eps_v, "R": R, "samples": k, "steps": steps, "interval": (lo, hi), "tau_a": tau_a,
             "queries": k + d * d * steps}
@@ -186,7 +200,7 @@ def extract_membership(oracle, *, seed: int = 0, steps: int = 48, w_steps: int =
     Z = _bisect_weights(run, Q, P, v, scale, w_steps)
     details = {"probes": "bisection", "direction_steps": steps, "w_steps": w_steps, "scale": scale,
                "redo_queries": run.queries_by_phase().get("rebisection", 0), "planned_queries": run.planned}
-    return run.finish(AttentionHead(Q.T @ Z @ P, v), unknowns=d * d + d - 1, details=details, notes=[UNIT_NOTE],
+    return run.finish(AttentionHead(Q.T @ Z @ P, v), unknowns=membership_unknowns(d), details=details, notes=[UNIT_NOTE],
                       check_fn=sign_check)
 
 
@@ -243,7 +257,7 @@ def extract_membership_paper(oracle, *, w_bound: float, margin: float, eps_w: fl
     plan = paper_membership_plan(d, eps_w, w_bound, margin, delta)
     k = plan["samples"] if samples is None else samples
     notes = [UNIT_NOTE]
-    if samples is None and k > max_samples:
+    if samples is None and k > max_samples:  # k may be inf: more than float64 holds
         raise ConfigError(f"Thm B.1 asks for k = {k:.3e} random sign queries for ε_W = {eps_w:g} (ε_v = "
                           f"{plan['eps_v']:.3e}); give the 'samples' parameter to run with fewer (no guarantee) or "
                           "use the bisection learner (extract_membership)", param="samples")
@@ -270,7 +284,7 @@ def extract_membership_paper(oracle, *, w_bound: float, margin: float, eps_w: fl
     details = {"probes": "paper", "w_bound": w_bound, "margin": margin, "eps_w": eps_w, "delta": delta,
                "samples": k, "bisection_steps": steps, "plan": plan, "v_unnormalised": v,
                "guarantee": {"eps_W": eps_w, "eps_v_inf": plan["eps_v"], "probability": 1 - delta}}
-    return run.finish(AttentionHead(W, v / np.linalg.norm(v)), unknowns=d * d + d - 1, details=details,
+    return run.finish(AttentionHead(W, v / np.linalg.norm(v)), unknowns=membership_unknowns(d), details=details,
                       notes=notes, check_fn=sign_check)
 
 

@@ -28,7 +28,7 @@ from attnprobe.learners.scaling import (MAX_RETRIES, TARGET_LOGIT, LogitProbe, c
                                        probe_scales)
 from attnprobe.learners.skeleton import Run
 from attnprobe.learners.lowrank import MIN_CALIBRATION
-from attnprobe.learners.probes import equal_projection_orthogonal, random_orthogonal
+from attnprobe.learners.probes import equal_projection_orthogonal, first_order_queries, random_orthogonal
 from attnprobe.learners.result import Extraction
 from attnprobe.learners.sigmoid import measure_logits
 from attnprobe.models.attention import AttentionHead
@@ -220,7 +220,7 @@ def extract_nuclear(oracle, *, rank: int | None = None, measurements: int | None
     m = check_int(measurements, "measurements", min_value=1, allow_none=True) or default_measurements(d, rank)
     check_option(refine, "refine", (True, False))
     run = Run(oracle, "nuclear", seed=seed, check=check, check_lengths=check_lengths, progress=progress)
-    base = 2 * d + 1 if bias else d
+    base = first_order_queries(d, bias)
     allowance = MIN_CALIBRATION + d // 8
     run.plan(base + m + allowance, f"nuclear-norm extraction at d={d} ({base} queries for v, u, c, {m} rank-one "
                                    f"measurements and at most {allowance} for calibration)")

@@ -5,6 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnprobe.models.attention import AttentionHead
+
+
+def first_order_queries(d: int, bias: bool = True) -> int:
+    """Queries of Thm 4.1's first-order phases: the values ``[e_i]`` (d) and, with biases, ``[0]`` for ``c`` and
+    the query-bias pass ``[a; 0]`` (d + 1 more): ``2d + 1``, or ``d`` for the paper's model."""
+    return 2 * d + 1 if bias else d
+
+
+def paper_bound(d: int) -> int:
+    """Thm 4.1's query count for the paper's bias-free model: ``d + d²`` (its number of unknowns)."""
+    return AttentionHead.unknowns(d, bias=False)
+
 
 def random_orthogonal(d: int, rng: np.random.Generator) -> np.ndarray:
     """Haar-random orthogonal d×d matrix (QR of a Gaussian matrix with the sign fix)."""

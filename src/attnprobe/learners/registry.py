@@ -142,6 +142,7 @@ class Learner:
     options: tuple[Option, ...] = ()
     capabilities: Capabilities = field(default_factory=Capabilities)
     help: str = ""
+    needs_one_of: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -151,6 +152,10 @@ class Learner:
     @property
     def option_names(self) -> tuple[str, ...]:
         return tuple(o.name for o in self.options)
+
+    def ready(self, options: dict) -> bool:
+        """Whether ``options`` give one of the options the learner cannot run without (``needs_one_of``)."""
+        return not self.needs_one_of or any(options.get(n) is not None for n in self.needs_one_of)
 
     @property
     def takes_probes(self) -> bool:
@@ -192,9 +197,10 @@ _LEARNERS: dict[str, Learner] = {}
 
 
 def register(name: str, fn: Callable, *, recovers: str, options=(), capabilities: Capabilities | None = None,
-             help: str = "") -> Learner:
+             help: str = "", needs_one_of: tuple[str, ...] = ()) -> Learner:
     """Register (or replace) learner ``name``; returns its entry. An option it shares by name with another
-    learner must carry the same type and bounds (one CLI flag serves both)."""
+    learner must carry the same type and bounds (one CLI flag serves both); ``needs_one_of``: options of which
+    at least one must be given for the learner to run (an audit leaves it out of ``auto`` otherwise)."""
     if recovers not in RECOVERS:
         raise ConfigError(f"recovers must be one of {', '.join(RECOVERS)}; got {recovers!r}", param="recovers")
     options = tuple(options)
@@ -203,7 +209,7 @@ def register(name: str, fn: Callable, *, recovers: str, options=(), capabilities
             if other.name != name and o.name in other.option_names and not o.same_as(other.option(o.name)):
                 raise ConfigError(f"option {o.name!r} of learner {name!r} differs in type or bounds from the one "
                                   f"of learner {other.name!r}; give it another name", param=o.name)
-    entry = Learner(name, fn, recovers, options, capabilities or Capabilities(), help)
+    entry = Learner(name, fn, recovers, options, capabilities or Capabilities(), help, tuple(needs_one_of))
     _LEARNERS[name] = entry
     return entry
 
@@ -362,6 +368,7 @@ register("lowrank", _lowrank, recovers="head", help="low-rank heads from 2dr −
          options=[_RANK, Option("oversample", int, "extra sketch directions/probes for noisy answers (default 0 "
                                 "for float64, 4 for coarser answers)", low=0), _NO_BIAS])
 register("nuclear", _nuclear, recovers="head", capabilities=Capabilities(cvxpy=True),
+         needs_one_of=("rank", "measurements"),
          help="Thm 5.1: low-rank heads by nuclear-norm minimisation",
          options=[_RANK, Option("measurements", int, "number m of rank-one measurements (default from the measured "
                                 "phase transition)", low=1),

@@ -25,10 +25,10 @@ import numpy as np
 from attnprobe._validation import check_float, check_int, check_option
 from attnprobe.errors import ConfigError, SaturationError, UnidentifiableError
 from attnprobe.learners.check import DEFAULT_LENGTHS
-from attnprobe.learners.probes import equal_projection_orthogonal, random_orthogonal
+from attnprobe.learners.probes import equal_projection_orthogonal, paper_bound, random_orthogonal
 from attnprobe.learners.result import Extraction
 from attnprobe.learners.scaling import MAX_RETRIES, TARGET_LOGIT
-from attnprobe.learners.sigmoid import two_row_queries
+from attnprobe.learners.sigmoid import AdditiveError, invert_two_row, two_row_queries
 from attnprobe.learners.skeleton import Run
 from attnprobe.models.attention import AttentionHead
 from attnprobe.models.precision import finfo
@@ -54,12 +54,22 @@ def theorem_guarantee(d: int, tau: float, w_bound: float, margin: float, zero_ro
     """
     if tau > margin / 2:
         return {"valid": False, "eps_W": math.inf, "eps_v": math.inf, "eps_W_proof": math.inf}
+    _refuse_beyond_float64(d, w_bound, margin)
     factor = 2.0 if zero_rows else 1.0
     eps_w = factor * 80.0 * w_bound**2 * d * tau / margin
     alpha_err = (2 * w_bound / margin) * tau + ((w_bound + 2) / margin) * tau
     entry = 2 * w_bound * LIPSCHITZ * alpha_err
     return {"valid": True, "eps_W": eps_w, "eps_v": math.sqrt(d) * tau,
             "eps_W_proof": factor * d * entry, "entry_bound": factor * entry}
+
+
+def _refuse_beyond_float64(d: int, w_bound: float, margin: float) -> None:
+    """Thm 6.1's probes ``b = 1/W`` and its bound ``80 W² d / μ`` must be float64 numbers: refuse bounds beyond."""
+    log10 = math.log10(80.0 * d) + 2 * math.log10(w_bound) - math.log10(margin)
+    if log10 >= 300:
+        raise ConfigError(f"Thm 6.1 at W = {w_bound:g}, μ = {margin:g} works with 80 W² d / μ ≈ 1e{log10:.0f} and "
+                          "probes of size 1/W, beyond float64's range: give a tighter 'w_bound' and 'margin' (the "
+                          "default probes need neither: extract_robust)", param="w_bound")
 
 
 def extract_robust_paper(oracle, *, w_bound: float, margin: float, tolerance: float, check: bool = True,
@@ -73,14 +83,16 @@ def extract_robust_paper(oracle, *, w_bound: float, margin: float, tolerance: fl
     w_bound = check_float(w_bound, "w_bound", min_value=2.0)
     margin = check_float(margin, "margin", min_value=0.0, max_value=1.0, strict_min=True)
     tolerance = check_float(tolerance, "tolerance", min_value=0.0)
+    _refuse_beyond_float64(oracle.d, w_bound, margin)
     if tolerance > margin / 2:
         raise UnidentifiableError(
             f"the tolerance τ = {tolerance:g} exceeds μ/2 = {margin / 2:g}: answers within ±τ cannot tell a value "
             "entry of size μ from 0, so Thm 6.1 gives no guarantee; lower the noise or use the default probes "
             "(extract_robust), which scale their probes above the noise")
     d = oracle.d
-    run = Run(oracle, "robust", seed=seed, check=check, check_lengths=check_lengths, progress=progress)
-    run.plan(d + d * d, f"Thm 6.1 at d={d} (d + d² = {d + d * d} queries)")
+    run = Run(oracle, "robust", seed=seed, check=check, check_lengths=check_lengths, progress=progress,
+              tolerance=tolerance)
+    run.plan(paper_bound(d), f"Thm 6.1 at d={d} (d + d² = {paper_bound(d)} queries)")
     with run.phase("values"):
         v = oracle(np.eye(d)[:, None, :])  # v̂_i = AVQ([e_i])
     nonzero = np.abs(v) > margin / 2
@@ -116,21 +128,11 @@ def extract_robust_paper(oracle, *, w_bound: float, margin: float, tolerance: fl
         notes.append(f"{int((~nonzero).sum())} entries of v̂ are ≤ μ/2 and treated as zero (probes e_i + e_p)")
     details = {"probes": "paper", "bias": False, "w_bound": w_bound, "margin": margin, "tolerance": tolerance,
                "a": a, "b": b, "reference_p": p, "zero_entries": int((~nonzero).sum()),
-               "guarantee": guarantee, "paper_bound": d + d * d}
+               "guarantee": guarantee, "paper_bound": paper_bound(d)}
     return run.finish(AttentionHead(W, v), unknowns=AttentionHead.unknowns(d, False), details=details, notes=notes)
 
 
 # ------------------------------------------------------------------------------------------- our estimator
-class _Noise:
-    """Per-answer error bound ``τ + κ·eps·|y|`` (κ = 1: eps is already twice the unit roundoff)."""
-
-    def __init__(self, tau: float, eps: float):
-        self.tau, self.eps = float(tau), float(eps)
-
-    def __call__(self, y):
-        return self.tau + self.eps * np.abs(y)
-
-
 def _scale_cap(oracle, vnorm: float) -> float:
     """Largest probe scale whose answers stay far inside the answer dtype's range."""
     try:
@@ -157,12 +159,14 @@ class _Measured:
 @dataclass(frozen=True)
 class _NoisyProbe:
     """What the length-2 measurements of the robust estimator share: the oracle, the estimates ``v, c``, the
-    answers' error bound, the target logit, the re-measurement limit and a counter of clipped weights."""
+    answers' error model (:class:`~attnprobe.learners.sigmoid.AdditiveError`, inverted by the one
+    :func:`~attnprobe.learners.sigmoid.invert_two_row`), the target logit, the re-measurement limit and a counter
+    of clipped weights."""
 
     oracle: object
     v: np.ndarray
     c: float
-    noise: _Noise
+    noise: AdditiveError
     target: float = TARGET_LOGIT
     retries: int = MAX_RETRIES
     stats: dict = field(default_factory=lambda: {"clipped": 0})
@@ -174,24 +178,14 @@ class _NoisyProbe:
         noise), or α outside (0, 1). ``clip``: last resort for probes whose weight the noise keeps unresolved:
         α is clipped into ``[e, 1 − e]`` (e its own noise level, as the paper clips into ``[σ(−½), σ(½)]``),
         which bounds the damage instead of failing. Returns ``(logits, bad, relative error of α)``."""
-        noise = self.noise
         y = self.oracle(two_row_queries(A, Bs))
         y0 = self.c + np.einsum("kd,d->k", np.broadcast_to(Bs, A.shape), self.v)
         y1 = self.c + (A + Bs) @ self.v
-        delta = y1 - y0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            p = (y - y0) / delta
-            q = (y1 - y) / delta
-            err = (noise(y) + 0.5 * (noise(y0) + noise(y1))) / np.abs(delta)
-            near = ~((p > 2 * err) & (q > 2 * err))
-            if clip:
-                e = np.clip(err, 1e-12, 0.25)
-                p = np.clip(p, e, 1 - e)
-                q = 1 - p
-            inside = (p > 0) & (q > 0)
-            lg = np.where(inside, np.log(np.where(inside, p, 1.0)) - np.log(np.where(inside, q, 1.0)), np.nan)
-            bad = ~inside | (near & ~(np.abs(lg) <= 2 * self.target))
-        return lg, bad, err
+        inv = invert_two_row(y, y0, y1, self.noise, clip=clip)
+        with np.errstate(invalid="ignore"):
+            inside = (inv.p > 0) & (inv.q > 0)
+            bad = ~inside | (inv.saturated & ~(np.abs(inv.raw) <= 2 * self.target))
+        return inv.raw, bad, inv.err
 
     def measure(self, Q, P, s_a, s_b, u_proj, what, *, a_cap=math.inf) -> _Measured:
         """``Z[ℓ, j] ≈ q_ℓᵀ W p_j`` for probes ``a = s_a q_ℓ``, ``b = s_b p_j``. A saturated probe is asked
@@ -296,13 +290,14 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
         raise ConfigError("the oracle answers only 0/1 (membership); use the membership learner "
                           "(extract_membership)")
     tau = float(tolerance) if tolerance is not None else declared.tolerance + 3.0 * declared.sigma
-    noise = _Noise(tau, oracle.eps)
+    noise = AdditiveError(float(tau), float(oracle.eps))  # per answer: τ + eps·|y| (eps a machine epsilon)
     unknowns = AttentionHead.unknowns(d, bias)
     plan = unknowns if queries is None else queries
     if plan < unknowns:
         raise ConfigError(f"The 'queries' parameter ({plan}) is below the {unknowns} unknowns; give at least "
                           f"{unknowns}", param="queries")
-    run = Run(oracle, "robust", seed=seed, check=check, check_lengths=check_lengths, progress=progress)
+    run = Run(oracle, "robust", seed=seed, check=check, check_lengths=check_lengths, progress=progress,
+              tolerance=tolerance)
     run.plan(plan, f"robust extraction at d={d}")
 
     vals = _learn_values(run, opts, noise, plan - unknowns)
@@ -317,7 +312,7 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
                "planned_queries": plan, "value_passes": 1 + vals.passes, "clipped_probes": probe.stats["clipped"],
                "u_rescaled_queries": by_phase.get("query_bias_rescale", 0),
                "v_rescaled_queries": by_phase.get("value_rescale", 0),
-               "retry_queries": by_phase.get("retries", 0), "paper_bound": d * d + d}
+               "retry_queries": by_phase.get("retries", 0), "paper_bound": paper_bound(d)}
     notes = []
     if probe.stats["clipped"]:
         notes.append(f"{probe.stats['clipped']} probes stayed within the noise of 0 or 1 after re-measuring; their "
@@ -328,7 +323,7 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
     return run.finish(AttentionHead(W, vals.v, u, vals.c), unknowns=unknowns, details=details, notes=notes)
 
 
-def _learn_values(run, opts: RobustOptions, noise: _Noise, extra: int) -> _Values:
+def _learn_values(run, opts: RobustOptions, noise: AdditiveError, extra: int) -> _Values:
     """``c`` from ``[0]`` and ``v`` from ``[s q_ℓ] ↦ s q_ℓᵀv + c`` in a random orthogonal frame; weak answers
     are asked again at a larger scale, and ``extra ≥ d`` planned queries buy value passes at the largest
     scale the noise model rewards."""

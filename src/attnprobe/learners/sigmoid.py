@@ -1,4 +1,16 @@
-"""Two-row probes and the sigmoid inversion at the heart of Thm 4.1 (eq. 1)."""
+"""Two-row probes and the sigmoid inversion at the heart of Thm 4.1 (eq. 1), with a pluggable error model.
+
+A length-2 query ``[(a + b); b]`` answers ``y = α y1 + (1 − α) y0`` with ``α = σ(aᵀW b + aᵀu)`` and the position
+values ``y0 = c + bᵀv``, ``y1 = c + (a+b)ᵀv``. :func:`invert_two_row` turns answers into logits once for every
+learner; what differs between learners is how wrong an answer may be, the *error model*:
+
+- :class:`RoundingError` — answers rounded at relative spacing ``eps`` (``Oracle.eps``): exact, low-rank,
+  nuclear and multi-head learners (Thm 4.1).
+- :class:`AdditiveError` — ``|error| ≤ τ + eps·|y|`` per answer, the AVQ oracle of Sec. 6: the robust learner.
+
+The model gives the error of ``α`` (``spread / |y1 − y0|``) and how many of those errors away from 0 and 1 a
+weight must be to count as resolved (``saturation``).
+"""
 
 from __future__ import annotations
 
@@ -8,16 +20,54 @@ import numpy as np
 
 #: A weight whose distance to 0 or 1 is below this many units of answer rounding counts as saturated.
 SATURATION_ULPS = 4.0
+#: ... and this many units of its error bound under additive noise (Sec. 6)
+SATURATION_NOISE = 2.0
+
+
+@dataclass(frozen=True)
+class RoundingError:
+    """Answers rounded at relative spacing ``eps``: one rounding of each of ``y``, ``y0``, ``y1``."""
+
+    eps: float
+    saturation: float = SATURATION_ULPS
+
+    def spread(self, y, y0, y1):
+        """Absolute error of ``y − y0`` and ``y1 − y`` (``y0``, ``y1`` may be the sizes they are computed from)."""
+        return self.eps * (np.abs(y0) + np.abs(y1) + np.abs(y))
+
+
+@dataclass(frozen=True)
+class AdditiveError:
+    """``|answer − f| ≤ τ + eps·|f|`` (Sec. 6's AVQ(X; τ) on answers rounded at ``eps``); the position values
+    ``y0``, ``y1`` are estimates of about half that error each."""
+
+    tau: float
+    eps: float
+    saturation: float = SATURATION_NOISE
+
+    def __call__(self, y):
+        """The error bound of answers ``y``."""
+        return self.tau + self.eps * np.abs(y)
+
+    def spread(self, y, y0, y1):
+        return self(y) + 0.5 * (self(y0) + self(y1))
 
 
 @dataclass
 class Logits:
-    """Inverted attention logits ``aᵀ(W b + u)`` with a mask of probes whose weight saturated."""
+    """Inverted attention logits ``aᵀ(W b + u)``: ``values`` (NaN where the weight saturated), the mask
+    ``saturated``, ``noise`` (first-order logit error, inf where saturated), ``outside`` (answers no convex
+    combination can give), and what they come from: the weights ``p = α``, ``q = 1 − α``, the error ``err`` of
+    α, and ``raw`` (the logit wherever ``0 < α < 1``, saturated or not)."""
 
     values: np.ndarray
     saturated: np.ndarray
-    noise: np.ndarray  # first-order logit error from one rounding of each answer
-    outside: np.ndarray | None = None  # answer outside [y0, y1] beyond rounding: not a convex combination
+    noise: np.ndarray
+    outside: np.ndarray | None = None
+    p: np.ndarray | None = None
+    q: np.ndarray | None = None
+    err: np.ndarray | None = None
+    raw: np.ndarray | None = None
 
 
 def two_row_queries(A: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -28,39 +78,49 @@ def two_row_queries(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     return X
 
 
-def invert_two_row(y: np.ndarray, y0: np.ndarray, y1: np.ndarray, eps: float, size0=None,
-                   size1=None) -> Logits:
-    """Logits from answers ``y = α y1 + (1 − α) y0``, ``α = σ(logit)``.
+def invert_two_row(y: np.ndarray, y0: np.ndarray, y1: np.ndarray, error, size0=None, size1=None,
+                   clip: bool = False) -> Logits:
+    """Logits from answers ``y = α y1 + (1 − α) y0``, ``α = σ(logit)``, under the error model ``error``.
 
-    ``y0 = c + bᵀv`` and ``y1 = c + (a+b)ᵀv`` are the values at the two positions. Both ``α`` and ``1 − α``
-    are formed from differences of answers, so either side of the sigmoid is resolved to the answers' precision.
-    A weight within ``SATURATION_ULPS`` roundings of 0 or 1 carries no usable logit and is flagged; an answer
-    beyond that on the wrong side of ``y0`` or ``y1`` is no convex combination at all and is flagged ``outside``.
-    ``size0``, ``size1`` (default ``|y0|``, ``|y1|``) are the sizes their rounding scales with (the sizes of the
-    terms they are computed from, which can far exceed the values when the terms cancel): ``outside`` needs an
-    answer beyond that rounding.
+    Both ``α`` and ``1 − α`` are formed from differences of answers, so either side of the sigmoid is resolved
+    to the answers' precision. A weight within ``error.saturation`` errors of 0 or 1 carries no usable logit and
+    is flagged; an answer beyond that on the wrong side of ``y0`` or ``y1`` is no convex combination at all and
+    is flagged ``outside``. ``size0``, ``size1`` (default ``|y0|``, ``|y1|``) are the sizes the error of the
+    values scales with (the sizes of the terms they are computed from, which can far exceed the values when the
+    terms cancel): ``outside`` needs an answer beyond that. ``clip``: a last resort for weights the error keeps
+    unresolved: α is clipped into ``[e, 1 − e]`` (``e`` its own error, as Thm 6.1 clips into
+    ``[σ(−½), σ(½)]``) before ``raw`` is formed.
     """
     delta = y1 - y0
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         p = (y - y0) / delta
         q = (y1 - y) / delta
-        floor = SATURATION_ULPS * eps * (np.abs(y0) + np.abs(y1) + np.abs(y)) / np.abs(delta)
+        spread = error.spread(y, y0, y1)
+        err = spread / np.abs(delta)
+        floor = error.saturation * spread / np.abs(delta)
         saturated = ~((p > floor) & (q > floor))
-        # outside only beyond what the rounding of every term explains (a weight near 0 or 1 whose y0 or y1 was
+        # outside only beyond what the error of every term explains (a weight near 0 or 1 whose y0 or y1 was
         # computed from large cancelling terms is saturated, not outside: asked again at a smaller scale)
         size0 = np.abs(y0) if size0 is None else np.maximum(size0, np.abs(y0))
         size1 = np.abs(y1) if size1 is None else np.maximum(size1, np.abs(y1))
-        wide = SATURATION_ULPS * eps * (size0 + size1 + np.abs(y)) / np.abs(delta)
+        wide = error.saturation * error.spread(y, size0, size1) / np.abs(delta)
         outside = (p < -wide) | (q < -wide) | ~np.isfinite(p)
         logits = np.where(saturated, np.nan, np.log(np.where(saturated, 1.0, p)) - np.log(np.where(saturated, 1.0, q)))
-        noise = eps * (np.abs(y0) + np.abs(y1) + np.abs(y)) / np.abs(delta * p * q)
-    return Logits(logits, saturated, np.where(saturated, np.inf, noise), outside)
+        noise = spread / np.abs(delta * p * q)
+        if clip:
+            e = np.clip(err, 1e-12, 0.25)
+            p = np.clip(p, e, 1 - e)
+            q = 1 - p
+        inside = (p > 0) & (q > 0)
+        raw = np.where(inside, np.log(np.where(inside, p, 1.0)) - np.log(np.where(inside, q, 1.0)), np.nan)
+    return Logits(logits, saturated, np.where(saturated, np.inf, noise), outside, p, q, err, raw)
 
 
-def measure_logits(oracle, A: np.ndarray, b: np.ndarray, v: np.ndarray, c: float) -> Logits:
+def measure_logits(oracle, A: np.ndarray, b: np.ndarray, v: np.ndarray, c: float, error=None) -> Logits:
     """Ask the length-two queries ``[(a+b); b]`` for all rows of ``A`` and invert the sigmoid.
 
-    ``b`` is one vector shared by all probes or one row per probe; ``v``, ``c`` are the learner's estimates.
+    ``b`` is one vector shared by all probes or one row per probe; ``v``, ``c`` are the learner's estimates;
+    ``error`` the error model (default: the answers' rounding, ``RoundingError(oracle.eps)``).
     """
     y = oracle(two_row_queries(A, b))
     y0 = np.broadcast_to(c + b @ v, y.shape)
@@ -70,4 +130,4 @@ def measure_logits(oracle, A: np.ndarray, b: np.ndarray, v: np.ndarray, c: float
     per_entry = np.abs(v) + abs(c)
     size0 = np.broadcast_to(abs(c) + np.abs(b) @ per_entry, y.shape)
     size1 = abs(c) + np.abs(A + b) @ per_entry
-    return invert_two_row(y, y0, y1, oracle.eps, size0, size1)
+    return invert_two_row(y, y0, y1, RoundingError(oracle.eps) if error is None else error, size0, size1)

@@ -14,6 +14,7 @@ the result comes back with ``check.passed = False`` and a note (the CLI turns it
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable
 
@@ -32,7 +33,8 @@ class Run:
     """One extraction in progress on ``oracle`` (see the module docstring)."""
 
     def __init__(self, oracle, method: str, *, seed=0, check: bool = True, check_lengths=DEFAULT_LENGTHS,
-                 check_per_length: int = 8, progress: Callable[[int, int], None] | None = None) -> None:
+                 check_per_length: int = 8, progress: Callable[[int, int], None] | None = None,
+                 tolerance: float | None = None) -> None:
         self.oracle = oracle
         self.method = method
         self.seed = check_seed(seed) if not isinstance(seed, (list, tuple)) else seed
@@ -41,6 +43,9 @@ class Run:
         self.check_lengths = tuple(check_lengths)
         self.check_per_length = int(check_per_length)
         self.progress = progress or _no_progress
+        #: an additive error bound τ the caller declares for the answers: the check allows it too (never less
+        #: than the answer chain declares)
+        self.tolerance = tolerance
         self.planned: int | None = None
         self.t0 = time.perf_counter()
         self.start = oracle.queries
@@ -81,6 +86,12 @@ class Run:
         diff = {k: now[k] - self._phase_start.get(k, 0) for k in now}
         return {k: v for k, v in diff.items() if v}
 
+    def _check_noise(self, oracle):
+        """The answers' noise for the check: the oracle's, with the caller's declared τ where that is larger."""
+        if self.tolerance is None or self.tolerance <= oracle.noise.tolerance:
+            return None
+        return dataclasses.replace(oracle.noise, tolerance=float(self.tolerance))
+
     def finish(self, model, *, unknowns: int, details: dict | None = None, notes: list[str] | None = None,
                hint: str = "", check_model=None, check_oracle=None, check_input_fn=None,
                check_scale: float = 1.0, check_fn=None) -> Extraction:
@@ -105,7 +116,7 @@ class Run:
                 else:
                     result.check = functional_check(oracle, target, self.rng, self.check_lengths,
                                                     self.check_per_length, scale=check_scale,
-                                                    input_fn=check_input_fn)
+                                                    input_fn=check_input_fn, noise=self._check_noise(oracle))
             if not result.check.passed:
                 result.notes.append(
                     f"functional check FAILED (relative error {result.check.error:.2e} > "

@@ -1,4 +1,10 @@
-"""Answer precision: the dtype a deployed model computes in, and its unit roundoff."""
+"""Answer precision: the dtype a deployed model computes in, its machine epsilon and its unit roundoff.
+
+Two numbers, one meaning each (Higham's convention): the *machine epsilon* ``ε`` of a format is the gap between
+1 and the next number (2**-52 for float64); its *unit roundoff* ``u = ε/2`` bounds the relative error of one
+rounding to nearest. Answer wrappers state the relative error they add (a unit roundoff); an oracle's rounding
+floor ``Oracle.eps`` is a machine epsilon.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +39,34 @@ def finfo(name: str | np.dtype):
     return np.finfo(dt)
 
 
-def unit_roundoff(name: str | np.dtype) -> float:
-    """Machine epsilon of a precision (2**-52 for float64, 2**-23 for float32, 2**-7 for bfloat16, ...)."""
+def machine_epsilon(name: str | np.dtype) -> float:
+    """Gap between 1 and the next number of a precision (2**-52 for float64, 2**-23 for float32, 2**-7 for
+    bfloat16, ...)."""
     return float(finfo(name).eps)
+
+
+def unit_roundoff(name: str | np.dtype) -> float:
+    """Largest relative error of one rounding to nearest in a precision: half its machine epsilon (2**-53 for
+    float64, 2**-24 for float32, 2**-8 for bfloat16, ...)."""
+    return machine_epsilon(name) / 2.0
+
+
+def precision_name(dtype) -> str | None:
+    """The precision name of a dtype-like value (``"float32"``, ``np.float32``, ``torch.float32``), or None when
+    it names none of :data:`PRECISIONS`."""
+    if dtype is None:
+        return None
+    name = str(dtype).lower().removeprefix("torch.")
+    if name not in PRECISIONS:
+        try:
+            name = str(np.dtype(dtype))
+        except TypeError:
+            return None
+    return name if name in PRECISIONS else None
+
+
+def coarser(a: str, b: str | None) -> str:
+    """The coarser of two precisions (the larger machine epsilon; ``a`` on a tie or when ``b`` is None)."""
+    if b is None or b == a:
+        return a
+    return b if machine_epsilon(b) > machine_epsilon(a) else a

@@ -7,15 +7,37 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from attnprobe._validation import check_int
-from attnprobe.errors import BudgetExceededError, NonFiniteAnswerError, OracleAnswerError, OracleError
+from attnprobe._validation import check_float, check_int
+from attnprobe.errors import (BudgetExceededError, InputNormError, NonFiniteAnswerError, OracleAnswerError,
+                               OracleError)
 from attnprobe._validation import as_batch
-from attnprobe.models.precision import unit_roundoff
+from attnprobe.models.precision import coarser, machine_epsilon
 from attnprobe.oracles.noise import AnswerNoise, noise_of
+from attnprobe.oracles.wrappers import declared_precision
 from attnprobe.oracles.precision_detect import PrecisionDetector
 from attnprobe.oracles.querylog import answer_through_log
 
 QueryFn = Callable[[np.ndarray], np.ndarray]
+
+
+def answer_precision(fn, declared: str | None = None, cast: str | None = None) -> str:
+    """The one place the answers' precision is decided, for every way an oracle is built (``"auto"``: read it
+    from the answers, :mod:`~attnprobe.oracles.precision_detect`).
+
+    ``fn`` is the callable as asked (answer chain applied), ``declared`` what the caller says, ``cast`` the
+    answer chain's cast. A declared precision is taken as given, made coarser by a cast; else a cast is the
+    answers' precision (coarser where the model's own dtype is, :func:`~attnprobe.oracles.wrappers.
+    declared_precision`); else ``"auto"`` detects; else (``declared=None``, the Python default) the callable's
+    own dtype (a model computed in float32, a torch module) or float64.
+    """
+    known = declared_precision(fn)
+    if declared not in (None, "auto"):
+        return coarser(declared, known if cast else None)
+    if cast:
+        return coarser(cast, known)
+    if declared == "auto":
+        return "auto"
+    return known or "float64"
 
 
 class Oracle:
@@ -37,24 +59,35 @@ class Oracle:
     Every query is charged to the innermost active :meth:`phase` (``queries_by_phase``; queries asked outside
     any phase go to ``"unphased"``), so a learner's per-phase counts always sum to its total. ``noise`` is what
     the callable declares about its answers (:class:`~attnprobe.oracles.noise.AnswerNoise`).
+
+    Bounded inputs: ``max_input_norm_used`` is the largest Euclidean norm of any input row sent so far.
+    ``max_input_norm`` (``None``: unbounded) is the largest row norm the target accepts; a batch with a longer
+    row raises :class:`~attnprobe.errors.InputNormError` before anything is asked or charged. Learners read
+    ``oracle.max_input_norm`` to plan probes within it (and
+    :func:`~attnprobe.oracles.input_bound.refuse_clipping` to detect a target that clips silently).
     """
 
     UNPHASED = "unphased"
 
-    def __init__(self, fn: QueryFn, d: int, *, budget: int | None = None, precision: str = "float64",
-                 max_batch: int = 65536, name: str | None = None, log=None, outputs: int | None = None) -> None:
+    def __init__(self, fn: QueryFn, d: int, *, budget: int | None = None, precision: str | None = None,
+                 max_batch: int = 65536, name: str | None = None, log=None, outputs: int | None = None,
+                 chain=None, eps_floor: float = 0.0, max_input_norm: float | None = None) -> None:
         if not callable(fn):
             hint = (" (a torch module: wrap it with attnprobe.oracles.torch_adapter)"
                     if type(fn).__module__.startswith("torch") else "")
             raise OracleError(f"the oracle must be callable; got {type(fn).__name__}{hint}")
-        self.fn = fn
+        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        #: the defences between ``fn`` and the answers (:class:`~attnprobe.oracles.chain.AnswerChain`)
+        self.chain = chain
+        self.fn = fn if chain is None else chain.apply(fn)
         self.d = check_int(d, "d", min_value=1)
         self.budget = check_int(budget, "budget", min_value=0, allow_none=True)
-        self.detector = PrecisionDetector() if precision == "auto" else None
-        self._precision = None if precision == "auto" else precision
-        self._eps_floor = unit_roundoff("float64" if precision == "auto" else precision)
+        decided = answer_precision(self.fn, precision, None if chain is None else chain.cast)
+        self.detector = PrecisionDetector() if decided == "auto" else None
+        self._precision = None if decided == "auto" else decided
+        #: a rounding floor the answers carry beyond their precision and noise (an oracle derived from another)
+        self.eps_floor = float(eps_floor)
         self.max_batch = int(max_batch)
-        self.name = name or getattr(fn, "__name__", type(fn).__name__)
         #: outputs per sequence: None until the first answer (scalar answers set 1 and keep the (B,) shape)
         self.outputs = check_int(outputs, "outputs", min_value=1, allow_none=True)
         self._vector = None if outputs is None else True
@@ -63,33 +96,27 @@ class Oracle:
         self._phases: list[tuple[str, bool]] = []
         self.log = log
         self.from_log = 0
+        self.max_input_norm = max_input_norm
+        #: the largest input row norm sent to this oracle so far
+        self.max_input_norm_used = 0.0
 
     @property
     def precision(self) -> str:
-        """The answers' binary precision: declared, or detected (``precision="auto"``)."""
+        """The answers' binary precision (:func:`answer_precision`): known, declared, or detected (``"auto"``)."""
         if self._precision is None:
             return self.detector.dtype_name if self._detected() else "float64"
         return self._precision
 
-    @precision.setter
-    def precision(self, value: str) -> None:  # a declaration wins over detection
-        self._precision, self.detector = value, None
-        self._eps_floor = max(self._eps_floor, unit_roundoff(value))
-
     @property
     def eps(self) -> float:
-        """Unit roundoff of the answers (the noise floor learners separate signal from rounding with)."""
+        """The answers' rounding floor as a machine epsilon (learners separate signal from rounding with it): the
+        largest of the precision's machine epsilon (declared or detected), twice the relative rounding the
+        answer chain declares (``noise.rel_eps`` is a unit roundoff) and ``eps_floor``. Reading it asks
+        nothing unless the precision is ``"auto"`` and still undecided."""
+        floor = max(machine_epsilon(self._precision or "float64"), 2.0 * self.noise.rel_eps, self.eps_floor)
         if self.detector is not None and self._detected():
-            return max(self._eps_floor, self.detector.eps)
-        return self._eps_floor
-
-    @eps.setter
-    def eps(self, value: float) -> None:
-        self._eps_floor = float(value)
-
-    def raise_floor(self, eps: float) -> None:
-        """Raise the rounding floor to at least ``eps`` (a declared noise); asks nothing, even when ``auto``."""
-        self._eps_floor = max(self._eps_floor, float(eps))
+            return max(floor, self.detector.eps)
+        return floor
 
     def _detected(self) -> bool:
         """``precision="auto"``: when precision is needed before enough answers were seen, ask a few."""
@@ -125,6 +152,31 @@ class Oracle:
         self.queries_by_phase[key] = self.queries_by_phase.get(key, 0) + n
 
     @property
+    def max_input_norm(self) -> float | None:
+        """The largest input row norm the target accepts (``None``: unbounded)."""
+        return self._max_input_norm
+
+    @max_input_norm.setter
+    def max_input_norm(self, value: float | None) -> None:
+        self._max_input_norm = check_float(value, "max_input_norm", min_value=0.0, strict_min=True, allow_none=True)
+
+    def _check_input_norm(self, X: np.ndarray) -> None:
+        """Record the largest row norm of ``X``; refuse the batch when it passes ``max_input_norm``."""
+        if X.size == 0:
+            return
+        norms = np.linalg.norm(X, axis=-1)
+        top = float(norms.max())
+        limit = self._max_input_norm
+        if limit is not None and top > limit:
+            b, n = np.unravel_index(int(np.argmax(norms)), norms.shape)
+            raise InputNormError(f"a probe row has norm {top:.4g} (sequence {b}, row {n} of a batch of shape "
+                                 f"{X.shape}) but the oracle accepts rows of norm at most {limit:.4g}; the "
+                                 "batch was not sent. Use a learner that keeps its probes within the bound, or "
+                                 "raise the 'max_input_norm' parameter if the target accepts longer rows",
+                                 norm=top, limit=limit)
+        self.max_input_norm_used = max(self.max_input_norm_used, top)
+
+    @property
     def remaining(self) -> float:
         spent = self.queries - self.from_log
         return float("inf") if self.budget is None else self.budget - spent
@@ -143,6 +195,7 @@ class Oracle:
     def __call__(self, X: np.ndarray) -> np.ndarray:
         X = as_batch(X, self.d)
         B = X.shape[0]
+        self._check_input_norm(X)
         if self.log is None:
             self.require(B, f"a batch of {B} queries")
         if B == 0:

@@ -78,7 +78,7 @@ def oracle_from_spec(spec: str, d: int | None, **kwargs) -> Oracle:
 
 
 def oracle_from_file(path: str | Path, dtype: str = "float64", **kwargs) -> Oracle:
-    """An oracle answering with a saved model computed in ``dtype`` (its answers' precision)."""
+    """An oracle answering with a saved model computed in ``dtype`` (the model declares it as its answers'
+    precision: :func:`~attnprobe.oracles.base.answer_precision`)."""
     model = load_model(path, dtype=dtype)
-    kwargs.setdefault("precision", dtype)
     return Oracle(model, model.d, name=Path(path).name, **kwargs)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnprobe.models.precision import resolve_dtype, unit_roundoff
+from attnprobe.models.precision import machine_epsilon, resolve_dtype
 
 #: binary formats from the coarsest: (name, significand bits incl. the implicit one, fewest bits the answers must
 #: reach before the verdict is believed: a model computing in that format gives answers whose significands use
@@ -127,7 +127,7 @@ class PrecisionDetector:
         p = self.precision
         if p.endswith("digits"):
             return 10.0 ** (1 - int(p.split()[0]))
-        return unit_roundoff(p)
+        return machine_epsilon(p)
 
     def describe(self) -> dict:
         """What the summary reports: the verdict, its unit roundoff and the evidence behind it."""

@@ -42,7 +42,7 @@ def restrict_to_subspace(oracle: Oracle, E: np.ndarray, name: str | None = None,
         raise ConfigError("a subspace basis must have orthonormal columns (EᵀE = I); orthonormalise it first "
                           "(e.g. numpy.linalg.qr)")
     budget = None if oracle.budget is None else int(oracle.remaining)
-    sub = Oracle(_Lift(oracle, E), E.shape[1], budget=budget, precision=oracle.precision,
-                 max_batch=oracle.max_batch, name=name or f"{oracle.name} restricted to a {E.shape[1]}-dim subspace")
-    sub.eps = oracle.eps if eps is None else max(oracle.eps, float(eps))
-    return sub
+    floor = oracle.eps if eps is None else max(oracle.eps, float(eps))
+    return Oracle(_Lift(oracle, E), E.shape[1], budget=budget, precision=oracle.precision,
+                  max_batch=oracle.max_batch, name=name or f"{oracle.name} restricted to a {E.shape[1]}-dim subspace",
+                  eps_floor=floor)

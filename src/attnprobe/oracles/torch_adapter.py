@@ -21,9 +21,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the torch adapters need torch: pip install 'attnprobe[torch]' "
                       "(CPU build: pip install torch==2.13.0)") from exc
 
-_PRECISION = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
-              torch.bfloat16: "bfloat16"}
-
 
 class TorchOneLayerTransformer(nn.Module):
     """``TF(X) = w_oᵀ ReLU(W₁ · MHA(x_N, X, X))``: one attention head (no biases) queried by the last token,
@@ -67,14 +64,14 @@ class TorchFunction:
 
 
 def oracle_from_torch(module, d: int | None = None, **kwargs) -> Oracle:
-    """An :class:`Oracle` answering with a torch module; its precision is the module's dtype unless given."""
+    """An :class:`Oracle` answering with a torch module; its precision is the module's dtype unless given
+    (:func:`~attnprobe.oracles.base.answer_precision` reads it from the function's ``dtype``)."""
     if not isinstance(module, nn.Module):
         raise OracleError(f"expected a torch.nn.Module; got {type(module).__name__}")
     d = d if d is not None else getattr(module, "d", None)
     if d is None:
         raise ConfigError("give the input width d of the torch module")
     fn = TorchFunction(module, d)
-    kwargs.setdefault("precision", _PRECISION.get(fn.dtype, "float32"))
     return Oracle(fn, d, name=kwargs.pop("name", fn.__name__), **kwargs)
 
 

@@ -12,6 +12,9 @@ whole chain's noise floor.
 - :class:`Rounded` — rounding to k decimals or k significant digits.
 - :class:`Precision` — inputs and answers cast to float32/float16/bfloat16 (ml_dtypes).
 - :class:`Membership` — ``1 if f(X) > 0 else 0`` (App. B, eq. 8).
+- :class:`ClipInputs` — every input row of norm above R scaled down to norm R (a layer that bounds its inputs).
+
+A chain of them is described, built and named by :class:`attnprobe.oracles.chain.AnswerChain`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import math
 import numpy as np
 
 from attnprobe.errors import ConfigError
-from attnprobe.models.precision import resolve_dtype, unit_roundoff
+from attnprobe.models.precision import coarser, precision_name, resolve_dtype, unit_roundoff
 from attnprobe.oracles.noise import AnswerNoise, noise_of
 
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -76,6 +79,11 @@ class Wrapper:
         return np.asarray(self.inner(X), dtype=np.float64)
 
     @property
+    def answer_precision(self) -> str | None:
+        """The precision the answers carry, as the inner callable declares it (:func:`declared_precision`)."""
+        return declared_precision(self.inner)
+
+    @property
     def noise(self) -> AnswerNoise:
         """This wrapper's own noise added to its inner callable's."""
         own = AnswerNoise(self.tolerance, self.rel_eps, self.sigma, isinstance(self, Membership),
@@ -84,6 +92,17 @@ class Wrapper:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.inner!r})"
+
+
+def declared_precision(fn) -> str | None:
+    """The precision a callable says its answers carry: an answer wrapper's ``answer_precision``, else a model's
+    (or torch adapter's) ``dtype``; None for a callable that says nothing."""
+    if isinstance(fn, Wrapper):
+        return fn.answer_precision
+    declared = getattr(fn, "answer_precision", None)
+    if isinstance(declared, str):
+        return precision_name(declared)
+    return precision_name(getattr(fn, "dtype", None))
 
 
 def _check_level(name: str, value: float) -> float:
@@ -209,7 +228,12 @@ class Precision(Wrapper):
         self.dtype = resolve_dtype(dtype)
         self.name = str(dtype)
         self.inputs = bool(inputs)
-        self.rel_eps = unit_roundoff(dtype) / 2.0
+        self.rel_eps = unit_roundoff(dtype)
+
+    @property
+    def answer_precision(self) -> str:
+        """The cast, or the inner callable's precision where that is coarser."""
+        return coarser(self.dtype.name, declared_precision(self.inner))
 
     def __call__(self, X):
         X = np.asarray(X, dtype=np.float64)
@@ -226,48 +250,25 @@ class Membership(Wrapper):
         return (self._raw(X) > 0).astype(np.float64)
 
 
+class ClipInputs(Wrapper):
+    """Every input row of Euclidean norm above ``radius`` scaled down to norm ``radius`` before the callable sees
+    it, as a deployed layer that bounds (normalises or clamps) its inputs does. The answers are exact answers
+    of the clipped inputs: no noise is added, but probes larger than ``radius`` no longer scale."""
+
+    def __init__(self, fn, radius: float):
+        super().__init__(fn)
+        radius = _check_level("the input-row bound R", radius)
+        if radius == 0:
+            raise ConfigError("the input-row bound R must be > 0 (R = 0 would answer every query with f(0))")
+        self.radius = radius
+
+    def __call__(self, X):
+        X = np.asarray(X, dtype=np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            norms = np.linalg.norm(X, axis=-1, keepdims=True)
+            shrink = np.where(norms > self.radius, self.radius / np.where(norms > 0, norms, 1.0), 1.0)
+        return self._raw(X * shrink)
+
+
+#: the kinds of answer noise: AVQ's bounded noise, its adversarial version, fresh Gaussian or uniform noise
 NOISE_KINDS = ("avq", "adversarial", "gaussian", "uniform")
-
-
-def parse_noise(spec: str) -> tuple[str, float]:
-    """``KIND:LEVEL`` (e.g. ``avq:1e-3``) -> (kind, level) for the CLI's ``--noise``."""
-    kind, _, level = spec.partition(":")
-    if kind not in NOISE_KINDS or not level:
-        raise ConfigError(f"--noise must look like KIND:LEVEL with KIND one of {', '.join(NOISE_KINDS)} "
-                          f"(e.g. avq:1e-3); got {spec!r}")
-    try:
-        value = float(level)
-    except ValueError as exc:
-        raise ConfigError(f"the noise level in --noise {spec!r} is not a number") from exc
-    return kind, _check_level("the noise level", value)
-
-
-def wrap(fn, *, noise: str | None = None, decimals: int | None = None, digits: int | None = None,
-         cast: str | None = None, membership: bool = False, seed: int = 0):
-    """Build the chain the CLI offers, innermost first: precision cast, noise, rounding, membership."""
-    out = fn
-    if cast:
-        out = Precision(out, cast)
-    if noise:
-        kind, level = parse_noise(noise)
-        if kind == "avq":
-            out = BoundedNoise(out, level, seed=seed)
-        elif kind == "adversarial":
-            out = AdversarialNoise(out, level)
-        else:
-            out = FreshNoise(out, level, kind=kind, seed=seed)
-    if decimals is not None or digits is not None:
-        out = Rounded(out, decimals=decimals, digits=digits)
-    if membership:
-        out = Membership(out)
-    return out
-
-
-def wrap_oracle(oracle, **kwargs):
-    """Wrap an :class:`Oracle`'s callable in place (see :func:`wrap`) and raise its rounding floor ``eps``
-    to what the chain declares, so learners see the right noise floor. Returns the oracle."""
-    oracle.fn = wrap(oracle.fn, **kwargs)
-    if kwargs.get("cast"):
-        oracle.precision = kwargs["cast"]
-    oracle.raise_floor(2.0 * oracle.noise.rel_eps)  # reads nothing: an "auto" oracle asks no query here
-    return oracle

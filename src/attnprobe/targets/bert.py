@@ -99,6 +99,18 @@ class BertCheckpoint:
                 "w": split(self._get(layer, "output.dense.weight")[output_row]),
                 "b": self._get(layer, "output.dense.bias")[output_row]}
 
+    def layer_weights(self, layer: int) -> dict[str, np.ndarray]:
+        """Every float64 weight of one attention layer: per-head ``Q, K, V (H, d_h, d)`` and ``bQ, bK, bV (H, d_h)``,
+        and the whole output dense layer ``WO (K, H·d_h)``, ``bO (K,)`` (``K`` = the hidden width)."""
+        self._check_index(layer, 0)
+        split = lambda a: a.reshape((self.heads_per_layer, self.head_dim) + a.shape[1:])  # noqa: E731
+        out = {}
+        for name in ("query", "key", "value"):
+            out[name[0].upper()] = split(self._get(layer, f"self.{name}.weight"))
+            out["b" + name[0].upper()] = split(self._get(layer, f"self.{name}.bias"))
+        out["WO"], out["bO"] = self._get(layer, "output.dense.weight"), self._get(layer, "output.dense.bias")
+        return out
+
     def head(self, layer: int = 0, head: int = 0, output_row: int = 0, dtype: str = "float64") -> AttentionHead:
         """The biased single-head regressor of head ``head`` of layer ``layer`` at output row ``output_row``
         (docs/architecture.md, "Models"): ``W = K_hᵀQ_h/√d_h``, ``u = K_hᵀb_{Q,h}/√d_h``, ``v = V_hᵀw``,

@@ -20,7 +20,7 @@ import numpy as np
 
 from attnprobe.errors import RecoveryError, SaturationError
 from attnprobe.learners.multihead.isolation import other_heads_basis
-from attnprobe.learners.sigmoid import invert_two_row
+from attnprobe.learners.sigmoid import RoundingError, invert_two_row
 
 SATURATED_LOGIT = 40.0
 
@@ -98,7 +98,8 @@ def cross_components(oracle, v, v_sum, c, WP, uP, *, bias, rng, max_retries=6):
                 X[:, :, 0] = Y[todo, None] + Z
                 X[:, :, 1] = Y[todo, None]
                 ans = oracle(X.reshape(-1, 2, d)).reshape(todo.size, H)
-                lg = invert_two_row(ans, np.broadcast_to(y0[:, None], ans.shape), y0[:, None] + Z @ v[h], eps)
+                lg = invert_two_row(ans, np.broadcast_to(y0[:, None], ans.shape), y0[:, None] + Z @ v[h],
+                                    RoundingError(eps))
                 res.append(lg)
             a, b = res
             sat = np.any(a.saturated, axis=1) | np.any(b.saturated, axis=1)

@@ -1,0 +1,85 @@
+"""Hugging Face model folders on the command line: ``extract --hf-dir DIR --layer L`` (the live torch module as
+the victim), ``target hf-attention --model-dir DIR --layer L`` and ``audit --hf-dir DIR``."""
+
+from __future__ import annotations
+
+from attnprobe.errors import ConfigError
+
+
+def add_source_arguments(group) -> None:
+    """``extract``'s options for a Hugging Face victim (``--dtype`` is the precision the module runs in)."""
+    group.add_argument("--hf-dir", metavar="DIR",
+                       help="a Hugging Face BERT-family model folder (config.json, model.safetensors): its layer "
+                            "--layer (self-attention + output dense, last position) is the oracle, run locally "
+                            "in --dtype (float64 or float32), offline")
+    group.add_argument("--layer", type=int, metavar="L", help="--hf-dir: the attention layer to query")
+    group.add_argument("--row", type=int, metavar="R",
+                       help="--hf-dir: answer only output R (one number per query); default the whole output row")
+
+
+def oracle_from_args(args, kw: dict):
+    """The oracle of ``extract --hf-dir`` (``kw``: the Oracle options extract collected)."""
+    from attnprobe.oracles.hf_attention import DTYPES
+
+    if args.target or args.oracle:
+        raise ConfigError("give one oracle: --hf-dir DIR, --oracle MODULE:ATTR or --target FILE.npz")
+    if args.layer is None:
+        raise ConfigError("--hf-dir needs --layer L (the attention layer to query)")
+    if args.dtype not in DTYPES:
+        raise ConfigError(f"--hf-dir runs the module in float64 or float32; got --dtype {args.dtype}")
+    if args.outputs is not None:
+        raise ConfigError("--hf-dir knows its number of outputs; drop --outputs")
+    from attnprobe.oracles.hf_attention import oracle_from_hf
+
+    kw = {k: v for k, v in kw.items() if k != "outputs"}
+    oracle = oracle_from_hf(args.hf_dir, args.layer, dtype=args.dtype, row=args.row, **kw)
+    if args.d is not None and args.d != oracle.d:
+        raise ConfigError(f"--d {args.d} contradicts --hf-dir {args.hf_dir}, whose layers have d = {oracle.d}; "
+                          "drop --d")
+    return oracle
+
+
+def refuse_stray(args) -> None:
+    """``--layer``/``--row`` without ``--hf-dir`` would be ignored: refuse them."""
+    if getattr(args, "hf_dir", None) is None:
+        for flag in ("layer", "row"):
+            if getattr(args, flag, None) is not None:
+                raise ConfigError(f"--{flag} goes with --hf-dir DIR")
+
+
+def identity(args) -> str:
+    """The oracle's source as the query log records it."""
+    from attnprobe.oracles.querylog import file_identity
+
+    return (f"hf {file_identity(str(args.hf_dir) + '/model.safetensors')} layer={args.layer} row={args.row} "
+            f"dtype={args.dtype}")
+
+
+def audit_source(hf_dir) -> tuple[str, int]:
+    """``audit --hf-dir DIR``: the checkpoint file and heads per layer (read from ``config.json``)."""
+    from attnprobe.targets.hf import hf_checkpoint
+
+    ckpt = hf_checkpoint(hf_dir)
+    return ckpt.path, ckpt.heads_per_layer
+
+
+def write_target(args) -> int:
+    """``target hf-attention``: layer ``--layer`` of ``--model-dir`` as a ``multi_head`` model file, the whole
+    output row (vector layout) or one output ``--row``."""
+    from attnprobe.models import save_model
+    from attnprobe.targets.hf import hf_checkpoint, hf_layer_arrays, hf_layer_row, save_layer_arrays
+
+    if args.model_dir is None:
+        raise ConfigError("target hf-attention needs --model-dir DIR (a Hugging Face model folder)")
+    ckpt = hf_checkpoint(args.model_dir)
+    if not 0 <= args.layer < ckpt.layers:
+        raise ConfigError(f"--layer must be in 0..{ckpt.layers - 1} for {args.model_dir}; got {args.layer}")
+    if args.row is not None:
+        path = save_model(hf_layer_row(args.model_dir, args.layer, args.row), args.out)
+        what = f"output row {args.row}"
+    else:
+        arrays = hf_layer_arrays(args.model_dir, args.layer)
+        path = save_layer_arrays(arrays, args.out)
+        what = f"the whole output row (K = {arrays['c'].shape[0]})"
+    print(f"wrote multi_head (d = {ckpt.hidden}, H = {ckpt.heads_per_layer}) layer {args.layer}, {what}, to {path}")
+    return 0

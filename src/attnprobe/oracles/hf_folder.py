@@ -1,0 +1,40 @@
+"""A Hugging Face model folder (``config.json`` + ``model.safetensors``), checked and read without torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from attnprobe.errors import ConfigError
+
+#: the ``config.json`` entries attnprobe reads: hidden width, heads per layer, layers
+CONFIG_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers")
+
+
+def check_model_dir(model_dir) -> Path:
+    """``model_dir`` if it holds a ``config.json`` and ``model.safetensors``."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise ConfigError(f"{path} is not a folder; give the folder of a Hugging Face model (config.json and "
+                          "model.safetensors)")
+    for name in ("config.json", "model.safetensors"):
+        if not (path / name).is_file():
+            raise ConfigError(f"{path} has no {name}; a Hugging Face model folder holds config.json and "
+                              "model.safetensors (export one with model.save_pretrained(folder))")
+    return path
+
+
+def read_config(model_dir) -> dict:
+    """The model's ``config.json`` as a dict, with positive integers under :data:`CONFIG_KEYS`."""
+    path = check_model_dir(model_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read {path} as JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} must hold a JSON object; got {type(config).__name__}")
+    for key in CONFIG_KEYS:
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{path} must give {key} as a positive integer (a BERT-family config); got {value!r}")
+    return config

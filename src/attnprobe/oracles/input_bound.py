@@ -1,0 +1,83 @@
+"""Bounded inputs: read from the answers whether an attention target clips long input rows.
+
+A length-1 query ``[s·x]`` of an attention layer answers ``s·xᵀv + c`` (``s·V x + c`` for a whole output row):
+the softmax over one row is 1, so the answer is affine in ``s`` (DESIGN "The math in one screen"). A target that
+clamps every row to norm ``R`` answers ``R·xᵀv + c`` for every ``s ≥ R``: the slope ``(f(s x) − c)/s`` falls like
+``R/s``. :func:`clipping_norm` measures that slope on a geometric ladder of norms in one batch and estimates ``R``
+from the largest rung; :func:`refuse_clipping` turns a detected clamp into one typed refusal.
+
+How a learner respects bounded inputs: read ``oracle.max_input_norm`` (``None``: unbounded; the oracle refuses a
+batch with a longer row with :class:`~attnprobe.errors.InputNormError` before asking), plan probes within it,
+and before spending queries on probes of norm up to ``S`` call ``refuse_clipping(oracle, S)`` (a few queries)
+so that a target that clips silently is refused in one line instead of yielding wrong parameters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from attnprobe._validation import check_float
+from attnprobe.errors import InputNormError
+
+#: a slope that moved by more than this fraction (or by many roundings, whichever is larger) is a clamp; a clamp at
+#: R moves the slope at norm s by 1 − R/s, so one rung of a ×10 ladder past R moves it by at least 0.9
+DEVIATION = 1e-2
+#: roundings of the answers a slope may move by before it counts (the answers' unit roundoff is ``oracle.eps``)
+ROUNDINGS = 1e3
+
+
+def ladder(up_to: float, start: float = 1.0, factor: float = 10.0) -> np.ndarray:
+    """Norms ``start·factor^k`` below ``up_to``, then ``up_to`` itself (at least two rungs)."""
+    up_to, start = float(up_to), min(float(start), float(up_to) / factor)
+    steps = max(1, math.ceil(math.log(up_to / start) / math.log(factor) - 1e-9)) if up_to > start else 1
+    rungs = start * factor ** np.arange(steps, dtype=float)
+    return np.append(rungs[rungs < up_to], up_to)
+
+
+def clipping_norm(oracle, up_to: float, *, seed: int = 0, start: float = 1.0, factor: float = 10.0
+                  ) -> float | None:
+    """The norm at which ``oracle`` clips its input rows, estimated from length-1 answers (``None`` when the
+    answers stay affine in the norm up to ``up_to``).
+
+    Asks ``len(ladder(up_to, start, factor)) + 1`` length-1 queries in one batch (the zero row gives ``c``),
+    all along one random unit direction, charged to the phase ``"input bound"``. For a clamp of the row norm the
+    estimate is exact up to rounding; for other clamps (e.g. per entry) it is the norm of the clamped row's
+    effect along that direction. Only meaningful for attention targets (the length-1 answer is affine in its
+    row; a ReLU network's is not). A clamp below ``start`` is reported as ≈ ``start``.
+    """
+    up_to = check_float(up_to, "up_to", min_value=0.0, strict_min=True)
+    limit = oracle.max_input_norm
+    if limit is not None:
+        up_to = min(up_to, limit)
+    norms = ladder(up_to, start, factor)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(oracle.d)
+    x /= np.linalg.norm(x)
+    X = np.concatenate([np.zeros((1, 1, oracle.d)), norms[:, None, None] * x[None, None, :]])
+    with oracle.phase("input bound"):
+        y = np.asarray(oracle(X), dtype=np.float64).reshape(len(X), -1)
+    c, rise = y[0], y[1:] - y[0]
+    slope = rise / norms[:, None]
+    ref = np.linalg.norm(slope[0])
+    if ref == 0:
+        return None  # this direction carries no signal: nothing to read (a zero layer clips nothing visible)
+    size = (np.linalg.norm(y[1:], axis=1) + np.linalg.norm(c)) / norms  # rounding of each slope, in units of eps
+    noise = ROUNDINGS * oracle.eps * (size + size[0]) / ref
+    moved = np.linalg.norm(slope - slope[0], axis=1) / ref
+    clipped = moved > np.maximum(DEVIATION, noise)
+    if not clipped.any():
+        return None
+    return float(np.linalg.norm(rise[-1]) / ref)
+
+
+def refuse_clipping(oracle, up_to: float, *, seed: int = 0) -> None:
+    """Raise :class:`~attnprobe.errors.InputNormError` ("the oracle clips inputs at norm ≈ R") when the answers
+    show that ``oracle`` clips rows shorter than ``up_to`` (the largest probe norm a learner plans)."""
+    R = clipping_norm(oracle, up_to, seed=seed)
+    if R is not None:
+        raise InputNormError(f"the oracle clips inputs at norm ≈ {R:.3g} (its length-1 answers stop growing "
+                             f"linearly there; probes up to norm {float(up_to):.3g} were planned); give that bound "
+                             "as the 'max_input_norm' parameter and use a learner that keeps its probes within it",
+                             limit=R)
