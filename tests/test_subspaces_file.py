@@ -68,3 +68,8 @@ def test_a_model_file_given_as_subspaces_is_refused(folder, capsys):
 def test_malformed_subspaces_are_refused(folder, capsys, arrays, says):
     np.savez(folder / "bad.npz", **arrays)
     refused(capsys, folder, *extract("--subspaces", "bad.npz", "--out", "o.npz"), says=says)
+
+
+def test_known_subspaces_fix_the_learner(folder, capsys):
+    refused(capsys, folder, *extract("--subspaces", "sub.npz", "--multihead-learner", "generic", "--out", "o.npz"),
+            says="drop the --multihead-learner option")

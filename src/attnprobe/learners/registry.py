@@ -353,6 +353,9 @@ def load_subspaces(path, d: int) -> list:
 def _multihead(oracle, *, seed, progress, no_bias, heads, max_heads, subspaces, multihead_learner, rank):
     from attnprobe.learners.multihead import extract_multihead
 
+    if subspaces is not None and multihead_learner != "auto":
+        raise ConfigError(f"known subspaces are learned by the subspaces learner (Prop. C.2), not {multihead_learner!r}; "
+                          "drop the 'multihead_learner' option", param="multihead_learner")
     bases = load_subspaces(subspaces, oracle.d) if subspaces is not None else None
     method = "subspaces" if bases is not None else multihead_learner
     return extract_multihead(oracle, heads=heads, max_heads=max_heads, subspaces=bases, bias=not no_bias,

@@ -49,8 +49,8 @@ def parameter_errors(truth, result, *, v_scale_free: bool = False) -> dict[str, 
 
     Models of kinds that cannot be compared, or of different widths, are refused."""
     if result.kind not in COMPARABLE.get(truth.kind, {truth.kind}):
-        raise ConfigError(f"the result holds a {result.kind} but the truth holds a {truth.kind}; they cannot be "
-                          "compared", param="result")
+        raise ConfigError(f"the result is a model of kind {result.kind} but the truth is of kind {truth.kind}; they "
+                          "cannot be compared", param="result")
     if result.d != truth.d:
         raise ConfigError(f"the result has d = {result.d} but the truth has d = {truth.d}", param="result")
     if truth.kind == "multi_head":
