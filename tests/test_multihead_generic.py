@@ -138,3 +138,224 @@ def test_cli_generic_multihead_with_the_head_dimension_given(tmp_path):
     summary = json.loads(out.with_suffix(".json").read_text())
     assert summary["passed"] is True
     assert sum(summary["queries_by_phase"].values()) == summary["queries"] <= 4 * 2 * 16**2 - 2 * 2 + 1
+
+
+def _column(fn):
+    """The same oracle answering one output per sequence as a column (B, 1)."""
+    return lambda X: fn(X)[:, None]
+
+
+@pytest.mark.parametrize("method", ["exact", "lowrank", "generic", "orthogonal", "subspaces"])
+def test_one_output_column_answers_work_like_scalars(method):
+    """Answers of shape (B, 1) (a vector with K = 1) give every scalar learner the result (B,) answers give."""
+    from attnprobe.learners import extract_exact, extract_lowrank
+    from attnprobe.learners.multihead import extract_multihead
+    from attnprobe.targets import random_head
+    from attnprobe.targets.multihead import random_orthogonal_multihead
+
+    if method in ("exact", "lowrank"):
+        target = random_head(8, seed=0)
+        learn = extract_exact if method == "exact" else extract_lowrank
+    else:
+        target, E = random_orthogonal_multihead(8, 2, seed=0)
+        def learn(o, seed=0):
+            return extract_multihead(o, method=method, subspaces=E if method == "subspaces" else None, seed=seed)
+    flat, col = learn(Oracle(target, 8), seed=0), learn(Oracle(_column(target), 8), seed=0)
+    assert col.check.passed and col.check.error <= 1e-8
+    assert col.queries == flat.queries
+    np.testing.assert_allclose(col.model.W, flat.model.W, rtol=0, atol=1e-12)
+
+
+def test_several_outputs_are_refused_by_a_scalar_learner_in_one_line():
+    from attnprobe.errors import OracleAnswerError
+
+    target = random_multihead(8, 2, seed=0)
+    oracle = Oracle(lambda X: np.stack([target(X), 2 * target(X)], axis=1), 8)
+    with pytest.raises(OracleAnswerError, match="answers 2 outputs per sequence.*multi-head learner") as err:
+        extract_generic(oracle)
+    assert "\n" not in str(err.value)
+
+
+def test_tied_heads_merge_with_a_note_even_when_heads_is_not_given():
+    target = shared_attention_multihead(10, 3, tied=2, seed=3)
+    res = extract_generic(Oracle(target, 10), seed=0)
+    assert res.model.H == 2 and res.check.passed
+    assert any("Prop. 7.1" in n and "more heads than found" in n for n in res.notes)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_three_heads_sharing_one_attention_stay_within_the_query_bound(bias):
+    """Prop. 7.1 at d = 8: every adaptive stage is bounded (the values stage once bisected rounding for 10M queries
+    when the whole probe grid fell in the all-heads-off cone)."""
+    bound = MultiHeadAttention.query_bound(8, 3)
+    for seed in range(4):
+        target = shared_attention_multihead(8, 3, tied=3, seed=seed, bias=bias)
+        oracle = Oracle(target, 8, budget=bound + 40)
+        res = extract_generic(oracle, bias=bias, seed=seed)
+        assert res.model.H == 1 and res.check.passed
+        assert res.queries <= bound
+
+
+def test_crossing_search_is_bounded_on_answers_that_are_not_piecewise_linear():
+    from attnprobe.errors import RecoveryError
+    from attnprobe.learners.multihead import saturation
+
+    target = random_multihead(8, 2, seed=0)
+    rng = np.random.default_rng(0)
+    oracle = Oracle(lambda X: target(X) * (1 + 1e-3 * rng.standard_normal(len(X))), 8, budget=20_000)
+    circle = saturation._Circle(oracle, np.zeros(8), np.eye(8)[0], np.eye(8)[1], target(np.zeros((1, 2, 8)))[0],
+                                float(np.linalg.norm(target.v.sum(0))))
+    with pytest.raises(RecoveryError, match="change their linear piece more than"):
+        saturation.find_crossings(circle, 1e12, target.v.sum(0), max_crossings=2)
+    assert oracle.queries < 2_000
+
+
+def _true_worst(target, res):
+    return match_heads(target, res.model).worst if res.model.H == target.H else np.inf
+
+
+@pytest.mark.parametrize("d,H", [(16, 2), (32, 4), (64, 4)])
+def test_float32_answers_pass_only_with_heads_within_the_reported_error(d, H):
+    """Float32 answers: a result that passes has every head (W, v) within the check's error (the per-head check),
+    and a refusal names the precision, never a rank, a seed or a bias."""
+    from attnprobe.errors import AttnprobeError
+
+    passed = 0
+    for seed in range(3):
+        target = random_multihead(d, H, seed=seed)
+        try:
+            res = extract_generic(Oracle(target.with_dtype("float32"), d, precision="float32"), seed=seed)
+        except AttnprobeError as exc:
+            assert "float32" in str(exc) and not any(w in str(exc) for w in ("seed", "rank", "bias"))
+            continue
+        m = match_heads(target, res.model)
+        assert max(np.max(m.W), np.max(m.v)) <= res.check.error  # the check's error covers every head
+        assert len(res.check["heads"]["bound"]) == res.model.H
+        passed += res.check.passed
+    assert passed >= 1
+
+
+def test_a_head_worse_than_the_tolerance_fails_the_check():
+    """The layer's output can hide a head 1e-3 off at float64 precision; the per-head check does not."""
+    from attnprobe.learners.multihead.headcheck import check_heads
+
+    target = random_multihead(16, 2, seed=0)
+    wrong = MultiHeadAttention(target.W + 1e-3 * np.linalg.norm(target.W[0]) / 16 * np.eye(16)[None], target.v,
+                               target.u, target.c)
+    hc = check_heads(Oracle(target, 16), wrong, np.random.default_rng(0))
+    assert np.all(hc.bound >= 1e-3 / 4)  # the perturbation is 1e-3 of ‖W_0‖ in each head, up to its norm ratio
+    right = check_heads(Oracle(target, 16), target, np.random.default_rng(0))
+    assert np.all(right.bound <= 1e-10) and right.queries == 2 * 16 * 2
+
+
+def test_head_check_bounds_the_true_head_errors():
+    """Simulated recovered layers (every head perturbed by a random relative error): the bound covers the truth."""
+    from attnprobe.learners.multihead.headcheck import check_heads
+
+    rng = np.random.default_rng(1)
+    for seed in range(6):
+        target = random_multihead(24, 3, seed=seed)
+        level = 10.0 ** rng.uniform(-9, -3)
+        W = target.W * (1 + level * rng.standard_normal(target.W.shape))
+        v = target.v * (1 + level * rng.standard_normal(target.v.shape))
+        got = MultiHeadAttention(W, v, target.u, target.c)
+        m = match_heads(target, got)
+        hc = check_heads(Oracle(target, 24), got, rng)
+        assert np.all(hc.bound[m.perm] >= np.maximum(m.W, m.v)), (hc.bound, m.W, m.v)
+        assert np.all(hc.bound[m.perm] <= 100 * np.maximum(m.W, m.v))
+
+
+@pytest.mark.parametrize("rel", [1e-12, 1e-10])
+def test_undeclared_relative_noise_is_measured_and_named(rel):
+    target = random_multihead(16, 2, seed=0)
+    rng = np.random.default_rng(0)
+    oracle = Oracle(lambda X: target(X) * (1 + rel * rng.standard_normal(len(X))), 16)
+    res = extract_generic(oracle, seed=0)
+    assert res.check.passed and _true_worst(target, res) <= res.check.error
+    assert rel / 100 <= res.details["measured_noise"] <= 100 * rel
+    assert any("relative noise of about" in n for n in res.notes)
+
+
+def test_clipped_inputs_are_detected_and_named():
+    from attnprobe.errors import SaturationError
+
+    target = random_multihead(12, 2, seed=0)
+
+    def clipped(X):
+        n = np.linalg.norm(X, axis=2, keepdims=True)
+        return target(X * np.minimum(1.0, 1e6 / np.maximum(n, 1e-300)))
+
+    oracle = Oracle(clipped, 12)
+    with pytest.raises(SaturationError, match="clips or normalises its input rows") as err:
+        extract_generic(oracle)
+    assert "\n" not in str(err.value) and "W_h y + u_h" not in str(err.value)
+
+
+def test_max_input_norm_is_respected_or_refused_up_front():
+    from attnprobe.errors import SaturationError
+
+    target = random_multihead(12, 2, seed=0)
+    oracle = Oracle(target, 12)
+    oracle.max_input_norm = 1e6
+    with pytest.raises(SaturationError, match="norm at most 1e\\+06.*need norms of at least"):
+        extract_generic(oracle)
+    assert oracle.queries == 0
+    sent = []
+    oracle = Oracle(lambda X: (sent.append(float(np.max(np.linalg.norm(X, axis=2)))), target(X))[1], 12)
+    oracle.max_input_norm = 1e12
+    res = extract_generic(oracle, check=False)
+    values = res.queries_by_phase["values"]
+    assert max(sent[:values]) <= 1e12 and res.details["max_input_norm_used"] <= 1e12
+
+
+def test_rank_is_detected_per_head_at_about_the_rank_given_cost():
+    """Low-rank heads (d = 32, d_h = 4): the detected head rank is the real one, and detection costs what the
+    single-head learner's does: two more range directions (2d queries) per head, not a sketch of every leak."""
+    target = random_multihead(32, 4, 4, seed=2)
+    given = extract_generic(Oracle(target, 32), rank=4, seed=0)
+    found = extract_generic(Oracle(target, 32), seed=0)
+    assert found.details["head_rank"] == [4] * 4 == given.details["head_rank"]
+    assert found.details["isolated_rank"] == [4] * 4
+    assert found.queries <= given.queries + 4 * 2 * 32
+    assert _true_worst(target, found) <= 1e-8 and found.check.passed
+
+
+VICTIM = '''
+import numpy as np
+from attnprobe.targets.multihead import random_multihead
+
+layer = random_multihead(12, 2, seed=0)
+
+
+def clipped(X):
+    n = np.linalg.norm(X, axis=2, keepdims=True)
+    return layer(X * np.minimum(1.0, 1e6 / np.maximum(n, 1e-300)))
+
+
+def column(X):
+    return layer(X)[:, None]
+'''
+
+
+@pytest.mark.parametrize("attr, dtype, code, message", [
+    ("clipped", None, 2, "clips or normalises its input rows"),
+    (None, "float16", 2, "float16 answers overflow for inputs of norm above about 256"),
+    ("column", None, 0, None),
+])
+def test_cli_multihead_refusals_name_the_cause_in_one_line(tmp_path, monkeypatch, capsys, attr, dtype, code,
+                                                           message):
+    from attnprobe.cli import main
+    from attnprobe.models import save_model
+
+    (tmp_path / "mh_victim.py").write_text(VICTIM)
+    save_model(random_multihead(12, 2, seed=0), tmp_path / "layer.npz")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    src = ["--oracle", f"mh_victim:{attr}", "--d", "12"] if attr else ["--target", "layer.npz", "--dtype", dtype]
+    assert main(["extract", *src, "--method", "multihead", "--quiet", "--out", "x.npz"]) == code
+    err = capsys.readouterr().err
+    if message:
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and message in lines[0], err
+        assert not any(w in lines[0] for w in ("seed", "rank", "bias=", "W_h y + u_h = 0"))
+        assert not (tmp_path / "x.npz").exists()

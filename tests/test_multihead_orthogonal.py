@@ -142,3 +142,38 @@ def test_dispatcher_refuses_contradictory_options():
     with pytest.raises(ConfigError, match="would ignore them"):
         extract_multihead(oracle, subspaces=E, method="orthogonal")
     assert oracle.queries == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_default_learner_recovers_heads_in_orthogonal_subspaces_without_bias(seed):
+    """The default (``auto``) learner on heads in mutually orthogonal subspaces (d = 32, H = 4, no bias): the other
+    heads' W_g vanish on head h's rows, so the cross stage offsets its last tokens to switch them off."""
+    from attnprobe.models.multihead import match_heads
+
+    m, _ = random_orthogonal_multihead(32, 4, seed=seed, bias=False)
+    res = extract_multihead(Oracle(m, 32), bias=False, seed=seed)
+    assert res.method == "multihead-generic" and res.check.passed
+    assert match_heads(m, res.model).worst <= 1e-6
+    assert res.queries <= m.query_bound(32, 4)
+
+
+def test_auto_falls_back_to_orthogonal_subspaces_when_the_generic_learner_fails(monkeypatch):
+    from attnprobe.errors import RecoveryError
+    from attnprobe.learners.multihead import generic
+    from attnprobe.models.multihead import match_heads
+
+    def broken(oracle, **kw):
+        oracle(np.zeros((5, 1, oracle.d)))
+        raise RecoveryError("the generic learner failed on purpose")
+
+    monkeypatch.setattr(generic, "extract_generic", broken)
+    m, _ = random_orthogonal_multihead(8, 2, 4, seed=0)
+    oracle = Oracle(m, 8)
+    res = extract_multihead(oracle, heads=2)
+    assert res.method == "multihead-orthogonal" and res.check.passed
+    assert match_heads(m, res.model).worst <= 1e-6
+    assert any("generic multi-head learner failed after 5 queries" in n for n in res.notes)
+    assert res.queries_by_phase["generic"] == 5 and sum(res.queries_by_phase.values()) == res.queries
+    assert res.queries + res.check.queries == oracle.queries
+    with pytest.raises(RecoveryError, match="on purpose"):  # an explicit method never falls back
+        extract_multihead(Oracle(m, 8), method="generic")

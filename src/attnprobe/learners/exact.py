@@ -25,12 +25,15 @@ from attnprobe.models.attention import AttentionHead
 PROBES = ("orthogonal", "basis", "gaussian")
 
 
-def learn_value(oracle, bias: bool = True) -> tuple[np.ndarray, float, np.ndarray]:
+def learn_value(oracle, bias: bool = True, learner: str = "single-head") -> tuple[np.ndarray, float, np.ndarray]:
     """Phase (i) of Thm 4.1: ``[e_i] ↦ v_i + c`` and ``[0] ↦ c``. Returns ``v, c`` and the noise floor of v.
 
-    Raises :class:`UnidentifiableError` when ``v = 0`` (then ``f`` is constant and W is invisible).
+    The first queries of every scalar learner: answers of shape (B, 1) are read as (B,) from here on (K > 1
+    outputs are refused). Raises :class:`UnidentifiableError` when ``v = 0`` (then ``f`` is constant).
     """
     d = oracle.d
+    if hasattr(oracle, "expect_scalar"):
+        oracle.expect_scalar(learner)
     X = np.eye(d)[:, None, :]
     if bias:
         X = np.concatenate([np.zeros((1, 1, d)), X])

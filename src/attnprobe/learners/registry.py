@@ -413,5 +413,6 @@ register("multihead", _multihead, recovers="multi_head",
                   Option("subspaces", str, "known mutually orthogonal head subspaces: an (H, d, d_h) array "
                          "'subspaces' (Prop. C.2)", metavar="FILE.npz", input_file=True),
                   Option("multihead_learner", str, "orthogonal: heads in unknown orthogonal subspaces (App. C "
-                         "Hessians); generic: overlapping heads; auto (default): generic", default="auto", choices=("auto", "orthogonal", "generic")),
+                         "Hessians); generic: overlapping heads; auto (default): generic, then orthogonal when generic "
+                         "fails", default="auto", choices=("auto", "orthogonal", "generic")),
                   _RANK])

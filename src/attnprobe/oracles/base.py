@@ -91,6 +91,7 @@ class Oracle:
         #: outputs per sequence: None until the first answer (scalar answers set 1 and keep the (B,) shape)
         self.outputs = check_int(outputs, "outputs", min_value=1, allow_none=True)
         self._vector = None if outputs is None else True
+        self._scalar: str | None = None  # set by expect_scalar: the learner reading one number per sequence
         self.queries = 0
         self.queries_by_phase: dict[str, int] = {}
         self._phases: list[tuple[str, bool]] = []
@@ -207,7 +208,23 @@ class Oracle:
         y = self._ask(X) if self.log is None else answer_through_log(self, X)
         if self.detector is not None:
             self.detector.observe(y)
+        if self._scalar is not None and y.ndim == 2:
+            self._refuse_outputs(y.shape[1])
+            y = y[:, 0]
         return y
+
+    def expect_scalar(self, learner: str) -> None:
+        """``learner`` reads one number per sequence: from now on answers of shape (B, 1) come back as (B,), and
+        K > 1 outputs per sequence are refused in one line (asks nothing)."""
+        self._scalar = str(learner)
+        if self.outputs is not None:
+            self._refuse_outputs(self.outputs)
+
+    def _refuse_outputs(self, k: int) -> None:
+        if k != 1:
+            raise OracleAnswerError(f"the oracle {self.name!r} answers {k} outputs per sequence, but the {self._scalar} "
+                                    "learner reads one number per sequence; use a learner for vector answers, or "
+                                    "make the oracle return one output")
 
     def _ask(self, X: np.ndarray) -> np.ndarray:
         B = X.shape[0]

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from attnprobe.errors import ConfigError
+from attnprobe.errors import AttnprobeError, ConfigError, RecoveryError, SaturationError
 from attnprobe.learners.multihead.generic import extract_generic
 from attnprobe.learners.multihead.hessian import extract_multihead_orthogonal
 from attnprobe.learners.multihead.subspaces import extract_multihead_subspaces
@@ -34,6 +34,7 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
         raise ConfigError(f"heads must be at least 1; got {heads}")
     if heads is not None and max_heads is not None:
         raise ConfigError("give either heads (H known) or max_heads (an upper bound), not both")
+    fallback = method == "auto" and subspaces is None
     if method == "auto":
         method = "subspaces" if subspaces is not None else "generic"
     if method == "subspaces" or subspaces is not None:
@@ -53,8 +54,32 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
         if max_heads is not None and res.model.H > max_heads:
             res.notes.append(f"found {res.model.H} heads, more than max_heads={max_heads}")
         return res
-    return extract_generic(oracle, heads=heads, max_heads=max_heads, rank=rank, bias=bias, seed=seed, check=check,
-                           progress=progress)
+    before = oracle.queries
+    try:
+        return extract_generic(oracle, heads=heads, max_heads=max_heads, rank=rank, bias=bias, seed=seed,
+                               check=check, progress=progress)
+    except (RecoveryError, SaturationError) as exc:
+        if not fallback or rank is not None or getattr(exc, "precision_named", False):
+            raise
+        return _orthogonal_after(exc, oracle, oracle.queries - before, heads=heads, max_heads=max_heads, bias=bias,
+                                 seed=seed, check=check, progress=progress)
+
+
+def _orthogonal_after(exc, oracle, spent, *, max_heads, **kw):
+    """``auto``: the generic learner failed after ``spent`` queries, so try heads in orthogonal subspaces (App. C);
+    its result (counting those queries as phase ``generic``) is kept only when its check passes, otherwise the
+    generic learner's error stands."""
+    try:
+        res = extract_multihead_orthogonal(oracle, **kw)
+    except AttnprobeError:
+        raise exc from None
+    if (res.check is not None and not res.check.passed) or (max_heads is not None and res.model.H > max_heads):
+        raise exc
+    res.queries += spent
+    res.queries_by_phase = {"generic": spent, **res.queries_by_phase}
+    res.notes.append(f"the generic multi-head learner failed after {spent} queries ({type(exc).__name__}: {exc}); "
+                     "the learner for heads in orthogonal subspaces (App. C) recovered the layer and its check passed")
+    return res
 
 
 __all__ = ["METHODS", "extract_generic", "extract_multihead", "extract_multihead_orthogonal", "extract_multihead_subspaces"]

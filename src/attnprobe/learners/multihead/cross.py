@@ -10,7 +10,8 @@ every other head is switched off (weight ``σ(−L + …) = 0`` to rounding) wha
 sigmoid at ``a = γ m_h`` and at ``a = γ m_h + ζ c_k`` (``m_h ∝ P_h v_h``, so ``aᵀv_h ≠ 0``; ``c_k`` the
 columns of C_h) and differencing gives ``c_kᵀp_h(y)`` exactly; the logit error of ``w`` cancels.
 ``p_h(y)`` is affine in y and only depends on y through the row space of ``W_h`` (rank r), so ``r + 1`` last
-tokens per head suffice (needs d ≥ 2H): ``(H − 1)(r + 1)`` unknowns, ``H (r + 1)`` probes per head, plus a repeat with 4L
+tokens per head suffice (needs d ≥ 2H); they share an offset orthogonal to that row space, which does not move
+``p_h`` but keeps the other heads' logits away from 0 (heads in orthogonal subspaces vanish on each other's rows): ``(H − 1)(r + 1)`` unknowns, ``H (r + 1)`` probes per head, plus a repeat with 4L
 that certifies the switch-off.
 """
 
@@ -35,6 +36,16 @@ def row_basis(WP: np.ndarray, free: int, eps: float) -> np.ndarray:
     if r >= free:
         return np.eye(d)
     return Vt[:r]
+
+
+def _offset(R: np.ndarray, size: float, rng) -> np.ndarray:
+    """A random vector of norm ``size`` orthogonal to the rows of R (0 when they span R^d)."""
+    d = R.shape[1]
+    if R.shape[0] >= d:
+        return np.zeros(d)
+    t = rng.standard_normal(d)
+    t -= R.T @ (R @ t)
+    return size * t / np.linalg.norm(t)
 
 
 def _switch_off_probe(N, pP, h, L):
@@ -69,9 +80,12 @@ def cross_components(oracle, v, v_sum, c, WP, uP, *, bias, rng, max_retries=6):
         r = R.shape[0]
         nrm = np.linalg.norm(WP[h]) / np.sqrt(max(r, 1))
         s_y = max(np.linalg.norm(uP[h]), 1.0) / max(nrm, 1e-300)
-        Y = s_y * R
+        # last tokens t + s_y R_k (and t with a bias): t ⊥ the row space of W_h leaves p_h(y) as at y = s_y R_k,
+        # but gives the other heads logits to switch off even when their W_g vanish on it (orthogonal heads)
+        t = _offset(R, s_y, rng)
+        Y = t + s_y * R
         if bias:
-            Y = np.concatenate([np.zeros((1, d)), Y])
+            Y = np.concatenate([t[None], Y])
         nY = Y.shape[0]
         # known parts of every head's p_g(y): (nY, H, d)
         pP = np.einsum("gij,yj->ygi", WP, Y) + uP[None]

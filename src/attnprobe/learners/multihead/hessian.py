@@ -157,7 +157,7 @@ def extract_multihead_orthogonal(oracle, *, heads: int | None = None, bias: bool
     run.plan(first, f"orthogonal multi-head extraction at d={d} (values and one Hessian)", at_least=True)
 
     with run.phase("values"):
-        v_sum, c, _ = learn_value(oracle, bias=True)
+        v_sum, c, _ = learn_value(oracle, bias=True, learner="multi-head")
     with run.phase("hessians"):
         mats, hdetails = measure_hessians(oracle, v_sum, c, rng, budget=cap - run.queries, heads=heads,
                                           richardson=richardson, max_hessians=max_hessians,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from attnprobe.errors import RecoveryError, SaturationError, UnidentifiableError
+from attnprobe.errors import AttnprobeError, RecoveryError, SaturationError, UnidentifiableError
 
 #: |logit| above which σ is 0 or 1 to float64 rounding (σ(−40) = 4e-18)
 SATURATED_LOGIT = 40.0
@@ -37,6 +37,8 @@ LABEL_TOL = 1e-7
 RADIUS_MARGIN = 1e7
 #: adjacent cone gradients closer than this (relative to the largest) are one cone
 SAME_CONE = 1e-6
+#: the largest probe row is this many times the search radius (the homogeneity and gradient checks double it)
+PROBE_GROWTH = 2.5
 
 
 @dataclass
@@ -50,6 +52,13 @@ class ValueStage:
     signs: np.ndarray  # +1: the head switches on at its crossing, −1: off
     queries: int
     details: dict = field(default_factory=dict)
+    v_err: np.ndarray | None = None  # (H,): measured bound on ‖v̂_h − v_h‖ (step agreement of both cones)
+
+    @property
+    def leak(self) -> float:
+        """``Σ_h ‖v̂_h − v_h‖ / ‖Σ_h v_h‖``: the relative size of the other heads' leak into an isolated head."""
+        total = float(np.linalg.norm(self.gradients[-1] + self.gradients[0]))  # Σv = g_last + g_0
+        return float(np.sum(self.v_err)) / max(total, float(np.max(np.linalg.norm(self.v, axis=1))))
 
 
 class _Circle:
@@ -78,19 +87,100 @@ def _homogeneous(F1, F2, eps, mag):
     return np.abs(F2 - 2 * F1) <= 64 * eps * (np.abs(F2) + mag)
 
 
+def input_norm_limit(oracle, *, precision: bool = True) -> float:
+    """The largest input row norm the oracle accepts (``oracle.max_input_norm``, inf when unset); refuses when it
+    leaves no room for saturated probes (``RADIUS_MARGIN`` times a saturation radius of at least 1), or when the
+    answers' ``precision`` overflows first (reading it may ask an ``auto`` oracle a few queries)."""
+    limit = getattr(oracle, "max_input_norm", None)
+    limit = float("inf") if limit is None else float(limit)
+    need = PROBE_GROWTH * RADIUS_MARGIN
+    top = _largest_finite(oracle.precision) if precision else float("inf")
+    if top ** 0.5 < need:  # logits are products of two rows: they overflow at the square root
+        err = SaturationError(f"{oracle.precision} answers overflow for inputs of norm above about {top ** 0.5:.3g} "
+                              f"(logits are products of two rows, the largest {oracle.precision} is {top:.6g}), but "
+                              f"the generic multi-head learner's saturated probes need norms of at least {need:.0e}: "
+                              "the answers are too coarse for it")
+        err.precision_named = True  # already the cause: not to be reworded as a failed stage
+        raise err
+    if limit < need:
+        raise SaturationError(f"the oracle accepts input rows of norm at most {limit:.3g}, but the generic multi-head "
+                              f"learner's saturated probes need norms of at least {need:.0e} (typically 1e10 … 1e13) "
+                              "to tell the heads apart from scalar answers; raise the oracle's input-norm bound, or "
+                              "use a learner for vector answers if the oracle returns whole output rows")
+    return limit
+
+
+def _largest_finite(precision: str) -> float:
+    """The largest finite number of a binary precision (inf for decimal rounding and unknown names)."""
+    from attnprobe.models.precision import resolve_dtype
+
+    try:
+        return float(np.finfo(resolve_dtype(precision)).max)
+    except (AttnprobeError, TypeError, ValueError):
+        return float("inf")
+
+
+def _relative_residual(F1, F2, mag):
+    return np.abs(F2 - 2 * F1) / (np.abs(F2) + mag)
+
+
+def _refuse_clipping(circle, F1, F2, T):
+    """Answers that do not grow when the probe doubles come from an oracle that clips or normalises its inputs
+    (judged where F is above rounding: in the all-heads-off cone F is 0 at any norm)."""
+    sig = np.abs(F1) > 1e3 * circle.oracle.eps * (abs(circle.base) + circle.gain)
+    if 2 * np.sum(sig) >= sig.size and np.all(np.abs(F2 - F1)[sig] <= 1e-3 * np.abs(F1)[sig]):
+        raise SaturationError(f"the answers stop growing with the input: doubling probes of norm {T:.1e} leaves them "
+                              "unchanged, so the oracle clips or normalises its input rows (at a norm "
+                              f"≤ {T:.1e}); the saturated probes of the generic multi-head learner cannot pass such a "
+                              "bound (declare it as the oracle's max_input_norm to be refused before querying)")
+
+
+def confirm_radius(circle, rng, T, eps, n_points=6):
+    """The search radius (``RADIUS_MARGIN`` beyond the first saturated one) must still be homogeneous: an oracle
+    that clips, normalises or overflows large inputs is refused here, naming that (2·n_points queries)."""
+    P = circle.point(rng.uniform(0, np.pi, n_points), T)
+    F = circle.F(np.concatenate([P, 2 * P]))
+    F1, F2 = F[:n_points], F[n_points:]
+    _refuse_clipping(circle, F1, F2, T)
+    if not np.all(_homogeneous(F1, F2, eps, 2 * T * circle.gain)):
+        res = float(np.max(_relative_residual(F1, F2, 2 * T * circle.gain)))
+        raise SaturationError(f"the answers were homogeneous in the probe at a smaller norm but not at {T:.1e} "
+                              f"(F(2w) − 2F(w) at {res:.1e} of the answers): the oracle changes large inputs (clips, "
+                              "normalises or overflows them); declare its max_input_norm")
+
+
 def saturate_radius(circle, rng, eps, n_points=6, start=1.0, grow=100.0, max_radius=1e15):
-    """Smallest radius ``start·grow^k`` at which F is homogeneous at ``n_points`` random circle points."""
+    """Smallest radius ``start·grow^k`` at which F is homogeneous at ``n_points`` random circle points.
+
+    Returns ``(T, noise)``. When ``F(2w) − 2F(w)`` stops shrinking as T grows (a plateau of relative size
+    ``noise`` ≥ 64 eps, below 1e-6), the answers carry noise or rounding of that size: the radius is accepted and
+    the caller raises its rounding floor to ``noise`` (otherwise noise is ``None``). Answers that stop growing
+    with the probe (``F(2w) = F(w)``) come from an oracle that clips or normalises its inputs: refused, said so.
+    """
     thetas = rng.uniform(0, np.pi, n_points)
     T = start
+    last = None
     while T <= max_radius:
         P = circle.point(thetas, T)
         F = circle.F(np.concatenate([P, 2 * P]))
-        if np.all(_homogeneous(F[:n_points], F[n_points:], eps, 2 * T * circle.gain)):
-            return T
+        F1, F2 = F[:n_points], F[n_points:]
+        if np.all(_homogeneous(F1, F2, eps, 2 * T * circle.gain)):
+            return T, None
+        _refuse_clipping(circle, F1, F2, T)
+        res = float(np.max(_relative_residual(F1, F2, 2 * T * circle.gain)))
+        if last is not None and 64 * eps < res < 1e-6 and last < 1e-6 and res > last / 30:
+            return T, 4 * max(res, last)  # a plateau: what is left is the answers' noise, not the sigmoids' tails
+        last = res
         T *= grow
-    raise SaturationError(f"the answers never became homogeneous in the probe up to radius {max_radius:.0e}: some "
-                          "head's logits do not grow with the probe (W_h y + u_h = 0?), so the saturated regime "
-                          "that separates the heads cannot be reached")
+    if last is not None and last < 1e-6:
+        raise SaturationError(f"the answers are not homogeneous in the probe up to radius {T / grow:.0e}: F(2w) − 2F(w) "
+                              f"stays at {last:.1e} of the answers, above the {eps:.1e} rounding of their precision, "
+                              "and the probes may not grow further (the oracle's max_input_norm): noise or rounding "
+                              "of that relative size hides the saturated regime")
+    raise SaturationError(f"the answers never became homogeneous in the probe up to radius {T / grow:.0e} "
+                          f"(F(2w) − 2F(w) at {last:.1e} of the answers): some head's logits do not grow with the "
+                          "probe (W_h y + u_h = 0?), so the saturated regime that separates the heads cannot be "
+                          "reached")
 
 
 def _labels(circle, thetas, T, step):
@@ -116,14 +206,18 @@ def _predicts(label, theta, value, scale, tol):
     return label is not None and abs(label[0] * np.cos(theta) + label[1] * np.sin(theta) - value) <= tol * scale
 
 
-def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7):
+def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7, max_crossings=None):
     """Angles in (0, π) where the cone changes, by bisection between points of different cones.
 
     A point of the circle is labelled by its local cone coefficients (valid when three nearby answers agree);
     the midpoint of an interval joins the side whose label predicts its answer, otherwise it gets its own
     label (or none, inside a transition). Intervals narrower than ``resolution`` with different sides are
-    the crossings (several heads whose crossings are closer than that come out merged).
+    the crossings (several heads whose crossings are closer than that come out merged). Every open interval
+    holds a crossing, so more than ``max_crossings`` (default d) of them at once ends the search with
+    :class:`RecoveryError` instead of bisecting answers that are not piecewise linear.
     """
+    d = circle.z0.size
+    cap = 4 * (d if max_crossings is None else max_crossings) + 2 * grid
     th = np.linspace(0.0, np.pi, grid + 1)[:-1] + np.pi / (2 * grid)
     lab, ok = _labels(circle, th, T, np.pi / (16 * grid))
     pts = [(t, l) for t, l, k in zip(th, lab, ok) if k]
@@ -133,11 +227,18 @@ def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7):
     # close the circle: the point θ₀ + π lies in the opposite cone, whose gradient is Σ_h v_h − g
     sum_label = np.array([circle.z0 @ v_sum, circle.z1 @ v_sum])
     pts.append((pts[0][0] + np.pi, sum_label - pts[0][1]))
-    scale = float(np.max(np.abs(lab[ok]))) or 1.0
+    # labels are projections of g onto the circle's plane (typically ‖g‖·√(2/d)): a grid that lies in the
+    # all-heads-off cone has labels of pure rounding (~1e-28), which must not set the scale that tells cones apart
+    scale = max(float(np.max(np.abs(lab[ok]))), 0.1 * circle.gain * np.sqrt(2.0 / circle.z0.size)) or 1.0
     tol = circle.tol
     pending = [(p[0], p[1], q[0], q[1]) for p, q in zip(pts, pts[1:]) if np.linalg.norm(p[1] - q[1]) > tol * scale]
     crossings = []
     while pending:
+        if len(pending) > cap:
+            raise RecoveryError(f"the saturated answers change their linear piece more than {cap} times on the probe "
+                                f"circle (at most {cap // 4 - grid // 2} heads expected): they are not a sum of "
+                                "saturated heads at the answers' precision; stopped after "
+                                f"{circle.oracle.queries} queries instead of bisecting noise")
         mids = np.array([(lo + hi) / 2 for lo, _, hi, _ in pending])
         vals = circle.F(circle.point(mids, T)) / T
         nxt, unknown = [], []
@@ -173,7 +274,8 @@ def cone_gradient(circle, center, delta, basis, eps):
 
     F is linear and homogeneous in a saturated cone, so the gradient from steps δ and δ/4 must agree to
     rounding (a step that left the cone shows as a jump divided by the step), and ``F(2c) = 2F(c)``;
-    returns ``(g, ok)`` (2d + 2 queries).
+    returns ``(g, ok, err)`` (2d + 2 queries), ``err = ‖g − g₄‖``: the δ/4 step carries four times the rounding
+    of g, so this bounds g's error (measured, whatever the answers' precision or noise).
     """
     pts = np.concatenate([center[None], center[None] + delta * basis, center[None] + (delta / 4) * basis,
                           2 * center[None]])
@@ -184,23 +286,30 @@ def cone_gradient(circle, center, delta, basis, eps):
     mag = np.abs(F[0]) + np.linalg.norm(center) * (np.linalg.norm(g) + circle.gain)
     agree = np.linalg.norm(g - g4) <= 64 * eps * mag / (delta / 4) * np.sqrt(d)
     ok = agree and _homogeneous(F[0], F[-1], eps, 2 * mag)
-    return g, bool(ok)
+    return g, bool(ok), float(np.linalg.norm(g - g4))
 
 
-def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, min_width=1e-6):
+def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, min_width=1e-6, max_crossings=None):
     """The first stage: every head's value vector ``v_h`` from one saturated half circle around ``y``.
 
     ``v_sum`` = ``Σ_h v_h`` and ``base`` = ``f([y; y])`` come from length-1 queries. Raises
     :class:`SaturationError` when the regime is out of reach, :class:`RecoveryError` when the jumps are not
-    consistent with a sum of heads (then raise ``grid`` or lower ``resolution``).
+    consistent with a sum of heads (then raise ``grid`` or lower ``resolution``). Probes stay within the
+    oracle's ``max_input_norm``; answer noise found on the way (a plateau of ``F(2w) − 2F(w)``) raises the
+    oracle's rounding floor (``details["measured_noise"]``).
     """
     d = oracle.d
     start = oracle.queries
     Z = np.linalg.qr(rng.standard_normal((d, 2)))[0]
     circle = _Circle(oracle, y, Z[:, 0], Z[:, 1], base, float(np.linalg.norm(v_sum)))
-    T = saturate_radius(circle, rng, oracle.eps, start=max(1.0, float(np.linalg.norm(y))))
+    top = min(1e15, input_norm_limit(oracle) / PROBE_GROWTH / RADIUS_MARGIN)
+    T, noise = saturate_radius(circle, rng, oracle.eps, start=max(1.0, float(np.linalg.norm(y))), max_radius=top)
+    if noise is not None:
+        oracle.eps_floor = max(oracle.eps_floor, float(noise))  # the measured noise is the answers' floor
+        circle.tol = max(LABEL_TOL, 1e5 * oracle.eps)
     T *= RADIUS_MARGIN  # transitions far narrower than the resolution of the search
-    cross, scale = find_crossings(circle, T, v_sum, grid, resolution)
+    confirm_radius(circle, rng, T, oracle.eps)
+    cross, scale = find_crossings(circle, T, v_sum, grid, resolution, max_crossings)
     if cross.size == 0:
         raise UnidentifiableError("the saturated answers are linear in the probe: no head's attention depends on it "
                                   "(every W_h y + u_h = 0), so the heads cannot be told apart")
@@ -215,12 +324,12 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
     sat = _homogeneous(F[: len(lo)], F[len(lo):], oracle.eps, 2 * T * max(scale, circle.gain))
     lo, hi = lo[sat], hi[sat]
     basis = np.linalg.qr(rng.standard_normal((d, d)))[0].T
-    grads = []
+    grads, errs = [], []
     for a, b in zip(lo, hi):
         center = circle.point(0.5 * (a + b), T)[0]
         delta = 0.25 * T * np.sin(0.5 * (b - a))
         for _ in range(20):
-            g, ok = cone_gradient(circle, center, delta, basis, oracle.eps)
+            g, ok, err = cone_gradient(circle, center, delta, basis, oracle.eps)
             if ok:
                 break
             delta /= 8
@@ -228,40 +337,53 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
             raise SaturationError("no step stays inside a saturated cone of the probe circle; the heads' logits are "
                                   "too close to one another to be separated")
         grads.append(g)
-    # a "crossing" between two cones with the same gradient is a search artefact (a label that straddled a
-    # crossing where the head's value z(θ)ᵀv_h nearly vanishes): merge such cones, keeping the gradient of the
-    # widest one (the most accurate: the largest steps)
-    widths = list(hi - lo)
-    floor = max(SAME_CONE, 1e5 * oracle.eps) * float(np.max(np.linalg.norm(grads, axis=1)))
-    merged, best = [grads[0]], [widths[0]]
-    spurious = 0
-    for g, w in zip(grads[1:], widths[1:]):
-        if np.linalg.norm(g - merged[-1]) <= floor:
-            spurious += 1
-            if w > best[-1]:
-                merged[-1], best[-1] = g, w
-        else:
-            merged.append(g)
-            best.append(w)
-    # the cone after the last crossing is opposite the first (gradient Σv − g₀); a spurious crossing near θ = π
-    # makes the last measured cone that same cone
-    if len(merged) > 1 and np.linalg.norm(merged[-1] - (v_sum - merged[0])) <= floor:
-        spurious += 1
-        merged[-1] = v_sum - merged[0]
-    else:
-        merged.append(v_sum - merged[0])
-    G = np.array(merged)
+        errs.append(err)
+    G, E, spurious = _merge_cones(grads, errs, list(hi - lo), v_sum, max(SAME_CONE, 1e5 * oracle.eps))
     J = np.diff(G, axis=0)  # one jump per crossing
     # signs: g_0 = Σ_{heads on in the first cone} v_h = −Σ_{jumps that switch a head off} J_i
     coef, *_ = np.linalg.lstsq(J.T, G[0], rcond=None)
     off = coef < -0.5
     bad = float(np.max(np.abs(np.where(off, coef + 1, coef))))
+    rel_err = float(np.max(E)) / float(np.min(np.linalg.norm(J, axis=1)))
     if bad > max(1e-6, 1e5 * oracle.eps):
+        cause = (f"the gradients themselves are only measured to {rel_err:.1e} (relative) at these answers' "
+                 "precision" if bad <= 100 * rel_err else "two heads crossed within the search resolution or the "
+                 "heads are not generic; retry with another seed")
         raise RecoveryError(f"the cone gradients are not a sum of per-head value vectors (coefficients "
-                            f"{np.round(coef, 4).tolist()}, expected 0 or −1): two heads crossed within the "
-                            "search resolution or the heads are not generic; retry with another seed")
+                            f"{np.round(coef, 4).tolist()}, expected 0 or −1): {cause}")
     signs = np.where(off, -1.0, 1.0)
     v = signs[:, None] * J
+    v_err = E[1:] + E[:-1]
     return ValueStage(v, T, cross, G, signs, oracle.queries - start,
                       {"radius": T, "cones": len(lo), "crossings_found": int(cross.size), "label_scale": scale,
-                       "sign_residual": bad, "spurious_crossings": spurious})
+                       "sign_residual": bad, "spurious_crossings": spurious, "measured_noise": noise,
+                       "max_input_norm": PROBE_GROWTH * T,
+                       "value_error": float(np.max(v_err / np.linalg.norm(v, axis=1)))}, v_err)
+
+
+def _merge_cones(grads, errs, widths, v_sum, same):
+    """Adjacent cones whose gradients agree to ``same`` (relative) are one cone, keeping the gradient of the widest
+    (the most accurate: the largest steps); the cone after the last crossing is opposite the first (gradient
+    ``Σv − g₀``). A "crossing" between equal gradients is a search artefact (a label that straddled a crossing
+    where the head's value ``z(θ)ᵀv_h`` nearly vanishes). Returns the gradients, their error bounds and the
+    number of spurious crossings."""
+    floor = same * float(np.max(np.linalg.norm(grads, axis=1)))
+    merged, err, best = [grads[0]], [errs[0]], [widths[0]]
+    spurious = 0
+    for g, e, w in zip(grads[1:], errs[1:], widths[1:]):
+        if np.linalg.norm(g - merged[-1]) <= floor:
+            spurious += 1
+            if w > best[-1]:
+                merged[-1], err[-1], best[-1] = g, e, w
+        else:
+            merged.append(g)
+            err.append(e)
+            best.append(w)
+    # a spurious crossing near θ = π makes the last measured cone the closing one
+    if len(merged) > 1 and np.linalg.norm(merged[-1] - (v_sum - merged[0])) <= floor:
+        spurious += 1
+        merged[-1], err[-1] = v_sum - merged[0], err[0]
+    else:
+        merged.append(v_sum - merged[0])
+        err.append(err[0])
+    return np.array(merged), np.array(err), spurious

@@ -93,6 +93,7 @@ def extract_multihead_subspaces(oracle, subspaces, *, bias: bool = True, seed: i
     """Recover every head of a layer whose heads live in the given mutually orthogonal subspaces (Prop. C.2),
     in the order of ``subspaces`` (``(H, d, d_h)`` or a list of ``(d, d_h)`` bases). One phase, ``heads``."""
     bases = as_bases(subspaces, oracle.d)
+    oracle.expect_scalar("multi-head")  # (B, 1) answers read as (B,), also by the check on this oracle
     run = Run(oracle, "multihead-subspaces", seed=seed, check=check, progress=progress)
     planned = sum(AttentionHead.unknowns(E.shape[1], bias) for E in bases)
     run.plan(planned, f"multi-head extraction in {len(bases)} known subspaces ({planned} unknowns; calibration "
