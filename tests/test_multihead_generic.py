@@ -230,7 +230,7 @@ def test_float32_answers_pass_only_with_heads_within_the_reported_error(d, H):
             continue
         m = match_heads(target, res.model)
         assert max(np.max(m.W), np.max(m.v)) <= res.check.error  # the check's error covers every head
-        assert len(res.check["heads"]["bound"]) == res.model.H
+        assert len(res.check.extra["heads"]["bound"]) == res.model.H
         passed += res.check.passed
     assert passed >= 1
 
