@@ -98,6 +98,11 @@ def _chosen_learners(method: str, whole_layers: bool, rank: int | None) -> list[
         what = "whole layers (--multihead)" if whole_layers else "heads"
         raise ConfigError(f"--method {method!r}: the learners of {what} are auto or a comma-separated list of "
                           f"{', '.join(known)}")
+    for entry in map(registry.learner, names):
+        if not entry.ready({"rank": rank}):
+            hint = "give --rank (the head dimension)" if "rank" in entry.needs_one_of else "an audit gives only --rank"
+            raise ConfigError(f"--method {entry.name} runs only with one of {', '.join(entry.needs_one_of)} given; "
+                              f"{hint}")
     return list(dict.fromkeys(names))
 
 
