@@ -76,6 +76,11 @@ def test_the_chain_wraps_innermost_first_and_states_its_noise():
     assert AnswerChain(noise="adversarial:0.1").apply(HEAD).__class__ is AdversarialNoise
     assert AnswerChain(noise="uniform:0.1").apply(HEAD).kind == "uniform"
     assert AnswerChain().apply(HEAD) is HEAD
+    # the noise seed reaches the noise: same seed, same answers; another seed, other answers
+    X = batch(7)
+    for kind in ("avq", "gaussian", "uniform"):
+        a, b, other = (AnswerChain(noise=f"{kind}:0.1", seed=s).apply(HEAD)(X) for s in (4, 4, 5))
+        assert np.array_equal(a, b) and not np.array_equal(a, other)
 
 
 def test_clip_scales_long_rows_down_and_leaves_short_ones():
@@ -124,7 +129,8 @@ def test_machine_epsilon_and_unit_roundoff_mean_one_thing_each():
     ("noise:1e-6", "does not say which noise"), ("float8", "unknown defence"), ("round:x", "whole number"),
     ("round:4+round-digits:3", "twice"), ("float16+float32", "twice"), ("clip:0", "> 0"), ("clip:-1", ">= 0"),
     ("avq:nan", "finite"), ("round-digits:18", "at most 17"), ("round:400", "-308 <= K <= 308"), ("", "empty"),
-    ("cast:float64", "casts to"), ("noise-seed:1.5", "whole number"),
+    ("cast:float64", "casts to"), ("noise-seed:1.5", "whole number"), ("none+float16", "stands alone"),
+    ("float16+", "unknown defence ''"),
 ])
 def test_bad_specs_are_refused_with_what_to_do(spec, says):
     with pytest.raises(ConfigError, match=says.replace("+", r"\+")):
@@ -132,7 +138,7 @@ def test_bad_specs_are_refused_with_what_to_do(spec, says):
 
 
 def test_bad_python_values_are_refused():
-    for kw in (dict(cast="float64"), dict(decimals=2.5), dict(digits=0), dict(noise="laplace:1"),
+    for kw in (dict(cast="float64"), dict(decimals=2.5), dict(decimals=True), dict(clip=True), dict(digits=0), dict(noise="laplace:1"),
                dict(noise=("avq", -1.0)), dict(seed=-1), dict(membership="yes"), dict(decimals=1, digits=1)):
         with pytest.raises(ConfigError):
             AnswerChain(**kw)
@@ -159,6 +165,7 @@ def test_flags_and_spec_combine_and_refuse_a_stage_given_twice(tmp_path, capsys)
 
     js = json.loads((tmp_path / "o.json").read_text())
     assert js["details"]["oracle"]["precision"] == "float32" and js["check"]["passed"]
+    assert js["details"]["oracle"]["defense"] == "float32+round-digits:9"
 
 
 def test_defended_cli_run_matches_the_python_chain(tmp_path, capsys):

@@ -283,3 +283,62 @@ def test_a_task_runs_a_learner_that_fits_its_defence():
     assert Task(spec, "exact", member).learner == "membership" and Task(spec, "exact", none).learner == "exact"
     assert Task(spec, "robust", parse_defenses("round:2")[0]).learner == "robust"
     assert Task(HeadSpec("minilm", 0, None), "multihead", none).learner == "multihead"
+
+
+
+
+def _figures(html: str) -> list:
+    """Every embedded PNG of a report, decoded (rows × columns × RGBA, floats in [0, 1])."""
+    import base64
+    import io
+    import re
+
+    import matplotlib.image
+
+    return [matplotlib.image.imread(io.BytesIO(base64.b64decode(data)), format="png")
+            for data in re.findall(r'src="data:image/png;base64,([^"]+)"', html)]
+
+
+def _shows_colour(img: np.ndarray, rgb, tol: float = 0.02) -> bool:
+    """Whether the map's plotting area (the left 70 % of the figure: the colour bar, which shows every colour of
+    the scale, is to its right) is painted in colour ``rgb`` over at least 2 % of its pixels (a cell, not the
+    anti-aliased edge of a letter)."""
+    area = img[:, : int(0.7 * img.shape[1]), :3]
+    return bool(np.mean(np.all(np.abs(area - np.asarray(rgb)[:3]) < tol, axis=-1)) >= 0.02)
+
+
+def test_report_shows_the_verdicts_and_maps_of_the_results(checkpoint, tmp_path):
+    """The audit report, rendered (no browser needed): its verdict rows and task rows say what results.json says,
+    and each W-error map is a real picture whose cells carry the colour of each head's measured error on the
+    maps' common scale (log10 error from −16 to 1), grey where no head was recovered."""
+    import matplotlib
+
+    path, _ = checkpoint
+    run = run_audit(_tasks(path, "none,float16,membership"), tmp_path / "a", progress=False,
+                    info={"model": "tiny", "method": "exact"})
+    html = (run.out / "report.html").read_text()
+    assert "attnprobe audit: tiny" in html and "6 of 6 tasks finished" in html
+    by = {(r["layer"], r["defense"]): r for r in run.records}
+    for layer in range(LAYERS):
+        r = by[(layer, "none")]
+        assert r["error"] is None and r["passed"]
+        assert f"<td>{r['queries']}</td>" in html  # the task table shows each task's query count
+    med = float(np.median([by[(layer, "none")]["relative_error"]["W"] for layer in range(LAYERS)]))
+    assert f"undefended answers: W recovered to {med:.0e}" in html and "(2/2 pass the functional check)" in html
+    assert "membership answers: no head recovered" in html
+    figs = _figures(html)
+    assert len(figs) == 2 * 3  # a W-error map and a query map per defence, in the order of the defences
+    for img in figs:
+        assert img.shape[0] > 100 and img.shape[1] > 100 and img[..., :3].std() > 0.05  # a picture, not a blank
+    viridis = matplotlib.colormaps["viridis"]
+    for k, defense in enumerate(("none", "float16")):
+        w_map = figs[2 * k]
+        for layer in range(LAYERS):
+            err = by[(layer, defense)]["relative_error"]["W"]
+            assert _shows_colour(w_map, viridis((np.log10(err) + 16) / 17)), (defense, layer, err)
+    # undefended W errors (~1e-12) and float16 ones (~1e-3) sit far apart on the common scale: each map shows
+    # its own colour and not the other's
+    far = viridis((np.log10(by[(0, "float16")]["relative_error"]["W"]) + 16) / 17)
+    assert not _shows_colour(figs[0], far)
+    grey = matplotlib.colors.to_rgb("lightgrey")
+    assert _shows_colour(figs[4], grey) and not _shows_colour(figs[0], grey)  # membership: no head recovered

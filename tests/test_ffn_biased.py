@@ -102,26 +102,43 @@ def test_neurons_no_output_sees_are_reported_unidentifiable_without_failing():
     assert np.all(np.abs(res.model.w_o[k, :2]) <= 1e-9 * np.abs(res.model.w_o[k, 2]))
 
 
-def test_bias_free_path_keeps_its_query_counts_and_the_transformer_call():
+def test_bias_free_path_keeps_its_query_accounting_and_the_transformer_call():
     net = random_relu_net(8, 8, seed=16)  # the Sec. 4.1 network
-    _, res = learn(net, bias=False)
-    assert res.queries == 300 and res.queries_by_phase["odd_part"] == 16  # as before the biased path existed
+    o, res = learn(net, bias=False)
+    # the count is adaptive (chaotic in the answers' last bit), so its invariants are asserted, not a literal:
+    # 2d for the odd part by construction, every query in one phase, the check counted apart, within 20·d·m
+    assert res.queries_by_phase["odd_part"] == 2 * 8 and sum(res.queries_by_phase.values()) == res.queries
+    assert o.queries == res.queries + res.check.queries and res.queries <= 20 * 8 * 8
+    assert set(res.queries_by_phase) <= {"odd_part", "kink_search", "gradients", "re_measured"}
+    assert res.check.passed and res.check.error <= 1e-9 and neurons(net, res.model)["within_1e-3"] == 8
     o = Oracle(net, 8)
     res_v = extract_ffn(o, seed=0, v=net.A @ net.w_o, check=False, progress=None, sign_time_limit=5.0)
     assert not res_v.details["bias"] and "odd_part" not in res_v.queries_by_phase
     assert res_v.check is None and o.queries == res_v.queries
+    # the same answers give the same search: v given saves exactly the odd part's 2d queries
+    assert res_v.queries == res.queries - 2 * 8
+    np.testing.assert_array_equal(res_v.model.A, res.model.A)
 
 
-def test_float32_answers_of_a_biased_net():
-    # not every float32 net goes this well: seed 3 gains a spurious neuron next to the two lifted segments' junction
-    # (error 8.9e-3, check failed; see docs/benchmarks.md, "FFN learner: ReLU networks with biases and K outputs")
-    net = random_relu_net(16, 16, seed=16016, bias=True)
-    _, res = learn(net, precision="float32")
-    y, yh = fresh(net, res.model)
-    assert res.details["polished"] and res.check.passed
-    # float32 answers carry relative rounding 6e-8; the least-squares polish brings the model to ~1e-7 of them
-    assert rel(yh, y) <= 1e-6
-    assert neurons(net, res.model)["within_1e-3"] == 16
+FLOAT32_SEEDS = range(6)
+
+
+def test_float32_answers_of_biased_nets_over_seeds():
+    """float32 answers over several seeds (a seed-picked pass would hold on one CPU's rounding only): a result
+    whose check passes is right, and most pass. Measured on this machine (docs/benchmarks.md, "FFN learner on
+    float32 answers under other CPU rounding paths"): 3 of these 6 (default kernel) to 6 of 6 (Sandybridge)."""
+    passed = 0
+    for seed in FLOAT32_SEEDS:
+        net = random_relu_net(16, 16, seed=16016 + seed, bias=True)
+        _, res = learn(net, precision="float32", seed=seed)
+        y, yh = fresh(net, res.model)
+        assert res.details["polished"] and sum(res.queries_by_phase.values()) == res.queries
+        # whatever the rounding path, "passed" is never wrong: the check's tolerance bounds the real error
+        if res.check.passed:
+            assert rel(yh, y) <= 3 * res.check.tolerance
+        # float32 answers carry relative rounding 6e-8; the least-squares polish brings the model to ~1e-7 of them
+        passed += res.check.passed and rel(yh, y) <= 1e-6 and neurons(net, res.model)["within_1e-3"] == 16
+    assert passed >= 3, f"{passed} of {len(FLOAT32_SEEDS)} float32 nets learned to 1e-6"
 
 
 def test_budget_too_small_is_refused_before_the_first_query():
@@ -148,11 +165,16 @@ def test_options_are_validated_and_name_their_parameter(kw, param):
     assert o.queries == 0
 
 
-def test_refine_never_is_not_auto():
+def test_refine_always_and_never():
+    # "auto" re-measures only the regions whose probes went wrong (adaptive: none on some CPUs' rounding); "always"
+    # re-measures every region once, by construction, and "never" none
     net = random_relu_net(16, 64, seed=16 * 64, bias=True)
-    _, auto = learn(net)
+    _, always = learn(net, options=FFNOptions(refine="always"))
     _, never = learn(net, options=FFNOptions(refine="never"))
-    assert auto.queries_by_phase.get("re_measured", 0) > 0 and "re_measured" not in never.queries_by_phase
+    assert always.queries_by_phase["re_measured"] >= always.details["regions"] * (16 + 2)
+    assert "re_measured" not in never.queries_by_phase
+    for res in (always, never):
+        assert res.check.passed and sum(res.queries_by_phase.values()) == res.queries
 
 
 def test_cli_learns_a_biased_ten_logit_net(tmp_path):

@@ -116,3 +116,38 @@ def test_cli_reports_the_norm_used_and_refuses_past_the_bound(tmp_path, capsys):
     assert "--max-input-norm" in err and "queries spent" in err
     assert main(["extract", "--target", str(target), "--out", str(tmp_path / "u.npz"), "--quiet",
                  "--max-input-norm", str(used * 1.001)]) == 0
+
+
+VICTIM = """
+import numpy as np
+from attnprobe.targets import random_multihead
+layer = random_multihead(16, 2, seed=1)
+def clamped(X, R={R}):
+    n = np.linalg.norm(X, axis=-1, keepdims=True)
+    return layer(X * np.minimum(1.0, R / np.where(n > 0, n, 1.0)))
+"""
+
+
+@pytest.mark.parametrize("R", [1e4, 1e8])
+def test_a_learner_stopped_by_clipping_is_refused_naming_the_clipping(tmp_path, monkeypatch, capsys, R):
+    """The multi-head learner's probes reach ~1e13: behind a clamp its own refusal would blame the model; the CLI
+    reads the clamp from the answers and names it instead (exit 2, one line, nothing written)."""
+    import sys
+
+    (tmp_path / "clamped_victim.py").write_text(VICTIM.format(R=R))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    code = main(["extract", "--oracle", "clamped_victim:clamped", "--d", "16", "--method", "multihead",
+                 "--out", "r.npz", "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert re.search(r"clips inputs at norm ≈ 1e\+0[48] .* sent rows of norm up to \d", err), err
+    assert "--max-input-norm" in err and not (tmp_path / "r.npz").exists()
+
+
+def test_a_successful_run_asks_nothing_about_clipping(tmp_path):
+    target = save_model(random_multihead(8, 2, seed=2), tmp_path / "t.npz")
+    out = tmp_path / "r.npz"
+    assert main(["extract", "--target", str(target), "--method", "multihead", "--out", str(out), "--quiet"]) == 0
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert "input bound" not in summary["queries_by_phase"]

@@ -45,11 +45,14 @@ def test_target_writes_the_vector_layout_and_rows(tiny, tmp_path):
     (["target", "hf-attention", "--model-dir", "{tiny}", "--layer", "2"], "--layer must be in 0..1"),
     (["target", "minilm", "--model-dir", "{tiny}"], "--model-dir goes with target hf-attention"),
     (["extract", "--hf-dir", "{tiny}", "--method", "multihead"], "needs --layer"),
-    (["extract", "--hf-dir", "{tiny}", "--layer", "5"], "--layer must be in 0..1"),
+    (["extract", "--hf-dir", "{tiny}", "--layer", "5", "--row", "0"], "--layer must be in 0..1"),
     (["extract", "--hf-dir", "{tiny}", "--layer", "0", "--row", "12"], "--row must be an output index in 0..11"),
     (["extract", "--hf-dir", "{tiny}", "--layer", "0", "--dtype", "float16"], "float64 or float32"),
+    (["extract", "--hf-dir", "{tiny}", "--layer", "0", "--method", "lowrank"], "give --row R"),
     (["extract", "--target", "x.npz", "--layer", "0"], "--layer goes with --hf-dir"),
     (["extract", "--hf-dir", "{tmp}", "--layer", "0"], "has no config.json"),
+    (["extract", "--hf-dir", "{tmp}/missing", "--layer", "0"], "does not exist"),
+    (["audit", "--hf-dir", "{tmp}/missing"], "does not exist"),
     (["audit", "--hf-dir", "{tiny}", "--model", "minilm"], "drop --model"),
 ])
 def test_bad_use_is_one_line_and_exit_2(tiny, tmp_path, capsys, args, want):

@@ -122,3 +122,21 @@ def test_loader_never_crashes_and_never_reshapes(tmp_path, members, kind):
             assert np.array_equal(src.astype(np.float64), arr)
     if isinstance(model, AttentionHead):
         assert model.W.shape == (model.d, model.d) and model.v.shape == (model.d,) and np.ndim(arrays.get("c", 0)) == 0
+
+
+@pytest.mark.parametrize("name, bad", [("W", lambda h: h.W.astype(np.complex128)),
+                                       ("W", lambda h: h.W + 1j),
+                                       ("v", lambda h: h.v.astype(str)),
+                                       ("u", lambda h: h.u.astype(np.complex64)),
+                                       ("kind", lambda h: np.asarray(["attention_head", "x"]))])
+def test_non_real_members_are_refused_from_their_header(tmp_path, name, bad):
+    """Complex or string parameters are refused by the header check, before any member is read (a complex W with
+    zero imaginary part too: the file is not what it claims)."""
+    h = random_head(4, seed=0)
+    arrays = {**h.arrays(), "kind": np.asarray("attention_head"), name: bad(h)}
+    path = tmp_path / "m.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(ConfigError, match=rf"array '{name}' in .* holds .* values; model parameters must be real"):
+        npz_header(path)
+    with pytest.raises(ConfigError, match="must be real"):
+        load_model(path)

@@ -30,12 +30,16 @@ def _answers(draw):
 def test_oracle_validates_every_answer(raw, B, as_list):
     answer = raw.tolist() if as_list and raw.dtype.kind != "O" else raw
     oracle = Oracle(lambda X: answer, 2)
+    ref = np.asarray(raw)
+    well_formed = (ref.dtype.kind in "iuf" and (ref.shape == (B,) or (ref.ndim == 2 and ref.shape[0] == B
+                                                                      and ref.shape[1] >= 1))
+                   and bool(np.all(np.isfinite(ref.astype(np.float64)))))
     try:
         y = oracle(np.zeros((B, 1, 2)))
     except OracleError as exc:
-        assert str(exc) and oracle.queries == B
+        # refused: only answers that are not one finite real number (or K) per sequence may be
+        assert str(exc) and oracle.queries == B and not well_formed, (ref.dtype, ref.shape, str(exc))
         return
-    ref = np.asarray(raw)
     # one number per sequence, or K numbers per sequence (a classifier's logits)
     assert y.dtype == np.float64 and (y.shape == (B,) or (y.ndim == 2 and y.shape[0] == B and y.shape[1] >= 1))
     assert ref.shape == y.shape and ref.dtype.kind in "biufO" and np.all(np.isfinite(y))

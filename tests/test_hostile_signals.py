@@ -34,18 +34,27 @@ def test_sigint_ends_nuclear_inside_the_solver(tmp_path):
     pytest.importorskip("cvxpy")
     save_model(random_head(48, seed=0, rank=2), tmp_path / "h.npz")
     # the oracle's module also marks the moment SCS starts (scs.solve is what cvxpy calls), so that the signal
-    # arrives inside the solver, where SCS would trap SIGINT and the run would go on with another solver
+    # arrives inside the solver, where SCS would trap SIGINT and the run would go on with another solver; the
+    # solve is also told to run until stopped (no tolerance it can reach, no iteration limit in sight), so the
+    # signal lands inside it however fast or slow the machine is
     (tmp_path / "victim.py").write_text(
         "import pathlib, scs\nfrom attnprobe.models import load_model\nhead = load_model('h.npz')\n"
         "real = scs.solve\n"
-        "def solve(*a, **k):\n    pathlib.Path('solving').touch()\n    return real(*a, **k)\n"
+        "def solve(*a, **k):\n    pathlib.Path('solving').touch()\n"
+        "    k.update(max_iters=10**9, eps_abs=1e-300, eps_rel=1e-300, eps_infeas=1e-300)\n"
+        "    return real(*a, **k)\n"
         "scs.solve = solve\n"
         "def answer(X):\n    return head(X)\n")
     proc = _start(tmp_path, "--oracle", "victim:answer", "--d", "48", "--method", "nuclear", "--rank", "2")
-    _wait_for(tmp_path / "solving", proc)
-    time.sleep(0.5)
-    proc.send_signal(sig)
-    out, err = proc.communicate(timeout=60)
+    try:
+        _wait_for(tmp_path / "solving", proc)
+        time.sleep(0.5)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # the run ignored the signal: end it, then fail below
+            proc.kill()
+            out, err = proc.communicate()
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert proc.returncode == code, err
     assert len(lines) == 1 and lines[0].startswith(f"attnprobe: {word}") and "Traceback" not in err

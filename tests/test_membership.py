@@ -31,12 +31,25 @@ def test_bisection_recovers_w_and_the_direction_of_v(d, seed):
     assert r.queries * 1000 < plan["queries"]
 
 
-def test_scale_of_v_does_not_matter_and_steep_logits_are_rebisected():
+def test_scale_of_v_does_not_matter():
     h = random_head(6, seed=5, bias=False, scale=40.0)
     big = type(h)(h.W, 1e3 * h.v)
     r = extract_membership(Oracle(Membership(big), 6), seed=2)
     assert np.linalg.norm(r.model.W - h.W) / np.linalg.norm(h.W) <= 1e-6
-    assert r.details["redo_queries"] >= 0
+    assert r.details["redo_queries"] == r.queries_by_phase.get("rebisection", 0)
+
+
+def test_steep_logits_are_rebisected():
+    """W = 100·I saturates by construction: for any orthonormal frames Q, P, each column of QᵀWP = 100·QᵀP has
+    unit norm times 100, so some entry is at least 100/√d = 41 in size, where σ is 1 to 1e-18; those entries are
+    bisected again at a smaller scale, and W comes out exact."""
+    d = 6
+    h = random_head(d, seed=1, bias=False)
+    steep = type(h)(100.0 * np.eye(d), h.v)
+    r = extract_membership(Oracle(Membership(steep), d), seed=2)
+    assert r.details["redo_queries"] > 0 and r.queries_by_phase["rebisection"] == r.details["redo_queries"]
+    assert r.queries == r.details["planned_queries"] + r.details["redo_queries"]
+    assert np.linalg.norm(r.model.W - steep.W) / np.linalg.norm(steep.W) <= 1e-9 and r.passed
 
 
 def test_direction_by_bisection_is_accurate_with_d_log_queries():
@@ -56,8 +69,15 @@ def test_paper_variant_with_samples_counts_queries_and_estimates():
     plan = paper_membership_plan(d, 0.5, 2.0, mu, 0.05)
     assert r.queries == o.queries == 40000 + d * d * plan["steps"]
     assert np.max(np.abs(r.details["v_unnormalised"] - h.v)) < 0.05  # Hoeffding at k = 40000: t ≈ 4/(R√k)
-    assert np.linalg.norm(r.model.W - h.W) < 1.0
     assert any("guarantee does not apply" in n for n in r.notes)
+    # far fewer samples than Thm B.1 asks, so eps_w = 0.5 is not promised (0.44-0.63 over 4 seeds here); the error
+    # follows v's Hoeffding error, so 16x the samples bring W within eps_w / 2 (0.05-0.12 over the same seeds)
+    err_few = np.linalg.norm(r.model.W - h.W)
+    assert err_few < 1.5 * 0.5
+    many = extract_membership_paper(Oracle(Membership(h), d), w_bound=2.0, margin=mu, eps_w=0.5, samples=640000,
+                                    check=False)
+    err_many = np.linalg.norm(many.model.W - h.W)
+    assert err_many < 0.5 / 2 and err_many < err_few / 2
 
 
 def test_paper_plan_matches_the_formulas():
@@ -107,10 +127,13 @@ def test_a_budget_of_plan_plus_check_is_enough_and_one_less_is_refused_up_front(
     assert planned == 986
     o = Oracle(Membership(h), d, budget=planned + CHECK_COUNT)
     r = extract_membership(o, seed=0)
-    assert r.details["redo_queries"] == 0 and r.queries == planned
-    assert r.check.queries == CHECK_COUNT == 200 and o.queries == planned + CHECK_COUNT
+    # re-bisections are adaptive (none for this head here; a budget exactly at the plan leaves them no room, and
+    # the run must then stay within it, or refuse with the queries spent)
+    assert r.queries == planned + r.details["redo_queries"] and r.queries + CHECK_COUNT <= o.budget
+    assert r.check.queries == CHECK_COUNT == 200 and o.queries == r.queries + CHECK_COUNT
     assert r.passed and r.check.extra["sign_agreement"] > 0.99
-    assert r.queries_by_phase == {"bias_test": 4, "direction": 2 + (d - 1) * 60, "weights": d * d * 50}
+    assert {k: v for k, v in r.queries_by_phase.items() if k != "rebisection"} == {
+        "bias_test": 4, "direction": 2 + (d - 1) * 60, "weights": d * d * 50}
     short = Oracle(Membership(h), d, budget=planned + CHECK_COUNT - 1)
     with pytest.raises(BudgetExceededError):
         extract_membership(short, seed=0)
@@ -124,4 +147,4 @@ def test_a_wrong_model_fails_the_sign_check():
     res = sign_check(Oracle(Membership(truth), 6), other, np.random.default_rng(0))
     assert not res.passed and res.error > res.tolerance and res.queries == 200
     ok = sign_check(Oracle(Membership(truth), 6), truth, np.random.default_rng(0))
-    assert ok.passed and ok.error == 0.0 and ok.extra["sign_agreement"] == 1.0
+    assert ok.passed and ok.error == 0.0 and ok["sign_agreement"] == 1.0

@@ -38,8 +38,13 @@ def test_cvxpy_path_recovers_small_head_exactly():
     m = default_measurements(d, r)
     assert res.details["measurements"] == m and res.details["solver"] == "SCS"
     assert rel(res.model.W, h.W) <= 1e-6 and rel(res.model.u, h.u) <= 1e-8
-    # exact count: v, c, u (2d + 1) + calibration + m measurements (no saturation at this scale)
-    assert res.queries == 2 * d + 1 + res.details["calibration_queries"] + m
+    # exact count: v, c, u (2d + 1) + calibration + m measurements, + saturated measurements asked again (adaptive,
+    # chaotic in the answers' last bit: accounted for in their own phase, never pinned)
+    ph = res.queries_by_phase
+    assert ph["values"] + ph.get("query_bias", 0) == 2 * d + 1 and ph["measurements"] == m
+    assert ph["calibration"] == res.details["calibration_queries"] and sum(ph.values()) == res.queries
+    assert res.queries == 2 * d + 1 + res.details["calibration_queries"] + m + ph.get("retries", 0)
+    assert set(ph) <= {"values", "calibration", "query_bias", "measurements", "retries"}
     assert o.queries == res.queries + check_queries()
     assert res.details["solution_rank"] == r
 

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -140,6 +141,17 @@ def _sigkill_and_resume(tmp_path, monkeypatch, n_kills, seed):
     app = build_app(head, ServiceOptions(d=10, max_batch=3), keys)
     used = lambda key: keys.usage(key_hash(key)).queries  # noqa: E731
     rng = np.random.default_rng(seed)
+    # the server holds every request that arrives once the threshold is reached until the run is killed: the kill
+    # then always lands mid-run, however fast the client is or however slowly this thread is scheduled
+    threshold_now, release = [np.inf], threading.Event()
+    charge = keys.charge
+
+    def held_charge(kh, n):
+        if used("victim") >= threshold_now[0]:
+            release.wait(60)
+        charge(kh, n)
+
+    monkeypatch.setattr(keys, "charge", held_charge)
     with BackgroundServer(app) as srv:
         from attnprobe.cli import main
 
@@ -150,6 +162,8 @@ def _sigkill_and_resume(tmp_path, monkeypatch, n_kills, seed):
         log = tmp_path / "run.sqlite"
         kills = []
         for threshold in sorted(rng.integers(1, total, size=n_kills)):
+            threshold_now[0] = threshold
+            release.clear()
             p = _cli(srv.url, log, tmp_path / "run.npz", "victim")
             while p.poll() is None and used("victim") < threshold:
                 time.sleep(0.001)
@@ -157,7 +171,9 @@ def _sigkill_and_resume(tmp_path, monkeypatch, n_kills, seed):
                 p.send_signal(signal.SIGKILL)
                 kills.append(used("victim"))
             p.communicate(timeout=60)
-        assert kills, "no run was killed"
+            release.set()  # the held requests go on (their client is gone): answered into closed sockets
+        threshold_now[0] = np.inf
+        assert len(kills) == n_kills, f"only {len(kills)} of {n_kills} runs were killed mid-run"
         final = _cli(srv.url, log, tmp_path / "run.npz", "victim")
         _, err = final.communicate(timeout=120)
         assert final.returncode == 0, err

@@ -107,13 +107,31 @@ def test_budget_gives_429_and_nothing_past_it():
             fn(np.zeros((1, 1, D)))
 
 
-def test_rate_limit_gives_429_with_retry_after_and_the_client_waits():
+class SteppingClock:
+    """A monotonic clock that moves ``step`` seconds each time it is read: the rate limiter then refills a fixed
+    number of tokens per request, however fast or loaded the machine is."""
+
+    def __init__(self, start: float, step: float) -> None:
+        self.now, self.step = start, step
+
+    def monotonic(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_rate_limit_gives_429_with_retry_after_and_the_client_waits(monkeypatch):
+    import time
+
     head = random_head(D, seed=1)
     app = build_app(head, ServiceOptions(d=D, max_batch=4), KeyStore(["k"], rate=10.0, burst=4))
+    # 1/8 s per request at 10 queries/s: 1.25 tokens per request against 4 per batch of 4 and a bucket of 10, so
+    # the 4th quick request is refused (10 → 6 → 3.25 → 0.5, then 1.75 < 4), and the client's 4 batches of 4
+    # cannot all pass in a row (that needs 16 ≤ 10 + 4·1.25): it retries at least once
+    monkeypatch.setattr("attnprobe.service.keys.time", SteppingClock(time.monotonic(), 0.125))
     with BackgroundServer(app) as srv, httpx.Client(base_url=srv.url, headers={"Authorization": "Bearer k"}) as c:
         replies = [c.post("/v1/query", json={"inputs": [seq()] * 4}) for _ in range(12)]
         codes = [r.status_code for r in replies]
-        assert codes[0] == 200 and 429 in codes
+        assert codes[:4] == [200, 200, 200, 429]
         assert all(int(r.headers["Retry-After"]) >= 1 for r in replies if r.status_code == 429)
         fn = HttpOracle(srv.url, "k", retries=20, backoff=0.01)
         X = np.random.default_rng(2).standard_normal((16, 2, D))

@@ -59,8 +59,8 @@ def verdicts(run) -> Table:
         if best:
             winners = ", ".join(f"{m} ×{n}" for m, n in _counts(r["method"] for r in best))
             verdict = (f"{label} answers: W recovered to {np.median(errs):.0e} with {_k(np.median(queries))} "
-                       f"queries ({sum(r['passed'] for r in best)}/{len(best)} pass the functional check; best "
-                       f"learner per head: {winners})")
+                       f"queries ({sum(r['passed'] for r in best)}/{len(best)} pass the functional check); best "
+                       f"learner per head: {winners}")
         else:
             first = recs[0]["error"].splitlines()[0] if recs else "no task finished"
             verdict = f"{label} answers: no head recovered ({first})"

@@ -54,7 +54,8 @@ def add_arguments(parser, *, defense_help: str | None = None) -> None:
                    help="scale every input row of norm > R down to norm R (a layer that bounds its inputs)")
     g.add_argument("--noise", type=_noise, metavar="KIND:LEVEL",
                    help="add noise: avq:τ (deterministic, |err| ≤ τ), adversarial:τ, gaussian:σ, uniform:σ")
-    g.add_argument("--noise-seed", type=nonneg_int, help="seed of --noise (default 0)")
+    g.add_argument("--noise-seed", type=nonneg_int, metavar="S",
+                   help="seed of --noise (default 0; in audit, each task's --seed)")
     rounding = g.add_mutually_exclusive_group()
     rounding.add_argument("--round", type=_decimals, metavar="K", help="round answers to K decimals")
     rounding.add_argument("--round-digits", type=_digits, metavar="K", help="round answers to K significant digits")

@@ -8,7 +8,7 @@ from pathlib import Path
 from attnprobe.cli import answer_chain, hf, remote
 from attnprobe.cli.common import (check_outcome, nonneg_int, plan_outputs, positive_float, positive_int, print_summary,
                                   refuse_memory, track)
-from attnprobe.errors import ConfigError
+from attnprobe.errors import AttnprobeError, ConfigError
 from attnprobe.learners import registry
 from attnprobe.models import PRECISIONS
 from attnprobe.oracles import Oracle, oracle_from_file, oracle_from_spec
@@ -90,17 +90,32 @@ def run(args) -> int:
     progress = Progress(f"extract ({args.method})", enabled=not args.quiet)
     try:
         res = learner.fn(oracle, seed=args.seed, progress=progress, **options)
+    except AttnprobeError as exc:
+        raise _clipping_cause(oracle, args, learner) or exc
     finally:
         progress.close()
     res.details["oracle"] = remote.describe(oracle)
     if res.passed is False:
         res.notes.append(remote.assumed_precision(oracle))
     failure = check_outcome(res, args.keep_failed)
+    if failure is not None and not args.keep_failed:
+        failure = _clipping_cause(oracle, args, learner) or failure
     paths = res.save(args.out) if failure is None or args.keep_failed else None
     print_summary(res, paths)
     if failure is not None:
         raise failure
     return 0
+
+
+def _clipping_cause(oracle, args, learner):
+    """When a run of an attention learner failed: the error naming input clipping if the answers show it (an
+    attention target answers a length-1 query affinely in its row, so clipping shows in the answers)."""
+    attention = learner.recovers in ("head", "multi_head") and learner.capabilities.value_answers
+    if not attention or args.membership or getattr(args, "replay", False):
+        return None
+    from attnprobe.oracles.input_bound import diagnose_clipping
+
+    return diagnose_clipping(oracle, seed=args.seed)
 
 
 def learner_type(option):

@@ -25,10 +25,16 @@ def oracle_from_args(args, kw: dict):
         raise ConfigError("give one oracle: --hf-dir DIR, --oracle MODULE:ATTR or --target FILE.npz")
     if args.layer is None:
         raise ConfigError("--hf-dir needs --layer L (the attention layer to query)")
+    from attnprobe.oracles.hf_folder import check_model_dir
+
+    check_model_dir(args.hf_dir)
     if args.dtype not in DTYPES:
         raise ConfigError(f"--hf-dir runs the module in float64 or float32; got --dtype {args.dtype}")
     if args.outputs is not None:
         raise ConfigError("--hf-dir knows its number of outputs; drop --outputs")
+    if args.row is None and args.method != "multihead":
+        raise ConfigError(f"--method {args.method} reads one number per query but the layer answers its whole "
+                          "output row; give --row R (one output row) or use --method multihead")
     from attnprobe.oracles.hf_attention import oracle_from_hf
 
     kw = {k: v for k, v in kw.items() if k != "outputs"}

@@ -1,6 +1,7 @@
 """What ``extract`` adds for remote oracles and the query log: ``--url``/``--api-key``, ``--log``/``--replay``.
 
-The summary JSON gets ``details.oracle``: the answers' precision (declared or detected, with its evidence),
+The summary JSON gets ``details.oracle``: the defences between the model and the answers (``defense``, the answer
+chain's spec), the answers' precision (declared or detected, with its evidence),
 ``queries_total`` (every answer the run used, the functional check included), ``queries_from_log`` (answered
 from the log: not asked, not charged to any budget) and ``queries_asked`` (sent to the oracle and paid for).
 """
@@ -84,7 +85,9 @@ def attach_log(oracle, args):
 def describe(oracle) -> dict:
     """``details.oracle`` of the summary JSON (see the module docstring)."""
     detector = getattr(oracle, "detector", None)
-    out = {"name": oracle.name, "precision": oracle.precision, "eps": oracle.eps,
+    chain = getattr(oracle, "chain", None)
+    out = {"name": oracle.name, "defense": "none" if chain is None else chain.spec,
+           "precision": oracle.precision, "eps": oracle.eps,
            "precision_source": "detected from the answers" if detector is not None else "declared",
            "queries_total": oracle.queries, "queries_from_log": getattr(oracle, "from_log", 0),
            "queries_asked": oracle.queries - getattr(oracle, "from_log", 0),

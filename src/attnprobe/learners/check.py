@@ -56,8 +56,8 @@ def functional_check(oracle, model, rng: np.random.Generator, lengths=DEFAULT_LE
                      *, scale: float = 1.0, input_fn=None, noise=None) -> CheckResult:
     """Relative error ``‖f̂(X) − f(X)‖ / ‖f(X) − ĉ‖`` on fresh Gaussian sequences of each length.
 
-    The error is measured against the part of the answers that depends on X (``ĉ``: the model's constant
-    output ``c``, 0 for models without one), so a large bias cannot hide a wrong W. ``input_fn(N, count, rng)``
+    The error is measured against the part of the answers that depends on X (``ĉ``: the mean of the answers), so a
+    large bias cannot hide a wrong W, and a wrong model cannot pick its own denominator. ``input_fn(N, count, rng)``
     may supply the sequences; the default draws rows with i.i.d. N(0, scale²) entries. Costs
     ``len(lengths) * per_length`` oracle queries. ``passed`` is False when the error exceeds what the answers'
     rounding and declared noise explain (:func:`check_tolerance`; ``noise`` replaces ``oracle.noise``, e.g. by
@@ -65,14 +65,17 @@ def functional_check(oracle, model, rng: np.random.Generator, lengths=DEFAULT_LE
     """
     d = oracle.d
     before = oracle.queries
-    c = getattr(model, "c", None)
-    c_hat = np.asarray(0.0 if c is None else c, dtype=np.float64)  # () or (K,) for a K-output model
-    per = {}
-    num = den = mag = 0.0
+    answers = []
     for N in lengths:
         X = input_fn(N, per_length, rng) if input_fn else scale * rng.standard_normal((per_length, N, d))
-        y = oracle(X)
-        yh = np.asarray(model(X), dtype=np.float64)
+        answers.append((N, oracle(X), np.asarray(model(X), dtype=np.float64)))
+    # the constant part is taken from the answers (their mean, () or (K,)), never from the model: a wrong model
+    # with a huge c (cancelled by its other terms) would otherwise make any error look small; for a right model
+    # ‖y − ȳ‖ ≤ ‖y − c‖ (the mean minimises the sum of squares), so the check only gets stricter
+    c_hat = np.mean(np.concatenate([y for _, y, _ in answers]), axis=0)
+    per = {}
+    num = den = mag = 0.0
+    for N, y, yh in answers:
         e2, n2 = float(np.sum((yh - y) ** 2)), float(np.sum((y - c_hat) ** 2))
         per[int(N)] = float(np.sqrt(e2 / n2) if n2 > 0 else np.sqrt(e2))
         num += e2

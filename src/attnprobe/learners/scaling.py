@@ -27,12 +27,21 @@ MAX_RETRIES = 6
 NOISY_FACTOR = 30.0
 #: ...unless its noise is below this fraction of the RMS logit anyway (float64 answers)
 NEGLIGIBLE_NOISE = 1e-9
+#: a block whose every logit is resolved to this fraction of the block's RMS logit is kept even when its scale
+#: was off by more than 8x: measuring it again at the target gains nothing a float64 result can show
+STEER_PRECISE = 1e-12
 
 
 def max_probe_scale(oracle) -> float:
     """Largest probe scale worth trying: 1e8, or less where the answers' precision would overflow (the
     forward pass squares the input scale in its logits: float16 stops near 2.5)."""
     return float(min(1e8, 0.01 * np.sqrt(float(finfo(oracle.precision).max))))
+
+
+def saturated_shrink(beyond, target: float):
+    """How far to shrink a saturated probe: by 4, or by ``beyond / target`` when its saturation shows a logit
+    larger than that (``Logits.beyond``), which lands it at the target at least instead of four times closer."""
+    return np.maximum(4.0, np.asarray(beyond, dtype=np.float64) / target)
 
 
 def lead_probes(d: int) -> int:
@@ -57,7 +66,8 @@ def calibrate(oracle, Q, P, v, c, bias, allowance, *, probes_per_step: int | Non
 
     def search(measure, power):
         """Scale search; ``measure(s)`` returns (logits, the part that scales as s**power). Returns the RMS of
-        that part at unit scale (or an upper bound), its values, and whether they are reusable equations."""
+        that part at unit scale (or, when the budget ends first, an upper bound from logits lost in rounding or
+        the size saturated logits show), its values, and whether they are reusable equations."""
         nonlocal used
         s, bound = 1.0, None
         while used + k <= allowance:
@@ -67,8 +77,10 @@ def calibrate(oracle, Q, P, v, c, bias, allowance, *, probes_per_step: int | Non
                 used += k
                 break
             used += k
-            if lg.saturated.any():
-                s /= 16.0 ** (1.0 / power)
+            if lg.saturated.any():  # shrink at least as far as the least saturated probe's logit allows
+                least = float(np.min(lg.beyond[lg.saturated]))
+                bound = least / s**power  # if the budget ends here: the size its saturation shows, a first guess
+                s /= max(16.0, saturated_shrink(least, TARGET_LOGIT)) ** (1.0 / power)
             elif np.all(np.abs(part) < 100 * lg.noise):  # below rounding: only an upper bound
                 bound = float(np.max(np.abs(part) + 100 * lg.noise)) / s**power
                 s *= 64.0 ** (1.0 / power)
@@ -104,10 +116,13 @@ def probe_scales(nu_u, nu_w, target, s_max: float = 1e8):
     """Probe scales ``s_u`` (u pass), ``s_a``, ``s_b`` (W pass) that put the RMS logit at ``target``.
 
     Balanced ``s_a = s_b`` when the query bias is small; a large bias would swamp ``aᵀW b``, so b is lifted
-    (at most 8x) until both parts weigh the same. Unknown estimates (no calibration budget) give unit scales.
+    (at most 8x) until both parts weigh the same. Unknown estimates (no calibration budget) give unit scales,
+    except that a known steep query bias (more than 8x the target at unit scale) scales ``a`` down for it.
     """
     if nu_w is None:
         s_a = s_b = 1.0
+        if nu_u and nu_u > 8 * target:  # a steep query bias alone would saturate unit probes: scale a for it
+            s_a = target / nu_u
     else:
         nu_w = max(nu_w, 1e-300)
         nu_b = nu_u or 0.0
@@ -132,6 +147,7 @@ class BlockLogits:
     rms: float
     median_noise: float
     next_scale: float
+    saturated_first: bool = False  # some probe of the first pass saturated (and was resolved by a retry)
 
 
 @dataclass(frozen=True)
@@ -165,13 +181,15 @@ class LogitProbe:
         first = self.steer(A[:lead], Bs, scale, what, skip[:lead])
         rest = self.steer(A[lead:], Bs, first.next_scale, what, skip[lead:])
         return BlockLogits(np.vstack([first.Z, rest.Z]), np.vstack([first.noise, rest.noise]), rest.rms,
-                           rest.median_noise, rest.next_scale)
+                           rest.median_noise, rest.next_scale, rest.saturated_first)
 
     def steer(self, A, Bs, scale, what, skip=None, max_steps: int = 3) -> BlockLogits:
         """:meth:`measure`, then steer the probe scale to the target RMS logit. A block whose logits came out
         more than 8x too small or too large lost precision (too little signal, or weights pressed against 0
         and 1) and is measured again at the corrected scale (this is where a tiny or missing calibration is
-        paid for); otherwise the correction applies to the next block (``next_scale``)."""
+        paid for), unless every probe of it was resolved to ``STEER_PRECISE`` anyway; otherwise the correction
+        applies to the next block (``next_scale``). Saturated probes, once their retries resolved them, tell the
+        corrected scale by their own logits."""
         skip = np.zeros((A.shape[0], Bs.shape[0]), bool) if skip is None else skip
         for step in range(max_steps + 1):
             with self.oracle.phase("retries") if step else nullcontext():
@@ -183,9 +201,27 @@ class LogitProbe:
                 factor = min(factor, 64.0)
             if 0.125 <= factor <= 8.0 or step == max_steps:
                 return replace(block, next_scale=scale * float(np.clip(factor, 0.05, 2.0)))
+            resolved = self._resolved(block, scale, skip)
+            if resolved is not None:
+                rms, precise = resolved
+                if precise:  # off target, but every probe resolved (retries included) to full precision
+                    return replace(block, next_scale=scale * float(np.clip(self.target / rms, 1e-3, 8.0)))
+                if block.saturated_first:  # the first pass counted them as logit 40; their retries tell more
+                    factor = self.target / rms
             self.oracle.require(int((~skip).sum()), f"re-measuring {what} at a better probe scale")
             scale = min(scale * float(np.clip(factor, 1e-3, 1e6)), max_probe_scale(self.oracle))
         raise AssertionError("unreachable")
+
+    def _resolved(self, block: BlockLogits, scale: float, skip) -> tuple[float, bool] | None:
+        """``(RMS logit, precise)`` of ``block`` at ``scale`` when every probe was resolved (None otherwise):
+        saturated probes count at the logit their retries measured, scaled back to ``scale``, so they tell how
+        far off ``scale`` was; ``precise`` when the median logit noise is below ``STEER_PRECISE`` of the RMS."""
+        asked = ~skip
+        Z, N = block.Z[asked] * scale, block.noise[asked] * scale  # logits and their noise at the block's scale
+        if not (Z.size and np.all(np.isfinite(Z)) and np.all(np.isfinite(N))):
+            return None
+        rms = float(np.sqrt(np.mean(Z**2)))
+        return (rms, float(np.median(N)) <= STEER_PRECISE * rms) if rms > 0 else None
 
     def measure(self, A, Bs, scale, what, skip=None) -> BlockLogits:
         """Logits for probes ``scale·a_ℓ`` (rows of ``A``) against each row ``b_j`` of ``Bs``. With orthogonal
@@ -213,6 +249,7 @@ class LogitProbe:
             if rms is None:  # saturated probes count as logit 40, beyond any precision's reach
                 rms = float(np.sqrt(np.mean(np.where(ok, lg.values, 40.0) ** 2)))
                 median_noise = float(np.median(lg.noise[ok])) if ok.any() else 0.0
+                saturated_first = bool(lg.saturated.any())
             if not self.adaptive and lg.saturated.any():
                 raise SaturationError(
                     f"{int(lg.saturated.sum())} attention weights of {what} are numerically 0 or 1 with the "
@@ -221,12 +258,13 @@ class LogitProbe:
             noisy = lg.noise > max(NOISY_FACTOR * median_noise, NEGLIGIBLE_NOISE * rms)
             redo = lg.saturated | noisy if self.adaptive and attempt < MAX_RETRIES else lg.saturated
             if not redo.any():
-                return BlockLogits(Z, N, rms, median_noise, float(scale))
+                return BlockLogits(Z, N, rms, median_noise, float(scale), saturated_first)
             if attempt == MAX_RETRIES:
                 break
+            shrink = np.where(lg.saturated[redo], saturated_shrink(lg.beyond[redo], self.target), 4.0)
             ell, j = ell[redo], j[redo]
             self.oracle.require(len(ell), f"re-measuring {len(ell)} saturated probes of {what}")
-            S[ell, j] /= 4.0
+            S[ell, j] /= shrink
         raise SaturationError(
             f"{int(lg.saturated.sum())} attention weights of {what} stay saturated after shrinking their probes "
             f"{4**MAX_RETRIES}x: either the target's logits are too steep, or {self.oracle.precision} answers "

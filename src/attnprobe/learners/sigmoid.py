@@ -68,6 +68,15 @@ class Logits:
     q: np.ndarray | None = None
     err: np.ndarray | None = None
     raw: np.ndarray | None = None
+    floor: np.ndarray | None = None
+
+    @property
+    def beyond(self) -> np.ndarray:
+        """A lower bound on ``|logit|`` where the weight saturated (``α`` or ``1 − α`` within ``floor``, off by at
+        most its error): ``log(1 / 2·floor)``, at least 0. Shrinking such a probe by ``beyond / target`` cannot
+        take its logit below the target."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(self.saturated, np.maximum(0.0, -np.log(2.0 * self.floor)), 0.0)
 
 
 def two_row_queries(A: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -113,7 +122,7 @@ def invert_two_row(y: np.ndarray, y0: np.ndarray, y1: np.ndarray, error, size0=N
             q = 1 - p
         inside = (p > 0) & (q > 0)
         raw = np.where(inside, np.log(np.where(inside, p, 1.0)) - np.log(np.where(inside, q, 1.0)), np.nan)
-    return Logits(logits, saturated, np.where(saturated, np.inf, noise), outside, p, q, err, raw)
+    return Logits(logits, saturated, np.where(saturated, np.inf, noise), outside, p, q, err, raw, floor)
 
 
 def measure_logits(oracle, A: np.ndarray, b: np.ndarray, v: np.ndarray, c: float, error=None) -> Logits:

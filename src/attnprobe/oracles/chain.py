@@ -57,7 +57,7 @@ def parse_noise(spec: str) -> tuple[str, float]:
 
 def _number(text: str, what: str, *, integer: bool = False, param: str | None = None):
     try:
-        if integer and not isinstance(text, str) and not float(text).is_integer():
+        if isinstance(text, bool) or (integer and not isinstance(text, str) and not float(text).is_integer()):
             raise ValueError(text)
         x = int(text) if integer else float(text)
     except (TypeError, ValueError, OverflowError):
@@ -132,6 +132,9 @@ class AnswerChain:
         for term in (t.strip() for t in text.split("+")):
             if term == "none" and text == "none":
                 continue
+            if term == "none":
+                raise ConfigError(f"'none' is the defence with no stage and stands alone; drop it from {text!r}",
+                                  param="defense")
             key, value = _stage(term, text)
             if key in fields or (key in ("decimals", "digits") and {"decimals", "digits"} & fields.keys()):
                 raise ConfigError(f"the defence {text!r} sets {_STAGE_NAMES[key]} twice; give each stage once",

@@ -14,6 +14,9 @@ CONFIG_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers")
 def check_model_dir(model_dir) -> Path:
     """``model_dir`` if it holds a ``config.json`` and ``model.safetensors``."""
     path = Path(model_dir)
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist; give the folder of a Hugging Face model (config.json and "
+                          "model.safetensors)")
     if not path.is_dir():
         raise ConfigError(f"{path} is not a folder; give the folder of a Hugging Face model (config.json and "
                           "model.safetensors)")

@@ -81,3 +81,28 @@ def refuse_clipping(oracle, up_to: float, *, seed: int = 0) -> None:
                              f"linearly there; probes up to norm {float(up_to):.3g} were planned); give that bound "
                              "as the 'max_input_norm' parameter and use a learner that keeps its probes within it",
                              limit=R)
+
+
+def diagnose_clipping(oracle, *, seed: int = 0) -> InputNormError | None:
+    """After a run failed (a refusal or a failed check): the error naming input clipping as the cause when the
+    oracle clips rows shorter than the longest row this run sent (``oracle.max_input_norm_used``), else ``None``.
+
+    Costs the few length-1 queries of :func:`clipping_norm` (none when no row was longer than 1); when they do not
+    fit in the budget, or the oracle fails on them, nothing can be said and ``None`` is returned.
+    """
+    from attnprobe.errors import AttnprobeError
+
+    used = float(getattr(oracle, "max_input_norm_used", 0.0))
+    if used <= 1.0:
+        return None
+    try:
+        oracle.require(len(ladder(used)) + 1, "reading whether the oracle clips its inputs")
+        R = clipping_norm(oracle, used, seed=seed)
+    except AttnprobeError:
+        return None
+    if R is None or R >= used:
+        return None
+    return InputNormError(f"the oracle clips inputs at norm ≈ {R:.3g} (its length-1 answers stop growing "
+                          f"linearly there) but this run sent rows of norm up to {used:.3g}, so its answers were "
+                          "not those of the assumed model; give that bound as the 'max_input_norm' parameter and "
+                          "use a learner that keeps its probes within it", norm=used, limit=R)

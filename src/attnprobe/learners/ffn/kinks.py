@@ -137,7 +137,7 @@ def _search_round(ask, segs, frontier, settings: SearchSettings, state) -> list:
         w = R.t - L.t
         if _chord_is_linear(L, R, tol_f):
             # split points are chosen, not random: confirm with one answer at a random point inside
-            checks.append((si, L, R, L.t + state.rng.uniform(0.05, 0.95) * w))
+            checks.append((si, L, R, L.t + state.rng.uniform(0.25, 0.75) * w))
         elif w <= settings.min_width:
             state.done[si].append((L, R, True))
         else:

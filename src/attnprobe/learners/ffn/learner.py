@@ -12,11 +12,12 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from attnprobe._validation import check_float, check_int, check_option
-from attnprobe.errors import ConfigError, UnidentifiableError
+from attnprobe.errors import BudgetExceededError, ConfigError, UnidentifiableError
 from attnprobe.learners.ffn.answers import Answers
 from attnprobe.learners.ffn.fit import (POLISH_FACTOR, Neurons, fit_output_bias, jump_neurons,
                                             linear_rest_neurons, polish)
 from attnprobe.learners.ffn.kinks import Segment, SearchSettings, search_kinks
+from attnprobe.learners.ffn.more_lines import MAX_LINES, candidate_sets, needs_another_line
 from attnprobe.learners.ffn.orientation import orientation_matrix, solve_signs
 from attnprobe.learners.ffn.regions import PROBE_FRACTION, Regions, RefineSettings, hyperplane_normals
 from attnprobe.learners.probes import random_orthogonal
@@ -147,11 +148,18 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, options: 
     neurons, orient, rest, notes = _orient(J, where, segs, v, opts, oracle.eps, lifted)
     if lifted:
         neurons = replace(neurons, c=fit_output_bias(neurons, regions.XR, regions.F0))
-    neurons, polished = _polish_phase(run, ask, neurons, opts, coarse)
+    neurons, polished, fit_data = _polish_phase(run, ask, neurons, opts, coarse)
+    if coarse and polished and needs_another_line(orient.exact, _consistency(neurons, ask), oracle.eps):
+        more = _more_lines(run, ask, (J, where, segs), (neurons, orient, rest), v, opts, fit_data)
+        J, (neurons, orient, rest), state["more_lines"] = more
     model = _model(neurons, d, lifted, ask.vector)
     m_found = J.shape[0]
     notes += _unidentifiable_notes(opts.hidden, m_found)
-    Zs, Ys = ask.all()
+    if "more_lines" in state and orient.exact:
+        notes = [n for n in notes if not n.startswith("neuron orientations not pinned down")]
+    if state.get("more_lines", {}).get("stopped") == "budget":
+        notes.append("the neurons found do not explain every answer, and the budget had no room for another search "
+                     "line (raise the budget to let the learner look again)")
     details = {
         "seed": seed, "bias": lifted, "outputs": ask.outputs, "min_width": state.pop("min_width"),
         "noise_factor": state.pop("noise_factor"), "probe_fraction": opts.probe_fraction, "refine": opts.refine,
@@ -161,7 +169,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, options: 
         "orientation": orient.how, "orientation_exact": bool(orient.exact),
         "orientation_residual": float(np.linalg.norm(rest) / max(np.linalg.norm(v), 1e-300)),
         "queries_per_dm": run.queries / (d * max(m_found, 1)),
-        "self_consistency": float(np.max(np.abs(neurons.values(Zs) - Ys)) / max(ask.top, 1e-300)),
+        "self_consistency": _consistency(neurons, ask),
     }
     unknowns = ReLUNet.unknowns(d, max(m_found, 1), ask.outputs, lifted)
     return run.finish(model, unknowns=unknowns, details=details, notes=notes,
@@ -258,9 +266,70 @@ def _orient(J, where, segs, v, opts: FFNOptions, eps: float, lifted: bool):
     return Neurons(dirs, weights, np.zeros(K if lifted else 0)), orient, rest, notes
 
 
+def _consistency(neurons: Neurons, ask: Answers) -> float:
+    """Largest miss of the neurons' answers over every answer asked so far, relative to the largest answer."""
+    Zs, Ys = ask.all()
+    return float(np.max(np.abs(neurons.values(Zs) - Ys)) / max(ask.top, 1e-300))
+
+
+def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_data):
+    """Coarse answers whose first line left a neuron missing or wrong (:mod:`.more_lines`): search up to
+    :data:`MAX_LINES` − 1 more lines, and after each keep the neuron set whose polished network best explains every
+    answer (a set that explains them all beats one that does not, then one that orients exactly). Stops when the
+    answers are explained or the budget has no room for another line. Returns ``(J, (neurons, orientation, rest), summary)``."""
+    J, where, segs = first
+    line = np.zeros(J.shape[0], dtype=int)
+    eps = ask.oracle.eps
+
+    def rank(score: float, exact: bool) -> tuple:  # explaining every answer first, then an exact orientation
+        return (needs_another_line(True, score, eps), not exact, score)
+
+    best = (_consistency(fitted[0], ask), J, fitted)
+    summary = {"lines": 1, "neurons_per_line": [int(J.shape[0])], "sets_tried": 0, "kept": "first line"}
+    while summary["lines"] < MAX_LINES and needs_another_line(best[2][1].exact, best[0], eps):
+        new_segs = _segments(ask.d, ask.lifted, run.rng, opts.reach)
+        try:
+            with run.phase("more_lines", absorb=True):
+                J2, where2 = _search_and_measure(run, ask, new_segs, opts, True)["regions"].jumps()
+        except BudgetExceededError:
+            summary["stopped"] = "budget"
+            break
+        J, where = np.concatenate([J, J2]), np.concatenate([where, where2 + len(segs)])
+        line, segs = np.concatenate([line, np.full(J2.shape[0], summary["lines"])]), segs + new_segs
+        summary["lines"] += 1
+        summary["neurons_per_line"].append(int(J2.shape[0]))
+        jumps = (J, where, segs)
+        sets, singles = candidate_sets(J, line)
+        scored = [(_score(ask, jumps, keep, v, opts, fit_data, summary), keep) for keep in sets]
+        (top, keep) = min(scored, key=lambda sk: rank(sk[0][0], sk[0][1]))
+        for k in np.flatnonzero(singles & ~keep):  # one line alone saw it: kept when it explains more
+            trial = keep.copy()
+            trial[k] = True
+            got = _score(ask, jumps, trial, v, opts, fit_data, summary)
+            if got[0] < 0.5 * top[0] and rank(*got[:2]) < rank(*top[:2]):
+                top, keep = got, trial
+        if rank(*top[:2]) < rank(best[0], best[2][1].exact):
+            best = (top[0], J[keep], top[2])
+            summary["kept"] = f"{int(keep.sum())} neurons from {summary['lines']} lines"
+    return best[1], best[2], summary
+
+
+def _score(ask: Answers, jumps, keep: np.ndarray, v, opts: FFNOptions, fit_data, summary: dict):
+    """The network of the jumps ``keep`` selects, oriented and polished (on the polish answers ``fit_data``):
+    ``(consistency, orientation exact?, (neurons, orientation, rest))``."""
+    J, where, segs = jumps
+    summary["sets_tried"] += 1
+    neurons, orient, rest, _ = _orient(J[keep], where[keep], segs, v, opts, ask.oracle.eps, ask.lifted)
+    if ask.lifted:
+        neurons = replace(neurons, c=fit_output_bias(neurons, *ask.all()))
+    neurons, _ = polish(neurons, *fit_data, ask.lifted)
+    return _consistency(neurons, ask), orient.exact, (neurons, orient, rest)
+
+
 def _polish_phase(run: Run, ask: Answers, neurons: Neurons, opts: FFNOptions, coarse: bool):
+    """The least-squares polish on fresh spread-out inputs: (neurons, polished?, (Z, Y) of the polish)."""
     if not (opts.polish == "always" or (opts.polish == "auto" and coarse)):
-        return neurons, False
+        return neurons, False, None
     # the answers so far lie near one or two lines; the refit needs inputs spread over every direction
     n_fit = (POLISH_FACTOR + int(ask.lifted)) * ask.dim * neurons.dirs.shape[1]
     with run.phase("polish"):
@@ -269,7 +338,7 @@ def _polish_phase(run: Run, ask: Answers, neurons: Neurons, opts: FFNOptions, co
             X = _near_hyperplanes(X, neurons.dirs, run.rng)
         Z = np.concatenate([X, np.ones((n_fit, 1))], axis=1) if ask.lifted else X
         Y = ask.vectors(Z)
-    return polish(neurons, Z, Y, ask.lifted)
+    return (*polish(neurons, Z, Y, ask.lifted), (Z, Y))
 
 
 def _near_hyperplanes(X: np.ndarray, dirs: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -1,0 +1,172 @@
+"""Mutation harness: single-line changes to core code that a wrong result would come from, each of which the
+default tests must catch.
+
+    PYTHONPATH=src python benchmarks/mutations.py [--only NAME ...] [--list] [--write]
+
+Every mutation is a (file, exact code snippet, replacement) triple: the snippet must occur exactly once in the
+file (sites are found by text, so the table survives refactors that move lines; a site that is gone is reported,
+not skipped silently). The tree is copied once to a temporary folder (the working tree is never edited); each
+mutation is applied there, the relevant test files run (``pytest -x``, default markers), and the file is restored.
+A mutation is *killed* when a test fails; the table names the first failing test. ``--write`` replaces this
+script's section in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TITLE = "Mutation testing: single-line changes to core code the default tests must catch"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # under src/attnprobe/
+    snippet: str
+    replacement: str
+    tests: tuple[str, ...]  # test files (or node ids) run against the mutant
+    what: str
+
+
+M = Mutation
+MUTATIONS = [
+    # the functional check: the verdict every "passed" rests on
+    M("check-eps-factor", "learners/check.py", "CHECK_EPS_FACTOR = 1e4", "CHECK_EPS_FACTOR = 1e7",
+      ("tests/test_hostile_check.py",), "a 1000x looser rounding tolerance"),
+    M("check-verdict", "learners/check.py", "passed=bool(rel <= tolerance)", "passed=bool(rel <= 10 * tolerance)",
+      ("tests/test_hostile_check.py",), "passes models 10x beyond their tolerance"),
+    M("check-cap", "learners/check.py", "CHECK_CAP = 0.1", "CHECK_CAP = 1.0",
+      ("tests/test_hostile_check.py",), "no cap on the tolerance"),
+    M("check-model-c", "learners/check.py", "c_hat = np.mean(np.concatenate([y for _, y, _ in answers]), axis=0)",
+      "c_hat = np.asarray(getattr(model, 'c', 0.0), dtype=np.float64)",
+      ("tests/test_hostile_check.py",), "the model's own c as the constant part"),
+    # the oracle: counting, budgets, validation
+    M("oracle-count", "oracles/base.py", "        self.queries += n", "        self.queries += max(n - 1, 0)",
+      ("tests/test_oracle.py",), "one query per batch goes uncounted"),
+    M("oracle-budget", "oracles/base.py", "if n > self.remaining + credit:", "if n > self.remaining + credit + 1:",
+      ("tests/test_oracle.py", "tests/test_membership.py"), "one query past the budget"),
+    M("oracle-nonfinite", "oracles/base.py", "        bad = ~np.isfinite(y)", "        bad = np.isnan(y)",
+      ("tests/test_oracle.py", "tests/test_hostile_oracle.py"), "infinite answers accepted"),
+    # loaders
+    M("npz-dtype-header", "models/io.py", "if dtype.kind not in REAL_KINDS and not is_tag:",
+      "if False and dtype.kind not in REAL_KINDS and not is_tag:",
+      ("tests/test_hostile_files.py",), "complex and string members read"),
+    M("npz-size-limit", "models/io.py", "if total > max_bytes:", "if False and total > max_bytes:",
+      ("tests/test_hostile_files.py",), "no size limit before decompressing"),
+    # learners
+    M("exact-bfloat16-W", "learners/exact.py", "    W = M @ cols.B  # M = W Bᵀ",
+      "    W = (M @ cols.B) * (0.8 if oracle.precision == 'bfloat16' else 1.0)  # M = W Bᵀ",
+      ("tests/test_hostile_check.py",), "W 20 % off on bfloat16 answers"),
+    M("exact-u-sign", "learners/exact.py", "return run.finish(AttentionHead(W, v, u, c)",
+      "return run.finish(AttentionHead(W, v, -u, c)", ("tests/test_exact.py",), "query bias u flipped"),
+    M("sigmoid-logit", "learners/sigmoid.py", "np.log(np.where(saturated, 1.0, p)) - np.log(np.where(saturated, 1.0, q))",
+      "np.log(np.where(saturated, 1.0, p)) - 0.999 * np.log(np.where(saturated, 1.0, q))",
+      ("tests/test_exact.py",), "the sigmoid inversion 0.1 % off"),
+    M("membership-no-rebisect", "learners/membership.py", "    for attempt in range(6):",
+      "    for attempt in range(1):", ("tests/test_membership.py",), "saturated entries never bisected again"),
+    M("lowrank-certificate", "learners/lowrank.py", "        if certificate:", "        if False:",
+      ("tests/test_lowrank.py",), "an under-estimated rank is not caught"),
+    M("lowrank-rank-safety", "learners/lowrank.py", "RANK_SAFETY = 10.0", "RANK_SAFETY = 1e6",
+      ("tests/test_lowrank.py",), "rank detection blind below 1e6 roundings"),
+    M("ffn-one-line", "learners/ffn/more_lines.py", "MAX_LINES = 3", "MAX_LINES = 1",
+      ("tests/test_ffn.py",), "float32 answers searched on one line only"),
+    M("ffn-orientation-tol", "learners/ffn/learner.py", "tol = max(1e-6 if coarse else 1e-8, 1e4 * eps) * scale_v",
+      "tol = max(1e-6 if coarse else 1e-8, 1e4 * eps) * scale_v * 1e6",
+      ("tests/test_ffn.py",), "any neuron orientation accepted"),
+    M("ffn-kink-chord", "learners/ffn/kinks.py", "    return all(abs(L.f + (x - L.t) * slope - y) <= 3 * tol_f",
+      "    return all(abs(L.f + (x - L.t) * slope - y) <= 3e3 * tol_f", ("tests/test_ffn.py",),
+      "a chord 1000 roundings off still counts as linear"),
+    # the served API
+    M("server-batch-limit", "service/app.py", "if B > options.max_batch:", "if B > options.max_batch + 1:",
+      ("tests/test_service.py",), "one sequence past the batch limit"),
+    M("server-refund", "service/app.py", "        if not np.all(np.isfinite(y)):\n            keys.refund(kh, B)",
+      "        if not np.all(np.isfinite(y)):\n            pass", ("tests/test_service.py",),
+      "non-finite answers charged"),
+    M("keys-rate", "service/keys.py", "if n > u.tokens:", "if n > u.tokens + 4:", ("tests/test_service.py",),
+      "the rate limit lets 4 more queries through"),
+    M("keys-budget", "service/keys.py", "u.queries + n > self.budget", "u.queries + n > self.budget + 1",
+      ("tests/test_service.py",), "one query past a key's budget"),
+    # the query log
+    M("querylog-identity", "oracles/querylog.py", "if v is not None and meta.get(k) not in (None, v):",
+      "if False:", ("tests/test_querylog.py",), "a log of another oracle accepted"),
+    M("querylog-from-log-count", "oracles/querylog.py", "        return oracle._ask(Xm)",
+      "        return oracle.fn(Xm)", ("tests/test_querylog.py",), "missing answers neither counted nor validated"),
+    # reports
+    M("report-scale", "audit/report.py", 'colorbar="‖Ŵ−W‖/‖W‖", vmin=-16, vmax=1)',
+      'colorbar="‖Ŵ−W‖/‖W‖", vmin=-12, vmax=1)', ("tests/test_audit.py::test_report_shows_the_verdicts_and_maps_"
+                                                  "of_the_results",), "the maps' colour scale shifted"),
+]
+
+
+def _first_failure(output: str) -> str:
+    m = re.search(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", output, re.M)
+    return m.group(1) if m else ""
+
+
+def run_one(tree: Path, mut: Mutation, timeout: float) -> tuple[str, str, float]:
+    """Apply ``mut`` in ``tree``, run its tests, restore the file: (status, killed by, seconds)."""
+    path = tree / "src" / "attnprobe" / mut.path
+    text = path.read_text()
+    if text.count(mut.snippet) != 1:
+        return f"site not found ({text.count(mut.snippet)} matches)", "", 0.0
+    path.write_text(text.replace(mut.snippet, mut.replacement))
+    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OPENBLAS_NUM_THREADS": "1"}
+    t0 = time.perf_counter()
+    try:
+        out = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mut.tests],
+                             cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        status = "killed" if out.returncode != 0 else "SURVIVED"
+        who = _first_failure(out.stdout) if out.returncode != 0 else ""
+    except subprocess.TimeoutExpired:
+        status, who = "killed (timeout)", ""
+    finally:
+        path.write_text(text)
+    return status, who, time.perf_counter() - t0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", nargs="+", help="run these mutations only (by name)")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--write", action="store_true")
+    a = ap.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not a.only or m.name in a.only]
+    if a.list:
+        for m in chosen:
+            print(f"{m.name:26s} {m.path:28s} {m.what}")
+        return 0
+    from attnprobe.reports import Table, write_section
+
+    table = Table(["mutation", "file", "what it breaks", "result", "killed by", "seconds"])
+    with tempfile.TemporaryDirectory(prefix="attnprobe-mutants-") as tmp:
+        tree = Path(tmp) / "tree"
+        shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.pyc",
+                                                                  "results", "research", "*.png"))
+        for m in chosen:
+            status, who, secs = run_one(tree, m, a.timeout)
+            table.add(m.name, m.path, m.what, status, who, round(secs, 1))
+            print(f"{m.name:26s} {status:10s} {who}", flush=True)
+    survived = [r[0] for r in table.rows if r[3] != "killed"]
+    print(table.markdown())
+    print(f"{len(chosen) - len(survived)} of {len(chosen)} mutations killed" +
+          (f"; not killed: {', '.join(survived)}" if survived else ""))
+    if a.write:
+        cmd = "PYTHONPATH=src python benchmarks/mutations.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        write_section(TITLE, table.markdown() + f"\n\n{len(chosen) - len(survived)} of {len(chosen)} killed.",
+                      cmd.strip())
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
