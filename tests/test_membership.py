@@ -147,4 +147,4 @@ def test_a_wrong_model_fails_the_sign_check():
     res = sign_check(Oracle(Membership(truth), 6), other, np.random.default_rng(0))
     assert not res.passed and res.error > res.tolerance and res.queries == 200
     ok = sign_check(Oracle(Membership(truth), 6), truth, np.random.default_rng(0))
-    assert ok.passed and ok.error == 0.0 and ok["sign_agreement"] == 1.0
+    assert ok.passed and ok.error == 0.0 and ok.extra["sign_agreement"] == 1.0

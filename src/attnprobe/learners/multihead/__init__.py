@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from attnprobe.errors import AttnprobeError, ConfigError, RecoveryError, SaturationError
+from attnprobe.learners.multihead import generic
 from attnprobe.learners.multihead.generic import extract_generic
 from attnprobe.learners.multihead.hessian import extract_multihead_orthogonal
 from attnprobe.learners.multihead.subspaces import extract_multihead_subspaces
@@ -56,8 +57,8 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
         return res
     before = oracle.queries
     try:
-        return extract_generic(oracle, heads=heads, max_heads=max_heads, rank=rank, bias=bias, seed=seed,
-                               check=check, progress=progress)
+        return generic.extract_generic(oracle, heads=heads, max_heads=max_heads, rank=rank, bias=bias, seed=seed,
+                                       check=check, progress=progress)
     except (RecoveryError, SaturationError) as exc:
         if not fallback or rank is not None or getattr(exc, "precision_named", False):
             raise
