@@ -197,7 +197,7 @@ def test_serve_and_audit_take_the_same_flags(tmp_path):
     audit.add_parser(sub)
     args = p.parse_args(["serve", "--target", str(tmp_path / "t.npz"), "--cast", "float16", "--round", "3",
                          "--api-key", "k"])
-    fn, d, _ = serve.served_callable(args)
+    fn, d, *_ = serve.served_callable(args)
     X = batch(5, d=4)
     assert np.array_equal(fn(X), AnswerChain(cast="float16", decimals=3).apply(random_head(4, seed=0))(X))
     with pytest.raises(SystemExit):  # argparse's own refusal: a proper type, not a string passed along

@@ -80,7 +80,11 @@ def run_ray(tasks: Sequence[Task], on_result: OnResult, address: str | None = No
         raise ConfigError("--ray needs Ray: pip install 'attnprobe[ray]'") from exc
     started = not ray.is_initialized()
     if started:
-        kw = {"address": address} if address else {"num_cpus": int(workers) if workers else None}
+        if address:
+            reachable(address)
+        # without an address: always a private cluster ("local"), never one found running on the machine or
+        # named by a stale ray_current_cluster file (which would refuse num_cpus)
+        kw = {"address": address} if address else {"address": "local", "num_cpus": int(workers) if workers else None}
         ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
                  runtime_env={"env_vars": ONE_THREAD}, **kw)
     remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
@@ -106,6 +110,33 @@ def run_ray(tasks: Sequence[Task], on_result: OnResult, address: str | None = No
         if started:
             ray.shutdown()
     return records, interrupted
+
+
+#: seconds to wait for a Ray cluster's address to accept a connection before refusing it
+RAY_CONNECT_TIMEOUT = 5.0
+
+
+def reachable(address: str, timeout: float = RAY_CONNECT_TIMEOUT) -> None:
+    """Refuse (one :class:`ConfigError`) a Ray ``address`` (``HOST:PORT`` or ``ray://HOST:PORT``) that does not
+    accept a TCP connection within ``timeout`` s: Ray itself would retry for minutes. ``auto`` is left to Ray."""
+    import socket
+
+    text = address.split("://", 1)[-1]
+    host, sep, port = text.rpartition(":")
+    if address == "auto" or not sep:
+        return
+    try:
+        port_n = int(port)
+    except ValueError:
+        raise ConfigError(f"the Ray address {address!r} must look like HOST:PORT") from None
+    if not 0 < port_n < 65536:
+        raise ConfigError(f"the Ray address {address!r} has no valid port (1..65535)")
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", port_n), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"no Ray cluster answers at {address} ({exc.strerror or exc}); start one there with "
+                          "'ray start --head' or give --ray without an address for a private local cluster") from None
 
 
 #: engine name (as written to results.json) -> runner

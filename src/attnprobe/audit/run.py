@@ -92,11 +92,20 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
     if threading.current_thread() is threading.main_thread():
         old = signal.signal(signal.SIGTERM, on_sigterm)
     t0 = time.perf_counter()
+    def on_result_saved(i: int, rec: dict) -> None:
+        """A head that cannot be saved (full disk, file-size limit) is a failed task; the audit goes on."""
+        try:
+            on_result(i, rec)
+        except ConfigError as exc:
+            rec["file"], rec["error"] = None, f"the recovered model could not be saved: {exc}"
+            done[0] += 1
+            bar(done[0], len(tasks))
+
     try:
         if engine == "ray":
-            records, interrupted = ENGINES[engine](tasks, on_result, address=address, workers=workers)
+            records, interrupted = ENGINES[engine](tasks, on_result_saved, address=address, workers=workers)
         else:
-            records, interrupted = ENGINES[engine](tasks, on_result, workers=workers)
+            records, interrupted = ENGINES[engine](tasks, on_result_saved, workers=workers)
     finally:
         bar.close()
         if old is not None:
@@ -104,6 +113,9 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
     run = AuditRun(engine, list(tasks), [r for r in records if r is not None], interrupted,
                    time.perf_counter() - t0, out, dict(info or {}, workers=workers, address=address))
     run.terminated = bool(terminated)
-    (out / "results.json").write_text(json.dumps(run.summary(), indent=2) + "\n")
-    write_report(run, out / "report.html")
+    try:
+        (out / "results.json").write_text(json.dumps(run.summary(), indent=2) + "\n")
+        write_report(run, out / "report.html")
+    except OSError as exc:
+        raise ConfigError(f"cannot write the audit's results in {out}: {exc.strerror or exc}") from None
     return run

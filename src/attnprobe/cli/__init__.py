@@ -70,8 +70,8 @@ def _signals_end_the_run():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
-_SIGNAL_ENDINGS = {signal.SIGINT: ("interrupted", "stopped by SIGINT (Ctrl-C); nothing written"),
-                   signal.SIGTERM: ("terminated", "stopped by SIGTERM; nothing written")}
+_SIGNAL_ENDINGS = {signal.SIGINT: ("interrupted", "stopped by SIGINT (Ctrl-C); no result written"),
+                   signal.SIGTERM: ("terminated", "stopped by SIGTERM; no result written")}
 
 
 #: library parameters whose command-line flag is not ``--`` + the parameter name with dashes
@@ -95,13 +95,80 @@ def flag_message(args, exc: Exception) -> str:
     return message.replace(f"'{param}'", flag) if flag else message
 
 
+def _written(args, message: str) -> str:
+    """``message`` with "no result written" replaced by what an interrupted run did write (``args.written``)."""
+    paths = getattr(args, "written", None)
+    if not paths or "no result written" not in message:
+        return message
+    folders = sorted({str(p.parent) for p in paths})
+    return message.replace("no result written", f"{len(paths)} file(s) written before it stopped (in "
+                           f"{', '.join(folders)}: {', '.join(p.name for p in paths[:3])}"
+                           f"{', ...' if len(paths) > 3 else ''}); the run is incomplete")
+
+
 def _end(args, kind: str, message: str, code: int) -> int:
     """Print the one line that ends a failed run (with the queries it spent) and return the exit code."""
+    message = _written(args, message)
     tail = queries_spent(args) if args.command in ("extract", "demo") else ""
     text = message.rstrip(". ") if tail else message
     line = f"attnprobe: {kind}: {text}" + (f"; {tail}" if tail else "")
     print(" ".join(line.split()), file=sys.stderr)
     return code
+
+
+class _ReaderMayLeave:
+    """``sys.stdout`` for the length of a run: when the reader of a pipe goes away (``| head``, ``| true``),
+    further output is dropped instead of ending the run with BrokenPipeError. The run finishes (its files are
+    written) and exits with its own code: output nobody reads is not a failure of the run."""
+
+    def __init__(self, stream):
+        self._stream, self.gone = stream, False
+
+    def write(self, text):
+        if not self.gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._leave()
+        return len(text)
+
+    def flush(self):
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._leave()
+
+    def _leave(self):
+        self.gone = True
+        try:  # the bytes still buffered would fail again at exit: point the descriptor at /dev/null
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _stdout_reader_may_leave():
+    real = sys.stdout
+    sys.stdout = guard = _ReaderMayLeave(real)
+    try:
+        yield
+    finally:
+        guard.flush()
+        if sys.stdout is guard:
+            sys.stdout = real
+
+
+def _close_log(args) -> None:
+    """Close the run's query log (its WAL is folded back into the file: nothing is left half-written)."""
+    for log in (getattr(getattr(args, "tracked_oracle", None), "log", None), getattr(args, "query_log", None)):
+        if log is not None:
+            log.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,8 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, or a usage error already printed on one line
         return exc.code if isinstance(exc.code, int) else EXIT_REFUSED
     try:
-        with _signals_end_the_run():
-            return args.func(args)
+        with _signals_end_the_run(), _stdout_reader_may_leave():
+            try:
+                return args.func(args)
+            finally:
+                _close_log(args)
     except CheckFailedError as exc:
         return _end(args, "check failed", str(exc), EXIT_CHECK_FAILED)
     except AttnprobeError as exc:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+from pathlib import Path
 
 from attnprobe.errors import ConfigError
 
@@ -106,15 +109,73 @@ def _chosen_learners(method: str, whole_layers: bool, rank: int | None) -> list[
     return list(dict.fromkeys(names))
 
 
+@contextlib.contextmanager
+def claimed_folder(out: Path):
+    """Hold ``out`` for one audit: a second audit writing into the same folder at the same time is refused
+    (an advisory lock on ``out/.audit.lock``), and the head files of an earlier audit there are removed first
+    (results.json lists only the heads of this run)."""
+    import fcntl
+
+    from attnprobe.cli.common import writable_folder
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a folder; give a folder for results.json, report.html "
+                          "and heads/")
+    writable_folder(out, "--out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = open(out / ".audit.lock", "a+")
+    except OSError as exc:
+        raise ConfigError(f"--out: cannot use the folder {out} ({exc.strerror or exc}); choose another") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        pid = lock.read().strip() or "?"
+        lock.close()
+        raise ConfigError(f"another audit (process {pid}) is writing into {out}; wait for it to finish or give "
+                          "another --out folder") from None
+    try:
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        for stale in sorted((out / "heads").glob("*.npz")):
+            stale.unlink()
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            (out / ".audit.lock").unlink()
+        lock.close()
+
+
+def _refuse_values(args) -> None:
+    """Values every task would fail on are refused before any task runs."""
+    if args.rank is not None and args.rank < 1:
+        raise ConfigError(f"--rank must be at least 1 (the head dimension); got {args.rank}")
+    if args.seed < 0:
+        raise ConfigError(f"--seed must be an integer >= 0; got {args.seed}")
+    from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries
+
+    floor = check_queries(DEFAULT_LENGTHS, 8)
+    if args.budget is not None and 0 < args.budget < floor:
+        raise ConfigError(f"--budget {args.budget} is below the {floor} queries of the functional check alone, so "
+                          f"no extraction could finish; give at least {floor} (a budget that merely falls short is "
+                          "reported as a finding)")
+
+
 def run(args) -> int:
     from attnprobe.audit import run_audit
 
+    _refuse_values(args)
+    if not str(args.out).strip():
+        raise ConfigError("--out names the folder for results.json, report.html and heads/; got ''")
     tasks = build_tasks(args)
     engine = "ray" if args.ray is not None else "processes"
     info = {"model": args.model or args.safetensors, "method": args.method, "seed": args.seed, "row": args.row,
             "rank": args.rank, "budget": args.budget}
-    res = run_audit(tasks, args.out, engine=engine, workers=args.workers, address=args.ray or None,
-                    progress=not args.quiet, info=info)
+    with claimed_folder(Path(args.out)):
+        res = run_audit(tasks, args.out, engine=engine, workers=args.workers, address=args.ray or None,
+                        progress=not args.quiet, info=info)
     failed = sum(1 for r in res.records if r["error"])
     spent = sum(r["queries"] + r.get("check_queries", 0) for r in res.records)
     print(f"audit: {len(res.records)}/{len(tasks)} tasks finished ({failed} failed) on {engine} in "
@@ -125,6 +186,12 @@ def run(args) -> int:
         print(f"attnprobe: interrupted: audit stopped by {how}; the {len(res.records)} finished tasks are kept in "
               f"{args.out}/results.json", file=sys.stderr)
         return 143 if res.terminated else 130
+    errors = [str(r["error"]) for r in res.records if r["error"]]
+    findings = all(e.startswith("BudgetExceededError") for e in errors)  # the attacker's budget fell short
+    if res.records and failed == len(res.records) and not findings:  # nothing recovered: the audit failed
+        first = next(e for e in errors if not e.startswith("BudgetExceededError"))
+        raise ConfigError(f"every one of the {failed} tasks failed (see {args.out}/results.json); the first: "
+                          f"{str(first).rstrip('.')}")
     return 0
 
 

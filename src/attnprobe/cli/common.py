@@ -54,13 +54,25 @@ def same_file(a: Path, b: Path) -> bool:
             return os.path.samefile(a, b)
     except OSError:
         pass
-    return a.resolve() == b.resolve()
+    try:
+        return a.resolve() == b.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: compare the spellings
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+#: characters the atomic save adds to a file name for its temporary file (".NAME.XXXXXXXX.part")
+TEMP_NAME_EXTRA = 16
 
 
 def plan_outputs(out, inputs=(), flag: str = "--out") -> tuple[Path, Path]:
     """OUT.npz and OUT.json for ``--out``, checked before any query is asked (:func:`plan_file`)."""
     from attnprobe.models.io import npz_path
 
+    text = str(out)
+    if not text.strip() or text.endswith(("/", os.sep)) or Path(text).name in ("", ".", ".."):
+        raise ConfigError(f"{flag} names the .npz file of the result; got {text!r}, which is not a file name")
+    if Path(text).exists() and not Path(text).is_file():
+        raise ConfigError(f"{flag}: {text} exists and is not a regular file; give a file path")
     try:
         npz = npz_path(out)
     except ConfigError:
@@ -79,7 +91,21 @@ def plan_file(path, inputs=(), flag: str = "--out") -> Path:
     if path.exists() and not path.is_file():
         raise ConfigError(f"{flag}: {path} exists and is not a regular file")
     writable_folder(path.parent, flag)
+    try:
+        name_max = os.pathconf(_existing(path.parent), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    if len(path.name.encode()) + TEMP_NAME_EXTRA > name_max:
+        raise ConfigError(f"{flag}: the file name {path.name[:40]}... has {len(path.name.encode())} bytes; this "
+                          f"folder allows {name_max - TEMP_NAME_EXTRA} (room is kept for a temporary name while "
+                          "saving); choose a shorter name")
     return path
+
+
+def _existing(folder: Path) -> Path:
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
 
 
 def writable_folder(folder: Path, flag: str) -> None:

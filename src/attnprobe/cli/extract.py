@@ -42,15 +42,16 @@ def _oracle_from_args(args, chain, learner) -> Oracle:
     oracle = remote.source_oracle(args, budget=args.budget, precision=precision, chain=chain)
     oracle = oracle if oracle is not None else _plain_oracle_from_args(args, chain, precision, learner)
     oracle.max_input_norm = args.max_input_norm
-    return remote.attach_log(oracle, args)
+    return oracle
 
 
 def _plain_oracle_from_args(args, chain, precision, learner) -> Oracle:
     kw = {"budget": args.budget, "outputs": args.outputs, "chain": chain, "precision": precision}
-    if args.hf_dir:
-        return hf.oracle_from_args(args, kw)
     if args.target and args.oracle:
         raise ConfigError("give either --oracle MODULE:ATTR or --target FILE.npz, not both")
+    kw["log"] = remote.open_log(args, chain)  # built with the Oracle; a log of another oracle is refused here
+    if args.hf_dir:
+        return hf.oracle_from_args(args, kw)
     if args.target:  # a saved model's precision is its --dtype unless --answer-precision says otherwise
         oracle = oracle_from_file(args.target, dtype=args.dtype, **kw)
         if args.d is not None and args.d != oracle.d:

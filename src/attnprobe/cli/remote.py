@@ -8,6 +8,8 @@ from the log: not asked, not charged to any budget) and ``queries_asked`` (sent 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from attnprobe.errors import ConfigError
 from attnprobe.models import PRECISIONS
 
@@ -28,11 +30,14 @@ def add_arguments(parser) -> None:
     g.add_argument("--replay", action="store_true", help="answer only from --log (offline rerun of a learner)")
 
 
-def identity(args, chain) -> str:
-    """The oracle's identity recorded in the log: its source plus every option of its answer ``chain``."""
+def identity(args, chain, source: str | None = None) -> str:
+    """The oracle's identity recorded in the log: its source (``source`` for a URL: the server's own account of
+    itself) plus every option of its answer ``chain``."""
     from attnprobe.oracles.querylog import file_identity, identity_of
 
-    if args.target:
+    if source is not None:
+        pass
+    elif args.target:
         source = f"{file_identity(args.target)} dtype={args.dtype}"
     elif getattr(args, "hf_dir", None):
         from attnprobe.cli.hf import identity as hf_identity
@@ -45,41 +50,74 @@ def identity(args, chain) -> str:
     return identity_of(source, **chain.identity_options())
 
 
-def source_oracle(args, **kw):
-    """The oracle for ``--url`` or ``--replay`` (``None`` when neither is given)."""
-    if args.replay:
-        from attnprobe.oracles import Oracle
-        from attnprobe.oracles.querylog import QueryLog, ReplayOracle
+def open_log(args, chain, source: str | None = None):
+    """The query log ``--log`` for this run's oracle (None without ``--log``); a log of another oracle is refused
+    here, before any query. It is given to the Oracle when the Oracle is built, and closed when the run ends."""
+    if not getattr(args, "log", None):
+        return None
+    from attnprobe.cli.common import writable_folder
+    from attnprobe.oracles.querylog import QueryLog
 
-        if not args.log:
-            raise ConfigError("--replay answers from a query log: give --log FILE.sqlite")
-        log = QueryLog(args.log, readonly=True)
-        if args.d is not None and args.d != log.d:
-            raise ConfigError(f"--d {args.d} does not match the width d = {log.d} recorded in {args.log}")
-        oracle = Oracle(ReplayOracle(log), log.d, name=f"replay of {args.log}", **kw)
-        oracle.log = log
-        return oracle
+    folder = Path(args.log).parent
+    if not folder.is_dir():  # refused before any query is paid for (SQLite creates no folders)
+        raise ConfigError(f"--log: the folder {folder} does not exist; create it or give another path")
+    writable_folder(folder, "--log")
+    args.query_log = QueryLog(args.log, identity=identity(args, chain, source), defences=chain.spec)
+    return args.query_log
+
+
+def _replay_oracle(args, kw):
+    """``--replay``: the log answers everything. Flags that would name another oracle are refused; the defences
+    the log recorded are this run's (they declare the answers' noise; nothing is re-applied to the answers)."""
+    from attnprobe.oracles import Oracle
+    from attnprobe.oracles.chain import AnswerChain
+    from attnprobe.oracles.querylog import QueryLog, ReplayOracle
+
+    if not args.log:
+        raise ConfigError("--replay answers from a query log: give --log FILE.sqlite")
+    for flag in ("target", "oracle", "url", "api_key", "hf_dir"):
+        if getattr(args, flag, None):
+            raise ConfigError(f"--replay answers from the query log alone, which records its own oracle; drop "
+                              f"--{flag.replace('_', '-')}")
+    log = args.query_log = QueryLog(args.log, readonly=True)
+    if args.d is not None and args.d != log.d:
+        raise ConfigError(f"--d {args.d} does not match the width d = {log.d} recorded in {args.log}")
+    if getattr(args, "outputs", None) is not None and log.outputs is not None and args.outputs != log.outputs:
+        raise ConfigError(f"--outputs {args.outputs} does not match the {log.outputs} answer(s) per sequence recorded "
+                          f"in {args.log}")
+    given = kw.get("chain") or AnswerChain()
+    recorded = log.defences()
+    if recorded is not None:
+        chain = AnswerChain.parse(recorded)
+        if not given.empty and given.spec != chain.spec:
+            raise ConfigError(f"the defences of this run ({given.spec}) contradict those the log {args.log} recorded "
+                              f"({chain.spec}); --replay answers as recorded: give the same defence flags or none")
+        if chain.membership and getattr(args, "method", None) != "membership":
+            raise ConfigError(f"the log {args.log} recorded yes/no answers (membership); replay them with --method "
+                              "membership")
+        kw["chain"] = chain  # declared, not re-applied: every answer comes from the log
+    if not args.answer_precision and log.precision:
+        kw["precision"] = log.precision  # read the answers as the recording run did
+    return Oracle(ReplayOracle(log), log.d, name=f"replay of {args.log}", log=log, **kw)
+
+
+def source_oracle(args, **kw):
+    """The oracle for ``--url`` or ``--replay`` (``None`` when neither is given), built with its query log."""
+    if args.replay:
+        return _replay_oracle(args, kw)
     if args.url:
         if args.target or args.oracle:
             raise ConfigError("give one oracle: --url, --oracle MODULE:ATTR or --target FILE.npz")
-        from attnprobe.oracles.http import oracle_from_url
+        from attnprobe.oracles.http import HttpOracle, oracle_from_http
 
-        return oracle_from_url(args.url, args.api_key, args.d, timeout=args.timeout, retries=args.retries,
-                               concurrency=args.concurrency, **kw)
+        fn = HttpOracle(args.url, args.api_key, timeout=args.timeout, retries=args.retries,
+                        concurrency=args.concurrency)
+        from attnprobe.oracles.chain import AnswerChain
+
+        return oracle_from_http(fn, args.d, log=open_log(args, kw.get("chain") or AnswerChain(), fn.identity), **kw)
     if args.api_key:
         raise ConfigError("--api-key goes with --url")
     return None
-
-
-def attach_log(oracle, args):
-    """Open ``--log`` for this oracle (refusing a log of another oracle) unless the oracle already has one."""
-    if not args.log or getattr(oracle, "log", None) is not None:
-        return oracle
-    from attnprobe.oracles.querylog import QueryLog
-
-    oracle.log = QueryLog(args.log, identity=identity(args, oracle.chain), d=oracle.d,
-                          precision=args.answer_precision or "auto")
-    return oracle
 
 
 def describe(oracle) -> dict:
@@ -98,7 +136,7 @@ def describe(oracle) -> dict:
     log = getattr(oracle, "log", None)
     if log is not None:
         out["query_log"] = log.summary()
-        log.set_meta("detected_precision", detector.precision if detector is not None else oracle.precision)
+        out["check_answered_by"] = "the query log (replay)" if log.readonly else "the oracle (never the log)"
     return out
 
 
@@ -120,6 +158,8 @@ def spent(oracle) -> str:
     log = getattr(oracle, "log", None)
     if log is None:
         where = f"{asked} queries spent (not logged)"
+    elif log.refused:
+        where = f"{asked} queries spent (asked to recognise the oracle of {log.path}; nothing logged)"
     elif log.readonly:
         where = f"0 queries spent (replay: {getattr(oracle, 'from_log', 0)} answered from {log.path})"
     else:

@@ -4,9 +4,23 @@ from __future__ import annotations
 
 
 def run(args) -> int:
-    from attnprobe.reproduce import run_claims
+    from pathlib import Path
 
-    claims = run_claims(args.out, quick=args.quick, names=args.claims)
+    from attnprobe.cli.common import writable_folder
+    from attnprobe.errors import ConfigError
+    from attnprobe.reproduce import run_claims
+    from attnprobe.reproduce.run import select
+
+    select(args.claims)  # refused before anything runs
+    out = Path(args.out)
+    if not str(args.out).strip():
+        raise ConfigError("--out names the folder for results.json, report.html and figures/; got ''")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a folder; give a folder for results.json, report.html "
+                          "and figures/")
+    writable_folder(out, "--out")
+    args.written = []  # what an interrupted run leaves behind, for its last line
+    claims = run_claims(args.out, quick=args.quick, names=args.claims, written=args.written)
     failed = [c.claim for c in claims if c.holds is False]
     print(f"reproduce: {sum(c.holds is True for c in claims)} claims hold, {len(failed)} do not"
           f"{' (' + ', '.join(failed) + ')' if failed else ''}, {sum(c.holds is None for c in claims)} not yet "

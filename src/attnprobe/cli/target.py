@@ -10,7 +10,21 @@ from attnprobe.models import save_model
 TARGET_BYTES_PER_D2 = 3 * 8
 
 
+def _refuse_options(args) -> None:
+    """Options that cannot describe the model asked for are refused before anything is written."""
+    from attnprobe.errors import ConfigError
+
+    if args.zero_v and args.kind != "random":
+        raise ConfigError(f"--zero-v is for target random; drop it for target {args.kind}")
+    if args.zero_v > args.d:
+        raise ConfigError(f"--zero-v {args.zero_v} asks for more zero entries of v than its d = {args.d} entries; "
+                          f"give at most {args.d}")
+    if args.outputs is not None and args.kind != "relu":
+        raise ConfigError(f"--outputs is for target relu; drop it for target {args.kind}")
+
+
 def run(args) -> int:
+    _refuse_options(args)
     path, _ = plan_outputs(args.out)
     if args.kind == "hf-attention":
         from attnprobe.cli.hf import write_target
@@ -88,7 +102,7 @@ def add_parser(sub) -> None:
     t.add_argument("--zero-v", type=nonneg_int, default=0, help="number of zero entries of v")
     t.add_argument("--no-bias", action="store_true")
     t.add_argument("--relu-bias", action="store_true", help="relu: hidden biases b and output bias c")
-    t.add_argument("--outputs", type=int, metavar="K", help="relu: K outputs per input (w_o of shape m×K)")
+    t.add_argument("--outputs", type=positive_int, metavar="K", help="relu: K outputs per input (w_o of shape m×K)")
     t.add_argument("--layer", type=nonneg_int, default=0)
     t.add_argument("--head", type=nonneg_int, default=0)
     t.add_argument("--row", type=nonneg_int,

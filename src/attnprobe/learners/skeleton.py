@@ -29,6 +29,10 @@ def _no_progress(done: int, total: int) -> None:
     return None
 
 
+#: learners that read one number per sequence (those that start with ``exact.learn_value`` say so there too)
+SCALAR_METHODS = frozenset({"exact", "lowrank", "nuclear", "robust", "membership", "transformer"})
+
+
 class Run:
     """One extraction in progress on ``oracle`` (see the module docstring)."""
 
@@ -50,6 +54,8 @@ class Run:
         self.t0 = time.perf_counter()
         self.start = oracle.queries
         self._phase_start = dict(oracle.queries_by_phase)
+        if method in SCALAR_METHODS and hasattr(oracle, "expect_scalar"):
+            oracle.expect_scalar(method)  # K > 1 outputs refused in one line, (B, 1) read as (B,)
 
     @property
     def check_queries(self) -> int:
@@ -110,7 +116,7 @@ class Run:
         if self.check:
             oracle = check_oracle or self.oracle
             target = check_model if check_model is not None else model
-            with oracle.phase("check"):
+            with oracle.phase("check", fresh=True):  # never answered from a query log
                 if check_fn is not None:
                     result.check = check_fn(oracle, target, self.rng, self.check_lengths, self.check_per_length)
                 else:

@@ -42,9 +42,9 @@ class AntisymmetricOracle(Oracle):
         return self.base.noise.scaled(2.0)
 
     @contextmanager
-    def phase(self, name: str, *, absorb: bool = False):
-        """Charge both this oracle's and the base's queries to ``name``."""
-        with super().phase(name, absorb=absorb), self.base.phase(name, absorb=absorb):
+    def phase(self, name: str, *, absorb: bool = False, fresh: bool = False):
+        """Charge both this oracle's and the base's queries to ``name`` (``fresh``: see :meth:`Oracle.phase`)."""
+        with super().phase(name, absorb=absorb), self.base.phase(name, absorb=absorb, fresh=fresh):
             yield
 
     def _answer(self, X: np.ndarray) -> np.ndarray:

@@ -15,7 +15,13 @@ from attnprobe.models.precision import coarser, machine_epsilon
 from attnprobe.oracles.noise import AnswerNoise, noise_of
 from attnprobe.oracles.wrappers import declared_precision
 from attnprobe.oracles.precision_detect import PrecisionDetector
-from attnprobe.oracles.querylog import answer_through_log
+
+
+def _keys(X):
+    from attnprobe.oracles.querylog import sequence_keys
+
+    return sequence_keys(X)
+
 
 QueryFn = Callable[[np.ndarray], np.ndarray]
 
@@ -52,9 +58,11 @@ class Oracle:
     :class:`OracleAnswerError`. ``precision`` names the precision the answers are computed in (it sets the
     noise floor learners use to tell signal from rounding; ``"auto"`` reads it from the answers, see
     :mod:`~attnprobe.oracles.precision_detect`); ``max_batch`` splits large batches. With a ``log``
-    (:class:`~attnprobe.oracles.querylog.QueryLog`) every answer is stored before use and answers already in
-    the log are not asked again: they count in ``queries`` (and their phase) and in ``from_log``, but not
-    against ``budget``.
+    (:class:`~attnprobe.oracles.querylog.QueryLog`, given here and bound to this oracle's ``d``) every answer is
+    stored before use and answers already in the log are not asked again: they count in ``queries`` (and their
+    phase) and in ``from_log``, but not against ``budget``. Resuming a log first re-asks its recorded probes
+    (phase ``"log check"``, paid) and refuses a log of another oracle; queries inside a ``fresh`` phase (the
+    functional check) are always asked, never answered from the log (except in a replay, which has nothing else).
 
     Every query is charged to the innermost active :meth:`phase` (``queries_by_phase``; queries asked outside
     any phase go to ``"unphased"``), so a learner's per-phase counts always sum to its total. ``noise`` is what
@@ -97,9 +105,12 @@ class Oracle:
         self._phases: list[tuple[str, bool]] = []
         self.log = log
         self.from_log = 0
+        self._fresh = 0
         self.max_input_norm = max_input_norm
         #: the largest input row norm sent to this oracle so far
         self.max_input_norm_used = 0.0
+        if log is not None:  # bound to this oracle: a log of another width or output count is refused here
+            log.attach(self.d, self.outputs, decided)
 
     @property
     def precision(self) -> str:
@@ -133,17 +144,21 @@ class Oracle:
         return noise_of(self.fn)
 
     @contextmanager
-    def phase(self, name: str, *, absorb: bool = False) -> Iterator[None]:
+    def phase(self, name: str, *, absorb: bool = False, fresh: bool = False) -> Iterator[None]:
         """Charge every query asked inside the ``with`` block to phase ``name`` (the innermost phase wins).
 
         ``absorb``: the block keeps every query, even those asked inside inner phases (a learner that runs
-        another learner as one of its phases, e.g. the transformer's ``"attention"``).
+        another learner as one of its phases, e.g. the transformer's ``"attention"``). ``fresh``: every answer
+        inside is asked from the oracle, none taken from the query log (the functional check must test the
+        oracle itself); the answers are still logged.
         """
         self._phases.append((str(name), bool(absorb)))
+        self._fresh += bool(fresh)
         try:
             yield
         finally:
             self._phases.pop()
+            self._fresh -= bool(fresh)
 
     def _charge(self, n: int) -> None:
         self.queries += n
@@ -205,12 +220,42 @@ class Oracle:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _answer_part(self, X: np.ndarray) -> np.ndarray:
-        y = self._ask(X) if self.log is None else answer_through_log(self, X)
+        y = self._ask(X) if self.log is None else self._through_log(X)
         if self.detector is not None:
             self.detector.observe(y)
         if self._scalar is not None and y.ndim == 2:
             self._refuse_outputs(y.shape[1])
             y = y[:, 0]
+        return y
+
+    def _ask_paid(self, X: np.ndarray, what: str = "missing from the log") -> np.ndarray:
+        """Ask the callable for ``X`` with the budget checked for all of it (queries the log cannot answer)."""
+        self.require(len(X), f"a batch of {len(X)} queries {what}", paid=True)
+        return self._ask(X)
+
+    def _ask_again(self, X: np.ndarray) -> np.ndarray:
+        return self._ask_paid(X, "re-asked to check that the log is this oracle's")
+
+    def _through_log(self, X: np.ndarray) -> np.ndarray:
+        """Answers through the log: recorded ones counted in ``queries`` and ``from_log`` (charged to the current
+        phase, not to the budget); the missing ones asked, validated and stored before anything is returned."""
+        log = self.log
+        if not log.verified:  # a resumed log: is it this oracle's? (a new or replayed one needs no check)
+            if len(log) and not log.readonly:
+                with self.phase("log check"):
+                    log.verify(self._ask_again, self.noise)
+            log.verified = True
+        if self._fresh and not log.readonly:
+            y = self._ask_paid(X)
+            log.store(_keys(X), X, y)
+            log.asked += len(X)
+            return y
+        before = log.hits
+        y = log.answer(X, self._ask_paid)
+        hits = log.hits - before
+        self._charge(hits)
+        self.from_log += hits
+        self._check_shape(y, len(X))  # answers all from the log still fix K (a replay asks nothing)
         return y
 
     def expect_scalar(self, learner: str) -> None:
@@ -223,21 +268,27 @@ class Oracle:
     def _refuse_outputs(self, k: int) -> None:
         if k != 1:
             raise OracleAnswerError(f"the oracle {self.name!r} answers {k} outputs per sequence, but the {self._scalar} "
-                                    "learner reads one number per sequence; use a learner for vector answers, or "
-                                    "make the oracle return one output")
+                                    "learner reads one number per sequence; use a learner that reads K outputs per "
+                                    "sequence (the ffn learner for a ReLU network with K outputs), or make the oracle "
+                                    "return one output")
 
     def _ask(self, X: np.ndarray) -> np.ndarray:
         B = X.shape[0]
         try:
             raw = self.fn(X)
         except SystemExit as exc:  # an oracle must not end the process: report it like any failure
+            self._charge(B)
             raise OracleError(f"the oracle {self.name!r} called exit({exc.code!r}) on a batch of shape {X.shape}; "
                               "an oracle must return answers or raise an exception") from exc
         except Exception as exc:
+            # a remote oracle says how many of the sequences its server charged before failing (``charged``)
+            self._charge(min(B, max(0, int(getattr(exc, "charged", B)))))
             raise OracleError(f"the oracle {self.name!r} failed on a batch of shape {X.shape}: "
                               f"{type(exc).__name__}: {exc}") from exc
-        finally:
+        except BaseException:  # interrupted inside the call: the batch may have been paid for
             self._charge(B)
+            raise
+        self._charge(B)
         y = self._numbers(raw, B)
         self._check_shape(y, B)
         bad = ~np.isfinite(y)
@@ -266,6 +317,8 @@ class Oracle:
     def _numbers(self, raw, B: int) -> np.ndarray:
         """The answers as float64, refusing what a conversion would corrupt (complex, strings, objects)."""
         try:
+            if hasattr(raw, "detach") and hasattr(raw, "requires_grad"):  # a torch tensor, maybe with a graph
+                raw = raw.detach().cpu()
             arr = np.asarray(raw)
             if arr.dtype.kind == "O":
                 arr = arr.astype(np.float64)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -30,45 +31,53 @@ class RemoteRefusal(OracleError):
 
 
 class HttpOracle:
-    """Callable ``X (B, N, d) -> y (B,)`` answered by ``POST {url}/v1/query``.
+    """Callable ``X (B, N, d) -> y (B,)`` or ``(B, K)`` answered by ``POST {url}/v1/query``.
 
-    ``api_key`` defaults to the ``ATTNPROBE_API_KEY`` environment variable. ``max_batch`` caps the sequences
-    per request (the server's limit wins when smaller), ``concurrency`` the requests in flight, ``timeout`` each
-    request's seconds, ``retries`` the attempts after the first one for a transient failure.
+    ``api_key`` defaults to the ``ATTNPROBE_API_KEY`` environment variable; it travels only as a Bearer token
+    (a URL with ``user:password@`` is refused: credentials in URLs end up in logs and messages). ``max_batch``
+    caps the sequences per request (the server's limit wins when smaller), ``concurrency`` the requests in
+    flight, ``timeout`` each request's seconds, ``retries`` the attempts after the first one for a transient
+    failure. When a call fails, the error's ``charged`` says how many of its sequences the server answered
+    (and charged) before it failed.
     """
 
     def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 60.0, retries: int = 6,
                  concurrency: int = 4, max_batch: int | None = None, backoff: float = 0.25):
         import httpx
 
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"the URL must start with http:// or https://; got {url!r}")
+        self.url = _checked_url(url)
         key = api_key or os.environ.get(KEY_ENV)
         if not key:
             raise ConfigError(f"the API needs a key: give --api-key KEY or set {KEY_ENV}")
-        if concurrency < 1 or retries < 0 or not timeout > 0:
-            raise ConfigError("concurrency must be >= 1, retries >= 0 and the timeout > 0 seconds")
-        self.url = url.rstrip("/")
+        if not (key.isascii() and key.isprintable()) or key != key.strip():
+            raise ConfigError("the API key must be printable ASCII without spaces at its ends (HTTP headers carry "
+                              "nothing else); check --api-key or " + KEY_ENV)
+        if not (_is_int(concurrency) and concurrency >= 1 and _is_int(retries) and retries >= 0):
+            raise ConfigError(f"the concurrency must be an integer >= 1 and the retries >= 0; got {concurrency} "
+                              f"and {retries}")
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+            raise ConfigError(f"the timeout must be a finite number of seconds > 0; got {timeout}")
         self.retries, self.backoff, self.concurrency = int(retries), float(backoff), int(concurrency)
-        self._client = httpx.Client(base_url=self.url, timeout=timeout,
-                                    headers={"Authorization": f"Bearer {key}"},
-                                    limits=httpx.Limits(max_connections=self.concurrency + 1))
+        try:
+            self._client = httpx.Client(base_url=self.url, timeout=timeout,
+                                        headers={"Authorization": f"Bearer {key}"},
+                                        limits=httpx.Limits(max_connections=self.concurrency + 1))
+        except (httpx.InvalidURL, ValueError) as exc:
+            raise ConfigError(f"the URL {self.url} is not usable ({exc}); give http://HOST:PORT") from None
         self._lock = threading.Lock()
         self.requests = self.retried = 0
         info = self._request("GET", "/v1/info")
-        try:
-            self.d = int(info["d"])
-            server_batch = int(info.get("max_batch") or 1024)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise OracleError(f"{self.url}/v1/info did not say the input width d; is this an attnprobe API?") from exc
+        self.d = _positive_int(info.get("d"), f"{self.url}/v1/info says the input width d is {info.get('d')!r}")
+        server_batch = info.get("max_batch", 1024)
+        server_batch = _positive_int(server_batch, f"{self.url}/v1/info says max_batch is {server_batch!r}")
         self.max_batch = min(server_batch, int(max_batch)) if max_batch else server_batch
         self.server_name = str(info.get("name", ""))
         self.__name__ = self.url
 
     @property
     def identity(self) -> str:
-        """What the query log records to refuse mixing answers of two different APIs."""
-        return f"url={self.url} name={self.server_name} d={self.d}"
+        """What the query log records for this API: its URL and its own account of the model (name, d)."""
+        return f"url {self.url} name={self.server_name} d={self.d}"
 
     def usage(self) -> dict:
         """``GET /v1/usage``: this key's ``queries`` and ``budget`` on the server."""
@@ -83,11 +92,28 @@ class HttpOracle:
             raise ConfigError(f"queries to {self.url} must have shape (B, N, {self.d}); got {X.shape}")
         chunks = [X[i:i + self.max_batch] for i in range(0, X.shape[0], self.max_batch)]
         if len(chunks) <= 1 or self.concurrency == 1:
-            parts = [self._query(c) for c in chunks]
+            parts = []
+            for c in chunks:
+                try:
+                    parts.append(self._query(c))
+                except Exception as exc:
+                    exc.charged = sum(len(p) for p in parts)
+                    raise
         else:
             with ThreadPoolExecutor(max_workers=min(self.concurrency, len(chunks))) as pool:
-                parts = list(pool.map(self._query, chunks))
-        return np.concatenate(parts) if parts else np.zeros(0)
+                futures = [pool.submit(self._query, c) for c in chunks]
+                wait(futures)
+            failed = [f.exception() for f in futures if f.exception() is not None]
+            if failed:  # the other chunks were answered, and charged, all the same
+                failed[0].charged = sum(len(f.result()) for f in futures if f.exception() is None)
+                raise failed[0]
+            parts = [f.result() for f in futures]
+        if not parts:
+            return np.zeros(0)
+        if len({p.shape[1:] for p in parts}) > 1:
+            raise OracleError(f"{self.url}/v1/query answered a different number of outputs per sequence for "
+                              "two parts of one batch")
+        return np.concatenate(parts)
 
     def _query(self, X: np.ndarray) -> np.ndarray:
         body = json.dumps({"inputs": X.tolist()}).encode()
@@ -96,10 +122,12 @@ class HttpOracle:
                             headers={"Content-Type": "application/json", "Idempotency-Key": idem})
         try:
             y = np.asarray(out["outputs"], dtype=np.float64)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise OracleError(f"{self.url}/v1/query answered without a list of numbers under 'outputs'") from exc
-        if y.shape != (X.shape[0],):
-            raise OracleError(f"{self.url}/v1/query answered {y.size} numbers for {X.shape[0]} sequences")
+        except (KeyError, TypeError, ValueError, OverflowError):
+            y = None
+        if y is None or y.ndim not in (1, 2) or y.shape[0] != X.shape[0] or (y.ndim == 2 and y.shape[1] < 1):
+            got = "no list of numbers under 'outputs'" if y is None else f"outputs of shape {y.shape}"
+            raise OracleError(f"{self.url}/v1/query answered {got} for {X.shape[0]} sequences; an attnprobe API "
+                              "answers one number (or K numbers) per sequence")
         return y
 
     def _request(self, method: str, path: str, **kw) -> dict:
@@ -107,16 +135,18 @@ class HttpOracle:
 
         last = ""
         for attempt in range(self.retries + 1):
-            wait = min(MAX_BACKOFF, self.backoff * 2 ** attempt)
+            wait_s = min(MAX_BACKOFF, self.backoff * 2 ** attempt)
             try:
                 r = self._client.request(method, path, **kw)
             except httpx.TransportError as exc:  # connection refused/reset, timeouts
                 last = f"{type(exc).__name__}: {exc}"
+            except httpx.HTTPError as exc:  # e.g. an unusable URL
+                raise ConfigError(f"cannot ask {self.url}{path}: {type(exc).__name__}: {exc}") from None
             else:
                 with self._lock:
                     self.requests += 1
                 if r.status_code < 400:
-                    return r.json()
+                    return _json_object(r, f"{self.url}{path}")
                 detail = _detail(r)
                 if r.status_code == 401:
                     raise RemoteRefusal(f"{self.url} refused the API key (401: {detail}); check --api-key or "
@@ -129,15 +159,57 @@ class HttpOracle:
                 after = r.headers.get("Retry-After")
                 if after:
                     try:
-                        wait = min(MAX_BACKOFF * 4, max(wait, float(after)))
+                        wait_s = min(MAX_BACKOFF * 4, max(wait_s, float(after)))
                     except ValueError:
                         pass
             if attempt < self.retries:
                 with self._lock:
                     self.retried += 1
-                time.sleep(wait)
+                time.sleep(wait_s)
         raise OracleError(f"{self.url}{path} failed {self.retries + 1} times (last: {last}); "
                           "the server is down, overloaded or out of budget")
+
+
+def _checked_url(url: str) -> str:
+    """``url`` without a trailing slash; refused (never echoed with its credentials) when unusable."""
+    import httpx
+
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ConfigError("the URL must start with http:// or https://")
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise ConfigError(f"the URL is not usable ({exc}); give http://HOST:PORT") from None
+    if parsed.userinfo:
+        raise ConfigError("the URL carries a user name or password; give the key with --api-key or "
+                          f"{KEY_ENV} (it is sent as a Bearer token), not in the URL")
+    if not parsed.host:
+        raise ConfigError("the URL names no host; give http://HOST:PORT")
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise ConfigError(f"the URL's port {parsed.port} is not between 1 and 65535")
+    return url.rstrip("/")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _positive_int(value, what: str) -> int:
+    if not (_is_int(value) and value >= 1):
+        raise OracleError(f"{what}; an attnprobe API reports a positive integer (is this an attnprobe API?)")
+    return int(value)
+
+
+def _json_object(r, where: str) -> dict:
+    try:
+        out = r.json()
+    except ValueError:
+        out = None
+    if not isinstance(out, dict):
+        kind = r.headers.get("content-type", "unknown content")
+        raise OracleError(f"{where} answered {kind.split(';')[0]} that is not a JSON object; is this an attnprobe "
+                          "API?")
+    return out
 
 
 def _detail(r) -> str:
@@ -150,14 +222,20 @@ def _detail(r) -> str:
     return str(detail)
 
 
-def oracle_from_url(url: str, api_key: str | None = None, d: int | None = None, *, timeout: float = 60.0,
-                    retries: int = 6, concurrency: int = 4, **kwargs):
-    """An :class:`~attnprobe.oracles.base.Oracle` asking the API at ``url`` (``d`` read from ``/v1/info``)."""
+def oracle_from_http(fn: HttpOracle, d: int | None = None, **kwargs):
+    """An :class:`~attnprobe.oracles.base.Oracle` asking the API behind ``fn`` (``d`` checked against
+    ``/v1/info``); ``kwargs`` go to the Oracle (``log``, ``budget``, ...)."""
     from attnprobe.oracles.base import Oracle
 
-    fn = HttpOracle(url, api_key, timeout=timeout, retries=retries, concurrency=concurrency)
     if d is not None and int(d) != fn.d:
-        raise ConfigError(f"--d {d} does not match the width d = {fn.d} that {url}/v1/info reports")
+        raise ConfigError(f"--d {d} does not match the width d = {fn.d} that {fn.url}/v1/info reports")
     kwargs.setdefault("max_batch", fn.max_batch * fn.concurrency)
     kwargs.setdefault("precision", "auto")  # a remote model's precision is read from its answers
     return Oracle(fn, fn.d, name=fn.url, **kwargs)
+
+
+def oracle_from_url(url: str, api_key: str | None = None, d: int | None = None, *, timeout: float = 60.0,
+                    retries: int = 6, concurrency: int = 4, **kwargs):
+    """An :class:`~attnprobe.oracles.base.Oracle` asking the API at ``url`` (``d`` read from ``/v1/info``)."""
+    fn = HttpOracle(url, api_key, timeout=timeout, retries=retries, concurrency=concurrency)
+    return oracle_from_http(fn, d, **kwargs)

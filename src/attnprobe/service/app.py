@@ -1,17 +1,24 @@
 """FastAPI app serving one oracle callable (docs/architecture.md, "Served API").
 
 ``POST /v1/query {"inputs": [B sequences × N rows × d numbers]}`` with ``Authorization: Bearer KEY`` →
-``{"outputs": [B numbers]}``; ``GET /v1/info`` (``d``, limits), ``GET /v1/usage`` (the calling key's
+``{"outputs": [B numbers]}`` (``B × K`` numbers for a model with K outputs); ``GET /v1/info`` (``d``, limits), ``GET /v1/usage`` (the calling key's
 ``queries`` and ``budget``), ``GET /healthz`` (no key). Bad input gets a 4xx and never reaches the model:
 401 without or with a wrong key, 413 for a batch, sequence or body above the limits, 422 for anything
 malformed (bad JSON, strings, NaN, ±Infinity, numbers that overflow, empty or ragged sequences, wrong width),
 429 over budget or rate. A request carrying an ``Idempotency-Key`` header that the key already used is
 answered again from a small cache without a second charge (so a client that retries, or resumes after a
 crash, never pays twice for the batch that was in flight).
+
+The body is read as it arrives: a body past the limit gets 413 whether or not it announced its length
+(``Transfer-Encoding: chunked``), a body not complete within ``body_timeout`` seconds gets 408, and a client that
+disconnects mid-body costs one log line. A model that fails on a batch gets 500 with one log line, the charge
+given back.
 """
 
 
+import asyncio
 import hashlib
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Annotated, Callable
@@ -22,11 +29,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 
 from attnprobe.errors import ConfigError
 from attnprobe.service.keys import KeyStore, Refused
 
 API_VERSION = "1"
+LOG = logging.getLogger("attnprobe.service")
 
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Row = Annotated[list[Number], Field(min_length=1, description="one token: d numbers")]
@@ -38,7 +48,7 @@ class QueryRequest(BaseModel):
 
 
 class QueryResponse(BaseModel):
-    outputs: list[float]
+    outputs: list[float] | list[list[float]]
 
 
 class InfoResponse(BaseModel):
@@ -48,6 +58,7 @@ class InfoResponse(BaseModel):
     name: str
     api_version: str = API_VERSION
     rate: float | None = None
+    outputs: int | None = None
 
 
 class UsageResponse(BaseModel):
@@ -66,18 +77,23 @@ QUERY_BODY = {"required": True, "content": {"application/json": {"schema": Query
 @dataclass(frozen=True)
 class ServiceOptions:
     """Limits of the served API. ``max_body_bytes`` defaults to what ``max_batch`` sequences of
-    ``max_length`` rows need at 32 bytes a number (JSON text), with room for whitespace."""
+    ``max_length`` rows need at 32 bytes a number (JSON text), with room for whitespace. ``body_timeout``: seconds
+    a request body may take to arrive. ``outputs``: K answers per sequence (None: one, answered as ``(B,)``)."""
 
     d: int
     max_batch: int = 1024
     max_length: int = 512
     max_body_bytes: int | None = None
     name: str = "attnprobe"
+    body_timeout: float = 30.0
+    outputs: int | None = None
 
     def __post_init__(self) -> None:
         for field in ("d", "max_batch", "max_length"):
             if int(getattr(self, field)) < 1:
                 raise ConfigError(f"{field} must be at least 1; got {getattr(self, field)}")
+        if not self.body_timeout > 0:
+            raise ConfigError(f"body_timeout must be > 0 seconds; got {self.body_timeout}")
 
     @property
     def body_limit(self) -> int:
@@ -132,22 +148,49 @@ def build_app(fn: Callable[[np.ndarray], np.ndarray], options: ServiceOptions, k
     @app.get("/v1/info", response_model=InfoResponse, responses={401: {"description": "missing or wrong key"}})
     def info(kh: Annotated[bytes, Depends(caller)]) -> InfoResponse:
         return InfoResponse(d=d, max_batch=options.max_batch, max_length=options.max_length, name=options.name,
-                            rate=keys.rate)
+                            rate=keys.rate, outputs=options.outputs)
 
     @app.get("/v1/usage", response_model=UsageResponse, responses={401: {"description": "missing or wrong key"}})
     def usage(kh: Annotated[bytes, Depends(caller)]) -> UsageResponse:
         u = keys.usage(kh)
         return UsageResponse(queries=u.queries, budget=keys.budget, replayed=u.replayed)
 
+    async def read_body(request: Request) -> bytes:
+        """The body, counted as it arrives (413 past the limit) and timed (408 past ``body_timeout``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + options.body_timeout
+        chunks, size = [], 0
+        stream = request.stream().__aiter__()
+        while True:
+            try:
+                chunk = await asyncio.wait_for(stream.__anext__(), max(0.0, deadline - loop.time()))
+            except StopAsyncIteration:
+                return b"".join(chunks)
+            except (asyncio.TimeoutError, TimeoutError):
+                LOG.warning("request body from %s not complete after %g s: answered 408", _client(request),
+                            options.body_timeout)
+                raise _problem(408, f"the request body did not arrive within {options.body_timeout:g} s",
+                               {"Connection": "close"}) from None
+            size += len(chunk)
+            if size > options.body_limit:
+                raise _problem(413, f"request body above the limit of {options.body_limit} bytes; send smaller "
+                                    "batches")
+            chunks.append(chunk)
+
     @app.post("/v1/query", response_model=QueryResponse, openapi_extra={"requestBody": QUERY_BODY},
-              responses={401: {"description": "missing or wrong key"}, 413: {"description": "batch too big"},
-                         429: {"description": "over budget or rate"}})
+              responses={401: {"description": "missing or wrong key"}, 408: {"description": "body too slow"},
+                         413: {"description": "batch too big"}, 429: {"description": "over budget or rate"}})
     async def query(request: Request, kh: Annotated[bytes, Depends(caller)],
                     idempotency_key: Annotated[str | None, Header(max_length=128)] = None) -> QueryResponse:
+        try:
+            raw = await read_body(request)
+        except ClientDisconnect:
+            LOG.info("client %s disconnected before its request body was complete", _client(request))
+            return Response(status_code=400)
         # the body is parsed by pydantic's own JSON parser (several times faster than json.loads + validation);
         # NaN, ±Infinity and numbers that overflow to infinity are refused there like any malformed input
         try:
-            body = QueryRequest.model_validate_json(await request.body())
+            body = QueryRequest.model_validate_json(raw)
         except ValidationError as exc:
             raise RequestValidationError(exc.errors()) from None
         return await run_in_threadpool(answer, body, kh, idempotency_key)
@@ -180,10 +223,17 @@ def build_app(fn: Callable[[np.ndarray], np.ndarray], options: ServiceOptions, k
             raise _problem(429, str(exc), headers) from exc
         try:
             with model_lock, np.errstate(all="ignore"):
-                y = np.asarray(fn(X), dtype=np.float64).reshape(B)
-        except Exception:
+                y = np.asarray(fn(X), dtype=np.float64)
+            k = options.outputs
+            if y.shape == (B, 1) and k in (None, 1):
+                y = y.reshape(B)
+            if not (y.shape == (B,) and k in (None, 1) or y.ndim == 2 and y.shape[0] == B and k in (None, y.shape[1])):
+                raise ValueError(f"answered shape {y.shape} for {B} sequences")
+        except Exception as exc:
             keys.refund(kh, B)
-            raise
+            LOG.error("the model failed on a batch of shape %s: %s: %s", X.shape, type(exc).__name__, exc)
+            raise _problem(500, "the model failed on this batch (the server's log says why); it was not "
+                                "charged") from None
         if not np.all(np.isfinite(y)):
             keys.refund(kh, B)
             raise _problem(422, "the model's answer is not finite for this input (its numbers are too large for "
@@ -193,3 +243,7 @@ def build_app(fn: Callable[[np.ndarray], np.ndarray], options: ServiceOptions, k
         return QueryResponse(outputs=outputs)
 
     return app
+
+
+def _client(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client else "unknown"

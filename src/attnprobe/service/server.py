@@ -16,7 +16,7 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-    except OSError as exc:
+    except (OSError, OverflowError) as exc:
         sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {exc}; choose another --port or --host") from exc
     sock.listen(2048)
@@ -29,23 +29,28 @@ def _config(app, log_level: str):
     return uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_keep_alive=30)
 
 
-def serve_forever(app, host: str, port: int, log_level: str = "info") -> None:
+def serve_forever(app, host: str, port: int, log_level: str = "info", announce=None) -> None:
+    """Serve until stopped; ``announce(url)`` is called once the socket listens (so nothing claims to serve
+    on a port that could not be bound)."""
     import uvicorn
 
     sock = bind(host, port)
+    if announce is not None:
+        bound = sock.getsockname()[1]
+        announce(f"http://{'[' + host + ']' if ':' in host else host}:{bound}")
     uvicorn.Server(_config(app, log_level)).run(sockets=[sock])
 
 
 class BackgroundServer:
-    """uvicorn serving ``app`` from a daemon thread on a free loopback port; ``url``; ``stop()``.
+    """uvicorn serving ``app`` from a daemon thread on a free loopback port (or ``port``); ``url``; ``stop()``.
 
     Use as a context manager. The server is real (TCP on 127.0.0.1); nothing about HTTP is mocked.
     """
 
-    def __init__(self, app, host: str = "127.0.0.1", log_level: str = "warning"):
+    def __init__(self, app, host: str = "127.0.0.1", log_level: str = "warning", port: int = 0):
         import uvicorn
 
-        self.sock = bind(host, 0)
+        self.sock = bind(host, port)
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         self.server = uvicorn.Server(_config(app, log_level))

@@ -18,6 +18,9 @@ from attnprobe.errors import ConfigError
 from attnprobe.models.attention import AttentionHead
 
 SAFETENSORS_HINT = "pip install 'attnprobe[minilm]' (safetensors)"
+#: the attention tensors of a layer (under ``encoder.layer.L.attention.``)
+_TENSORS = ("self.query.weight", "self.query.bias", "self.key.weight", "self.value.weight", "self.value.bias",
+            "output.dense.weight", "output.dense.bias")
 _QUERY = re.compile(r"^(.*?)encoder\.layer\.(\d+)\.attention\.self\.query\.weight$")
 
 
@@ -29,6 +32,8 @@ def _load(path: str) -> dict[str, np.ndarray]:
         raise ConfigError(f"reading safetensors checkpoints needs safetensors; run: {SAFETENSORS_HINT}") from exc
     if not Path(path).exists():
         raise ConfigError(f"checkpoint {path} does not exist")
+    if not Path(path).is_file():  # a FIFO or device would block the reader for good
+        raise ConfigError(f"checkpoint {path} is not a regular file; give a .safetensors file")
     try:
         return load_file(path)
     except Exception as exc:
@@ -46,6 +51,7 @@ class BertCheckpoint:
         object.__setattr__(self, "path", str(self.path))
         if int(self.heads_per_layer) < 1:
             raise ConfigError(f"heads_per_layer must be at least 1; got {self.heads_per_layer}")
+        self._check_shapes()
         if self.hidden % self.heads_per_layer:
             raise ConfigError(f"the hidden width {self.hidden} of {self.path} is not divisible by "
                               f"heads_per_layer={self.heads_per_layer}; give the model's number of heads per layer")
@@ -59,13 +65,30 @@ class BertCheckpoint:
         prefix = found[0].group(1)
         return prefix, 1 + max(int(m.group(2)) for m in found if m.group(1) == prefix)
 
+    def _check_shapes(self) -> None:
+        """Every attention tensor of every layer has its BERT shape (checked up front, without copying)."""
+        tensors, prefix, hidden = _load(self.path), self._layout[0], self.hidden
+        for layer in range(self.layers):
+            for name in _TENSORS:
+                key = f"{prefix}encoder.layer.{layer}.attention.{name}"
+                want = (hidden,) * (2 if name.endswith("weight") else 1)
+                if key not in tensors:
+                    raise ConfigError(f"{self.path} has no tensor {key!r}; it is not a BERT-family checkpoint")
+                if tuple(tensors[key].shape) != want:
+                    raise ConfigError(f"{self.path}: tensor {key!r} has shape {tuple(tensors[key].shape)}, not "
+                                      f"{want}; it is not a BERT-family checkpoint")
+
     @property
     def layers(self) -> int:
         return self._layout[1]
 
     @property
     def hidden(self) -> int:
-        return self._get(0, "self.query.weight").shape[1]
+        shape = _load(self.path)[f"{self._layout[0]}encoder.layer.0.attention.self.query.weight"].shape
+        if len(shape) != 2 or shape[0] != shape[1] or shape[0] < 1:
+            raise ConfigError(f"{self.path}: the query weight of layer 0 has shape {shape}, not (hidden, hidden); "
+                              "it is not a BERT-family checkpoint")
+        return int(shape[1])
 
     @property
     def head_dim(self) -> int:
@@ -80,6 +103,10 @@ class BertCheckpoint:
         tensors = _load(self.path)
         if key not in tensors:
             raise ConfigError(f"{self.path} has no tensor {key!r}")
+        want = (self.hidden,) * (2 if name.endswith("weight") else 1)
+        if tensors[key].shape != want:
+            raise ConfigError(f"{self.path}: tensor {key!r} has shape {tensors[key].shape}, not {want}; it is not "
+                              "a BERT-family checkpoint")
         return tensors[key].astype(np.float64)
 
     def _check_index(self, layer: int, output_row: int, head: int = 0) -> None:
