@@ -198,7 +198,6 @@ def run(args) -> int:
 def add_parser(sub) -> None:
     from attnprobe.audit import audit_learners
     from attnprobe.audit.defenses import HELP
-    from attnprobe.cli.extract import learner_type
     from attnprobe.learners import registry
     from attnprobe.cli import answer_chain
 
@@ -219,7 +218,7 @@ def add_parser(sub) -> None:
                    help="learners to attack with: auto (default: every registered learner whose capabilities fit "
                         "each defence; a defence is called strong only when all of them fail) or a comma-separated "
                         "list of " + ", ".join(audit_learners()) + " (a defence none of them fits gets those that do)")
-    a.add_argument("--rank", type=learner_type(registry.options()["rank"][0]),
+    a.add_argument("--rank", type=int,
                    help="learners that take a rank bound (the head dimension): " + ", ".join(registry.options()["rank"][1]))
     answer_chain.add_arguments(a, defense_help=f"{HELP}; or one defence as the flags below (default none)")
     a.add_argument("--budget", type=int, help="queries an attacker may spend per head")
