@@ -8,7 +8,7 @@ from pathlib import Path
 from attnprobe.cli import answer_chain, hf, remote
 from attnprobe.cli.common import (check_outcome, nonneg_int, plan_outputs, positive_float, positive_int, print_summary,
                                   refuse_memory, track)
-from attnprobe.errors import AttnprobeError, ConfigError
+from attnprobe.errors import AttnprobeError, ConfigError, InputNormError
 from attnprobe.learners import registry
 from attnprobe.models import PRECISIONS
 from attnprobe.oracles import Oracle, oracle_from_file, oracle_from_spec
@@ -92,7 +92,7 @@ def run(args) -> int:
     try:
         res = learner.fn(oracle, seed=args.seed, progress=progress, **options)
     except AttnprobeError as exc:
-        raise _clipping_cause(oracle, args, learner) or exc
+        raise _clipping_cause(oracle, args, learner, exc) or exc
     finally:
         progress.close()
     res.details["oracle"] = remote.describe(oracle)
@@ -108,11 +108,14 @@ def run(args) -> int:
     return 0
 
 
-def _clipping_cause(oracle, args, learner):
-    """When a run of an attention learner failed: the error naming input clipping if the answers show it (an
-    attention target answers a length-1 query affinely in its row, so clipping shows in the answers)."""
+def _clipping_cause(oracle, args, learner, exc=None):
+    """When a run of an attention learner failed: the error naming input clipping, with the bound read from the
+    answers, if they show it (an attention target answers a length-1 query affinely in its row, so clipping shows
+    in the answers; a refusal for a declared bound, ``exc`` an :class:`InputNormError`, stands)."""
     attention = learner.recovers in ("head", "multi_head") and learner.capabilities.value_answers
     if not attention or args.membership or getattr(args, "replay", False):
+        return None
+    if isinstance(exc, InputNormError):
         return None
     from attnprobe.oracles.input_bound import diagnose_clipping
 
