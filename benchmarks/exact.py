@@ -38,7 +38,7 @@ def sizes_table(ds, minilm=True):
         for precision in ("float64", "float32"):
             res, e, secs, peak = run(truth, precision)
             rows.append([name, precision, res.queries, res.unknowns, f"{res.queries / res.unknowns:.4f}",
-                         e["W"], e["u"], e["v"], e["c"], res.check["relative_error"], f"{secs:.1f}", f"{peak:.0f}"])
+                         e["W"], e["u"], e["v"], e["c"], res.check.error, f"{secs:.1f}", f"{peak:.0f}"])
             print(rows[-1], flush=True)
     return Table(["target", "answers", "queries", "unknowns", "q/unknown", "rel err W", "u", "v", "c",
                   "check", "seconds", "peak MiB"], rows).markdown()
@@ -78,7 +78,7 @@ def minilm_table(heads):
                                  "", "", "", ""])
                     continue
                 rows.append([f"L{layer} h{head} row {row}", precision, probes, res.queries, e["W"], e["u"],
-                             e["v"], e["c"], res.check["relative_error"]])
+                             e["v"], e["c"], res.check.error])
                 print(rows[-1], flush=True)
     return Table(["head", "answers", "probes", "queries", "rel err W", "u", "v", "c", "check"], rows).markdown()
 

@@ -1,4 +1,4 @@
-"""The FFN learner on ReLU networks with biases and K outputs (issue: ReLU networks as they are).
+"""The FFN learner on ReLU networks with biases and K outputs (ReLU networks as they are).
 
     PYTHONPATH=src python benchmarks/ffn_biased.py [--dims 16 64 784] [--widths 16 64] [--outputs 1 10]
         [--precisions float64 float32] [--seeds 1] [--write]

@@ -99,7 +99,7 @@ def extraction_table(folder, layers, row) -> Table:
             else:
                 worst = match_heads(truth, res.model).worst if res.model.H == 12 else float("inf")
                 table.add(layer, row, dtype, res.queries, time.perf_counter() - t0, worst, res.passed,
-                          res.check["relative_error"], oracle.max_input_norm_used)
+                          res.check.error, oracle.max_input_norm_used)
             print(table.markdown().splitlines()[-1], flush=True)
     return table
 
@@ -124,7 +124,7 @@ def vector_table(folder, layers) -> Table:
                           f"refused: {type(exc).__name__}: {str(exc)[:90]}", "", "", oracle.max_input_norm_used)
             else:
                 table.add(layer, dtype, res.queries, time.perf_counter() - t0, match_heads(truth, res.model).worst,
-                          res.passed, res.check["relative_error"], oracle.max_input_norm_used)
+                          res.passed, res.check.error, oracle.max_input_norm_used)
             print(table.markdown().splitlines()[-1], flush=True)
     return table
 

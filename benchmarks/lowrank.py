@@ -36,7 +36,7 @@ def run(h, rank, precision="float64", oversample=None, seed=0):
     o = Oracle(h.with_dtype(precision), h.d, precision=precision)
     res = extract_lowrank(o, rank=rank, oversample=oversample, seed=seed)
     return dict(queries=res.queries, errW=rel(res.model.W, h.W), erru=rel(res.model.u, h.u),
-                check=res.check["relative_error"], detected=res.details["detected_rank"],
+                check=res.check.error, detected=res.details["detected_rank"],
                 oversample=res.details["oversample"], seconds=res.seconds, notes=res.notes)
 
 

@@ -40,8 +40,8 @@ def run_one(layer: int, head: int, method: str) -> dict:
                 "precision": oracle.precision}
     return {"layer": layer, "head": head, "method": method, "precision": oracle.precision,
             "queries": res.queries, "unknowns": AttentionHead.unknowns(truth.d),
-            "rank": res.details.get("detected_rank"), "passed": bool(res.check["passed"]),
-            "check_error": res.check["relative_error"], "tolerance": res.check["tolerance"],
+            "rank": res.details.get("detected_rank"), "passed": bool(res.check.passed),
+            "check_error": res.check.error, "tolerance": res.check.tolerance,
             "W_error": rel(res.model.W, truth.W), "seconds": time.perf_counter() - t0}
 
 

@@ -36,7 +36,7 @@ def main() -> None:
                     res = (extract_multihead(oracle, subspaces=E, seed=seed) if mode == "known subspaces"
                            else extract_multihead(oracle, method="orthogonal", heads=H, seed=seed))
                     cells.append(f"{match_heads(model, res.model).worst:.1e}"
-                                 f"{'' if res.check['passed'] else ' (check failed)'}")
+                                 f"{'' if res.check.passed else ' (check failed)'}")
                 except Exception as exc:  # a refusal is a data point
                     cells.append(type(exc).__name__)
             rows.append([mode, H, dh, "; ".join(cells)])

@@ -11,7 +11,7 @@ import os
 import time
 
 from attnprobe.learners.multihead import extract_multihead
-from attnprobe.models.multihead import match_heads
+from attnprobe.models.compare import parameter_errors
 from attnprobe.oracles import Oracle
 from attnprobe.reports import Table
 from attnprobe.targets import minilm_layer
@@ -30,7 +30,7 @@ def main() -> None:
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         ph = res.queries_by_phase
         table.add(layer, res.queries, ph.get("values"), ph.get("isolated"), ph.get("cross"),
-                  match_heads(truth, res.model).worst, res.check.error, res.passed, round(wall, 1), round(cpu, 1),
+                  parameter_errors(truth, res.model)["worst_head"], res.check.error, res.passed, round(wall, 1), round(cpu, 1),
                   round(os.getloadavg()[0], 1))
         print(table.markdown().splitlines()[-1], flush=True)
     print(table.markdown())

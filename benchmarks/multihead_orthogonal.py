@@ -55,7 +55,7 @@ def run_one(H: int, dh: int, seed: int, mode: str) -> dict:
     H_ok = res.model.H == H
     worst = match_heads(model, res.model).worst if H_ok else np.inf
     return {"ok": worst <= TOL, "worst": worst, "queries": res.queries, "H_ok": H_ok, "seconds": secs,
-            "check": bool(res.check["passed"]), "richardson": np.mean(res.details.get("richardson", [True]))}
+            "check": bool(res.check.passed), "richardson": np.mean(res.details.get("richardson", [True]))}
 
 
 def main() -> None:

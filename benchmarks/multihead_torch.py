@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 
 from attnprobe.learners.multihead import extract_multihead
-from attnprobe.models.multihead import MultiHeadAttention, match_heads
+from attnprobe.models.compare import parameter_errors
+from attnprobe.models.multihead import MultiHeadAttention
 from attnprobe.oracles.torch_adapter import oracle_from_torch, torch
 from attnprobe.oracles.torch_multihead import TorchMultiheadRow, multihead_from_torch
 from attnprobe.reports import Table, command_line, write_section
@@ -33,7 +34,7 @@ def main() -> None:
                 module.attn.out_proj.bias.normal_(0, 0.5)
             truth = multihead_from_torch(module)
             res = extract_multihead(oracle_from_torch(module, d), method="generic", seed=seed)
-            worst = match_heads(truth, res.model).worst if res.model.H == H else float("inf")
+            worst = parameter_errors(truth, res.model)["worst_head"] if res.model.H == H else float("inf")
             table.add(d, H, seed, res.model.H, worst, res.passed, res.queries, MultiHeadAttention.query_bound(d, H))
             print(table.markdown().splitlines()[-1], flush=True)
     print(table.markdown())

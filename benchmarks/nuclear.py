@@ -109,7 +109,7 @@ def main(argv=None):
                 errW = float(np.linalg.norm(res.model.W - h.W) / np.linalg.norm(h.W))
                 row = dict(d=d, r=r, m=res.details["measurements"], queries=res.queries, errW=errW,
                            erru=float(np.linalg.norm(res.model.u - h.u) / np.linalg.norm(h.u)),
-                           check=res.check["relative_error"], seconds=res.seconds,
+                           check=res.check.error, seconds=res.seconds,
                            solve=res.details["solver_info"]["solve_seconds"], status="ok")
             except AttnprobeError as exc:
                 row = dict(d=d, r=r, status=f"{type(exc).__name__}: {exc}")

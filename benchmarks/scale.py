@@ -44,7 +44,7 @@ def main(d=1024, r=64):
         out[str(rank)] = dict(seconds=secs, oracle_seconds=spent[0], learner_seconds=secs - spent[0],
                               queries=res.queries, errW=float(np.linalg.norm(res.model.W - h.W) / np.linalg.norm(h.W)),
                               detected=res.details["detected_rank"], traced_peak_mb=peak / 2**20,
-                              check=res.check["relative_error"])
+                              check=res.check.error)
         print(rank, out[str(rank)], flush=True)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     (ROOT / "benchmarks" / "results" / "scale.json").write_text(json.dumps(out, indent=1))

@@ -1,5 +1,5 @@
 """Re-measures the query counts and errors of every learner on representative settings of docs/benchmarks.md
-(the same targets, seeds and options as the issue 3/4/5 scripts, fewer of them), so the numbers can be
+(the same targets, seeds and options as the learners' own benchmark scripts, fewer of them), so the numbers can be
 compared before and after a refactoring: run it once with the old tree on PYTHONPATH and once with the new.
 
     PYTHONPATH=src python benchmarks/skeleton_remeasure.py [exact,lowrank,nuclear,robust,membership,transformer]
@@ -29,7 +29,7 @@ ROWS = []
 
 
 def row(method, setting, res, err_w, err_other="", check=None):
-    check = res.check["relative_error"] if check is None and res.check else check
+    check = res.check.error if check is None and res.check else check
     extra = res.details.get("retry_queries", res.details.get("redo_queries", ""))
     ROWS.append([method, setting, res.queries, extra, f"{err_w:.2e}", err_other,
                  "" if check is None else f"{check:.2e}"])
@@ -37,7 +37,7 @@ def row(method, setting, res, err_w, err_other="", check=None):
 
 
 def exact():
-    for scale in (1e-6, 1.0, 50.0):  # bench_exact.py's attention-scale table: d = 64, d/8 zero entries of v
+    for scale in (1e-6, 1.0, 50.0):  # benchmarks/exact.py's attention-scale table: d = 64, d/8 zero entries of v
         for seed in range(3):
             h = random_head(64, seed=seed, scale=scale, zero_v=8)
             res = extract_exact(Oracle(h, 64), seed=seed)
@@ -49,7 +49,7 @@ def exact():
 
 
 def lowrank():
-    for d, r in ((64, 4), (128, 8)):  # issue3_lowrank.py: random rank-r heads, seed 1
+    for d, r in ((64, 4), (128, 8)):  # benchmarks/lowrank.py: random rank-r heads, seed 1
         h = random_head(d, rank=r, seed=1)
         for rank, prec in ((r, "float64"), (None, "float64"), (r, "float32")):
             res = extract_lowrank(Oracle(h.with_dtype(prec), d, precision=prec), rank=rank)
@@ -61,7 +61,7 @@ def lowrank():
 
 
 def nuclear():
-    for r in (1, 2, 4):  # issue3_nuclear.py --part exact at d = 16
+    for r in (1, 2, 4):  # benchmarks/nuclear.py --part exact at d = 16
         h = random_head(16, rank=r, seed=7)
         res = extract_nuclear(Oracle(h, 16), rank=r, seed=0, solver_eps=1e-8)
         row("nuclear", f"d=16 r={r} m={res.details['measurements']}", res, rel(res.model.W, h.W),
@@ -69,7 +69,7 @@ def nuclear():
 
 
 def robust():
-    for tau in (1e-6, 1e-4, 1e-3):  # robust_bench.py compare(), d = 16, seed 0
+    for tau in (1e-6, 1e-4, 1e-3):  # benchmarks/noise.py compare(), d = 16, seed 0
         h = theorem_head(16, 0, 2.0)
         for name, mk in (("avq", lambda: BoundedNoise(h, tau, seed=0)),
                          ("adversarial", lambda: AdversarialNoise(h, tau))):
@@ -85,11 +85,11 @@ def robust():
 
 
 def membership():
-    for seed in range(3):  # membership_bench.py, d = 8
+    for seed in range(3):  # benchmarks/membership.py, d = 8
         h = random_head(8, seed=seed, bias=False)
         r = extract_membership(Oracle(Membership(h), 8), seed=seed)
         row("membership", f"d=8 seed {seed}", r, rel(r.model.W, h.W),
-            f"v {np.linalg.norm(r.model.v - h.v / np.linalg.norm(h.v)):.1e}", check=1 - r.check["sign_agreement"])
+            f"v {np.linalg.norm(r.model.v - h.v / np.linalg.norm(h.v)):.1e}", check=1 - r.check.extra["sign_agreement"])
     h = theorem_head(4, 0)
     for k in (10**4, 10**5):
         r = extract_membership_paper(Oracle(Membership(h), 4), w_bound=2.0, margin=margin(h), eps_w=0.5, samples=k,
@@ -98,7 +98,7 @@ def membership():
 
 
 def transformer():
-    for d, m in ((8, 8), (8, 32)):  # issue5_transformer.py transformer table
+    for d, m in ((8, 8), (8, 32)):  # benchmarks/transformer.py transformer table
         for seed in range(3):
             tf = random_transformer(d, m, seed=1000 * d + m + seed)
             res = extract_transformer(Oracle(tf, d), seed=seed)

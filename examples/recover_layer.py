@@ -34,7 +34,7 @@ def run(argv=None) -> int:
     match = match_heads(hf_layer_row(folder, args.layer, args.row), res.model)
     print(f"layer {args.layer} row {args.row}: {res.model.H} heads of d = {res.model.d} from {oracle.queries} "
           f"queries (largest probe norm {oracle.max_input_norm_used:.3g}); check "
-          f"{'passed' if res.passed else 'FAILED'} at {res.check['relative_error']:.2e}")
+          f"{'passed' if res.passed else 'FAILED'} at {res.check.error:.2e}")
     for h, err in enumerate(match.head_error):
         print(f"  head {h:2d} (found as {match.perm[h]:2d}): worst relative error of W, u, v {err:.2e}")
     print(f"wrote {args.out}")

@@ -78,7 +78,7 @@ def test_audit_cli_writes_results_heads_and_report(checkpoint, tmp_path):
     path, _ = checkpoint
     out = tmp_path / "audit"
     code = main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--layers", "0-1", "--heads", "1",
-                 "--row", "3", "--defense", "none,float16,membership", "--workers", "2", "--quiet",
+                 "--row", "3", "--defense", "none,float16,membership", "--method", "exact", "--workers", "2", "--quiet",
                  "--out", str(out)])
     assert code == 0
     res = json.loads((out / "results.json").read_text())
@@ -112,6 +112,12 @@ def test_audit_cli_refuses_bad_ranges(checkpoint, tmp_path, capsys):
     assert "unknown defence 'float8'" in capsys.readouterr().err
     assert main(base + ["--heads-per-layer", "2", "--workers", "0"]) == 2
     assert "--workers must be at least 1" in capsys.readouterr().err
+    assert main(base + ["--heads-per-layer", "2", "--method", "exact,magic"]) == 2
+    assert "the learners of heads are auto or a comma-separated list of exact, lowrank" in capsys.readouterr().err
+    assert main(base + ["--heads-per-layer", "2", "--method", "nuclear"]) == 2
+    assert "--method nuclear runs only with one of rank, measurements given; give --rank" in capsys.readouterr().err
+    assert main(base + ["--heads-per-layer", "2", "--rank", "0"]) == 2
+    assert "--rank must be at least 1" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()  # refused before any work
 
 
@@ -176,7 +182,7 @@ def test_a_budget_too_small_is_a_finding_not_a_crash(checkpoint, tmp_path):
     path, _ = checkpoint
     out = tmp_path / "budget"
     assert main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--heads", "0", "--budget", "100",
-                 "--quiet", "--out", str(out)]) == 0
+                 "--method", "exact", "--quiet", "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
     assert res["failed"] == res["tasks"] == 2
     assert all(h["error"].startswith("BudgetExceededError") and h["queries"] == 0 for h in res["heads"])
@@ -203,6 +209,82 @@ def test_multihead_audit_recovers_whole_layers(checkpoint, tmp_path):
     assert (out / "report.html").read_text().count("<img ") == 2
     assert main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--multihead", "--heads", "0",
                  "--out", str(tmp_path / "x")]) == 2
+    assert main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--multihead", "--method", "exact",
+                 "--out", str(tmp_path / "x")]) == 2
+
+
+def test_the_verdict_comes_from_every_learner_that_fits(checkpoint, tmp_path, monkeypatch):
+    """--method auto (the default) attacks each defence with every registered learner whose capabilities fit it;
+    the verdict names them, and a defence that one learner breaks is not "strong" because another failed. The
+    heatmaps label their rows with the real layer numbers."""
+    from attnprobe.audit import fitting_learners, report
+
+    labels = []
+    real = report.heatmap_png
+    monkeypatch.setattr(report, "heatmap_png", lambda v, **kw: labels.append((kw["rows"], kw["cols"])) or real(v, **kw))
+    path, _ = checkpoint
+    out = tmp_path / "auto"
+    assert main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--layers", "1", "--heads", "0",
+                 "--defense", "none,membership", "--quiet", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    from attnprobe.learners import registry
+
+    fits = fitting_learners(parse_defenses("none")[0])
+    value_learners = [n for n in fits if registry.learner(n).ready({})]  # nuclear needs a rank bound
+    assert {"exact", "lowrank", "robust"} <= set(value_learners) and "membership" not in value_learners
+    assert "nuclear" in fits and "nuclear" not in value_learners
+    tried = [h["method"] for h in res["heads"] if h["defense"] == "none"]
+    assert tried == value_learners and [h["method"] for h in res["heads"] if h["defense"] == "membership"] == [
+        "membership"]
+    html = (out / "report.html").read_text()
+    assert ", ".join(value_learners) in html and "strong: no head was recovered by membership" in html
+    assert all(rows == [1] and cols == [0] for rows, cols in labels) and len(labels) == 4
+
+
+def test_strong_only_when_every_learner_failed():
+    """A defence one learner breaks (robust on rounded answers) is not "strong" because another was refused."""
+    from attnprobe.audit import report
+    from attnprobe.audit.run import AuditRun
+
+    spec = HeadSpec("minilm", 0, 0)
+    defense = parse_defenses("round:4")[0]
+    tasks = [Task(spec, m, defense) for m in ("lowrank", "robust")]
+    refused = {"layer": 0, "head": 0, "defense": "round:4", "method": "lowrank", "error": "RecoveryError: rank",
+               "queries": 10, "relative_error": {}, "passed": False}
+    broke = dict(refused, method="robust", error=None, relative_error={"W": 0.1 / 2}, passed=True, queries=9)
+    run = AuditRun("processes", tasks, [refused, broke], False, 1.0, None)
+    row = report.verdicts(run).rows[0]
+    assert row[1] == "lowrank, robust" and row[6] == "partial" and "robust ×1" in row[7]
+    run.records = [refused]
+    assert report.verdicts(run).rows[0][6] == "strong: no head was recovered by lowrank, robust"
+    assert report.protection([0.5], ["exact", "robust"]).startswith("strong: every learner failed (exact, robust)")
+    # a model that passes its functional check imitates the answers, however far its W is off (MiniLM L0H0 under
+    # round:4: robust's W is 10 % off, its v, u, c to 1e-3 and better): not strong
+    assert report.protection([0.103], ["lowrank", "robust"], [True]) == "partial"
+
+
+def test_the_attackers_best_learner_is_kept_per_head():
+    from attnprobe.audit import report
+    from attnprobe.audit.run import AuditRun
+
+    defense = parse_defenses("none")[0]
+    tasks = [Task(HeadSpec("minilm", 0, 0), m, defense) for m in ("exact", "robust")]
+    base = {"layer": 0, "head": 0, "defense": "none", "error": None, "passed": True, "queries": 5}
+    recs = [dict(base, method="exact", relative_error={"W": 0.2}), dict(base, method="robust", relative_error={"W": 3e-4})]
+    run = AuditRun("processes", tasks, recs, False, 1.0, None)
+    assert report.best_records(run, "none")[(0, 0)]["method"] == "robust"
+    assert report.verdicts(run).rows[0][6] == "none"
+
+
+def test_a_task_runs_a_learner_that_fits_its_defence():
+    """Yes/no answers leave only a learner of yes/no answers; value answers keep the learner asked for."""
+    spec = HeadSpec("minilm", 0, 0)
+    none, member = parse_defenses("none,membership")
+    assert Task(spec, "exact", member).learner == "membership" and Task(spec, "exact", none).learner == "exact"
+    assert Task(spec, "robust", parse_defenses("round:2")[0]).learner == "robust"
+    assert Task(HeadSpec("minilm", 0, None), "multihead", none).learner == "multihead"
+
+
 
 
 def _figures(html: str) -> list:

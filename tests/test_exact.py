@@ -32,8 +32,8 @@ def test_default_probes_recover_to_1e9_with_few_extra_queries(d, scale, bias):
     assert res.unknowns == (d * d + 2 * d + 1 if bias else d * d + d)
     assert res.unknowns <= res.queries <= 1.02 * res.unknowns
     assert res.details["calibration_queries"] <= 0.02 * res.unknowns
-    assert oracle.queries == res.queries + res.check["queries"]
-    assert res.check["relative_error"] < 1e-9
+    assert oracle.queries == res.queries + res.check.queries
+    assert res.check.error < 1e-9
 
 
 @settings(max_examples=25, deadline=None)
@@ -154,10 +154,10 @@ def test_wrong_model_class_is_reported():
         return truth(X) + 0.5 * truth(X[:, ::-1, :])
 
     res = extract_exact(Oracle(two_heads, 8), probes="gaussian")
-    assert not res.check["passed"] and res.check["relative_error"] > 1e-3
+    assert not res.check.passed and res.check.error > 1e-3
     assert any("FAILED" in n for n in res.notes)
     ok = extract_exact(Oracle(truth, 8))
-    assert ok.check["passed"] and not ok.notes
+    assert ok.check.passed and not ok.notes
 
 
 def test_float16_answers_do_not_overflow_the_calibration():

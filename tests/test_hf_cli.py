@@ -73,7 +73,7 @@ def test_extract_a_row_of_the_live_module(tiny, tmp_path):
 
 def test_audit_a_folder(tiny, tmp_path):
     out = tmp_path / "audit"
-    assert main(["audit", "--hf-dir", str(tiny), "--layers", "1", "--heads", "0-1", "--row", "2",
+    assert main(["audit", "--hf-dir", str(tiny), "--layers", "1", "--heads", "0-1", "--row", "2", "--method", "exact",
                  "--out", str(out), "--quiet"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["finished"] == 2 and results["failed"] == 0

@@ -31,7 +31,7 @@ def test_every_head_of_a_bert_layer_row_float64(tiny, row):
     assert match.worst < 1e-6, match.as_dict()
     assert abs(res.model.c - truth.c) < 1e-6 * max(1.0, abs(truth.c))
     assert res.queries <= truth.query_bound(12, 2)
-    assert res.queries + res.check["queries"] == oracle.queries
+    assert res.queries + res.check.queries == oracle.queries
     assert oracle.max_input_norm_used > 0
 
 

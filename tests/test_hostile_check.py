@@ -74,7 +74,7 @@ def test_a_huge_bias_does_not_hide_a_zero_W():
     oracle = Oracle(truth, 6)
     wrong = AttentionHead(np.zeros((6, 6)), h.v, np.zeros(6), 1e12)
     chk = functional_check(oracle, wrong, np.random.default_rng(0))
-    assert not chk.passed and chk.error > 0.1 and chk["measured_on"] == "f - c"
+    assert not chk.passed and chk.error > 0.1 and chk.extra["measured_on"] == "f - c"
     assert functional_check(oracle, truth, np.random.default_rng(0)).passed
 
 

@@ -23,7 +23,7 @@ def folder(tmp_path, monkeypatch):
     return tmp_path
 
 
-# ---------------------------------------------------------------- defect 1: a failed check is exit 3
+# ---------------------------------------------------------------- a failed check is exit 3
 @pytest.mark.parametrize("argv", [
     ["--target", "u.npz", "--no-bias"],                                   # the model class drops u: W 99 % wrong
     ["--target", "t.npz", "--method", "transformer", "--transformer-route", "paper"],  # a head is no transformer
@@ -62,10 +62,10 @@ def test_python_api_returns_the_failed_result(folder):
     from attnprobe import Oracle, extract_exact
 
     res = extract_exact(Oracle(load_model(folder / "u.npz"), 6), bias=False)
-    assert res.check["passed"] is False and res.check["relative_error"] > 0.1
+    assert res.check.passed is False and res.check.error > 0.1
 
 
-# ---------------------------------------------------------------- defect 3: files never destroyed
+# ---------------------------------------------------------------- files never destroyed
 @pytest.mark.parametrize("out", ["t.npz", "./t.npz", "t", "sub/../t.npz"])
 def test_out_equal_to_target_is_refused_before_any_query(folder, capsys, out):
     (folder / "sub").mkdir()
@@ -110,7 +110,7 @@ def test_a_full_disk_mid_save_keeps_the_old_files(folder, capsys, monkeypatch):
     assert snapshot(folder) == before
 
 
-# ---------------------------------------------------------------- defect 6: one line and exit 2, never a traceback
+# ---------------------------------------------------------------- one line and exit 2, never a traceback
 def _write_victim(folder, body: str, name: str = "victim") -> None:
     (folder / f"{name}.py").write_text("import numpy as np\n" + body)
 
@@ -161,7 +161,7 @@ def test_verify_json_into_a_missing_folder_is_written(folder, capsys):
             says="would overwrite the input")
 
 
-# ---------------------------------------------------------------- defect 8: no option silently wrong or ignored
+# ---------------------------------------------------------------- no option silently wrong or ignored
 @pytest.mark.parametrize("argv, says", [
     (["--target", "t.npz", "--method", "exact", "--rank", "2"], "does not use --rank"),
     (["--target", "t.npz", "--measurements", "30"], "does not use --measurements"),
@@ -221,7 +221,7 @@ def test_library_refuses_what_it_used_to_truncate_or_drop():
         AttentionHead(np.eye(4), np.ones((2, 2, 4)))
 
 
-# ---------------------------------------------------------------- defect 9: messages say what is wrong
+# ---------------------------------------------------------------- messages say what is wrong
 def test_membership_on_v_zero_does_not_blame_only_c(folder, capsys):
     h = load_model(folder / "t.npz")
     save_model(AttentionHead(h.W, np.zeros(6)), folder / "z.npz")
@@ -253,7 +253,7 @@ def test_bare_torch_module_is_adapted(folder, capsys):
     assert "queries" in out
 
 
-# ---------------------------------------------------------------- defect 10: the oracle's folder shadows nothing
+# ---------------------------------------------------------------- the oracle's folder shadows nothing
 def test_oracle_module_does_not_shadow_installed_modules(folder, capsys, monkeypatch):
     import sys
 
@@ -272,7 +272,7 @@ def test_oracle_module_does_not_shadow_installed_modules(folder, capsys, monkeyp
     assert not str(tqdm.__file__).startswith(str(folder))
 
 
-# ---------------------------------------------------------------- defect 11: every ending says the queries spent
+# ---------------------------------------------------------------- every ending says the queries spent
 def test_oracle_failing_late_reports_all_queries_spent(folder, capsys):
     _write_victim(folder, "from attnprobe.models import load_model\nhead = load_model('t.npz')\ncalls = [0]\n"
                   "def answer(X):\n    calls[0] += len(X)\n    if calls[0] > 40:\n"
@@ -283,7 +283,7 @@ def test_oracle_failing_late_reports_all_queries_spent(folder, capsys):
     assert spent > 40 and "not logged" in line
 
 
-# ---------------------------------------------------------------- defect 5: bfloat16 works or is refused in one line
+# ---------------------------------------------------------------- bfloat16 works or is refused in one line
 @pytest.mark.parametrize("flags", [["--dtype", "bfloat16"], ["--cast", "bfloat16"],
                                    ["--answer-precision", "bfloat16"]])
 @pytest.mark.parametrize("method", ["exact", "robust", "lowrank"])

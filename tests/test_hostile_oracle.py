@@ -40,7 +40,7 @@ def test_oracle_validates_every_answer(raw, B, as_list):
         # refused: only answers that are not one finite real number (or K) per sequence may be
         assert str(exc) and oracle.queries == B and not well_formed, (ref.dtype, ref.shape, str(exc))
         return
-    # one number per sequence, or K numbers per sequence (a classifier's logits, issue 13)
+    # one number per sequence, or K numbers per sequence (a classifier's logits)
     assert y.dtype == np.float64 and (y.shape == (B,) or (y.ndim == 2 and y.shape[0] == B and y.shape[1] >= 1))
     assert ref.shape == y.shape and ref.dtype.kind in "biufO" and np.all(np.isfinite(y))
     assert np.array_equal(y, ref.astype(np.float64))

@@ -1,97 +1,134 @@
-"""The contract every learner built on the skeleton keeps (in the spirit of scikit-learn's parametrize_with_checks):
-exact query accounting, phases summing to the total, a budget that cannot cover the plan refused before the first
-query, a wrong model failing the check, seeds reproducing bit for bit."""
+"""The contract every registered learner keeps (in the spirit of scikit-learn's parametrize_with_checks): exact
+query accounting, phases summing to the total, a budget that cannot cover the plan refused before the first
+query, a correct result passing the check and a wrong model failing it, seeds reproducing bit for bit.
+
+Every learner in :mod:`attnprobe.learners.registry` is covered: with its defaults on the standard oracle of what
+it recovers and reads (:func:`standard_oracle`), plus the cases below for probe variants and options that need
+a particular oracle. :func:`check_contract` runs every check on one learner (a newly registered one included)."""
 
 import numpy as np
 import pytest
 
 from attnprobe.errors import BudgetExceededError
-from attnprobe.learners import extract_exact
-from attnprobe.learners.lowrank import extract_lowrank
-from attnprobe.learners.membership import extract_membership, extract_membership_paper
-from attnprobe.learners.nuclear import extract_nuclear
-from attnprobe.learners.robust import extract_robust, extract_robust_paper
-from attnprobe.learners.transformer import extract_transformer
+from attnprobe.learners import registry
 from attnprobe.models import AttentionHead
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import AdversarialNoise, Membership
-from attnprobe.targets import random_head, random_transformer
+from attnprobe.targets import random_head, random_multihead, random_relu_net, random_transformer
 from attnprobe.targets.theorem_heads import margin, theorem_head
 
 D = 6
-
-
-def head_oracle(budget=None):
-    return Oracle(random_head(D, seed=3), D, budget=budget)
-
-
-def noisy_oracle(budget=None):
-    return Oracle(AdversarialNoise(random_head(D, seed=3), 1e-6), D, budget=budget)
-
-
 THEOREM, THEOREM4 = theorem_head(D, 0), theorem_head(4, 0)
 
 
-def theorem_oracle(budget=None):
-    return Oracle(THEOREM, D, budget=budget)
-
-
-def membership_oracle(budget=None):
-    return Oracle(Membership(random_head(D, seed=3, bias=False)), D, budget=budget)
+def standard_oracle(entry: registry.Learner, budget=None) -> Oracle:
+    """The oracle a learner is checked on by default: a random instance of what it recovers, answering as its
+    capabilities read (yes/no answers of a bias-free head; noisy answers for a noise-tolerant learner)."""
+    if entry.recovers == "multi_head":
+        return Oracle(random_multihead(D, 2, seed=3), D, budget=budget)
+    if entry.recovers == "transformer":
+        return Oracle(random_transformer(D, 2 * D, seed=3), D, budget=budget)
+    if entry.recovers == "relu_net":
+        return Oracle(random_relu_net(D, 2 * D, seed=3), D, budget=budget)
+    if not entry.capabilities.value_answers:
+        return Oracle(Membership(random_head(D, seed=3, bias=False)), D, budget=budget)
+    if entry.capabilities.noisy_answers:
+        return Oracle(AdversarialNoise(random_head(D, seed=3), 1e-6), D, budget=budget)
+    return Oracle(random_head(D, seed=3), D, budget=budget)
 
 
 def lowrank_oracle(budget=None):
     return Oracle(random_head(D, rank=2, seed=3), D, budget=budget)
 
 
-#: learner name -> (oracle factory, learner call); learners join this table as they move onto the skeleton
-LEARNERS = {
-    "exact": (head_oracle, lambda o, seed=0: extract_exact(o, seed=seed)),
-    "exact-basis": (head_oracle, lambda o, seed=0: extract_exact(o, probes="basis", seed=seed)),
-    "lowrank": (lowrank_oracle, lambda o, seed=0: extract_lowrank(o, rank=2, seed=seed)),
-    "lowrank-detected": (lowrank_oracle, lambda o, seed=0: extract_lowrank(o, seed=seed)),
-    "nuclear": (lowrank_oracle, lambda o, seed=0: extract_nuclear(o, rank=2, seed=seed)),
-    "robust": (noisy_oracle, lambda o, seed=0: extract_robust(o, queries=2 * AttentionHead.unknowns(D), seed=seed)),
-    "membership": (membership_oracle, lambda o, seed=0: extract_membership(o, seed=seed)),
+#: case -> (learner, oracle factory or None for the standard oracle, options): probe variants and options that
+#: need a particular oracle; every registered learner also gets a case of its defaults on its standard oracle
+SPECIAL = {
+    "exact-basis": ("exact", None, {"probes": "basis"}),
+    "lowrank": ("lowrank", lowrank_oracle, {"rank": 2}),
+    "lowrank-detected": ("lowrank", lowrank_oracle, {}),
+    "nuclear": ("nuclear", lowrank_oracle, {"rank": 2}),
+    "robust": ("robust", None, {"queries": 2 * AttentionHead.unknowns(D)}),
     # App. B at d = 4 with 10⁶ sign samples (far below Thm B.1's k, but enough for the sign check to pass)
-    "membership-paper": (lambda budget=None: Oracle(Membership(THEOREM4), 4, budget=budget),
-                         lambda o, seed=0: extract_membership_paper(o, w_bound=2.0, margin=margin(THEOREM4),
-                                                                    samples=10**6, seed=seed)),
-    "transformer": (lambda budget=None: Oracle(random_transformer(D, 2 * D, seed=3), D, budget=budget),
-                    lambda o, seed=0: extract_transformer(o, seed=seed)),
-    "robust-paper": (theorem_oracle, lambda o, seed=0: extract_robust_paper(o, w_bound=2.0, margin=margin(THEOREM),
-                                                                            tolerance=0.0, seed=seed)),
+    "membership-paper": ("membership", lambda budget=None: Oracle(Membership(THEOREM4), 4, budget=budget),
+                         {"probes": "paper", "w_bound": 2.0, "margin": margin(THEOREM4), "samples": 10**6}),
+    "robust-paper": ("robust", lambda budget=None: Oracle(THEOREM, D, budget=budget),
+                     {"probes": "paper", "w_bound": 2.0, "margin": margin(THEOREM), "tolerance": 0.0}),
 }
 
 
-@pytest.mark.parametrize("name", LEARNERS)
-def test_phases_sum_to_the_queries_and_the_check_is_counted_apart(name):
-    make, learn = LEARNERS[name]
-    oracle = make()
+def cases() -> dict:
+    out = {e.name: (e.name, None, {}) for e in registry.learners()}
+    out.update(SPECIAL)
+    return out
+
+
+CASES = cases()
+
+
+def _make(case, budget=None):
+    name, factory, options = CASES[case] if isinstance(case, str) else case
+    entry = registry.learner(name)
+    oracle = factory(budget=budget) if factory else standard_oracle(entry, budget)
+    return oracle, lambda o, seed=0: entry(o, seed=seed, **options)
+
+
+def check_accounting(case) -> None:
+    oracle, learn = _make(case)
     res = learn(oracle)
     assert sum(res.queries_by_phase.values()) == res.queries
     assert "check" not in res.queries_by_phase and "unphased" not in res.queries_by_phase
     assert oracle.queries == res.queries + res.check.queries
     assert oracle.queries_by_phase["check"] == res.check.queries
     assert res.check.passed and res.passed and res.check.error <= res.check.tolerance
+    assert res.model.kind == registry.learner(CASES[case][0] if isinstance(case, str) else case[0]).kind
 
 
-@pytest.mark.parametrize("name", LEARNERS)
-def test_a_budget_below_the_plan_is_refused_before_the_first_query(name):
-    make, learn = LEARNERS[name]
-    oracle = make(budget=5)
+def check_budget(case) -> None:
+    oracle, learn = _make(case, budget=5)
     with pytest.raises(BudgetExceededError):
         learn(oracle)
     assert oracle.queries == 0
 
 
-@pytest.mark.parametrize("name", LEARNERS)
-def test_seeds_reproduce_bit_for_bit(name):
-    make, learn = LEARNERS[name]
-    a, b = learn(make(), seed=11), learn(make(), seed=11)
+def check_seeds(case) -> None:
+    (o1, learn), (o2, _) = _make(case), _make(case)
+    a, b = learn(o1, seed=11), learn(o2, seed=11)
     for key, arr in a.model.arrays().items():
         np.testing.assert_array_equal(arr, b.model.arrays()[key])
     assert a.queries_by_phase == b.queries_by_phase and a.check.error == b.check.error
+
+
+def check_contract(case) -> None:
+    """Every check of this module on one case (a name in :data:`CASES` or a ``(learner, factory, options)``)."""
+    check_accounting(case)
+    check_budget(case)
+    check_seeds(case)
+
+
+def test_every_registered_learner_has_a_case():
+    assert {name for name, _, _ in CASES.values()} == {e.name for e in registry.learners()}
+    assert {"exact", "lowrank", "nuclear", "robust", "membership", "transformer", "ffn", "multihead"} <= set(CASES)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_phases_sum_to_the_queries_and_the_check_is_counted_apart(case):
+    check_accounting(case)
+
+
+#: known breaches of the contract, to be fixed in the learner (strict: the test fails once they are fixed)
+PROBES_FIRST = pytest.mark.xfail(strict=True, reason="the multi-head dispatch asks one length-1 query to learn "
+                                                     "whether the answers are scalars or vectors before planning")
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=PROBES_FIRST) if c == "multihead" else c for c in CASES])
+def test_a_budget_below_the_plan_is_refused_before_the_first_query(case):
+    check_budget(case)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_seeds_reproduce_bit_for_bit(case):
+    check_seeds(case)
 
 
 def test_a_wrong_model_fails_the_check_the_same_way():

@@ -1,4 +1,4 @@
-"""The learners keep the shape issue 8 asks for: short functions, short positional parameter lists, and library
+"""The learners keep their shape: short functions, short positional parameter lists, and library
 messages that name parameters, never command-line flags (only the CLI names flags)."""
 
 import ast

@@ -37,7 +37,7 @@ def test_rank_given_recovers_with_dof_queries():
     assert det["calibration_queries"] <= MIN_CALIBRATION + d // 8
     assert res.queries - det["retry_queries"] <= 1.02 * (lowrank_dof(d, r) + 2 * d + 1)
     assert o.queries == res.queries + check_queries()
-    assert res.check["relative_error"] <= 1e-8
+    assert res.check.error <= 1e-8
     assert res.unknowns == lowrank_dof(d, r) + 2 * d + 1
 
 

@@ -22,8 +22,8 @@ def test_bisection_recovers_w_and_the_direction_of_v(d, seed):
     assert np.linalg.norm(r.model.v - unit) <= 1e-4
     assert np.linalg.norm(r.model.v) == pytest.approx(1.0)
     expected = 4 + 2 + (d - 1) * (12 + 48) + d * d * 50 + r.details["redo_queries"]
-    assert r.queries == expected and o.queries == expected + r.check["queries"]
-    assert r.check["sign_agreement"] > 0.99
+    assert r.queries == expected and o.queries == expected + r.check.queries
+    assert r.check.extra["sign_agreement"] > 0.99
     assert any("unit vector" in n for n in r.notes)
     # far fewer queries than Thm B.1's evaluated bound for the same accuracy
     plan = paper_membership_plan(d, 1e-3 * max(2, np.linalg.norm(h.W)), max(2.0, np.linalg.norm(h.W)),
@@ -131,7 +131,7 @@ def test_a_budget_of_plan_plus_check_is_enough_and_one_less_is_refused_up_front(
     # the run must then stay within it, or refuse with the queries spent)
     assert r.queries == planned + r.details["redo_queries"] and r.queries + CHECK_COUNT <= o.budget
     assert r.check.queries == CHECK_COUNT == 200 and o.queries == r.queries + CHECK_COUNT
-    assert r.passed and r.check["sign_agreement"] > 0.99
+    assert r.passed and r.check.extra["sign_agreement"] > 0.99
     assert {k: v for k, v in r.queries_by_phase.items() if k != "rebisection"} == {
         "bias_test": 4, "direction": 2 + (d - 1) * 60, "weights": d * d * 50}
     short = Oracle(Membership(h), d, budget=planned + CHECK_COUNT - 1)
@@ -147,4 +147,4 @@ def test_a_wrong_model_fails_the_sign_check():
     res = sign_check(Oracle(Membership(truth), 6), other, np.random.default_rng(0))
     assert not res.passed and res.error > res.tolerance and res.queries == 200
     ok = sign_check(Oracle(Membership(truth), 6), truth, np.random.default_rng(0))
-    assert ok.passed and ok.error == 0.0 and ok["sign_agreement"] == 1.0
+    assert ok.passed and ok.error == 0.0 and ok.extra["sign_agreement"] == 1.0

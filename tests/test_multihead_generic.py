@@ -22,10 +22,10 @@ def test_generic_heads_recovered_up_to_permutation(d, H, d_h, seed):
     match = match_heads(target, res.model)
     assert match.worst <= 1e-6, match.as_dict()
     assert match.c <= 1e-9
-    assert res.check["passed"] and res.check["relative_error"] <= 1e-8
+    assert res.check.passed and res.check.error <= 1e-8
     # exact accounting: every oracle query is in one phase or in the check, and the paper's bound holds
     assert sum(res.queries_by_phase.values()) == res.queries
-    assert res.queries + res.check["queries"] == oracle.queries
+    assert res.queries + res.check.queries == oracle.queries
     assert res.queries <= MultiHeadAttention.query_bound(d, H)
     # the cross stage asks exactly H probes per head and last token, twice (the 4L repeat): last tokens are 0 and a
     # basis of W_h's row space (its numerical rank, at least d_h), or all of R^d when P_h W_h is full rank on the
@@ -232,7 +232,7 @@ def test_float32_answers_pass_only_with_heads_within_the_reported_error(d, H):
             continue
         m = match_heads(target, res.model)
         assert max(np.max(m.W), np.max(m.v)) <= res.check.error  # the check's error covers every head
-        assert len(res.check["heads"]["bound"]) == res.model.H
+        assert len(res.check.extra["heads"]["bound"]) == res.model.H
         passed += res.check.passed
     assert passed >= 1
 

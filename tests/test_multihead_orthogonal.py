@@ -22,7 +22,7 @@ def test_known_subspaces_recover_every_head(H, dh, bias):
     per_head = dh * dh + 2 * dh + 1 if bias else dh * dh + dh
     assert H * per_head <= res.queries <= H * per_head * 1.02 + H
     assert res.queries == sum(res.details["queries_per_head"]) == res.queries_by_phase["heads"]
-    assert res.check["passed"] and res.check["relative_error"] < 1e-10
+    assert res.check.passed and res.check.error < 1e-10
 
 
 def test_known_subspaces_must_be_orthogonal():
@@ -59,7 +59,7 @@ def test_unknown_orthogonal_subspaces(H, dh, seed):
     assert res.queries <= MultiHeadAttention.query_bound(d, H)
     assert set(res.queries_by_phase) == {"values", "hessians", "heads"}
     assert sum(res.queries_by_phase.values()) == res.queries
-    assert res.check["passed"]
+    assert res.check.passed
 
 
 def test_unknown_orthogonal_subspaces_respect_the_query_bound_when_tight():

@@ -77,4 +77,4 @@ def test_extract_multihead_from_torch_with_known_subspaces():
     truth = multihead_from_torch(mod)
     res = extract_multihead(oracle_from_torch(mod), subspaces=E, seed=0)
     assert match_heads(truth, res.model).worst < 1e-9
-    assert res.check["passed"]
+    assert res.check.passed

@@ -78,7 +78,7 @@ def test_minilm_float32_lowrank_detects_rank_32_undeclared(minilm_float32):
     assert oracle.precision == "float32" and oracle.detector.decided
     # not a knife edge: σ_32/σ_1 = 0.36 for this head's W (rank 32 = d_head), six orders above float32 rounding
     assert res.details["detected_rank"] == 32
-    assert res.check["passed"]
+    assert res.check.passed
     assert res.queries <= 0.2 * AttentionHead.unknowns(384)
     assert rel(res.model.W, truth.W) <= 1e-3
 
@@ -89,7 +89,7 @@ def test_minilm_float32_lowrank_with_rank_32_given_undeclared(minilm_float32):
     oracle = Oracle(f32, 384, precision="auto")
     given = extract_lowrank(oracle, rank=32, seed=0)
     assert oracle.precision == "float32"
-    assert given.check["passed"] and given.details["detected_rank"] == 32
+    assert given.check.passed and given.details["detected_rank"] == 32
     assert lowrank_dof(384, 32) < given.queries <= 0.2 * AttentionHead.unknowns(384)
     assert rel(given.model.W, truth.W) <= 1e-3
 
@@ -103,4 +103,4 @@ def test_minilm_float32_exact_passes_its_check_undeclared(minilm_float32, layer,
     oracle = Oracle(f32, 384, precision="auto")
     res = extract_exact(oracle, seed=0)
     assert oracle.precision == "float32"
-    assert res.check["passed"] and rel(res.model.W, truth.W) <= 1e-4
+    assert res.check.passed and rel(res.model.W, truth.W) <= 1e-4

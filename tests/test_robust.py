@@ -107,7 +107,7 @@ def test_default_with_biases_and_no_noise_is_exact():
     r = extract_robust(Oracle(h, 12), seed=1)
     assert np.linalg.norm(r.model.W - h.W) / np.linalg.norm(h.W) < 1e-9
     assert np.linalg.norm(r.model.u - h.u) / np.linalg.norm(h.u) < 1e-9 and abs(r.model.c - h.c) < 1e-12
-    assert r.check["relative_error"] < 1e-9
+    assert r.check.error < 1e-9
 
 
 def test_default_raises_when_the_answers_carry_no_signal():

@@ -165,7 +165,7 @@ def test_http_extraction_equals_in_process_bit_for_bit_and_usage_matches():
             assert np.array_equal(np.asarray(a[name]), np.asarray(b[name])), name
         assert remote.queries == local.queries > 0
         assert remote.fn.usage()["queries"] == remote.queries
-        assert res_http.check["passed"]
+        assert res_http.check.passed
 
 
 def test_idempotent_resend_is_not_charged_twice():

@@ -87,4 +87,4 @@ def test_float64_victim_is_exact():
     truth = transformer_from_torch(vic)
     res = extract_transformer(oracle_from_torch(vic), seed=0)
     assert np.linalg.norm(res.model.W - truth.W) / np.linalg.norm(truth.W) <= 1e-9
-    assert res.check["relative_error"] <= 1e-8
+    assert res.check.error <= 1e-8

@@ -70,14 +70,14 @@ def test_extraction_recovers_W_exactly_and_the_function(d, m):
     o = Oracle(tf, d)
     res = extract_transformer(o, seed=0)
     assert np.linalg.norm(res.model.W - tf.W) / np.linalg.norm(tf.W) <= 1e-9
-    assert res.check["relative_error"] <= 1e-8
-    assert res.check["lengths"] == list(range(1, 9))
-    assert max(res.check["per_length"].values()) <= 1e-8
+    assert res.check.error <= 1e-8
+    assert res.check.lengths == tuple(range(1, 9))
+    assert max(res.check.per_length.values()) <= 1e-8
     qb = res.details["query_breakdown"]
     assert qb["attention"] == 2 * qb["antisymmetric_queries"] == 2 * sum(qb["attention_phases"].values())
     assert qb["attention"] + qb["ffn"] == res.queries
     assert res.queries_by_phase == {"attention": qb["attention"], "ffn": qb["ffn"]}
-    assert o.queries == res.queries + res.check["queries"]
+    assert o.queries == res.queries + res.check.queries
     np.testing.assert_allclose(res.model.v, tf.A @ tf.w_o, rtol=1e-8, atol=1e-10)
     err = neuron_errors(tf.A, tf.w_o, res.model.A, res.model.w_o)
     assert err["recovered_neurons"] == m and err["direction_error"] <= 1e-7

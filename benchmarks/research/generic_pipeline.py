@@ -22,7 +22,7 @@ def run(name, m, **kw):
     mt = match_heads(m, res.model) if res.model.H == m.H else None
     print(f"{name:30s} H={m.H:2d}/{res.model.H:2d} worst={mt.worst if mt else float('nan'):.2e} "
           f"W={np.max(mt.W) if mt else 0:.1e} v={np.max(mt.v) if mt else 0:.1e} u={np.max(mt.u) if mt else 0:.1e} "
-          f"c={mt.c if mt else 0:.1e} check={res.check['relative_error']:.1e} q={res.queries} "
+          f"c={mt.c if mt else 0:.1e} check={res.check.error:.1e} q={res.queries} "
           f"{res.details['queries_by_phase']} bound={4*m.H*m.d**2-2*m.H+1} t={time.perf_counter()-t:.1f}s", flush=True)
     return res
 

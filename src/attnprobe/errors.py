@@ -1,4 +1,4 @@
-"""One small exception hierarchy; every message says what to do next (DESIGN.md, "Contracts")."""
+"""One small exception hierarchy; every message says what to do next (docs/architecture.md, "Exit codes")."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Ray, with a report of what an attacker recovers under each output restriction.""
 from attnprobe.audit.defenses import Defense, parse_defenses
 from attnprobe.audit.engines import ENGINES, run_processes, run_ray
 from attnprobe.audit.run import AuditRun, run_audit
-from attnprobe.audit.tasks import AUDIT_METHODS, HeadSpec, Task, run_task
+from attnprobe.audit.tasks import HeadSpec, Task, audit_learners, fitting_learners, run_task
 
-__all__ = ["AUDIT_METHODS", "ENGINES", "AuditRun", "Defense", "HeadSpec", "Task", "parse_defenses",
-           "run_audit", "run_processes", "run_ray", "run_task"]
+__all__ = ["ENGINES", "AuditRun", "Defense", "HeadSpec", "Task", "audit_learners", "fitting_learners",
+           "parse_defenses", "run_audit", "run_processes", "run_ray", "run_task"]

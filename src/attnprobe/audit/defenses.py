@@ -21,3 +21,12 @@ def parse_defenses(text: str) -> list[AnswerChain]:
     if len(set(names)) != len(names):
         raise ConfigError(f"--defense lists a defence twice: {', '.join(names)}")
     return out
+
+
+def answers_left(defense: AnswerChain) -> dict:
+    """What the answers a defence leaves are like, as :meth:`attnprobe.learners.registry.Learner.fits` asks:
+    yes/no (``membership``) and coarser than float32 (``coarse``: a float16/bfloat16 cast, rounding to decimals
+    or to fewer than 7 significant digits, noise)."""
+    coarse = (defense.cast in ("float16", "bfloat16") or defense.decimals is not None
+              or (defense.digits is not None and defense.digits < 7) or defense.noise is not None)
+    return {"membership": bool(defense.membership), "coarse": bool(coarse)}

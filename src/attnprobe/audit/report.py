@@ -17,48 +17,77 @@ def _k(n: float) -> str:
     return f"{n / 1000:.0f}k" if n >= 10_000 else f"{n:.0f}"
 
 
-def protection(errors: list[float]) -> str:
-    """Measured protection of a defence from the recovered heads' W errors (none / partial / strong)."""
+def protection(errors: list[float], tried: list[str] | None = None, passed: list[bool] | None = None) -> str:
+    """Measured protection of a defence from the recovered heads' W errors (none / partial / strong): the
+    attacker's best head over every learner ``tried`` is the defender's worst case. A recovered model that
+    passes its functional check imitates the defended answers, so the defence is at most partial then; "strong"
+    means that every learner tried failed."""
+    by = f" by {', '.join(tried)}" if tried else ""
     if not errors:
-        return "strong: no head was recovered"
-    worst_case = min(errors)  # the attacker's best head is the defender's worst case
+        return f"strong: no head was recovered{by}"
+    worst_case = min(errors)
     if worst_case < NO_PROTECTION:
         return "none"
-    return "partial" if worst_case < PROTECTS else "strong"
+    if worst_case < PROTECTS or any(passed or ()):
+        return "partial"
+    return f"strong: every learner failed ({', '.join(tried or [])})"
+
+
+def best_records(run, defense: str) -> dict:
+    """Per (layer, head): the finished record of ``defense`` with the smallest W error over the learners that
+    ran on it (the attacker keeps the best)."""
+    best: dict = {}
+    for r in run.records:
+        if r["defense"] == defense and not r["error"]:
+            key = (r["layer"], r["head"])
+            if key not in best or r["relative_error"]["W"] < best[key]["relative_error"]["W"]:
+                best[key] = r
+    return best
 
 
 def verdicts(run) -> Table:
-    """One row per defence: what an attacker recovers and at what query cost."""
-    t = Table(["defence", "heads recovered / tasks", "W rel. error (median)", "W rel. error (best for the "
-               "attacker)", "queries per head (median)", "protection", "verdict"])
+    """One row per defence: the learners tried, what the best of them recovers and at what query cost."""
+    t = Table(["defence", "learners tried", "heads recovered / heads", "W rel. error (median)",
+               "W rel. error (best for the attacker)", "queries per head (median)", "protection", "verdict"])
     for name in run.defenses:
         recs = [r for r in run.records if r["defense"] == name]
-        ok = [r for r in recs if not r["error"]]
-        errs = [r["relative_error"]["W"] for r in ok]
-        queries = [r["queries"] for r in ok]
+        tried = list(dict.fromkeys(t.learner for t in run.tasks if t.defense.name == name))
+        best = list(best_records(run, name).values())
+        errs = [r["relative_error"]["W"] for r in best]
+        queries = [r["queries"] for r in best]
         label = "undefended" if name == "none" else name
-        if ok:
+        if best:
+            winners = ", ".join(f"{m} ×{n}" for m, n in _counts(r["method"] for r in best))
             verdict = (f"{label} answers: W recovered to {np.median(errs):.0e} with {_k(np.median(queries))} "
-                       f"queries ({sum(r['passed'] for r in ok)}/{len(ok)} pass the functional check)")
+                       f"queries ({sum(r['passed'] for r in best)}/{len(best)} pass the functional check); best "
+                       f"learner per head: {winners}")
         else:
             first = recs[0]["error"].splitlines()[0] if recs else "no task finished"
             verdict = f"{label} answers: no head recovered ({first})"
-        t.add(name, f"{len(ok)}/{len(recs)}", float(np.median(errs)) if errs else None,
+        heads = {(t.head.layer, t.head.head) for t in run.tasks if t.defense.name == name}
+        t.add(name, ", ".join(tried), f"{len(best)}/{len(heads)}", float(np.median(errs)) if errs else None,
               float(min(errs)) if errs else None, int(np.median(queries)) if queries else None,
-              protection(errs), verdict)
+              protection(errs, tried, [bool(r["passed"]) for r in recs if not r["error"]]), verdict)
     return t
 
 
+def _counts(items) -> list[tuple[str, int]]:
+    out: dict[str, int] = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
+    return list(out.items())
+
+
 def _grid(run, defense: str, value) -> tuple[np.ndarray, list[int], list[int]]:
-    """(layers × heads) array of ``value(record, head)``; a whole-layer task fills every head of its layer."""
+    """(layers × heads) array of ``value(record, head)`` over the best record of each head; a whole-layer task
+    fills every head of its layer."""
     layers = sorted({t.head.layer for t in run.tasks})
     heads = sorted({h for t in run.tasks for h in ([t.head.head] if t.head.head is not None
                                                     else range(t.head.checkpoint().heads_per_layer))})
     grid = np.full((len(layers), len(heads)), np.nan)
-    for r in run.records:
-        if r["defense"] == defense and not r["error"]:
-            for h in ([r["head"]] if r["head"] is not None else heads):
-                grid[layers.index(r["layer"]), heads.index(h)] = value(r, h)
+    for r in best_records(run, defense).values():
+        for h in ([r["head"]] if r["head"] is not None else heads):
+            grid[layers.index(r["layer"]), heads.index(h)] = value(r, h)
     return grid, layers, heads
 
 
@@ -71,25 +100,28 @@ def write_report(run, path: str | Path) -> Path:
     rep = HtmlReport(f"attnprobe audit: {run.info.get('model', 'model')}")
     failed = [r for r in run.records if r["error"]]
     rep.paragraph(f"{len(run.records)} of {len(run.tasks)} tasks finished on the {run.engine} engine in "
-                  f"{run.seconds:.1f} s; {len(failed)} failed. Method {run.info.get('method', '?')}, seed "
+                  f"{run.seconds:.1f} s; {len(failed)} failed. Learners: {run.info.get('method', '?')}, seed "
                   f"{run.info.get('seed', 0)}. Errors are relative errors against the true weights, which "
                   "the auditor has and the attacker does not.")
     if run.interrupted:
         rep.paragraph("The audit was interrupted: only the finished tasks are shown.", cls="fail")
     rep.heading("Verdict per defence")
     rep.table(verdicts(run))
-    rep.paragraph(f"Protection: none when some head's W is recovered to better than {NO_PROTECTION:g}, partial "
-                  f"when the best is below {PROTECTS:g}, strong otherwise (or when no head is recovered).")
+    rep.paragraph(f"Protection: none when some head's W is recovered to better than {NO_PROTECTION:g} by some "
+                  f"learner, partial when the best is below {PROTECTS:g} or a recovered model passes its functional "
+                  "check (it imitates the defended answers), strong only when every learner tried failed.")
     for name in run.defenses:
         rep.heading(f"Defence: {name}")
         err, layers, heads = _grid(run, name, _w_error)
         rep.image(heatmap_png(err, title=f"{name}: relative error of W", xlabel="head", ylabel="layer",
-                              colorbar="‖Ŵ−W‖/‖W‖", vmin=-16, vmax=1), alt=f"{name}: W error per head")
+                              colorbar="‖Ŵ−W‖/‖W‖", vmin=-16, vmax=1, rows=layers, cols=heads),
+                  alt=f"{name}: W error per head")
         q, _, _ = _grid(run, name, lambda r, h: r["queries"])
         per = "layer (whole-layer tasks)" if any(t.head.head is None for t in run.tasks) else "head"
         rep.image(heatmap_png(q, title=f"{name}: queries per {per}", xlabel="head", ylabel="layer",
-                              colorbar="queries"), alt=f"{name}: queries per head")
-        rep.paragraph(f"Rows: layers {layers}; columns: heads {heads}; grey × = failed or not run.")
+                              colorbar="queries", rows=layers, cols=heads), alt=f"{name}: queries per head")
+        rep.paragraph(f"Rows: layers {layers}; columns: heads {heads}; each cell shows the best learner's head; "
+                      "grey × = failed or not run.")
     if failed:
         rep.heading("Failures")
         t = Table(["layer", "head", "defence", "queries spent", "error"])

@@ -15,9 +15,7 @@ from attnprobe.audit.engines import ENGINES
 from attnprobe.audit.tasks import Task
 from attnprobe.errors import ConfigError
 from attnprobe.learners.result import _jsonable
-from attnprobe.models.attention import AttentionHead
-from attnprobe.models.io import save_model
-from attnprobe.models.multihead import MultiHeadAttention
+from attnprobe.models.io import model_class, save_model
 from attnprobe.progress import Progress
 
 
@@ -45,12 +43,14 @@ class AuditRun:
                           "seconds": self.seconds, "heads": self.records})
 
 
-def head_file(task: Task, several_defenses: bool) -> str:
+def head_file(task: Task, several_defenses: bool, several_learners: bool = False) -> str:
     """``heads/L{layer}H{head}.npz`` (``L{layer}.npz`` for a whole layer); with several defences the defended
-    ones get ``_{defence}``."""
+    ones get ``_{defence}``; where several learners ran on a defence, its files get ``_{learner}``."""
     name = task.head.name
     if several_defenses and task.defense.name != "none":
         name += f"_{task.defense.slug}"
+    if several_learners:
+        name += f"_{task.learner}"
     return f"heads/{name}.npz"
 
 
@@ -66,6 +66,8 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
     out = Path(out)
     (out / "heads").mkdir(parents=True, exist_ok=True)
     several = len({t.defense.name for t in tasks}) > 1
+    learners_per_defense = {name: len({t.learner for t in tasks if t.defense.name == name})
+                            for name in {t.defense.name for t in tasks}}
     bar = Progress(f"audit ({engine})", enabled=progress, delay=0.0, unit="task")
     done = [0]
     bar(0, len(tasks))
@@ -74,9 +76,9 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
         arrays = rec.pop("arrays", None)
         rec["file"] = None
         if arrays is not None:
-            rec["file"] = head_file(tasks[i], several)
-            model_class = MultiHeadAttention if rec.get("kind") == MultiHeadAttention.kind else AttentionHead
-            save_model(model_class.from_arrays(arrays), out / rec["file"])
+            task = tasks[i]
+            rec["file"] = head_file(task, several, learners_per_defense[task.defense.name] > 1)
+            save_model(model_class(rec["kind"]).from_arrays(arrays), out / rec["file"])
         done[0] += 1
         bar(done[0], len(tasks))
 

@@ -1,4 +1,5 @@
-"""One audit task = a plain function of (target head, method, defence, seed) -> a record dict.
+"""One audit task = a plain function of (target head, learner, defence, seed) -> a record dict; the learner is
+run through the learner registry (:mod:`attnprobe.learners.registry`).
 
 The task rebuilds the head from its spec inside the worker, so the process pool and Ray run the very same
 code on the very same inputs and give the same numbers for the same seeds.
@@ -6,16 +7,18 @@ code on the very same inputs and give the same numbers for the same seeds.
 
 from __future__ import annotations
 
+import importlib
 import time
 import traceback
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from attnprobe.audit.defenses import Defense
+from attnprobe.audit.defenses import Defense, answers_left
 from attnprobe.errors import AttnprobeError, ConfigError
+from attnprobe.learners import registry
+from attnprobe.models.compare import parameter_errors
 from attnprobe.oracles import Oracle
-from attnprobe.models.compare import relative_error, relative_errors
 
 
 @dataclass(frozen=True)
@@ -52,51 +55,11 @@ class HeadSpec:
         return f"L{self.layer}" if self.head is None else f"L{self.layer}H{self.head}"
 
 
-def _exact(oracle, task):
-    from attnprobe.learners.exact import extract_exact
-
-    return extract_exact(oracle, seed=task.seed)
-
-
-def _lowrank(oracle, task):
-    from attnprobe.learners.lowrank import extract_lowrank
-
-    return extract_lowrank(oracle, rank=task.rank, seed=task.seed)
-
-
-def _nuclear(oracle, task):
-    from attnprobe.learners.nuclear import extract_nuclear
-
-    return extract_nuclear(oracle, rank=task.rank, seed=task.seed)
-
-
-def _robust(oracle, task):
-    from attnprobe.learners.robust import extract_robust
-
-    return extract_robust(oracle, seed=task.seed)
-
-
-def _membership(oracle, task):
-    from attnprobe.learners.membership import extract_membership
-
-    return extract_membership(oracle, seed=task.seed)
-
-
-def _multihead(oracle, task):
-    from attnprobe.learners.multihead.generic import extract_generic
-
-    return extract_generic(oracle, heads=task.head.checkpoint().heads_per_layer, rank=task.rank, seed=task.seed)
-
-
-#: ``--method`` of ``attnprobe audit`` -> learner(oracle, task); yes/no answers always use ``membership``,
-#: whole layers ``multihead``
-AUDIT_METHODS = {"exact": _exact, "lowrank": _lowrank, "nuclear": _nuclear, "robust": _robust,
-                 "membership": _membership, "multihead": _multihead}
-
-
 @dataclass(frozen=True)
 class Task:
-    """One extraction of one head under one defence."""
+    """One extraction of one head under one defence. ``module`` is the module that registers the learner (set
+    from the registry when the task is made): a worker process imports it first, so learners registered outside
+    attnprobe run on the process pool and on Ray too."""
 
     head: HeadSpec
     method: str
@@ -104,44 +67,40 @@ class Task:
     seed: int = 0
     budget: int | None = None
     rank: int | None = None
+    module: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.module is None and self.method in {e.name for e in registry.learners()}:
+            object.__setattr__(self, "module", registry.learner(self.method).fn.__module__)
 
     @property
     def learner(self) -> str:
-        """The method actually run: a membership defence leaves only the membership learner (App. B); a whole
-        layer needs the multi-head learner (App. C and beyond)."""
-        if self.head.head is None:
-            return "multihead"
-        return "membership" if self.defense.membership else self.method
+        """The learner actually run: ``method`` when its capabilities fit the defence, else the first registered
+        learner of the same kind that fits (yes/no answers leave only a membership learner, App. B); a whole
+        layer needs a multi-head learner (Sec. 7, App. C)."""
+        fits = fitting_learners(self.defense, whole_layers=self.head.head is None)
+        if self.method in fits or not fits:
+            return self.method
+        return fits[0]
 
 
-def _check_fields(check) -> tuple[float | None, bool | None, int]:
-    """(error, passed, queries) of a functional check, whatever its form (dict or typed result)."""
-    def get(key):
-        try:
-            return check[key]
-        except (KeyError, TypeError, IndexError):
-            return None
-    err, passed, queries = get("relative_error"), get("passed"), get("queries")
-    if passed is None and get("sign_agreement") is not None:
-        passed = bool(get("sign_agreement") >= 0.99)
-    return (None if err is None else float(err)), (None if passed is None else bool(passed)), int(queries or 0)
+def audit_learners(whole_layers: bool = False) -> list[str]:
+    """The learners an audit can run: every registered head learner (multi-head learners for whole layers)."""
+    return [e.name for e in registry.learners("multi_head" if whole_layers else "head")]
 
 
-def _layer_errors(truth, model) -> tuple[dict[str, float], list[float]]:
-    """Worst head's W, v, u errors and c's, after matching heads up to permutation; per true head, W's error."""
-    from attnprobe.models.multihead import match_heads
-
-    m = match_heads(truth, model)
-    worst = {name: float(np.max(getattr(m, name))) for name in ("W", "v", "u")}
-    return dict(worst, c=float(m.c)), [float(x) for x in m.W]
+def fitting_learners(defense: Defense, whole_layers: bool = False) -> list[str]:
+    """The audit learners whose capabilities fit the answers ``defense`` leaves (with the packages installed)."""
+    recovers = "multi_head" if whole_layers else "head"
+    return [e.name for e in registry.learners(recovers) if e.fits(**answers_left(defense))]
 
 
-def _errors(truth, model, membership: bool) -> dict[str, float]:
-    if not membership:
-        return relative_errors(truth, model)
-    # membership answers fix v only up to its norm (App. B): compare directions; u and c are not learned
-    unit = truth.v / np.linalg.norm(truth.v)
-    return {"W": relative_error(model.W, truth.W), "v": relative_error(model.v, unit)}
+def _errors(task: Task, truth, model) -> tuple[dict[str, float], list[float] | None]:
+    """The record's parameter errors (:func:`parameter_errors`) and, for a whole layer, W's error per true head."""
+    errs = parameter_errors(truth, model, v_scale_free=task.defense.membership)
+    if task.head.head is None:
+        return {k: errs[k] for k in ("W", "v", "u", "c")}, [errs[f"W[{h}]"] for h in range(truth.H)]
+    return errs, None
 
 
 def failed_record(task: Task, error: str | None) -> dict:
@@ -156,23 +115,29 @@ def run_task(task: Task) -> dict:
     """Run one extraction and measure it against the truth. Never raises for a failed extraction: the
     record's ``error`` says what went wrong (the audit goes on). ``arrays`` holds the recovered parameters."""
     t0 = time.perf_counter()
+    if task.module and task.method not in {e.name for e in registry.learners()}:
+        try:
+            importlib.import_module(task.module)  # registers the learner in this worker
+        except Exception as exc:  # noqa: BLE001 - reported in the record like any failed task
+            return failed_record(task, f"cannot import {task.module}, which registers the learner "
+                                       f"{task.method!r}: {type(exc).__name__}: {exc}")
     rec = failed_record(task, None)
     oracle = None
     try:
-        if task.learner not in AUDIT_METHODS:
-            raise ConfigError(f"unknown audit method {task.learner!r}; choose one of {', '.join(AUDIT_METHODS)}")
+        learner = registry.learner(task.learner)
         truth = task.head.target()
         oracle = Oracle(truth, truth.d, budget=task.budget, chain=task.defense.seeded(task.seed))
-        res = AUDIT_METHODS[task.learner](oracle, task)
-        err, passed, check_queries = _check_fields(res.check)
-        if task.head.head is None:
-            errors, rec["head_W_errors"] = _layer_errors(truth, res.model)
-        else:
-            errors = _errors(truth, res.model, task.defense.membership)
-        rec.update(kind=res.model.kind, queries=int(res.queries), check_queries=check_queries,
-                   unknowns=int(res.unknowns),
-                   relative_error=errors, check_error=err,
-                   passed=bool(passed), arrays={k: np.asarray(v) for k, v in res.model.arrays().items()})
+        options = {"rank": task.rank} if "rank" in learner.option_names else {}
+        if task.head.head is None and "heads" in learner.option_names:
+            options["heads"] = task.head.checkpoint().heads_per_layer
+        res = learner(oracle, seed=task.seed, **options)
+        errors, head_w = _errors(task, truth, res.model)
+        if head_w is not None:
+            rec["head_W_errors"] = head_w
+        chk = res.check
+        rec.update(kind=res.model.kind, queries=int(res.queries), check_queries=chk.queries if chk else 0,
+                   unknowns=int(res.unknowns), relative_error=errors, check_error=chk.error if chk else None,
+                   passed=bool(res.passed), arrays={k: np.asarray(v) for k, v in res.model.arrays().items()})
         phases = getattr(res, "queries_by_phase", None)  # learners on the skeleton charge queries to phases
         if phases:
             rec["queries_by_phase"] = {str(k): int(v) for k, v in dict(phases).items()}

@@ -1,7 +1,7 @@
 """Command line: ``attnprobe extract | verify | demo | target | serve | audit | reproduce``, one module per subcommand.
 
 Every run ends with an exit code and, unless it succeeded, one line on stderr that says what happened and how
-many queries were spent (DESIGN.md): 0 done and verified; 2 bad input or refused (before or during the run);
+many queries were spent: 0 done and verified; 2 bad input or refused (before or during the run);
 3 the functional check failed (nothing written unless ``--keep-failed``); 130 interrupted (SIGINT, Ctrl-C);
 143 terminated (SIGTERM); 1 an internal error (a bug: the line says so; ``ATTNPROBE_DEBUG=1`` shows the traceback).
 """
@@ -22,12 +22,11 @@ from attnprobe.errors import AttnprobeError, CheckFailedError
 
 #: the subcommands, in the order ``--help`` lists them; each module has ``add_parser(sub)`` and ``run(args)``
 SUBCOMMANDS = (extract, verify, demo, target, serve, audit, reproduce)
-METHODS = extract.METHODS
 
 #: exit codes (README "Exit codes")
 EXIT_OK, EXIT_BUG, EXIT_REFUSED, EXIT_CHECK_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 2, 3, 130, 143
 
-__all__ = ["METHODS", "build_parser", "main", "relative_errors"]
+__all__ = ["build_parser", "main", "relative_errors"]
 
 
 class Terminated(BaseException):
@@ -79,21 +78,20 @@ _SIGNAL_ENDINGS = {signal.SIGINT: ("interrupted", "stopped by SIGINT (Ctrl-C); n
 PARAM_FLAGS = {"decimals": "--round", "digits": "--round-digits", "tau": "--noise", "sigma": "--noise"}
 
 
-def _option_for(parser: argparse.ArgumentParser, command: str, param: str) -> str | None:
-    """The flag of subcommand ``command`` whose destination is ``param`` (None when it has none)."""
-    known = PARAM_FLAGS.get(param) or extract.PARAM_FLAGS.get(param)
-    if known:
-        return known
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
-    return next((a.option_strings[0] for a in sub._actions if a.dest == param and a.option_strings), None)
+def _option_for(args, param: str) -> str | None:
+    """The flag that sets library parameter ``param`` in this run's subcommand (None when it has none): every
+    flag is ``--`` + its destination with dashes, and the parsed ``args`` hold every destination."""
+    if param in PARAM_FLAGS:
+        return PARAM_FLAGS[param]
+    return "--" + param.replace("_", "-") if param.isidentifier() and hasattr(args, param) else None
 
 
-def flag_message(parser, args, exc: Exception) -> str:
+def flag_message(args, exc: Exception) -> str:
     """The error's message with its library parameter (``exc.param``) named by the CLI flag that sets it."""
-    message = re.sub(r"\b[Tt]he '(\w+)' parameter",
-                     lambda m: _option_for(parser, args.command, m.group(1)) or m.group(0), str(exc))
+    message = re.sub(r"\b[Tt]he '(\w+)' parameter", lambda m: _option_for(args, m.group(1)) or m.group(0),
+                     str(exc))
     param = getattr(exc, "param", None)
-    flag = _option_for(parser, args.command, param) if param else None
+    flag = _option_for(args, param) if param else None
     return message.replace(f"'{param}'", flag) if flag else message
 
 
@@ -188,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     except CheckFailedError as exc:
         return _end(args, "check failed", str(exc), EXIT_CHECK_FAILED)
     except AttnprobeError as exc:
-        return _end(args, "error", flag_message(parser, args, exc), EXIT_REFUSED)
+        return _end(args, "error", flag_message(args, exc), EXIT_REFUSED)
     except KeyboardInterrupt:
         return _end(args, *_SIGNAL_ENDINGS[signal.SIGINT], EXIT_SIGINT)
     except Terminated:

@@ -41,7 +41,7 @@ def _defenses(args):
 
 
 def build_tasks(args):
-    from attnprobe.audit import HeadSpec, Task
+    from attnprobe.audit import HeadSpec, Task, fitting_learners
 
     if args.workers < 1:
         raise ConfigError(f"--workers must be at least 1; got {args.workers}")
@@ -69,19 +69,44 @@ def build_tasks(args):
     layers = parse_range(args.layers, ckpt.layers, "layers")
     heads = parse_range(args.heads, ckpt.heads_per_layer, "heads")
     defenses = _defenses(args)
-    if args.method not in ("exact", "lowrank", "nuclear", "robust", "membership"):
-        raise ConfigError(f"unknown --method {args.method!r}; choose exact, lowrank, nuclear, robust or membership")
-    if args.multihead:
-        if args.heads != "all":
-            raise ConfigError("--multihead audits whole layers; drop --heads")
-        if any(d.membership for d in defenses):
-            raise ConfigError("--multihead has no learner for yes/no answers; drop membership from --defense")
-        return [Task(HeadSpec(source, layer, None, args.row, args.heads_per_layer), "multihead", d, args.seed,
-                     args.budget, args.rank)
-                for d in defenses for layer in layers]
-    return [Task(HeadSpec(source, layer, head, args.row, args.heads_per_layer), args.method, d, args.seed,
-                 args.budget, args.rank)
-            for d in defenses for layer in layers for head in heads]
+    whole = bool(args.multihead)
+    if whole and args.heads != "all":
+        raise ConfigError("--multihead audits whole layers; drop --heads")
+    chosen = _chosen_learners(args.method, whole, args.rank)
+    tasks = []
+    for d in defenses:
+        names = [n for n in chosen if n in fitting_learners(d, whole)] or fitting_learners(d, whole)
+        if not names:
+            raise ConfigError(f"no {'multi-head ' if whole else ''}learner can read the answers the defence "
+                              f"{d.name!r} leaves; drop {d.name} from --defense")
+        for layer in layers:
+            for head in ([None] if whole else heads):
+                spec = HeadSpec(source, layer, head, args.row, args.heads_per_layer)
+                tasks += [Task(spec, name, d, args.seed, args.budget, args.rank) for name in names]
+    return tasks
+
+
+def _chosen_learners(method: str, whole_layers: bool, rank: int | None) -> list[str]:
+    """``--method``: ``auto`` (every registered learner of the task's kind that can run with ``rank``; each
+    defence keeps those that fit it) or a comma-separated list of learner names."""
+    from attnprobe.audit import audit_learners
+    from attnprobe.learners import registry
+
+    known = audit_learners(whole_layers)
+    if method == "auto":  # every learner that can run with the options given
+        return [n for n in known if registry.learner(n).ready({"rank": rank})]
+    names = [m.strip() for m in method.split(",") if m.strip()]
+    unknown = [m for m in names if m not in known]
+    if unknown or not names:
+        what = "whole layers (--multihead)" if whole_layers else "heads"
+        raise ConfigError(f"--method {method!r}: the learners of {what} are auto or a comma-separated list of "
+                          f"{', '.join(known)}")
+    for entry in map(registry.learner, names):
+        if not entry.ready({"rank": rank}):
+            hint = "give --rank (the head dimension)" if "rank" in entry.needs_one_of else "an audit gives only --rank"
+            raise ConfigError(f"--method {entry.name} runs only with one of {', '.join(entry.needs_one_of)} given; "
+                              f"{hint}")
+    return list(dict.fromkeys(names))
 
 
 @contextlib.contextmanager
@@ -171,7 +196,9 @@ def run(args) -> int:
 
 
 def add_parser(sub) -> None:
+    from attnprobe.audit import audit_learners
     from attnprobe.audit.defenses import HELP
+    from attnprobe.learners import registry
     from attnprobe.cli import answer_chain
 
     a = sub.add_parser("audit", help="extract every head of a model under each defence; write a report")
@@ -187,9 +214,12 @@ def add_parser(sub) -> None:
     src.add_argument("--multihead", action="store_true",
                      help="one task per whole layer: all its heads at once (the multi-head learner; "
                           "--rank = head dimension if known)")
-    a.add_argument("--method", default="exact", help="learner: exact (default), lowrank, nuclear, robust; "
-                                                      "a membership defence always uses membership")
-    a.add_argument("--rank", type=int, help="lowrank/nuclear/--multihead: rank bound (the head dimension)")
+    a.add_argument("--method", default="auto",
+                   help="learners to attack with: auto (default: every registered learner whose capabilities fit "
+                        "each defence; a defence is called strong only when all of them fail) or a comma-separated "
+                        "list of " + ", ".join(audit_learners()) + " (a defence none of them fits gets those that do)")
+    a.add_argument("--rank", type=int,
+                   help="learners that take a rank bound (the head dimension): " + ", ".join(registry.options()["rank"][1]))
     answer_chain.add_arguments(a, defense_help=f"{HELP}; or one defence as the flags below (default none)")
     a.add_argument("--budget", type=int, help="queries an attacker may spend per head")
     a.add_argument("--seed", type=int, default=0, help="seed of every task (probes and noise)")

@@ -16,14 +16,13 @@ from attnprobe.models.compare import relative_error, relative_errors  # noqa: E4
 
 
 def print_summary(res, out=None) -> None:
-    s = res.summary()
-    chk = s["check"] or {}
-    print(f"method {s['method']}  d={s['d']}  queries {s['queries']} for {s['unknowns']} unknowns "
-          f"({s['queries_per_unknown']:.4f} per unknown)  {s['seconds']:.2f} s")
-    if chk:
-        print(f"functional check: relative error {chk['relative_error']:.3e} on {chk['queries']} fresh sequences "
-              f"of lengths {chk['lengths']}")
-    for note in s["notes"]:
+    per = res.queries / res.unknowns if res.unknowns else float("nan")
+    print(f"method {res.method}  d={res.d}  queries {res.queries} for {res.unknowns} unknowns "
+          f"({per:.4f} per unknown)  {res.seconds:.2f} s")
+    if res.check is not None:
+        print(f"functional check: relative error {res.check.error:.3e} on {res.check.queries} fresh sequences "
+              f"of lengths {list(res.check.lengths)}")
+    for note in res.notes:
         print(f"note: {note}")
     if out:
         print(f"wrote {out[0]} and {out[1]}")
@@ -35,7 +34,7 @@ def track(args, oracle) -> None:
 
 
 def queries_spent(args) -> str:
-    """``"123 queries spent (not logged)"``: the tail of every message that ends a run (DESIGN.md)."""
+    """``"123 queries spent (not logged)"``: the tail of every message that ends a run."""
     oracle = getattr(args, "tracked_oracle", None)
     if oracle is None:
         return "no queries spent"
@@ -179,12 +178,11 @@ def refuse_memory(nbytes: float, what: str) -> None:
 
 def check_outcome(res, kept: bool = False) -> CheckFailedError | None:
     """The error that ends a run whose functional check failed (None when it passed or has no verdict)."""
-    chk = res.check or {}
-    if chk.get("passed", True):
+    if res.passed is not False:
         return None
-    err, tol = chk.get("relative_error"), chk.get("tolerance")
+    chk = res.check
     return CheckFailedError(
-        f"the recovered model does not describe the oracle: functional check error {err:.3e} > tolerance "
-        f"{tol:.1e} on {chk.get('queries')} fresh queries; "
+        f"the recovered model does not describe the oracle: functional check error {chk.error:.3e} > tolerance "
+        f"{chk.tolerance:.1e} on {chk.queries} fresh queries; "
         + ("written anyway (--keep-failed; the JSON says passed: false)" if kept
            else "nothing written (--keep-failed writes it anyway)"))

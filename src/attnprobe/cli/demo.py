@@ -36,8 +36,8 @@ def run(args) -> int:
           f"re-measured probes {res.details.get('retry_queries', 0)})")
     for name, e in relative_errors(truth, res.model).items():
         print(f"  {name}: relative error {e:.3e}")
-    print(f"functional check: relative error {res.check['relative_error']:.3e} on {res.check['queries']} fresh "
-          f"sequences (lengths {res.check['lengths']}), {res.seconds:.2f} s")
+    print(f"functional check: relative error {res.check.error:.3e} on {res.check.queries} fresh "
+          f"sequences (lengths {list(res.check.lengths)}), {res.seconds:.2f} s")
     failure = check_outcome(res, args.keep_failed)
     if args.out:
         print_summary(res, res.save(args.out) if failure is None or args.keep_failed else None)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from attnprobe.errors import ConfigError
+from attnprobe.models import PRECISIONS
 
-PRECISION_CHOICES = ("auto", "float64", "float32", "float16", "bfloat16")
+PRECISION_CHOICES = ("auto", *PRECISIONS)
 
 
 def add_arguments(parser) -> None:

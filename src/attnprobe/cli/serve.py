@@ -1,4 +1,4 @@
-"""``attnprobe serve``: put a model behind the prediction API (DESIGN.md, "Served API") to attack it over HTTP."""
+"""``attnprobe serve``: put a model behind the prediction API (docs/architecture.md, "Served API") to attack it over HTTP."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from attnprobe.cli import answer_chain
 from attnprobe.cli.common import nonneg_int, positive_float, positive_int
 from attnprobe.errors import ConfigError
 from attnprobe.models import PRECISIONS
-
-KEY_ENV = "ATTNPROBE_API_KEY"
+from attnprobe.oracles.http import KEY_ENV
 
 
 def api_keys(args) -> list[str]:

@@ -15,7 +15,8 @@ class CheckResult:
 
     ``error`` is the relative error of the recovered model's answers on ``queries`` fresh sequences;
     ``tolerance`` is the largest error a correct model can show at the answers' precision and declared noise.
-    Readable as a mapping too (``check["passed"]``, ``check["relative_error"]``) for JSON and older code.
+    ``extra`` holds what a particular check adds (``sign_agreement`` for yes/no answers); :meth:`to_dict` is its
+    JSON form (the error under ``relative_error``).
     """
 
     passed: bool
@@ -31,15 +32,6 @@ class CheckResult:
                "queries": self.queries, "lengths": list(self.lengths), "per_length": dict(self.per_length)}
         out.update(self.extra)
         return out
-
-    def __getitem__(self, key: str):
-        return self.to_dict()[key]
-
-    def get(self, key: str, default=None):
-        return self.to_dict().get(key, default)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.to_dict()
 
 
 def check_queries(lengths=DEFAULT_LENGTHS, per_length: int = 8) -> int:

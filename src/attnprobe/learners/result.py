@@ -33,17 +33,14 @@ class Extraction:
     @property
     def passed(self) -> bool | None:
         """Whether the functional check passed (None when no check was run)."""
-        if not self.check:
-            return None
-        passed = self.check.get("passed")
-        return None if passed is None else bool(passed)
+        return None if self.check is None else bool(self.check.passed)
 
     @property
     def d(self) -> int:
         return self.model.d
 
     def summary(self) -> dict:
-        """JSON-ready summary (DESIGN.md: method, d, queries, seconds, check, ...)."""
+        """JSON-ready summary (OUT.json: method, kind, d, queries, seconds, passed, check, ...)."""
         return _jsonable({
             "method": self.method,
             "kind": self.model.kind,
@@ -54,7 +51,7 @@ class Extraction:
             "seconds": self.seconds,
             "queries_by_phase": self.queries_by_phase,
             "passed": self.passed,
-            "check": self.check.to_dict() if hasattr(self.check, "to_dict") else (self.check or {}),
+            "check": self.check.to_dict() if self.check is not None else {},
             "details": self.details,
             "notes": self.notes,
         })

@@ -19,7 +19,7 @@ from attnprobe.models.attention import AttentionHead
 from attnprobe.models.transformer import OneLayerTransformer
 from attnprobe.oracles.antisymmetric import AntisymmetricOracle
 
-#: the issue's check: fresh random sequences of every length 1..8
+#: the transformer's check: fresh random sequences of every length 1..8
 TRANSFORMER_CHECK_LENGTHS = tuple(range(1, 9))
 
 

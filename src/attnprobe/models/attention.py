@@ -56,10 +56,6 @@ class AttentionParameters:
     VECTOR_NDIM = 2
 
     @property
-    def has_bias(self) -> bool:
-        return bool(np.any(self.u != 0) or np.any(np.asarray(self.c) != 0))
-
-    @property
     def vector(self) -> bool:
         """True for the vector layout (``v`` holds a K×d value-output map per head; answers are (B, K))."""
         return self.v.ndim == self.VECTOR_NDIM

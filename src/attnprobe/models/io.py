@@ -35,6 +35,13 @@ def register(cls: type) -> type:
     return cls
 
 
+def model_class(kind: str) -> type:
+    """The registered model class of ``kind``."""
+    if kind not in _KINDS:
+        raise ConfigError(f"unknown model kind {kind!r}; known: {sorted(_KINDS)}", param="kind")
+    return _KINDS[kind]
+
+
 def npz_path(path: str | Path) -> Path:
     """The ``.npz`` path a model is saved to: ``path`` itself, or ``path.npz`` when it has no suffix."""
     path = Path(path)
@@ -122,15 +129,15 @@ def regular_file(path: str | Path, what: str = "model file") -> Path:
     return path
 
 
-def npz_header(path: str | Path, max_bytes: int = MAX_MODEL_BYTES) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+def npz_header(path: str | Path, max_bytes: int = MAX_MODEL_BYTES,
+               what: str = "model file") -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """Shape and dtype of every array in an ``.npz`` file, read from the ``.npy`` headers without loading data.
 
     Refuses (with :class:`ConfigError`) anything that is not a zip of ``.npy`` members, members whose dtype is
     not real numbers (the ``kind`` tag may be a short string), and declared sizes above ``max_bytes``."""
-    path = regular_file(path)
+    path = regular_file(path, what)
     if not zipfile.is_zipfile(path):
-        raise ConfigError(f"cannot read {path} as an .npz model file (it is not a zip archive); save models with "
-                          "attnprobe target / save_model")
+        raise ConfigError(f"cannot read {what} {path} as an .npz file (it is not a zip archive)")
     out = {}
     total = 0
     try:
@@ -154,25 +161,37 @@ def npz_header(path: str | Path, max_bytes: int = MAX_MODEL_BYTES) -> dict[str, 
                                       "real numbers (no strings, complex numbers or records)")
                 total += int(np.prod(shape, dtype=object)) * dtype.itemsize
                 if total > max_bytes:
-                    raise ConfigError(f"{path} declares arrays of more than {max_bytes / 2**30:.1f} GiB (array "
-                                      f"{name!r} has shape {shape}); refusing to load it")
+                    raise ConfigError(f"{path} declares arrays of more than {_size(max_bytes)} (array {name!r} has "
+                                      f"shape {shape}); refusing to load it")
                 out[name] = (tuple(shape), dtype)
     except (zipfile.BadZipFile, ValueError, EOFError, OSError) as exc:
-        raise ConfigError(f"cannot read {path} as an .npz model file: {exc}") from exc
+        raise ConfigError(f"cannot read {what} {path} as an .npz file: {exc}") from exc
     return out
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def load_arrays(path: str | Path, max_bytes: int = MAX_MODEL_BYTES, what: str = "model file") -> dict:
+    """Every array of an ``.npz`` file, loaded only after its headers passed :func:`npz_header` (a regular file,
+    real numbers, at most ``max_bytes`` declared); ``what`` names the file in errors."""
+    path = Path(path)
+    header = npz_header(path, max_bytes, what)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except Exception as exc:
+        raise ConfigError(f"cannot read {what} {path} as an .npz file: {exc}") from exc
+    if any(arrays[k].shape != header[k][0] for k in arrays if k in header):  # pragma: no cover - file changed
+        raise ConfigError(f"{what} {path} changed while it was read; try again")
+    return arrays
 
 
 def load_model(path: str | Path, dtype: str = "float64", max_bytes: int = MAX_MODEL_BYTES):
     """Load a model saved by :func:`save_model`, checking the file's headers first (:func:`npz_header`)."""
     path = Path(path)
-    header = npz_header(path, max_bytes)
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except Exception as exc:
-        raise ConfigError(f"cannot read {path} as an .npz model file: {exc}") from exc
-    if any(arrays[k].shape != header[k][0] for k in arrays if k in header):  # pragma: no cover - file changed
-        raise ConfigError(f"{path} changed while it was read; try again")
+    arrays = load_arrays(path, max_bytes)
     kind = str(arrays.pop("kind", "attention_head"))
     if kind not in _KINDS:
         raise ConfigError(f"{path} holds a model of unknown kind {kind!r}; known: {sorted(_KINDS)}")

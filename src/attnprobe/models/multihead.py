@@ -102,16 +102,6 @@ class MultiHeadAttention(AttentionParameters):
         return [self.head(h) for h in range(self.H)]
 
     @classmethod
-    def from_heads(cls, heads, c: float | None = None, dtype: str = "float64") -> "MultiHeadAttention":
-        """Stack single heads; ``c`` defaults to the sum of the heads' ``c`` (their sum is the model)."""
-        heads = list(heads)
-        if not heads:
-            raise ConfigError("need at least one head")
-        c = sum(np.asarray(h.c) for h in heads) if c is None else c
-        return cls(np.stack([h.W for h in heads]), np.stack([h.v for h in heads]),
-                   np.stack([h.u for h in heads]), c, dtype)
-
-    @classmethod
     def from_projections(cls, Q, K, V, w_o, b_o: float = 0.0, b_Q=None, b_K=None, b_V=None, *,
                          scale: float | None = None, dtype: str = "float64") -> "MultiHeadAttention":
         """The concatenate-then-project layer of App. C, read at the last position, as the sum form.

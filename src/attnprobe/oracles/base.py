@@ -1,4 +1,4 @@
-"""The Oracle protocol (DESIGN.md): batched black-box access with exact counting, a budget and validation."""
+"""The Oracle protocol (docs/architecture.md, "Oracle"): batched black-box access with exact counting, a budget and validation."""
 
 from __future__ import annotations
 

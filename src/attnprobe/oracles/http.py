@@ -1,4 +1,4 @@
-"""The HTTP oracle: a served prediction API (DESIGN.md, "Served API") as an oracle callable, on httpx.
+"""The HTTP oracle: a served prediction API (docs/architecture.md, "Served API") as an oracle callable, on httpx.
 
 Batches are split to the server's ``max_batch`` (read from ``GET /v1/info`` with ``d``) and sent with bounded
 concurrency; 429, 5xx and connection errors are retried with exponential backoff (honouring ``Retry-After``);

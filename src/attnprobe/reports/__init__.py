@@ -1,5 +1,5 @@
 """Tables, figures, docs sections and self-contained HTML: the one report layer shared by benchmarks,
-``attnprobe reproduce`` and ``attnprobe audit`` (DESIGN.md, "reports/")."""
+``attnprobe reproduce`` and ``attnprobe audit`` (docs/architecture.md, "Layers")."""
 
 from attnprobe.reports.figures import figure_png, heatmap_png
 from attnprobe.reports.html import HtmlReport

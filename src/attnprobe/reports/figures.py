@@ -66,9 +66,10 @@ def labelled_png(fig, ax, *, title: str, xlabel: str, ylabel: str, legend: bool 
 
 def heatmap_png(values: np.ndarray, *, title: str, xlabel: str, ylabel: str, colorbar: str,
                 log: bool = True, annotate: bool = True, vmin: float | None = None,
-                vmax: float | None = None) -> bytes:
+                vmax: float | None = None, rows=None, cols=None) -> bytes:
     """A heatmap of a (rows, cols) array; NaN cells (failed or missing) are drawn grey and marked ×.
-    ``vmin``/``vmax`` fix the colour scale (in log10 units when ``log``) so several maps compare."""
+    ``vmin``/``vmax`` fix the colour scale (in log10 units when ``log``) so several maps compare; ``rows`` /
+    ``cols`` label the rows and columns (default 0, 1, ...)."""
     values = np.asarray(values, dtype=float)
     fig, ax = new_figure(max(4.0, 0.55 * values.shape[1] + 2.5), max(2.5, 0.45 * values.shape[0] + 1.5))
     shown = np.log10(np.maximum(values, 1e-300)) if log else values
@@ -76,8 +77,8 @@ def heatmap_png(values: np.ndarray, *, title: str, xlabel: str, ylabel: str, col
     cmap = _pyplot().get_cmap("viridis").with_extremes(bad="lightgrey")
     im = ax.imshow(masked, cmap=cmap, aspect="auto", vmin=vmin, vmax=vmax)
     fig.colorbar(im, ax=ax, label=("log10 " if log else "") + colorbar)
-    ax.set_xticks(range(values.shape[1]))
-    ax.set_yticks(range(values.shape[0]))
+    ax.set_xticks(range(values.shape[1]), labels=None if cols is None else [str(c) for c in cols])
+    ax.set_yticks(range(values.shape[0]), labels=None if rows is None else [str(r) for r in rows])
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

@@ -217,7 +217,7 @@ def sec_4_1(quick: bool) -> Claim:
             tf = random_transformer(d, m, seed=seed)
             r = extract_transformer(Oracle(tf, d), seed=seed)
             ew = relative_error(r.model.W, tf.W)
-            fe = float(r.check["relative_error"])
+            fe = float(r.check.error)
             c.table.add(d, m, seed, ew, fe, r.queries)
             ok &= ew <= EXACT and fe <= EXACT
     c.holds = bool(ok)

@@ -1,4 +1,4 @@
-"""FastAPI app serving one oracle callable (DESIGN.md, "Served API").
+"""FastAPI app serving one oracle callable (docs/architecture.md, "Served API").
 
 ``POST /v1/query {"inputs": [B sequences × N rows × d numbers]}`` with ``Authorization: Bearer KEY`` →
 ``{"outputs": [B numbers]}`` (``B × K`` numbers for a model with K outputs); ``GET /v1/info`` (``d``, limits), ``GET /v1/usage`` (the calling key's

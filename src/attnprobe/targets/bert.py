@@ -140,7 +140,7 @@ class BertCheckpoint:
 
     def head(self, layer: int = 0, head: int = 0, output_row: int = 0, dtype: str = "float64") -> AttentionHead:
         """The biased single-head regressor of head ``head`` of layer ``layer`` at output row ``output_row``
-        (DESIGN.md, "Real layers"): ``W = K_hᵀQ_h/√d_h``, ``u = K_hᵀb_{Q,h}/√d_h``, ``v = V_hᵀw``,
+        (docs/architecture.md, "Models"): ``W = K_hᵀQ_h/√d_h``, ``u = K_hᵀb_{Q,h}/√d_h``, ``v = V_hᵀw``,
         ``c = b_{V,h}·w + b`` with ``w``, ``b`` row ``output_row`` of the output projection restricted to the
         head's columns."""
         self._check_index(layer, output_row, head)

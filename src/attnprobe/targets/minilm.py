@@ -43,7 +43,7 @@ def layer_projections(layer: int, output_row: int) -> dict[str, np.ndarray]:
 
 
 def minilm_head(layer: int = 0, head: int = 0, output_row: int = 0, dtype: str = "float64") -> AttentionHead:
-    """The biased single-head regressor of one MiniLM-L6 attention head (DESIGN.md, "Real layers"):
+    """The biased single-head regressor of one MiniLM-L6 attention head (docs/architecture.md, "Models"):
     ``W = K_hᵀQ_h/√32``, ``u = K_hᵀb_{Q,h}/√32``, ``v = V_hᵀw``, ``c = b_{V,h}·w + b`` with ``w``, ``b`` row
     ``output_row`` of the attention output projection restricted to the head's 32 columns
     (:meth:`BertCheckpoint.head`)."""

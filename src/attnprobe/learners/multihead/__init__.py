@@ -1,8 +1,8 @@
-"""Multi-head attention learners (paper Sec. 7, App. C; DESIGN.md "Multi-head").
+"""Multi-head attention learners (paper Sec. 7, App. C).
 
 - :func:`extract_multihead_subspaces` — known mutually orthogonal head subspaces (Prop. C.2);
 - :func:`extract_multihead_orthogonal` — unknown orthogonal subspaces from Hessians (App. C conjecture);
-- ``generic`` — overlapping heads (:mod:`attnprobe.learners.multihead.generic`, imported lazily);
+- :func:`extract_generic` — overlapping heads (:mod:`attnprobe.learners.multihead.generic`);
 - ``vector`` — whole output rows (K-vector answers, :mod:`attnprobe.learners.multihead.vector`);
 - :func:`extract_multihead` dispatches between them.
 """
@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 from attnprobe.errors import AttnprobeError, ConfigError, RecoveryError, SaturationError, UnidentifiableError
+from attnprobe.learners.multihead import generic
+from attnprobe.learners.multihead.generic import extract_generic
 from attnprobe.learners.multihead.hessian import extract_multihead_orthogonal
 from attnprobe.learners.multihead.subspaces import extract_multihead_subspaces
 
@@ -27,7 +29,7 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
     ``method``: ``subspaces`` (needs ``subspaces``: known orthogonal head subspaces, Prop. C.2),
     ``orthogonal`` (unknown orthogonal subspaces, App. C), ``generic`` (overlapping heads), ``vector`` (whole
     output rows: K ≥ 2 outputs per sequence) or ``auto`` (``subspaces`` when they are given, else ``vector`` when
-    the oracle answers K ≥ 2 outputs, else ``generic`` when that learner is installed, else ``orthogonal``).
+    the oracle answers K ≥ 2 outputs, else ``generic``, falling back to ``orthogonal`` when it fails).
     ``heads`` fixes H; ``max_heads`` bounds it when H is detected; ``rank`` (the head dimension, generic learner
     only) lets each isolated head be sketched with ``≈ 2d·rank`` queries instead of detecting its rank. Returns an Extraction whose model is a
     :class:`~attnprobe.models.multihead.MultiHeadAttention` (heads are defined up to permutation).
@@ -61,9 +63,9 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
         raise ConfigError("method 'vector' needs an oracle answering K ≥ 2 outputs per sequence (a whole output "
                           "row); this one answers one number", param="method")
     # the orthogonal learner's Hessians cost ~d³/(2H) queries: a fallback only where it was measured (d ≤ 64)
-    fallback = method == "auto" and subspaces is None and _generic() is not None and oracle.d <= FALLBACK_MAX_D
+    fallback = method == "auto" and subspaces is None and oracle.d <= FALLBACK_MAX_D
     if method == "auto":
-        method = "subspaces" if subspaces is not None else ("generic" if _generic() else "orthogonal")
+        method = "subspaces" if subspaces is not None else "generic"
     if method == "subspaces" or subspaces is not None:
         if subspaces is None:
             raise ConfigError("method 'subspaces' needs the head subspaces (an (H, d, d_h) array of bases)")
@@ -81,14 +83,10 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
         if max_heads is not None and res.model.H > max_heads:
             res.notes.append(f"found {res.model.H} heads, more than max_heads={max_heads}")
         return res
-    gen = _generic()
-    if gen is None:
-        raise ConfigError("the generic multi-head learner (attnprobe.learners.multihead.generic) is not available "
-                          "in this installation; use method='orthogonal' or give the subspaces")
     before = oracle.queries
     try:
-        return gen(oracle, heads=heads, max_heads=max_heads, rank=rank, bias=bias, seed=seed, check=check,
-                   progress=progress)
+        return generic.extract_generic(oracle, heads=heads, max_heads=max_heads, rank=rank, bias=bias, seed=seed,
+                                       check=check, progress=progress)
     except (RecoveryError, SaturationError) as exc:
         if not fallback or rank is not None or getattr(exc, "cause_named", False):
             raise
@@ -124,15 +122,4 @@ def _probe_outputs(oracle) -> int:
     return oracle.queries - before
 
 
-def _generic():
-    """The generic learner's entry point, or None while it is not part of the package."""
-    import importlib.util
-
-    if importlib.util.find_spec("attnprobe.learners.multihead.generic") is None:
-        return None
-    from attnprobe.learners.multihead.generic import extract_generic
-
-    return extract_generic
-
-
-__all__ = ["METHODS", "extract_multihead", "extract_multihead_orthogonal", "extract_multihead_subspaces"]
+__all__ = ["METHODS", "extract_generic", "extract_multihead", "extract_multihead_orthogonal", "extract_multihead_subspaces"]
