@@ -324,8 +324,8 @@ def _transformer(oracle, *, seed, progress, probes, sign_time_limit, transformer
         return extract_transformer(oracle, probes=_basis(probes or "orthogonal"), seed=seed, progress=progress,
                                    sign_time_limit=sign_time_limit)
     if probes:
-        raise ConfigError(f"probes chooses the probes of the paper's transformer route; drop probes={probes!r} or "
-                          "set transformer_route='paper'", param="probes")
+        raise ConfigError(f"the 'probes' parameter chooses the probes of the paper's transformer route; drop it "
+                          f"({probes}) or use the 'transformer_route' parameter paper")
     from attnprobe.learners.transformer_multihead import extract_transformer_multihead
 
     return extract_transformer_multihead(oracle, seed=seed, progress=progress, sign_time_limit=sign_time_limit)
