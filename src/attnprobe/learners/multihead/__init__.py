@@ -14,6 +14,9 @@ from attnprobe.learners.multihead.hessian import extract_multihead_orthogonal
 from attnprobe.learners.multihead.subspaces import extract_multihead_subspaces
 
 METHODS = ("auto", "subspaces", "orthogonal", "generic", "vector")
+#: widest layer ``auto`` hands to the orthogonal learner when the generic one fails (docs/multihead.md: measured up
+#: to d = 64; at MiniLM's d = 384 its Hessians would cost ~2.4M queries)
+FALLBACK_MAX_D = 64
 
 
 def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None = None, subspaces=None,
@@ -57,7 +60,8 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
     if method == "vector":
         raise ConfigError("method 'vector' needs an oracle answering K ≥ 2 outputs per sequence (a whole output "
                           "row); this one answers one number", param="method")
-    fallback = method == "auto" and subspaces is None and _generic() is not None
+    # the orthogonal learner's Hessians cost ~d³/(2H) queries: a fallback only where it was measured (d ≤ 64)
+    fallback = method == "auto" and subspaces is None and _generic() is not None and oracle.d <= FALLBACK_MAX_D
     if method == "auto":
         method = "subspaces" if subspaces is not None else ("generic" if _generic() else "orthogonal")
     if method == "subspaces" or subspaces is not None:
@@ -86,10 +90,10 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
         return gen(oracle, heads=heads, max_heads=max_heads, rank=rank, bias=bias, seed=seed, check=check,
                    progress=progress)
     except (RecoveryError, SaturationError) as exc:
-        if not fallback or rank is not None or getattr(exc, "precision_named", False):
+        if not fallback or rank is not None or getattr(exc, "cause_named", False):
             raise
-        return _orthogonal_after(exc, oracle, oracle.queries - before, heads=heads, max_heads=max_heads, bias=bias, seed=seed, check=check,
-                                 progress=progress)
+        return _orthogonal_after(exc, oracle, oracle.queries - before, heads=heads, max_heads=max_heads, bias=bias,
+                                 seed=seed, check=check, progress=progress)
 
 
 def _orthogonal_after(exc, oracle, spent, *, max_heads, **kw):
