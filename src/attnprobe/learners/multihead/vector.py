@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnprobe._validation import check_int
-from attnprobe.errors import ConfigError, RecoveryError, UnidentifiableError
+from attnprobe.errors import ConfigError, InputNormError, OracleAnswerError, OracleError, RecoveryError, UnidentifiableError
 from attnprobe.learners.multihead.vector_heads import fit_delta, jennrich, theta_from_values
 from attnprobe.learners.multihead.vector_logits import gap_rank, head_attention_errors, learn_logits
 from attnprobe.learners.probes import random_orthogonal
@@ -136,7 +136,14 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
                           "for one output", param="method")
     layer = _Layer(oracle, M, c)
     with run.phase("calibrate"):
-        rho, ratio = _calibrate(layer, rng, d, rho_max)
+        try:
+            rho, ratio = _calibrate(layer, rng, d, rho_max)
+        except (OracleAnswerError, InputNormError):
+            raise
+        except OracleError as exc:  # e.g. a ReLU network: it answers length-1 queries only
+            raise OracleAnswerError(f"the oracle {oracle.name!r} answers {K} outputs per sequence but failed on "
+                                    f"two-row sequences ({exc}); the vector multi-head learner reads attention layers "
+                                    "— for a ReLU network with K outputs use the ffn learner") from exc
     with run.phase("input bound"):
         refuse_clipping(oracle, 3 * rho, seed=int(rng.integers(2**31)))
     if ratio < 30 * eps:
