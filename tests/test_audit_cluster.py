@@ -90,7 +90,7 @@ def test_sigkill_mid_audit_then_rerun_redoes_only_unfinished_tasks(tiny_checkpoi
 @pytest.mark.slow
 def test_multinode_ray_cluster_gives_the_numbers_of_the_process_pool(tiny_checkpoint, tmp_path, monkeypatch):
     """A head node and a worker node (ray.cluster_utils.Cluster, 127.0.0.1, 1 CPU each): whole layers as
-    multi-head tasks plus single heads, identical records to the process pool, tasks spread over both nodes."""
+    multi-head tasks plus single heads, identical records and head files to the process pool."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
@@ -98,6 +98,9 @@ def test_multinode_ray_cluster_gives_the_numbers_of_the_process_pool(tiny_checkp
 
     path, _ = tiny_checkpoint
     monkeypatch.setenv("PYTHONPATH", SRC)  # the nodes' workers import this checkout
+    # every node on 127.0.0.1: Ray would otherwise rewrite the loopback address to the machine's own IP
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setattr("ray._private.ray_constants.ENABLE_RAY_CLUSTER", False)
     tasks = _tasks(path, "none,gaussian:1e-4") + [Task(HeadSpec(str(path), layer, None, 3, HEADS), "multihead",
                                                        seed=1, rank=8) for layer in range(2)]
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1",
