@@ -89,10 +89,26 @@ def _finished(out: Path, tasks: Sequence[Task]) -> dict[int, dict]:
     for stale in sorted((out / "heads").glob("*.npz")):
         if f"heads/{stale.name}" not in keep:
             stale.unlink()
-    with open(path, "w") as f:
-        for i, rec in sorted(found.items()):
-            f.write(json.dumps({"key": task_key(tasks[i]), "record": _jsonable(rec)}) + "\n")
+    if path.exists():  # a refused run (e.g. no Ray cluster at the address) leaves no new file behind
+        with open(path, "w") as f:
+            for i, rec in sorted(found.items()):
+                f.write(json.dumps({"key": task_key(tasks[i]), "record": _jsonable(rec)}) + "\n")
     return found
+
+
+def journaled_files(out: str | Path) -> set[str]:
+    """Head files (``heads/NAME.npz``) that ``out/finished.jsonl`` records: an audit resuming there keeps them."""
+    path = Path(out) / JOURNAL
+    files = set()
+    if path.exists():
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                name = json.loads(line)["record"]["file"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if isinstance(name, str):
+                files.add(name)
+    return files
 
 
 def _journal(out: Path, task: Task, rec: dict) -> None:

@@ -87,8 +87,8 @@ def build_tasks(args):
 @contextlib.contextmanager
 def claimed_folder(out: Path):
     """Hold ``out`` for one audit: a second audit writing into the same folder at the same time is refused
-    (an advisory lock on ``out/.audit.lock``). The head files of an earlier audit there are removed by the run,
-    except those of finished tasks it resumes (results.json lists only the heads of this run)."""
+    (an advisory lock on ``out/.audit.lock``), and the head files of an earlier audit there are removed first,
+    except those ``finished.jsonl`` records (a rerun resumes with them; results.json lists only this run's heads)."""
     import fcntl
 
     from attnprobe.cli.common import writable_folder
@@ -114,6 +114,12 @@ def claimed_folder(out: Path):
         lock.truncate(0)
         lock.write(str(os.getpid()))
         lock.flush()
+        from attnprobe.audit.run import journaled_files
+
+        keep = journaled_files(out)  # the heads of finished tasks a resumed audit reuses
+        for stale in sorted((out / "heads").glob("*.npz")):
+            if f"heads/{stale.name}" not in keep:
+                stale.unlink()
         yield
     finally:
         with contextlib.suppress(OSError):
