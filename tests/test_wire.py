@@ -176,18 +176,13 @@ def test_http_extraction_over_npy_equals_in_process_bit_for_bit():
     app = build_app(head, ServiceOptions(d=6, max_batch=8), KeyStore(["k"]))
     with BackgroundServer(app) as srv:
         remote = oracle_from_url(srv.url, "k", concurrency=3, wire="npy")
-        assert remote.fn.wire == "npy"
-        res_http = extract_exact(remote, seed=5)
         local = Oracle(head, 6)
-        res_local = extract_exact(local, seed=5)
-        a, b = res_http.model.arrays(), res_local.model.arrays()
-        assert a.keys() == b.keys()
-        for name in a:
-            assert np.array_equal(np.asarray(a[name]), np.asarray(b[name])), name
-        assert remote.queries == local.queries > 0
-        assert remote.fn.usage()["queries"] == remote.queries
+        over_npy, in_process = extract_exact(remote, seed=5), extract_exact(local, seed=5)
+        assert remote.fn.wire == "npy" and over_npy.check["passed"]
+        got, want = over_npy.model.arrays(), in_process.model.arrays()
+        assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
+        assert remote.queries == local.queries == remote.fn.usage()["queries"] > 0
         assert remote.fn.requests >= -(-remote.queries // 8)  # split to the server's max batch
-        assert res_http.check["passed"]
 
 
 def test_client_falls_back_to_json_for_a_server_without_npy(served):
