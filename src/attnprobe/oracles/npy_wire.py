@@ -79,7 +79,7 @@ def decode_queries(body: bytes, d: int, max_batch: int, max_length: int) -> np.n
         raise WireError(f"sequences of {N} rows are above the limit of {max_length}", too_large=True)
     if B < 1 or N < 1 or width != d:
         raise WireError(f"the .npy array has shape {shape}; send (B, N, d) with B, N >= 1 and d = {d}")
-    return _data(body, shape, start)
+    return _data(body, shape, start).copy()  # writable, like the JSON route's array (a model may work in place)
 
 
 def decode_answers(body: bytes, batch: int) -> np.ndarray:
