@@ -1,7 +1,8 @@
 """Load test of the served API on loopback: queries/s with 1, 8 and 64 concurrent clients (a bounded async httpx
-loop), and one extraction over HTTP against the same extraction in process.
+loop) with JSON and with binary .npy bodies, and extractions over HTTP (both formats) against the same extraction
+in process: an exact random head and one MiniLM head (low rank, r = 32).
 
-    PYTHONPATH=src python benchmarks/service_load.py [--seconds 8] [--batch 32] [--d 32] [--length 8]
+    PYTHONPATH=src python benchmarks/service_load.py [--seconds 8] [--batch 32] [--d 32] [--length 8] [--no-minilm]
 
 The server is a real ``attnprobe serve`` subprocess (uvicorn, one worker) on 127.0.0.1 at a free port; every
 level runs for at most ``--seconds`` and ``--max-requests``.
@@ -23,8 +24,9 @@ import httpx
 import numpy as np
 
 from attnprobe.learners import extract_exact
+from attnprobe.learners.lowrank import extract_lowrank
 from attnprobe.models.io import save_model
-from attnprobe.oracles import Oracle
+from attnprobe.oracles import Oracle, npy_wire
 from attnprobe.oracles.http import oracle_from_url
 from attnprobe.reports import Table, write_section
 from attnprobe.targets.random_heads import random_head
@@ -56,12 +58,15 @@ def start_server(target: Path, max_batch: int) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the server did not start: " + proc.stderr.read().decode()[-2000:])
 
 
-async def level(url: str, clients: int, body: bytes, batch: int, seconds: float, max_requests: int) -> dict:
+async def level(url: str, clients: int, body: bytes, batch: int, seconds: float, max_requests: int,
+                wire: str = "json") -> dict:
     latencies: list[float] = []
     errors = 0
     deadline = time.perf_counter() + seconds
     sent = 0
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    if wire == "npy":
+        headers.update({"Content-Type": npy_wire.MEDIA_TYPE, "Accept": npy_wire.MEDIA_TYPE})
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as client:
         async def worker():
@@ -79,9 +84,39 @@ async def level(url: str, clients: int, body: bytes, batch: int, seconds: float,
         await asyncio.gather(*(worker() for _ in range(clients)))
         wall = time.perf_counter() - t0
     lat = np.array(latencies) * 1e3
-    return {"clients": clients, "requests": len(latencies), "errors": errors, "seconds": wall,
+    return {"wire": wire, "clients": clients, "requests": len(latencies), "errors": errors, "seconds": wall,
             "req_s": len(latencies) / wall, "q_s": len(latencies) * batch / wall,
             "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95))}
+
+
+def extraction_rows(tmp: str, label: str, head, learn, max_batch: int) -> list[list]:
+    """``learn`` over HTTP with each wire format (a fresh server each) and in process: rows of the table."""
+    target = Path(tmp) / "extract.npz"
+    save_model(head, target)
+    local = Oracle(head, head.d)
+    t0 = time.perf_counter()
+    res_local = learn(local)
+    t_local = time.perf_counter() - t0
+    rows = []
+    for wire in ("json", "npy"):
+        proc, url = start_server(target, max_batch=max_batch)
+        try:
+            remote = oracle_from_url(url, KEY, concurrency=4, wire=wire, precision="float64")
+            t0 = time.perf_counter()
+            res = learn(remote)
+            t_http = time.perf_counter() - t0
+            usage = remote.fn.usage()["queries"]
+            remote.fn.close()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        a, b = res.model.arrays(), res_local.model.arrays()
+        same = a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+        rows.append([f"{label} over HTTP", head.d, wire, remote.queries, usage, t_http, remote.queries / t_http,
+                     t_http / t_local, same])
+        print(rows[-1], flush=True)
+    rows.append([f"{label} in process", head.d, "-", local.queries, "-", t_local, local.queries / t_local, 1.0, "-"])
+    return rows
 
 
 def _table(headers, rows) -> str:
@@ -97,6 +132,8 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=32)
     ap.add_argument("--extract-d", type=int, default=32)
     ap.add_argument("--no-docs", action="store_true")
+    ap.add_argument("--no-minilm", action="store_true", help="skip the MiniLM head extraction")
+    ap.add_argument("--extract-batch", type=int, default=1024, help="server max batch for the extractions")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         target = Path(tmp) / "head.npz"
@@ -106,48 +143,40 @@ def main() -> None:
             X = np.random.default_rng(0).standard_normal((args.batch, args.length, args.d))
             import json
 
-            body = json.dumps({"inputs": X.tolist()}).encode()
-            rows = [asyncio.run(level(url, c, body, args.batch, args.seconds, args.max_requests)) for c in (1, 8, 64)]
+            bodies = {"json": json.dumps({"inputs": X.tolist()}).encode(), "npy": npy_wire.encode(X)}
+            rows = [asyncio.run(level(url, c, bodies[w], args.batch, args.seconds, args.max_requests, w))
+                    for w in ("json", "npy") for c in (1, 8, 64)]
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-        # one extraction over HTTP (server max batch 256, 4 requests in flight) vs the same one in process
-        target2 = Path(tmp) / "head2.npz"
+        ext_rows = []
         head2 = random_head(args.extract_d, seed=1)
-        save_model(head2, target2)
-        proc, url = start_server(target2, max_batch=256)
-        try:
-            remote = oracle_from_url(url, KEY, concurrency=4)
-            t0 = time.perf_counter()
-            res = extract_exact(remote, seed=0)
-            t_http = time.perf_counter() - t0
-            usage = remote.fn.usage()["queries"]
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-        local = Oracle(head2, args.extract_d)
-        t0 = time.perf_counter()
-        res_local = extract_exact(local, seed=0)
-        t_local = time.perf_counter() - t0
-        same = all(np.array_equal(a, res_local.model.arrays()[k]) for k, a in res.model.arrays().items())
-    load = _table(["clients", "requests", "errors", "seconds", "requests/s", "queries/s", "p50 ms", "p95 ms"],
-                 [[r["clients"], r["requests"], r["errors"], r["seconds"], r["req_s"], r["q_s"], r["p50_ms"],
+        ext_rows += extraction_rows(tmp, "exact", head2, lambda o: extract_exact(o, seed=0), args.extract_batch)
+        if not args.no_minilm:
+            from attnprobe.targets import minilm_head
+
+            ext_rows += extraction_rows(tmp, "MiniLM L0 H0 lowrank r=32", minilm_head(0, 0),
+                                        lambda o: extract_lowrank(o, rank=32, seed=0), args.extract_batch)
+    load = _table(["wire", "clients", "requests", "errors", "seconds", "requests/s", "queries/s", "p50 ms",
+                   "p95 ms"],
+                 [[r["wire"], r["clients"], r["requests"], r["errors"], r["seconds"], r["req_s"], r["q_s"], r["p50_ms"],
                    r["p95_ms"]] for r in rows])
-    ext = _table(["extraction", "d", "queries (incl. check)", "server usage", "seconds", "queries/s",
-                 "bit-identical to in-process"],
-                [["exact over HTTP", args.extract_d, remote.queries, usage, t_http, remote.queries / t_http, same],
-                 ["exact in process", args.extract_d, local.queries, "-", t_local, local.queries / t_local, "-"]])
+    ext = _table(["extraction", "d", "wire", "queries (incl. check)", "server usage", "seconds", "queries/s",
+                  "÷ in process", "bit-identical to in-process"], ext_rows)
     body = (f"Load: each request carries {args.batch} sequences of {args.length} rows, d = {args.d} "
-            f"(JSON body {len(body) / 1024:.0f} KiB); one uvicorn worker, clients are asyncio tasks sharing one "
+            f"(JSON body {len(bodies['json']) / 1024:.0f} KiB, npy body {len(bodies['npy']) / 1024:.0f} KiB); one uvicorn worker, clients are asyncio tasks sharing one "
             f"httpx.AsyncClient in another process; each level stops after {args.seconds:g} s.\n\n{load}\n\n{ext}")
     print(body)
     if not args.no_docs:
-        write_section("Served API: load on loopback and one extraction over HTTP", body + """
+        write_section("Served API: JSON and binary (.npy) bodies, load and extractions over loopback", body + f"""
 
 The machine's 2 cores are shared with other jobs during the measurement, so the numbers are a floor. JSON
 encoding of float64 inputs (shortest round-trip repr, so answers are bit-exact) dominates the cost per query;
-the extraction over HTTP sends the learner's batches split to the server's max batch with 4 requests in flight.""",
-                      "python benchmarks/service_load.py")
+the extraction over HTTP sends the learner's batches split to the server's max batch with 4 requests in flight.
+With `.npy` bodies (`Content-Type`/`Accept: application/x-npy`, what `extract --url` picks when `/v1/info` offers
+it) a number costs 8 bytes and no text conversion on either side. Load average during the run:
+{" / ".join(f"{x:.1f}" for x in os.getloadavg())} (1/5/15 min) on 2 cores: the machine was loaded.""",
+                      f"python benchmarks/service_load.py --seconds {args.seconds:g}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
 """Drive an audit: run the tasks on an engine with a progress bar, save each recovered head as it arrives,
-then write ``results.json`` and ``report.html`` (also after Ctrl-C, with what finished)."""
+then write ``results.json`` and ``report.html`` (also after Ctrl-C, with what finished).
+
+Each finished task is appended to ``finished.jsonl`` (flushed to disk) as soon as its head file is saved, so an
+audit killed at any moment (even SIGKILL) and rerun into the same folder redoes only the tasks that had not
+finished; ``resume=False`` starts afresh.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -54,9 +60,69 @@ def head_file(task: Task, several_defenses: bool, several_learners: bool = False
     return f"heads/{name}.npz"
 
 
+JOURNAL = "finished.jsonl"
+
+
+def task_key(task: Task) -> str:
+    """What makes two tasks the same work: head spec, method, defence, seed, budget and rank."""
+    return json.dumps([asdict(task.head), task.method, task.defense.name, task.seed, task.budget, task.rank])
+
+
+def _finished(out: Path, tasks: Sequence[Task]) -> dict[int, dict]:
+    """Records of ``tasks`` that ``out/finished.jsonl`` holds (with their head file still there), by task index.
+    A line cut short by a kill is skipped; the journal is rewritten with the reused records only, and head files
+    of no reused record are removed (results.json lists only this run's heads)."""
+    keys = {task_key(t): i for i, t in enumerate(tasks)}
+    found: dict[int, dict] = {}
+    path = out / JOURNAL
+    if path.exists():
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+                i = keys[entry["key"]]
+                rec = dict(entry["record"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if rec.get("file") is None or (out / rec["file"]).is_file():
+                found[i] = rec
+    keep = {found[i]["file"] for i in found if found[i].get("file")}
+    for stale in sorted((out / "heads").glob("*.npz")):
+        if f"heads/{stale.name}" not in keep:
+            stale.unlink()
+    if path.exists():  # a refused run (e.g. no Ray cluster at the address) leaves no new file behind
+        with open(path, "w") as f:
+            for i, rec in sorted(found.items()):
+                f.write(json.dumps({"key": task_key(tasks[i]), "record": _jsonable(rec)}) + "\n")
+    return found
+
+
+def journaled_files(out: str | Path) -> set[str]:
+    """Head files (``heads/NAME.npz``) that ``out/finished.jsonl`` records: an audit resuming there keeps them."""
+    path = Path(out) / JOURNAL
+    files = set()
+    if path.exists():
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                name = json.loads(line)["record"]["file"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if isinstance(name, str):
+                files.add(name)
+    return files
+
+
+def _journal(out: Path, task: Task, rec: dict) -> None:
+    with open(out / JOURNAL, "a") as f:
+        f.write(json.dumps({"key": task_key(task), "record": _jsonable(rec)}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processes", workers: int = 1,
-              address: str | None = None, progress: bool = True, info: dict | None = None) -> AuditRun:
-    """Run every task, write ``out/heads/*.npz``, ``out/results.json`` and ``out/report.html``."""
+              address: str | None = None, progress: bool = True, info: dict | None = None,
+              resume: bool = True) -> AuditRun:
+    """Run every task, write ``out/heads/*.npz``, ``out/results.json`` and ``out/report.html``; with ``resume``,
+    tasks that ``out/finished.jsonl`` records as finished are not run again (their records are reused)."""
     from attnprobe.audit.report import write_report
 
     if engine not in ENGINES:
@@ -68,9 +134,13 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
     several = len({t.defense.name for t in tasks}) > 1
     learners_per_defense = {name: len({t.learner for t in tasks if t.defense.name == name})
                             for name in {t.defense.name for t in tasks}}
+    if not resume:
+        (out / JOURNAL).unlink(missing_ok=True)
+    reused = _finished(out, tasks)
+    todo = [i for i in range(len(tasks)) if i not in reused]
     bar = Progress(f"audit ({engine})", enabled=progress, delay=0.0, unit="task")
-    done = [0]
-    bar(0, len(tasks))
+    done = [len(reused)]
+    bar(done[0], len(tasks))
 
     def on_result(i: int, rec: dict) -> None:
         arrays = rec.pop("arrays", None)
@@ -100,18 +170,29 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
             rec["file"], rec["error"] = None, f"the recovered model could not be saved: {exc}"
             done[0] += 1
             bar(done[0], len(tasks))
+        _journal(out, tasks[i], rec)
 
     try:
-        if engine == "ray":
-            records, interrupted = ENGINES[engine](tasks, on_result_saved, address=address, workers=workers)
+        pending = [tasks[i] for i in todo]
+
+        def on_pending_result(j: int, rec: dict) -> None:
+            on_result_saved(todo[j], rec)
+
+        if not pending:
+            fresh, interrupted = [], False
+        elif engine == "ray":
+            fresh, interrupted = ENGINES[engine](pending, on_pending_result, address=address, workers=workers)
         else:
-            records, interrupted = ENGINES[engine](tasks, on_result_saved, workers=workers)
+            fresh, interrupted = ENGINES[engine](pending, on_pending_result, workers=workers)
+        records = [reused.get(i) for i in range(len(tasks))]
+        for j, rec in enumerate(fresh):
+            records[todo[j]] = rec
     finally:
         bar.close()
         if old is not None:
             signal.signal(signal.SIGTERM, old)
     run = AuditRun(engine, list(tasks), [r for r in records if r is not None], interrupted,
-                   time.perf_counter() - t0, out, dict(info or {}, workers=workers, address=address))
+                   time.perf_counter() - t0, out, dict(info or {}, workers=workers, address=address, resumed=len(reused)))
     run.terminated = bool(terminated)
     try:
         (out / "results.json").write_text(json.dumps(run.summary(), indent=2) + "\n")

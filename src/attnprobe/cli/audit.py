@@ -112,8 +112,8 @@ def _chosen_learners(method: str, whole_layers: bool, rank: int | None) -> list[
 @contextlib.contextmanager
 def claimed_folder(out: Path):
     """Hold ``out`` for one audit: a second audit writing into the same folder at the same time is refused
-    (an advisory lock on ``out/.audit.lock``), and the head files of an earlier audit there are removed first
-    (results.json lists only the heads of this run)."""
+    (an advisory lock on ``out/.audit.lock``), and the head files of an earlier audit there are removed first,
+    except those ``finished.jsonl`` records (a rerun resumes with them; results.json lists only this run's heads)."""
     import fcntl
 
     from attnprobe.cli.common import writable_folder
@@ -139,8 +139,12 @@ def claimed_folder(out: Path):
         lock.truncate(0)
         lock.write(str(os.getpid()))
         lock.flush()
+        from attnprobe.audit.run import journaled_files
+
+        keep = journaled_files(out)  # the heads of finished tasks a resumed audit reuses
         for stale in sorted((out / "heads").glob("*.npz")):
-            stale.unlink()
+            if f"heads/{stale.name}" not in keep:
+                stale.unlink()
         yield
     finally:
         with contextlib.suppress(OSError):
@@ -175,9 +179,12 @@ def run(args) -> int:
             "rank": args.rank, "budget": args.budget}
     with claimed_folder(Path(args.out)):
         res = run_audit(tasks, args.out, engine=engine, workers=args.workers, address=args.ray or None,
-                        progress=not args.quiet, info=info)
+                        progress=not args.quiet, info=info, resume=not args.fresh)
     failed = sum(1 for r in res.records if r["error"])
     spent = sum(r["queries"] + r.get("check_queries", 0) for r in res.records)
+    if res.info.get("resumed"):
+        print(f"audit: resumed {res.info['resumed']} finished tasks from {args.out}/finished.jsonl (not run again; "
+              "--fresh redoes them)")
     print(f"audit: {len(res.records)}/{len(tasks)} tasks finished ({failed} failed) on {engine} in "
           f"{res.seconds:.1f} s; {spent} queries spent (not logged); wrote {args.out}/results.json, "
           f"{args.out}/report.html and {args.out}/heads/")
@@ -226,7 +233,11 @@ def add_parser(sub) -> None:
     run_on = a.add_argument_group("where to run")
     run_on.add_argument("--workers", type=int, default=1, help="worker processes (or local Ray CPUs)")
     run_on.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                        help="run on Ray: a local cluster without ADDRESS, else the cluster at ADDRESS")
+                        help="run on Ray: a private local cluster without ADDRESS, else the cluster at ADDRESS "
+                             "(HOST:6379 of 'ray start --head', or ray://HOST:10001; attnprobe must be installed "
+                             "on every node)")
     a.add_argument("--out", required=True, metavar="DIR", help="results.json, report.html and heads/*.npz")
     a.add_argument("--quiet", action="store_true", help="no progress bar")
+    a.add_argument("--fresh", action="store_true", help="redo every task (default: a rerun into the same --out "
+                                                        "resumes, skipping the tasks finished.jsonl lists)")
     a.set_defaults(func=run)

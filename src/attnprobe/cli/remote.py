@@ -25,6 +25,8 @@ def add_arguments(parser) -> None:
     g.add_argument("--timeout", type=float, default=60.0, help="--url: seconds per request (default 60)")
     g.add_argument("--retries", type=int, default=6,
                    help="--url: retries of a request on 429/5xx/connection errors, with backoff (default 6)")
+    g.add_argument("--wire", choices=("auto", "npy", "json"), default="auto",
+                   help="--url: body format (default auto: binary .npy when the server offers it, else JSON)")
     g.add_argument("--log", metavar="FILE.sqlite", help="store every query and answer; a rerun with the same log "
                                                        "asks only for what the log lacks")
     g.add_argument("--replay", action="store_true", help="answer only from --log (offline rerun of a learner)")
@@ -111,7 +113,7 @@ def source_oracle(args, **kw):
         from attnprobe.oracles.http import HttpOracle, oracle_from_http
 
         fn = HttpOracle(args.url, args.api_key, timeout=args.timeout, retries=args.retries,
-                        concurrency=args.concurrency)
+                        concurrency=args.concurrency, wire=getattr(args, "wire", "auto"))
         from attnprobe.oracles.chain import AnswerChain
 
         return oracle_from_http(fn, args.d, log=open_log(args, kw.get("chain") or AnswerChain(), fn.identity), **kw)

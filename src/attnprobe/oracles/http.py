@@ -4,7 +4,9 @@ Batches are split to the server's ``max_batch`` (read from ``GET /v1/info`` with
 concurrency; 429, 5xx and connection errors are retried with exponential backoff (honouring ``Retry-After``);
 401 and other 4xx end the call with one clear :class:`OracleError`. Every request carries an
 ``Idempotency-Key`` derived from its contents, so a retried batch (or one resent after a crash) is not charged
-twice by servers that honour it (``attnprobe serve`` does).
+twice by servers that honour it (``attnprobe serve`` does). Batches travel as ``.npy`` bodies when the server
+lists ``"npy"`` among its ``formats`` (``wire="auto"``), else as JSON; one keep-alive connection pool and one
+thread pool serve every call.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import numpy as np
 
 from attnprobe.errors import BudgetExceededError, ConfigError, OracleError
+from attnprobe.oracles import npy_wire
 
 KEY_ENV = "ATTNPROBE_API_KEY"
 RETRY_STATUS = {429, 500, 502, 503, 504}
+WIRE_FORMATS = ("auto", "npy", "json")
 MAX_BACKOFF = 8.0
 
 
@@ -37,12 +41,12 @@ class HttpOracle:
     (a URL with ``user:password@`` is refused: credentials in URLs end up in logs and messages). ``max_batch``
     caps the sequences per request (the server's limit wins when smaller), ``concurrency`` the requests in
     flight, ``timeout`` each request's seconds, ``retries`` the attempts after the first one for a transient
-    failure. When a call fails, the error's ``charged`` says how many of its sequences the server answered
+    failure, ``wire`` the body format (``auto``: ``npy`` when the server offers it, else ``json``). When a call fails, the error's ``charged`` says how many of its sequences the server answered
     (and charged) before it failed.
     """
 
     def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 60.0, retries: int = 6,
-                 concurrency: int = 4, max_batch: int | None = None, backoff: float = 0.25):
+                 concurrency: int = 4, max_batch: int | None = None, backoff: float = 0.25, wire: str = "auto"):
         import httpx
 
         self.url = _checked_url(url)
@@ -57,21 +61,31 @@ class HttpOracle:
                               f"and {retries}")
         if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
             raise ConfigError(f"the timeout must be a finite number of seconds > 0; got {timeout}")
+        if wire not in WIRE_FORMATS:
+            raise ConfigError(f"the wire format must be one of {', '.join(WIRE_FORMATS)}; got {wire!r}")
         self.retries, self.backoff, self.concurrency = int(retries), float(backoff), int(concurrency)
         try:
             self._client = httpx.Client(base_url=self.url, timeout=timeout,
                                         headers={"Authorization": f"Bearer {key}"},
-                                        limits=httpx.Limits(max_connections=self.concurrency + 1))
+                                        limits=httpx.Limits(max_connections=self.concurrency + 1,
+                                                            max_keepalive_connections=self.concurrency + 1))
         except (httpx.InvalidURL, ValueError) as exc:
             raise ConfigError(f"the URL {self.url} is not usable ({exc}); give http://HOST:PORT") from None
         self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
         self.requests = self.retried = 0
-        info = self._request("GET", "/v1/info")
+        info = _json_object(self._request("GET", "/v1/info"), f"{self.url}/v1/info")
         self.d = _positive_int(info.get("d"), f"{self.url}/v1/info says the input width d is {info.get('d')!r}")
         server_batch = info.get("max_batch", 1024)
         server_batch = _positive_int(server_batch, f"{self.url}/v1/info says max_batch is {server_batch!r}")
         self.max_batch = min(server_batch, int(max_batch)) if max_batch else server_batch
         self.server_name = str(info.get("name", ""))
+        offered = info.get("formats")
+        npy_offered = isinstance(offered, list) and "npy" in offered
+        if wire == "npy" and not npy_offered:
+            raise ConfigError(f"{self.url}/v1/info does not offer the npy wire format (formats: {offered!r}); "
+                              "use the json wire format")
+        self.wire = "npy" if wire == "npy" or (wire == "auto" and npy_offered) else "json"
         self.__name__ = self.url
 
     @property
@@ -81,9 +95,11 @@ class HttpOracle:
 
     def usage(self) -> dict:
         """``GET /v1/usage``: this key's ``queries`` and ``budget`` on the server."""
-        return self._request("GET", "/v1/usage")
+        return _json_object(self._request("GET", "/v1/usage"), f"{self.url}/v1/usage")
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
         self._client.close()
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
@@ -100,9 +116,11 @@ class HttpOracle:
                     exc.charged = sum(len(p) for p in parts)
                     raise
         else:
-            with ThreadPoolExecutor(max_workers=min(self.concurrency, len(chunks))) as pool:
-                futures = [pool.submit(self._query, c) for c in chunks]
-                wait(futures)
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="attnprobe-http")
+            futures = [self._pool.submit(self._query, c) for c in chunks]
+            wait(futures)
             failed = [f.exception() for f in futures if f.exception() is not None]
             if failed:  # the other chunks were answered, and charged, all the same
                 failed[0].charged = sum(len(f.result()) for f in futures if f.exception() is None)
@@ -116,10 +134,21 @@ class HttpOracle:
         return np.concatenate(parts)
 
     def _query(self, X: np.ndarray) -> np.ndarray:
-        body = json.dumps({"inputs": X.tolist()}).encode()
-        idem = hashlib.sha256(body).hexdigest()[:40]
-        out = self._request("POST", "/v1/query", content=body,
-                            headers={"Content-Type": "application/json", "Idempotency-Key": idem})
+        if self.wire == "npy":
+            body = npy_wire.encode(X)
+            headers = {"Content-Type": npy_wire.MEDIA_TYPE, "Accept": npy_wire.MEDIA_TYPE}
+        else:
+            body = json.dumps({"inputs": X.tolist()}).encode()
+            headers = {"Content-Type": "application/json"}
+        headers["Idempotency-Key"] = hashlib.sha256(body).hexdigest()[:40]
+        r = self._request("POST", "/v1/query", content=body, headers=headers)
+        if r.headers.get("content-type", "").split(";")[0].strip() == npy_wire.MEDIA_TYPE:
+            try:
+                return npy_wire.decode_answers(r.content, X.shape[0])
+            except npy_wire.WireError as exc:
+                raise OracleError(f"{self.url}/v1/query {exc}; an attnprobe API answers one number (or K numbers) "
+                                  "per sequence") from None
+        out = _json_object(r, f"{self.url}/v1/query")
         try:
             y = np.asarray(out["outputs"], dtype=np.float64)
         except (KeyError, TypeError, ValueError, OverflowError):
@@ -130,7 +159,8 @@ class HttpOracle:
                               "answers one number (or K numbers) per sequence")
         return y
 
-    def _request(self, method: str, path: str, **kw) -> dict:
+    def _request(self, method: str, path: str, **kw):
+        """The response to ``method path`` (status < 400), after retries; refusals raised as typed errors."""
         import httpx
 
         last = ""
@@ -146,7 +176,7 @@ class HttpOracle:
                 with self._lock:
                     self.requests += 1
                 if r.status_code < 400:
-                    return _json_object(r, f"{self.url}{path}")
+                    return r
                 detail = _detail(r)
                 if r.status_code == 401:
                     raise RemoteRefusal(f"{self.url} refused the API key (401: {detail}); check --api-key or "
@@ -235,7 +265,7 @@ def oracle_from_http(fn: HttpOracle, d: int | None = None, **kwargs):
 
 
 def oracle_from_url(url: str, api_key: str | None = None, d: int | None = None, *, timeout: float = 60.0,
-                    retries: int = 6, concurrency: int = 4, **kwargs):
+                    retries: int = 6, concurrency: int = 4, wire: str = "auto", **kwargs):
     """An :class:`~attnprobe.oracles.base.Oracle` asking the API at ``url`` (``d`` read from ``/v1/info``)."""
-    fn = HttpOracle(url, api_key, timeout=timeout, retries=retries, concurrency=concurrency)
+    fn = HttpOracle(url, api_key, timeout=timeout, retries=retries, concurrency=concurrency, wire=wire)
     return oracle_from_http(fn, d, **kwargs)

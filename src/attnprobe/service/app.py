@@ -9,6 +9,11 @@ malformed (bad JSON, strings, NaN, ±Infinity, numbers that overflow, empty or r
 answered again from a small cache without a second charge (so a client that retries, or resumes after a
 crash, never pays twice for the batch that was in flight).
 
+Bodies are JSON by default; ``Content-Type: application/x-npy`` sends the batch as a ``.npy`` array (little-endian
+float64 of shape (B, N, d), read without pickle, header checked before the data) and ``Accept: application/x-npy``
+asks for the answers as one (``/v1/info`` lists ``"formats": ["json", "npy"]``). The limits, keys, budgets and
+idempotency are the same for both.
+
 The body is read as it arrives: a body past the limit gets 413 whether or not it announced its length
 (``Transfer-Encoding: chunked``), a body not complete within ``body_timeout`` seconds gets 408, and a client that
 disconnects mid-body costs one log line. A model that fails on a batch gets 500 with one log line, the charge
@@ -33,6 +38,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from attnprobe.errors import ConfigError
+from attnprobe.oracles import npy_wire
 from attnprobe.service.keys import KeyStore, Refused
 
 API_VERSION = "1"
@@ -59,6 +65,7 @@ class InfoResponse(BaseModel):
     api_version: str = API_VERSION
     rate: float | None = None
     outputs: int | None = None
+    formats: list[str] = ["json", "npy"]
 
 
 class UsageResponse(BaseModel):
@@ -71,7 +78,10 @@ class Health(BaseModel):
     status: str = "ok"
 
 
-QUERY_BODY = {"required": True, "content": {"application/json": {"schema": QueryRequest.model_json_schema()}}}
+QUERY_BODY = {"required": True, "content": {
+    "application/json": {"schema": QueryRequest.model_json_schema()},
+    npy_wire.MEDIA_TYPE: {"schema": {"type": "string", "format": "binary",
+                                     "description": ".npy array, little-endian float64, shape (B, N, d)"}}}}
 
 
 @dataclass(frozen=True)
@@ -187,15 +197,22 @@ def build_app(fn: Callable[[np.ndarray], np.ndarray], options: ServiceOptions, k
         except ClientDisconnect:
             LOG.info("client %s disconnected before its request body was complete", _client(request))
             return Response(status_code=400)
+        npy_out = npy_wire.MEDIA_TYPE in request.headers.get("accept", "")
+        if request.headers.get("content-type", "").split(";")[0].strip().lower() == npy_wire.MEDIA_TYPE:
+            try:
+                X = npy_wire.decode_queries(raw, d, options.max_batch, options.max_length)
+            except npy_wire.WireError as exc:
+                raise _problem(413 if exc.too_large else 422, str(exc)) from None
+            return await run_in_threadpool(answer_array, X, kh, idempotency_key, npy_out)
         # the body is parsed by pydantic's own JSON parser (several times faster than json.loads + validation);
         # NaN, ±Infinity and numbers that overflow to infinity are refused there like any malformed input
         try:
             body = QueryRequest.model_validate_json(raw)
         except ValidationError as exc:
             raise RequestValidationError(exc.errors()) from None
-        return await run_in_threadpool(answer, body, kh, idempotency_key)
+        return await run_in_threadpool(answer, body, kh, idempotency_key, npy_out)
 
-    def answer(body: QueryRequest, kh: bytes, idempotency_key: str | None) -> QueryResponse:
+    def answer(body: QueryRequest, kh: bytes, idempotency_key: str | None, npy_out: bool = False):
         B = len(body.inputs)
         if B > options.max_batch:
             raise _problem(413, f"a batch of {B} sequences is above the limit of {options.max_batch}")
@@ -209,13 +226,17 @@ def build_app(fn: Callable[[np.ndarray], np.ndarray], options: ServiceOptions, k
             for j, row in enumerate(seq):
                 if len(row) != d:
                     raise _problem(422, f"row {j} of sequence {i} has {len(row)} numbers; every row needs d = {d}")
-        X = np.asarray(body.inputs, dtype=np.float64)
+        return answer_array(np.asarray(body.inputs, dtype=np.float64), kh, idempotency_key, npy_out)
+
+    def answer_array(X: np.ndarray, kh: bytes, idempotency_key: str | None, npy_out: bool):
+        """Charge, ask the model and answer (as JSON, or as ``.npy`` when ``npy_out``) for a checked batch X."""
+        B, N = X.shape[:2]
         idem = None
         if idempotency_key:  # the cached answer is reused only for the very same batch
             idem = idempotency_key + ":" + hashlib.sha256(X.tobytes()).hexdigest() + f":{B}x{N}"
         hit = keys.cached(kh, idem)
         if hit is not None:
-            return QueryResponse(outputs=hit)
+            return _answered(hit, npy_out)
         try:
             keys.charge(kh, B)
         except Refused as exc:
@@ -238,11 +259,17 @@ def build_app(fn: Callable[[np.ndarray], np.ndarray], options: ServiceOptions, k
             keys.refund(kh, B)
             raise _problem(422, "the model's answer is not finite for this input (its numbers are too large for "
                                 "the model's precision); send smaller numbers")
-        outputs = y.tolist()
-        keys.remember(kh, idem, outputs)
-        return QueryResponse(outputs=outputs)
+        keys.remember(kh, idem, y)
+        return _answered(y, npy_out)
 
     return app
+
+
+def _answered(y, npy_out: bool):
+    """The answers ``y`` (an array, or the lists a cache kept) as the client asked for them."""
+    if npy_out:
+        return Response(npy_wire.encode(np.asarray(y, dtype=np.float64)), media_type=npy_wire.MEDIA_TYPE)
+    return QueryResponse(outputs=y.tolist() if isinstance(y, np.ndarray) else y)
 
 
 def _client(request: Request) -> str:
