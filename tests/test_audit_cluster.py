@@ -61,7 +61,7 @@ def test_sigkill_mid_audit_then_rerun_redoes_only_unfinished_tasks(tiny_checkpoi
     path, _ = tiny_checkpoint
     out = tmp_path / "audit"
     cmd = [sys.executable, "-m", "attnprobe", "audit", "--safetensors", str(path), "--heads-per-layer", str(HEADS),
-           "--defense", "none,float16,round:8", "--quiet", "--out", str(out)]
+           "--defense", "none,float16,round:8", "--method", "exact", "--quiet", "--out", str(out)]
     env = dict(os.environ, PYTHONPATH=SRC, OPENBLAS_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)

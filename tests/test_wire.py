@@ -178,7 +178,7 @@ def test_http_extraction_over_npy_equals_in_process_bit_for_bit():
         remote = oracle_from_url(srv.url, "k", concurrency=3, wire="npy")
         local = Oracle(head, 6)
         over_npy, in_process = extract_exact(remote, seed=5), extract_exact(local, seed=5)
-        assert remote.fn.wire == "npy" and over_npy.check["passed"]
+        assert remote.fn.wire == "npy" and over_npy.check.passed
         got, want = over_npy.model.arrays(), in_process.model.arrays()
         assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
         assert remote.queries == local.queries == remote.fn.usage()["queries"] > 0
