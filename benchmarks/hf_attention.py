@@ -6,6 +6,7 @@ module's answer rate; input clamps read from the answers (:mod:`attnprobe.oracle
 
     PYTHONPATH=src python benchmarks/hf_attention.py --write
     PYTHONPATH=src python benchmarks/hf_attention.py --extract --layers 0,3 --row 5 --write
+    PYTHONPATH=src python benchmarks/hf_attention.py --vector --write         # needs learners.multihead.vector
 """
 
 from __future__ import annotations
@@ -103,17 +104,46 @@ def extraction_table(folder, layers, row) -> Table:
     return table
 
 
+def vector_table(folder, layers) -> Table:
+    """The whole-row learner (``learners.multihead.vector``) on the live module, nothing declared."""
+    from attnprobe.learners.multihead.vector import extract_vector
+    from attnprobe.models.multihead import MultiHeadAttention, match_heads
+
+    table = Table(["layer", "module dtype", "queries", "seconds", "worst head error", "check passed",
+                   "check error", "largest probe norm"])
+    for layer in layers:
+        a = hf_layer_arrays(folder, layer)
+        truth = MultiHeadAttention(a["W"], a["v"], a["u"], a["c"])
+        for dtype in ("float64", "float32"):
+            oracle = oracle_from_hf(folder, layer, dtype=dtype, precision="auto")
+            t0 = time.perf_counter()
+            try:
+                res = extract_vector(oracle, seed=0)
+            except Exception as exc:  # a refusal is a result too
+                table.add(layer, dtype, oracle.queries, time.perf_counter() - t0,
+                          f"refused: {type(exc).__name__}: {str(exc)[:90]}", "", "", oracle.max_input_norm_used)
+            else:
+                table.add(layer, dtype, res.queries, time.perf_counter() - t0, match_heads(truth, res.model).worst,
+                          res.passed, res.check["relative_error"], oracle.max_input_norm_used)
+            print(table.markdown().splitlines()[-1], flush=True)
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", default="0,1,2,3,4,5")
     ap.add_argument("--row", type=int, default=5)
     ap.add_argument("--extract", action="store_true", help="run the multi-head learner (minutes per layer)")
+    ap.add_argument("--vector", action="store_true", help="run the whole-row learner on the whole output row")
     ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks.md")
     args = ap.parse_args()
     folder = minilm_dir()
     layers = [int(x) for x in args.layers.split(",")]
     sections = []
-    if args.extract:
+    if args.vector:
+        sections.append(("Whole-row learner on the live module (vector answers, K = 384)",
+                         vector_table(folder, layers)))
+    elif args.extract:
         sections.append(("Multi-head learner on one output row of the live module", extraction_table(
             folder, layers, args.row)))
     else:

@@ -89,7 +89,8 @@ def random32_rows(seeds=3):
             worst = max(np.max(m.W), np.max(m.v))
             rows.append([d, H, seed, res.queries, f"{worst:.1e} (u {np.max(m.u):.1e})",
                          f"{res.check.error:.1e} / {res.check.tolerance:.1e}",
-                         f"passed {res.check.passed}; bound covers W, v: {'yes' if worst <= res.check.error else 'NO'}"])
+                         f"passed {res.check.passed}; bound covers W, v: "
+                         f"{'yes' if worst <= res.check.error else 'NO'}"])
             print(rows[-1], flush=True)
     return Table(["d", "H", "seed", "queries", "worst head W/v error (true)", "check error / tolerance", "outcome"],
                  rows)

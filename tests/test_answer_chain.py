@@ -209,3 +209,12 @@ def test_serve_and_audit_take_the_same_flags(tmp_path):
     a = p.parse_args(["audit", "--model", "minilm", "--defense", "none", "--cast", "float16", "--out", "x"])
     with pytest.raises(ConfigError, match="not both"):
         _defenses(a)
+
+
+def test_an_audit_task_seeds_the_noise_unless_the_spec_names_its_seed():
+    from attnprobe.audit import HeadSpec, Task
+
+    task = Task(HeadSpec("minilm", 0, 0), "exact", AnswerChain.parse("gaussian:1e-4"), seed=3)
+    assert task.defense.seeded(task.seed).seed == 3 and task.defense.name == "gaussian:0.0001"
+    assert AnswerChain.parse("gaussian:1e-4+noise-seed:5").seeded(3).seed == 5
+    assert Task(HeadSpec("minilm", 0, 0), "exact").defense.name == "none"

@@ -1,5 +1,5 @@
 """Every script in examples/ runs and says what it recovered (fast settings: a small random BERT folder; the
-audit example also on the installed MiniLM-L6 with its defaults)."""
+audit example also on the installed MiniLM-L6 with its defaults, marked slow)."""
 
 import importlib.util
 import json
@@ -46,6 +46,7 @@ def test_audit_hf_folder(tiny, tmp_path, monkeypatch, capsys):
                for h in results["heads"])
 
 
+@pytest.mark.slow
 def test_audit_hf_folder_on_minilm_defaults(tmp_path, monkeypatch, capsys):
     """The example's defaults: two heads of the real MiniLM-L6 layer 0, exact answers and float32 answers."""
     monkeypatch.chdir(tmp_path)

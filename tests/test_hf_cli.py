@@ -78,3 +78,20 @@ def test_audit_a_folder(tiny, tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert results["finished"] == 2 and results["failed"] == 0
     assert all(h["passed"] and max(h["relative_error"].values()) < 1e-8 for h in results["heads"])
+
+
+def test_the_whole_row_file_answers_like_the_module_when_loaded(tiny, tmp_path):
+    """The vector-layout file is the module: once the multi-head model reads that layout, it answers like the live
+    module to 1e-10 (float64)."""
+    from attnprobe.errors import ConfigError
+    from attnprobe.oracles.hf_attention import oracle_from_hf
+
+    out = tmp_path / "layer.npz"
+    assert main(["target", "hf-attention", "--model-dir", str(tiny), "--layer", "0", "--out", str(out)]) == 0
+    try:
+        model = load_model(out)
+    except ConfigError as exc:
+        pytest.skip(f"the multi-head model does not read the vector layout yet: {exc}")
+    X = np.random.default_rng(0).standard_normal((20, 3, 12))
+    y = oracle_from_hf(tiny, 0)(X)
+    assert np.abs(np.asarray(model(X)).reshape(y.shape) - y).max() < 1e-10 * np.abs(y).max()

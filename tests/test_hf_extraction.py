@@ -42,3 +42,20 @@ def test_a_wrong_model_fails_against_the_module(tiny):
     y = oracle(X)
     assert np.abs(hf_layer_row(tiny, 0, 0)(X) - y).max() < 1e-10 * np.abs(y).max()
     assert np.abs(hf_layer_row(tiny, 0, 1)(X) - y).max() > 1e-2 * np.abs(y).max()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layer", [0])
+def test_whole_output_row_of_minilm_with_the_whole_row_learner(layer):
+    """The real MiniLM-L6 module answering its whole 384-dim row in float64: every head's W_h, u_h, V_h ≤ 1e-8 up to
+    permutation, with probes of moderate norm and far fewer queries than the scalar learner's ~316k."""
+    vector = pytest.importorskip("attnprobe.learners.multihead.vector")
+    from attnprobe.targets.hf import hf_layer_arrays, minilm_dir
+
+    a = hf_layer_arrays(minilm_dir(), layer)
+    oracle = oracle_from_hf(minilm_dir(), layer)
+    res = vector.extract_vector(oracle, seed=0)
+    truth = type(res.model)(a["W"], a["v"], a["u"], a["c"])
+    assert res.passed and res.model.H == 12
+    assert match_heads(truth, res.model).worst < 1e-8
+    assert res.queries <= 60_000 and oracle.max_input_norm_used < 1e3

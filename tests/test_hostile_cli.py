@@ -125,10 +125,10 @@ def _write_victim(folder, body: str, name: str = "victim") -> None:
     (["target", "random", "--d", "5", "--rank", "9", "--out", "r.npz"], "rank must be between 1 and d = 5"),
     (["target", "transformer", "--d", "5", "--m", "0", "--out", "r.npz"], "--m"),
     (["extract", "--oracle", "victim:answer", "--d", "10000000", "--out", "o.npz"], "GiB of memory"),
-    (["extract", "--target", "cvec.npz", "--out", "o.npz"], "c must be a scalar"),
+    (["extract", "--target", "cvec.npz", "--out", "o.npz"], "c must be one number for scalar answers"),
     (["extract", "--target", "wstr.npz", "--out", "o.npz"], "real numbers"),
     (["extract", "--target", "wcplx.npz", "--out", "o.npz"], "real numbers"),
-    (["extract", "--target", "v2d.npz", "--out", "o.npz"], "v must be a vector"),
+    (["extract", "--target", "v2d.npz", "--out", "o.npz"], "W must be 4x4 to match v of shape (2, 4)"),
     (["verify", "--target", "tf.npz", "--result", "t.npz"], "cannot be compared"),
     (["verify", "--target", "t.npz", "--result", "relu.npz"], "cannot be compared"),
     (["verify", "--target", "t.npz", "--result", "t4.npz"], "d = 4"),
@@ -215,8 +215,10 @@ def test_library_refuses_what_it_used_to_truncate_or_drop():
     assert np.all(np.isfinite(Rounded(lambda X: np.full(len(X), 3e300), decimals=300)(np.zeros((2, 1, 4)))))
     with pytest.raises(AttnprobeError, match="imaginary|real numbers"):
         AttentionHead(h.W + 0.5j, h.v)
-    with pytest.raises(AttnprobeError, match="v must be a vector"):
-        AttentionHead(np.eye(8), np.ones((2, 4)))
+    with pytest.raises(AttnprobeError, match=r"W must be 4x4 to match v of shape \(2, 4\)"):
+        AttentionHead(np.eye(8), np.ones((2, 4)))  # a (K, d) v is a whole output row; W must still be d x d
+    with pytest.raises(AttnprobeError, match=r"v must have shape \(d,\) or \(K, d\)"):
+        AttentionHead(np.eye(4), np.ones((2, 2, 4)))
 
 
 # ---------------------------------------------------------------- defect 9: messages say what is wrong

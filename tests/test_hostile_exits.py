@@ -60,11 +60,19 @@ def test_a_symlink_loop_as_target_is_refused(folder, capsys):
     assert {p.name for p in folder.iterdir()} == before
 
 
-@pytest.mark.parametrize("method", ["exact", "lowrank", "robust", "transformer", "multihead"])
+@pytest.mark.parametrize("method", ["exact", "lowrank", "robust", "transformer"])
 def test_k_output_answers_given_to_a_head_learner_name_the_learner_to_use(folder, capsys, method):
     line = refused(capsys, folder, "extract", "--target", folder / "relu3.npz", "--method", method, "--out",
                    folder / "r.npz", "--quiet", says="answers 3 outputs per sequence")
     assert "ffn" in line and "queries spent" in line
+
+
+def test_k_output_answers_reach_the_vector_multihead_learner_which_a_relu_net_then_refuses(folder, capsys):
+    """K outputs are whole attention rows to the multi-head learner; a ReLU net cannot answer its length-2
+    sequences, and says so in one line."""
+    line = refused(capsys, folder, "extract", "--target", folder / "relu3.npz", "--method", "multihead", "--out",
+                   folder / "r.npz", "--quiet", says="answers length-1 queries only")
+    assert "queries spent" in line
 
 
 def test_k_output_answers_still_reach_the_ffn_learner(folder, capsys):

@@ -279,7 +279,7 @@ def test_undeclared_relative_noise_is_measured_and_named(rel):
 
 
 def test_clipped_inputs_are_detected_and_named():
-    from attnprobe.errors import SaturationError
+    from attnprobe.errors import InputNormError
 
     target = random_multihead(12, 2, seed=0)
 
@@ -288,7 +288,7 @@ def test_clipped_inputs_are_detected_and_named():
         return target(X * np.minimum(1.0, 1e6 / np.maximum(n, 1e-300)))
 
     oracle = Oracle(clipped, 12)
-    with pytest.raises(SaturationError, match="clips or normalises its input rows") as err:
+    with pytest.raises(InputNormError, match="clips inputs at norm ≈ 1e\\+06") as err:
         extract_generic(oracle)
     assert "\n" not in str(err.value) and "W_h y + u_h" not in str(err.value)
 
@@ -302,6 +302,10 @@ def test_max_input_norm_is_respected_or_refused_up_front():
     with pytest.raises(SaturationError, match="norm at most 1e\\+06.*need norms of at least"):
         extract_generic(oracle)
     assert oracle.queries == 0
+    oracle.max_input_norm = 1e9  # room for radius 40 only; this layer saturates at radius 1e4
+    with pytest.raises(SaturationError, match="max_input_norm = 1e\\+09 lets the saturated probes") as err:
+        extract_generic(oracle)
+    assert "W_h y + u_h" not in str(err.value)
     sent = []
     oracle = Oracle(lambda X: (sent.append(float(np.max(np.linalg.norm(X, axis=2)))), target(X))[1], 12)
     oracle.max_input_norm = 1e12
@@ -361,3 +365,37 @@ def test_cli_multihead_refusals_name_the_cause_in_one_line(tmp_path, monkeypatch
         assert len(lines) == 1 and message in lines[0], err
         assert not any(w in lines[0] for w in ("seed", "rank", "bias=", "W_h y + u_h = 0"))
         assert not (tmp_path / "x.npz").exists()
+
+
+def test_values_stage_plan_is_a_lower_bound():
+    from attnprobe.learners.multihead.generic import _planned_values
+
+    for d, H, tied in [(8, 3, 3), (8, 3, 2), (16, 2, None), (12, 3, None)]:
+        target = shared_attention_multihead(d, H, tied=tied, seed=0) if tied else random_multihead(d, H, seed=0)
+        res = extract_generic(Oracle(target, d), seed=0)
+        assert _planned_values(d) <= res.queries_by_phase["values"]
+
+
+@pytest.mark.parametrize("noise", ["gaussian:1e-9", "gaussian:1e-7", "avq:1e-8"])
+def test_declared_answer_noise_reaches_the_cross_stage(noise):
+    """Declared noise sets the cross stage's switch-off tolerance (fresh 1e-9 noise used to be refused)."""
+    from attnprobe.oracles.chain import AnswerChain
+
+    target = random_multihead(16, 2, seed=0)
+    oracle = Oracle(target, 16, chain=AnswerChain(noise=noise, seed=1))
+    res = extract_generic(oracle, seed=0)
+    assert res.check.passed and _true_worst(target, res) <= res.check.error
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layer", range(6))
+def test_float32_minilm_layers_are_refused_naming_the_precision(layer):
+    """Scalar float32 answers of every real MiniLM-L6 layer: refused in one line that names the precision and the
+    value error it left, never a rank, a seed or a bias (run: pytest -m slow)."""
+    from attnprobe.errors import RecoveryError
+    from attnprobe.targets.minilm import minilm_layer
+
+    target = minilm_layer(layer, 0, dtype="float32")
+    with pytest.raises(RecoveryError, match="too coarse.*float32 answers.*value vectors only to") as err:
+        extract_generic(Oracle(target, 384, precision="float32"), rank=32)
+    assert not any(w in str(err.value) for w in ("seed", "rank", "bias="))

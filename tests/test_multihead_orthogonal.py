@@ -180,3 +180,32 @@ def test_auto_falls_back_to_orthogonal_subspaces_when_the_generic_learner_fails(
     assert res.queries + res.check.queries == oracle.queries
     with pytest.raises(RecoveryError, match="on purpose"):  # an explicit method never falls back
         extract_multihead(Oracle(m, 8), method="generic")
+
+
+@pytest.mark.parametrize("d, cause", [(8, "precision"), (72, "width")])
+def test_auto_does_not_fall_back_on_a_precision_refusal_or_a_wide_layer(monkeypatch, d, cause):
+    """Coarse answers defeat the orthogonal learner too, and its Hessians cost ~d³/(2H) queries past d = 64."""
+    from attnprobe.errors import RecoveryError
+    from attnprobe.learners.multihead import generic
+
+    def broken(oracle, **kw):
+        oracle(np.zeros((5, 1, oracle.d)))
+        raise generic.precision_error("too coarse") if cause == "precision" else RecoveryError("generic failed")
+
+    monkeypatch.setattr(generic, "extract_generic", broken)
+    m, _ = random_orthogonal_multihead(d, 2, 4, seed=0)
+    oracle = Oracle(m, d)
+    with pytest.raises(RecoveryError, match="too coarse|generic failed"):
+        extract_multihead(oracle)
+    assert oracle.queries == 1 + 5  # one length-1 query tells scalar from vector answers, then the learner's 5
+
+
+def test_auto_does_not_fall_back_past_an_input_bound_refused_up_front():
+    """A max_input_norm too small for the saturated probes is refused before any query, by auto too."""
+    from attnprobe.errors import SaturationError
+
+    m, _ = random_orthogonal_multihead(8, 2, 4, seed=0)
+    oracle = Oracle(m, 8, max_input_norm=1e6)
+    with pytest.raises(SaturationError, match="norm at most 1e\\+06"):
+        extract_multihead(oracle)
+    assert oracle.queries == 1  # only the length-1 query (norm 0) that tells scalar from vector answers

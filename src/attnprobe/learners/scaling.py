@@ -267,9 +267,9 @@ class LogitProbe:
             S[ell, j] /= shrink
         raise SaturationError(
             f"{int(lg.saturated.sum())} attention weights of {what} stay saturated after shrinking their probes "
-            f"{4**MAX_RETRIES}x: either the target's logits are too steep, or {self.oracle.precision} answers "
-            "cannot resolve weights this close to 0 or 1; the robust learner spends more queries to average such "
-            "answers")
+            f"up to {float(scale) / float(np.min(S[ell, j])):,.0f}x: either the target's logits are too steep, or "
+            f"{self.oracle.precision} answers cannot resolve weights this close to 0 or 1; the robust learner spends "
+            "more queries to average such answers")
 
     @staticmethod
     def _refuse_outside(lg, asked: int, what: str) -> None:

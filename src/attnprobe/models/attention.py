@@ -22,6 +22,23 @@ def attention_weights(Xc: np.ndarray, W: np.ndarray, u: np.ndarray | None = None
     return softmax_last(scores)
 
 
+def output_bias(c, K: int | None) -> float | np.ndarray:
+    """``c`` as stored: one float in the scalar layout (``K`` None), a read-only (K,) array in the vector layout
+    (a single number is broadcast to every output)."""
+    c = real_array("c", c)
+    if K is None:
+        if c.size != 1:
+            raise ConfigError(f"c must be one number for scalar answers; got shape {c.shape}")
+        return float(c.reshape(()))
+    if c.ndim == 0:
+        c = np.full(K, float(c))
+    if c.shape != (K,):
+        raise ConfigError(f"c must have shape ({K},) to match the {K} outputs of v; got {c.shape}")
+    c = np.array(c, dtype=np.float64)
+    c.setflags(write=False)
+    return c
+
+
 def set_frozen(obj, **arrays: np.ndarray) -> None:
     """Store read-only arrays on a frozen dataclass (its ``__post_init__`` normalises, then calls this)."""
     for name, arr in arrays.items():
@@ -35,10 +52,22 @@ class AttentionParameters:
 
     #: how error messages name the model (e.g. "an attention head")
     DESCRIPTION = "an attention model"
+    #: dimensions of ``v`` in the vector layout
+    VECTOR_NDIM = 2
 
     @property
     def has_bias(self) -> bool:
-        return bool(np.any(self.u != 0) or self.c != 0)
+        return bool(np.any(self.u != 0) or np.any(np.asarray(self.c) != 0))
+
+    @property
+    def vector(self) -> bool:
+        """True for the vector layout (``v`` holds a K×d value-output map per head; answers are (B, K))."""
+        return self.v.ndim == self.VECTOR_NDIM
+
+    @property
+    def outputs(self) -> int:
+        """Outputs per sequence: K for the vector layout, 1 for the scalar one."""
+        return int(self.v.shape[-2]) if self.vector else 1
 
     def _params(self):
         """Parameters cast once to the compute dtype."""
@@ -65,6 +94,8 @@ class AttentionHead(AttentionParameters):
 
     ``u = 0, c = 0`` is the paper's model ``f_{W,v}`` (Sec. 3). ``dtype`` is the precision the whole forward
     pass is computed in, the way a deployed model answers; answers are returned as float64.
+    Vector layout: ``v`` of shape (K, d) (the head's value-output map ``W_O[:, h] W_V[h]``) and ``c`` (K,):
+    ``f(X) = softmax(…)ᵀ X vᵀ + c`` answers (B, K).
     """
 
     W: np.ndarray
@@ -77,24 +108,26 @@ class AttentionHead(AttentionParameters):
     _cast: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        v = real_array("v", self.v, 1)
-        d = v.shape[0]
+        v = real_array("v", self.v)
+        if v.ndim not in (1, 2) or min(v.shape) < 1:
+            raise ConfigError(f"v must have shape (d,) or (K, d) with K, d >= 1; got {v.shape}")
+        d = v.shape[-1]
         if d < 1:
             raise ConfigError("v must have at least one entry (the width d is at least 1)")
         W = real_array("W", self.W, 2)
         if W.shape != (d, d):
-            raise ConfigError(f"W must be {d}x{d} to match v of length {d}; got {W.shape}")
+            raise ConfigError(f"W must be {d}x{d} to match v of shape {v.shape} (width d = {d}); got {W.shape}")
         u = np.zeros(d) if self.u is None else real_array("u", self.u, 1)
         if u.shape != (d,):
             raise ConfigError(f"u must have length {d}; got {u.shape}")
-        c = real_array("c", self.c, 0)
+        c = output_bias(self.c, v.shape[0] if v.ndim == 2 else None)
         resolve_dtype(self.dtype)
         set_frozen(self, W=W, v=v, u=u)
-        object.__setattr__(self, "c", float(c))
+        object.__setattr__(self, "c", c)
 
     @property
     def d(self) -> int:
-        return self.v.shape[0]
+        return self.v.shape[-1]
 
     @staticmethod
     def unknowns(d: int, bias: bool = True) -> int:
@@ -113,6 +146,8 @@ class AttentionHead(AttentionParameters):
         p = self._params()
         Xc = as_batch(X, self.d).astype(p["dt"])
         alpha = attention_weights(Xc, p["W"], p["u"])
-        values = Xc @ p["v"]
-        out = (alpha * values).sum(axis=-1) + p["c"]
+        if self.vector:
+            out = np.einsum("bn,bnd->bd", alpha, Xc) @ p["v"].T + p["c"]
+        else:
+            out = (alpha * (Xc @ p["v"])).sum(axis=-1) + p["c"]
         return out.astype(np.float64)

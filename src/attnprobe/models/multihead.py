@@ -14,7 +14,8 @@ from typing import ClassVar
 import numpy as np
 
 from attnprobe.errors import ConfigError
-from attnprobe.models.attention import AttentionHead, AttentionParameters, as_batch, real_array, set_frozen
+from attnprobe.models.attention import (AttentionHead, AttentionParameters, as_batch, output_bias, real_array,
+                                        set_frozen)
 from attnprobe.models.precision import resolve_dtype
 from attnprobe.models.softmax import softmax_last
 
@@ -25,6 +26,10 @@ class MultiHeadAttention(AttentionParameters):
     and one scalar ``c`` (the value biases and the output bias of every head summed; it cannot be split
     among heads from queries). ``dtype`` is the precision the forward pass is computed in (as
     :class:`AttentionHead`); answers are returned as float64.
+
+    Vector layout (the whole output row of a real layer): ``v`` of shape (H, K, d) holds each head's
+    value-output map ``V_h = W_O[:, h] W_V[h]`` (rank ``d_h``) and ``c`` (K,); then
+    ``f(X) = Σ_h softmax(X W_h x_N + X u_h)ᵀ X V_hᵀ + c`` answers (B, K).
     """
 
     W: np.ndarray
@@ -34,26 +39,25 @@ class MultiHeadAttention(AttentionParameters):
     dtype: str = "float64"
     kind: ClassVar[str] = "multi_head"
     DESCRIPTION: ClassVar[str] = "a multi-head model"
+    VECTOR_NDIM: ClassVar[int] = 3
     _cast: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         W = real_array("W", self.W)  # real, finite numbers; the shapes are checked below
         v = real_array("v", self.v)
-        if v.ndim != 2 or v.shape[0] < 1 or v.shape[1] < 1:
-            raise ConfigError(f"v must have shape (H, d) with H, d >= 1; got {v.shape}")
-        H, d = v.shape
+        if v.ndim not in (2, 3) or min(v.shape) < 1:
+            raise ConfigError(f"v must have shape (H, d) or (H, K, d) with H, K, d >= 1; got {v.shape}")
+        H, d = v.shape[0], v.shape[-1]
         if W.shape != (H, d, d):
             raise ConfigError(f"W must have shape (H, d, d) = ({H}, {d}, {d}) to match v of shape {v.shape}; "
                               f"got {W.shape}")
         u = np.zeros((H, d)) if self.u is None else real_array("u", self.u)
         if u.shape != (H, d):
             raise ConfigError(f"u must have shape (H, d) = ({H}, {d}); got {u.shape}")
-        c = real_array("c", self.c)
-        if c.size != 1:
-            raise ConfigError(f"c must be one number (the summed output bias); got shape {c.shape}")
+        c = output_bias(self.c, v.shape[1] if v.ndim == 3 else None)
         resolve_dtype(self.dtype)
         set_frozen(self, W=W, v=v, u=u)
-        object.__setattr__(self, "c", float(c.reshape(())))
+        object.__setattr__(self, "c", c)
 
     # ----------------------------------------------------------------------------------------------- shape
     @property
@@ -62,12 +66,22 @@ class MultiHeadAttention(AttentionParameters):
 
     @property
     def d(self) -> int:
-        return self.v.shape[1]
+        return self.v.shape[-1]
 
     @staticmethod
-    def unknowns(d: int, H: int, bias: bool = True) -> int:
-        """Degrees of freedom of the parametrisation: ``H(d² + 2d) + 1`` with biases, ``H(d² + d)`` without."""
-        return H * (d * d + 2 * d) + 1 if bias else H * (d * d + d)
+    def unknowns(d: int, H: int, bias: bool = True, outputs: int = 1) -> int:
+        """Degrees of freedom of the parametrisation with K = ``outputs``: ``H(d² + d + Kd) + K`` with biases
+        (``H(d² + 2d) + 1`` for one output), ``H(d² + Kd)`` without."""
+        K = int(outputs)
+        return H * (d * d + d + K * d) + K if bias else H * (d * d + K * d)
+
+    @staticmethod
+    def low_rank_unknowns(d: int, H: int, head_dim: int, outputs: int, bias: bool = True) -> int:
+        """Degrees of freedom when every ``W_h`` and ``V_h`` has rank ``head_dim`` (r): ``H(2dr − r²)`` for the
+        W_h, ``H(r(d + K) − r²)`` for the V_h, plus ``Hd + K`` biases; divided by K it is the fewest queries
+        that can determine a layer answering K numbers per query."""
+        r, K = int(head_dim), int(outputs)
+        return H * (2 * d * r - r * r) + H * (r * (d + K) - r * r) + (H * d + K if bias else 0)
 
     @staticmethod
     def query_bound(d: int, H: int) -> int:
@@ -81,7 +95,8 @@ class MultiHeadAttention(AttentionParameters):
         if not 0 <= h < self.H:
             raise ConfigError(f"head index must be in 0..{self.H - 1}; got {h}")
         keep = (h == 0) if with_c is None else bool(with_c)
-        return AttentionHead(self.W[h], self.v[h], self.u[h], self.c if keep else 0.0, self.dtype)
+        return AttentionHead(self.W[h], self.v[h], self.u[h], self.c if keep else 0.0 * np.asarray(self.c),
+                             self.dtype)
 
     def heads(self) -> list[AttentionHead]:
         return [self.head(h) for h in range(self.H)]
@@ -92,7 +107,7 @@ class MultiHeadAttention(AttentionParameters):
         heads = list(heads)
         if not heads:
             raise ConfigError("need at least one head")
-        c = sum(h.c for h in heads) if c is None else c
+        c = sum(np.asarray(h.c) for h in heads) if c is None else c
         return cls(np.stack([h.W for h in heads]), np.stack([h.v for h in heads]),
                    np.stack([h.u for h in heads]), c, dtype)
 
@@ -105,15 +120,22 @@ class MultiHeadAttention(AttentionParameters):
         ``w_o`` (``H·d_h``,) is one row of the output projection over the concatenated heads, ``b_o`` its bias.
         Then ``W_h = s K_hᵀQ_h``, ``u_h = s K_hᵀ b_Q,h`` (key biases shift all scores of a head equally and
         cancel in the softmax), ``v_h = V_hᵀ w_o⁽ʰ⁾``, ``c = Σ_h b_V,h·w_o⁽ʰ⁾ + b_o``; ``s = 1/√d_h`` by default.
+
+        The whole output row: ``w_o`` of shape ``(K, H·d_h)`` (the output projection ``W_O``) and ``b_o`` (K,)
+        give the vector layout ``V_h = W_O[:, h] V_h`` (K × d) and ``c = W_O b_V + b_o``.
         """
         Q, K, V = (np.asarray(a, dtype=np.float64) for a in (Q, K, V))
         if Q.ndim != 3 or K.shape != Q.shape or V.shape != Q.shape:
             raise ConfigError(f"Q, K, V must all have shape (H, d_h, d); got {Q.shape}, {K.shape}, {V.shape}")
         H, dh, d = Q.shape
-        w = np.asarray(w_o, dtype=np.float64).reshape(-1)
-        if w.shape != (H * dh,):
+        w = np.asarray(w_o, dtype=np.float64)
+        whole = w.ndim == 2
+        if whole and w.shape[1] != H * dh:
+            raise ConfigError(f"w_o must have shape (K, H·d_h) = (K, {H * dh}) for the whole output row; "
+                              f"got {w.shape}")
+        w = w.reshape(-1) if not whole else w
+        if not whole and w.shape != (H * dh,):
             raise ConfigError(f"w_o must have length H·d_h = {H * dh}; got {w.shape}")
-        w = w.reshape(H, dh)
         zeros = np.zeros((H, dh))
         bQ = zeros if b_Q is None else np.asarray(b_Q, dtype=np.float64).reshape(H, dh)
         bV = zeros if b_V is None else np.asarray(b_V, dtype=np.float64).reshape(H, dh)
@@ -121,6 +143,12 @@ class MultiHeadAttention(AttentionParameters):
         s = 1.0 / np.sqrt(dh) if scale is None else float(scale)
         W = s * np.einsum("hkd,hke->hde", K, Q)
         u = s * np.einsum("hkd,hk->hd", K, bQ)
+        if whole:
+            WO = w.reshape(w.shape[0], H, dh)  # (K, H, d_h)
+            v = np.einsum("khj,hjd->hkd", WO, V)
+            c = WO.reshape(w.shape[0], -1) @ bV.reshape(-1) + np.broadcast_to(np.asarray(b_o, float), w.shape[:1])
+            return cls(W, v, u, c, dtype)
+        w = w.reshape(H, dh)
         v = np.einsum("hkd,hk->hd", V, w)
         c = float(np.sum(bV * w) + float(b_o))
         return cls(W, v, u, c, dtype)
@@ -140,26 +168,32 @@ class MultiHeadAttention(AttentionParameters):
         p = self._params()
         Xc = as_batch(X, self.d).astype(p["dt"])
         H, d = p["W"].shape[:2]
-        q = (Xc[:, -1, :] @ p["W"].reshape(H * d, d).T).reshape(-1, H, d)  # W_h x_N, one BLAS product
-        scores = np.einsum("bnd,bhd->bhn", Xc, q) + np.einsum("bnd,hd->bhn", Xc, p["u"])
-        return Xc, softmax_last(scores), p
+        q = Xc[:, -1, :] @ p["W"].reshape(H * d, d).T  # W_h x_N for every head, one BLAS product: (B, H·d)
+        scores = np.matmul(Xc, q.reshape(-1, H, d).transpose(0, 2, 1)) + Xc @ p["u"].T  # (B, N, H)
+        return Xc, softmax_last(scores.transpose(0, 2, 1)), p
 
     def attention(self, X: np.ndarray) -> np.ndarray:
         """Attention weights of every head, shape (B, H, N)."""
         return self._forward(X)[1]
 
     def head_outputs(self, X: np.ndarray) -> np.ndarray:
-        """Each head's contribution ``α_hᵀ X v_h`` (without ``c``), shape (B, H), as float64."""
+        """Each head's contribution ``α_hᵀ X v_h`` (without ``c``), shape (B, H), or (B, H, K) in the vector
+        layout, as float64."""
         Xc, alpha, p = self._forward(X)
-        values = np.einsum("bnd,hd->bhn", Xc, p["v"])
-        return (alpha * values).sum(axis=-1).astype(np.float64)
+        ctx = np.matmul(alpha, Xc)  # α_hᵀ X per head: (B, H, d)
+        if self.vector:
+            return np.einsum("bhd,hkd->bhk", ctx, p["v"], optimize=True).astype(np.float64)
+        return np.einsum("bhd,hd->bh", ctx, p["v"]).astype(np.float64)
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         Xc, alpha, p = self._forward(X)
-        values = np.einsum("bnd,hd->bhn", Xc, p["v"])
-        out = (alpha * values).sum(axis=(1, 2)) + p["c"]
+        ctx = np.matmul(alpha, Xc)  # (B, H, d)
+        B, H, d = ctx.shape
+        if self.vector:
+            out = ctx.reshape(B, H * d) @ p["v"].transpose(0, 2, 1).reshape(H * d, -1) + p["c"]
+        else:
+            out = ctx.reshape(B, H * d) @ p["v"].reshape(H * d) + p["c"]
         return out.astype(np.float64)
-
 
 
 @dataclass(frozen=True)
@@ -205,8 +239,11 @@ def match_heads(true: MultiHeadAttention, got: MultiHeadAttention) -> HeadMatch:
 
     if true.d != got.d:
         raise ConfigError(f"cannot compare models of widths {true.d} and {got.d}")
+    if true.v.shape[1:] != got.v.shape[1:]:
+        raise ConfigError(f"cannot compare value layouts {true.v.shape[1:]} and {got.v.shape[1:]} (one output vs "
+                          "K outputs, or different K)")
     dW = _rel(got.W[None, :], true.W[:, None], (2, 3))  # (H_true, H_got)
-    dv = _rel(got.v[None, :], true.v[:, None], 2)
+    dv = _rel(got.v[None, :], true.v[:, None], tuple(range(2, got.v.ndim + 1)))
     du = _rel(got.u[None, :], true.u[:, None], 2)
     rows, cols = linear_sum_assignment(dW + dv)
     perm = -np.ones(true.H, dtype=int)
@@ -216,5 +253,5 @@ def match_heads(true: MultiHeadAttention, got: MultiHeadAttention) -> HeadMatch:
         e = np.full(true.H, np.inf)
         e[rows] = D[rows, cols]
         errs.append(e)
-    c_err = abs(got.c - true.c) / abs(true.c) if true.c != 0 else abs(got.c)
+    c_err = float(_rel(np.asarray(got.c), np.asarray(true.c), None))
     return HeadMatch(perm, errs[0], errs[1], errs[2], float(c_err))

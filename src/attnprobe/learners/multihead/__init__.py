@@ -3,16 +3,20 @@
 - :func:`extract_multihead_subspaces` — known mutually orthogonal head subspaces (Prop. C.2);
 - :func:`extract_multihead_orthogonal` — unknown orthogonal subspaces from Hessians (App. C conjecture);
 - ``generic`` — overlapping heads (:mod:`attnprobe.learners.multihead.generic`, imported lazily);
+- ``vector`` — whole output rows (K-vector answers, :mod:`attnprobe.learners.multihead.vector`);
 - :func:`extract_multihead` dispatches between them.
 """
 
 from __future__ import annotations
 
-from attnprobe.errors import AttnprobeError, ConfigError, RecoveryError, SaturationError
+from attnprobe.errors import AttnprobeError, ConfigError, RecoveryError, SaturationError, UnidentifiableError
 from attnprobe.learners.multihead.hessian import extract_multihead_orthogonal
 from attnprobe.learners.multihead.subspaces import extract_multihead_subspaces
 
-METHODS = ("auto", "subspaces", "orthogonal", "generic")
+METHODS = ("auto", "subspaces", "orthogonal", "generic", "vector")
+#: widest layer ``auto`` hands to the orthogonal learner when the generic one fails (docs/multihead.md: measured up
+#: to d = 64; at MiniLM's d = 384 its Hessians would cost ~2.4M queries)
+FALLBACK_MAX_D = 64
 
 
 def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None = None, subspaces=None,
@@ -21,8 +25,9 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
     """Recover every head of a multi-head layer ``f(X) = Σ_h softmax(X W_h x_N + X u_h)ᵀ(X v_h) + c``.
 
     ``method``: ``subspaces`` (needs ``subspaces``: known orthogonal head subspaces, Prop. C.2),
-    ``orthogonal`` (unknown orthogonal subspaces, App. C), ``generic`` (overlapping heads) or ``auto``
-    (``subspaces`` when they are given, else ``generic`` when that learner is installed, else ``orthogonal``).
+    ``orthogonal`` (unknown orthogonal subspaces, App. C), ``generic`` (overlapping heads), ``vector`` (whole
+    output rows: K ≥ 2 outputs per sequence) or ``auto`` (``subspaces`` when they are given, else ``vector`` when
+    the oracle answers K ≥ 2 outputs, else ``generic`` when that learner is installed, else ``orthogonal``).
     ``heads`` fixes H; ``max_heads`` bounds it when H is detected; ``rank`` (the head dimension, generic learner
     only) lets each isolated head be sketched with ``≈ 2d·rank`` queries instead of detecting its rank. Returns an Extraction whose model is a
     :class:`~attnprobe.models.multihead.MultiHeadAttention` (heads are defined up to permutation).
@@ -33,7 +38,30 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
         raise ConfigError(f"heads must be at least 1; got {heads}")
     if heads is not None and max_heads is not None:
         raise ConfigError("give either heads (H known) or max_heads (an upper bound), not both")
-    fallback = method == "auto" and subspaces is None and _generic() is not None
+    if method in ("auto", "vector") and subspaces is None and getattr(oracle, "outputs", None) is None:
+        probe = _probe_outputs(oracle)  # one length-1 query: scalar or vector answers?
+        res = extract_multihead(oracle, heads=heads, max_heads=max_heads, bias=bias, method=method, rank=rank,
+                                seed=seed, check=check, progress=progress)
+        res.queries += probe
+        res.queries_by_phase["values"] = res.queries_by_phase.get("values", 0) + probe
+        if "planned" in res.details:
+            res.details["planned"] += probe
+        return res
+    if method in ("auto", "vector") and subspaces is None and oracle.outputs >= 2:
+        from attnprobe.learners.multihead.vector import extract_vector
+
+        if rank is not None:
+            raise ConfigError("rank is not used by the vector-answer multi-head learner (it needs no head "
+                              "dimension)", param="rank")
+        res = extract_vector(oracle, heads=heads, seed=seed, check=check, progress=progress)
+        if max_heads is not None and res.model.H > max_heads:
+            raise UnidentifiableError(f"found {res.model.H} heads, more than max_heads = {max_heads}; raise max_heads")
+        return res
+    if method == "vector":
+        raise ConfigError("method 'vector' needs an oracle answering K ≥ 2 outputs per sequence (a whole output "
+                          "row); this one answers one number", param="method")
+    # the orthogonal learner's Hessians cost ~d³/(2H) queries: a fallback only where it was measured (d ≤ 64)
+    fallback = method == "auto" and subspaces is None and _generic() is not None and oracle.d <= FALLBACK_MAX_D
     if method == "auto":
         method = "subspaces" if subspaces is not None else ("generic" if _generic() else "orthogonal")
     if method == "subspaces" or subspaces is not None:
@@ -62,10 +90,10 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
         return gen(oracle, heads=heads, max_heads=max_heads, rank=rank, bias=bias, seed=seed, check=check,
                    progress=progress)
     except (RecoveryError, SaturationError) as exc:
-        if not fallback or rank is not None or getattr(exc, "precision_named", False):
+        if not fallback or rank is not None or getattr(exc, "cause_named", False):
             raise
-        return _orthogonal_after(exc, oracle, oracle.queries - before, heads=heads, max_heads=max_heads, bias=bias, seed=seed, check=check,
-                                 progress=progress)
+        return _orthogonal_after(exc, oracle, oracle.queries - before, heads=heads, max_heads=max_heads, bias=bias,
+                                 seed=seed, check=check, progress=progress)
 
 
 def _orthogonal_after(exc, oracle, spent, *, max_heads, **kw):
@@ -83,6 +111,17 @@ def _orthogonal_after(exc, oracle, spent, *, max_heads, **kw):
     res.notes.append(f"the generic multi-head learner failed after {spent} queries ({type(exc).__name__}: {exc}); "
                      "the learner for heads in orthogonal subspaces (App. C) recovered the layer and its check passed")
     return res
+
+
+def _probe_outputs(oracle) -> int:
+    """Ask one length-1 query so the oracle knows how many outputs it answers; returns the queries asked (the
+    caller adds them to the learner's result, whose run starts after them)."""
+    import numpy as np
+
+    before = oracle.queries
+    with oracle.phase("values"):
+        oracle(np.zeros((1, 1, oracle.d)))
+    return oracle.queries - before
 
 
 def _generic():

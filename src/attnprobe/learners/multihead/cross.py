@@ -11,7 +11,8 @@ sigmoid at ``a = γ m_h`` and at ``a = γ m_h + ζ c_k`` (``m_h ∝ P_h v_h``, s
 columns of C_h) and differencing gives ``c_kᵀp_h(y)`` exactly; the logit error of ``w`` cancels.
 ``p_h(y)`` is affine in y and only depends on y through the row space of ``W_h`` (rank r), so ``r + 1`` last
 tokens per head suffice (needs d ≥ 2H); they share an offset orthogonal to that row space, which does not move
-``p_h`` but keeps the other heads' logits away from 0 (heads in orthogonal subspaces vanish on each other's rows): ``(H − 1)(r + 1)`` unknowns, ``H (r + 1)`` probes per head, plus a repeat with 4L
+``p_h`` but keeps the other heads' logits away from 0 (heads in orthogonal subspaces vanish on each other's
+rows): ``(H − 1)(r + 1)`` unknowns, ``H (r + 1)`` probes per head, plus a repeat with 4L
 that certifies the switch-off.
 """
 
@@ -61,7 +62,9 @@ def cross_components(oracle, v, v_sum, c, WP, uP, *, bias, rng, max_retries=6):
     """``C_hᵀW_h`` and ``C_hᵀu_h`` for every head (module docstring). Returns ``(W_cross, u_cross, info)``
     with ``W_cross[h] = C_h C_hᵀ W_h`` and ``u_cross[h] = C_h C_hᵀ u_h``."""
     H, d = v.shape
-    eps = oracle.eps
+    noise = oracle.noise  # declared noise, relative to answers of the size of c + yᵀΣv (‖y‖ ~ 1)
+    eps = max(oracle.eps, noise.rel_eps + (noise.tolerance + 3 * noise.sigma) / max(abs(c) + np.linalg.norm(v_sum),
+                                                                                    1e-300))
     start = oracle.queries
     free = d - H + 1
     N = np.linalg.svd(v)[2][H:].T  # basis of span{v}^⊥, d × (d − H)
@@ -130,8 +133,9 @@ def cross_components(oracle, v, v_sum, c, WP, uP, *, bias, rng, max_retries=6):
             todo = bad
         if todo.size:
             raise RecoveryError(f"could not switch the other heads off around head {h} ({todo.size} last tokens "
-                                "saturated or unstable after retries); the heads' logits are too large for the "
-                                "probe scales")
+                                "saturated or unstable after retries): the answers are less precise than their "
+                                f"declared {oracle.precision} (undeclared rounding or noise?), or the heads' logits "
+                                "are too large for the probe scales")
         if bias:
             u_cross[h] = C @ T[0]
             M = (T[1:] - T[0]) / s_y

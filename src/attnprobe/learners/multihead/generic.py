@@ -30,13 +30,13 @@ import numpy as np
 
 from attnprobe.errors import ConfigError, RecoveryError, SaturationError, UnidentifiableError
 from attnprobe.learners.exact import learn_value
-from attnprobe.learners.lowrank import default_oversample, extract_lowrank, lowrank_queries
+from attnprobe.learners.lowrank import FLOAT32_OVERSAMPLE, default_oversample, extract_lowrank, lowrank_queries
 from attnprobe.learners.multihead.cross import cross_components
 from attnprobe.learners.multihead.headcheck import check_heads, head_check_queries
 from attnprobe.learners.multihead.isolation import isolated_oracle
 from attnprobe.learners.multihead.saturation import input_norm_limit, saturated_values
 from attnprobe.learners.skeleton import Run
-from attnprobe.models.precision import unit_roundoff
+from attnprobe.models.precision import machine_epsilon
 
 METHOD = "multihead-generic"
 #: the other heads leak into an isolated head through the errors of v̂ (relative size ``ValueStage.leak``); the
@@ -56,6 +56,12 @@ def _planned_rest(d, H, rank, bias):
     return H * (lowrank_queries(d, r, 0, 0 if rank else 2, bias) + 2 * H * (min(r, d) + 1))
 
 
+def _planned_values(d):
+    """The least the values stage costs (one head): length-1 queries, one radius step and its confirmation (12
+    each), the labelled grid (24) and two cone gradients (2d + 2 each); the crossing search comes on top."""
+    return (d + 1) + 12 + 12 + 24 + 2 * (2 * d + 2)
+
+
 def _coarse(oracle, value_error=None) -> bool:
     """Answers coarser than float64 rounding, declared noisy, or value vectors measured no better than 1e-8."""
     return oracle.eps > 1e-13 or not oracle.noise.exact or (value_error is not None and value_error > 1e-8)
@@ -64,7 +70,7 @@ def _coarse(oracle, value_error=None) -> bool:
 def precision_said(oracle, value_error=None) -> str:
     """One phrase naming the answers' precision and noise as measured or declared."""
     noise = oracle.noise
-    said = f"{oracle.precision} answers (unit roundoff {oracle.eps:.1e})"
+    said = f"{oracle.precision} answers (machine epsilon {oracle.eps:.1e})"
     if not noise.exact:
         said += f", declared noise: relative {noise.rel_eps:.1e}, absolute {noise.tolerance:.1e}, σ {noise.sigma:.1e}"
     if value_error is not None:
@@ -73,18 +79,24 @@ def precision_said(oracle, value_error=None) -> str:
 
 
 @contextmanager
-def _precision_named(oracle, stage: str, value_error=None):
+def _blamed_on_precision(oracle, stage: str, value_error=None):
     """A stage that fails on coarse answers fails because of them: say so instead of the stage's guess."""
     try:
         yield
     except (RecoveryError, SaturationError, UnidentifiableError) as exc:
-        if not _coarse(oracle, value_error) or getattr(exc, "precision_named", False):
+        if not _coarse(oracle, value_error) or getattr(exc, "cause_named", False):
             raise
-        err = RecoveryError(f"the answers are too coarse for the generic multi-head learner: {precision_said(oracle, value_error)}; "
-                            f"its {stage} stage could not separate the heads ({type(exc).__name__}). The saturated "
-                            "probes need float64 answers without noise; declare the precision if it is known")
-        err.precision_named = True
-        raise err from exc
+        raise precision_error(f"the answers are too coarse for the generic multi-head learner: "
+                              f"{precision_said(oracle, value_error)}; its {stage} stage could not separate the heads "
+                              f"({type(exc).__name__}). The saturated probes need float64 answers without noise; "
+                              "declare the precision if it is known") from exc
+
+
+def precision_error(message: str) -> RecoveryError:
+    """A refusal whose cause is the answers' precision (``cause_named``: no other learner is tried)."""
+    err = RecoveryError(message)
+    err.cause_named = True
+    return err
 
 
 def _heads_found(H, d, heads, max_heads, notes):
@@ -114,10 +126,11 @@ def _isolated(run, stage, rank, bias):
     WP, uP, ranks = np.empty((H, d, d)), np.empty((H, d)), []
     for h in range(H):
         iso = isolated_oracle(oracle, v, h, v_sum)
-        iso.eps_floor = max(iso.eps_floor, min(stage.leak, LEAK_FLOOR_CAP))  # the other heads' leak counts as rounding
+        iso.eps_floor = max(iso.eps_floor, oracle.eps_floor, min(stage.leak, LEAK_FLOOR_CAP))  # the leak: rounding
         r_h = None if rank is None else min(int(rank), d - H + 1)
-        # oversampling averages the answers' rounding: chosen for their precision, not for the leak floor
-        res = extract_lowrank(iso, rank=r_h, oversample=default_oversample(oracle), bias=bias,
+        # oversampling averages the answers' rounding and noise: chosen for them, not for the leak floor
+        over = default_oversample(oracle) if stage.details["measured_noise"] is None else FLOAT32_OVERSAMPLE
+        res = extract_lowrank(iso, rank=r_h, oversample=over, bias=bias,
                               seed=int(rng.integers(2**31)), check=False, certificate=0)
         P = iso.fn.P
         WP[h] = P @ res.model.W
@@ -153,28 +166,29 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
     run = Run(oracle, METHOD, seed=seed, check=check, progress=progress)
     rng = run.rng
     notes: list[str] = []
-    run.plan(d + 1 + 4 * d, f"generic multi-head extraction at d={d} (values stage)", at_least=True)
-    with run.phase("values"), _precision_named(oracle, "values"):
+    run.plan(_planned_values(d), f"generic multi-head extraction at d={d} (values stage)", at_least=True)
+    with run.phase("values", absorb=True), _blamed_on_precision(oracle, "values"):  # absorb: the input-bound check
         v_sum, c, _ = learn_value(oracle, bias, "multi-head")  # length 1: [0] ↦ c, [e_i] ↦ (Σ_h v_h)_i + c
         y = rng.standard_normal(d) / np.sqrt(d)
         stage = saturated_values(oracle, y, v_sum, c + y @ v_sum, rng, max_crossings=heads or max_heads)
     H, verr = stage.v.shape[0], stage.details["value_error"]
     _heads_found(H, d, heads, max_heads, notes)
     if stage.details["measured_noise"] is not None:
+        alone = machine_epsilon(oracle.precision)
         notes.append(f"the answers carry relative noise of about {stage.details['measured_noise']:.1e} (measured on "
-                     f"the saturated probes; {oracle.precision} rounding alone is {unit_roundoff(oracle.precision):.0e}): used as "
-                     "their rounding floor, and by the check's tolerance")
+                     f"the saturated probes; {oracle.precision} rounding alone is {alone:.0e}): used as their "
+                     "rounding floor, and by the check's tolerance")
     if verr > VALUE_ERROR_LIMIT:
-        raise RecoveryError(f"the answers are too coarse for the generic multi-head learner: "
-                            f"{precision_said(oracle, verr)} (> {VALUE_ERROR_LIMIT:.0e}): every isolated head would "
-                            f"carry the other heads' leak of that size; refused after {run.queries} queries")
+        raise precision_error(f"the answers are too coarse for the generic multi-head learner: "
+                              f"{precision_said(oracle, verr)} (> {VALUE_ERROR_LIMIT:.0e}): every isolated head would "
+                              f"carry the other heads' leak of that size; refused after {run.queries} queries")
     rest = _planned_rest(d, H, rank, bias) + (head_check_queries(H) if check else 0)
     run.plan(rest, f"generic multi-head extraction at d={d}, H={H} (isolated and cross stages, per-head check)",
              at_least=True)
     run.report(run.queries + rest)
-    with run.phase("isolated"), _precision_named(oracle, "isolated-head", verr):
+    with run.phase("isolated"), _blamed_on_precision(oracle, "isolated-head", verr):
         WP, uP, head_rank = _isolated(run, stage, rank, bias)
-    with run.phase("cross"), _precision_named(oracle, "cross", verr):
+    with run.phase("cross"), _blamed_on_precision(oracle, "cross", verr):
         Wx, ux, info = cross_components(oracle, stage.v, v_sum, c, WP, uP, bias=bias, rng=rng)
     model = MultiHeadAttention(WP + Wx, stage.v, uP + ux, c)
     details = {"heads": H, "bias": bias, "seed": seed, "rank_given": rank, "isolated_rank": head_rank,

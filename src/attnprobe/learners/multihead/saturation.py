@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attnprobe.errors import AttnprobeError, RecoveryError, SaturationError, UnidentifiableError
+from attnprobe.oracles.input_bound import refuse_clipping
 
 #: |logit| above which σ is 0 or 1 to float64 rounding (σ(−40) = 4e-18)
 SATURATED_LOGIT = 40.0
@@ -67,7 +68,12 @@ class _Circle:
     def __init__(self, oracle, y, z0, z1, base, gain):
         self.oracle, self.y, self.z0, self.z1, self.base = oracle, y, z0, z1, base
         self.gain = gain  # a bound on ‖g‖ for the rounding tolerances (‖Σ_h v_h‖ until the heads are known)
-        self.tol = max(LABEL_TOL, 1e5 * oracle.eps)  # relative agreement of answers on one cone
+
+    @property
+    def tol(self) -> float:
+        """Relative agreement of answers on one cone, at the answers' precision as known now (an ``auto`` oracle
+        may only read it from the answers of this stage)."""
+        return max(LABEL_TOL, 1e5 * self.oracle.eps)
 
     def point(self, theta, T):
         th = np.atleast_1d(theta)
@@ -98,15 +104,18 @@ def input_norm_limit(oracle, *, precision: bool = True) -> float:
     if top ** 0.5 < need:  # logits are products of two rows: they overflow at the square root
         err = SaturationError(f"{oracle.precision} answers overflow for inputs of norm above about {top ** 0.5:.3g} "
                               f"(logits are products of two rows, the largest {oracle.precision} is {top:.6g}), but "
-                              f"the generic multi-head learner's saturated probes need norms of at least {need:.0e}: "
+                              f"the generic multi-head learner's saturated probes need norms of at least {need:.1e}: "
                               "the answers are too coarse for it")
-        err.precision_named = True  # already the cause: not to be reworded as a failed stage
+        err.cause_named = True  # already the cause: not to be reworded as a failed stage
         raise err
     if limit < need:
-        raise SaturationError(f"the oracle accepts input rows of norm at most {limit:.3g}, but the generic multi-head "
-                              f"learner's saturated probes need norms of at least {need:.0e} (typically 1e10 … 1e13) "
-                              "to tell the heads apart from scalar answers; raise the oracle's input-norm bound, or "
-                              "use a learner for vector answers if the oracle returns whole output rows")
+        err = SaturationError(f"the oracle accepts input rows of norm at most {limit:.3g}, but the generic multi-head "
+                              f"learner's saturated probes need norms of at least {need:.1e} (typically 1e10 … 1e13) "
+                              "to tell the heads apart from scalar answers; raise the oracle's input-norm bound, use "
+                              "a learner for vector answers if the oracle returns whole output rows, or method "
+                              "'orthogonal' (small probes) if the heads live in orthogonal subspaces")
+        err.cause_named = True  # refused before any query: no other learner is tried behind the user's back
+        raise err
     return limit
 
 
@@ -124,24 +133,14 @@ def _relative_residual(F1, F2, mag):
     return np.abs(F2 - 2 * F1) / (np.abs(F2) + mag)
 
 
-def _refuse_clipping(circle, F1, F2, T):
-    """Answers that do not grow when the probe doubles come from an oracle that clips or normalises its inputs
-    (judged where F is above rounding: in the all-heads-off cone F is 0 at any norm)."""
-    sig = np.abs(F1) > 1e3 * circle.oracle.eps * (abs(circle.base) + circle.gain)
-    if 2 * np.sum(sig) >= sig.size and np.all(np.abs(F2 - F1)[sig] <= 1e-3 * np.abs(F1)[sig]):
-        raise SaturationError(f"the answers stop growing with the input: doubling probes of norm {T:.1e} leaves them "
-                              "unchanged, so the oracle clips or normalises its input rows (at a norm "
-                              f"≤ {T:.1e}); the saturated probes of the generic multi-head learner cannot pass such a "
-                              "bound (declare it as the oracle's max_input_norm to be refused before querying)")
-
-
 def confirm_radius(circle, rng, T, eps, n_points=6):
     """The search radius (``RADIUS_MARGIN`` beyond the first saturated one) must still be homogeneous: an oracle
-    that clips, normalises or overflows large inputs is refused here, naming that (2·n_points queries)."""
+    that clips its rows is refused by :func:`refuse_clipping` (its length-1 answers, ~15 queries), one that changes
+    large inputs otherwise (normalises, overflows) here (2·n_points queries)."""
+    refuse_clipping(circle.oracle, PROBE_GROWTH * T)
     P = circle.point(rng.uniform(0, np.pi, n_points), T)
     F = circle.F(np.concatenate([P, 2 * P]))
     F1, F2 = F[:n_points], F[n_points:]
-    _refuse_clipping(circle, F1, F2, T)
     if not np.all(_homogeneous(F1, F2, eps, 2 * T * circle.gain)):
         res = float(np.max(_relative_residual(F1, F2, 2 * T * circle.gain)))
         raise SaturationError(f"the answers were homogeneous in the probe at a smaller norm but not at {T:.1e} "
@@ -154,8 +153,8 @@ def saturate_radius(circle, rng, eps, n_points=6, start=1.0, grow=100.0, max_rad
 
     Returns ``(T, noise)``. When ``F(2w) − 2F(w)`` stops shrinking as T grows (a plateau of relative size
     ``noise`` ≥ 64 eps, below 1e-6), the answers carry noise or rounding of that size: the radius is accepted and
-    the caller raises its rounding floor to ``noise`` (otherwise noise is ``None``). Answers that stop growing
-    with the probe (``F(2w) = F(w)``) come from an oracle that clips or normalises its inputs: refused, said so.
+    the caller raises its rounding floor to ``noise`` (otherwise noise is ``None``). When no radius works, an
+    oracle that clips its rows is named as the cause (:func:`refuse_clipping`) before anything else.
     """
     thetas = rng.uniform(0, np.pi, n_points)
     T = start
@@ -166,17 +165,23 @@ def saturate_radius(circle, rng, eps, n_points=6, start=1.0, grow=100.0, max_rad
         F1, F2 = F[:n_points], F[n_points:]
         if np.all(_homogeneous(F1, F2, eps, 2 * T * circle.gain)):
             return T, None
-        _refuse_clipping(circle, F1, F2, T)
         res = float(np.max(_relative_residual(F1, F2, 2 * T * circle.gain)))
         if last is not None and 64 * eps < res < 1e-6 and last < 1e-6 and res > last / 30:
             return T, 4 * max(res, last)  # a plateau: what is left is the answers' noise, not the sigmoids' tails
         last = res
         T *= grow
+    refuse_clipping(circle.oracle, 2 * T / grow)
+    bound = getattr(circle.oracle, "max_input_norm", None)
+    if max_radius < 1e15 and bound is not None:
+        raise SaturationError(f"the oracle's max_input_norm = {bound:.3g} lets the saturated probes search radii up to "
+                              f"{max_radius:.1e} only (they need {RADIUS_MARGIN:.0e}× the first saturated radius), "
+                              f"and up to radius {T / grow:.0e} the answers were not yet saturated (F(2w) − 2F(w) at "
+                              f"{last:.1e} of the answers); raise the bound to about "
+                              f"{PROBE_GROWTH * RADIUS_MARGIN * T:.0e}")
     if last is not None and last < 1e-6:
-        raise SaturationError(f"the answers are not homogeneous in the probe up to radius {T / grow:.0e}: F(2w) − 2F(w) "
-                              f"stays at {last:.1e} of the answers, above the {eps:.1e} rounding of their precision, "
-                              "and the probes may not grow further (the oracle's max_input_norm): noise or rounding "
-                              "of that relative size hides the saturated regime")
+        raise SaturationError(f"the answers are not homogeneous in the probe up to radius {T / grow:.0e}: "
+                              f"F(2w) − 2F(w) stays at {last:.1e} of the answers, above the {eps:.1e} rounding of "
+                              "their precision: noise or rounding of that relative size hides the saturated regime")
     raise SaturationError(f"the answers never became homogeneous in the probe up to radius {T / grow:.0e} "
                           f"(F(2w) − 2F(w) at {last:.1e} of the answers): some head's logits do not grow with the "
                           "probe (W_h y + u_h = 0?), so the saturated regime that separates the heads cannot be "
@@ -213,11 +218,12 @@ def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7, max_crossings=None
     the midpoint of an interval joins the side whose label predicts its answer, otherwise it gets its own
     label (or none, inside a transition). Intervals narrower than ``resolution`` with different sides are
     the crossings (several heads whose crossings are closer than that come out merged). Every open interval
-    holds a crossing, so more than ``max_crossings`` (default d) of them at once ends the search with
-    :class:`RecoveryError` instead of bisecting answers that are not piecewise linear.
+    holds a crossing, so more than ``4·max_crossings + 2·grid`` intervals and crossings (``max_crossings``
+    defaults to d/2: more heads cannot be separated anyway) end the search with :class:`RecoveryError` instead of
+    bisecting answers that are not piecewise linear.
     """
     d = circle.z0.size
-    cap = 4 * (d if max_crossings is None else max_crossings) + 2 * grid
+    cap = 4 * (max(1, d // 2) if max_crossings is None else max_crossings) + 2 * grid
     th = np.linspace(0.0, np.pi, grid + 1)[:-1] + np.pi / (2 * grid)
     lab, ok = _labels(circle, th, T, np.pi / (16 * grid))
     pts = [(t, l) for t, l, k in zip(th, lab, ok) if k]
@@ -234,9 +240,10 @@ def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7, max_crossings=None
     pending = [(p[0], p[1], q[0], q[1]) for p, q in zip(pts, pts[1:]) if np.linalg.norm(p[1] - q[1]) > tol * scale]
     crossings = []
     while pending:
-        if len(pending) > cap:
+        tol = circle.tol
+        if len(pending) + len(crossings) > cap:
             raise RecoveryError(f"the saturated answers change their linear piece more than {cap} times on the probe "
-                                f"circle (at most {cap // 4 - grid // 2} heads expected): they are not a sum of "
+                                f"circle (at most {(cap - 2 * grid) // 4} heads expected): they are not a sum of "
                                 "saturated heads at the answers' precision; stopped after "
                                 f"{circle.oracle.queries} queries instead of bisecting noise")
         mids = np.array([(lo + hi) / 2 for lo, _, hi, _ in pending])
@@ -306,13 +313,17 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
     T, noise = saturate_radius(circle, rng, oracle.eps, start=max(1.0, float(np.linalg.norm(y))), max_radius=top)
     if noise is not None:
         oracle.eps_floor = max(oracle.eps_floor, float(noise))  # the measured noise is the answers' floor
-        circle.tol = max(LABEL_TOL, 1e5 * oracle.eps)
     T *= RADIUS_MARGIN  # transitions far narrower than the resolution of the search
     confirm_radius(circle, rng, T, oracle.eps)
     cross, scale = find_crossings(circle, T, v_sum, grid, resolution, max_crossings)
     if cross.size == 0:
         raise UnidentifiableError("the saturated answers are linear in the probe: no head's attention depends on it "
                                   "(every W_h y + u_h = 0), so the heads cannot be told apart")
+    most = 2 * (max(1, d // 2) if max_crossings is None else max_crossings) + 4
+    if cross.size > most:  # each cone's gradient costs 2d + 2 queries: do not pay for search debris
+        raise RecoveryError(f"the saturated probe circle shows {cross.size} crossings, more than {most} for the heads "
+                            "that can be separated: the answers are not a sum of saturated heads at their precision "
+                            f"({oracle.precision}); stopped after {oracle.queries - start} queries")
     # cones between consecutive crossings on the circle (the first wraps around θ = 0); a cone whose centre is
     # not saturated lies inside a transition (search debris): drop it, its neighbours' jump covers it
     lo = np.concatenate([[cross[-1] - np.pi], cross[:-1]])

@@ -1,0 +1,328 @@
+"""Multi-head attention from whole output rows (vector answers; docs/multihead-vector.md).
+
+The attention sublayer of a real model answers, at the query position, the K-vector
+``f(X) = Σ_h softmax(X W_h x_N + X u_h)ᵀ X V_hᵀ + c`` (App. C's concatenate-then-project layer, ``V_h = W_O[:, h]
+W_V[h]``). One query shows every head's attention at once; no saturation is needed and probes stay moderate.
+
+1. **values** — length-1 queries ``[x] ↦ M x + c`` with ``M = Σ_h V_h`` (2d queries, ±x).
+2. **calibrate** — a token norm ρ at which the heads' logits are of order one (``max_input_norm`` respected).
+3. **separate** — for a probe difference δ, ``r(b) = f([b + δ; b]) − M b − c = Σ_h σ(δᵀ(W_h b + u_h)) V_h δ`` is a
+   sigmoid network in ``b`` (:mod:`vector_heads`): its rank is H; Jennrich's method on two finite-difference
+   Jacobians and variable projection give every ``V_h δ`` exactly. Nearby δ's keep the labels. Either the heads'
+   column spaces ``C_h = span{V_h δ}`` split ``M`` (when they are well-conditioned), or d differences
+   ``δ_k`` give ``V_h`` directly.
+4. **logits** — with every ``V_h`` known, ``[b + p_1; …; b + p_m; b]`` measures ``p_iᵀ(W_h b + u_h)`` for every
+   head and token (:mod:`vector_logits`): ``u_h`` at ``b = 0`` and ``W_h`` column block by column block.
+
+Identifiable (and returned): ``W_h``, ``u_h``, ``V_h`` (the product ``W_O[:, h] W_V[h]``, not its factors) and
+``c``, heads up to permutation. Heads with equal ``(W_h, u_h)`` (Prop. 7.1) attend identically and come back as
+one head holding the sum of their ``V_h``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnprobe.errors import ConfigError, RecoveryError, UnidentifiableError
+from attnprobe.learners.multihead.vector_heads import fit_delta, jennrich, theta_from_values
+from attnprobe.learners.multihead.vector_logits import gap_rank, head_attention_errors, learn_logits
+from attnprobe.learners.probes import random_orthogonal
+from attnprobe.learners.skeleton import Run
+from attnprobe.oracles.input_bound import refuse_clipping
+
+METHOD = "multihead-vector"
+#: the column spaces split M when their stacked bases are at most this ill-conditioned (else d differences)
+SUBSPACE_COND = 1e2
+#: target size of the nonlinear part of a two-row answer, relative to its linear part (logits of order one)
+TARGET_NONLINEARITY = 0.5
+#: token norm of the logits stage relative to the calibrated one (m + 1 tokens spread the logits further)
+LOGIT_SCALE = 0.5
+#: differences δ_k = δ_0 + step·q_k, relative to |δ_0|: short ones inherit δ_0's head labels; long ones (coarse
+#: answers) give V_h without dividing the fits' errors by a short step
+SMALL_STEP, FAR_STEP = 0.05, 1.0
+#: answers coarser than this unit roundoff (float32's is 6e-8) that fail to separate are refused naming it
+COARSEST_EPS = 1e-6
+#: fresh queries of the per-head attention check (:func:`head_attention_errors`)
+HEAD_CHECK_QUERIES = 16
+
+
+def _values(oracle, rng, rho):
+    """``M`` (K, d) and ``c`` (K,) from ``[±x]`` for the rows x of a scaled random orthogonal matrix."""
+    d = oracle.d
+    P = rho * random_orthogonal(d, rng)
+    y = oracle(np.concatenate([P, -P])[:, None, :])
+    M = ((y[:d] - y[d:]) / 2).T @ P / rho**2  # P orthogonal·ρ: P⁻¹ = Pᵀ/ρ²
+    c = (y[:d] + y[d:]).mean(axis=0) / 2
+    return M, c
+
+
+class _Layer:
+    """The oracle seen through the length-1 part: residuals ``f(X) − M x_N − c`` (K, B)."""
+
+    def __init__(self, oracle, M, c):
+        self.oracle, self.M, self.c = oracle, M, c
+
+    def residuals(self, X):
+        y = self.oracle(X)
+        return (y - X[:, -1, :] @ self.M.T - self.c).T
+
+
+def _calibrate(layer, rng, d, rho_max):
+    """Token norm ρ at which two-row answers are about half nonlinear (logits of order one)."""
+    rho = min(1.0, rho_max)
+    for _ in range(12):
+        b = rng.standard_normal((4, d)) * rho / np.sqrt(d)
+        delta = rng.standard_normal((4, d)) * rho / np.sqrt(d)
+        R = layer.residuals(np.stack([b + delta, b], axis=1))
+        lin = (delta @ layer.M.T).T / 2
+        ratio = float(np.median(np.linalg.norm(R - lin, axis=0) / np.maximum(np.linalg.norm(lin, axis=0), 1e-300)))
+        if 0.25 <= ratio <= 1.0 or (ratio < 0.25 and rho >= rho_max):
+            break
+        rho = min(rho_max, rho * float(np.clip(np.sqrt(TARGET_NONLINEARITY / max(ratio, 1e-6)), 0.25, 4.0)))
+    return rho, ratio
+
+
+def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tokens=None, design=None):
+    """Recover every head ``(W_h, u_h, V_h)`` and ``c`` of a layer answering K-vectors (module docstring).
+
+    ``heads``: H if known (detected from the rank of the two-row residuals otherwise); ``tokens``: probe tokens
+    per query in the logits stage (default 16, or 8 for answers coarser than float64); ``design``: design points
+    per difference δ (default max(20, H + q + 6), 48 for coarse answers). Returns an
+    :class:`~attnprobe.learners.result.Extraction` whose model is a
+    :class:`~attnprobe.models.multihead.MultiHeadAttention` in the vector layout.
+    """
+    try:
+        return _extract(oracle, heads=heads, seed=seed, check=check, progress=progress, tokens=tokens,
+                        design=design)
+    except RecoveryError as exc:
+        eps = float(oracle.eps)
+        if eps <= COARSEST_EPS:
+            raise
+        raise RecoveryError(f"answers in {oracle.precision} (unit roundoff {eps:.1e}, coarser than float32) are too "
+                            f"coarse to separate the heads of a whole output row ({exc}); ask for float32 or finer "
+                            f"answers; {oracle.queries} queries were spent") from exc
+
+
+def _extract(oracle, *, heads, seed, check, progress, tokens, design):
+    from attnprobe.models.multihead import MultiHeadAttention
+
+    d = oracle.d
+    for name, val in (("heads", heads), ("tokens", tokens), ("design", design)):
+        if val is not None and not (isinstance(val, (int, np.integer)) and val >= 1):
+            raise ConfigError(f"{name} must be a positive integer; got {val!r}", param=name)
+    run = Run(oracle, METHOD, seed=seed, check=check, progress=progress)
+    rng = run.rng
+    eps = max(float(oracle.eps), 1e-16)
+    coarse = eps > 1e-10
+
+    max_norm = getattr(oracle, "max_input_norm", None)
+    rho_max = np.inf if max_norm is None else float(max_norm) / 3.0
+    run.plan(2 * d, f"vector multi-head extraction at d={d} (values stage)", at_least=True)
+    notes: list[str] = []
+    with run.phase("values"):
+        M, c = _values(oracle, rng, min(1.0, rho_max))
+    K = M.shape[0]
+    if K < 2:
+        raise ConfigError("the vector multi-head learner needs answers with K ≥ 2 outputs; use the scalar learners "
+                          "for one output", param="method")
+    layer = _Layer(oracle, M, c)
+    with run.phase("calibrate"):
+        rho, ratio = _calibrate(layer, rng, d, rho_max)
+    with run.phase("input bound"):
+        refuse_clipping(oracle, 3 * rho, seed=int(rng.integers(2**31)))
+    if ratio < 30 * eps:
+        raise UnidentifiableError(f"two-row answers are affine in the input (nonlinear part {ratio:.1e} of the "
+                                  "linear one at the largest probe norm): no head's attention depends on the input")
+    sep = _Separation(layer, rng, rho, eps, coarse)
+    with run.phase("separate"):
+        found = sep.detect(heads)
+        H = found if heads is None else min(found, int(heads))
+        if heads is not None and found != heads:
+            notes.append(f"the two-row residuals have rank {found} where heads={heads} was given"
+                         + (": heads with equal (W_h, u_h) attend identically (Prop. 7.1) and merge" if found < heads
+                            else ""))
+        sep.H = H
+        sep.n = design or max(48 if coarse else 20, H + sep.q + 6)  # H² + Hq unknowns, H numbers per point
+        tokens = int(tokens or max(1, min(8 if coarse else 16, K // (2 * H))))  # Hm unknowns ≤ K/2 per query
+        # (a difference whose continuation fails is restarted with 4H more queries: charged beyond this plan)
+        rest = 4 * H + d * sep.n * (2 if coarse else 1) + (d + 1) * -(-d // tokens) + HEAD_CHECK_QUERIES
+        planned = run.queries + rest
+        run.plan(rest, f"vector multi-head extraction at d={d}, H={H} (at most)")
+        V, route = sep.value_maps(run.report)
+    with run.phase("logits"):
+        W, u, smallest, w_ranks = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report)
+    model = MultiHeadAttention(W, V, u, c)
+    with run.phase("head check"):
+        head_errors = head_attention_errors(layer, model, LOGIT_SCALE * rho, tokens, rng, HEAD_CHECK_QUERIES)
+    details = {"head_attention_error": head_errors.tolist(), "heads": H, "outputs": K, "token_norm": rho,
+               "nonlinearity": ratio, "route": route, "W_rank": w_ranks,
+               "differences": sep.count, "separation_misfit": sep.worst, "restarts": sep.restarts,
+               "tokens_per_query": tokens,
+               "smallest_attention": smallest, "head_rank": _ranks(V),
+               "largest_probe_norm": float(getattr(oracle, "max_input_norm_used", np.nan)), "check_scale": sep.s,
+               "planned": planned}
+    return run.finish(model, unknowns=MultiHeadAttention.unknowns(d, H, True, K), details=details, notes=notes,
+                      check_scale=sep.s, hint=" (the layer is not a sum of softmax heads over whole output rows, or "
+                                          "its answers are coarser than their precision says)")
+
+
+class _Separation:
+    """Stage 3: the heads' value vectors ``w_h = V_h δ`` along many differences δ, on the design plane
+    ``b = b_0 + Z t`` (module docstring); ``H`` and ``n`` (design points per δ) are set after :meth:`detect`."""
+
+    def __init__(self, layer, rng, rho, eps, coarse):
+        d = layer.M.shape[1]
+        self.layer, self.rng, self.eps, self.coarse, self.d = layer, rng, eps, coarse, d
+        self.q = 8 if coarse else 3  # design plane: wider and denser for coarse answers (the fit averages them)
+        self.s = rho / np.sqrt(d)
+        self.b0 = rng.standard_normal(d) * self.s
+        self.Z = np.linalg.qr(rng.standard_normal((d, self.q)))[0] * rho
+        self.eta = rho * (3e-3 if coarse else 1e-5)  # finite-difference step of the Jacobians
+        self.tol = _fit_tolerance(eps)
+        self.delta0 = rng.standard_normal(d) * self.s
+        self.H = self.n = None
+        self.count, self.worst, self.restarts = 0, 0.0, 0
+
+    def residuals(self, T, delta):
+        return self.layer.residuals(_two_row(self.b0 + T @ self.Z.T, delta))
+
+    def detect(self, heads):
+        """The number of heads: the rank of δ_0's residuals (design points added until it shows a gap)."""
+        K = self.layer.M.shape[0]
+        n0 = max(48 if self.coarse else 24, 2 * (heads or 0) + self.q + 4)
+        self.T0, self.R0 = np.zeros((0, self.q)), np.zeros((K, 0))
+        while True:
+            T_new = self.rng.standard_normal((n0 - len(self.T0), self.q)) / np.sqrt(self.q)
+            self.R0 = np.concatenate([self.R0, self.residuals(T_new, self.delta0)], axis=1)
+            self.T0 = np.concatenate([self.T0, T_new])
+            sv = np.linalg.svd(self.R0, compute_uv=False)
+            found = int(np.sum(sv > 100 * self.eps * sv[0] * np.sqrt(self.R0.shape[1])))
+            if found == 0:
+                raise RecoveryError("the two-row residuals are all below the answers' rounding: no head's "
+                                    "attention is visible at these probes")
+            if found < min(self.R0.shape) - 4:
+                return found
+            if n0 >= K:
+                raise RecoveryError(f"the two-row residuals have rank {found} of at most {min(self.R0.shape)}: "
+                                    "more heads than K outputs can separate, or answers noisier than their "
+                                    "precision says")
+            n0 = min(K, 2 * n0)
+
+    def from_scratch(self, delta, R, T):
+        """Jennrich on two finite-difference Jacobians (4H queries), then variable projection."""
+        H, M = self.H, self.layer.M
+        U = np.linalg.svd(R, full_matrices=False)[0][:, :H]
+        G = self.rng.standard_normal((self.d, H)) * self.s
+        Js = []
+        for _ in range(2):
+            bb = self.b0 + self.Z @ (self.rng.standard_normal(self.q) / np.sqrt(self.q))
+            Js.append((self.layer.residuals(_two_row(bb + self.eta * G.T, delta))
+                       - self.layer.residuals(_two_row(bb - self.eta * G.T, delta))) / (2 * self.eta))
+        w = jennrich(Js[0], Js[1], U, M @ delta)
+        return fit_delta(R, T, M @ delta, theta_from_values(w, R, T))
+
+    def fits(self, deltas, thetas):
+        """Separate a batch of differences, each started from its θ (restarted from scratch if that fails)."""
+        n = self.n
+        R = self.layer.residuals(np.concatenate([_two_row(self.b0 + self.T @ self.Z.T, dl) for dl in deltas]))
+        out = []
+        for j, (dl, th) in enumerate(zip(deltas, thetas)):
+            Rj = R[:, j * n:(j + 1) * n]
+            fk = fit_delta(Rj, self.T, self.layer.M @ dl, th)
+            if fk.residual > self.tol:  # the continuation fell into another minimum: start this δ afresh
+                self.restarts += 1
+                fk = _relabel(self.from_scratch(dl, Rj, self.T), th.T, None)
+            if fk.residual > self.tol:
+                raise RecoveryError(f"a probe difference did not separate into the {self.H} heads found first "
+                                    f"(misfit {fk.residual:.1e} > {self.tol:.1e}); retry with another seed")
+            out.append(fk)
+        return out
+
+    def value_maps(self, report, batch: int = 16):
+        """Every ``V_h`` (route "differences" or "column spaces", :func:`_value_maps`)."""
+        d, M, eps = self.d, self.layer.M, self.eps
+        fit0 = self.from_scratch(self.delta0, self.R0, self.T0)
+        if fit0.residual > self.tol:
+            raise RecoveryError(f"the heads did not separate along the first probe difference (misfit "
+                                f"{fit0.residual:.1e} > {self.tol:.1e}): the layer is not a sum of H={self.H} "
+                                "softmax heads with independent value maps, or its answers are noisier than their "
+                                "precision")
+        self.T = self.rng.standard_normal((self.n, self.q)) / np.sqrt(self.q)
+        Q = random_orthogonal(d, self.rng)
+        size = np.linalg.norm(self.delta0)
+        ws, deltas, self.worst = [fit0.w], [self.delta0], fit0.residual
+        for k0 in range(0, d, batch):
+            ks = range(k0, min(d, k0 + batch))
+            dk = [self.delta0 + SMALL_STEP * size * Q[k] for k in ks]
+            fits = [_relabel(f, fit0.w, f.w) for f in self.fits(dk, [fit0.theta] * len(dk))]
+            if self.coarse:  # θ is linear in δ: extrapolate the short difference's θ to the long one, fit there
+                dk = [self.delta0 + FAR_STEP * size * Q[k] for k in ks]
+                guess = [fit0.theta + FAR_STEP / SMALL_STEP * (f.theta - fit0.theta) for f in fits]
+                fits = [_relabel(f, g.T, f.theta.T) for f, g in zip(self.fits(dk, guess), guess)]
+            for dl, fk in zip(dk, fits):
+                self.worst = max(self.worst, fk.residual)
+                ws.append(fk.w)
+                deltas.append(dl)
+            self.count = len(deltas)
+            report()
+            final = len(deltas) == d + 1
+            if final or (not self.coarse and len(ws) >= 16 and (len(ws) - 1) % 32 == 0):
+                V, route = _value_maps(np.stack(ws, axis=2), np.stack(deltas, axis=1), M, eps, final=final)
+                if V is not None:
+                    return V, route
+        raise RecoveryError("the value maps could not be assembled")  # pragma: no cover - final always returns
+
+
+def _relabel(fit, ref, got):
+    """The fit with its heads put in the order of the reference: columns of ``got`` (a view of the fit) matched to
+    the nearest columns of ``ref`` (Hungarian assignment), so every difference keeps δ_0's head labels."""
+    from scipy.optimize import linear_sum_assignment
+
+    got = fit.theta.T if got is None else got
+    cost = np.linalg.norm(got[:, :, None] - ref[:, None, :], axis=0)
+    rows, cols = linear_sum_assignment(cost)
+    order = rows[np.argsort(cols)]
+    fit.w, fit.theta = fit.w[:, order], fit.theta[order]
+    return fit
+
+
+def _two_row(B, delta):
+    """Queries ``[b + δ; b]`` for the rows b of ``B``."""
+    B = np.atleast_2d(B)
+    return np.stack([B + delta, B], axis=1)
+
+
+def _fit_tolerance(eps):
+    """Largest relative misfit of a correct separation: the answers' rounding, generously amplified."""
+    return max(1e4 * eps, 1e-11)
+
+
+def _ranks(V):
+    """Numerical rank of each ``V_h``: at the largest gap of its singular values (:func:`gap_rank`)."""
+    return [gap_rank(np.linalg.svd(Vh, compute_uv=False), min(Vh.shape)) for Vh in V]
+
+
+def _value_maps(Wv, D, M, eps, final):
+    """The value maps ``V_h`` from the separated ``w_h(δ_j) = V_h δ_j`` (``Wv (K, H, m)``, ``D (d, m)``): the
+    heads' column spaces split ``M`` when well-conditioned; with d + 1 differences, ``V_h = w_h D⁺`` directly."""
+    K, H, m = Wv.shape
+    if final:
+        return np.einsum("khm,md->hkd", Wv, np.linalg.pinv(D)), "differences"
+    bases = []
+    for h in range(H):
+        Uh, sh, _ = np.linalg.svd(Wv[:, h, :], full_matrices=False)
+        r = int(np.sum(sh > max(1e3 * eps, 1e-11) * sh[0]))
+        if r >= m - 8:  # the column space is not exhausted yet
+            return None, None
+        bases.append(Uh[:, :r])
+    E = np.concatenate(bases, axis=1)
+    if E.shape[1] > K or np.linalg.cond(E) > SUBSPACE_COND:
+        return None, None
+    coef, *_ = np.linalg.lstsq(E, M, rcond=None)
+    if np.linalg.norm(M - E @ coef) > 1e3 * eps * np.linalg.norm(M):
+        return None, None
+    out, i = [], 0
+    for Eh in bases:
+        out.append(Eh @ coef[i:i + Eh.shape[1]])
+        i += Eh.shape[1]
+    return np.stack(out), "column spaces"

@@ -1,0 +1,183 @@
+"""Whole output rows of multi-head layers: the vector layout of the models and the vector-answer learner."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attnprobe.errors import ConfigError, UnidentifiableError
+from attnprobe.learners.check import functional_check
+from attnprobe.learners.multihead import extract_multihead
+from attnprobe.learners.multihead.vector import extract_vector
+from attnprobe.models.io import load_model, save_model
+from attnprobe.models.multihead import MultiHeadAttention, match_heads
+from attnprobe.oracles.base import Oracle
+
+
+def whole_row_layer(d=16, H=2, seed=0, K=None, dtype="float64") -> MultiHeadAttention:
+    """A random concatenate-then-project layer read as its whole output row (K = d unless given)."""
+    rng = np.random.default_rng(seed)
+    dh = d // H
+    K = d if K is None else K
+    Q, Kk, V = (rng.standard_normal((H, dh, d)) / np.sqrt(d) for _ in range(3))
+    WO = rng.standard_normal((K, H * dh)) / np.sqrt(H * dh)
+    return MultiHeadAttention.from_projections(Q, Kk, V, WO, rng.standard_normal(K), b_Q=rng.standard_normal((H, dh)),
+                                               b_V=rng.standard_normal((H, dh)), dtype=dtype)
+
+
+# ------------------------------------------------------------------------------------------------------ models
+def test_whole_row_is_every_scalar_row():
+    rng = np.random.default_rng(1)
+    H, dh, d, K = 3, 4, 12, 7
+    Q, Kk, V = (rng.standard_normal((H, dh, d)) for _ in range(3))
+    WO, bO = rng.standard_normal((K, H * dh)), rng.standard_normal(K)
+    bQ, bV = rng.standard_normal((H, dh)), rng.standard_normal((H, dh))
+    whole = MultiHeadAttention.from_projections(Q, Kk, V, WO, bO, b_Q=bQ, b_V=bV)
+    assert whole.vector and whole.outputs == K and whole.v.shape == (H, K, d) and whole.c.shape == (K,)
+    X = rng.standard_normal((5, 4, d))
+    y = whole(X)
+    assert y.shape == (5, K)
+    for k in (0, K - 1):
+        row = MultiHeadAttention.from_projections(Q, Kk, V, WO[k], bO[k], b_Q=bQ, b_V=bV)
+        np.testing.assert_allclose(row(X), y[:, k], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(sum(whole.head(h)(X) for h in range(H)), y, rtol=1e-12, atol=1e-12)
+    assert whole.head_outputs(X).shape == (5, H, K)
+
+
+def test_vector_layout_round_trips_and_matches_up_to_permutation(tmp_path):
+    m = whole_row_layer(12, 3, seed=2)
+    path = save_model(m, tmp_path / "layer.npz")
+    back = load_model(path)
+    X = np.random.default_rng(0).standard_normal((4, 3, 12))
+    np.testing.assert_allclose(back(X), m(X), rtol=1e-13, atol=1e-13)
+    mm = match_heads(m, back.permuted([2, 0, 1]))
+    assert mm.worst == 0 and mm.c == 0 and sorted(mm.perm.tolist()) == [0, 1, 2]
+    worse = MultiHeadAttention(m.W, m.v * np.array([1, 1, 1.01])[:, None, None], m.u, m.c)
+    assert abs(match_heads(m, worse).v[2] - 0.01) < 1e-12
+
+
+def test_vector_layout_refuses_mismatched_shapes():
+    m = whole_row_layer(8, 2)
+    with pytest.raises(ConfigError, match=r"c must have shape \(8,\)"):
+        MultiHeadAttention(m.W, m.v, m.u, np.zeros(5))
+    with pytest.raises(ConfigError, match="value layouts"):
+        match_heads(m, MultiHeadAttention(m.W, m.v[:, 0, :], m.u, 0.0))
+
+
+# ----------------------------------------------------------------------------------------------------- learner
+@pytest.mark.parametrize("d,H,seed", [(16, 2, 0), (16, 4, 1), (24, 3, 2), (64, 8, 3)])
+def test_recovers_every_head_from_whole_rows(d, H, seed):
+    true = whole_row_layer(d, H, seed)
+    oracle = Oracle(true, d)
+    res = extract_vector(oracle, seed=seed)
+    m = match_heads(true, res.model)
+    assert res.model.H == H and m.worst <= 1e-8 and m.c <= 1e-10
+    assert res.check.passed
+    assert sum(res.queries_by_phase.values()) == res.queries
+    assert oracle.queries == res.queries + res.check.queries
+    # the plan made up front bounds what was asked, but for 4H queries per restarted difference
+    assert res.queries <= res.details["planned"] + 4 * H * res.details["restarts"]
+    if d >= 64:  # the low-rank sketch of every W_h (rank d/H) replaced the full measurement
+        assert res.details["W_rank"] == [d // H] * H
+
+
+def test_multihead_dispatches_vector_answers_and_counts_the_probe():
+    true = whole_row_layer(16, 2, seed=3)
+    oracle = Oracle(true, 16)
+    res = extract_multihead(oracle, seed=0)
+    assert res.method == "multihead-vector"
+    assert match_heads(true, res.model).worst <= 1e-8
+    assert oracle.queries == res.queries + res.check.queries
+    assert sum(res.queries_by_phase.values()) == res.queries
+
+
+def test_probes_stay_within_the_input_bound():
+    true = whole_row_layer(16, 2, seed=4)
+    oracle = Oracle(true, 16, max_input_norm=2.0)
+    res = extract_vector(oracle, seed=0)
+    assert oracle.max_input_norm_used <= 2.0
+    assert match_heads(true, res.model).worst <= 1e-8
+
+
+def test_clamping_victim_far_above_the_probes():
+    true = whole_row_layer(16, 4, seed=5)
+
+    def clamped(X):
+        n = np.linalg.norm(X, axis=-1, keepdims=True)
+        return true(X * np.minimum(1.0, 1e4 / np.maximum(n, 1e-300)))
+
+    res = extract_vector(Oracle(clamped, 16), seed=0)
+    assert match_heads(true, res.model).worst <= 1e-6
+
+
+def test_tied_heads_merge_into_one_that_computes_the_same_function():
+    base = whole_row_layer(16, 4, seed=6)
+    W, u = base.W.copy(), base.u.copy()
+    W[1], u[1] = W[0], u[0]
+    true = MultiHeadAttention(W, base.v, u, base.c)
+    res = extract_vector(Oracle(true, 16), seed=0)
+    assert res.model.H == 3 and res.check.passed
+    X = np.random.default_rng(0).standard_normal((20, 5, 16))
+    np.testing.assert_allclose(res.model(X), true(X), rtol=1e-7, atol=1e-7)
+    res = extract_vector(Oracle(true, 16), seed=0, heads=4)
+    assert res.model.H == 3 and any("Prop. 7.1" in note for note in res.notes)
+
+
+def test_affine_answers_are_refused():
+    m = whole_row_layer(8, 2, seed=7)
+    flat = MultiHeadAttention(0 * m.W, m.v, 0 * m.u, m.c)
+    with pytest.raises(UnidentifiableError, match="affine"):
+        extract_vector(Oracle(flat, 8), seed=0)
+
+
+def test_float32_answers_recovered_and_a_worse_head_fails_the_check():
+    true = whole_row_layer(16, 2, seed=8)
+    oracle = Oracle(true.with_dtype("float32"), 16, precision="float32")
+    res = extract_vector(oracle, seed=0)
+    m = match_heads(true, res.model)
+    assert res.check.passed and m.worst <= 1e-3
+    W = res.model.W.copy()
+    W[0] *= 1.05
+    wrong = MultiHeadAttention(W, res.model.v, res.model.u, res.model.c)
+    check = functional_check(oracle, wrong, np.random.default_rng(1), scale=res.details["check_scale"])
+    assert not check.passed
+
+
+def test_torch_multihead_whole_out_proj_row():
+    torch = pytest.importorskip("torch")
+    from attnprobe.oracles.torch_adapter import oracle_from_torch
+    from attnprobe.oracles.torch_multihead import TorchMultiheadRow, torch_projections
+
+    torch.manual_seed(0)
+    for d, H in ((16, 2), (16, 4)):
+        mod = TorchMultiheadRow(d, H, row=None, dtype=torch.float64)
+        p = torch_projections(mod)
+        true = MultiHeadAttention.from_projections(p["Q"], p["K"], p["V"], p["WO"], p["bO"], b_Q=p["bQ"],
+                                                   b_V=p["bV"])
+        res = extract_multihead(oracle_from_torch(mod, d), seed=0)
+        assert match_heads(true, res.model).worst <= 1e-9
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_coarse_answers_are_refused_naming_the_precision(dtype):
+    from attnprobe.errors import RecoveryError
+
+    true = whole_row_layer(16, 2, seed=1)
+    with pytest.raises(RecoveryError, match=f"answers in {dtype} .*too coarse.*float32"):
+        extract_vector(Oracle(true.with_dtype(dtype), 16, precision=dtype), seed=0)
+
+
+def test_per_head_attention_check_sees_one_worse_head():
+    from attnprobe.learners.multihead.vector import _Layer
+    from attnprobe.learners.multihead.vector_logits import head_attention_errors
+
+    true = whole_row_layer(24, 3, seed=1)
+    oracle = Oracle(true, 24)
+    res = extract_vector(oracle, seed=0)
+    assert max(res.details["head_attention_error"]) <= 1e-9
+    W = res.model.W.copy()
+    W[1] *= 1.001
+    worse = MultiHeadAttention(W, res.model.v, res.model.u, res.model.c)
+    errs = head_attention_errors(_Layer(oracle, res.model.v.sum(0), res.model.c), worse, res.details["token_norm"],
+                                 4, np.random.default_rng(0))
+    assert errs[1] > 1e-4 and max(errs[0], errs[2]) < 1e-9
