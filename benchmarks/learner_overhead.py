@@ -77,8 +77,19 @@ def _multihead_factor():
     return fast, learn, err
 
 
+def _multihead_vector():
+    """The whole 384-number output row of MiniLM layer 0 (vector answers)."""
+    from attnprobe.learners.multihead.vector import extract_vector
+    from attnprobe.models.multihead import MultiHeadAttention
+    from attnprobe.targets.hf import hf_layer_arrays, minilm_dir
+
+    truth = MultiHeadAttention.from_arrays(hf_layer_arrays(minilm_dir(), 0))
+    return truth, lambda o: extract_vector(o, seed=0), lambda res: match_heads(truth, res.model).worst
+
+
 RUNS = {"exact": ("exact d=384 random head", _exact), "lowrank": ("lowrank MiniLM L0H1, rank 32", _lowrank),
         "multihead": ("multi-head (generic) MiniLM layer 0 row 0, rank 32 given", _multihead),
+        "vector": ("vector-answer multi-head MiniLM layer 0, whole output row (K = 384)", _multihead_vector),
         "multihead-factor": ("the same, the layer evaluated through its rank-32 factors", _multihead_factor)}
 
 
@@ -97,7 +108,7 @@ def measure(name: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", nargs="+", default=["exact", "lowrank", "multihead"], choices=list(RUNS))
+    ap.add_argument("--runs", nargs="+", default=["exact", "lowrank", "multihead", "vector"], choices=list(RUNS))
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
