@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from attnprobe.learners.estimate import estimate_queries
 from attnprobe.learners.exact import extract_exact
 from attnprobe.learners.lowrank import extract_lowrank
 from attnprobe.learners.multihead.generic import extract_generic
@@ -48,6 +49,14 @@ class Timed:
 def _exact():
     h = random_head(384, seed=0)
     return h, lambda o: extract_exact(o, seed=0), lambda res: relative_error(res.model.W, h.W)
+
+
+def _ffn():
+    from attnprobe.learners.ffn import extract_ffn
+    from attnprobe.targets import random_relu_net
+
+    net = random_relu_net(8, 32, seed=0)
+    return net, lambda o: extract_ffn(o, seed=0), lambda res: float("nan")
 
 
 def _lowrank():
@@ -87,9 +96,16 @@ def _multihead_vector():
     return truth, lambda o: extract_vector(o, seed=0), lambda res: match_heads(truth, res.model).worst
 
 
+#: what extract --estimate is told for each run
+ESTIMATE = {"exact": ("exact", 384, {}), "lowrank": ("lowrank", 384, {"rank": 32}),
+            "multihead": ("multihead", 384, {"heads": 12, "rank": 32}),
+            "multihead-factor": ("multihead", 384, {"heads": 12, "rank": 32}), "ffn": ("ffn", 8, {"hidden": 32})}
+
+
 RUNS = {"exact": ("exact d=384 random head", _exact), "lowrank": ("lowrank MiniLM L0H1, rank 32", _lowrank),
         "multihead": ("multi-head (generic) MiniLM layer 0 row 0, rank 32 given", _multihead),
         "vector": ("vector-answer multi-head MiniLM layer 0, whole output row (K = 384)", _multihead_vector),
+        "ffn": ("ffn d=8 m=32 (ReLU network)", _ffn),
         "multihead-factor": ("the same, the layer evaluated through its rank-32 factors", _multihead_factor)}
 
 
@@ -97,12 +113,14 @@ def measure(name: str):
     setting, make = RUNS[name]
     model, learn, err = make()
     timed = Timed(model)
-    oracle = Oracle(timed, model.d)
+    oracle = Oracle(timed, getattr(model, "d", None) or model.A.shape[0])
     load0, t0 = os.getloadavg()[0], time.perf_counter()
     res = learn(oracle)
     wall = time.perf_counter() - t0
     own = wall - timed.seconds
-    return [setting, res.queries, timed.calls, f"{err(res):.2e}", round(wall, 2), round(timed.seconds, 2),
+    est = estimate_queries(ESTIMATE[name][0], ESTIMATE[name][1], **ESTIMATE[name][2]) if name in ESTIMATE else None
+    said = "—" if est is None else f"{est.queries} ({est.queries / oracle.queries - 1:+.1%})"
+    return [setting, oracle.queries, said, timed.calls, f"{err(res):.2e}", round(wall, 2), round(timed.seconds, 2),
             round(own, 2), f"{own / timed.seconds:.2f}", round((load0 + os.getloadavg()[0]) / 2, 1)]
 
 
@@ -112,7 +130,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
-    cols = ["setting", "queries", "model calls", "error", "wall s", "model s", "learner s", "learner ÷ model",
+    cols = ["setting", "queries asked (checks included)", "--estimate (off by)", "model calls", "error", "wall s", "model s", "learner s", "learner ÷ model",
             "load avg"]
     table = Table(cols)
     print("| " + " | ".join(cols) + " |", flush=True)
