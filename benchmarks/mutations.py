@@ -97,10 +97,13 @@ MUTATIONS = [
     M("keys-budget", "service/keys.py", "u.queries + n > self.budget", "u.queries + n > self.budget + 1",
       ("tests/test_service.py",), "one query past a key's budget"),
     # the query log
-    M("querylog-identity", "oracles/querylog.py", "if v is not None and meta.get(k) not in (None, v):",
-      "if False:", ("tests/test_querylog.py",), "a log of another oracle accepted"),
-    M("querylog-from-log-count", "oracles/querylog.py", "        return oracle._ask(Xm)",
-      "        return oracle.fn(Xm)", ("tests/test_querylog.py",), "missing answers neither counted nor validated"),
+    M("querylog-identity", "oracles/querylog.py", "or meta[k] == v:", "or True:",
+      ("tests/test_querylog.py", "tests/test_hostile_querylog.py"), "a log of another oracle accepted"),
+    M("querylog-fingerprint", "oracles/querylog.py", "            if np.any(gap > allowed):",
+      "            if False:", ("tests/test_hostile_querylog.py", "tests/test_querylog.py"),
+      "a log whose recorded probes another model answers differently accepted"),
+    M("querylog-from-log-count", "oracles/base.py", "y = log.answer(X, self._ask_paid)", "y = log.answer(X, self.fn)",
+      ("tests/test_querylog.py",), "missing answers neither counted nor validated"),
     # reports
     M("report-scale", "audit/report.py", 'colorbar="‖Ŵ−W‖/‖W‖", vmin=-16, vmax=1)',
       'colorbar="‖Ŵ−W‖/‖W‖", vmin=-12, vmax=1)', ("tests/test_audit.py::test_report_shows_the_verdicts_and_maps_"

@@ -120,29 +120,37 @@ def test_cli_reports_the_norm_used_and_refuses_past_the_bound(tmp_path, capsys):
 
 VICTIM = """
 import numpy as np
-from attnprobe.targets import random_multihead
-layer = random_multihead(16, 2, seed=1)
-def clamped(X, R={R}):
-    n = np.linalg.norm(X, axis=-1, keepdims=True)
-    return layer(X * np.minimum(1.0, R / np.where(n > 0, n, 1.0)))
+from attnprobe.targets import random_head, random_multihead
+head, layer = random_head(16, seed=1), random_multihead(16, 2, seed=1)
+def clamp(fn, R):
+    def answer(X):
+        n = np.linalg.norm(X, axis=-1, keepdims=True)
+        return fn(X * np.minimum(1.0, R / np.where(n > 0, n, 1.0)))
+    return answer
+head_3, layer_1e4 = clamp(head, 3.0), clamp(layer, 1e4)
 """
 
 
-@pytest.mark.parametrize("R", [1e4, 1e8])
-def test_a_learner_stopped_by_clipping_is_refused_naming_the_clipping(tmp_path, monkeypatch, capsys, R):
-    """The multi-head learner's probes reach ~1e13: behind a clamp its own refusal would blame the model; the CLI
-    reads the clamp from the answers and names it instead (exit 2, one line, nothing written)."""
+@pytest.mark.parametrize("victim, method", [("head_3", "exact"), ("head_3", "lowrank"), ("head_3", "robust"),
+                                            ("layer_1e4", "multihead")])
+def test_a_run_stopped_by_clipping_is_refused_naming_the_clipping(tmp_path, monkeypatch, capsys, victim, method):
+    """Behind a row clamp at 3 the head learners' probes (norms up to ~10) get answers of another function: the
+    CLI reads the clamp from a few length-1 answers and names it (exit 2, one line, nothing written), where the
+    learner alone would blame the model or fail its check; the generic multi-head learner's own refusal (clipping
+    at a norm below its saturated probes) gets the bound read from the answers."""
     import sys
 
-    (tmp_path / "clamped_victim.py").write_text(VICTIM.format(R=R))
+    (tmp_path / "clamped_victim.py").write_text(VICTIM)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    code = main(["extract", "--oracle", "clamped_victim:clamped", "--d", "16", "--method", "multihead",
+    code = main(["extract", "--oracle", f"clamped_victim:{victim}", "--d", "16", "--method", method,
                  "--out", "r.npz", "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert re.search(r"clips inputs at norm ≈ 1e\+0[48] .* sent rows of norm up to \d", err), err
-    assert "--max-input-norm" in err and not (tmp_path / "r.npz").exists()
+    assert "clips" in err and not (tmp_path / "r.npz").exists()
+    R = "3" if victim == "head_3" else "1e+04"
+    assert re.search(f"clips inputs at norm ≈ {re.escape(R)} .*(sent rows of norm up to|probes up to norm) \\d", err), err
+    assert "--max-input-norm" in err
 
 
 def test_a_successful_run_asks_nothing_about_clipping(tmp_path):

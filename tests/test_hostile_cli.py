@@ -125,7 +125,7 @@ def _write_victim(folder, body: str, name: str = "victim") -> None:
     (["target", "random", "--d", "5", "--rank", "9", "--out", "r.npz"], "rank must be between 1 and d = 5"),
     (["target", "transformer", "--d", "5", "--m", "0", "--out", "r.npz"], "--m"),
     (["extract", "--oracle", "victim:answer", "--d", "10000000", "--out", "o.npz"], "GiB of memory"),
-    (["extract", "--target", "cvec.npz", "--out", "o.npz"], "c must be one number for scalar answers"),
+    (["extract", "--target", "cvec.npz", "--out", "o.npz"], "c must be a scalar (one number) for scalar answers"),
     (["extract", "--target", "wstr.npz", "--out", "o.npz"], "real numbers"),
     (["extract", "--target", "wcplx.npz", "--out", "o.npz"], "real numbers"),
     (["extract", "--target", "v2d.npz", "--out", "o.npz"], "W must be 4x4 to match v of shape (2, 4)"),

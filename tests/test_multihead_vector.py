@@ -181,3 +181,29 @@ def test_per_head_attention_check_sees_one_worse_head():
     errs = head_attention_errors(_Layer(oracle, res.model.v.sum(0), res.model.c), worse, res.details["token_norm"],
                                  4, np.random.default_rng(0))
     assert errs[1] > 1e-4 and max(errs[0], errs[2]) < 1e-9
+
+
+def test_declared_noise_is_refused_but_declared_float32_rounding_is_not():
+    from attnprobe.errors import RecoveryError
+    from attnprobe.oracles.wrappers import FreshNoise, Precision
+
+    true = whole_row_layer(16, 2, seed=2)
+    with pytest.raises(RecoveryError, match="declared noise"):
+        extract_vector(Oracle(FreshNoise(true, 1e-6), 16), seed=0)
+    res = extract_vector(Oracle(Precision(true.with_dtype("float32"), "float32"), 16), seed=0)
+    assert res.check.passed and match_heads(true, res.model).worst <= 1e-3
+
+
+def test_a_served_whole_row_layer_over_http():
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    from attnprobe.oracles.http import oracle_from_url
+    from attnprobe.service import KeyStore, ServiceOptions, build_app
+    from attnprobe.service.server import BackgroundServer
+
+    true = whole_row_layer(16, 2, seed=1)
+    app = build_app(true, ServiceOptions(d=16, max_batch=4096, max_length=32), KeyStore(["k"], budget=10**6))
+    with BackgroundServer(app) as srv:
+        res = extract_multihead(oracle_from_url(srv.url, "k"), seed=0)
+    assert res.method == "multihead-vector" and res.check.passed
+    assert match_heads(true, res.model).worst <= 1e-8

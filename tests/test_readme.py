@@ -69,7 +69,12 @@ def test_readme_python_examples_run(capsys):
         elif "AnswerChain.parse(" in block:  # the spec and the constructor are one chain; its floor is the coarser
             chain, defended = ns["chain"], ns["defended"]
             assert chain == AnswerChain(cast="bfloat16", digits=4) and chain.spec == "bfloat16+round-digits:4"
+            assert type(chain).parse(chain.spec) == chain
             assert defended.precision == "bfloat16" and defended.eps >= 2.0 * chain.answer_noise.rel_eps > 0
+            # and the answers are what it says: 4 significant digits, every query counted
+            y = defended(np.random.default_rng(0).standard_normal((20, 3, 16)))
+            scale = 10.0 ** (np.floor(np.log10(np.abs(y))) - 3)
+            assert np.allclose(np.round(y / scale) * scale, y, rtol=1e-12, atol=0) and defended.queries == 20
         elif "extract_ffn(" in block:
             ffn, net = ns["ffn"], ns["net"]
             X = np.random.default_rng(0).standard_normal((500, net.d))

@@ -68,6 +68,20 @@ def test_float32_victim_end_to_end(d, m):
     assert qb["attention"] + qb["ffn"] == res.queries
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_float32_victims_that_pass_their_check_are_right(seed):
+    """Other float32 victims at d = m = 16 (seed 0 above is not the only one): whatever the CPU's rounding path
+    (which neuron a line misses hangs on the answers' last bits), a run whose check passes agrees with the victim
+    to within that check's tolerance, and here every one passes (measured: 1.4e-4 and 2e-6 off, default and
+    ATEN_CPU_CAPABILITY=default)."""
+    vic = victim(16, 16, seed=seed)
+    res = extract_transformer(oracle_from_torch(vic), seed=0)
+    X = np.random.default_rng(2).standard_normal((256, 5, 16))
+    a, b = run(vic, X), run(transformer_to_torch(res.model), X)
+    assert res.check.passed and np.linalg.norm(a - b) / np.linalg.norm(a) <= 3 * res.check.tolerance
+    assert sum(res.queries_by_phase.values()) == res.queries
+
+
 def test_float64_victim_is_exact():
     vic = victim(8, 8, seed=3, dtype=torch.float64)
     truth = transformer_from_torch(vic)

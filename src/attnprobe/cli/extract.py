@@ -7,7 +7,7 @@ from pathlib import Path
 from attnprobe.cli import answer_chain, hf, remote
 from attnprobe.cli.common import (check_outcome, finite_float, nonneg_int, plan_outputs, positive_float, positive_int,
                                   print_summary, refuse_memory, track)
-from attnprobe.errors import AttnprobeError, ConfigError
+from attnprobe.errors import AttnprobeError, ConfigError, InputNormError
 from attnprobe.learners import PROBES, extract_exact
 from attnprobe.models import PRECISIONS
 from attnprobe.oracles import Oracle, oracle_from_file, oracle_from_spec
@@ -224,7 +224,7 @@ def run(args) -> int:
     try:
         res = METHODS[args.method](oracle, args, progress)
     except AttnprobeError as exc:
-        raise _clipping_cause(oracle, args) or exc
+        raise _clipping_cause(oracle, args, exc) or exc
     finally:
         progress.close()
     res.details["oracle"] = remote.describe(oracle)
@@ -261,9 +261,12 @@ HEAD_METHODS = ("exact", "lowrank", "nuclear", "robust", "membership")
 AFFINE_AT_LENGTH_ONE = ("exact", "lowrank", "nuclear", "robust", "multihead")
 
 
-def _clipping_cause(oracle, args):
-    """When a run of an attention learner failed: the error naming input clipping if the answers show it."""
+def _clipping_cause(oracle, args, exc=None):
+    """When a run of an attention learner failed: the error naming input clipping, with the bound read from the
+    answers, if they show it (a refusal for a declared bound, ``exc`` an :class:`InputNormError`, stands)."""
     if args.method not in AFFINE_AT_LENGTH_ONE or args.membership or getattr(args, "replay", False):
+        return None
+    if isinstance(exc, InputNormError):
         return None
     from attnprobe.oracles.input_bound import diagnose_clipping
 

@@ -28,7 +28,7 @@ def output_bias(c, K: int | None) -> float | np.ndarray:
     c = real_array("c", c)
     if K is None:
         if c.size != 1:
-            raise ConfigError(f"c must be one number for scalar answers; got shape {c.shape}")
+            raise ConfigError(f"c must be a scalar (one number) for scalar answers; got shape {c.shape}")
         return float(c.reshape(()))
     if c.ndim == 0:
         c = np.full(K, float(c))
@@ -116,7 +116,8 @@ class AttentionHead(AttentionParameters):
             raise ConfigError("v must have at least one entry (the width d is at least 1)")
         W = real_array("W", self.W, 2)
         if W.shape != (d, d):
-            raise ConfigError(f"W must be {d}x{d} to match v of shape {v.shape} (width d = {d}); got {W.shape}")
+            raise ConfigError(f"W must be {d}x{d} to match v of shape {v.shape} (v must be a vector (d,) or a K×d "
+                              f"value-output map); got W of shape {W.shape}")
         u = np.zeros(d) if self.u is None else real_array("u", self.u, 1)
         if u.shape != (d,):
             raise ConfigError(f"u must have length {d}; got {u.shape}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnprobe._validation import check_int
 from attnprobe.errors import ConfigError, RecoveryError, UnidentifiableError
 from attnprobe.learners.multihead.vector_heads import fit_delta, jennrich, theta_from_values
 from attnprobe.learners.multihead.vector_logits import gap_rank, head_attention_errors, learn_logits
@@ -91,6 +92,15 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
     :class:`~attnprobe.learners.result.Extraction` whose model is a
     :class:`~attnprobe.models.multihead.MultiHeadAttention` in the vector layout.
     """
+    noise = oracle.noise  # a declared relative rounding up to float32's is rounding; anything else is refused
+    if noise.tolerance or noise.sigma or noise.membership:
+        raise RecoveryError(f"the answers carry declared noise (absolute {noise.tolerance:.1e}, random σ = "
+                            f"{noise.sigma:.1e}{', sign only' if noise.membership else ''}): the vector learner "
+                            "separates heads from answers exact up to their rounding (float64 or float32; a relative "
+                            "noise of 1e-6 left heads 2.7e-2 wrong); ask for unperturbed answers")
+    if noise.rel_eps > COARSEST_EPS:
+        raise RecoveryError(f"the answers are rounded to a relative {noise.rel_eps:.1e} (coarser than float32): too "
+                            "coarse to separate the heads of a whole output row; ask for float32 or finer answers")
     try:
         return _extract(oracle, heads=heads, seed=seed, check=check, progress=progress, tokens=tokens,
                         design=design)
@@ -100,16 +110,15 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
             raise
         raise RecoveryError(f"answers in {oracle.precision} (unit roundoff {eps:.1e}, coarser than float32) are too "
                             f"coarse to separate the heads of a whole output row ({exc}); ask for float32 or finer "
-                            f"answers; {oracle.queries} queries were spent") from exc
+                            "answers") from exc
 
 
 def _extract(oracle, *, heads, seed, check, progress, tokens, design):
     from attnprobe.models.multihead import MultiHeadAttention
 
     d = oracle.d
-    for name, val in (("heads", heads), ("tokens", tokens), ("design", design)):
-        if val is not None and not (isinstance(val, (int, np.integer)) and val >= 1):
-            raise ConfigError(f"{name} must be a positive integer; got {val!r}", param=name)
+    heads, tokens, design = (check_int(v, name, min_value=1, allow_none=True)
+                             for v, name in ((heads, "heads"), (tokens, "tokens"), (design, "design")))
     run = Run(oracle, METHOD, seed=seed, check=check, progress=progress)
     rng = run.rng
     eps = max(float(oracle.eps), 1e-16)
@@ -150,7 +159,8 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
         run.plan(rest, f"vector multi-head extraction at d={d}, H={H} (at most)")
         V, route = sep.value_maps(run.report)
     with run.phase("logits"):
-        W, u, smallest, w_ranks = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report)
+        W, u, smallest, w_ranks = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report,
+                                              sketch=not coarse)
     model = MultiHeadAttention(W, V, u, c)
     with run.phase("head check"):
         head_errors = head_attention_errors(layer, model, LOGIT_SCALE * rho, tokens, rng, HEAD_CHECK_QUERIES)

@@ -64,7 +64,7 @@ def gap_rank(sv: np.ndarray, full: int, gap: float = 100.0) -> int:
     return i + 1 if ratio[i] >= gap else full
 
 
-def learn_logits(layer, V, scale, tokens, rng, report):
+def learn_logits(layer, V, scale, tokens, rng, report, *, sketch: bool = True):
     """Every ``W_h`` and ``u_h`` from :func:`token_queries` (stage 4 of the vector learner; Sec. 5's low-rank
     sketch shared by all heads). Token offsets over a scaled orthogonal basis in blocks of ``tokens``:
 
@@ -83,7 +83,7 @@ def learn_logits(layer, V, scale, tokens, rng, report):
     O = scale * random_orthogonal(d, rng)  # last tokens b (rows)
     L = min(d, -(-d // H) + 16)
     m = max(1, int(tokens))
-    if (L + 1) * -(-d // m) + d * -(-L // m) >= (d + 1) * -(-d // m):
+    if not sketch or (L + 1) * -(-d // m) + d * -(-L // m) >= (d + 1) * -(-d // m):
         L = d  # the sketch would not save queries: measure every W_h whole
     cols, smallest = _columns(layer, V, P, np.concatenate([np.zeros((1, d)), O[:L]]), tokens, report)
     u = cols[:, :, 0]
