@@ -244,11 +244,17 @@ def _print_estimate(args, oracle) -> int:
     """``--estimate``: the queries the run would ask (and their price), asking none."""
     from attnprobe.learners.estimate import estimate_queries
 
-    est = estimate_queries(args.method, oracle.d, rank=args.rank, heads=getattr(args, "heads", None),
-                           hidden=args.hidden, precision=oracle.precision or "float64", bias=not args.no_bias,
-                           price_per_1k=args.price_per_1k)
+    try:
+        est = estimate_queries(args.method, oracle.d, rank=args.rank, heads=getattr(args, "heads", None),
+                               hidden=args.hidden, precision=oracle.precision or "float64", bias=not args.no_bias,
+                               price_per_1k=args.price_per_1k)
+    except ConfigError as exc:
+        flag = {"rank": "--rank", "heads": "--heads", "hidden": "--hidden"}.get(exc.param)
+        raise ConfigError(f"--estimate: {exc} (give {flag})" if flag else str(exc)) from exc
     line = (f"{est.method} at d={est.d}: about {est.queries} queries (expected range {est.low}–{est.high}; "
             f"{est.basis}); {oracle.queries} asked")
+    if args.budget is not None and est.high > args.budget:
+        line += f"; more than --budget {args.budget} may be needed"
     if est.cost is not None:
         line += f"; cost about {est.cost:.4g} at {args.price_per_1k:g} per 1,000 queries"
     print(line)
