@@ -212,7 +212,7 @@ def run(args) -> int:
         return _print_estimate(args, _oracle_from_args(args, chain))
     if args.price_per_1k is not None:
         raise ConfigError("--price-per-1k prices an estimate; add --estimate")
-    if not args.out:
+    if args.out is None:
         raise ConfigError("extract needs --out OUT.npz (or --estimate to print the queries a run would need)")
     inputs = [args.target, getattr(args, "log", None), Path(args.hf_dir) / "model.safetensors" if args.hf_dir else None]
     if args.oracle and ":" in args.oracle:
