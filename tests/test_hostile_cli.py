@@ -26,7 +26,7 @@ def folder(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- defect 1: a failed check is exit 3
 @pytest.mark.parametrize("argv", [
     ["--target", "u.npz", "--no-bias"],                                   # the model class drops u: W 99 % wrong
-    ["--target", "t.npz", "--method", "transformer"],                     # an attention head is no transformer
+    ["--target", "t.npz", "--method", "transformer", "--transformer-route", "paper"],  # a head is no transformer
     ["--target", "t.npz", "--method", "robust", "--probes", "paper", "--w-bound", "3", "--margin", "0.01"],
 ])
 def test_failed_check_exits_3_and_writes_nothing(folder, capsys, argv):

@@ -97,7 +97,8 @@ def test_cli_extracts_a_saved_transformer(tmp_path, capsys):
     target = tmp_path / "tf.npz"
     out = tmp_path / "rec.npz"
     assert main(["target", "transformer", "--d", "6", "--m", "12", "--seed", "3", "--out", str(target)]) == 0
-    assert main(["extract", "--target", str(target), "--method", "transformer", "--out", str(out), "--quiet"]) == 0
+    assert main(["extract", "--target", str(target), "--method", "transformer", "--transformer-route", "paper",
+                 "--out", str(out), "--quiet"]) == 0
     summary = json.loads(out.with_suffix(".json").read_text())
     assert summary["method"] == "transformer"
     assert summary["check"]["relative_error"] <= 1e-8
@@ -123,7 +124,8 @@ def test_cli_ffn_method_and_clear_error_on_wrong_target(tmp_path, capsys):
 def test_cli_verify_matches_neurons_up_to_permutation(tmp_path, capsys):
     target, out = tmp_path / "tf.npz", tmp_path / "rec.npz"
     main(["target", "transformer", "--d", "6", "--m", "6", "--seed", "5", "--out", str(target)])
-    main(["extract", "--target", str(target), "--method", "transformer", "--out", str(out), "--quiet"])
+    main(["extract", "--target", str(target), "--method", "transformer", "--transformer-route", "paper", "--out",
+          str(out), "--quiet"])
     capsys.readouterr()
     js = tmp_path / "errs.json"
     assert main(["verify", "--target", str(target), "--result", str(out), "--json", str(js)]) == 0

@@ -67,10 +67,21 @@ def _run_nuclear(oracle, args, progress):
 
 
 def _run_transformer(oracle, args, progress):
-    from attnprobe.learners.transformer import extract_transformer
+    """``regions`` (default): multi-head, biased K-output FFN, residual detected; ``paper``: Sec. 4.1's route
+    through TF(X) − TF(−X) (one head, bias-free FFN, one output; implied by --probes)."""
+    route = args.transformer_route or ("paper" if args.probes else "regions")
+    if route == "paper":
+        from attnprobe.learners.transformer import extract_transformer
 
-    return extract_transformer(oracle, probes=_exact_probes(args), seed=args.seed, progress=progress,
-                               sign_time_limit=_default(args.sign_time_limit, SIGN_TIME_LIMIT))
+        return extract_transformer(oracle, probes=_exact_probes(args), seed=args.seed, progress=progress,
+                                   sign_time_limit=_default(args.sign_time_limit, SIGN_TIME_LIMIT))
+    if args.probes:
+        raise ConfigError(f"--probes chooses the probes of --transformer-route paper; drop --probes {args.probes} "
+                          "or use --transformer-route paper")
+    from attnprobe.learners.transformer_multihead import extract_transformer_multihead
+
+    return extract_transformer_multihead(oracle, seed=args.seed, progress=progress,
+                                         sign_time_limit=_default(args.sign_time_limit, SIGN_TIME_LIMIT))
 
 
 def _run_ffn(oracle, args, progress):
@@ -147,7 +158,7 @@ METHOD_OPTIONS = {
     "tolerance": {"robust"}, "queries": {"robust"}, "max_scale": {"robust"}, "no_retries": {"robust"},
     "w_bound": {"robust", "membership"}, "margin": {"robust", "membership"},
     "eps_w": {"membership"}, "delta": {"membership"}, "samples": {"membership"},
-    "sign_time_limit": {"transformer", "ffn"},
+    "sign_time_limit": {"transformer", "ffn"}, "transformer_route": {"transformer"},
 }
 #: head methods hold W (d x d float64) and about as much again in probes and work arrays
 HEAD_BYTES_PER_D2 = 4 * 8
@@ -299,6 +310,9 @@ def add_parser(sub) -> None:
                    help="probe design: exact: orthogonal (default), basis (= paper), gaussian; robust: orthogonal "
                         "(default) or paper (Thm 6.1); membership: bisection (default) or paper (App. B)")
     e.add_argument("--no-bias", action="store_true", help="learn the paper's bias-free model (d+d² queries)")
+    e.add_argument("--transformer-route", choices=["regions", "paper"],
+                   help="transformer: regions (default; multi-head, FFN biases, K outputs, residual detected) or "
+                        "paper (Sec. 4.1: one head, bias-free FFN, one output, via TF(X) - TF(-X); implied by --probes)")
     e.add_argument("--sign-time-limit", type=positive_float, metavar="SEC",
                    help="transformer/ffn: seconds the 0/1 program may spend on neuron orientations (m > d; default 5)")
     e.add_argument("--budget", type=nonneg_int, help="refuse to spend more than this many queries")

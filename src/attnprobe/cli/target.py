@@ -19,8 +19,11 @@ def _refuse_options(args) -> None:
     if args.zero_v > args.d:
         raise ConfigError(f"--zero-v {args.zero_v} asks for more zero entries of v than its d = {args.d} entries; "
                           f"give at most {args.d}")
-    if args.outputs is not None and args.kind != "relu":
-        raise ConfigError(f"--outputs is for target relu; drop it for target {args.kind}")
+    multihead_tf = args.kind == "transformer" and args.heads is not None
+    if args.outputs is not None and args.kind != "relu" and not multihead_tf:
+        raise ConfigError(f"--outputs is for target relu and transformer --heads; drop it for target {args.kind}")
+    if args.residual and not multihead_tf:
+        raise ConfigError("--residual is for target transformer --heads; drop it or give --heads")
 
 
 def run(args) -> int:
@@ -40,6 +43,13 @@ def run(args) -> int:
 
         model = random_head(args.d, seed=args.seed, scale=args.scale, rank=args.rank, bias=not args.no_bias,
                             zero_v=args.zero_v)
+    elif args.kind == "transformer" and args.heads is not None:
+        from attnprobe.targets import random_multihead_transformer
+
+        model = random_multihead_transformer(args.d, args.heads, args.d if args.m is None else args.m,
+                                             outputs=1 if args.outputs is None else args.outputs, bias=not args.no_bias,
+                                             residual=args.residual, head_dim=args.head_dim, seed=args.seed,
+                                             scale=args.scale)
     elif args.kind in ("transformer", "relu"):
         from attnprobe.targets import random_relu_net, random_transformer
 
@@ -94,7 +104,10 @@ def add_parser(sub) -> None:
     t.add_argument("--d", type=positive_int, default=16)
     t.add_argument("--m", type=positive_int, help="transformer/relu: hidden width of the FFN (default d)")
     t.add_argument("--rank", type=positive_int)
-    t.add_argument("--heads", type=positive_int, help="multihead: number of heads H")
+    t.add_argument("--heads", type=positive_int,
+                   help="multihead: number of heads H; transformer: H heads, FFN biases (--no-bias: none), "
+                        "--outputs K, --residual (without --heads: the one-head Sec. 4.1 model)")
+    t.add_argument("--residual", action="store_true", help="transformer --heads: x_N + a(X) feeds the FFN")
     t.add_argument("--head-dim", type=positive_int, help="multihead: head dimension d_h (default d // H)")
     t.add_argument("--orthogonal", action="store_true",
                    help="multihead: heads in mutually orthogonal subspaces (App. C); also writes OUT_subspaces.npz")
@@ -102,7 +115,8 @@ def add_parser(sub) -> None:
     t.add_argument("--zero-v", type=nonneg_int, default=0, help="number of zero entries of v")
     t.add_argument("--no-bias", action="store_true")
     t.add_argument("--relu-bias", action="store_true", help="relu: hidden biases b and output bias c")
-    t.add_argument("--outputs", type=positive_int, metavar="K", help="relu: K outputs per input (w_o of shape m×K)")
+    t.add_argument("--outputs", type=positive_int, metavar="K",
+                   help="relu / transformer --heads: K outputs per input (w_o of shape m×K)")
     t.add_argument("--layer", type=nonneg_int, default=0)
     t.add_argument("--head", type=nonneg_int, default=0)
     t.add_argument("--row", type=nonneg_int,

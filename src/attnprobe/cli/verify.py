@@ -39,8 +39,12 @@ def _multihead_errors(true_model, result) -> dict[str, float]:
 
 
 #: which result kinds compare with which target kinds
-COMPARABLE = {"attention_head": {"attention_head"}, "one_layer_transformer": {"one_layer_transformer", "relu_net"},
-              "relu_net": {"relu_net", "one_layer_transformer"}, "multi_head": {"multi_head"}}
+COMPARABLE = {"attention_head": {"attention_head"},
+              "one_layer_transformer": {"one_layer_transformer", "relu_net", "multihead_transformer"},
+              "relu_net": {"relu_net", "one_layer_transformer"}, "multi_head": {"multi_head"},
+              "multihead_transformer": {"multihead_transformer", "one_layer_transformer"}}
+#: kinds compared by :func:`attnprobe.models.transformer.transformer_errors` (heads matched, then the function)
+TRANSFORMERS = {"one_layer_transformer", "multihead_transformer"}
 
 
 def run(args) -> int:
@@ -55,6 +59,10 @@ def run(args) -> int:
                           f"{true_model.d}")
     if true_model.kind == "multi_head":
         errs = _multihead_errors(true_model, result)
+    elif "multihead_transformer" in (true_model.kind, result.kind) and result.kind in TRANSFORMERS:
+        from attnprobe.models.transformer import transformer_errors
+
+        errs = transformer_errors(true_model, result)
     elif true_model.kind in ("one_layer_transformer", "relu_net"):
         errs = _ffn_errors(true_model, result)
     else:

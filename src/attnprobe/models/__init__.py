@@ -5,12 +5,13 @@ from attnprobe.models.ffn import ReLUNet, canonical_neurons, neuron_errors
 from attnprobe.models.io import load_model, register, save_model
 from attnprobe.models.multihead import HeadMatch, MultiHeadAttention, match_heads
 from attnprobe.models.precision import PRECISIONS, resolve_dtype, unit_roundoff
-from attnprobe.models.transformer import OneLayerTransformer
+from attnprobe.models.transformer import MultiHeadTransformer, OneLayerTransformer
 
 register(AttentionHead)
 register(ReLUNet)
 register(OneLayerTransformer)
 register(MultiHeadAttention)
+register(MultiHeadTransformer)
 
-__all__ = ["AttentionHead", "MultiHeadAttention", "HeadMatch", "match_heads", "ReLUNet", "OneLayerTransformer", "canonical_neurons", "neuron_errors", "as_batch", "load_model", "save_model", "register", "PRECISIONS",
+__all__ = ["AttentionHead", "MultiHeadAttention", "HeadMatch", "match_heads", "ReLUNet", "OneLayerTransformer", "MultiHeadTransformer", "canonical_neurons", "neuron_errors", "as_batch", "load_model", "save_model", "register", "PRECISIONS",
            "resolve_dtype", "unit_roundoff"]

@@ -9,7 +9,8 @@ import numpy as np
 
 from attnprobe.errors import ConfigError
 from attnprobe.models.attention import as_batch, attention_weights, real_array, set_frozen
-from attnprobe.models.ffn import ReLUNet, _check_ffn
+from attnprobe.models.ffn import ReLUNet, _check_biases, _check_ffn
+from attnprobe.models.softmax import softmax_last
 from attnprobe.models.precision import resolve_dtype
 
 
@@ -75,9 +76,149 @@ class OneLayerTransformer:
     def arrays(self) -> dict[str, np.ndarray]:
         return {"W": self.W, "A": self.A, "w_o": self.w_o, "v": self.v}
 
+    def as_multihead(self) -> "MultiHeadTransformer":
+        """The same function as a :class:`MultiHeadTransformer`: one head, ``u = 0``, ``V = I``, no biases."""
+        d, m = self.A.shape
+        return MultiHeadTransformer(self.W[None], np.zeros((1, d)), np.eye(d)[None], self.A, np.zeros(m),
+                                    self.w_o.reshape(m, 1), np.zeros(1), False, self.dtype)
+
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "OneLayerTransformer":
         missing = {"W", "A", "w_o"} - set(arrays)
         if missing:
             raise ConfigError(f"a one-layer transformer needs arrays {sorted(missing)}")
         return cls(arrays["W"], arrays["A"], arrays["w_o"], dtype)
+
+
+@dataclass(frozen=True)
+class MultiHeadTransformer:
+    """``TF(X) = w_oᵀ ReLU(Aᵀ a(X) + b) + c`` with ``a(X) = Σ_h V_h Xᵀ softmax(X W_h x_N + X u_h)`` (multi-head
+    attention, a biased ReLU FFN and K outputs); ``residual=True`` feeds ``x_N + a(X)`` to the FFN instead.
+
+    Shapes: ``W (H, d, d)``, ``u (H, d)``, ``v (H, d, d)`` (``V_h``, the head's value-output map), ``A (d, m)``,
+    ``b (m,)``, ``w_o (m, K)``, ``c (K,)``; one output is stored as ``(m, 1)`` / ``(1,)`` and answered as ``(B,)``.
+    Only compositions are identifiable: ``V_h`` and ``A`` up to an invertible map between them (none with the
+    residual), neurons up to positive scale and order, heads up to order (and Prop. 7.1 merges).
+    """
+
+    W: np.ndarray
+    u: np.ndarray
+    v: np.ndarray
+    A: np.ndarray
+    b: np.ndarray
+    w_o: np.ndarray
+    c: np.ndarray
+    residual: bool = False
+    dtype: str = "float64"
+    kind: ClassVar[str] = "multihead_transformer"
+
+    def __post_init__(self) -> None:
+        W, u, v = real_array("W", self.W, 3), real_array("u", self.u, 2), real_array("v", self.v, 3)
+        H, d = u.shape
+        if W.shape != (H, d, d) or v.shape != (H, d, d):
+            raise ConfigError(f"W and v must have shape (H, d, d) = ({H}, {d}, {d}) to match u of shape {u.shape}; "
+                              f"got {W.shape} and {v.shape}")
+        w_o = real_array("w_o", self.w_o)
+        w_o = w_o.reshape(-1, 1) if w_o.ndim == 1 else w_o
+        A, w_o = _check_ffn(self.A, w_o)
+        if A.shape[0] != d:
+            raise ConfigError(f"A must have d = {d} rows to match the heads; got {A.shape}")
+        b, c = _check_biases(self.b, self.c, A.shape[1], w_o)
+        if H < 1:
+            raise ConfigError("a transformer needs at least one head")
+        resolve_dtype(self.dtype)
+        set_frozen(self, W=W, u=u, v=v, A=A, b=b, w_o=w_o, c=c)
+        object.__setattr__(self, "residual", bool(np.asarray(self.residual).reshape(())))
+
+    @property
+    def d(self) -> int:
+        return self.A.shape[0]
+
+    @property
+    def m(self) -> int:
+        return self.A.shape[1]
+
+    @property
+    def H(self) -> int:
+        return self.W.shape[0]
+
+    @property
+    def K(self) -> int:
+        return self.w_o.shape[1]
+
+    @property
+    def ffn(self) -> ReLUNet:
+        """The FFN ``z ↦ w_oᵀReLU(Aᵀz + b) + c`` (K outputs)."""
+        return ReLUNet(self.A, self.w_o, self.dtype, self.b, self.c)
+
+    @staticmethod
+    def unknowns(d: int, H: int, m: int, K: int, residual: bool = False) -> int:
+        """Identifiable numbers: ``H(d² + d)`` for the attention scores, the maps ``AᵀV_h`` (``H·d·min(d, m)``,
+        less the ``min(d, m)²`` of the invertible map between V and A unless the residual pins it, plus ``d·m``
+        for the residual's A), ``m`` biases, ``m·K`` output weights less ``m`` neuron scales, and ``K``."""
+        r = min(d, m)
+        maps = H * d * r + (d * m if residual else -r * r)
+        return H * (d * d + d) + maps + m * K + K
+
+    def with_dtype(self, dtype: str) -> "MultiHeadTransformer":
+        return MultiHeadTransformer(self.W, self.u, self.v, self.A, self.b, self.w_o, self.c, self.residual, dtype)
+
+    def attention_output(self, X: np.ndarray) -> np.ndarray:
+        """``a(X)`` (plus ``x_N`` with the residual), shape (B, d), in the model's dtype."""
+        dt = resolve_dtype(self.dtype)
+        Xc = as_batch(X, self.d).astype(dt)
+        H, d = self.H, self.d
+        q = (Xc[:, -1, :] @ self.W.astype(dt).reshape(H * d, d).T).reshape(-1, H, d)  # W_h x_N
+        scores = np.einsum("bnd,bhd->bhn", Xc, q) + np.einsum("bnd,hd->bhn", Xc, self.u.astype(dt))
+        mixed = np.einsum("bhn,bnd->bhd", softmax_last(scores), Xc)  # Xᵀ α_h
+        out = np.einsum("hij,bhj->bi", self.v.astype(dt), mixed)
+        return out + Xc[:, -1, :] if self.residual else out
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        dt = resolve_dtype(self.dtype)
+        z = self.attention_output(X) @ self.A.astype(dt) + self.b.astype(dt)
+        y = np.maximum(z, 0) @ self.w_o.astype(dt) + self.c.astype(dt)
+        y = y.astype(np.float64)
+        return y[:, 0] if self.K == 1 else y
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"W": self.W, "u": self.u, "v": self.v, "A": self.A, "b": self.b, "w_o": self.w_o, "c": self.c,
+                "residual": np.asarray(self.residual)}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "MultiHeadTransformer":
+        missing = {"W", "u", "v", "A", "b", "w_o", "c"} - set(arrays)
+        if missing:
+            raise ConfigError(f"a multi-head transformer needs arrays {sorted(missing)}")
+        for name, ndim in (("b", 1), ("w_o", 2), ("c", 1)):  # files hold K = 1 as (m, 1) / (1,): nothing reshaped
+            if np.ndim(arrays[name]) != ndim:
+                raise ConfigError(f"{name} must have {ndim} dimension(s) in a multi-head transformer file; got shape "
+                                  f"{np.shape(arrays[name])}", param=name)
+        if np.ndim(arrays.get("residual", False)) != 0:
+            raise ConfigError("residual must be one flag", param="residual")
+        return cls(arrays["W"], arrays["u"], arrays["v"], arrays["A"], arrays["b"], arrays["w_o"], arrays["c"],
+                   bool(arrays.get("residual", False)), dtype)
+
+
+def transformer_errors(true, got, *, seed: int = 0, per_length: int = 16) -> dict[str, float]:
+    """How far ``got`` is from ``true`` (either a multi-head or a Sec. 4.1 transformer): heads matched by their
+    scores (Hungarian on ``‖W_h − Ŵ_g‖``), the worst relative error of W and of u over matched heads, and the
+    relative error of the function on fresh N(0, I) sequences of every length 1–16 (V_h and A are only defined up
+    to an invertible map, so they are judged through the function)."""
+    from scipy.optimize import linear_sum_assignment
+
+    true = true.as_multihead() if isinstance(true, OneLayerTransformer) else true
+    got = got.as_multihead() if isinstance(got, OneLayerTransformer) else got
+    D = np.linalg.norm(true.W[:, None] - got.W[None], axis=(2, 3)) / np.linalg.norm(true.W, axis=(1, 2))[:, None]
+    rows, cols = linear_sum_assignment(D)
+    u_scale = float(np.linalg.norm(true.u)) or 1.0  # bias-free: the absolute error
+    u_err = max(float(np.linalg.norm(true.u[i] - got.u[j])) for i, j in zip(rows, cols)) / u_scale
+    rng = np.random.default_rng(seed)
+    num = den = 0.0
+    for N in range(1, 17):
+        X = rng.standard_normal((per_length, N, true.d))
+        y = true(X)
+        num += float(np.sum((got(X) - y) ** 2))
+        den += float(np.sum((y - true.c.reshape(-1)[0] if true.K == 1 else y - true.c) ** 2))
+    return {"heads_found": float(got.H), "heads_true": float(true.H), "W": float(np.max(D[rows, cols])),
+            "u": u_err, "function": float(np.sqrt(num / max(den, 1e-300)))}

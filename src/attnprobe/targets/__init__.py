@@ -5,8 +5,8 @@ from attnprobe.targets.minilm import minilm_checkpoint, minilm_head, minilm_laye
 from attnprobe.targets.multihead import (orthogonal_subspaces, random_multihead, random_orthogonal_multihead,
                                          shared_attention_multihead)
 from attnprobe.targets.random_heads import random_head
-from attnprobe.targets.transformers import random_relu_net, random_transformer
+from attnprobe.targets.transformers import random_multihead_transformer, random_relu_net, random_transformer
 
 __all__ = ["BertCheckpoint", "minilm_checkpoint", "minilm_head", "minilm_layer", "orthogonal_subspaces",
            "random_multihead", "random_orthogonal_multihead", "shared_attention_multihead", "random_head",
-           "random_relu_net", "random_transformer"]
+           "random_relu_net", "random_transformer", "random_multihead_transformer"]

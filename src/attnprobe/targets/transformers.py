@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnprobe.models.ffn import ReLUNet
-from attnprobe.models.transformer import OneLayerTransformer
+from attnprobe.models.transformer import MultiHeadTransformer, OneLayerTransformer
 
 
 def random_relu_net(d: int, m: int, *, seed: int = 0, dtype: str = "float64", bias: bool = False,
@@ -37,3 +37,27 @@ def random_transformer(d: int, m: int, *, seed: int = 0, scale: float = 1.0, ran
     W *= scale / np.linalg.norm(W)
     net = random_relu_net(d, m, seed=int(rng.integers(2**31)))
     return OneLayerTransformer(W, net.A, net.w_o, dtype)
+
+
+def random_multihead_transformer(d: int, heads: int, m: int, *, outputs: int = 1, bias: bool = True,
+                                 residual: bool = False, head_dim: int | None = None, seed: int = 0,
+                                 scale: float = 1.0, dtype: str = "float64") -> MultiHeadTransformer:
+    """A random multi-head one-layer transformer: the heads' ``W_h, u_h`` as :func:`random_multihead` (head
+    dimension ``max(2, d // heads)`` by default), ``V_h = O_h P_h`` of rank ``head_dim`` (Gaussian factors,
+    scaled so ``Σ_h V_h x`` has about the scale of x) and the FFN of :func:`random_relu_net` with ``outputs``
+    outputs (biases when ``bias``)."""
+    from attnprobe.errors import ConfigError
+    from attnprobe.targets.multihead import random_multihead
+
+    if int(outputs) < 1:
+        raise ConfigError(f"outputs must be at least 1; got {outputs}", param="outputs")
+    d_h = max(2, d // heads) if head_dim is None else int(head_dim)
+    mh = random_multihead(d, heads, d_h, seed=seed, bias=bias, scale=scale)
+    d_h = max(2, d // heads) if head_dim is None else int(head_dim)
+    rng = np.random.default_rng([seed, 19])
+    V = np.einsum("hik,hkj->hij", rng.standard_normal((heads, d, d_h)), rng.standard_normal((heads, d_h, d)))
+    V /= np.sqrt(heads * d_h * d)
+    net = random_relu_net(d, m, seed=int(rng.integers(2**31)), bias=bias, outputs=outputs)
+    b = net.b if bias else np.zeros(m)
+    c = net.c if bias else np.zeros(outputs)
+    return MultiHeadTransformer(mh.W, mh.u, V, net.A, b, net.w_o, c, residual, dtype)
