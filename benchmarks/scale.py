@@ -1,6 +1,9 @@
-"""Scale: `lowrank` at d = 1024, r = 64 — seconds (split into oracle and learner) and peak memory.
+"""Scale: `lowrank` at d = 1024, r = 64 — seconds (split into oracle and learner) and peak memory; with
+``--sweep``, queries and seconds against d for exact, lowrank (r = 64) and multi-head (heads of 64, rank given),
+with the exponent of a log-log least-squares fit.
 
     python benchmarks/scale.py
+    OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/scale.py --sweep [--dims 128 256 512 768 1024] [--write]
 
 Writes benchmarks/results/scale.json (read by `python benchmarks/lowrank.py --report-only`).
 """
@@ -8,6 +11,7 @@ Writes benchmarks/results/scale.json (read by `python benchmarks/lowrank.py --re
 from __future__ import annotations
 
 import json
+import os
 import resource
 import time
 import tracemalloc
@@ -51,5 +55,65 @@ def main(d=1024, r=64):
     print(out)
 
 
+SWEEP = {"exact": (128, 256, 512, 768), "lowrank": (128, 256, 512, 768, 1024), "multihead": (128, 256)}
+
+
+def _run(method, d):
+    from attnprobe.learners.exact import extract_exact
+    from attnprobe.learners.multihead.generic import extract_generic
+    from attnprobe.targets.multihead import random_multihead
+
+    if method == "exact":
+        model, learn = random_head(d, seed=1), lambda o: extract_exact(o, seed=1)
+    elif method == "lowrank":
+        model, learn = random_head(d, rank=64, seed=1), lambda o: extract_lowrank(o, rank=64)
+    else:
+        model, learn = random_multihead(d, d // 64, seed=0), lambda o: extract_generic(o, rank=64, seed=0)
+    spent = [0.0]
+
+    def fn(X):
+        t = time.perf_counter()
+        y = model(X)
+        spent[0] += time.perf_counter() - t
+        return y
+
+    o = Oracle(fn, d)
+    t0 = time.perf_counter()
+    res = learn(o)
+    return o.queries, time.perf_counter() - t0, spent[0], bool(res.check.passed)
+
+
+def sweep(dims, write):
+    from attnprobe.reports import Table, command_line, write_section
+
+    table = Table(["method", "d", "queries", "seconds", "model s", "check passed", "load avg"])
+    fits = []
+    for method, todo in SWEEP.items():
+        pts = []
+        for d in dims:
+            if d not in todo:
+                table.add(method, d, "not run", "—", "—", "—", "—")
+                continue
+            q, sec, model_s, ok = _run(method, d)
+            pts.append((d, q, sec))
+            table.add(method, d, q, round(sec, 1), round(model_s, 1), ok, round(os.getloadavg()[0], 1))
+            print(table.rows[-1], flush=True)
+        if len(pts) >= 2:
+            logd = np.log([p[0] for p in pts])
+            eq, et = (float(np.polyfit(logd, np.log([p[k] for p in pts]), 1)[0]) for k in (1, 2))
+            fits.append(f"{method}: queries ∝ d^{eq:.2f}, seconds ∝ d^{et:.2f} (d = {', '.join(str(p[0]) for p in pts)})")
+    body = table.markdown() + "\n\nLog-log least-squares exponents: " + "; ".join(fits) + "."
+    print(body)
+    if write:
+        write_section("Scale: queries and seconds against d", body, command_line())
+
+
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--dims", type=int, nargs="+", default=[128, 256, 512, 768, 1024])
+    ap.add_argument("--write", action="store_true")
+    a = ap.parse_args()
+    sweep(a.dims, a.write) if a.sweep else main()

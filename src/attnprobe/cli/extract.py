@@ -81,6 +81,12 @@ def run(args) -> int:
         raise ConfigError(f"--membership makes the answers 0/1, which --method {args.method} cannot use; "
                           "use --method membership")
     options = learner.resolve(_given_options(args))
+    if args.estimate:
+        return _print_estimate(args, _oracle_from_args(args, chain))
+    if args.price_per_1k is not None:
+        raise ConfigError("--price-per-1k prices an estimate; add --estimate")
+    if args.out is None:
+        raise ConfigError("extract needs --out OUT.npz (or --estimate to print the queries a run would need)")
     inputs = [args.target, getattr(args, "log", None), Path(args.hf_dir) / "model.safetensors" if args.hf_dir else None]
     inputs += [options[o.name] for o in learner.options if o.input_file]
     if args.oracle and ":" in args.oracle:
@@ -105,6 +111,28 @@ def run(args) -> int:
     print_summary(res, paths)
     if failure is not None:
         raise failure
+    return 0
+
+
+def _print_estimate(args, oracle) -> int:
+    """``--estimate``: the queries the run would ask (and their price), asking none."""
+    from attnprobe.learners.estimate import estimate_queries
+
+    try:
+        est = estimate_queries(args.method, oracle.d, rank=getattr(args, "rank", None),
+                               heads=getattr(args, "heads", None), hidden=getattr(args, "hidden", None),
+                               precision=oracle.precision or "float64", bias=not getattr(args, "no_bias", False),
+                               price_per_1k=args.price_per_1k)
+    except ConfigError as exc:
+        flag = {"rank": "--rank", "heads": "--heads", "hidden": "--hidden"}.get(exc.param)
+        raise ConfigError(f"--estimate: {exc} (give {flag})" if flag else str(exc)) from exc
+    line = (f"{est.method} at d={est.d}: about {est.queries} queries (expected range {est.low}–{est.high}; "
+            f"{est.basis}); {oracle.queries} asked")
+    if args.budget is not None and est.high > args.budget:
+        line += f"; more than --budget {args.budget} may be needed"
+    if est.cost is not None:
+        line += f"; cost about {est.cost:.4g} at {args.price_per_1k:g} per 1,000 queries"
+    print(line)
     return 0
 
 
@@ -170,7 +198,11 @@ def add_parser(sub) -> None:
     e.add_argument("--outputs", type=positive_int, metavar="K",
                    help="the oracle answers K numbers per sequence (e.g. logits); default: taken from its first answer")
     e.add_argument("--seed", type=nonneg_int, default=0)
-    e.add_argument("--out", required=True, metavar="OUT.npz", help="recovered arrays; a JSON summary goes beside")
+    e.add_argument("--out", metavar="OUT.npz", help="recovered arrays; a JSON summary goes beside")
+    e.add_argument("--estimate", action="store_true",
+                   help="print the queries the run would need (exact, lowrank, multihead with --heads and --rank, "
+                        "ffn with --hidden) and exit without asking any")
+    e.add_argument("--price-per-1k", type=positive_float, metavar="PRICE", help="with --estimate: price per 1,000 queries")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.add_argument("--keep-failed", action="store_true",
                    help="write OUT.npz/OUT.json even when the functional check fails (exit code stays 3)")

@@ -15,7 +15,7 @@ import numpy as np
 
 from attnprobe.errors import NonFiniteAnswerError, RecoveryError, SaturationError
 from attnprobe.models.precision import finfo
-from attnprobe.learners.sigmoid import measure_logits
+from attnprobe.learners.sigmoid import answer_logits, grid_queries, measure_logits
 
 #: RMS attention logit the orthogonal probes aim for: near ±1.5 the sigmoid loses least precision.
 TARGET_LOGIT = 1.5
@@ -239,7 +239,7 @@ class LogitProbe:
         rms = median_noise = None
         for attempt in range(MAX_RETRIES + 1):
             with self.oracle.phase("retries") if attempt else nullcontext():
-                lg = measure_logits(self.oracle, A[ell] * S[ell, j][:, None], Bs[j], self.v, self.c)
+                lg = answer_logits(self.oracle, *grid_queries(A, S[ell, j], Bs, ell, j, self.v, self.c))
             self._refuse_outside(lg, len(ell), what)
             ok = ~lg.saturated
             noise = np.where(ok, lg.noise, np.inf) / S[ell, j]

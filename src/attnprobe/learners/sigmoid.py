@@ -125,6 +125,32 @@ def invert_two_row(y: np.ndarray, y0: np.ndarray, y1: np.ndarray, error, size0=N
     return Logits(logits, saturated, np.where(saturated, np.inf, noise), outside, p, q, err, raw, floor)
 
 
+#: rows of a query block handled together while building it (their temporaries stay in cache)
+CHUNK = 128
+
+
+def grid_queries(A: np.ndarray, scales: np.ndarray, Bs: np.ndarray, ell: np.ndarray, j: np.ndarray, v: np.ndarray,
+                 c: float) -> tuple[np.ndarray, tuple]:
+    """Queries ``[(s·a_ℓ + b_j); b_j]`` for the pairs ``(ℓ[i], j[i])`` (``s = scales[i]``) and the values the
+    sigmoid inversion of their answers needs (:func:`answer_logits`), built a chunk of rows at a time: the same
+    numbers as :func:`two_row_queries` of ``A[ℓ] * s`` and ``Bs[j]`` without block-sized temporaries."""
+    n, d = len(ell), A.shape[1]
+    X = np.empty((n, 2, d))
+    y0, y1, size0, size1 = (np.empty(n) for _ in range(4))
+    per_entry = np.abs(v) + abs(c)
+    for i in range(0, n, CHUNK):
+        k = slice(i, i + CHUNK)
+        ab, b = X[k, 0, :], X[k, 1, :]
+        np.multiply(A[ell[k]], scales[k, None], out=ab)
+        np.take(Bs, j[k], axis=0, out=b)
+        ab += b
+        y0[k] = c + b @ v
+        y1[k] = c + ab @ v
+        size0[k] = abs(c) + np.abs(b) @ per_entry
+        size1[k] = abs(c) + np.abs(ab) @ per_entry
+    return X, (y0, y1, size0, size1)
+
+
 def measure_logits(oracle, A: np.ndarray, b: np.ndarray, v: np.ndarray, c: float, error=None) -> Logits:
     """Ask the length-two queries ``[(a+b); b]`` for all rows of ``A`` and invert the sigmoid.
 
@@ -139,4 +165,11 @@ def measure_logits(oracle, A: np.ndarray, b: np.ndarray, v: np.ndarray, c: float
     per_entry = np.abs(v) + abs(c)
     size0 = np.broadcast_to(abs(c) + np.abs(b) @ per_entry, y.shape)
     size1 = abs(c) + np.abs(A + b) @ per_entry
+    return invert_two_row(y, y0, y1, RoundingError(oracle.eps) if error is None else error, size0, size1)
+
+
+def answer_logits(oracle, X: np.ndarray, expected: tuple, error=None) -> Logits:
+    """:func:`measure_logits` for queries built by :func:`grid_queries` (``expected``: its second value)."""
+    y = oracle(X)
+    y0, y1, size0, size1 = expected
     return invert_two_row(y, y0, y1, RoundingError(oracle.eps) if error is None else error, size0, size1)

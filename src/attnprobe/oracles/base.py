@@ -180,10 +180,10 @@ class Oracle:
         """Record the largest row norm of ``X``; refuse the batch when it passes ``max_input_norm``."""
         if X.size == 0:
             return
-        norms = np.linalg.norm(X, axis=-1)
-        top = float(norms.max())
+        top = float(max(np.linalg.norm(X[i:i + 256], axis=-1).max() for i in range(0, len(X), 256)))
         limit = self._max_input_norm
         if limit is not None and top > limit:
+            norms = np.linalg.norm(X, axis=-1)
             b, n = np.unravel_index(int(np.argmax(norms)), norms.shape)
             raise InputNormError(f"a probe row has norm {top:.4g} (sequence {b}, row {n} of a batch of shape "
                                  f"{X.shape}) but the oracle accepts rows of norm at most {limit:.4g}; the "

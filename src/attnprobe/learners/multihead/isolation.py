@@ -37,7 +37,10 @@ class IsolatedHead:
     def __call__(self, X: np.ndarray) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)
         last = X[:, -1:, :]
-        Xp = last + (X - last) @ self.P
+        B, N, d = X.shape
+        Xp = np.empty_like(X)  # the last row's difference is zero: only the others are projected (one product)
+        Xp[:, :-1] = last + ((X[:, :-1] - last).reshape(-1, d) @ self.P).reshape(B, N - 1, d)
+        Xp[:, -1] = last[:, 0] + 0.0
         return self.oracle(Xp) - last[:, 0, :] @ self.shift
 
 

@@ -1,0 +1,113 @@
+"""A BERT-base-sized attention layer (d = 768, 12 heads of 64) from a ``transformers`` ``BertConfig`` with seeded
+random weights (no download; ``BertModel(config)`` after ``torch.manual_seed``, BERT's own initializer: N(0, 0.02)
+weights, zero biases), as a numpy model: queries, seconds (model / learner) and peak memory per route.
+
+    OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bert_base.py [--routes head vector layer] [--write]
+
+Routes: ``head`` one head of output row 0 with the low-rank learner (rank 64 given, scalar answers); ``vector`` the
+whole layer with the vector-answer multi-head learner (K = 768 outputs per query); ``layer`` the whole layer on
+output row 0 with the scalar generic multi-head learner (rank 64 given) — only its query estimate is printed
+unless ``--run-layer`` (about 1.2 million queries of a 768-wide 12-head layer: hours on a loaded 2-core machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import time
+import tracemalloc
+
+import numpy as np
+
+from attnprobe.learners.estimate import estimate_queries
+from attnprobe.models.compare import relative_error
+from attnprobe.models.multihead import MultiHeadAttention, match_heads
+from attnprobe.oracles.base import Oracle
+from attnprobe.reports import Table, command_line, write_section
+from attnprobe.targets.hf import vector_layer_arrays
+
+TITLE = "BERT-base-sized layer (d = 768, 12 heads of 64, seeded random BertConfig weights)"
+sys.path.insert(0, os.path.dirname(__file__))
+from learner_overhead import Timed  # noqa: E402
+
+
+def bert_base_arrays(seed: int = 0) -> dict[str, np.ndarray]:
+    """Layer 0 of ``BertModel(BertConfig())`` after ``torch.manual_seed(seed)``, in the vector layout."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(num_hidden_layers=1)  # BERT-base widths; one layer is all we query
+    att = BertModel(cfg).encoder.layer[0].attention
+    H, d = cfg.num_attention_heads, cfg.hidden_size
+    dh = d // H
+
+    def heads(lin):
+        return lin.weight.detach().double().numpy().reshape(H, dh, d), lin.bias.detach().double().numpy()
+
+    (Q, bQ), (K, _), (V, bV) = heads(att.self.query), heads(att.self.key), heads(att.self.value)
+    WO, bO = att.output.dense.weight.detach().double().numpy(), att.output.dense.bias.detach().double().numpy()
+    return vector_layer_arrays(Q, K, V, WO, bO, bQ, bV)
+
+
+def _measure(model, learn, err):
+    timed = Timed(model)
+    oracle = Oracle(timed, model.d)
+    load0 = os.getloadavg()[0]
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    res = learn(oracle)
+    wall = time.perf_counter() - t0
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return [oracle.queries, f"{err(res):.2e}", round(wall, 1), round(timed.seconds, 1),
+            f"{(wall - timed.seconds) / timed.seconds:.2f}", round(peak / 2**20), round(
+                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), round((load0 + os.getloadavg()[0]) / 2, 1)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--routes", nargs="+", default=["head", "vector", "layer"], choices=["head", "vector", "layer"])
+    ap.add_argument("--run-layer", action="store_true")
+    ap.add_argument("--write", action="store_true")
+    args = ap.parse_args()
+    arrays = bert_base_arrays()
+    vec = MultiHeadAttention.from_arrays(arrays)
+    row0 = MultiHeadAttention(arrays["W"], arrays["v"][:, 0, :], arrays["u"], float(arrays["c"][0]))
+    cols = ["route", "learner", "queries", "error", "wall s", "model s", "learner ÷ model", "traced peak MiB",
+            "max RSS MiB", "load avg"]
+    table = Table(cols)
+    print("| " + " | ".join(cols) + " |", flush=True)
+    for route in args.routes:
+        if route == "head":
+            from attnprobe.learners.lowrank import extract_lowrank
+            from attnprobe.models.attention import AttentionHead
+
+            h = AttentionHead(row0.W[0], row0.v[0], row0.u[0], row0.c)
+            r = ["one head, output row 0 (scalar)", "lowrank, rank 64 given",
+                 *_measure(h, lambda o: extract_lowrank(o, rank=64), lambda res: relative_error(res.model.W, h.W))]
+        elif route == "vector":
+            from attnprobe.learners.multihead.vector import extract_vector
+
+            r = ["whole layer, K = 768 outputs", "multi-head (vector answers)",
+                 *_measure(vec, lambda o: extract_vector(o, seed=0), lambda res: match_heads(vec, res.model).worst)]
+        elif args.run_layer:
+            from attnprobe.learners.multihead.generic import extract_generic
+
+            r = ["whole layer, output row 0 (scalar)", "multi-head generic, rank 64 given",
+                 *_measure(row0, lambda o: extract_generic(o, rank=64, seed=0),
+                           lambda res: match_heads(row0, res.model).worst)]
+        else:
+            est = estimate_queries("multihead", 768, heads=12, rank=64)
+            r = ["whole layer, output row 0 (scalar)", "multi-head generic, rank 64 given",
+                 f"≈ {est.queries} (estimate; not run)", "—", "—", "—", "—", "—", "—", "—"]
+        table.add(*r)
+        print("| " + " | ".join(map(str, r)) + " |", flush=True)
+    if args.write:
+        write_section(TITLE, table.markdown(), command_line())
+
+
+if __name__ == "__main__":
+    main()
