@@ -82,7 +82,7 @@ def run(args) -> int:
                           "use --method membership")
     options = learner.resolve(_given_options(args))
     if args.estimate:
-        return _print_estimate(args, _oracle_from_args(args, chain))
+        return _print_estimate(args, _oracle_from_args(args, chain, learner))
     if args.price_per_1k is not None:
         raise ConfigError("--price-per-1k prices an estimate; add --estimate")
     if args.out is None:
