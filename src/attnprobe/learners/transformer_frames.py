@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnprobe.errors import RecoveryError, SaturationError, UnidentifiableError
-from attnprobe.learners.multihead.saturation import cone_gradient, find_crossings
+from attnprobe.learners.multihead.saturation import cone_gradients, find_crossings
 from attnprobe.oracles.base import Oracle
 
 
@@ -98,7 +98,7 @@ def set_scale(frame, answer_scale: float) -> None:
 
 class _Circle:
     """``F(w) = f([w; 0]) − f([0; 0])`` on the half circle ``T(cos θ z₀ + sin θ z₁)`` (the interface
-    :func:`find_crossings` and :func:`cone_gradient` read)."""
+    :func:`find_crossings` and :func:`cone_gradients` read)."""
 
     def __init__(self, oracle, z0, z1, base, gain, tol, *, shift):
         self.oracle, self.z0, self.z1, self.base, self.gain, self.tol = oracle, z0, z1, base, gain, tol
@@ -160,20 +160,9 @@ def frame_values(oracle, v_heads: np.ndarray, rng, *, T: float, grid: int = 8, r
     if cross.size == 0:
         raise UnidentifiableError("the saturated answers are linear in the probe: no head's attention depends on it")
     lo = np.concatenate([[cross[-1] - np.pi], cross[:-1]])
-    grads = []
     qbasis = np.linalg.qr(rng.standard_normal((d, d)))[0].T
-    for a, b in zip(lo, cross):
-        center = circle.point(0.5 * (a + b), T)[0]
-        delta = 0.25 * T * np.sin(0.5 * (b - a))
-        for _ in range(12):
-            g, ok, _ = cone_gradient(circle, center, delta, qbasis, oracle.eps)
-            if ok:
-                break
-            delta /= 8
-        else:
-            raise SaturationError("no step stays inside a saturated cone of the probe circle (the probe leaves the "
-                                  "FFN region, or two heads' logits are too close)")
-        grads.append(g)
+    grads, _ = cone_gradients(circle, lo, cross, T, qbasis, oracle.eps, tries=12,
+                              refusal="the probe leaves the FFN region, or two heads' logits are too close")
     floor = max(1e-6, 1e5 * oracle.eps) * float(np.max(np.linalg.norm(grads, axis=1)))
     merged, real = [grads[0]], []  # crossing j separates cone j from cone j + 1; equal gradients: spurious
     for j, g in enumerate(grads[1:], start=1):

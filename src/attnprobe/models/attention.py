@@ -55,6 +55,14 @@ class AttentionParameters:
     #: dimensions of ``v`` in the vector layout
     VECTOR_NDIM = 2
 
+    def _store(self, W, v, u) -> None:
+        """Store the validated ``W, v, u`` and the output bias (one number, or one per output in the vector
+        layout), after checking the compute dtype."""
+        c = output_bias(self.c, v.shape[-2] if v.ndim == self.VECTOR_NDIM else None)
+        resolve_dtype(self.dtype)
+        set_frozen(self, W=W, v=v, u=u)
+        object.__setattr__(self, "c", c)
+
     @property
     def vector(self) -> bool:
         """True for the vector layout (``v`` holds a K×d value-output map per head; answers are (B, K))."""
@@ -117,10 +125,7 @@ class AttentionHead(AttentionParameters):
         u = np.zeros(d) if self.u is None else real_array("u", self.u, 1)
         if u.shape != (d,):
             raise ConfigError(f"u must have length {d}; got {u.shape}")
-        c = output_bias(self.c, v.shape[0] if v.ndim == 2 else None)
-        resolve_dtype(self.dtype)
-        set_frozen(self, W=W, v=v, u=u)
-        object.__setattr__(self, "c", c)
+        self._store(W, v, u)
 
     @property
     def d(self) -> int:

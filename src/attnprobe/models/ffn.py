@@ -39,8 +39,20 @@ def _check_biases(b, c, m: int, w_o: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return b, c
 
 
+class FFNWidths:
+    """``d`` (input width) and ``m`` (hidden width) of a model whose FFN's first layer is ``A`` (d × m)."""
+
+    @property
+    def d(self) -> int:
+        return self.A.shape[0]
+
+    @property
+    def m(self) -> int:
+        return self.A.shape[1]
+
+
 @dataclass(frozen=True)
-class ReLUNet:
+class ReLUNet(FFNWidths):
     """``f(x) = w_oᵀ ReLU(Aᵀx + b) + c`` with ``A ∈ R^{d×m}`` (column k is neuron k), hidden biases ``b ∈ R^m``,
     output weights ``w_o ∈ R^m`` (one output) or ``R^{m×K}`` (K outputs, e.g. logits) and output bias ``c``.
 
@@ -71,14 +83,6 @@ class ReLUNet:
     @property
     def biased(self) -> bool:
         return bool(np.any(self.b) or np.any(self.c))
-
-    @property
-    def d(self) -> int:
-        return self.A.shape[0]
-
-    @property
-    def m(self) -> int:
-        return self.A.shape[1]
 
     @staticmethod
     def unknowns(d: int, m: int, outputs: int = 1, bias: bool = False) -> int:

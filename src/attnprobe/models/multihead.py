@@ -14,9 +14,7 @@ from typing import ClassVar
 import numpy as np
 
 from attnprobe.errors import ConfigError
-from attnprobe.models.attention import (AttentionHead, AttentionParameters, as_batch, output_bias, real_array,
-                                        set_frozen)
-from attnprobe.models.precision import resolve_dtype
+from attnprobe.models.attention import (AttentionHead, AttentionParameters, as_batch, real_array)
 from attnprobe.models.softmax import softmax_last
 
 
@@ -54,10 +52,7 @@ class MultiHeadAttention(AttentionParameters):
         u = np.zeros((H, d)) if self.u is None else real_array("u", self.u)
         if u.shape != (H, d):
             raise ConfigError(f"u must have shape (H, d) = ({H}, {d}); got {u.shape}")
-        c = output_bias(self.c, v.shape[1] if v.ndim == 3 else None)
-        resolve_dtype(self.dtype)
-        set_frozen(self, W=W, v=v, u=u)
-        object.__setattr__(self, "c", c)
+        self._store(W, v, u)
 
     # ----------------------------------------------------------------------------------------------- shape
     @property

@@ -9,13 +9,13 @@ import numpy as np
 
 from attnprobe.errors import ConfigError
 from attnprobe.models.attention import as_batch, attention_weights, real_array, set_frozen
-from attnprobe.models.ffn import ReLUNet, _check_biases, _check_ffn
+from attnprobe.models.ffn import FFNWidths, ReLUNet, _check_biases, _check_ffn
 from attnprobe.models.softmax import softmax_last
 from attnprobe.models.precision import resolve_dtype
 
 
 @dataclass(frozen=True)
-class OneLayerTransformer:
+class OneLayerTransformer(FFNWidths):
     """``TF(X) = w_oᵀ ReLU(α(X)ᵀ X A)``, ``α(X) = softmax(X W x_N)`` with ``x_N`` the last row (Sec. 4.1).
 
     ``W`` is d×d (``KᵀQ`` with the 1/√r scale folded in), ``A = Vᵀ W₁ᵀ`` is d×m, ``w_o`` has length m; no biases,
@@ -36,14 +36,6 @@ class OneLayerTransformer:
             raise ConfigError(f"W must be {d}x{d} to match A with {d} rows; got {W.shape}")
         resolve_dtype(self.dtype)
         set_frozen(self, W=W, A=A, w_o=w_o)
-
-    @property
-    def d(self) -> int:
-        return self.A.shape[0]
-
-    @property
-    def m(self) -> int:
-        return self.A.shape[1]
 
     @property
     def v(self) -> np.ndarray:
@@ -91,7 +83,7 @@ class OneLayerTransformer:
 
 
 @dataclass(frozen=True)
-class MultiHeadTransformer:
+class MultiHeadTransformer(FFNWidths):
     """``TF(X) = w_oᵀ ReLU(Aᵀ a(X) + b) + c`` with ``a(X) = Σ_h V_h Xᵀ softmax(X W_h x_N + X u_h)`` (multi-head
     attention, a biased ReLU FFN and K outputs); ``residual=True`` feeds ``x_N + a(X)`` to the FFN instead.
 
@@ -129,14 +121,6 @@ class MultiHeadTransformer:
         resolve_dtype(self.dtype)
         set_frozen(self, W=W, u=u, v=v, A=A, b=b, w_o=w_o, c=c)
         object.__setattr__(self, "residual", bool(np.asarray(self.residual).reshape(())))
-
-    @property
-    def d(self) -> int:
-        return self.A.shape[0]
-
-    @property
-    def m(self) -> int:
-        return self.A.shape[1]
 
     @property
     def H(self) -> int:

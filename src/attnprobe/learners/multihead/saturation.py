@@ -276,6 +276,26 @@ def find_crossings(circle, T, v_sum, grid=8, resolution=1e-7, max_crossings=None
     return cross, scale
 
 
+def cone_gradients(circle, lo, hi, T, basis, eps, *, tries: int, refusal: str):
+    """The gradient inside each saturated cone ``(lo_k, hi_k)`` of the probe circle of radius ``T``: a step from
+    the cone's centre (:func:`cone_gradient`), shrunk 8x, at most ``tries`` times, until it stays inside the cone;
+    a cone no step fits raises :class:`SaturationError` ending in ``refusal``. Returns (gradients, their errors)."""
+    grads, errs = [], []
+    for a, b in zip(lo, hi):
+        center = circle.point(0.5 * (a + b), T)[0]
+        delta = 0.25 * T * np.sin(0.5 * (b - a))
+        for _ in range(tries):
+            g, ok, err = cone_gradient(circle, center, delta, basis, eps)
+            if ok:
+                break
+            delta /= 8
+        else:
+            raise SaturationError(f"no step stays inside a saturated cone of the probe circle; {refusal}")
+        grads.append(g)
+        errs.append(err)
+    return grads, errs
+
+
 def cone_gradient(circle, center, delta, basis, eps):
     """Gradient of F in the cone around ``center`` from ``F(center + δ q_i)`` (q_i: rows of ``basis``).
 
@@ -335,20 +355,8 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
     sat = _homogeneous(F[: len(lo)], F[len(lo):], oracle.eps, 2 * T * max(scale, circle.gain))
     lo, hi = lo[sat], hi[sat]
     basis = np.linalg.qr(rng.standard_normal((d, d)))[0].T
-    grads, errs = [], []
-    for a, b in zip(lo, hi):
-        center = circle.point(0.5 * (a + b), T)[0]
-        delta = 0.25 * T * np.sin(0.5 * (b - a))
-        for _ in range(20):
-            g, ok, err = cone_gradient(circle, center, delta, basis, oracle.eps)
-            if ok:
-                break
-            delta /= 8
-        else:
-            raise SaturationError("no step stays inside a saturated cone of the probe circle; the heads' logits are "
-                                  "too close to one another to be separated")
-        grads.append(g)
-        errs.append(err)
+    grads, errs = cone_gradients(circle, lo, hi, T, basis, oracle.eps, tries=20,
+                                 refusal="the heads' logits are too close to one another to be separated")
     G, E, spurious = _merge_cones(grads, errs, list(hi - lo), v_sum, max(SAME_CONE, 1e5 * oracle.eps))
     J = np.diff(G, axis=0)  # one jump per crossing
     # signs: g_0 = Σ_{heads on in the first cone} v_h = −Σ_{jumps that switch a head off} J_i
