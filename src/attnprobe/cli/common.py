@@ -39,12 +39,41 @@ def queries_spent(args) -> str:
     if oracle is None:
         return "no queries spent"
     if hasattr(oracle, "from_log"):  # an Oracle: asked vs answered from the log, and the assumed precision
-        from attnprobe.cli.remote import spent
-
         return spent(oracle)
     n = getattr(oracle, "queries", 0)
     log = getattr(args, "log", None)
     return f"{n} queries spent ({'logged in ' + str(log) if log else 'not logged'})"
+
+
+def assumed_precision(oracle) -> str:
+    """How the run read the answers' precision, for messages where it matters (no "; " inside)."""
+    detector = getattr(oracle, "detector", None)
+    if detector is None:
+        return f"answers taken as {oracle.precision} (declared)"
+    if not detector.decided:
+        return ("answers taken as float64: too few answers to read their precision (declare it with "
+                "--answer-precision if it is coarser)")
+    return f"answers look like {detector.precision} (read from {detector.seen} answers, --answer-precision overrides)"
+
+
+def spent(oracle) -> str:
+    """The tail of every message that ends a run: the precision assumed (when read from the answers or coarser
+    than float64), then ``N queries spent (...)`` saying whether and where they are logged."""
+    asked = oracle.queries - getattr(oracle, "from_log", 0)
+    log = getattr(oracle, "log", None)
+    if log is None:
+        where = f"{asked} queries spent (not logged)"
+    elif log.refused:
+        where = f"{asked} queries spent (asked to recognise the oracle of {log.path}; nothing logged)"
+    elif log.readonly:
+        where = f"0 queries spent (replay: {getattr(oracle, 'from_log', 0)} answered from {log.path})"
+    else:
+        where = (f"{asked} queries spent (logged in {log.path} with {getattr(oracle, 'from_log', 0)} more answered "
+                 f"from it, {len(log)} answers in all: rerun the same command to resume)")
+    detector = getattr(oracle, "detector", None)
+    if (detector is None and oracle.precision == "float64") or (detector is not None and detector.seen == 0):
+        return where  # float64 declared, or no fractional answer seen yet (e.g. 0/1 answers): nothing to say
+    return f"{assumed_precision(oracle)}; {where}"
 
 
 def same_file(a: Path, b: Path) -> bool:

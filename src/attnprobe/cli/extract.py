@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 from attnprobe.cli import answer_chain, hf, remote
-from attnprobe.cli.common import (check_outcome, nonneg_int, plan_outputs, positive_float, positive_int, print_summary,
-                                  refuse_memory, track)
+from attnprobe.cli.common import (assumed_precision, check_outcome, nonneg_int, plan_outputs, positive_float,
+                                  positive_int, print_summary, refuse_memory, track)
 from attnprobe.errors import AttnprobeError, ConfigError, InputNormError
 from attnprobe.learners import registry
 from attnprobe.models import PRECISIONS
@@ -103,7 +103,7 @@ def run(args) -> int:
         progress.close()
     res.details["oracle"] = remote.describe(oracle)
     if res.passed is False:
-        res.notes.append(remote.assumed_precision(oracle))
+        res.notes.append(assumed_precision(oracle))
     failure = check_outcome(res, args.keep_failed)
     if failure is not None and not args.keep_failed:
         failure = _clipping_cause(oracle, args, learner) or failure
