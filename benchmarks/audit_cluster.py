@@ -78,7 +78,8 @@ def main() -> None:
                  + [Task(HeadSpec(ckpt, layer, h, 0, H), "exact", seed=0) for layer in range(args.layers)
                     for h in range(H)])
         rows, runs = [], {}
-        for label, engine, workers in (("processes, 1 worker", "processes", 1), ("processes, 2 workers", "processes", 2),
+        for label, engine, workers in (("processes, 1 worker", "processes", 1),
+                                       ("processes, 2 workers", "processes", 2),
                                        ("Ray, local (2 CPUs)", "ray", 2)):
             t0 = time.perf_counter()
             runs[label] = run_audit(tasks, tmp / label.replace(" ", "_"), engine=engine, workers=workers,

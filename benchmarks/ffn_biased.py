@@ -63,7 +63,8 @@ def main(argv=None):
     out = Table(head, rows).markdown()
     print(out)
     if a.write:
-        write_section(f"{TITLE} ({', '.join(a.precisions)} answers)", out, "PYTHONPATH=src python benchmarks/ffn_biased.py " + " ".join(argv or sys.argv[1:]))
+        write_section(f"{TITLE} ({', '.join(a.precisions)} answers)", out,
+                      "PYTHONPATH=src python benchmarks/ffn_biased.py " + " ".join(argv or sys.argv[1:]))
 
 
 if __name__ == "__main__":

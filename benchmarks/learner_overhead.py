@@ -130,8 +130,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
-    cols = ["setting", "queries asked (checks included)", "--estimate (off by)", "model calls", "error", "wall s", "model s", "learner s", "learner ÷ model",
-            "load avg"]
+    cols = ["setting", "queries asked (checks included)", "--estimate (off by)", "model calls", "error", "wall s",
+            "model s", "learner s", "learner ÷ model", "load avg"]
     table = Table(cols)
     print("| " + " | ".join(cols) + " |", flush=True)
     for name in args.runs:

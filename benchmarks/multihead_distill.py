@@ -171,9 +171,12 @@ def plot(curves) -> None:
 HEADERS = ["H", "d_h", "d", "seed", "extraction queries", "extraction functional err",
            "distillation queries for ≤ 1e-3", "distillation queries for ≤ 1e-8", "best distilled err",
            f"distilled worst head err (N={BUDGETS[-1]})", "extracted worst head err", "unknowns"]
-INTRO = """Same targets for both (heads in orthogonal subspaces, biases, float64). Distillation: a float64 torch model of the
-multi-head shape fitted to N random queries (lengths 1–8; Adam 800 steps at lr 1e-2, then L-BFGS 300 iterations; best of the
-restarts by training loss), N ∈ {125, …, 4000}; "—" = not reached at 4000. Head errors after Hungarian matching. Extraction: `extract_multihead(method=
+INTRO = """Same targets for both (heads in orthogonal subspaces, biases, float64). Distillation: a float64 torch \
+model of the
+multi-head shape fitted to N random queries (lengths 1–8; Adam 800 steps at lr 1e-2, then L-BFGS 300 iterations; \
+best of the
+restarts by training loss), N ∈ {125, …, 4000}; "—" = not reached at 4000. Head errors after Hungarian matching. \
+Extraction: `extract_multihead(method=
 "orthogonal", heads=H)`, its own query count. Errors: relative RMS on 2,000 fresh sequences of lengths 1–16.
 
 """

@@ -179,19 +179,23 @@ def main(argv=None):
                          ["d", "H", "d_h", "≤1e-6", "worst head error", "queries (median)", "4Hd²−2H+1",
                           "unknowns H(d²+2d)+1", "seconds (median)"], rows))
     mrows, per_head = [], []
-    runs = [(layer, dtype, 32) for layer in args.layers for dtype in ["float64"] + (["float32"] if args.float32 else [])]
+    runs = [(layer, dtype, 32) for layer in args.layers
+            for dtype in ["float64"] + (["float32"] if args.float32 else [])]
     runs += [(layer, "float64", None) for layer in args.layers] if args.detect_rank else []
     for layer, dtype, rank in runs:
         r = minilm_row(layer, dtype, rank=rank)
         print(r, file=sys.stderr, flush=True)
         if "error" in r:
-            mrows.append([layer, dtype, r["rank"], "—", r["queries"], "—", r["error"][:160], f"{r['seconds']:.0f}", "—"])
+            mrows.append([layer, dtype, r["rank"], "—", r["queries"], "—", r["error"][:160],
+                          f"{r['seconds']:.0f}", "—"])
             continue
-        mrows.append([layer, dtype, r["rank"], r["heads"], r["queries"], ", ".join(f"{k} {v}" for k, v in r["by_phase"].items()),
+        mrows.append([layer, dtype, r["rank"], r["heads"], r["queries"],
+                      ", ".join(f"{k} {v}" for k, v in r["by_phase"].items()),
                       f"{r.get('worst', float('nan')):.2e} (check {r['check']:.1e}, passed {r['passed']})",
                       f"{r['seconds']:.0f}", f"{r['load']:.1f}"])
         if "W" in r:
-            per_head.append([layer, dtype, r["rank"]] + [f"{max(a, b, c):.1e}" for a, b, c in zip(r["W"], r["v"], r["u"])])
+            per_head.append([layer, dtype, r["rank"]]
+                            + [f"{max(a, b, c):.1e}" for a, b, c in zip(r["W"], r["v"], r["u"])])
     if mrows:
         parts.append("The real MiniLM-L6 layer (`targets.minilm_layer(layer, output_row=0)`, all 12 heads, d = 384, "
                      "biases), `rank=32` given (or detected); the bound 4Hd²−2H+1 = 7,077,865 queries.\n\n" + _table(

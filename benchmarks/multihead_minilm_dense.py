@@ -30,8 +30,8 @@ def main() -> None:
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         ph = res.queries_by_phase
         table.add(layer, res.queries, ph.get("values"), ph.get("isolated"), ph.get("cross"),
-                  parameter_errors(truth, res.model)["worst_head"], res.check.error, res.passed, round(wall, 1), round(cpu, 1),
-                  round(os.getloadavg()[0], 1))
+                  parameter_errors(truth, res.model)["worst_head"], res.check.error, res.passed, round(wall, 1),
+                  round(cpu, 1), round(os.getloadavg()[0], 1))
         print(table.markdown().splitlines()[-1], flush=True)
     print(table.markdown())
 

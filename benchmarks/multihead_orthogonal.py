@@ -96,12 +96,14 @@ def main() -> None:
 HEADERS = ["mode", "H", "d_h", "d", f"all heads ≤ {TOL:g}", "H right", "median worst head err",
            "max worst head err", "check passed", "median queries", "max queries", "4Hd²−2H+1", "max q / bound",
            "median s"]
-INTRO = """Random layers with every head's W_h (rank d_h), v_h, u_h inside its own subspace of a random orthogonal family
+INTRO = """Random layers with every head's W_h (rank d_h), v_h, u_h inside its own subspace of a random \
+orthogonal family
 (`random_orthogonal_multihead`, biases, logit scale 1, float64 answers), one seed per run. "known subspaces": Prop. C.2,
 the exact single-head learner inside each given subspace. "unknown": the App. C conjecture as implemented in
 `learners/multihead/hessian.py` — Hessians of `F_y(z) = f([y+z; y]) − f([y; y])` at z = 0 (one value query per
 quadratic form, Richardson-extrapolated when the budget allows), finest simultaneous block diagonalisation
-(`learners/multihead/blocks.py`), then the known-subspace learner with small probe logits. With H given, the learner is held
+(`learners/multihead/blocks.py`), then the known-subspace learner with small probe logits. With H given, the \
+learner is held
 to `4Hd² − 2H + 1` queries; with H detected it has no cap. "worst head err" is the largest relative error of W, v or u
 over the heads after Hungarian matching; "H right" counts runs that found exactly H blocks.
 

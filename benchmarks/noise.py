@@ -64,8 +64,8 @@ def guarantee_grid():
                 rows.append([d, zero, f"{tau_rel:g}·μ" if tau_rel != 0.25 else "≈μ/2", n, f"{max(ratios):.2e}",
                              f"{max(rv):.6f}", "yes" if ok else "NO", ",".join(map(str, sorted(qs))), d + d * d])
     table = Table(["d", "zero v entries", "τ", "runs (5 seeds × avq/adversarial)",
-                      "max ‖Ŵ−W‖_F / ε_W", "max ‖v̂−v‖ / ε_v (adversary sits on the bound)", "within guarantee", "queries",
-                      "d + d²"], rows).markdown()
+                      "max ‖Ŵ−W‖_F / ε_W", "max ‖v̂−v‖ / ε_v (adversary sits on the bound)", "within guarantee",
+                      "queries", "d + d²"], rows).markdown()
     return table, worst
 
 

@@ -145,8 +145,11 @@ def main(argv=None):
                  "neurons < 1e-3", "outcome"], rows).markdown()
     print(out)
     if a.write:
-        title = TITLE if len(a.networks) == 2 else f"{TITLE}: {'ART setting' if a.networks == ['art'] else 'small bias-free nets'}, ART stopped after {a.timeout:.0f} s"
-        write_section(title, out, "PYTHONPATH=src python -W ignore benchmarks/peers.py " + " ".join(argv or sys.argv[1:]))
+        title = TITLE if len(a.networks) == 2 else (
+            f"{TITLE}: {'ART setting' if a.networks == ['art'] else 'small bias-free nets'}, "
+            f"ART stopped after {a.timeout:.0f} s")
+        write_section(title, out,
+                      "PYTHONPATH=src python -W ignore benchmarks/peers.py " + " ".join(argv or sys.argv[1:]))
 
 
 if __name__ == "__main__":

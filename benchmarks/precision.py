@@ -72,7 +72,8 @@ def main():
     if args.best_only:
         return best_only(args)
     truth = minilm_head(args.layer, args.head, 0)
-    specs = ["float64", "float32", "float16", "bfloat16 answers", "bfloat16"] + [f"round {k}" for k in (3, 4, 6, 8, 10, 12)]
+    specs = (["float64", "float32", "float16", "bfloat16 answers", "bfloat16"]
+             + [f"round {k}" for k in (3, 4, 6, 8, 10, 12)])
     methods = ["exact-orthogonal", "exact-basis", "exact-gaussian", "robust"]
     if args.quick:
         specs = ["float64", "bfloat16", "round 6"]

@@ -101,7 +101,8 @@ def sweep(dims, write):
         if len(pts) >= 2:
             logd = np.log([p[0] for p in pts])
             eq, et = (float(np.polyfit(logd, np.log([p[k] for p in pts]), 1)[0]) for k in (1, 2))
-            fits.append(f"{method}: queries ∝ d^{eq:.2f}, seconds ∝ d^{et:.2f} (d = {', '.join(str(p[0]) for p in pts)})")
+            fits.append(f"{method}: queries ∝ d^{eq:.2f}, seconds ∝ d^{et:.2f} "
+                        f"(d = {', '.join(str(p[0]) for p in pts)})")
     body = table.markdown() + "\n\nLog-log least-squares exponents: " + "; ".join(fits) + "."
     print(body)
     if write:

@@ -164,7 +164,8 @@ def main() -> None:
     ext = _table(["extraction", "d", "wire", "queries (incl. check)", "server usage", "seconds", "queries/s",
                   "÷ in process", "bit-identical to in-process"], ext_rows)
     body = (f"Load: each request carries {args.batch} sequences of {args.length} rows, d = {args.d} "
-            f"(JSON body {len(bodies['json']) / 1024:.0f} KiB, npy body {len(bodies['npy']) / 1024:.0f} KiB); one uvicorn worker, clients are asyncio tasks sharing one "
+            f"(JSON body {len(bodies['json']) / 1024:.0f} KiB, npy body {len(bodies['npy']) / 1024:.0f} KiB); "
+            f"one uvicorn worker, clients are asyncio tasks sharing one "
             f"httpx.AsyncClient in another process; each level stops after {args.seconds:g} s.\n\n{load}\n\n{ext}")
     print(body)
     if not args.no_docs:

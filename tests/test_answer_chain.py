@@ -138,7 +138,8 @@ def test_bad_specs_are_refused_with_what_to_do(spec, says):
 
 
 def test_bad_python_values_are_refused():
-    for kw in (dict(cast="float64"), dict(decimals=2.5), dict(decimals=True), dict(clip=True), dict(digits=0), dict(noise="laplace:1"),
+    for kw in (dict(cast="float64"), dict(decimals=2.5), dict(decimals=True), dict(clip=True), dict(digits=0),
+               dict(noise="laplace:1"),
                dict(noise=("avq", -1.0)), dict(seed=-1), dict(membership="yes"), dict(decimals=1, digits=1)):
         with pytest.raises(ConfigError):
             AnswerChain(**kw)

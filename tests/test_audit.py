@@ -270,7 +270,8 @@ def test_the_attackers_best_learner_is_kept_per_head():
     defense = parse_defenses("none")[0]
     tasks = [Task(HeadSpec("minilm", 0, 0), m, defense) for m in ("exact", "robust")]
     base = {"layer": 0, "head": 0, "defense": "none", "error": None, "passed": True, "queries": 5}
-    recs = [dict(base, method="exact", relative_error={"W": 0.2}), dict(base, method="robust", relative_error={"W": 3e-4})]
+    recs = [dict(base, method="exact", relative_error={"W": 0.2}),
+            dict(base, method="robust", relative_error={"W": 3e-4})]
     run = AuditRun("processes", tasks, recs, False, 1.0, None)
     assert report.best_records(run, "none")[(0, 0)]["method"] == "robust"
     assert report.verdicts(run).rows[0][6] == "none"

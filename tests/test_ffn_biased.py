@@ -31,7 +31,8 @@ def neurons(net, model):
 # ------------------------------------------------------------------------------------------------ model
 def test_biased_multi_output_forward_and_files(tmp_path):
     rng = np.random.default_rng(0)
-    A, b, W, c = rng.standard_normal((5, 3)), rng.standard_normal(3), rng.standard_normal((3, 4)), rng.standard_normal(4)
+    A, b, W, c = (rng.standard_normal((5, 3)), rng.standard_normal(3), rng.standard_normal((3, 4)),
+                  rng.standard_normal(4))
     net = ReLUNet(A, W, "float64", b, c)
     x = rng.standard_normal((7, 5))
     want = np.array([np.maximum(A.T @ xi + b, 0) @ W + c for xi in x])

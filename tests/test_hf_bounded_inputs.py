@@ -149,7 +149,8 @@ def test_a_run_stopped_by_clipping_is_refused_naming_the_clipping(tmp_path, monk
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "clips" in err and not (tmp_path / "r.npz").exists()
     R = "3" if victim == "head_3" else "1e+04"
-    assert re.search(f"clips inputs at norm ≈ {re.escape(R)} .*(sent rows of norm up to|probes up to norm) \\d", err), err
+    assert re.search(f"clips inputs at norm ≈ {re.escape(R)} "
+                     ".*(sent rows of norm up to|probes up to norm) \\d", err), err
     assert "--max-input-norm" in err
 
 

@@ -33,7 +33,8 @@ def test_a_fifo_given_as_checkpoint_is_refused_at_once(tmp_path):
     os.mkfifo(tmp_path / "model.safetensors")
     env = dict(os.environ, PYTHONPATH=SRC)
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "attnprobe", "audit", "--safetensors", str(tmp_path / "model.safetensors"),
+    p = subprocess.run([sys.executable, "-m", "attnprobe", "audit",
+                        "--safetensors", str(tmp_path / "model.safetensors"),
                         "--heads-per-layer", "2", "--out", str(tmp_path / "out"), "--quiet"], env=env,
                        capture_output=True, text=True, timeout=60)
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]

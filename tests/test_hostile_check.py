@@ -96,8 +96,8 @@ def test_declared_noise_widens_the_tolerance_but_never_past_the_cap():
     quiet = functional_check(Oracle(truth, 6), truth, np.random.default_rng(0))
     noisy_oracle = Oracle(truth, 6, chain=AnswerChain(noise="avq:1e-6"))
     noisy = functional_check(noisy_oracle, truth, np.random.default_rng(0))
-    loud = functional_check(Oracle(truth, 6, chain=AnswerChain(noise="avq:10")), AttentionHead(np.zeros((6, 6)), truth.v,
-                                                                                         truth.u, truth.c),
+    loud = functional_check(Oracle(truth, 6, chain=AnswerChain(noise="avq:10")),
+                            AttentionHead(np.zeros((6, 6)), truth.v, truth.u, truth.c),
                             np.random.default_rng(0))
     assert quiet.tolerance < noisy.tolerance < CHECK_CAP and noisy.passed
     assert loud.tolerance == CHECK_CAP

@@ -32,7 +32,8 @@ def test_rank_given_recovers_with_dof_queries():
     # exact count: v, c, u (2d+1) + calibration + d·r range + r(d−r) co-range + certificate + re-measured probes;
     # the re-measured probes are adaptive (chaotic in the answers' last bit): accounted for, never pinned
     assert det["planned_queries"] == 2 * d + 1 + lowrank_dof(d, r) == lowrank_queries(d, r)
-    assert res.queries == det["planned_queries"] + det["calibration_queries"] + CERTIFICATE_PROBES + det["retry_queries"]
+    assert res.queries == (det["planned_queries"] + det["calibration_queries"] + CERTIFICATE_PROBES
+                           + det["retry_queries"])
     assert res.queries_by_phase.get("retries", 0) == det["retry_queries"] <= 0.02 * res.queries
     assert det["calibration_queries"] <= MIN_CALIBRATION + d // 8
     assert res.queries - det["retry_queries"] <= 1.02 * (lowrank_dof(d, r) + 2 * d + 1)
@@ -58,7 +59,8 @@ def test_rank_detected_costs_at_most_2d_more():
 
 
 @settings(max_examples=12, deadline=None)
-@given(d=st.integers(6, 28), frac=st.floats(0.05, 0.5), seed=st.integers(0, 10**6), scale=st.sampled_from([0.3, 1.0, 3.0]))
+@given(d=st.integers(6, 28), frac=st.floats(0.05, 0.5), seed=st.integers(0, 10**6),
+       scale=st.sampled_from([0.3, 1.0, 3.0]))
 def test_property_recovery_and_detection(d, frac, seed, scale):
     r = max(1, int(frac * d))
     h = random_head(d, rank=r, seed=seed, scale=scale)

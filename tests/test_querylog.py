@@ -35,7 +35,8 @@ class Counting:
 
 
 def test_answers_round_trip_exactly_and_keys_ignore_the_sign_of_zero(tmp_path):
-    X = np.random.default_rng(0).standard_normal((50, 3, 4)) * 10.0 ** np.random.default_rng(1).integers(-300, 300, (50, 1, 1))
+    X = (np.random.default_rng(0).standard_normal((50, 3, 4))
+         * 10.0 ** np.random.default_rng(1).integers(-300, 300, (50, 1, 1)))
     y = np.random.default_rng(2).standard_normal(50) * 1e-300
     log = QueryLog(tmp_path / "q.sqlite", identity="x", d=4)
     keys = sequence_keys(X)

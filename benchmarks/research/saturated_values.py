@@ -37,7 +37,8 @@ def run(name, m, seed, y_scale=1.0):
     base = c + y @ v_sum
     t = time.perf_counter()
     st = saturated_values(o, y, v_sum, base, rng)
-    print(f"{name:28s} H={m.H:2d} found={len(st.v):2d} v_err={v_error(m.v, st.v):.2e} signres={st.details['sign_residual']:.1e} "
+    print(f"{name:28s} H={m.H:2d} found={len(st.v):2d} v_err={v_error(m.v, st.v):.2e} "
+          f"signres={st.details['sign_residual']:.1e} "
           f"queries={o.queries} radius={st.radius:.1e} cones={st.details['cones']} t={time.perf_counter()-t:.1f}s")
 
 

@@ -41,7 +41,8 @@ y = ask(np.concatenate([P, -P])[:, None, :])
 M = np.linalg.solve(P, (y[:d] - y[d:]) / 2).T
 c = (y[:d] + y[d:]).mean(0) / 2
 Mt = true.v.sum(0)
-print(f"M err {np.linalg.norm(M - Mt) / np.linalg.norm(Mt):.2e}  c err {np.linalg.norm(c - true.c) / np.linalg.norm(true.c):.2e}")
+print(f"M err {np.linalg.norm(M - Mt) / np.linalg.norm(Mt):.2e}  "
+      f"c err {np.linalg.norm(c - true.c) / np.linalg.norm(true.c):.2e}")
 
 
 def resid(X):

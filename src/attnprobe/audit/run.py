@@ -192,7 +192,8 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
         if old is not None:
             signal.signal(signal.SIGTERM, old)
     run = AuditRun(engine, list(tasks), [r for r in records if r is not None], interrupted,
-                   time.perf_counter() - t0, out, dict(info or {}, workers=workers, address=address, resumed=len(reused)))
+                   time.perf_counter() - t0, out,
+                   dict(info or {}, workers=workers, address=address, resumed=len(reused)))
     run.terminated = bool(terminated)
     try:
         (out / "results.json").write_text(json.dumps(run.summary(), indent=2) + "\n")

@@ -226,7 +226,8 @@ def add_parser(sub) -> None:
                         "each defence; a defence is called strong only when all of them fail) or a comma-separated "
                         "list of " + ", ".join(audit_learners()) + " (a defence none of them fits gets those that do)")
     a.add_argument("--rank", type=int,
-                   help="learners that take a rank bound (the head dimension): " + ", ".join(registry.options()["rank"][1]))
+                   help="learners that take a rank bound (the head dimension): "
+                   + ", ".join(registry.options()["rank"][1]))
     answer_chain.add_arguments(a, defense_help=f"{HELP}; or one defence as the flags below (default none)")
     a.add_argument("--budget", type=int, help="queries an attacker may spend per head")
     a.add_argument("--seed", type=int, default=0, help="seed of every task (probes and noise)")

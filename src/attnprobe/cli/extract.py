@@ -202,7 +202,8 @@ def add_parser(sub) -> None:
     e.add_argument("--estimate", action="store_true",
                    help="print the queries the run would need (exact, lowrank, multihead with --heads and --rank, "
                         "ffn with --hidden) and exit without asking any")
-    e.add_argument("--price-per-1k", type=positive_float, metavar="PRICE", help="with --estimate: price per 1,000 queries")
+    e.add_argument("--price-per-1k", type=positive_float, metavar="PRICE",
+                   help="with --estimate: price per 1,000 queries")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.add_argument("--keep-failed", action="store_true",
                    help="write OUT.npz/OUT.json even when the functional check fails (exit code stays 3)")

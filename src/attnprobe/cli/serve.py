@@ -1,4 +1,5 @@
-"""``attnprobe serve``: put a model behind the prediction API (docs/architecture.md, "Served API") to attack it over HTTP."""
+"""``attnprobe serve``: put a model behind the prediction API (docs/architecture.md, "Served API") to attack it \
+over HTTP."""
 
 from __future__ import annotations
 

@@ -77,7 +77,8 @@ def paper_membership_plan(d: int, eps_w: float, w_bound: float, margin: float, d
     if not (0 < lo < hi < math.inf and tau_a >= 2.0**-52 * hi):  # finer than float64 resolves on [lo, hi]
         raise ConfigError(f"Thm B.1's bisections cannot be carried out in float64 at ε_W = {eps_w:g}, "
                           f"W = {w_bound:g}, μ = {margin:g}: their tolerance τ_a = ε_W μ³ / (8 L W² d) = {tau_a:.3g} "
-                          f"on [√(μ/8W), √(1/2Wμ)] = [{lo:.3g}, {hi:.3g}] is finer than float64 resolves there; give a larger "
+                          f"on [√(μ/8W), √(1/2Wμ)] = [{lo:.3g}, {hi:.3g}] is finer than float64 resolves there; "
+                          "give a larger "
                           "'eps_w' (or a tighter 'w_bound' and 'margin')", param="eps_w")
     steps = max(1, math.ceil(math.log2((hi - lo) / tau_a)))
     return {"eps_v": eps_v, "R": R, "samples": k, "steps": steps, "interval": (lo, hi), "tau_a": tau_a,
@@ -200,8 +201,8 @@ def extract_membership(oracle, *, seed: int = 0, steps: int = 48, w_steps: int =
     Z = _bisect_weights(run, Q, P, v, scale, w_steps)
     details = {"probes": "bisection", "direction_steps": steps, "w_steps": w_steps, "scale": scale,
                "redo_queries": run.queries_by_phase().get("rebisection", 0), "planned_queries": run.planned}
-    return run.finish(AttentionHead(Q.T @ Z @ P, v), unknowns=membership_unknowns(d), details=details, notes=[UNIT_NOTE],
-                      check_fn=sign_check)
+    return run.finish(AttentionHead(Q.T @ Z @ P, v), unknowns=membership_unknowns(d), details=details,
+                      notes=[UNIT_NOTE], check_fn=sign_check)
 
 
 def _bisect_weights(run, Q, P, v, scale, w_steps):

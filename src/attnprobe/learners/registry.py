@@ -364,7 +364,8 @@ def _multihead(oracle, *, seed, progress, no_bias, heads, max_heads, subspaces, 
     from attnprobe.learners.multihead import extract_multihead
 
     if subspaces is not None and multihead_learner != "auto":
-        raise ConfigError(f"known subspaces are learned by the subspaces learner (Prop. C.2), not {multihead_learner!r}; "
+        raise ConfigError(f"known subspaces are learned by the subspaces learner (Prop. C.2), "
+                          f"not {multihead_learner!r}; "
                           "drop the 'multihead_learner' option", param="multihead_learner")
     bases = load_subspaces(subspaces, oracle.d) if subspaces is not None else None
     method = "subspaces" if bases is not None else multihead_learner
@@ -429,6 +430,7 @@ register("multihead", _multihead, recovers="multi_head",
                          "'subspaces' (Prop. C.2)", metavar="FILE.npz", input_file=True),
                   Option("multihead_learner", str, "orthogonal: heads in unknown orthogonal subspaces (App. C "
                          "Hessians); generic: overlapping heads; auto (default): generic, then orthogonal when generic "
-                         "fails; vector: whole output rows (picked by auto when the answers are K-vectors)", default="auto",
+                         "fails; vector: whole output rows (picked by auto when the answers are K-vectors)",
+                         default="auto",
                          choices=("auto", "orthogonal", "generic", "vector")),
                   _RANK])

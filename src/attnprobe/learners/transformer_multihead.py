@@ -176,7 +176,8 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
     """Recover a multi-head transformer with a biased ReLU FFN and K outputs (module docstring).
 
     Heads, biases, outputs and the residual are detected. Phases: ``ffn``, ``values`` (saturated circles far
-    out), ``scores`` (isolated heads near the origin), ``polish`` (Gauss–Newton on the u_h, fresh sequences). Raises :class:`UnidentifiableError` for targets whose
+    out), ``scores`` (isolated heads near the origin), ``polish`` (Gauss–Newton on the u_h, fresh sequences). Raises
+    :class:`UnidentifiableError` for targets whose
     attention never reaches the output (or is affine: a plain head has no kinks) and :class:`RecoveryError`
     when the answers contradict the model's form. ``ffn_options`` go to :func:`extract_ffn`; ``ffn_queries`` caps
     its length-1 queries (default ``FFN_QUERIES_PER_INPUT·(d + 1)``: a smooth FFN would never stop finding kinks).
@@ -184,7 +185,8 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
     require_fine_answers(oracle, "the transformer learner")
     if oracle.eps > FINEST_EPS:
         raise ConfigError(f"the transformer learner needs float64 answers (its far frames subtract answers of size "
-                          f"~10⁸); these are rounded at {oracle.eps:.2g} ({oracle.precision}). For one head, a bias-free "
+                          f"~10⁸); these are rounded at {oracle.eps:.2g} ({oracle.precision}). "
+                          "For one head, a bias-free "
                           "FFN and one output use the Sec. 4.1 route (extract_transformer)")
     d = oracle.d
     limit_norm = getattr(oracle, "max_input_norm", None)
@@ -248,7 +250,8 @@ def _learn_ffn(run, seed, ffn_queries, ffn_options) -> KnownFFN:
             net = extract_ffn(capped, seed=seed, check=False, progress=run.progress, **ffn_options).model
         except BudgetExceededError:
             if limit_ffn < cap:
-                raise BudgetExceededError(f"the FFN stage (length-1 queries) needs more than the {limit_ffn} queries the "
+                raise BudgetExceededError(f"the FFN stage (length-1 queries) needs more than the {limit_ffn} "
+                                          "queries the "
                                           f"budget of {oracle.budget} leaves; raise the budget (the whole extraction "
                                           "needs 10–30 queries per unknown)") from None
             raise RecoveryError(f"the length-1 answers did not settle into a ReLU network within {cap} queries "

@@ -13,5 +13,6 @@ register(OneLayerTransformer)
 register(MultiHeadAttention)
 register(MultiHeadTransformer)
 
-__all__ = ["AttentionHead", "MultiHeadAttention", "HeadMatch", "match_heads", "ReLUNet", "OneLayerTransformer", "MultiHeadTransformer", "canonical_neurons", "neuron_errors", "as_batch", "load_model", "save_model", "register", "PRECISIONS",
-           "resolve_dtype", "unit_roundoff"]
+__all__ = ["AttentionHead", "MultiHeadAttention", "HeadMatch", "match_heads", "ReLUNet", "OneLayerTransformer",
+           "MultiHeadTransformer", "canonical_neurons", "neuron_errors", "as_batch", "load_model", "save_model",
+           "register", "PRECISIONS", "resolve_dtype", "unit_roundoff"]

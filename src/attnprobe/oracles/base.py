@@ -1,4 +1,5 @@
-"""The Oracle protocol (docs/architecture.md, "Oracle"): batched black-box access with exact counting, a budget and validation."""
+"""The Oracle protocol (docs/architecture.md, "Oracle"): batched black-box access with exact counting, a budget and \
+validation."""
 
 from __future__ import annotations
 
@@ -267,7 +268,8 @@ class Oracle:
 
     def _refuse_outputs(self, k: int) -> None:
         if k != 1:
-            raise OracleAnswerError(f"the oracle {self.name!r} answers {k} outputs per sequence, but the {self._scalar} "
+            raise OracleAnswerError(f"the oracle {self.name!r} answers {k} outputs per sequence, "
+                                    f"but the {self._scalar} "
                                     "learner reads one number per sequence; use a learner that reads K outputs per "
                                     "sequence (the ffn learner for a ReLU network with K outputs), or make the oracle "
                                     "return one output")

@@ -41,7 +41,8 @@ class HttpOracle:
     (a URL with ``user:password@`` is refused: credentials in URLs end up in logs and messages). ``max_batch``
     caps the sequences per request (the server's limit wins when smaller), ``concurrency`` the requests in
     flight, ``timeout`` each request's seconds, ``retries`` the attempts after the first one for a transient
-    failure, ``wire`` the body format (``auto``: ``npy`` when the server offers it, else ``json``). When a call fails, the error's ``charged`` says how many of its sequences the server answered
+    failure, ``wire`` the body format (``auto``: ``npy`` when the server offers it, else ``json``). When a call fails,
+    the error's ``charged`` says how many of its sequences the server answered
     (and charged) before it failed.
     """
 

@@ -68,7 +68,8 @@ class QueryLog:
     ``identity`` (a string naming the oracle: file hash, URL and server name, MODULE:ATTR, and the answer
     defences), ``d`` and ``precision`` are stored on first use and checked on every later open: a mismatch raises
     :class:`ConfigError`. ``defences`` (the answer chain's spec) records the defences on the answers so that a
-    replay can refuse flags that contradict them. ``d`` may be left to :meth:`attach`, which the Oracle calls when it is built with
+    replay can refuse flags that contradict them. ``d`` may be left to :meth:`attach`, which the Oracle calls when it is
+    built with
     the log. A log that does not exist yet is created at its first answer (a run refused before any query leaves
     no file). ``asked`` counts answers stored by this process, ``hits`` answers served from the log.
     """

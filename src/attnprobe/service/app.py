@@ -1,7 +1,8 @@
 """FastAPI app serving one oracle callable (docs/architecture.md, "Served API").
 
 ``POST /v1/query {"inputs": [B sequences × N rows × d numbers]}`` with ``Authorization: Bearer KEY`` →
-``{"outputs": [B numbers]}`` (``B × K`` numbers for a model with K outputs); ``GET /v1/info`` (``d``, limits), ``GET /v1/usage`` (the calling key's
+``{"outputs": [B numbers]}`` (``B × K`` numbers for a model with K outputs); ``GET /v1/info`` (``d``, limits),
+``GET /v1/usage`` (the calling key's
 ``queries`` and ``budget``), ``GET /healthz`` (no key). Bad input gets a 4xx and never reaches the model:
 401 without or with a wrong key, 413 for a batch, sequence or body above the limits, 422 for anything
 malformed (bad JSON, strings, NaN, ±Infinity, numbers that overflow, empty or ragged sequences, wrong width),

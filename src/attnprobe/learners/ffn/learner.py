@@ -106,7 +106,8 @@ class FFNOptions:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(settings) - known)
         if unknown:
-            raise ConfigError(f"unknown FFN option(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(known))}",
+            raise ConfigError(f"unknown FFN option(s) {', '.join(map(repr, unknown))}; "
+                              f"known: {', '.join(sorted(known))}",
                               param=unknown[0])
         return replace(options or cls(), **settings)
 
@@ -276,7 +277,8 @@ def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_
     """Coarse answers whose first line left a neuron missing or wrong (:mod:`.more_lines`): search up to
     :data:`MAX_LINES` − 1 more lines, and after each keep the neuron set whose polished network best explains every
     answer (a set that explains them all beats one that does not, then one that orients exactly). Stops when the
-    answers are explained or the budget has no room for another line. Returns ``(J, (neurons, orientation, rest), summary)``."""
+    answers are explained or the budget has no room for another line. Returns
+    ``(J, (neurons, orientation, rest), summary)``."""
     J, where, segs = first
     line = np.zeros(J.shape[0], dtype=int)
     eps = ask.oracle.eps

@@ -169,8 +169,10 @@ class Regions:
             while i < len(self.regs) - 1:
                 # noise floor of a finite-difference gradient: a few roundings of the answers over the probe radius
                 noise = merge_noise * eps * self.ask.top * math.sqrt(dim) * (1 / self.radii[i] + 1 / self.radii[i + 1])
-                if self.regs[i][0] == self.regs[i + 1][0] and np.linalg.norm(self.G[i + 1] - self.G[i]) <= max(floor, noise):
-                    keep = i if self.regs[i][2] - self.regs[i][1] >= self.regs[i + 1][2] - self.regs[i + 1][1] else i + 1
+                if (self.regs[i][0] == self.regs[i + 1][0]
+                        and np.linalg.norm(self.G[i + 1] - self.G[i]) <= max(floor, noise)):
+                    keep = (i if self.regs[i][2] - self.regs[i][1] >= self.regs[i + 1][2] - self.regs[i + 1][1]
+                            else i + 1)
                     self.regs[i:i + 2] = [(self.regs[i][0], self.regs[i][1], self.regs[i + 1][2])]
                     self._drop(2 * i + 1 - keep)
                     dropped += 1
@@ -225,7 +227,8 @@ class Regions:
                 break
             idx = np.flatnonzero(redo)
             stats["regions_moved_off_line"] += int(narrow.sum())
-            stats["regions_moved_off_line"] -= self._remeasure(idx, broken, narrow, attempts, best_x, best_dist, eps=eps)
+            stats["regions_moved_off_line"] -= self._remeasure(idx, broken, narrow, attempts, best_x, best_dist,
+                                                               eps=eps)
             stats["regions_re_measured"] += len(idx)
         return stats
 

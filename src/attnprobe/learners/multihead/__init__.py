@@ -31,7 +31,8 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
     output rows: K ≥ 2 outputs per sequence) or ``auto`` (``subspaces`` when they are given, else ``vector`` when
     the oracle answers K ≥ 2 outputs, else ``generic``, falling back to ``orthogonal`` when it fails).
     ``heads`` fixes H; ``max_heads`` bounds it when H is detected; ``rank`` (the head dimension, generic learner
-    only) lets each isolated head be sketched with ``≈ 2d·rank`` queries instead of detecting its rank. Returns an Extraction whose model is a
+    only) lets each isolated head be sketched with ``≈ 2d·rank`` queries instead of detecting its rank. Returns an
+    Extraction whose model is a
     :class:`~attnprobe.models.multihead.MultiHeadAttention` (heads are defined up to permutation).
     """
     if method not in METHODS:
@@ -122,4 +123,5 @@ def _probe_outputs(oracle) -> int:
     return oracle.queries - before
 
 
-__all__ = ["METHODS", "extract_generic", "extract_multihead", "extract_multihead_orthogonal", "extract_multihead_subspaces"]
+__all__ = ["METHODS", "extract_generic", "extract_multihead", "extract_multihead_orthogonal",
+           "extract_multihead_subspaces"]

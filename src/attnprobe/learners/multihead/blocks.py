@@ -4,7 +4,8 @@
 Given ``M_1, …, M_K`` that are all block-diagonal in an unknown orthonormal basis ``[E_1 … E_H]``:
 1. the common kernel (directions no ``M_k`` reaches) is split off;
 2. a random symmetric element ``B`` of the matrix *-algebra the ``M_k`` generate (linear and quadratic terms:
-   :func:`algebra_elements`) is block-diagonal too; its eigenvectors lie inside single blocks when its spectrum is simple;
+   :func:`algebra_elements`) is block-diagonal too; its eigenvectors lie inside single blocks when its
+   spectrum is simple;
 3. eigenvectors ``q_a, q_b`` are linked with weight ``Σ_k (q_aᵀ A_k q_b)²`` over the algebra elements ``A_k``;
    blocks are the connected components — cut the weakest edges of the maximum spanning tree (the ``H − 1``
    weakest when ``H`` is known, else those below a wide gap);

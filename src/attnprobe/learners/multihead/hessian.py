@@ -8,7 +8,8 @@ Measuring it. ``F_y(z) − ½ zᵀv̄`` (``v̄ = Σ_h v_h`` and ``c`` from lengt
 ``G(hz) = f([y + hz; y]) − c − yᵀv̄ − ½h zᵀv̄ = ½h² zᵀ∇²F_y(0) z + O(h⁴)``: one query per quadratic form, no
 central difference needed; polarisation over ``z ∈ {e_a, e_a + e_b}`` gives the whole Hessian with
 ``d(d+1)/2`` queries (twice that with Richardson extrapolation over the steps h and 2h, which cancels the
-``O(h²)`` term; used whenever the query cap allows). Each Hessian reaches ``span{p_h(y), v_h}`` in every head, so Hessians are added at
+``O(h²)`` term; used whenever the query cap allows). Each Hessian reaches ``span{p_h(y), v_h}`` in every head, so
+Hessians are added at
 random ``y`` until their ranges stop growing (``d_h − 1`` of them cover a ``d_h``-dim head), plus one.
 
 Then :func:`~attnprobe.learners.multihead.blocks.simultaneous_blocks` (finest simultaneous block

@@ -24,7 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 from attnprobe._validation import check_int
-from attnprobe.errors import ConfigError, InputNormError, OracleAnswerError, OracleError, RecoveryError, UnidentifiableError
+from attnprobe.errors import (ConfigError, InputNormError, OracleAnswerError, OracleError, RecoveryError,
+                              UnidentifiableError)
 from attnprobe.learners.multihead.vector_heads import fit_delta, jennrich, theta_from_values
 from attnprobe.learners.multihead.vector_logits import gap_rank, head_attention_errors, learn_logits
 from attnprobe.learners.probes import random_orthogonal
