@@ -74,14 +74,14 @@ def run_ray(tasks: Sequence[Task], on_result: OnResult, address: str | None = No
     """Run the tasks as Ray tasks: on a local cluster of ``workers`` CPUs started here (``address`` None) or
     on the cluster at ``address`` (attnprobe must be importable on its nodes). A cluster started here is
     shut down afterwards."""
+    if address:  # a socket check, before Ray is imported: a dead address is named whether or not Ray is installed
+        reachable(address)
     try:
         import ray
     except ImportError as exc:
         raise ConfigError("--ray needs Ray: pip install 'attnprobe[ray]'") from exc
     started = not ray.is_initialized()
     if started:
-        if address:
-            reachable(address)
         # without an address: always a private cluster ("local"), never one found running on the machine or
         # named by a stale ray_current_cluster file (which would refuse num_cpus)
         kw = {"address": address} if address else {"address": "local", "num_cpus": int(workers) if workers else None}
