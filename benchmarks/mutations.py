@@ -106,8 +106,8 @@ MUTATIONS = [
     M("querylog-from-log-count", "oracles/base.py", "y = log.answer(X, self._ask_paid)", "y = log.answer(X, self.fn)",
       ("tests/test_querylog.py",), "missing answers neither counted nor validated"),
     # reports
-    M("report-scale", "audit/report.py", 'colorbar="‖Ŵ−W‖/‖W‖", vmin=-16, vmax=1)',
-      'colorbar="‖Ŵ−W‖/‖W‖", vmin=-12, vmax=1)', ("tests/test_audit.py::test_report_shows_the_verdicts_and_maps_"
+    M("report-scale", "audit/report.py", 'colorbar="‖Ŵ−W‖/‖W‖", vmin=-16, vmax=1,',
+      'colorbar="‖Ŵ−W‖/‖W‖", vmin=-12, vmax=1,', ("tests/test_audit.py::test_report_shows_the_verdicts_and_maps_"
                                                   "of_the_results",), "the maps' colour scale shifted"),
 ]
 
