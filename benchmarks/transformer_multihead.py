@@ -14,6 +14,8 @@ Timings are wall-clock seconds on a shared 2-core machine. Tables go to docs/ben
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import time
 
 import numpy as np
@@ -32,43 +34,70 @@ BUDGET = 1_000_000
 TOL = 1e-8
 
 
-def one_run(d, H, m, K, bias, seed, residual=False):
-    """One extraction: (success, function error, W error, u error, queries, unknowns, seconds, why-failed)."""
+def one_run(d, H, m, K, bias, seed, residual=False, polish="auto"):
+    """One extraction: (success, function error, W error, u error, queries, unknowns, seconds, why-failed, polish
+    levels run)."""
     t = random_multihead_transformer(d, H, m, outputs=K, bias=bias, residual=residual, seed=seed)
     o = Oracle(t, d, budget=BUDGET)
     t0 = time.perf_counter()
     try:
-        res = extract_transformer_multihead(o, seed=seed)
+        res = extract_transformer_multihead(o, seed=seed, polish=polish)
     except AttnprobeError as exc:
-        return False, np.inf, np.inf, np.inf, o.queries, None, time.perf_counter() - t0, type(exc).__name__
+        return False, np.inf, np.inf, np.inf, o.queries, None, time.perf_counter() - t0, type(exc).__name__, ""
     secs = time.perf_counter() - t0
     errs = transformer_errors(t, res.model, seed=seed + 1)
     ok = bool(res.passed) and errs["function"] <= TOL and res.model.H == H
     why = "" if ok else ("check" if not res.passed else ("heads" if res.model.H != H else "error"))
-    return ok, errs["function"], errs["W"], errs["u"], res.queries, res.unknowns, secs, why
+    levels = "+".join(p["level"] for p in res.details["polish"])
+    return ok, errs["function"], errs["W"], errs["u"], res.queries, res.unknowns, secs, why, levels
 
 
-def grid_table(ds, seeds):
+CELLS = [(H, m, bias, K) for H in (1, 2, 4, 6) for m in (8, 16, 64) for bias in (True, False) for K in (1, 3, 10)]
+
+
+def grid_runs(ds, seeds, path):
+    """Every cell's runs, seed by seed (all cells of seed 0 first: a grid cut short still has whole seeds), one JSON
+    line each in ``path``; runs already in the file are skipped (a rerun resumes)."""
+    done = set()
+    if os.path.exists(path):
+        with open(path) as fh:
+            done = {tuple(json.loads(line)["key"]) for line in fh if line.strip()}
+    for s in range(seeds):
+        for d in ds:
+            for H, m, bias, K in CELLS:
+                key = [d, H, m, bias, K, s]
+                if tuple(key) in done:
+                    continue
+                r = one_run(d, H, m, K, bias, 1000 * d + 100 * H + m + 7 * K + s)
+                rec = {"key": key, "ok": r[0], "fn": r[1], "W": r[2], "u": r[3], "queries": r[4], "seconds": r[6],
+                       "why": r[7], "polish": r[8]}
+                with open(path, "a") as fh:
+                    fh.write(json.dumps(rec) + "\n")
+                print(rec, flush=True)
+
+
+def grid_table(ds, path):
+    """The table of :func:`grid_runs`' file for widths ``ds`` (every seed found there)."""
     t = Table(["d", "H", "m", "bias", "K", "runs", "success", "max fn error (ok runs)", "median queries",
-               "unknowns", "queries / unknown", "median s", "failures"])
+               "unknowns", "queries / unknown", "median s", "all-parameter polish", "failures"])
+    with open(path) as fh:
+        recs = [json.loads(line) for line in fh if line.strip()]
     for d in ds:
-        for H in (1, 2, 4, 6):
-            for m in (8, 16, 64):
-                for bias in (True, False):
-                    for K in (1, 3, 10):
-                        out = [one_run(d, H, m, K, bias, 1000 * d + 100 * H + m + 7 * K + s) for s in range(seeds)]
-                        ok = [r for r in out if r[0]]
-                        unk = MultiHeadTransformer.unknowns(d, H, m, K)
-                        q = float(np.median([r[4] for r in out]))
-                        fails = {}
-                        for r in out:
-                            if not r[0]:
-                                fails[r[7]] = fails.get(r[7], 0) + 1
-                        t.add(d, H, m, "yes" if bias else "no", K, len(out), f"{len(ok)}/{len(out)}",
-                              max((r[1] for r in ok), default=float("nan")), q, unk, q / unk,
-                              float(np.median([r[6] for r in out])),
-                              ", ".join(f"{k} {v}" for k, v in fails.items()) or "-")
-                        print(t.rows[-1], flush=True)
+        for H, m, bias, K in CELLS:
+            out = [r for r in recs if r["key"][:5] == [d, H, m, bias, K]]
+            if not out:
+                continue
+            ok = [r for r in out if r["ok"]]
+            unk = MultiHeadTransformer.unknowns(d, H, m, K)
+            q = float(np.median([r["queries"] for r in out]))
+            fails = {}
+            for r in out:
+                if not r["ok"]:
+                    fails[r["why"]] = fails.get(r["why"], 0) + 1
+            t.add(d, H, m, "yes" if bias else "no", K, len(out), f"{len(ok)}/{len(out)}",
+                  max((r["fn"] for r in ok), default=float("nan")), q, unk, q / unk,
+                  float(np.median([r["seconds"] for r in out])), sum("all" in r["polish"] for r in out),
+                  ", ".join(f"{k} {v}" for k, v in fails.items()) or "-")
     return t
 
 
@@ -76,8 +105,12 @@ def eprint_table(seeds):
     t = Table(["setting", "seeds", "success", "max W error", "max u error", "max fn error", "paper's precision",
                "median queries", "unknowns", "median s"])
     for name, kw in (("d=8, H=6, m=16, K=1, biases", dict(m=16, K=1, bias=True)),
-                     ("d=8, H=6, m=16, K=3, biases, residual", dict(m=16, K=3, bias=True, residual=True))):
-        out = [one_run(8, 6, kw["m"], kw["K"], kw["bias"], 7000 + s, kw.get("residual", False)) for s in range(seeds)]
+                     ("d=8, H=6, m=16, K=3, biases, residual", dict(m=16, K=3, bias=True, residual=True)),
+                     ("d=8, H=6, m=16, K=1, biases, polish=all", dict(m=16, K=1, bias=True, polish="all")),
+                     ("d=8, H=6, m=16, K=3, biases, residual, polish=all",
+                      dict(m=16, K=3, bias=True, residual=True, polish="all"))):
+        out = [one_run(8, 6, kw["m"], kw["K"], kw["bias"], 7000 + s, kw.get("residual", False),
+                       kw.get("polish", "auto")) for s in range(seeds)]
         ok = [r for r in out if r[0]]
         t.add(name, seeds, f"{len(ok)}/{seeds}", max((r[2] for r in ok), default=np.nan),
               max((r[3] for r in ok), default=np.nan), max((r[1] for r in ok), default=np.nan), 2.0 ** -51,
@@ -130,11 +163,21 @@ def main() -> None:
     ap.add_argument("--d", default="8,12,32")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--runs", default=None, help="JSON-lines file of the grid's runs (default: results/ beside "
+                    "this script); --tables grid-table only tabulates it")
     args = ap.parse_args()
     ds = [int(x) for x in args.d.split(",")]
-    makers = {"grid": lambda: grid_table(ds, args.seeds), "eprint": lambda: eprint_table(args.seeds),
+    fname = f"transformer_grid_d{args.d.replace(',', '_')}.jsonl"
+    runs = args.runs or os.path.join(os.path.dirname(__file__), "results", fname)
+
+    def grid():
+        grid_runs(ds, args.seeds, runs)
+        return grid_table(ds, runs)
+
+    makers = {"grid": grid, "grid-table": lambda: grid_table(ds, runs), "eprint": lambda: eprint_table(args.seeds),
               "mha26": lambda: mha26_table(args.seeds), "separate": lambda: separate_table(args.seeds)}
-    titles = {"grid": f"grid d ∈ {{{args.d}}}", "eprint": "the ePrint 2026/1678 size (d = 8, H = 6)",
+    grid_title = f"grid d ∈ {{{args.d}}}"
+    titles = {"grid": grid_title, "grid-table": grid_title, "eprint": "the ePrint 2026/1678 size (d = 8, H = 6)",
               "mha26": "bias-free FFN, one output (the MHA'26 setting)",
               "separate": "queries against the learners run separately"}
     for name in args.tables.split(","):

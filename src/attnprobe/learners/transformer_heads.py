@@ -10,8 +10,6 @@ S_h); regions with other value vectors give other ``S_h``, and together all of `
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from attnprobe.errors import RecoveryError
@@ -114,43 +112,3 @@ def combine_rows(parts) -> tuple[np.ndarray, np.ndarray, float]:
     W, *_ = np.linalg.lstsq(Ns, NW, rcond=None)
     u, *_ = np.linalg.lstsq(Ns, Nu, rcond=None)
     return W, u, float(sv[-1]) if sv.size >= Ns.shape[1] else 0.0
-
-
-def polish_u(oracle, model, rng, *, length: int = 4, rounds: int = 2):
-    """Gauss–Newton on the query biases ``u_h`` alone, on fresh N(0, I) sequences: ``u_h = p_h(z) − W_h z``
-    cancels ``W_h z`` and is the least precise parameter of the near frames. ``∂TF/∂u_h = GᵀV_h Xᵀ(diag α_h −
-    α_hα_hᵀ)X`` with ``G = A diag(1[pre > 0]) w_o``; samples with a neuron within 1e-6 of its kink are left out.
-    Returns the polished model and the RMS residual before and after (relative to the answers' spread)."""
-    H, d = model.u.shape
-    K = model.K
-    n = max(64, (4 * H * d) // K)
-    X = rng.standard_normal((n, length, d))
-    y = np.asarray(oracle(X), dtype=np.float64).reshape(n, -1)
-    scale = float(np.std(y)) or 1.0
-    u = model.u.copy()
-    before = after = None
-    for _ in range(rounds):
-        m = replace(model, u=u)
-        res = y - m(X).reshape(n, -1)
-        rms = float(np.sqrt(np.mean(res**2))) / scale
-        before = rms if before is None else before
-        after = rms
-        pre = m.attention_output(X) @ m.A + m.b
-        keep = np.all(np.abs(pre) > 1e-6 * np.abs(pre).max(), axis=1)
-        G = np.einsum("im,nm,mk->nik", m.A, (pre > 0).astype(float), m.w_o)  # (n, d, K)
-        J = np.empty((n, K, H, d))
-        q = np.einsum("hij,nj->nhi", m.W, X[:, -1])
-        s = np.einsum("nti,nhi->nht", X, q) + np.einsum("nti,hi->nht", X, u)
-        alpha = np.exp(s - s.max(axis=2, keepdims=True))
-        alpha /= alpha.sum(axis=2, keepdims=True)
-        for h in range(H):
-            a = alpha[:, h]  # (n, N)
-            D = np.einsum("nt,ts->nts", a, np.eye(length)) - a[:, :, None] * a[:, None, :]
-            M = np.einsum("nti,nts,nsj->nij", X, D, X)  # Xᵀ(diag α − ααᵀ)X
-            J[:, :, h] = np.einsum("nik,ij,njl->nkl", G, m.v[h], M)
-        Jk, rk = J[keep].reshape(-1, H * d), res[keep].reshape(-1)
-        step, *_ = np.linalg.lstsq(Jk, rk, rcond=None)
-        u = u + step.reshape(H, d)
-    final = replace(model, u=u)
-    after = float(np.sqrt(np.mean((y - final(X).reshape(n, -1)) ** 2))) / scale
-    return final, before, after

@@ -35,8 +35,8 @@ from attnprobe.learners.ffn import extract_ffn, require_fine_answers
 from attnprobe.learners.skeleton import Run
 from attnprobe.learners.transformer_frames import (KnownFFN, frame_maps, frame_oracle, frame_values, heads_sum,
                                                    saturated_radius, set_scale)
-from attnprobe.learners.transformer_heads import (combine_rows, head_scores, polish_u,
-                                                  scores_to_parameters, token_bases)
+from attnprobe.learners.transformer_heads import combine_rows, head_scores, scores_to_parameters, token_bases
+from attnprobe.learners.transformer_polish import check_how, refine
 from attnprobe.models.transformer import MultiHeadTransformer
 from attnprobe.oracles.base import Oracle
 
@@ -172,17 +172,19 @@ def _match(predict, vals, z_far):
 
 def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, check_lengths=CHECK_LENGTHS,
                                   progress=None, max_regions: int | None = None, ffn_queries: int | None = None,
-                                  **ffn_options):
+                                  polish: str = "auto", **ffn_options):
     """Recover a multi-head transformer with a biased ReLU FFN and K outputs (module docstring).
 
     Heads, biases, outputs and the residual are detected. Phases: ``ffn``, ``values`` (saturated circles far
-    out), ``scores`` (isolated heads near the origin), ``polish`` (Gauss–Newton on the u_h, fresh sequences). Raises
+    out), ``scores`` (isolated heads near the origin), ``polish`` (Gauss–Newton on W_h, u_h and, when ``polish`` is
+    ``"auto"`` and that leaves a residual, on every parameter: :mod:`.transformer_polish`; ``"none"`` skips it). Raises
     :class:`UnidentifiableError` for targets whose
     attention never reaches the output (or is affine: a plain head has no kinks) and :class:`RecoveryError`
     when the answers contradict the model's form. ``ffn_options`` go to :func:`extract_ffn`; ``ffn_queries`` caps
     its length-1 queries (default ``FFN_QUERIES_PER_INPUT·(d + 1)``: a smooth FFN would never stop finding kinks).
     """
     require_fine_answers(oracle, "the transformer learner")
+    check_how(polish)
     if oracle.eps > FINEST_EPS:
         raise ConfigError(f"the transformer learner needs float64 answers (its far frames subtract answers of size "
                           f"~10⁸); these are rounded at {oracle.eps:.2g} ({oracle.precision}). "
@@ -212,15 +214,13 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
         n_map = seen.maps_spanned(W, u)
         model, residual_part = _assemble(ffn, W, u, seen)
         with run.phase("polish"):
-            polished, before, after = polish_u(oracle, model, run.rng)
-    if after < before:
-        model = polished
+            model, polished = refine(oracle, model, run.rng, polish, reserve=run.check_queries)
     notes = ["identifiable up to: neuron order and positive scale, head order"
              + ("" if model.residual else ", and V_h ↦ M V_h with A ↦ M⁻ᵀA for any invertible M")
              + "; heads with equal (W_h, u_h) would come back as one (Prop. 7.1)"]
     details = {"heads": H, "neurons": int(ffn.C.shape[0]), "outputs": K, "residual": model.residual,
                "residual_part": residual_part, "attention_regions": len(seen.info), "map_regions": n_map,
-               "polish_residual": [before, after], "regions_skipped": seen.skipped,
+               "polish": polished, "regions_skipped": seen.skipped,
                "regions": seen.info}
     return run.finish(model, unknowns=MultiHeadTransformer.unknowns(d, H, int(ffn.C.shape[0]), K, model.residual),
                       details=details, notes=notes, hint=" (a one-layer multi-head transformer of this form)")
