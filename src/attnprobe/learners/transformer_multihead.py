@@ -55,6 +55,9 @@ WELL_SPANNED = 0.05
 FINEST_EPS = 1e-12
 #: the residual counts as present when the last-token term exceeds this share of g
 RESIDUAL_TOL = 1e-6
+#: what a refusal of rank-1 value maps says about them
+RANK_ONE = ("this learner needs every head's value map V_h to have rank ≥ 2 (head dimension ≥ 2); rank-1 value maps "
+            "need a switch-off stage it does not have")
 #: a region is usable when its base is at least this share of the distance to the nearest neuron hyperplane
 CANDIDATES = 4096
 #: last tokens of the near frames reach this share of the distance to the nearest neuron hyperplane
@@ -118,15 +121,15 @@ def _far_values(oracle, ffn, beta, margin, r, rng, plane):
         if np.max(np.abs(frame(X) - frame(np.zeros((1, 2, z.size))))) <= 1e3 * frame.fn.rounding:
             raise UnidentifiableError("the heads' value vectors lie in the same subspace in every FFN region (value "
                                       "maps of rank 1?): the directions of each head's scores along the other "
-                                      "heads' values are not visible to this learner")
-    vals = frame_values(frame, v_heads, rng, T=T)
+                                      f"heads' values are not visible; {RANK_ONE}")
+    vals = _read_values(frame, v_heads, rng, T=T)
     K = ffn.w.shape[1]
     vec = frame_oracle(oracle, ffn, z, 1.0, np.eye(K), 1.0)
     total = heads_sum(vec, T)  # (d, K): Σ_h Ṽ_hᵀG
     set_scale(vec, T * max(np.linalg.norm(total), 1e-300))
     maps = frame_maps(vec, vals, total, rng)
     if plane is not None:  # the crossings inside the plane match heads across regions; values from the full circle
-        flat = frame_values(frame, v_heads, rng, T=T, plane=plane, sign_tol=1e-3)  # only its crossings are used
+        flat = _read_values(frame, v_heads, rng, T=T, plane=plane, sign_tol=1e-3)  # only its crossings are used
         if flat.v.shape != vals.v.shape:
             raise RecoveryError(f"two saturated circles of one FFN region show {vals.v.shape[0]} and "
                                 f"{flat.v.shape[0]} heads: the target is not a transformer of this form")
@@ -136,6 +139,15 @@ def _far_values(oracle, ffn, beta, margin, r, rng, plane):
             raise RecoveryError("two saturated circles of one FFN region disagree on the heads' value vectors")
         vals.z0, vals.z1, vals.crossings = flat.z0, flat.z1, flat.crossings[cols]
     return vals, maps, vec.fn.g - total
+
+
+def _read_values(frame, v_heads, rng, **kw):
+    """:func:`frame_values`, its refusal of a circle without crossings naming rank-1 value maps as a cause."""
+    try:
+        return frame_values(frame, v_heads, rng, **kw)
+    except UnidentifiableError as exc:
+        raise UnidentifiableError(f"{exc} (or the heads' value maps have rank 1, which can leave their value vectors "
+                                  f"orthogonal to an FFN region's output: {RANK_ONE})") from None
 
 
 def _near_scores(oracle, ffn, z, r, v, rng):

@@ -31,7 +31,7 @@ VALIDATION = 0.2
 #: a step must divide the residual by at least this to be followed by another one
 MIN_GAIN = 2.0
 #: "auto" polishes every parameter when the scores alone leave a relative residual above this (the grid's target
-#: is a function error of 1e-8 on sequences of every length 1–16, ~1.2× the residual on length 4)
+#: is a function error of 1e-8 on sequences of every length 1–16, about the residual on lengths 2–8)
 ESCALATE = 3e-9
 #: LSQR iterations per step at most, per level (an inexact step is followed by another: at d = 32, H = 6 the
 #: scores gain as much from 60 iterations as from 400, in a seventh of the time)
@@ -57,6 +57,9 @@ class PolishReport:
                 "kept": self.kept, "lsqr_iterations": list(self.iterations)}
 
 
+#: sequence lengths of each level, in equal shares (a neuron may switch on only for some lengths: length 4 alone
+#: left one 1e-8 off at lengths 1, 2 and 8 while fitting length 4 to 1e-16)
+LENGTHS = {"scores": (2, 4, 8), "all": (1, 2, 4, 8)}
 #: parameter groups of each polish level: the attention scores, with the value maps, with the FFN too
 LEVELS = {"scores": ("W", "u"), "values": ("W", "u", "v"), "all": ("W", "u", "v", "A", "b", "w_o", "c")}
 
@@ -68,21 +71,23 @@ def polished_numbers(model, level: str = "scores") -> int:
     return sum(sizes[g] for g in LEVELS[level])
 
 
-def equations_per_sequence(model, length: int = 4) -> int:
+def equations_per_sequence(model, length: int) -> int:
     """Independent equations one answer gives at most: K outputs, but through ``G_n`` of rank ≤ the active
     neurons (about m/2) and softmax Jacobians of rank ≤ length − 1 per head."""
     return max(1, min(model.K, max(1, model.m // 2), (length - 1) * model.H))
 
 
-def polish_sequences(model, level: str = "scores", length: int = 4) -> int:
-    """How many sequences :func:`polish_attention` uses: ``OVERSAMPLE`` equations per polished number in the fit,
-    plus a held-out ``VALIDATION`` share that judges every step."""
-    fit = OVERSAMPLE * polished_numbers(model, level) / equations_per_sequence(model, length)
-    return int(np.ceil(fit / (1 - VALIDATION))) + 32
+def polish_sequences(model, level: str = "scores") -> int:
+    """How many sequences :func:`polish_attention` uses (over all its lengths): ``OVERSAMPLE`` equations per
+    polished number in the fit, plus a held-out ``VALIDATION`` share that judges every step."""
+    per = np.mean([equations_per_sequence(model, N) for N in LENGTHS[level]])
+    fit = OVERSAMPLE * polished_numbers(model, level) / per
+    k = len(LENGTHS[level])
+    return k * int(np.ceil((fit / (1 - VALIDATION) + 32) / k))
 
 
 class _Linearised:
-    """The model's residual and its Jacobian (a column-scaled LinearOperator) at fixed FFN regions, on X."""
+    """The model's residual and its Jacobian's products at fixed FFN regions, on sequences X of one length."""
 
     def __init__(self, model, X, y, groups):
         self.model, self.X, self.y, self.groups = model, X, y, tuple(groups)
@@ -108,14 +113,10 @@ class _Linearised:
         self.R = np.einsum("nhkt,nti->nhki", P, X) - np.einsum("nhk,nhi->nhki", P.sum(axis=3), mixed)
         self.G, self.mixed, self.last, self.Dw, self.a, self.relu = G, mixed, X[:, -1], Dw, a, np.maximum(pre, 0)
         self.n, self.K = n, K
-        self.scale = np.ones(self.size)
-        norms = self._column_norms()
-        live = norms > 1e-12 * norms.max()  # a column the samples do not move (a neuron never on) is frozen
-        self.scale = np.where(live, 1.0 / np.where(live, norms, 1.0), 0.0)
 
-    def _column_norms(self):
-        """‖J e_j‖ for every column (LSQR is run on J·diag(scale): equilibrated columns converge faster)."""
-        sq = lambda z: z * z  # noqa: E731
+    def column_norms2(self):
+        """‖J e_j‖² for every column."""
+        sq = np.square
         w = self.keep.reshape(self.n, self.K)
         out = {"W": np.einsum("nhki,nj,nk->hij", sq(self.R), sq(self.last), w),
                "u": np.einsum("nhki,nk->hi", sq(self.R), w)}
@@ -126,7 +127,7 @@ class _Linearised:
             out["b"] = np.einsum("nmk,nk->m", sq(self.Dw), w)
             out["w_o"] = np.einsum("nm,nk->mk", sq(self.relu), w)
             out["c"] = w.sum(axis=0)
-        return np.sqrt(np.concatenate([out[g].reshape(-1) for g in self.groups]))
+        return np.concatenate([out[g].reshape(-1) for g in self.groups])
 
     def split(self, theta):
         out, i = {}, 0
@@ -137,7 +138,7 @@ class _Linearised:
         return out
 
     def matvec(self, theta):
-        p = self.split(np.asarray(theta).reshape(-1) * self.scale)
+        p = self.split(np.asarray(theta).reshape(-1))
         H, d = p["u"].shape
         q = (self.last @ p["W"].reshape(H * d, d).T).reshape(self.n, H, d) + p["u"][None]  # δW_h x_N + δu_h
         out = np.einsum("nhki,nhi->nk", self.R, q)
@@ -161,49 +162,80 @@ class _Linearised:
             Dr = np.einsum("nmk,nk->nm", self.Dw, r)
             out["A"], out["b"] = self.a.T @ Dr, Dr.sum(axis=0)
             out["w_o"], out["c"] = self.relu.T @ r, r.sum(axis=0)
-        return np.concatenate([out[g].reshape(-1) for g in self.groups]) * self.scale
-
-    def operator(self) -> LinearOperator:
-        m = self.n * self.K
-        return LinearOperator((m, self.size), matvec=self.matvec, rmatvec=self.rmatvec, dtype=np.float64)
+        return np.concatenate([out[g].reshape(-1) for g in self.groups])
 
     def step(self, theta):
-        p = self.split(theta * self.scale)
+        p = self.split(theta)
         return replace(self.model, **{g: getattr(self.model, g) + p[g] for g in self.groups})
 
 
-def _rms(model, X, y, scale) -> float:
-    return float(np.sqrt(np.mean((y - model(X).reshape(y.shape)) ** 2))) / scale
+class _Stacked:
+    """The Jacobians of several sequence lengths stacked, columns equilibrated: LSQR runs on ``J·diag(scale)``
+    (a column no sequence moves, e.g. a neuron never on, is frozen at scale 0)."""
+
+    def __init__(self, model, blocks, groups):
+        self.parts = [_Linearised(model, X, y, groups) for X, y in blocks]
+        norms = np.sqrt(sum(p.column_norms2() for p in self.parts))
+        live = norms > 1e-12 * norms.max()
+        self.scale = np.where(live, 1.0 / np.where(live, norms, 1.0), 0.0)
+        self.size = self.parts[0].size
+        self.rows = [p.n * p.K for p in self.parts]
+        self.residual = np.concatenate([p.residual * p.keep for p in self.parts])
+
+    def matvec(self, theta):
+        t = np.asarray(theta).reshape(-1) * self.scale
+        return np.concatenate([p.matvec(t) for p in self.parts])
+
+    def rmatvec(self, r):
+        pieces = np.split(np.asarray(r).reshape(-1), np.cumsum(self.rows)[:-1])
+        return sum(p.rmatvec(x) for p, x in zip(self.parts, pieces)) * self.scale
+
+    def operator(self) -> LinearOperator:
+        return LinearOperator((sum(self.rows), self.size), matvec=self.matvec, rmatvec=self.rmatvec,
+                              dtype=np.float64)
+
+    def step(self, theta):
+        return self.parts[0].step(theta * self.scale)
 
 
-def polish_attention(oracle, model, rng, *, length: int = 4, level: str = "scores", held=None,
-                     max_steps: int = 8, floor: float | None = None):
+def _rms(model, blocks, scale) -> float:
+    sq = sum(float(np.sum((y - model(X).reshape(y.shape)) ** 2)) for X, y in blocks)
+    return float(np.sqrt(sq / max(sum(y.size for _, y in blocks), 1))) / scale
+
+
+def polish_attention(oracle, model, rng, *, level: str = "scores", held=None, max_steps: int = 8,
+                     floor: float | None = None):
     """Refine the parameters of ``LEVELS[level]`` of ``model`` on ``polish_sequences(model, level)`` N(0, I)
-    sequences of ``length`` tokens (module docstring); ``held = (X, y)``: sequences already answered, reused (only
-    the rest is asked). ``floor``: the relative residual the answers' rounding allows (default
-    ``16·oracle.eps``). Returns ``(model, PolishReport, (X, y))``; the model is the input one unless the refinement
-    lowered the residual."""
-    n = polish_sequences(model, level, length)
-    X0, y0 = held if held is not None else (np.zeros((0, length, model.d)), np.zeros((0, model.K)))
-    Xn = rng.standard_normal((max(n - len(X0), 0), length, model.d))
-    yn = np.asarray(oracle(Xn), dtype=np.float64).reshape(len(Xn), model.K) if len(Xn) else np.zeros((0, model.K))
-    X, y = np.concatenate([X0, Xn]), np.concatenate([y0, yn])
-    scale = float(np.std(y)) or 1.0
-    fit = np.arange(len(X)) % int(round(1 / VALIDATION)) != 0  # every fifth sequence is held out
-    Xf, yf, Xv, yv = X[fit], y[fit], X[~fit], y[~fit]
+    sequences of the lengths ``LENGTHS[level]`` (module docstring); ``held``: ``{length: (X, y)}`` already answered,
+    reused (only the rest is asked). ``floor``: the relative residual the answers' rounding allows (default
+    ``16·oracle.eps``). Returns ``(model, PolishReport, held)``; the model is the input one unless the refinement
+    lowered the residual of the held-out sequences."""
+    lengths = LENGTHS[level]
+    per = polish_sequences(model, level) // len(lengths)
+    held = dict(held or {})
+    for N in lengths:
+        X0, y0 = held.get(N, (np.zeros((0, N, model.d)), np.zeros((0, model.K))))
+        Xn = rng.standard_normal((max(per - len(X0), 0), N, model.d))
+        yn = np.asarray(oracle(Xn), dtype=np.float64).reshape(len(Xn), model.K) if len(Xn) else y0[:0]
+        held[N] = (np.concatenate([X0, Xn]), np.concatenate([y0, yn]))
+    blocks = [held[N] for N in lengths]
+    scale = float(np.std(np.concatenate([y for _, y in blocks]))) or 1.0
+    every = int(round(1 / VALIDATION))  # every fifth sequence of each length is held out
+    fit = [(X[np.arange(len(X)) % every != 0], y[np.arange(len(X)) % every != 0]) for X, y in blocks]
+    val = [(X[::every], y[::every]) for X, y in blocks]
     floor = 16 * float(getattr(oracle, "eps", 2.2e-16)) if floor is None else float(floor)
     best = model
-    best_fit, best_val = _rms(model, Xf, yf, scale), _rms(model, Xv, yv, scale)
+    best_fit, best_val = _rms(model, fit, scale), _rms(model, val, scale)
     before = best_val
     steps, iterations = 0, []
     while steps < max_steps and best_val > floor:
-        lin = _Linearised(best, Xf, yf, LEVELS[level])
+        lin = _Stacked(best, fit, LEVELS[level])
         op = lin.operator()
         damp, better = 0.0, None
         for _ in range(4):  # Gauss–Newton, then Levenberg–Marquardt damping if the step overshoots
-            out = lsqr(op, lin.residual * lin.keep, damp=damp, atol=1e-15, btol=1e-15, iter_lim=ITERATIONS[level])
+            out = lsqr(op, lin.residual, damp=damp, atol=1e-15, btol=1e-15, iter_lim=ITERATIONS[level])
             cand = lin.step(out[0])
-            rf, rv = _rms(cand, Xf, yf, scale), _rms(cand, Xv, yv, scale)
+            rf, rv = _rms(cand, fit, scale), _rms(cand, val, scale)
             if rf < best_fit and rv < best_val:
                 better = (cand, rf, rv)
                 break
@@ -216,7 +248,8 @@ def polish_attention(oracle, model, rng, *, length: int = 4, level: str = "score
         steps += 1
         if gain < MIN_GAIN:
             break
-    return best, PolishReport(before, best_val, steps, len(X), best is not model, tuple(iterations)), (X, y)
+    n = sum(len(X) for X, _ in blocks)
+    return best, PolishReport(before, best_val, steps, n, best is not model, tuple(iterations)), held
 
 
 #: what :func:`refine` accepts
@@ -238,8 +271,8 @@ def refine(oracle, model, rng, how: str = "auto", *, reserve: int = 0):
     budget = getattr(oracle, "budget", None)
 
     def fits(level):
-        return budget is None or oracle.remaining - reserve >= polish_sequences(model, level, 4) - (
-            0 if held is None else len(held[0]))
+        return budget is None or oracle.remaining - reserve >= polish_sequences(model, level) - (
+            0 if held is None else sum(len(X) for X, _ in held.values()))
 
     if how == "none":
         return model, reports
