@@ -12,7 +12,7 @@ from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.transformer_multihead import extract_transformer_multihead
 from attnprobe.learners.transformer_polish import (LEVELS, _Stacked, polish_attention, polish_sequences,
                                                    refine)
-from attnprobe.models.transformer import transformer_errors
+from attnprobe.models.transformer import MultiHeadTransformer, transformer_errors
 from attnprobe.oracles.base import Oracle
 from attnprobe.targets import random_multihead_transformer
 
@@ -99,3 +99,19 @@ def test_rank_one_value_maps_are_refused_naming_the_cause(d, H, m, K, seed):
     t = random_multihead_transformer(d, H, m, outputs=K, head_dim=1, seed=seed)
     with pytest.raises(UnidentifiableError, match="rank ≥ 2"):
         extract_transformer_multihead(Oracle(t, d), seed=seed)
+
+
+@pytest.mark.parametrize("d,H,m,K,residual,seed", [(3, 2, 2, 2, False, 0), (4, 1, 3, 1, False, 0),
+                                                   (3, 2, 5, 2, True, 0), (4, 3, 6, 3, True, 1)])
+def test_unknowns_is_the_rank_of_the_models_jacobian(d, H, m, K, residual, seed):
+    """``MultiHeadTransformer.unknowns`` counts what queries determine: the rank of the Jacobian of TF in every
+    parameter, over sequences of several lengths on which every neuron is both on and off somewhere."""
+    t = random_multihead_transformer(d, H, m, outputs=K, bias=True, residual=residual, head_dim=d, seed=seed)
+    rng = np.random.default_rng(0)
+    blocks = [(X, t(X)) for X in (rng.standard_normal((300, N, d)) for N in (1, 2, 3, 5))]
+    lin = _Stacked(t, blocks, LEVELS["all"])
+    on = np.concatenate([p.relu for p in lin.parts]) > 0
+    assert np.all(on.any(axis=0)) and np.all((~on).any(axis=0))  # generic: no dead and no always-on neuron
+    J = np.array([lin.matvec(e) for e in np.eye(lin.size)]).T
+    s = np.linalg.svd(J, compute_uv=False)
+    assert int(np.sum(s > 1e-9 * s[0])) == MultiHeadTransformer.unknowns(d, H, m, K, residual)

@@ -102,7 +102,7 @@ class _Linearised:
         a = np.einsum("hij,nhj->ni", model.v, mixed) + (X[:, -1] if model.residual else 0.0)
         pre = a @ model.A + model.b
         fit = np.maximum(pre, 0) @ model.w_o + model.c
-        self.residual = (y - fit).reshape(n * K)
+        self.residual = (np.reshape(y, (n, K)) - fit).reshape(n * K)
         self.keep = np.repeat(np.all(np.abs(pre) > KINK * np.abs(pre).max(), axis=1), K)
         on = (pre > 0).astype(float)
         Dw = on[:, :, None] * model.w_o[None]  # (n, m, K): diag(1[pre > 0]) w_o

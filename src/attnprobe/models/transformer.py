@@ -137,11 +137,11 @@ class MultiHeadTransformer(FFNWidths):
 
     @staticmethod
     def unknowns(d: int, H: int, m: int, K: int, residual: bool = False) -> int:
-        """Identifiable numbers: ``H(d² + d)`` for the attention scores, the maps ``AᵀV_h`` (``H·d·min(d, m)``,
-        less the ``min(d, m)²`` of the invertible map between V and A unless the residual pins it, plus ``d·m``
-        for the residual's A), ``m`` biases, ``m·K`` output weights less ``m`` neuron scales, and ``K``."""
+        """Identifiable numbers: ``H(d² + d)`` for the attention scores; the maps ``[AᵀV_1 … AᵀV_H]``, an
+        m × Hd matrix of rank ``r = min(d, m)``: ``r(m + Hd − r)`` (with the residual ``Aᵀ[I, V_1 … V_H]``, of the
+        same rank: ``r(m + d − r) + H·d·r``); ``m`` biases, ``m·K`` output weights less ``m`` neuron scales, ``K``."""
         r = min(d, m)
-        maps = H * d * r + (d * m if residual else -r * r)
+        maps = r * (m + d - r) + H * d * r if residual else r * (m + H * d - r)
         return H * (d * d + d) + maps + m * K + K
 
     def with_dtype(self, dtype: str) -> "MultiHeadTransformer":
