@@ -58,6 +58,8 @@ RESIDUAL_TOL = 1e-6
 #: what a refusal of rank-1 value maps says about them
 RANK_ONE = ("this learner needs every head's value map V_h to have rank ≥ 2 (head dimension ≥ 2); rank-1 value maps "
             "need a switch-off stage it does not have")
+#: regions chosen for the maps: the most informative among those with at least this share of the widest margin
+MARGIN_SHARE = 0.25
 #: a region is usable when its base is at least this share of the distance to the nearest neuron hyperplane
 CANDIDATES = 4096
 #: last tokens of the near frames reach this share of the distance to the nearest neuron hyperplane
@@ -79,16 +81,22 @@ class _Regions:
         self.gnorm = np.linalg.norm(gs, axis=1)
         self.used: list[bytes] = []
 
-    def next(self) -> tuple[np.ndarray, float, np.ndarray]:
-        """The unused region with the widest margin among those whose g is not small: (β, margin, pattern)."""
+    def next(self, prefer=None) -> tuple[np.ndarray, float, np.ndarray]:
+        """The unused region with the widest margin among those whose g is not small: (β, margin, pattern).
+        ``prefer``: scores of the candidates' patterns; then the best-scoring region among those with at least
+        ``MARGIN_SHARE`` of the widest unused margin."""
         ok = self.gnorm >= 0.1 * self.gnorm.max()
-        order = np.argsort(-np.where(ok, self.margin, -1.0))
-        for i in order:
-            key = self.patterns[i].tobytes()
-            if key not in self.used and ok[i]:
-                self.used.append(key)
-                return self.B[i], float(self.margin[i]), self.patterns[i]
-        raise RecoveryError("no further FFN region with a usable margin: the neurons leave no room to probe in")
+        keys = [p.tobytes() for p in self.patterns]
+        unused = ok & np.array([k not in self.used for k in keys])
+        if not np.any(unused):
+            raise RecoveryError("no further FFN region with a usable margin: the neurons leave no room to probe in")
+        if prefer is None:
+            i = int(np.argmax(np.where(unused, self.margin, -1.0)))
+        else:
+            wide = unused & (self.margin >= MARGIN_SHARE * self.margin[unused].max())
+            i = int(np.argmax(np.where(wide, prefer(self.patterns), -np.inf)))
+        self.used.append(keys[i])
+        return self.B[i], float(self.margin[i]), self.patterns[i]
 
     def near_base(self, beta, pattern) -> np.ndarray:
         """The near frame's base ``Rβ``: the R with the least predicted error of ``u_h = p_h(z) − W_h z``,
@@ -277,17 +285,17 @@ class _Seen:
 
     def __init__(self, run, ffn, regions, r, limit):
         self.run, self.ffn, self.regions, self.r, self.limit = run, ffn, regions, r, limit
-        self.Gs, self.maps, self.lasts, self.info = [], [], [], []
+        self.Gs, self.Ps, self.maps, self.lasts, self.info = [], [], [], [], []
         self.parts: list[list] = []
         self.H = 0
         self.skipped = 0
 
-    def _values(self, plane, tries: int = 4):
+    def _values(self, plane, tries: int = 4, prefer=None):
         """The next region whose saturated circles read cleanly (a region whose cones are too narrow for the
         steps, or whose circle leaves it, is skipped: at most ``tries`` in a row)."""
         for attempt in range(tries):
             with self.run.phase("values"):
-                beta, margin, pattern = self.regions.next()
+                beta, margin, pattern = self.regions.next(prefer)
                 try:
                     vals, maps, last = _far_values(self.run.oracle, self.ffn, beta, margin, self.r, self.run.rng,
                                                    plane)
@@ -303,6 +311,7 @@ class _Seen:
 
     def _keep(self, pattern, maps, last):
         self.Gs.append(self.ffn.linear(pattern)[0])
+        self.Ps.append(pattern[:, None] * self.ffn.w)  # G = CᵀP: the region's active output weights
         self.maps.append(maps)
         self.lasts.append(last)
 
@@ -340,17 +349,16 @@ class _Seen:
                               "match_angle": worst})
 
     def maps_spanned(self, W, u) -> int:
-        """Stage 4: more regions (values only, heads matched by the complete scores) until the G's span the
-        neurons' row space well. Returns how many were added."""
+        """Stage 4: more regions (values only, heads matched by the complete scores) until the regions' active
+        output weights, seen from the neurons' column space, are well conditioned. Returns how many were added."""
         C = self.ffn.C
-        rank_C = np.linalg.matrix_rank(C, tol=1e-8 * np.linalg.norm(C, 2))
         added = 0
-        while _conditioning(self.Gs, rank_C) < WELL_SPANNED:
+        while _conditioning(C, self.Ps, self.ffn.w) < WELL_SPANNED:
             if len(self.Gs) >= self.limit + C.shape[1]:
-                if _conditioning(self.Gs, rank_C) > 0:
+                if _conditioning(C, self.Ps, self.ffn.w) > 0:
                     break  # spanned, if not well: the check judges the result
                 raise RecoveryError("the FFN regions' output maps do not span the neurons' row space")
-            beta, _, pattern, vals, m_j, last_j = self._values(None)
+            beta, _, pattern, vals, m_j, last_j = self._values(None, prefer=_informative(C, self.Ps, self.ffn.w))
             cols, _ = _match(lambda zf: W @ zf + u, vals, FAR * beta)
             self._keep(pattern, m_j[cols], last_j)
             added += 1
@@ -358,21 +366,54 @@ class _Seen:
 
 
 def _assemble(ffn: KnownFFN, W, u, seen: _Seen):
-    """The representative (module docstring) and the residual's share of the maps."""
-    d = W.shape[1]
-    Gall = np.concatenate(seen.Gs, axis=1)  # (d, ΣK)
+    """The representative (module docstring) and the residual's share of the maps. Region j's maps are
+    ``Ṽ_hᵀG_j = R_hᵀP_j`` with ``R_h = CṼ_h`` (m × d, what TF depends on) and ``P_j`` its active output
+    weights; in the metric of the output weights (row k of R_h acts through ‖w_k‖), ``diag(‖w_k‖)R_h = U Y_h``
+    with U the column space of ``diag(‖w_k‖)C``, and ``Y_hᵀ = M_h S⁺`` (``S``: :func:`_weighted`)."""
+    C = ffn.C
+    U, S = _weighted(C, seen.Ps, ffn.w)
     Mall = np.concatenate(seen.maps, axis=2)  # (H, d, ΣK): Ṽ_hᵀ G
-    Vt = np.einsum("hik,kj->hji", Mall, np.linalg.pinv(Gall, rcond=1e-10))  # Ṽ_h = (M_h G⁺)ᵀ
+    n = np.linalg.norm(ffn.w, axis=1)
+    R = np.einsum("mr,hik,kr->hmi", U / n[:, None], Mall, np.linalg.pinv(S, rcond=1e-10))  # R_h = C Ṽ_h
+    Gall = np.concatenate(seen.Gs, axis=1)
     last = np.concatenate(seen.lasts, axis=1)
     residual_part = float(np.linalg.norm(last) / max(np.linalg.norm(Gall), 1e-300))
     residual = residual_part > RESIDUAL_TOL
-    A, v = ffn.C.T, Vt
-    if residual:
-        R0 = np.eye(d) - Vt.sum(axis=0)  # the last token's map in the length-1 frame
-        if np.linalg.cond(R0) > 1e12:
-            raise RecoveryError("the last-token map I − Σ_h Ṽ_h is singular: not a residual block of this form")
-        A, v = R0.T @ ffn.C.T, np.linalg.solve(R0, Vt)
-    return MultiHeadTransformer(W, u, v, A, ffn.b, ffn.w, ffn.c, residual), residual_part
+    At = C - R.sum(axis=0) if residual else C  # with the residual Aᵀ = C R₀ = C − Σ_h C Ṽ_h
+    sv = np.linalg.svd(At, compute_uv=False)
+    if residual and sv[U.shape[1] - 1] <= 1e-12 * sv[0]:
+        raise RecoveryError("the last-token map C − Σ_h C Ṽ_h is singular: not a residual block of this form")
+    v = np.einsum("im,hmj->hij", np.linalg.pinv(At, rcond=1e-12), R)  # AᵀV_h = R_h
+    return MultiHeadTransformer(W, u, v, At.T, ffn.b, ffn.w, ffn.c, residual), residual_part
+
+
+def _weighted(C, Ps, w):
+    """``(U, S)``: U the column space of ``diag(‖w_k‖)C`` and ``S = Uᵀdiag(1/‖w_k‖)P`` for the stacked active
+    output weights P (a neuron with small output weights is seen weakly, and matters as weakly)."""
+    n = np.maximum(np.linalg.norm(w, axis=1), 1e-300)
+    U = _column_space(n[:, None] * C)
+    return U, U.T @ (np.concatenate(Ps, axis=1) / n[:, None])
+
+
+def _informative(C, Ps, w):
+    """Scores of candidate patterns for the maps: ``tr(QᵀM Q)`` with ``Q = Uᵀ(pattern ⊙ w/‖w‖)`` and ``M`` the
+    regularised inverse of the current ``SSᵀ`` (:func:`_weighted`): large along directions the regions seen so
+    far barely cover (a D-optimal design step)."""
+    U, S = _weighted(C, Ps, w)
+    SS = S @ S.T
+    M = np.linalg.inv(SS + 1e-3 * np.trace(SS) / len(SS) * np.eye(len(SS)))
+    Uw = np.einsum("mr,mk->mrk", U, w / np.maximum(np.linalg.norm(w, axis=1, keepdims=True), 1e-300))
+
+    def score(patterns):
+        Q = np.einsum("nm,mrk->nrk", patterns.astype(float), Uw)
+        return np.einsum("nrk,rs,nsk->n", Q, M, Q)
+    return score
+
+
+def _column_space(C) -> np.ndarray:
+    """Orthonormal basis (m × rank C) of the column space of the neuron rows C (m × d)."""
+    Uc, s, _ = np.linalg.svd(C, full_matrices=False)
+    return Uc[:, : int(np.sum(s > 1e-8 * s[0]))]
 
 
 def _partial_predictor(parts0):
@@ -380,10 +421,13 @@ def _partial_predictor(parts0):
     return lambda zf: np.array([N @ (NW @ zf + Nu) for N, NW, Nu in parts0])
 
 
-def _conditioning(Gs, rank_C: int) -> float:
-    """``σ_rank C / σ_1`` of the stacked region maps G (0 while they do not span the neurons' row space)."""
-    sv = np.linalg.svd(np.concatenate(Gs, axis=1), compute_uv=False)
-    return float(sv[rank_C - 1] / sv[0]) if sv.size >= rank_C and sv[0] > 0 else 0.0
+def _conditioning(C, Ps, w) -> float:
+    """``σ_r / σ_1`` of ``S`` (:func:`_weighted`, r = rank C): the conditioning of the least squares for
+    ``R_h = CṼ_h`` (0 while the regions do not determine it)."""
+    U, S = _weighted(C, Ps, w)
+    sv = np.linalg.svd(S, compute_uv=False)
+    r = U.shape[1]
+    return float(sv[r - 1] / sv[0]) if sv.size >= r and sv[0] > 0 else 0.0
 
 
 def _frame_g(ffn: KnownFFN, pattern, r) -> np.ndarray:
