@@ -99,6 +99,18 @@ def test_learner_succeeds_over_seeds():
     assert ok >= 3
 
 
+def test_one_output_needs_about_rank_c_regions_for_the_maps():
+    """K = 1: each region gives one equation per row of R_h = CṼ_h, so about rank C regions determine the maps;
+    choosing them where the regions seen so far cover least keeps the total within 2·rank C (the cap, 3d + 2,
+    was reached before)."""
+    for seed in (0, 1):
+        t = random_multihead_transformer(12, 2, 16, outputs=1, bias=True, seed=40 + seed)
+        res = extract_transformer_multihead(Oracle(t, 12), seed=seed)
+        assert res.passed and transformer_errors(t, res.model, seed=seed)["function"] <= 1e-8
+        regions = res.details["attention_regions"] + res.details["map_regions"]
+        assert regions <= 2 * 12
+
+
 def test_learner_on_the_sec41_model():
     t = random_transformer(6, 12, seed=3)
     res, _ = _learn(t)

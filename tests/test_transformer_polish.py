@@ -115,3 +115,4 @@ def test_unknowns_is_the_rank_of_the_models_jacobian(d, H, m, K, residual, seed)
     J = np.array([lin.matvec(e) for e in np.eye(lin.size)]).T
     s = np.linalg.svd(J, compute_uv=False)
     assert int(np.sum(s > 1e-9 * s[0])) == MultiHeadTransformer.unknowns(d, H, m, K, residual)
+
