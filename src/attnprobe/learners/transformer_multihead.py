@@ -13,11 +13,14 @@ The route (docs/transformer.md):
    (:mod:`.transformer_heads`): exact linear measurements of ``W_h``, ``u_h`` on that subspace. Regions with other
    value vectors see other subspaces; heads are matched across regions by where they cross a saturated circle
    drawn inside ``{v_g}^⊥``. Needs ``d ≥ H + 2`` when one region does not suffice (H ≥ 2).
-4. **maps** — with every attention weight known, TF is linear in the maps ``GᵀṼ_h`` inside each region:
-   least squares in regions whose ``G`` span the neurons' row space gives ``Ṽ_h`` (``C Ṽ_h = AᵀV_h``), and the
-   residual ``R₀ = I − Σ_h Ṽ_h`` (zero on that row space without a residual).
+4. **maps** — region j's maps are ``Ṽ_hᵀG_j = R_hᵀP_j`` with ``R_h = CṼ_h = AᵀV_h`` (m × d, what TF depends on)
+   and ``P_j`` its active output weights: least squares over regions chosen where the ones seen so far cover
+   least, until those equations are well conditioned (about rank C regions for K = 1).
+5. **polish** — Gauss–Newton on every head's scores, then on every parameter if needed
+   (:mod:`.transformer_polish`).
 
-The representative returned: ``A = Cᵀ`` and ``V_h = Ṽ_h`` (no residual), or ``Aᵀ = C R₀`` and ``V_h = R₀⁻¹Ṽ_h``.
+The representative returned: ``A = Cᵀ`` and ``V_h = C⁺R_h`` (no residual), or ``Aᵀ = C − Σ_h R_h`` (``C R₀``,
+``R₀ = I − Σ_h Ṽ_h`` the last token's map in the length-1 frame) and ``V_h = (Aᵀ)⁺R_h``.
 What remains free: neuron order and positive scale, head order, ``V_h ↦ M V_h, A ↦ M⁻ᵀA`` (no residual) and heads
 whose ``(W_h, u_h)`` coincide (Prop. 7.1: they come back as one head).
 """
