@@ -295,21 +295,22 @@ class _Seen:
 
     def _values(self, plane, tries: int = 4, prefer=None):
         """The next region whose saturated circles read cleanly (a region whose cones are too narrow for the
-        steps, or whose circle leaves it, is skipped: at most ``tries`` in a row)."""
+        steps, whose circle leaves it, or whose circle shows another number of heads than the first region's, is
+        skipped: at most ``tries`` in a row)."""
         for attempt in range(tries):
             with self.run.phase("values"):
                 beta, margin, pattern = self.regions.next(prefer)
                 try:
                     vals, maps, last = _far_values(self.run.oracle, self.ffn, beta, margin, self.r, self.run.rng,
                                                    plane)
+                    if self.H and vals.v.shape[0] != self.H:
+                        raise RecoveryError(f"one FFN region shows {self.H} heads and another {vals.v.shape[0]}: "
+                                            "the target is not a multi-head transformer of this form")
                     break
                 except (SaturationError, RecoveryError):
                     self.skipped += 1
                     if attempt == tries - 1:
                         raise
-        if self.H and vals.v.shape[0] != self.H:
-            raise RecoveryError(f"one FFN region shows {self.H} heads and another {vals.v.shape[0]}: the target is "
-                                "not a multi-head transformer of this form")
         return beta, margin, pattern, vals, maps, last
 
     def _keep(self, pattern, maps, last):
