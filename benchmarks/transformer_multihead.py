@@ -2,13 +2,17 @@
 
     python benchmarks/transformer_multihead.py --tables grid --d 8 --seeds 5
     python benchmarks/transformer_multihead.py --tables eprint,mha26,separate --seeds 5
+    python benchmarks/transformer_multihead.py --tables grid-table --d 32        # tabulate what the runs file holds
+    python benchmarks/transformer_multihead.py --tables compare --d 8,12 --before benchmarks/results/...jsonl
 
 ``grid``: success per cell over d, H ∈ {1, 2, 4, 6}, m ∈ {8, 16, 64}, biases on/off, K ∈ {1, 3, 10}: a run succeeds
 when its functional check passes and the model's relative error on fresh N(0, I) sequences of every length 1–16
 (against the true model) is ≤ 1e-8. ``eprint``: d = 8, H = 6 (the ePrint 2026/1678 experiment's size) beside its
 2⁻⁵¹. ``mha26``: bias-free FFN, one output. ``separate``: our queries against the unknowns and against the
-multi-head generic learner plus the FFN learner run on their own. Each run has a budget of 10⁶ queries.
-Timings are wall-clock seconds on a shared 2-core machine. Tables go to docs/benchmarks.md.
+multi-head generic learner plus the FFN learner run on their own. ``grid`` appends every run to a JSON-lines file
+(``benchmarks/results/transformer_grid_d*.jsonl``; a rerun resumes), seed by seed over all cells; ``grid-table``
+tabulates it; ``compare`` sets the queries of the runs two such files share side by side. Each run has a budget
+of 10⁶ queries. Timings are wall-clock seconds on a shared 2-core machine. Tables go to docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -101,6 +105,25 @@ def grid_table(ds, path):
     return t
 
 
+def compare_table(before, after):
+    """Median queries per (d, H, K) over the runs both JSON-lines files hold (same cells and seeds): the learner
+    before and after a change."""
+    def load(path):
+        with open(path) as fh:
+            return {tuple(r["key"]): r for r in map(json.loads, filter(str.strip, fh))}
+    old, new = load(before), load(after)
+    common = sorted(set(old) & set(new))
+    t = Table(["d", "H", "K", "runs", "median queries before", "median queries after", "after / before",
+               "success before", "success after"])
+    for d, H, K in sorted({(k[0], k[1], k[4]) for k in common}):
+        keys = [k for k in common if (k[0], k[1], k[4]) == (d, H, K)]
+        qo = float(np.median([old[k]["queries"] for k in keys]))
+        qn = float(np.median([new[k]["queries"] for k in keys]))
+        t.add(d, H, K, len(keys), qo, qn, qn / qo, f"{sum(old[k]['ok'] for k in keys)}/{len(keys)}",
+              f"{sum(new[k]['ok'] for k in keys)}/{len(keys)}")
+    return t
+
+
 def eprint_table(seeds):
     t = Table(["setting", "seeds", "success", "max W error", "max u error", "max fn error", "paper's precision",
                "median queries", "unknowns", "median s"])
@@ -163,6 +186,7 @@ def main() -> None:
     ap.add_argument("--d", default="8,12,32")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--before", default=None, help="--tables compare: the JSON-lines file of the runs before")
     ap.add_argument("--runs", default=None, help="JSON-lines file of the grid's runs (default: results/ beside "
                     "this script); --tables grid-table only tabulates it")
     args = ap.parse_args()
@@ -174,10 +198,13 @@ def main() -> None:
         grid_runs(ds, args.seeds, runs)
         return grid_table(ds, runs)
 
-    makers = {"grid": grid, "grid-table": lambda: grid_table(ds, runs), "eprint": lambda: eprint_table(args.seeds),
+    makers = {"grid": grid, "grid-table": lambda: grid_table(ds, runs),
+              "compare": lambda: compare_table(args.before, runs), "eprint": lambda: eprint_table(args.seeds),
               "mha26": lambda: mha26_table(args.seeds), "separate": lambda: separate_table(args.seeds)}
     grid_title = f"grid d ∈ {{{args.d}}}"
-    titles = {"grid": grid_title, "grid-table": grid_title, "eprint": "the ePrint 2026/1678 size (d = 8, H = 6)",
+    titles = {"grid": grid_title, "grid-table": grid_title,
+              "compare": "queries before and after the maps stage's change",
+              "eprint": "the ePrint 2026/1678 size (d = 8, H = 6)",
               "mha26": "bias-free FFN, one output (the MHA'26 setting)",
               "separate": "queries against the learners run separately"}
     for name in args.tables.split(","):
