@@ -61,6 +61,9 @@ RESIDUAL_TOL = 1e-6
 #: what a refusal of rank-1 value maps says about them
 RANK_ONE = ("this learner needs every head's value map V_h to have rank ≥ 2 (head dimension ≥ 2); rank-1 value maps "
             "need a switch-off stage it does not have")
+#: singular values of the neuron rows C below this (relative) are the FFN learner's noise: C's rank is that of
+#: A^T Σ_h V_h, below d when the heads' value maps together do not span R^d (6 heads of dimension 5 at d = 32)
+RANK_TOL = 1e-8
 #: regions chosen for the maps: the most informative among those with at least this share of the widest margin
 MARGIN_SHARE = 0.25
 #: a region is usable when its base is at least this share of the distance to the nearest neuron hyperplane
@@ -387,7 +390,7 @@ def _assemble(ffn: KnownFFN, W, u, seen: _Seen):
     sv = np.linalg.svd(At, compute_uv=False)
     if residual and sv[U.shape[1] - 1] <= 1e-12 * sv[0]:
         raise RecoveryError("the last-token map C − Σ_h C Ṽ_h is singular: not a residual block of this form")
-    v = np.einsum("im,hmj->hij", np.linalg.pinv(At, rcond=1e-12), R)  # AᵀV_h = R_h
+    v = np.einsum("im,hmj->hij", np.linalg.pinv(At, rcond=RANK_TOL), R)  # AᵀV_h = R_h (noise directions cut)
     return MultiHeadTransformer(W, u, v, At.T, ffn.b, ffn.w, ffn.c, residual), residual_part
 
 
@@ -417,7 +420,7 @@ def _informative(C, Ps, w):
 def _column_space(C) -> np.ndarray:
     """Orthonormal basis (m × rank C) of the column space of the neuron rows C (m × d)."""
     Uc, s, _ = np.linalg.svd(C, full_matrices=False)
-    return Uc[:, : int(np.sum(s > 1e-8 * s[0]))]
+    return Uc[:, : int(np.sum(s > RANK_TOL * s[0]))]
 
 
 def _partial_predictor(parts0):
