@@ -26,7 +26,7 @@ import numpy as np
 from attnprobe._validation import check_int
 from attnprobe.errors import (ConfigError, InputNormError, OracleAnswerError, OracleError, RecoveryError,
                               UnidentifiableError)
-from attnprobe.learners.multihead.vector_heads import fit_delta, jennrich, theta_from_values
+from attnprobe.learners.multihead.vector_heads import fit_delta, fit_deltas, jennrich, theta_from_values
 from attnprobe.learners.multihead.vector_logits import gap_rank, head_attention_errors, learn_logits
 from attnprobe.learners.probes import random_orthogonal
 from attnprobe.learners.skeleton import Run
@@ -243,10 +243,10 @@ class _Separation:
         """Separate a batch of differences, each started from its θ (restarted from scratch if that fails)."""
         n = self.n
         R = self.layer.residuals(np.concatenate([_two_row(self.b0 + self.T @ self.Z.T, dl) for dl in deltas]))
+        Rs = R.reshape(R.shape[0], len(deltas), n).transpose(1, 0, 2)  # (F, K, n): one block per difference
+        fitted = fit_deltas(Rs, self.T, np.stack(deltas) @ self.layer.M.T, np.stack(thetas))
         out = []
-        for j, (dl, th) in enumerate(zip(deltas, thetas)):
-            Rj = R[:, j * n:(j + 1) * n]
-            fk = fit_delta(Rj, self.T, self.layer.M @ dl, th)
+        for dl, th, Rj, fk in zip(deltas, thetas, Rs, fitted):
             if fk.residual > self.tol:  # the continuation fell into another minimum: start this δ afresh
                 self.restarts += 1
                 fk = _relabel(self.from_scratch(dl, Rj, self.T), th.T, None)
@@ -269,6 +269,7 @@ class _Separation:
         Q = random_orthogonal(d, self.rng)
         size = np.linalg.norm(self.delta0)
         ws, deltas, self.worst = [fit0.w], [self.delta0], fit0.residual
+        split = True  # the column spaces may still split M (False once exhausted spaces did not)
         for k0 in range(0, d, batch):
             ks = range(k0, min(d, k0 + batch))
             dk = [self.delta0 + SMALL_STEP * size * Q[k] for k in ks]
@@ -284,10 +285,11 @@ class _Separation:
             self.count = len(deltas)
             report()
             final = len(deltas) == d + 1
-            if final or (not self.coarse and len(ws) >= 16 and (len(ws) - 1) % 32 == 0):
+            if final or (split and not self.coarse and len(ws) >= 16 and (len(ws) - 1) % 32 == 0):
                 V, route = _value_maps(np.stack(ws, axis=2), np.stack(deltas, axis=1), M, eps, final=final)
                 if V is not None:
                     return V, route
+                split = route != "no split"  # more differences span the same spaces: they cannot split M either
         raise RecoveryError("the value maps could not be assembled")  # pragma: no cover - final always returns
 
 
@@ -322,23 +324,25 @@ def _ranks(V):
 
 def _value_maps(Wv, D, M, eps, final):
     """The value maps ``V_h`` from the separated ``w_h(δ_j) = V_h δ_j`` (``Wv (K, H, m)``, ``D (d, m)``): the
-    heads' column spaces split ``M`` when well-conditioned; with d + 1 differences, ``V_h = w_h D⁺`` directly."""
+    heads' column spaces split ``M`` when well-conditioned; with d + 1 differences, ``V_h = w_h D⁺`` directly.
+    Returns ``(V, route)``, or ``(None, why)``: ``"not exhausted"`` (a column space may still grow) or ``"no
+    split"`` (every space is exhausted, and together they are too ill-conditioned or do not span M)."""
     K, H, m = Wv.shape
     if final:
-        return np.einsum("khm,md->hkd", Wv, np.linalg.pinv(D)), "differences"
+        return np.matmul(Wv.transpose(1, 0, 2), np.linalg.pinv(D)), "differences"
     bases = []
     for h in range(H):
         Uh, sh, _ = np.linalg.svd(Wv[:, h, :], full_matrices=False)
         r = int(np.sum(sh > max(1e3 * eps, 1e-11) * sh[0]))
         if r >= m - 8:  # the column space is not exhausted yet
-            return None, None
+            return None, "not exhausted"
         bases.append(Uh[:, :r])
     E = np.concatenate(bases, axis=1)
     if E.shape[1] > K or np.linalg.cond(E) > SUBSPACE_COND:
-        return None, None
+        return None, "no split"
     coef, *_ = np.linalg.lstsq(E, M, rcond=None)
     if np.linalg.norm(M - E @ coef) > 1e3 * eps * np.linalg.norm(M):
-        return None, None
+        return None, "no split"
     out, i = [], 0
     for Eh in bases:
         out.append(Eh @ coef[i:i + Eh.shape[1]])
