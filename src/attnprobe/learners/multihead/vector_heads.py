@@ -111,47 +111,42 @@ class _Projection:
 def _levenberg_marquardt(fit: _Projection, x: np.ndarray, max_iter: int) -> np.ndarray:
     """Minimise every fit's ``‖residual‖`` (Levenberg–Marquardt with Nielsen's damping update, each fit with its
     own damping); a fit stops when a step no longer reduces its misfit by a relative 1e-12 or after
-    ``max_iter`` iterations. ``x (F, p)``: the starting parameters, one row per fit."""
+    ``max_iter`` iterations. ``x (F, p)``: the starting parameters, one row per fit. Each round every running
+    fit tries one step (a rejected one again with more damping), all in one batch."""
     F = len(x)
     every = np.arange(F)
     S, Qd, w, res = fit.parts(x, every)
     r = fit.residual(res, every)
     cost = np.einsum("fi,fi->f", r, r)
     lam, nu = np.full(F, 1e-3), np.full(F, 2.0)
-    active, iters = np.ones(F, bool), np.zeros(F, int)
-    while active.any() and max_iter > 0:
-        a = np.flatnonzero(active)
-        A, g = fit.normal_equations(S[a], Qd[a], w[a], r[a], a)
-        diag = np.maximum(np.diagonal(A, axis1=1, axis2=2), 1e-300)
-        pending = np.ones(len(a), bool)
-        while pending.any():
-            p = np.flatnonzero(pending)
-            f = a[p]
-            step = np.linalg.solve(A[p] + lam[f, None, None] * (diag[p][:, :, None] * np.eye(A.shape[1])),
-                                   -g[p][:, :, None])[:, :, 0]
-            x_new = x[f] + step
-            S_n, Qd_n, w_n, res_n = fit.parts(x_new, f)
-            r_new = fit.residual(res_n, f)
-            cost_new = np.einsum("fi,fi->f", r_new, r_new)
-            ok = cost_new < cost[f]
-            if ok.any():
-                i, fo = p[ok], f[ok]
-                done = (cost[fo] - cost_new[ok] <= 1e-12 * cost[fo]) | (
-                    np.linalg.norm(step[ok], axis=1) <= 1e-14 * (1 + np.linalg.norm(x[fo], axis=1)))
-                x[fo], r[fo], cost[fo] = x_new[ok], r_new[ok], cost_new[ok]
-                S[fo], Qd[fo], w[fo] = S_n[ok], Qd_n[ok], w_n[ok]
-                lam[fo], nu[fo] = np.maximum(lam[fo] / 3.0, 1e-12), 2.0
-                active[fo[done]] = False
-                pending[i] = False
-            if (~ok).any():
-                fr = f[~ok]
-                lam[fr] *= nu[fr]
-                nu[fr] *= 2.0
-                gave_up = lam[fr] > 1e12
-                active[fr[gave_up]] = False
-                pending[p[~ok][gave_up]] = False
-        iters[a] += 1
-        active &= iters < max_iter
+    active, iters = np.full(F, max_iter > 0), np.zeros(F, int)
+    A, g = fit.normal_equations(S, Qd, w, r, every)
+    eye = np.eye(A.shape[1])
+    while active.any():
+        f = np.flatnonzero(active)
+        diag = np.maximum(np.diagonal(A[f], axis1=1, axis2=2), 1e-300)
+        step = np.linalg.solve(A[f] + lam[f, None, None] * (diag[:, :, None] * eye), -g[f][:, :, None])[:, :, 0]
+        x_new = x[f] + step
+        S_n, Qd_n, w_n, res_n = fit.parts(x_new, f)
+        r_new = fit.residual(res_n, f)
+        cost_new = np.einsum("fi,fi->f", r_new, r_new)
+        ok = cost_new < cost[f]
+        fr = f[~ok]  # rejected: more damping, or give up
+        lam[fr] *= nu[fr]
+        nu[fr] *= 2.0
+        active[fr[lam[fr] > 1e12]] = False
+        if ok.any():
+            fo = f[ok]
+            done = (cost[fo] - cost_new[ok] <= 1e-12 * cost[fo]) | (
+                np.linalg.norm(step[ok], axis=1) <= 1e-14 * (1 + np.linalg.norm(x[fo], axis=1)))
+            x[fo], r[fo], cost[fo] = x_new[ok], r_new[ok], cost_new[ok]
+            S[fo], Qd[fo], w[fo] = S_n[ok], Qd_n[ok], w_n[ok]
+            lam[fo], nu[fo] = np.maximum(lam[fo] / 3.0, 1e-12), 2.0
+            iters[fo] += 1
+            active[fo[done | (iters[fo] >= max_iter)]] = False
+            go = fo[active[fo]]  # the next step of these starts from their new Jacobian
+            if len(go):
+                A[go], g[go] = fit.normal_equations(S[go], Qd[go], w[go], r[go], go)
     return x
 
 
