@@ -31,11 +31,10 @@ def _max_row_norm(X: np.ndarray) -> float:
     """The largest Euclidean norm of a row of the batch ``X``, the same number as the largest
     ``np.linalg.norm`` of a row: squared norms by one pass of dot products, then the norms of the rows within
     their rounding of the largest."""
-    rows = X.reshape(-1, X.shape[-1])
-    squares = np.vecdot(rows, rows) if hasattr(np, "vecdot") else np.einsum("ij,ij->i", rows, rows)
+    squares = np.vecdot(X, X) if hasattr(np, "vecdot") else np.einsum("...i,...i->...", X, X)  # (B, N)
     top = squares.max()
-    if np.isfinite(top):  # a sum of d squares is within d roundings of its exact value
-        rows = rows[squares >= top * (1.0 - 4.0 * X.shape[-1] * np.finfo(np.float64).eps)]
+    rows = X[squares >= top * (1.0 - 4.0 * X.shape[-1] * np.finfo(np.float64).eps)] if np.isfinite(top) else X
+    # (a sum of d squares is within d roundings of its exact value)
     return float(max(np.linalg.norm(rows[i:i + 256], axis=-1).max() for i in range(0, len(rows), 256)))
 
 
