@@ -110,8 +110,8 @@ class _Projection:
 
 def _levenberg_marquardt(fit: _Projection, x: np.ndarray, max_iter: int) -> np.ndarray:
     """Minimise every fit's ``‖residual‖`` (Levenberg–Marquardt with Nielsen's damping update, each fit with its
-    own damping); a fit stops when a step no longer reduces its misfit by a relative 1e-12 or after
-    ``max_iter`` iterations. ``x (F, p)``: the starting parameters, one row per fit. Each round every running
+    own damping); a fit stops when a step no longer changes its misfit by a relative 1e-12 or after ``max_iter``
+    iterations. ``x (F, p)``: the starting parameters, one row per fit. Each round every running
     fit tries one step (a rejected one again with more damping), all in one batch."""
     F = len(x)
     every = np.arange(F)
@@ -131,10 +131,10 @@ def _levenberg_marquardt(fit: _Projection, x: np.ndarray, max_iter: int) -> np.n
         r_new = fit.residual(res_n, f)
         cost_new = np.einsum("fi,fi->f", r_new, r_new)
         ok = cost_new < cost[f]
-        fr = f[~ok]  # rejected: more damping, or give up
-        lam[fr] *= nu[fr]
+        fr = f[~ok]  # rejected: more damping; done when the step changed the misfit by no more than a relative
+        lam[fr] *= nu[fr]  # 1e-12 (as an accepted step that small would be), or when the damping passes 1e12
         nu[fr] *= 2.0
-        active[fr[lam[fr] > 1e12]] = False
+        active[fr[(lam[fr] > 1e12) | (cost_new[~ok] - cost[fr] <= 1e-12 * cost[fr])]] = False
         if ok.any():
             fo = f[ok]
             done = (cost[fo] - cost_new[ok] <= 1e-12 * cost[fo]) | (
