@@ -242,9 +242,9 @@ class LogitProbe:
         for attempt in range(MAX_RETRIES + 1):
             with self.oracle.phase("retries") if attempt else nullcontext():
                 if whole and attempt == 0:
-                    queries = grid_queries(A, float(scale), Bs, None, None, self.v, self.c, self.memory)
+                    queries = grid_queries(A, float(scale), Bs, None, None, self.v, self.c, memory=self.memory)
                 else:
-                    queries = grid_queries(A, S[ell, j], Bs, ell, j, self.v, self.c, self.memory)
+                    queries = grid_queries(A, S[ell, j], Bs, ell, j, self.v, self.c, memory=self.memory)
                 lg = answer_logits(self.oracle, *queries)
                 del queries  # the next attempt's queries may reuse their memory
             self._refuse_outside(lg, len(ell), what)

@@ -161,7 +161,7 @@ class QueryMemory:
 
 
 def grid_queries(A: np.ndarray, scales, Bs: np.ndarray, ell: np.ndarray | None, j: np.ndarray | None, v: np.ndarray,
-                 c: float, memory: QueryMemory | None = None) -> tuple[np.ndarray, tuple]:
+                 c: float, *, memory: QueryMemory | None = None) -> tuple[np.ndarray, tuple]:
     """Queries ``[(s·a_ℓ + b_j); b_j]`` for the pairs ``(ℓ[i], j[i])`` (``s = scales[i]``) and what the sigmoid
     inversion of their answers needs (:func:`answer_logits`): the position values ``y0``, ``y1`` and, for the
     few answers that need them, the sizes of their terms. Built a chunk of rows at a time: the same numbers as
