@@ -58,8 +58,9 @@ def fit_deltas(R: np.ndarray, T: np.ndarray, m: np.ndarray, theta0: np.ndarray, 
 
 
 class _Projection:
-    """The variable-projection problems of a batch of fits: residuals and Kaufman's Jacobian of fits ``idx`` at
-    their logit parameters ``x (len(idx), H·(q+1))``; ``R (F, K, n)``, ``m (F, K)`` in the fits' own bases."""
+    """The variable-projection problems of a batch of fits: the residuals of fits ``idx`` at their logit
+    parameters ``x (len(idx), H·(q+1))`` and the normal equations of Kaufman's Jacobian; ``R (F, K, n)``,
+    ``m (F, K)`` in the fits' own bases."""
 
     def __init__(self, R, m, T1, scale, H):
         self.R, self.m, self.T1, self.scale, self.H = R, m, T1, scale, H
