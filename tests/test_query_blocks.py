@@ -127,3 +127,17 @@ def test_the_row_norm_check_passes_inf_and_nan_through():
     assert _max_row_norm(X) == np.inf
     X[7, 1, 2] = np.nan
     assert np.isnan(_max_row_norm(X[:200]))
+
+
+def test_an_oracle_that_scribbles_on_its_queries_changes_nothing():
+    head = random_head(16, seed=2)
+
+    def scribbling(X):
+        y = head(X)
+        X[...] = np.nan  # after answering: the learner must not read its queries back
+        return y
+
+    clean = extract_exact(Oracle(head, 16), seed=2, check=False)  # (the check compares on its own queries)
+    dirty = extract_exact(Oracle(scribbling, 16), seed=2, check=False)
+    assert dirty.queries == clean.queries
+    assert np.array_equal(dirty.model.W, clean.model.W) and np.array_equal(dirty.model.u, clean.model.u)
