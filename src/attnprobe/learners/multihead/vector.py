@@ -44,6 +44,9 @@ LOGIT_SCALE = 0.5
 SMALL_STEP, FAR_STEP = 0.05, 1.0
 #: answers coarser than this unit roundoff (float32's is 6e-8) that fail to separate are refused naming it
 COARSEST_EPS = 1e-6
+#: differences asked and fitted together once only the route "differences" remains (one oracle call, one batch of
+#: fits: the fits' shared work is paid once)
+LATE_BATCH = 128
 #: fresh queries of the per-head attention check (:func:`head_attention_errors`)
 HEAD_CHECK_QUERIES = 16
 
@@ -270,8 +273,10 @@ class _Separation:
         size = np.linalg.norm(self.delta0)
         ws, deltas, self.worst = [fit0.w], [self.delta0], fit0.residual
         split = True  # the column spaces may still split M (False once exhausted spaces did not)
-        for k0 in range(0, d, batch):
-            ks = range(k0, min(d, k0 + batch))
+        k0 = 0
+        while k0 < d:  # batches of `batch` differences while the column spaces may split M, then larger ones
+            ks = range(k0, min(d, k0 + (batch if split else LATE_BATCH)))
+            k0 = ks.stop
             dk = [self.delta0 + SMALL_STEP * size * Q[k] for k in ks]
             fits = [_relabel(f, fit0.w, f.w) for f in self.fits(dk, [fit0.theta] * len(dk))]
             if self.coarse:  # θ is linear in δ: extrapolate the short difference's θ to the long one, fit there
