@@ -67,3 +67,22 @@ def test_least_squares_by_qr_and_its_least_norm_fallback():
     np.testing.assert_allclose(_least_squares(A, B), np.linalg.lstsq(A, B, rcond=None)[0], rtol=1e-10)
     A[:, 5] = A[:, 4]  # rank-deficient: QR would divide by a zero pivot
     np.testing.assert_allclose(_least_squares(A, B), np.linalg.lstsq(A, B, rcond=None)[0], rtol=1e-10)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_relabelling_is_the_optimal_assignment(seed):
+    from scipy.optimize import linear_sum_assignment
+
+    from attnprobe.learners.multihead.vector import _relabel
+    from attnprobe.learners.multihead.vector_heads import DeltaFit
+
+    rng = np.random.default_rng(seed)
+    H = 6
+    ref = rng.standard_normal((4, H))
+    perm = rng.permutation(H)
+    # near the reference in a shuffled order, or far from it (several heads nearest to the same reference head)
+    got = ref[:, perm] + (0.05 if seed % 2 else 3.0) * rng.standard_normal((4, H))
+    fit = _relabel(DeltaFit(got.copy(), got.T.copy(), 0.0), ref, None)
+    cost = np.linalg.norm(got[:, :, None] - ref[:, None, :], axis=0)
+    rows, cols = linear_sum_assignment(cost)
+    np.testing.assert_array_equal(fit.w, got[:, rows[np.argsort(cols)]])

@@ -300,13 +300,16 @@ class _Separation:
 
 def _relabel(fit, ref, got):
     """The fit with its heads put in the order of the reference: columns of ``got`` (a view of the fit) matched to
-    the nearest columns of ``ref`` (Hungarian assignment), so every difference keeps δ_0's head labels."""
-    from scipy.optimize import linear_sum_assignment
-
+    the nearest columns of ``ref`` (the assignment of least total distance: Hungarian, unless every reference
+    column has a different nearest one), so every difference keeps δ_0's head labels."""
     got = fit.theta.T if got is None else got
     cost = np.linalg.norm(got[:, :, None] - ref[:, None, :], axis=0)
-    rows, cols = linear_sum_assignment(cost)
-    order = rows[np.argsort(cols)]
+    order = np.argmin(cost, axis=0)  # each reference head's nearest: optimal whenever they are all different
+    if len(np.unique(order)) < len(order):
+        from scipy.optimize import linear_sum_assignment
+
+        rows, cols = linear_sum_assignment(cost)
+        order = rows[np.argsort(cols)]
     fit.w, fit.theta = fit.w[:, order], fit.theta[order]
     return fit
 
