@@ -33,13 +33,15 @@ sys.path.insert(0, os.path.dirname(__file__))
 from learner_overhead import Timed  # noqa: E402
 
 
-def bert_base_arrays(seed: int = 0) -> dict[str, np.ndarray]:
-    """Layer 0 of ``BertModel(BertConfig())`` after ``torch.manual_seed(seed)``, in the vector layout."""
+def bert_base_arrays(seed: int = 0, hidden: int = 768, heads: int = 12) -> dict[str, np.ndarray]:
+    """Layer 0 of ``BertModel(BertConfig())`` after ``torch.manual_seed(seed)``, in the vector layout (``hidden``
+    and ``heads`` smaller than BERT-base's 768 and 12 for a quicker run that estimates the big one's time)."""
     import torch
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(seed)
-    cfg = BertConfig(num_hidden_layers=1)  # BERT-base widths; one layer is all we query
+    cfg = BertConfig(num_hidden_layers=1, hidden_size=hidden, num_attention_heads=heads,
+                     intermediate_size=4 * hidden)  # one layer is all we query
     att = BertModel(cfg).encoder.layer[0].attention
     H, d = cfg.num_attention_heads, cfg.hidden_size
     dh = d // H
@@ -52,9 +54,28 @@ def bert_base_arrays(seed: int = 0) -> dict[str, np.ndarray]:
     return vector_layer_arrays(Q, K, V, WO, bO, bQ, bV)
 
 
+class Progress:
+    """``fn`` that prints the sequences answered so far and the elapsed seconds to stderr once a minute (a long run
+    killed at a deadline still says how far it got)."""
+
+    def __init__(self, fn, every: float = 60.0):
+        self.fn, self.every, self.answered = fn, every, 0
+        self.t0 = self.last = time.perf_counter()
+
+    def __call__(self, X):
+        y = self.fn(X)
+        self.answered += len(X)
+        now = time.perf_counter()
+        if now - self.last >= self.every:
+            self.last = now
+            print(f"  progress: {self.answered} sequences answered after {now - self.t0:.0f} s "
+                  f"(load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+        return y
+
+
 def _measure(model, learn, err):
     timed = Timed(model)
-    oracle = Oracle(timed, model.d)
+    oracle = Oracle(Progress(timed), model.d)
     load0 = os.getloadavg()[0]
     tracemalloc.start()
     t0 = time.perf_counter()
@@ -72,8 +93,10 @@ def main() -> None:
     ap.add_argument("--routes", nargs="+", default=["head", "vector", "layer"], choices=["head", "vector", "layer"])
     ap.add_argument("--run-layer", action="store_true")
     ap.add_argument("--write", action="store_true")
+    ap.add_argument("--hidden", type=int, default=768, help="width d (768: BERT-base; smaller to time a rehearsal)")
+    ap.add_argument("--heads", type=int, default=12, help="heads (d / 64 keeps BERT's head size)")
     args = ap.parse_args()
-    arrays = bert_base_arrays()
+    arrays = bert_base_arrays(hidden=args.hidden, heads=args.heads)
     vec = MultiHeadAttention.from_arrays(arrays)
     row0 = MultiHeadAttention(arrays["W"], arrays["v"][:, 0, :], arrays["u"], float(arrays["c"][0]))
     cols = ["route", "learner", "queries", "error", "wall s", "model s", "learner ÷ model", "traced peak MiB",
@@ -100,7 +123,7 @@ def main() -> None:
                  *_measure(row0, lambda o: extract_generic(o, rank=64, seed=0),
                            lambda res: match_heads(row0, res.model).worst)]
         else:
-            est = estimate_queries("multihead", 768, heads=12, rank=64)
+            est = estimate_queries("multihead", args.hidden, heads=args.heads, rank=64)
             r = ["whole layer, output row 0 (scalar)", "multi-head generic, rank 64 given",
                  f"≈ {est.queries} (estimate; not run)", "—", "—", "—", "—", "—", "—", "—"]
         table.add(*r)

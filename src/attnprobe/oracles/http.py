@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -46,6 +47,9 @@ class HttpOracle:
     (and charged) before it failed.
     """
 
+    #: a remote model's precision is read from its answers (:func:`~attnprobe.oracles.base.answer_precision`)
+    answer_precision = "auto"
+
     def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 60.0, retries: int = 6,
                  concurrency: int = 4, max_batch: int | None = None, backoff: float = 0.25, wire: str = "auto"):
         import httpx
@@ -66,10 +70,11 @@ class HttpOracle:
             raise ConfigError(f"the wire format must be one of {', '.join(WIRE_FORMATS)}; got {wire!r}")
         self.retries, self.backoff, self.concurrency = int(retries), float(backoff), int(concurrency)
         try:
-            self._client = httpx.Client(base_url=self.url, timeout=timeout,
-                                        headers={"Authorization": f"Bearer {key}"},
-                                        limits=httpx.Limits(max_connections=self.concurrency + 1,
-                                                            max_keepalive_connections=self.concurrency + 1))
+            limits = httpx.Limits(max_connections=self.concurrency + 1, max_keepalive_connections=self.concurrency + 1)
+            # no Nagle: a request's head and body are written separately and must not wait for the server's ACK
+            transport = httpx.HTTPTransport(limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+            self._client = httpx.Client(base_url=self.url, timeout=timeout, transport=transport,
+                                        headers={"Authorization": f"Bearer {key}"})
         except (httpx.InvalidURL, ValueError) as exc:
             raise ConfigError(f"the URL {self.url} is not usable ({exc}); give http://HOST:PORT") from None
         self._lock = threading.Lock()
@@ -260,8 +265,8 @@ def oracle_from_http(fn: HttpOracle, d: int | None = None, **kwargs):
 
     if d is not None and int(d) != fn.d:
         raise ConfigError(f"--d {d} does not match the width d = {fn.d} that {fn.url}/v1/info reports")
-    kwargs.setdefault("max_batch", fn.max_batch * fn.concurrency)
-    kwargs.setdefault("precision", "auto")  # a remote model's precision is read from its answers
+    # the learner's whole batch goes to fn at once, which keeps ``concurrency`` requests in flight through it
+    kwargs.setdefault("max_batch", max(65536, fn.max_batch * fn.concurrency))
     return Oracle(fn, fn.d, name=fn.url, **kwargs)
 
 
