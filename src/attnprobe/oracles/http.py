@@ -15,7 +15,6 @@ import hashlib
 import json
 import math
 import os
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -70,11 +69,10 @@ class HttpOracle:
             raise ConfigError(f"the wire format must be one of {', '.join(WIRE_FORMATS)}; got {wire!r}")
         self.retries, self.backoff, self.concurrency = int(retries), float(backoff), int(concurrency)
         try:
-            limits = httpx.Limits(max_connections=self.concurrency + 1, max_keepalive_connections=self.concurrency + 1)
-            # no Nagle: a request's head and body are written separately and must not wait for the server's ACK
-            transport = httpx.HTTPTransport(limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
-            self._client = httpx.Client(base_url=self.url, timeout=timeout, transport=transport,
-                                        headers={"Authorization": f"Bearer {key}"})
+            self._client = httpx.Client(base_url=self.url, timeout=timeout,
+                                        headers={"Authorization": f"Bearer {key}"},
+                                        limits=httpx.Limits(max_connections=self.concurrency + 1,
+                                                            max_keepalive_connections=self.concurrency + 1))
         except (httpx.InvalidURL, ValueError) as exc:
             raise ConfigError(f"the URL {self.url} is not usable ({exc}); give http://HOST:PORT") from None
         self._lock = threading.Lock()
