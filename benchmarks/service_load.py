@@ -89,33 +89,52 @@ async def level(url: str, clients: int, body: bytes, batch: int, seconds: float,
             "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95))}
 
 
-def extraction_rows(tmp: str, label: str, head, learn, max_batch: int) -> list[list]:
-    """``learn`` over HTTP with each wire format (a fresh server each) and in process: rows of the table."""
+def _uptime() -> str:
+    return " / ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def extraction_rows(tmp: str, label: str, head, learn, max_batch: int, repeat: dict[str, int]) -> list[list]:
+    """``learn`` over HTTP with each wire format against the same extraction in process, ``repeat[wire]`` times
+    each, every HTTP run paired with an in-process run just before it (so both see the same load): rows of the
+    table with the median of the paired ratios. Each HTTP run gets a fresh server (a repeated run would otherwise be
+    answered from the server's idempotency cache), warmed by one query before the timing (a served model is asked
+    many times; its first request pays for imports)."""
     target = Path(tmp) / "extract.npz"
     save_model(head, target)
-    local = Oracle(head, head.d)
-    t0 = time.perf_counter()
-    res_local = learn(local)
-    t_local = time.perf_counter() - t0
     rows = []
-    for wire in ("json", "npy"):
-        proc, url = start_server(target, max_batch=max_batch)
-        try:
-            remote = oracle_from_url(url, KEY, concurrency=4, wire=wire, precision="float64")
+    for wire, n in repeat.items():
+        runs = []
+        for _ in range(n):
+            local = Oracle(head, head.d)
             t0 = time.perf_counter()
-            res = learn(remote)
-            t_http = time.perf_counter() - t0
-            usage = remote.fn.usage()["queries"]
-            remote.fn.close()
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-        a, b = res.model.arrays(), res_local.model.arrays()
-        same = a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-        rows.append([f"{label} over HTTP", head.d, wire, remote.queries, usage, t_http, remote.queries / t_http,
-                     t_http / t_local, same])
-        print(rows[-1], flush=True)
-    rows.append([f"{label} in process", head.d, "-", local.queries, "-", t_local, local.queries / t_local, 1.0, "-"])
+            res_local = learn(local)
+            t_local = time.perf_counter() - t0
+            proc, url = start_server(target, max_batch=max_batch)
+            try:
+                remote = oracle_from_url(url, KEY, concurrency=4, wire=wire, precision="float64")
+                remote.fn(np.zeros((1, 2, head.d)))  # the warm-up query
+                t0 = time.perf_counter()
+                res = learn(remote)
+                t_http = time.perf_counter() - t0
+                usage = remote.fn.usage()["queries"] - 1
+                requests = remote.fn.requests - 3  # /v1/info, the warm-up and /v1/usage
+                remote.fn.close()
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+            a, b = res.model.arrays(), res_local.model.arrays()
+            same = a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+            runs.append((t_http, t_local, remote.queries, usage, requests, same, os.getloadavg()[0]))
+            print(f"{label} {wire}: http {t_http:.3f} s, in process {t_local:.3f} s, ratio {t_http / t_local:.2f}, "
+                  f"load {_uptime()}", flush=True)
+        if not runs:
+            continue
+        ratios = [r[0] / r[1] for r in runs]
+        mid = sorted(range(n), key=lambda i: ratios[i])[n // 2]
+        t_http, t_local, queries, usage, requests, _, _ = runs[mid]
+        rows.append([label, head.d, wire, queries, usage, requests, t_http, t_local, float(np.median(ratios)),
+                     ", ".join(f"{r:.2f}" for r in ratios), "yes" if all(r[5] for r in runs) else "NO",
+                     " / ".join(f"{r[6]:.1f}" for r in runs)])
     return rows
 
 
@@ -134,6 +153,8 @@ def main() -> None:
     ap.add_argument("--no-docs", action="store_true")
     ap.add_argument("--no-minilm", action="store_true", help="skip the MiniLM head extraction")
     ap.add_argument("--extract-batch", type=int, default=1024, help="server max batch for the extractions")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each extraction over npy (median reported)")
+    ap.add_argument("--json-repeat", type=int, default=1, help="runs of each extraction over JSON")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         target = Path(tmp) / "head.npz"
@@ -150,19 +171,22 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=30)
         ext_rows = []
+        repeat = {"npy": args.repeat, "json": args.json_repeat}
         head2 = random_head(args.extract_d, seed=1)
-        ext_rows += extraction_rows(tmp, "exact", head2, lambda o: extract_exact(o, seed=0), args.extract_batch)
+        ext_rows += extraction_rows(tmp, "exact", head2, lambda o: extract_exact(o, seed=0), args.extract_batch,
+                                    repeat)
         if not args.no_minilm:
             from attnprobe.targets import minilm_head
 
             ext_rows += extraction_rows(tmp, "MiniLM L0 H0 lowrank r=32", minilm_head(0, 0),
-                                        lambda o: extract_lowrank(o, rank=32, seed=0), args.extract_batch)
+                                        lambda o: extract_lowrank(o, rank=32, seed=0), args.extract_batch, repeat)
     load = _table(["wire", "clients", "requests", "errors", "seconds", "requests/s", "queries/s", "p50 ms",
                    "p95 ms"],
                  [[r["wire"], r["clients"], r["requests"], r["errors"], r["seconds"], r["req_s"], r["q_s"], r["p50_ms"],
                    r["p95_ms"]] for r in rows])
-    ext = _table(["extraction", "d", "wire", "queries (incl. check)", "server usage", "seconds", "queries/s",
-                  "÷ in process", "bit-identical to in-process"], ext_rows)
+    ext = _table(["extraction", "d", "wire", "queries (incl. check)", "server usage", "requests", "HTTP s",
+                  "in-process s", "HTTP ÷ in process (median)", "each run", "bit-identical to in-process",
+                  "load (1 min) at each run"], ext_rows)
     body = (f"Load: each request carries {args.batch} sequences of {args.length} rows, d = {args.d} "
             f"(JSON body {len(bodies['json']) / 1024:.0f} KiB, npy body {len(bodies['npy']) / 1024:.0f} KiB); "
             f"one uvicorn worker, clients are asyncio tasks sharing one "
