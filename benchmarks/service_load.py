@@ -89,6 +89,12 @@ async def level(url: str, clients: int, body: bytes, batch: int, seconds: float,
             "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95))}
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _uptime() -> str:
     return " / ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -106,16 +112,17 @@ def extraction_rows(tmp: str, label: str, head, learn, max_batch: int, repeat: d
         runs = []
         for _ in range(n):
             local = Oracle(head, head.d)
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             res_local = learn(local)
-            t_local = time.perf_counter() - t0
+            t_local, cpu_local = time.perf_counter() - t0, time.process_time() - c0
             proc, url = start_server(target, max_batch=max_batch)
             try:
                 remote = oracle_from_url(url, KEY, concurrency=4, wire=wire, precision="float64")
                 remote.fn(np.zeros((1, 2, head.d)))  # the warm-up query
-                t0 = time.perf_counter()
+                s0, c0, t0 = _cpu_seconds(proc.pid), time.process_time(), time.perf_counter()
                 res = learn(remote)
-                t_http = time.perf_counter() - t0
+                t_http, cpu_client = time.perf_counter() - t0, time.process_time() - c0
+                cpu_server = _cpu_seconds(proc.pid) - s0
                 usage = remote.fn.usage()["queries"] - 1
                 requests = remote.fn.requests - 3  # /v1/info, the warm-up and /v1/usage
                 remote.fn.close()
@@ -124,17 +131,18 @@ def extraction_rows(tmp: str, label: str, head, learn, max_batch: int, repeat: d
                 proc.wait(timeout=30)
             a, b = res.model.arrays(), res_local.model.arrays()
             same = a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-            runs.append((t_http, t_local, remote.queries, usage, requests, same, os.getloadavg()[0]))
+            runs.append((t_http, t_local, remote.queries, usage, requests, same, os.getloadavg()[0], cpu_local,
+                         cpu_client, cpu_server))
             print(f"{label} {wire}: http {t_http:.3f} s, in process {t_local:.3f} s, ratio {t_http / t_local:.2f}, "
                   f"load {_uptime()}", flush=True)
         if not runs:
             continue
         ratios = [r[0] / r[1] for r in runs]
         mid = sorted(range(n), key=lambda i: ratios[i])[n // 2]
-        t_http, t_local, queries, usage, requests, _, _ = runs[mid]
+        t_http, t_local, queries, usage, requests, _, _, cpu_local, cpu_client, cpu_server = runs[mid]
         rows.append([label, head.d, wire, queries, usage, requests, t_http, t_local, float(np.median(ratios)),
-                     ", ".join(f"{r:.2f}" for r in ratios), "yes" if all(r[5] for r in runs) else "NO",
-                     " / ".join(f"{r[6]:.1f}" for r in runs)])
+                     ", ".join(f"{r:.2f}" for r in ratios), f"{cpu_local:.2f}", f"{cpu_client:.2f} + {cpu_server:.2f}",
+                     "yes" if all(r[5] for r in runs) else "NO", " / ".join(f"{r[6]:.1f}" for r in runs)])
     return rows
 
 
@@ -185,8 +193,8 @@ def main() -> None:
                  [[r["wire"], r["clients"], r["requests"], r["errors"], r["seconds"], r["req_s"], r["q_s"], r["p50_ms"],
                    r["p95_ms"]] for r in rows])
     ext = _table(["extraction", "d", "wire", "queries (incl. check)", "server usage", "requests", "HTTP s",
-                  "in-process s", "HTTP ÷ in process (median)", "each run", "bit-identical to in-process",
-                  "load (1 min) at each run"], ext_rows)
+                  "in-process s", "HTTP ÷ in process (median)", "each run", "in-process CPU s",
+                  "HTTP CPU s (client + server)", "bit-identical to in-process", "load (1 min) at each run"], ext_rows)
     body = (f"Load: each request carries {args.batch} sequences of {args.length} rows, d = {args.d} "
             f"(JSON body {len(bodies['json']) / 1024:.0f} KiB, npy body {len(bodies['npy']) / 1024:.0f} KiB); "
             f"one uvicorn worker, clients are asyncio tasks sharing one "
