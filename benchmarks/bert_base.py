@@ -95,6 +95,8 @@ def main() -> None:
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--hidden", type=int, default=768, help="width d (768: BERT-base; smaller to time a rehearsal)")
     ap.add_argument("--heads", type=int, default=12, help="heads (d / 64 keeps BERT's head size)")
+    ap.add_argument("--no-bias", action="store_true", help="layer route: tell the learner the layer has no query "
+                    "bias (BERT's initial biases are zero; the bias-fitting cross stage fails on exactly zero ones)")
     args = ap.parse_args()
     arrays = bert_base_arrays(hidden=args.hidden, heads=args.heads)
     vec = MultiHeadAttention.from_arrays(arrays)
@@ -119,8 +121,9 @@ def main() -> None:
         elif args.run_layer:
             from attnprobe.learners.multihead.generic import extract_generic
 
-            r = ["whole layer, output row 0 (scalar)", "multi-head generic, rank 64 given",
-                 *_measure(row0, lambda o: extract_generic(o, rank=64, seed=0),
+            r = ["whole layer, output row 0 (scalar)",
+                 "multi-head generic, rank 64 given" + (", no query bias (--no-bias)" if args.no_bias else ""),
+                 *_measure(row0, lambda o: extract_generic(o, rank=64, seed=0, bias=not args.no_bias),
                            lambda res: match_heads(row0, res.model).worst)]
         else:
             est = estimate_queries("multihead", args.hidden, heads=args.heads, rank=64)

@@ -34,6 +34,16 @@ def encode(a: np.ndarray) -> bytes:
     return b"".join([head.getvalue(), a.reshape(-1).view(np.uint8)])
 
 
+def joined(chunks: list[bytes]) -> np.ndarray:
+    """A body that arrived in ``chunks`` as one writable byte buffer, in one copy (no regrowth on the way)."""
+    body = np.empty(sum(len(c) for c in chunks), dtype=np.uint8)
+    at = 0
+    for c in chunks:
+        body[at:at + len(c)] = np.frombuffer(c, dtype=np.uint8)
+        at += len(c)
+    return body
+
+
 def _header(body: bytes) -> tuple[tuple, int]:
     """The shape a ``.npy`` body declares and where its data starts; dtype and order checked."""
     f = io.BytesIO(memoryview(body)[:12 + MAX_HEADER].tobytes())  # magic, version, length, header: no data
@@ -69,9 +79,10 @@ def _data(body: bytes, shape: tuple, start: int) -> np.ndarray:
     return a
 
 
-def decode_queries(body: bytes | bytearray, d: int, max_batch: int, max_length: int) -> np.ndarray:
-    """A request body as ``X (B, N, d)``: B ≤ ``max_batch``, N ≤ ``max_length`` (else ``too_large``), B, N ≥ 1.
-    The array is writable (a model may work in place): a view of a ``bytearray`` body, else a copy."""
+def decode_queries(body, d: int, max_batch: int, max_length: int) -> np.ndarray:
+    """A request body (bytes-like) as ``X (B, N, d)``: B ≤ ``max_batch``, N ≤ ``max_length`` (else ``too_large``),
+    B, N ≥ 1. The array is writable (a model may work in place): a view of a writable body (:func:`joined`), else
+    a copy."""
     shape, start = _header(body)
     if len(shape) != 3:
         raise WireError(f"the .npy array has shape {shape}; send (B, N, d) = (sequences, rows, {d})")

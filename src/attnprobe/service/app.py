@@ -177,24 +177,24 @@ def build_app(fn: Callable[[np.ndarray], np.ndarray], options: ServiceOptions, k
         u = keys.usage(kh)
         return UsageResponse(queries=u.queries, budget=keys.budget, replayed=u.replayed)
 
-    async def read_body(request: Request) -> bytearray:
-        """The body, counted as it arrives (413 past the limit) and timed (408 past ``body_timeout``). Each chunk
-        is copied once, into a ``bytearray`` that grows as data arrives (memory follows what was sent, not what
-        was announced) and that a ``.npy`` batch is then read from without another copy."""
-        body = bytearray()
+    async def read_body(request: Request) -> list[bytes]:
+        """The body's chunks, counted as they arrive (413 past the limit) and timed (408 past ``body_timeout``);
+        memory follows what was sent, not what was announced."""
+        chunks, size = [], 0
         try:
             async with asyncio.timeout(options.body_timeout):
                 async for chunk in request.stream():
-                    if len(body) + len(chunk) > options.body_limit:
+                    size += len(chunk)
+                    if size > options.body_limit:
                         raise _problem(413, f"request body above the limit of {options.body_limit} bytes; send "
                                             "smaller batches")
-                    body += chunk
+                    chunks.append(chunk)
         except TimeoutError:
             LOG.warning("request body from %s not complete after %g s: answered 408", _client(request),
                         options.body_timeout)
             raise _problem(408, f"the request body did not arrive within {options.body_timeout:g} s",
                            {"Connection": "close"}) from None
-        return body
+        return chunks
 
     @app.post("/v1/query", response_model=QueryResponse, openapi_extra={"requestBody": QUERY_BODY},
               responses={401: {"description": "missing or wrong key"}, 408: {"description": "body too slow"},
@@ -202,21 +202,21 @@ def build_app(fn: Callable[[np.ndarray], np.ndarray], options: ServiceOptions, k
     async def query(request: Request, kh: Annotated[bytes, Depends(caller)],
                     idempotency_key: Annotated[str | None, Header(max_length=128)] = None) -> QueryResponse:
         try:
-            raw = await read_body(request)
+            chunks = await read_body(request)
         except ClientDisconnect:
             LOG.info("client %s disconnected before its request body was complete", _client(request))
             return Response(status_code=400)
         npy_out = npy_wire.MEDIA_TYPE in request.headers.get("accept", "")
         if request.headers.get("content-type", "").split(";")[0].strip().lower() == npy_wire.MEDIA_TYPE:
             try:
-                X = npy_wire.decode_queries(raw, d, options.max_batch, options.max_length)
+                X = npy_wire.decode_queries(npy_wire.joined(chunks), d, options.max_batch, options.max_length)
             except npy_wire.WireError as exc:
                 raise _problem(413 if exc.too_large else 422, str(exc)) from None
             return await run_in_threadpool(answer_array, X, kh, idempotency_key, npy_out)
         # the body is parsed by pydantic's own JSON parser (several times faster than json.loads + validation);
         # NaN, ±Infinity and numbers that overflow to infinity are refused there like any malformed input
         try:
-            body = QueryRequest.model_validate_json(raw)
+            body = QueryRequest.model_validate_json(b"".join(chunks))
         except ValidationError as exc:
             raise RequestValidationError(exc.errors()) from None
         return await run_in_threadpool(answer, body, kh, idempotency_key, npy_out)
