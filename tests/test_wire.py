@@ -335,3 +335,27 @@ def test_a_learners_batch_goes_to_the_api_whole_with_several_requests_in_flight(
         assert fn.requests == 1 + 12  # /v1/info, then the batch in 12 requests of the server's max batch
         assert most == 3
         fn.close()
+
+
+@pytest.mark.parametrize("announced, status", [(b"\xb2", 400), (b"-1", 400), (b"1e3", 400),
+                                               (b"99999999999999999999", 413), (b"12", 422)])
+def test_the_announced_length_is_checked_before_the_body_is_read(announced, status):
+    import asyncio
+
+    app = build_app(random_head(D, seed=0), ServiceOptions(d=D, max_batch=4), KeyStore(["k"]))
+    sent, read = [], []
+
+    async def receive():
+        read.append(1)
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "path": "/v1/query",
+             "raw_path": b"/v1/query", "query_string": b"", "root_path": "", "scheme": "http",
+             "server": ("test", 80), "client": ("test", 1),
+             "headers": [(b"content-length", announced), (b"authorization", b"Bearer k")]}
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == status
+    assert bool(read) == (status == 422)  # refused on the header alone, or read and found malformed

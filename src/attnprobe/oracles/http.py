@@ -6,7 +6,10 @@ concurrency; 429, 5xx and connection errors are retried with exponential backoff
 ``Idempotency-Key`` derived from its contents, so a retried batch (or one resent after a crash) is not charged
 twice by servers that honour it (``attnprobe serve`` does). Batches travel as ``.npy`` bodies when the server
 lists ``"npy"`` among its ``formats`` (``wire="auto"``), else as JSON; one keep-alive connection pool and one
-thread pool serve every call.
+thread pool serve every call, and :func:`oracle_from_http` hands a learner's whole batch to it so ``concurrency``
+requests stay in flight until the batch is answered. Nothing about the remote model's precision is taken on trust:
+it is read from the answers (``answer_precision = "auto"``, decided by
+:func:`~attnprobe.oracles.base.answer_precision` like every oracle's).
 """
 
 from __future__ import annotations

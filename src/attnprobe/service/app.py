@@ -124,7 +124,7 @@ class AnnouncedLengthLimit:
         if scope["type"] == "http":
             size = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"content-length"), None)
             refusal = None
-            if size is not None and not size.strip().isdigit():
+            if size is not None and not (size.strip().isascii() and size.strip().isdigit()):
                 refusal = JSONResponse({"detail": "Content-Length is not a number"}, status_code=400)
             elif size is not None and int(size) > self.limit:
                 refusal = JSONResponse({"detail": f"request body of {size} bytes is above the limit of {self.limit}; "
