@@ -28,7 +28,7 @@ from attnprobe.learners.lowrank import extract_lowrank
 from attnprobe.models.io import save_model
 from attnprobe.oracles import Oracle, npy_wire
 from attnprobe.oracles.http import oracle_from_url
-from attnprobe.reports import Table, write_section
+from attnprobe.reports import Table, command_line, write_section
 from attnprobe.targets.random_heads import random_head
 
 KEY = "load-test-key"
@@ -87,6 +87,23 @@ async def level(url: str, clients: int, body: bytes, batch: int, seconds: float,
     return {"wire": wire, "clients": clients, "requests": len(latencies), "errors": errors, "seconds": wall,
             "req_s": len(latencies) / wall, "q_s": len(latencies) * batch / wall,
             "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95))}
+
+
+def round_trips(url: str, d: int, n: int = 20) -> tuple[float, float]:
+    """Median milliseconds of ``GET /healthz`` and of a one-sequence ``.npy`` query on one keep-alive connection."""
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": npy_wire.MEDIA_TYPE, "Accept": npy_wire.MEDIA_TYPE}
+    body = npy_wire.encode(np.zeros((1, 2, d)))
+    out = []
+    with httpx.Client(base_url=url, headers=headers) as client:
+        for ask in (lambda: client.get("/healthz"), lambda: client.post("/v1/query", content=body)):
+            ask()
+            times = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                ask().raise_for_status()
+                times.append(time.perf_counter() - t0)
+            out.append(1e3 * float(np.median(times)))
+    return out[0], out[1]
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -173,6 +190,7 @@ def main() -> None:
             import json
 
             bodies = {"json": json.dumps({"inputs": X.tolist()}).encode(), "npy": npy_wire.encode(X)}
+            healthz_ms, query_ms = round_trips(url, args.d)
             rows = [asyncio.run(level(url, c, bodies[w], args.batch, args.seconds, args.max_requests, w))
                     for w in ("json", "npy") for c in (1, 8, 64)]
         finally:
@@ -198,18 +216,24 @@ def main() -> None:
     body = (f"Load: each request carries {args.batch} sequences of {args.length} rows, d = {args.d} "
             f"(JSON body {len(bodies['json']) / 1024:.0f} KiB, npy body {len(bodies['npy']) / 1024:.0f} KiB); "
             f"one uvicorn worker, clients are asyncio tasks sharing one "
-            f"httpx.AsyncClient in another process; each level stops after {args.seconds:g} s.\n\n{load}\n\n{ext}")
+            f"httpx.AsyncClient in another process; each level stops after {args.seconds:g} s. One keep-alive "
+            f"connection, median of 20: GET /healthz {healthz_ms:.2f} ms, a one-sequence .npy query {query_ms:.2f} ms."
+            f"\n\n{load}\n\n{ext}")
     print(body)
     if not args.no_docs:
         write_section("Served API: JSON and binary (.npy) bodies, load and extractions over loopback", body + f"""
 
-The machine's 2 cores are shared with other jobs during the measurement, so the numbers are a floor. JSON
-encoding of float64 inputs (shortest round-trip repr, so answers are bit-exact) dominates the cost per query;
-the extraction over HTTP sends the learner's batches split to the server's max batch with 4 requests in flight.
-With `.npy` bodies (`Content-Type`/`Accept: application/x-npy`, what `extract --url` picks when `/v1/info` offers
-it) a number costs 8 bytes and no text conversion on either side. Load average during the run:
-{" / ".join(f"{x:.1f}" for x in os.getloadavg())} (1/5/15 min) on 2 cores: the machine was loaded.""",
-                      f"python benchmarks/service_load.py --seconds {args.seconds:g}")
+An extraction over HTTP sends the learner's batches split to the server's max batch (1024 sequences) with 4
+requests in flight; with `.npy` bodies (`Content-Type`/`Accept: application/x-npy`, what `extract --url` picks when
+`/v1/info` offers it) a number costs 8 bytes and no text conversion on either side, while JSON spends most of its
+time writing and parsing the shortest round-trip text of each float64. "HTTP ÷ in process" pairs each HTTP run
+with an in-process run just before it (the same load); the CPU columns are the median run's user + system seconds
+(the client process; the server process read from /proc). On a CPU-starved machine the wall ratio tends to the
+CPU ratio: what remains over HTTP is the server's copies of each body (h11, uvicorn, the join into one buffer),
+a CRC-32 on the server and a SHA-256 on the client (the `Idempotency-Key`), each a pass over the same ~150 MB a
+MiniLM head extraction sends. Load average at the end of the run:
+{_uptime()} (1/5/15 min) on 2 cores shared with other jobs: the machine was loaded.""",
+                      "OPENBLAS_NUM_THREADS=1 PYTHONPATH=src " + command_line())
 
 
 if __name__ == "__main__":
