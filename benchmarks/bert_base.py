@@ -2,12 +2,14 @@
 random weights (no download; ``BertModel(config)`` after ``torch.manual_seed``, BERT's own initializer: N(0, 0.02)
 weights, zero biases), as a numpy model: queries, seconds (model / learner) and peak memory per route.
 
-    OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bert_base.py [--routes head vector layer] [--write]
+    OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bert_base.py [--routes head vector layer] [--run-layer]
+        [--no-bias] [--random-bias] [--hidden 768 --heads 12] [--write]
 
 Routes: ``head`` one head of output row 0 with the low-rank learner (rank 64 given, scalar answers); ``vector`` the
 whole layer with the vector-answer multi-head learner (K = 768 outputs per query); ``layer`` the whole layer on
 output row 0 with the scalar generic multi-head learner (rank 64 given) — only its query estimate is printed
-unless ``--run-layer`` (about 1.2 million queries of a 768-wide 12-head layer: hours on a loaded 2-core machine).
+unless ``--run-layer`` (about 1.1 million queries of a 768-wide 12-head layer: about half an hour on a loaded
+2-core machine). ``--hidden 384 --heads 6`` is a rehearsal at half the width (about 0.29 million queries).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import sys
 import time
 import tracemalloc
 
-import numpy as np
 
 from attnprobe.learners.estimate import estimate_queries
 from attnprobe.models.compare import relative_error
@@ -33,9 +34,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 from learner_overhead import Timed  # noqa: E402
 
 
-def bert_base_arrays(seed: int = 0, hidden: int = 768, heads: int = 12) -> dict[str, np.ndarray]:
+def bert_base_arrays(seed: int = 0, hidden: int = 768, heads: int = 12, random_bias: bool = False) -> dict:
     """Layer 0 of ``BertModel(BertConfig())`` after ``torch.manual_seed(seed)``, in the vector layout (``hidden``
-    and ``heads`` smaller than BERT-base's 768 and 12 for a quicker run that estimates the big one's time)."""
+    and ``heads`` smaller than BERT-base's 768 and 12 for a quicker run that estimates the big one's time).
+    BERT's initializer sets every bias to zero; ``random_bias`` draws them like the weights, N(0, 0.02), as a
+    trained layer has them."""
     import torch
     from transformers import BertConfig, BertModel
 
@@ -43,6 +46,9 @@ def bert_base_arrays(seed: int = 0, hidden: int = 768, heads: int = 12) -> dict[
     cfg = BertConfig(num_hidden_layers=1, hidden_size=hidden, num_attention_heads=heads,
                      intermediate_size=4 * hidden)  # one layer is all we query
     att = BertModel(cfg).encoder.layer[0].attention
+    if random_bias:
+        for lin in (att.self.query, att.self.key, att.self.value, att.output.dense):
+            torch.nn.init.normal_(lin.bias, std=cfg.initializer_range)
     H, d = cfg.num_attention_heads, cfg.hidden_size
     dh = d // H
 
@@ -95,10 +101,11 @@ def main() -> None:
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--hidden", type=int, default=768, help="width d (768: BERT-base; smaller to time a rehearsal)")
     ap.add_argument("--heads", type=int, default=12, help="heads (d / 64 keeps BERT's head size)")
+    ap.add_argument("--random-bias", action="store_true", help="biases drawn N(0, 0.02) instead of BERT's zeros")
     ap.add_argument("--no-bias", action="store_true", help="layer route: tell the learner the layer has no query "
                     "bias (BERT's initial biases are zero; the bias-fitting cross stage fails on exactly zero ones)")
     args = ap.parse_args()
-    arrays = bert_base_arrays(hidden=args.hidden, heads=args.heads)
+    arrays = bert_base_arrays(hidden=args.hidden, heads=args.heads, random_bias=args.random_bias)
     vec = MultiHeadAttention.from_arrays(arrays)
     row0 = MultiHeadAttention(arrays["W"], arrays["v"][:, 0, :], arrays["u"], float(arrays["c"][0]))
     cols = ["route", "learner", "queries", "error", "wall s", "model s", "learner ÷ model", "traced peak MiB",
