@@ -89,6 +89,8 @@ def _measure(model, learn, err):
     wall = time.perf_counter() - t0
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
+    print(f"  functional check: passed={res.check.passed} error={res.check.error:.2e} tolerance="
+          f"{res.check.tolerance:.1e}", file=sys.stderr, flush=True)
     return [oracle.queries, f"{err(res):.2e}", round(wall, 1), round(timed.seconds, 1),
             f"{(wall - timed.seconds) / timed.seconds:.2f}", round(peak / 2**20), round(
                 resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), round((load0 + os.getloadavg()[0]) / 2, 1)]
