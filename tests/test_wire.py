@@ -359,3 +359,16 @@ def test_the_announced_length_is_checked_before_the_body_is_read(announced, stat
     asyncio.run(app(scope, receive, send))
     assert sent[0]["status"] == status
     assert bool(read) == (status == 422)  # refused on the header alone, or read and found malformed
+
+
+@pytest.mark.parametrize("pad", [0, 1, 3])
+def test_data_at_any_byte_offset_is_read_exactly(served, pad):
+    srv, head = served
+    import struct
+
+    X = np.random.default_rng(14).standard_normal((3, 2, D))
+    header = (f"{{'descr': '<f8', 'fortran_order': False, 'shape': (3, 2, {D}), }}" + " " * pad + "\n").encode()
+    body = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + X.tobytes()  # data not 8-byte aligned
+    r = httpx.post(srv.url + "/v1/query", content=body, headers=NPY)
+    assert r.status_code == 200, r.text
+    assert np.array_equal(npy_wire.decode_answers(r.content, 3), head(X))
