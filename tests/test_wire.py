@@ -253,6 +253,10 @@ def test_a_served_float32_model_is_read_as_float32_like_the_same_model_in_proces
         assert remote.precision == declared.precision == detected.precision == "float32"
         assert remote.eps == declared.eps == detected.eps
         assert oracle_from_url(srv.url, "k", precision="float16").precision == "float16"  # a declaration wins
+        from attnprobe.oracles.wrappers import Rounded
+
+        rounded = Oracle(Rounded(remote.fn, digits=12), D)  # an answer wrapper on the client: still read
+        assert rounded.detector is not None
         remote.fn.close()
     head64 = random_head(D, seed=8)
     with BackgroundServer(build_app(head64, ServiceOptions(d=D), KeyStore(["k"]))) as srv:
