@@ -144,6 +144,9 @@ def test_estimate_asks_what_it_needs_and_prices():
         estimate_queries("ffn", 64)
     with pytest.raises(ConfigError, match="no query estimate"):
         estimate_queries("nuclear", 64)
+    for kw in (dict(method="ffn", hidden=8), dict(method="multihead", heads=2, outputs=8)):
+        with pytest.raises(ConfigError, match="float32 or finer"):  # the learners refuse such answers
+            estimate_queries(d=8, precision="float16", **kw)
     est = estimate_queries("exact", 64, price_per_1k=2.0)
     assert est.cost == pytest.approx(est.queries * 2.0 / 1000)
     assert estimate_queries("exact", 64).cost is None

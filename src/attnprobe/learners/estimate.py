@@ -70,6 +70,13 @@ def _coarse(precision: str) -> bool:
     return precision not in ("float64", "auto")
 
 
+def _refuse_coarse(precision: str, learner: str) -> None:
+    """Answers coarser than float32 are refused by ``learner`` before it asks: no estimate for them either."""
+    if precision not in ("float64", "float32", "auto"):
+        raise ConfigError(f"{learner} needs answers in float32 or finer; {precision} answers would be refused, so "
+                          "there is nothing to estimate", param="precision")
+
+
 def estimate_queries(method: str, d: int, *, rank: int | None = None, heads: int | None = None,
                      hidden: int | None = None, outputs: int | None = None, precision: str = "float64",
                      bias: bool = True, check: bool = True, price_per_1k: float | None = None) -> Estimate:
@@ -99,6 +106,7 @@ def estimate_queries(method: str, d: int, *, rank: int | None = None, heads: int
         if heads is None:
             raise ConfigError("a multi-head estimate needs the number of heads H", param="heads")
         if outputs is not None and outputs >= 2:
+            _refuse_coarse(precision, "the vector-answer multi-head learner")
             return _vector(d, heads, outputs, precision, checks, price_per_1k)
         if rank is None:
             raise ConfigError("a multi-head estimate for one output per sequence needs the head dimension r",
@@ -112,11 +120,13 @@ def estimate_queries(method: str, d: int, *, rank: int | None = None, heads: int
         calib, retry = heads * CALIBRATION, int(3 * RETRY_SHARE * base)  # values stage and crossings vary
         return Estimate(method, d, base + calib + retry // 2, base - retry, base + calib + 2 * retry,
                         f"values ≈ 8d + 50H, H = {heads} isolated rank-{rank} heads and their cross terms, per-head "
-                        f"calibration ≤ {calib}, retries ≤ {retry}" + (", 1 to tell scalar from vector answers"
-                                                                        if probe else ""), price_per_1k)
+                        f"calibration ≤ {calib}, retries ≤ {retry}" + (
+                            ", 1 to tell scalar from vector answers (one number per answer assumed: --outputs K "
+                            "declares whole output rows)" if probe else ""), price_per_1k)
     if method == "ffn":
         if hidden is None:
             raise ConfigError("an FFN estimate needs the number of hidden units m", param="hidden")
+        _refuse_coarse(precision, "the ReLU-network learner")
         return _ffn(d, hidden, outputs or 1, precision, bias, price_per_1k)
     raise ConfigError(f"no query estimate for method {method!r}; estimates exist for exact, lowrank, multihead "
                       "and ffn", param="method")
@@ -142,8 +152,8 @@ def _ffn(d: int, m: int, K: int, precision: str, bias: bool, price_per_1k: float
     high = int(round(FFN_HIGH * (MAX_LINES * line if coarse else line) + fixed))
     more = f"; float32: polish {polish}, up to {MAX_LINES - 1} more lines" if coarse else ""
     return Estimate("ffn", d, mid, int(FFN_LOW * line + fixed), high,
-                    f"kink search ≈ {search:.0f} ({per_unit:g} per unit), ≈ {regions:.1f} regions × (D+1) = {D + 1} "
-                    f"(m + 2 = {m + 2}, some re-measured off the line){more}, check 64; measured "
+                    f"kink search ≈ {search:.0f} ({per_unit:g} per unit), ≈ {regions:.1f} gradients of {D + 1} "
+                    f"queries (m + 2 = {m + 2} regions, some re-measured off the line){more}, check 64; measured "
                     f"{FFN_LOW:.2f}–{FFN_HIGH:.2f} of this", price_per_1k)
 
 
