@@ -18,20 +18,10 @@ from attnprobe.learners.exact import extract_exact
 from attnprobe.learners.ffn import extract_ffn
 from attnprobe.learners.lowrank import extract_lowrank
 from attnprobe.learners.multihead import extract_multihead
-from attnprobe.models.multihead import MultiHeadAttention
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_head, random_relu_net
 from attnprobe.targets.multihead import random_multihead
-
-
-def whole_row_layer(d, H, seed, dtype="float64") -> MultiHeadAttention:
-    """A random concatenate-then-project layer answering its whole output row (K = d)."""
-    rng = np.random.default_rng(seed)
-    dh = d // H
-    Q, Kk, V = (rng.standard_normal((H, dh, d)) / np.sqrt(d) for _ in range(3))
-    WO = rng.standard_normal((d, H * dh)) / np.sqrt(H * dh)
-    return MultiHeadAttention.from_projections(Q, Kk, V, WO, rng.standard_normal(d), b_Q=rng.standard_normal((H, dh)),
-                                               b_V=rng.standard_normal((H, dh)), dtype=dtype)
+from test_multihead_vector import whole_row_layer
 
 
 def _exact(seed):
@@ -53,7 +43,7 @@ def _generic(seed):
 
 
 def _vector(seed, precision="float64", d=24, H=3):
-    o = Oracle(whole_row_layer(d, H, seed, precision), d, outputs=d, precision=precision)
+    o = Oracle(whole_row_layer(d, H, seed, dtype=precision), d, outputs=d, precision=precision)
     extract_multihead(o, heads=H, seed=seed)
     return o.queries
 
