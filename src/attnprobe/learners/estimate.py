@@ -121,8 +121,8 @@ def estimate_queries(method: str, d: int, *, rank: int | None = None, heads: int
         return Estimate(method, d, base + calib + retry // 2, base - retry, base + calib + 2 * retry,
                         f"values ≈ 8d + 50H, H = {heads} isolated rank-{rank} heads and their cross terms, per-head "
                         f"calibration ≤ {calib}, retries ≤ {retry}" + (
-                            ", 1 to tell scalar from vector answers (one number per answer assumed: --outputs K "
-                            "declares whole output rows)" if probe else ""), price_per_1k)
+                            ", 1 to tell scalar from vector answers (one number per answer assumed: declare the "
+                            "outputs K of whole output rows)" if probe else ""), price_per_1k)
     if method == "ffn":
         if hidden is None:
             raise ConfigError("an FFN estimate needs the number of hidden units m", param="hidden")
