@@ -1,4 +1,5 @@
-"""The kink search's zoom: a kink found next to an interval's end is bracketed 1000-fold per round (float64)."""
+"""The kink search on float64 answers: a kink found next to an interval's end is bracketed 1000-fold per round
+(zoom), and a biased net's search line lies at norm √d so its kinks spread along it."""
 
 import numpy as np
 import pytest
