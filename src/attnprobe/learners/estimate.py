@@ -38,7 +38,7 @@ FFN_EXTRA, FFN_EXTRA_PER_UNIT = 0.25, 0.08
 FFN_NARROW = 1.7e-5
 #: the spread of the ReLU-network learner's count around the estimate (float64, 10 seeds at each benchmark size,
 #: d = 8 … 784, m = 4 … 64, K = 1 and 10: 0.91 … 1.28 of it; the high end is a run that re-measured six regions at
-#: 786 queries each), applied to the search and gradients (the check's 64 queries are fixed)
+#: 786 queries each); the high end applies to the search and gradients (the check's 64 queries are fixed)
 FFN_LOW, FFN_HIGH = 0.85, 1.3
 #: the vector-answer multi-head learner: calibration rounds of 4 queries (measured 2–4 on MiniLM layers) and the
 #: clipping ladder (``len(ladder) + 1`` length-1 queries, 4 at the probe norms of MiniLM)
@@ -154,7 +154,7 @@ def _ffn(d: int, m: int, K: int, precision: str, bias: bool, price_per_1k: float
     mid = int(round(line + fixed))
     high = int(round(FFN_HIGH * (MAX_LINES * line if coarse else line) + fixed))
     more = f"; float32: polish {polish}, up to {MAX_LINES - 1} more lines" if coarse else ""
-    return Estimate("ffn", d, mid, int(FFN_LOW * line + fixed), high,
+    return Estimate("ffn", d, mid, int(FFN_LOW * mid), high,
                     f"kink search ≈ {search:.0f} ({per_unit:g} per unit), ≈ {regions:.1f} gradients of {D + 1} "
                     f"queries (m + 2 = {m + 2} regions, some re-measured off the line){more}, check 64; measured "
                     f"{FFN_LOW:.2f}–{FFN_HIGH:.2f} of this", price_per_1k)
