@@ -300,7 +300,7 @@ def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_
     best = (_consistency(fitted[0], ask), J, fitted)
     summary = {"lines": 1, "neurons_per_line": [int(J.shape[0])], "sets_tried": 0, "kept": "first line"}
     while summary["lines"] < MAX_LINES and needs_another_line(best[2][1].exact, best[0], eps):
-        new_segs = _segments(ask.d, ask.lifted, run.rng, opts.reach, _line_scale(ask.d, ask.lifted, True))
+        new_segs = _segments(ask.d, ask.lifted, run.rng, opts.reach, _line_scale(ask.d, ask.lifted, True))  # coarse
         try:
             with run.phase("more_lines", absorb=True):
                 J2, where2 = _search_and_measure(run, ask, new_segs, opts, True)["regions"].jumps()
