@@ -21,8 +21,10 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def _journal_lines(out: Path) -> list[str]:
+    """The journal's records (its first line names the audit: models and settings)."""
     p = out / JOURNAL
-    return [line for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+    lines = [line for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+    return [line for line in lines if '"audit"' not in line[:10]]
 
 
 def test_rerun_reuses_finished_tasks_and_ignores_a_torn_line(tiny_checkpoint, tmp_path):
@@ -33,7 +35,9 @@ def test_rerun_reuses_finished_tasks_and_ignores_a_torn_line(tiny_checkpoint, tm
     lines = _journal_lines(out)
     assert len(lines) == len(tasks) and first.info["resumed"] == 0
     # as if killed after two tasks, in the middle of writing the third line
-    (out / JOURNAL).write_text("\n".join(lines[:2]) + "\n" + lines[2][:25])
+    header = (out / JOURNAL).read_text().splitlines()[0]
+    assert json.loads(header)["audit"]["settings"]["seed"] == [1]
+    (out / JOURNAL).write_text("\n".join([header] + lines[:2]) + "\n" + lines[2][:25])
     kept = {json.loads(line)["record"]["file"] for line in lines[:2]}
     mtimes = {f: (out / f).stat().st_mtime_ns for f in kept}
     again = run_audit(tasks, out, workers=1, progress=False)
