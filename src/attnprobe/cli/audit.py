@@ -85,8 +85,8 @@ def build_tasks(args):
         fits = fitting_learners(d, kind.whole_layer, kind.vector)
         names = [n for n in chosen if n in fits] or fits
         if not names:
-            what = {"heads": "", "layers": "multi-head learner of vector answers ", "layer-rows": "multi-head "}
-            raise ConfigError(f"no {what[kind.name]}learner can read the answers the defence {d.name!r} leaves; "
+            what = {"heads": "", "layers": "multi-head learner of vector answers", "layer-rows": "multi-head learner"}
+            raise ConfigError(f"no {what[kind.name] or 'learner'} can read the answers the defence {d.name!r} leaves; "
                               f"drop {d.name} from --defense")
         for layer in layers:
             for head in ([None] if kind.whole_layer else heads):
