@@ -11,6 +11,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import threading
 from typing import Callable, Sequence
 
 from attnprobe.audit.tasks import Task, failed_record, run_task
@@ -81,18 +82,15 @@ def run_ray(tasks: Sequence[Task], on_result: OnResult, address: str | None = No
     except ImportError as exc:
         raise ConfigError("--ray needs Ray: pip install 'attnprobe[ray]'") from exc
     started = not ray.is_initialized()
-    if started:
-        # without an address: always a private cluster ("local"), never one found running on the machine or
-        # named by a stale ray_current_cluster file (which would refuse num_cpus)
-        kw = {"address": address} if address else {"address": "local", "num_cpus": int(workers) if workers else None}
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 runtime_env={"env_vars": ONE_THREAD}, **kw)
-    remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
     records: list[dict | None] = [None] * len(tasks)
-    index = {remote.remote(task): i for i, task in enumerate(tasks)}
-    pending = list(index)
+    pending: list = []
     interrupted = False
     try:
+        if started:
+            _start_ray(ray, address, workers)
+        remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
+        index = {remote.remote(task): i for i, task in enumerate(tasks)}
+        pending = list(index)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
@@ -112,13 +110,41 @@ def run_ray(tasks: Sequence[Task], on_result: OnResult, address: str | None = No
     return records, interrupted
 
 
+def _start_ray(ray, address: str | None, workers: int | None) -> None:
+    """``ray.init``: a private local cluster of ``workers`` CPUs (``address`` None; never one found running on the
+    machine or named by a stale ray_current_cluster file, which would refuse num_cpus), or the cluster at
+    ``address``. Ctrl-C is held back while Ray starts its processes: they inherit the blocked signal, so a Ctrl-C
+    sent to the whole process group (a terminal's) reaches only this process, which then stops the cluster
+    (``ray.shutdown``) instead of leaving half-started Ray processes behind."""
+    kw = {"address": address} if address else {"address": "local", "num_cpus": int(workers) if workers else None}
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if main else None
+    try:
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                 runtime_env={"env_vars": ONE_THREAD}, **kw)
+    except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
+        where = f"at {address}" if address else "on this machine"
+        raise ConfigError(f"cannot start or join a Ray cluster {where} ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else exc!r}); check the address, or give --ray "
+                          "without an address for a private local cluster") from None
+    finally:
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a Ctrl-C held back is raised now
+
+
 #: seconds to wait for a Ray cluster's address to accept a connection before refusing it
 RAY_CONNECT_TIMEOUT = 5.0
 
 
+#: the client's opening of an HTTP/2 connection (RFC 9113 §3.4) and an empty SETTINGS frame: a gRPC server (Ray's
+#: GCS, the Ray Client server) answers with a SETTINGS frame of its own
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
 def reachable(address: str, timeout: float = RAY_CONNECT_TIMEOUT) -> None:
     """Refuse (one :class:`ConfigError`) a Ray ``address`` (``HOST:PORT`` or ``ray://HOST:PORT``) that does not
-    accept a TCP connection within ``timeout`` s: Ray itself would retry for minutes. ``auto`` is left to Ray."""
+    accept a TCP connection within ``timeout`` s, or accepts it but does not answer as a gRPC server does (an
+    HTTP/2 SETTINGS frame): Ray itself would retry for minutes. ``auto`` is left to Ray."""
     import socket
 
     text = address.split("://", 1)[-1]
@@ -131,12 +157,23 @@ def reachable(address: str, timeout: float = RAY_CONNECT_TIMEOUT) -> None:
         raise ConfigError(f"the Ray address {address!r} must look like HOST:PORT") from None
     if not 0 < port_n < 65536:
         raise ConfigError(f"the Ray address {address!r} has no valid port (1..65535)")
+    hint = "start one there with 'ray start --head' or give --ray without an address for a private local cluster"
     try:
-        with socket.create_connection((host.strip("[]") or "127.0.0.1", port_n), timeout=timeout):
-            pass
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", port_n), timeout=timeout) as sock:
+            sock.sendall(_HTTP2_PREFACE)
+            head = b""
+            while len(head) < 9:  # a frame header: length (3 bytes), type, flags, stream id
+                chunk = sock.recv(9 - len(head))
+                if not chunk:
+                    break
+                head += chunk
+    except socket.timeout:
+        head = b""
     except OSError as exc:
-        raise ConfigError(f"no Ray cluster answers at {address} ({exc.strerror or exc}); start one there with "
-                          "'ray start --head' or give --ray without an address for a private local cluster") from None
+        raise ConfigError(f"no Ray cluster answers at {address} ({exc.strerror or exc}); {hint}") from None
+    if len(head) < 9 or head[3] != 4:
+        raise ConfigError(f"the server at {address} is not a Ray cluster (it does not answer as Ray's gRPC server "
+                          f"does); give the address 'ray start --head' printed (HOST:6379), or {hint.split(' or ')[1]}")
 
 
 #: engine name (as written to results.json) -> runner
