@@ -45,6 +45,20 @@ def _environment(values: dict[str, str]):
                 os.environ[k] = v
 
 
+@contextlib.contextmanager
+def signals_held(*signums: int):
+    """Hold the signals ``signums`` back inside the block (blocked, not lost: raised when it ends); processes
+    started inside it inherit the blocked signals. Only the main thread handles signals: elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, set(signums))
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a signal held back is delivered now
+
+
 def _indexed(item: tuple[int, Task]) -> tuple[int, dict]:
     i, task = item
     return i, run_task(task)
@@ -117,19 +131,15 @@ def _start_ray(ray, address: str | None, workers: int | None) -> None:
     sent to the whole process group (a terminal's) reaches only this process, which then stops the cluster
     (``ray.shutdown``) instead of leaving half-started Ray processes behind."""
     kw = {"address": address} if address else {"address": "local", "num_cpus": int(workers) if workers else None}
-    main = threading.current_thread() is threading.main_thread()
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if main else None
     try:
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 runtime_env={"env_vars": ONE_THREAD}, **kw)
+        with signals_held(signal.SIGINT):
+            ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                     runtime_env={"env_vars": ONE_THREAD}, **kw)
     except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
         where = f"at {address}" if address else "on this machine"
         raise ConfigError(f"cannot start or join a Ray cluster {where} ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else exc!r}); check the address, or give --ray "
                           "without an address for a private local cluster") from None
-    finally:
-        if old is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a Ctrl-C held back is raised now
 
 
 #: seconds to wait for a Ray cluster's address to accept a connection before refusing it

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from attnprobe.audit.engines import ENGINES
+from attnprobe.audit.engines import ENGINES, signals_held
 from attnprobe.audit.tasks import HeadSpec, Task
 from attnprobe.errors import ConfigError
 from attnprobe.learners.result import _jsonable
@@ -250,15 +250,21 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
     if threading.current_thread() is threading.main_thread():
         old = signal.signal(signal.SIGTERM, on_sigterm)
     t0 = time.perf_counter()
+    completed: dict[int, dict] = {}  # tasks whose record is in the journal: what results.json may list
+
     def on_result_saved(i: int, rec: dict) -> None:
-        """A head that cannot be saved (full disk, file-size limit) is a failed task; the audit goes on."""
-        try:
-            on_result(i, rec)
-        except ConfigError as exc:
-            rec["file"], rec["error"] = None, f"the recovered model could not be saved: {exc}"
-            done[0] += 1
-            bar(done[0], len(tasks))
-        _journal(out, tasks[i], rec, identity)
+        """A head that cannot be saved (full disk, file-size limit) is a failed task; the audit goes on. A task
+        counts as finished once its journal line is written; Ctrl-C and SIGTERM wait the few milliseconds of saving
+        and journaling, so the head file, the journal and results.json agree on which tasks finished."""
+        with signals_held(signal.SIGINT, signal.SIGTERM):
+            try:
+                on_result(i, rec)
+            except ConfigError as exc:
+                rec["file"], rec["error"] = None, f"the recovered model could not be saved: {exc}"
+                done[0] += 1
+                bar(done[0], len(tasks))
+            _journal(out, tasks[i], rec, identity)
+            completed[i] = rec
 
     try:
         pending = [tasks[i] for i in todo]
@@ -267,14 +273,12 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
             on_result_saved(todo[j], rec)
 
         if not pending:
-            fresh, interrupted = [], False
+            interrupted = False
         elif engine == "ray":
-            fresh, interrupted = ENGINES[engine](pending, on_pending_result, address=address, workers=workers)
+            _, interrupted = ENGINES[engine](pending, on_pending_result, address=address, workers=workers)
         else:
-            fresh, interrupted = ENGINES[engine](pending, on_pending_result, workers=workers)
-        records = [reused.get(i) for i in range(len(tasks))]
-        for j, rec in enumerate(fresh):
-            records[todo[j]] = rec
+            _, interrupted = ENGINES[engine](pending, on_pending_result, workers=workers)
+        records = [reused.get(i, completed.get(i)) for i in range(len(tasks))]
     finally:
         bar.close()
         if old is not None:
