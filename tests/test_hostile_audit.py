@@ -232,6 +232,7 @@ def test_a_journal_of_another_model_or_other_settings_is_refused(small, capsys):
 
     rc, _, err = run(capsys, *_audit(small, "--seed", "1"))
     assert rc == 0, err
+    (small / "out" / "heads" / "L7H7.npz").write_bytes(b"from an older audit, not in the journal")
     refused(capsys, small, *_audit(small, "--seed", "2"), says="with other seed (1 there, 2 here)")
     refused(capsys, small, *_audit(small, "--seed", "1", "--row", "3"), says="with other row (0 there, 3 here)")
     _random_checkpoint(small / "m.safetensors", layers=1, seed=5)  # retrained in place: same name, other weights
@@ -240,6 +241,7 @@ def test_a_journal_of_another_model_or_other_settings_is_refused(small, capsys):
     rc, _, err = run(capsys, *_audit(small, "--seed", "1", "--fresh"))
     assert rc == 0, err
     assert json.loads((small / "out" / "results.json").read_text())["resumed"] == 0
+    assert sorted(p.name for p in (small / "out" / "heads").iterdir()) == ["L0H0.npz", "L0H1.npz"]
 
 
 def test_out_that_is_a_file_or_empty_is_refused(small, capsys, monkeypatch):
@@ -258,8 +260,8 @@ def test_a_second_audit_into_a_busy_folder_is_refused_and_a_rerun_drops_stale_he
     (out / "heads").mkdir(parents=True)
     (out / "heads" / "L9H9.npz").write_bytes(b"from an earlier audit")
     with claimed_folder(out):
-        assert not (out / "heads" / "L9H9.npz").exists()  # stale heads removed when the folder is claimed
         refused(capsys, small, *_audit(small), says="another audit")
+        assert (out / "heads" / "L9H9.npz").exists()  # a refused audit touches nothing
     rc, _, err = run(capsys, *_audit(small))
     assert rc == 0, err
     assert sorted(p.name for p in (out / "heads").iterdir()) == ["L0H0.npz", "L0H1.npz"]

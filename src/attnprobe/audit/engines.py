@@ -154,7 +154,8 @@ _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 
 def reachable(address: str, timeout: float = RAY_CONNECT_TIMEOUT) -> None:
     """Refuse (one :class:`ConfigError`) a Ray ``address`` (``HOST:PORT`` or ``ray://HOST:PORT``) that does not
     accept a TCP connection within ``timeout`` s, or accepts it but does not answer as a gRPC server does (an
-    HTTP/2 SETTINGS frame): Ray itself would retry for minutes. ``auto`` is left to Ray."""
+    HTTP/2 SETTINGS frame; not checked when ``RAY_USE_TLS`` is on): Ray itself would retry for minutes. ``auto``
+    is left to Ray."""
     import socket
 
     text = address.split("://", 1)[-1]
@@ -168,8 +169,11 @@ def reachable(address: str, timeout: float = RAY_CONNECT_TIMEOUT) -> None:
     if not 0 < port_n < 65536:
         raise ConfigError(f"the Ray address {address!r} has no valid port (1..65535)")
     hint = "start one there with 'ray start --head' or give --ray without an address for a private local cluster"
+    tls = os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")  # gRPC inside TLS: no plain frames to read
     try:
         with socket.create_connection((host.strip("[]") or "127.0.0.1", port_n), timeout=timeout) as sock:
+            if tls:
+                return
             sock.sendall(_HTTP2_PREFACE)
             head = b""
             while len(head) < 9:  # a frame header: length (3 bytes), type, flags, stream id

@@ -133,8 +133,9 @@ def _chosen_learners(method: str, kind, rank: int | None) -> list[str]:
 @contextlib.contextmanager
 def claimed_folder(out: Path):
     """Hold ``out`` for one audit: a second audit writing into the same folder at the same time is refused
-    (an advisory lock on ``out/.audit.lock``), and the head files of an earlier audit there are removed first,
-    except those ``finished.jsonl`` records (a rerun resumes with them; results.json lists only this run's heads)."""
+    (an advisory lock on ``out/.audit.lock``). The folders it creates are removed again if the audit is refused or
+    stopped before it wrote anything. (The head files of an earlier audit there are removed by
+    :func:`attnprobe.audit.run_audit`, except those its journal lets it reuse.)"""
     import fcntl
 
     from attnprobe.cli.common import writable_folder
@@ -164,12 +165,6 @@ def claimed_folder(out: Path):
         lock.truncate(0)
         lock.write(str(os.getpid()))
         lock.flush()
-        from attnprobe.audit.run import journaled_files
-
-        keep = journaled_files(out)  # the heads of finished tasks a resumed audit reuses
-        for stale in sorted((out / "heads").glob("*.npz")):
-            if f"heads/{stale.name}" not in keep:
-                stale.unlink()
         yield
         refused = False
     finally:
