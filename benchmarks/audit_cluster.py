@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from audit import load  # noqa: E402  (the benchmark of the local engines)
 
 SECTION = "Whole-model audit on a multi-node Ray cluster"
+ENGINES_TITLE = "MiniLM-L6, all six layers as whole-layer vector tasks, on four engines"
+RESUME_TITLE = "Kill and resume on Ray"
 #: the Ray tests that kill an audit mid-way and rerun it (marked slow: run here)
 RESUME_TESTS = ["tests/test_audit_cluster.py::test_ctrl_c_during_a_ray_audit_keeps_what_finished_and_a_rerun_resumes",
                 "tests/test_audit_cluster.py::test_sigkill_mid_ray_audit_then_rerun_on_ray",
@@ -122,8 +124,8 @@ def resume_part(tmp: Path) -> str:
     """Run the Ray kill-and-resume tests (slow) and table their outcome."""
     xml = tmp / "resume.xml"
     before = load()
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow", f"--junitxml={xml}",
-           *RESUME_TESTS]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow",
+           f"--junitxml={xml}", *RESUME_TESTS]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     subprocess.run(cmd, cwd=ROOT, env=env, check=False)
     t = Table(["test", "outcome", "seconds"])
@@ -131,14 +133,17 @@ def resume_part(tmp: Path) -> str:
         outcome = "failed" if case.find("failure") is not None or case.find("error") is not None else (
             "skipped" if case.find("skipped") is not None else "passed")
         t.add(case.get("name"), outcome, float(case.get("time", 0)))
-    return (f"Kill and resume on Ray (`python -m pytest -m slow {' '.join(RESUME_TESTS)}`, run by this script; "
-            f"{before}): an audit of a 4-layer d = 16 checkpoint (24 tasks) stopped once its first task is journaled "
-            "— Ctrl-C to the whole process group on a private local cluster; SIGKILL of the driver and the Ray "
-            "processes it started; SIGKILL of a driver joined to a simulated 2-node cluster (which outlives it), then "
-            "Ctrl-C there — and run again: exit 130 and one line on Ctrl-C, no Ray process left behind, the tasks "
-            "journaled before the stop not redone (their records, seconds included, and head files untouched), and "
-            "the final records equal to an uninterrupted run's. The Ctrl-C test on a local cluster is also in the "
-            f"default suite.\n\n{t.markdown()}")
+    text = ("The Ray tests run by this script (`python -m pytest -m 'slow or not slow' TESTS`, TESTS below; "
+            f"{before} at the start): an audit of a 4-layer d = 16 checkpoint (24 tasks) stopped once its first task "
+            "is "
+            "journaled — Ctrl-C to the whole process group on a private local cluster; SIGKILL of the driver and the "
+            "Ray processes it started; SIGKILL of a driver joined to a simulated 2-node cluster (which outlives it), "
+            "then Ctrl-C there — and run again: exit 130 and one line on Ctrl-C, no Ray process left behind, the tasks "
+            "journaled before the stop not redone (their records, seconds included, and head files untouched), and the "
+            "final records equal to an uninterrupted run's; and the 2-node cluster's records and head files (single "
+            "heads, whole layers at one output row and from whole output rows) equal to the process pool's. The first "
+            "test (Ctrl-C on a local cluster) is also in the default suite.")
+    return f"{text}\n\n{t.markdown()}\n\nTESTS: {' '.join(f'`{x}`' for x in RESUME_TESTS)}"
 
 
 def main() -> None:
@@ -150,16 +155,14 @@ def main() -> None:
     lo, _, hi = args.layers.partition("-")
     layers = list(range(int(lo), int(hi or lo) + 1))
     parts = args.parts.split(",")
-    body = []
     with tempfile.TemporaryDirectory() as tmp:
-        if "engines" in parts:
-            body.append(engines_part(layers, Path(tmp)))
-        if "resume" in parts:
-            body.append(resume_part(Path(tmp)))
-    text = "\n\n".join(body)
-    print(text)
-    if not args.no_docs:
-        write_section(SECTION, text, command_line())
+        for name, title, make in (("engines", ENGINES_TITLE, lambda: engines_part(layers, Path(tmp))),
+                                  ("resume", RESUME_TITLE, lambda: resume_part(Path(tmp)))):
+            if name in parts:
+                text = make()
+                print(text)
+                if not args.no_docs:
+                    write_section(title, text, command_line(), parent=SECTION)
 
 
 if __name__ == "__main__":

@@ -122,12 +122,12 @@ def _group_gone(pgid: int, timeout: float = 20.0) -> bool:
     return False
 
 
-def _check_resumed(out: Path, before: list[dict], reference: list[dict], total: int) -> dict:
-    """The rerun's results: every task finished, the same numbers as an uninterrupted run, and the tasks the
-    journal held before not redone (their records, seconds included, and head files untouched)."""
+def _check_resumed(out: Path, before: list[dict], reference: list[dict] | None, total: int) -> dict:
+    """The rerun's results: every task finished, the same numbers as an uninterrupted run (``reference``, if
+    given), and the tasks the journal held before not redone (their records, seconds included, untouched)."""
     res = json.loads((out / "results.json").read_text())
     assert res["finished"] == total and res["resumed"] == len(before)
-    assert _numbers(res["heads"]) == _numbers(reference)
+    assert reference is None or _numbers(res["heads"]) == _numbers(reference)
     by_file = {h["file"]: h for h in res["heads"]}
     for entry in before:
         rec = entry["record"]
@@ -170,7 +170,7 @@ def test_ctrl_c_during_a_ray_audit_keeps_what_finished_and_a_rerun_resumes(four_
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) during an audit on a private local Ray
     cluster: exit 130 with one line, results.json lists the finished tasks, no Ray process is left behind, and the
     same audit run again (here on the process pool: the journal does not depend on the engine) redoes only the
-    rest and gives the numbers of an uninterrupted run."""
+    rest (the records equal an uninterrupted run's in the slow tests below, which rerun on Ray)."""
     pytest.importorskip("ray")
     out = tmp_path / "audit"
     cmd = _audit_cmd(four_layers, out, "--ray", "--workers", "1")
@@ -184,7 +184,8 @@ def test_ctrl_c_during_a_ray_audit_keeps_what_finished_and_a_rerun_resumes(four_
     capsys.readouterr()
     assert main(cmd[3: cmd.index("--ray")]) == 0
     assert f"resumed {len(before)} finished tasks" in capsys.readouterr().out
-    _check_resumed(out, before, _reference(four_layers, tmp_path), 24)
+    res = _check_resumed(out, before, None, 24)  # against an uninterrupted run: the slow tests below
+    assert all(h["passed"] for h in res["heads"] if h["defense"] == "none")  # all 8 undefended heads recovered
 
 
 @pytest.mark.slow
