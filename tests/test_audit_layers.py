@@ -38,7 +38,7 @@ def test_layer_tasks_recover_every_head_from_whole_output_rows(tiny_checkpoint, 
             "--defense", "none,float32,float16", "--quiet", "--out", str(out)]
     assert main(argv) == 0
     res = json.loads((out / "results.json").read_text())
-    assert res["tasks"] == res["finished"] == 3 * LAYERS and res["tasks"] == "layers" or res["finished"] == 6
+    assert res["tasks"] == res["finished"] == 3 * LAYERS and res["task_kind"] == "layers"
     by = {(h["layer"], h["defense"]): h for h in res["heads"]}
     assert all(h["head"] is None and h["row"] is None and h["method"] == "multihead" for h in res["heads"])
     for layer in range(LAYERS):

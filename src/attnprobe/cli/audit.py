@@ -210,7 +210,7 @@ def run(args) -> int:
 
         reachable(args.ray)
     kind = tasks[0].head.kind.name if tasks else None
-    info = {"model": args.model or args.safetensors, "method": args.method, "tasks": kind, "seed": args.seed,
+    info = {"model": args.model or args.safetensors, "method": args.method, "task_kind": kind, "seed": args.seed,
             "row": tasks[0].head.row if tasks else None, "rank": args.rank, "budget": args.budget}
     with claimed_folder(Path(args.out)):
         res = run_audit(tasks, args.out, engine=engine, workers=args.workers, address=args.ray or None,
