@@ -192,7 +192,8 @@ def test_ctrl_c_during_a_ray_audit_keeps_what_finished_and_a_rerun_resumes(four_
 def test_sigkill_mid_ray_audit_then_rerun_on_ray(four_layers, tmp_path):
     """SIGKILL of an audit on a private local Ray cluster (the whole group: the driver and the Ray processes it
     started), then the same command on Ray again: finished tasks are not redone, the final records equal an
-    uninterrupted run's; Ctrl-C while Ray is still starting leaves no Ray process behind either."""
+    uninterrupted run's; Ctrl-C while Ray is still starting leaves no Ray process behind either, and SIGTERM
+    ends the audit like Ctrl-C (exit 143, one line, what finished kept)."""
     pytest.importorskip("ray")
     out = tmp_path / "audit"
     cmd = _audit_cmd(four_layers, out, "--ray", "--workers", "1")
@@ -208,6 +209,13 @@ def test_sigkill_mid_ray_audit_then_rerun_on_ray(four_layers, tmp_path):
     _, err = early.communicate(timeout=120)
     assert early.returncode == 130 and len([x for x in err.splitlines() if x.strip()]) == 1, err
     assert _group_gone(early.pid)
+    # SIGTERM to the group (Ray's core worker would take SIGTERM over: a stack dump and an abort)
+    term = tmp_path / "term"
+    rc, err, before, group = _stop_mid_way(_audit_cmd(four_layers, term, "--ray", "--workers", "1"), term,
+                                           signal.SIGTERM)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert rc == 143 and len(lines) == 1 and "audit stopped by SIGTERM" in lines[0], err
+    assert json.loads((term / "results.json").read_text())["finished"] == len(before) and _group_gone(group)
 
 
 def _two_node_cluster(monkeypatch):

@@ -47,16 +47,37 @@ def _environment(values: dict[str, str]):
 
 @contextlib.contextmanager
 def signals_held(*signums: int):
-    """Hold the signals ``signums`` back inside the block (blocked, not lost: raised when it ends); processes
-    started inside it inherit the blocked signals. Only the main thread handles signals: elsewhere a no-op."""
+    """Hold the signals ``signums`` back inside the block (not lost: handled when it ends). Blocked in this thread,
+    so processes started inside the block inherit them blocked; and, since the kernel may hand a signal to any
+    other thread (Ray's, the process pool's), their Python handlers are swapped for one that only notes them and
+    the noted ones are raised again at the end. Only the main thread handles signals: elsewhere a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, set(signums))
+    noted: list[int] = []
+    holding = [True]
+    handlers = {s: signal.getsignal(s) for s in signums}
+
+    def note(signum, frame):  # once the block has ended, a signal arriving before its handler is back goes to it
+        if holding[0] or not callable(handlers[signum]):
+            noted.append(signum)
+        else:
+            handlers[signum](signum, frame)
+
+    for s, h in handlers.items():
+        if h is not None:  # None: a handler set outside Python, left alone
+            signal.signal(s, note)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(signums))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a signal held back is delivered now
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        holding[0] = False
+        for s, h in handlers.items():
+            if h is not None:
+                signal.signal(s, h)
+        for n in dict.fromkeys(noted):
+            signal.raise_signal(n)  # to the handler restored above
 
 
 def _indexed(item: tuple[int, Task]) -> tuple[int, dict]:
@@ -129,12 +150,19 @@ def _start_ray(ray, address: str | None, workers: int | None) -> None:
     machine or named by a stale ray_current_cluster file, which would refuse num_cpus), or the cluster at
     ``address``. Ctrl-C is held back while Ray starts its processes: they inherit the blocked signal, so a Ctrl-C
     sent to the whole process group (a terminal's) reaches only this process, which then stops the cluster
-    (``ray.shutdown``) instead of leaving half-started Ray processes behind."""
+    (``ray.shutdown``) instead of leaving half-started Ray processes behind. SIGTERM keeps the handler it had
+    (the audit's: stop like Ctrl-C)."""
     kw = {"address": address} if address else {"address": "local", "num_cpus": int(workers) if workers else None}
+    main = threading.current_thread() is threading.main_thread()
+    on_term = signal.getsignal(signal.SIGTERM) if main else None
     try:
         with signals_held(signal.SIGINT):
-            ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                     runtime_env={"env_vars": ONE_THREAD}, **kw)
+            try:
+                ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                         runtime_env={"env_vars": ONE_THREAD}, **kw)
+            finally:
+                if on_term is not None:  # Ray's core worker takes SIGTERM over (a stack dump, an abort): give it back
+                    signal.signal(signal.SIGTERM, on_term)
     except (ConnectionError, RuntimeError, TimeoutError, ValueError) as exc:
         where = f"at {address}" if address else "on this machine"
         raise ConfigError(f"cannot start or join a Ray cluster {where} ({type(exc).__name__}: "
