@@ -289,3 +289,31 @@ def test_multinode_ray_cluster_gives_the_numbers_of_the_process_pool(tiny_checkp
     for r in ray_run.records:
         a, b = np.load(tmp_path / "ray" / r["file"]), np.load(tmp_path / "pool" / r["file"])
         assert all(np.array_equal(a[k], b[k]) for k in a.files)
+
+
+def test_signals_are_held_back_until_the_block_ends():
+    """A signal sent while a finished task is saved and journaled (here from another thread, as the kernel may
+    deliver it to any thread) is handled once the block ends, by the handler that was there before."""
+    import threading
+
+    from attnprobe.audit.engines import signals_held
+
+    seen = []
+    before = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda n, f: seen.append("handled"))
+    try:
+        with signals_held(signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                t = threading.Thread(target=os.kill, args=(os.getpid(), sig))
+                t.start()
+                t.join()
+            time.sleep(0.05)
+            seen.append("block done")
+        pytest.fail("the held-back Ctrl-C was lost")
+    except KeyboardInterrupt:
+        seen.append("interrupted")
+    finally:
+        handler = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, before)
+    assert seen[0] == "block done" and sorted(seen[1:]) == ["handled", "interrupted"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and callable(handler)

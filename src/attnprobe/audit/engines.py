@@ -76,8 +76,16 @@ def signals_held(*signums: int):
         for s, h in handlers.items():
             if h is not None:
                 signal.signal(s, h)
-        for n in dict.fromkeys(noted):
-            signal.raise_signal(n)  # to the handler restored above
+        _deliver(list(dict.fromkeys(noted)))
+
+
+def _deliver(signums: list[int]) -> None:
+    """Raise each signal again (to its handler), every one of them even when a handler raises."""
+    if signums:
+        try:
+            signal.raise_signal(signums[0])
+        finally:
+            _deliver(signums[1:])
 
 
 def _indexed(item: tuple[int, Task]) -> tuple[int, dict]:
