@@ -133,18 +133,17 @@ def resume_part(tmp: Path) -> str:
         outcome = "failed" if case.find("failure") is not None or case.find("error") is not None else (
             "skipped" if case.find("skipped") is not None else "passed")
         t.add(case.get("name"), outcome, float(case.get("time", 0)))
-    text = ("The Ray tests run by this script (`python -m pytest -m 'slow or not slow' TESTS`, TESTS below; "
-            f"{before} at the start): an audit of a 4-layer d = 16 checkpoint (24 tasks) stopped once its first task "
-            "is "
+    text = (f"The Ray tests run by this script (`python -m pytest -m 'slow or not slow' TESTS`, TESTS below; {before} "
+            "at the start): an audit of a 4-layer d = 16 checkpoint (24 tasks) stopped once its first task is "
             "journaled — Ctrl-C to the whole process group on a private local cluster; SIGKILL of the driver and the "
             "Ray processes it started, then SIGTERM; SIGKILL of a driver joined to a simulated 2-node cluster (which "
-            "outlives it), then Ctrl-C there — and run again (the first test reruns on the process pool, the others on "
-            "Ray): exit 130 and one line on Ctrl-C, 143 and one line on SIGTERM, no Ray process left behind (also "
-            "after a Ctrl-C while Ray is starting), the tasks journaled before the stop not redone (their records, seconds "
-            "included, and head files untouched), and the final records equal to an uninterrupted run's (tests 2 and "
-            "3); and the 2-node cluster's records and head files (single "
-            "heads, whole layers at one output row and from whole output rows) equal to the process pool's. The first "
-            "test (Ctrl-C on a local cluster) is also in the default suite.")
+            "outlives it), then Ctrl-C there — and run again (the first test reruns on the process pool, the others "
+            "on Ray): exit 130 and one line on Ctrl-C, 143 and one line on SIGTERM, no Ray process left behind (also "
+            "after a Ctrl-C while Ray is starting), the tasks journaled before the stop not redone (their records, "
+            "seconds included, and head files untouched), and the final records equal to an uninterrupted run's "
+            "(tests 2 and 3); and the 2-node cluster's records and head files (single heads, whole layers at one "
+            "output row and from whole output rows) equal to the process pool's. The first test (Ctrl-C on a local "
+            "cluster) is also in the default suite.")
     return f"{text}\n\n{t.markdown()}\n\nTESTS: {' '.join(f'`{x}`' for x in RESUME_TESTS)}"
 
 
