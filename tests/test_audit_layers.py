@@ -60,7 +60,7 @@ def test_layer_tasks_recover_every_head_from_whole_output_rows(tiny_checkpoint, 
         assert half["file"] is None and "coarser than float32" in half["error"]
     html = (out / "report.html").read_text()
     assert "float16 answers: no head recovered" in html and f"<td>{2 * LAYERS}/{HEADS * LAYERS}</td>" in html
-    assert "queries per layer" in html
+    assert "queries per layer" in html and "Tasks: layers (one task per layer" in html
     capsys.readouterr()
     assert main(argv) == 0  # the same command again: every task comes from the journal
     assert f"resumed {3 * LAYERS} finished tasks" in capsys.readouterr().out

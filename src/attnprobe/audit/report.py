@@ -45,6 +45,12 @@ def best_records(run, defense: str) -> dict:
     return best
 
 
+def _kinds(run) -> str:
+    """The task kinds of the run, each with what one task extracts (:data:`attnprobe.audit.tasks.TASK_KINDS`)."""
+    kinds = dict.fromkeys(t.head.kind for t in run.tasks)
+    return "; ".join(f"{k.name} ({k.help})" for k in kinds)
+
+
 def _head_w_errors(r) -> list[float]:
     """W's error of each head a record recovered: one for a head task, one per true head for a whole layer."""
     return list(r.get("head_W_errors") or [r["relative_error"]["W"]])
@@ -116,7 +122,8 @@ def write_report(run, path: str | Path) -> Path:
     rep = HtmlReport(f"attnprobe audit: {run.info.get('model', 'model')}")
     failed = [r for r in run.records if r["error"]]
     rep.paragraph(f"{len(run.records)} of {len(run.tasks)} tasks finished on the {run.engine} engine in "
-                  f"{run.seconds:.1f} s; {len(failed)} failed. Learners: {run.info.get('method', '?')}, seed "
+                  f"{run.seconds:.1f} s; {len(failed)} failed. Tasks: {_kinds(run)}. Learners: "
+                  f"{run.info.get('method', '?')}, seed "
                   f"{run.info.get('seed', 0)}. Errors are relative errors against the true weights, which "
                   "the auditor has and the attacker does not.")
     if run.interrupted:

@@ -174,21 +174,6 @@ def _finished(out: Path, tasks: Sequence[Task], identity: dict) -> dict[int, dic
     return found
 
 
-def journaled_files(out: str | Path) -> set[str]:
-    """Head files (``heads/NAME.npz``) that ``out/finished.jsonl`` records: an audit resuming there keeps them."""
-    path = Path(out) / JOURNAL
-    files = set()
-    if path.exists():
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                name = json.loads(line)["record"]["file"]
-            except (ValueError, KeyError, TypeError):
-                continue
-            if isinstance(name, str):
-                files.add(name)
-    return files
-
-
 def _journal(out: Path, task: Task, rec: dict, identity: dict) -> None:
     """Append a finished task's record (the journal starts with the audit's identity line)."""
     with open(out / JOURNAL, "a") as f:
