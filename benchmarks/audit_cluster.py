@@ -3,9 +3,10 @@ vector answers, K = 384, the multi-head learner's vector route) on four engines:
 workers, a private local Ray cluster (2 CPUs) and a 2-node Ray cluster simulated on this machine
 (``ray.cluster_utils.Cluster``: a head node and a worker node of 1 CPU each, 127.0.0.1 only). Wall time, queries,
 the worst head's error per engine, and whether every engine's records and head files equal the 1-worker pool's.
-Then the Ray kill-and-resume tests (too slow for the default suite) are run and their outcome tabled.
+Then the Ray kill-and-resume tests (too slow for the default suite) are run and their outcome tabled; ``--parts
+heads`` runs every single head (72 low-rank tasks) on the same four engines.
 
-    PYTHONPATH=src python benchmarks/audit_cluster.py [--layers 0-5] [--parts engines,resume] [--no-docs]
+    PYTHONPATH=src python benchmarks/audit_cluster.py [--layers 0-5] [--parts engines,resume,heads] [--no-docs]
 
 On a real cluster the same audit is ``attnprobe audit --model minilm --tasks layers --ray HOST:6379`` (attnprobe
 installed on every node).
@@ -37,6 +38,7 @@ from audit import load  # noqa: E402  (the benchmark of the local engines)
 SECTION = "Whole-model audit on a multi-node Ray cluster"
 ENGINES_TITLE = "MiniLM-L6, all six layers as whole-layer vector tasks, on four engines"
 RESUME_TITLE = "Kill and resume on Ray"
+HEADS_TITLE = "MiniLM-L6, every single head (low-rank sketch), on four engines"
 #: the Ray tests that kill an audit mid-way and rerun it (marked slow: run here)
 RESUME_TESTS = ["tests/test_audit_cluster.py::test_ctrl_c_during_a_ray_audit_keeps_what_finished_and_a_rerun_resumes",
                 "tests/test_audit_cluster.py::test_sigkill_mid_ray_audit_then_rerun_on_ray",
@@ -77,9 +79,8 @@ def two_node_run(tasks, out: Path):
     return run, started
 
 
-def engines_part(layers: list[int], tmp: Path) -> str:
-    tasks = [Task(HeadSpec("minilm", layer, None, None), "multihead", seed=0) for layer in layers]
-    before = load()
+def on_engines(tasks, tmp: Path, worst: str = "worst head error (W, u or V_h)") -> tuple[Table, object]:
+    """The tasks on the four engines: a table of each run against the 1-worker pool's, and that run."""
     runs, walls, starts = {}, {}, {}
     for label, engine, workers in (("processes, 1 worker", "processes", 1), ("processes, 2 workers", "processes", 2),
                                    ("Ray, local (2 CPUs)", "ray", 2)):
@@ -95,14 +96,22 @@ def engines_part(layers: list[int], tmp: Path) -> str:
     print(label, round(walls[label], 1), load(), flush=True)
     base = runs["processes, 1 worker"]
     t = Table(["engine", "tasks finished", "failed or not passed", "queries (all tasks, with checks)",
-               "worst head error (W, u or V_h)", "wall s (incl. start-up)", "cluster start s", "Σ task s",
+               worst, "wall s (incl. start-up)", "cluster start s", "Σ task s",
                "records and head files identical to 1 worker"])
     for label, run in runs.items():
         ok = numbers(run.records) == numbers(base.records) and same_files(base.out, run.out, base.records)
         failed = sum(1 for r in run.records if r["error"] or not r["passed"])
-        worst = max((e for r in run.records for e in r.get("head_errors", [])), default=None)
+        largest = max((e for r in run.records for e in r.get("head_errors") or [max(r["relative_error"].values())]
+                       if not r["error"]), default=None)
         t.add(label, len(run.records), failed, sum(r["queries"] + r.get("check_queries", 0) for r in run.records),
-              worst, walls[label], starts[label], sum(r["seconds"] for r in run.records), "yes" if ok else "NO")
+              largest, walls[label], starts[label], sum(r["seconds"] for r in run.records), "yes" if ok else "NO")
+    return t, base
+
+
+def engines_part(layers: list[int], tmp: Path) -> str:
+    tasks = [Task(HeadSpec("minilm", layer, None, None), "multihead", seed=0) for layer in layers]
+    before = load()
+    t, base = on_engines(tasks, tmp)
     per_layer = Table(["layer", "heads", "queries", "worst head error", "W (worst head)", "u", "V_h", "c",
                        "check passed", "task s (1 worker)"])
     for r in base.records:
@@ -118,6 +127,18 @@ def engines_part(layers: list[int], tmp: Path) -> str:
             "layers --workers 2 --out DIR` (or `--ray`, or `--ray HOST:6379` on a real cluster started with "
             "`ray start --head`, and `ray start --address HOST:6379` on each other node, attnprobe installed on every "
             "node).")
+
+
+def heads_part(layers: list[int], tmp: Path) -> str:
+    """Every single head of the layers (12 per layer) with the rank-32 sketch (lowrank learner), one output row."""
+    tasks = [Task(HeadSpec("minilm", layer, head, 0), "lowrank", seed=0, rank=32) for layer in layers
+             for head in range(12)]
+    before = load()
+    (tmp / "heads").mkdir()
+    t, _ = on_engines(tasks, tmp / "heads", "worst head error (W, v, u or c)")
+    return (f"The same four engines on every single head of MiniLM-L6 layers {layers[0]}–{layers[-1]} ({len(tasks)} "
+            "tasks, `--tasks heads --method lowrank --rank 32`, output row 0, float64 answers, seed 0). "
+            f"{before} at the start, {load()} at the end.\n\n{t.markdown()}")
 
 
 def resume_part(tmp: Path) -> str:
@@ -158,6 +179,7 @@ def main() -> None:
     parts = args.parts.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         for name, title, make in (("engines", ENGINES_TITLE, lambda: engines_part(layers, Path(tmp))),
+                                  ("heads", HEADS_TITLE, lambda: heads_part(layers, Path(tmp))),
                                   ("resume", RESUME_TITLE, lambda: resume_part(Path(tmp)))):
             if name in parts:
                 text = make()
