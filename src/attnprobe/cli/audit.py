@@ -261,7 +261,8 @@ def add_parser(sub) -> None:
     a.add_argument("--method", default="auto",
                    help="learners to attack with: auto (default: every registered learner whose capabilities fit "
                         "each defence; a defence is called strong only when all of them fail) or a comma-separated "
-                        "list of " + ", ".join(audit_learners()) + " (a defence none of them fits gets those that do)")
+                        "list of " + ", ".join(audit_learners()) + " (" + ", ".join(audit_learners(True)) + " for "
+                        "whole layers; a defence none of them fits gets those that do)")
     a.add_argument("--rank", type=int,
                    help="learners that take a rank bound (the head dimension): "
                    + ", ".join(registry.options()["rank"][1]))
