@@ -164,7 +164,8 @@ def resume_part(tmp: Path) -> str:
             "seconds included, and head files untouched), and the final records equal to an uninterrupted run's "
             "(tests 2 and 3); and the 2-node cluster's records and head files (single heads, whole layers at one "
             "output row and from whole output rows) equal to the process pool's. The first test (Ctrl-C on a local "
-            "cluster) was in the default suite until Ray once aborted in its own task manager on the SIGINT; it is slow now.")
+            "cluster) was in the default suite until Ray once aborted in its own task manager on the SIGINT; it is "
+            "slow now.")
     return f"{text}\n\n{t.markdown()}\n\nTESTS: {' '.join(f'`{x}`' for x in RESUME_TESTS)}"
 
 
