@@ -99,7 +99,8 @@ def _multihead_vector():
 #: what extract --estimate is told for each run
 ESTIMATE = {"exact": ("exact", 384, {}), "lowrank": ("lowrank", 384, {"rank": 32}),
             "multihead": ("multihead", 384, {"heads": 12, "rank": 32}),
-            "multihead-factor": ("multihead", 384, {"heads": 12, "rank": 32}), "ffn": ("ffn", 8, {"hidden": 32})}
+            "multihead-factor": ("multihead", 384, {"heads": 12, "rank": 32}), "ffn": ("ffn", 8, {"hidden": 32}),
+            "vector": ("multihead", 384, {"heads": 12, "outputs": 384})}
 
 
 RUNS = {"exact": ("exact d=384 random head", _exact), "lowrank": ("lowrank MiniLM L0H1, rank 32", _lowrank),

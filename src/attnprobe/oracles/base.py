@@ -14,7 +14,7 @@ from attnprobe.errors import (BudgetExceededError, InputNormError, NonFiniteAnsw
 from attnprobe._validation import as_batch
 from attnprobe.models.precision import coarser, machine_epsilon
 from attnprobe.oracles.noise import AnswerNoise, noise_of
-from attnprobe.oracles.wrappers import declared_precision
+from attnprobe.oracles.wrappers import Wrapper, declared_precision
 from attnprobe.oracles.precision_detect import PrecisionDetector
 
 
@@ -35,16 +35,24 @@ def answer_precision(fn, declared: str | None = None, cast: str | None = None) -
     answer chain's cast. A declared precision is taken as given, made coarser by a cast; else a cast is the
     answers' precision (coarser where the model's own dtype is, :func:`~attnprobe.oracles.wrappers.
     declared_precision`); else ``"auto"`` detects; else (``declared=None``, the Python default) the callable's
-    own dtype (a model computed in float32, a torch module) or float64.
+    own dtype (a model computed in float32, a torch module) or float64. A callable whose ``answer_precision`` is
+    ``"auto"`` (a remote API, which can say nothing trustworthy about its model) is read like ``declared="auto"``.
     """
     known = declared_precision(fn)
     if declared not in (None, "auto"):
         return coarser(declared, known if cast else None)
     if cast:
         return coarser(cast, known)
-    if declared == "auto":
+    if declared == "auto" or (known is None and getattr(_innermost(fn), "answer_precision", None) == "auto"):
         return "auto"
     return known or "float64"
+
+
+def _innermost(fn):
+    """The callable under every answer wrapper of ``fn``."""
+    while isinstance(fn, Wrapper):
+        fn = fn.inner
+    return fn
 
 
 class Oracle:

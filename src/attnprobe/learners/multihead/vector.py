@@ -48,6 +48,11 @@ COARSEST_EPS = 1e-6
 HEAD_CHECK_QUERIES = 16
 
 
+def planned_values(d: int) -> int:
+    """Queries of the values stage, the least a run asks: ``[±x]`` for the d rows of an orthogonal matrix."""
+    return 2 * d
+
+
 def _values(oracle, rng, rho):
     """``M`` (K, d) and ``c`` (K,) from ``[±x]`` for the rows x of a scaled random orthogonal matrix."""
     d = oracle.d
@@ -127,7 +132,7 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
 
     max_norm = getattr(oracle, "max_input_norm", None)
     rho_max = np.inf if max_norm is None else float(max_norm) / 3.0
-    run.plan(2 * d, f"vector multi-head extraction at d={d} (values stage)", at_least=True)
+    run.plan(planned_values(d), f"vector multi-head extraction at d={d} (values stage)", at_least=True)
     notes: list[str] = []
     with run.phase("values"):
         M, c = _values(oracle, rng, min(1.0, rho_max))
