@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from attnprobe.errors import NonFiniteAnswerError, RecoveryError, SaturationError
 from attnprobe.models.precision import finfo
-from attnprobe.learners.sigmoid import answer_logits, grid_queries, measure_logits
+from attnprobe.learners.sigmoid import QueryMemory, answer_logits, grid_queries, measure_logits
 
 #: RMS attention logit the orthogonal probes aim for: near ±1.5 the sigmoid loses least precision.
 TARGET_LOGIT = 1.5
@@ -170,6 +170,7 @@ class LogitProbe:
     c: float
     probes: str = "orthogonal"
     target: float = TARGET_LOGIT
+    memory: QueryMemory = field(default_factory=QueryMemory, compare=False, repr=False)
 
     @property
     def adaptive(self) -> bool:
@@ -240,14 +241,20 @@ class LogitProbe:
         Z, N = np.full((d, k), np.nan), np.full((d, k), np.inf)
         S = np.full((d, k), float(scale))
         ell, j = np.divmod(np.arange(d * k), k)  # ℓ-major, matching Z's C order
-        if skip is not None:
+        whole = skip is None or not skip.any()  # the first pass asks the whole grid at one scale
+        if not whole:
             ell, j = ell[~skip.ravel()], j[~skip.ravel()]
             if len(ell) == 0:
                 return BlockLogits(Z, N, np.nan, 0.0, float(scale))
         rms = median_noise = None
         for attempt in range(MAX_RETRIES + 1):
             with self.oracle.phase("retries") if attempt else nullcontext():
-                lg = answer_logits(self.oracle, *grid_queries(A, S[ell, j], Bs, ell, j, self.v, self.c))
+                if whole and attempt == 0:
+                    queries = grid_queries(A, float(scale), Bs, None, None, self.v, self.c, memory=self.memory)
+                else:
+                    queries = grid_queries(A, S[ell, j], Bs, ell, j, self.v, self.c, memory=self.memory)
+                lg = answer_logits(self.oracle, *queries)
+                del queries  # the next attempt's queries may reuse their memory
             self._refuse_outside(lg, len(ell), what)
             ok = ~lg.saturated
             noise = np.where(ok, lg.noise, np.inf) / S[ell, j]
