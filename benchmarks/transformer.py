@@ -59,9 +59,9 @@ def ffn_table(seeds):
                 res = extract_ffn(o, seed=seed)
                 secs.append(time.perf_counter() - t0)
                 q.append(res.queries)
-                qb = res.details["query_breakdown"]
-                ks.append(qb["kink_search"])
-                gr.append(qb["gradients"] + qb["re_measured"])
+                qb = res.queries_by_phase
+                ks.append(qb.get("kink_search", 0))
+                gr.append(sum(n for phase, n in qb.items() if phase != "kink_search"))
                 found.append(res.details["neurons_found"])
                 exact.append(res.details["orientation_exact"])
                 err = neuron_errors(net.A, net.w_o, res.model.A, res.model.w_o)

@@ -190,7 +190,8 @@ def test_a_budget_too_small_is_a_finding_not_a_crash(checkpoint, tmp_path):
 
 
 def test_multihead_audit_recovers_whole_layers(checkpoint, tmp_path):
-    """--multihead: one task per layer; every head of the layer recovered up to permutation (App. C learner)."""
+    """--multihead (= --tasks layer-rows): one task per layer; every head of the layer recovered up to permutation
+    from one output row (App. C learner)."""
     path, _ = checkpoint
     out = tmp_path / "layers"
     assert main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--multihead", "--rank", "8",
@@ -202,7 +203,7 @@ def test_multihead_audit_recovers_whole_layers(checkpoint, tmp_path):
     for h in res["heads"]:
         assert h["error"] is None and h["passed"] and len(h["head_W_errors"]) == HEADS
         assert max(h["relative_error"].values()) < 1e-8
-        saved = load_model(out / f"heads/L{h['layer']}.npz")
+        saved = load_model(out / f"heads/L{h['layer']}R0.npz")
         truth = ck.layer(h["layer"], 0)
         X = np.random.default_rng(3).standard_normal((4, 5, D))
         assert saved.H == HEADS and np.allclose(saved(X), truth(X), rtol=1e-9, atol=1e-12)

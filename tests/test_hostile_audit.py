@@ -1,6 +1,8 @@
-"""Hostile audits: checkpoints that are FIFOs or have the wrong shapes, Ray addresses nobody answers at, a Ray
-cluster found on the machine. Exit code 2 and one line, quickly, no file harmed."""
+"""Hostile audits: checkpoints that are FIFOs or have the wrong shapes, Ray addresses nobody answers at or where
+something else answers, a Ray cluster found on the machine, a journal of another audit in --out. Exit code 2 and one
+line, quickly, no file harmed and no empty folder left behind."""
 
+import json
 import os
 import subprocess
 import sys
@@ -66,8 +68,58 @@ def test_a_ray_address_nobody_answers_at_is_refused_within_seconds(tmp_path, cap
     """Checked with a socket before Ray is imported, so it holds with or without Ray installed."""
     t0 = time.monotonic()
     line = refused(capsys, tmp_path, "audit", "--model", "minilm", "--layers", "0", "--heads", "0", "--ray",
-                   "127.0.0.1:1", "--out", tmp_path / "out", "--quiet", says="no Ray cluster answers at 127.0.0.1:1")
+                   "127.0.0.1:1", "--out", tmp_path / "out" / "deep", "--quiet",
+                   says="no Ray cluster answers at 127.0.0.1:1")
     assert time.monotonic() - t0 < 20, line
+    assert not (tmp_path / "out").exists()  # no empty folder left behind
+
+
+@pytest.fixture
+def not_ray():
+    """A server on 127.0.0.1 that accepts connections and answers like an HTTP/1 server, not like Ray's gRPC."""
+    import socket
+    import threading
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(2)
+                try:
+                    conn.recv(1024)
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                except OSError:
+                    pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield f"127.0.0.1:{srv.getsockname()[1]}"
+    stop.set()
+    t.join(5)
+    srv.close()
+
+
+def test_an_address_that_is_not_a_ray_cluster_is_refused_within_seconds(tmp_path, capsys, not_ray):
+    """Ray itself would retry a server that is not its GCS for minutes (measured: over 5 min, printing warnings)."""
+    t0 = time.monotonic()
+    refused(capsys, tmp_path, "audit", "--model", "minilm", "--layers", "0", "--heads", "0", "--ray", not_ray,
+            "--out", tmp_path / "out", "--quiet", says=f"the server at {not_ray} is not a Ray cluster")
+    assert time.monotonic() - t0 < 20 and not (tmp_path / "out").exists()
+
+
+def test_a_bad_hf_dir_leaves_no_folder(tmp_path, capsys):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{not json")
+    for folder, says in ((tmp_path / "missing", "does not exist"), (tmp_path / "hf", "config.json")):
+        refused(capsys, tmp_path, "audit", "--hf-dir", folder, "--out", tmp_path / "out", "--quiet", says=says)
+        assert not (tmp_path / "out").exists()
 
 
 def test_ray_address_refusals():
@@ -95,10 +147,10 @@ def test_ray_without_an_address_starts_a_private_cluster_even_when_one_is_named(
     assert (tmp_path / "out" / "results.json").exists()
 
 
-def _random_checkpoint(path, d=8, layers=1):
+def _random_checkpoint(path, d=8, layers=1, seed=0):
     from safetensors.numpy import save_file
 
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     t = {}
     for layer in range(layers):
         p = f"encoder.layer.{layer}.attention."
@@ -151,6 +203,47 @@ def test_an_audit_where_every_task_fails_does_not_exit_0(small, capsys, monkeypa
     assert (small / "out" / "results.json").exists()  # what was tried is still reported
 
 
+def test_a_refusal_after_the_folder_is_claimed_removes_what_it_created(small, capsys, monkeypatch):
+    """The Ray engine refusing once the audit has claimed --out (Ray missing, a cluster that cannot be joined):
+    exit 2, one line, and neither out/ nor out/heads/ is left behind; an existing --out keeps its files."""
+    from attnprobe.audit import run as audit_run
+    from attnprobe.errors import ConfigError
+
+    def no_ray(tasks, on_result, address=None, workers=None):
+        raise ConfigError("--ray needs Ray: pip install 'attnprobe[ray]'")
+
+    monkeypatch.setitem(audit_run.ENGINES, "ray", no_ray)
+    out = small / "new" / "out"
+    refused(capsys, small, *_audit(small, "--ray"), says="--ray needs Ray")
+    refused(capsys, small, "audit", "--safetensors", small / "m.safetensors", "--heads-per-layer", "2", "--ray",
+            "--out", out, "--quiet", "--method", "exact", says="--ray needs Ray")
+    assert not (small / "out").exists() and not (small / "new").exists()
+    (small / "kept").mkdir()
+    (small / "kept" / "notes.txt").write_text("mine")
+    refused(capsys, small, "audit", "--safetensors", small / "m.safetensors", "--heads-per-layer", "2", "--ray",
+            "--out", small / "kept", "--quiet", "--method", "exact", says="--ray needs Ray")
+    assert sorted(p.name for p in (small / "kept").iterdir()) == ["notes.txt"]
+
+
+def test_a_journal_of_another_model_or_other_settings_is_refused(small, capsys):
+    """A rerun into a folder whose finished.jsonl records another model (same file name, other weights) or other
+    settings would drop its tasks and their head files: refused in one line, nothing touched; --fresh replaces."""
+    from hostile import run
+
+    rc, _, err = run(capsys, *_audit(small, "--seed", "1"))
+    assert rc == 0, err
+    (small / "out" / "heads" / "L7H7.npz").write_bytes(b"from an older audit, not in the journal")
+    refused(capsys, small, *_audit(small, "--seed", "2"), says="with other seed (1 there, 2 here)")
+    refused(capsys, small, *_audit(small, "--seed", "1", "--row", "3"), says="with other row (0 there, 3 here)")
+    _random_checkpoint(small / "m.safetensors", layers=1, seed=5)  # retrained in place: same name, other weights
+    line = refused(capsys, small, *_audit(small, "--seed", "1"), says="of other weights (m.safetensors sha256:")
+    assert "give --fresh" in line
+    rc, _, err = run(capsys, *_audit(small, "--seed", "1", "--fresh"))
+    assert rc == 0, err
+    assert json.loads((small / "out" / "results.json").read_text())["resumed"] == 0
+    assert sorted(p.name for p in (small / "out" / "heads").iterdir()) == ["L0H0.npz", "L0H1.npz"]
+
+
 def test_out_that_is_a_file_or_empty_is_refused(small, capsys, monkeypatch):
     (small / "out").write_text("keep me")
     refused(capsys, small, *_audit(small), says="is not a folder")
@@ -167,8 +260,8 @@ def test_a_second_audit_into_a_busy_folder_is_refused_and_a_rerun_drops_stale_he
     (out / "heads").mkdir(parents=True)
     (out / "heads" / "L9H9.npz").write_bytes(b"from an earlier audit")
     with claimed_folder(out):
-        assert not (out / "heads" / "L9H9.npz").exists()  # stale heads removed when the folder is claimed
         refused(capsys, small, *_audit(small), says="another audit")
+        assert (out / "heads" / "L9H9.npz").exists()  # a refused audit touches nothing
     rc, _, err = run(capsys, *_audit(small))
     assert rc == 0, err
     assert sorted(p.name for p in (out / "heads").iterdir()) == ["L0H0.npz", "L0H1.npz"]

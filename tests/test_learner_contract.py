@@ -9,7 +9,7 @@ a particular oracle. :func:`check_contract` runs every check on one learner (a n
 import numpy as np
 import pytest
 
-from attnprobe.errors import BudgetExceededError
+from attnprobe.errors import BudgetExceededError, ConfigError
 from attnprobe.learners import registry
 from attnprobe.models import AttentionHead
 from attnprobe.oracles import Oracle
@@ -116,14 +116,30 @@ def test_phases_sum_to_the_queries_and_the_check_is_counted_apart(case):
     check_accounting(case)
 
 
-#: known breaches of the contract, to be fixed in the learner (strict: the test fails once they are fixed)
-PROBES_FIRST = pytest.mark.xfail(strict=True, reason="the multi-head dispatch asks one length-1 query to learn "
-                                                     "whether the answers are scalars or vectors before planning")
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, marks=PROBES_FIRST) if c == "multihead" else c for c in CASES])
+@pytest.mark.parametrize("case", CASES)
 def test_a_budget_below_the_plan_is_refused_before_the_first_query(case):
     check_budget(case)
+
+
+@pytest.mark.parametrize("method", ["auto", "vector"])
+def test_the_answer_shape_probe_is_inside_the_multihead_plan(method):
+    """The multi-head dispatch asks one query to tell scalar from vector answers: a budget one short of that query,
+    the cheaper learner's values stage and the check is refused having asked nothing; one more and it asks."""
+    from attnprobe.learners.check import check_queries
+    from attnprobe.learners.multihead import extract_multihead
+    from attnprobe.learners.multihead.vector import planned_values
+
+    least = 1 + planned_values(D) + check_queries()
+    oracle = Oracle(random_multihead(D, 2, seed=3), D, budget=least - 1)
+    with pytest.raises(BudgetExceededError, match=f"at least {least} queries"):
+        extract_multihead(oracle, method=method)
+    assert oracle.queries == 0
+    oracle = Oracle(random_multihead(D, 2, seed=3), D, budget=least)
+    # past the probe the answers are scalars: the generic learner's larger plan is refused, or the vector method
+    # says it needs K ≥ 2 outputs; either way the probe was the one query asked
+    with pytest.raises(BudgetExceededError if method == "auto" else ConfigError):
+        extract_multihead(oracle, method=method)
+    assert oracle.queries == 1
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -239,3 +239,140 @@ def test_codec_round_trips_and_reads_no_pickle():
     assert json.loads(json.dumps(X.tolist())) == X.tolist()
     with pytest.raises(npy_wire.WireError, match="dtype"):
         npy_wire.decode_queries(npy_bytes(np.array([[[None] * D]], dtype=object), allow_pickle=True), D, 3, 2)
+
+
+def test_a_served_float32_model_is_read_as_float32_like_the_same_model_in_process():
+    from dataclasses import replace
+
+    head32 = replace(random_head(D, seed=8), dtype="float32")
+    app = build_app(head32, ServiceOptions(d=D, max_batch=64), KeyStore(["k"]))
+    with BackgroundServer(app) as srv:
+        remote = oracle_from_url(srv.url, "k")
+        declared, detected = Oracle(head32, D), Oracle(head32, D, precision="auto")
+        assert remote.detector is not None  # nothing declared over HTTP: read from the answers
+        assert remote.precision == declared.precision == detected.precision == "float32"
+        assert remote.eps == declared.eps == detected.eps
+        assert oracle_from_url(srv.url, "k", precision="float16").precision == "float16"  # a declaration wins
+        from attnprobe.oracles.wrappers import Rounded
+
+        rounded = Oracle(Rounded(remote.fn, digits=12), D)  # an answer wrapper on the client: still read
+        assert rounded.detector is not None
+        remote.fn.close()
+    head64 = random_head(D, seed=8)
+    with BackgroundServer(build_app(head64, ServiceOptions(d=D), KeyStore(["k"]))) as srv:
+        assert oracle_from_url(srv.url, "k").precision == Oracle(head64, D).precision == "float64"
+
+
+def test_both_ends_send_without_waiting_for_acks(served):
+    srv, _ = served
+    import socket
+
+    assert srv.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)  # accepted connections inherit it
+    client = HttpOracle(srv.url, KEY)  # httpcore sets it on the client's sockets; the HTTP/in-process ratio needs it
+    r = client._client.get("/healthz")
+    assert r.extensions["network_stream"].get_extra_info("socket").getsockopt(socket.IPPROTO_TCP,
+                                                                              socket.TCP_NODELAY)
+    client.close()
+
+
+def test_codec_writes_what_numpy_saves_and_reads_a_joined_body_without_another_copy():
+    for shape in [(3, 2, D), (0, 2, D), (5,), (2, 3)]:
+        a = np.random.default_rng(9).standard_normal(shape)
+        assert npy_wire.encode(a) == npy_bytes(a)
+    strided = np.random.default_rng(10).standard_normal((4, 6, D))[:, ::2]
+    assert npy_wire.encode(strided) == npy_bytes(np.ascontiguousarray(strided))
+    raw = npy_wire.encode(strided)
+    body = npy_wire.joined([raw[:100], raw[100:101], raw[101:]])  # the chunks a server receives
+    assert body.tobytes() == raw
+    X = npy_wire.decode_queries(body, D, 4, 3)
+    assert np.array_equal(X, strided) and X.flags.writeable and np.shares_memory(X, body)
+    Y = npy_wire.decode_queries(raw, D, 4, 3)  # read-only bytes: a writable copy
+    assert np.array_equal(Y, strided) and Y.flags.writeable
+
+
+def test_chunked_npy_body_within_the_limit_is_answered(served):
+    srv, head = served
+    X = np.random.default_rng(11).standard_normal((16, 8, D))
+    body = npy_wire.encode(X)
+
+    def chunks():
+        for i in range(0, len(body), 1000):
+            yield body[i:i + 1000]
+
+    r = httpx.post(srv.url + "/v1/query", content=chunks(), headers=NPY, timeout=20)
+    assert r.status_code == 200, r.text
+    assert np.array_equal(npy_wire.decode_answers(r.content, 16), head(X))
+
+
+def test_a_learners_batch_goes_to_the_api_whole_with_several_requests_in_flight():
+    in_flight, most = 0, 0
+    lock = __import__("threading").Lock()
+    head = random_head(D, seed=12)
+
+    class Counting:
+        def __init__(self, app):
+            self.app = app
+
+        async def __call__(self, scope, receive, send):
+            nonlocal in_flight, most
+            import asyncio
+
+            with lock:
+                in_flight += 1
+                most = max(most, in_flight)
+            try:
+                if scope["type"] == "http" and scope["path"] == "/v1/query":
+                    await asyncio.sleep(0.05)  # hold each request long enough for the next ones to arrive
+                await self.app(scope, receive, send)
+            finally:
+                with lock:
+                    in_flight -= 1
+
+    app = Counting(build_app(head, ServiceOptions(d=D, max_batch=8), KeyStore(["k"])))
+    with BackgroundServer(app) as srv:
+        remote = oracle_from_url(srv.url, "k", concurrency=3)
+        fn, calls = remote.fn, []
+        remote.fn = lambda X: calls.append(len(X)) or fn(X)
+        X = np.random.default_rng(13).standard_normal((8 * 12, 2, D))
+        assert np.array_equal(remote(X), head(X))
+        assert calls == [len(X)]  # the oracle hands the whole batch to the HTTP client at once
+        assert fn.requests == 1 + 12  # /v1/info, then the batch in 12 requests of the server's max batch
+        assert most == 3
+        fn.close()
+
+
+@pytest.mark.parametrize("announced, status", [(b"\xb2", 400), (b"-1", 400), (b"1e3", 400),
+                                               (b"99999999999999999999", 413), (b"12", 422)])
+def test_the_announced_length_is_checked_before_the_body_is_read(announced, status):
+    import asyncio
+
+    app = build_app(random_head(D, seed=0), ServiceOptions(d=D, max_batch=4), KeyStore(["k"]))
+    sent, read = [], []
+
+    async def receive():
+        read.append(1)
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "path": "/v1/query",
+             "raw_path": b"/v1/query", "query_string": b"", "root_path": "", "scheme": "http",
+             "server": ("test", 80), "client": ("test", 1),
+             "headers": [(b"content-length", announced), (b"authorization", b"Bearer k")]}
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == status
+    assert bool(read) == (status == 422)  # refused on the header alone, or read and found malformed
+
+
+@pytest.mark.parametrize("pad", [0, 1, 3])
+def test_data_at_any_byte_offset_is_read_exactly(served, pad):
+    srv, head = served
+    import struct
+
+    X = np.random.default_rng(14).standard_normal((3, 2, D))
+    header = (f"{{'descr': '<f8', 'fortran_order': False, 'shape': (3, 2, {D}), }}" + " " * pad + "\n").encode()
+    body = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + X.tobytes()  # data not 8-byte aligned
+    r = httpx.post(srv.url + "/v1/query", content=body, headers=NPY)
+    assert r.status_code == 200, r.text
+    assert np.array_equal(npy_wire.decode_answers(r.content, 3), head(X))

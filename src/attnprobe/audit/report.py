@@ -45,28 +45,50 @@ def best_records(run, defense: str) -> dict:
     return best
 
 
+def _kinds(run) -> str:
+    """The task kinds of the run, each with what one task extracts (:data:`attnprobe.audit.tasks.TASK_KINDS`)."""
+    kinds = dict.fromkeys(t.head.kind for t in run.tasks)
+    return "; ".join(f"{k.name} ({k.help})" for k in kinds)
+
+
+def _head_w_errors(r) -> list[float]:
+    """W's error of each head a record recovered: one for a head task, one per true head for a whole layer."""
+    return list(r.get("head_W_errors") or [r["relative_error"]["W"]])
+
+
+def _heads_asked(run, name: str) -> int:
+    """Heads the tasks of defence ``name`` cover (a whole-layer task covers every head of its layer)."""
+    heads = set()
+    for spec in {t.head for t in run.tasks if t.defense.name == name}:
+        count = spec.checkpoint().heads_per_layer if spec.head is None else 1
+        heads.update((spec.layer, h) for h in ([spec.head] if spec.head is not None else range(count)))
+    return len(heads)
+
+
 def verdicts(run) -> Table:
-    """One row per defence: the learners tried, what the best of them recovers and at what query cost."""
+    """One row per defence: the learners tried, what the best of them recovers and at what query cost (a
+    whole-layer task's heads are counted one by one, matched to the true heads up to permutation)."""
+    per = "layer" if any(t.head.head is None for t in run.tasks) else "head"
     t = Table(["defence", "learners tried", "heads recovered / heads", "W rel. error (median)",
-               "W rel. error (best for the attacker)", "queries per head (median)", "protection", "verdict"])
+               "W rel. error (best for the attacker)", f"queries per {per} (median)", "protection", "verdict"])
     for name in run.defenses:
         recs = [r for r in run.records if r["defense"] == name]
         tried = list(dict.fromkeys(t.learner for t in run.tasks if t.defense.name == name))
         best = list(best_records(run, name).values())
-        errs = [r["relative_error"]["W"] for r in best]
+        errs = [e for r in best for e in _head_w_errors(r)]
         queries = [r["queries"] for r in best]
         label = "undefended" if name == "none" else name
         if best:
             winners = ", ".join(f"{m} ×{n}" for m, n in _counts(r["method"] for r in best))
             verdict = (f"{label} answers: W recovered to {np.median(errs):.0e} with {_k(np.median(queries))} "
-                       f"queries ({sum(r['passed'] for r in best)}/{len(best)} pass the functional check); best "
-                       f"learner per head: {winners}")
+                       f"queries{' per layer' if per == 'layer' else ''} ({sum(r['passed'] for r in best)}/{len(best)} "
+                       f"pass the functional check); best learner per {per}: {winners}")
         else:
             first = recs[0]["error"].splitlines()[0] if recs else "no task finished"
             verdict = f"{label} answers: no head recovered ({first})"
-        heads = {(t.head.layer, t.head.head) for t in run.tasks if t.defense.name == name}
-        t.add(name, ", ".join(tried), f"{len(best)}/{len(heads)}", float(np.median(errs)) if errs else None,
-              float(min(errs)) if errs else None, int(np.median(queries)) if queries else None,
+        t.add(name, ", ".join(tried), f"{len(errs)}/{_heads_asked(run, name)}",
+              float(np.median(errs)) if errs else None, float(min(errs)) if errs else None,
+              int(np.median(queries)) if queries else None,
               protection(errs, tried, [bool(r["passed"]) for r in recs if not r["error"]]), verdict)
     return t
 
@@ -100,7 +122,8 @@ def write_report(run, path: str | Path) -> Path:
     rep = HtmlReport(f"attnprobe audit: {run.info.get('model', 'model')}")
     failed = [r for r in run.records if r["error"]]
     rep.paragraph(f"{len(run.records)} of {len(run.tasks)} tasks finished on the {run.engine} engine in "
-                  f"{run.seconds:.1f} s; {len(failed)} failed. Learners: {run.info.get('method', '?')}, seed "
+                  f"{run.seconds:.1f} s; {len(failed)} failed. Tasks: {_kinds(run)}. Learners: "
+                  f"{run.info.get('method', '?')}, seed "
                   f"{run.info.get('seed', 0)}. Errors are relative errors against the true weights, which "
                   "the auditor has and the attacker does not.")
     if run.interrupted:
@@ -119,7 +142,7 @@ def write_report(run, path: str | Path) -> Path:
         q, _, _ = _grid(run, name, lambda r, h: r["queries"])
         per = "layer (whole-layer tasks)" if any(t.head.head is None for t in run.tasks) else "head"
         rep.image(heatmap_png(q, title=f"{name}: queries per {per}", xlabel="head", ylabel="layer",
-                              colorbar="queries", rows=layers, cols=heads), alt=f"{name}: queries per head")
+                              colorbar="queries", rows=layers, cols=heads), alt=f"{name}: queries per {per}")
         rep.paragraph(f"Rows: layers {layers}; columns: heads {heads}; each cell shows the best learner's head; "
                       "grey × = failed or not run.")
     if failed:

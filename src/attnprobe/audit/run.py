@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from attnprobe.audit.engines import ENGINES
-from attnprobe.audit.tasks import Task
+from attnprobe.audit.engines import ENGINES, signals_held
+from attnprobe.audit.tasks import HeadSpec, Task
 from attnprobe.errors import ConfigError
 from attnprobe.learners.result import _jsonable
 from attnprobe.models.io import model_class, save_model
@@ -68,7 +68,81 @@ def task_key(task: Task) -> str:
     return json.dumps([asdict(task.head), task.method, task.defense.name, task.seed, task.budget, task.rank])
 
 
-def _finished(out: Path, tasks: Sequence[Task]) -> dict[int, dict]:
+def _fingerprint(source: str) -> str:
+    """``sha256:…`` of a checkpoint's bytes (``minilm``: the installed weights), so that a journal written for one
+    model is never read for another, even under the same file name."""
+    import hashlib
+
+    path = Path(HeadSpec(source, 0, 0).checkpoint().path) if source == "minilm" else Path(source)
+    try:
+        with open(path, "rb") as f:
+            return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()[:16]
+    except OSError as exc:
+        raise ConfigError(f"cannot read the checkpoint {path}: {exc.strerror or exc}") from None
+
+
+#: the settings that change every task's numbers: a journal is reused only under the same ones
+SETTINGS = ("tasks", "seed", "budget", "rank", "row", "heads_per_layer")
+
+
+def audit_identity(tasks: Sequence[Task]) -> dict:
+    """What a journal must match to be reused: the models audited (by content) and the values of each of
+    :data:`SETTINGS` over the tasks (defences, learners, layers and heads may differ: a rerun may add or drop
+    some)."""
+    values = {k: set() for k in SETTINGS}
+    for t in tasks:
+        for k, v in (("tasks", t.head.kind.name), ("seed", t.seed), ("budget", t.budget), ("rank", t.rank),
+                     ("row", t.head.row), ("heads_per_layer", t.head.heads_per_layer)):
+            values[k].add(v)
+    sources = sorted({t.head.source for t in tasks})
+    return {"models": {s: _fingerprint(s) for s in sources},
+            "settings": {k: sorted(v, key=lambda x: (x is None, str(x))) for k, v in values.items()}}
+
+
+def _journal_identity(path: Path) -> dict | None:
+    """The identity line a journal starts with (None for a journal without one, or an unreadable first line)."""
+    with open(path, errors="replace") as f:
+        first = f.readline()
+    try:
+        entry = json.loads(first)
+    except ValueError:
+        return None
+    return entry.get("audit") if isinstance(entry, dict) and isinstance(entry.get("audit"), dict) else None
+
+
+def refuse_other_journal(out: Path, identity: dict) -> None:
+    """Refuse (one :class:`ConfigError`, nothing touched) a ``finished.jsonl`` in ``out`` written by an audit of
+    another model or with other :data:`SETTINGS`: its tasks would be dropped, and with them its head files."""
+    path = out / JOURNAL
+    if not path.is_file():
+        return
+    theirs = _journal_identity(path)
+    if theirs is None:
+        return
+    what = []
+    if theirs.get("models") != identity["models"]:
+        what.append(f"of other weights ({_described(theirs.get('models'))} there, {_described(identity['models'])} "
+                    "here)")
+    differ = [k for k in SETTINGS if (theirs.get("settings") or {}).get(k) != identity["settings"][k]]
+    if differ:
+        what.append("with other " + ", ".join(f"{k} ({_listed(theirs.get('settings', {}).get(k))} there, "
+                                              f"{_listed(identity['settings'][k])} here)" for k in differ))
+    if what:
+        raise ConfigError(f"{path} records an audit {' and '.join(what)}; give --fresh to replace it, or another "
+                          "--out folder")
+
+
+def _described(models) -> str:
+    if not isinstance(models, dict) or not models:
+        return "none"
+    return ", ".join(f"{Path(k).name} {v}" for k, v in models.items())
+
+
+def _listed(values) -> str:
+    return "/".join("none" if v is None else str(v) for v in values) if isinstance(values, list) else "none"
+
+
+def _finished(out: Path, tasks: Sequence[Task], identity: dict) -> dict[int, dict]:
     """Records of ``tasks`` that ``out/finished.jsonl`` holds (with their head file still there), by task index.
     A line cut short by a kill is skipped; the journal is rewritten with the reused records only, and head files
     of no reused record are removed (results.json lists only this run's heads)."""
@@ -90,29 +164,21 @@ def _finished(out: Path, tasks: Sequence[Task]) -> dict[int, dict]:
         if f"heads/{stale.name}" not in keep:
             stale.unlink()
     if path.exists():  # a refused run (e.g. no Ray cluster at the address) leaves no new file behind
-        with open(path, "w") as f:
-            for i, rec in sorted(found.items()):
-                f.write(json.dumps({"key": task_key(tasks[i]), "record": _jsonable(rec)}) + "\n")
+        if not found:
+            path.unlink()
+        else:
+            with open(path, "w") as f:
+                f.write(json.dumps({"audit": identity}) + "\n")
+                for i, rec in sorted(found.items()):
+                    f.write(json.dumps({"key": task_key(tasks[i]), "record": _jsonable(rec)}) + "\n")
     return found
 
 
-def journaled_files(out: str | Path) -> set[str]:
-    """Head files (``heads/NAME.npz``) that ``out/finished.jsonl`` records: an audit resuming there keeps them."""
-    path = Path(out) / JOURNAL
-    files = set()
-    if path.exists():
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                name = json.loads(line)["record"]["file"]
-            except (ValueError, KeyError, TypeError):
-                continue
-            if isinstance(name, str):
-                files.add(name)
-    return files
-
-
-def _journal(out: Path, task: Task, rec: dict) -> None:
+def _journal(out: Path, task: Task, rec: dict, identity: dict) -> None:
+    """Append a finished task's record (the journal starts with the audit's identity line)."""
     with open(out / JOURNAL, "a") as f:
+        if f.tell() == 0:
+            f.write(json.dumps({"audit": identity}) + "\n")
         f.write(json.dumps({"key": task_key(task), "record": _jsonable(rec)}) + "\n")
         f.flush()
         os.fsync(f.fileno())
@@ -129,14 +195,21 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
         raise ConfigError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if not tasks:
         raise ConfigError("the audit has no tasks: check the layers, heads and defences asked for")
+    if engine == "ray" and address:  # a dead address is refused before anything in ``out`` is touched
+        from attnprobe.audit.engines import reachable
+
+        reachable(address)
     out = Path(out)
+    identity = audit_identity(tasks)
+    if resume:
+        refuse_other_journal(out, identity)
     (out / "heads").mkdir(parents=True, exist_ok=True)
     several = len({t.defense.name for t in tasks}) > 1
     learners_per_defense = {name: len({t.learner for t in tasks if t.defense.name == name})
                             for name in {t.defense.name for t in tasks}}
     if not resume:
         (out / JOURNAL).unlink(missing_ok=True)
-    reused = _finished(out, tasks)
+    reused = _finished(out, tasks, identity)
     todo = [i for i in range(len(tasks)) if i not in reused]
     bar = Progress(f"audit ({engine})", enabled=progress, delay=0.0, unit="task")
     done = [len(reused)]
@@ -162,15 +235,21 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
     if threading.current_thread() is threading.main_thread():
         old = signal.signal(signal.SIGTERM, on_sigterm)
     t0 = time.perf_counter()
+    completed: dict[int, dict] = {}  # tasks whose record is in the journal: what results.json may list
+
     def on_result_saved(i: int, rec: dict) -> None:
-        """A head that cannot be saved (full disk, file-size limit) is a failed task; the audit goes on."""
-        try:
-            on_result(i, rec)
-        except ConfigError as exc:
-            rec["file"], rec["error"] = None, f"the recovered model could not be saved: {exc}"
-            done[0] += 1
-            bar(done[0], len(tasks))
-        _journal(out, tasks[i], rec)
+        """A head that cannot be saved (full disk, file-size limit) is a failed task; the audit goes on. A task
+        counts as finished once its journal line is written; Ctrl-C and SIGTERM wait the few milliseconds of saving
+        and journaling, so the head file, the journal and results.json agree on which tasks finished."""
+        with signals_held(signal.SIGINT, signal.SIGTERM):
+            try:
+                on_result(i, rec)
+            except ConfigError as exc:
+                rec["file"], rec["error"] = None, f"the recovered model could not be saved: {exc}"
+                done[0] += 1
+                bar(done[0], len(tasks))
+            _journal(out, tasks[i], rec, identity)
+            completed[i] = rec
 
     try:
         pending = [tasks[i] for i in todo]
@@ -179,14 +258,12 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
             on_result_saved(todo[j], rec)
 
         if not pending:
-            fresh, interrupted = [], False
+            interrupted = False
         elif engine == "ray":
-            fresh, interrupted = ENGINES[engine](pending, on_pending_result, address=address, workers=workers)
+            _, interrupted = ENGINES[engine](pending, on_pending_result, address=address, workers=workers)
         else:
-            fresh, interrupted = ENGINES[engine](pending, on_pending_result, workers=workers)
-        records = [reused.get(i) for i in range(len(tasks))]
-        for j, rec in enumerate(fresh):
-            records[todo[j]] = rec
+            _, interrupted = ENGINES[engine](pending, on_pending_result, workers=workers)
+        records = [reused.get(i, completed.get(i)) for i in range(len(tasks))]
     finally:
         bar.close()
         if old is not None:

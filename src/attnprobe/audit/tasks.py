@@ -22,16 +22,52 @@ from attnprobe.oracles import Oracle
 
 
 @dataclass(frozen=True)
+class TaskKind:
+    """What one audit task extracts: a single head at one output row (scalar answers), or a whole layer (every
+    head at once, up to permutation: Sec. 7, App. C) answering one output row or its whole output row (K-vector
+    answers, the vector layout of :class:`~attnprobe.models.multihead.MultiHeadAttention`)."""
+
+    name: str
+    whole_layer: bool
+    vector: bool
+    help: str
+
+
+#: the task kinds ``attnprobe audit --tasks`` chooses from (the first is the default)
+TASK_KINDS = {k.name: k for k in (
+    TaskKind("heads", False, False, "one task per head, answering one output row (--row) of its layer "
+                                    "(single-head learners)"),
+    TaskKind("layers", True, True, "one task per layer: all its heads at once from whole output rows (vector "
+                                   "answers, K = hidden width; the multi-head learner's vector route)"),
+    TaskKind("layer-rows", True, False, "one task per layer: all its heads at once from one output row (--row) "
+                                        "(scalar answers; the generic multi-head learner, --rank = head dimension)"),
+)}
+
+
+@dataclass(frozen=True)
 class HeadSpec:
     """Which head to audit: ``source`` is ``"minilm"`` (the installed MiniLM-L6 weights) or a path to a
     BERT-family ``.safetensors`` checkpoint split into ``heads_per_layer`` heads; ``head=None`` is the whole
-    layer (all its heads as one multi-head oracle)."""
+    layer (all its heads as one multi-head oracle), answering output row ``row`` or, with ``row=None``, the whole
+    output row (K-vector answers)."""
 
     source: str
     layer: int
     head: int | None
-    row: int = 0
+    row: int | None = 0
     heads_per_layer: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.head is not None and self.row is None:
+            raise ConfigError("a single head is audited at one output row; give row (whole output rows are read "
+                              "by whole-layer tasks, head=None)")
+
+    @property
+    def kind(self) -> TaskKind:
+        """The :data:`TASK_KINDS` entry of this spec."""
+        if self.head is not None:
+            return TASK_KINDS["heads"]
+        return TASK_KINDS["layers" if self.row is None else "layer-rows"]
 
     def checkpoint(self):
         from attnprobe.targets.bert import BertCheckpoint
@@ -46,13 +82,25 @@ class HeadSpec:
         return BertCheckpoint(self.source, self.heads_per_layer)
 
     def target(self):
-        if self.head is None:
-            return self.checkpoint().layer(self.layer, self.row)
-        return self.checkpoint().head(self.layer, self.head, self.row)
+        """The true model: a head, a layer at one output row, or a layer in the vector layout (App. C with K
+        outputs: ``V_h = W_O[:, h] W_V[h]``, ``c = W_O b_V + b_O``)."""
+        ckpt = self.checkpoint()
+        if self.head is not None:
+            return ckpt.head(self.layer, self.head, self.row)
+        if self.row is not None:
+            return ckpt.layer(self.layer, self.row)
+        from attnprobe.models.multihead import MultiHeadAttention
+
+        p = ckpt.layer_weights(self.layer)
+        return MultiHeadAttention.from_projections(p["Q"], p["K"], p["V"], p["WO"], p["bO"], b_Q=p["bQ"],
+                                                   b_V=p["bV"], scale=1.0 / np.sqrt(ckpt.head_dim))
 
     @property
     def name(self) -> str:
-        return f"L{self.layer}" if self.head is None else f"L{self.layer}H{self.head}"
+        """``L{layer}H{head}``, ``L{layer}`` (whole output rows) or ``L{layer}R{row}`` (one output row)."""
+        if self.head is not None:
+            return f"L{self.layer}H{self.head}"
+        return f"L{self.layer}" if self.row is None else f"L{self.layer}R{self.row}"
 
 
 @dataclass(frozen=True)
@@ -78,29 +126,37 @@ class Task:
         """The learner actually run: ``method`` when its capabilities fit the defence, else the first registered
         learner of the same kind that fits (yes/no answers leave only a membership learner, App. B); a whole
         layer needs a multi-head learner (Sec. 7, App. C)."""
-        fits = fitting_learners(self.defense, whole_layers=self.head.head is None)
+        kind = self.head.kind
+        fits = fitting_learners(self.defense, whole_layers=kind.whole_layer, vector=kind.vector)
         if self.method in fits or not fits:
             return self.method
         return fits[0]
 
 
-def audit_learners(whole_layers: bool = False) -> list[str]:
-    """The learners an audit can run: every registered head learner (multi-head learners for whole layers)."""
-    return [e.name for e in registry.learners("multi_head" if whole_layers else "head")]
+def audit_learners(whole_layers: bool = False, vector: bool = False) -> list[str]:
+    """The learners an audit can run: every registered head learner (multi-head learners for whole layers; those
+    that read K-vector answers for whole output rows)."""
+    return [e.name for e in registry.learners("multi_head" if whole_layers else "head")
+            if not vector or e.capabilities.vector_answers]
 
 
-def fitting_learners(defense: Defense, whole_layers: bool = False) -> list[str]:
+def fitting_learners(defense: Defense, whole_layers: bool = False, vector: bool = False) -> list[str]:
     """The audit learners whose capabilities fit the answers ``defense`` leaves (with the packages installed)."""
     recovers = "multi_head" if whole_layers else "head"
-    return [e.name for e in registry.learners(recovers) if e.fits(**answers_left(defense))]
+    return [e.name for e in registry.learners(recovers) if e.fits(**answers_left(defense), vector=vector)]
 
 
-def _errors(task: Task, truth, model) -> tuple[dict[str, float], list[float] | None]:
-    """The record's parameter errors (:func:`parameter_errors`) and, for a whole layer, W's error per true head."""
+def _errors(task: Task, truth, model) -> tuple[dict[str, float], dict]:
+    """The record's parameter errors (:func:`parameter_errors`) and, for a whole layer, per true head (heads
+    matched up to permutation, Sec. 7): ``head_W_errors`` (W's error) and ``head_errors`` (the largest of its W,
+    v or V_h, u errors)."""
     errs = parameter_errors(truth, model, v_scale_free=task.defense.membership)
-    if task.head.head is None:
-        return {k: errs[k] for k in ("W", "v", "u", "c")}, [errs[f"W[{h}]"] for h in range(truth.H)]
-    return errs, None
+    if task.head.head is not None:
+        return errs, {}
+    per_head = {"head_W_errors": [errs[f"W[{h}]"] for h in range(truth.H)],
+                "head_errors": [next(v for k, v in errs.items() if k.startswith(f"head{h}<-"))
+                                for h in range(truth.H)]}
+    return {k: errs[k] for k in ("W", "v", "u", "c")}, per_head
 
 
 def failed_record(task: Task, error: str | None) -> dict:
@@ -126,14 +182,14 @@ def run_task(task: Task) -> dict:
     try:
         learner = registry.learner(task.learner)
         truth = task.head.target()
-        oracle = Oracle(truth, truth.d, budget=task.budget, chain=task.defense.seeded(task.seed))
+        outputs = truth.v.shape[1] if task.head.kind.vector else None  # K known: no query spent to find it
+        oracle = Oracle(truth, truth.d, budget=task.budget, chain=task.defense.seeded(task.seed), outputs=outputs)
         options = {"rank": task.rank} if "rank" in learner.option_names else {}
         if task.head.head is None and "heads" in learner.option_names:
             options["heads"] = task.head.checkpoint().heads_per_layer
         res = learner(oracle, seed=task.seed, **options)
-        errors, head_w = _errors(task, truth, res.model)
-        if head_w is not None:
-            rec["head_W_errors"] = head_w
+        errors, per_head = _errors(task, truth, res.model)
+        rec.update(per_head)
         chk = res.check
         rec.update(kind=res.model.kind, queries=int(res.queries), check_queries=chk.queries if chk else 0,
                    unknowns=int(res.unknowns), relative_error=errors, check_error=chk.error if chk else None,

@@ -64,41 +64,62 @@ def build_tasks(args):
     source = "minilm" if args.model else args.safetensors
     probe = HeadSpec(source, 0, 0, 0, args.heads_per_layer)
     ckpt = probe.checkpoint()
-    if not (0 <= args.row < ckpt.hidden):
-        raise ConfigError(f"--row must be in 0..{ckpt.hidden - 1}; got {args.row}")
+    row = 0 if args.row is None else args.row
+    if not (0 <= row < ckpt.hidden):
+        raise ConfigError(f"--row must be in 0..{ckpt.hidden - 1}; got {row}")
     layers = parse_range(args.layers, ckpt.layers, "layers")
     heads = parse_range(args.heads, ckpt.heads_per_layer, "heads")
     defenses = _defenses(args)
-    whole = bool(args.multihead)
-    if whole and args.heads != "all":
-        raise ConfigError("--multihead audits whole layers; drop --heads")
-    chosen = _chosen_learners(args.method, whole, args.rank)
+    kind = task_kind(args)
+    if kind.whole_layer and args.heads != "all":
+        raise ConfigError(f"--tasks {kind.name} audits whole layers; drop --heads")
+    if kind.vector and args.rank is not None:
+        raise ConfigError(f"--tasks {kind.name} reads whole output rows, where the multi-head learner needs no head "
+                          "dimension; drop --rank (or give --tasks layer-rows)")
+    if kind.vector and args.row is not None:
+        raise ConfigError(f"--tasks {kind.name} reads the whole output row of each layer; drop --row (or give "
+                          "--tasks layer-rows for one output row)")
+    chosen = _chosen_learners(args.method, kind, args.rank)
     tasks = []
     for d in defenses:
-        names = [n for n in chosen if n in fitting_learners(d, whole)] or fitting_learners(d, whole)
+        fits = fitting_learners(d, kind.whole_layer, kind.vector)
+        names = [n for n in chosen if n in fits] or fits
         if not names:
-            raise ConfigError(f"no {'multi-head ' if whole else ''}learner can read the answers the defence "
-                              f"{d.name!r} leaves; drop {d.name} from --defense")
+            what = {"heads": "", "layers": "multi-head learner of vector answers", "layer-rows": "multi-head learner"}
+            raise ConfigError(f"no {what[kind.name] or 'learner'} can read the answers the defence {d.name!r} leaves; "
+                              f"drop {d.name} from --defense")
         for layer in layers:
-            for head in ([None] if whole else heads):
-                spec = HeadSpec(source, layer, head, args.row, args.heads_per_layer)
+            for head in ([None] if kind.whole_layer else heads):
+                spec = HeadSpec(source, layer, head, None if kind.vector else row, args.heads_per_layer)
                 tasks += [Task(spec, name, d, args.seed, args.budget, args.rank) for name in names]
     return tasks
 
 
-def _chosen_learners(method: str, whole_layers: bool, rank: int | None) -> list[str]:
-    """``--method``: ``auto`` (every registered learner of the task's kind that can run with ``rank``; each
+def task_kind(args):
+    """``--tasks`` (``--multihead`` is ``--tasks layer-rows``)."""
+    from attnprobe.audit import TASK_KINDS
+
+    if args.multihead:
+        if args.tasks not in (None, "layer-rows"):
+            raise ConfigError(f"--multihead is --tasks layer-rows; drop one of --multihead and --tasks {args.tasks}")
+        return TASK_KINDS["layer-rows"]
+    return TASK_KINDS[args.tasks or next(iter(TASK_KINDS))]
+
+
+def _chosen_learners(method: str, kind, rank: int | None) -> list[str]:
+    """``--method``: ``auto`` (every registered learner of the task kind that can run with ``rank``; each
     defence keeps those that fit it) or a comma-separated list of learner names."""
     from attnprobe.audit import audit_learners
     from attnprobe.learners import registry
 
-    known = audit_learners(whole_layers)
+    known = audit_learners(kind.whole_layer, kind.vector)
     if method == "auto":  # every learner that can run with the options given
         return [n for n in known if registry.learner(n).ready({"rank": rank})]
     names = [m.strip() for m in method.split(",") if m.strip()]
     unknown = [m for m in names if m not in known]
     if unknown or not names:
-        what = "whole layers (--multihead)" if whole_layers else "heads"
+        what = {"heads": "heads", "layers": "whole layers from whole output rows (--tasks layers)",
+                "layer-rows": "whole layers at one output row (--tasks layer-rows)"}[kind.name]
         raise ConfigError(f"--method {method!r}: the learners of {what} are auto or a comma-separated list of "
                           f"{', '.join(known)}")
     for entry in map(registry.learner, names):
@@ -112,8 +133,9 @@ def _chosen_learners(method: str, whole_layers: bool, rank: int | None) -> list[
 @contextlib.contextmanager
 def claimed_folder(out: Path):
     """Hold ``out`` for one audit: a second audit writing into the same folder at the same time is refused
-    (an advisory lock on ``out/.audit.lock``), and the head files of an earlier audit there are removed first,
-    except those ``finished.jsonl`` records (a rerun resumes with them; results.json lists only this run's heads)."""
+    (an advisory lock on ``out/.audit.lock``). The folders it creates are removed again if the audit is refused or
+    stopped before it wrote anything. (The head files of an earlier audit there are removed by
+    :func:`attnprobe.audit.run_audit`, except those its journal lets it reuse.)"""
     import fcntl
 
     from attnprobe.cli.common import writable_folder
@@ -122,10 +144,13 @@ def claimed_folder(out: Path):
         raise ConfigError(f"--out {out} exists and is not a folder; give a folder for results.json, report.html "
                           "and heads/")
     writable_folder(out, "--out")
+    # the folders this audit creates (out, missing parents, heads/): removed again if the audit is refused
+    made = [p for p in (out / "heads", out, *out.parents) if not p.exists()]
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = open(out / ".audit.lock", "a+")
     except OSError as exc:
+        _remove_empty(made)
         raise ConfigError(f"--out: cannot use the folder {out} ({exc.strerror or exc}); choose another") from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -135,21 +160,26 @@ def claimed_folder(out: Path):
         lock.close()
         raise ConfigError(f"another audit (process {pid}) is writing into {out}; wait for it to finish or give "
                           "another --out folder") from None
+    refused = True
     try:
         lock.truncate(0)
         lock.write(str(os.getpid()))
         lock.flush()
-        from attnprobe.audit.run import journaled_files
-
-        keep = journaled_files(out)  # the heads of finished tasks a resumed audit reuses
-        for stale in sorted((out / "heads").glob("*.npz")):
-            if f"heads/{stale.name}" not in keep:
-                stale.unlink()
         yield
+        refused = False
     finally:
         with contextlib.suppress(OSError):
             (out / ".audit.lock").unlink()
         lock.close()
+        if refused:  # refused or stopped before it wrote anything: no empty folder is left behind
+            _remove_empty(made)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders of ``folders`` that are empty, innermost first."""
+    for p in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            p.rmdir()
 
 
 def _refuse_values(args) -> None:
@@ -175,8 +205,13 @@ def run(args) -> int:
         raise ConfigError("--out names the folder for results.json, report.html and heads/; got ''")
     tasks = build_tasks(args)
     engine = "ray" if args.ray is not None else "processes"
-    info = {"model": args.model or args.safetensors, "method": args.method, "seed": args.seed, "row": args.row,
-            "rank": args.rank, "budget": args.budget}
+    if args.ray:  # a dead address is refused before the --out folder is touched
+        from attnprobe.audit.engines import reachable
+
+        reachable(args.ray)
+    kind = tasks[0].head.kind.name if tasks else None
+    info = {"model": args.model or args.safetensors, "method": args.method, "task_kind": kind, "seed": args.seed,
+            "row": tasks[0].head.row if tasks else None, "rank": args.rank, "budget": args.budget}
     with claimed_folder(Path(args.out)):
         res = run_audit(tasks, args.out, engine=engine, workers=args.workers, address=args.ray or None,
                         progress=not args.quiet, info=info, resume=not args.fresh)
@@ -203,7 +238,7 @@ def run(args) -> int:
 
 
 def add_parser(sub) -> None:
-    from attnprobe.audit import audit_learners
+    from attnprobe.audit import TASK_KINDS, audit_learners
     from attnprobe.audit.defenses import HELP
     from attnprobe.learners import registry
     from attnprobe.cli import answer_chain
@@ -217,19 +252,22 @@ def add_parser(sub) -> None:
                                                      "num_attention_heads, model.safetensors)")
     src.add_argument("--layers", default="all", help="layers to audit: all (default), 0-5, 3 or 0,2,4")
     src.add_argument("--heads", default="all", help="heads to audit in each layer: all (default), 0-3, ...")
-    src.add_argument("--row", type=int, default=0, help="output row R of the layer each head's scalar is read at")
-    src.add_argument("--multihead", action="store_true",
-                     help="one task per whole layer: all its heads at once (the multi-head learner; "
-                          "--rank = head dimension if known)")
+    src.add_argument("--row", type=int, help="output row R of the layer that --tasks heads and layer-rows read "
+                                             "(default 0)")
+    src.add_argument("--tasks", choices=list(TASK_KINDS),
+                     help="what one task extracts: " + "; ".join(f"{k.name}{' (default)' if i == 0 else ''}: {k.help}"
+                                                                 for i, k in enumerate(TASK_KINDS.values())))
+    src.add_argument("--multihead", action="store_true", help="the same as --tasks layer-rows")
     a.add_argument("--method", default="auto",
                    help="learners to attack with: auto (default: every registered learner whose capabilities fit "
                         "each defence; a defence is called strong only when all of them fail) or a comma-separated "
-                        "list of " + ", ".join(audit_learners()) + " (a defence none of them fits gets those that do)")
+                        "list of " + ", ".join(audit_learners()) + " (" + ", ".join(audit_learners(True)) + " for "
+                        "whole layers; a defence none of them fits gets those that do)")
     a.add_argument("--rank", type=int,
                    help="learners that take a rank bound (the head dimension): "
                    + ", ".join(registry.options()["rank"][1]))
     answer_chain.add_arguments(a, defense_help=f"{HELP}; or one defence as the flags below (default none)")
-    a.add_argument("--budget", type=int, help="queries an attacker may spend per head")
+    a.add_argument("--budget", type=int, help="queries an attacker may spend per task (a head, or a whole layer)")
     a.add_argument("--seed", type=int, default=0, help="seed of every task (probes and noise)")
     run_on = a.add_argument_group("where to run")
     run_on.add_argument("--workers", type=int, default=1, help="worker processes (or local Ray CPUs)")

@@ -121,8 +121,8 @@ def _print_estimate(args, oracle) -> int:
     try:
         est = estimate_queries(args.method, oracle.d, rank=getattr(args, "rank", None),
                                heads=getattr(args, "heads", None), hidden=getattr(args, "hidden", None),
-                               precision=oracle.precision or "float64", bias=not getattr(args, "no_bias", False),
-                               price_per_1k=args.price_per_1k)
+                               outputs=oracle.outputs, precision=oracle.precision or "float64",
+                               bias=not getattr(args, "no_bias", False), price_per_1k=args.price_per_1k)
     except ConfigError as exc:
         flag = {"rank": "--rank", "heads": "--heads", "hidden": "--hidden"}.get(exc.param)
         raise ConfigError(f"--estimate: {exc} (give {flag})" if flag else str(exc)) from exc
@@ -201,7 +201,8 @@ def add_parser(sub) -> None:
     e.add_argument("--out", metavar="OUT.npz", help="recovered arrays; a JSON summary goes beside")
     e.add_argument("--estimate", action="store_true",
                    help="print the queries the run would need (exact, lowrank, multihead with --heads and --rank, "
-                        "ffn with --hidden) and exit without asking any")
+                        "or with --heads and --outputs K for whole output rows, ffn with --hidden) and exit "
+                        "without asking any")
     e.add_argument("--price-per-1k", type=positive_float, metavar="PRICE",
                    help="with --estimate: price per 1,000 queries")
     e.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -422,7 +422,7 @@ register("ffn", _ffn, recovers="relu_net", capabilities=Capabilities(fine_answer
          options=[_NO_BIAS, _SIGN_TIME,
                   Option("hidden", int, "hidden width if known (neurons no answer shows are then reported as "
                          "unidentifiable)", low=1, metavar="M")])
-register("multihead", _multihead, recovers="multi_head",
+register("multihead", _multihead, recovers="multi_head", capabilities=Capabilities(vector_answers=True),
          help="Sec. 7, App. C: every head of a multi-head layer, up to permutation",
          options=[_NO_BIAS, Option("heads", int, "number of heads (detected when omitted)", low=1, metavar="H"),
                   Option("max_heads", int, "upper bound on the number of heads", low=1, metavar="H0"),

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from attnprobe.errors import NonFiniteAnswerError, RecoveryError, SaturationError
 from attnprobe.models.precision import finfo
-from attnprobe.learners.sigmoid import answer_logits, grid_queries, measure_logits
+from attnprobe.learners.sigmoid import QueryMemory, answer_logits, grid_queries, measure_logits
 
 #: RMS attention logit the orthogonal probes aim for: near ±1.5 the sigmoid loses least precision.
 TARGET_LOGIT = 1.5
@@ -64,12 +64,15 @@ def calibrate(oracle, Q, P, v, c, bias, allowance, *, probes_per_step: int | Non
     s_max = max_probe_scale(oracle)
     d = Q.shape[1]
 
+    rounding_only = False  # the last search ended with its part lost in rounding (an upper bound, not saturated)
+
     def search(measure, power):
         """Scale search; ``measure(s)`` returns (logits, the part that scales as s**power). Returns the RMS of
         that part at unit scale (or, when the budget ends first, an upper bound from logits lost in rounding or
         the size saturated logits show), its values, and whether they are reusable equations."""
-        nonlocal used
+        nonlocal used, rounding_only
         s, bound = 1.0, None
+        rounding_only = False
         while used + k <= allowance:
             try:
                 lg, part = measure(s)
@@ -80,9 +83,11 @@ def calibrate(oracle, Q, P, v, c, bias, allowance, *, probes_per_step: int | Non
             if lg.saturated.any():  # shrink at least as far as the least saturated probe's logit allows
                 least = float(np.min(lg.beyond[lg.saturated]))
                 bound = least / s**power  # if the budget ends here: the size its saturation shows, a first guess
+                rounding_only = False
                 s /= max(16.0, saturated_shrink(least, TARGET_LOGIT)) ** (1.0 / power)
             elif np.all(np.abs(part) < 100 * lg.noise):  # below rounding: only an upper bound
                 bound = float(np.max(np.abs(part) + 100 * lg.noise)) / s**power
+                rounding_only = True
                 s *= 64.0 ** (1.0 / power)
             else:
                 # reusable as equations only if taken where the sigmoid inverts well
@@ -100,16 +105,19 @@ def calibrate(oracle, Q, P, v, c, bias, allowance, *, probes_per_step: int | Non
             return lg, lg.values
 
         nu_u, qu_found, ok = search(u_part, 1)
-        if qu_found is None:  # the u part of the W probes below cannot be removed: no W estimate
+        if qu_found is None and not rounding_only:  # the u part of the W probes cannot be removed: no W estimate
             return nu_u, None, used, None, None
-        qu, known_u = qu_found, (qu_found if ok else None)
+        # u lost in rounding at every scale (a layer without query bias): its part of the W probes is at rounding
+        # too, so W's scale is still found, but its values are not reused as equations
+        qu, known_u = (qu_found, (qu_found if ok else None)) if qu_found is not None else (np.zeros(k), None)
+        exact_u = qu_found is not None
 
     def w_part(s):  # [(a+b); b] at a = s q, b = s p has logit s² qᵀW p + s qᵀu
         lg = measure_logits(oracle, s * Q[:k], s * P[:k], v, c)
         return lg, lg.values - s * qu
 
     nu_w, known_w, ok = search(w_part, 2)
-    return nu_u, nu_w, used, known_u, (known_w if ok else None)
+    return nu_u, nu_w, used, known_u, (known_w if ok and (not bias or exact_u) else None)
 
 
 def probe_scales(nu_u, nu_w, target, s_max: float = 1e8):
@@ -162,6 +170,7 @@ class LogitProbe:
     c: float
     probes: str = "orthogonal"
     target: float = TARGET_LOGIT
+    memory: QueryMemory = field(default_factory=QueryMemory, compare=False, repr=False)
 
     @property
     def adaptive(self) -> bool:
@@ -232,14 +241,20 @@ class LogitProbe:
         Z, N = np.full((d, k), np.nan), np.full((d, k), np.inf)
         S = np.full((d, k), float(scale))
         ell, j = np.divmod(np.arange(d * k), k)  # ℓ-major, matching Z's C order
-        if skip is not None:
+        whole = skip is None or not skip.any()  # the first pass asks the whole grid at one scale
+        if not whole:
             ell, j = ell[~skip.ravel()], j[~skip.ravel()]
             if len(ell) == 0:
                 return BlockLogits(Z, N, np.nan, 0.0, float(scale))
         rms = median_noise = None
         for attempt in range(MAX_RETRIES + 1):
             with self.oracle.phase("retries") if attempt else nullcontext():
-                lg = answer_logits(self.oracle, *grid_queries(A, S[ell, j], Bs, ell, j, self.v, self.c))
+                if whole and attempt == 0:
+                    queries = grid_queries(A, float(scale), Bs, None, None, self.v, self.c, memory=self.memory)
+                else:
+                    queries = grid_queries(A, S[ell, j], Bs, ell, j, self.v, self.c, memory=self.memory)
+                lg = answer_logits(self.oracle, *queries)
+                del queries  # the next attempt's queries may reuse their memory
             self._refuse_outside(lg, len(ell), what)
             ok = ~lg.saturated
             noise = np.where(ok, lg.noise, np.inf) / S[ell, j]

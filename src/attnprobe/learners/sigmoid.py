@@ -14,6 +14,7 @@ weight must be to count as resolved (``saturation``).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,7 +89,7 @@ def two_row_queries(A: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def invert_two_row(y: np.ndarray, y0: np.ndarray, y1: np.ndarray, error, size0=None, size1=None,
-                   clip: bool = False) -> Logits:
+                   clip: bool = False, *, sizes=None) -> Logits:
     """Logits from answers ``y = α y1 + (1 − α) y0``, ``α = σ(logit)``, under the error model ``error``.
 
     Both ``α`` and ``1 − α`` are formed from differences of answers, so either side of the sigmoid is resolved
@@ -96,7 +97,9 @@ def invert_two_row(y: np.ndarray, y0: np.ndarray, y1: np.ndarray, error, size0=N
     is flagged; an answer beyond that on the wrong side of ``y0`` or ``y1`` is no convex combination at all and
     is flagged ``outside``. ``size0``, ``size1`` (default ``|y0|``, ``|y1|``) are the sizes the error of the
     values scales with (the sizes of the terms they are computed from, which can far exceed the values when the
-    terms cancel): ``outside`` needs an answer beyond that. ``clip``: a last resort for weights the error keeps
+    terms cancel): ``outside`` needs an answer beyond that. ``sizes(at)`` may give them instead, for the answers
+    ``at`` (indices into a 1-d ``y``) alone: only an answer beyond ``y0`` or ``y1`` needs them, and most have
+    none. ``clip``: a last resort for weights the error keeps
     unresolved: α is clipped into ``[e, 1 − e]`` (``e`` its own error, as Thm 6.1 clips into
     ``[σ(−½), σ(½)]``) before ``raw`` is formed.
     """
@@ -109,11 +112,21 @@ def invert_two_row(y: np.ndarray, y0: np.ndarray, y1: np.ndarray, error, size0=N
         floor = error.saturation * spread / np.abs(delta)
         saturated = ~((p > floor) & (q > floor))
         # outside only beyond what the error of every term explains (a weight near 0 or 1 whose y0 or y1 was
-        # computed from large cancelling terms is saturated, not outside: asked again at a smaller scale)
-        size0 = np.abs(y0) if size0 is None else np.maximum(size0, np.abs(y0))
-        size1 = np.abs(y1) if size1 is None else np.maximum(size1, np.abs(y1))
-        wide = error.saturation * error.spread(y, size0, size1) / np.abs(delta)
-        outside = (p < -wide) | (q < -wide) | ~np.isfinite(p)
+        # computed from large cancelling terms is saturated, not outside: asked again at a smaller scale); the
+        # margin is never negative, so only an answer beyond y0 or y1 (p < 0 or q < 0) can be outside
+        outside = ~np.isfinite(p)
+        beyond = (p < 0) | (q < 0)
+        if sizes is not None and beyond.any():
+            at = np.flatnonzero(beyond)
+            s0, s1 = sizes(at)
+            wide = error.saturation * error.spread(y[at], np.maximum(s0, np.abs(y0[at])),
+                                                   np.maximum(s1, np.abs(y1[at]))) / np.abs(delta[at])
+            outside[at] |= (p[at] < -wide) | (q[at] < -wide)
+        elif beyond.any():
+            size0 = np.abs(y0) if size0 is None else np.maximum(size0, np.abs(y0))
+            size1 = np.abs(y1) if size1 is None else np.maximum(size1, np.abs(y1))
+            wide = error.saturation * error.spread(y, size0, size1) / np.abs(delta)
+            outside |= (p < -wide) | (q < -wide)
         logits = np.where(saturated, np.nan, np.log(np.where(saturated, 1.0, p)) - np.log(np.where(saturated, 1.0, q)))
         noise = spread / np.abs(delta * p * q)
         if clip:
@@ -129,26 +142,71 @@ def invert_two_row(y: np.ndarray, y0: np.ndarray, y1: np.ndarray, error, size0=N
 CHUNK = 128
 
 
-def grid_queries(A: np.ndarray, scales: np.ndarray, Bs: np.ndarray, ell: np.ndarray, j: np.ndarray, v: np.ndarray,
-                 c: float) -> tuple[np.ndarray, tuple]:
-    """Queries ``[(s·a_ℓ + b_j); b_j]`` for the pairs ``(ℓ[i], j[i])`` (``s = scales[i]``) and the values the
-    sigmoid inversion of their answers needs (:func:`answer_logits`), built a chunk of rows at a time: the same
-    numbers as :func:`two_row_queries` of ``A[ℓ] * s`` and ``Bs[j]`` without block-sized temporaries."""
-    n, d = len(ell), A.shape[1]
-    X = np.empty((n, 2, d))
-    y0, y1, size0, size1 = (np.empty(n) for _ in range(4))
-    per_entry = np.abs(v) + abs(c)
+class QueryMemory:
+    """Memory for query blocks, reused from one block to the next: fresh pages for every block cost the kernel
+    more time than writing the queries into them. The memory is handed out again only when nothing else holds
+    it (the previous block, a view of it, answers computed as a view of it, an oracle that kept its queries), so
+    no query an oracle was given ever changes afterwards."""
+
+    def __init__(self) -> None:
+        self._mem: np.ndarray | None = None
+
+    def empty(self, shape: tuple[int, ...]) -> np.ndarray:
+        """An uninitialised float64 array of ``shape``."""
+        size = int(np.prod(shape))
+        # references to the memory: this object's, the call's argument, and nothing else when it is free
+        if self._mem is None or self._mem.size < size or sys.getrefcount(self._mem) > 2:
+            self._mem = np.empty(size)
+        return self._mem[:size].reshape(shape)
+
+
+def grid_queries(A: np.ndarray, scales, Bs: np.ndarray, ell: np.ndarray | None, j: np.ndarray | None, v: np.ndarray,
+                 c: float, *, memory: QueryMemory | None = None) -> tuple[np.ndarray, tuple]:
+    """Queries ``[(s·a_ℓ + b_j); b_j]`` for the pairs ``(ℓ[i], j[i])`` (``s = scales[i]``) and what the sigmoid
+    inversion of their answers needs (:func:`answer_logits`): the position values ``y0``, ``y1`` and, for the
+    few answers that need them, the sizes of their terms. Built a chunk of rows at a time: the same numbers as
+    :func:`two_row_queries` of ``A[ℓ] * s`` and ``Bs[j]`` without block-sized temporaries.
+
+    ``ell = j = None`` asks the whole grid, ℓ-major (every probe against every row of ``Bs``), at one scale
+    ``scales``: whole probes are written by one broadcast sum, without gathering rows. ``memory`` holds the
+    queries when given (:class:`QueryMemory`)."""
+    full = ell is None
+    m, k, d = A.shape[0], Bs.shape[0], A.shape[1]
+    n = m * k if full else len(ell)
+    X = np.empty((n, 2, d)) if memory is None else memory.empty((n, 2, d))
+    y0, y1 = np.empty(n), np.empty(n)
+    if full:  # grid[ℓ, j] = pairs[j] + probes[ℓ]: [b_j; b_j] + [s·a_ℓ; −0] (x + −0 is x, signed zeros too)
+        grid, pairs, probes = X.reshape(m, k, 2, d), np.stack([Bs, Bs], axis=1), np.empty((m, 1, 2, d))
+        np.multiply(A, float(scales), out=probes[:, 0, 0, :])
+        probes[:, 0, 1, :] = -0.0
+        done = 0  # probes written so far
     for i in range(0, n, CHUNK):
-        k = slice(i, i + CHUNK)
-        ab, b = X[k, 0, :], X[k, 1, :]
-        np.multiply(A[ell[k]], scales[k, None], out=ab)
-        np.take(Bs, j[k], axis=0, out=b)
-        ab += b
-        y0[k] = c + b @ v
-        y1[k] = c + ab @ v
-        size0[k] = abs(c) + np.abs(b) @ per_entry
-        size1[k] = abs(c) + np.abs(ab) @ per_entry
-    return X, (y0, y1, size0, size1)
+        rows = slice(i, min(n, i + CHUNK))
+        ab, b = X[rows, 0, :], X[rows, 1, :]
+        if full:
+            upto = -(-rows.stop // k)  # the probes whose rows end at or after this chunk's end
+            np.add(pairs[None], probes[done:upto], out=grid[done:upto])
+            done = upto
+        else:
+            np.multiply(A[ell[rows]], scales[rows, None], out=ab)
+            np.take(Bs, j[rows], axis=0, out=b)
+            ab += b
+        np.matmul(b, v, out=y0[rows])
+        np.matmul(ab, v, out=y1[rows])
+    y0 += c
+    y1 += c
+
+    def sizes(at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The sizes of the terms ``y0``, ``y1`` of the queries ``at`` are computed from: each v_i learned from an
+        answer c + v_i is off by ~eps(|v_i| + |c|), and a sum rounds with the size of its terms, not of its
+        (possibly cancelling) value (rebuilt from the probes: an oracle may have changed its queries)."""
+        la, ja = divmod(at, k) if full else (ell[at], j[at])
+        s = np.full(len(at), float(scales)) if full else scales[at]
+        b = Bs[ja]
+        per_entry = np.abs(v) + abs(c)
+        return abs(c) + np.abs(b) @ per_entry, abs(c) + np.abs(A[la] * s[:, None] + b) @ per_entry
+
+    return X, (y0, y1, sizes)
 
 
 def measure_logits(oracle, A: np.ndarray, b: np.ndarray, v: np.ndarray, c: float, error=None) -> Logits:
@@ -171,5 +229,5 @@ def measure_logits(oracle, A: np.ndarray, b: np.ndarray, v: np.ndarray, c: float
 def answer_logits(oracle, X: np.ndarray, expected: tuple, error=None) -> Logits:
     """:func:`measure_logits` for queries built by :func:`grid_queries` (``expected``: its second value)."""
     y = oracle(X)
-    y0, y1, size0, size1 = expected
-    return invert_two_row(y, y0, y1, RoundingError(oracle.eps) if error is None else error, size0, size1)
+    y0, y1, sizes = expected
+    return invert_two_row(y, y0, y1, RoundingError(oracle.eps) if error is None else error, sizes=sizes)

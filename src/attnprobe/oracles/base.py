@@ -14,7 +14,7 @@ from attnprobe.errors import (BudgetExceededError, InputNormError, NonFiniteAnsw
 from attnprobe._validation import as_batch
 from attnprobe.models.precision import coarser, machine_epsilon
 from attnprobe.oracles.noise import AnswerNoise, noise_of
-from attnprobe.oracles.wrappers import declared_precision
+from attnprobe.oracles.wrappers import Wrapper, declared_precision
 from attnprobe.oracles.precision_detect import PrecisionDetector
 
 
@@ -27,6 +27,17 @@ def _keys(X):
 QueryFn = Callable[[np.ndarray], np.ndarray]
 
 
+def _max_row_norm(X: np.ndarray) -> float:
+    """The largest Euclidean norm of a row of the batch ``X``, the same number as the largest
+    ``np.linalg.norm`` of a row: squared norms by one pass of dot products, then the norms of the rows within
+    their rounding of the largest."""
+    squares = np.vecdot(X, X) if hasattr(np, "vecdot") else np.einsum("...i,...i->...", X, X)  # (B, N)
+    top = squares.max()
+    rows = X[squares >= top * (1.0 - 4.0 * X.shape[-1] * np.finfo(np.float64).eps)] if np.isfinite(top) else X
+    # (a sum of d squares is within d roundings of its exact value)
+    return float(max(np.linalg.norm(rows[i:i + 256], axis=-1).max() for i in range(0, len(rows), 256)))
+
+
 def answer_precision(fn, declared: str | None = None, cast: str | None = None) -> str:
     """The one place the answers' precision is decided, for every way an oracle is built (``"auto"``: read it
     from the answers, :mod:`~attnprobe.oracles.precision_detect`).
@@ -35,16 +46,24 @@ def answer_precision(fn, declared: str | None = None, cast: str | None = None) -
     answer chain's cast. A declared precision is taken as given, made coarser by a cast; else a cast is the
     answers' precision (coarser where the model's own dtype is, :func:`~attnprobe.oracles.wrappers.
     declared_precision`); else ``"auto"`` detects; else (``declared=None``, the Python default) the callable's
-    own dtype (a model computed in float32, a torch module) or float64.
+    own dtype (a model computed in float32, a torch module) or float64. A callable whose ``answer_precision`` is
+    ``"auto"`` (a remote API, which can say nothing trustworthy about its model) is read like ``declared="auto"``.
     """
     known = declared_precision(fn)
     if declared not in (None, "auto"):
         return coarser(declared, known if cast else None)
     if cast:
         return coarser(cast, known)
-    if declared == "auto":
+    if declared == "auto" or (known is None and getattr(_innermost(fn), "answer_precision", None) == "auto"):
         return "auto"
     return known or "float64"
+
+
+def _innermost(fn):
+    """The callable under every answer wrapper of ``fn``."""
+    while isinstance(fn, Wrapper):
+        fn = fn.inner
+    return fn
 
 
 class Oracle:
@@ -181,7 +200,7 @@ class Oracle:
         """Record the largest row norm of ``X``; refuse the batch when it passes ``max_input_norm``."""
         if X.size == 0:
             return
-        top = float(max(np.linalg.norm(X[i:i + 256], axis=-1).max() for i in range(0, len(X), 256)))
+        top = _max_row_norm(X)
         limit = self._max_input_norm
         if limit is not None and top > limit:
             norms = np.linalg.norm(X, axis=-1)

@@ -6,7 +6,10 @@ concurrency; 429, 5xx and connection errors are retried with exponential backoff
 ``Idempotency-Key`` derived from its contents, so a retried batch (or one resent after a crash) is not charged
 twice by servers that honour it (``attnprobe serve`` does). Batches travel as ``.npy`` bodies when the server
 lists ``"npy"`` among its ``formats`` (``wire="auto"``), else as JSON; one keep-alive connection pool and one
-thread pool serve every call.
+thread pool serve every call, and :func:`oracle_from_http` hands a learner's whole batch to it so ``concurrency``
+requests stay in flight until the batch is answered. Nothing about the remote model's precision is taken on trust:
+it is read from the answers (``answer_precision = "auto"``, decided by
+:func:`~attnprobe.oracles.base.answer_precision` like every oracle's).
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ class HttpOracle:
     the error's ``charged`` says how many of its sequences the server answered
     (and charged) before it failed.
     """
+
+    #: a remote model's precision is read from its answers (:func:`~attnprobe.oracles.base.answer_precision`)
+    answer_precision = "auto"
 
     def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 60.0, retries: int = 6,
                  concurrency: int = 4, max_batch: int | None = None, backoff: float = 0.25, wire: str = "auto"):
@@ -260,8 +266,8 @@ def oracle_from_http(fn: HttpOracle, d: int | None = None, **kwargs):
 
     if d is not None and int(d) != fn.d:
         raise ConfigError(f"--d {d} does not match the width d = {fn.d} that {fn.url}/v1/info reports")
-    kwargs.setdefault("max_batch", fn.max_batch * fn.concurrency)
-    kwargs.setdefault("precision", "auto")  # a remote model's precision is read from its answers
+    # the learner's whole batch goes to fn at once, which keeps ``concurrency`` requests in flight through it
+    kwargs.setdefault("max_batch", max(65536, fn.max_batch * fn.concurrency))
     return Oracle(fn, fn.d, name=fn.url, **kwargs)
 
 

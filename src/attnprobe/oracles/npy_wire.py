@@ -26,15 +26,27 @@ class WireError(ValueError):
 
 
 def encode(a: np.ndarray) -> bytes:
-    """``a`` as a ``.npy`` body (little-endian float64, C order)."""
-    buf = io.BytesIO()
-    np.lib.format.write_array(buf, np.ascontiguousarray(a, dtype=FLOAT64), allow_pickle=False)
-    return buf.getvalue()
+    """``a`` as a ``.npy`` body (little-endian float64, C order; the bytes ``numpy.save`` writes), built with one
+    copy of the data."""
+    a = np.ascontiguousarray(a, dtype=FLOAT64)
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(a))
+    return b"".join([head.getvalue(), a.reshape(-1).view(np.uint8)])
+
+
+def joined(chunks: list[bytes]) -> np.ndarray:
+    """A body that arrived in ``chunks`` as one writable byte buffer, in one copy (no regrowth on the way)."""
+    body = np.empty(sum(len(c) for c in chunks), dtype=np.uint8)
+    at = 0
+    for c in chunks:
+        body[at:at + len(c)] = np.frombuffer(c, dtype=np.uint8)
+        at += len(c)
+    return body
 
 
 def _header(body: bytes) -> tuple[tuple, int]:
     """The shape a ``.npy`` body declares and where its data starts; dtype and order checked."""
-    f = io.BytesIO(body)
+    f = io.BytesIO(memoryview(body)[:12 + MAX_HEADER].tobytes())  # magic, version, length, header: no data
     try:
         version = np.lib.format.read_magic(f)
         if version == (1, 0):
@@ -67,8 +79,10 @@ def _data(body: bytes, shape: tuple, start: int) -> np.ndarray:
     return a
 
 
-def decode_queries(body: bytes, d: int, max_batch: int, max_length: int) -> np.ndarray:
-    """A request body as ``X (B, N, d)``: B ≤ ``max_batch``, N ≤ ``max_length`` (else ``too_large``), B, N ≥ 1."""
+def decode_queries(body, d: int, max_batch: int, max_length: int) -> np.ndarray:
+    """A request body (bytes-like) as ``X (B, N, d)``: B ≤ ``max_batch``, N ≤ ``max_length`` (else ``too_large``),
+    B, N ≥ 1. The array is writable (a model may work in place): a view of a writable body (:func:`joined`), else
+    a copy."""
     shape, start = _header(body)
     if len(shape) != 3:
         raise WireError(f"the .npy array has shape {shape}; send (B, N, d) = (sequences, rows, {d})")
@@ -79,7 +93,8 @@ def decode_queries(body: bytes, d: int, max_batch: int, max_length: int) -> np.n
         raise WireError(f"sequences of {N} rows are above the limit of {max_length}", too_large=True)
     if B < 1 or N < 1 or width != d:
         raise WireError(f"the .npy array has shape {shape}; send (B, N, d) with B, N >= 1 and d = {d}")
-    return _data(body, shape, start).copy()  # writable, like the JSON route's array (a model may work in place)
+    X = _data(body, shape, start)
+    return X if X.flags.writeable else X.copy()
 
 
 def decode_answers(body: bytes, batch: int) -> np.ndarray:

@@ -64,6 +64,8 @@ class SearchSettings:
     refit: bool = False
     #: lifted segments end at s = δ: their end stencils must stay at s > 0
     end_stencil: float = 2.0 / 64  # stencil half-width at t = ±1 (its outer point lies beyond the segment)
+    #: a kink found at an interval's end is bracketed 1000-fold per round (:func:`meeting_point`): float64 answers
+    zoom: bool = False
 
 
 def _meet(l, fl, sl, r, fr, sr):
@@ -74,13 +76,18 @@ def _meet(l, fl, sl, r, fr, sr):
     return float(t) if np.isfinite(t) else None
 
 
-def meeting_point(L: Stencil, R: Stencil) -> tuple[float, bool]:
+def meeting_point(L: Stencil, R: Stencil, zoom: bool = False) -> tuple[float, bool]:
     """Next split point of a non-linear interval [L.t, R.t] from its two end stencils.
 
     The lines leaving l to the right and r to the left meet at the kink when the interval holds one kink. A
     stencil that straddles a kink gives a secant meeting the other line exactly at the stencil's far end, so such
     meeting points are not used; the kink then lies inside that stencil, where the line arriving at the stencil's
-    own centre from the outside meets the other line. Falls back to the middle. Returns (t, meeting point?)."""
+    own centre from the outside meets the other line. Falls back to the middle. Returns (t, meeting point?).
+
+    ``zoom``: a kink inside an end's stencil but closer to that end than the 0.1 % gap (an end placed on a kink
+    to within its slopes' rounding) is bracketed by a split at the gap, so the next interval is 1000 times
+    shorter, not half as long: the search reaches its minimal width in about three rounds instead of ~25
+    bisections (whose number varied with where the kinks fell)."""
     l, r = L.t, R.t
     sl_out, sl_in = L.slope_out_left, L.slope_out_right
     sr_in, sr_out = R.slope_out_left, R.slope_out_right
@@ -91,9 +98,13 @@ def meeting_point(L: Stencil, R: Stencil) -> tuple[float, bool]:
     t = _meet(l, L.f, sl_out, r, R.f, sr_in)  # kink inside l's stencil
     if t is not None and l + gap < t <= l + L.delta and t < r - gap:
         return t, True
+    if zoom and t is not None and l < t <= min(l + gap, l + L.delta):
+        return l + gap, False
     t = _meet(l, L.f, sl_in, r, R.f, sr_out)  # kink inside r's stencil
     if t is not None and r - R.delta <= t < r - gap and t > l + gap:
         return t, True
+    if zoom and t is not None and max(r - gap, r - R.delta) <= t < r:
+        return r - gap, False
     return 0.5 * (l + r), False
 
 
@@ -117,11 +128,11 @@ def _chord_is_linear(L: Stencil, R: Stencil, tol_f: float) -> bool:
     return all(abs(L.f + (x - L.t) * slope - y) <= 3 * tol_f for x, y in inside)
 
 
-def _split_job(si, L: Stencil, R: Stencil, floor: float):
+def _split_job(si, L: Stencil, R: Stencil, floor: float, zoom: bool):
     """Where to split a non-linear interval and how wide a stencil to evaluate there."""
     l, r = L.t, R.t
     w = r - l
-    t, meeting = meeting_point(L, R)
+    t, meeting = meeting_point(L, R, zoom)
     # at a meeting point f agrees with both end lines even when two kinks lie just to one side of it;
     # a short stencil there keeps such a pair from hiding behind the stencil's far point
     rel = 1e-4 if meeting else 1 / 16
@@ -144,7 +155,7 @@ def _search_round(ask, segs, frontier, settings: SearchSettings, state) -> list:
         elif w <= settings.min_width:
             state.done[si].append((L, R, True))
         else:
-            jobs.append(_split_job(si, L, R, floor))
+            jobs.append(_split_job(si, L, R, floor, settings.zoom))
     if checks:
         y = ask(np.array([segs[si].at(t) for si, _, _, t in checks]))
         for (si, L, R, t), yt in zip(checks, y):

@@ -140,7 +140,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, options: 
     if not lifted:
         with run.phase("odd_part"):
             v = _odd_part(ask, d) if v is None else _given_v(v, d)
-    segs = _segments(d, lifted, run.rng, opts.reach)
+    segs = _segments(d, lifted, run.rng, opts.reach, _line_scale(d, lifted, coarse))
     state = _search_and_measure(run, ask, segs, opts, coarse)
     regions = state.pop("regions")
     J, where = regions.jumps()
@@ -192,21 +192,31 @@ def _given_v(v, d: int) -> np.ndarray:
     return v
 
 
-def _segments(d: int, lifted: bool, rng: np.random.Generator, reach: float) -> list[Segment]:
+def _segments(d: int, lifted: bool, rng: np.random.Generator, reach: float, scale: float = 1.0) -> list[Segment]:
     """Search segments that together meet every neuron's hyperplane once.
 
     Bias-free: ``p + t q`` and ``q + t p`` (p ⟂ q) cover every direction up to sign. Biased (lifted space): the
-    input line ``x = p + τq`` as two straight segments ``(−q, δ) → (p, 1) → (q, δ)`` of ``(x, s)``, δ = 1/reach.
+    input line ``x = p + τq`` as two straight segments ``(−q, δ) → (p, 1) → (q, δ)`` of ``(x, s)``, δ = 1/reach,
+    with ``‖p‖ = ‖q‖ = scale``.
     """
     if d == 1 and not lifted:  # directions ±1 only: the segment through 0 sees the single hyperplane x = 0
         return [Segment(np.zeros(1), np.ones(1))]
     Q, _ = np.linalg.qr(rng.standard_normal((d, 2))) if d > 1 else (np.array([[0.0, 1.0]]), None)
-    p, q = Q[:, 0], Q[:, 1]
+    p, q = scale * Q[:, 0], scale * Q[:, 1]
     if not lifted:
         return [Segment(p, q), Segment(q, p)]
     delta = 1.0 / reach
     mid, left, right = np.r_[p, 1.0], np.r_[-q, delta], np.r_[q, delta]
     return [Segment(0.5 * (left + mid), 0.5 * (mid - left)), Segment(0.5 * (mid + right), 0.5 * (right - mid))]
+
+
+def _line_scale(d: int, lifted: bool, coarse: bool) -> float:
+    """Norm of the search line's points ``p`` and ``q`` (biased nets on float64 answers: √d, the norm of a
+    standard Gaussian input). A hyperplane ``aᵀx + b = 0`` meets the line ``p + τq`` at ``τ = −(aᵀp + b)/aᵀq``; on a
+    unit line ``aᵀq ~ ‖a‖/√d`` against a bias of order ‖a‖, so the kinks crowd near the line's far ends (τ ~ √d),
+    where the regions are thin and each is measured twice (784 inputs: 1–6 of 18 regions, 28–45 of 66); at norm √d
+    they spread as on a bias-free net. Float32 answers keep the unit line (their search is tuned to it)."""
+    return float(np.sqrt(d)) if lifted and not coarse else 1.0
 
 
 def _search_and_measure(run: Run, ask: Answers, segs, opts: FFNOptions, coarse: bool) -> dict:
@@ -217,7 +227,8 @@ def _search_and_measure(run: Run, ask: Answers, segs, opts: FFNOptions, coarse: 
     min_width = opts.min_width or max(1e-9, 1024 * eps)
     with run.phase("kink_search"):
         end = 0.5 / opts.reach if ask.lifted else 2.0 / 64  # lifted: the ends' outer stencils stay at s > 0
-        rounds = search_kinks(ask, segs, SearchSettings(noise_factor, eps, min_width, coarse, end), run.rng)
+        settings = SearchSettings(noise_factor, eps, min_width, coarse, end, zoom=not coarse)
+        rounds = search_kinks(ask, segs, settings, run.rng)
     tight = sum(s.unresolved for s in segs)
     dim = ask.dim
     run.report(run.queries + (dim + 1) * (sum(len(s.kinks) for s in segs) + len(segs)))
@@ -289,7 +300,7 @@ def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_
     best = (_consistency(fitted[0], ask), J, fitted)
     summary = {"lines": 1, "neurons_per_line": [int(J.shape[0])], "sets_tried": 0, "kept": "first line"}
     while summary["lines"] < MAX_LINES and needs_another_line(best[2][1].exact, best[0], eps):
-        new_segs = _segments(ask.d, ask.lifted, run.rng, opts.reach)
+        new_segs = _segments(ask.d, ask.lifted, run.rng, opts.reach, _line_scale(ask.d, ask.lifted, True))  # coarse
         try:
             with run.phase("more_lines", absorb=True):
                 J2, where2 = _search_and_measure(run, ask, new_segs, opts, True)["regions"].jumps()

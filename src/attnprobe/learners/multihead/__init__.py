@@ -42,6 +42,7 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
     if heads is not None and max_heads is not None:
         raise ConfigError("give either heads (H known) or max_heads (an upper bound), not both")
     if method in ("auto", "vector") and subspaces is None and getattr(oracle, "outputs", None) is None:
+        _require_least_plan(oracle, method, check)  # the probe is part of the plan: refused before it when short
         probe = _probe_outputs(oracle)  # one length-1 query: scalar or vector answers?
         res = extract_multihead(oracle, heads=heads, max_heads=max_heads, bias=bias, method=method, rank=rank,
                                 seed=seed, check=check, progress=progress)
@@ -110,6 +111,20 @@ def _orthogonal_after(exc, oracle, spent, *, max_heads, **kw):
     res.notes.append(f"the generic multi-head learner failed after {spent} queries ({type(exc).__name__}: {exc}); "
                      "the learner for heads in orthogonal subspaces (App. C) recovered the layer and its check passed")
     return res
+
+
+def _require_least_plan(oracle, method: str, check: bool) -> None:
+    """Before the one query that tells scalar from vector answers: refuse when the budget cannot hold that query,
+    the first stage of the cheaper of the learners it may lead to, and the functional check (every learner's
+    plan starts this way, so a budget below it is refused having asked nothing)."""
+    from attnprobe.learners.check import check_queries
+    from attnprobe.learners.multihead.vector import planned_values
+
+    d = oracle.d
+    first = planned_values(d) if method == "vector" else min(planned_values(d), generic._planned_values(d))
+    least = 1 + first + (check_queries() if check else 0)
+    oracle.require(least, f"multi-head extraction at d={d} needs at least {least} queries (one to tell scalar from "
+                          "vector answers, the values stage and the functional check);")
 
 
 def _probe_outputs(oracle) -> int:

@@ -13,7 +13,9 @@ columns of C_h) and differencing gives ``c_kᵀp_h(y)`` exactly; the logit error
 tokens per head suffice (needs d ≥ 2H); they share an offset orthogonal to that row space, which does not move
 ``p_h`` but keeps the other heads' logits away from 0 (heads in orthogonal subspaces vanish on each other's
 rows): ``(H − 1)(r + 1)`` unknowns, ``H (r + 1)`` probes per head, plus a repeat with 4L
-that certifies the switch-off.
+that certifies the switch-off. The r + 1 tokens are the vertices of a simplex *in* the row space
+(``s R_k`` and ``−s Σ_k R_k/√r``), never the offset alone: there ``p_h = u_h``, which vanishes for a layer
+without query bias (BERT's initial weights) and leaves head h no logit to invert.
 """
 
 from __future__ import annotations
@@ -47,6 +49,22 @@ def _offset(R: np.ndarray, size: float, rng) -> np.ndarray:
     t = rng.standard_normal(d)
     t -= R.T @ (R @ t)
     return size * t / np.linalg.norm(t)
+
+
+def _bias_token(t: np.ndarray, R: np.ndarray, size: float) -> np.ndarray:
+    """The last token that, with ``t + size·R_k``, fits the bias: ``t − size·Σ_k R_k/√r`` (the offset t alone
+    when the row space is empty)."""
+    r = R.shape[0]
+    return t if r == 0 else t - size * R.sum(0) / np.sqrt(r)
+
+
+def _bias_component(T: np.ndarray, r: int) -> np.ndarray:
+    """``C_hᵀu_h`` from the measured ``T_k = a + M_k`` (k < r) and ``T_r = a − Σ_k M_k/√r``:
+    ``a = (Σ_k T_k + √r T_r)/(r + √r)``."""
+    if r == 0:
+        return T[0]
+    q = np.sqrt(r)
+    return (T[:r].sum(0) + q * T[r]) / (r + q)
 
 
 def _switch_off_probe(N, pP, h, L):
@@ -83,12 +101,13 @@ def cross_components(oracle, v, v_sum, c, WP, uP, *, bias, rng, max_retries=6):
         r = R.shape[0]
         nrm = np.linalg.norm(WP[h]) / np.sqrt(max(r, 1))
         s_y = max(np.linalg.norm(uP[h]), 1.0) / max(nrm, 1e-300)
-        # last tokens t + s_y R_k (and t with a bias): t ⊥ the row space of W_h leaves p_h(y) as at y = s_y R_k,
-        # but gives the other heads logits to switch off even when their W_g vanish on it (orthogonal heads)
+        # last tokens t + s_y R_k (and t − s_y Σ_k R_k/√r with a bias): t ⊥ the row space of W_h leaves p_h(y)
+        # as at y = s_y R_k, but gives the other heads logits to switch off even when their W_g vanish on it
+        # (orthogonal heads). The bias token stays in the row space: at t alone p_h = u_h, which may be 0
         t = _offset(R, s_y, rng)
         Y = t + s_y * R
         if bias:
-            Y = np.concatenate([t[None], Y])
+            Y = np.concatenate([Y, _bias_token(t, R, s_y)[None]])
         nY = Y.shape[0]
         # known parts of every head's p_g(y): (nY, H, d)
         pP = np.einsum("gij,yj->ygi", WP, Y) + uP[None]
@@ -137,8 +156,9 @@ def cross_components(oracle, v, v_sum, c, WP, uP, *, bias, rng, max_retries=6):
                                 f"declared {oracle.precision} (undeclared rounding or noise?), or the heads' logits "
                                 "are too large for the probe scales")
         if bias:
-            u_cross[h] = C @ T[0]
-            M = (T[1:] - T[0]) / s_y
+            a = _bias_component(T, r)
+            u_cross[h] = C @ a
+            M = (T[:r] - a) / s_y
         else:
             M = T / s_y
         W_cross[h] = C @ (M.T @ R)

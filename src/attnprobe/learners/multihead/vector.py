@@ -26,7 +26,7 @@ import numpy as np
 from attnprobe._validation import check_int
 from attnprobe.errors import (ConfigError, InputNormError, OracleAnswerError, OracleError, RecoveryError,
                               UnidentifiableError)
-from attnprobe.learners.multihead.vector_heads import fit_delta, jennrich, theta_from_values
+from attnprobe.learners.multihead.vector_heads import fit_delta, fit_deltas, jennrich, theta_from_values
 from attnprobe.learners.multihead.vector_logits import gap_rank, head_attention_errors, learn_logits
 from attnprobe.learners.probes import random_orthogonal
 from attnprobe.learners.skeleton import Run
@@ -44,8 +44,16 @@ LOGIT_SCALE = 0.5
 SMALL_STEP, FAR_STEP = 0.05, 1.0
 #: answers coarser than this unit roundoff (float32's is 6e-8) that fail to separate are refused naming it
 COARSEST_EPS = 1e-6
+#: differences asked and fitted together once only the route "differences" remains (one oracle call, one batch of
+#: fits: the fits' shared work is paid once)
+LATE_BATCH = 128
 #: fresh queries of the per-head attention check (:func:`head_attention_errors`)
 HEAD_CHECK_QUERIES = 16
+
+
+def planned_values(d: int) -> int:
+    """Queries of the values stage, the least a run asks: ``[±x]`` for the d rows of an orthogonal matrix."""
+    return 2 * d
 
 
 def _values(oracle, rng, rho):
@@ -127,7 +135,7 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
 
     max_norm = getattr(oracle, "max_input_norm", None)
     rho_max = np.inf if max_norm is None else float(max_norm) / 3.0
-    run.plan(2 * d, f"vector multi-head extraction at d={d} (values stage)", at_least=True)
+    run.plan(planned_values(d), f"vector multi-head extraction at d={d} (values stage)", at_least=True)
     notes: list[str] = []
     with run.phase("values"):
         M, c = _values(oracle, rng, min(1.0, rho_max))
@@ -243,10 +251,10 @@ class _Separation:
         """Separate a batch of differences, each started from its θ (restarted from scratch if that fails)."""
         n = self.n
         R = self.layer.residuals(np.concatenate([_two_row(self.b0 + self.T @ self.Z.T, dl) for dl in deltas]))
+        Rs = R.reshape(R.shape[0], len(deltas), n).transpose(1, 0, 2)  # (F, K, n): one block per difference
+        fitted = fit_deltas(Rs, self.T, np.stack(deltas) @ self.layer.M.T, np.stack(thetas))
         out = []
-        for j, (dl, th) in enumerate(zip(deltas, thetas)):
-            Rj = R[:, j * n:(j + 1) * n]
-            fk = fit_delta(Rj, self.T, self.layer.M @ dl, th)
+        for dl, th, Rj, fk in zip(deltas, thetas, Rs, fitted):
             if fk.residual > self.tol:  # the continuation fell into another minimum: start this δ afresh
                 self.restarts += 1
                 fk = _relabel(self.from_scratch(dl, Rj, self.T), th.T, None)
@@ -269,8 +277,11 @@ class _Separation:
         Q = random_orthogonal(d, self.rng)
         size = np.linalg.norm(self.delta0)
         ws, deltas, self.worst = [fit0.w], [self.delta0], fit0.residual
-        for k0 in range(0, d, batch):
-            ks = range(k0, min(d, k0 + batch))
+        split = True  # the column spaces may still split M (False once exhausted spaces did not)
+        k0 = 0
+        while k0 < d:  # batches of `batch` differences while the column spaces may split M, then larger ones
+            ks = range(k0, min(d, k0 + (batch if split else LATE_BATCH)))
+            k0 = ks.stop
             dk = [self.delta0 + SMALL_STEP * size * Q[k] for k in ks]
             fits = [_relabel(f, fit0.w, f.w) for f in self.fits(dk, [fit0.theta] * len(dk))]
             if self.coarse:  # θ is linear in δ: extrapolate the short difference's θ to the long one, fit there
@@ -284,22 +295,26 @@ class _Separation:
             self.count = len(deltas)
             report()
             final = len(deltas) == d + 1
-            if final or (not self.coarse and len(ws) >= 16 and (len(ws) - 1) % 32 == 0):
+            if final or (split and not self.coarse and len(ws) >= 16 and (len(ws) - 1) % 32 == 0):
                 V, route = _value_maps(np.stack(ws, axis=2), np.stack(deltas, axis=1), M, eps, final=final)
                 if V is not None:
                     return V, route
+                split = route != "no split"  # more differences span the same spaces: they cannot split M either
         raise RecoveryError("the value maps could not be assembled")  # pragma: no cover - final always returns
 
 
 def _relabel(fit, ref, got):
     """The fit with its heads put in the order of the reference: columns of ``got`` (a view of the fit) matched to
-    the nearest columns of ``ref`` (Hungarian assignment), so every difference keeps δ_0's head labels."""
-    from scipy.optimize import linear_sum_assignment
-
+    the nearest columns of ``ref`` (the assignment of least total distance: Hungarian, unless every reference
+    column has a different nearest one), so every difference keeps δ_0's head labels."""
     got = fit.theta.T if got is None else got
     cost = np.linalg.norm(got[:, :, None] - ref[:, None, :], axis=0)
-    rows, cols = linear_sum_assignment(cost)
-    order = rows[np.argsort(cols)]
+    order = np.argmin(cost, axis=0)  # each reference head's nearest: optimal whenever they are all different
+    if len(np.unique(order)) < len(order):
+        from scipy.optimize import linear_sum_assignment
+
+        rows, cols = linear_sum_assignment(cost)
+        order = rows[np.argsort(cols)]
     fit.w, fit.theta = fit.w[:, order], fit.theta[order]
     return fit
 
@@ -322,23 +337,25 @@ def _ranks(V):
 
 def _value_maps(Wv, D, M, eps, final):
     """The value maps ``V_h`` from the separated ``w_h(δ_j) = V_h δ_j`` (``Wv (K, H, m)``, ``D (d, m)``): the
-    heads' column spaces split ``M`` when well-conditioned; with d + 1 differences, ``V_h = w_h D⁺`` directly."""
+    heads' column spaces split ``M`` when well-conditioned; with d + 1 differences, ``V_h = w_h D⁺`` directly.
+    Returns ``(V, route)``, or ``(None, why)``: ``"not exhausted"`` (a column space may still grow) or ``"no
+    split"`` (every space is exhausted, and together they are too ill-conditioned or do not span M)."""
     K, H, m = Wv.shape
     if final:
-        return np.einsum("khm,md->hkd", Wv, np.linalg.pinv(D)), "differences"
+        return np.matmul(Wv.transpose(1, 0, 2), np.linalg.pinv(D)), "differences"
     bases = []
     for h in range(H):
         Uh, sh, _ = np.linalg.svd(Wv[:, h, :], full_matrices=False)
         r = int(np.sum(sh > max(1e3 * eps, 1e-11) * sh[0]))
         if r >= m - 8:  # the column space is not exhausted yet
-            return None, None
+            return None, "not exhausted"
         bases.append(Uh[:, :r])
     E = np.concatenate(bases, axis=1)
     if E.shape[1] > K or np.linalg.cond(E) > SUBSPACE_COND:
-        return None, None
+        return None, "no split"
     coef, *_ = np.linalg.lstsq(E, M, rcond=None)
     if np.linalg.norm(M - E @ coef) > 1e3 * eps * np.linalg.norm(M):
-        return None, None
+        return None, "no split"
     out, i = [], 0
     for Eh in bases:
         out.append(Eh @ coef[i:i + Eh.shape[1]])

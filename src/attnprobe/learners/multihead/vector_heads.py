@@ -29,87 +29,125 @@ class DeltaFit:
     residual: float
 
 
-def _solve_values(theta: np.ndarray, T1: np.ndarray, R: np.ndarray, m: np.ndarray):
-    """Given logit parameters, the value vectors by least squares with ``Σ_h w_h = m``; returns (w, misfit)."""
-    S = sigmoid(theta @ T1.T)  # (H, n)
-    D = S[:-1] - S[-1]
-    Y = R - np.outer(m, S[-1])
-    A = np.linalg.lstsq(D.T, Y.T, rcond=None)[0].T if D.size else np.zeros((R.shape[0], 0))
-    w = np.concatenate([A, (m - A.sum(axis=1))[:, None]], axis=1)
-    return w, Y - A @ D
-
-
 def fit_delta(R: np.ndarray, T: np.ndarray, m: np.ndarray, theta0: np.ndarray, *, max_nfev: int = 60) -> DeltaFit:
     """Variable projection: logit parameters θ (H, q+1) minimising ``‖R − W S(θ)‖`` with ``W 1 = m``
     (Levenberg–Marquardt on Kaufman's Jacobian).
 
     ``R (K, n)``: residuals at the design points ``T (n, q)``; ``m = M δ``.
     """
-    H = theta0.shape[0]
+    return fit_deltas(R[None], T, m[None], theta0[None], max_nfev=max_nfev)[0]
+
+
+def fit_deltas(R: np.ndarray, T: np.ndarray, m: np.ndarray, theta0: np.ndarray, *,
+               max_nfev: int = 60) -> list[DeltaFit]:
+    """:func:`fit_delta` for F differences at once, on the same design ``T``: ``R (F, K, n)``, ``m (F, K)``,
+    ``theta0 (F, H, q+1)``. Each fit runs its own Levenberg–Marquardt iterations; they share every array
+    operation, so the fits of a batch cost about what one costs."""
+    F, H = theta0.shape[:2]
     T1 = np.concatenate([T, np.ones((T.shape[0], 1))], axis=1)
-    scale = max(float(np.linalg.norm(R)), 1e-300)
-    # everything the fit touches lies in the span of [R, m]: work in an orthonormal basis of it (lossless)
-    U, _ = np.linalg.qr(np.concatenate([R, m[:, None]], axis=1))
-    R_full, R, m = R, U.T @ R, U.T @ m
-    cache = {}
-
-    def parts(x):
-        key = x.tobytes()
-        if key not in cache:
-            cache.clear()
-            theta = x.reshape(H, -1)
-            S = sigmoid(theta @ T1.T)
-            D = S[:-1] - S[-1]
-            Y = R - np.outer(m, S[-1])
-            A = np.linalg.lstsq(D.T, Y.T, rcond=None)[0].T
-            w = np.concatenate([A, (m - A.sum(axis=1))[:, None]], axis=1)
-            cache[key] = (S, D, w, Y - A @ D)
-        return cache[key]
-
-    def fun(x):
-        return (parts(x)[3] / scale).ravel()
-
-    def jac(x):
-        S, D, w, _ = parts(x)
-        Qd = np.linalg.qr(D.T)[0]  # (n, H-1): the row space of D
-        G = (S * (1 - S))[:, :, None] * T1[None]  # (H, n, q+1): ∂s_h/∂θ_h
-        G = G - np.einsum("nk,hkl->hnl", Qd, np.einsum("nk,hnl->hkl", Qd, G))  # project out rowspace of D
-        J = -np.einsum("kh,hnl->knhl", w, G) / scale
-        return J.reshape(R.size, -1)
-
-    x = _levenberg_marquardt(fun, jac, theta0.ravel(), max_nfev)
-    theta = x.reshape(H, -1)
-    w, res = _solve_values(theta, T1, R, m)
-    misfit = np.linalg.norm(R_full - U @ (U.T @ R_full))  # zero up to rounding; kept for honesty
-    return DeltaFit(U @ w, theta, float(np.hypot(np.linalg.norm(res), misfit) / scale))
+    scale = np.maximum(np.linalg.norm(R, axis=(1, 2)), 1e-300)
+    # everything a fit touches lies in the span of [R, m]: work in an orthonormal basis of it (lossless)
+    U = np.linalg.qr(np.concatenate([R, m[:, :, None]], axis=2))[0]
+    Ut = U.transpose(0, 2, 1)
+    fit = _Projection(Ut @ R, (Ut @ m[:, :, None])[:, :, 0], T1, scale, H)
+    x = _levenberg_marquardt(fit, theta0.reshape(F, -1).astype(np.float64), max_nfev)
+    _, _, w, res = fit.parts(x, np.arange(F))
+    misfit = np.linalg.norm(R - U @ (Ut @ R), axis=(1, 2))  # zero up to rounding; kept for honesty
+    out = np.hypot(np.linalg.norm(res, axis=(1, 2)), misfit) / scale
+    return [DeltaFit(U[f] @ w[f], x[f].reshape(H, -1), float(out[f])) for f in range(F)]
 
 
-def _levenberg_marquardt(fun, jac, x, max_iter):
-    """Minimise ``‖fun(x)‖`` (Levenberg–Marquardt with Nielsen's damping update); stops when a step no longer
-    reduces the misfit by a relative 1e-12 or after ``max_iter`` iterations."""
-    r = fun(x)
-    cost = float(r @ r)
-    lam, nu = 1e-3, 2.0
-    for _ in range(max_iter):
-        J = jac(x)
-        g = J.T @ r
-        A = J.T @ J
-        diag = np.maximum(np.diag(A), 1e-300)
-        while True:
-            step = np.linalg.solve(A + lam * np.diag(diag), -g)
-            x_new = x + step
-            r_new = fun(x_new)
-            cost_new = float(r_new @ r_new)
-            if cost_new < cost:
-                break
-            lam *= nu
-            nu *= 2.0
-            if lam > 1e12:
-                return x
-        done = cost - cost_new <= 1e-12 * cost or np.linalg.norm(step) <= 1e-14 * (1 + np.linalg.norm(x))
-        x, r, cost, lam, nu = x_new, r_new, cost_new, max(lam / 3.0, 1e-12), 2.0
-        if done:
-            break
+class _Projection:
+    """The variable-projection problems of a batch of fits: the residuals of fits ``idx`` at their logit
+    parameters ``x (len(idx), H·(q+1))`` and the normal equations of Kaufman's Jacobian; ``R (F, K, n)``,
+    ``m (F, K)`` in the fits' own bases."""
+
+    def __init__(self, R, m, T1, scale, H):
+        self.R, self.m, self.T1, self.scale, self.H = R, m, T1, scale, H
+
+    def parts(self, x, idx):
+        """``(S, Q_D, w, residual)``: attention weights (f, H, n), an orthonormal basis of the row space of
+        ``D = S[:-1] − S[-1]`` (f, n, H−1), the value vectors (f, K, H) by least squares with ``Σ_h w_h = m``
+        and the residual ``R − w S`` (f, K, n)."""
+        H, L = self.H, self.T1.shape[1]
+        S = sigmoid(x.reshape(len(idx), H, L) @ self.T1.T)
+        D = S[:, :-1] - S[:, -1:]
+        m = self.m[idx]
+        Y = self.R[idx] - m[:, :, None] * S[:, -1][:, None, :]
+        Dt = D.transpose(0, 2, 1)
+        A = np.zeros(Y.shape[:2] + (H - 1,))
+        Qd = np.zeros(Dt.shape)
+        if H > 1:
+            Qd, Rd = np.linalg.qr(Dt)
+            diag = np.abs(np.diagonal(Rd, axis1=1, axis2=2))
+            good = diag.min(axis=1) > 1e-10 * diag.max(axis=1)
+            if good.any():
+                A[good] = np.linalg.solve(Rd[good], Qd[good].transpose(0, 2, 1) @ Y[good].transpose(0, 2, 1)
+                                          ).transpose(0, 2, 1)
+            for f in np.flatnonzero(~good):  # D (nearly) rank-deficient: the least-squares solution of least norm
+                A[f] = np.linalg.lstsq(Dt[f], Y[f].T, rcond=None)[0].T
+        w = np.concatenate([A, (m - A.sum(axis=2))[:, :, None]], axis=2)
+        return S, Qd, w, Y - A @ D
+
+    def residual(self, res, idx):
+        return res.reshape(len(idx), -1) / self.scale[idx, None]
+
+    def normal_equations(self, S, Qd, w, r, idx):
+        """``JᵀJ`` (f, p, p) and ``Jᵀr`` (f, p) of Kaufman's Jacobian ``J[(k, j), (h, l)] = −w_kh G_hjl / scale``
+        (G: ``∂s_h/∂θ_h`` with the row space of D projected out), from its factors without forming J:
+        ``JᵀJ = (wᵀw)_hh' (Σ_j G_hjl G_h'jl') / scale²`` and ``Jᵀr = −Σ_j (wᵀr)_hj G_hjl / scale``."""
+        f, H, n, L = len(idx), self.H, S.shape[2], self.T1.shape[1]
+        G = (S * (1 - S))[:, :, :, None] * self.T1  # (f, H, n, L)
+        G -= Qd[:, None] @ (Qd.transpose(0, 2, 1)[:, None] @ G)  # project out the row space of D
+        scale = self.scale[idx]
+        Gn = G.transpose(0, 2, 1, 3).reshape(f, n, H * L)
+        GG = (Gn.transpose(0, 2, 1) @ Gn).reshape(f, H, L, H, L)
+        ww = w.transpose(0, 2, 1) @ w  # (f, H, H)
+        A = (GG * ww[:, :, None, :, None]).reshape(f, H * L, H * L) / scale[:, None, None] ** 2
+        wr = w.transpose(0, 2, 1) @ r.reshape(f, w.shape[1], n)  # (f, H, n)
+        g = (wr[:, :, None, :] @ G)[:, :, 0, :].reshape(f, H * L) / -scale[:, None]
+        return A, g
+
+
+def _levenberg_marquardt(fit: _Projection, x: np.ndarray, max_iter: int) -> np.ndarray:
+    """Minimise every fit's ``‖residual‖`` (Levenberg–Marquardt with Nielsen's damping update, each fit with its
+    own damping); a fit stops when a step no longer changes its misfit by a relative 1e-12 or after ``max_iter``
+    iterations. ``x (F, p)``: the starting parameters, one row per fit. Each round every running
+    fit tries one step (a rejected one again with more damping), all in one batch."""
+    F = len(x)
+    every = np.arange(F)
+    S, Qd, w, res = fit.parts(x, every)
+    r = fit.residual(res, every)
+    cost = np.einsum("fi,fi->f", r, r)
+    lam, nu = np.full(F, 1e-3), np.full(F, 2.0)
+    active, iters = np.full(F, max_iter > 0), np.zeros(F, int)
+    A, g = fit.normal_equations(S, Qd, w, r, every)
+    eye = np.eye(A.shape[1])
+    while active.any():
+        f = np.flatnonzero(active)
+        diag = np.maximum(np.diagonal(A[f], axis1=1, axis2=2), 1e-300)
+        step = np.linalg.solve(A[f] + lam[f, None, None] * (diag[:, :, None] * eye), -g[f][:, :, None])[:, :, 0]
+        x_new = x[f] + step
+        S_n, Qd_n, w_n, res_n = fit.parts(x_new, f)
+        r_new = fit.residual(res_n, f)
+        cost_new = np.einsum("fi,fi->f", r_new, r_new)
+        ok = cost_new < cost[f]
+        fr = f[~ok]  # rejected: more damping; done when the step changed the misfit by no more than a relative
+        lam[fr] *= nu[fr]  # 1e-12 (as an accepted step that small would be), or when the damping passes 1e12
+        nu[fr] *= 2.0
+        active[fr[(lam[fr] > 1e12) | (cost_new[~ok] - cost[fr] <= 1e-12 * cost[fr])]] = False
+        if ok.any():
+            fo = f[ok]
+            done = (cost[fo] - cost_new[ok] <= 1e-12 * cost[fo]) | (
+                np.linalg.norm(step[ok], axis=1) <= 1e-14 * (1 + np.linalg.norm(x[fo], axis=1)))
+            x[fo], r[fo], cost[fo] = x_new[ok], r_new[ok], cost_new[ok]
+            S[fo], Qd[fo], w[fo] = S_n[ok], Qd_n[ok], w_n[ok]
+            lam[fo], nu[fo] = np.maximum(lam[fo] / 3.0, 1e-12), 2.0
+            iters[fo] += 1
+            active[fo[done | (iters[fo] >= max_iter)]] = False
+            go = fo[active[fo]]  # the next step of these starts from their new Jacobian
+            if len(go):
+                A[go], g[go] = fit.normal_equations(S[go], Qd[go], w[go], r[go], go)
     return x
 
 

@@ -9,6 +9,7 @@ bilinear measurement per head and token), so ``m`` tokens per query measure ``H�
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg
 
 from attnprobe.errors import RecoveryError
 
@@ -25,14 +26,25 @@ def read_logits(R: np.ndarray, V: np.ndarray, P: np.ndarray) -> tuple[np.ndarray
     """Logits ``p_iᵀ(W_h b + u_h)`` (n, H, m) from residuals ``R = f − M b − c`` (n, K) of :func:`token_queries`;
     also the smallest attention weight seen (how close to saturation the probes came)."""
     H, m = V.shape[0], P.shape[0]
-    A = np.einsum("hkd,md->khm", V, P).reshape(V.shape[1], H * m)
-    alpha = np.linalg.lstsq(A, R.T, rcond=None)[0].T.reshape(-1, H, m)
+    A = np.matmul(V, P.T).transpose(1, 0, 2).reshape(V.shape[1], H * m)  # [V_h p_i], (K, H·m)
+    alpha = _least_squares(A, R.T).T.reshape(-1, H, m)
     last = 1.0 - alpha.sum(axis=2)
     smallest = float(min(alpha.min(), last.min()))
     if smallest <= 0:
         raise RecoveryError(f"an attention weight came out {smallest:.2e} ≤ 0: the value maps V_h do not explain "
                             "the answers (heads not separated, or the answers too coarse for these probes)")
     return np.log(alpha) - np.log(last)[:, :, None], smallest
+
+
+def _least_squares(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """``argmin ‖A X − B‖`` by a QR factorisation of A (K × p, K ≥ p), or by ``lstsq`` (least norm) when A is
+    (nearly) rank-deficient."""
+    if A.shape[0] >= A.shape[1] > 0:
+        Q, Rr = np.linalg.qr(A)
+        diag = np.abs(np.diag(Rr))
+        if diag.min() > 1e-10 * diag.max():
+            return scipy.linalg.solve_triangular(Rr, Q.T @ B, check_finite=False)
+    return np.linalg.lstsq(A, B, rcond=None)[0]
 
 
 def chunks(P: np.ndarray, m: int) -> list[np.ndarray]:
@@ -51,7 +63,7 @@ def _columns(layer, V, P, Bs, tokens, report):
         smallest = min(smallest, sm)
         Y[:, idx, :] = L.transpose(1, 2, 0)
         report()
-    return np.einsum("ed,heb->hdb", P, Y) / np.sum(P[0] ** 2), smallest
+    return np.matmul(P.T, Y) / np.sum(P[0] ** 2), smallest
 
 
 def gap_rank(sv: np.ndarray, full: int, gap: float = 100.0) -> int:
@@ -107,7 +119,7 @@ def learn_logits(layer, V, scale, tokens, rng, report, *, sketch: bool = True):
         rest, sm = _columns(layer, V, P, O[L:], tokens, report)
         Y = np.concatenate([Y, rest - u[:, :, None]], axis=2)  # W_h Oᵀ
         smallest = min(smallest, sm)
-    return np.einsum("hdb,be->hde", Y, O) / scale**2, u, smallest, None
+    return np.matmul(Y, O) / scale**2, u, smallest, None
 
 
 def head_attention_errors(layer, model, scale, tokens, rng, queries: int = 16) -> np.ndarray:
@@ -119,6 +131,6 @@ def head_attention_errors(layer, model, scale, tokens, rng, queries: int = 16) -
     P = scale * rng.standard_normal((tokens, d)) / np.sqrt(d)
     R = layer.residuals(token_queries(B, P)).T
     L, _ = read_logits(R, model.v, P)
-    pred = np.einsum("md,hde,be->bhm", P, model.W, B) + np.einsum("md,hd->hm", P, model.u)[None]
+    pred = np.matmul(np.matmul(P, model.W), B.T).transpose(2, 0, 1) + (model.u @ P.T)[None]  # p_iᵀ(W_h b + u_h)
     miss = np.sqrt(np.mean((L - pred) ** 2, axis=(0, 2)))
     return miss / np.maximum(np.sqrt(np.mean(pred**2, axis=(0, 2))), 1e-300)
