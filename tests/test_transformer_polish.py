@@ -116,3 +116,13 @@ def test_unknowns_is_the_rank_of_the_models_jacobian(d, H, m, K, residual, seed)
     s = np.linalg.svd(J, compute_uv=False)
     assert int(np.sum(s > 1e-9 * s[0])) == MultiHeadTransformer.unknowns(d, H, m, K, residual)
 
+
+
+def test_a_budget_too_small_for_the_polish_skips_it_and_says_so():
+    t = random_multihead_transformer(8, 2, 12, outputs=3, bias=True, residual=True, seed=1)
+    full = extract_transformer_multihead(Oracle(t, 8), seed=0)
+    before = full.queries - full.queries_by_phase["polish"]
+    res = extract_transformer_multihead(Oracle(t, 8, budget=before + full.check.queries + 1), seed=0)
+    assert res.queries == before and res.details["polish"] == []
+    assert any("polish was skipped" in note for note in res.notes)
+    assert not any("polish was skipped" in note for note in full.notes)

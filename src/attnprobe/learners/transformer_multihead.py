@@ -244,6 +244,9 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
     notes = ["identifiable up to: neuron order and positive scale, head order"
              + ("" if model.residual else ", and V_h ↦ M V_h with A ↦ M⁻ᵀA for any invertible M")
              + "; heads with equal (W_h, u_h) would come back as one (Prop. 7.1)"]
+    if polish != "none" and not polished:
+        notes.append("the polish was skipped: the budget left too few queries for its sequences (raise the budget "
+                     "for errors ~1e-10 instead of ~1e-8)")
     details = {"heads": H, "neurons": int(ffn.C.shape[0]), "outputs": K, "residual": model.residual,
                "residual_part": residual_part, "attention_regions": len(seen.info), "map_regions": n_map,
                "polish": polished, "regions_skipped": seen.skipped,
@@ -259,7 +262,7 @@ def _budget_in_terms_of(oracle):
         yield
     except BudgetExceededError:
         raise BudgetExceededError(f"the transformer learner ran out of the budget of {oracle.budget} queries (it "
-                                  "needs 10–30 per unknown: saturated circles and isolated probes in several FFN "
+                                  "needs 2–30 per unknown: saturated circles and isolated probes in several FFN "
                                   "regions); raise the budget") from None
 
 
@@ -279,7 +282,7 @@ def _learn_ffn(run, seed, ffn_queries, ffn_options) -> KnownFFN:
                 raise BudgetExceededError(f"the FFN stage (length-1 queries) needs more than the {limit_ffn} "
                                           "queries the "
                                           f"budget of {oracle.budget} leaves; raise the budget (the whole extraction "
-                                          "needs 10–30 queries per unknown)") from None
+                                          "needs 2–30 queries per unknown)") from None
             raise RecoveryError(f"the length-1 answers did not settle into a ReLU network within {cap} queries "
                                 f"({oracle.queries} spent): the FFN is not piecewise linear (GELU?) or wider than "
                                 "expected (raise ffn_queries)") from None
