@@ -49,6 +49,17 @@ def test_model_matches_its_definition():
         assert np.allclose(t(X)[i], t.w_o.T @ np.maximum(pre, 0) + t.c)
 
 
+@pytest.mark.parametrize("dtype, rel", [("float32", 1e-5), ("float16", 2e-2), ("bfloat16", 5e-2)])
+def test_model_computes_in_every_precision_near_float64(dtype, rel):
+    """Every precision the models take computes the same function up to its rounding (bfloat16 too: numpy's einsum
+    refuses that dtype, so the forward pass must not use it)."""
+    t = random_multihead_transformer(8, 3, 16, outputs=3, residual=True, seed=0)
+    X = np.random.default_rng(0).standard_normal((20, 5, 8))
+    y, y_low = t(X), t.with_dtype(dtype)(X)
+    assert y_low.dtype == np.float64 and y_low.shape == y.shape
+    assert 0 < np.abs(y_low - y).max() <= rel * np.abs(y).max()
+
+
 def test_model_refuses_mismatched_shapes():
     t = random_multihead_transformer(4, 2, 3, seed=0)
     with pytest.raises(ConfigError, match="A must have d = 4"):

@@ -153,9 +153,10 @@ class MultiHeadTransformer(FFNWidths):
         Xc = as_batch(X, self.d).astype(dt)
         H, d = self.H, self.d
         q = (Xc[:, -1, :] @ self.W.astype(dt).reshape(H * d, d).T).reshape(-1, H, d)  # W_h x_N
-        scores = np.einsum("bnd,bhd->bhn", Xc, q) + np.einsum("bnd,hd->bhn", Xc, self.u.astype(dt))
-        mixed = np.einsum("bhn,bnd->bhd", softmax_last(scores), Xc)  # Xᵀ α_h
-        out = np.einsum("hij,bhj->bi", self.v.astype(dt), mixed)
+        # matrix products, not einsum: numpy's einsum refuses the bfloat16 dtype
+        scores = np.matmul(q, Xc.transpose(0, 2, 1)) + (Xc @ self.u.astype(dt).T).transpose(0, 2, 1)  # (B, H, N)
+        mixed = np.matmul(softmax_last(scores), Xc)  # Xᵀ α_h: (B, H, d)
+        out = mixed.reshape(len(Xc), H * d) @ self.v.astype(dt).transpose(0, 2, 1).reshape(H * d, d)  # Σ_h V_h Xᵀα_h
         return out + Xc[:, -1, :] if self.residual else out
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
