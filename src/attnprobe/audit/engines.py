@@ -71,12 +71,19 @@ def signals_held(*signums: int):
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # signals pending on the process arrive here...
+        _python_handlers_run()  # ...and their Python handlers (``note``, still in place) run here, not later
         holding[0] = False
         for s, h in handlers.items():
             if h is not None:
                 signal.signal(s, h)
         _deliver(list(dict.fromkeys(noted)))
+
+
+def _python_handlers_run() -> None:
+    """Nothing: calling a Python function is where CPython runs the Python handlers of signals that have arrived
+    (a C call such as ``pthread_sigmask`` returning does not), so the ones unblocked just before are noted while the
+    noting handler is still in place instead of reaching a handler swapped in later."""
 
 
 def _deliver(signums: list[int]) -> None:
