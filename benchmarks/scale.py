@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -23,6 +24,9 @@ from attnprobe.learners.lowrank import extract_lowrank
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_head
 
+sys.path.insert(0, os.path.dirname(__file__))
+from learner_overhead import Timed  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -30,22 +34,15 @@ def main(d=1024, r=64):
     h = random_head(d, rank=r, seed=1)
     out = {"d": d, "r": r, "rss_before_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     for rank in (r, None):
-        spent = [0.0]
-
-        def fn(X):
-            t = time.perf_counter()
-            y = h(X)
-            spent[0] += time.perf_counter() - t
-            return y
-
-        o = Oracle(fn, d)
+        timed = Timed(h)
+        o = Oracle(timed, d)
         tracemalloc.start()
         t0 = time.perf_counter()
         res = extract_lowrank(o, rank=rank)
         secs = time.perf_counter() - t0
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        out[str(rank)] = dict(seconds=secs, oracle_seconds=spent[0], learner_seconds=secs - spent[0],
+        out[str(rank)] = dict(seconds=secs, oracle_seconds=timed.seconds, learner_seconds=secs - timed.seconds,
                               queries=res.queries, errW=float(np.linalg.norm(res.model.W - h.W) / np.linalg.norm(h.W)),
                               detected=res.details["detected_rank"], traced_peak_mb=peak / 2**20,
                               check=res.check.error)
@@ -69,18 +66,11 @@ def _run(method, d):
         model, learn = random_head(d, rank=64, seed=1), lambda o: extract_lowrank(o, rank=64)
     else:
         model, learn = random_multihead(d, d // 64, seed=0), lambda o: extract_generic(o, rank=64, seed=0)
-    spent = [0.0]
-
-    def fn(X):
-        t = time.perf_counter()
-        y = model(X)
-        spent[0] += time.perf_counter() - t
-        return y
-
-    o = Oracle(fn, d)
+    timed = Timed(model)
+    o = Oracle(timed, d)
     t0 = time.perf_counter()
     res = learn(o)
-    return o.queries, time.perf_counter() - t0, spent[0], bool(res.check.passed)
+    return o.queries, time.perf_counter() - t0, timed.seconds, bool(res.check.passed)
 
 
 def sweep(dims, write):
