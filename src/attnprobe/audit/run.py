@@ -71,14 +71,9 @@ def task_key(task: Task) -> str:
 def _fingerprint(source: str) -> str:
     """``sha256:…`` of a checkpoint's bytes (``minilm``: the installed weights), so that a journal written for one
     model is never read for another, even under the same file name."""
-    import hashlib
+    from attnprobe.oracles.querylog import file_sha256
 
-    path = Path(HeadSpec(source, 0, 0).checkpoint().path) if source == "minilm" else Path(source)
-    try:
-        with open(path, "rb") as f:
-            return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()[:16]
-    except OSError as exc:
-        raise ConfigError(f"cannot read the checkpoint {path}: {exc.strerror or exc}") from None
+    return "sha256:" + file_sha256(HeadSpec(source, 0, 0).checkpoint().path if source == "minilm" else source)
 
 
 #: the settings that change every task's numbers: a journal is reused only under the same ones

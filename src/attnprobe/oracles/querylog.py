@@ -422,11 +422,17 @@ def identity_of(source: str, **options) -> str:
     return source + ("" if not opts else " " + json.dumps(opts, sort_keys=True))
 
 
-def file_identity(path: str | Path) -> str:
-    """``file sha256:HASH`` of a saved model (the same file under another name is the same oracle)."""
+def file_sha256(path: str | Path) -> str:
+    """The first 16 hex digits of the SHA-256 of a file's bytes, read in chunks (a checkpoint need not fit in
+    memory twice); one :class:`ConfigError` when it cannot be read."""
     p = Path(path)
     try:
-        digest = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+        with open(p, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()[:16]
     except OSError as exc:
         raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from exc
-    return f"file sha256:{digest}"
+
+
+def file_identity(path: str | Path) -> str:
+    """``file sha256:HASH`` of a saved model (the same file under another name is the same oracle)."""
+    return f"file sha256:{file_sha256(path)}"
