@@ -31,16 +31,21 @@ class TaskKind:
     whole_layer: bool
     vector: bool
     help: str
+    #: what the tasks extract and which learners read their answers, as messages name them
+    extracts: str
+    learners: str
 
 
 #: the task kinds ``attnprobe audit --tasks`` chooses from (the first is the default)
 TASK_KINDS = {k.name: k for k in (
     TaskKind("heads", False, False, "one task per head, answering one output row (--row) of its layer "
-                                    "(single-head learners)"),
+                                    "(single-head learners)", "heads", "learner"),
     TaskKind("layers", True, True, "one task per layer: all its heads at once from whole output rows (vector "
-                                   "answers, K = hidden width; the multi-head learner's vector route)"),
+                                   "answers, K = hidden width; the multi-head learner's vector route)",
+             "whole layers from whole output rows (--tasks layers)", "multi-head learner of vector answers"),
     TaskKind("layer-rows", True, False, "one task per layer: all its heads at once from one output row (--row) "
-                                        "(scalar answers; the generic multi-head learner, --rank = head dimension)"),
+                                        "(scalar answers; the generic multi-head learner, --rank = head dimension)",
+             "whole layers at one output row (--tasks layer-rows)", "multi-head learner"),
 )}
 
 

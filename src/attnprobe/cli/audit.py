@@ -85,8 +85,7 @@ def build_tasks(args):
         fits = fitting_learners(d, kind.whole_layer, kind.vector)
         names = [n for n in chosen if n in fits] or fits
         if not names:
-            what = {"heads": "", "layers": "multi-head learner of vector answers", "layer-rows": "multi-head learner"}
-            raise ConfigError(f"no {what[kind.name] or 'learner'} can read the answers the defence {d.name!r} leaves; "
+            raise ConfigError(f"no {kind.learners} can read the answers the defence {d.name!r} leaves; "
                               f"drop {d.name} from --defense")
         for layer in layers:
             for head in ([None] if kind.whole_layer else heads):
@@ -118,9 +117,7 @@ def _chosen_learners(method: str, kind, rank: int | None) -> list[str]:
     names = [m.strip() for m in method.split(",") if m.strip()]
     unknown = [m for m in names if m not in known]
     if unknown or not names:
-        what = {"heads": "heads", "layers": "whole layers from whole output rows (--tasks layers)",
-                "layer-rows": "whole layers at one output row (--tasks layer-rows)"}[kind.name]
-        raise ConfigError(f"--method {method!r}: the learners of {what} are auto or a comma-separated list of "
+        raise ConfigError(f"--method {method!r}: the learners of {kind.extracts} are auto or a comma-separated list of "
                           f"{', '.join(known)}")
     for entry in map(registry.learner, names):
         if not entry.ready({"rank": rank}):
