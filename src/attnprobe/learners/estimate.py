@@ -168,13 +168,12 @@ def _vector(d: int, H: int, K: int, precision: str, checks: int, price_per_1k: f
     from attnprobe.learners.multihead import vector
 
     coarse = _coarse(precision)
-    q = 8 if coarse else 3
-    n0 = max(48 if coarse else 24, 2 * H + q + 4)
+    n0 = vector.first_design_points(H, coarse)
     while H >= min(K, n0) - 4 and n0 < K:  # design points are added until the residuals' rank shows a gap
         n0 = min(K, 2 * n0)
-    n = max(48 if coarse else 20, H + q + 6)
+    n = vector.design_points(H, coarse)
     differences = d * n * (2 if coarse else 1)
-    tokens = max(1, min(8 if coarse else 16, K // (2 * H)))
+    tokens = vector.tokens_per_query(H, K, coarse)
     blocks = -(-d // tokens)
     L = min(d, -(-d // H) + 16)
     whole = (d + 1) * blocks

@@ -56,6 +56,26 @@ def planned_values(d: int) -> int:
     return 2 * d
 
 
+def design_dimension(coarse: bool) -> int:
+    """q, the design plane's dimension: wider and denser for coarse answers (the fit averages them)."""
+    return 8 if coarse else 3
+
+
+def first_design_points(heads: int | None, coarse: bool) -> int:
+    """Design points of δ_0 before its residuals' rank is first read (doubled until the rank shows a gap)."""
+    return max(48 if coarse else 24, 2 * (heads or 0) + design_dimension(coarse) + 4)
+
+
+def design_points(H: int, coarse: bool) -> int:
+    """n, design points per difference δ: H² + Hq unknowns, H numbers per point."""
+    return max(48 if coarse else 20, H + design_dimension(coarse) + 6)
+
+
+def tokens_per_query(H: int, K: int, coarse: bool) -> int:
+    """Probe tokens of the logits stage per query: Hm unknowns ≤ K/2 per query."""
+    return max(1, min(8 if coarse else 16, K // (2 * H)))
+
+
 def _values(oracle, rng, rho):
     """``M`` (K, d) and ``c`` (K,) from ``[±x]`` for the rows x of a scaled random orthogonal matrix."""
     d = oracle.d
@@ -167,8 +187,8 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
                          + (": heads with equal (W_h, u_h) attend identically (Prop. 7.1) and merge" if found < heads
                             else ""))
         sep.H = H
-        sep.n = design or max(48 if coarse else 20, H + sep.q + 6)  # H² + Hq unknowns, H numbers per point
-        tokens = int(tokens or max(1, min(8 if coarse else 16, K // (2 * H))))  # Hm unknowns ≤ K/2 per query
+        sep.n = design or design_points(H, coarse)
+        tokens = int(tokens or tokens_per_query(H, K, coarse))
         # (a difference whose continuation fails is restarted with 4H more queries: charged beyond this plan)
         rest = 4 * H + d * sep.n * (2 if coarse else 1) + (d + 1) * -(-d // tokens) + HEAD_CHECK_QUERIES
         planned = run.queries + rest
@@ -199,7 +219,7 @@ class _Separation:
     def __init__(self, layer, rng, rho, eps, coarse):
         d = layer.M.shape[1]
         self.layer, self.rng, self.eps, self.coarse, self.d = layer, rng, eps, coarse, d
-        self.q = 8 if coarse else 3  # design plane: wider and denser for coarse answers (the fit averages them)
+        self.q = design_dimension(coarse)
         self.s = rho / np.sqrt(d)
         self.b0 = rng.standard_normal(d) * self.s
         self.Z = np.linalg.qr(rng.standard_normal((d, self.q)))[0] * rho
@@ -215,7 +235,7 @@ class _Separation:
     def detect(self, heads):
         """The number of heads: the rank of δ_0's residuals (design points added until it shows a gap)."""
         K = self.layer.M.shape[0]
-        n0 = max(48 if self.coarse else 24, 2 * (heads or 0) + self.q + 4)
+        n0 = first_design_points(heads, self.coarse)
         self.T0, self.R0 = np.zeros((0, self.q)), np.zeros((K, 0))
         while True:
             T_new = self.rng.standard_normal((n0 - len(self.T0), self.q)) / np.sqrt(self.q)
