@@ -363,9 +363,9 @@ class _Seen:
         output weights, seen from the neurons' column space, are well conditioned. Returns how many were added."""
         C = self.ffn.C
         added = 0
-        while _conditioning(C, self.Ps, self.ffn.w) < WELL_SPANNED:
+        while (conditioning := _conditioning(C, self.Ps, self.ffn.w)) < WELL_SPANNED:
             if len(self.Gs) >= self.limit + C.shape[1]:
-                if _conditioning(C, self.Ps, self.ffn.w) > 0:
+                if conditioning > 0:
                     break  # spanned, if not well: the check judges the result
                 raise RecoveryError("the FFN regions' output maps do not span the neurons' row space")
             beta, _, pattern, vals, m_j, last_j = self._values(None, prefer=_informative(C, self.Ps, self.ffn.w))
