@@ -10,6 +10,11 @@ import scipy.linalg
 #: random inputs per unknown for the least-squares polish (coarse answers only, by default; one more per unknown
 #: for biased networks, whose inputs are mostly placed next to the hyperplanes)
 POLISH_FACTOR = 3
+#: polish rounds at most: each refits with the activation pattern of the last; a neuron that starts 0.1 rad off
+#: moves the pattern of many inputs and needs ~10 rounds (three left such a net at ~1e-3 of its answers)
+POLISH_ROUNDS = 30
+#: the polish stops once a round lowers the misfit by less than this share
+POLISH_SETTLED = 1e-3
 
 
 @dataclass(frozen=True)
@@ -57,8 +62,8 @@ def fit_output_bias(neurons: Neurons, Z: np.ndarray, Y: np.ndarray) -> np.ndarra
     return (s @ r) / float(s @ s)
 
 
-def polish(neurons: Neurons, Z: np.ndarray, Y: np.ndarray, lifted: bool, *, margin: float = 1e-3, rounds: int = 3,
-           max_unknowns: int = 8192) -> tuple[Neurons, bool]:
+def polish(neurons: Neurons, Z: np.ndarray, Y: np.ndarray, lifted: bool, *, margin: float = 1e-3,
+           rounds: int = POLISH_ROUNDS, max_unknowns: int = 8192) -> tuple[Neurons, bool]:
     """Least-squares polish: with the activation pattern of the current neurons fixed, the answers are linear in
     ``B_k = dir_k w_kᵀ`` (and c when lifted); each refitted ``B_k`` is brought back to rank one (its leading
     singular pair). Points within ``margin``·‖z‖ of a hyperplane are left out (their pattern is uncertain), and
@@ -92,6 +97,8 @@ def polish(neurons: Neurons, Z: np.ndarray, Y: np.ndarray, lifted: bool, *, marg
         if cand is None or not new < old:
             break
         neurons, used = cand, True
+        if new > (1 - POLISH_SETTLED) * old:
+            break
     return neurons, used
 
 

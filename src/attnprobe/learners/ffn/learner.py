@@ -18,7 +18,7 @@ from attnprobe.learners.ffn.fit import (POLISH_FACTOR, Neurons, fit_output_bias,
                                             linear_rest_neurons, polish)
 from attnprobe.learners.ffn.kinks import Segment, SearchSettings, search_kinks
 from attnprobe.learners.ffn.more_lines import MAX_LINES, candidate_sets, needs_another_line
-from attnprobe.learners.ffn.orientation import orientation_matrix, solve_signs
+from attnprobe.learners.ffn.orientation import Orientation, closest_signs, orientation_matrix, solve_signs
 from attnprobe.learners.ffn.regions import PROBE_FRACTION, Regions, RefineSettings, hyperplane_normals
 from attnprobe.learners.probes import random_orthogonal
 from attnprobe.learners.result import Extraction
@@ -31,6 +31,8 @@ NOISE_FACTOR, COARSE_NOISE_FACTOR = 64.0, 8.0
 #: a kink is merged away when its gradient jump is below this many roundings over the probe radius
 MERGE_NOISE, COARSE_MERGE_NOISE = 64.0, 2.0
 SIGN_TIME_LIMIT = 5.0
+#: coarse answers: times the orientation is solved again on the polished neurons (and flipped ones polished)
+SETTLE_ROUNDS = 3
 #: coarsest answer rounding the kink search resolves (float32's 1.2e-7 works; float16's 9.8e-4 does not)
 FINEST_EPS = 1e-6
 
@@ -146,10 +148,12 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, options: 
     J, where = regions.jumps()
     if lifted:  # the two far ends of the line: their gradients sum to Σ_k w_k a_k (+ 2c in the s entry)
         v = (regions.G[0] + regions.G[-1])[:, :d]
-    neurons, orient, rest, notes = _orient(J, where, segs, v, opts, oracle.eps, lifted)
+    neurons, orient, rest, notes = _orient(J, where, segs, v, opts, oracle.eps, lifted, provisional=coarse)
     if lifted:
         neurons = replace(neurons, c=fit_output_bias(neurons, regions.XR, regions.F0))
     neurons, polished, fit_data = _polish_phase(run, ask, neurons, opts, coarse)
+    if coarse:
+        neurons, orient, rest, notes = _settle(neurons, orient, v, opts, ask, fit_data)
     if coarse and polished and needs_another_line(orient.exact, _consistency(neurons, ask), oracle.eps):
         more = _more_lines(run, ask, (J, where, segs), (neurons, orient, rest), v, opts, fit_data)
         J, (neurons, orient, rest), state["more_lines"] = more
@@ -247,9 +251,11 @@ def _search_and_measure(run: Run, ask: Answers, segs, opts: FFNOptions, coarse: 
             "kinks_at_min_width": tight, "kinks_dropped_min_jump": dropped, "tiny_regions_merged": tiny, **stats}
 
 
-def _orient(J, where, segs, v, opts: FFNOptions, eps: float, lifted: bool):
+def _orient(J, where, segs, v, opts: FFNOptions, eps: float, lifted: bool, provisional: bool = False):
     """Neurons from the jumps, oriented by the linear part v (K, d). When no ±1 orientation reproduces v
-    (antiparallel neurons, or none found in time), pairs of extra neurons carry the linear rest ``½ρᵀx``."""
+    (antiparallel neurons, or none found in time), pairs of extra neurons carry the linear rest ``½ρᵀx``;
+    ``provisional`` (coarse answers, whose jumps are known to ~1e-3 only): the ±1 vector closest to v instead,
+    to be settled on the polished neurons (:func:`_settle`)."""
     K, d = v.shape
     dim = d + int(lifted)
     if J.shape[0] == 0 and lifted:
@@ -260,22 +266,69 @@ def _orient(J, where, segs, v, opts: FFNOptions, eps: float, lifted: bool):
     else:
         N, C = jump_neurons(J, hyperplane_normals(J), np.array([segs[si].direction for si in where]).T)
     M = orientation_matrix(N, C, d)
-    col = np.linalg.norm(M, axis=0)
-    scale_v = max(float(np.linalg.norm(v)), float(np.sum(col)), 1e-300)
-    coarse = eps > 1e-12
-    tol = max(1e-6 if coarse else 1e-8, 1e4 * eps) * scale_v
-    loose = 0.25 * float(col.min()) if coarse and col.size else 0.0
-    orient = solve_signs(M, v.reshape(-1), tol, opts.sign_time_limit, loose=loose)
+    orient = _signs(M, v, opts, eps, closest=provisional)
     dirs, weights = N * orient.signs[None, :], C
     rest = v - (M @ orient.signs).reshape(K, d)
     notes = []
-    if not orient.exact:
+    if not orient.exact and not provisional:
         extra_dirs, extra_w = linear_rest_neurons(rest, dim, d, tiny=0.0)
         dirs, weights = np.concatenate([dirs, extra_dirs], axis=1), np.concatenate([weights, extra_w])
         notes.append(f"neuron orientations not pinned down ({orient.how}): extra neuron pairs carry the linear part "
                      f"½ρᵀx with ‖ρ‖/‖v‖ = {np.linalg.norm(rest) / max(np.linalg.norm(v), 1e-300):.2e}; the network "
                      "computes the same function but its neurons are not the target's")
     return Neurons(dirs, weights, np.zeros(K if lifted else 0)), orient, rest, notes
+
+
+def _signs(M: np.ndarray, v: np.ndarray, opts: FFNOptions, eps: float, closest: bool = False):
+    """Orientations ``ε`` with ``M ε ≈ vec(v)`` (:func:`solve_signs`; coarse answers accept the closest ±1 vector
+    within a quarter of the weakest column). ``closest``: when none fits, the ±1 vector closest to v in L1 (not
+    exact)."""
+    col = np.linalg.norm(M, axis=0)
+    scale_v = max(float(np.linalg.norm(v)), float(np.sum(col)), 1e-300)
+    coarse = eps > 1e-12
+    tol = max(1e-6 if coarse else 1e-8, 1e4 * eps) * scale_v
+    loose = 0.25 * float(col.min()) if coarse and col.size else 0.0
+    orient = solve_signs(M, v.reshape(-1), tol, opts.sign_time_limit, loose=loose)
+    if orient.exact or not closest or M.shape[1] == 0:
+        return orient
+    near = closest_signs(M, v.reshape(-1), opts.sign_time_limit)
+    return orient if near is None else Orientation(near, False, "closest ±1 vector (provisional)")
+
+
+def _settle(neurons: Neurons, orient, v, opts: FFNOptions, ask: Answers, fit_data):
+    """Coarse answers: orientations fixed on the polished neurons. The jumps of thin regions and weak neurons are
+    off by up to ~0.1 rad on float32 answers, too far for the ±1 vector that reproduces v to stand out; the
+    polished columns are ~1e-5 off, so the orientation is solved again on them, flipped neurons are polished once
+    more (a flip changes the activation pattern), up to :data:`SETTLE_ROUNDS` times. When still no ±1 vector
+    fits, extra neuron pairs carry the linear rest (as :func:`_orient`). ``fit_data``: the polish answers (None:
+    no polish, the orientation is solved once more on the neurons as they are). Returns
+    ``(neurons, orientation, rest, notes)``."""
+    d = ask.d
+    m = neurons.dirs.shape[1]
+    for _ in range(SETTLE_ROUNDS):
+        M = orientation_matrix(neurons.dirs, neurons.weights, d)
+        orient = _signs(M, v, opts, ask.oracle.eps)
+        if not orient.exact or np.all(orient.signs > 0):
+            break
+        neurons = replace(neurons, dirs=neurons.dirs * orient.signs[None, :])
+        if fit_data is None:
+            continue
+        if ask.lifted:
+            neurons = replace(neurons, c=fit_output_bias(neurons, *fit_data))
+        neurons, _ = polish(neurons, *fit_data, ask.lifted)
+    M = orientation_matrix(neurons.dirs, neurons.weights, d)
+    rest = v - (M @ np.ones(m)).reshape(v.shape)
+    if orient.exact:
+        return neurons, Orientation(np.ones(m), True, orient.how + ", on the polished neurons"), rest, []
+    extra_dirs, extra_w = linear_rest_neurons(rest, ask.dim, d, tiny=0.0)
+    neurons = Neurons(np.concatenate([neurons.dirs, extra_dirs], axis=1),
+                      np.concatenate([neurons.weights, extra_w]), neurons.c)
+    if fit_data is not None:
+        neurons, _ = polish(neurons, *fit_data, ask.lifted)
+    note = (f"neuron orientations not pinned down ({orient.how}): extra neuron pairs carry the linear part ½ρᵀx "
+            f"with ‖ρ‖/‖v‖ = {np.linalg.norm(rest) / max(np.linalg.norm(v), 1e-300):.2e}; the network computes the "
+            "same function but its neurons are not the target's")
+    return neurons, orient, rest, [note]
 
 
 def _consistency(neurons: Neurons, ask: Answers) -> float:
@@ -332,10 +385,12 @@ def _score(ask: Answers, jumps, keep: np.ndarray, v, opts: FFNOptions, fit_data,
     ``(consistency, orientation exact?, (neurons, orientation, rest))``."""
     J, where, segs = jumps
     summary["sets_tried"] += 1
-    neurons, orient, rest, _ = _orient(J[keep], where[keep], segs, v, opts, ask.oracle.eps, ask.lifted)
+    neurons, orient, rest, _ = _orient(J[keep], where[keep], segs, v, opts, ask.oracle.eps, ask.lifted,
+                                       provisional=True)
     if ask.lifted:
         neurons = replace(neurons, c=fit_output_bias(neurons, *ask.all()))
     neurons, _ = polish(neurons, *fit_data, ask.lifted)
+    neurons, orient, rest, _ = _settle(neurons, orient, v, opts, ask, fit_data)
     return _consistency(neurons, ask), orient.exact, (neurons, orient, rest)
 
 

@@ -57,17 +57,18 @@ def solve_signs(M: np.ndarray, v: np.ndarray, tol: float, time_limit: float, loo
             return Orientation(s2, True, "0/1 program (HiGHS)")
     how = "0/1 program found no ±1 solution" if res.status == 2 else f"0/1 program stopped ({res.message})"
     if loose > tol:
-        s3 = _closest_signs(M, v, rhs, time_limit)
+        s3 = closest_signs(M, v, time_limit)
         if s3 is not None and np.linalg.norm(M @ s3 - v) <= loose:
             return Orientation(s3, True, "closest ±1 vector (0/1 program), within the jumps' noise")
     return Orientation(s, False, how)
 
 
-def _closest_signs(M, v, rhs, time_limit):
+def closest_signs(M: np.ndarray, v: np.ndarray, time_limit: float) -> np.ndarray | None:
     """The ±1 vector minimising ``‖M s − v‖₁`` (MILP with one slack per row), or None."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     rows, m = M.shape
+    rhs = v + M.sum(axis=1)
     I = np.eye(rows)
     # 2Mb − e ≤ rhs and 2Mb + e ≥ rhs, minimise Σe
     A = np.block([[2 * M, -I], [2 * M, I]])
