@@ -33,6 +33,8 @@ MERGE_NOISE, COARSE_MERGE_NOISE = 64.0, 2.0
 SIGN_TIME_LIMIT = 5.0
 #: coarse answers: times the orientation is solved again on the polished neurons (and flipped ones polished)
 SETTLE_ROUNDS = 3
+#: coarse answers: the weakest neurons whose orientation is tried the other way when the answers are missed
+FLIP_TRIES = 6
 #: coarsest answer rounding the kink search resolves (float32's 1.2e-7 works; float16's 9.8e-4 does not)
 FINEST_EPS = 1e-6
 
@@ -308,6 +310,10 @@ def _settle(neurons: Neurons, orient, v, opts: FFNOptions, ask: Answers, fit_dat
     for _ in range(SETTLE_ROUNDS):
         M = orientation_matrix(neurons.dirs, neurons.weights, d)
         orient = _signs(M, v, opts, ask.oracle.eps)
+        near = closest_signs(M, v.reshape(-1), opts.sign_time_limit) if orient.exact else None
+        if near is not None and np.linalg.norm(M @ near - v.reshape(-1)) < np.linalg.norm(M @ orient.signs
+                                                                                          - v.reshape(-1)):
+            orient = Orientation(near, True, "closest ±1 vector (0/1 program)")
         if not orient.exact or np.all(orient.signs > 0):
             break
         neurons = replace(neurons, dirs=neurons.dirs * orient.signs[None, :])
@@ -316,6 +322,8 @@ def _settle(neurons: Neurons, orient, v, opts: FFNOptions, ask: Answers, fit_dat
         if ask.lifted:
             neurons = replace(neurons, c=fit_output_bias(neurons, *fit_data))
         neurons, _ = polish(neurons, *fit_data, ask.lifted)
+    if orient.exact and fit_data is not None:
+        neurons = _flip_weak(neurons, ask, fit_data)
     M = orientation_matrix(neurons.dirs, neurons.weights, d)
     rest = v - (M @ np.ones(m)).reshape(v.shape)
     if orient.exact:
@@ -329,6 +337,28 @@ def _settle(neurons: Neurons, orient, v, opts: FFNOptions, ask: Answers, fit_dat
             f"with ‖ρ‖/‖v‖ = {np.linalg.norm(rest) / max(np.linalg.norm(v), 1e-300):.2e}; the network computes the "
             "same function but its neurons are not the target's")
     return neurons, orient, rest, [note]
+
+
+def _flip_weak(neurons: Neurons, ask: Answers, fit_data) -> Neurons:
+    """A neuron whose linear part ``c·n`` is within v's rounding (the weakest ones) cannot be oriented from v; a
+    wrong orientation shows as answers the polished network misses. While it misses some, each of the
+    :data:`FLIP_TRIES` weakest neurons is flipped and polished in turn, and a flip kept when it halves the miss."""
+    eps = ask.oracle.eps
+    miss = _consistency(neurons, ask)
+    weak = np.argsort(np.linalg.norm(neurons.weights, axis=1) * np.linalg.norm(neurons.dirs[:ask.d], axis=0))
+    for k in weak[:FLIP_TRIES]:
+        if not needs_another_line(True, miss, eps):
+            break
+        dirs = neurons.dirs.copy()
+        dirs[:, k] *= -1
+        trial = replace(neurons, dirs=dirs)
+        if ask.lifted:
+            trial = replace(trial, c=fit_output_bias(trial, *fit_data))
+        trial, _ = polish(trial, *fit_data, ask.lifted)
+        got = _consistency(trial, ask)
+        if got < 0.5 * miss:
+            neurons, miss = trial, got
+    return neurons
 
 
 def _consistency(neurons: Neurons, ask: Answers) -> float:
