@@ -2,6 +2,10 @@
 one bit for bit, the sizes asked lazily are the terms' sizes, reused memory never changes a query an oracle kept,
 and the oracle's row-norm check gives the largest row norm exactly."""
 
+import sys
+import threading
+import time
+
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
@@ -141,3 +145,54 @@ def test_an_oracle_that_scribbles_on_its_queries_changes_nothing():
     dirty = extract_exact(Oracle(scribbling, 16), seed=2, check=False)
     assert dirty.queries == clean.queries
     assert np.array_equal(dirty.model.W, clean.model.W) and np.array_equal(dirty.model.u, clean.model.u)
+
+
+class _SwitchingSys:
+    """``sys`` for the query memory with a thread switch inside its free-memory test, where a busy process may
+    switch threads: the test and the hand-out must be one step."""
+
+    @staticmethod
+    def getrefcount(obj):
+        count = sys.getrefcount(obj) - 1  # less this frame's own reference
+        time.sleep(0)
+        return count
+
+
+def test_query_memory_shared_between_threads_hands_each_block_to_one_holder(monkeypatch):
+    import attnprobe.learners.sigmoid as sigmoid
+
+    monkeypatch.setattr(sigmoid, "sys", _SwitchingSys())
+    memory = QueryMemory()
+    first = memory.empty((50, 2, 4))
+    address = first.__array_interface__["data"][0]
+    del first
+    assert memory.empty((50, 2, 4)).__array_interface__["data"][0] == address  # the shim counts right
+    clashes = []
+
+    def work(tag):
+        for _ in range(200):
+            block = memory.empty((50, 2, 4))
+            block[...] = tag
+            time.sleep(0)  # let the other threads ask while this block is held
+            if not np.all(block == tag):
+                clashes.append(tag)
+            del block
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not clashes
+
+
+def test_query_memory_keeps_no_block_above_its_limit():
+    memory = QueryMemory(keep=100)
+    small = memory.empty((10, 2, 5))
+    address = small.__array_interface__["data"][0]
+    del small
+    big = memory.empty((11, 2, 5))  # 110 floats: fresh, and not kept
+    assert big.shape == (11, 2, 5)
+    del big
+    again = memory.empty((10, 2, 5))
+    assert again.__array_interface__["data"][0] == address

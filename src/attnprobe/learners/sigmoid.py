@@ -15,6 +15,7 @@ weight must be to count as resolved (``saturation``).
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -146,18 +147,30 @@ class QueryMemory:
     """Memory for query blocks, reused from one block to the next: fresh pages for every block cost the kernel
     more time than writing the queries into them. The memory is handed out again only when nothing else holds
     it (the previous block, a view of it, answers computed as a view of it, an oracle that kept its queries), so
-    no query an oracle was given ever changes afterwards."""
+    no query an oracle was given ever changes afterwards. Safe to share between threads (one hand-out at a time);
+    a block larger than ``keep`` floats is never kept."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int | None = None) -> None:
         self._mem: np.ndarray | None = None
+        self._keep = keep
+        self._lock = threading.Lock()
 
     def empty(self, shape: tuple[int, ...]) -> np.ndarray:
         """An uninitialised float64 array of ``shape``."""
         size = int(np.prod(shape))
-        # references to the memory: this object's, the call's argument, and nothing else when it is free
-        if self._mem is None or self._mem.size < size or sys.getrefcount(self._mem) > 2:
-            self._mem = np.empty(size)
-        return self._mem[:size].reshape(shape)
+        if self._keep is not None and size > self._keep:
+            return np.empty(shape)
+        with self._lock:
+            # references to the memory: this object's, the call's argument, and nothing else when it is free
+            if self._mem is None or self._mem.size < size or sys.getrefcount(self._mem) > 2:
+                self._mem = np.empty(size)
+            return self._mem[:size].reshape(shape)
+
+
+#: the process's query memory, shared by every extraction (one learner after another, or a sweep over many heads,
+#: does not fault in fresh pages for each run): at most :data:`SHARED_KEEP` floats (64 MiB) are kept
+SHARED_KEEP = 2**23
+SHARED_QUERY_MEMORY = QueryMemory(keep=SHARED_KEEP)
 
 
 def grid_queries(A: np.ndarray, scales, Bs: np.ndarray, ell: np.ndarray | None, j: np.ndarray | None, v: np.ndarray,
