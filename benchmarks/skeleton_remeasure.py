@@ -3,15 +3,19 @@
 compared before and after a refactoring: run it once with the old tree on PYTHONPATH and once with the new.
 
     PYTHONPATH=src python benchmarks/skeleton_remeasure.py [exact,lowrank,nuclear,robust,membership,transformer]
+        [--digest]
 
 Prints one markdown table (setting, queries, errors, functional check); uses only the public learner API.
+``--digest`` adds a column: the first 16 hex digits of the sha256 of every recovered parameter's bytes, so a
+refactoring that must keep results bit-identical can show it (the errors' three digits hide last-bit changes).
 """
 
 from __future__ import annotations
 
-import numpy as np
-
+import hashlib
 import sys
+
+import numpy as np
 
 from attnprobe.learners.exact import extract_exact
 from attnprobe.learners.lowrank import extract_lowrank
@@ -26,13 +30,33 @@ from attnprobe.targets.theorem_heads import margin, theorem_head
 from attnprobe.models.compare import relative_error as rel  # noqa: E402
 
 ROWS = []
+DIGEST = "--digest" in sys.argv
+
+
+def digest(obj, h=None) -> str:
+    """sha256 over the arrays and numbers of a recovered model, its attributes in name order (nested models too)."""
+    top = h is None
+    h = hashlib.sha256() if top else h
+    if isinstance(obj, np.ndarray):
+        h.update(str((obj.dtype, obj.shape)).encode())
+        h.update(np.ascontiguousarray(obj).tobytes())
+    elif isinstance(obj, (int, float, complex, str, bool, type(None))):
+        h.update(repr(obj).encode())
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            digest(x, h)
+    elif hasattr(obj, "__dict__"):
+        for k in sorted(vars(obj)):
+            h.update(k.encode())
+            digest(vars(obj)[k], h)
+    return h.hexdigest()[:16] if top else ""
 
 
 def row(method, setting, res, err_w, err_other="", check=None):
     check = res.check.error if check is None and res.check else check
     extra = res.details.get("retry_queries", res.details.get("redo_queries", ""))
     ROWS.append([method, setting, res.queries, extra, f"{err_w:.2e}", err_other,
-                 "" if check is None else f"{check:.2e}"])
+                 "" if check is None else f"{check:.2e}"] + ([digest(res.model)] if DIGEST else []))
     print("| " + " | ".join(map(str, ROWS[-1])) + " |", flush=True)
 
 
@@ -108,11 +132,12 @@ def transformer():
 
 
 def main():
-    print("| learner | setting | queries | re-measured | rel. err W | other | check |")
-    print("|---|---|---|---|---|---|---|")
+    print("| learner | setting | queries | re-measured | rel. err W | other | check |" + (" sha256 |" if DIGEST else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if DIGEST else ""))
     parts = {"exact": exact, "lowrank": lowrank, "nuclear": nuclear, "robust": robust, "membership": membership,
              "transformer": transformer}
-    for name in (sys.argv[1].split(",") if len(sys.argv) > 1 else parts):
+    names = [a for a in sys.argv[1:] if not a.startswith("--")]
+    for name in (names[0].split(",") if names else parts):
         parts[name]()
 
 

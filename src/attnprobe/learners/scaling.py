@@ -15,7 +15,7 @@ import numpy as np
 
 from attnprobe.errors import NonFiniteAnswerError, RecoveryError, SaturationError
 from attnprobe.models.precision import finfo
-from attnprobe.learners.sigmoid import QueryMemory, answer_logits, grid_queries, measure_logits
+from attnprobe.learners.sigmoid import SHARED_QUERY_MEMORY, QueryMemory, answer_logits, grid_queries, measure_logits
 
 #: RMS attention logit the orthogonal probes aim for: near ±1.5 the sigmoid loses least precision.
 TARGET_LOGIT = 1.5
@@ -170,7 +170,7 @@ class LogitProbe:
     c: float
     probes: str = "orthogonal"
     target: float = TARGET_LOGIT
-    memory: QueryMemory = field(default_factory=QueryMemory, compare=False, repr=False)
+    memory: QueryMemory = field(default=SHARED_QUERY_MEMORY, compare=False, repr=False)
 
     @property
     def adaptive(self) -> bool:

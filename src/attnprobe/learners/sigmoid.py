@@ -15,6 +15,7 @@ weight must be to count as resolved (``saturation``).
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -146,18 +147,30 @@ class QueryMemory:
     """Memory for query blocks, reused from one block to the next: fresh pages for every block cost the kernel
     more time than writing the queries into them. The memory is handed out again only when nothing else holds
     it (the previous block, a view of it, answers computed as a view of it, an oracle that kept its queries), so
-    no query an oracle was given ever changes afterwards."""
+    no query an oracle was given ever changes afterwards. Safe to share between threads (one hand-out at a time);
+    a block larger than ``keep`` floats is never kept."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int | None = None) -> None:
         self._mem: np.ndarray | None = None
+        self._keep = keep
+        self._lock = threading.Lock()
 
     def empty(self, shape: tuple[int, ...]) -> np.ndarray:
         """An uninitialised float64 array of ``shape``."""
         size = int(np.prod(shape))
-        # references to the memory: this object's, the call's argument, and nothing else when it is free
-        if self._mem is None or self._mem.size < size or sys.getrefcount(self._mem) > 2:
-            self._mem = np.empty(size)
-        return self._mem[:size].reshape(shape)
+        if self._keep is not None and size > self._keep:
+            return np.empty(shape)
+        with self._lock:
+            # references to the memory: this object's, the call's argument, and nothing else when it is free
+            if self._mem is None or self._mem.size < size or sys.getrefcount(self._mem) > 2:
+                self._mem = np.empty(size)
+            return self._mem[:size].reshape(shape)
+
+
+#: the process's query memory, shared by every extraction (one learner after another, or a sweep over many heads,
+#: does not fault in fresh pages for each run): at most :data:`SHARED_KEEP` floats (64 MiB) are kept
+SHARED_KEEP = 2**23
+SHARED_QUERY_MEMORY = QueryMemory(keep=SHARED_KEEP)
 
 
 def grid_queries(A: np.ndarray, scales, Bs: np.ndarray, ell: np.ndarray | None, j: np.ndarray | None, v: np.ndarray,
@@ -168,29 +181,28 @@ def grid_queries(A: np.ndarray, scales, Bs: np.ndarray, ell: np.ndarray | None, 
     :func:`two_row_queries` of ``A[ℓ] * s`` and ``Bs[j]`` without block-sized temporaries.
 
     ``ell = j = None`` asks the whole grid, ℓ-major (every probe against every row of ``Bs``), at one scale
-    ``scales``: whole probes are written by one broadcast sum, without gathering rows. ``memory`` holds the
-    queries when given (:class:`QueryMemory`)."""
+    ``scales``: written by one broadcast sum, without gathering rows, and its position values from the k + m
+    values of the rows of ``Bs`` and of the probes (``y1 = (s·a)ᵀv + bᵀv``, equal to the value of the summed row
+    up to its rounding). ``memory`` holds the queries when given (:class:`QueryMemory`)."""
     full = ell is None
     m, k, d = A.shape[0], Bs.shape[0], A.shape[1]
     n = m * k if full else len(ell)
     X = np.empty((n, 2, d)) if memory is None else memory.empty((n, 2, d))
     y0, y1 = np.empty(n), np.empty(n)
     if full:  # grid[ℓ, j] = pairs[j] + probes[ℓ]: [b_j; b_j] + [s·a_ℓ; −0] (x + −0 is x, signed zeros too)
-        grid, pairs, probes = X.reshape(m, k, 2, d), np.stack([Bs, Bs], axis=1), np.empty((m, 1, 2, d))
+        pairs, probes = np.stack([Bs, Bs], axis=1), np.empty((m, 1, 2, d))
         np.multiply(A, float(scales), out=probes[:, 0, 0, :])
         probes[:, 0, 1, :] = -0.0
-        done = 0  # probes written so far
-    for i in range(0, n, CHUNK):
+        np.add(pairs[None], probes, out=X.reshape(m, k, 2, d))
+        # the values of the k rows of Bs and of the m probes, once each: y1 = (s·a_ℓ)ᵀv + b_jᵀv
+        y0.reshape(m, k)[:] = Bs @ v
+        np.add((probes[:, 0, 0, :] @ v)[:, None], y0[:k], out=y1.reshape(m, k))
+    for i in range(0, 0 if full else n, CHUNK):
         rows = slice(i, min(n, i + CHUNK))
         ab, b = X[rows, 0, :], X[rows, 1, :]
-        if full:
-            upto = -(-rows.stop // k)  # the probes whose rows end at or after this chunk's end
-            np.add(pairs[None], probes[done:upto], out=grid[done:upto])
-            done = upto
-        else:
-            np.multiply(A[ell[rows]], scales[rows, None], out=ab)
-            np.take(Bs, j[rows], axis=0, out=b)
-            ab += b
+        np.multiply(A[ell[rows]], scales[rows, None], out=ab)
+        np.take(Bs, j[rows], axis=0, out=b)
+        ab += b
         np.matmul(b, v, out=y0[rows])
         np.matmul(ab, v, out=y1[rows])
     y0 += c
@@ -204,7 +216,10 @@ def grid_queries(A: np.ndarray, scales, Bs: np.ndarray, ell: np.ndarray | None, 
         s = np.full(len(at), float(scales)) if full else scales[at]
         b = Bs[ja]
         per_entry = np.abs(v) + abs(c)
-        return abs(c) + np.abs(b) @ per_entry, abs(c) + np.abs(A[la] * s[:, None] + b) @ per_entry
+        sa = A[la] * s[:, None]
+        # the whole grid's y1 is a sum of two values, each rounding with the size of its own terms
+        terms = np.abs(sa) + np.abs(b) if full else np.abs(sa + b)
+        return abs(c) + np.abs(b) @ per_entry, abs(c) + terms @ per_entry
 
     return X, (y0, y1, sizes)
 

@@ -8,6 +8,8 @@ floor ``Oracle.eps`` is a machine epsilon.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from attnprobe.errors import ConfigError
@@ -42,6 +44,13 @@ def finfo(name: str | np.dtype):
 def machine_epsilon(name: str | np.dtype) -> float:
     """Gap between 1 and the next number of a precision (2**-52 for float64, 2**-23 for float32, 2**-7 for
     bfloat16, ...)."""
+    if isinstance(name, (str, np.dtype)):  # read for every answer batch (Oracle.eps): remembered
+        return _machine_epsilon(name)
+    return float(finfo(name).eps)
+
+
+@functools.lru_cache(maxsize=64)
+def _machine_epsilon(name: str | np.dtype) -> float:
     return float(finfo(name).eps)
 
 
