@@ -13,6 +13,8 @@ POLISH_FACTOR = 3
 #: polish rounds at most: each refits with the activation pattern of the last; a neuron that starts 0.1 rad off
 #: moves the pattern of many inputs and needs ~10 rounds (three left such a net at ~1e-3 of its answers)
 POLISH_ROUNDS = 30
+#: the polish refits at most this many unknowns (D·m); larger networks keep their finite-difference neurons
+POLISH_MAX_UNKNOWNS = 8192
 #: the polish stops once a round lowers the misfit by less than this share
 POLISH_SETTLED = 1e-3
 
@@ -63,7 +65,7 @@ def fit_output_bias(neurons: Neurons, Z: np.ndarray, Y: np.ndarray) -> np.ndarra
 
 
 def polish(neurons: Neurons, Z: np.ndarray, Y: np.ndarray, lifted: bool, *, margin: float = 1e-3,
-           rounds: int = POLISH_ROUNDS, max_unknowns: int = 8192) -> tuple[Neurons, bool]:
+           rounds: int = POLISH_ROUNDS, max_unknowns: int = POLISH_MAX_UNKNOWNS) -> tuple[Neurons, bool]:
     """Least-squares polish: with the activation pattern of the current neurons fixed, the answers are linear in
     ``B_k = dir_k w_kᵀ`` (and c when lifted); each refitted ``B_k`` is brought back to rank one (its leading
     singular pair). Points within ``margin``·‖z‖ of a hyperplane are left out (their pattern is uncertain), and

@@ -14,7 +14,7 @@ import numpy as np
 from attnprobe._validation import check_float, check_int, check_option
 from attnprobe.errors import BudgetExceededError, ConfigError, UnidentifiableError
 from attnprobe.learners.ffn.answers import Answers
-from attnprobe.learners.ffn.fit import (POLISH_FACTOR, Neurons, fit_output_bias, jump_neurons,
+from attnprobe.learners.ffn.fit import (POLISH_FACTOR, POLISH_MAX_UNKNOWNS, Neurons, fit_output_bias, jump_neurons,
                                             linear_rest_neurons, polish)
 from attnprobe.learners.ffn.kinks import Segment, SearchSettings, search_kinks
 from attnprobe.learners.ffn.more_lines import MAX_LINES, candidate_sets, needs_another_line
@@ -156,7 +156,10 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, options: 
     neurons, polished, fit_data = _polish_phase(run, ask, neurons, opts, coarse)
     if coarse:
         neurons, orient, rest, notes = _settle(neurons, orient, v, opts, ask, fit_data)
-    if coarse and polished and needs_another_line(orient.exact, _consistency(neurons, ask), oracle.eps):
+    # the polish may leave a network with a wrong neuron as it was (no round lowers the misfit): such a network
+    # is searched again like one the polish moved
+    refits = fit_data is not None and ask.dim * neurons.dirs.shape[1] <= POLISH_MAX_UNKNOWNS
+    if coarse and refits and needs_another_line(orient.exact, _consistency(neurons, ask), oracle.eps):
         more = _more_lines(run, ask, (J, where, segs), (neurons, orient, rest), v, opts, fit_data)
         J, (neurons, orient, rest), state["more_lines"] = more
     model = _model(neurons, d, lifted, ask.vector)
