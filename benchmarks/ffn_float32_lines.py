@@ -1,16 +1,17 @@
 """The FFN learner on float32 answers: how many search lines each run needs, its bill against `--estimate`, and
 whether the result is right.
 
-    PYTHONPATH=src python benchmarks/ffn_float32_lines.py [--seeds 10] [--families bias-free biased torch]
-        [--write]
+    PYTHONPATH=src python benchmarks/ffn_float32_lines.py [--seeds 10] [--first-seed 0]
+        [--families bias-free biased torch] [--write]
 
 The learner searches one line and, when the polished neurons do not explain every answer, up to two more
 (``learners/ffn/more_lines.py``); each extra line costs about a third of the bill, so a run's count is within 10 %
-of the one-line estimate only when one line sufficed. Per target, over seeds 0 … n−1 (nets as in
-``benchmarks/estimate.py``: ``random_relu_net(d, m, seed=1000·d + m + s)`` learned with seed s; biased nets and
-float32 torch one-layer transformers as in ``benchmarks/ffn_float32_kernels.py``): the runs that needed 1 / 2 / 3
-lines, the queries (check included), the estimate's offset and the runs within 10 % of it, the runs whose
-functional check passed, the runs with every neuron within 1e-3 (matched one to one), the worst check error.
+of the one-line estimate only when one line sufficed. Per target, over seeds 0 … n−1 (``--first-seed`` k:
+k … k+n−1; nets as in ``benchmarks/estimate.py``: ``random_relu_net(d, m, seed=1000·d + m + s)`` learned with
+seed s; biased nets and float32 torch one-layer transformers as in ``benchmarks/ffn_float32_kernels.py``): the runs
+that needed 1 / 2 / 3 lines, the queries (check included), the estimate's offset and the runs within 10 % of it,
+the runs whose functional check passed, the runs with every neuron within 1e-3 (matched one to one), the worst
+check error.
 Run it with another tree's ``src`` on ``PYTHONPATH`` for a before/after comparison.
 """
 
@@ -79,6 +80,7 @@ def targets(families):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--families", nargs="+", default=["bias-free", "biased", "torch"])
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args(argv)
@@ -90,7 +92,7 @@ def main(argv=None):
                    "worst check error", "load avg"])
     for name, kw, run in targets(a.families):
         t0 = time.perf_counter()
-        got = [run(s) for s in range(a.seeds)]
+        got = [run(s) for s in range(a.first_seed, a.first_seed + a.seeds)]
         q = np.array([g[0] for g in got])
         lines = [sum(g[1] == k for g in got) for k in (1, 2, 3)]
         if kw is not None:
