@@ -149,7 +149,8 @@ def minilm():
 
 
 def main():
-    print("| learner | setting | queries | re-measured | rel. err W | other | check |" + (" sha256 |" if DIGEST else ""))
+    digest_column = " sha256 |" if DIGEST else ""
+    print("| learner | setting | queries | re-measured | rel. err W | other | check |" + digest_column)
     print("|---|---|---|---|---|---|---|" + ("---|" if DIGEST else ""))
     parts = {"exact": exact, "lowrank": lowrank, "nuclear": nuclear, "robust": robust, "membership": membership,
              "transformer": transformer, "minilm": minilm}
