@@ -4,6 +4,7 @@ compared before and after a refactoring: run it once with the old tree on PYTHON
 
     PYTHONPATH=src python benchmarks/skeleton_remeasure.py [exact,lowrank,nuclear,robust,membership,transformer]
         [--digest]
+    PYTHONPATH=src python benchmarks/skeleton_remeasure.py minilm   (72 lowrank MiniLM runs, 12 exact; ~1 min)
 
 Prints one markdown table (setting, queries, errors, functional check); uses only the public learner API.
 ``--digest`` adds a column: the first 16 hex digits of the sha256 of every recovered parameter's bytes, so a
@@ -131,13 +132,30 @@ def transformer():
                 f"attention {qb['attention']} ffn {qb['ffn']}")
 
 
+def minilm():
+    """Every head of MiniLM-L6 layers 0, 3 and 5 (lowrank, rank 32, float64 and float32 answers) and six random
+    d = 64 heads (exact, both precisions): a wider before/after comparison than the default parts."""
+    for layer in (0, 3, 5):
+        for head in range(12):
+            h = minilm_head(layer, head)
+            for prec in ("float64", "float32"):
+                res = extract_lowrank(Oracle(h.with_dtype(prec), 384, precision=prec), rank=32)
+                row("lowrank", f"MiniLM L{layer}H{head} rank 32 {prec}", res, rel(res.model.W, h.W))
+    for seed in range(6):
+        for prec in ("float64", "float32"):
+            h = random_head(64, seed=seed, dtype=prec)
+            res = extract_exact(Oracle(h, 64, precision=prec), seed=seed)
+            row("exact", f"d=64 seed {seed} {prec}", res, rel(res.model.W, h.W), f"u {rel(res.model.u, h.u):.1e}")
+
+
 def main():
-    print("| learner | setting | queries | re-measured | rel. err W | other | check |" + (" sha256 |" if DIGEST else ""))
+    digest_column = " sha256 |" if DIGEST else ""
+    print("| learner | setting | queries | re-measured | rel. err W | other | check |" + digest_column)
     print("|---|---|---|---|---|---|---|" + ("---|" if DIGEST else ""))
     parts = {"exact": exact, "lowrank": lowrank, "nuclear": nuclear, "robust": robust, "membership": membership,
-             "transformer": transformer}
+             "transformer": transformer, "minilm": minilm}
     names = [a for a in sys.argv[1:] if not a.startswith("--")]
-    for name in (names[0].split(",") if names else parts):
+    for name in (names[0].split(",") if names else [p for p in parts if p != "minilm"]):
         parts[name]()
 
 

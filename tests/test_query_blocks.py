@@ -205,3 +205,9 @@ def test_query_memory_keeps_no_block_above_its_limit():
     del big
     again = memory.empty((10, 2, 5))
     assert again.__array_interface__["data"][0] == address
+
+
+def test_an_empty_grid_is_an_empty_block():
+    for m, k in ((0, 3), (3, 0), (0, 0)):
+        X, (y0, y1, _) = grid_queries(np.ones((m, 4)), 2.0, np.ones((k, 4)), None, None, np.ones(4), 0.5)
+        assert X.shape == (0, 2, 4) and y0.shape == y1.shape == (0,)

@@ -49,6 +49,20 @@ def lead_probes(d: int) -> int:
     return max(4, min(16, d // 3))
 
 
+@dataclass(frozen=True)
+class ScaleSearch:
+    """What a calibration scale search found: ``size``, the RMS of the part it measures at unit scale (or, when the
+    budget ended first, an upper bound from a part lost in rounding or the size saturated logits show; None when
+    nothing was asked); ``values``, that part at unit scale (None unless found); whether they are ``reusable`` as
+    equations of the main passes; and whether the search ended with its part lost in rounding
+    (``rounding_only``: an upper bound, not saturation)."""
+
+    size: float | None
+    values: np.ndarray | None
+    reusable: bool
+    rounding_only: bool = False
+
+
 def calibrate(oracle, Q, P, v, c, bias, allowance, *, probes_per_step: int | None = None):
     """Estimate ``ν_u ≈ RMS qᵀu`` and ``ν_W ≈ RMS qᵀW p`` (unit q, p) from a few probes, shrinking the probes
     when they saturate and growing them when the logit drowns in rounding. Uses at most ``allowance``
@@ -64,15 +78,10 @@ def calibrate(oracle, Q, P, v, c, bias, allowance, *, probes_per_step: int | Non
     s_max = max_probe_scale(oracle)
     d = Q.shape[1]
 
-    rounding_only = False  # the last search ended with its part lost in rounding (an upper bound, not saturated)
-
-    def search(measure, power):
-        """Scale search; ``measure(s)`` returns (logits, the part that scales as s**power). Returns the RMS of
-        that part at unit scale (or, when the budget ends first, an upper bound from logits lost in rounding or
-        the size saturated logits show), its values, and whether they are reusable equations."""
-        nonlocal used, rounding_only
-        s, bound = 1.0, None
-        rounding_only = False
+    def search(measure, power) -> ScaleSearch:
+        """Scale search; ``measure(s)`` returns (logits, the part that scales as s**power)."""
+        nonlocal used
+        s, bound, rounding_only = 1.0, None, False
         while used + k <= allowance:
             try:
                 lg, part = measure(s)
@@ -93,10 +102,10 @@ def calibrate(oracle, Q, P, v, c, bias, allowance, *, probes_per_step: int | Non
                 # reusable as equations only if taken where the sigmoid inverts well
                 rms_all = float(np.sqrt(np.mean(lg.values**2)))
                 reusable = rms_all >= TARGET_LOGIT / 8 and float(np.max(np.abs(lg.values))) <= 8.0
-                return float(np.sqrt(np.mean(part**2))) / s**power, part / s**power, reusable
+                return ScaleSearch(float(np.sqrt(np.mean(part**2))) / s**power, part / s**power, reusable)
             if not 1e-8 < s < s_max:
                 break
-        return bound, None, False
+        return ScaleSearch(bound, None, False, rounding_only)
 
     nu_u, qu, known_u = None, np.zeros(k), None
     if bias:
@@ -104,20 +113,22 @@ def calibrate(oracle, Q, P, v, c, bias, allowance, *, probes_per_step: int | Non
             lg = measure_logits(oracle, s * Q[:k], np.zeros(d), v, c)
             return lg, lg.values
 
-        nu_u, qu_found, ok = search(u_part, 1)
-        if qu_found is None and not rounding_only:  # the u part of the W probes cannot be removed: no W estimate
+        found = search(u_part, 1)
+        nu_u = found.size
+        if found.values is None and not found.rounding_only:  # the u part of the W probes cannot be removed
             return nu_u, None, used, None, None
         # u lost in rounding at every scale (a layer without query bias): its part of the W probes is at rounding
         # too, so W's scale is still found, but its values are not reused as equations
-        qu, known_u = (qu_found, (qu_found if ok else None)) if qu_found is not None else (np.zeros(k), None)
-        exact_u = qu_found is not None
+        exact_u = found.values is not None
+        qu = found.values if exact_u else np.zeros(k)
+        known_u = found.values if exact_u and found.reusable else None
 
     def w_part(s):  # [(a+b); b] at a = s q, b = s p has logit s² qᵀW p + s qᵀu
         lg = measure_logits(oracle, s * Q[:k], s * P[:k], v, c)
         return lg, lg.values - s * qu
 
-    nu_w, known_w, ok = search(w_part, 2)
-    return nu_u, nu_w, used, known_u, (known_w if ok and (not bias or exact_u) else None)
+    found = search(w_part, 2)
+    return nu_u, found.size, used, known_u, (found.values if found.reusable and (not bias or exact_u) else None)
 
 
 def probe_scales(nu_u, nu_w, target, s_max: float = 1e8):

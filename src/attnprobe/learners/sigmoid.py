@@ -195,8 +195,9 @@ def grid_queries(A: np.ndarray, scales, Bs: np.ndarray, ell: np.ndarray | None, 
         probes[:, 0, 1, :] = -0.0
         np.add(pairs[None], probes, out=X.reshape(m, k, 2, d))
         # the values of the k rows of Bs and of the m probes, once each: y1 = (s·a_ℓ)ᵀv + b_jᵀv
-        y0.reshape(m, k)[:] = Bs @ v
-        np.add((probes[:, 0, 0, :] @ v)[:, None], y0[:k], out=y1.reshape(m, k))
+        yb = Bs @ v
+        y0.reshape(m, k)[:] = yb
+        np.add((probes[:, 0, 0, :] @ v)[:, None], yb, out=y1.reshape(m, k))
     for i in range(0, 0 if full else n, CHUNK):
         rows = slice(i, min(n, i + CHUNK))
         ab, b = X[rows, 0, :], X[rows, 1, :]
