@@ -13,6 +13,11 @@ POLISH_FACTOR = 3
 #: polish rounds at most: each refits with the activation pattern of the last; a neuron that starts 0.1 rad off
 #: moves the pattern of many inputs and needs ~10 rounds (three left such a net at ~1e-3 of its answers)
 POLISH_ROUNDS = 30
+#: least-squares work (rows × unknowns², flops of one refit) the polish may spend beyond its first 3 rounds: 30
+#: rounds up to d = 8, m = 40 (≈ 1.9e8 per round), 3 rounds from about d = 64, m = 16 (4.5e9 per round, ~1 s here)
+POLISH_WORK = 6e9
+#: rounds every polish may take, whatever its size (the polish as it was before it ran until settled)
+POLISH_MIN_ROUNDS = 3
 #: the polish refits at most this many unknowns (D·m); larger networks keep their finite-difference neurons
 POLISH_MAX_UNKNOWNS = 8192
 #: the polish stops once a round lowers the misfit by less than this share
@@ -65,17 +70,18 @@ def fit_output_bias(neurons: Neurons, Z: np.ndarray, Y: np.ndarray) -> np.ndarra
 
 
 def polish(neurons: Neurons, Z: np.ndarray, Y: np.ndarray, lifted: bool, *, margin: float = 1e-3,
-           rounds: int = POLISH_ROUNDS, max_unknowns: int = POLISH_MAX_UNKNOWNS) -> tuple[Neurons, bool]:
+           rounds: int | None = None, max_unknowns: int = POLISH_MAX_UNKNOWNS) -> tuple[Neurons, bool]:
     """Least-squares polish: with the activation pattern of the current neurons fixed, the answers are linear in
     ``B_k = dir_k w_kᵀ`` (and c when lifted); each refitted ``B_k`` is brought back to rank one (its leading
     singular pair). Points within ``margin``·‖z‖ of a hyperplane are left out (their pattern is uncertain), and
     only neurons seen on both sides by many points are refitted (a biased neuron the inputs never switch is
     indistinguishable from an affine term there, and its refit would move its hyperplane). Averaging over many
-    answers beats the d + 1 finite differences per region when answers are coarse (float32).
-    Returns (neurons, used?)."""
+    answers beats the d + 1 finite differences per region when answers are coarse (float32). ``rounds``: at most
+    (default :func:`polish_rounds` of the problem's size). Returns (neurons, used?)."""
     D, m = neurons.dirs.shape
     if D * m > max_unknowns:
         return neurons, False
+    rounds = polish_rounds(Z.shape[0], D * m) if rounds is None else rounds
     used = False
     for _ in range(rounds):
         H = Z @ neurons.dirs
@@ -102,6 +108,14 @@ def polish(neurons: Neurons, Z: np.ndarray, Y: np.ndarray, lifted: bool, *, marg
         if new > (1 - POLISH_SETTLED) * old:
             break
     return neurons, used
+
+
+def polish_rounds(rows: int, unknowns: int) -> int:
+    """Rounds the polish may take on ``rows`` answers and ``unknowns`` unknowns: until settled (at most
+    :data:`POLISH_ROUNDS`) while the work stays within :data:`POLISH_WORK`, never fewer than
+    :data:`POLISH_MIN_ROUNDS`."""
+    per_round = float(rows) * float(unknowns) ** 2
+    return int(min(POLISH_ROUNDS, max(POLISH_MIN_ROUNDS, POLISH_WORK // max(per_round, 1.0))))
 
 
 def _rank_one(B: np.ndarray, old: Neurons, free: np.ndarray, c: np.ndarray) -> Neurons | None:
