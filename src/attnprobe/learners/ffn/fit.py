@@ -11,8 +11,8 @@ import scipy.linalg
 #: for biased networks, whose inputs are mostly placed next to the hyperplanes)
 POLISH_FACTOR = 3
 #: polish rounds at most: each refits with the activation pattern of the last; a neuron that starts 0.1 rad off
-#: moves the pattern of many inputs and needs more than three rounds (three left such nets 1,800–7,300 roundings
-#: off their answers, float32 d = 8, m = 32; thirty brought them to 0.6)
+#: moves the pattern of many inputs and needs more than three rounds (three left two such nets 1,900–15,500 roundings
+#: off their answers, float32 d = 8, m = 32; thirty brought them to 0.6–0.7)
 POLISH_ROUNDS = 30
 #: least-squares work (rows × unknowns² of one refit, summed over its rounds) for which the polish runs until
 #: settled: 30 rounds up to d = 8, m = 40 (≈ 1.9e8 per round); from about d = 64, m = 16 (4.5e9 per round, ~0.6 s
