@@ -257,7 +257,7 @@ def _search_and_measure(run: Run, ask: Answers, segs, opts: FFNOptions, coarse: 
             "kinks_at_min_width": tight, "kinks_dropped_min_jump": dropped, "tiny_regions_merged": tiny, **stats}
 
 
-def _orient(J, where, segs, v, opts: FFNOptions, eps: float, lifted: bool, provisional: bool = False):
+def _orient(J, where, segs, v, opts: FFNOptions, eps: float, lifted: bool, *, provisional: bool = False):
     """Neurons from the jumps, oriented by the linear part v (K, d). When no ±1 orientation reproduces v
     (antiparallel neurons, or none found in time), pairs of extra neurons carry the linear rest ``½ρᵀx``;
     ``provisional`` (coarse answers, whose jumps are known to ~1e-3 only): the ±1 vector closest to v instead,
