@@ -119,6 +119,15 @@ def _ffn_overhead(seed):
     return o.queries
 
 
+def against_real(estimate: int, real: np.ndarray) -> tuple[str, str]:
+    """An estimate against the real counts of several runs: ``estimate ÷ real − 1`` (its range) and how many runs it
+    is within 10 % of (``near/n``)."""
+    off = estimate / real - 1
+    near = int(np.sum(np.abs(estimate - real) <= 0.1 * real))
+    offs = f"{off.min():+.1%}" if len(real) == 1 else f"{off.min():+.1%} … {off.max():+.1%}"
+    return offs, f"{near}/{len(real)}"
+
+
 def targets(kinds, seeds, heavy):
     """(kind, target, answers, seeds, run(seed) -> queries, estimate keyword arguments)."""
     few = min(seeds, 3)
@@ -195,13 +204,10 @@ def main(argv=None):
         est = estimate_queries(kw.pop("method"), kw.pop("d"), **kw)
         t0 = time.perf_counter()
         real = np.array([run(s) for s in range(args.first_seed, args.first_seed + n)])
-        off = est.queries / real - 1
-        near = int(np.sum(np.abs(est.queries - real) <= 0.1 * real))
         inside = int(np.sum((real >= est.low) & (real <= est.high)))
         span = f"{real.min()}" if n == 1 else f"{real.min()} – {real.max()}"
-        offs = f"{off.min():+.1%}" if n == 1 else f"{off.min():+.1%} … {off.max():+.1%}"
-        table.add(kind, name, answers, n, span, f"{est.queries} [{est.low} – {est.high}]", offs, f"{near}/{n}",
-                  f"{inside}/{n}", f"{os.getloadavg()[0]:.1f}")
+        table.add(kind, name, answers, n, span, f"{est.queries} [{est.low} – {est.high}]",
+                  *against_real(est.queries, real), f"{inside}/{n}", f"{os.getloadavg()[0]:.1f}")
         print("| " + " | ".join(map(str, table.rows[-1])) + f" |  ({time.perf_counter() - t0:.0f} s)", flush=True)
     out = table.markdown()
     print(out)

@@ -87,6 +87,9 @@ def main(argv=None):
     from attnprobe.learners.estimate import estimate_queries
     from attnprobe.reports import Table
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from estimate import against_real  # the estimate benchmark's columns
+
     table = Table(["target", "seeds", "runs on 1 / 2 / 3 lines", "queries (check included)", "estimate",
                    "estimate ÷ real − 1", "within 10 %", "check passed", "every neuron < 1e-3",
                    "worst check error", "load avg"])
@@ -98,9 +101,7 @@ def main(argv=None):
         if kw is not None:
             kw = dict(kw)
             est = estimate_queries(kw.pop("method"), kw.pop("d"), **kw).queries
-            off = est / q - 1
-            near = int(np.sum(np.abs(est - q) <= 0.1 * q))
-            est_cols = (est, f"{off.min():+.1%} … {off.max():+.1%}", f"{near}/{len(q)}")
+            est_cols = (est, *against_real(est, q))
         else:
             est_cols = ("–", "–", "–")
         table.add(name, a.seeds, " / ".join(map(str, lines)), f"{q.min()} – {q.max()}", *est_cols,
