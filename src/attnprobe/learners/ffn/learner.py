@@ -275,14 +275,24 @@ def _orient(J, where, segs, v, opts: FFNOptions, eps: float, lifted: bool, *, pr
     orient = _signs(M, v, opts, eps, closest=provisional)
     dirs, weights = N * orient.signs[None, :], C
     rest = v - (M @ orient.signs).reshape(K, d)
-    notes = []
+    neurons = Neurons(dirs, weights, np.zeros(K if lifted else 0))
     if not orient.exact and not provisional:
-        extra_dirs, extra_w = linear_rest_neurons(rest, dim, d, tiny=0.0)
-        dirs, weights = np.concatenate([dirs, extra_dirs], axis=1), np.concatenate([weights, extra_w])
-        notes.append(f"neuron orientations not pinned down ({orient.how}): extra neuron pairs carry the linear part "
-                     f"½ρᵀx with ‖ρ‖/‖v‖ = {np.linalg.norm(rest) / max(np.linalg.norm(v), 1e-300):.2e}; the network "
-                     "computes the same function but its neurons are not the target's")
-    return Neurons(dirs, weights, np.zeros(K if lifted else 0)), orient, rest, notes
+        neurons, notes = _with_linear_rest(neurons, rest, v, orient, dim)
+        return neurons, orient, rest, notes
+    return neurons, orient, rest, []
+
+
+def _with_linear_rest(neurons: Neurons, rest, v, orient, dim: int) -> tuple[Neurons, list[str]]:
+    """When no ±1 orientation reproduces v: pairs of extra neurons carry the linear rest ``½ρᵀx``, and a note says
+    so. Returns the neurons and the notes."""
+    d = v.shape[1]
+    extra_dirs, extra_w = linear_rest_neurons(rest, dim, d, tiny=0.0)
+    neurons = Neurons(np.concatenate([neurons.dirs, extra_dirs], axis=1),
+                      np.concatenate([neurons.weights, extra_w]), neurons.c)
+    note = (f"neuron orientations not pinned down ({orient.how}): extra neuron pairs carry the linear part ½ρᵀx "
+            f"with ‖ρ‖/‖v‖ = {np.linalg.norm(rest) / max(np.linalg.norm(v), 1e-300):.2e}; the network computes the "
+            "same function but its neurons are not the target's")
+    return neurons, [note]
 
 
 def _signs(M: np.ndarray, v: np.ndarray, opts: FFNOptions, eps: float, closest: bool = False):
@@ -329,26 +339,18 @@ def _settle(neurons: Neurons, orient, v, opts: FFNOptions, ask: Answers, fit_dat
         if not orient.exact or np.all(orient.signs > 0):
             break
         neurons = replace(neurons, dirs=neurons.dirs * orient.signs[None, :])
-        if fit_data is None:
-            continue
-        if ask.lifted:
-            neurons = replace(neurons, c=fit_output_bias(neurons, *fit_data))
-        neurons, _ = polish(neurons, *fit_data, ask.lifted)
+        if fit_data is not None:
+            neurons = _repolish(neurons, ask, fit_data)
     if orient.exact and fit_data is not None:
         neurons = _flip_weak(neurons, ask, fit_data)
     M = orientation_matrix(neurons.dirs, neurons.weights, d)
     rest = v - (M @ np.ones(m)).reshape(v.shape)
     if orient.exact:
         return neurons, Orientation(np.ones(m), True, orient.how + ", on the polished neurons"), rest, []
-    extra_dirs, extra_w = linear_rest_neurons(rest, ask.dim, d, tiny=0.0)
-    neurons = Neurons(np.concatenate([neurons.dirs, extra_dirs], axis=1),
-                      np.concatenate([neurons.weights, extra_w]), neurons.c)
+    neurons, notes = _with_linear_rest(neurons, rest, v, orient, ask.dim)
     if fit_data is not None:
         neurons, _ = polish(neurons, *fit_data, ask.lifted)
-    note = (f"neuron orientations not pinned down ({orient.how}): extra neuron pairs carry the linear part ½ρᵀx "
-            f"with ‖ρ‖/‖v‖ = {np.linalg.norm(rest) / max(np.linalg.norm(v), 1e-300):.2e}; the network computes the "
-            "same function but its neurons are not the target's")
-    return neurons, orient, rest, [note]
+    return neurons, orient, rest, notes
 
 
 def _flip_weak(neurons: Neurons, ask: Answers, fit_data) -> Neurons:
@@ -363,14 +365,19 @@ def _flip_weak(neurons: Neurons, ask: Answers, fit_data) -> Neurons:
             break
         dirs = neurons.dirs.copy()
         dirs[:, k] *= -1
-        trial = replace(neurons, dirs=dirs)
-        if ask.lifted:
-            trial = replace(trial, c=fit_output_bias(trial, *fit_data))
-        trial, _ = polish(trial, *fit_data, ask.lifted)
+        trial = _repolish(replace(neurons, dirs=dirs), ask, fit_data)
         got = _consistency(trial, ask)
         if got < 0.5 * miss:
             neurons, miss = trial, got
     return neurons
+
+
+def _repolish(neurons: Neurons, ask: Answers, fit_data) -> Neurons:
+    """Neurons whose orientation changed, polished again on the polish answers ``fit_data`` (the output bias refitted
+    first when lifted: a flip changes every activation pattern)."""
+    if ask.lifted:
+        neurons = replace(neurons, c=fit_output_bias(neurons, *fit_data))
+    return polish(neurons, *fit_data, ask.lifted)[0]
 
 
 def _consistency(neurons: Neurons, ask: Answers) -> float:
