@@ -138,7 +138,7 @@ def _ffn(d: int, m: int, K: int, precision: str, bias: bool, price_per_1k: float
     one gradient of D + 1 queries (D = d + 1 in the lifted space of a biased net, d without biases) per linear
     region between the m kinks, the regions re-measured off the line, the odd part (2d, bias-free), the
     least-squares polish on (3 + bias)·D·m answers and up to two more lines (float32), the 64-query check."""
-    from attnprobe.learners.ffn.fit import POLISH_FACTOR
+    from attnprobe.learners.ffn.fit import polish_answers
     from attnprobe.learners.ffn.more_lines import MAX_LINES
 
     coarse = _coarse(precision)
@@ -149,7 +149,7 @@ def _ffn(d: int, m: int, K: int, precision: str, bias: bool, price_per_1k: float
     if coarse and bias:
         regions += (m + 2) * (1 - math.exp(-FFN_NARROW * m * d))
     line = search + regions * (D + 1)
-    polish = (POLISH_FACTOR + int(bias)) * D * m if coarse else 0
+    polish = polish_answers(D, m, bias) if coarse else 0
     fixed = (0 if bias else 2 * d) + polish + 64
     mid = int(round(line + fixed))
     high = int(round(FFN_HIGH * (MAX_LINES * line if coarse else line) + fixed))

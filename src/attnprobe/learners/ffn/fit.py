@@ -112,6 +112,12 @@ def polish(neurons: Neurons, Z: np.ndarray, Y: np.ndarray, lifted: bool, *, marg
     return neurons, used
 
 
+def polish_answers(dim: int, m: int, lifted: bool) -> int:
+    """Inputs the polish asks for m neurons in ``dim`` unknowns each: :data:`POLISH_FACTOR` per unknown, one more for
+    a biased (lifted) network."""
+    return (POLISH_FACTOR + int(lifted)) * dim * m
+
+
 def polish_rounds(rows: int, unknowns: int) -> int:
     """Rounds the polish may take on ``rows`` answers and ``unknowns`` unknowns: until settled (at most
     :data:`POLISH_ROUNDS`) while the work stays within :data:`POLISH_WORK`, never fewer than

@@ -14,8 +14,8 @@ import numpy as np
 from attnprobe._validation import check_float, check_int, check_option
 from attnprobe.errors import BudgetExceededError, ConfigError, UnidentifiableError
 from attnprobe.learners.ffn.answers import Answers
-from attnprobe.learners.ffn.fit import (POLISH_FACTOR, POLISH_MAX_UNKNOWNS, POLISH_ROUNDS, Neurons, fit_output_bias,
-                                        jump_neurons, linear_rest_neurons, polish, polish_rounds)
+from attnprobe.learners.ffn.fit import (POLISH_MAX_UNKNOWNS, POLISH_ROUNDS, Neurons, fit_output_bias, jump_neurons,
+                                        linear_rest_neurons, polish, polish_answers, polish_rounds)
 from attnprobe.learners.ffn.kinks import Segment, SearchSettings, search_kinks
 from attnprobe.learners.ffn.more_lines import MAX_LINES, candidate_sets, needs_another_line
 from attnprobe.learners.ffn.orientation import Orientation, closest_signs, orientation_matrix, solve_signs
@@ -315,7 +315,7 @@ def _settles(ask: Answers, m: int) -> bool:
     """Whether m neurons' orientations are settled on the polished neurons (:func:`_settle`): while their polish may
     run until settled (:func:`polish_rounds`); larger networks keep the jumps' orientation (each settling and flip
     is a whole polish: at d = 64, m = 16 the search took 53 s instead of 16 s)."""
-    n_fit = (POLISH_FACTOR + int(ask.lifted)) * ask.dim * m
+    n_fit = polish_answers(ask.dim, m, ask.lifted)
     return polish_rounds(n_fit, ask.dim * m) >= POLISH_ROUNDS
 
 
@@ -450,7 +450,7 @@ def _polish_phase(run: Run, ask: Answers, neurons: Neurons, opts: FFNOptions, co
     if not (opts.polish == "always" or (opts.polish == "auto" and coarse)):
         return neurons, False, None
     # the answers so far lie near one or two lines; the refit needs inputs spread over every direction
-    n_fit = (POLISH_FACTOR + int(ask.lifted)) * ask.dim * neurons.dirs.shape[1]
+    n_fit = polish_answers(ask.dim, neurons.dirs.shape[1], ask.lifted)
     with run.phase("polish"):
         X = run.rng.standard_normal((n_fit, ask.d))
         if ask.lifted:
