@@ -7,6 +7,7 @@ then orientations (:mod:`.orientation`, no queries) and, for coarse answers, ``p
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -17,9 +18,10 @@ from attnprobe.learners.ffn.answers import Answers
 from attnprobe.learners.ffn.fit import (POLISH_MAX_UNKNOWNS, POLISH_ROUNDS, Neurons, fit_output_bias, jump_neurons,
                                         linear_rest_neurons, polish, polish_answers, polish_rounds)
 from attnprobe.learners.ffn.kinks import Segment, SearchSettings, search_kinks
-from attnprobe.learners.ffn.more_lines import MAX_LINES, candidate_sets, needs_another_line
+from attnprobe.learners.ffn.more_lines import MAX_LINES, SAME_NEURON_COS, candidate_sets, needs_another_line
 from attnprobe.learners.ffn.orientation import Orientation, closest_signs, orientation_matrix, solve_signs
 from attnprobe.learners.ffn.regions import PROBE_FRACTION, Regions, RefineSettings, hyperplane_normals
+from attnprobe.learners.ffn.repair import contradicted, failed_side_checks, repaired_set, sub_segment, suspect_spans
 from attnprobe.learners.probes import random_orthogonal
 from attnprobe.learners.result import Extraction
 from attnprobe.learners.skeleton import Run
@@ -161,7 +163,8 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, options: 
     # is searched again like one the polish moved
     refits = fit_data is not None and ask.dim * neurons.dirs.shape[1] <= POLISH_MAX_UNKNOWNS
     if coarse and refits and needs_another_line(orient.exact, _consistency(neurons, ask), oracle.eps):
-        more = _more_lines(run, ask, (J, where, segs), (neurons, orient, rest), v, opts, fit_data)
+        more = _more_lines(run, ask, (J, where, segs), (neurons, orient, rest), v, opts, fit_data,
+                           regions.jump_noise(oracle.eps))
         J, (neurons, orient, rest), state["more_lines"] = more
     model = _model(neurons, d, lifted, ask.vector)
     m_found = J.shape[0]
@@ -386,7 +389,7 @@ def _consistency(neurons: Neurons, ask: Answers) -> float:
     return float(np.max(np.abs(neurons.values(Zs) - Ys)) / max(ask.top, 1e-300))
 
 
-def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_data):
+def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_data, noise):
     """Coarse answers whose first line left a neuron missing or wrong (:mod:`.more_lines`): search up to
     :data:`MAX_LINES` − 1 more lines, and after each keep the neuron set whose polished network best explains every
     answer (a set that explains them all beats one that does not, then one that orients exactly). Stops when the
@@ -401,20 +404,16 @@ def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_
 
     best = (_consistency(fitted[0], ask), J, fitted)
     summary = {"lines": 1, "neurons_per_line": [int(J.shape[0])], "sets_tried": 0, "kept": "first line"}
-    while summary["lines"] < MAX_LINES and needs_another_line(best[2][1].exact, best[0], eps):
-        new_segs = _segments(ask.d, ask.lifted, run.rng, opts.reach, _line_scale(ask.d, ask.lifted, True))  # coarse
-        try:
-            with run.phase("more_lines", absorb=True):
-                J2, where2 = _search_and_measure(run, ask, new_segs, opts, True)["regions"].jumps()
-        except BudgetExceededError:
-            summary["stopped"] = "budget"
-            break
+    repaired = None
+
+    def add(J2, where2, new_segs, name, extra=None):  # another line's jumps joined, and the best neuron set kept
+        nonlocal J, where, line, segs, best
         J, where = np.concatenate([J, J2]), np.concatenate([where, where2 + len(segs)])
-        line, segs = np.concatenate([line, np.full(J2.shape[0], summary["lines"])]), segs + new_segs
-        summary["lines"] += 1
-        summary["neurons_per_line"].append(int(J2.shape[0]))
+        line, segs = np.concatenate([line, np.full(J2.shape[0], line.max() + 1)]), segs + new_segs
         jumps = (J, where, segs)
         sets, singles = candidate_sets(J, line)
+        if extra is not None:  # the repair line's own proposal first
+            sets.insert(0, extra)
         scored = [(_score(ask, jumps, keep, v, opts, fit_data, summary), keep) for keep in sets]
         (top, keep) = min(scored, key=lambda sk: rank(sk[0][0], sk[0][1]))
         for k in np.flatnonzero(singles & ~keep):  # one line alone saw it: kept when it explains more
@@ -425,8 +424,64 @@ def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_
                 top, keep = got, trial
         if rank(*top[:2]) < rank(best[0], best[2][1].exact):
             best = (top[0], J[keep], top[2])
-            summary["kept"] = f"{int(keep.sum())} neurons from {summary['lines']} lines"
+            summary["kept"] = f"{int(keep.sum())} neurons from {name}"
+
+    try:
+        J2, where2, subs, proposal, summary["repair"] = _repair_line(run, ask, first, opts, noise)
+    except BudgetExceededError:
+        summary["stopped"] = "budget"
+    else:
+        if J2.shape[0]:
+            add(J2, where2, subs, "the first line and the repair line", proposal)
+        if needs_another_line(best[2][1].exact, best[0], eps):  # not repaired: whole lines, as without it
+            repaired, best = best, (_consistency(fitted[0], ask), first[0], fitted)
+            J, where, segs = first
+            line = np.zeros(J.shape[0], dtype=int)
+    while (summary["lines"] < MAX_LINES and "stopped" not in summary
+           and needs_another_line(best[2][1].exact, best[0], eps)):
+        new_segs = _segments(ask.d, ask.lifted, run.rng, opts.reach, _line_scale(ask.d, ask.lifted, True))  # coarse
+        try:
+            with run.phase("more_lines", absorb=True):
+                J2, where2 = _search_and_measure(run, ask, new_segs, opts, True)["regions"].jumps()
+        except BudgetExceededError:
+            summary["stopped"] = "budget"
+            break
+        summary["lines"] += 1
+        summary["neurons_per_line"].append(int(J2.shape[0]))
+        add(J2, where2, new_segs, f"{summary['lines']} lines")
+    if repaired is not None and rank(repaired[0], repaired[2][1].exact) < rank(best[0], best[2][1].exact):
+        best = repaired
+        summary["kept"] = f"{repaired[1].shape[0]} neurons from the first line and the repair line"
     return best[1], best[2], summary
+
+
+def _repair_line(run: Run, ask: Answers, first, opts: FFNOptions, noise: np.ndarray):
+    """A fresh line tested against the first line's neurons (:mod:`.repair`, 3 answers per interval between their
+    predicted kinks; ``noise``: each jump's relative error); kinks searched and gradients measured only on the
+    spans that contradict them. Returns the jumps found there, their sub-segments (``where`` indexes them), the
+    neuron set it proposes (a mask over the first line's jumps then these) and what the test saw."""
+    J1, where1, segs1 = first
+    N, C = jump_neurons(J1, hyperplane_normals(J1), np.array([segs1[si].direction for si in where1]).T)
+    # its own random stream (a jump ahead of the run's, which it leaves as it was): the whole lines searched when
+    # the repair fails are the ones searched without it
+    run = copy.copy(run)
+    run.rng = np.random.Generator(run.rng.bit_generator.jumped())
+    segs = _segments(ask.d, ask.lifted, run.rng, opts.reach, _line_scale(ask.d, ask.lifted, True))  # coarse
+    tol_f = (opts.noise_factor or COARSE_NOISE_FACTOR) * ask.oracle.eps * max(ask.top, 1e-300)
+    with run.phase("repair_line", absorb=True):
+        spans, checks, stats = suspect_spans(ask, segs, N, C, noise, tol_f)
+        subs = [sub_segment(segs[si], lo, hi) for si, lo, hi in spans]
+        if not subs:
+            return np.zeros((0,) + J1.shape[1:]), np.zeros(0, dtype=int), [], np.ones(J1.shape[0], bool), stats
+        regions = _search_and_measure(run, ask, subs, opts, True)["regions"]
+    J2, where2 = regions.jumps()
+    grad_noise = COARSE_NOISE_FACTOR * ask.oracle.eps * ask.top * np.sqrt(ask.dim)
+    N2 = hyperplane_normals(J2)
+    drop = (contradicted(N, segs, spans, N2, SAME_NEURON_COS)
+            | failed_side_checks(checks, spans, segs, regions, ask.mix, grad_noise, J1.shape[0]))
+    keep = repaired_set(N, noise, drop, N2, regions.jump_noise(ask.oracle.eps), SAME_NEURON_COS)
+    stats.update(jumps=int(J2.shape[0]), contradicted=int(drop.sum()))
+    return J2, where2, subs, keep, stats
 
 
 def _score(ask: Answers, jumps, keep: np.ndarray, v, opts: FFNOptions, fit_data, summary: dict):
