@@ -66,6 +66,9 @@ class SearchSettings:
     end_stencil: float = 2.0 / 64  # stencil half-width at t = ±1 (its outer point lies beyond the segment)
     #: a kink found at an interval's end is bracketed 1000-fold per round (:func:`meeting_point`): float64 answers
     zoom: bool = False
+    #: a split point whose stencil holds one kink is moved onto the kink, confirmed by one answer there
+    #: (:func:`_pinned`): float64 answers
+    pin: bool = False
 
 
 def _meet(l, fl, sl, r, fr, sr):
@@ -76,24 +79,35 @@ def _meet(l, fl, sl, r, fr, sr):
     return float(t) if np.isfinite(t) else None
 
 
-def meeting_point(L: Stencil, R: Stencil, zoom: bool = False) -> tuple[float, bool]:
-    """Next split point of a non-linear interval [L.t, R.t] from its two end stencils.
+def _clean(S: Stencil, tol_f: float | None) -> bool:
+    """Whether S's two slopes agree within their rounding (no kink inside its stencil); never without ``tol_f``."""
+    return tol_f is not None and abs(S.slope_out_right - S.slope_out_left) <= 4 * tol_f / S.delta
+
+
+def informed_split(L: Stencil, R: Stencil, zoom: bool = False,
+                   tol_f: float | None = None) -> tuple[float, bool] | None:
+    """Next split point of a non-linear interval [L.t, R.t] from its two end stencils, or None.
 
     The lines leaving l to the right and r to the left meet at the kink when the interval holds one kink. A
     stencil that straddles a kink gives a secant meeting the other line exactly at the stencil's far end, so such
     meeting points are not used; the kink then lies inside that stencil, where the line arriving at the stencil's
-    own centre from the outside meets the other line. Falls back to the middle. Returns (t, meeting point?).
+    own centre from the outside meets the other line. None when neither applies. Returns (t, meeting point?).
 
     ``zoom``: a kink inside an end's stencil but closer to that end than the 0.1 % gap (an end placed on a kink
     to within its slopes' rounding) is bracketed by a split at the gap, so the next interval is 1000 times
     shorter, not half as long: the search reaches its minimal width in about three rounds instead of ~25
-    bisections (whose number varied with where the kinks fell)."""
+    bisections (whose number varied with where the kinks fell). ``tol_f`` (float64 answers): an end whose two
+    slopes agree within their rounding holds no kink inside its stencil, so the lines may meet anywhere beyond
+    it, not only two stencils away (wide midpoint stencils otherwise sent intervals with one kink near an end to
+    bisection)."""
     l, r = L.t, R.t
+    reach_l = (1 if _clean(L, tol_f) else 2) * L.delta
+    reach_r = (1 if _clean(R, tol_f) else 2) * R.delta
     sl_out, sl_in = L.slope_out_left, L.slope_out_right
     sr_in, sr_out = R.slope_out_left, R.slope_out_right
     gap = 1e-3 * (r - l)  # never split within 0.1 % of an end: stencils there would be too short
     t = _meet(l, L.f, sl_in, r, R.f, sr_in)
-    if t is not None and max(l + 2 * L.delta, l + gap) < t < min(r - 2 * R.delta, r - gap):
+    if t is not None and max(l + reach_l, l + gap) < t < min(r - reach_r, r - gap):
         return t, True
     t = _meet(l, L.f, sl_out, r, R.f, sr_in)  # kink inside l's stencil
     if t is not None and l + gap < t <= l + L.delta and t < r - gap:
@@ -105,7 +119,12 @@ def meeting_point(L: Stencil, R: Stencil, zoom: bool = False) -> tuple[float, bo
         return t, True
     if zoom and t is not None and max(r - gap, r - R.delta) <= t < r:
         return r - gap, False
-    return 0.5 * (l + r), False
+    return None
+
+
+def meeting_point(L: Stencil, R: Stencil, zoom: bool = False, tol_f: float | None = None) -> tuple[float, bool]:
+    """:func:`informed_split`, falling back to the middle of the interval. Returns (t, meeting point?)."""
+    return informed_split(L, R, zoom, tol_f) or (0.5 * (L.t + R.t), False)
 
 
 def _evaluate(ask, segs, jobs) -> list[Stencil]:
@@ -128,11 +147,11 @@ def _chord_is_linear(L: Stencil, R: Stencil, tol_f: float) -> bool:
     return all(abs(L.f + (x - L.t) * slope - y) <= 3 * tol_f for x, y in inside)
 
 
-def _split_job(si, L: Stencil, R: Stencil, floor: float, zoom: bool):
+def _split_job(si, L: Stencil, R: Stencil, floor: float, zoom: bool, tol_f: float | None = None):
     """Where to split a non-linear interval and how wide a stencil to evaluate there."""
     l, r = L.t, R.t
     w = r - l
-    t, meeting = meeting_point(L, R, zoom)
+    t, meeting = meeting_point(L, R, zoom, tol_f)
     # at a meeting point f agrees with both end lines even when two kinks lie just to one side of it;
     # a short stencil there keeps such a pair from hiding behind the stencil's far point
     rel = 1e-4 if meeting else 1 / 16
@@ -143,6 +162,7 @@ def _search_round(ask, segs, frontier, settings: SearchSettings, state) -> list:
     """One batched round: every open interval is either confirmed linear (one random value) or split."""
     floor = 1024 * settings.eps  # inputs are rounded to the answers' precision: shorter stencils measure rounding
     tol_f = settings.noise_factor * settings.eps * max(ask.top, 1e-300)
+    clean_tol = tol_f if settings.zoom else None  # float64: ends without a kink in their stencil met closer
     jobs, checks = [], []
     for si, L, R in frontier:
         w = R.t - L.t
@@ -155,7 +175,7 @@ def _search_round(ask, segs, frontier, settings: SearchSettings, state) -> list:
         elif w <= settings.min_width:
             state.done[si].append((L, R, True))
         else:
-            jobs.append(_split_job(si, L, R, floor, settings.zoom))
+            jobs.append(_split_job(si, L, R, floor, settings.zoom, clean_tol))
     if checks:
         y = ask(np.array([segs[si].at(t) for si, _, _, t in checks]))
         for (si, L, R, t), yt in zip(checks, y):
@@ -163,14 +183,124 @@ def _search_round(ask, segs, frontier, settings: SearchSettings, state) -> list:
             chord = L.f + (t - L.t) * (R.f - L.f) / (R.t - L.t)
             if abs(chord - yt) <= 3 * tol_f:
                 state.done[si].append((L, R, False))
+            elif settings.zoom and informed_split(L, R, True, clean_tol) is not None:
+                jobs.append(_split_job(si, L, R, floor, True, clean_tol))
             else:
                 w = R.t - L.t
                 jobs.append((si, t, max(min(w / 16, (t - L.t) / 4, (R.t - t) / 4), 1e-4 * w, floor), L, R))
     res = _evaluate(ask, segs, [j[:3] for j in jobs])
+    if settings.pin:
+        res = _pinned(ask, segs, jobs, res, tol_f)
     out = []
     for (si, _, _, L, R), M in zip(jobs, res):
         out += [(si, L, M), (si, M, R)]
     return out
+
+
+def _line_through(t0: float, f0: float, t1: float, f1: float) -> tuple[float, float, float]:
+    """The line through two answers, as (point t, value there, slope)."""
+    return t0, f0, (f1 - f0) / (t1 - t0)
+
+
+def _meet_lines(a, b) -> float | None:
+    """Where two lines ``(t, f, slope)`` meet (None when parallel or not finite)."""
+    if a[2] == b[2]:
+        return None
+    t = (b[1] - a[1] + a[2] * a[0] - b[2] * b[0]) / (a[2] - b[2])
+    return float(t) if np.isfinite(t) else None
+
+
+def _on(line, t: float) -> float:
+    return line[1] + line[2] * (t - line[0])
+
+
+def _piece(points: list, tol: float):
+    """The line through the two farthest of ``points`` ``(t, f)`` when every point lies on it within ``tol``."""
+    pts = sorted(points)
+    line = _line_through(*pts[0], *pts[-1])
+    return line if all(abs(f - _on(line, t)) <= tol for t, f in pts) else None
+
+
+@dataclass(frozen=True)
+class PinCandidate:
+    """A kink inside a split point's short stencil (:func:`pin_candidate`): its first guess ``t``, the offset ``eps``
+    of the answers beside it, where the third answer goes (``t_far``, 2δ out on the side the stencil's centre is
+    not on) and the tolerance of an answer on a piece."""
+
+    t: float
+    eps: float
+    t_far: float
+    tol: float
+
+    def points(self) -> list[float]:
+        return [self.t - self.eps, self.t + self.eps, self.t_far]
+
+
+def pin_candidate(L: Stencil, M: Stencil, R: Stencil, tol_f: float) -> PinCandidate | None:
+    """A single kink inside split point M's short stencil (a meeting point, δ ≤ 0.1 % of [L, R]) whose two slopes
+    differ beyond their rounding: a first guess where the piece through M's two answers on one side meets the
+    line through its third answer with the slope of the interval's end on that side. None when the stencil is
+    wide, its slopes agree, the guess falls outside the stencil or the kink is too weak to tell the two pieces
+    apart ε beside it."""
+    de = M.delta
+    if de > 1e-3 * (R.t - L.t):
+        return None
+    slope_err = 2 * tol_f / de
+    if abs(M.slope_out_right - M.slope_out_left) <= 8 * slope_err:
+        return None
+    for near_is_left in (True, False):
+        if near_is_left:  # M.left, M.f on the left piece; M.right on the right piece, of R's slope
+            near, rough, lo, hi = _line_through(M.t - de, M.left, M.t, M.f), (M.t + de, M.right, R.slope_out_left), \
+                M.t, M.t + de
+        else:  # M.f, M.right on the right piece; M.left on the left piece, of L's slope
+            near, rough, lo, hi = _line_through(M.t, M.f, M.t + de, M.right), (M.t - de, M.left, L.slope_out_right), \
+                M.t - de, M.t
+        t = _meet_lines(near, rough)
+        if t is None or not lo <= t <= hi:
+            continue
+        t_far = t + 2 * de if near_is_left else t - 2 * de
+        if not (L.t < min(t_far, t - de) and max(t_far, t + de) < R.t):
+            return None
+        tol = 4 * tol_f
+        eps = max(1e-3 * de, 32 * tol / abs(near[2] - rough[2]))
+        if eps > de / 4:
+            return None
+        return PinCandidate(t, eps, t_far, tol)
+    return None
+
+
+def pin_kink(M: Stencil, c: PinCandidate, answers) -> Stencil | None:
+    """The stencil at the kink inside M's stencil, from M's three answers and the candidate's three (``answers`` at
+    ``c.points()``): the answers left of the kink on one line, those right of it on another (M's centre on either
+    side), the answers ε beside the kink on different pieces (a second kink next to it would leave one of them off
+    its line: the lines differ there by 32 tolerances). None when no split of the answers fits two lines."""
+    y_l, y_r, y_far = (float(v) for v in answers)
+    left = [(M.t - M.delta, M.left), (c.t - c.eps, y_l)] + ([(c.t_far, y_far)] if c.t_far < c.t else [])
+    right = [(c.t + c.eps, y_r), (M.t + M.delta, M.right)] + ([(c.t_far, y_far)] if c.t_far > c.t else [])
+    for centre_left in (True, False):
+        lp, rp = (left + [(M.t, M.f)], right) if centre_left else (left, right + [(M.t, M.f)])
+        a, b = _piece(lp, c.tol), _piece(rp, c.tol)
+        t = None if a is None or b is None else _meet_lines(a, b)
+        if t is not None and max(p[0] for p in lp) <= t <= min(p[0] for p in rp):
+            f = _on(a, t)
+            return Stencil(t, f, f - M.delta * a[2], f + M.delta * b[2], M.delta)
+    return None
+
+
+def _pinned(ask, segs, jobs, res: list[Stencil], tol_f: float) -> list[Stencil]:
+    """Float64 answers: a split point whose short stencil holds one kink (:func:`pin_candidate`) is replaced by a
+    stencil at the kink itself (:func:`pin_kink`, three answers each). The kink is then known to rounding, where
+    the search would otherwise bracket it down to its minimal width over several rounds (a count that varied from
+    run to run)."""
+    cands = [(i, pin_candidate(L, M, R, tol_f)) for i, ((_, _, _, L, R), M) in enumerate(zip(jobs, res))]
+    cands = [(i, c) for i, c in cands if c is not None]
+    if not cands:
+        return res
+    y = ask(np.array([segs[jobs[i][0]].at(t) for i, c in cands for t in c.points()])).reshape(-1, 3)
+    res = list(res)
+    for (i, c), yc in zip(cands, y):
+        res[i] = pin_kink(res[i], c, yc) or res[i]
+    return res
 
 
 @dataclass
