@@ -224,16 +224,16 @@ def _piece(points: list, tol: float):
 @dataclass(frozen=True)
 class PinCandidate:
     """A kink inside a split point's short stencil (:func:`pin_candidate`): its first guess ``t``, the offset ``eps``
-    of the answers beside it, where the third answer goes (``t_far``, 2δ out on the side the stencil's centre is
-    not on) and the tolerance of an answer on a piece."""
+    of the two answers beside it, the offset ``far`` of two more (2δ out on either side) and the tolerance of an
+    answer on a piece."""
 
     t: float
     eps: float
-    t_far: float
+    far: float
     tol: float
 
     def points(self) -> list[float]:
-        return [self.t - self.eps, self.t + self.eps, self.t_far]
+        return [self.t - self.far, self.t - self.eps, self.t + self.eps, self.t + self.far]
 
 
 def pin_candidate(L: Stencil, M: Stencil, R: Stencil, tol_f: float) -> PinCandidate | None:
@@ -258,25 +258,25 @@ def pin_candidate(L: Stencil, M: Stencil, R: Stencil, tol_f: float) -> PinCandid
         t = _meet_lines(near, rough)
         if t is None or not lo <= t <= hi:
             continue
-        t_far = t + 2 * de if near_is_left else t - 2 * de
-        if not (L.t < min(t_far, t - de) and max(t_far, t + de) < R.t):
+        if not (L.t < t - 2 * de and t + 2 * de < R.t):
             return None
         tol = 4 * tol_f
         eps = max(1e-3 * de, 32 * tol / abs(near[2] - rough[2]))
         if eps > de / 4:
             return None
-        return PinCandidate(t, eps, t_far, tol)
+        return PinCandidate(t, eps, 2 * de, tol)
     return None
 
 
 def pin_kink(M: Stencil, c: PinCandidate, answers) -> Stencil | None:
-    """The stencil at the kink inside M's stencil, from M's three answers and the candidate's three (``answers`` at
-    ``c.points()``): the answers left of the kink on one line, those right of it on another (M's centre on either
-    side), the answers ε beside the kink on different pieces (a second kink next to it would leave one of them off
-    its line: the lines differ there by 32 tolerances). None when no split of the answers fits two lines."""
-    y_l, y_r, y_far = (float(v) for v in answers)
-    left = [(M.t - M.delta, M.left), (c.t - c.eps, y_l)] + ([(c.t_far, y_far)] if c.t_far < c.t else [])
-    right = [(c.t + c.eps, y_r), (M.t + M.delta, M.right)] + ([(c.t_far, y_far)] if c.t_far > c.t else [])
+    """The stencil at the kink inside M's stencil, from M's three answers and the candidate's four (``answers`` at
+    ``c.points()``): the answers left of the kink on one line and those right of it on another, at least three
+    on each (M's centre on either side), the two ε beside the kink on different pieces (a second kink next to it
+    would leave one of them off its line: the lines differ there by 32 tolerances). None when no split of the
+    answers fits two lines."""
+    far_l, y_l, y_r, far_r = (float(v) for v in answers)
+    left = [(c.t - c.far, far_l), (M.t - M.delta, M.left), (c.t - c.eps, y_l)]
+    right = [(c.t + c.eps, y_r), (M.t + M.delta, M.right), (c.t + c.far, far_r)]
     for centre_left in (True, False):
         lp, rp = (left + [(M.t, M.f)], right) if centre_left else (left, right + [(M.t, M.f)])
         a, b = _piece(lp, c.tol), _piece(rp, c.tol)
@@ -289,14 +289,14 @@ def pin_kink(M: Stencil, c: PinCandidate, answers) -> Stencil | None:
 
 def _pinned(ask, segs, jobs, res: list[Stencil], tol_f: float) -> list[Stencil]:
     """Float64 answers: a split point whose short stencil holds one kink (:func:`pin_candidate`) is replaced by a
-    stencil at the kink itself (:func:`pin_kink`, three answers each). The kink is then known to rounding, where
+    stencil at the kink itself (:func:`pin_kink`, four answers each). The kink is then known to rounding, where
     the search would otherwise bracket it down to its minimal width over several rounds (a count that varied from
     run to run)."""
     cands = [(i, pin_candidate(L, M, R, tol_f)) for i, ((_, _, _, L, R), M) in enumerate(zip(jobs, res))]
     cands = [(i, c) for i, c in cands if c is not None]
     if not cands:
         return res
-    y = ask(np.array([segs[jobs[i][0]].at(t) for i, c in cands for t in c.points()])).reshape(-1, 3)
+    y = ask(np.array([segs[jobs[i][0]].at(t) for i, c in cands for t in c.points()])).reshape(-1, 4)
     res = list(res)
     for (i, c), yc in zip(cands, y):
         res[i] = pin_kink(res[i], c, yc) or res[i]
