@@ -54,11 +54,12 @@ def test_a_kink_inside_a_meeting_points_stencil_is_pinned_to_rounding(offset):
     assert X.slope_out_left == pytest.approx(0.5, abs=1e-9) and X.slope_out_right == pytest.approx(2.0, abs=1e-9)
 
 
-@pytest.mark.parametrize("kinks", [(0.2, 0.5), (-0.6, -0.1), (0.05, 0.9), (-0.5, 0.5)])
+@pytest.mark.parametrize("kinks", [(0.2, 0.5), (-0.6, -0.1), (0.05, 0.9), (-0.5, 0.5), (3e-4, 6e-4)])
 @pytest.mark.parametrize("changes", [(1.5, 1.0), (1.5, -0.9), (-1.0, 2.0)])
 def test_two_kinks_inside_the_stencil_are_not_pinned(kinks, changes):
     """Two neurons crossing the line within one stencil (positions in units of δ around the split point, slope
-    changes of either sign): no single kink explains the answers, so nothing is pinned and the search goes on."""
+    changes of either sign; the last pair lies within ε of the guess, between the answers beside it, where the two
+    outer lines may meet outside the gap): no single kink explains the answers, so nothing is pinned."""
     k1, k2 = (0.4 + u * 1e-4 for u in kinks)
     f = lambda t: 0.5 * t + changes[0] * max(0.0, t - k1) + changes[1] * max(0.0, t - k2)  # noqa: E731
     assert _pin(f, 0.4) is None

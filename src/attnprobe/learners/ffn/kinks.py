@@ -261,7 +261,7 @@ def pin_candidate(L: Stencil, M: Stencil, R: Stencil, tol_f: float) -> PinCandid
         if not (L.t < t - 2 * de and t + 2 * de < R.t):
             return None
         tol = 4 * tol_f
-        eps = max(1e-3 * de, 32 * tol / abs(near[2] - rough[2]))
+        eps = max(1e-5 * de, 32 * tol / abs(near[2] - rough[2]))
         if eps > de / 4:
             return None
         return PinCandidate(t, eps, 2 * de, tol)
