@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from attnprobe.learners.ffn import extract_ffn
-from attnprobe.learners.ffn.kinks import Stencil, meeting_point, pin_candidate, pin_kink
+from attnprobe.learners.ffn.kinks import Stencil, meeting_point
+from attnprobe.learners.ffn.pinning import pin_candidate, pin_kink
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_relu_net
 
@@ -62,6 +63,16 @@ def test_two_kinks_inside_the_stencil_are_not_pinned(kinks, changes):
     outer lines may meet outside the gap): no single kink explains the answers, so nothing is pinned."""
     k1, k2 = (0.4 + u * 1e-4 for u in kinks)
     f = lambda t: 0.5 * t + changes[0] * max(0.0, t - k1) + changes[1] * max(0.0, t - k2)  # noqa: E731
+    assert _pin(f, 0.4) is None
+
+
+def test_a_pair_closer_than_eps_is_refused_when_its_outer_lines_meet_outside_the_gap():
+    """Kinks 3e-10 and 6e-10 past the split point, slope changes +1.5 and −0.9: every answer lies on one of the two
+    outer pieces, but those meet 1.5e-10 before the split point, left of an answer of the left piece: refused.
+    (A pair of one sign that close meets inside the gap and is taken for one kink, as a search bracketing it to
+    its minimal width of 1e-9 would also do.)"""
+    k1, k2 = 0.4 + 3e-10, 0.4 + 6e-10
+    f = lambda t: 0.5 * t + 1.5 * max(0.0, t - k1) - 0.9 * max(0.0, t - k2)  # noqa: E731
     assert _pin(f, 0.4) is None
 
 

@@ -3,7 +3,8 @@ adapted to answers known only up to rounding.
 
 A ReLU network is piecewise linear along any segment ``x(t) = base + t·direction`` (t ∈ [−1, 1]); its kinks are
 where the segment crosses a neuron's hyperplane. :func:`search_kinks` finds them with 3 queries per evaluated
-point (the value and a two-sided stencil) and no other assumption than piecewise linearity.
+point (the value and a two-sided stencil; :mod:`.pinning` adds 4 to place a kink found inside a stencil) and no
+other assumption than piecewise linearity.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attnprobe.errors import RecoveryError
+from attnprobe.learners.ffn.pinning import pinned
+from attnprobe.learners.ffn.stencil import Stencil, meet_lines
 
 #: rounds of interval splitting before the search gives up
 MAX_ROUNDS = 200
@@ -34,25 +37,6 @@ class Segment:
 
 
 @dataclass(frozen=True)
-class Stencil:
-    """An evaluated point t of a segment: ``f(t)``, ``f(t − δ)``, ``f(t + δ)`` and δ."""
-
-    t: float
-    f: float
-    left: float
-    right: float
-    delta: float
-
-    @property
-    def slope_out_left(self) -> float:  # slope of the piece arriving at t from the left
-        return (self.f - self.left) / self.delta
-
-    @property
-    def slope_out_right(self) -> float:  # slope of the piece leaving t to the right
-        return (self.right - self.f) / self.delta
-
-
-@dataclass(frozen=True)
 class SearchSettings:
     """Tolerances of the kink search: answers within ``noise_factor`` roundings (``eps``) of the largest answer
     count as on a line; intervals shorter than ``min_width`` hold one kink; ``refit`` re-tests every piece
@@ -66,17 +50,9 @@ class SearchSettings:
     end_stencil: float = 2.0 / 64  # stencil half-width at t = ±1 (its outer point lies beyond the segment)
     #: a kink found at an interval's end is bracketed 1000-fold per round (:func:`meeting_point`): float64 answers
     zoom: bool = False
-    #: a split point whose stencil holds one kink is moved onto the kink, confirmed by one answer there
-    #: (:func:`_pinned`): float64 answers
+    #: a split point whose short stencil holds one kink is moved onto the kink, confirmed by four more answers
+    #: (:func:`~attnprobe.learners.ffn.pinning.pinned`): float64 answers
     pin: bool = False
-
-
-def _meet(l, fl, sl, r, fr, sr):
-    """Where the line through (l, fl) with slope sl meets the line through (r, fr) with slope sr."""
-    if sl == sr:
-        return None
-    t = (fr - fl + sl * l - sr * r) / (sl - sr)
-    return float(t) if np.isfinite(t) else None
 
 
 def _clean(S: Stencil, tol_f: float | None) -> bool:
@@ -106,15 +82,15 @@ def informed_split(L: Stencil, R: Stencil, zoom: bool = False,
     sl_out, sl_in = L.slope_out_left, L.slope_out_right
     sr_in, sr_out = R.slope_out_left, R.slope_out_right
     gap = 1e-3 * (r - l)  # never split within 0.1 % of an end: stencils there would be too short
-    t = _meet(l, L.f, sl_in, r, R.f, sr_in)
+    t = meet_lines((l, L.f, sl_in), (r, R.f, sr_in))
     if t is not None and max(l + reach_l, l + gap) < t < min(r - reach_r, r - gap):
         return t, True
-    t = _meet(l, L.f, sl_out, r, R.f, sr_in)  # kink inside l's stencil
+    t = meet_lines((l, L.f, sl_out), (r, R.f, sr_in))  # kink inside l's stencil
     if t is not None and l + gap < t <= l + L.delta and t < r - gap:
         return t, True
     if zoom and t is not None and l < t <= min(l + gap, l + L.delta):
         return l + gap, False
-    t = _meet(l, L.f, sl_in, r, R.f, sr_out)  # kink inside r's stencil
+    t = meet_lines((l, L.f, sl_in), (r, R.f, sr_out))  # kink inside r's stencil
     if t is not None and r - R.delta <= t < r - gap and t > l + gap:
         return t, True
     if zoom and t is not None and max(r - gap, r - R.delta) <= t < r:
@@ -190,117 +166,11 @@ def _search_round(ask, segs, frontier, settings: SearchSettings, state) -> list:
                 jobs.append((si, t, max(min(w / 16, (t - L.t) / 4, (R.t - t) / 4), 1e-4 * w, floor), L, R))
     res = _evaluate(ask, segs, [j[:3] for j in jobs])
     if settings.pin:
-        res = _pinned(ask, segs, jobs, res, tol_f)
+        res = pinned(ask, segs, jobs, res, tol_f)
     out = []
     for (si, _, _, L, R), M in zip(jobs, res):
         out += [(si, L, M), (si, M, R)]
     return out
-
-
-def _line_through(t0: float, f0: float, t1: float, f1: float) -> tuple[float, float, float]:
-    """The line through two answers, as (point t, value there, slope)."""
-    return t0, f0, (f1 - f0) / (t1 - t0)
-
-
-def _meet_lines(a, b) -> float | None:
-    """Where two lines ``(t, f, slope)`` meet (None when parallel or not finite)."""
-    if a[2] == b[2]:
-        return None
-    t = (b[1] - a[1] + a[2] * a[0] - b[2] * b[0]) / (a[2] - b[2])
-    return float(t) if np.isfinite(t) else None
-
-
-def _on(line, t: float) -> float:
-    return line[1] + line[2] * (t - line[0])
-
-
-def _piece(points: list, tol: float):
-    """The line through the two farthest of ``points`` ``(t, f)`` when every point lies on it within ``tol``."""
-    pts = sorted(points)
-    line = _line_through(*pts[0], *pts[-1])
-    return line if all(abs(f - _on(line, t)) <= tol for t, f in pts) else None
-
-
-@dataclass(frozen=True)
-class PinCandidate:
-    """A kink inside a split point's short stencil (:func:`pin_candidate`): its first guess ``t``, the offset ``eps``
-    of the two answers beside it, the offset ``far`` of two more (2δ out on either side) and the tolerance of an
-    answer on a piece."""
-
-    t: float
-    eps: float
-    far: float
-    tol: float
-
-    def points(self) -> list[float]:
-        return [self.t - self.far, self.t - self.eps, self.t + self.eps, self.t + self.far]
-
-
-def pin_candidate(L: Stencil, M: Stencil, R: Stencil, tol_f: float) -> PinCandidate | None:
-    """A single kink inside split point M's short stencil (a meeting point, δ ≤ 0.1 % of [L, R]) whose two slopes
-    differ beyond their rounding: a first guess where the piece through M's two answers on one side meets the
-    line through its third answer with the slope of the interval's end on that side. None when the stencil is
-    wide, its slopes agree, the guess falls outside the stencil or the kink is too weak to tell the two pieces
-    apart ε beside it."""
-    de = M.delta
-    if de > 1e-3 * (R.t - L.t):
-        return None
-    slope_err = 2 * tol_f / de
-    if abs(M.slope_out_right - M.slope_out_left) <= 8 * slope_err:
-        return None
-    for near_is_left in (True, False):
-        if near_is_left:  # M.left, M.f on the left piece; M.right on the right piece, of R's slope
-            near, rough, lo, hi = _line_through(M.t - de, M.left, M.t, M.f), (M.t + de, M.right, R.slope_out_left), \
-                M.t, M.t + de
-        else:  # M.f, M.right on the right piece; M.left on the left piece, of L's slope
-            near, rough, lo, hi = _line_through(M.t, M.f, M.t + de, M.right), (M.t - de, M.left, L.slope_out_right), \
-                M.t - de, M.t
-        t = _meet_lines(near, rough)
-        if t is None or not lo <= t <= hi:
-            continue
-        if not (L.t < t - 2 * de and t + 2 * de < R.t):
-            return None
-        tol = 4 * tol_f
-        eps = max(1e-5 * de, 32 * tol / abs(near[2] - rough[2]))
-        if eps > de / 4:
-            return None
-        return PinCandidate(t, eps, 2 * de, tol)
-    return None
-
-
-def pin_kink(M: Stencil, c: PinCandidate, answers) -> Stencil | None:
-    """The stencil at the kink inside M's stencil, from M's three answers and the candidate's four (``answers`` at
-    ``c.points()``): the answers left of the kink on one line and those right of it on another, at least three
-    on each (M's centre on either side), the two ε beside the kink on different pieces (a second kink next to it
-    would leave one of them off its line: the lines differ there by 32 tolerances). None when no split of the
-    answers fits two lines."""
-    far_l, y_l, y_r, far_r = (float(v) for v in answers)
-    left = [(c.t - c.far, far_l), (M.t - M.delta, M.left), (c.t - c.eps, y_l)]
-    right = [(c.t + c.eps, y_r), (M.t + M.delta, M.right), (c.t + c.far, far_r)]
-    for centre_left in (True, False):
-        lp, rp = (left + [(M.t, M.f)], right) if centre_left else (left, right + [(M.t, M.f)])
-        a, b = _piece(lp, c.tol), _piece(rp, c.tol)
-        t = None if a is None or b is None else _meet_lines(a, b)
-        if t is not None and max(p[0] for p in lp) <= t <= min(p[0] for p in rp):
-            f = _on(a, t)
-            return Stencil(t, f, f - M.delta * a[2], f + M.delta * b[2], M.delta)
-    return None
-
-
-def _pinned(ask, segs, jobs, res: list[Stencil], tol_f: float) -> list[Stencil]:
-    """Float64 answers: a split point whose short stencil holds one kink (:func:`pin_candidate`) is replaced by a
-    stencil at the kink itself (:func:`pin_kink`, four answers each). The kink is then known to rounding, where
-    the search would otherwise bracket it down to its minimal width over several rounds (a count that varied from
-    run to run)."""
-    cands = [(i, pin_candidate(L, M, R, tol_f)) for i, ((_, _, _, L, R), M) in enumerate(zip(jobs, res))]
-    cands = [(i, c) for i, c in cands if c is not None]
-    if not cands:
-        return res
-    y = ask(np.array([segs[jobs[i][0]].at(t) for i, c in cands for t in c.points()])).reshape(-1, 4)
-    res = list(res)
-    for (i, c), yc in zip(cands, y):
-        res[i] = pin_kink(res[i], c, yc) or res[i]
-    return res
 
 
 @dataclass
