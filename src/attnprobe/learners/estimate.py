@@ -24,10 +24,10 @@ from attnprobe.models.attention import AttentionHead
 CALIBRATION = 32
 #: re-measured (saturated or noisy) probes allowed for, as a share of the planned queries
 RETRY_SHARE = 0.01
-#: the ReLU-network learner on float64 answers: kink-search queries per hidden unit, ``a + b·log₂ m`` (kinks pinned
-#: inside their meeting point's stencil; means of 12.5 at m = 4 … 14.0 at m = 64 over 20 seeds at every benchmark
-#: size, one output or ten)
-FFN_SEARCH_PER_UNIT, FFN_SEARCH_PER_UNIT_LOG = 12.7, 0.33
+#: the ReLU-network learner on float64 answers: kink-search queries per hidden unit beyond the 12 end stencils,
+#: ``a + b·log₂ m`` (kinks pinned inside their meeting point's stencil; means of 13.9 at m = 4 … 14.9 at m = 64
+#: over 40 seeds at every benchmark size, one output or ten)
+FFN_SEARCH_PER_UNIT, FFN_SEARCH_PER_UNIT_LOG = 13.2, 0.25
 #: float32 answers: the search without the zoom, pieces refitted (measured 13–26 per unit)
 FFN_SEARCH_PER_UNIT_COARSE = 20.0
 #: gradients beyond one per region (m + 2): regions re-measured off the line (their probes crossed a hyperplane
@@ -42,9 +42,9 @@ FFN_EXTRA_COARSE, FFN_EXTRA_PER_UNIT_COARSE = 0.25, 0.08
 #: float64 answers before their line was scaled: 3 of 18 regions at 784-16, 36 of 66 at 784-64)
 FFN_NARROW = 1.7e-5
 #: the spread of the ReLU-network learner's count around the estimate (float64, 40 seeds at each benchmark size
-#: d = 8 … 64 and 10 at d = 784, m = 4 … 64, K = 1 and 10: 0.90 … 1.31 of it; the high end is a run that
-#: re-measured ten regions off the line, 1.34 of the search and gradients); the high end applies to the search
-#: and gradients (the check's 64 queries are fixed)
+#: d = 8 … 64 and 10 at d = 784, m = 4 … 64, K = 1 and 10: 0.90 … 1.33 of it; the high end is a run that
+#: re-measured regions off the line, 1.33 of the search and gradients); the high end applies to the search and
+#: gradients (the check's 64 queries are fixed)
 FFN_LOW, FFN_HIGH = 0.85, 1.4
 #: the vector-answer multi-head learner: calibration rounds of 4 queries (measured 2–4 on MiniLM layers) and the
 #: clipping ladder (``len(ladder) + 1`` length-1 queries, 4 at the probe norms of MiniLM)
