@@ -98,25 +98,26 @@ def _vector_minilm(layer, dtype, seed):
     return o.queries
 
 
-def _ffn(d, m, K, bias, seed, precision="float64"):
+def ffn_run(d, m, K, bias, seed, precision="float64", net_seed=None):
+    """One ffn benchmark run: the net ``random_relu_net(d, m, seed=1000·d + m + seed)`` (the benchmark scripts'
+    nets: transformer.py bias-free, ffn_biased.py with biases; ``net_seed`` overrides it) learned with ``seed``.
+    Returns (oracle, extraction)."""
     from attnprobe.learners.ffn import extract_ffn
     from attnprobe.targets import random_relu_net
 
-    # the benchmark scripts' nets: transformer.py (bias-free) and ffn_biased.py both seed 1000·d + m + seed
-    net = random_relu_net(d, m, seed=1000 * d + m + seed, bias=bias, outputs=None if K == 1 else K)
+    net_seed = 1000 * d + m + seed if net_seed is None else net_seed
+    net = random_relu_net(d, m, seed=net_seed, bias=bias, outputs=None if K == 1 else K)
     o = Oracle(net.with_dtype(precision), d, precision=precision)
-    extract_ffn(o, seed=seed)
-    return o.queries
+    return o, extract_ffn(o, seed=seed)
+
+
+def _ffn(d, m, K, bias, seed, precision="float64"):
+    return ffn_run(d, m, K, bias, seed, precision)[0].queries
 
 
 def _ffn_overhead(seed):
     """benchmarks/learner_overhead.py's target: random_relu_net(8, 32, seed=0), learned with each seed."""
-    from attnprobe.learners.ffn import extract_ffn
-    from attnprobe.targets import random_relu_net
-
-    o = Oracle(random_relu_net(8, 32, seed=0), 8)
-    extract_ffn(o, seed=seed)
-    return o.queries
+    return ffn_run(8, 32, 1, False, seed, net_seed=0)[0].queries
 
 
 def against_real(estimate: int, real: np.ndarray) -> tuple[str, str]:

@@ -94,6 +94,12 @@ MUTATIONS = [
     M("ffn-kink-chord", "learners/ffn/kinks.py", "    return all(abs(L.f + (x - L.t) * slope - y) <= 3 * tol_f",
       "    return all(abs(L.f + (x - L.t) * slope - y) <= 3e3 * tol_f", ("tests/test_ffn.py",),
       "a chord 1000 roundings off still counts as linear"),
+    M("ffn-pin-piece", "learners/ffn/pinning.py", "all(abs(f - value_on(line, t)) <= tol for t, f in pts)",
+      "all(abs(f - value_on(line, t)) <= 1e6 * tol for t, f in pts)",
+      ("tests/test_ffn_kink_search.py",), "a kink pinned though the answers beside it miss its two lines"),
+    M("ffn-pin-order", "learners/ffn/pinning.py", "        if t is not None and max(p[0] for p in lp) <= t <= min(",
+      "        if t is not None and -np.inf <= t <= min(", ("tests/test_ffn_kink_search.py",),
+      "a kink pinned left of answers its left piece holds"),
     # the served API
     M("server-batch-limit", "service/app.py", "if B > options.max_batch:", "if B > options.max_batch + 1:",
       ("tests/test_service.py",), "one sequence past the batch limit"),

@@ -24,22 +24,28 @@ from attnprobe.models.attention import AttentionHead
 CALIBRATION = 32
 #: re-measured (saturated or noisy) probes allowed for, as a share of the planned queries
 RETRY_SHARE = 0.01
-#: the ReLU-network learner on float64 answers: kink-search queries per hidden unit (one output / K ≥ 2 outputs,
-#: whose random mix shows every kink more sharply), measured 13–25 per unit over 10 seeds at every benchmark size
-FFN_SEARCH_PER_UNIT, FFN_SEARCH_PER_UNIT_K = 17.0, 14.5
+#: the ReLU-network learner on float64 answers: kink-search queries per hidden unit beyond the 12 end stencils,
+#: ``a + b·log₂ m`` (kinks pinned inside their meeting point's stencil; means of 13.9 at m = 4 … 14.9 at m = 64
+#: over 40 seeds at every benchmark size, one output or ten)
+FFN_SEARCH_PER_UNIT, FFN_SEARCH_PER_UNIT_LOG = 13.2, 0.25
 #: float32 answers: the search without the zoom, pieces refitted (measured 13–26 per unit)
 FFN_SEARCH_PER_UNIT_COARSE = 20.0
-#: gradients beyond one per region (m + 2): regions re-measured off the line and split points taken for kinks and
-#: merged away after their gradients were measured, ``FFN_EXTRA + FFN_EXTRA_PER_UNIT·m`` (fitted to 190 runs)
-FFN_EXTRA, FFN_EXTRA_PER_UNIT = 0.25, 0.08
+#: gradients beyond one per region (m + 2): regions re-measured off the line (their probes crossed a hyperplane
+#: near the line: more of them as m and d grow) and split points taken for kinks and merged away after their
+#: gradients were measured. Float64: ``FFN_EXTRA + FFN_EXTRA_QUAD·m²·(1 + d/FFN_EXTRA_D)`` (means of 0.1 … 1 at
+#: d ≤ 64, m ≤ 32; 2.2 at d = m = 64; 7 at d = 784, m = 64; 40 seeds, 10 at d = 784); float32 answers
+#: ``FFN_EXTRA_COARSE + FFN_EXTRA_PER_UNIT_COARSE·m`` (fitted to 190 runs)
+FFN_EXTRA, FFN_EXTRA_QUAD, FFN_EXTRA_D = 0.25, 4.3e-4, 263.0
+FFN_EXTRA_COARSE, FFN_EXTRA_PER_UNIT_COARSE = 0.25, 0.08
 #: float32 answers search a biased net along the unit line, where the kinks crowd near its far ends as d·m grows
 #: and the thin regions there are measured twice: a share ``1 − exp(−FFN_NARROW·m·d)`` of the regions (measured on
 #: float64 answers before their line was scaled: 3 of 18 regions at 784-16, 36 of 66 at 784-64)
 FFN_NARROW = 1.7e-5
-#: the spread of the ReLU-network learner's count around the estimate (float64, 10 seeds at each benchmark size,
-#: d = 8 … 784, m = 4 … 64, K = 1 and 10: 0.91 … 1.28 of it; the high end is a run that re-measured six regions at
-#: 786 queries each); the high end applies to the search and gradients (the check's 64 queries are fixed)
-FFN_LOW, FFN_HIGH = 0.85, 1.3
+#: the spread of the ReLU-network learner's count around the estimate (float64, 40 seeds at each benchmark size
+#: d = 8 … 64 and 10 at d = 784, m = 4 … 64, K = 1 and 10: 0.90 … 1.33 of it; the high end is a run that
+#: re-measured regions off the line, 1.33 of the search and gradients); the high end applies to the search and
+#: gradients (the check's 64 queries are fixed)
+FFN_LOW, FFN_HIGH = 0.85, 1.4
 #: the vector-answer multi-head learner: calibration rounds of 4 queries (measured 2–4 on MiniLM layers) and the
 #: clipping ladder (``len(ladder) + 1`` length-1 queries, 4 at the probe norms of MiniLM)
 VECTOR_CALIBRATION, VECTOR_LADDER = 12, 4
@@ -143,9 +149,12 @@ def _ffn(d: int, m: int, K: int, precision: str, bias: bool, price_per_1k: float
 
     coarse = _coarse(precision)
     D = d + int(bias)
-    per_unit = FFN_SEARCH_PER_UNIT_COARSE if coarse else FFN_SEARCH_PER_UNIT if K == 1 else FFN_SEARCH_PER_UNIT_K
+    per_unit = FFN_SEARCH_PER_UNIT_COARSE if coarse else FFN_SEARCH_PER_UNIT + FFN_SEARCH_PER_UNIT_LOG * math.log2(m)
     search = 12 + per_unit * m
-    regions = m + 2 + FFN_EXTRA + FFN_EXTRA_PER_UNIT * m
+    if coarse:
+        regions = m + 2 + FFN_EXTRA_COARSE + FFN_EXTRA_PER_UNIT_COARSE * m
+    else:
+        regions = m + 2 + FFN_EXTRA + FFN_EXTRA_QUAD * m * m * (1 + d / FFN_EXTRA_D)
     if coarse and bias:
         regions += (m + 2) * (1 - math.exp(-FFN_NARROW * m * d))
     line = search + regions * (D + 1)
@@ -155,7 +164,7 @@ def _ffn(d: int, m: int, K: int, precision: str, bias: bool, price_per_1k: float
     high = int(round(FFN_HIGH * (MAX_LINES * line if coarse else line) + fixed))
     more = f"; float32: polish {polish}, up to {MAX_LINES - 1} more lines" if coarse else ""
     return Estimate("ffn", d, mid, int(FFN_LOW * mid), high,
-                    f"kink search ≈ {search:.0f} ({per_unit:g} per unit), ≈ {regions:.1f} gradients of {D + 1} "
+                    f"kink search ≈ {search:.0f} ({per_unit:.3g} per unit), ≈ {regions:.1f} gradients of {D + 1} "
                     f"queries (m + 2 = {m + 2} regions, some re-measured off the line){more}, check 64; measured "
                     f"{FFN_LOW:.2f}–{FFN_HIGH:.2f} of this", price_per_1k)
 

@@ -3,7 +3,8 @@ adapted to answers known only up to rounding.
 
 A ReLU network is piecewise linear along any segment ``x(t) = base + t·direction`` (t ∈ [−1, 1]); its kinks are
 where the segment crosses a neuron's hyperplane. :func:`search_kinks` finds them with 3 queries per evaluated
-point (the value and a two-sided stencil) and no other assumption than piecewise linearity.
+point (the value and a two-sided stencil; :mod:`.pinning` adds 4 to place a kink found inside a stencil) and no
+other assumption than piecewise linearity.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attnprobe.errors import RecoveryError
+from attnprobe.learners.ffn.pinning import pinned
+from attnprobe.learners.ffn.stencil import Stencil, meet_lines
 
 #: rounds of interval splitting before the search gives up
 MAX_ROUNDS = 200
@@ -34,25 +37,6 @@ class Segment:
 
 
 @dataclass(frozen=True)
-class Stencil:
-    """An evaluated point t of a segment: ``f(t)``, ``f(t − δ)``, ``f(t + δ)`` and δ."""
-
-    t: float
-    f: float
-    left: float
-    right: float
-    delta: float
-
-    @property
-    def slope_out_left(self) -> float:  # slope of the piece arriving at t from the left
-        return (self.f - self.left) / self.delta
-
-    @property
-    def slope_out_right(self) -> float:  # slope of the piece leaving t to the right
-        return (self.right - self.f) / self.delta
-
-
-@dataclass(frozen=True)
 class SearchSettings:
     """Tolerances of the kink search: answers within ``noise_factor`` roundings (``eps``) of the largest answer
     count as on a line; intervals shorter than ``min_width`` hold one kink; ``refit`` re-tests every piece
@@ -66,46 +50,57 @@ class SearchSettings:
     end_stencil: float = 2.0 / 64  # stencil half-width at t = ±1 (its outer point lies beyond the segment)
     #: a kink found at an interval's end is bracketed 1000-fold per round (:func:`meeting_point`): float64 answers
     zoom: bool = False
+    #: a split point whose short stencil holds one kink is moved onto the kink, confirmed by four more answers
+    #: (:func:`~attnprobe.learners.ffn.pinning.pinned`): float64 answers
+    pin: bool = False
 
 
-def _meet(l, fl, sl, r, fr, sr):
-    """Where the line through (l, fl) with slope sl meets the line through (r, fr) with slope sr."""
-    if sl == sr:
-        return None
-    t = (fr - fl + sl * l - sr * r) / (sl - sr)
-    return float(t) if np.isfinite(t) else None
+def _clean(S: Stencil, tol_f: float | None) -> bool:
+    """Whether S's two slopes agree within their rounding (no kink inside its stencil); never without ``tol_f``."""
+    return tol_f is not None and abs(S.slope_out_right - S.slope_out_left) <= 4 * tol_f / S.delta
 
 
-def meeting_point(L: Stencil, R: Stencil, zoom: bool = False) -> tuple[float, bool]:
-    """Next split point of a non-linear interval [L.t, R.t] from its two end stencils.
+def informed_split(L: Stencil, R: Stencil, zoom: bool = False,
+                   tol_f: float | None = None) -> tuple[float, bool] | None:
+    """Next split point of a non-linear interval [L.t, R.t] from its two end stencils, or None.
 
     The lines leaving l to the right and r to the left meet at the kink when the interval holds one kink. A
     stencil that straddles a kink gives a secant meeting the other line exactly at the stencil's far end, so such
     meeting points are not used; the kink then lies inside that stencil, where the line arriving at the stencil's
-    own centre from the outside meets the other line. Falls back to the middle. Returns (t, meeting point?).
+    own centre from the outside meets the other line. None when neither applies. Returns (t, meeting point?).
 
     ``zoom``: a kink inside an end's stencil but closer to that end than the 0.1 % gap (an end placed on a kink
     to within its slopes' rounding) is bracketed by a split at the gap, so the next interval is 1000 times
     shorter, not half as long: the search reaches its minimal width in about three rounds instead of ~25
-    bisections (whose number varied with where the kinks fell)."""
+    bisections (whose number varied with where the kinks fell). ``tol_f`` (float64 answers): an end whose two
+    slopes agree within their rounding holds no kink inside its stencil, so the lines may meet anywhere beyond
+    it, not only two stencils away (wide midpoint stencils otherwise sent intervals with one kink near an end to
+    bisection)."""
     l, r = L.t, R.t
+    reach_l = (1 if _clean(L, tol_f) else 2) * L.delta
+    reach_r = (1 if _clean(R, tol_f) else 2) * R.delta
     sl_out, sl_in = L.slope_out_left, L.slope_out_right
     sr_in, sr_out = R.slope_out_left, R.slope_out_right
     gap = 1e-3 * (r - l)  # never split within 0.1 % of an end: stencils there would be too short
-    t = _meet(l, L.f, sl_in, r, R.f, sr_in)
-    if t is not None and max(l + 2 * L.delta, l + gap) < t < min(r - 2 * R.delta, r - gap):
+    t = meet_lines((l, L.f, sl_in), (r, R.f, sr_in))
+    if t is not None and max(l + reach_l, l + gap) < t < min(r - reach_r, r - gap):
         return t, True
-    t = _meet(l, L.f, sl_out, r, R.f, sr_in)  # kink inside l's stencil
+    t = meet_lines((l, L.f, sl_out), (r, R.f, sr_in))  # kink inside l's stencil
     if t is not None and l + gap < t <= l + L.delta and t < r - gap:
         return t, True
     if zoom and t is not None and l < t <= min(l + gap, l + L.delta):
         return l + gap, False
-    t = _meet(l, L.f, sl_in, r, R.f, sr_out)  # kink inside r's stencil
+    t = meet_lines((l, L.f, sl_in), (r, R.f, sr_out))  # kink inside r's stencil
     if t is not None and r - R.delta <= t < r - gap and t > l + gap:
         return t, True
     if zoom and t is not None and max(r - gap, r - R.delta) <= t < r:
         return r - gap, False
-    return 0.5 * (l + r), False
+    return None
+
+
+def meeting_point(L: Stencil, R: Stencil, zoom: bool = False, tol_f: float | None = None) -> tuple[float, bool]:
+    """:func:`informed_split`, falling back to the middle of the interval. Returns (t, meeting point?)."""
+    return informed_split(L, R, zoom, tol_f) or (0.5 * (L.t + R.t), False)
 
 
 def _evaluate(ask, segs, jobs) -> list[Stencil]:
@@ -128,11 +123,11 @@ def _chord_is_linear(L: Stencil, R: Stencil, tol_f: float) -> bool:
     return all(abs(L.f + (x - L.t) * slope - y) <= 3 * tol_f for x, y in inside)
 
 
-def _split_job(si, L: Stencil, R: Stencil, floor: float, zoom: bool):
+def _split_job(si, L: Stencil, R: Stencil, floor: float, zoom: bool, tol_f: float | None = None):
     """Where to split a non-linear interval and how wide a stencil to evaluate there."""
     l, r = L.t, R.t
     w = r - l
-    t, meeting = meeting_point(L, R, zoom)
+    t, meeting = meeting_point(L, R, zoom, tol_f)
     # at a meeting point f agrees with both end lines even when two kinks lie just to one side of it;
     # a short stencil there keeps such a pair from hiding behind the stencil's far point
     rel = 1e-4 if meeting else 1 / 16
@@ -143,6 +138,7 @@ def _search_round(ask, segs, frontier, settings: SearchSettings, state) -> list:
     """One batched round: every open interval is either confirmed linear (one random value) or split."""
     floor = 1024 * settings.eps  # inputs are rounded to the answers' precision: shorter stencils measure rounding
     tol_f = settings.noise_factor * settings.eps * max(ask.top, 1e-300)
+    clean_tol = tol_f if settings.zoom else None  # float64: ends without a kink in their stencil met closer
     jobs, checks = [], []
     for si, L, R in frontier:
         w = R.t - L.t
@@ -155,7 +151,7 @@ def _search_round(ask, segs, frontier, settings: SearchSettings, state) -> list:
         elif w <= settings.min_width:
             state.done[si].append((L, R, True))
         else:
-            jobs.append(_split_job(si, L, R, floor, settings.zoom))
+            jobs.append(_split_job(si, L, R, floor, settings.zoom, clean_tol))
     if checks:
         y = ask(np.array([segs[si].at(t) for si, _, _, t in checks]))
         for (si, L, R, t), yt in zip(checks, y):
@@ -163,10 +159,14 @@ def _search_round(ask, segs, frontier, settings: SearchSettings, state) -> list:
             chord = L.f + (t - L.t) * (R.f - L.f) / (R.t - L.t)
             if abs(chord - yt) <= 3 * tol_f:
                 state.done[si].append((L, R, False))
+            elif settings.zoom and informed_split(L, R, True, clean_tol) is not None:
+                jobs.append(_split_job(si, L, R, floor, True, clean_tol))
             else:
                 w = R.t - L.t
                 jobs.append((si, t, max(min(w / 16, (t - L.t) / 4, (R.t - t) / 4), 1e-4 * w, floor), L, R))
     res = _evaluate(ask, segs, [j[:3] for j in jobs])
+    if settings.pin:
+        res = pinned(ask, segs, jobs, res, tol_f)
     out = []
     for (si, _, _, L, R), M in zip(jobs, res):
         out += [(si, L, M), (si, M, R)]

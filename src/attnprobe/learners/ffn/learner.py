@@ -240,7 +240,7 @@ def _search_and_measure(run: Run, ask: Answers, segs, opts: FFNOptions, coarse: 
     min_width = opts.min_width or max(1e-9, 1024 * eps)
     with run.phase("kink_search"):
         end = 0.5 / opts.reach if ask.lifted else 2.0 / 64  # lifted: the ends' outer stencils stay at s > 0
-        settings = SearchSettings(noise_factor, eps, min_width, coarse, end, zoom=not coarse)
+        settings = SearchSettings(noise_factor, eps, min_width, coarse, end, zoom=not coarse, pin=not coarse)
         rounds = search_kinks(ask, segs, settings, run.rng)
     tight = sum(s.unresolved for s in segs)
     dim = ask.dim
