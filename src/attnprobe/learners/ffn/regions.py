@@ -140,6 +140,8 @@ class Regions:
         same = self._same()
         i = np.flatnonzero(same) if same.size else np.zeros(0, dtype=int)
         J, _ = self.jumps()
+        if J.shape[0] == 0:
+            return np.zeros(0)
         scale = eps * self.ask.top * math.sqrt(self.U.shape[0]) * (1 / self.radii[i] + 1 / self.radii[i + 1])
         return scale / np.maximum(np.linalg.norm(J.reshape(J.shape[0], -1), axis=1), 1e-300)
 
