@@ -475,7 +475,7 @@ def _repair_line(run: Run, ask: Answers, first, opts: FFNOptions, noise: np.ndar
             return np.zeros((0,) + J1.shape[1:]), np.zeros(0, dtype=int), [], np.ones(J1.shape[0], bool), stats
         regions = _search_and_measure(run, ask, subs, opts, True)["regions"]
     J2, where2 = regions.jumps()
-    grad_noise = COARSE_NOISE_FACTOR * ask.oracle.eps * ask.top * np.sqrt(ask.dim)
+    grad_noise = 2 * ask.oracle.eps * ask.top * np.sqrt(ask.dim)  # two roundings per probe
     N2 = hyperplane_normals(J2)
     drop = (contradicted(N, segs, spans, N2, SAME_NEURON_COS)
             | failed_side_checks(checks, spans, segs, regions, ask.mix, grad_noise, J1.shape[0]))

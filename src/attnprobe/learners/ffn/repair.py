@@ -25,7 +25,7 @@ MAX_KINK_ANGLE = 3e-3
 #: an interval between predicted kinks is tested only where it is longer than this (in t)
 MIN_SPAN = 1e-3
 #: a slope change may differ from its prediction by this many times the crossed jump's error
-SLOPE_BAND = 3.0
+SLOPE_BAND = 0.5
 
 
 def predicted_kinks(N: np.ndarray, C: np.ndarray, noise: np.ndarray, mix: np.ndarray, seg: Segment):
