@@ -64,7 +64,8 @@ class SideCheck:
 def suspect_spans(ask, segs, N, C, noise, tol_f: float):
     """Spans ``(segment, lo, hi)`` of ``segs`` where the answers contradict the predicted kinks: an interval
     between two predicted kinks whose three answers are not on a line (and a predicted kink between two such
-    intervals), or a predicted kink across which the slope changes by more or less than predicted. Asks 3 answers
+    intervals), or a predicted kink across which the slope changes by more or less than predicted (kinks closer
+    than their bands: the group of them, by the sum of their changes). Asks 3 answers
     per tested interval (one batch). Returns the spans, the :class:`SideCheck` of every predicted kink between a
     not-straight interval and a straight one, and what was tested."""
     plan, preds = [], []  # (segment, lo, hi) of every tested interval; per segment the predicted kinks
@@ -82,18 +83,20 @@ def suspect_spans(ask, segs, N, C, noise, tol_f: float):
     flagged = [(si, lo, hi) for si, lo, hi in plan if (si, lo) in bent]
     mismatched, checks = 0, []
     for si, (change, allow, ks, spans) in enumerate(preds):
-        for i, k in enumerate(ks):
-            left, right = spans[i], spans[i + 1]
-            if left is None or right is None:
-                continue
+        # kinks with no tested interval between them (their bands overlap) are checked together: the slope across
+        # the group changes by the sum of their changes
+        tested = [i for i, s in enumerate(spans) if s is not None]
+        for a, b in zip(tested[:-1], tested[1:]):  # the kinks a … b−1 lie between tested intervals a and b
+            left, right, group = spans[a], spans[b], slice(a, b)
+            want, room = float(np.sum(change[group])), float(np.sum(allow[group]))
             noise_l, noise_r = 4 * tol_f / (left[1] - left[0]), 4 * tol_f / (right[1] - right[0])
             bl, br = (si, left[0]) in bent, (si, right[0]) in bent
-            if bl and br:  # unverifiable from the answers: searched too (joining the two spans)
-                flagged.append((si, left[1], right[0]))
+            if (bl and br) or ((bl or br) and b > a + 1):  # unverifiable from the answers: searched with the
+                flagged.append((si, left[1], right[0]))            # bent interval(s) beside
             elif bl or br:
                 out, at, side = (slope[(si, right[0])], left[1], 1) if bl else (slope[(si, left[0])], right[0], -1)
-                checks.append(SideCheck(si, int(k), at, side, out, change[i], (noise_r if bl else noise_l) + allow[i]))
-            elif abs(slope[(si, right[0])] - slope[(si, left[0])] - change[i]) > noise_l + noise_r + allow[i]:
+                checks.append(SideCheck(si, int(ks[a]), at, side, out, want, (noise_r if bl else noise_l) + room))
+            elif abs(slope[(si, right[0])] - slope[(si, left[0])] - want) > noise_l + noise_r + room:
                 mismatched += 1
                 flagged.append((si, 0.5 * (left[0] + left[1]), 0.5 * (right[0] + right[1])))
     spans = _merged(flagged)
