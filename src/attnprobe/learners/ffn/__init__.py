@@ -2,8 +2,9 @@
 
 Modules, one phase each: :mod:`.answers` (the oracle seen in input or lifted space), :mod:`.kinks` (critical
 points along a line), :mod:`.regions` (gradients of the linear regions and their jumps), :mod:`.orientation`
-(which side of its hyperplane each neuron is active on), :mod:`.fit` (assembly and least-squares polish), and
-:mod:`.learner` (the driver :func:`extract_ffn` and its :class:`FFNOptions`).
+(which side of its hyperplane each neuron is active on), :mod:`.fit` (assembly and least-squares polish),
+:mod:`.repair` and :mod:`.more_lines` (coarse answers: a line tested against the first line's neurons, then whole
+further lines), and :mod:`.learner` (the driver :func:`extract_ffn` and its :class:`FFNOptions`).
 
 Identifiability: the function fixes only the hyperplanes with their jumps and the linear part, so dead neurons
 (``a_k = 0``, or ``w_k = 0`` in every output) are invisible, neurons with the same hyperplane and orientation

@@ -2,7 +2,8 @@
 
 Phases (each charged to its own query count): ``odd_part`` (bias-free nets: ``f(x) − f(−x) = vᵀx``, 2d
 queries unless v is given), ``kink_search`` (:mod:`.kinks`), ``gradients`` and ``re_measured`` (:mod:`.regions`),
-then orientations (:mod:`.orientation`, no queries) and, for coarse answers, ``polish`` (:mod:`.fit`).
+then orientations (:mod:`.orientation`, no queries) and, for coarse answers, ``polish`` (:mod:`.fit`) and, when the
+polished neurons miss answers, ``repair_line`` (:mod:`.repair`) and ``more_lines`` (:mod:`.more_lines`).
 """
 
 from __future__ import annotations
@@ -390,7 +391,9 @@ def _consistency(neurons: Neurons, ask: Answers) -> float:
 
 
 def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_data, noise):
-    """Coarse answers whose first line left a neuron missing or wrong (:mod:`.more_lines`): search up to
+    """Coarse answers whose first line left a neuron missing or wrong: first a repair line (:func:`_repair_line`,
+    searched only where the first line's neurons are contradicted; ``noise``: their jumps' relative errors), then,
+    when its neurons do not explain every answer either, as without it (:mod:`.more_lines`): up to
     :data:`MAX_LINES` − 1 more lines, and after each keep the neuron set whose polished network best explains every
     answer (a set that explains them all beats one that does not, then one that orients exactly). Stops when the
     answers are explained or the budget has no room for another line. Returns
@@ -473,7 +476,11 @@ def _repair_line(run: Run, ask: Answers, first, opts: FFNOptions, noise: np.ndar
         subs = [sub_segment(segs[si], lo, hi) for si, lo, hi in spans]
         if not subs:
             return np.zeros((0,) + J1.shape[1:]), np.zeros(0, dtype=int), [], np.ones(J1.shape[0], bool), stats
-        regions = _search_and_measure(run, ask, subs, opts, True)["regions"]
+        q0 = run.queries
+        state = _search_and_measure(run, ask, subs, opts, True)
+        regions = state["regions"]
+        stats["search_queries"] = run.queries - q0
+        stats["regions"] = len(regions.regs)
     J2, where2 = regions.jumps()
     grad_noise = 2 * ask.oracle.eps * ask.top * np.sqrt(ask.dim)  # two roundings per probe
     N2 = hyperplane_normals(J2)
