@@ -85,6 +85,24 @@ def test_a_wide_stencil_or_a_straight_one_is_not_pinned():
     assert _pin(f, 0.41) is not None
 
 
+def test_an_end_without_a_kink_in_its_stencil_is_met_one_stencil_away():
+    """Float64 answers (``tol_f`` given): a wide midpoint stencil (δ = 1/16) whose two slopes agree holds no kink,
+    so the lines meet at a kink 1.5 δ from it (without ``tol_f`` only beyond 2 δ: bisection). An end whose stencil
+    straddles a kink (0.71 δ, a second one at 1.61 δ) is not clean: the lines' meeting 1.5 δ out is no kink and is
+    not used."""
+    from attnprobe.learners.ffn.kinks import informed_split
+
+    tol_f, delta = 64 * np.finfo(float).eps, 1 / 16
+    f = lambda t: 0.3 + 0.5 * t + 1.5 * max(0.0, t - 1.5 * delta)  # noqa: E731
+    L, R = _stencil(f, 0.0, delta), _stencil(f, 1.0, 1e-4)
+    t, meeting = informed_split(L, R, True, tol_f)
+    assert meeting and t == pytest.approx(1.5 * delta, abs=1e-12)
+    assert informed_split(L, R, True) is None
+    g = lambda t: 0.3 + 0.5 * t - 0.33 * max(0.0, t - 0.71 * delta) - 1.68 * max(0.0, t - 1.61 * delta)  # noqa: E731
+    L, R = _stencil(g, 0.0, delta), _stencil(g, 1.0, 1e-4)
+    assert informed_split(L, R, True, tol_f) is None
+
+
 def test_the_search_costs_a_bounded_number_of_queries_per_kink():
     """Without the zoom an end placed on a kink was bisected ~25 times (35–45 queries per kink at d = 8, m = 32);
     with it, kinks still ended at the minimal width (3–10 per run) and cost 16–21 queries each. With kinks pinned

@@ -159,8 +159,6 @@ def _search_round(ask, segs, frontier, settings: SearchSettings, state) -> list:
             chord = L.f + (t - L.t) * (R.f - L.f) / (R.t - L.t)
             if abs(chord - yt) <= 3 * tol_f:
                 state.done[si].append((L, R, False))
-            elif settings.zoom and informed_split(L, R, True, clean_tol) is not None:
-                jobs.append(_split_job(si, L, R, floor, True, clean_tol))
             else:
                 w = R.t - L.t
                 jobs.append((si, t, max(min(w / 16, (t - L.t) / 4, (R.t - t) / 4), 1e-4 * w, floor), L, R))
