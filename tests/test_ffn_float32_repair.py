@@ -9,7 +9,7 @@ from attnprobe.learners.ffn.kinks import Segment
 from attnprobe.learners.ffn.learner import FFNOptions, _consistency, _repair_line, _score, _segments
 from attnprobe.learners.ffn.more_lines import SAME_NEURON_COS, needs_another_line
 from attnprobe.learners.ffn.regions import hyperplane_normals
-from attnprobe.learners.ffn.repair import contradicted, predicted_kinks, sub_segment, suspect_spans
+from attnprobe.learners.ffn.repair import contradicted, predicted_kinks, repaired_set, sub_segment, suspect_spans
 from attnprobe.learners.skeleton import Run
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_relu_net
@@ -137,3 +137,17 @@ def test_suspect_spans_flag_the_interval_of_a_missed_kink():
     assert stats["intervals_tested"] == 2 and stats["not_straight"] == 1
     assert len(spans) == 1 and spans[0][0] == 0 and 0 < spans[0][1] < 0.5 < spans[0][2] <= 1
     assert len(checks) == 1 and checks[0].side == -1 and checks[0].at == spans[0][1] and checks[0].change == 1.0
+
+
+def test_the_proposal_keeps_one_jump_per_hyperplane_the_better_measured():
+    rng = np.random.default_rng(1)
+    N1 = rng.standard_normal((6, 3))
+    N1 /= np.linalg.norm(N1, axis=0)
+    twin = N1[:, 1] + 1e-5 * rng.standard_normal(6)  # the repair line measured neuron 1 again
+    new = rng.standard_normal(6)  # and found one the first line missed
+    N2 = np.stack([twin / np.linalg.norm(twin), new / np.linalg.norm(new)], axis=1)
+    drop = np.array([False, False, True])  # neuron 2 contradicted
+    keep = repaired_set(N1, np.array([1e-3, 1e-2, 1e-3]), drop, N2, np.array([1e-3, 1e-3]), SAME_NEURON_COS)
+    assert keep.tolist() == [True, False, False, True, True]  # neuron 1's better measurement is the repair's
+    keep = repaired_set(N1, np.array([1e-3, 1e-4, 1e-3]), drop, N2, np.array([1e-3, 1e-3]), SAME_NEURON_COS)
+    assert keep.tolist() == [True, True, False, False, True]
