@@ -165,7 +165,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, options: 
     refits = fit_data is not None and ask.dim * neurons.dirs.shape[1] <= POLISH_MAX_UNKNOWNS
     if coarse and refits and needs_another_line(orient.exact, _consistency(neurons, ask), oracle.eps):
         more = _more_lines(run, ask, (J, where, segs), (neurons, orient, rest), v, opts, fit_data,
-                           regions.jump_noise(oracle.eps))
+                           noise=regions.jump_noise(oracle.eps))
         J, (neurons, orient, rest), state["more_lines"] = more
     model = _model(neurons, d, lifted, ask.vector)
     m_found = J.shape[0]
@@ -390,7 +390,7 @@ def _consistency(neurons: Neurons, ask: Answers) -> float:
     return float(np.max(np.abs(neurons.values(Zs) - Ys)) / max(ask.top, 1e-300))
 
 
-def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_data, noise):
+def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_data, *, noise):
     """Coarse answers whose first line left a neuron missing or wrong: first a repair line (:func:`_repair_line`,
     searched only where the first line's neurons are contradicted; ``noise``: their jumps' relative errors), then,
     when its neurons do not explain every answer either, as without it (:mod:`.more_lines`): up to
