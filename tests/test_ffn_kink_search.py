@@ -103,6 +103,19 @@ def test_an_end_without_a_kink_in_its_stencil_is_met_one_stencil_away():
     assert informed_split(L, R, True, tol_f) is None
 
 
+def test_no_kink_is_looked_for_inside_a_clean_end():
+    """Two kinks (0.3, 0.6) whose outer lines meet 5e-5 before the right end: without ``tol_f`` that is taken for a
+    kink inside the end's stencil and zoomed at (a split 0.1 % from the end, wasted); with it the end's two equal
+    slopes show no kink there, and the interval is left to bisection."""
+    from attnprobe.learners.ffn.kinks import informed_split
+
+    c2 = -1.7500937617202148  # the right piece's slope change that puts the outer lines' meeting at 1 − 5e-5
+    f = lambda t: 0.5 * t + max(0.0, t - 0.3) + c2 * max(0.0, t - 0.6)  # noqa: E731
+    L, R = _stencil(f, 0.0, 1e-4), _stencil(f, 1.0, 1e-4)
+    assert informed_split(L, R, True) == (pytest.approx(0.999), False)
+    assert informed_split(L, R, True, 64 * np.finfo(float).eps) is None
+
+
 def test_the_search_costs_a_bounded_number_of_queries_per_kink():
     """Without the zoom an end placed on a kink was bisected ~25 times (35–45 queries per kink at d = 8, m = 32);
     with it, kinks still ended at the minimal width (3–10 per run) and cost 16–21 queries each. With kinks pinned

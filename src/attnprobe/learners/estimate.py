@@ -25,9 +25,9 @@ CALIBRATION = 32
 #: re-measured (saturated or noisy) probes allowed for, as a share of the planned queries
 RETRY_SHARE = 0.01
 #: the ReLU-network learner on float64 answers: kink-search queries per hidden unit beyond the 12 end stencils,
-#: ``a + b·log₂ m`` (kinks pinned inside their meeting point's stencil; means of 13.9 at m = 4 … 14.9 at m = 64
+#: ``a + b·log₂ m`` (kinks pinned inside their meeting point's stencil; means of 13.2 at m = 4 … 14.6 at m = 64
 #: over 40 seeds at every benchmark size, one output or ten)
-FFN_SEARCH_PER_UNIT, FFN_SEARCH_PER_UNIT_LOG = 13.2, 0.25
+FFN_SEARCH_PER_UNIT, FFN_SEARCH_PER_UNIT_LOG = 12.9, 0.25
 #: float32 answers: the search without the zoom, pieces refitted (measured 13–26 per unit)
 FFN_SEARCH_PER_UNIT_COARSE = 20.0
 #: gradients beyond one per region (m + 2): regions re-measured off the line (their probes crossed a hyperplane

@@ -75,22 +75,24 @@ def informed_split(L: Stencil, R: Stencil, zoom: bool = False,
     bisections (whose number varied with where the kinks fell). ``tol_f`` (float64 answers): an end whose two
     slopes agree within their rounding holds no kink inside its stencil, so the lines may meet anywhere beyond
     it, not only two stencils away (wide midpoint stencils otherwise sent intervals with one kink near an end to
-    bisection)."""
+    bisection), and no kink is looked for inside it (several kinks in the interval put the lines' meeting
+    anywhere, also next to a clean end, which then drew zoom splits)."""
     l, r = L.t, R.t
-    reach_l = (1 if _clean(L, tol_f) else 2) * L.delta
-    reach_r = (1 if _clean(R, tol_f) else 2) * R.delta
+    clean_l, clean_r = _clean(L, tol_f), _clean(R, tol_f)
+    reach_l = (1 if clean_l else 2) * L.delta
+    reach_r = (1 if clean_r else 2) * R.delta
     sl_out, sl_in = L.slope_out_left, L.slope_out_right
     sr_in, sr_out = R.slope_out_left, R.slope_out_right
     gap = 1e-3 * (r - l)  # never split within 0.1 % of an end: stencils there would be too short
     t = meet_lines((l, L.f, sl_in), (r, R.f, sr_in))
     if t is not None and max(l + reach_l, l + gap) < t < min(r - reach_r, r - gap):
         return t, True
-    t = meet_lines((l, L.f, sl_out), (r, R.f, sr_in))  # kink inside l's stencil
+    t = None if clean_l else meet_lines((l, L.f, sl_out), (r, R.f, sr_in))  # kink inside l's stencil
     if t is not None and l + gap < t <= l + L.delta and t < r - gap:
         return t, True
     if zoom and t is not None and l < t <= min(l + gap, l + L.delta):
         return l + gap, False
-    t = meet_lines((l, L.f, sl_in), (r, R.f, sr_out))  # kink inside r's stencil
+    t = None if clean_r else meet_lines((l, L.f, sl_in), (r, R.f, sr_out))  # kink inside r's stencil
     if t is not None and r - R.delta <= t < r - gap and t > l + gap:
         return t, True
     if zoom and t is not None and max(r - gap, r - R.delta) <= t < r:

@@ -5,7 +5,8 @@ Where the lines through the search's two interval ends meet (:func:`~.kinks.info
 within the slopes' rounding (~1e-10), so the split point's stencil (±δ, δ ≤ 0.1 % of the interval) straddles it.
 Two answers 2δ out give each piece a line through three answers; two answers ε beside the first guess must lie
 on the two lines. The kink is where the lines meet. A second kink inside the stencil leaves some answer off its
-line (unless both lie within ε of each other, ε ~ 1e-5 δ), and then nothing is pinned and the search goes on.
+line (unless both lie within ε of each other; ε ~ 1e-4 δ, beyond the first guess's own error of ~1e-9 when the
+meeting point fell on the kink), and then nothing is pinned and the search goes on.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def pin_candidate(L: Stencil, M: Stencil, R: Stencil, tol_f: float) -> PinCandid
         if not (L.t < t - 2 * de and t + 2 * de < R.t):
             return None
         tol = 4 * tol_f
-        eps = max(1e-5 * de, 32 * tol / abs(near[2] - rough[2]))
+        eps = max(1e-4 * de, 32 * tol / abs(near[2] - rough[2]))
         if eps > de / 4:
             return None
         return PinCandidate(t, eps, 2 * de, tol)
