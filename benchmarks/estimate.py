@@ -129,6 +129,15 @@ def against_real(estimate: int, real: np.ndarray) -> tuple[str, str]:
     return offs, f"{near}/{len(real)}"
 
 
+def print_and_write(title: str, text: str, script: str, argv, write: bool) -> None:
+    """Print a finished table and, when ``write``, put it under ``title`` in docs/benchmarks.md with the command that
+    made it (single-threaded BLAS, as these benchmarks are run)."""
+    print(text)
+    if write:
+        write_section(title, text, f"OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/{script} "
+                      + " ".join(argv or sys.argv[1:]))
+
+
 def targets(kinds, seeds, heavy):
     """(kind, target, answers, seeds, run(seed) -> queries, estimate keyword arguments)."""
     few = min(seeds, 3)
@@ -210,11 +219,7 @@ def main(argv=None):
         table.add(kind, name, answers, n, span, f"{est.queries} [{est.low} – {est.high}]",
                   *against_real(est.queries, real), f"{inside}/{n}", f"{os.getloadavg()[0]:.1f}")
         print("| " + " | ".join(map(str, table.rows[-1])) + f" |  ({time.perf_counter() - t0:.0f} s)", flush=True)
-    out = table.markdown()
-    print(out)
-    if args.write:
-        write_section(TITLE, out, "OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/estimate.py "
-                      + " ".join(argv or sys.argv[1:]))
+    print_and_write(TITLE, table.markdown(), "estimate.py", argv, args.write)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import numpy as np
 
 from attnprobe.learners.estimate import estimate_queries
-from attnprobe.reports import Table, write_section
-from estimate import against_real, ffn_run
+from attnprobe.reports import Table
+from estimate import against_real, ffn_run, print_and_write
 
 TITLE = "FFN learner on float64 answers: the query count's spread over seeds"
 
@@ -57,11 +56,8 @@ def main(argv=None):
                   f"{redo.sum()} ({redo.max()})", f"{max(r.check.error for _, r in runs):.1e}",
                   f"{sum(r.check.passed for _, r in runs)}/{len(runs)}")
         print("| " + " | ".join(map(str, table.rows[-1])) + " |", flush=True)
-    out = table.markdown() + f"\n\nLoad average at the end: {os.getloadavg()[0]:.1f}."
-    print(out)
-    if args.write:
-        write_section(TITLE, out, "OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/ffn_count_spread.py "
-                      + " ".join(argv or sys.argv[1:]))
+    print_and_write(TITLE, table.markdown() + f"\n\nLoad average at the end: {os.getloadavg()[0]:.1f}.",
+                    "ffn_count_spread.py", argv, args.write)
 
 
 if __name__ == "__main__":

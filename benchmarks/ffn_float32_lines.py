@@ -94,7 +94,7 @@ def main(argv=None):
     from attnprobe.reports import Table
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from estimate import against_real  # the estimate benchmark's columns
+    from estimate import against_real, print_and_write  # the estimate benchmark's columns and table tail
 
     table = Table(["target", "seeds", "runs on 1 / 2 / 3 lines", "mended by the repair line",
                    "queries (check included)", "estimate",
@@ -116,13 +116,7 @@ def main(argv=None):
                   f"{sum(bool(g[2].passed) for g in got)}/{a.seeds}", f"{sum(bool(g[3]) for g in got)}/{a.seeds}",
                   f"{max(float(g[2].error) for g in got):.1e}", f"{os.getloadavg()[0]:.1f}")
         print("| " + " | ".join(map(str, table.rows[-1])) + f" |  ({time.perf_counter() - t0:.0f} s)", flush=True)
-    text = table.markdown()
-    print(text)
-    if a.write:
-        from attnprobe.reports import write_section
-
-        write_section(TITLE, text, "OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/ffn_float32_lines.py "
-                      + " ".join(argv or sys.argv[1:]))
+    print_and_write(TITLE, table.markdown(), "ffn_float32_lines.py", argv, a.write)
 
 
 if __name__ == "__main__":
