@@ -90,30 +90,26 @@ def test_an_end_without_a_kink_in_its_stencil_is_met_one_stencil_away():
     so the lines meet at a kink 1.5 δ from it (without ``tol_f`` only beyond 2 δ: bisection). An end whose stencil
     straddles a kink (0.71 δ, a second one at 1.61 δ) is not clean: the lines' meeting 1.5 δ out is no kink and is
     not used."""
-    from attnprobe.learners.ffn.kinks import informed_split
-
     tol_f, delta = 64 * np.finfo(float).eps, 1 / 16
     f = lambda t: 0.3 + 0.5 * t + 1.5 * max(0.0, t - 1.5 * delta)  # noqa: E731
     L, R = _stencil(f, 0.0, delta), _stencil(f, 1.0, 1e-4)
-    t, meeting = informed_split(L, R, True, tol_f)
+    t, meeting = meeting_point(L, R, True, tol_f)
     assert meeting and t == pytest.approx(1.5 * delta, abs=1e-12)
-    assert informed_split(L, R, True) is None
+    assert meeting_point(L, R, True) == (0.5, False)
     g = lambda t: 0.3 + 0.5 * t - 0.33 * max(0.0, t - 0.71 * delta) - 1.68 * max(0.0, t - 1.61 * delta)  # noqa: E731
     L, R = _stencil(g, 0.0, delta), _stencil(g, 1.0, 1e-4)
-    assert informed_split(L, R, True, tol_f) is None
+    assert meeting_point(L, R, True, tol_f) == (0.5, False)
 
 
 def test_no_kink_is_looked_for_inside_a_clean_end():
     """Two kinks (0.3, 0.6) whose outer lines meet 5e-5 before the right end: without ``tol_f`` that is taken for a
     kink inside the end's stencil and zoomed at (a split 0.1 % from the end, wasted); with it the end's two equal
     slopes show no kink there, and the interval is left to bisection."""
-    from attnprobe.learners.ffn.kinks import informed_split
-
     c2 = -1.7500937617202148  # the right piece's slope change that puts the outer lines' meeting at 1 − 5e-5
     f = lambda t: 0.5 * t + max(0.0, t - 0.3) + c2 * max(0.0, t - 0.6)  # noqa: E731
     L, R = _stencil(f, 0.0, 1e-4), _stencil(f, 1.0, 1e-4)
-    assert informed_split(L, R, True) == (pytest.approx(0.999), False)
-    assert informed_split(L, R, True, 64 * np.finfo(float).eps) is None
+    assert meeting_point(L, R, True) == (pytest.approx(0.999), False)
+    assert meeting_point(L, R, True, 64 * np.finfo(float).eps) == (0.5, False)
 
 
 def test_the_search_costs_a_bounded_number_of_queries_per_kink():

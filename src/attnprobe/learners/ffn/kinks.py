@@ -60,14 +60,13 @@ def _clean(S: Stencil, tol_f: float | None) -> bool:
     return tol_f is not None and abs(S.slope_out_right - S.slope_out_left) <= 4 * tol_f / S.delta
 
 
-def informed_split(L: Stencil, R: Stencil, zoom: bool = False,
-                   tol_f: float | None = None) -> tuple[float, bool] | None:
-    """Next split point of a non-linear interval [L.t, R.t] from its two end stencils, or None.
+def meeting_point(L: Stencil, R: Stencil, zoom: bool = False, tol_f: float | None = None) -> tuple[float, bool]:
+    """Next split point of a non-linear interval [L.t, R.t] from its two end stencils.
 
     The lines leaving l to the right and r to the left meet at the kink when the interval holds one kink. A
     stencil that straddles a kink gives a secant meeting the other line exactly at the stencil's far end, so such
     meeting points are not used; the kink then lies inside that stencil, where the line arriving at the stencil's
-    own centre from the outside meets the other line. None when neither applies. Returns (t, meeting point?).
+    own centre from the outside meets the other line. Falls back to the middle. Returns (t, meeting point?).
 
     ``zoom``: a kink inside an end's stencil but closer to that end than the 0.1 % gap (an end placed on a kink
     to within its slopes' rounding) is bracketed by a split at the gap, so the next interval is 1000 times
@@ -97,12 +96,7 @@ def informed_split(L: Stencil, R: Stencil, zoom: bool = False,
         return t, True
     if zoom and t is not None and max(r - gap, r - R.delta) <= t < r:
         return r - gap, False
-    return None
-
-
-def meeting_point(L: Stencil, R: Stencil, zoom: bool = False, tol_f: float | None = None) -> tuple[float, bool]:
-    """:func:`informed_split`, falling back to the middle of the interval. Returns (t, meeting point?)."""
-    return informed_split(L, R, zoom, tol_f) or (0.5 * (L.t + R.t), False)
+    return 0.5 * (l + r), False
 
 
 def _evaluate(ask, segs, jobs) -> list[Stencil]:

@@ -233,11 +233,16 @@ def _line_scale(d: int, lifted: bool, coarse: bool) -> float:
     return float(np.sqrt(d)) if lifted and not coarse else 1.0
 
 
+def _noise_factor(opts: FFNOptions, coarse: bool) -> float:
+    """Roundings of the largest answer within which answers count as on a line (:data:`NOISE_FACTOR`)."""
+    return opts.noise_factor or (COARSE_NOISE_FACTOR if coarse else NOISE_FACTOR)
+
+
 def _search_and_measure(run: Run, ask: Answers, segs, opts: FFNOptions, coarse: bool) -> dict:
     """Kinks on every segment, then the gradient of every linear region between them (re-measured where
     needed). Returns the regions and what the phases saw."""
     eps = run.oracle.eps
-    noise_factor = opts.noise_factor or (COARSE_NOISE_FACTOR if coarse else NOISE_FACTOR)
+    noise_factor = _noise_factor(opts, coarse)
     min_width = opts.min_width or max(1e-9, 1024 * eps)
     with run.phase("kink_search"):
         end = 0.5 / opts.reach if ask.lifted else 2.0 / 64  # lifted: the ends' outer stencils stay at s > 0
@@ -470,7 +475,7 @@ def _repair_line(run: Run, ask: Answers, first, opts: FFNOptions, noise: np.ndar
     run = copy.copy(run)
     run.rng = np.random.Generator(run.rng.bit_generator.jumped())
     segs = _segments(ask.d, ask.lifted, run.rng, opts.reach, _line_scale(ask.d, ask.lifted, True))  # coarse
-    tol_f = (opts.noise_factor or COARSE_NOISE_FACTOR) * ask.oracle.eps * max(ask.top, 1e-300)
+    tol_f = _noise_factor(opts, True) * ask.oracle.eps * max(ask.top, 1e-300)
     with run.phase("repair_line", absorb=True):
         spans, checks, stats = suspect_spans(ask, segs, N, C, noise, tol_f)
         subs = [sub_segment(segs[si], lo, hi) for si, lo, hi in spans]

@@ -1,7 +1,7 @@
 """Kink pinning (float64 answers): a kink found inside a split point's short stencil is placed to rounding from
 four more answers, instead of bracketing it down to the search's minimal width over several rounds.
 
-Where the lines through the search's two interval ends meet (:func:`~.kinks.informed_split`) lies a kink to
+Where the lines through the search's two interval ends meet (:func:`~.kinks.meeting_point`) lies a kink to
 within the slopes' rounding (~1e-10), so the split point's stencil (±δ, δ ≤ 0.1 % of the interval) straddles it.
 Two answers 2δ out give each piece a line through three answers; two answers ε beside the first guess must lie
 on the two lines. The kink is where the lines meet. A second kink inside the stencil leaves some answer off its

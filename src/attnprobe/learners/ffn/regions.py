@@ -142,8 +142,12 @@ class Regions:
         J, _ = self.jumps()
         if J.shape[0] == 0:
             return np.zeros(0)
-        scale = eps * self.ask.top * math.sqrt(self.U.shape[0]) * (1 / self.radii[i] + 1 / self.radii[i + 1])
-        return scale / np.maximum(np.linalg.norm(J.reshape(J.shape[0], -1), axis=1), 1e-300)
+        return self._difference_noise(i, eps) / np.maximum(np.linalg.norm(J.reshape(J.shape[0], -1), axis=1), 1e-300)
+
+    def _difference_noise(self, i, roundings: float):
+        """Noise floor of the jump between regions i and i + 1 (i an index or an array of them): ``roundings`` of
+        the largest answer per probe, over each side's probe radius."""
+        return roundings * self.ask.top * math.sqrt(self.U.shape[0]) * (1 / self.radii[i] + 1 / self.radii[i + 1])
 
     def _drop(self, i: int) -> None:
         self.ts, self.F0, self.radii = np.delete(self.ts, i), np.delete(self.F0, i, 0), np.delete(self.radii, i)
@@ -176,11 +180,9 @@ class Regions:
         dropped = 0
         if norms.size:
             floor = min_jump * float(norms.max())
-            dim = self.U.shape[0]
             i = 0
             while i < len(self.regs) - 1:
-                # noise floor of a finite-difference gradient: a few roundings of the answers over the probe radius
-                noise = merge_noise * eps * self.ask.top * math.sqrt(dim) * (1 / self.radii[i] + 1 / self.radii[i + 1])
+                noise = self._difference_noise(i, merge_noise * eps)
                 if (self.regs[i][0] == self.regs[i + 1][0]
                         and np.linalg.norm(self.G[i + 1] - self.G[i]) <= max(floor, noise)):
                     keep = (i if self.regs[i][2] - self.regs[i][1] >= self.regs[i + 1][2] - self.regs[i + 1][1]

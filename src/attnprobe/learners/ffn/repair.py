@@ -28,14 +28,20 @@ MIN_SPAN = 1e-3
 SLOPE_BAND = 0.5
 
 
+def crossings(seg: Segment, N: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where the hyperplanes through 0 with unit normals N (columns) cross the line of ``seg``, ``t = −nᵀbase /
+    nᵀdirection`` (inf or nan where the line runs parallel), and the slopes ``nᵀdirection``."""
+    along = seg.direction @ N
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return -(seg.base @ N) / along, along
+
+
 def predicted_kinks(N: np.ndarray, C: np.ndarray, noise: np.ndarray, mix: np.ndarray, seg: Segment):
     """Where the hyperplanes (unit normals, columns of N) cross ``seg`` (t in (−1, 1), sorted), how far each may
     be off (:data:`KINK_BAND`), the slope change of the mixed answer there and its allowance. ``C`` (m, K):
     the effective output weights (the jump across hyperplane k towards +n_k is ``C_k ⊗ n_k``); ``noise``: each
     jump's relative error. Also returns the neurons' indices in that order."""
-    at, along = seg.base @ N, seg.direction @ N
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = -at / along
+    t, along = crossings(seg, N)
     k = np.flatnonzero(np.isfinite(t) & (np.abs(t) < 1))
     k = k[np.argsort(t[k])]
     t = t[k]
@@ -133,8 +139,7 @@ def contradicted(N: np.ndarray, segs, spans, N_new: np.ndarray, same_cos: float)
     bad = np.zeros(N.shape[1], dtype=bool)
     match = np.max(np.abs(N.T @ N_new), axis=1) > same_cos if N_new.shape[1] else np.zeros(N.shape[1], dtype=bool)
     for si, lo, hi in spans:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = -(segs[si].base @ N) / (segs[si].direction @ N)
+        t, _ = crossings(segs[si], N)
         bad |= (t > lo) & (t < hi) & ~match
     return bad
 
