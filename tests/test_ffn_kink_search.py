@@ -5,6 +5,7 @@ answers (and a close pair is not), a kink found next to an interval's end is bra
 import numpy as np
 import pytest
 
+from attnprobe.errors import RecoveryError
 from attnprobe.learners.ffn import extract_ffn
 from attnprobe.learners.ffn.kinks import Stencil, meeting_point
 from attnprobe.learners.ffn.pinning import pin_candidate, pin_kink
@@ -149,3 +150,20 @@ def test_the_search_line_of_a_biased_net_spreads_its_kinks():
         net = random_relu_net(784, 64, seed=seed, bias=True)
         assert near_far_ends(net, _line_scale(784, True, False), seed) < 0.1
         assert near_far_ends(net, 1.0, seed) > 0.25
+
+
+def test_answers_noisier_than_their_precision_stop_the_search_with_a_clear_error():
+    """A ReLU network whose float64 answers carry 1e-9 relative noise: every chord stays bent and the intervals
+    double each round (without a bound the search ran until memory gave out). It stops at MAX_OPEN intervals with
+    a RecoveryError that names the cause, well inside a generous budget; declared float32 the same answers are
+    learned."""
+    rng = np.random.default_rng(0)
+    net = random_relu_net(8, 8, seed=3)
+    noisy = lambda X: net(X) * (1 + 1e-9 * rng.standard_normal(X.shape[0]))  # noqa: E731
+    o = Oracle(noisy, 8, budget=2_000_000)
+    with pytest.raises(RecoveryError, match="not piecewise linear to within their precision"):
+        extract_ffn(o, seed=0)
+    assert o.queries < 200_000
+    o = Oracle(noisy, 8, precision="float32")
+    assert extract_ffn(o, seed=0).check.passed
+

@@ -19,6 +19,9 @@ from attnprobe.learners.ffn.stencil import Stencil, meet_lines
 
 #: rounds of interval splitting before the search gives up
 MAX_ROUNDS = 200
+#: open intervals at once before the search gives up (a network of m neurons keeps about 2m open; answers noisier
+#: than their precision bend every chord, and the intervals double each round)
+MAX_OPEN = 1 << 14
 
 
 @dataclass
@@ -194,6 +197,11 @@ def search_kinks(ask, segs: list[Segment], settings: SearchSettings, rng: np.ran
         if rounds > MAX_ROUNDS:
             raise RecoveryError("the kink search did not converge; the oracle may not be a ReLU network")
         frontier = _search_round(ask, segs, frontier, settings, state)
+        if len(frontier) > MAX_OPEN:
+            raise RecoveryError(f"the kink search split the line into more than {MAX_OPEN} intervals, each still "
+                                "bent: the answers are not piecewise linear to within their precision (noisier "
+                                "than declared, or not a ReLU network); declare the coarser precision they have "
+                                "(float32 answers are searched with a float32 tolerance)")
     tol_f = settings.noise_factor * settings.eps * max(ask.top, 1e-300)
     tight = 0
     for si, seg in enumerate(segs):
