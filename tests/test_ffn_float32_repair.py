@@ -11,15 +11,18 @@ from attnprobe.learners.ffn.more_lines import SAME_NEURON_COS, needs_another_lin
 from attnprobe.learners.ffn.regions import hyperplane_normals
 from attnprobe.learners.ffn.repair import contradicted, predicted_kinks, repaired_set, sub_segment, suspect_spans
 from attnprobe.learners.skeleton import Run
+from attnprobe.models.ffn import ReLUNet
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_relu_net
 
 
-def _first_line(d: int, m: int, seed: int, missing: int, merged: tuple[int, int]):
+def _first_line(d: int, m: int, seed: int, missing: int, merged: tuple[int, int], weak: float | None = None):
     """A float32 bias-free net learned in the lifted space, and a first line's jumps as the search leaves them when
     it missed neuron ``missing`` and took the pair ``merged`` for one kink (their jumps summed); every other jump
-    ~1e-4 rad off, as float32 finite differences measure them."""
+    ~1e-4 rad off, as float32 finite differences measure them. ``weak``: the missed neuron's output weight."""
     net = random_relu_net(d, m, seed=seed)
+    if weak is not None:
+        net = ReLUNet(net.A, np.where(np.arange(m) == missing, weak, net.w_o))
     o = Oracle(net.with_dtype("float32"), d, precision="float32")
     run = Run(o, "ffn", seed=seed, check=False)
     ask = Answers(o, lifted=True, rng=run.rng)

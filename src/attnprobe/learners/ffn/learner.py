@@ -19,6 +19,7 @@ from attnprobe.learners.ffn.answers import Answers
 from attnprobe.learners.ffn.fit import (POLISH_MAX_UNKNOWNS, POLISH_ROUNDS, Neurons, fit_output_bias, jump_neurons,
                                         linear_rest_neurons, polish, polish_answers, polish_rounds)
 from attnprobe.learners.ffn.kinks import Segment, SearchSettings, search_kinks
+from attnprobe.learners.ffn.missing import missing_neuron_candidates
 from attnprobe.learners.ffn.more_lines import MAX_LINES, SAME_NEURON_COS, candidate_sets, needs_another_line
 from attnprobe.learners.ffn.orientation import Orientation, closest_signs, orientation_matrix, solve_signs
 from attnprobe.learners.ffn.regions import PROBE_FRACTION, Regions, RefineSettings, hyperplane_normals
@@ -38,6 +39,10 @@ SIGN_TIME_LIMIT = 5.0
 SETTLE_ROUNDS = 3
 #: coarse answers: the weakest neurons whose orientation is tried the other way when the answers are missed
 FLIP_TRIES = 6
+#: coarse answers: neurons found in the polish answers (:mod:`.missing`) at most, one after another
+MAX_FOUND_IN_ANSWERS = 3
+#: ... while each lowers the largest miss of the answers by at least this share
+FOUND_GAIN = 0.1
 #: coarsest answer rounding the kink search resolves (float32's 1.2e-7 works; float16's 9.8e-4 does not)
 FINEST_EPS = 1e-6
 
@@ -404,6 +409,13 @@ def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_
     answers are explained or the budget has no room for another line. Returns
     ``(J, (neurons, orientation, rest), summary)``."""
     J, where, segs = first
+    found = _found_in_answers(run, ask, fitted[0], v, opts, fit_data)
+    if found is not None:  # no query: the polish answers held the neurons the line missed
+        neurons, orient, rest, J_added = found
+        k = J_added.shape[0]
+        return np.concatenate([J, J_added]), (neurons, orient, rest), {
+            "lines": 1, "neurons_per_line": [int(J.shape[0])], "sets_tried": 0, "found_in_answers": k,
+            "kept": f"the first line's {J.shape[0]} neurons and {k} found in the polish answers"}
     line = np.zeros(J.shape[0], dtype=int)
     eps = ask.oracle.eps
 
@@ -461,6 +473,37 @@ def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_
         best = repaired
         summary["kept"] = f"{repaired[1].shape[0]} neurons from the first line and the repair line"
     return best[1], best[2], summary
+
+
+def _found_in_answers(run: Run, ask: Answers, neurons: Neurons, v, opts: FFNOptions, fit_data):
+    """Coarse answers whose polished neurons miss some: neurons fitted to the polish answers beyond the found ones
+    (:mod:`.missing`, no query), one at a time (the best of a few candidates, each polished with the others), up to
+    :data:`MAX_FOUND_IN_ANSWERS`, while each lowers the miss by :data:`FOUND_GAIN`. Kept only when the set then
+    orients exactly and explains every answer asked so far (:func:`needs_another_line`, the bar of a line's own
+    set). Returns ``(neurons, orientation, rest, jumps of the added neurons (k, K, D))`` or None."""
+    Z, Y = fit_data
+    eps = ask.oracle.eps
+    rng = np.random.Generator(run.rng.bit_generator.jumped(2))  # the run's own stream stays as it was
+    miss, added = _consistency(neurons, ask), 0
+    for _ in range(MAX_FOUND_IN_ANSWERS):
+        best = None
+        for n, w in missing_neuron_candidates(neurons.dirs, Z, Y, ask.lifted, rng)[0]:
+            trial = Neurons(np.concatenate([neurons.dirs, n[:, None]], axis=1),
+                            np.concatenate([neurons.weights, w[None, :]]), neurons.c)
+            trial = _repolish(trial, ask, fit_data)
+            got = _consistency(trial, ask)
+            if best is None or got < best[0]:
+                best = (got, trial)
+        if best is None or best[0] > (1 - FOUND_GAIN) * miss:
+            return None
+        (miss, neurons), added = best, added + 1
+        if not needs_another_line(True, miss, eps):
+            break
+    neurons, orient, rest, _ = _settle(neurons, None, v, opts, ask, fit_data)
+    if needs_another_line(orient.exact, _consistency(neurons, ask), eps):
+        return None
+    new = slice(neurons.dirs.shape[1] - added, None)  # their jumps as a line would measure them: w_k ⊗ dir_k
+    return neurons, orient, rest, np.einsum("kj,ek->kje", neurons.weights[new], neurons.dirs[:, new])
 
 
 def _repair_line(run: Run, ask: Answers, first, opts: FFNOptions, noise: np.ndarray):

@@ -1,0 +1,68 @@
+"""Float32 answers: a neuron the search line missed, found in the answers the polish already holds (no query).
+The answers are projected off what the found neurons can give with their activation patterns fixed, and one hinge
+fitted to what is left."""
+
+import numpy as np
+from attnprobe.learners.ffn.fit import Neurons
+from attnprobe.learners.ffn.learner import FFNOptions, _consistency, _found_in_answers, _score
+from attnprobe.learners.ffn.missing import found_span, missing_neuron_candidates
+from attnprobe.learners.ffn.more_lines import needs_another_line
+from test_ffn_float32_repair import _first_line, _matches
+
+
+def test_a_missed_weak_neuron_is_found_without_a_query():
+    """Ten nets (d = 8, m = 12) whose first line missed a weak neuron (output weight 0.02, as the float32 misses
+    are: 0.003–0.04 measured): the polished set of the others misses answers; the neuron fitted to the polish
+    answers completes it to every neuron, explaining every answer, and no query is asked."""
+    d, m, missing = 8, 12, 0
+    found = 0
+    for seed in range(10):
+        net, o, run, ask, first, fit_data, v = _first_line(d, m, seed, missing, merged=(-2, -3), weak=0.02)
+        J, where, segs = first[0][:-1], first[1][:-1], first[2]  # no merged pair (the indices do not exist)
+        miss, exact, fitted = _score(ask, (J, where, segs), np.ones(J.shape[0], bool), v, FFNOptions(), fit_data,
+                                     {"sets_tried": 0})
+        assert needs_another_line(exact, miss, o.eps)  # the polish cannot make up for the missing neuron
+        before = o.queries
+        got = _found_in_answers(run, ask, fitted[0], v, FFNOptions(), fit_data)
+        assert o.queries == before
+        if got is None:
+            continue
+        neurons, orient, _, J_added = got
+        truth = np.vstack([net.A, np.zeros((1, m))])
+        truth /= np.linalg.norm(truth, axis=0)
+        unit = neurons.dirs / np.linalg.norm(neurons.dirs, axis=0)
+        assert J_added.shape == (1, 1, d + 1) and _matches(J_added, truth)[missing]
+        assert np.all(np.max(np.abs(unit.T @ truth), axis=0) > 1 - 1e-6)  # every neuron, to 1e-6 in cosine
+        assert orient.exact and not needs_another_line(True, _consistency(neurons, ask), o.eps)
+        found += 1
+    assert found >= 8, f"found in {found} of 10"
+
+
+def test_the_projection_keeps_the_found_neurons_compensation_out():
+    """Float64 answers of 12 neurons; the 11 found ones each turned 3e-3 rad (as a polish bends them to make up
+    for a missing one). The projected one-hinge fit still finds the missing neuron first, and the share of the
+    answers it leaves is small."""
+    rng = np.random.default_rng(0)
+    D, m, n = 9, 12, 4 * 9 * 12
+    A = rng.standard_normal((D, m))
+    A[-1] = 0
+    A /= np.linalg.norm(A, axis=0)
+    w = rng.standard_normal(m)
+    w[0] = 0.02
+    Z = np.concatenate([rng.standard_normal((n, D - 1)), np.ones((n, 1))], axis=1)
+    Y = (np.maximum(Z @ A, 0) @ w)[:, None]
+    bent = A[:, 1:] + 3e-3 * rng.standard_normal((D, m - 1))
+    picked, share = missing_neuron_candidates(bent, Z, Y, True, np.random.default_rng(1))
+    assert abs(picked[0][0] @ A[:, 0]) > 1 - 1e-3 and share < 0.2
+    assert all(abs(p[0] @ q[0]) < 0.999 for i, p in enumerate(picked) for q in picked[:i])
+    Q = found_span(bent, Z, True)
+    np.testing.assert_allclose(Q.T @ Q, np.eye(Q.shape[1]), atol=1e-10)
+    assert Q.shape[1] == D * (m - 1) + 1
+
+
+def test_nothing_is_kept_when_no_hinge_explains_the_rest():
+    """Neurons of another network: no neuron added to them explains the answers, so none is kept (the learner
+    goes on to the repair line)."""
+    net, o, run, ask, first, fit_data, v = _first_line(8, 12, 0, missing=-1, merged=(-2, -3))
+    wrong = Neurons(np.random.default_rng(5).standard_normal((9, 6)), np.ones((6, 1)), np.zeros(1))
+    assert _found_in_answers(run, ask, wrong, v, FFNOptions(), fit_data) is None
