@@ -28,8 +28,10 @@ RETRY_SHARE = 0.01
 #: ``a + b·log₂ m`` (kinks pinned inside their meeting point's stencil; means of 13.2 at m = 4 … 14.6 at m = 64
 #: over 40 seeds at every benchmark size, one output or ten)
 FFN_SEARCH_PER_UNIT, FFN_SEARCH_PER_UNIT_LOG = 12.9, 0.25
-#: float32 answers: the search without the zoom, pieces refitted (measured 13–26 per unit)
-FFN_SEARCH_PER_UNIT_COARSE = 20.0
+#: float32 answers: the search without the zoom, pieces refitted (measured 13–26 per unit); 18.8 puts the estimate
+#: of d = 8, m = 32 at 2,200, inside the one-line runs of seeds 0–39 (2,024–2,264; a neuron found in the polish
+#: answers saves its kink and region, so those runs are the cheapest)
+FFN_SEARCH_PER_UNIT_COARSE = 18.8
 #: gradients beyond one per region (m + 2): regions re-measured off the line (their probes crossed a hyperplane
 #: near the line: more of them as m and d grow) and split points taken for kinks and merged away after their
 #: gradients were measured. Float64: ``FFN_EXTRA + FFN_EXTRA_QUAD·m²·(1 + d/FFN_EXTRA_D)`` (means of 0.1 … 1 at
