@@ -51,10 +51,10 @@ def _matches(J: np.ndarray, truth: np.ndarray) -> np.ndarray:
 
 def test_the_repair_line_finds_a_missed_neuron_and_splits_a_merged_pair():
     """Over ten nets (d = 8, m = 12): the missed neuron is found every time, for about half a whole line's
-    queries (a fresh line searched on the same net); the proposed set (the merged jump left out, both halves found, one jump per neuron) explains every
-    answer once polished in most (7 of 10 measured, the same under five OpenBLAS kernels; in the others a half of
-    the pair or the merged jump's ghost kink hid next to another kink, and the learner falls back to whole
-    lines)."""
+    queries (a fresh line searched on the same net); the proposed set (the merged jump left out, both halves found,
+    one jump per neuron) explains every answer once polished in most (7 of 10 measured, the same under five
+    OpenBLAS kernels; in the others a half of the pair or the merged jump's ghost kink hid next to another kink,
+    and the learner falls back to whole lines)."""
     d, m = 8, 12
     missing, merged = 0, (1, 2)
     explained, ratios = 0, []
