@@ -4,7 +4,7 @@ fitted to what is left."""
 
 import numpy as np
 from attnprobe.learners.ffn.fit import Neurons
-from attnprobe.learners.ffn.learner import FFNOptions, _consistency, _found_in_answers, _score
+from attnprobe.learners.ffn.learner import FFNOptions, _consistency, _found_in_answers, _jump_columns, _score
 from attnprobe.learners.ffn.missing import found_span, missing_neuron_candidates
 from attnprobe.learners.ffn.more_lines import needs_another_line
 from test_ffn_float32_repair import _first_line, _matches
@@ -36,6 +36,30 @@ def test_a_missed_weak_neuron_is_found_without_a_query():
         assert orient.exact and not needs_another_line(True, _consistency(neurons, ask), o.eps)
         found += 1
     assert found >= 8, f"found in {found} of 10"
+
+
+def test_a_merged_pair_is_split_or_left_to_the_repair_line():
+    """Ten first lines that missed a neuron and took a pair for one kink: the merged neuron, polished, moves onto one
+    of the pair and the other is found in the answers (6 of 10 measured, with every neuron right); where the
+    added neurons do not explain every answer, nothing is kept (the learner goes on to the repair line), never a
+    set that misses answers."""
+    d, m = 8, 12
+    kept = 0
+    for seed in range(10):
+        net, o, run, ask, first, fit_data, v = _first_line(d, m, seed, missing=0, merged=(1, 2))
+        _, _, fitted = _score(ask, first, np.ones(first[0].shape[0], bool), v, FFNOptions(), fit_data,
+                              {"sets_tried": 0})
+        got = _found_in_answers(run, ask, _jump_columns(fitted[0], first[0].shape[0]), v, FFNOptions(), fit_data)
+        if got is None:
+            continue
+        neurons, orient, _, _ = got
+        assert orient.exact and not needs_another_line(True, _consistency(neurons, ask), o.eps)
+        truth = np.vstack([net.A, np.zeros((1, m))])
+        truth /= np.linalg.norm(truth, axis=0)
+        unit = neurons.dirs / np.linalg.norm(neurons.dirs, axis=0)
+        assert neurons.dirs.shape[1] == m and np.all(np.max(np.abs(unit.T @ truth), axis=0) > 1 - 1e-6)
+        kept += 1
+    assert kept >= 4, f"split in {kept} of 10"
 
 
 def test_the_projection_keeps_the_found_neurons_compensation_out():
