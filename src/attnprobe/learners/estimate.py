@@ -29,7 +29,7 @@ RETRY_SHARE = 0.01
 #: over 40 seeds at every benchmark size, one output or ten)
 FFN_SEARCH_PER_UNIT, FFN_SEARCH_PER_UNIT_LOG = 12.9, 0.25
 #: float32 answers: the search without the zoom, pieces refitted (measured 13–26 per unit); 18.8 puts the estimate
-#: of d = 8, m = 32 at 2,200, inside the one-line runs of seeds 0–39 (2,024–2,264; a neuron found in the polish
+#: of d = 8, m = 32 at 2,199, inside the one-line runs of seeds 0–39 (2,024–2,217; a neuron found in the polish
 #: answers saves its kink and region, so those runs are the cheapest)
 FFN_SEARCH_PER_UNIT_COARSE = 18.8
 #: gradients beyond one per region (m + 2): regions re-measured off the line (their probes crossed a hyperplane

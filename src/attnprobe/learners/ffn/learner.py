@@ -3,7 +3,8 @@
 Phases (each charged to its own query count): ``odd_part`` (bias-free nets: ``f(x) − f(−x) = vᵀx``, 2d
 queries unless v is given), ``kink_search`` (:mod:`.kinks`), ``gradients`` and ``re_measured`` (:mod:`.regions`),
 then orientations (:mod:`.orientation`, no queries) and, for coarse answers, ``polish`` (:mod:`.fit`) and, when the
-polished neurons miss answers, ``repair_line`` (:mod:`.repair`) and ``more_lines`` (:mod:`.more_lines`).
+polished neurons miss answers, neurons found in the polish answers (:mod:`.missing`, no queries), else
+``repair_line`` (:mod:`.repair`) and ``more_lines`` (:mod:`.more_lines`).
 """
 
 from __future__ import annotations
@@ -405,12 +406,13 @@ def _consistency(neurons: Neurons, ask: Answers) -> float:
 
 
 def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_data, *, noise):
-    """Coarse answers whose first line left a neuron missing or wrong: first a repair line (:func:`_repair_line`,
-    searched only where the first line's neurons are contradicted; ``noise``: their jumps' relative errors), then,
-    when its neurons do not explain every answer either, as without it (:mod:`.more_lines`): up to
-    :data:`MAX_LINES` − 1 more lines, and after each keep the neuron set whose polished network best explains every
-    answer (a set that explains them all beats one that does not, then one that orients exactly). Stops when the
-    answers are explained or the budget has no room for another line. Returns
+    """Coarse answers whose first line left a neuron missing or wrong: first the neurons found in the polish
+    answers (:func:`_found_in_answers`, no query; kept when they explain every answer), then a repair line
+    (:func:`_repair_line`, searched only where the first line's neurons are contradicted; ``noise``: their jumps'
+    relative errors), then, when its neurons do not explain every answer either, as without it (:mod:`.more_lines`):
+    up to :data:`MAX_LINES` − 1 more lines, and after each keep the neuron set whose polished network best explains
+    every answer (a set that explains them all beats one that does not, then one that orients exactly). Stops when
+    the answers are explained or the budget has no room for another line. Returns
     ``(J, (neurons, orientation, rest), summary)``."""
     J, where, segs = first
     found = _found_in_answers(run, ask, _jump_columns(fitted[0], J.shape[0]), v, opts, fit_data)
@@ -488,9 +490,9 @@ def _found_in_answers(run: Run, ask: Answers, neurons: Neurons, v, opts: FFNOpti
     """Coarse answers whose polished neurons miss some: neurons fitted to the polish answers beyond the found ones
     (:mod:`.missing`, no query), one at a time (the best of a few candidates, each polished with the others), up to
     :data:`MAX_FOUND_IN_ANSWERS`, while each lowers the miss by :data:`FOUND_GAIN` and is no fainter than
-    :data:`FAINT`. Kept only when the set then
-    orients exactly and explains every answer asked so far (:func:`needs_another_line`, the bar of a line's own
-    set). Returns ``(neurons, orientation, rest, jumps of the added neurons (k, K, D))`` or None."""
+    :data:`FAINT`. Kept only when the set then orients exactly and explains every answer asked so far
+    (:func:`needs_another_line`, the bar of a line's own set). ``neurons``: the first line's jump neurons, polished
+    (:func:`_jump_columns`). Returns ``(neurons, orientation, rest, jumps of the added neurons (k, K, D))`` or None."""
     Z, Y = fit_data
     eps = ask.oracle.eps
     rng = np.random.Generator(run.rng.bit_generator.jumped(2))  # the run's own stream stays as it was
