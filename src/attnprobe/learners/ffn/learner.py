@@ -44,6 +44,10 @@ FLIP_TRIES = 6
 MAX_FOUND_IN_ANSWERS = 3
 #: ... while each lowers the largest miss of the answers by at least this share
 FOUND_GAIN = 0.1
+#: least-squares work of one polish round (rows × unknowns²) up to which it is tried: a step fits the candidates
+#: and polishes three (biased float32 d = 16, m = 32: 6.4e8, 1.8 s; d = 64, m = 16: 4.5e9, 7.3 s, measured with
+#: the other core busy); d = 784 would factor a 31,400 × 7,851 span
+FOUND_MAX_WORK = 1e10
 #: ... and while the neuron added is no fainter than this share of the largest (output weight times norm)
 FAINT = 1e-4
 #: two neurons facing the same way whose directions agree to this cosine are one (:func:`_tidy`)
@@ -494,6 +498,8 @@ def _found_in_answers(run: Run, ask: Answers, neurons: Neurons, v, opts: FFNOpti
     (:func:`needs_another_line`, the bar of a line's own set). ``neurons``: the first line's jump neurons, polished
     (:func:`_jump_columns`). Returns ``(neurons, orientation, rest, jumps of the added neurons (k, K, D))`` or None."""
     Z, Y = fit_data
+    if Z.shape[0] * float(ask.dim * (neurons.dirs.shape[1] + 1)) ** 2 > FOUND_MAX_WORK:
+        return None
     eps = ask.oracle.eps
     rng = np.random.Generator(run.rng.bit_generator.jumped(2))  # the run's own stream stays as it was
     miss, added = _consistency(neurons, ask), 0
