@@ -5,7 +5,7 @@ fitted to what is left."""
 import numpy as np
 from attnprobe.learners.ffn.fit import Neurons
 from attnprobe.learners.ffn.learner import FFNOptions, _consistency, _found_in_answers, _jump_columns, _score
-from attnprobe.learners.ffn.missing import found_span, missing_neuron_candidates
+from attnprobe.learners.ffn.missing import found_span, missing_neuron_candidates, tidy
 from attnprobe.learners.ffn.more_lines import needs_another_line
 from test_ffn_float32_repair import _first_line, _matches
 
@@ -90,3 +90,24 @@ def test_nothing_is_kept_when_no_hinge_explains_the_rest():
     net, o, run, ask, first, fit_data, v = _first_line(8, 12, 0, missing=-1, merged=(-2, -3))
     wrong = Neurons(np.random.default_rng(5).standard_normal((9, 6)), np.ones((6, 1)), np.zeros(1))
     assert _found_in_answers(run, ask, wrong, v, FFNOptions(), fit_data) is None
+
+
+def test_tidy_joins_neurons_on_one_hyperplane_and_drops_faint_ones():
+    """Two columns on one hyperplane facing the same way compute one neuron (their ``dir·wᵀ`` summed); a column
+    1e-6 the size of the largest is rounding. Both go, the answers stay (to the faint neuron's share), and the count
+    of added neurons drops with them."""
+    rng = np.random.default_rng(2)
+    D, m = 5, 4
+    dirs = rng.standard_normal((D, m))
+    W = rng.standard_normal((m, 2))
+    dup = 2.5 * dirs[:, 1]  # neuron 1's hyperplane, another scale
+    faint = rng.standard_normal(D)
+    n = Neurons(np.c_[dirs, dup, faint], np.r_[W, [[0.3, -0.2]], 1e-6 * np.linalg.norm(W) * np.ones((1, 2))],
+                np.zeros(2))
+    got, added = tidy(n, 2)
+    assert got.dirs.shape[1] == m and added == 0
+    Z = rng.standard_normal((50, D))
+    np.testing.assert_allclose(got.values(Z), n.values(Z), atol=1e-5 * np.abs(n.values(Z)).max())
+    np.testing.assert_allclose(got.weights[1], W[1] + 2.5 * np.array([0.3, -0.2]), rtol=1e-12)
+    opposite = Neurons(np.c_[dirs, -dirs[:, 1]], np.r_[W, [[0.3, -0.2]]], np.zeros(2))  # ReLU(−z) is another neuron
+    assert tidy(opposite, 1)[0].dirs.shape[1] == m + 1

@@ -20,7 +20,7 @@ from attnprobe.learners.ffn.answers import Answers
 from attnprobe.learners.ffn.fit import (POLISH_MAX_UNKNOWNS, POLISH_ROUNDS, Neurons, fit_output_bias, jump_neurons,
                                         linear_rest_neurons, polish, polish_answers, polish_rounds)
 from attnprobe.learners.ffn.kinks import Segment, SearchSettings, search_kinks
-from attnprobe.learners.ffn.missing import missing_neuron_candidates
+from attnprobe.learners.ffn.missing import faint_last, missing_neuron_candidates, tidy
 from attnprobe.learners.ffn.more_lines import MAX_LINES, SAME_NEURON_COS, candidate_sets, needs_another_line
 from attnprobe.learners.ffn.orientation import Orientation, closest_signs, orientation_matrix, solve_signs
 from attnprobe.learners.ffn.regions import PROBE_FRACTION, Regions, RefineSettings, hyperplane_normals
@@ -48,10 +48,6 @@ FOUND_GAIN = 0.1
 #: and polishes three (biased float32 d = 16, m = 32: 6.4e8, 1.8 s; d = 64, m = 16: 4.5e9, 7.3 s, measured with
 #: the other core busy); d = 784 would factor a 31,400 × 7,851 span
 FOUND_MAX_WORK = 1e10
-#: ... and while the neuron added is no fainter than this share of the largest (output weight times norm)
-FAINT = 1e-4
-#: two neurons facing the same way whose directions agree to this cosine are one (:func:`_tidy`)
-SAME_HYPERPLANE = 1.0 - 1e-8
 #: coarsest answer rounding the kink search resolves (float32's 1.2e-7 works; float16's 9.8e-4 does not)
 FINEST_EPS = 1e-6
 
@@ -494,7 +490,7 @@ def _found_in_answers(run: Run, ask: Answers, neurons: Neurons, v, opts: FFNOpti
     """Coarse answers whose polished neurons miss some: neurons fitted to the polish answers beyond the found ones
     (:mod:`.missing`, no query), one at a time (the best of a few candidates, each polished with the others), up to
     :data:`MAX_FOUND_IN_ANSWERS`, while each lowers the miss by :data:`FOUND_GAIN` and is no fainter than
-    :data:`FAINT`. Kept only when the set then orients exactly and explains every answer asked so far
+    :data:`.missing.FAINT`. Kept only when the set then orients exactly and explains every answer asked so far
     (:func:`needs_another_line`, the bar of a line's own set). ``neurons``: the first line's jump neurons, polished
     (:func:`_jump_columns`). Returns ``(neurons, orientation, rest, jumps of the added neurons (k, K, D))`` or None."""
     Z, Y = fit_data
@@ -512,7 +508,7 @@ def _found_in_answers(run: Run, ask: Answers, neurons: Neurons, v, opts: FFNOpti
             got = _consistency(trial, ask)
             if best is None or got < best[0]:
                 best = (got, trial)
-        if best is None or best[0] > (1 - FOUND_GAIN) * miss or _faint_last(best[1]):
+        if best is None or best[0] > (1 - FOUND_GAIN) * miss or faint_last(best[1]):
             break
         (miss, neurons), added = best, added + 1
         if not needs_another_line(True, miss, eps):
@@ -520,40 +516,13 @@ def _found_in_answers(run: Run, ask: Answers, neurons: Neurons, v, opts: FFNOpti
     if added == 0:
         return None
     neurons, orient, rest, _ = _settle(neurons, None, v, opts, ask, fit_data)
-    tidied, added = _tidy(neurons, added)  # the polish may leave one neuron on another's hyperplane, or faint
+    tidied, added = tidy(neurons, added)  # the polish may leave one neuron on another's hyperplane, or faint
     if tidied.dirs.shape[1] < neurons.dirs.shape[1]:
         neurons, orient, rest, _ = _settle(_repolish(tidied, ask, fit_data), None, v, opts, ask, fit_data)
     if needs_another_line(orient.exact, _consistency(neurons, ask), eps):
         return None
     new = slice(neurons.dirs.shape[1] - added, None)  # their jumps as a line would measure them: w_k ⊗ dir_k
     return neurons, orient, rest, np.einsum("kj,ek->kje", neurons.weights[new], neurons.dirs[:, new])
-
-
-def _tidy(neurons: Neurons, added: int) -> tuple[Neurons, int]:
-    """Neurons on one hyperplane facing the same way (an added neuron and a found one the polish moved onto it)
-    joined into one (``B = Σ dir_k w_kᵀ``), and neurons fainter than :data:`FAINT` dropped. Returns the neurons and
-    how many of the last ``added`` are still new (each join or drop takes one off the count)."""
-    dirs, W = neurons.dirs.copy(), neurons.weights.copy()
-    m = dirs.shape[1]
-    unit = dirs / np.maximum(np.linalg.norm(dirs, axis=0), 1e-300)
-    alive = np.ones(m, dtype=bool)
-    for k in range(m - 1, -1, -1):  # the added ones (last) join earlier columns
-        same = np.flatnonzero(alive[:k] & (unit[:, :k].T @ unit[:, k] > SAME_HYPERPLANE))
-        if same.size:
-            j = same[0]
-            W[j] += W[k] * np.linalg.norm(dirs[:, k]) / np.linalg.norm(dirs[:, j])
-            alive[k] = False
-    size = np.linalg.norm(W, axis=1) * np.linalg.norm(dirs, axis=0)
-    alive &= size >= FAINT * size[alive].max()
-    gone = int((~alive).sum())
-    return Neurons(dirs[:, alive], W[alive], neurons.c), max(added - gone, 0)
-
-
-def _faint_last(neurons: Neurons) -> bool:
-    """Whether the last neuron's output weight times its norm is below :data:`FAINT` of the largest: a fit to
-    rounding, not a neuron (the weakest ones the search misses are 1e-3 of the largest)."""
-    size = np.linalg.norm(neurons.weights, axis=1) * np.linalg.norm(neurons.dirs, axis=0)
-    return bool(size[-1] < FAINT * size.max())
 
 
 def _repair_line(run: Run, ask: Answers, first, opts: FFNOptions, noise: np.ndarray):

@@ -10,13 +10,16 @@ pattern fixed, the projected least squares gives ``B = n wᵀ``, whose leading s
 (from random starts; the projection keeps the found neurons' compensation out of the fit, which without it took a
 wrong direction for three of six weak neurons). The learner polishes the found neurons with the best candidates
 and keeps a set only when it explains every answer (:func:`~.more_lines.needs_another_line`), as any search line's
-set must; otherwise it searches the repair line as before.
+set must; otherwise it searches the repair line as before. :func:`tidy` joins a neuron the polish left on another's
+hyperplane and drops one fitted to rounding.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import scipy.linalg
+
+from attnprobe.learners.ffn.fit import Neurons
 
 #: alternating steps per start (the fit settles in 3–8 when it converges)
 FIT_STEPS = 12
@@ -26,6 +29,11 @@ MAX_STARTS = 100
 MIN_STARTS = 8
 #: floating-point work of all starts together (rows × span × D per step), which sets the starts for large networks
 SEARCH_WORK = 1e10
+#: a neuron whose output weight times norm is below this share of the largest is a fit to rounding (the weakest
+#: ones the search misses are 1e-3 of the largest)
+FAINT = 1e-4
+#: two neurons facing the same way whose directions agree to this cosine are one (:func:`tidy`)
+SAME_HYPERPLANE = 1.0 - 1e-8
 #: distinct candidates (directions apart by more than this cosine) handed to the polish
 CANDIDATES = 3
 DISTINCT_COS = 0.999
@@ -94,3 +102,30 @@ def missing_neuron_candidates(dirs: np.ndarray, Z: np.ndarray, Y: np.ndarray, li
         if len(picked) == CANDIDATES:
             break
     return picked, fits[0][0] / energy
+
+
+def tidy(neurons: Neurons, added: int) -> tuple[Neurons, int]:
+    """Neurons on one hyperplane facing the same way (an added neuron and a found one the polish moved onto it)
+    joined into one (``B = Σ dir_k w_kᵀ``), and neurons fainter than :data:`FAINT` dropped. Returns the neurons and
+    how many of the last ``added`` are still new (each join or drop takes one off the count)."""
+    dirs, W = neurons.dirs.copy(), neurons.weights.copy()
+    m = dirs.shape[1]
+    unit = dirs / np.maximum(np.linalg.norm(dirs, axis=0), 1e-300)
+    alive = np.ones(m, dtype=bool)
+    for k in range(m - 1, -1, -1):  # the added ones (last) join earlier columns
+        same = np.flatnonzero(alive[:k] & (unit[:, :k].T @ unit[:, k] > SAME_HYPERPLANE))
+        if same.size:
+            j = same[0]
+            W[j] += W[k] * np.linalg.norm(dirs[:, k]) / np.linalg.norm(dirs[:, j])
+            alive[k] = False
+    size = np.linalg.norm(W, axis=1) * np.linalg.norm(dirs, axis=0)
+    alive &= size >= FAINT * size[alive].max()
+    gone = int((~alive).sum())
+    return Neurons(dirs[:, alive], W[alive], neurons.c), max(added - gone, 0)
+
+
+def faint_last(neurons: Neurons) -> bool:
+    """Whether the last neuron's output weight times its norm is below :data:`FAINT` of the largest: a fit to
+    rounding, not a neuron (the weakest ones the search misses are 1e-3 of the largest)."""
+    size = np.linalg.norm(neurons.weights, axis=1) * np.linalg.norm(neurons.dirs, axis=0)
+    return bool(size[-1] < FAINT * size.max())
