@@ -421,7 +421,8 @@ def _more_lines(run: Run, ask: Answers, first, fitted, v, opts: FFNOptions, fit_
         k = J_added.shape[0]
         return np.concatenate([J, J_added]), (neurons, orient, rest), {
             "lines": 1, "neurons_per_line": [int(J.shape[0])], "sets_tried": 0, "found_in_answers": k,
-            "kept": f"the first line's {J.shape[0]} neurons and {k} found in the polish answers"}
+            "kept": f"the first line's {J.shape[0]} neurons and {k} found in the polish answers" if k else
+                    f"the first line's {J.shape[0]} neurons, oriented as polished"}
     line = np.zeros(J.shape[0], dtype=int)
     eps = ask.oracle.eps
 
@@ -491,8 +492,10 @@ def _found_in_answers(run: Run, ask: Answers, neurons: Neurons, v, opts: FFNOpti
     (:mod:`.missing`, no query), one at a time (the best of a few candidates, each polished with the others), up to
     :data:`MAX_FOUND_IN_ANSWERS`, while each lowers the miss by :data:`FOUND_GAIN` and is no fainter than
     :data:`.missing.FAINT`. Kept only when the set then orients exactly and explains every answer asked so far
-    (:func:`needs_another_line`, the bar of a line's own set). ``neurons``: the first line's jump neurons, polished
-    (:func:`_jump_columns`). Returns ``(neurons, orientation, rest, jumps of the added neurons (k, K, D))`` or None."""
+    (:func:`needs_another_line`, the bar of a line's own set; orientations as :func:`_settle_or_keep`). When none
+    is added, the first line's own set, polished again, is tested the same way. ``neurons``: the first line's jump
+    neurons, polished (:func:`_jump_columns`). Returns ``(neurons, orientation, rest, jumps of the added neurons
+    (k, K, D))`` or None."""
     Z, Y = fit_data
     if Z.shape[0] * float(ask.dim * (neurons.dirs.shape[1] + 1)) ** 2 > FOUND_MAX_WORK:
         return None
@@ -513,8 +516,8 @@ def _found_in_answers(run: Run, ask: Answers, neurons: Neurons, v, opts: FFNOpti
         (miss, neurons), added = best, added + 1
         if not needs_another_line(True, miss, eps):
             break
-    if added == 0:
-        return None
+    if added == 0:  # none missing, yet the first line's set failed: orientations off v (kept when it explains all)
+        neurons = _repolish(neurons, ask, fit_data)
     neurons, orient, rest = _settle_or_keep(neurons, v, opts, ask, fit_data)
     tidied, added = tidy(neurons, added)  # the polish may leave one neuron on another's hyperplane, or faint
     if tidied.dirs.shape[1] < neurons.dirs.shape[1]:
