@@ -136,3 +136,27 @@ def test_a_linear_part_measured_off_does_not_refuse_a_set_that_explains_every_an
         assert orient.how.startswith("as polished") and np.linalg.norm(rest) > 0.01 * np.linalg.norm(v)
         kept += 1
     assert kept >= 4, f"kept {kept} of 5"
+
+
+def test_a_complete_first_line_refused_only_by_its_linear_part_is_kept():
+    """A first line that found every neuron, with v off as above: no ±1 orientation fits v, so its set carries
+    linear-rest pairs and misses answers. Without them, polished again, it explains every answer and is kept with
+    no neuron added."""
+    d, m = 8, 12
+    kept = 0
+    for seed in range(5):
+        net, o, run, ask, first, fit_data, v = _first_line(d, m, seed, missing=-1, merged=(-2, -3))
+        J, where, segs = first[0][:-1], first[1][:-1], first[2]
+        off = v + 0.025 * np.linalg.norm(v) * np.random.default_rng(seed).standard_normal(v.shape) / np.sqrt(d)
+        miss, exact, fitted = _score(ask, (J, where, segs), np.ones(J.shape[0], bool), off, FFNOptions(), fit_data,
+                                     {"sets_tried": 0})
+        if not needs_another_line(exact, miss, o.eps):
+            continue  # v's error happened to leave a ±1 orientation: nothing to repair
+        got = _found_in_answers(run, ask, _jump_columns(fitted[0], m), off, FFNOptions(), fit_data)
+        assert got is not None and got[3].shape[0] == 0
+        truth = np.vstack([net.A, np.zeros((1, m))])
+        truth /= np.linalg.norm(truth, axis=0)
+        unit = got[0].dirs / np.linalg.norm(got[0].dirs, axis=0)
+        assert got[0].dirs.shape[1] == m and np.all(np.max(np.abs(unit.T @ truth), axis=0) > 1 - 1e-6)
+        kept += 1
+    assert kept >= 3, f"refused and kept in {kept} of 5"
