@@ -10,6 +10,27 @@ from attnprobe.learners.ffn.more_lines import needs_another_line
 from test_ffn_float32_repair import _first_line, _matches
 
 
+def _truth(net, m: int) -> np.ndarray:
+    """The true neurons' unit directions in the lifted space (bias-free: last entry 0)."""
+    T = np.vstack([net.A, np.zeros((1, m))])
+    return T / np.linalg.norm(T, axis=0)
+
+
+def _every_neuron(net, neurons, m: int) -> bool:
+    """m neurons, each a true one to 1e-6 in cosine (and so every true one matched)."""
+    unit = neurons.dirs / np.linalg.norm(neurons.dirs, axis=0)
+    return neurons.dirs.shape[1] == m and bool(np.all(np.max(np.abs(unit.T @ _truth(net, m)), axis=0) > 1 - 1e-6))
+
+
+def _missed_weak(seed: int, d: int = 8, m: int = 12, missing: int = 0):
+    """A first line that missed neuron ``missing`` (output weight 0.02), and its set as oriented and polished."""
+    net, o, run, ask, first, fit_data, v = _first_line(d, m, seed, missing, merged=(-2, -3), weak=0.02)
+    J, where, segs = first[0][:-1], first[1][:-1], first[2]  # no merged pair (the indices do not exist)
+    miss, exact, fitted = _score(ask, (J, where, segs), np.ones(J.shape[0], bool), v, FFNOptions(), fit_data,
+                                 {"sets_tried": 0})
+    return net, o, run, ask, fitted, fit_data, v, (miss, exact)
+
+
 def test_a_missed_weak_neuron_is_found_without_a_query():
     """Ten nets (d = 8, m = 12) whose first line missed a weak neuron (output weight 0.02, as the float32 misses
     are: 0.003–0.04 measured): the polished set of the others misses answers; the neuron fitted to the polish
@@ -17,10 +38,7 @@ def test_a_missed_weak_neuron_is_found_without_a_query():
     d, m, missing = 8, 12, 0
     found = 0
     for seed in range(10):
-        net, o, run, ask, first, fit_data, v = _first_line(d, m, seed, missing, merged=(-2, -3), weak=0.02)
-        J, where, segs = first[0][:-1], first[1][:-1], first[2]  # no merged pair (the indices do not exist)
-        miss, exact, fitted = _score(ask, (J, where, segs), np.ones(J.shape[0], bool), v, FFNOptions(), fit_data,
-                                     {"sets_tried": 0})
+        net, o, run, ask, fitted, fit_data, v, (miss, exact) = _missed_weak(seed, d, m, missing)
         assert needs_another_line(exact, miss, o.eps)  # the polish cannot make up for the missing neuron
         before = o.queries
         got = _found_in_answers(run, ask, fitted[0], v, FFNOptions(), fit_data)
@@ -28,11 +46,8 @@ def test_a_missed_weak_neuron_is_found_without_a_query():
         if got is None:
             continue
         neurons, orient, _, J_added = got
-        truth = np.vstack([net.A, np.zeros((1, m))])
-        truth /= np.linalg.norm(truth, axis=0)
-        unit = neurons.dirs / np.linalg.norm(neurons.dirs, axis=0)
-        assert J_added.shape == (1, 1, d + 1) and _matches(J_added, truth)[missing]
-        assert np.all(np.max(np.abs(unit.T @ truth), axis=0) > 1 - 1e-6)  # every neuron, to 1e-6 in cosine
+        assert J_added.shape == (1, 1, d + 1) and _matches(J_added, _truth(net, m))[missing]
+        assert _every_neuron(net, neurons, m)
         assert orient.exact and not needs_another_line(True, _consistency(neurons, ask), o.eps)
         found += 1
     assert found >= 8, f"found in {found} of 10"
@@ -54,10 +69,7 @@ def test_a_merged_pair_is_split_or_left_to_the_repair_line():
             continue
         neurons, orient, _, _ = got
         assert orient.exact and not needs_another_line(True, _consistency(neurons, ask), o.eps)
-        truth = np.vstack([net.A, np.zeros((1, m))])
-        truth /= np.linalg.norm(truth, axis=0)
-        unit = neurons.dirs / np.linalg.norm(neurons.dirs, axis=0)
-        assert neurons.dirs.shape[1] == m and np.all(np.max(np.abs(unit.T @ truth), axis=0) > 1 - 1e-6)
+        assert _every_neuron(net, neurons, m)
         kept += 1
     assert kept >= 4, f"split in {kept} of 10"
 
@@ -120,19 +132,13 @@ def test_a_linear_part_measured_off_does_not_refuse_a_set_that_explains_every_an
     d, m, missing = 8, 12, 0
     kept = 0
     for seed in range(5):
-        net, o, run, ask, first, fit_data, v = _first_line(d, m, seed, missing, merged=(-2, -3), weak=0.02)
-        J, where, segs = first[0][:-1], first[1][:-1], first[2]
-        _, _, fitted = _score(ask, (J, where, segs), np.ones(J.shape[0], bool), v, FFNOptions(), fit_data,
-                              {"sets_tried": 0})
+        net, o, run, ask, fitted, fit_data, v, _ = _missed_weak(seed, d, m, missing)
         off = v + 0.025 * np.linalg.norm(v) * np.random.default_rng(seed).standard_normal(v.shape) / np.sqrt(d)
         got = _found_in_answers(run, ask, fitted[0], off, FFNOptions(), fit_data)
         if got is None:
             continue
         neurons, orient, rest, _ = got
-        truth = np.vstack([net.A, np.zeros((1, m))])
-        truth /= np.linalg.norm(truth, axis=0)
-        unit = neurons.dirs / np.linalg.norm(neurons.dirs, axis=0)
-        assert neurons.dirs.shape[1] == m and np.all(np.max(np.abs(unit.T @ truth), axis=0) > 1 - 1e-6)
+        assert _every_neuron(net, neurons, m)
         assert orient.how.startswith("as polished") and np.linalg.norm(rest) > 0.01 * np.linalg.norm(v)
         kept += 1
     assert kept >= 4, f"kept {kept} of 5"
@@ -153,10 +159,6 @@ def test_a_complete_first_line_refused_only_by_its_linear_part_is_kept():
         if not needs_another_line(exact, miss, o.eps):
             continue  # v's error happened to leave a ±1 orientation: nothing to repair
         got = _found_in_answers(run, ask, _jump_columns(fitted[0], m), off, FFNOptions(), fit_data)
-        assert got is not None and got[3].shape[0] == 0
-        truth = np.vstack([net.A, np.zeros((1, m))])
-        truth /= np.linalg.norm(truth, axis=0)
-        unit = got[0].dirs / np.linalg.norm(got[0].dirs, axis=0)
-        assert got[0].dirs.shape[1] == m and np.all(np.max(np.abs(unit.T @ truth), axis=0) > 1 - 1e-6)
+        assert got is not None and got[3].shape[0] == 0 and _every_neuron(net, got[0], m)
         kept += 1
     assert kept >= 3, f"refused and kept in {kept} of 5"
