@@ -53,7 +53,7 @@ def _lines(details) -> float:
     """Whole search lines of a run; a run the repair line mended counts 1.5 (see the "repair line" column), one
     mended by neurons found in the polish answers 1.25 (no query; the "polish answers" column)."""
     more = details.get("more_lines", {})
-    if more.get("found_in_answers"):
+    if "found_in_answers" in more:  # neurons added there, or none (the first line's set kept as polished)
         return 1.25
     return more.get("lines", 1) + 0.5 * ("repair line" in more.get("kept", "") and more.get("lines", 1) == 1)
 
