@@ -362,14 +362,19 @@ def _settle(neurons: Neurons, orient, v, opts: FFNOptions, ask: Answers, fit_dat
             neurons = _repolish(neurons, ask, fit_data)
     if orient.exact and fit_data is not None:
         neurons = _flip_weak(neurons, ask, fit_data)
-    M = orientation_matrix(neurons.dirs, neurons.weights, d)
-    rest = v - (M @ np.ones(m)).reshape(v.shape)
+    rest = _linear_rest(neurons, v, d)
     if orient.exact:
         return neurons, Orientation(np.ones(m), True, orient.how + ", on the polished neurons"), rest, []
     neurons, notes = _with_linear_rest(neurons, rest, v, orient, ask.dim)
     if fit_data is not None:
         neurons, _ = polish(neurons, *fit_data, ask.lifted)
     return neurons, orient, rest, notes
+
+
+def _linear_rest(neurons: Neurons, v, d: int) -> np.ndarray:
+    """The part of the linear part v (K, d) that the neurons, each oriented as it is, leave unexplained."""
+    M = orientation_matrix(neurons.dirs, neurons.weights, d)
+    return v - (M @ np.ones(neurons.dirs.shape[1])).reshape(v.shape)
 
 
 def _flip_weak(neurons: Neurons, ask: Answers, fit_data) -> Neurons:
@@ -537,8 +542,7 @@ def _settle_or_keep(neurons: Neurons, v, opts: FFNOptions, ask: Answers, fit_dat
     settled, orient, rest, _ = _settle(neurons, None, v, opts, ask, fit_data)
     if orient.exact or needs_another_line(True, _consistency(neurons, ask), ask.oracle.eps):
         return settled, orient, rest
-    M = orientation_matrix(neurons.dirs, neurons.weights, ask.d)
-    rest = v - (M @ np.ones(neurons.dirs.shape[1])).reshape(v.shape)
+    rest = _linear_rest(neurons, v, ask.d)
     off = np.linalg.norm(rest) / max(float(np.linalg.norm(v)), 1e-300)
     return neurons, Orientation(np.ones(neurons.dirs.shape[1]), True,
                                 f"as polished: they explain every answer (v from the line's ends {off:.1e} off)"), rest

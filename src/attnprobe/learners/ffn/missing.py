@@ -118,7 +118,7 @@ def tidy(neurons: Neurons, added: int) -> tuple[Neurons, int]:
             j = same[0]
             W[j] += W[k] * np.linalg.norm(dirs[:, k]) / np.linalg.norm(dirs[:, j])
             alive[k] = False
-    size = np.linalg.norm(W, axis=1) * np.linalg.norm(dirs, axis=0)
+    size = sizes(Neurons(dirs, W, neurons.c))
     alive &= size >= FAINT * size[alive].max()
     gone = int((~alive).sum())
     return Neurons(dirs[:, alive], W[alive], neurons.c), max(added - gone, 0)
@@ -127,5 +127,10 @@ def tidy(neurons: Neurons, added: int) -> tuple[Neurons, int]:
 def faint_last(neurons: Neurons) -> bool:
     """Whether the last neuron's output weight times its norm is below :data:`FAINT` of the largest: a fit to
     rounding, not a neuron (the weakest ones the search misses are 1e-3 of the largest)."""
-    size = np.linalg.norm(neurons.weights, axis=1) * np.linalg.norm(neurons.dirs, axis=0)
+    size = sizes(neurons)
     return bool(size[-1] < FAINT * size.max())
+
+
+def sizes(neurons: Neurons) -> np.ndarray:
+    """Each neuron's output weight norm times its direction's norm (``‖dir_k w_kᵀ‖``, scale-free)."""
+    return np.linalg.norm(neurons.weights, axis=1) * np.linalg.norm(neurons.dirs, axis=0)
