@@ -46,16 +46,18 @@ def _net_run(d, m, bias, seed):
     res = extract_ffn(o, seed=seed)
     ne = neuron_errors(net.A, net.w_o, res.model.A, res.model.w_o,
                        **({"b_true": net.b, "b_hat": res.model.b} if bias else {}))
-    return o.queries, _lines(res.details), res.check, ne["within_1e-3"] == m and ne["matched_one_to_one"]
+    return o.queries, *_lines(res.details), res.check, ne["within_1e-3"] == m and ne["matched_one_to_one"]
 
 
-def _lines(details) -> float:
-    """Whole search lines of a run; a run the repair line mended counts 1.5 (see the "repair line" column), one
-    mended by neurons found in the polish answers 1.25 (no query; the "polish answers" column)."""
+def _lines(details) -> tuple[int, str]:
+    """Whole search lines of a run, and what mended a one-line run: ``"answers"`` (neurons found in the polish
+    answers, no query; or none added, the first line's set kept as polished), ``"repair"`` (the repair line) or
+    ``""``."""
     more = details.get("more_lines", {})
-    if "found_in_answers" in more:  # neurons added there, or none (the first line's set kept as polished)
-        return 1.25
-    return more.get("lines", 1) + 0.5 * ("repair line" in more.get("kept", "") and more.get("lines", 1) == 1)
+    lines = more.get("lines", 1)
+    if "found_in_answers" in more:
+        return 1, "answers"
+    return lines, "repair" if lines == 1 and "repair line" in more.get("kept", "") else ""
 
 
 def _torch_run(d, m, seed):
@@ -71,7 +73,7 @@ def _torch_run(d, m, seed):
     o = oracle_from_torch(vic)
     res = extract_transformer(o, seed=seed)
     ne = neuron_errors(truth.A, truth.w_o, res.model.A, res.model.w_o)
-    return o.queries, _lines(res.details["ffn"]), res.check, ne["within_1e-3"] == m and ne["matched_one_to_one"]
+    return o.queries, *_lines(res.details["ffn"]), res.check, ne["within_1e-3"] == m and ne["matched_one_to_one"]
 
 
 def targets(families):
@@ -110,18 +112,18 @@ def main(argv=None):
         t0 = time.perf_counter()
         got = [run(s) for s in range(a.first_seed, a.first_seed + a.seeds)]
         q = np.array([g[0] for g in got])
-        lines = [sum(int(g[1]) == k for g in got) for k in (1, 2, 3)]
+        lines = [sum(g[1] == k for g in got) for k in (1, 2, 3)]
         if kw is not None:
             kw = dict(kw)
             est = estimate_queries(kw.pop("method"), kw.pop("d"), **kw).queries
             est_cols = (est, *against_real(est, q))
         else:
             est_cols = ("–", "–", "–")
-        table.add(name, a.seeds, " / ".join(map(str, lines)), sum(g[1] == 1.25 for g in got),
-                  sum(g[1] == 1.5 for g in got), f"{q.min()} – {q.max()}",
+        table.add(name, a.seeds, " / ".join(map(str, lines)), sum(g[2] == "answers" for g in got),
+                  sum(g[2] == "repair" for g in got), f"{q.min()} – {q.max()}",
                   *est_cols,
-                  f"{sum(bool(g[2].passed) for g in got)}/{a.seeds}", f"{sum(bool(g[3]) for g in got)}/{a.seeds}",
-                  f"{max(float(g[2].error) for g in got):.1e}", f"{os.getloadavg()[0]:.1f}")
+                  f"{sum(bool(g[3].passed) for g in got)}/{a.seeds}", f"{sum(bool(g[4]) for g in got)}/{a.seeds}",
+                  f"{max(float(g[3].error) for g in got):.1e}", f"{os.getloadavg()[0]:.1f}")
         print("| " + " | ".join(map(str, table.rows[-1])) + f" |  ({time.perf_counter() - t0:.0f} s)", flush=True)
     print_and_write(TITLE, table.markdown(), "ffn_float32_lines.py", argv, a.write)
 
