@@ -167,3 +167,19 @@ def test_answers_noisier_than_their_precision_stop_the_search_with_a_clear_error
     o = Oracle(noisy, 8, precision="float32")
     assert extract_ffn(o, seed=0).check.passed
 
+
+
+def test_float32_answers_far_noisier_than_float32_stop_at_the_minimal_width_bound():
+    """Declared float32, answers with 1e-4 relative noise: the intervals shrink to the minimal width (1024 float32
+    roundings) instead of doubling without end, and each ends there as a "kink". Without a bound the search took
+    ~680k queries and the gradients, orientations and polish of ~1e5 such kinks then ran for minutes and out of
+    memory. It stops at MAX_TIGHT with a RecoveryError that names the cause."""
+    from attnprobe.learners.ffn.kinks import MAX_TIGHT
+
+    rng = np.random.default_rng(0)
+    net = random_relu_net(8, 32, seed=3).with_dtype("float32")
+    noisy = lambda X: net(X) * (1 + 1e-4 * rng.standard_normal(X.shape[0]))  # noqa: E731
+    o = Oracle(noisy, 8, precision="float32", budget=2_000_000)
+    with pytest.raises(RecoveryError, match=f"more than {MAX_TIGHT} intervals at its minimal width"):
+        extract_ffn(o, seed=0)
+    assert o.queries < 200_000
