@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from attnprobe.learners.estimate import estimate_queries
+from attnprobe.learners.core.estimate import estimate_queries
 from attnprobe.oracles import Oracle
 from attnprobe.reports import Table, write_section
 
@@ -28,7 +28,7 @@ TITLE = "`extract --estimate` against the queries real runs ask"
 
 
 def _exact(d, seed):
-    from attnprobe.learners.exact import extract_exact
+    from attnprobe.learners.head.exact import extract_exact
     from attnprobe.targets import random_head
 
     o = Oracle(random_head(d, seed=seed), d)
@@ -37,7 +37,7 @@ def _exact(d, seed):
 
 
 def _lowrank_random(d, r, seed):
-    from attnprobe.learners.lowrank import extract_lowrank
+    from attnprobe.learners.head.lowrank import extract_lowrank
     from attnprobe.targets import random_head
 
     o = Oracle(random_head(d, rank=r, seed=seed), d)
@@ -46,7 +46,7 @@ def _lowrank_random(d, r, seed):
 
 
 def _lowrank_minilm(layer, head, seed):
-    from attnprobe.learners.lowrank import extract_lowrank
+    from attnprobe.learners.head.lowrank import extract_lowrank
     from attnprobe.targets.minilm import minilm_head
 
     h = minilm_head(layer, head)

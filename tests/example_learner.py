@@ -5,10 +5,10 @@ of a random orthogonal matrix, so ``aᵀv ≠ 0`` almost surely). Registering it
 
 import numpy as np
 
-from attnprobe.learners.probes import random_orthogonal
-from attnprobe.learners.registry import Option, register
-from attnprobe.learners.sigmoid import measure_logits
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.head.probes import random_orthogonal
+from attnprobe.learners.core.registry import Option, register
+from attnprobe.learners.head.sigmoid import measure_logits
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.models import AttentionHead
 
 

@@ -12,8 +12,8 @@ from attnprobe.audit import HeadSpec, Task, parse_defenses, run_audit
 from attnprobe.cli import main
 from attnprobe.errors import ConfigError
 from attnprobe.learners import extract_exact, extract_lowrank, registry
-from attnprobe.learners.robust import extract_robust
-from attnprobe.learners.registry import Capabilities, Option
+from attnprobe.learners.head.robust import extract_robust
+from attnprobe.learners.core.registry import Capabilities, Option
 from attnprobe.models import load_model, save_model
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_head

@@ -10,10 +10,13 @@
 from __future__ import annotations
 
 from attnprobe.errors import AttnprobeError, ConfigError, RecoveryError, SaturationError, UnidentifiableError
+from attnprobe.learners.core.registry import NO_BIAS, Capabilities, Option, register
+from attnprobe.learners.head import RANK
 from attnprobe.learners.multihead import generic
+from attnprobe.learners.multihead.estimate import multihead_estimate
 from attnprobe.learners.multihead.generic import extract_generic
 from attnprobe.learners.multihead.hessian import extract_multihead_orthogonal
-from attnprobe.learners.multihead.subspaces import extract_multihead_subspaces
+from attnprobe.learners.multihead.subspaces import extract_multihead_subspaces, load_subspaces
 
 METHODS = ("auto", "subspaces", "orthogonal", "generic", "vector")
 #: widest layer ``auto`` hands to the orthogonal learner when the generic one fails (docs/multihead.md: measured up
@@ -117,11 +120,11 @@ def _require_least_plan(oracle, method: str, check: bool) -> None:
     """Before the one query that tells scalar from vector answers: refuse when the budget cannot hold that query,
     the first stage of the cheaper of the learners it may lead to, and the functional check (every learner's
     plan starts this way, so a budget below it is refused having asked nothing)."""
-    from attnprobe.learners.check import check_queries
+    from attnprobe.learners.core.check import check_queries
     from attnprobe.learners.multihead.vector import planned_values
 
     d = oracle.d
-    first = planned_values(d) if method == "vector" else min(planned_values(d), generic._planned_values(d))
+    first = planned_values(d) if method == "vector" else min(planned_values(d), generic.planned_values(d))
     least = 1 + first + (check_queries() if check else 0)
     oracle.require(least, f"multi-head extraction at d={d} needs at least {least} queries (one to tell scalar from "
                           "vector answers, the values stage and the functional check);")
@@ -138,5 +141,30 @@ def _probe_outputs(oracle) -> int:
     return oracle.queries - before
 
 
-__all__ = ["METHODS", "extract_generic", "extract_multihead", "extract_multihead_orthogonal",
+def _multihead(oracle, *, seed, progress, no_bias, heads, max_heads, subspaces, multihead_learner, rank):
+    if subspaces is not None and multihead_learner != "auto":
+        raise ConfigError(f"known subspaces are learned by the subspaces learner (Prop. C.2), "
+                          f"not {multihead_learner!r}; "
+                          "drop the 'multihead_learner' option", param="multihead_learner")
+    bases = load_subspaces(subspaces, oracle.d) if subspaces is not None else None
+    method = "subspaces" if bases is not None else multihead_learner
+    return extract_multihead(oracle, heads=heads, max_heads=max_heads, subspaces=bases, bias=not no_bias,
+                             method=method, rank=rank, seed=seed, progress=progress)
+
+
+register("multihead", _multihead, recovers="multi_head", capabilities=Capabilities(vector_answers=True),
+         help="Sec. 7, App. C: every head of a multi-head layer, up to permutation", estimate=multihead_estimate,
+         options=[NO_BIAS, Option("heads", int, "number of heads (detected when omitted)", low=1, metavar="H"),
+                  Option("max_heads", int, "upper bound on the number of heads", low=1, metavar="H0"),
+                  Option("subspaces", str, "known mutually orthogonal head subspaces: an (H, d, d_h) array "
+                         "'subspaces' (Prop. C.2)", metavar="FILE.npz", input_file=True),
+                  Option("multihead_learner", str, "orthogonal: heads in unknown orthogonal subspaces (App. C "
+                         "Hessians); generic: overlapping heads; auto (default): generic, then orthogonal when generic "
+                         "fails; vector: whole output rows (picked by auto when the answers are K-vectors)",
+                         default="auto",
+                         choices=("auto", "orthogonal", "generic", "vector")),
+                  RANK])
+
+
+__all__ = ["METHODS", "load_subspaces", "extract_generic", "extract_multihead", "extract_multihead_orthogonal",
            "extract_multihead_subspaces"]

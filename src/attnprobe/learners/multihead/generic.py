@@ -29,13 +29,13 @@ from dataclasses import replace
 import numpy as np
 
 from attnprobe.errors import ConfigError, RecoveryError, SaturationError, UnidentifiableError
-from attnprobe.learners.exact import learn_value
-from attnprobe.learners.lowrank import FLOAT32_OVERSAMPLE, default_oversample, extract_lowrank, lowrank_queries
+from attnprobe.learners.head.exact import learn_value
+from attnprobe.learners.head.lowrank import FLOAT32_OVERSAMPLE, default_oversample, extract_lowrank, lowrank_queries
 from attnprobe.learners.multihead.cross import cross_components
 from attnprobe.learners.multihead.headcheck import check_heads, head_check_queries
 from attnprobe.learners.multihead.isolation import isolated_oracle
 from attnprobe.learners.multihead.saturation import input_norm_limit, saturated_values
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.models.precision import machine_epsilon
 
 METHOD = "multihead-generic"
@@ -50,13 +50,13 @@ LEAK_FLOOR_CAP = 1e-8
 VALUE_ERROR_LIMIT = 1e-3
 
 
-def _planned_rest(d, H, rank, bias):
+def planned_rest(d, H, rank, bias):
     """Queries of the isolated and cross stages (no calibration or retries): a lower bound."""
     r = min(rank or d - H + 1, d - H + 1)
     return H * (lowrank_queries(d, r, 0, 0 if rank else 2, bias) + 2 * H * (min(r, d) + 1))
 
 
-def _planned_values(d):
+def planned_values(d):
     """The least the values stage costs (one head): length-1 queries, one radius step and its confirmation (12
     each), the labelled grid (24) and two cone gradients (2d + 2 each); the crossing search comes on top."""
     return (d + 1) + 12 + 12 + 24 + 2 * (2 * d + 2)
@@ -151,7 +151,7 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
 
     ``heads``: the number of heads if known (fewer found means merged heads: a note); ``max_heads``: refuse
     more; ``rank``: the head dimension (rank of each ``W_h``), detected when omitted. Returns an
-    :class:`~attnprobe.learners.result.Extraction` with a :class:`MultiHeadAttention` (heads up to permutation).
+    :class:`~attnprobe.learners.core.result.Extraction` with a :class:`MultiHeadAttention` (heads up to permutation).
     """
     from attnprobe.models.multihead import MultiHeadAttention
 
@@ -166,7 +166,7 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
     run = Run(oracle, METHOD, seed=seed, check=check, progress=progress)
     rng = run.rng
     notes: list[str] = []
-    run.plan(_planned_values(d), f"generic multi-head extraction at d={d} (values stage)", at_least=True)
+    run.plan(planned_values(d), f"generic multi-head extraction at d={d} (values stage)", at_least=True)
     with run.phase("values", absorb=True), _blamed_on_precision(oracle, "values"):  # absorb: the input-bound check
         v_sum, c, _ = learn_value(oracle, bias, "multi-head")  # length 1: [0] ↦ c, [e_i] ↦ (Σ_h v_h)_i + c
         y = rng.standard_normal(d) / np.sqrt(d)
@@ -182,7 +182,7 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
         raise precision_error(f"the answers are too coarse for the generic multi-head learner: "
                               f"{precision_said(oracle, verr)} (> {VALUE_ERROR_LIMIT:.0e}): every isolated head would "
                               f"carry the other heads' leak of that size; refused after {run.queries} queries")
-    rest = _planned_rest(d, H, rank, bias) + (head_check_queries(H) if check else 0)
+    rest = planned_rest(d, H, rank, bias) + (head_check_queries(H) if check else 0)
     run.plan(rest, f"generic multi-head extraction at d={d}, H={H} (isolated and cross stages, per-head check)",
              at_least=True)
     run.report(run.queries + rest)

@@ -22,11 +22,11 @@ from __future__ import annotations
 import numpy as np
 
 from attnprobe.errors import RecoveryError
-from attnprobe.learners.exact import learn_value
+from attnprobe.learners.head.exact import learn_value
 from attnprobe.learners.multihead.blocks import simultaneous_blocks
 from attnprobe.learners.multihead.subspaces import learn_heads_in_subspaces
-from attnprobe.learners.result import Extraction
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.core.result import Extraction
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.models.attention import AttentionHead
 from attnprobe.models.multihead import MultiHeadAttention
 

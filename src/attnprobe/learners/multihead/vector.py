@@ -28,8 +28,8 @@ from attnprobe.errors import (ConfigError, InputNormError, OracleAnswerError, Or
                               UnidentifiableError)
 from attnprobe.learners.multihead.vector_heads import fit_delta, fit_deltas, jennrich, theta_from_values
 from attnprobe.learners.multihead.vector_logits import gap_rank, head_attention_errors, learn_logits
-from attnprobe.learners.probes import random_orthogonal
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.head.probes import random_orthogonal
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.oracles.input_bound import refuse_clipping
 
 METHOD = "multihead-vector"
@@ -118,7 +118,7 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
     ``heads``: H if known (detected from the rank of the two-row residuals otherwise); ``tokens``: probe tokens
     per query in the logits stage (default 16, or 8 for answers coarser than float64); ``design``: design points
     per difference δ (default max(20, H + q + 6), 48 for coarse answers). Returns an
-    :class:`~attnprobe.learners.result.Extraction` whose model is a
+    :class:`~attnprobe.learners.core.result.Extraction` whose model is a
     :class:`~attnprobe.models.multihead.MultiHeadAttention` in the vector layout.
     """
     noise = oracle.noise  # a declared relative rounding up to float32's is rounding; anything else is refused

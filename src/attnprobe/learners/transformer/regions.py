@@ -35,11 +35,11 @@ from scipy.optimize import linear_sum_assignment
 from attnprobe._validation import check_seed
 from attnprobe.errors import BudgetExceededError, ConfigError, RecoveryError, SaturationError, UnidentifiableError
 from attnprobe.learners.ffn import extract_ffn, require_fine_answers
-from attnprobe.learners.skeleton import Run
-from attnprobe.learners.transformer_frames import (KnownFFN, frame_maps, frame_oracle, frame_values, heads_sum,
+from attnprobe.learners.core.skeleton import Run
+from attnprobe.learners.transformer.frames import (KnownFFN, frame_maps, frame_oracle, frame_values, heads_sum,
                                                    saturated_radius, set_scale)
-from attnprobe.learners.transformer_heads import combine_rows, head_scores, scores_to_parameters, token_bases
-from attnprobe.learners.transformer_polish import check_how, refine
+from attnprobe.learners.transformer.heads import combine_rows, head_scores, scores_to_parameters, token_bases
+from attnprobe.learners.transformer.polish import check_how, refine
 from attnprobe.models.transformer import MultiHeadTransformer
 from attnprobe.oracles.base import Oracle
 

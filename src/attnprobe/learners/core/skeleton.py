@@ -8,7 +8,7 @@ named phases, and the functional check with one failure semantics.
     return run.finish(model, unknowns=..., details=..., notes=...)
 
 The Extraction's ``queries_by_phase`` sums to its ``queries`` (the check's queries are counted apart, in
-``check.queries``); ``check`` is a :class:`~attnprobe.learners.check.CheckResult`. A failed check does not raise:
+``check.queries``); ``check`` is a :class:`~attnprobe.learners.core.check.CheckResult`. A failed check does not raise:
 the result comes back with ``check.passed = False`` and a note (the CLI turns it into exit code 3).
 """
 
@@ -21,8 +21,8 @@ from typing import Callable
 import numpy as np
 
 from attnprobe._validation import check_seed
-from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, functional_check
-from attnprobe.learners.result import Extraction
+from attnprobe.learners.core.check import DEFAULT_LENGTHS, check_queries, functional_check
+from attnprobe.learners.core.result import Extraction
 
 
 def _no_progress(done: int, total: int) -> None:
