@@ -205,6 +205,11 @@ def run(args) -> int:
     _refuse_values(args)
     if not str(args.out).strip():
         raise ConfigError("--out names the folder for results.json, report.html and heads/; got ''")
+    from attnprobe.cli.common import inside
+
+    if args.hf_dir is not None and inside(Path(args.out), Path(args.hf_dir)):
+        raise ConfigError(f"--out {args.out} is inside the input folder {args.hf_dir}, whose files it could "
+                          "overwrite; write the audit outside it")
     tasks = build_tasks(args)
     engine = "ray" if args.ray is not None else "processes"
     if args.ray:  # a dead address is refused before the --out folder is touched
