@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from attnprobe.learners.check import check_verdict
+from attnprobe.learners.core.check import check_verdict
 from attnprobe.models import load_model
 from attnprobe.targets import random_head
 from hostile import one_line, refused, run
