@@ -240,3 +240,24 @@ def test_heads_apart_enough_are_kept_with_their_value_maps():
     errors = min(max(np.linalg.norm(res.model.v[h] - truth.v[p[h]]) / np.linalg.norm(truth.v[p[h]]) for h in (0, 1))
                  for p in ((0, 1), (1, 0)))
     assert errors < 1e-6
+
+
+def test_a_resumed_audit_keeps_each_learners_record_of_a_head(tmp_path, capsys):
+    """Two learners on one head: a rerun resumes both tasks, each with its own record (the journal's task key
+    names the learner; without it the two collide and one learner's numbers stand for the other's)."""
+    pytest.importorskip("safetensors")
+    from test_hostile_audit import _random_checkpoint
+
+    _random_checkpoint(tmp_path / "m.safetensors")
+    argv = ("audit", "--safetensors", tmp_path / "m.safetensors", "--heads-per-layer", "2", "--heads", "0",
+            "--method", "exact,lowrank", "--out", tmp_path / "out", "--quiet")
+    rc, _, err = run(capsys, *argv)
+    assert rc == 0, err
+    first = json.loads((tmp_path / "out" / "results.json").read_text())
+    rc, _, err = run(capsys, *argv)
+    assert rc == 0, err
+    again = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert again["resumed"] == 2
+    mine = {h["method"]: (h["queries"], h["relative_error"]) for h in first["heads"]}
+    assert sorted(mine) == ["exact", "lowrank"] and mine["exact"][0] != mine["lowrank"][0]
+    assert {h["method"]: (h["queries"], h["relative_error"]) for h in again["heads"]} == mine
