@@ -151,8 +151,9 @@ MUTATIONS = [
       "a log whose recorded probes another model answers differently accepted"),
     M("querylog-from-log-count", "oracles/base.py", "y = log.answer(X, self._ask_paid)", "y = log.answer(X, self.fn)",
       ("tests/test_querylog.py",), "missing answers neither counted nor validated"),
-    M("querylog-roundings", "oracles/querylog.py", "VERIFY_ROUNDINGS = 64", "VERIFY_ROUNDINGS = 256",
-      ("tests/test_hostile_verdicts.py",), "identity probes compared 4x looser: a float32 log of W × 1.001 accepted"),
+    M("querylog-roundings", "oracles/querylog.py", "VERIFY_ROUNDINGS = 64", "VERIFY_ROUNDINGS = 1000",
+      ("tests/test_hostile_verdicts.py",), "identity probes compared at ~1e-4 of the scale: a float32 log of other "
+                                           "weights (W × 1.0001) accepted"),
     M("audit-journal-cut", "audit/run.py", "        if _holds_records(path):", "        if False:",
       ("tests/test_hostile_verdicts.py",), "a journal whose identity line is cut is trusted"),
     M("audit-task-key-learner", "audit/run.py",
