@@ -171,6 +171,13 @@ MUTATIONS = [
     M("audit-untried-learners", "audit/report.py", "    return [n for n in fits if n not in tried and",
       "    return [] and [n for n in fits if n not in tried and", ("tests/test_hostile_learner_choice.py",),
       "a verdict from a narrowed learner list called strong"),
+    M("hf-declared-precision", "oracles/hf_attention.py", '        kwargs["precision"] = dtype',
+      '        kwargs["precision"] = "float64"', ("tests/test_hf_attention.py",),
+      "a float32 Hugging Face module declared float64"),
+    M("hf-readout-dtype", "oracles/hf_attention.py", "np.asarray(readout, dtype=np.float64),\n"
+      "                                                                    dtype=dtype)",
+      "np.asarray(readout, dtype=np.float64),\n                                                                    "
+      "dtype=torch.float64)", ("tests/test_hf_attention.py",), "the readout always float64"),
     # reports
     M("report-scale", "audit/report.py", 'colorbar="‖Ŵ−W‖/‖W‖", vmin=-16, vmax=1,',
       'colorbar="‖Ŵ−W‖/‖W‖", vmin=-12, vmax=1,', ("tests/test_audit.py::test_report_shows_the_verdicts_and_maps_"
