@@ -178,6 +178,10 @@ MUTATIONS = [
       "                                                                    dtype=dtype)",
       "np.asarray(readout, dtype=np.float64),\n                                                                    "
       "dtype=torch.float64)", ("tests/test_hf_attention.py",), "the readout always float64"),
+    M("estimate-vector-restart", "learners/multihead/vector.py", "    return 4 * H", "    return 2 * H",
+      ("tests/test_multihead_vector.py",), "a vector restart priced at 2H queries (the plan and the estimate)"),
+    M("estimate-ffn-odd-part", "learners/ffn/learner.py", "    return 2 * d\n", "    return d\n",
+      ("tests/test_ffn.py",), "the bias-free odd part priced at d queries (the plan and the estimate)"),
     # reports
     M("report-scale", "audit/report.py", 'colorbar="‖Ŵ−W‖/‖W‖", vmin=-16, vmax=1,',
       'colorbar="‖Ŵ−W‖/‖W‖", vmin=-12, vmax=1,', ("tests/test_audit.py::test_report_shows_the_verdicts_and_maps_"

@@ -84,10 +84,14 @@ def test_more_neurons_than_inputs_orientations_from_the_0_1_program():
 
 
 def test_given_v_saves_the_odd_part_queries():
+    """The odd part costs what the plan and the estimate charge for it (``odd_part_queries``: 2d), or nothing
+    when v is given."""
+    from attnprobe.learners.ffn.learner import odd_part_queries
+
     net = random_relu_net(8, 8, seed=4)
     _, a = run(net)
     _, b = run(net, v=net.A @ net.w_o)
-    assert a.queries_by_phase["odd_part"] == 16 and "odd_part" not in b.queries_by_phase
+    assert a.queries_by_phase["odd_part"] == odd_part_queries(8) == 16 and "odd_part" not in b.queries_by_phase
     assert b.check.error <= 1e-9
 
 

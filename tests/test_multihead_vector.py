@@ -207,3 +207,19 @@ def test_a_served_whole_row_layer_over_http():
         res = extract_multihead(oracle_from_url(srv.url, "k"), seed=0)
     assert res.method == "multihead-vector" and res.check.passed
     assert match_heads(true, res.model).worst <= 1e-8
+
+
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_the_separation_costs_exactly_what_its_parts_say(precision):
+    """The separate phase asks, exactly: the first design points, one separation from scratch
+    (``from_scratch_queries(H)``: the estimate prices each restart by it) per restart and once for δ_0, and the
+    design points of every further difference (twice on coarse answers: a short and a long step)."""
+    from attnprobe.learners.multihead.vector import from_scratch_queries
+
+    layer = whole_row_layer(d=16, H=2, seed=3, dtype=precision)
+    res = extract_multihead(Oracle(layer, 16, precision=precision), seed=0)
+    det = res.details
+    per_difference = det["design_points"] * (2 if precision == "float32" else 1)
+    expected = (det["first_design_points"] + from_scratch_queries(2) * (1 + det["restarts"])
+                + (det["differences"] - 1) * per_difference)
+    assert res.queries_by_phase["separate"] == expected

@@ -237,7 +237,7 @@ def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads,
         sep.n = design or design_points(H, coarse)
         tokens = int(tokens or tokens_per_query(H, K, coarse))
         # (a difference whose continuation fails is restarted with 4H more queries: charged beyond this plan)
-        rest = 4 * H + d * sep.n * (2 if coarse else 1) + (d + 1) * -(-d // tokens) + HEAD_CHECK_QUERIES
+        rest = from_scratch_queries(H) + d * sep.n * (2 if coarse else 1) + (d + 1) * -(-d // tokens) + HEAD_CHECK_QUERIES
         planned = run.queries + rest
         run.plan(rest, f"vector multi-head extraction at d={d}, H={H} (at most)")
         V, route = sep.value_maps(run.report)
@@ -255,10 +255,16 @@ def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads,
                "tokens_per_query": tokens,
                "smallest_attention": smallest, "head_rank": _ranks(V),
                "largest_probe_norm": float(getattr(oracle, "max_input_norm_used", np.nan)), "check_scale": sep.s,
-               "planned": planned, "near_ties": ties}
+               "planned": planned, "near_ties": ties, "first_design_points": len(sep.T0), "design_points": sep.n}
     return run.finish(model, unknowns=MultiHeadAttention.unknowns(d, H, True, K), details=details, notes=notes,
                       check_scale=sep.s, hint=" (the layer is not a sum of softmax heads over whole output rows, or "
                                           "its answers are coarser than their precision says)")
+
+
+def from_scratch_queries(H: int) -> int:
+    """Queries of one separation from scratch (the first difference, and each restart): two finite-difference
+    Jacobians, each ``±η`` along H directions, 4H."""
+    return 4 * H
 
 
 def tie_distance(eps: float) -> float:
@@ -344,7 +350,7 @@ class _Separation:
             n0 = min(K, 2 * n0)
 
     def from_scratch(self, delta, R, T):
-        """Jennrich on two finite-difference Jacobians (4H queries), then variable projection."""
+        """Jennrich on two finite-difference Jacobians (:func:`from_scratch_queries`), then variable projection."""
         H, M = self.H, self.layer.M
         U = np.linalg.svd(R, full_matrices=False)[0][:, :H]
         G = self.rng.standard_normal((self.d, H)) * self.s
