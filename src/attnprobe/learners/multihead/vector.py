@@ -237,7 +237,8 @@ def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads,
         sep.n = design or design_points(H, coarse)
         tokens = int(tokens or tokens_per_query(H, K, coarse))
         # (a difference whose continuation fails is restarted with 4H more queries: charged beyond this plan)
-        rest = from_scratch_queries(H) + d * sep.n * (2 if coarse else 1) + (d + 1) * -(-d // tokens) + HEAD_CHECK_QUERIES
+        rest = (from_scratch_queries(H) + d * sep.n * (2 if coarse else 1) + (d + 1) * -(-d // tokens)
+                + HEAD_CHECK_QUERIES)
         planned = run.queries + rest
         run.plan(rest, f"vector multi-head extraction at d={d}, H={H} (at most)")
         V, route = sep.value_maps(run.report)
