@@ -183,6 +183,12 @@ MUTATIONS = [
       ("tests/test_multihead_vector.py",), "a vector restart priced at 2H queries (the plan and the estimate)"),
     M("estimate-ffn-odd-part", "learners/ffn/learner.py", "    return 2 * d\n", "    return d\n",
       ("tests/test_ffn.py",), "the bias-free odd part priced at d queries (the plan and the estimate)"),
+    M("vector-clipping-range", "learners/multihead/vector.py", "        refuse_clipping(oracle, 3 * rho,",
+      "        refuse_clipping(oracle, 0.3 * rho,", ("tests/test_multihead_vector.py",),
+      "clipping checked only below the probes' norms"),
+    M("vector-fit-tolerance", "learners/multihead/vector.py", "    return max(1e4 * eps, 1e-11)",
+      "    return max(1e7 * eps, 1e-8)", ("tests/test_multihead_vector.py",),
+      "the separation accepts misfits 1000x above the answers' rounding"),
     # reports
     M("report-scale", "audit/report.py", 'colorbar="‖Ŵ−W‖/‖W‖", vmin=-16, vmax=1,',
       'colorbar="‖Ŵ−W‖/‖W‖", vmin=-12, vmax=1,', ("tests/test_audit.py::test_report_shows_the_verdicts_and_maps_"
