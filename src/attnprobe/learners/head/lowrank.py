@@ -126,7 +126,7 @@ def extract_lowrank(oracle, *, rank: int | None = None, oversample: int | None =
     oversample = check_int(oversample, "oversample", min_value=0, allow_none=True)
     extra_columns = check_int(extra_columns, "extra_columns", min_value=1)
     certificate = check_int(certificate, "certificate", min_value=0)
-    run = Run(oracle, "lowrank", seed=seed, check=check, check_lengths=check_lengths, progress=progress)
+    run = Run(oracle, "lowrank", scalar=True, seed=seed, check=check, check_lengths=check_lengths, progress=progress)
     P = default_oversample(oracle) if oversample is None else oversample
     allowance = MIN_CALIBRATION + d // 8  # the same with and without a given rank
     if rank is not None:  # up front: sketch + the most calibration and certificate can take + the check
