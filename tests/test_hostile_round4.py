@@ -8,7 +8,6 @@ import re
 import sys
 import time
 
-import numpy as np
 import pytest
 
 from hostile import one_line, refused, run, snapshot
