@@ -21,7 +21,7 @@ from typing import Sequence
 from attnprobe.audit.engines import ENGINES, signals_held
 from attnprobe.audit.tasks import HeadSpec, Task
 from attnprobe.errors import ConfigError
-from attnprobe.learners.result import _jsonable
+from attnprobe.learners.core.result import jsonable
 from attnprobe.models.io import json_writer, model_class, save_model, write_files
 from attnprobe.progress import Progress
 
@@ -45,7 +45,7 @@ class AuditRun:
 
     def summary(self) -> dict:
         failed = sum(1 for r in self.records if r["error"])
-        return _jsonable({"engine": self.engine, **self.info, "defenses": self.defenses, "tasks": len(self.tasks),
+        return jsonable({"engine": self.engine, **self.info, "defenses": self.defenses, "tasks": len(self.tasks),
                           "finished": len(self.records), "failed": failed, "interrupted": self.interrupted,
                           "seconds": self.seconds, "heads": self.records})
 
@@ -247,7 +247,7 @@ def _journal(out: Path, task: Task, rec: dict, identity: dict) -> None:
                 f.seek(size - 1)
                 head = b"" if f.read(1) == b"\n" else b"\n"
             f.seek(0, os.SEEK_END)
-            f.write(head + (json.dumps({"key": task_key(task), "record": _jsonable(rec)}) + "\n").encode())
+            f.write(head + (json.dumps({"key": task_key(task), "record": jsonable(rec)}) + "\n").encode())
             f.flush()
             os.fsync(f.fileno())
     except OSError as exc:

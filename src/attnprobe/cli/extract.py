@@ -9,7 +9,7 @@ from attnprobe.cli import answer_chain, hf, remote
 from attnprobe.cli.common import (assumed_precision, check_outcome, nonneg_int, plan_outputs, positive_float,
                                   positive_int, print_summary, refuse_memory, track)
 from attnprobe.errors import AttnprobeError, ConfigError, InputNormError
-from attnprobe.learners import registry
+from attnprobe.learners.core import registry
 from attnprobe.models import PRECISIONS
 from attnprobe.oracles import Oracle, oracle_from_file, oracle_from_spec
 from attnprobe.progress import Progress
@@ -144,21 +144,20 @@ def _estimate_oracle(args, chain, learner) -> Oracle:
 def _print_estimate(args, oracle) -> int:
     """``--estimate``: the queries the run would ask (and their price), asking none: an undeclared precision is
     taken as float64 (not read from the answers, which would take queries), and the line says so."""
-    from attnprobe.learners.estimate import estimate_queries
-
     from attnprobe._validation import check_int
+    from attnprobe.learners.core.estimate import estimate_queries
 
-    rank = check_int(getattr(args, "rank", None), "rank", min_value=1, max_value=oracle.d, allow_none=True)  # as a run
+    check_int(getattr(args, "rank", None), "rank", min_value=1, max_value=oracle.d, allow_none=True)  # as a run
     declared = oracle.detector is None
     precision = (oracle.precision or "float64") if declared else "float64"
+    entry = registry.learner(args.method)
     try:
-        est = estimate_queries(args.method, oracle.d, rank=rank,
-                               heads=getattr(args, "heads", None), hidden=getattr(args, "hidden", None),
-                               outputs=oracle.outputs, precision=precision,
-                               bias=not getattr(args, "no_bias", False), price_per_1k=args.price_per_1k)
+        est = estimate_queries(args.method, oracle.d, outputs=oracle.outputs, precision=precision,
+                               price_per_1k=args.price_per_1k,
+                               **{name: getattr(args, name, None) for name in entry.option_names})
     except ConfigError as exc:
-        flag = {"rank": "--rank", "heads": "--heads", "hidden": "--hidden"}.get(exc.param)
-        raise ConfigError(f"--estimate: {exc} (give {flag})" if flag else str(exc)) from exc
+        flag = entry.option(exc.param).flag if exc.param in entry.option_names else None
+        raise ConfigError(f"--estimate: {exc} (give {flag})" if flag else str(exc), param=exc.param) from exc
     assumed = (f"answers in {precision}" if declared else
                "answers assumed float64 (not read: --answer-precision declares coarser ones)")
     line = (f"{est.method} at d={est.d}: about {est.queries} queries (expected range {est.low}–{est.high}; "
