@@ -8,7 +8,7 @@ file (sites are found by text, so the table survives refactors that move lines; 
 not skipped silently). The tree is copied once to a temporary folder (the working tree is never edited); each
 mutation is applied there, the relevant test files run (``pytest -x``, default markers), and the file is restored.
 A mutation is *killed* when a test fails; the table names the first failing test. ``--write`` replaces this
-script's section in docs/benchmarks.md.
+script's section in docs/benchmarks/hardening.md.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+DOC = "hardening"  # its results file: docs/benchmarks/hardening.md
 TITLE = "Mutation testing: single-line changes to core code the default tests must catch"
 
 
@@ -187,7 +188,8 @@ def main(argv=None):
         for m in chosen:
             print(f"{m.name:26s} {m.path:28s} {m.what}")
         return 0
-    from attnprobe.reports import Table, write_section
+    from attnprobe.reports import Table
+    from sections import write_section
 
     table = Table(["mutation", "file", "what it breaks", "result", "killed by", "seconds"])
     with tempfile.TemporaryDirectory(prefix="attnprobe-mutants-") as tmp:
@@ -205,7 +207,7 @@ def main(argv=None):
     if a.write:
         cmd = "PYTHONPATH=src python benchmarks/mutations.py " + " ".join(argv if argv is not None else sys.argv[1:])
         write_section(TITLE, table.markdown() + f"\n\n{len(chosen) - len(survived)} of {len(chosen)} killed.",
-                      cmd.strip())
+                      cmd.strip(), doc=DOC)
     return 1 if survived else 0
 
 

@@ -30,6 +30,9 @@ from learner_overhead import Timed  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
+DOC = "overhead"  # its results file: docs/benchmarks/overhead.md
+
+
 def main(d=1024, r=64):
     h = random_head(d, rank=r, seed=1)
     out = {"d": d, "r": r, "rss_before_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -74,7 +77,8 @@ def _run(method, d):
 
 
 def sweep(dims, write):
-    from attnprobe.reports import Table, command_line, write_section
+    from attnprobe.reports import Table
+    from sections import command_line, write_section
 
     table = Table(["method", "d", "queries", "seconds", "model s", "check passed", "load avg"])
     fits = []
@@ -96,7 +100,7 @@ def sweep(dims, write):
     body = table.markdown() + "\n\nLog-log least-squares exponents: " + "; ".join(fits) + "."
     print(body)
     if write:
-        write_section("Scale: queries and seconds against d", body, command_line())
+        write_section("Scale: queries and seconds against d", body, command_line(), doc=DOC)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Re-measures the query counts and errors of every learner on representative settings of docs/benchmarks.md
+"""Re-measures the query counts and errors of every learner on representative settings of docs/benchmarks/*.md
 (the same targets, seeds and options as the learners' own benchmark scripts, fewer of them), so the numbers can be
 compared before and after a refactoring: run it once with the old tree on PYTHONPATH and once with the new.
 

@@ -18,7 +18,8 @@ class LearnerOracle(Protocol):
     ``queries`` / ``queries_by_phase``: sequences answered so far (by the phase charged); ``budget`` (None:
     unlimited) and ``remaining``; ``eps``: the answers' rounding; ``precision``: its name; ``noise``: what the
     answers declare about their noise; ``outputs``: K (None until the first answer); ``max_input_norm``: the
-    largest input row norm accepted (None: unbounded) and ``max_input_norm_used`` the largest sent so far."""
+    largest input row norm accepted (None: unbounded) and ``max_input_norm_used`` the largest sent so far;
+    ``chain``: the answer chain the answers went through (None: none declared)."""
 
     d: int
     name: str
@@ -28,6 +29,8 @@ class LearnerOracle(Protocol):
     outputs: int | None
     max_input_norm: float | None
     max_input_norm_used: float
+    #: the defences between the model and the answers (an :class:`~attnprobe.oracles.chain.AnswerChain`), or None
+    chain: object | None
 
     @property
     def eps(self) -> float: ...
