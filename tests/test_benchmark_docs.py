@@ -100,3 +100,6 @@ def test_every_benchmark_that_writes_names_its_results_file():
             assert (RESULTS / f"{doc}.md").exists(), f"{script.name}: DOC = {doc!r} has no file"
         if "write_section(" in text and script.name != "sections.py":
             assert re.search(r"\bDOC = \"[a-z0-9-]+\"", text), f"{script.name}: no DOC = \"<capability>\""
+        moved = re.findall(r"from attnprobe\.reports import [^\n]*\b(write_section|command_line|measured|machine)\b",
+                           text)
+        assert not moved, f"{script.name}: {moved} moved to benchmarks/sections.py (from sections import ...)"
