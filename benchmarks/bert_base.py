@@ -22,7 +22,7 @@ import time
 import tracemalloc
 
 
-from attnprobe.learners.estimate import estimate_queries
+from attnprobe.learners.core.estimate import estimate_queries
 from attnprobe.models.compare import relative_error
 from attnprobe.models.multihead import MultiHeadAttention, match_heads
 from attnprobe.oracles.base import Oracle
@@ -118,7 +118,7 @@ def main() -> None:
     print("| " + " | ".join(cols) + " |", flush=True)
     for route in args.routes:
         if route == "head":
-            from attnprobe.learners.lowrank import extract_lowrank
+            from attnprobe.learners.head.lowrank import extract_lowrank
             from attnprobe.models.attention import AttentionHead
 
             h = AttentionHead(row0.W[0], row0.v[0], row0.u[0], row0.c)

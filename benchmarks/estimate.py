@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from attnprobe.learners.estimate import estimate_queries
+from attnprobe.learners.core.estimate import estimate_queries
 from attnprobe.oracles import Oracle
 from attnprobe.reports import Table
 from sections import write_section
@@ -31,7 +31,7 @@ TITLE = "`extract --estimate` against the queries real runs ask"
 
 
 def _exact(d, seed):
-    from attnprobe.learners.exact import extract_exact
+    from attnprobe.learners.head.exact import extract_exact
     from attnprobe.targets import random_head
 
     o = Oracle(random_head(d, seed=seed), d)
@@ -40,7 +40,7 @@ def _exact(d, seed):
 
 
 def _lowrank_random(d, r, seed):
-    from attnprobe.learners.lowrank import extract_lowrank
+    from attnprobe.learners.head.lowrank import extract_lowrank
     from attnprobe.targets import random_head
 
     o = Oracle(random_head(d, rank=r, seed=seed), d)
@@ -49,7 +49,7 @@ def _lowrank_random(d, r, seed):
 
 
 def _lowrank_minilm(layer, head, seed):
-    from attnprobe.learners.lowrank import extract_lowrank
+    from attnprobe.learners.head.lowrank import extract_lowrank
     from attnprobe.targets.minilm import minilm_head
 
     h = minilm_head(layer, head)

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from attnprobe.learners.estimate import estimate_queries
+from attnprobe.learners.core.estimate import estimate_queries
 from attnprobe.reports import Table
 from estimate import against_real, ffn_run, print_and_write
 

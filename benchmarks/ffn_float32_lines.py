@@ -98,7 +98,7 @@ def main(argv=None):
     ap.add_argument("--families", nargs="+", default=["bias-free", "biased", "torch"])
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args(argv)
-    from attnprobe.learners.estimate import estimate_queries
+    from attnprobe.learners.core.estimate import estimate_queries
     from attnprobe.reports import Table
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

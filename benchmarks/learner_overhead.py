@@ -21,9 +21,9 @@ import time
 
 import numpy as np
 
-from attnprobe.learners.estimate import estimate_queries
-from attnprobe.learners.exact import extract_exact
-from attnprobe.learners.lowrank import extract_lowrank
+from attnprobe.learners.core.estimate import estimate_queries
+from attnprobe.learners.head.exact import extract_exact
+from attnprobe.learners.head.lowrank import extract_lowrank
 from attnprobe.learners.multihead.generic import extract_generic
 from attnprobe.models.compare import relative_error
 from attnprobe.models.multihead import match_heads

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from attnprobe.learners import extract_exact
-from attnprobe.learners.lowrank import extract_lowrank, lowrank_dof
+from attnprobe.learners.head.lowrank import extract_lowrank, lowrank_dof
 from attnprobe.oracles import Oracle
 from attnprobe.reports import Table
 from sections import write_section
@@ -48,7 +48,7 @@ def big_run(d, r):
         import json, resource, time, numpy as np
         from attnprobe.targets import random_head
         from attnprobe.oracles import Oracle
-        from attnprobe.learners.lowrank import extract_lowrank
+        from attnprobe.learners.head.lowrank import extract_lowrank
         h = random_head({d}, rank={r}, seed=1)
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         out = {{}}

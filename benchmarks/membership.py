@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnprobe.learners.membership import (
+from attnprobe.learners.head.membership import (
     extract_membership,
     extract_membership_paper,
     paper_membership_plan,

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from attnprobe.learners import extract_exact
-from attnprobe.learners.lowrank import extract_lowrank
+from attnprobe.learners.head.lowrank import extract_lowrank
 from attnprobe.models.attention import AttentionHead
 from attnprobe.oracles import Oracle
 from attnprobe.reports import Table

@@ -12,7 +12,7 @@ import argparse
 
 import numpy as np
 
-from attnprobe.learners.robust import (
+from attnprobe.learners.head.robust import (
     extract_robust,
     extract_robust_paper,
     theorem_guarantee,

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.learners.scaling import LogitProbe
-from attnprobe.learners.nuclear import (
+from attnprobe.learners.head.scaling import LogitProbe
+from attnprobe.learners.head.nuclear import (
     PHASE_OFFSET,
     PHASE_SLOPE,
     extract_nuclear,

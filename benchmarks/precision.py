@@ -17,7 +17,7 @@ import numpy as np
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.learners import extract_exact
-from attnprobe.learners.robust import extract_robust
+from attnprobe.learners.head.robust import extract_robust
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import Precision, Rounded
 from attnprobe.reports import Table

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnprobe.learners.lowrank import extract_lowrank
+from attnprobe.learners.head.lowrank import extract_lowrank
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_head
 
@@ -59,7 +59,7 @@ SWEEP = {"exact": (128, 256, 512, 768), "lowrank": (128, 256, 512, 768, 1024), "
 
 
 def _run(method, d):
-    from attnprobe.learners.exact import extract_exact
+    from attnprobe.learners.head.exact import extract_exact
     from attnprobe.learners.multihead.generic import extract_generic
     from attnprobe.targets.multihead import random_multihead
 

@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 
 from attnprobe.learners import extract_exact
-from attnprobe.learners.lowrank import extract_lowrank
+from attnprobe.learners.head.lowrank import extract_lowrank
 from attnprobe.models.io import save_model
 from attnprobe.oracles import Oracle, npy_wire
 from attnprobe.oracles.http import oracle_from_url

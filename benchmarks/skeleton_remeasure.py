@@ -18,11 +18,11 @@ import sys
 
 import numpy as np
 
-from attnprobe.learners.exact import extract_exact
-from attnprobe.learners.lowrank import extract_lowrank
-from attnprobe.learners.membership import extract_membership, extract_membership_paper
-from attnprobe.learners.nuclear import extract_nuclear
-from attnprobe.learners.robust import extract_robust, extract_robust_paper
+from attnprobe.learners.head.exact import extract_exact
+from attnprobe.learners.head.lowrank import extract_lowrank
+from attnprobe.learners.head.membership import extract_membership, extract_membership_paper
+from attnprobe.learners.head.nuclear import extract_nuclear
+from attnprobe.learners.head.robust import extract_robust, extract_robust_paper
 from attnprobe.learners.transformer import extract_transformer
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import AdversarialNoise, BoundedNoise, Membership

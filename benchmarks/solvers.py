@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 
-from attnprobe.learners.nuclear import nuclear_solve
+from attnprobe.learners.head.nuclear import nuclear_solve
 from attnprobe.reports import Table
 from sections import command_line, write_section
 from attnprobe.targets import random_head

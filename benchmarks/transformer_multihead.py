@@ -27,7 +27,7 @@ import numpy as np
 from attnprobe.errors import AttnprobeError
 from attnprobe.learners.ffn import extract_ffn
 from attnprobe.learners.multihead.generic import extract_generic
-from attnprobe.learners.transformer_multihead import extract_transformer_multihead
+from attnprobe.learners.transformer.regions import extract_transformer_multihead
 from attnprobe.models import MultiHeadAttention, MultiHeadTransformer
 from attnprobe.models.transformer import transformer_errors
 from attnprobe.oracles import Oracle

@@ -171,7 +171,7 @@ def test_flags_and_spec_combine_and_refuse_a_stage_given_twice(tmp_path, capsys)
 
 def test_defended_cli_run_matches_the_python_chain(tmp_path, capsys):
     """extract --cast/--round-digits gives the very arrays of the same chain built in Python."""
-    from attnprobe.learners.exact import extract_exact
+    from attnprobe.learners.head.exact import extract_exact
     from attnprobe.models import load_model, save_model
 
     truth = random_head(5, seed=4)

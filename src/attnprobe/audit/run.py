@@ -20,7 +20,7 @@ from typing import Sequence
 from attnprobe.audit.engines import ENGINES, signals_held
 from attnprobe.audit.tasks import HeadSpec, Task
 from attnprobe.errors import ConfigError
-from attnprobe.learners.result import _jsonable
+from attnprobe.learners.core.result import jsonable
 from attnprobe.models.io import model_class, save_model
 from attnprobe.progress import Progress
 
@@ -44,7 +44,7 @@ class AuditRun:
 
     def summary(self) -> dict:
         failed = sum(1 for r in self.records if r["error"])
-        return _jsonable({"engine": self.engine, **self.info, "defenses": self.defenses, "tasks": len(self.tasks),
+        return jsonable({"engine": self.engine, **self.info, "defenses": self.defenses, "tasks": len(self.tasks),
                           "finished": len(self.records), "failed": failed, "interrupted": self.interrupted,
                           "seconds": self.seconds, "heads": self.records})
 
@@ -165,7 +165,7 @@ def _finished(out: Path, tasks: Sequence[Task], identity: dict) -> dict[int, dic
             with open(path, "w") as f:
                 f.write(json.dumps({"audit": identity}) + "\n")
                 for i, rec in sorted(found.items()):
-                    f.write(json.dumps({"key": task_key(tasks[i]), "record": _jsonable(rec)}) + "\n")
+                    f.write(json.dumps({"key": task_key(tasks[i]), "record": jsonable(rec)}) + "\n")
     return found
 
 
@@ -174,7 +174,7 @@ def _journal(out: Path, task: Task, rec: dict, identity: dict) -> None:
     with open(out / JOURNAL, "a") as f:
         if f.tell() == 0:
             f.write(json.dumps({"audit": identity}) + "\n")
-        f.write(json.dumps({"key": task_key(task), "record": _jsonable(rec)}) + "\n")
+        f.write(json.dumps({"key": task_key(task), "record": jsonable(rec)}) + "\n")
         f.flush()
         os.fsync(f.fileno())
 

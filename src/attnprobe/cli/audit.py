@@ -109,7 +109,7 @@ def _chosen_learners(method: str, kind, rank: int | None) -> list[str]:
     """``--method``: ``auto`` (every registered learner of the task kind that can run with ``rank``; each
     defence keeps those that fit it) or a comma-separated list of learner names."""
     from attnprobe.audit import audit_learners
-    from attnprobe.learners import registry
+    from attnprobe.learners.core import registry
 
     known = audit_learners(kind.whole_layer, kind.vector)
     if method == "auto":  # every learner that can run with the options given
@@ -185,7 +185,7 @@ def _refuse_values(args) -> None:
         raise ConfigError(f"--rank must be at least 1 (the head dimension); got {args.rank}")
     if args.seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0; got {args.seed}")
-    from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries
+    from attnprobe.learners.core.check import DEFAULT_LENGTHS, check_queries
 
     floor = check_queries(DEFAULT_LENGTHS, 8)
     if args.budget is not None and 0 < args.budget < floor:
@@ -237,7 +237,7 @@ def run(args) -> int:
 def add_parser(sub) -> None:
     from attnprobe.audit import TASK_KINDS, audit_learners
     from attnprobe.audit.defenses import HELP
-    from attnprobe.learners import registry
+    from attnprobe.learners.core import registry
     from attnprobe.cli import answer_chain
 
     a = sub.add_parser("audit", help="extract every head of a model under each defence; write a report")

@@ -9,7 +9,7 @@ from attnprobe.cli import answer_chain, hf, remote
 from attnprobe.cli.common import (assumed_precision, check_outcome, nonneg_int, plan_outputs, positive_float,
                                   positive_int, print_summary, refuse_memory, track)
 from attnprobe.errors import AttnprobeError, ConfigError, InputNormError
-from attnprobe.learners import registry
+from attnprobe.learners.core import registry
 from attnprobe.models import PRECISIONS
 from attnprobe.oracles import Oracle, oracle_from_file, oracle_from_spec
 from attnprobe.progress import Progress
@@ -116,16 +116,16 @@ def run(args) -> int:
 
 def _print_estimate(args, oracle) -> int:
     """``--estimate``: the queries the run would ask (and their price), asking none."""
-    from attnprobe.learners.estimate import estimate_queries
+    from attnprobe.learners.core.estimate import estimate_queries
 
+    entry = registry.learner(args.method)
     try:
-        est = estimate_queries(args.method, oracle.d, rank=getattr(args, "rank", None),
-                               heads=getattr(args, "heads", None), hidden=getattr(args, "hidden", None),
-                               outputs=oracle.outputs, precision=oracle.precision or "float64",
-                               bias=not getattr(args, "no_bias", False), price_per_1k=args.price_per_1k)
+        est = estimate_queries(args.method, oracle.d, outputs=oracle.outputs, precision=oracle.precision or "float64",
+                               price_per_1k=args.price_per_1k,
+                               **{name: getattr(args, name, None) for name in entry.option_names})
     except ConfigError as exc:
-        flag = {"rank": "--rank", "heads": "--heads", "hidden": "--hidden"}.get(exc.param)
-        raise ConfigError(f"--estimate: {exc} (give {flag})" if flag else str(exc)) from exc
+        flag = entry.option(exc.param).flag if exc.param in entry.option_names else None
+        raise ConfigError(f"--estimate: {exc} (give {flag})" if flag else str(exc), param=exc.param) from exc
     line = (f"{est.method} at d={est.d}: about {est.queries} queries (expected range {est.low}–{est.high}; "
             f"{est.basis}); {oracle.queries} asked")
     if args.budget is not None and est.high > args.budget:

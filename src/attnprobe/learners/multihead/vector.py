@@ -28,8 +28,8 @@ from attnprobe.errors import (ConfigError, InputNormError, OracleAnswerError, Or
                               UnidentifiableError)
 from attnprobe.learners.multihead.vector_heads import fit_delta, fit_deltas, jennrich, theta_from_values
 from attnprobe.learners.multihead.vector_logits import gap_rank, head_attention_errors, learn_logits
-from attnprobe.learners.probes import random_orthogonal
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.head.probes import random_orthogonal
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.oracles.input_bound import refuse_clipping
 
 METHOD = "multihead-vector"
@@ -112,13 +112,15 @@ def _calibrate(layer, rng, d, rho_max):
     return rho, ratio
 
 
-def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tokens=None, design=None):
+def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tokens=None, design=None,
+                   asked_before=None):
     """Recover every head ``(W_h, u_h, V_h)`` and ``c`` of a layer answering K-vectors (module docstring).
 
     ``heads``: H if known (detected from the rank of the two-row residuals otherwise); ``tokens``: probe tokens
     per query in the logits stage (default 16, or 8 for answers coarser than float64); ``design``: design points
-    per difference δ (default max(20, H + q + 6), 48 for coarse answers). Returns an
-    :class:`~attnprobe.learners.result.Extraction` whose model is a
+    per difference δ (default max(20, H + q + 6), 48 for coarse answers); ``asked_before``: queries this extraction
+    asked before this learner, by phase (:class:`~attnprobe.learners.core.skeleton.Run`). Returns an
+    :class:`~attnprobe.learners.core.result.Extraction` whose model is a
     :class:`~attnprobe.models.multihead.MultiHeadAttention` in the vector layout.
     """
     noise = oracle.noise  # a declared relative rounding up to float32's is rounding; anything else is refused
@@ -132,7 +134,7 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
                             "coarse to separate the heads of a whole output row; ask for float32 or finer answers")
     try:
         return _extract(oracle, heads=heads, seed=seed, check=check, progress=progress, tokens=tokens,
-                        design=design)
+                        design=design, asked_before=asked_before)
     except RecoveryError as exc:
         eps = float(oracle.eps)
         if eps <= COARSEST_EPS:
@@ -142,13 +144,13 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
                             "answers") from exc
 
 
-def _extract(oracle, *, heads, seed, check, progress, tokens, design):
+def _extract(oracle, *, heads, seed, check, progress, tokens, design, asked_before):
     from attnprobe.models.multihead import MultiHeadAttention
 
     d = oracle.d
     heads, tokens, design = (check_int(v, name, min_value=1, allow_none=True)
                              for v, name in ((heads, "heads"), (tokens, "tokens"), (design, "design")))
-    run = Run(oracle, METHOD, seed=seed, check=check, progress=progress)
+    run = Run(oracle, METHOD, seed=seed, check=check, progress=progress, asked_before=asked_before)
     rng = run.rng
     eps = max(float(oracle.eps), 1e-16)
     coarse = eps > 1e-10
