@@ -189,6 +189,13 @@ MUTATIONS = [
     M("vector-fit-tolerance", "learners/multihead/vector.py", "    return max(1e4 * eps, 1e-11)",
       "    return max(1e7 * eps, 1e-8)", ("tests/test_multihead_vector.py",),
       "the separation accepts misfits 1000x above the answers' rounding"),
+    M("polish-held-out", "learners/transformer/polish.py", "            if rf < best_fit and rv < best_val:",
+      "            if rf < best_fit:", ("tests/test_transformer_polish.py",),
+      "a polish step kept without its held-out check"),
+    M("polish-escalate", "learners/transformer/polish.py", "ESCALATE = 3e-9", "ESCALATE = 1e9",
+      ("tests/test_transformer_polish.py",), "polish auto never escalates to every parameter"),
+    M("polish-reserve", "learners/transformer/polish.py", "oracle.remaining - reserve >=", "oracle.remaining >=",
+      ("tests/test_transformer_polish.py",), "the polish spends the check's reserved budget"),
     # reports
     M("report-scale", "audit/report.py", 'colorbar="‖Ŵ−W‖/‖W‖", vmin=-16, vmax=1,',
       'colorbar="‖Ŵ−W‖/‖W‖", vmin=-12, vmax=1,', ("tests/test_audit.py::test_report_shows_the_verdicts_and_maps_"
