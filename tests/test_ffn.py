@@ -170,10 +170,10 @@ def test_float32_answers_are_polished_to_float32_precision():
 @pytest.mark.parametrize("found", [True, False], ids=["found-in-answers", "lines-only"])
 @pytest.mark.parametrize("d,m,seeds,least", [(8, 16, 3, 3), (16, 16, 3, 3), (8, 32, 4, 2)])
 def test_float32_answers_keep_weak_neurons(d, m, seeds, least, found, monkeypatch):
-    import attnprobe.learners.ffn.learner as ffn_learner
+    import attnprobe.learners.ffn.mending as ffn_mending
 
     if not found:
-        monkeypatch.setattr(ffn_learner, "FOUND_MAX_WORK", 0.0)
+        monkeypatch.setattr(ffn_mending, "FOUND_MAX_WORK", 0.0)
     elif m == 4 * d:
         least = 3  # measured 4 of 4 under the Sandybridge, Haswell, SkylakeX and Zen kernels (2 of 4 without it)
     kept = 0

@@ -44,7 +44,7 @@ CERTIFICATE_PROBES = 8
 #: calibration allowance MIN_CALIBRATION + d/8 queries: fewer than 3 probes per calibration step give scale
 #: estimates off by 10x or more (measured); the allowance must not depend on the rank (detection costs ≤ 2d more)
 MIN_CALIBRATION = 48
-#: default oversample for answers coarser than float64 (measured on MiniLM heads, docs/benchmarks.md)
+#: default oversample for answers coarser than float64 (measured on MiniLM heads, docs/benchmarks/lowrank.md)
 FLOAT32_OVERSAMPLE = 4
 
 
