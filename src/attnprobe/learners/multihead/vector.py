@@ -270,10 +270,10 @@ def from_scratch_queries(H: int) -> int:
 
 def tie_distance(eps: float) -> float:
     """Heads whose ``(W_h, u_h)`` lie closer than this (relative) are a near tie at unit roundoff ``eps``: their
-    value maps separate with errors of about ``eps / distance²`` (measured: float64 heads 7e-4 apart come back
-    with V_h 8e-7 off, 6e-5 apart 27 % off; float32 heads 2e-2 apart 9e-4 off, 7e-3 apart 0.2 % to 10¹⁰ off), so
-    the answers tell only their sum (Prop. 7.1, as for an exact tie): ``eps^(1/4)`` (1.2e-4 at float64, 1.9e-2 at
-    float32)."""
+    value maps separate with errors growing like ``1 / distance²`` (float64 heads 7e-4 apart come back with V_h
+    8e-7 off, 6e-5 apart 27 % off; float32 heads 2e-2 apart 9e-4 off, 7e-3 apart 0.2 % to 10¹⁰ off: python
+    benchmarks/near_ties.py, docs/benchmarks/verdicts.md), so the answers tell only their sum (Prop. 7.1, as for
+    an exact tie): ``eps^(1/4)`` (1.2e-4 at float64, 1.9e-2 at float32)."""
     return float(eps) ** 0.25
 
 
