@@ -270,10 +270,11 @@ def from_scratch_queries(H: int) -> int:
 
 def tie_distance(eps: float) -> float:
     """Heads whose ``(W_h, u_h)`` lie closer than this (relative) are a near tie at unit roundoff ``eps``: their
-    value maps separate with errors growing like ``1 / distance²`` (float64 heads 7e-4 apart come back with V_h
-    8e-7 off, 6e-5 apart 27 % off; float32 heads 2e-2 apart 9e-4 off, 7e-3 apart 0.2 % to 10¹⁰ off: python
-    benchmarks/near_ties.py, docs/benchmarks/verdicts.md), so the answers tell only their sum (Prop. 7.1, as for
-    an exact tie): ``eps^(1/4)`` (1.2e-4 at float64, 1.9e-2 at float32)."""
+    value maps separate with errors growing like ``1 / distance²`` (float64 heads 6.5e-3 apart come back with V_h
+    1e-9 to 1.5e-8 off, 7e-4 apart 2e-7 to 8e-7; float32 heads 0.65 apart ≤ 6e-6, 6.4e-2 apart 1.6e-4: python
+    benchmarks/near_ties.py, docs/benchmarks/verdicts.md; before this merge, float64 heads 6e-8 apart came back
+    100-190 % off with exit 0), so the answers tell only their sum (Prop. 7.1, as for an exact tie):
+    ``eps^(1/4)`` (1.2e-4 at float64, 1.9e-2 at float32)."""
     return float(eps) ** 0.25
 
 
