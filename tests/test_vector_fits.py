@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from attnprobe.learners.multihead.vector_heads import _Projection, fit_delta, fit_deltas, sigmoid
-from attnprobe.learners.multihead.vector_logits import _least_squares
+from attnprobe.learners.multihead.vector_logits import least_squares
 
 
 def _problem(rng, T=None, K=30, H=4, n=20, q=3, start_off=0.05):
@@ -64,9 +64,9 @@ def test_the_normal_equations_are_those_of_the_jacobian():
 def test_least_squares_by_qr_and_its_least_norm_fallback():
     rng = np.random.default_rng(1)
     A, B = rng.standard_normal((40, 6)), rng.standard_normal((40, 3))
-    np.testing.assert_allclose(_least_squares(A, B), np.linalg.lstsq(A, B, rcond=None)[0], rtol=1e-10)
+    np.testing.assert_allclose(least_squares(A, B), np.linalg.lstsq(A, B, rcond=None)[0], rtol=1e-10)
     A[:, 5] = A[:, 4]  # rank-deficient: QR would divide by a zero pivot
-    np.testing.assert_allclose(_least_squares(A, B), np.linalg.lstsq(A, B, rcond=None)[0], rtol=1e-10)
+    np.testing.assert_allclose(least_squares(A, B), np.linalg.lstsq(A, B, rcond=None)[0], rtol=1e-10)
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -23,7 +23,6 @@ def every_position_rows(model: MultiHeadAttention, X: np.ndarray, causal: bool =
     Xc = as_batch(X, model.d).astype(dt)
     B, N, d = Xc.shape
     W, u, v, c = (np.asarray(a, dtype=dt) for a in (model.W, model.u, model.v, model.c))
-    H = W.shape[0]
     V = v if v.ndim == 3 else v[:, None, :]  # (H, K, d)
     q = np.einsum("bnd,hed->bhne", Xc, W)  # W_h x_i: (B, H, N, d)
     scores = np.matmul(q, Xc.transpose(0, 2, 1)[:, None]) + np.einsum("bjd,hd->bhj", Xc, u)[:, :, None, :]

@@ -26,8 +26,10 @@ import numpy as np
 from attnprobe._validation import check_int
 from attnprobe.errors import (ConfigError, InputNormError, OracleAnswerError, OracleError, RecoveryError,
                               UnidentifiableError)
+from attnprobe.learners.multihead.groups import grouped_numbers, head_groups
 from attnprobe.learners.multihead.vector_heads import fit_delta, fit_deltas, jennrich, theta_from_values
 from attnprobe.learners.multihead.vector_logits import gap_rank, head_attention_errors, learn_logits
+from attnprobe.learners.multihead.vector_rows import learn_logits_rows
 from attnprobe.learners.probes import random_orthogonal
 from attnprobe.learners.skeleton import Run
 from attnprobe.oracles.input_bound import refuse_clipping
@@ -95,6 +97,15 @@ class _Layer:
     def residuals(self, X):
         y = self.oracle(X)
         return (y - X[:, -1, :] @ self.M.T - self.c).T
+
+
+def _rows_kind(oracle) -> str | None:
+    """``"causal"`` or ``"bidirectional"`` when the oracle answers every position and its rows are readable as
+    attention at every query token (docs/every-position.md); None otherwise (the last position is read)."""
+    if not getattr(oracle, "every_position", False):
+        return None
+    kind = oracle.positions
+    return kind if kind in ("causal", "bidirectional") else None
 
 
 def _calibrate(layer, rng, d, rho_max):
@@ -194,19 +205,30 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
         planned = run.queries + rest
         run.plan(rest, f"vector multi-head extraction at d={d}, H={H} (at most)")
         V, route = sep.value_maps(run.report)
+    rows = _rows_kind(oracle)
     with run.phase("logits"):
-        W, u, smallest, w_ranks = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report,
-                                              sketch=not coarse)
+        if rows is None:
+            W, u, smallest, w_ranks = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report,
+                                                  sketch=not coarse)
+        else:  # every position: m² logits of every head per sequence (vector_rows)
+            W, u, smallest, w_ranks, _ = learn_logits_rows(oracle, c, V, LOGIT_SCALE * rho, tokens, rng, run.report,
+                                                           causal=rows == "causal", sketch=not coarse)
     model = MultiHeadAttention(W, V, u, c)
     with run.phase("head check"):
         head_errors = head_attention_errors(layer, model, LOGIT_SCALE * rho, tokens, rng, HEAD_CHECK_QUERIES)
-    details = {"head_attention_error": head_errors.tolist(), "heads": H, "outputs": K, "token_norm": rho,
+    groups = head_groups(W, V, tol=1e-3 if coarse else 1e-6)
+    if len(groups) < H:
+        notes.append(f"heads share keys and values in {len(groups)} groups (GQA/MQA): "
+                     + ", ".join("{" + ", ".join(map(str, g)) + "}" for g in groups))
+    details = {"head_attention_error": head_errors.tolist(), "groups": groups,
+               "result_numbers": grouped_numbers(W, V, groups), "value_rank": sep.value_rank, "heads": H, "outputs": K, "token_norm": rho,
                "nonlinearity": ratio, "route": route, "W_rank": w_ranks,
                "differences": sep.count, "separation_misfit": sep.worst, "restarts": sep.restarts,
                "tokens_per_query": tokens,
                "smallest_attention": smallest, "head_rank": _ranks(V),
                "largest_probe_norm": float(getattr(oracle, "max_input_norm_used", np.nan)), "check_scale": sep.s,
-               "planned": planned}
+               "planned": planned, "positions": oracle.positions if oracle.every_position else "last",
+               "rows": oracle.rows}
     return run.finish(model, unknowns=MultiHeadAttention.unknowns(d, H, True, K), details=details, notes=notes,
                       check_scale=sep.s, hint=" (the layer is not a sum of softmax heads over whole output rows, or "
                                           "its answers are coarser than their precision says)")
@@ -228,6 +250,7 @@ class _Separation:
         self.delta0 = rng.standard_normal(d) * self.s
         self.H = self.n = None
         self.count, self.worst, self.restarts = 0, 0.0, 0
+        self.value_rank = d
 
     def residuals(self, T, delta):
         return self.layer.residuals(_two_row(self.b0 + T @ self.Z.T, delta))
@@ -284,6 +307,18 @@ class _Separation:
             out.append(fk)
         return out
 
+    def directions(self):
+        """The directions q_k of the differences ``δ_k = δ_0 + step·q_k`` (rows): a random orthogonal basis of
+        R^d, or of the row space of ``M = Σ_h V_h`` when M has low rank (:func:`value_rank`): every ``V_h`` is
+        zero off it (its row space is in M's unless heads cancel, which the functional check would catch), so
+        ``rank M + 1`` differences give every ``V_h`` (heads sharing values, GQA/MQA: rank M = groups·d_h)."""
+        d, M = self.d, self.layer.M
+        r, basis = value_rank(M, self.eps)
+        self.value_rank = r
+        if r >= d:
+            return random_orthogonal(d, self.rng)
+        return random_orthogonal(r, self.rng) @ basis
+
     def value_maps(self, report, batch: int = 16):
         """Every ``V_h`` (route "differences" or "column spaces", :func:`_value_maps`)."""
         d, M, eps = self.d, self.layer.M, self.eps
@@ -294,13 +329,14 @@ class _Separation:
                                 "softmax heads with independent value maps, or its answers are noisier than their "
                                 "precision")
         self.T = self.rng.standard_normal((self.n, self.q)) / np.sqrt(self.q)
-        Q = random_orthogonal(d, self.rng)
+        Q = self.directions()  # rows: d of them, or an orthonormal basis of M's row space when M has low rank
+        n_dir = len(Q)
         size = np.linalg.norm(self.delta0)
         ws, deltas, self.worst = [fit0.w], [self.delta0], fit0.residual
         split = True  # the column spaces may still split M (False once exhausted spaces did not)
         k0 = 0
-        while k0 < d:  # batches of `batch` differences while the column spaces may split M, then larger ones
-            ks = range(k0, min(d, k0 + (batch if split else LATE_BATCH)))
+        while k0 < n_dir:  # batches of `batch` differences while the column spaces may split M, then larger ones
+            ks = range(k0, min(n_dir, k0 + (batch if split else LATE_BATCH)))
             k0 = ks.stop
             dk = [self.delta0 + SMALL_STEP * size * Q[k] for k in ks]
             fits = [_relabel(f, fit0.w, f.w) for f in self.fits(dk, [fit0.theta] * len(dk))]
@@ -314,13 +350,24 @@ class _Separation:
                 deltas.append(dl)
             self.count = len(deltas)
             report()
-            final = len(deltas) == d + 1
+            final = len(deltas) == n_dir + 1
             if final or (split and not self.coarse and len(ws) >= 16 and (len(ws) - 1) % 32 == 0):
-                V, route = _value_maps(np.stack(ws, axis=2), np.stack(deltas, axis=1), M, eps, final=final)
+                D = np.stack(deltas, axis=1)
+                V, route = _value_maps(np.stack(ws, axis=2), D if n_dir == d else Q.T @ (Q @ D), M, eps,
+                                       final=final)
                 if V is not None:
                     return V, route
                 split = route != "no split"  # more differences span the same spaces: they cannot split M either
         raise RecoveryError("the value maps could not be assembled")  # pragma: no cover - final always returns
+
+
+def value_rank(M, eps):
+    """The rank of ``M`` (K × d) when its singular values drop by a gap no rounding explains (≥ 1e6, and at
+    least 1/(1e3·eps)), and an orthonormal basis of its row space (rows); ``(d, None)`` when there is no such gap."""
+    d = M.shape[1]
+    _, sv, Vt = np.linalg.svd(M, full_matrices=False)
+    r = gap_rank(sv, d, gap=max(1e6, 1.0 / (1e3 * eps)))
+    return (r, Vt[:r]) if r < min(M.shape) else (d, None)
 
 
 def _relabel(fit, ref, got):
