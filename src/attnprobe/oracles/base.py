@@ -312,6 +312,13 @@ class Oracle:
         """``"declared"`` or ``"read from the answers"`` (None for a last-position oracle)."""
         return None if self.every_position is False else self._positions_source
 
+    def declare_positions(self, value: str | None) -> None:
+        """Declare what the rows are (:data:`~attnprobe.oracles.positions.POSITIONS`); ``None``/``"auto"``: read
+        them from the answers."""
+        declared = check_positions(value)
+        if declared is not None:
+            self._positions, self._positions_source = declared, "declared"
+
     def read_positions(self, seed: int = 0) -> str:
         """Read the kind of rows from one probe of three sequences (:func:`~attnprobe.oracles.positions.
         positions_from_rows`), charged to phase ``"positions"``; a declared kind is kept (nothing asked)."""

@@ -379,7 +379,14 @@ class QueryLog:
             return
         worst, count = 0.0, 0
         for X, recorded in groups:
-            fresh = np.asarray(ask(X), dtype=np.float64).reshape(recorded.shape)
+            fresh = np.asarray(ask(X), dtype=np.float64)
+            if fresh.size != recorded.size:
+                self.refused = True
+                held = "every position" if self._every else "the last position"
+                raise ConfigError(f"the query log {self.path} holds answers at {held} but this oracle answers "
+                                  f"shape {fresh.shape} for {len(X)} recorded sequences of {X.shape[1]} rows; "
+                                  "answers of two oracles must not mix, so give a new log file")
+            fresh = fresh.reshape(recorded.shape)
             count += len(X)
             if noise is not None and noise.membership:  # 0/1 answers: the same oracle gives the same labels
                 if not noise.fresh and np.any(fresh != recorded):

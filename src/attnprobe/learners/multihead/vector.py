@@ -221,7 +221,8 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
         notes.append(f"heads share keys and values in {len(groups)} groups (GQA/MQA): "
                      + ", ".join("{" + ", ".join(map(str, g)) + "}" for g in groups))
     details = {"head_attention_error": head_errors.tolist(), "groups": groups,
-               "result_numbers": grouped_numbers(W, V, groups), "value_rank": sep.value_rank, "heads": H, "outputs": K, "token_norm": rho,
+               "result_numbers": grouped_numbers(W, V, groups), "value_rank": sep.value_rank,
+               "heads": H, "outputs": K, "token_norm": rho,
                "nonlinearity": ratio, "route": route, "W_rank": w_ranks,
                "differences": sep.count, "separation_misfit": sep.worst, "restarts": sep.restarts,
                "tokens_per_query": tokens,
