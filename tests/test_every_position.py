@@ -10,24 +10,13 @@ from attnprobe.models.every_position import EveryPositionLayer, every_position_r
 from attnprobe.models.multihead import MultiHeadAttention, match_heads
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.querylog import QueryLog
+from attnprobe.targets.every_position import gqa_layer
 
 
 def layer(d=8, H=2, K=6, seed=0, scale=1.0):
     rng = np.random.default_rng(seed)
     return MultiHeadAttention(rng.standard_normal((H, d, d)) * scale / np.sqrt(d), rng.standard_normal((H, K, d)),
                               rng.standard_normal((H, d)) * 0.3, rng.standard_normal(K))
-
-
-def gqa_layer(d=32, H=8, G=2, seed=0):
-    """A LLaMA-style layer without rotation: H query heads, G key/value heads (``G == H``: no sharing)."""
-    rng = np.random.default_rng(seed)
-    dh = d // H
-    Q, Kg = rng.standard_normal((H, dh, d)) * 0.35, rng.standard_normal((G, dh, d)) * 0.35
-    Vg, WO = rng.standard_normal((G, dh, d)) / np.sqrt(d), rng.standard_normal((d, H, dh)) / np.sqrt(d)
-    g = np.arange(H) // (H // G)
-    W = np.einsum("hrd,hre->hde", Kg[g], Q) / np.sqrt(dh)
-    u = np.einsum("hrd,hr->hd", Kg[g], rng.standard_normal((H, dh)) * 0.3) / np.sqrt(dh)
-    return MultiHeadAttention(W, np.einsum("khr,hrd->hkd", WO, Vg[g]), u, rng.standard_normal(d) * 0.1)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -186,7 +175,7 @@ def _grouped_run(m):
 
 
 def test_gqa_heads_are_grouped_and_need_rank_m_plus_one_differences():
-    res, perm = _grouped_run(gqa_layer(G=2))
+    res, perm = _grouped_run(gqa_layer(32, 8, 2))
     g = res.details
     assert sorted(sorted(perm[h] for h in group) for group in g["groups"]) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert g["value_rank"] == 2 * 4 and g["differences"] == 2 * 4 + 1  # rank M + 1, where d + 1 = 33 otherwise
@@ -197,8 +186,38 @@ def test_gqa_heads_are_grouped_and_need_rank_m_plus_one_differences():
 
 @pytest.mark.slow
 def test_gqa_costs_fewer_queries_than_the_same_layer_without_sharing():
-    (gqa, _), (plain, _) = _grouped_run(gqa_layer(G=2)), _grouped_run(gqa_layer(G=8))
+    (gqa, _), (plain, _) = _grouped_run(gqa_layer(32, 8, 2)), _grouped_run(gqa_layer(32, 8, 8))
     assert plain.details["groups"] == [[h] for h in range(8)] and plain.details["differences"] == 33
     assert gqa.queries_by_phase["separate"] < 0.5 * plain.queries_by_phase["separate"]
     assert gqa.queries < plain.queries
     assert gqa.details["result_numbers"]["grouped"] < plain.details["result_numbers"]["grouped"]
+
+
+@pytest.mark.parametrize("declared", ["auto", "causal"])
+def test_cli_extract_reports_rows_and_positions(tmp_path, monkeypatch, declared):
+    import json
+    import sys
+    import textwrap
+
+    from attnprobe.cli import main
+
+    (tmp_path / "victim.py").write_text(textwrap.dedent("""
+        import numpy as np
+        from attnprobe.models.every_position import EveryPositionLayer
+        from attnprobe.models.multihead import MultiHeadAttention
+        rng = np.random.default_rng(0)
+        answer = EveryPositionLayer(MultiHeadAttention(rng.standard_normal((2, 8, 8)) / 3,
+                                                       rng.standard_normal((2, 12, 8)),
+                                                       rng.standard_normal((2, 8)) * 0.3, rng.standard_normal(12)),
+                                    causal=True)
+    """))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    out = tmp_path / "o.npz"
+    assert main(["extract", "--oracle", "victim:answer", "--d", "8", "--method", "multihead", "--positions", declared,
+                 "--out", str(out), "--quiet"]) == 0
+    summary = json.loads(out.with_suffix(".json").read_text())
+    oracle = summary["details"]["oracle"]
+    assert oracle["positions"] == "causal" and summary["details"]["positions"] == "causal"
+    assert oracle["positions_source"] == ("declared" if declared == "causal" else "read from the answers")
+    assert oracle["rows"] > oracle["queries_total"] and summary["passed"]

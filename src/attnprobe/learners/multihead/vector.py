@@ -49,6 +49,8 @@ COARSEST_EPS = 1e-6
 #: differences asked and fitted together once only the route "differences" remains (one oracle call, one batch of
 #: fits: the fits' shared work is paid once)
 LATE_BATCH = 128
+#: tokens of the progressions ``[b; b + δ; …]`` of the separation when a bidirectional layer answers every row
+PROGRESSION = 6
 #: fresh queries of the per-head attention check (:func:`head_attention_errors`)
 HEAD_CHECK_QUERIES = 16
 
@@ -68,6 +70,12 @@ def first_design_points(heads: int | None, coarse: bool) -> int:
     return max(48 if coarse else 24, 2 * (heads or 0) + design_dimension(coarse) + 4)
 
 
+def progression_points(n: int, length: int, q: int) -> int:
+    """Progressions per difference δ when every row is read: n design points in all, and at least q + 3
+    distinct points of the plane (each head's logit has q + 1 coefficients on it)."""
+    return max(q + 3, -(-n // length))
+
+
 def design_points(H: int, coarse: bool) -> int:
     """n, design points per difference δ: H² + Hq unknowns, H numbers per point."""
     return max(48 if coarse else 20, H + design_dimension(coarse) + 6)
@@ -79,12 +87,17 @@ def tokens_per_query(H: int, K: int, coarse: bool) -> int:
 
 
 def _values(oracle, rng, rho):
-    """``M`` (K, d) and ``c`` (K,) from ``[±x]`` for the rows x of a scaled random orthogonal matrix."""
+    """``M`` (K, d) and ``c`` (K,) from ``[±x]`` for the rows x of a scaled random orthogonal matrix; when the
+    oracle answers every position (its rows then go to the later stages), ``[x]`` and ``[0]``: d + 1 queries."""
     d = oracle.d
     P = rho * random_orthogonal(d, rng)
-    y = oracle(np.concatenate([P, -P])[:, None, :])
-    M = ((y[:d] - y[d:]) / 2).T @ P / rho**2  # P orthogonal·ρ: P⁻¹ = Pᵀ/ρ²
-    c = (y[:d] + y[d:]).mean(axis=0) / 2
+    y_plus = oracle(P[:, None, :])
+    if getattr(oracle, "every_position", False):
+        c = oracle(np.zeros((1, 1, d)))[0]
+        return (y_plus - c).T @ P / rho**2, c
+    y_minus = oracle(-P[:, None, :])
+    M = ((y_plus - y_minus) / 2).T @ P / rho**2  # P orthogonal·ρ: P⁻¹ = Pᵀ/ρ²
+    c = (y_plus + y_minus).mean(axis=0) / 2
     return M, c
 
 
@@ -189,7 +202,9 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
     if ratio < 30 * eps:
         raise UnidentifiableError(f"two-row answers are affine in the input (nonlinear part {ratio:.1e} of the "
                                   "linear one at the largest probe norm): no head's attention depends on the input")
-    sep = _Separation(layer, rng, rho, eps, coarse)
+    rows_kind = _rows_kind(oracle)
+    sep = _Separation(layer, rng, rho, eps, coarse,
+                      length=PROGRESSION if rows_kind == "bidirectional" and not coarse else 2)
     with run.phase("separate"):
         found = sep.detect(heads)
         H = found if heads is None else min(found, int(heads))
@@ -205,7 +220,7 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
         planned = run.queries + rest
         run.plan(rest, f"vector multi-head extraction at d={d}, H={H} (at most)")
         V, route = sep.value_maps(run.report)
-    rows = _rows_kind(oracle)
+    rows = rows_kind
     with run.phase("logits"):
         if rows is None:
             W, u, smallest, w_ranks = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report,
@@ -239,9 +254,11 @@ class _Separation:
     """Stage 3: the heads' value vectors ``w_h = V_h δ`` along many differences δ, on the design plane
     ``b = b_0 + Z t`` (module docstring); ``H`` and ``n`` (design points per δ) are set after :meth:`detect`."""
 
-    def __init__(self, layer, rng, rho, eps, coarse):
+    def __init__(self, layer, rng, rho, eps, coarse, length=2):
         d = layer.M.shape[1]
         self.layer, self.rng, self.eps, self.coarse, self.d = layer, rng, eps, coarse, d
+        #: tokens of the progressions ``[b; b + δ; …]`` whose every row is read (2: two-row queries, last row)
+        self.length = int(length)
         self.q = design_dimension(coarse)
         self.s = rho / np.sqrt(d)
         self.b0 = rng.standard_normal(d) * self.s
@@ -278,7 +295,22 @@ class _Separation:
                                     "precision says")
             n0 = min(K, 2 * n0)
 
-    def from_scratch(self, delta, R, T):
+    def progression_design(self, count):
+        """``count`` design points t of progressions and the design of their rows ``[t; k]`` (t-major)."""
+        t = self.rng.standard_normal((count, self.q)) / np.sqrt(self.q)
+        P = self.length
+        return t, np.concatenate([np.repeat(t, P, axis=0), np.tile(np.arange(P), count)[:, None]], axis=1)
+
+    def progression_residuals(self, deltas):
+        """Rows of ``[b; b + δ; …; b + (P−1)δ]`` at the progression design, minus ``M b + c``: (F, K, n·P)."""
+        P, M, c = self.length, self.layer.M, self.layer.c
+        Bs = self.b0 + self.Tp @ self.Z.T  # (n, d)
+        X = np.concatenate([Bs[:, None, :] + np.arange(P)[None, :, None] * dl[None, None, :] for dl in deltas])
+        Y = self.layer.oracle.answer_rows(X) - (np.tile(Bs, (len(deltas), 1)) @ M.T)[:, None, :] - c
+        n = len(Bs)
+        return Y.reshape(len(deltas), n, P, -1).transpose(0, 3, 1, 2).reshape(len(deltas), -1, n * P)
+
+    def from_scratch(self, delta, R, T, length=2):
         """Jennrich on two finite-difference Jacobians (4H queries), then variable projection."""
         H, M = self.H, self.layer.M
         U = np.linalg.svd(R, full_matrices=False)[0][:, :H]
@@ -289,19 +321,22 @@ class _Separation:
             Js.append((self.layer.residuals(_two_row(bb + self.eta * G.T, delta))
                        - self.layer.residuals(_two_row(bb - self.eta * G.T, delta))) / (2 * self.eta))
         w = jennrich(Js[0], Js[1], U, M @ delta)
-        return fit_delta(R, T, M @ delta, theta_from_values(w, R, T))
+        return fit_delta(R, T, M @ delta, theta_from_values(w, R, T, length=length), length=length)
 
     def fits(self, deltas, thetas):
         """Separate a batch of differences, each started from its θ (restarted from scratch if that fails)."""
-        n = self.n
-        R = self.layer.residuals(np.concatenate([_two_row(self.b0 + self.T @ self.Z.T, dl) for dl in deltas]))
-        Rs = R.reshape(R.shape[0], len(deltas), n).transpose(1, 0, 2)  # (F, K, n): one block per difference
-        fitted = fit_deltas(Rs, self.T, np.stack(deltas) @ self.layer.M.T, np.stack(thetas))
+        n, P = self.n, self.length
+        if P > 2:
+            Rs = self.progression_residuals(deltas)
+        else:
+            R = self.layer.residuals(np.concatenate([_two_row(self.b0 + self.T @ self.Z.T, dl) for dl in deltas]))
+            Rs = R.reshape(R.shape[0], len(deltas), n).transpose(1, 0, 2)  # (F, K, n): one block per difference
+        fitted = fit_deltas(Rs, self.T, np.stack(deltas) @ self.layer.M.T, np.stack(thetas), length=P)
         out = []
         for dl, th, Rj, fk in zip(deltas, thetas, Rs, fitted):
             if fk.residual > self.tol:  # the continuation fell into another minimum: start this δ afresh
                 self.restarts += 1
-                fk = _relabel(self.from_scratch(dl, Rj, self.T), th.T, None)
+                fk = _relabel(self.from_scratch(dl, Rj, self.T, P), th.T, None)
             if fk.residual > self.tol:
                 raise RecoveryError(f"a probe difference did not separate into the {self.H} heads found first "
                                     f"(misfit {fk.residual:.1e} > {self.tol:.1e}); retry with another seed")
@@ -329,7 +364,17 @@ class _Separation:
                                 f"{fit0.residual:.1e} > {self.tol:.1e}): the layer is not a sum of H={self.H} "
                                 "softmax heads with independent value maps, or its answers are noisier than their "
                                 "precision")
-        self.T = self.rng.standard_normal((self.n, self.q)) / np.sqrt(self.q)
+        if self.length > 2:  # every row of progressions: the same θ, one more coefficient (k: δᵀW_hδ)
+            self.Tp, self.T = self.progression_design(progression_points(self.n, self.length, self.q))
+            R0 = self.progression_residuals([self.delta0])[0]
+            fit0 = fit_delta(R0, self.T, M @ self.delta0, theta_from_values(fit0.w, R0, self.T, length=self.length),
+                             length=self.length)
+            if fit0.residual > self.tol:
+                raise RecoveryError(f"the rows of a progression along the first probe difference did not separate "
+                                    f"into the {self.H} heads (misfit {fit0.residual:.1e} > {self.tol:.1e}): the "
+                                    "rows are not those of a bidirectional layer without position terms")
+        else:
+            self.T = self.rng.standard_normal((self.n, self.q)) / np.sqrt(self.q)
         Q = self.directions()  # rows: d of them, or an orthonormal basis of M's row space when M has low rank
         n_dir = len(Q)
         size = np.linalg.norm(self.delta0)
