@@ -19,6 +19,11 @@ from attnprobe.errors import RecoveryError
 from attnprobe.learners.multihead.vector_logits import gap_rank, least_squares
 
 
+#: sketch directions beyond d/H (a head's rank must stay at least this far below them; the last-position
+#: learner keeps 16)
+SKETCH_MARGIN = 8
+
+
 def block_sequences(blocks: list[np.ndarray], pairs: list[tuple[int, int]], causal: bool) -> list[np.ndarray]:
     """Token index lists of the sequences: ``-1`` is the zero token, first (and also last when ``causal``); each
     pair ``(p, q)`` of blocks gives one sequence (causal: also the reversed one, since row i sees only j ≤ i)."""
@@ -80,7 +85,7 @@ def learn_logits_rows(oracle, c, V, scale, tokens, rng, report, *, causal: bool,
     O = random_orthogonal(d, rng)  # token directions (rows)
     m = max(2, int(tokens))
     half = m // 2
-    L = min(d, -(-d // H) + 16)
+    L = min(d, -(-d // H) + SKETCH_MARGIN)
     L = -(-L // half) * half  # whole blocks
     low = [np.arange(i, min(L, i + half)) for i in range(0, L, half)]
     rest = [np.arange(i, min(d, i + half)) for i in range(L, d, half)]
@@ -120,7 +125,7 @@ def learn_logits_rows(oracle, c, V, scale, tokens, rng, report, *, causal: bool,
         return np.matmul(np.matmul(O.T, Wb), O), u, smallest, None, len(seqs)
     cols = Wb[:, :, :L]  # W_h o_i for i in L, in the basis O
     ranks = [gap_rank(np.linalg.svd(Ch, compute_uv=False), L) for Ch in cols]
-    if max(ranks) > L - 8:
+    if max(ranks) > L - SKETCH_MARGIN:
         raise RecoveryError(f"a head's W_h has rank {max(ranks)} near the sketch's {L} directions: measure it "
                             "whole (sketch=False)")
     W = np.empty((H, d, d))
