@@ -54,6 +54,11 @@ COARSEST_EPS = 1e-6
 LATE_BATCH = 128
 #: tokens of the progressions ``[b; b + δ; …]`` of the separation when a bidirectional layer answers every row
 PROGRESSION = 6
+#: the design plane's dimension for progressions (2 left a MiniLM difference unseparated: misfit 2.8e-5)
+ROWS_Q = 3
+#: directions per sequence of the every-position logits stage, at most, and as a share of K/H (MiniLM: 24, the
+#: K × Hm matrix [V_h x_j] 3/4 full; W_h 8.5e-10 where 16 gave 6.8e-10, with 122 sequences instead of 230)
+ROWS_MAX_TOKENS, ROWS_TOKEN_SHARE = 24, 0.75
 #: fresh queries of the per-head attention check (:func:`head_attention_errors`)
 HEAD_CHECK_QUERIES = 16
 
@@ -82,6 +87,11 @@ def progression_points(n: int, length: int, q: int) -> int:
 def design_points(H: int, coarse: bool) -> int:
     """n, design points per difference δ: H² + Hq unknowns, H numbers per point."""
     return max(48 if coarse else 20, H + design_dimension(coarse) + 6)
+
+
+def rows_tokens(H: int, K: int) -> int:
+    """Directions per sequence of the every-position logits stage: Hm unknowns ≤ ROWS_TOKEN_SHARE·K per row."""
+    return max(1, min(ROWS_MAX_TOKENS, int(ROWS_TOKEN_SHARE * K) // H))
 
 
 def tokens_per_query(H: int, K: int, coarse: bool) -> int:
@@ -206,8 +216,9 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
         raise UnidentifiableError(f"two-row answers are affine in the input (nonlinear part {ratio:.1e} of the "
                                   "linear one at the largest probe norm): no head's attention depends on the input")
     rows_kind = _rows_kind(oracle)
-    sep = _Separation(layer, rng, rho, eps, coarse,
-                      length=PROGRESSION if rows_kind == "bidirectional" and not coarse else 2)
+    # (progressions on float32 answers, small layer d=32 H=4: V_h 6.7e-4 where two-row queries give 2.5e-6)
+    sep = _Separation(layer, rng, rho, eps, coarse, length=PROGRESSION if rows_kind == "bidirectional" and not coarse
+                      else 2)
     with run.phase("separate"):
         found = sep.detect(heads)
         H = found if heads is None else min(found, int(heads))
@@ -217,7 +228,7 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
                             else ""))
         sep.H = H
         sep.n = design or design_points(H, coarse)
-        tokens = int(tokens or tokens_per_query(H, K, coarse))
+        tokens = int(tokens or (tokens_per_query(H, K, coarse) if rows_kind is None else rows_tokens(H, K)))
         # (a difference whose continuation fails is restarted with 4H more queries: charged beyond this plan)
         rest = 4 * H + d * sep.n * (2 if coarse else 1) + (d + 1) * -(-d // tokens) + HEAD_CHECK_QUERIES
         planned = run.queries + rest
@@ -230,7 +241,8 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
                                                   sketch=not coarse)
         else:  # every position: m² logits of every head per sequence (vector_rows)
             W, u, smallest, w_ranks, _ = learn_logits_rows(oracle, c, V, LOGIT_SCALE * rho, tokens, rng, run.report,
-                                                           causal=rows == "causal", sketch=not coarse)
+                                                           causal=rows == "causal",
+                                                           sketch=not coarse)
     model = MultiHeadAttention(W, V, u, c)
     with run.phase("head check"):
         head_errors = head_attention_errors(layer, model, LOGIT_SCALE * rho, tokens, rng, HEAD_CHECK_QUERIES)
@@ -262,7 +274,7 @@ class _Separation:
         self.layer, self.rng, self.eps, self.coarse, self.d = layer, rng, eps, coarse, d
         #: tokens of the progressions ``[b; b + δ; …]`` whose every row is read (2: two-row queries, last row)
         self.length = int(length)
-        self.q = design_dimension(coarse)
+        self.q = design_dimension(coarse) if self.length <= 2 else ROWS_Q
         self.s = rho / np.sqrt(d)
         self.b0 = rng.standard_normal(d) * self.s
         self.Z = np.linalg.qr(rng.standard_normal((d, self.q)))[0] * rho
