@@ -79,7 +79,7 @@ def learn_logits_rows(oracle, c, V, scale, tokens, rng, report, *, causal: bool,
     """Every ``W_h`` and ``u_h`` from every-position answers (module docstring); ``tokens`` m directions per
     sequence. Returns ``W, u``, the smallest attention weight read, the heads' ranks (None when measured whole)
     and the number of sequences asked."""
-    from attnprobe.learners.probes import random_orthogonal
+    from attnprobe.learners.head.probes import random_orthogonal
 
     H, d = V.shape[0], V.shape[-1]
     O = random_orthogonal(d, rng)  # token directions (rows)
