@@ -3,7 +3,7 @@ position (bidirectional, no position terms), against the same layer read at the 
 
     PYTHONPATH=src python benchmarks/every_position.py minilm [--layers 2] [--answers last every causal]
     PYTHONPATH=src python benchmarks/every_position.py hf [--layers 2]      # transformers' module, float32
-    PYTHONPATH=src python benchmarks/every_position.py gqa                   # 8 query heads / 2 KV heads vs 8/8
+    PYTHONPATH=src python benchmarks/every_position.py gqa [--answers last every]  # 8 query / 2 KV heads vs 8/8
 
 Prints one markdown table per run: sequences (queries), rows answered, errors (relative, worst head after
 matching heads up to permutation), the information limit (low-rank degrees of freedom / K numbers per row / N rows
@@ -90,12 +90,15 @@ def main(argv=None):
     else:
         from attnprobe.targets.every_position import gqa_layer
 
-        for kv in (8, 2):
-            true = gqa_layer(64, 8, kv, seed=args.seed)
-            line, res = row(f"LLaMA-style d=64, 8 query heads / {kv} KV heads, no rotation", "every", true,
-                            EveryPositionLayer(true), seed=args.seed, head_dim=8)
-            print(line, f"groups {res.details['groups']}, result numbers {res.details['result_numbers']}",
-                  flush=True)
+        for answers in args.answers:
+            for kv in (8, 2):
+                true = gqa_layer(64, 8, kv, seed=args.seed)
+                fn = true if answers == "last" else EveryPositionLayer(true, causal=answers == "causal")
+                line, res = row(f"LLaMA-style d=64, 8 query heads / {kv} KV heads, no rotation", answers, true, fn,
+                                seed=args.seed, head_dim=8)
+                print(line, f"groups {res.details['groups']}, value rank {res.details['value_rank']}, "
+                      f"differences {res.details['differences']}, result numbers {res.details['result_numbers']}",
+                      flush=True)
 
 
 if __name__ == "__main__":
