@@ -264,9 +264,10 @@ def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads,
     from attnprobe.models.multihead import MultiHeadAttention
 
     rows_kind = _rows_kind(oracle)
-    # (progressions on float32 answers, small layer d=32 H=4: V_h 6.7e-4 where two-row queries give 2.5e-6)
-    sep = _Separation(layer, rng, rho, eps, coarse, length=PROGRESSION if rows_kind == "bidirectional" and not coarse
-                      else 2)
+    # (progressions of 6 on float32 answers, small layer d=32 H=4: V_h 6.7e-4 where two-row queries give 2.5e-6:
+    # coarse answers read both rows of two-row queries)
+    rows = rows_kind == "bidirectional"
+    sep = _Separation(layer, rng, rho, eps, coarse, length=PROGRESSION if rows and not coarse else 2, rows=rows)
     with run.phase("separate"):
         found = sep.detect(heads)
         H = found if heads is None else min(found, int(heads))
@@ -283,7 +284,7 @@ def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads,
         run.plan(rest, f"vector multi-head extraction at d={d}, H={H} (at most)")
         V, route = sep.value_maps(run.report)
     rows = rows_kind
-    with run.phase("logits"):
+    with run.phase("logits"):  # (causal rows too)
         if rows is None:
             W, u, smallest, w_ranks = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report,
                                                   sketch=not coarse)
@@ -316,12 +317,13 @@ class _Separation:
     """Stage 3: the heads' value vectors ``w_h = V_h δ`` along many differences δ, on the design plane
     ``b = b_0 + Z t`` (module docstring); ``H`` and ``n`` (design points per δ) are set after :meth:`detect`."""
 
-    def __init__(self, layer, rng, rho, eps, coarse, length=2):
+    def __init__(self, layer, rng, rho, eps, coarse, length=2, rows=False):
         d = layer.M.shape[1]
         self.layer, self.rng, self.eps, self.coarse, self.d = layer, rng, eps, coarse, d
-        #: tokens of the progressions ``[b; b + δ; …]`` whose every row is read (2: two-row queries, last row)
-        self.length = int(length)
-        self.q = design_dimension(coarse) if self.length <= 2 else ROWS_Q
+        #: tokens of the progressions ``[b; b + δ; …]`` (2: two-row queries) and whether every row is read (else the
+        #: last)
+        self.length, self.rows = int(length), bool(rows)
+        self.q = ROWS_Q if self.rows and not coarse else design_dimension(coarse)
         self.s = rho / np.sqrt(d)
         self.b0 = rng.standard_normal(d) * self.s
         self.Z = np.linalg.qr(rng.standard_normal((d, self.q)))[0] * rho
@@ -388,7 +390,7 @@ class _Separation:
     def fits(self, deltas, thetas):
         """Separate a batch of differences, each started from its θ (restarted from scratch if that fails)."""
         n, P = self.n, self.length
-        if P > 2:
+        if self.rows:
             Rs = self.progression_residuals(deltas)
         else:
             R = self.layer.residuals(np.concatenate([_two_row(self.b0 + self.T @ self.Z.T, dl) for dl in deltas]))
@@ -420,7 +422,7 @@ class _Separation:
     def value_maps(self, report, batch: int = 16):
         """Every ``V_h`` (route "differences" or "column spaces", :func:`_value_maps`)."""
         d, M, eps = self.d, self.layer.M, self.eps
-        rows = self.length > 2
+        rows = self.rows and not self.coarse
         if rows:  # differences cost a few sequences each: try the column spaces after every few
             batch = 8
         fit0 = self.from_scratch(self.delta0, self.R0, self.T0)
@@ -429,7 +431,7 @@ class _Separation:
                                 f"{fit0.residual:.1e} > {self.tol:.1e}): the layer is not a sum of H={self.H} "
                                 "softmax heads with independent value maps, or its answers are noisier than their "
                                 "precision")
-        if self.length > 2:  # every row of progressions: the same θ, one more coefficient (k: δᵀW_hδ)
+        if self.rows:  # every row of progressions: the same θ, one more coefficient (k: δᵀW_hδ)
             self.Tp, self.T = self.progression_design(progression_points(self.n, self.length, self.q))
             R0 = self.progression_residuals([self.delta0])[0]
             fit0 = fit_delta(R0, self.T, M @ self.delta0, theta_from_values(fit0.w, R0, self.T, length=self.length),
