@@ -264,10 +264,10 @@ def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads,
     from attnprobe.models.multihead import MultiHeadAttention
 
     rows_kind = _rows_kind(oracle)
-    # (progressions of 6 on float32 answers, small layer d=32 H=4: V_h 6.7e-4 where two-row queries give 2.5e-6:
-    # coarse answers read both rows of two-row queries)
-    rows = rows_kind == "bidirectional"
-    sep = _Separation(layer, rng, rho, eps, coarse, length=PROGRESSION if rows and not coarse else 2, rows=rows)
+    # float32 answers read the last row: progressions of 6 (small layer d=32 H=4) left V_h at 6.7e-4 where
+    # two-row queries give 2.5e-6; both rows of two-row queries left a MiniLM difference unseparated (misfit 5.9e-3)
+    rows = rows_kind == "bidirectional" and not coarse
+    sep = _Separation(layer, rng, rho, eps, coarse, length=PROGRESSION if rows else 2, rows=rows)
     with run.phase("separate"):
         found = sep.detect(heads)
         H = found if heads is None else min(found, int(heads))
