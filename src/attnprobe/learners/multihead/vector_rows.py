@@ -86,7 +86,7 @@ def learn_logits_rows(oracle, c, V, scale, tokens, rng, report, *, causal: bool,
     m = max(2, int(tokens))
     half = m // 2
     L = min(d, -(-d // H) + SKETCH_MARGIN)
-    L = -(-L // half) * half  # whole blocks
+    L = min(d, -(-L // half) * half)  # whole blocks
     low = [np.arange(i, min(L, i + half)) for i in range(0, L, half)]
     rest = [np.arange(i, min(d, i + half)) for i in range(L, d, half)]
     blocks = low + rest
