@@ -27,7 +27,8 @@ from attnprobe._validation import check_int
 from attnprobe.errors import (ConfigError, InputNormError, OracleAnswerError, OracleError, RecoveryError,
                               UnidentifiableError)
 from attnprobe.learners.multihead.groups import grouped_numbers, head_groups
-from attnprobe.learners.multihead.vector_heads import fit_delta, fit_deltas, jennrich, theta_from_values
+from attnprobe.learners.multihead.vector_heads import (DeltaFit, fit_delta, fit_deltas, inverse_mean_index,
+                                                       jennrich, theta_from_values)
 from attnprobe.learners.multihead.vector_logits import gap_rank, head_attention_errors, learn_logits
 from attnprobe.learners.multihead.vector_rows import learn_logits_rows
 from attnprobe.learners.head.probes import random_orthogonal
@@ -37,9 +38,9 @@ from attnprobe.oracles.input_bound import refuse_clipping
 METHOD = "multihead-vector"
 #: the column spaces split M when their stacked bases are at most this ill-conditioned (else d differences)
 SUBSPACE_COND = 1e2
-#: the same for differences separated on every row of progressions (their w_h are ~10× more accurate: MiniLM
-#: layer 2, stacked bases cond 1.6e3, gives V_h to 5.4e-12 this way)
-SUBSPACE_COND_ROWS = 1e5
+#: the same for differences separated on every row of progressions (their w_h are more accurate: MiniLM layer 2,
+#: stacked bases cond 1.6e3, gives V_h to 4e-11 this way; layer 5, cond 7.1e4, gave W_h 7.1e-8: past the 1e-8 goal)
+SUBSPACE_COND_ROWS = 1e4
 #: target size of the nonlinear part of a two-row answer, relative to its linear part (logits of order one)
 TARGET_NONLINEARITY = 0.5
 #: token norm of the logits stage relative to the calibrated one (m + 1 tokens spread the logits further)
@@ -54,6 +55,10 @@ COARSEST_EPS = 1e-6
 LATE_BATCH = 128
 #: tokens of the progressions ``[b; b + δ; …]`` of the separation when a bidirectional layer answers every row
 PROGRESSION = 6
+#: the progressions' step δ is the two-row difference over PROGRESSION_SHRINK·(PROGRESSION − 1) (MiniLM layer 0:
+#: with the two-row step the progressions saturated and a difference did not separate, misfit 3.2e-3; at 1/2.5, 818
+#: sequences, W_h 4.3e-9)
+PROGRESSION_SHRINK = 0.5
 #: the design plane's dimension for progressions (2 left a MiniLM difference unseparated: misfit 2.8e-5)
 ROWS_Q = 3
 #: directions per sequence of the every-position logits stage, at most, and as a share of K/H (MiniLM: 24, the
@@ -283,6 +288,9 @@ def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads,
         planned = run.queries + rest
         run.plan(rest, f"vector multi-head extraction at d={d}, H={H} (at most)")
         V, route = sep.value_maps(run.report)
+        if sep.fallback:
+            notes.append(f"the rows of progressions along the first difference did not separate ({sep.fallback}): "
+                         "the separation read the last row of two-row queries")
     rows = rows_kind
     with run.phase("logits"):  # (causal rows too)
         if rows is None:
@@ -308,7 +316,7 @@ def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads,
                "tokens_per_query": tokens,
                "smallest_attention": smallest, "head_rank": _ranks(V),
                "largest_probe_norm": float(getattr(oracle, "max_input_norm_used", np.nan)), "check_scale": sep.s,
-               "planned": planned, "near_ties": ties,
+               "planned": planned, "near_ties": ties, "progressions": sep.length if sep.rows else None,
                "positions": oracle.positions if oracle.every_position else "last", "rows": oracle.rows}
     return run.finish(model, unknowns=MultiHeadAttention.unknowns(d, H, True, K), details=details, notes=notes,
                       check_scale=sep.s, hint=" (the layer is not a sum of softmax heads over whole output rows, or "
@@ -375,6 +383,7 @@ class _Separation:
         self.H = self.n = None
         self.count, self.worst, self.restarts = 0, 0.0, 0
         self.value_rank = d
+        self.fallback = None  # why progressions were left for two-row queries
 
     def residuals(self, T, delta):
         return self.layer.residuals(_two_row(self.b0 + T @ self.Z.T, delta))
@@ -415,6 +424,37 @@ class _Separation:
         Y = self.layer.oracle.answer_rows(X) - (np.tile(Bs, (len(deltas), 1)) @ M.T)[:, None, :] - c
         n = len(Bs)
         return Y.reshape(len(deltas), n, P, -1).transpose(0, 3, 1, 2).reshape(len(deltas), -1, n * P)
+
+    def start_progressions(self, fit0):
+        """δ_0 separated on progressions, started from its two-row fit ``fit0``: the same θ on the plane and
+        ``e_h = δᵀW_hδ`` read from the rows where the link is not saturated (else from every row's inverted link).
+        When neither start separates them, the rows are left unread (``self.rows`` False: two-row queries, the
+        last row) and ``fit0`` is returned as it was."""
+        M, P = self.layer.M, self.length
+        # a progression spans (P − 1)·δ: δ shrunk so that its logits span what the two-row queries' did (θ and w are
+        # linear in δ)
+        shrink = PROGRESSION_SHRINK * (P - 1)
+        self.delta0 = self.delta0 / shrink
+        two_row = fit0
+        fit0 = DeltaFit(fit0.w / shrink, fit0.theta / shrink, fit0.residual)
+        self.Tp, self.T = self.progression_design(progression_points(self.n, P, self.q))
+        R0 = self.progression_residuals([self.delta0])[0]
+        k = self.T[:, -1]
+        S = np.linalg.lstsq(fit0.w, R0, rcond=None)[0]  # μ_h at every row, (H, n·P)
+        lam = inverse_mean_index(np.clip(S, 1e-6 * (P - 1), (1 - 1e-6) * (P - 1)), P)
+        plane = fit0.theta @ np.concatenate([self.T[:, :-1], np.ones((len(k), 1))], axis=1).T  # θ_h(t)
+        live = (S > 0.02 * (P - 1)) & (S < 0.98 * (P - 1)) & (k > 0)
+        e = np.array([np.median(((lam[h] - plane[h]) / np.maximum(k, 1))[live[h]]) if live[h].any() else 0.0
+                      for h in range(self.H)])
+        starts = [np.concatenate([fit0.theta[:, :-1], e[:, None], fit0.theta[:, -1:]], axis=1),
+                  theta_from_values(fit0.w, R0, self.T, length=P)]
+        for start in starts:
+            fit = fit_delta(R0, self.T, M @ self.delta0, start, length=P)
+            if fit.residual <= self.tol:
+                return fit
+        self.rows, self.length, self.fallback = False, 2, f"misfit {fit.residual:.1e}"
+        self.delta0 = self.delta0 * shrink
+        return two_row
 
     def from_scratch(self, delta, R, T, length=2):
         """Jennrich on two finite-difference Jacobians (4H queries), then variable projection."""
@@ -474,15 +514,8 @@ class _Separation:
                                 "softmax heads with independent value maps, or its answers are noisier than their "
                                 "precision")
         if self.rows:  # every row of progressions: the same θ, one more coefficient (k: δᵀW_hδ)
-            self.Tp, self.T = self.progression_design(progression_points(self.n, self.length, self.q))
-            R0 = self.progression_residuals([self.delta0])[0]
-            fit0 = fit_delta(R0, self.T, M @ self.delta0, theta_from_values(fit0.w, R0, self.T, length=self.length),
-                             length=self.length)
-            if fit0.residual > self.tol:
-                raise RecoveryError(f"the rows of a progression along the first probe difference did not separate "
-                                    f"into the {self.H} heads (misfit {fit0.residual:.1e} > {self.tol:.1e}): the "
-                                    "rows are not those of a bidirectional layer without position terms")
-        else:
+            fit0 = self.start_progressions(fit0)
+        if not self.rows:
             self.T = self.rng.standard_normal((self.n, self.q)) / np.sqrt(self.q)
         Q = self.directions()  # rows: d of them, or an orthonormal basis of M's row space when M has low rank
         n_dir = len(Q)
