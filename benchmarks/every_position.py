@@ -4,6 +4,7 @@ position (bidirectional, no position terms), against the same layer read at the 
     PYTHONPATH=src python benchmarks/every_position.py minilm [--layers 2] [--answers last every causal]
     PYTHONPATH=src python benchmarks/every_position.py hf [--layers 2]      # transformers' module, float32
     PYTHONPATH=src python benchmarks/every_position.py gqa [--answers last every]  # 8 query / 2 KV heads vs 8/8
+    PYTHONPATH=src python benchmarks/every_position.py llama  # transformers' LlamaAttention, rotation off
 
 Prints one markdown table per run: sequences (queries), rows answered, errors (relative, worst head after
 matching heads up to permutation), the information limit (low-rank degrees of freedom / K numbers per row / N rows
@@ -65,7 +66,7 @@ def row(name, answers, true, fn, precision=None, seed=0, head_dim=None):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["minilm", "hf", "gqa"])
+    ap.add_argument("what", choices=["minilm", "hf", "gqa", "llama"])
     ap.add_argument("--layers", type=int, nargs="*", default=[2])
     ap.add_argument("--answers", nargs="*", default=["last", "every"], choices=["last", "every", "causal"])
     ap.add_argument("--seed", type=int, default=0)
@@ -87,6 +88,16 @@ def main(argv=None):
                 fn = minilm_transformers_rows(L, "float32", every=answers != "last")
                 print(row(f"MiniLM layer {L}, transformers float32", answers, true, fn, precision="auto",
                           seed=args.seed)[0], flush=True)
+    elif args.what == "llama":  # transformers' LlamaAttention, rotation off; its softmax is float32
+        from attnprobe.targets.every_position import LlamaRows
+
+        for kv in (8, 2):
+            fn = LlamaRows(64, 8, kv, seed=args.seed)
+            line, res = row(f"LlamaAttention d=64, 8 query heads / {kv} KV heads, no rotation", "every", fn.truth(),
+                            fn, precision="float32", seed=args.seed, head_dim=8)
+            print(line, f"groups {res.details['groups']}, value rank {res.details['value_rank']}, "
+                  f"differences {res.details['differences']}, result numbers {res.details['result_numbers']}",
+                  flush=True)
     else:
         from attnprobe.targets.every_position import gqa_layer
 

@@ -232,3 +232,20 @@ def test_float32_every_position_answers_are_read_within_their_precision():
     # the logits stage reads every row; the separation reads the last row of two-row queries as before
     assert res.queries_by_phase["logits"] < 0.5 * last.queries_by_phase["logits"]
     assert res.queries_by_phase["separate"] == last.queries_by_phase["separate"]
+
+
+@pytest.mark.slow
+def test_transformers_llama_attention_with_shared_kv_heads_is_grouped():
+    """transformers' LlamaAttention, rotation off (cos = 1, sin = 0), 8 query heads on 2 KV heads; its softmax is
+    float32, declared so: every head within float32's reach, the two groups named, rank M + 1 differences."""
+    pytest.importorskip("transformers")
+    from attnprobe.targets.every_position import LlamaRows
+
+    fn = LlamaRows(64, 8, 2, seed=0)
+    truth = fn.truth()
+    res = extract_vector(Oracle(fn, 64, precision="float32"), seed=0)
+    match = match_heads(truth, res.model)
+    assert res.passed and match.worst < 1e-3 and res.details["positions"] == "bidirectional"
+    perm = {int(got): true for true, got in enumerate(match.perm)}
+    assert sorted(sorted(perm[h] for h in g) for g in res.details["groups"]) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert res.details["value_rank"] == 16 and res.details["differences"] == 17

@@ -51,3 +51,53 @@ def gqa_layer(d: int = 64, heads: int = 8, kv_heads: int = 2, seed: int = 0) -> 
     W = np.einsum("hrd,hre->hde", Kg[g], Q) / np.sqrt(dh)
     u = np.einsum("hrd,hr->hd", Kg[g], rng.standard_normal((heads, dh)) * 0.3) / np.sqrt(dh)
     return MultiHeadAttention(W, np.einsum("khr,hrd->hkd", WO, Vg[g]), u, rng.standard_normal(d) * 0.1)
+
+
+class LlamaRows:
+    """``X (B, N, d) ↦ (B, N, d)``: a ``transformers`` ``LlamaAttention`` (eager, float64 weights, seeded random
+    projections with biases) with its rotation turned off (cos = 1, sin = 0) and no mask: a bidirectional layer
+    of ``heads`` query heads sharing ``kv_heads`` key/value heads. Its kernel computes the softmax in float32, so
+    its answers are float32-accurate. ``truth()`` is the layer as a :class:`MultiHeadAttention`."""
+
+    def __init__(self, d: int = 64, heads: int = 8, kv_heads: int = 2, seed: int = 0):
+        import torch
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaAttention
+
+        self.dh = d // heads
+        cfg = LlamaConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                          attention_bias=True, head_dim=self.dh)
+        cfg._attn_implementation = "eager"
+        gen = torch.Generator().manual_seed(seed)
+        self.attn = LlamaAttention(cfg, layer_idx=0).double().eval()
+        with torch.no_grad():
+            for lin in (self.attn.q_proj, self.attn.k_proj, self.attn.v_proj, self.attn.o_proj):
+                lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen, dtype=torch.float64) * 0.3)
+                lin.bias.copy_(torch.randn(lin.bias.shape, generator=gen, dtype=torch.float64) * 0.1)
+        self.d, self.heads, self.kv_heads = d, heads, kv_heads
+        self.__name__ = f"LlamaAttention {heads} query / {kv_heads} KV heads, no rotation"
+
+    def __call__(self, X):
+        import torch
+
+        h = torch.as_tensor(np.asarray(X, dtype=np.float64))
+        B, N, _ = h.shape
+        ones = torch.ones(B, N, self.dh, dtype=h.dtype)
+        with torch.no_grad():
+            out = self.attn(h, position_embeddings=(ones, torch.zeros_like(ones)), attention_mask=None)[0]
+        return out.numpy()
+
+    def truth(self) -> MultiHeadAttention:
+        """``W_h = K_gᵀQ_h/√d_h``, ``u_h = K_gᵀb_Q,h/√d_h``, ``V_h = W_O[:, h] W_V,g``, ``c = W_O b_V,g(h) + b_O``."""
+        a, H, G, dh, d = self.attn, self.heads, self.kv_heads, self.dh, self.d
+        w = {n: getattr(a, n).weight.detach().numpy() for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+        b = {n: getattr(a, n).bias.detach().numpy() for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+        g = np.arange(H) // (H // G)
+        Q, bQ = w["q_proj"].reshape(H, dh, d), b["q_proj"].reshape(H, dh)
+        K, Vw, bV = w["k_proj"].reshape(G, dh, d)[g], w["v_proj"].reshape(G, dh, d)[g], b["v_proj"].reshape(G, dh)[g]
+        WO = w["o_proj"].reshape(d, H, dh)
+        W = np.einsum("hrd,hre->hde", K, Q) / np.sqrt(dh)
+        u = np.einsum("hrd,hr->hd", K, bQ) / np.sqrt(dh)
+        V = np.einsum("khr,hrd->hkd", WO, Vw)
+        c = np.einsum("khr,hr->k", WO, bV) + b["o_proj"]
+        return MultiHeadAttention(W, V, u, c)
