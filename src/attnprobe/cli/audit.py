@@ -89,7 +89,8 @@ def build_tasks(args):
                               f"drop {d.name} from --defense")
         for layer in layers:
             for head in ([None] if kind.whole_layer else heads):
-                spec = HeadSpec(source, layer, head, None if kind.vector else row, args.heads_per_layer)
+                spec = HeadSpec(source, layer, head, None if kind.vector else row, args.heads_per_layer,
+                                every_position=kind.name == "layers-every")
                 tasks += [Task(spec, name, d, args.seed, args.budget, args.rank) for name in names]
     return tasks
 

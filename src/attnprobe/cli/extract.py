@@ -53,6 +53,7 @@ def _oracle_from_args(args, chain, learner) -> Oracle:
     oracle = remote.source_oracle(args, budget=args.budget, precision=precision, chain=chain)
     oracle = oracle if oracle is not None else _plain_oracle_from_args(args, chain, precision, learner)
     oracle.max_input_norm = args.max_input_norm
+    oracle.declare_positions(getattr(args, "positions", None))
     return oracle
 
 
@@ -231,6 +232,10 @@ def add_parser(sub) -> None:
     e.add_argument("--max-input-norm", type=positive_float, metavar="R",
                    help="the oracle accepts input rows of norm at most R: a batch with a longer row is refused "
                         "before it is sent (the largest norm used is in OUT.json details.oracle)")
+    e.add_argument("--positions", choices=("auto", "causal", "bidirectional", "positional"), default="auto",
+                   help="an oracle answering every position (B, N, K): causal (row i = the answer on X[:i+1]), "
+                        "bidirectional (no position terms: row i = the answer with x_i moved last) or positional; "
+                        "default auto: read from one probe of 3 sequences")
     e.add_argument("--outputs", type=positive_int, metavar="K",
                    help="the oracle answers K numbers per sequence (e.g. logits); default: taken from its first answer")
     e.add_argument("--seed", type=nonneg_int, default=0)

@@ -3,7 +3,10 @@
 The summary JSON gets ``details.oracle``: the defences between the model and the answers (``defense``, the answer
 chain's spec), the answers' precision (declared or detected, with its evidence),
 ``queries_total`` (every answer the run used, the functional check included), ``queries_from_log`` (answered
-from the log: not asked, not charged to any budget) and ``queries_asked`` (sent to the oracle and paid for).
+from the log: not asked, not charged to any budget) and ``queries_asked`` (sent to the oracle and paid for);
+``rows`` (output rows answered: N per sequence for an every-position oracle), ``rows_reused`` (last-position
+queries answered by rows already seen: not asked) and ``positions`` (``last``, ``causal``, ``bidirectional`` or
+``positional``, with ``positions_source``: declared or read from the answers).
 """
 
 from __future__ import annotations
@@ -140,7 +143,11 @@ def describe(oracle) -> dict:
            "queries_total": oracle.queries, "queries_from_log": getattr(oracle, "from_log", 0),
            "queries_asked": oracle.queries - getattr(oracle, "from_log", 0),
            "max_input_norm_used": getattr(oracle, "max_input_norm_used", None),
-           "max_input_norm": getattr(oracle, "max_input_norm", None)}
+           "max_input_norm": getattr(oracle, "max_input_norm", None),
+           "rows": getattr(oracle, "rows", None), "rows_reused": getattr(oracle, "from_rows", 0)}
+    if getattr(oracle, "every_position", None) is not None:
+        out["positions"] = oracle.positions
+        out["positions_source"] = oracle.positions_source
     if detector is not None:
         out["precision_detection"] = detector.describe()
     log = getattr(oracle, "log", None)
