@@ -194,3 +194,35 @@ def test_the_same_weights_under_another_path_are_the_same_audit(ckpt, capsys, mo
     line = refused(capsys, ckpt, *args, says="of other weights")
     shas = [w for w in line.replace(",", " ").replace(")", " ").split() if w.startswith("sha256:")]
     assert len(shas) == 2 and shas[0] != shas[1], line
+
+
+@pytest.mark.parametrize("odd", ["fifo journal", "journal links out", "heads is a file", "heads links out",
+                                 "results is a folder"])
+def test_the_audits_own_names_taken_by_odd_files_are_refused_before_any_task(ckpt, capsys, odd):
+    """A journal that is a symlink would have been appended to wherever it points (any file the user may write);
+    a FIFO, a file named heads or a folder named results.json ended as a misleading "make room" or an internal
+    error after the work was done."""
+    from hostile import refused
+
+    out = ckpt / "out"
+    out.mkdir()
+    decoy = ckpt / "decoy.txt"
+    decoy.write_text("a file of the user's\n")
+    make = {"fifo journal": lambda: os.mkfifo(out / "finished.jsonl"),
+            "journal links out": lambda: (out / "finished.jsonl").symlink_to(decoy),
+            "heads is a file": lambda: (out / "heads").write_text("x"),
+            "heads links out": lambda: (out / "heads").symlink_to(ckpt, target_is_directory=True),
+            "results is a folder": lambda: (out / "results.json").mkdir()}
+    make[odd]()
+    line = refused(capsys, ckpt, *_audit(ckpt, "--layers", "0"), says="move it away or give another --out folder")
+    assert ("symlink" in line) == ("links out" in odd)
+    assert decoy.read_text() == "a file of the user's\n"
+
+
+def test_layer_ranges_and_heads_per_layer_are_refused_in_their_own_words(ckpt, capsys):
+    from hostile import refused
+
+    refused(capsys, ckpt, *_audit(ckpt, "--layers", "1-0"), says="--layers '1-0': the range 1-0 runs backwards")
+    args = _audit(ckpt)
+    args[args.index("--heads-per-layer") + 1] = "0"
+    refused(capsys, ckpt, *args, says="--heads-per-layer must be at least 1; got 0")

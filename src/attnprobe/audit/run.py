@@ -238,7 +238,7 @@ def _journal(out: Path, task: Task, rec: dict, identity: dict) -> None:
     path = out / JOURNAL
     new, size = not path.exists(), None
     try:
-        with open(path, "ab+") as f:
+        with open(path, "ab+", opener=_no_symlink) as f:
             size = f.seek(0, os.SEEK_END)
             head = b""
             if size == 0:
@@ -260,6 +260,23 @@ def _journal(out: Path, task: Task, rec: dict, identity: dict) -> None:
         raise ConfigError(f"cannot record a finished task in {path} ({exc.strerror or exc}); the audit stopped, "
                           "the tasks recorded before are kept: make room (disk space, file-size limit) and rerun the "
                           "same command to resume") from None
+
+
+def _no_symlink(path, flags):
+    """``open``'s opener that refuses to follow a symlink at the last step (the journal is never written through
+    one: it could point at any file)."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o666)
+
+
+def refuse_odd_files(out: Path) -> None:
+    """Refuse (one :class:`ConfigError`, before any task runs) an ``out`` folder where the audit's own names are
+    taken by something it cannot write as intended: a symlink (it could point anywhere), a folder, a FIFO."""
+    for name, folder in ((JOURNAL, False), ("results.json", False), ("report.html", False), ("heads", True)):
+        p = out / name
+        if p.is_symlink() or (p.exists() and not (p.is_dir() if folder else p.is_file())):
+            what = "a symlink" if p.is_symlink() else "not a folder" if folder else "not a regular file"
+            raise ConfigError(f"{p} is {what}, where the audit writes {'its head files' if folder else 'its ' + name}: "
+                              "move it away or give another --out folder")
 
 
 def _forget_written(out: Path, entries: list[tuple[str, dict]]) -> None:
@@ -287,6 +304,7 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
         reachable(address)
     out = Path(out)
     identity = audit_identity(tasks)
+    refuse_odd_files(out)
     if resume:
         refuse_other_journal(out, identity)
     (out / "heads").mkdir(parents=True, exist_ok=True)
