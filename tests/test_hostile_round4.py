@@ -147,3 +147,16 @@ def test_the_cli_error_is_one_line_without_warnings(layer, capsys):
                          "1e-300", "--out", "o.npz", "--quiet")
     assert rc == 2 and "internal error" not in one_line(err)
     assert not os.path.exists("o.npz")
+
+
+def test_an_estimate_needs_no_memory_and_url_options_need_a_url(work, capsys):
+    rc, out, err = run(capsys, "extract", "--oracle", "victims:answer", "--d", "1000000000", "--estimate")
+    assert rc == 0 and "exact at d=1000000000: about" in out, err  # refused for memory before: it holds nothing
+    for flag, value in (("--concurrency", "100"), ("--timeout", "5"), ("--retries", "0"), ("--wire", "json")):
+        refused(capsys, work, "extract", "--oracle", "victims:answer", "--d", "6", flag, value, "--out", "o.npz",
+                says=f"{flag} is an option of --url; drop it")
+    refused(capsys, work, "extract", "--oracle", "victims:answer", "--d", "6", "--estimate", "--price-per-1k",
+            "1e308", says="makes the cost of")
+    import victims
+
+    assert victims.calls[0] == 0
