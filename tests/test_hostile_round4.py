@@ -160,3 +160,23 @@ def test_an_estimate_needs_no_memory_and_url_options_need_a_url(work, capsys):
     import victims
 
     assert victims.calls[0] == 0
+
+
+def test_the_folder_an_input_file_lives_in_through_a_symlink_is_an_input_folder_too(bert, tmp_path, capsys):
+    """A folder of symlinks to another model folder's files: --out there would overwrite the real config.json."""
+    links = tmp_path / "links"
+    links.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (links / name).symlink_to(bert / name)
+    before = snapshot(bert)
+    for out in (bert / "config.npz", bert / "other.npz"):
+        refused(capsys, tmp_path, "extract", "--hf-dir", links, "--layer", "0", "--row", "0", "--out", out,
+                says="is inside the input folder")
+    assert snapshot(bert) == before
+
+
+def test_abbreviated_flags_are_not_guessed(work, capsys):
+    """``demo --d 4`` was read as ``demo --dtype 4`` (argparse's prefix matching) and refused as a bad dtype."""
+    line = refused(capsys, work, "demo", "--d", "4", says="unrecognized arguments: --d 4")
+    assert "dtype" not in line
+    refused(capsys, work, "extract", "--targ", "t.npz", "--out", "o.npz", says="unrecognized arguments: --targ")

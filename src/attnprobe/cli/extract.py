@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 
 from attnprobe.cli import answer_chain, hf, remote
@@ -107,7 +108,12 @@ def run(args) -> int:
         from attnprobe.oracles.hf_folder import check_model_dir
 
         check_model_dir(args.hf_dir)
-    plan_outputs(args.out, inputs, folders=[args.hf_dir])
+    folders = [args.hf_dir]
+    if args.hf_dir:  # its files, and the folders they live in through symlinks, are inputs too
+        files = [Path(args.hf_dir) / "config.json", Path(args.hf_dir) / "model.safetensors"]
+        inputs += files
+        folders += [Path(os.path.realpath(f)).parent for f in files]
+    plan_outputs(args.out, inputs, folders=folders)
     oracle = _oracle_from_args(args, chain, learner)
     track(args, oracle)
     progress = Progress(f"extract ({args.method})", enabled=not args.quiet)
