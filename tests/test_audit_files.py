@@ -226,3 +226,14 @@ def test_layer_ranges_and_heads_per_layer_are_refused_in_their_own_words(ckpt, c
     args = _audit(ckpt)
     args[args.index("--heads-per-layer") + 1] = "0"
     refused(capsys, ckpt, *args, says="--heads-per-layer must be at least 1; got 0")
+
+
+def test_fresh_redoes_this_runs_tasks_and_keeps_the_rest(ckpt, capsys):
+    out = ckpt / "out"
+    assert run(capsys, *_audit(ckpt, "--layers", "0-1"))[0] == 0
+    wide = snapshot(out / "heads")
+    rc, stdout, err = run(capsys, *_audit(ckpt, "--layers", "0", "--fresh"))
+    assert rc == 0 and "resumed" not in stdout, err
+    assert snapshot(out / "heads") == wide  # layer 1 kept; layer 0 redone into its own files (same numbers)
+    rc, stdout, _ = run(capsys, *_audit(ckpt, "--layers", "0-1"))
+    assert rc == 0 and "resumed 4 finished tasks" in stdout

@@ -109,12 +109,20 @@ def _journal_identity(path: Path) -> dict | None:
 def refuse_other_journal(out: Path, identity: dict) -> None:
     """Refuse (one :class:`ConfigError`, nothing touched) a ``finished.jsonl`` in ``out`` written by an audit of
     another model or with other :data:`SETTINGS`: its tasks would be dropped, and with them its head files."""
+    what = _other_audit(out, identity)
+    if what:
+        raise ConfigError(f"{out / JOURNAL} records an audit {what}; give --fresh to replace it, or another "
+                          "--out folder")
+
+
+def _other_audit(out: Path, identity: dict) -> str | None:
+    """How the audit ``out/finished.jsonl`` records differs from this one (None: the same, or no journal)."""
     path = out / JOURNAL
     if not path.is_file():
-        return
+        return None
     theirs = _journal_identity(path)
     if theirs is None:
-        return
+        return None
     what = []
     if _weights(theirs.get("models")) != _weights(identity["models"]):  # by content: a moved file is the same
         what.append(f"of other weights ({_described(theirs.get('models'))} there, {_described(identity['models'])} "
@@ -123,9 +131,7 @@ def refuse_other_journal(out: Path, identity: dict) -> None:
     if differ:
         what.append("with other " + ", ".join(f"{k} ({_listed(theirs.get('settings', {}).get(k))} there, "
                                               f"{_listed(identity['settings'][k])} here)" for k in differ))
-    if what:
-        raise ConfigError(f"{path} records an audit {' and '.join(what)}; give --fresh to replace it, or another "
-                          "--out folder")
+    return " and ".join(what) or None
 
 
 def _weights(models) -> list[str] | None:
@@ -311,10 +317,11 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
     several = len({t.defense.name for t in tasks}) > 1
     learners_per_defense = {name: len({t.learner for t in tasks if t.defense.name == name})
                             for name in {t.defense.name for t in tasks}}
-    if not resume:
+    if not resume and _other_audit(out, identity):  # --fresh over another audit: what it wrote is replaced
         _forget_written(out, _journal_entries(out))
     entries = _journal_entries(out)
-    reused = _finished(out, tasks, entries, identity["models"])
+    # --fresh over the same audit redoes this run's tasks (in their old files) and keeps every other record
+    reused = _finished(out, tasks, entries, identity["models"]) if resume else {}
     claimed = _claimed_files(entries)
     todo = [i for i in range(len(tasks)) if i not in reused]
     bar = Progress(f"audit ({engine})", enabled=progress, delay=0.0, unit="task")
