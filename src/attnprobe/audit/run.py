@@ -106,13 +106,34 @@ def _journal_identity(path: Path) -> dict | None:
     return entry.get("audit") if isinstance(entry, dict) and isinstance(entry.get("audit"), dict) else None
 
 
+def _holds_records(path: Path) -> bool:
+    """Whether a journal holds at least one readable task record (a line with a key and a record)."""
+    with open(path, errors="replace") as f:
+        for line in f:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and "key" in entry and "record" in entry:
+                return True
+    return False
+
+
 def refuse_other_journal(out: Path, identity: dict) -> None:
     """Refuse (one :class:`ConfigError`, nothing touched) a ``finished.jsonl`` in ``out`` written by an audit of
     another model or with other :data:`SETTINGS`: its tasks would be dropped, and with them its head files."""
     what = _other_audit(out, identity)
+    if what == _NO_IDENTITY:
+        raise ConfigError(f"{out / JOURNAL} holds finished tasks but no readable identity line (cut short or "
+                          "damaged): they cannot be told to be of these weights and settings; give --fresh to replace "
+                          "it, or another --out folder")
     if what:
         raise ConfigError(f"{out / JOURNAL} records an audit {what}; give --fresh to replace it, or another "
                           "--out folder")
+
+
+#: what :func:`_other_audit` says of a journal with records but no readable identity line
+_NO_IDENTITY = "with no readable identity line"
 
 
 def _other_audit(out: Path, identity: dict) -> str | None:
@@ -122,7 +143,7 @@ def _other_audit(out: Path, identity: dict) -> str | None:
         return None
     theirs = _journal_identity(path)
     if theirs is None:
-        return None
+        return _NO_IDENTITY if _holds_records(path) else None  # cut or damaged: its records cannot be matched
     what = []
     if _weights(theirs.get("models")) != _weights(identity["models"]):  # by content: a moved file is the same
         what.append(f"of other weights ({_described(theirs.get('models'))} there, {_described(identity['models'])} "

@@ -227,8 +227,9 @@ def check_outcome(res, kept: bool = False) -> CheckFailedError | None:
     if res.passed is not False:
         return None
     chk = res.check
+    said = ("the recovered model is not certified: " if chk.verdict == "uncertified"
+            else "the recovered model does not describe the oracle: ")
     return CheckFailedError(
-        f"the recovered model does not describe the oracle: functional check error {chk.error:.3e} > tolerance "
-        f"{chk.tolerance:.1e} on {chk.queries} fresh queries; "
+        said + chk.describe() + "; "
         + ("written anyway (--keep-failed; the JSON says passed: false)" if kept
            else "nothing written (--keep-failed writes it anyway)"))

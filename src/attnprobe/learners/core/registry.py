@@ -238,6 +238,12 @@ def learners(recovers: str | None = None) -> list[Learner]:
     return [e for e in _LEARNERS.values() if recovers is None or e.recovers == recovers]
 
 
+def noise_learners(recovers: str) -> list[str]:
+    """Names of the learners of ``recovers`` designed for answers with additive noise or rounding (Sec. 6) that
+    can run here: what a learner refused by such answers points at."""
+    return [e.name for e in learners(recovers) if e.capabilities.noisy_answers and e.fits()]
+
+
 def options() -> dict[str, tuple[Option, tuple[str, ...]]]:
     """Every declared option name -> (its declaration, the learners that declare it). A shared option whose
     learners describe it differently gets one help naming each (``exact: ...; robust: ...``) and the union of

@@ -141,5 +141,7 @@ class Run:
 
 
 def _failed(check, hint: str) -> str:
+    if check.verdict == "uncertified":
+        return f"functional check UNCERTIFIED: {check.describe()}{hint}"
     return (f"functional check FAILED (relative error {check.error:.2e} > {check.tolerance:.1e}): the recovered "
             f"model does not describe the oracle{hint}")
