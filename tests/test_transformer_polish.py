@@ -10,7 +10,7 @@ import pytest
 
 from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.transformer.regions import extract_transformer_multihead
-from attnprobe.learners.transformer.polish import (LEVELS, _Stacked, polish_attention, polish_sequences,
+from attnprobe.learners.transformer.polish import (LEVELS, Stacked, polish_attention, polish_sequences,
                                                    refine)
 from attnprobe.models.transformer import MultiHeadTransformer, transformer_errors
 from attnprobe.oracles.base import Oracle
@@ -23,7 +23,7 @@ def test_jacobian_operator_is_the_models_derivative(residual):
     t = random_multihead_transformer(6, 2, 7, outputs=3, bias=True, residual=residual, seed=3)
     rng = np.random.default_rng(0)
     X = rng.standard_normal((40, 4, 6))
-    lin = _Stacked(t, [(X, t(X)), (X[:, :2], t(X[:, :2]))], LEVELS["all"])
+    lin = Stacked(t, [(X, t(X)), (X[:, :2], t(X[:, :2]))], LEVELS["all"])
     theta = rng.standard_normal(lin.size)
     r = rng.standard_normal(2 * 40 * 3)
     assert abs(lin.matvec(theta) @ r - theta @ lin.rmatvec(r)) <= 1e-10 * np.linalg.norm(r)
@@ -109,7 +109,7 @@ def test_unknowns_is_the_rank_of_the_models_jacobian(d, H, m, K, residual, seed)
     t = random_multihead_transformer(d, H, m, outputs=K, bias=True, residual=residual, head_dim=d, seed=seed)
     rng = np.random.default_rng(0)
     blocks = [(X, t(X)) for X in (rng.standard_normal((300, N, d)) for N in (1, 2, 3, 5))]
-    lin = _Stacked(t, blocks, LEVELS["all"])
+    lin = Stacked(t, blocks, LEVELS["all"])
     on = np.concatenate([p.relu for p in lin.parts]) > 0
     assert np.all(on.any(axis=0)) and np.all((~on).any(axis=0))  # generic: no dead and no always-on neuron
     J = np.array([lin.matvec(e) for e in np.eye(lin.size)]).T
@@ -126,3 +126,44 @@ def test_a_budget_too_small_for_the_polish_skips_it_and_says_so():
     assert res.queries == before and res.details["polish"] == []
     assert any("polish was skipped" in note for note in res.notes)
     assert not any("polish was skipped" in note for note in full.notes)
+
+
+def test_a_step_the_held_out_sequences_reject_is_not_kept_even_below_the_floor():
+    """The true model answering with fresh noise of 1e-6, no floor: a Gauss–Newton step fits the fit sequences'
+    noise (their residual drops) and makes the held-out ones worse, so it is not kept: the model comes back as
+    it was and the held-out residual never rises."""
+    from attnprobe.oracles.wrappers import FreshNoise
+
+    t = random_multihead_transformer(6, 2, 8, outputs=2, bias=True, seed=5)
+    for level in ("scores", "all"):
+        oracle = Oracle(FreshNoise(t, 1e-6, seed=3), 6)
+        got, report, _ = polish_attention(oracle, t, np.random.default_rng(1), level=level, floor=0.0)
+        assert got is t and not report.kept and report.after <= report.before
+
+
+def test_auto_escalates_to_every_parameter_when_the_scores_leave_a_residual():
+    """A model off in its FFN (A, w_o) by 1e-7: polishing W_h, u_h cannot mend it (residual above ESCALATE), so
+    "auto" goes on to every parameter, which does; "scores" stops there."""
+    from attnprobe.learners.transformer.polish import ESCALATE
+
+    t = random_multihead_transformer(6, 2, 8, outputs=2, bias=True, seed=21)
+    rng = np.random.default_rng(2)
+    noisy = replace(t, A=t.A + 1e-7 * rng.standard_normal(t.A.shape),
+                    w_o=t.w_o + 1e-7 * rng.standard_normal(t.w_o.shape))
+    _, scores_only = refine(Oracle(t, 6), noisy, np.random.default_rng(0), "scores")
+    assert [r["level"] for r in scores_only] == ["scores"] and scores_only[0]["after"] > ESCALATE
+    got, reports = refine(Oracle(t, 6), noisy, np.random.default_rng(0), "auto")
+    assert [r["level"] for r in reports] == ["scores", "all"] and reports[-1]["after"] < scores_only[0]["after"]
+
+
+def test_the_polish_leaves_the_checks_reserve_untouched():
+    """A budget that pays the scores' polish but not also the check's reserve: the polish is skipped, asking
+    nothing (the check would otherwise be refused for want of queries)."""
+    t = random_multihead_transformer(6, 2, 8, seed=0)
+    reserve = 40
+    oracle = Oracle(t, 6, budget=polish_sequences(t, "scores") + reserve - 1)
+    got, reports = refine(oracle, t, np.random.default_rng(0), "auto", reserve=reserve)
+    assert got is t and reports == [] and oracle.queries == 0
+    oracle = Oracle(t, 6, budget=polish_sequences(t, "scores") + reserve)
+    refine(oracle, t, np.random.default_rng(0), "scores", reserve=reserve)
+    assert oracle.queries == polish_sequences(t, "scores") and oracle.remaining == reserve

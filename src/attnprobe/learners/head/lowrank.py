@@ -44,7 +44,7 @@ CERTIFICATE_PROBES = 8
 #: calibration allowance MIN_CALIBRATION + d/8 queries: fewer than 3 probes per calibration step give scale
 #: estimates off by 10x or more (measured); the allowance must not depend on the rank (detection costs ≤ 2d more)
 MIN_CALIBRATION = 48
-#: default oversample for answers coarser than float64 (measured on MiniLM heads, docs/benchmarks.md)
+#: default oversample for answers coarser than float64 (measured on MiniLM heads, docs/benchmarks/lowrank.md)
 FLOAT32_OVERSAMPLE = 4
 
 
@@ -139,7 +139,7 @@ def _extract_lowrank(oracle, *, rank, oversample, bias, seed, extra_columns, tar
     oversample = check_int(oversample, "oversample", min_value=0, allow_none=True)
     extra_columns = check_int(extra_columns, "extra_columns", min_value=1)
     certificate = check_int(certificate, "certificate", min_value=0)
-    run = Run(oracle, "lowrank", seed=seed, check=check, check_lengths=check_lengths, progress=progress)
+    run = Run(oracle, "lowrank", scalar=True, seed=seed, check=check, check_lengths=check_lengths, progress=progress)
     P = default_oversample(oracle) if oversample is None else oversample
     allowance = MIN_CALIBRATION + d // 8  # the same with and without a given rank
     if rank is not None:  # up front: sketch + the most calibration and certificate can take + the check
@@ -243,9 +243,9 @@ def _choose_rank(M, eta, rank, extra_columns, notes):
                          "rounding (W may have a smaller rank, or the square sketch is ill-conditioned: oversample)")
     if r_hat == 0:
         raise RecoveryError("the range sketch shows no signal above the answers' rounding: W is 0 to the oracle's "
-                            "precision (or the probes are far too small, or the answers too coarse for the sketch: "
-                            "float16 and "
-                            "bfloat16 answers are, where the exact method still works); nothing low-rank to recover")
+                            "precision (or the probes are far too small, or the answers too coarse for the sketch, "
+                            "as float16 and bfloat16 answers are: the exact learner may read them, to the 10 % its "
+                            "check certifies there, or refuse them too); nothing low-rank to recover")
     return r_hat, r_num, sv, tol
 
 
@@ -334,7 +334,7 @@ def declared_noise(oracle) -> str:
         return ""
     from attnprobe.learners.core.registry import noise_learners
 
-    spec = getattr(getattr(oracle, "chain", None), "spec", None)
+    spec = oracle.chain.spec if oracle.chain is not None else None
     named = f"{spec!r} ({noise.additive()})" if spec else noise.additive()
     fits = ", ".join(noise_learners("head")) or "none installed"
     return (f"the answers carry the declared {named}, which the low-rank learner does not model (it allows their "

@@ -43,7 +43,7 @@ from attnprobe.learners.transformer.polish import check_how, refine
 from attnprobe.models.transformer import MultiHeadTransformer
 from attnprobe.oracles.base import Oracle
 
-METHOD = "transformer-multihead"  # the Run name: "transformer" is the scalar Sec. 4.1 learner
+METHOD = "transformer-regions"  # the learner "transformer", route regions (route paper: "transformer-paper")
 #: the functional check: fresh random sequences of every length 1..16 (longer than the regions' length-2 queries)
 CHECK_LENGTHS = tuple(range(1, 17))
 #: base of the far frames (every logit ≈ 10⁸·‖W_h β‖·‖w‖: saturated except next to a head's hyperplane)
@@ -216,9 +216,9 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
         raise ConfigError(f"the transformer learner needs float64 answers (its far frames subtract answers of size "
                           f"~10⁸); these are rounded at {oracle.eps:.2g} ({oracle.precision}). "
                           "For one head, a bias-free "
-                          "FFN and one output use the Sec. 4.1 route (extract_transformer)")
+                          "FFN and one output use the Sec. 4.1 route (extract_transformer)", param="precision")
     d = oracle.d
-    limit_norm = getattr(oracle, "max_input_norm", None)
+    limit_norm = oracle.max_input_norm
     if limit_norm is not None and limit_norm < 2 * FAR:
         raise ConfigError(f"the transformer learner saturates every head with tokens of norm up to {2 * FAR:.0e}; "
                           f"this oracle accepts inputs of norm at most {limit_norm:.3g}", param="max_input_norm")
