@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 from pathlib import Path
 
 from attnprobe.cli import answer_chain, hf, remote
@@ -71,7 +73,7 @@ def _plain_oracle_from_args(args, chain, precision, learner) -> Oracle:
                               "drop --d")
         return oracle
     if args.oracle:
-        if args.d is not None and learner.recovers == "head":
+        if args.d is not None and learner.recovers == "head" and not args.estimate:  # an estimate holds nothing
             refuse_memory(HEAD_BYTES_PER_D2 * args.d**2, f"extracting a d = {args.d} head")
         return oracle_from_spec(args.oracle, args.d, **kw)
     raise ConfigError("say what to extract: --oracle MODULE:ATTR --d D, --target FILE.npz or --hf-dir DIR --layer L")
@@ -107,7 +109,12 @@ def run(args) -> int:
         from attnprobe.oracles.hf_folder import check_model_dir
 
         check_model_dir(args.hf_dir)
-    plan_outputs(args.out, inputs, folders=[args.hf_dir])
+    folders = [args.hf_dir]
+    if args.hf_dir:  # its files, and the folders they live in through symlinks, are inputs too
+        files = [Path(args.hf_dir) / "config.json", Path(args.hf_dir) / "model.safetensors"]
+        inputs += files
+        folders += [Path(os.path.realpath(f)).parent for f in files]
+    plan_outputs(args.out, inputs, folders=folders)
     oracle = _oracle_from_args(args, chain, learner)
     track(args, oracle)
     progress = Progress(f"extract ({args.method})", enabled=not args.quiet)
@@ -165,6 +172,9 @@ def _print_estimate(args, oracle) -> int:
             f"{est.basis}; {assumed}); {oracle.queries} asked")
     if args.budget is not None and est.high > args.budget:
         line += f"; more than --budget {args.budget} may be needed"
+    if est.cost is not None and not math.isfinite(est.cost):
+        raise ConfigError(f"--price-per-1k {args.price_per_1k:g} makes the cost of {est.queries} queries overflow; "
+                          "give the price in a larger unit")
     if est.cost is not None:
         line += f"; cost about {est.cost:.4g} at {args.price_per_1k:g} per 1,000 queries"
     print(line)
