@@ -14,9 +14,12 @@ import os
 import signal
 import threading
 import time
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
+
+import numpy as np
 
 from attnprobe.audit.engines import ENGINES, signals_held
 from attnprobe.audit.tasks import HeadSpec, Task
@@ -238,14 +241,30 @@ def _claimed_files(entries: list[tuple[str, dict]]) -> dict[str, str]:
     return claimed
 
 
-def _free_name(task: Task, name: str, claimed: dict[str, str], out: Path, models: dict) -> str:
-    """``name``, or (when a journal record of another task names it, or a file the journal does not know is there)
-    a longer name with the defence and learner, then a number: a head file of another task, or a user's own file,
-    is never overwritten."""
+def _holds(path: Path, arrays: dict | None) -> bool:
+    """Whether ``path`` is a saved model holding exactly ``arrays`` (this task's own file, written before a kill cut
+    its journal line: the rerun computes the same arrays)."""
+    if arrays is None or not path.is_file():
+        return False
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            return set(saved.files) - {"kind"} == set(arrays) and all(
+                np.array_equal(saved[k], np.asarray(arrays[k])) for k in arrays)
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return False
+
+
+def _free_name(task: Task, name: str, claimed: dict[str, str], out: Path, models: dict,
+               arrays: dict | None = None) -> str:
+    """``name``, or (when a journal record of another task names it, or a file the journal does not know is there
+    and does not hold this task's arrays) a longer name with the defence and learner, then a number: a head file of
+    another task, or a user's own file, is never overwritten."""
     key = content_key(task_key(task), models)
 
     def free(n: str) -> bool:
-        return claimed.get(n, key) == key and (n in claimed or not (out / n).exists())
+        if claimed.get(n, key) != key:
+            return False
+        return n in claimed or not (out / n).exists() or _holds(out / n, arrays)
 
     if free(name):
         return name
@@ -354,10 +373,11 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
         rec["file"] = None
         if arrays is not None:
             task = tasks[i]
+            model = model_class(rec["kind"]).from_arrays(arrays)
             rec["file"] = _free_name(task, head_file(task, several, learners_per_defense[task.defense.name] > 1),
-                                     claimed, out, identity["models"])
+                                     claimed, out, identity["models"], model.arrays())
             claimed[rec["file"]] = content_key(task_key(task), identity["models"])
-            save_model(model_class(rec["kind"]).from_arrays(arrays), out / rec["file"])
+            save_model(model, out / rec["file"])
         done[0] += 1
         bar(done[0], len(tasks))
 
