@@ -137,8 +137,22 @@ def estimate_queries(method: str, d: int, *, rank: int | None = None, heads: int
             raise ConfigError("an FFN estimate needs the number of hidden units m", param="hidden")
         _refuse_coarse(precision, "the ReLU-network learner")
         return _ffn(d, hidden, outputs or 1, precision, bias, price_per_1k)
-    raise ConfigError(f"no query estimate for method {method!r}; estimates exist for exact, lowrank, multihead "
-                      "and ffn", param="method")
+    if method == "positional":
+        if heads is None:
+            raise ConfigError("a positional estimate needs the number of heads H", param="heads")
+        _refuse_coarse(precision, "the positional learner")
+        if precision == "float32":
+            raise ConfigError("the positional learner reads float64 answers; float32 answers would be refused, so "
+                              "there is nothing to estimate", param="precision")
+        from attnprobe.learners.positional.rope import CHECK_LENGTHS, positional_queries
+
+        head_dim = rank or d // heads
+        checks = check_queries(CHECK_LENGTHS) if check else 0
+        q = positional_queries(d, heads, head_dim, outputs=outputs) + checks
+        return Estimate(method, d, q, q, q, f"values 2d, the pair probe at 4 settings on ⌈K/H⌉ + 5 queries, logit "
+                        f"sketches 4d(d_h + 8) with d_h = {head_dim}, check {checks}", price_per_1k)
+    raise ConfigError(f"no query estimate for method {method!r}; estimates exist for exact, lowrank, multihead, "
+                      "ffn and positional", param="method")
 
 
 def _ffn(d: int, m: int, K: int, precision: str, bias: bool, price_per_1k: float | None) -> Estimate:

@@ -16,5 +16,5 @@ register(MultiHeadTransformer)
 register(PositionalAttention)
 
 __all__ = ["AttentionHead", "MultiHeadAttention", "HeadMatch", "match_heads", "ReLUNet", "OneLayerTransformer",
-           "MultiHeadTransformer", "PositionalAttention", "canonical_neurons", "neuron_errors", "as_batch", "load_model", "save_model",
-           "register", "PRECISIONS", "resolve_dtype", "unit_roundoff"]
+           "MultiHeadTransformer", "PositionalAttention", "canonical_neurons", "neuron_errors", "as_batch",
+           "load_model", "save_model", "register", "PRECISIONS", "resolve_dtype", "unit_roundoff"]
