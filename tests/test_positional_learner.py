@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from attnprobe.errors import RecoveryError, UnidentifiableError
-from attnprobe.learners.estimate import estimate_queries
+from attnprobe.learners.core.estimate import estimate_queries
 from attnprobe.learners.positional import extract_positional
 from attnprobe.learners.positional.rotation import RotaryFactors, factor_rotary
 from attnprobe.models.positional import PositionalAttention, rope_frequencies

@@ -29,8 +29,8 @@ import numpy as np
 from attnprobe.errors import RecoveryError, UnidentifiableError
 from attnprobe.learners.positional.heads import LEVELS, STEP, head_directions, match
 from attnprobe.learners.positional.rotation import factor_rotary
-from attnprobe.learners.probes import random_orthogonal
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.core.skeleton import Run
+from attnprobe.learners.head.probes import random_orthogonal
 from attnprobe.models.positional import PositionalAttention
 
 METHOD = "positional"
