@@ -25,8 +25,10 @@ def positional_estimate(setting) -> QueryCount:
     head_dim = setting.d // H
     checks = check_queries(CHECK_LENGTHS) if setting.check else 0
     q = positional_queries(setting.d, H, head_dim, outputs=setting.outputs) + checks
-    return QueryCount.exactly(q, f"values 2d, the pair probe at 4 settings on ⌈K/H⌉ + 5 queries, logit sketches "
-                                 f"4d(d_h + 8) with d_h = {head_dim}, check {checks}")
+    walk = positional_queries(setting.d, H, head_dim, outputs=setting.outputs, walk_only=True)
+    return QueryCount(q, q, q + walk, f"values 2d, the pair probe at 4 settings on ⌈K/H⌉ + 5 queries (up to twice "
+                                      f"when steps of the walk are halved), logit sketches 4d(d_h + 8) with d_h = "
+                                      f"{head_dim}, check {checks}")
 
 
 register("positional", _positional, recovers="positional",

@@ -35,13 +35,13 @@ from attnprobe.models.positional import PositionalAttention
 
 METHOD = "positional"
 #: offsets whose logit matrices are sketched (the two nearest give the pair bases; the far ones refine the angles)
-OFFSETS = (-1, -2, -3, -4, -6, -8, -16, -32, -64, -128, -255)
+OFFSETS = (-1, -2, -3, -4, -6, -8, -12, -16, -24, -32, -64)
 #: lengths of the functional check (up to the longest sequence the offsets cover)
 CHECK_LENGTHS = (1, 2, 8, 64, 256)
 #: sketch width beyond the head dimension
 OVERSAMPLE = 8
 #: query scales of the pair probe and the step between nearby queries
-SETTINGS, NEARBY = ((1.0, 0), (1.5, 0), (1.0, 8), (1.5, 8)), 0.6
+SETTINGS, NEARBY = ((1.0, 0), (1.5, 0), (1.0, 8), (1.5, 8)), 0.4
 #: target size of the median logit difference in the logits stage
 TARGET_LOGIT = 1.5
 #: the pair probe's change, relative to the answer, below which the logits do not depend on the offset (finite
@@ -79,13 +79,16 @@ def attention_weights(Pc: np.ndarray, G: np.ndarray, toks: np.ndarray, Y: np.nda
 
 
 def positional_queries(d: int, H: int, head_dim: int, *, outputs: int | None = None, heads_known: bool = True,
-                       offsets=OFFSETS, oversample: int = OVERSAMPLE) -> int:
+                       oversample: int = OVERSAMPLE, walk_only: bool = False) -> int:
     """Queries the learner asks (the check apart): values 2d; the pair probe, 2·LEVELS queries per direction and
     setting, on ``2H + 8`` directions at the first query (32 when H is not given) and ``H + 4`` at each of the
-    ``⌈K/H⌉ + 4`` queries of the walk; 8 to calibrate the logits, and the two sketches ``4d(d_h + oversample)``."""
+    ``⌈K/H⌉ + 4`` queries of the walk (``walk_only``: those alone); 8 to calibrate the logits, and the two
+    sketches ``4d(d_h + oversample)``."""
     K = outputs or d
     per = 2 * LEVELS * len(SETTINGS)
     first = min(d, 2 * (H if heads_known else 12) + 8)
+    if walk_only:  # the walk's queries (a halved step asks its query again)
+        return per * (H + 4) * (math.ceil(K / H) + 4)
     return 2 * d + per * first + per * (H + 4) * (math.ceil(K / H) + 4) + 8 + 4 * d * (head_dim + oversample)
 
 
@@ -138,10 +141,19 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
         z = z0
         for _ in range(n_near):  # a walk: each query near the last keeps the labels, the walk spans C_h well
             q = rng.standard_normal(d)
-            z = z + NEARBY * q * np.linalg.norm(z0) / np.linalg.norm(q)
-            z *= np.linalg.norm(z0) / np.linalg.norm(z)
-            W, _, _ = head_directions(layer, z, E, SETTINGS, eta, H, noise, rng)
-            dirs.append(match(dirs[-1], W))
+            step = NEARBY
+            while True:  # a step too long to keep the labels is halved (ambiguous matches are refused in match)
+                znew = z + step * q * np.linalg.norm(z0) / np.linalg.norm(q)
+                znew *= np.linalg.norm(z0) / np.linalg.norm(znew)
+                W, _, _ = head_directions(layer, znew, E, SETTINGS, eta, H, noise, rng)
+                try:
+                    dirs.append(match(dirs[-1], W))
+                    break
+                except RecoveryError:
+                    if step < NEARBY / 8:
+                        raise
+                    step /= 2
+            z = znew
     # 3. each head's output space C_h and values V_h = C_h G_h
     C = []
     for h in range(H):
