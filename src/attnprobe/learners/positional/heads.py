@@ -26,6 +26,8 @@ from attnprobe.errors import RecoveryError
 
 #: Richardson-extrapolated central differences: steps η, η/2, η/4 (error O(η⁶)), η relative to the token norm
 STEP, LEVELS = 1e-2, 3
+#: alternating least-squares rounds that polish Jennrich's directions on every setting at once
+CP_ROUNDS = 20
 #: largest ratio of the first dropped to the last kept singular value of the pair probe (measured 5e-10 on LLaMA
 #: layers in float64; with key/query biases there is no gap)
 GAP = 1e-5
@@ -92,9 +94,27 @@ def head_directions(layer, z: np.ndarray, E: np.ndarray, settings, eta: float, r
         raise RecoveryError("the heads did not separate at the zero-key probe (complex eigenvalues): the answers are "
                             "not those of bias-free RoPE heads (key or query biases, Qwen2-style, are not supported by "
                             "this learner yet) or two heads weigh their keys alike in every setting")
-    W = Ur @ best[1]
-    W /= np.linalg.norm(W, axis=0)
+    W = refine_directions(Ds, Ur @ best[1])
     return W, s, rank
+
+
+def refine_directions(Ds, W: np.ndarray, rounds: int = CP_ROUNDS) -> np.ndarray:
+    """Every ``D_i = W diag(c_i) Rᵀ`` (the columns ``V_h z``, the rows ``(B_h(−1) − B_h(−2))ᵀ z`` common, one scalar
+    per head and setting): alternating least squares on this rank-H decomposition of all the ``D`` at once, from
+    Jennrich's directions (which use two combinations of them only). Measured 1.1 … 3× closer to ``V_h z`` at
+    d = 128. Returns unit columns."""
+    H = W.shape[1]
+    R = np.linalg.lstsq(W, Ds[0], rcond=None)[0].T
+    C = np.ones((len(Ds), H))
+    for _ in range(rounds):
+        for i, D in enumerate(Ds):
+            C[i] = np.linalg.lstsq(np.einsum("kh,rh->krh", W, R).reshape(-1, H), D.reshape(-1), rcond=None)[0]
+        W = np.linalg.lstsq(np.concatenate([(R * c).T for c in C], axis=1).T, np.concatenate(Ds, axis=1).T,
+                            rcond=None)[0].T
+        R = np.linalg.lstsq(np.concatenate([W * c for c in C]), np.concatenate(Ds), rcond=None)[0].T
+        norm = np.linalg.norm(W, axis=0)
+        W, R = W / norm, R * norm
+    return W
 
 
 def match(ref: np.ndarray, W: np.ndarray) -> np.ndarray:
