@@ -139,7 +139,7 @@ def _extract_lowrank(oracle, *, rank, oversample, bias, seed, extra_columns, tar
     oversample = check_int(oversample, "oversample", min_value=0, allow_none=True)
     extra_columns = check_int(extra_columns, "extra_columns", min_value=1)
     certificate = check_int(certificate, "certificate", min_value=0)
-    run = Run(oracle, "lowrank", seed=seed, check=check, check_lengths=check_lengths, progress=progress)
+    run = Run(oracle, "lowrank", scalar=True, seed=seed, check=check, check_lengths=check_lengths, progress=progress)
     P = default_oversample(oracle) if oversample is None else oversample
     allowance = MIN_CALIBRATION + d // 8  # the same with and without a given rank
     if rank is not None:  # up front: sketch + the most calibration and certificate can take + the check
@@ -334,7 +334,7 @@ def declared_noise(oracle) -> str:
         return ""
     from attnprobe.learners.core.registry import noise_learners
 
-    spec = getattr(getattr(oracle, "chain", None), "spec", None)
+    spec = oracle.chain.spec if oracle.chain is not None else None
     named = f"{spec!r} ({noise.additive()})" if spec else noise.additive()
     fits = ", ".join(noise_learners("head")) or "none installed"
     return (f"the answers carry the declared {named}, which the low-rank learner does not model (it allows their "

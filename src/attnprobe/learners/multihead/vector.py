@@ -174,7 +174,7 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design, asked_befo
     eps = max(float(oracle.eps), 1e-16)
     coarse = eps > 1e-10
 
-    max_norm = getattr(oracle, "max_input_norm", None)
+    max_norm = oracle.max_input_norm
     rho_max = np.inf if max_norm is None else float(max_norm) / 3.0
     run.plan(planned_values(d), f"vector multi-head extraction at d={d} (values stage)", at_least=True)
     notes: list[str] = []
@@ -254,7 +254,7 @@ def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads,
                "differences": sep.count, "separation_misfit": sep.worst, "restarts": sep.restarts,
                "tokens_per_query": tokens,
                "smallest_attention": smallest, "head_rank": _ranks(V),
-               "largest_probe_norm": float(getattr(oracle, "max_input_norm_used", np.nan)), "check_scale": sep.s,
+               "largest_probe_norm": float(oracle.max_input_norm_used), "check_scale": sep.s,
                "planned": planned, "near_ties": ties}
     return run.finish(model, unknowns=MultiHeadAttention.unknowns(d, H, True, K), details=details, notes=notes,
                       check_scale=sep.s, hint=" (the layer is not a sum of softmax heads over whole output rows, or "
