@@ -55,7 +55,7 @@ def pair_jacobian(layer, z: np.ndarray, E: np.ndarray, eta: float, levels: int =
     return table[0].T
 
 
-def head_directions(layer, z: np.ndarray, E: np.ndarray, settings, eta: float, rank: int | None, noise: float,
+def head_directions(layer, z: np.ndarray, E: np.ndarray, *, settings, eta: float, rank: int | None, noise: float,
                     rng: np.random.Generator, floor: float = 0.0):
     """The heads' output directions ``V_h z`` (K, H) at query ``z`` from :func:`pair_jacobian` at several
     ``settings`` (query scale t, extra zero keys): every ``D`` shares the columns ``V_h z``, each head scaled by

@@ -115,113 +115,17 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     K = M.shape[0]
     if K < 2:
         raise UnidentifiableError("the positional learner reads whole output rows (K ≥ 2 outputs per sequence)")
-
-    def layer(X):
-        return oracle(X)
-
-    # 2. the pair probe: offset signal, head count and directions
-    z0 = rng.standard_normal(d)
-    E = random_orthogonal(d, rng)[: min(d, 2 * (heads or 12) + 8)]
-    eta = STEP * rho
-    base = np.linalg.norm(M @ z0)
     with run.phase("offsets"):
-        W0, s, H = head_directions(layer, z0, E, SETTINGS, eta, heads, noise, rng, floor=SIGNAL_FLOOR * base)
-    signal = float(s[0] / base) if base > 0 else 0.0
-    if W0 is None:
-        raise UnidentifiableError(f"the answers do not depend on the offset between positions (moving two keys apart "
-                                  f"changed the answer by {signal:.1e} of its size); use --method multihead")
-    if H >= min(K, len(E)):
-        raise RecoveryError(f"moving two keys apart changed the answer in {H} independent directions, more than a "
-                            "sum of softmax heads without biases shows; key or query biases (Qwen2-style) are not "
-                            "supported by this learner yet")
-    n_near = math.ceil(K / H) + 4
-    E = E[: H + 4]
-    dirs = [W0]
-    with run.phase("offsets"):
-        z = z0
-        for _ in range(n_near):  # a walk: each query near the last keeps the labels, the walk spans C_h well
-            q = rng.standard_normal(d)
-            step = NEARBY
-            while True:  # a step too long to keep the labels is halved (ambiguous matches are refused in match)
-                znew = z + step * q * np.linalg.norm(z0) / np.linalg.norm(q)
-                znew *= np.linalg.norm(z0) / np.linalg.norm(znew)
-                W, _, _ = head_directions(layer, znew, E, SETTINGS, eta, H, noise, rng)
-                try:
-                    dirs.append(match(dirs[-1], W))
-                    break
-                except RecoveryError:
-                    if step < NEARBY / 8:
-                        raise
-                    step /= 2
-            z = znew
-    # 3. each head's output space C_h and values V_h = C_h G_h
-    C = []
-    for h in range(H):
-        Uh, sh, _ = np.linalg.svd(np.stack([w[:, h] for w in dirs], axis=1), full_matrices=False)
-        C.append(Uh[:, sh > sh[0] * 1e-7])
-    dims = [x.shape[1] for x in C]
-    if len(set(dims)) != 1 or sum(dims) > K:
-        raise RecoveryError(f"the heads' output spaces have dimensions {dims} (sum {sum(dims)} for K = {K} outputs); "
-                            "they must be equal and fit in the output row")
-    dh = dims[0]
-    Cb = np.concatenate(C, axis=1)
-    Pc = np.linalg.pinv(Cb).reshape(H, dh, K)
-    G = Pc @ M  # (H, d_h, d): head h's token images
-    # 4. logits: calibrate the token scale, then the two sketches
-    offs = np.array(offsets)
-    m = len(offs)
-    if m + 1 > dh:
-        raise RecoveryError(f"{m} offsets need heads of dimension ≥ {m + 1}; this layer's heads have {dh}")
-    N = int(-offs.min()) + 1
-    pos = N - 1 + offs
-
-    def ask(Z, keys):
-        """Answers minus ``c`` (B, K) for queries ``Z (B, d)`` and key tokens ``keys (B, m, d)`` at ``offs``."""
-        chunk = max(1, BATCH_TOKENS // (N * d))
-        out = []
-        for i in range(0, len(Z), chunk):
-            X = np.zeros((len(Z[i:i + chunk]), N, d))
-            X[:, pos] = keys[i:i + chunk]
-            X[:, -1] = Z[i:i + chunk]
-            out.append(layer(X) - c)
-        return np.concatenate(out)
-
-    r = dh + oversample
+        dirs, signal = _pair_probe(oracle, M, rng, heads, noise)
+    H = dirs[0].shape[1]
+    Cb, G, dh = _output_spaces(dirs, M)
     with run.phase("logits"):
-        Zc = rng.standard_normal((8, d))
-        keys = rng.standard_normal((8, m, d))
-        toks = np.concatenate([keys, Zc[:, None]], axis=1)
-        alpha = attention_weights(Pc, G, toks, ask(Zc, keys))
-        la = np.log(alpha)
-        med = float(np.median(np.abs(la[..., :-1] - la[..., -1:])))
-        rho_l = float(np.clip(math.sqrt(TARGET_LOGIT / max(med, 1e-12)), 1e-3, 1e3))
-        Qb = random_orthogonal(d, rng)
-        Om = rng.standard_normal((m, r, d)) / math.sqrt(d)
-        Zs = rng.standard_normal((r, d)) / math.sqrt(d)
-        # (a) query basis q_i against keys ±Ω[k, a]; (b) random queries Z[a] against keys ±q_j (shifted per offset)
-        Za = np.repeat(Qb, r, axis=0) * rho_l  # (d·r, d)
-        Ka = np.tile(Om.transpose(1, 0, 2), (d, 1, 1)) * rho_l  # (d·r, m, d)
-        shift = (np.arange(d)[:, None] + np.arange(m)[None]) % d  # (d, m): basis index per key slot
-        Zb = np.repeat(Zs, d, axis=0) * rho_l  # (r·d, d)
-        Kb = np.tile(Qb[shift], (r, 1, 1)) * rho_l  # (r·d, m, d)
-        Zall = np.concatenate([Za, Za, Zb, Zb])
-        Kall = np.concatenate([Ka, -Ka, Kb, -Kb])
-        toks = np.concatenate([Kall, Zall[:, None]], axis=1)
-        Yall = ask(Zall, Kall)
-    alpha = attention_weights(Pc, G, toks, Yall)
-    la = np.log(alpha)
-    ell = la[..., :-1] - la[..., -1:]  # (B, H, m)
-    n_a, n_b = len(Za), len(Zb)
-    ea = (ell[:n_a] - ell[n_a:2 * n_a]) / (2 * rho_l**2)
-    eb = (ell[2 * n_a:2 * n_a + n_b] - ell[2 * n_a + n_b:]) / (2 * rho_l**2)
-    Xs = np.einsum("id,iahk->hkda", Qb, ea.reshape(d, r, H, m))  # (H, m, d, r): B(δ_k) Ω_kᵀ
-    Ys = np.einsum("jkd,ajhk->hkda", Qb[shift], eb.reshape(r, d, H, m))  # (H, m, d, r): B(δ_k)ᵀ Zᵀ
-    # 5. per head: shared spaces, rotation, factors
+        Xs, Ys, Om, rho_l = _sketches(oracle, rng, Cb, G, c, np.array(offsets), dh + oversample)
     Wq, Wk, thetas, steps = [], [], [], []
     for h in range(H):
         U = _basis(np.concatenate(list(Xs[h]), axis=1), dh)
         V = _basis(np.concatenate(list(Ys[h]), axis=1), dh)
-        Mk = {int(o): U.T @ Xs[h, k] @ np.linalg.pinv(V.T @ Om[k].T) for k, o in enumerate(offs)}
+        Mk = {int(o): U.T @ Xs[h, k] @ np.linalg.pinv(V.T @ Om[k].T) for k, o in enumerate(offsets)}
         f = factor_rotary(Mk, U, V, -1, -2)
         Wq.append(f.Q.T)
         Wk.append(f.K)
@@ -234,11 +138,113 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     spread = float(np.max(np.abs(thetas - theta) / theta))
     details = {"heads": H, "head_dim": dh, "offset_signal": signal, "offsets": list(offsets),
                "theta": theta.tolist(), "theta_spread": spread, "base_estimate": _base(theta),
-               "offset_change": steps, "token_scale": rho_l,  "kv_groups": _groups(model)}
+               "offset_change": steps, "token_scale": rho_l, "kv_groups": _groups(model)}
     notes = [f"offset dependence detected: moving two keys apart changed the answer by {signal:.1e} of its size; "
              f"‖B_h(−1) − B_h(0)‖/‖B_h(0)‖ = {min(steps):.2f} … {max(steps):.2f}"]
     unknowns = PositionalAttention.unknowns(d, H, len(set(details["kv_groups"])), dh, K)
     return run.finish(model, unknowns=unknowns, details=details, notes=notes)
+
+
+def _pair_probe(oracle, M, rng, heads, noise):
+    """Stage 2: the heads' directions ``V_h z`` along a walk of queries (:mod:`.heads`) and the offset signal;
+    refuses offset-free answers and answers with more directions than bias-free heads show."""
+    d, K = oracle.d, M.shape[0]
+    z0 = rng.standard_normal(d)
+    E = random_orthogonal(d, rng)[: min(d, 2 * (heads or 12) + 8)]
+    eta = STEP * math.sqrt(d)
+    base = np.linalg.norm(M @ z0)
+    W0, s, H = head_directions(oracle, z0, E, settings=SETTINGS, eta=eta, rank=heads, noise=noise, rng=rng,
+                                 floor=SIGNAL_FLOOR * base)
+    signal = float(s[0] / base) if base > 0 else 0.0
+    if W0 is None:
+        raise UnidentifiableError(f"the answers do not depend on the offset between positions (moving two keys apart "
+                                  f"changed the answer by {signal:.1e} of its size); use the multihead learner")
+    if H >= min(K, len(E)):
+        raise RecoveryError(f"moving two keys apart changed the answer in {H} independent directions, more than a "
+                            "sum of softmax heads without biases shows; key or query biases (Qwen2-style) are not "
+                            "supported by this learner yet")
+    E = E[: H + 4]
+    dirs = [W0]
+    z = z0
+    for _ in range(math.ceil(K / H) + 4):  # a walk: each query near the last keeps the labels and spans C_h well
+        q = rng.standard_normal(d)
+        step = NEARBY
+        while True:  # a step too long to keep the labels is halved (ambiguous matches are refused in match)
+            znew = z + step * q * np.linalg.norm(z0) / np.linalg.norm(q)
+            znew *= np.linalg.norm(z0) / np.linalg.norm(znew)
+            W, _, _ = head_directions(oracle, znew, E, settings=SETTINGS, eta=eta, rank=H, noise=noise, rng=rng)
+            try:
+                dirs.append(match(dirs[-1], W))
+                break
+            except RecoveryError:
+                if step < NEARBY / 8:
+                    raise
+                step /= 2
+        z = znew
+    return dirs, signal
+
+
+def _output_spaces(dirs, M):
+    """Stage 3: each head's output space ``C_h`` (the span of its directions), stacked ``Cb (K, H·d_h)``, and the
+    token images ``G_h`` with ``V_h = C_h G_h`` (the split of ``M``)."""
+    H, K = dirs[0].shape[1], M.shape[0]
+    C = []
+    for h in range(H):
+        Uh, sh, _ = np.linalg.svd(np.stack([w[:, h] for w in dirs], axis=1), full_matrices=False)
+        C.append(Uh[:, sh > sh[0] * 1e-7])
+    dims = [x.shape[1] for x in C]
+    if len(set(dims)) != 1 or sum(dims) > K:
+        raise RecoveryError(f"the heads' output spaces have dimensions {dims} (sum {sum(dims)} for K = {K} outputs); "
+                            "they must be equal and fit in the output row")
+    dh = dims[0]
+    Cb = np.concatenate(C, axis=1)
+    return Cb, np.linalg.pinv(Cb).reshape(H, dh, K) @ M, dh
+
+
+def _sketches(oracle, rng, Cb, G, c, offs, r):
+    """Stage 4: the token scale, then ``X_k = B_h(δ_k) Ω_kᵀ`` (a query basis against ``r`` random keys per offset)
+    and ``Y_k = B_h(δ_k)ᵀ Zᵀ`` (``r`` random queries against a key basis) for every head, from the log-ratios of
+    the weights solved in each head's coordinates. Returns ``Xs, Ys (H, m, d, r)``, ``Ω (m, r, d)``, the scale."""
+    d, K = oracle.d, Cb.shape[0]
+    H, dh = G.shape[:2]
+    m = len(offs)
+    if m + 1 > dh:
+        raise RecoveryError(f"{m} offsets need heads of dimension ≥ {m + 1}; this layer's heads have {dh}")
+    Pc = np.linalg.pinv(Cb).reshape(H, dh, K)
+    N = int(-offs.min()) + 1
+    pos = N - 1 + offs
+
+    def log_ratios(Z, keys):
+        """``log α_hk/α_hN`` (B, H, m) for queries ``Z (B, d)`` and keys ``keys (B, m, d)`` at the offsets."""
+        chunk = max(1, BATCH_TOKENS // (N * d))
+        out = []
+        for i in range(0, len(Z), chunk):
+            X = np.zeros((len(Z[i:i + chunk]), N, d))
+            X[:, pos] = keys[i:i + chunk]
+            X[:, -1] = Z[i:i + chunk]
+            out.append(oracle(X) - c)
+        toks = np.concatenate([keys, Z[:, None]], axis=1)
+        la = np.log(attention_weights(Pc, G, toks, np.concatenate(out)))
+        return la[..., :-1] - la[..., -1:]
+
+    med = float(np.median(np.abs(log_ratios(rng.standard_normal((8, d)), rng.standard_normal((8, m, d))))))
+    rho = float(np.clip(math.sqrt(TARGET_LOGIT / max(med, 1e-12)), 1e-3, 1e3))
+    Qb = random_orthogonal(d, rng)
+    Om = rng.standard_normal((m, r, d)) / math.sqrt(d)
+    Zs = rng.standard_normal((r, d)) / math.sqrt(d)
+    # (a) query basis q_i against keys ±Ω[k, a]; (b) random queries Z[a] against keys ±q_j (shifted per offset)
+    Za = np.repeat(Qb, r, axis=0) * rho  # (d·r, d)
+    Ka = np.tile(Om.transpose(1, 0, 2), (d, 1, 1)) * rho  # (d·r, m, d)
+    shift = (np.arange(d)[:, None] + np.arange(m)[None]) % d  # (d, m): basis index per key slot
+    Zb = np.repeat(Zs, d, axis=0) * rho  # (r·d, d)
+    Kb = np.tile(Qb[shift], (r, 1, 1)) * rho  # (r·d, m, d)
+    ell = log_ratios(np.concatenate([Za, Za, Zb, Zb]), np.concatenate([Ka, -Ka, Kb, -Kb]))  # (B, H, m)
+    n = d * r
+    ea = (ell[:n] - ell[n:2 * n]) / (2 * rho**2)
+    eb = (ell[2 * n:3 * n] - ell[3 * n:]) / (2 * rho**2)
+    Xs = np.einsum("id,iahk->hkda", Qb, ea.reshape(d, r, H, m))  # (H, m, d, r): B(δ_k) Ω_kᵀ
+    Ys = np.einsum("jkd,ajhk->hkda", Qb[shift], eb.reshape(r, d, H, m))  # (H, m, d, r): B(δ_k)ᵀ Zᵀ
+    return Xs, Ys, Om, rho
 
 
 def _basis(A: np.ndarray, rank: int) -> np.ndarray:
