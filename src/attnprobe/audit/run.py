@@ -122,16 +122,28 @@ def _holds_records(path: Path) -> bool:
 def refuse_other_journal(out: Path, identity: dict) -> None:
     """Refuse (one :class:`ConfigError`, nothing touched) a ``finished.jsonl`` in ``out`` written by an audit of
     another model or with other :data:`SETTINGS`: its tasks would be dropped, and with them its head files."""
+    what = _other_audit(out, identity)
+    if what == _NO_IDENTITY:
+        raise ConfigError(f"{out / JOURNAL} holds finished tasks but no readable identity line (cut short or "
+                          "damaged): they cannot be told to be of these weights and settings; give --fresh to replace "
+                          "it, or another --out folder")
+    if what:
+        raise ConfigError(f"{out / JOURNAL} records an audit {what}; give --fresh to replace it, or another "
+                          "--out folder")
+
+
+#: what :func:`_other_audit` says of a journal with records but no readable identity line
+_NO_IDENTITY = "with no readable identity line"
+
+
+def _other_audit(out: Path, identity: dict) -> str | None:
+    """How the audit ``out/finished.jsonl`` records differs from this one (None: the same, or no journal)."""
     path = out / JOURNAL
     if not path.is_file():
-        return
+        return None
     theirs = _journal_identity(path)
     if theirs is None:
-        if _holds_records(path):  # identity line cut or damaged: its records cannot be matched to these weights
-            raise ConfigError(f"{path} holds finished tasks but no readable identity line (cut short or damaged): "
-                              "they cannot be told to be of these weights and settings; give --fresh to replace "
-                              "it, or another --out folder")
-        return
+        return _NO_IDENTITY if _holds_records(path) else None  # cut or damaged: its records cannot be matched
     what = []
     if _weights(theirs.get("models")) != _weights(identity["models"]):  # by content: a moved file is the same
         what.append(f"of other weights ({_described(theirs.get('models'))} there, {_described(identity['models'])} "
@@ -140,9 +152,7 @@ def refuse_other_journal(out: Path, identity: dict) -> None:
     if differ:
         what.append("with other " + ", ".join(f"{k} ({_listed(theirs.get('settings', {}).get(k))} there, "
                                               f"{_listed(identity['settings'][k])} here)" for k in differ))
-    if what:
-        raise ConfigError(f"{path} records an audit {' and '.join(what)}; give --fresh to replace it, or another "
-                          "--out folder")
+    return " and ".join(what) or None
 
 
 def _weights(models) -> list[str] | None:
@@ -255,7 +265,7 @@ def _journal(out: Path, task: Task, rec: dict, identity: dict) -> None:
     path = out / JOURNAL
     new, size = not path.exists(), None
     try:
-        with open(path, "ab+") as f:
+        with open(path, "ab+", opener=_no_symlink) as f:
             size = f.seek(0, os.SEEK_END)
             head = b""
             if size == 0:
@@ -277,6 +287,23 @@ def _journal(out: Path, task: Task, rec: dict, identity: dict) -> None:
         raise ConfigError(f"cannot record a finished task in {path} ({exc.strerror or exc}); the audit stopped, "
                           "the tasks recorded before are kept: make room (disk space, file-size limit) and rerun the "
                           "same command to resume") from None
+
+
+def _no_symlink(path, flags):
+    """``open``'s opener that refuses to follow a symlink at the last step (the journal is never written through
+    one: it could point at any file)."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o666)
+
+
+def refuse_odd_files(out: Path) -> None:
+    """Refuse (one :class:`ConfigError`, before any task runs) an ``out`` folder where the audit's own names are
+    taken by something it cannot write as intended: a symlink (it could point anywhere), a folder, a FIFO."""
+    for name, folder in ((JOURNAL, False), ("results.json", False), ("report.html", False), ("heads", True)):
+        p = out / name
+        if p.is_symlink() or (p.exists() and not (p.is_dir() if folder else p.is_file())):
+            what = "a symlink" if p.is_symlink() else "not a folder" if folder else "not a regular file"
+            raise ConfigError(f"{p} is {what}, where the audit writes {'its head files' if folder else 'its ' + name}: "
+                              "move it away or give another --out folder")
 
 
 def _forget_written(out: Path, entries: list[tuple[str, dict]]) -> None:
@@ -304,16 +331,18 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
         reachable(address)
     out = Path(out)
     identity = audit_identity(tasks)
+    refuse_odd_files(out)
     if resume:
         refuse_other_journal(out, identity)
     (out / "heads").mkdir(parents=True, exist_ok=True)
     several = len({t.defense.name for t in tasks}) > 1
     learners_per_defense = {name: len({t.learner for t in tasks if t.defense.name == name})
                             for name in {t.defense.name for t in tasks}}
-    if not resume:
+    if not resume and _other_audit(out, identity):  # --fresh over another audit: what it wrote is replaced
         _forget_written(out, _journal_entries(out))
     entries = _journal_entries(out)
-    reused = _finished(out, tasks, entries, identity["models"])
+    # --fresh over the same audit redoes this run's tasks (in their old files) and keeps every other record
+    reused = _finished(out, tasks, entries, identity["models"]) if resume else {}
     claimed = _claimed_files(entries)
     todo = [i for i in range(len(tasks)) if i not in reused]
     bar = Progress(f"audit ({engine})", enabled=progress, delay=0.0, unit="task")
