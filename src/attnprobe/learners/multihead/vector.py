@@ -253,8 +253,8 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design, asked_befo
         raise UnidentifiableError(f"two-row answers are affine in the input (nonlinear part {ratio:.1e} of the "
                                   "linear one at the largest probe norm): no head's attention depends on the input")
     try:
-        return _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads, design, tokens, notes,
-                                   K, d)
+        return _separate_and_learn(oracle, run, layer, rng, rho, ratio=ratio, eps=eps, coarse=coarse, heads=heads,
+                                   design=design, tokens=tokens, notes=notes, K=K, d=d)
     except (RecoveryError, UnidentifiableError) as exc:
         if not bounded:
             raise
@@ -264,7 +264,7 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design, asked_befo
                         "the heads separate") from exc
 
 
-def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads, design, tokens, notes, K, d):
+def _separate_and_learn(oracle, run, layer, rng, rho, *, ratio, eps, coarse, heads, design, tokens, notes, K, d):
     """Separation, logits and the head check of :func:`_extract`, once the token norm ``rho`` is calibrated."""
     from attnprobe.models.multihead import MultiHeadAttention
 
@@ -376,7 +376,7 @@ class _Separation:
     """Stage 3: the heads' value vectors ``w_h = V_h δ`` along many differences δ, on the design plane
     ``b = b_0 + Z t`` (module docstring); ``H`` and ``n`` (design points per δ) are set after :meth:`detect`."""
 
-    def __init__(self, layer, rng, rho, eps, coarse, length=2, rows=False):
+    def __init__(self, layer, rng, rho, eps, coarse, *, length=2, rows=False):
         d = layer.M.shape[1]
         self.layer, self.rng, self.eps, self.coarse, self.d = layer, rng, eps, coarse, d
         #: tokens of the progressions ``[b; b + δ; …]`` (2: two-row queries) and whether every row is read (else the
