@@ -122,7 +122,8 @@ def _print_estimate(args, oracle) -> int:
         est = estimate_queries(args.method, oracle.d, rank=getattr(args, "rank", None),
                                heads=getattr(args, "heads", None), hidden=getattr(args, "hidden", None),
                                outputs=oracle.outputs, precision=oracle.precision or "float64",
-                               bias=not getattr(args, "no_bias", False), price_per_1k=args.price_per_1k)
+                               bias=not getattr(args, "no_bias", False), price_per_1k=args.price_per_1k,
+                               activation=getattr(args, "activation", None))
     except ConfigError as exc:
         flag = {"rank": "--rank", "heads": "--heads", "hidden": "--hidden"}.get(exc.param)
         raise ConfigError(f"--estimate: {exc} (give {flag})" if flag else str(exc)) from exc

@@ -88,11 +88,13 @@ def _refuse_coarse(precision: str, learner: str) -> None:
 
 def estimate_queries(method: str, d: int, *, rank: int | None = None, heads: int | None = None,
                      hidden: int | None = None, outputs: int | None = None, precision: str = "float64",
-                     bias: bool = True, check: bool = True, price_per_1k: float | None = None) -> Estimate:
+                     bias: bool = True, check: bool = True, price_per_1k: float | None = None,
+                     activation: str | None = None) -> Estimate:
     """The queries ``method`` will ask at width ``d`` (``rank``: lowrank and scalar multihead; ``heads``: multihead;
     ``hidden``: ffn; ``outputs``: the K numbers each answer holds, declared: K ≥ 2 makes ``multihead`` the
     vector-answer learner, None means undeclared, i.e. one number, and a multi-head run then spends one query
-    telling scalars from vectors); asks nothing. Raises :class:`ConfigError` naming the missing parameter."""
+    telling scalars from vectors; ``activation``: ffn with a smooth activation is the smooth learner's plan); asks
+    nothing. Raises :class:`ConfigError` naming the missing parameter."""
     checks = check_queries() if check else 0
     if method == "exact":
         unknowns = AttentionHead.unknowns(d, bias)
@@ -135,6 +137,10 @@ def estimate_queries(method: str, d: int, *, rank: int | None = None, heads: int
     if method == "ffn":
         if hidden is None:
             raise ConfigError("an FFN estimate needs the number of hidden units m", param="hidden")
+        if activation not in (None, "relu"):
+            from attnprobe.learners.smooth_ffn.learner import smooth_estimate
+
+            return smooth_estimate(d, hidden, outputs or 1, activation, price_per_1k)
         _refuse_coarse(precision, "the ReLU-network learner")
         return _ffn(d, hidden, outputs or 1, precision, bias, price_per_1k)
     raise ConfigError(f"no query estimate for method {method!r}; estimates exist for exact, lowrank, multihead "

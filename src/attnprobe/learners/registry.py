@@ -331,11 +331,12 @@ def _transformer(oracle, *, seed, progress, probes, sign_time_limit, transformer
     return extract_transformer_multihead(oracle, seed=seed, progress=progress, sign_time_limit=sign_time_limit)
 
 
-def _ffn(oracle, *, seed, progress, no_bias, sign_time_limit, hidden):
-    from attnprobe.learners.ffn import extract_ffn
+def _ffn(oracle, *, seed, progress, no_bias, sign_time_limit, hidden, activation):
+    """ReLU (critical points) or smooth (GELU, tanh-GELU, SiLU: derivatives), as given or read from the answers."""
+    from attnprobe.learners.smooth_ffn.dispatch import extract_ffn_any
 
-    return extract_ffn(oracle, seed=seed, progress=progress, sign_time_limit=sign_time_limit, bias=not no_bias,
-                       hidden=hidden)
+    return extract_ffn_any(oracle, seed=seed, progress=progress, activation=activation, hidden=hidden,
+                           bias=not no_bias, sign_time_limit=sign_time_limit)
 
 
 def load_subspaces(path, d: int) -> list:
@@ -418,10 +419,13 @@ register("transformer", _transformer, recovers="transformer",
                   Option("probes", str, "paper route: probe design of W, as for exact (default orthogonal)",
                          choices=_HEAD_PROBES), _SIGN_TIME])
 register("ffn", _ffn, recovers="relu_net", capabilities=Capabilities(fine_answers=True, vector_answers=True),
-         help="Sec. 4.1: a ReLU network from length-1 queries (critical points)",
+         help="Sec. 4.1: a ReLU network from length-1 queries (critical points); smooth FFNs (GELU, tanh-GELU, "
+              "SiLU) from derivatives of the answers, the activation detected or given",
          options=[_NO_BIAS, _SIGN_TIME,
-                  Option("hidden", int, "hidden width if known (neurons no answer shows are then reported as "
-                         "unidentifiable)", low=1, metavar="M")])
+                  Option("hidden", int, "hidden width if known (ReLU: neurons no answer shows are then reported as "
+                         "unidentifiable; smooth: skips the width search)", low=1, metavar="M"),
+                  Option("activation", str, "the FFN's activation (default: read from the answers)",
+                         choices=("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"))])
 register("multihead", _multihead, recovers="multi_head", capabilities=Capabilities(vector_answers=True),
          help="Sec. 7, App. C: every head of a multi-head layer, up to permutation",
          options=[_NO_BIAS, Option("heads", int, "number of heads (detected when omitted)", low=1, metavar="H"),

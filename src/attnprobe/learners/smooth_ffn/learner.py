@@ -39,9 +39,9 @@ DIRECTION_FACTOR = 1.3
 #: widths tried when the hidden width is not given (the first-derivative rank must show a drop below the grid)
 FIRST_GUESS = 64
 #: Gauss–Newton on the answers: rounds and LSMR iterations per round
-GN_ROUNDS, GN_ITERATIONS = 8, 100
-#: answers for the output layer and Gauss–Newton: enough rows for twice the unknowns
-ANSWER_FACTOR = 2.0
+GN_ROUNDS, GN_ITERATIONS = 8, 300
+#: answers for the output layer and Gauss–Newton: enough rows for four times the unknowns
+ANSWER_FACTOR = 4.0
 #: largest hidden width searched for when it is not given
 MAX_WIDTH = 8192
 
@@ -54,6 +54,21 @@ def plan(d: int, K: int, m: int, check: int = 0) -> dict[str, int]:
     answers = max(2 * m + 8, math.ceil(ANSWER_FACTOR * unknowns / K))
     return {"step": step_queries(), "width": 2 * C * n, "factors": 4 * C * SECOND_DIRECTIONS * n,
             "directions": 4 * C * d * DIRECTION_POINTS, "answers": answers, "check": check}
+
+
+def smooth_estimate(d: int, m: int, K: int, activation: str, price_per_1k: float | None = None):
+    """The smooth learner's queries at hidden width m (given: no width search) by phase; the width search adds
+    about the ``width`` phase again at each doubling from :data:`FIRST_GUESS` when m is not given."""
+    from attnprobe.learners.estimate import Estimate
+    from attnprobe.learners.smooth_ffn.dispatch import GATED
+
+    if activation in GATED:
+        raise ConfigError(f"gated units ({activation}) are not learned yet; there is nothing to estimate",
+                          param="activation")
+    parts = plan(d, K, m, check=64)
+    total = sum(parts.values())
+    basis = ", ".join(f"{k} {v}" for k, v in parts.items()) + f" (K = {K} outputs per answer)"
+    return Estimate("ffn", d, total, total, total, basis, price_per_1k)
 
 
 def _directions(K: int, m: int) -> int:
@@ -110,6 +125,8 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
             guess *= 2
             run.plan(run.queries + sum(plan(d, K, guess).values()), f"the smooth FFN learner at m ≥ {guess}",
                      at_least=True)
+    C, n = _directions(K, m), _points(m)  # the grid the width search ended on may be larger than m needs
+    U, X, D1 = U[:C], X[:n], D1[:, :C, :n]
     if K * C < m or n < m:
         raise ConfigError(f"hidden width {m} needs K·C ≥ m and n ≥ m; got K·C = {K * C}, n = {n}")
     run.report(run.queries + sum(plan(d, K, m).values()) - plan(d, K, m)["width"] - plan(d, K, m)["step"])
@@ -138,14 +155,14 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
         Xa = scale * rng.standard_normal((N, d))
         Ya = ask(Xa)
     W2, b2 = output_layer(Xa, Ya, W1, b1, act, bias)
-    (W1, b1, W2, b2), history = gauss_newton(Xa, Ya, (W1, b1, W2, b2), act, bias, rounds=polish_rounds,
+    (W1, b1, W2, b2), history, used = gauss_newton(Xa, Ya, (W1, b1, W2, b2), act, bias, rounds=polish_rounds,
                                              iterations=GN_ITERATIONS)
     model = SmoothFFN(W1, b1, W2, b2, name)
     details = {"seed": seed, "bias": bool(bias), "outputs": K, "hidden": int(m), "width_drop": drop,
                "activation": name, "activation_detected": activation is None, "activation_fit": scores,
                "step": h, "step_error": fd_error, "directions_C": C, "second_directions_E": SECOND_DIRECTIONS,
                "points": n, "answers": N, **sep, "curve_fit_worst": float(np.max(fit["res"])),
-               "polish_residuals": history, "queries_per_unknown": run.queries / unknowns}
+               "polish_residuals": history, "polish_iterations": used, "queries_per_unknown": run.queries / unknowns}
     notes = [f"neurons are recovered up to their order only (a smooth {name} has no scale or sign symmetry)"]
     check_model = model if ask.vector else _Scalar(model)
     return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_model=check_model,
