@@ -15,6 +15,7 @@ register(MultiHeadAttention)
 register(MultiHeadTransformer)
 register(SmoothFFN)
 
-__all__ = ["AttentionHead", "MultiHeadAttention", "HeadMatch", "match_heads", "ReLUNet", "SmoothFFN", "OneLayerTransformer",
+__all__ = ["AttentionHead", "MultiHeadAttention", "HeadMatch", "match_heads", "ReLUNet", "SmoothFFN",
+           "OneLayerTransformer",
            "MultiHeadTransformer", "canonical_neurons", "neuron_errors", "as_batch", "load_model", "save_model",
            "register", "PRECISIONS", "resolve_dtype", "unit_roundoff"]

@@ -34,6 +34,8 @@ SECOND_DIRECTIONS = 4
 DIRECTION_POINTS = 3
 #: points beyond the hidden width: n = ⌈POINT_FACTOR·m⌉ + POINT_EXTRA
 POINT_FACTOR, POINT_EXTRA = 1.25, 8
+#: ... and at least this many (the per-neuron curve fits read them)
+POINT_MIN = 64
 #: K·C ≥ DIRECTION_FACTOR·m (+1 direction)
 DIRECTION_FACTOR = 1.3
 #: widths tried when the hidden width is not given (the first-derivative rank must show a drop below the grid)
@@ -76,7 +78,7 @@ def _directions(K: int, m: int) -> int:
 
 
 def _points(m: int) -> int:
-    return math.ceil(POINT_FACTOR * m) + POINT_EXTRA
+    return max(POINT_MIN, math.ceil(POINT_FACTOR * m) + POINT_EXTRA)
 
 
 def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, hidden: int | None = None,
@@ -126,14 +128,14 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
             run.plan(run.queries + sum(plan(d, K, guess).values()), f"the smooth FFN learner at m ≥ {guess}",
                      at_least=True)
     C, n = _directions(K, m), _points(m)  # the grid the width search ended on may be larger than m needs
-    U, X, D1 = U[:C], X[:n], D1[:, :C, :n]
+    U, D1 = U[:C], D1[:, :C, :]  # every point's first derivatives feed the curve fits; n of them the factors
     if K * C < m or n < m:
         raise ConfigError(f"hidden width {m} needs K·C ≥ m and n ≥ m; got K·C = {K * C}, n = {n}")
     run.report(run.queries + sum(plan(d, K, m).values()) - plan(d, K, m)["width"] - plan(d, K, m)["step"])
     with run.phase("factors"):
         V = rng.standard_normal((SECOND_DIRECTIONS, d))
         V /= np.linalg.norm(V, axis=1, keepdims=True)
-        T = second_derivatives(ask, X, U, V, h)
+        T = second_derivatives(ask, X[:n], U, V, h)
     A, sep = factors(T.reshape(K * C, SECOND_DIRECTIONS, n), m, rng)
     Ap = np.linalg.pinv(A)
     w2_dirs, _ = split_factors(A, K, C)
@@ -142,7 +144,7 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
         Td = second_derivatives(ask, Xs, U, np.eye(d), h)  # (K, C, d, points)
     Z = np.einsum("ma,adp->pmd", Ap, Td.reshape(K * C, d, DIRECTION_POINTS))
     W1_dirs = directions(Z)
-    p = Ap @ D1.reshape(K * C, n)
+    p = Ap @ D1.reshape(K * C, -1)
     t = W1_dirs @ X.T
     candidates = (activation,) if activation else tuple(ACTIVATIONS)
     name, fit, scores = pick_activation(p, t, bias, rng, candidates)
