@@ -8,7 +8,7 @@ import pytest
 from attnprobe.cli import main
 from attnprobe.errors import ConfigError
 from attnprobe.learners import registry
-from attnprobe.learners.estimate import estimate_queries
+from attnprobe.learners.core.estimate import estimate_queries
 from attnprobe.learners.smooth_ffn import extract_smooth_ffn
 from attnprobe.learners.smooth_ffn.dispatch import extract_ffn_any
 from attnprobe.models import load_model, save_model

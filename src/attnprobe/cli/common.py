@@ -20,8 +20,10 @@ def print_summary(res, out=None) -> None:
     print(f"method {res.method}  d={res.d}  queries {res.queries} for {res.unknowns} unknowns "
           f"({per:.4f} per unknown)  {res.seconds:.2f} s")
     if res.check is not None:
-        print(f"functional check: relative error {res.check.error:.3e} on {res.check.queries} fresh sequences "
-              f"of lengths {list(res.check.lengths)}")
+        replayed = (res.details.get("oracle") or {}).get("check_answered_by") == "the query log (replay)"
+        which, by = ("", " answered by the query log (replay, not asked afresh)") if replayed else ("fresh ", "")
+        print(f"functional check: relative error {res.check.error:.3e} on {res.check.queries} {which}sequences "
+              f"of lengths {list(res.check.lengths)}{by}")
     for note in res.notes:
         print(f"note: {note}")
     if out:
@@ -93,8 +95,18 @@ def same_file(a: Path, b: Path) -> bool:
 TEMP_NAME_EXTRA = 16
 
 
-def plan_outputs(out, inputs=(), flag: str = "--out") -> tuple[Path, Path]:
-    """OUT.npz and OUT.json for ``--out``, checked before any query is asked (:func:`plan_file`)."""
+def inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it (through symlinks and relative spellings)."""
+    try:
+        p, f = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    except (OSError, ValueError):
+        return False
+    return p == f or f in p.parents
+
+
+def plan_outputs(out, inputs=(), flag: str = "--out", folders=()) -> tuple[Path, Path]:
+    """OUT.npz and OUT.json for ``--out``, checked before any query is asked (:func:`plan_file`; ``folders``:
+    input folders, such as a Hugging Face model folder, where no output may go)."""
     from attnprobe.models.io import npz_path
 
     text = str(out)
@@ -107,13 +119,18 @@ def plan_outputs(out, inputs=(), flag: str = "--out") -> tuple[Path, Path]:
     except ConfigError:
         raise ConfigError(f"{flag} names the .npz file of the result (a JSON summary goes beside it); "
                           f"got {out}") from None
-    return plan_file(npz, inputs, flag), plan_file(npz.with_suffix(".json"), inputs, flag)
+    return plan_file(npz, inputs, flag, folders), plan_file(npz.with_suffix(".json"), inputs, flag, folders)
 
 
-def plan_file(path, inputs=(), flag: str = "--out") -> Path:
+def plan_file(path, inputs=(), flag: str = "--out", folders=()) -> Path:
     """Refuse an output ``path`` that is one of the run's ``inputs`` (the target file, the oracle's module, the
-    query log), an existing folder or special file, or in a folder that cannot take a new file."""
+    query log) or lies in one of its input ``folders``, an existing folder or special file, or in a folder that
+    cannot take a new file."""
     path = Path(path)
+    for folder in folders:
+        if folder is not None and inside(path, Path(folder)):
+            raise ConfigError(f"{flag} {path} is inside the input folder {folder}, whose files it could overwrite; "
+                              "write the result outside it")
     for inp in inputs:
         if inp is not None and same_file(path, Path(inp)):
             raise ConfigError(f"{flag} would overwrite the input {inp} (as {path}); choose another path")
@@ -210,8 +227,9 @@ def check_outcome(res, kept: bool = False) -> CheckFailedError | None:
     if res.passed is not False:
         return None
     chk = res.check
+    said = ("the recovered model is not certified: " if chk.verdict == "uncertified"
+            else "the recovered model does not describe the oracle: ")
     return CheckFailedError(
-        f"the recovered model does not describe the oracle: functional check error {chk.error:.3e} > tolerance "
-        f"{chk.tolerance:.1e} on {chk.queries} fresh queries; "
+        said + chk.describe() + "; "
         + ("written anyway (--keep-failed; the JSON says passed: false)" if kept
            else "nothing written (--keep-failed writes it anyway)"))

@@ -28,6 +28,9 @@ def oracle_from_args(args, kw: dict):
     from attnprobe.oracles.hf_folder import check_model_dir
 
     check_model_dir(args.hf_dir)
+    from attnprobe.targets.hf import hf_checkpoint
+
+    hf_checkpoint(args.hf_dir)  # a config.json whose layer count the weights do not hold is refused before torch
     if args.dtype not in DTYPES:
         raise ConfigError(f"--hf-dir runs the module in float64 or float32; got --dtype {args.dtype}")
     if args.outputs is not None:

@@ -66,6 +66,10 @@ def _innermost(fn):
     return fn
 
 
+#: a row norm within this relative rounding of ``max_input_norm`` is within it (a probe scaled to the bound has a
+#: norm a few ulps above it once computed)
+NORM_ROUNDING = 1e-12
+
 class Oracle:
     """Wraps a callable ``fn(X) -> y`` with ``X`` of shape (B, N, d) and ``y`` of shape (B,) or (B, K).
 
@@ -145,10 +149,14 @@ class Oracle:
         largest of the precision's machine epsilon (declared or detected), twice the relative rounding the
         answer chain declares (``noise.rel_eps`` is a unit roundoff) and ``eps_floor``. Reading it asks
         nothing unless the precision is ``"auto"`` and still undecided."""
-        floor = max(machine_epsilon(self._precision or "float64"), 2.0 * self.noise.rel_eps, self.eps_floor)
+        floor = self._declared_eps()
         if self.detector is not None and self._detected():
             return max(floor, self.detector.eps)
         return floor
+
+    def _declared_eps(self) -> float:
+        """The rounding floor the oracle declares (no answer read): precision, chain rounding, ``eps_floor``."""
+        return max(machine_epsilon(self._precision or "float64"), 2.0 * self.noise.rel_eps, self.eps_floor)
 
     def _detected(self) -> bool:
         """``precision="auto"``: when precision is needed before enough answers were seen, ask a few."""
@@ -202,7 +210,7 @@ class Oracle:
             return
         top = _max_row_norm(X)
         limit = self._max_input_norm
-        if limit is not None and top > limit:
+        if limit is not None and top > limit * (1 + NORM_ROUNDING):
             norms = np.linalg.norm(X, axis=-1)
             b, n = np.unravel_index(int(np.argmax(norms)), norms.shape)
             raise InputNormError(f"a probe row has norm {top:.4g} (sequence {b}, row {n} of a batch of shape "
@@ -263,7 +271,7 @@ class Oracle:
         if not log.verified:  # a resumed log: is it this oracle's? (a new or replayed one needs no check)
             if len(log) and not log.readonly:
                 with self.phase("log check"):
-                    log.verify(self._ask_again, self.noise)
+                    log.verify(self._ask_again, self.noise, self._declared_eps())
             log.verified = True
         if self._fresh and not log.readonly:
             y = self._ask_paid(X)

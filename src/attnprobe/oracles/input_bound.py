@@ -38,6 +38,12 @@ def ladder(up_to: float, start: float = 1.0, factor: float = 10.0) -> np.ndarray
 
 def clipping_norm(oracle, up_to: float, *, seed: int = 0, start: float = 1.0, factor: float = 10.0
                   ) -> float | None:
+    """The norm at which ``oracle`` clips its input rows (:func:`read_clipping`), or ``None``."""
+    return read_clipping(oracle, up_to, seed=seed, start=start, factor=factor)[0]
+
+
+def read_clipping(oracle, up_to: float, *, seed: int = 0, start: float = 1.0, factor: float = 10.0
+                  ) -> tuple[float | None, float | None, float | None]:
     """The norm at which ``oracle`` clips its input rows, estimated from length-1 answers (``None`` when the
     answers stay affine in the norm up to ``up_to``).
 
@@ -46,6 +52,9 @@ def clipping_norm(oracle, up_to: float, *, seed: int = 0, start: float = 1.0, fa
     estimate is exact up to rounding; for other clamps (e.g. per entry) it is the norm of the clamped row's
     effect along that direction. Only meaningful for attention targets (the length-1 answer is affine in its
     row; a ReLU network's is not). A clamp below ``start`` is reported as ≈ ``start``.
+
+    Returns ``(R, affine, moved)``: the estimate (None: no clamp seen), the largest rung whose answer was still
+    affine (None: not even the first) and the first rung where it was not (None: no clamp seen).
     """
     up_to = check_float(up_to, "up_to", min_value=0.0, strict_min=True)
     limit = oracle.max_input_norm
@@ -62,25 +71,64 @@ def clipping_norm(oracle, up_to: float, *, seed: int = 0, start: float = 1.0, fa
     slope = rise / norms[:, None]
     ref = np.linalg.norm(slope[0])
     if ref == 0:
-        return None  # this direction carries no signal: nothing to read (a zero layer clips nothing visible)
+        return None, None, None  # this direction carries no signal: nothing to read (a zero layer clips nothing)
     size = (np.linalg.norm(y[1:], axis=1) + np.linalg.norm(c)) / norms  # rounding of each slope, in units of eps
     noise = ROUNDINGS * oracle.eps * (size + size[0]) / ref
     moved = np.linalg.norm(slope - slope[0], axis=1) / ref
     clipped = moved > np.maximum(DEVIATION, noise)
     if not clipped.any():
-        return None
-    return float(np.linalg.norm(rise[-1]) / ref)
+        return None, None, None
+    first = int(np.argmax(clipped))
+    affine = float(norms[first - 1]) if first > 0 else None
+    return float(np.linalg.norm(rise[-1]) / ref), affine, float(norms[first])
+
+
+def round_down(x: float, digits: int = 3, slack: float = 1e-6) -> float:
+    """``x`` to ``digits`` significant digits, not above ``x`` by more than its relative ``slack`` (an estimate
+    read from rounded answers; 2.9999999 is 3): a bound printed for the user to give back."""
+    if not (x > 0 and math.isfinite(x)):
+        return x
+    top = x * (1 + slack)
+    scale = 10.0 ** (math.floor(math.log10(top)) - digits + 1)
+    steps = math.floor(top / scale)
+    while steps > 0 and float(f"{steps * scale:.{digits}g}") > top:
+        steps -= 1
+    return float(f"{steps * scale:.{digits}g}")
+
+
+def _bound_to_give(oracle, R: float, affine: float | None, moved: float, seed: int) -> tuple[float, bool]:
+    """The bound to suggest and whether the clamp is a clean bound on the row norm: the estimate ``R`` when the
+    answers are affine up to it (one more ladder, a few queries, reads that), else the last rung seen affine (a
+    clamp of another kind: per entry, smooth), else a tenth of the first rung; rounded down."""
+    from attnprobe.errors import AttnprobeError
+
+    if R < moved:
+        try:
+            clean = read_clipping(oracle, round_down(R), seed=seed)[0] is None
+        except AttnprobeError:  # the budget or the oracle gave out: the estimate stands unverified
+            clean = True
+        if clean:
+            return round_down(R), True
+    return round_down(affine if affine is not None else moved / 10), False
+
+
+def _where(bound: float, clean: bool, affine: float | None, moved: float) -> str:
+    if clean:
+        return f"at norm ≈ {bound:.3g} (its length-1 answers stop growing linearly there"
+    return (f"below norm {moved:.3g} (its length-1 answers grow linearly up to norm {affine or 0:.3g} and not "
+            "beyond: not a clean bound on the row norm")
 
 
 def refuse_clipping(oracle, up_to: float, *, seed: int = 0) -> None:
     """Raise :class:`~attnprobe.errors.InputNormError` ("the oracle clips inputs at norm ≈ R") when the answers
     show that ``oracle`` clips rows shorter than ``up_to`` (the largest probe norm a learner plans)."""
-    R = clipping_norm(oracle, up_to, seed=seed)
+    R, affine, moved = read_clipping(oracle, up_to, seed=seed)
     if R is not None:
-        raise InputNormError(f"the oracle clips inputs at norm ≈ {R:.3g} (its length-1 answers stop growing "
-                             f"linearly there; probes up to norm {float(up_to):.3g} were planned); give that bound "
-                             "as the 'max_input_norm' parameter and use a learner that keeps its probes within it",
-                             limit=R)
+        bound, clean = _bound_to_give(oracle, R, affine, moved, seed)
+        raise InputNormError(f"the oracle clips inputs {_where(bound, clean, affine, moved)}; probes up to norm "
+                             f"{float(up_to):.3g} were "
+                             f"planned); give at most {bound:.3g} as the 'max_input_norm' parameter and use a learner "
+                             "that keeps its probes within it", limit=bound)
 
 
 def diagnose_clipping(oracle, *, seed: int = 0) -> InputNormError | None:
@@ -97,12 +145,13 @@ def diagnose_clipping(oracle, *, seed: int = 0) -> InputNormError | None:
         return None
     try:
         oracle.require(len(ladder(used)) + 1, "reading whether the oracle clips its inputs")
-        R = clipping_norm(oracle, used, seed=seed)
+        R, affine, moved = read_clipping(oracle, used, seed=seed)
     except AttnprobeError:
         return None
-    if R is None or R >= used:
+    if R is None or R >= used:  # no clamp below the rows sent: the failure is not blamed on clipping
         return None
-    return InputNormError(f"the oracle clips inputs at norm ≈ {R:.3g} (its length-1 answers stop growing "
-                          f"linearly there) but this run sent rows of norm up to {used:.3g}, so its answers were "
-                          "not those of the assumed model; give that bound as the 'max_input_norm' parameter and "
-                          "use a learner that keeps its probes within it", norm=used, limit=R)
+    bound, clean = _bound_to_give(oracle, R, affine, moved, seed)
+    return InputNormError(f"the oracle clips inputs {_where(bound, clean, affine, moved)}) but this run sent rows "
+                          f"of norm up to {used:.3g}, so its answers were not those of the assumed model; give at most "
+                          f"{bound:.3g} as the 'max_input_norm' parameter and use a learner that keeps its probes "
+                          "within it", norm=used, limit=bound)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from attnprobe.errors import ConfigError, RecoveryError, SaturationError
-from attnprobe.learners.exact import extract_exact
-from attnprobe.learners.result import Extraction
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.head.exact import extract_exact
+from attnprobe.learners.core.result import Extraction
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.models.attention import AttentionHead
 from attnprobe.models.multihead import MultiHeadAttention
 from attnprobe.oracles.subspace import restrict_to_subspace
@@ -31,14 +31,15 @@ def as_bases(subspaces, d: int) -> list[np.ndarray]:
     else:
         bases = [np.asarray(E, dtype=np.float64) for E in subspaces]
     if not bases:
-        raise ConfigError("give at least one subspace")
+        raise ConfigError("give at least one subspace", param="subspaces")
     for h, E in enumerate(bases):
         if E.ndim != 2 or E.shape[0] != d or not 1 <= E.shape[1] <= d:
-            raise ConfigError(f"subspace {h} must be a (d, d_h) basis with d = {d}; got shape {E.shape}")
+            raise ConfigError(f"subspace {h} must be a (d, d_h) basis with d = {d}; got shape {E.shape}",
+                              param="subspaces")
     E = np.concatenate(bases, axis=1).astype(np.float64)
     if E.shape[1] > d:
         raise ConfigError(f"the subspaces have total dimension {E.shape[1]} > d = {d}: they cannot be mutually "
-                          "orthogonal")
+                          "orthogonal", param="subspaces")
     gap = np.abs(E.T @ E - np.eye(E.shape[1])).max()
     if gap > ORTHOGONALITY_TOL:
         raise ConfigError(f"the subspace bases are not orthonormal and mutually orthogonal (max |EᵀE − I| = "
@@ -104,3 +105,25 @@ def extract_multihead_subspaces(oracle, subspaces, *, bias: bool = True, seed: i
     details["query_bound"] = MultiHeadAttention.query_bound(model.d, model.H)
     return run.finish(model, unknowns=planned - (len(bases) - 1) * int(bias), details=details,
                       hint=" (heads in the given mutually orthogonal subspaces, Prop. C.2)")
+
+
+def load_subspaces(path, d: int) -> list:
+    """Head subspace bases (Prop. C.2) from an ``.npz`` file: an array ``subspaces`` (or ``E``) of shape
+    ``(H, d, d_h)``, or one ``(d, d_h)`` array per head (in file order). Read through the safe loader (a regular
+    file, real numbers, headers checked before anything is decompressed) and refused above ``8·d²`` numbers
+    (``Σ d_h ≤ d``) or when the file is a saved model."""
+    from attnprobe.models.io import load_arrays
+
+    arrays = load_arrays(path, max_bytes=8 * 8 * d * d + 4096, what="subspaces file")
+    if "kind" in arrays:
+        raise ConfigError(f"{path} is a saved {arrays['kind']} model, not head subspaces; give an .npz with an "
+                          "(H, d, d_h) array named 'subspaces'", param="subspaces")
+    for key in ("subspaces", "E"):
+        if key in arrays:
+            if arrays[key].ndim != 3:
+                raise ConfigError(f"the {key!r} array of {path} has shape {arrays[key].shape}; it must be (H, d, d_h)",
+                                  param="subspaces")
+            return list(arrays[key])
+    if not arrays:
+        raise ConfigError(f"{path} holds no arrays; save an (H, d, d_h) array named 'subspaces'", param="subspaces")
+    return list(arrays.values())

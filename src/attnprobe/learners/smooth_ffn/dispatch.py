@@ -62,6 +62,19 @@ def extract_ffn_any(oracle, *, seed: int = 0, progress=None, activation: str | N
     return _with_test(res, test, oracle.queries - before - res.queries - (res.check.queries if res.check else 0))
 
 
+def ffn_any_estimate(s, relu_estimate):
+    """``--estimate`` for ``--method ffn``: the smooth learner's plan for a smooth activation, refused for gated
+    units, else ``relu_estimate`` (the ReLU learner's; also taken when the activation is not given)."""
+    act = s.option("activation")
+    if act in GATED:
+        raise _gated_refusal(f"activation {act}")
+    if act in ACTIVATIONS:
+        from attnprobe.learners.smooth_ffn.learner import smooth_estimate
+
+        return smooth_estimate(s)
+    return relu_estimate(s)
+
+
 def _with_test(res, test: dict, spent: int):
     """The detection's queries and findings added to the result (its phases still sum to its queries)."""
     if test:

@@ -20,7 +20,8 @@ import numpy as np
 
 from attnprobe._validation import check_int, check_option
 from attnprobe.errors import ConfigError, UnidentifiableError
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.core.estimate import QueryCount, Setting
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.learners.smooth_ffn.decompose import factors, hidden_width, split_factors
 from attnprobe.learners.smooth_ffn.derivatives import (Asker, choose_step, first_derivatives, second_derivatives,
                                                        step_queries)
@@ -44,6 +45,8 @@ FIRST_GUESS = 64
 GN_ROUNDS, GN_ITERATIONS = 8, 300
 #: answers for the output layer and Gauss–Newton: enough rows for four times the unknowns
 ANSWER_FACTOR = 4.0
+#: fresh length-1 inputs of the functional check
+CHECK_QUERIES = 64
 #: largest hidden width searched for when it is not given
 MAX_WIDTH = 8192
 
@@ -58,19 +61,19 @@ def plan(d: int, K: int, m: int, check: int = 0) -> dict[str, int]:
             "directions": 4 * C * d * DIRECTION_POINTS, "answers": answers, "check": check}
 
 
-def smooth_estimate(d: int, m: int, K: int, activation: str, price_per_1k: float | None = None):
-    """The smooth learner's queries at hidden width m (given: no width search) by phase; the width search adds
-    about the ``width`` phase again at each doubling from :data:`FIRST_GUESS` when m is not given."""
-    from attnprobe.learners.estimate import Estimate
-    from attnprobe.learners.smooth_ffn.dispatch import GATED
+def smooth_estimate(s: Setting) -> QueryCount:
+    """The smooth learner's queries at hidden width m by phase (:func:`plan`), exact when ``hidden`` and the
+    activation are given; without ``hidden`` the width search adds its first-derivative grids (the ``width``
+    phase at each doubling from :data:`FIRST_GUESS`), and without the activation its test adds 92."""
+    from attnprobe.learners.smooth_ffn.detect import test_queries
 
-    if activation in GATED:
-        raise ConfigError(f"gated units ({activation}) are not learned yet; there is nothing to estimate",
-                          param="activation")
-    parts = plan(d, K, m, check=64)
-    total = sum(parts.values())
-    basis = ", ".join(f"{k} {v}" for k, v in parts.items()) + f" (K = {K} outputs per answer)"
-    return Estimate("ffn", d, total, total, total, basis, price_per_1k)
+    m = s.needs("hidden", "an FFN estimate needs the number of hidden units m")
+    K = s.outputs or 1
+    parts = plan(s.d, K, m, check=CHECK_QUERIES if s.check else 0)
+    total = sum(parts.values()) + (0 if s.option("activation") else test_queries())
+    basis = ", ".join(f"{k} {v}" for k, v in parts.items()) + f" (K = {K} outputs per answer" + (
+        "" if s.outputs else ", undeclared: give --outputs") + ")"
+    return QueryCount.exactly(total, basis)
 
 
 def _directions(K: int, m: int) -> int:
@@ -97,7 +100,8 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
     if not (np.isfinite(scale) and scale > 0):
         raise ConfigError(f"The 'scale' parameter must be a finite number > 0; got {scale}", param="scale")
     d = oracle.d
-    run = Run(oracle, "ffn", seed=seed, check=check, check_lengths=(1,), check_per_length=64, progress=progress)
+    run = Run(oracle, "ffn", seed=seed, check=check, check_lengths=(1,), check_per_length=CHECK_QUERIES,
+              progress=progress)
     rng = run.rng
     ask = Asker(oracle, reserve=run.check_queries)
     with run.phase("step"):
