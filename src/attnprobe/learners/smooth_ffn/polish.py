@@ -43,7 +43,7 @@ def gauss_newton(X: np.ndarray, Y: np.ndarray, params: tuple, act: Activation, b
     history = [float(np.linalg.norm(R)) / scale_y]
     used: list[int] = []
     for _ in range(rounds):
-        step = _step(X, R, W1, b1, W2, act, bias, iterations)
+        step = _step(X, R, W1, b1, W2, act, bias=bias, iterations=iterations)
         used.append(step[4])
         trial = (W1 + step[0], b1 + step[1], W2 + step[2], b2 + step[3])
         R_new = Y - forward(X, *trial, act)
@@ -58,7 +58,7 @@ def gauss_newton(X: np.ndarray, Y: np.ndarray, params: tuple, act: Activation, b
     return (W1, b1, W2, b2), history, used
 
 
-def _step(X, R, W1, b1, W2, act: Activation, bias: bool, iterations: int):
+def _step(X, R, W1, b1, W2, act: Activation, *, bias: bool, iterations: int):
     """One Gauss–Newton step by LSMR, preconditioned: the second layer's columns ``[σ(A), 1]`` orthonormalised
     (QR), each neuron's first-layer block ``w2_i σ'(a_i) [x, 1]`` whitened by its own Cholesky factor (or scaled
     to unit columns when the blocks would cost more than :data:`BLOCK_WORK`)."""
