@@ -49,7 +49,7 @@ class Asker:
             self.outputs = Y.shape[1]
         elif Y.shape[1] != self.outputs:
             raise ConfigError(f"the oracle answered {Y.shape[1]} outputs after {self.outputs}; an FFN answers a "
-                              "fixed number K of outputs per input")
+                              "fixed number K of outputs per input", param="oracle")
         return Y
 
 

@@ -1,4 +1,4 @@
-"""``--method ffn``: the ReLU learner (critical points) or the smooth learner, as the activation says.
+"""The ``ffn`` learner: the ReLU learner (critical points) or the smooth learner, as the activation says.
 
 The activation is given (``relu``, ``gelu``, ``gelu_tanh``, ``silu``) or read from the answers
 (:mod:`.detect`: bends at most points → smooth; the smooth learner then picks GELU, tanh-GELU or SiLU by fit).
@@ -15,7 +15,7 @@ from attnprobe.learners.smooth_ffn.detect import growth, smooth_bends
 from attnprobe.models.smooth_ffn import ACTIVATIONS
 
 GATED = ("swiglu", "geglu")
-#: every ``--activation`` value
+#: every value of the activation option
 CHOICES = ("relu", *ACTIVATIONS, *GATED)
 #: growth exponent above which the units are taken to be gated (1 plain, 2 gated)
 GATED_GROWTH = 1.5
@@ -63,7 +63,7 @@ def extract_ffn_any(oracle, *, seed: int = 0, progress=None, activation: str | N
 
 
 def ffn_any_estimate(s, relu_estimate):
-    """``--estimate`` for ``--method ffn``: the smooth learner's plan for a smooth activation, refused for gated
+    """The ``ffn`` learner's query estimate: the smooth learner's plan for a smooth activation, refused for gated
     units, else ``relu_estimate`` (the ReLU learner's; also taken when the activation is not given)."""
     act = s.option("activation")
     if act in GATED:

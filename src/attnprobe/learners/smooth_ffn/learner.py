@@ -72,7 +72,7 @@ def smooth_estimate(s: Setting) -> QueryCount:
     parts = plan(s.d, K, m, check=CHECK_QUERIES if s.check else 0)
     total = sum(parts.values()) + (0 if s.option("activation") else test_queries())
     basis = ", ".join(f"{k} {v}" for k, v in parts.items()) + f" (K = {K} outputs per answer" + (
-        "" if s.outputs else ", undeclared: give --outputs") + ")"
+        "" if s.outputs else ", undeclared: declare the outputs K") + ")"
     return QueryCount.exactly(total, basis)
 
 
@@ -127,14 +127,14 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
                 break
             if guess >= MAX_WIDTH:
                 raise UnidentifiableError(f"the first derivatives show no hidden width up to {MAX_WIDTH} (largest "
-                                          f"drop of their singular values {drop:.1f}); give --hidden M")
+                                          f"drop of their singular values {drop:.1f}); give the hidden width")
             guess *= 2
             run.plan(run.queries + sum(plan(d, K, guess).values()), f"the smooth FFN learner at m ≥ {guess}",
                      at_least=True)
     C, n = _directions(K, m), _points(m)  # the grid the width search ended on may be larger than m needs
     U, D1 = U[:C], D1[:, :C, :]  # every point's first derivatives feed the curve fits; n of them the factors
     if K * C < m or n < m:
-        raise ConfigError(f"hidden width {m} needs K·C ≥ m and n ≥ m; got K·C = {K * C}, n = {n}")
+        raise ConfigError(f"hidden width {m} needs K·C ≥ m and n ≥ m; got K·C = {K * C}, n = {n}", param="hidden")
     run.report(run.queries + sum(plan(d, K, m).values()) - plan(d, K, m)["width"] - plan(d, K, m)["step"])
     with run.phase("factors"):
         V = rng.standard_normal((SECOND_DIRECTIONS, d))
