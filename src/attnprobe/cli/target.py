@@ -20,8 +20,11 @@ def _refuse_options(args) -> None:
         raise ConfigError(f"--zero-v {args.zero_v} asks for more zero entries of v than its d = {args.d} entries; "
                           f"give at most {args.d}")
     multihead_tf = args.kind == "transformer" and args.heads is not None
-    if args.outputs is not None and args.kind != "relu" and not multihead_tf:
-        raise ConfigError(f"--outputs is for target relu and transformer --heads; drop it for target {args.kind}")
+    if args.outputs is not None and args.kind not in ("relu", "smooth-ffn") and not multihead_tf:
+        raise ConfigError(f"--outputs is for target relu, smooth-ffn and transformer --heads; drop it for target "
+                          f"{args.kind}")
+    if args.activation is not None and args.kind != "smooth-ffn":
+        raise ConfigError(f"--activation is for target smooth-ffn; drop it for target {args.kind}")
     if args.residual and not multihead_tf:
         raise ConfigError("--residual is for target transformer --heads; drop it or give --heads")
 
@@ -36,7 +39,7 @@ def run(args) -> int:
     if args.model_dir is not None:
         raise ConfigError("--model-dir goes with target hf-attention")
     row = 0 if args.row is None else args.row
-    if args.kind not in ("minilm", "minilm-layer"):
+    if args.kind not in ("minilm", "minilm-layer", "minilm-ffn"):
         refuse_memory(TARGET_BYTES_PER_D2 * args.d * max(args.d, args.m or 0), f"a random target of width {args.d}")
     if args.kind == "random":
         from attnprobe.targets import random_head
@@ -59,6 +62,15 @@ def run(args) -> int:
                  random_relu_net(args.d, m, seed=args.seed, bias=args.relu_bias, outputs=args.outputs))
     elif args.kind == "multihead":
         return _multihead(args)
+    elif args.kind == "smooth-ffn":
+        from attnprobe.targets import random_smooth_ffn
+
+        model = random_smooth_ffn(args.d, 4 * args.d if args.m is None else args.m, args.outputs,
+                                  activation=args.activation or "gelu", bias=not args.no_bias, seed=args.seed)
+    elif args.kind == "minilm-ffn":
+        from attnprobe.targets import minilm_ffn
+
+        model = minilm_ffn(args.layer)
     elif args.kind == "minilm-layer":
         from attnprobe.targets import minilm_layer
 
@@ -98,11 +110,14 @@ def _multihead(args) -> int:
 def add_parser(sub) -> None:
     t = sub.add_parser("target", help="save a ready-made target model to a file")
     t.add_argument("kind", choices=["random", "minilm", "minilm-layer", "transformer", "relu", "multihead",
-                                    "hf-attention"])
+                                    "hf-attention", "smooth-ffn", "minilm-ffn"])
     t.add_argument("--model-dir", metavar="DIR",
                    help="hf-attention: a Hugging Face BERT-family model folder (config.json, model.safetensors)")
     t.add_argument("--d", type=positive_int, default=16)
-    t.add_argument("--m", type=positive_int, help="transformer/relu: hidden width of the FFN (default d)")
+    t.add_argument("--m", type=positive_int, help="transformer/relu: hidden width of the FFN (default d; smooth-ffn: "
+                                                  "4d)")
+    t.add_argument("--activation", choices=["gelu", "gelu_tanh", "silu"],
+                   help="smooth-ffn: the activation (default gelu); its biases go with --no-bias")
     t.add_argument("--rank", type=positive_int)
     t.add_argument("--heads", type=positive_int,
                    help="multihead: number of heads H; transformer: H heads, FFN biases (--no-bias: none), "
@@ -116,7 +131,7 @@ def add_parser(sub) -> None:
     t.add_argument("--no-bias", action="store_true")
     t.add_argument("--relu-bias", action="store_true", help="relu: hidden biases b and output bias c")
     t.add_argument("--outputs", type=positive_int, metavar="K",
-                   help="relu / transformer --heads: K outputs per input (w_o of shape m×K)")
+                   help="relu / transformer --heads: K outputs per input (w_o of shape m×K); smooth-ffn: K (default d)")
     t.add_argument("--layer", type=nonneg_int, default=0)
     t.add_argument("--head", type=nonneg_int, default=0)
     t.add_argument("--row", type=nonneg_int,

@@ -6,6 +6,7 @@ from attnprobe.models.io import load_model, register, save_model
 from attnprobe.models.multihead import HeadMatch, MultiHeadAttention, match_heads
 from attnprobe.models.positional import PositionalAttention
 from attnprobe.models.precision import PRECISIONS, resolve_dtype, unit_roundoff
+from attnprobe.models.smooth_ffn import SmoothFFN
 from attnprobe.models.transformer import MultiHeadTransformer, OneLayerTransformer
 
 register(AttentionHead)
@@ -14,7 +15,8 @@ register(OneLayerTransformer)
 register(MultiHeadAttention)
 register(MultiHeadTransformer)
 register(PositionalAttention)
+register(SmoothFFN)
 
-__all__ = ["AttentionHead", "MultiHeadAttention", "HeadMatch", "match_heads", "ReLUNet", "OneLayerTransformer",
-           "MultiHeadTransformer", "PositionalAttention", "canonical_neurons", "neuron_errors", "as_batch",
-           "load_model", "save_model", "register", "PRECISIONS", "resolve_dtype", "unit_roundoff"]
+__all__ = ["AttentionHead", "MultiHeadAttention", "HeadMatch", "match_heads", "ReLUNet", "SmoothFFN",
+           "OneLayerTransformer", "MultiHeadTransformer", "PositionalAttention", "canonical_neurons", "neuron_errors",
+           "as_batch", "load_model", "save_model", "register", "PRECISIONS", "resolve_dtype", "unit_roundoff"]

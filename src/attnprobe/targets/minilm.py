@@ -79,3 +79,19 @@ def minilm_torch_layer(layer: int = 0, output_row: int = 0, dtype=None):
             lin.weight.copy_(torch.as_tensor(np.asarray(t[f"{pre}.{name}.weight"]), dtype=dtype))
             lin.bias.copy_(torch.as_tensor(np.asarray(t[f"{pre}.{name}.bias"]), dtype=dtype))
     return mod.eval()
+
+
+def minilm_ffn(layer: int = 2, dtype: str = "float64"):
+    """The real GELU FFN of one MiniLM-L6 layer as a :class:`~attnprobe.models.smooth_ffn.SmoothFFN`:
+    ``intermediate.dense`` (384 → 1536, exact erf GELU) then ``output.dense`` (1536 → 384), before the residual
+    and the LayerNorm, in float64 unless ``dtype``."""
+    from attnprobe.models.smooth_ffn import SmoothFFN
+
+    _check_index(layer, 0)
+    t = _tensors()
+    pre = f"encoder.layer.{layer}"
+    arr = {name: np.asarray(t[f"{pre}.{name}"], dtype=np.float64)
+           for name in ("intermediate.dense.weight", "intermediate.dense.bias", "output.dense.weight",
+                        "output.dense.bias")}
+    return SmoothFFN(arr["intermediate.dense.weight"], arr["intermediate.dense.bias"], arr["output.dense.weight"],
+                     arr["output.dense.bias"], "gelu", dtype)

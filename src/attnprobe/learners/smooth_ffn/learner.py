@@ -1,0 +1,185 @@
+"""``extract_smooth_ffn``: a smooth FFN ``y = W2 σ(W1 x + b1) + b2`` from length-1 vector answers.
+
+Phases (each charged to its own query count): ``step`` (the finite-difference step), ``width`` (first
+derivatives along C directions at n points: the hidden width m as their rank, and later each neuron's σ'
+curve), ``factors`` (second derivatives along C × E direction pairs at the same points: Jennrich's
+simultaneous diagonalisation gives the fixed factors ``w2_i ⊗ U w1_i``, :mod:`.decompose`), ``directions``
+(second derivatives along every coordinate at a few points: ``w1_i``'s direction, :mod:`.neurons`), then no
+queries for the per-neuron curve fits (scale, bias, activation), and ``answers`` (plain answers at fresh points:
+the second layer by least squares and Gauss–Newton on all parameters, :mod:`.polish`).
+
+Works for any hidden width m with ``m ≤ K·C`` (C grows with m) — m above the input width d and above the
+output count K included — because the points, not the outputs, carry the neurons apart.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from attnprobe._validation import check_int, check_option
+from attnprobe.errors import ConfigError, UnidentifiableError
+from attnprobe.learners.core.estimate import QueryCount, Setting
+from attnprobe.learners.core.skeleton import Run
+from attnprobe.learners.smooth_ffn.decompose import factors, hidden_width, split_factors
+from attnprobe.learners.smooth_ffn.derivatives import (Asker, choose_step, first_derivatives, second_derivatives,
+                                                       step_queries)
+from attnprobe.learners.smooth_ffn.neurons import directions, pick_activation
+from attnprobe.learners.smooth_ffn.polish import gauss_newton, output_layer
+from attnprobe.models.smooth_ffn import ACTIVATIONS, SmoothFFN, activation as get_activation
+
+#: second directions E of the factor array (mixtures of E slices are diagonalised)
+SECOND_DIRECTIONS = 4
+#: points at which ``w1``'s direction is read (each costs 4·C·d queries)
+DIRECTION_POINTS = 3
+#: points beyond the hidden width: n = ⌈POINT_FACTOR·m⌉ + POINT_EXTRA
+POINT_FACTOR, POINT_EXTRA = 1.25, 8
+#: ... and at least this many (the per-neuron curve fits read them)
+POINT_MIN = 64
+#: K·C ≥ DIRECTION_FACTOR·m (+1 direction)
+DIRECTION_FACTOR = 1.3
+#: widths tried when the hidden width is not given (the first-derivative rank must show a drop below the grid)
+FIRST_GUESS = 64
+#: Gauss–Newton on the answers: rounds and LSMR iterations per round
+GN_ROUNDS, GN_ITERATIONS = 8, 300
+#: answers for the output layer and Gauss–Newton: enough rows for four times the unknowns
+ANSWER_FACTOR = 4.0
+#: fresh length-1 inputs of the functional check
+CHECK_QUERIES = 64
+#: largest hidden width searched for when it is not given
+MAX_WIDTH = 8192
+
+
+def plan(d: int, K: int, m: int, check: int = 0) -> dict[str, int]:
+    """Queries of each phase for hidden width m (the width search not counted)."""
+    C = _directions(K, m)
+    n = _points(m)
+    unknowns = SmoothFFN.unknowns(d, m, K)
+    answers = max(2 * m + 8, math.ceil(ANSWER_FACTOR * unknowns / K))
+    return {"step": step_queries(), "width": 2 * C * n, "factors": 4 * C * SECOND_DIRECTIONS * n,
+            "directions": 4 * C * d * DIRECTION_POINTS, "answers": answers, "check": check}
+
+
+def smooth_estimate(s: Setting) -> QueryCount:
+    """The smooth learner's queries at hidden width m by phase (:func:`plan`), exact when ``hidden`` and the
+    activation are given; without ``hidden`` the width search adds its first-derivative grids (the ``width``
+    phase at each doubling from :data:`FIRST_GUESS`), and without the activation its test adds 92."""
+    from attnprobe.learners.smooth_ffn.detect import test_queries
+
+    m = s.needs("hidden", "an FFN estimate needs the number of hidden units m")
+    K = s.outputs or 1
+    parts = plan(s.d, K, m, check=CHECK_QUERIES if s.check else 0)
+    total = sum(parts.values()) + (0 if s.option("activation") else test_queries())
+    basis = ", ".join(f"{k} {v}" for k, v in parts.items()) + f" (K = {K} outputs per answer" + (
+        "" if s.outputs else ", undeclared: declare the outputs K") + ")"
+    return QueryCount.exactly(total, basis)
+
+
+def _directions(K: int, m: int) -> int:
+    return max(2, math.ceil(DIRECTION_FACTOR * m / K) + 1)
+
+
+def _points(m: int) -> int:
+    return max(POINT_MIN, math.ceil(POINT_FACTOR * m) + POINT_EXTRA)
+
+
+def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, hidden: int | None = None,
+                       bias: bool = True, scale: float = 1.0, check: bool = True, progress=None,
+                       polish_rounds: int = GN_ROUNDS) -> object:
+    """Recover ``y = W2 σ(W1 x + b1) + b2`` (σ GELU, tanh-GELU or SiLU; K ≥ 1 outputs) from length-1 queries.
+
+    ``activation``: one of :data:`~attnprobe.models.smooth_ffn.ACTIVATIONS` or None (the best fit of all);
+    ``hidden``: the hidden width m if known (else read off the first derivatives' rank, doubling the grid until
+    it shows); ``bias``: learn ``b1, b2`` (else both are 0); ``scale``: the inputs' standard deviation per
+    coordinate (points are drawn N(0, scale²)). The result is unique up to the order of the neurons.
+    """
+    check_option(activation, "activation", (None, *ACTIVATIONS))
+    check_int(hidden, "hidden", min_value=1, allow_none=True)
+    check_int(polish_rounds, "polish_rounds", min_value=0)
+    if not (np.isfinite(scale) and scale > 0):
+        raise ConfigError(f"The 'scale' parameter must be a finite number > 0; got {scale}", param="scale")
+    d = oracle.d
+    run = Run(oracle, "ffn", seed=seed, check=check, check_lengths=(1,), check_per_length=CHECK_QUERIES,
+              progress=progress)
+    rng = run.rng
+    ask = Asker(oracle, reserve=run.check_queries)
+    with run.phase("step"):
+        h, fd_error = choose_step(ask, d, rng, scale)
+    K = ask.outputs
+    m_plan = hidden or FIRST_GUESS
+    run.plan(sum(plan(d, K, m_plan).values()), f"the smooth FFN learner at d={d}, K={K}, m={m_plan}",
+             at_least=hidden is None)
+    # width: first derivatives on a grid that grows until their rank shows a drop
+    guess = hidden or FIRST_GUESS
+    with run.phase("width"):
+        while True:
+            C, n = _directions(K, guess), _points(guess)
+            U = rng.standard_normal((C, d))
+            U /= np.linalg.norm(U, axis=1, keepdims=True)
+            X = scale * rng.standard_normal((n, d))
+            D1 = first_derivatives(ask, X, U, h)
+            m, drop = hidden_width(D1.reshape(K * C, n))
+            if hidden is not None:
+                m = hidden
+                break
+            if m is not None and m < min(K * C, n) * 0.8:
+                break
+            if guess >= MAX_WIDTH:
+                raise UnidentifiableError(f"the first derivatives show no hidden width up to {MAX_WIDTH} (largest "
+                                          f"drop of their singular values {drop:.1f}); give the hidden width")
+            guess *= 2
+            run.plan(run.queries + sum(plan(d, K, guess).values()), f"the smooth FFN learner at m ≥ {guess}",
+                     at_least=True)
+    C, n = _directions(K, m), _points(m)  # the grid the width search ended on may be larger than m needs
+    U, D1 = U[:C], D1[:, :C, :]  # every point's first derivatives feed the curve fits; n of them the factors
+    if K * C < m or n < m:
+        raise ConfigError(f"hidden width {m} needs K·C ≥ m and n ≥ m; got K·C = {K * C}, n = {n}", param="hidden")
+    run.report(run.queries + sum(plan(d, K, m).values()) - plan(d, K, m)["width"] - plan(d, K, m)["step"])
+    with run.phase("factors"):
+        V = rng.standard_normal((SECOND_DIRECTIONS, d))
+        V /= np.linalg.norm(V, axis=1, keepdims=True)
+        T = second_derivatives(ask, X[:n], U, V, h)
+    A, sep = factors(T.reshape(K * C, SECOND_DIRECTIONS, n), m, rng)
+    Ap = np.linalg.pinv(A)
+    w2_dirs, _ = split_factors(A, K, C)
+    with run.phase("directions"):
+        Xs = scale * rng.standard_normal((DIRECTION_POINTS, d))
+        Td = second_derivatives(ask, Xs, U, np.eye(d), h)  # (K, C, d, points)
+    Z = np.einsum("ma,adp->pmd", Ap, Td.reshape(K * C, d, DIRECTION_POINTS))
+    W1_dirs = directions(Z)
+    p = Ap @ D1.reshape(K * C, -1)
+    t = W1_dirs @ X.T
+    candidates = (activation,) if activation else tuple(ACTIVATIONS)
+    name, fit, scores = pick_activation(p, t, bias, rng, candidates)
+    act = get_activation(name)
+    W1 = fit["lam"][:, None] * W1_dirs
+    b1 = fit["b"] if bias else np.zeros(m)
+    unknowns = SmoothFFN.unknowns(d, m, K, bias)
+    with run.phase("answers"):
+        N = max(2 * m + 8, math.ceil(ANSWER_FACTOR * unknowns / K))
+        Xa = scale * rng.standard_normal((N, d))
+        Ya = ask(Xa)
+    W2, b2 = output_layer(Xa, Ya, W1, b1, act, bias)
+    (W1, b1, W2, b2), history, used = gauss_newton(Xa, Ya, (W1, b1, W2, b2), act, bias, rounds=polish_rounds,
+                                             iterations=GN_ITERATIONS)
+    model = SmoothFFN(W1, b1, W2, b2, name)
+    details = {"seed": seed, "bias": bool(bias), "outputs": K, "hidden": int(m), "width_drop": drop,
+               "activation": name, "activation_detected": activation is None, "activation_fit": scores,
+               "step": h, "step_error": fd_error, "directions_C": C, "second_directions_E": SECOND_DIRECTIONS,
+               "points": n, "answers": N, **sep, "curve_fit_worst": float(np.max(fit["res"])),
+               "polish_residuals": history, "polish_iterations": used, "queries_per_unknown": run.queries / unknowns}
+    notes = [f"neurons are recovered up to their order only (a smooth {name} has no scale or sign symmetry)"]
+    check_model = model if ask.vector else _Scalar(model)
+    return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_model=check_model,
+                      hint=f" (a smooth FFN of this form with {name})")
+
+
+class _Scalar:
+    """A one-output model answering ``(B,)`` like a scalar oracle."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def __call__(self, X):
+        return self.model(X)[:, 0]

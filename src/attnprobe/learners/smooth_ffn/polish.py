@@ -1,0 +1,111 @@
+"""The second layer by least squares, then Gauss–Newton on the answers themselves.
+
+Given the first layer, ``y = W2 σ(W1 x + b1) + b2`` is linear in ``(W2, b2)``: one least-squares solve over the
+answers. The derivative-based first layer carries the finite differences' error (~1e-8 relative); Gauss–Newton
+steps on all parameters against the answers remove it. Each step solves the linearised problem with LSMR on a
+matrix-free operator (``J δ`` and ``Jᵀ r`` cost two passes over the points), columns scaled to unit norm.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.sparse.linalg import LinearOperator, lsmr
+
+from attnprobe.models.smooth_ffn import Activation
+
+#: largest ``N·m·(d+1)²`` for which each neuron's first-layer block gets its own Cholesky preconditioner
+BLOCK_WORK = 4e9
+
+
+def output_layer(X: np.ndarray, Y: np.ndarray, W1: np.ndarray, b1: np.ndarray, act: Activation,
+                 bias: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(W2, b2)`` minimising ``‖Y − W2 σ(W1 X + b1) − b2‖`` (b2 = 0 when not ``bias``)."""
+    H = act.f(X @ W1.T + b1)
+    if bias:
+        H = np.hstack([H, np.ones((H.shape[0], 1))])
+    sol = np.linalg.lstsq(H, Y, rcond=None)[0]
+    m = W1.shape[0]
+    return sol[:m].T.copy(), (sol[m].copy() if bias else np.zeros(Y.shape[1]))
+
+
+def forward(X, W1, b1, W2, b2, act: Activation) -> np.ndarray:
+    return act.f(X @ W1.T + b1) @ W2.T + b2
+
+
+def gauss_newton(X: np.ndarray, Y: np.ndarray, params: tuple, act: Activation, bias: bool, *, rounds: int,
+                 iterations: int) -> tuple[tuple, list[float]]:
+    """Up to ``rounds`` Gauss–Newton steps (each at most ``iterations`` LSMR iterations) on all parameters;
+    a step is kept only when it lowers the residual. Returns the parameters, the relative residual after
+    each kept step (the first entry is the start's) and the LSMR iterations of each step."""
+    W1, b1, W2, b2 = params
+    scale_y = max(float(np.linalg.norm(Y)), 1e-300)
+    R = Y - forward(X, W1, b1, W2, b2, act)
+    history = [float(np.linalg.norm(R)) / scale_y]
+    used: list[int] = []
+    for _ in range(rounds):
+        step = _step(X, R, W1, b1, W2, act, bias=bias, iterations=iterations)
+        used.append(step[4])
+        trial = (W1 + step[0], b1 + step[1], W2 + step[2], b2 + step[3])
+        R_new = Y - forward(X, *trial, act)
+        err = float(np.linalg.norm(R_new)) / scale_y
+        if not err < history[-1]:
+            break
+        W1, b1, W2, b2 = trial
+        R = R_new
+        history.append(err)
+        if err < 1e-15:
+            break
+    return (W1, b1, W2, b2), history, used
+
+
+def _step(X, R, W1, b1, W2, act: Activation, *, bias: bool, iterations: int):
+    """One Gauss–Newton step by LSMR, preconditioned: the second layer's columns ``[σ(A), 1]`` orthonormalised
+    (QR), each neuron's first-layer block ``w2_i σ'(a_i) [x, 1]`` whitened by its own Cholesky factor (or scaled
+    to unit columns when the blocks would cost more than :data:`BLOCK_WORK`)."""
+    N, d = X.shape
+    m, K = W1.shape[0], W2.shape[0]
+    A = X @ W1.T + b1
+    S, S1 = act.f(A), act.d1(A)
+    H = np.hstack([S, np.ones((N, 1))]) if bias else S
+    Q, Rh = np.linalg.qr(H)
+    Xb = np.hstack([X, np.ones((N, 1))]) if bias else X
+    p = Xb.shape[1]
+    w2n = np.sum(W2 ** 2, axis=0)
+    if N * m * p * p <= BLOCK_WORK:
+        G = np.einsum("ni,na,nb->iab", S1 ** 2, Xb, Xb) * w2n[:, None, None]
+        L = np.linalg.cholesky(G + 1e-300 * np.eye(p))  # G_i = L_i L_iᵀ; variables y_i = L_iᵀ δ_i
+        Linv = np.linalg.inv(L)
+
+        def to_w1(y):
+            return np.einsum("iba,ib->ia", Linv, y)  # δ_i = L_i⁻ᵀ y_i
+
+        def from_w1(g):
+            return np.einsum("iab,ib->ia", Linv, g)  # L_i⁻¹ g_i
+    else:
+        col = np.sqrt(np.maximum((S1 ** 2).T @ (Xb ** 2) * w2n[:, None], 1e-300))
+
+        def to_w1(y):
+            return y / col
+
+        def from_w1(g):
+            return g / col
+    n1 = m * p
+
+    def matvec(v):
+        v = np.asarray(v).ravel()
+        dP = to_w1(v[:n1].reshape(m, p))
+        z = v[n1:].reshape(Q.shape[1], K)
+        return ((S1 * (Xb @ dP.T)) @ W2.T + Q @ z).ravel()
+
+    def rmatvec(r):
+        Rm = np.asarray(r).reshape(N, K)
+        g = ((Rm @ W2) * S1).T @ Xb
+        return np.concatenate([from_w1(g).ravel(), (Q.T @ Rm).ravel()])
+
+    op = LinearOperator((N * K, n1 + Q.shape[1] * K), matvec=matvec, rmatvec=rmatvec, dtype=np.float64)
+    sol = lsmr(op, R.ravel(), atol=1e-7, btol=1e-7, maxiter=iterations)
+    dP = to_w1(sol[0][:n1].reshape(m, p))
+    dH = np.linalg.solve(Rh, sol[0][n1:].reshape(Q.shape[1], K))  # (m [+1]) × K
+    db1 = dP[:, d] if bias else np.zeros(m)
+    db2 = dH[m] if bias else np.zeros(K)
+    return dP[:, :d], db1, dH[:m].T, db2, int(sol[2])

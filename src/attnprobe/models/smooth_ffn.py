@@ -1,0 +1,206 @@
+"""Smooth two-layer FFNs ``y = W2 σ(W1 x + b1) + b2`` (K outputs) with σ one of GELU (the exact erf form and the
+tanh approximation) or SiLU, and their first and second derivatives (the learner reads both off the answers).
+
+Identifiable set: the function fixes every neuron ``(w1_i, b1_i, w2_i)`` up to the order of the neurons only —
+a smooth σ has no positive homogeneity, so unlike ReLU no scale moves between the layers (GELU and SiLU are not
+odd, so no sign flips either). Neurons whose ``w2_i = 0`` (or ``w1_i = 0``, which folds into ``b2``) are invisible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import numpy as np
+from scipy.special import erf
+
+from attnprobe.errors import ConfigError
+from attnprobe.models.attention import as_batch, real_array, set_frozen
+from attnprobe.models.precision import resolve_dtype
+
+_SQRT2 = np.sqrt(2.0)
+_TANH_C = np.sqrt(2.0 / np.pi)
+
+
+def _phi(z):
+    return np.exp(-0.5 * z * z) / np.sqrt(2.0 * np.pi)
+
+
+def _gelu(z):
+    return 0.5 * z * (1.0 + erf(z / _SQRT2))
+
+
+def _gelu_1(z):
+    return 0.5 * (1.0 + erf(z / _SQRT2)) + z * _phi(z)
+
+
+def _gelu_2(z):
+    return _phi(z) * (2.0 - z * z)
+
+
+def _tanh_parts(z):
+    u = _TANH_C * (z + 0.044715 * z ** 3)
+    du = _TANH_C * (1.0 + 3 * 0.044715 * z * z)
+    ddu = _TANH_C * 6 * 0.044715 * z
+    return np.tanh(u), du, ddu
+
+
+def _gelu_tanh(z):
+    return 0.5 * z * (1.0 + np.tanh(_TANH_C * (z + 0.044715 * z ** 3)))
+
+
+def _gelu_tanh_1(z):
+    t, du, _ = _tanh_parts(z)
+    return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * du
+
+
+def _gelu_tanh_2(z):
+    t, du, ddu = _tanh_parts(z)
+    s = 1.0 - t * t
+    return s * du + 0.5 * z * (s * ddu - 2.0 * t * s * du * du)
+
+
+def _sigmoid(z):
+    return 0.5 * (1.0 + np.tanh(0.5 * z))  # no overflow warning for large |z|
+
+
+def _silu(z):
+    return z * _sigmoid(z)
+
+
+def _silu_1(z):
+    s = _sigmoid(z)
+    return s * (1.0 + z * (1.0 - s))
+
+
+def _silu_2(z):
+    s = _sigmoid(z)
+    return s * (1.0 - s) * (2.0 + z * (1.0 - 2.0 * s))
+
+
+@dataclass(frozen=True)
+class Activation:
+    """A smooth activation σ with σ' and σ'' (float64 numpy ufunc-style callables)."""
+
+    name: str
+    f: Callable[[np.ndarray], np.ndarray]
+    d1: Callable[[np.ndarray], np.ndarray]
+    d2: Callable[[np.ndarray], np.ndarray]
+
+
+#: the smooth activations by name: ``gelu`` is the exact erf form (BERT, MiniLM), ``gelu_tanh`` the tanh
+#: approximation (GPT-2, ``gelu_new``), ``silu`` is x·sigmoid(x) (LLaMA's gate, there inside SwiGLU)
+ACTIVATIONS: dict[str, Activation] = {
+    "gelu": Activation("gelu", _gelu, _gelu_1, _gelu_2),
+    "gelu_tanh": Activation("gelu_tanh", _gelu_tanh, _gelu_tanh_1, _gelu_tanh_2),
+    "silu": Activation("silu", _silu, _silu_1, _silu_2),
+}
+#: numeric codes of the activations in saved files (the ``.npz`` holds numbers only, and the kind tag)
+ACTIVATION_CODES = {name: i for i, name in enumerate(ACTIVATIONS)}
+
+
+def activation(name: str) -> Activation:
+    if name not in ACTIVATIONS:
+        raise ConfigError(f"unknown smooth activation {name!r}; choose one of {', '.join(ACTIVATIONS)}",
+                          param="activation")
+    return ACTIVATIONS[name]
+
+
+@dataclass(frozen=True)
+class SmoothFFN:
+    """``f(x) = W2 σ(W1 x + b1) + b2`` with ``W1 ∈ R^{m×d}``, ``b1 ∈ R^m``, ``W2 ∈ R^{K×m}``, ``b2 ∈ R^K`` (the
+    ``nn.Linear`` layout of a transformer's FFN) and σ a smooth :data:`ACTIVATIONS` entry.
+
+    As an oracle it reads length-1 sequences ``(B, 1, d)`` and answers ``(B, K)``; :meth:`forward` takes plain
+    ``(B, d)`` inputs. ``dtype`` is the precision the forward pass is computed in (answers come back as float64).
+    """
+
+    W1: np.ndarray
+    b1: np.ndarray
+    W2: np.ndarray
+    b2: np.ndarray
+    activation: str = "gelu"
+    dtype: str = "float64"
+    kind: ClassVar[str] = "smooth_ffn"
+
+    def __post_init__(self) -> None:
+        W1, W2 = real_array("W1", self.W1, 2), real_array("W2", self.W2, 2)
+        b1, b2 = real_array("b1", self.b1, 1), real_array("b2", self.b2, 1)
+        m = W1.shape[0]
+        if W1.shape[1] < 1 or m < 1:
+            raise ConfigError(f"W1 must be m×d with m, d ≥ 1; got {W1.shape}", param="W1")
+        if W2.shape[1] != m:
+            raise ConfigError(f"W2 must be K×m with m = {m} (the rows of W1); got {W2.shape}", param="W2")
+        if b1.shape != (m,) or b2.shape != (W2.shape[0],):
+            raise ConfigError(f"b1 must have length m = {m} and b2 length K = {W2.shape[0]}; got {b1.shape}, "
+                              f"{b2.shape}", param="b1")
+        activation(self.activation)
+        resolve_dtype(self.dtype)
+        set_frozen(self, W1=W1, b1=b1, W2=W2, b2=b2)
+
+    @property
+    def d(self) -> int:
+        return self.W1.shape[1]
+
+    @property
+    def m(self) -> int:
+        return self.W1.shape[0]
+
+    @property
+    def outputs(self) -> int:
+        return self.W2.shape[0]
+
+    @staticmethod
+    def unknowns(d: int, m: int, outputs: int, bias: bool = True) -> int:
+        """Numbers the function fixes: every neuron's ``(w1, b1, w2)`` and ``b2`` (only the order is free)."""
+        return m * d + outputs * m + ((m + outputs) if bias else 0)
+
+    def with_dtype(self, dtype: str) -> "SmoothFFN":
+        return SmoothFFN(self.W1, self.b1, self.W2, self.b2, self.activation, dtype)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """``W2 σ(W1 x + b1) + b2`` for inputs of shape (B, d): shape (B, K)."""
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.d:
+            raise ConfigError(f"inputs must have shape (B, {self.d}); got {x.shape}", param="x")
+        dt = resolve_dtype(self.dtype)
+        if dt == np.float64:
+            return activation(self.activation).f(x @ self.W1.T + self.b1) @ self.W2.T + self.b2
+        pre = (x.astype(dt) @ self.W1.T.astype(dt) + self.b1.astype(dt)).astype(dt)
+        h = activation(self.activation).f(pre.astype(np.float64)).astype(dt)
+        return (h @ self.W2.T.astype(dt) + self.b2.astype(dt)).astype(np.float64)
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        X = as_batch(X, self.d)
+        if X.shape[1] != 1:
+            raise ConfigError(f"an FFN answers length-1 queries only; got sequences of length {X.shape[1]}")
+        return self.forward(X[:, 0, :])
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"W1": self.W1, "b1": self.b1, "W2": self.W2, "b2": self.b2,
+                "activation": np.asarray(ACTIVATION_CODES[self.activation])}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "SmoothFFN":
+        missing = {"W1", "b1", "W2", "b2", "activation"} - set(arrays)
+        if missing:
+            raise ConfigError(f"a smooth FFN needs arrays {sorted(missing)}")
+        code = int(np.asarray(arrays["activation"]).reshape(()))
+        names = {v: k for k, v in ACTIVATION_CODES.items()}
+        if code not in names:
+            raise ConfigError(f"activation code {code} is none of {ACTIVATION_CODES}")
+        return cls(arrays["W1"], arrays["b1"], arrays["W2"], arrays["b2"], names[code], dtype)
+
+
+def neuron_match(truth: SmoothFFN, result: SmoothFFN) -> dict:
+    """Compare two smooth FFNs neuron by neuron up to order (the identifiable set): each true neuron is matched to
+    the recovered one whose ``(w1, b1)`` is closest; returns the largest relative errors of ``(w1, b1)`` and of
+    ``w2`` over the matched pairs and whether the matching is one to one."""
+    Pt = np.hstack([truth.W1, truth.b1[:, None]])
+    Ph = np.hstack([result.W1, result.b1[:, None]])
+    dist2 = np.sum(Pt ** 2, axis=1)[:, None] + np.sum(Ph ** 2, axis=1)[None, :] - 2.0 * Pt @ Ph.T
+    j = np.argmin(dist2, axis=1)
+    first = np.linalg.norm(Ph[j] - Pt, axis=1) / np.linalg.norm(Pt, axis=1)
+    second = np.linalg.norm(result.W2[:, j] - truth.W2, axis=0) / np.linalg.norm(truth.W2, axis=0)
+    return {"neurons": int(truth.m), "recovered_neurons": int(result.m), "first_layer_error": float(first.max()),
+            "second_layer_error": float(second.max()), "matched_one_to_one": bool(len(set(j.tolist())) == len(j))}

@@ -1,0 +1,142 @@
+"""The smooth FFN learner (GELU, tanh-GELU, SiLU) behind ``--method ffn``, its model and its dispatch."""
+
+import json
+
+import numpy as np
+import pytest
+
+from attnprobe.cli import main
+from attnprobe.errors import ConfigError
+from attnprobe.learners import registry
+from attnprobe.learners.core.estimate import estimate_queries
+from attnprobe.learners.smooth_ffn import extract_smooth_ffn
+from attnprobe.learners.smooth_ffn.dispatch import extract_ffn_any
+from attnprobe.models import load_model, save_model
+from attnprobe.models.smooth_ffn import ACTIVATIONS, SmoothFFN, neuron_match
+from attnprobe.oracles import Oracle
+from attnprobe.targets import random_relu_net, random_smooth_ffn
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activation_derivatives_match_finite_differences(name):
+    act = ACTIVATIONS[name]
+    z = np.linspace(-6, 6, 101)
+    h = 1e-5
+    assert np.allclose(act.d1(z), (act.f(z + h) - act.f(z - h)) / (2 * h), atol=1e-8)
+    assert np.allclose(act.d2(z), (act.d1(z + h) - act.d1(z - h)) / (2 * h), atol=1e-8)
+
+
+def test_activations_are_the_named_functions():
+    torch = pytest.importorskip("torch")
+
+    z = torch.linspace(-5, 5, 41, dtype=torch.float64)
+    ref = {"gelu": torch.nn.functional.gelu(z), "gelu_tanh": torch.nn.functional.gelu(z, approximate="tanh"),
+           "silu": torch.nn.functional.silu(z)}
+    for name, want in ref.items():
+        assert np.allclose(ACTIVATIONS[name].f(z.numpy()), want.numpy(), atol=1e-14)
+
+
+def test_model_forward_save_load(tmp_path):
+    model = random_smooth_ffn(5, 12, 3, activation="silu", seed=2)
+    X = np.random.default_rng(0).standard_normal((7, 1, 5))
+    want = model.W2 @ ACTIVATIONS["silu"].f(model.W1 @ X[:, 0].T + model.b1[:, None]) + model.b2[:, None]
+    assert np.allclose(model(X), want.T)
+    loaded = load_model(save_model(model, tmp_path / "m.npz"))
+    assert isinstance(loaded, SmoothFFN) and loaded.activation == "silu"
+    assert np.array_equal(loaded(X), model(X))
+    with pytest.raises(ConfigError, match="W2 must be K×m"):
+        SmoothFFN(model.W1, model.b1, model.W2[:, :3], model.b2)
+    with pytest.raises(ConfigError, match="length-1"):
+        model(np.zeros((2, 3, 5)))
+
+
+@pytest.mark.parametrize("activation, bias", [("gelu", True), ("silu", False), ("gelu_tanh", True)])
+def test_recovers_wider_than_inputs_and_outputs(activation, bias):
+    """m = 12 > d = 5 and > K = 4: every neuron up to order, the activation and the width read off the answers."""
+    truth = random_smooth_ffn(5, 12, 4, activation=activation, bias=bias, seed=3)
+    oracle = Oracle(truth, 5, precision="float64")
+    res = extract_ffn_any(oracle, seed=1, bias=bias)
+    assert res.model.kind == "smooth_ffn"
+    assert res.details["activation"] == activation and res.details["hidden"] == 12
+    assert res.passed and res.check.error < 1e-9
+    match = neuron_match(truth, res.model)
+    assert match["matched_one_to_one"]
+    assert match["first_layer_error"] < 1e-8 and match["second_layer_error"] < 1e-8
+    assert sum(res.queries_by_phase.values()) == res.queries == oracle.queries - res.check.queries
+    if not bias:
+        assert np.all(res.model.b1 == 0) and np.all(res.model.b2 == 0)
+
+
+def test_estimate_is_the_plan_when_width_and_activation_are_given():
+    truth = random_smooth_ffn(4, 8, 3, seed=5)
+    oracle = Oracle(truth, 4, precision="float64")
+    res = extract_smooth_ffn(oracle, seed=0, activation="gelu", hidden=8)
+    est = estimate_queries("ffn", 4, hidden=8, outputs=3, activation="gelu")
+    assert est.queries == res.queries + res.check.queries
+    assert res.passed
+
+
+def test_float32_answers_within_1e3():
+    truth = random_smooth_ffn(6, 12, 6, seed=4, dtype="float32")
+    oracle = Oracle(truth, 6, precision="float32")
+    res = extract_ffn_any(oracle, seed=0)
+    X = np.random.default_rng(1).standard_normal((200, 6))
+    y = truth.with_dtype("float64").forward(X)
+    err = np.linalg.norm(res.model.forward(X) - y) / np.linalg.norm(y - y.mean(axis=0))
+    assert res.passed and err < 1e-3
+    assert res.details["activation"] in ("gelu", "gelu_tanh")  # float32 rounding hides their 1e-3 difference
+
+
+def test_relu_answers_go_to_the_relu_learner():
+    truth = random_relu_net(6, 10, bias=True, outputs=3, seed=1)
+    oracle = Oracle(truth, 6, precision="float64")
+    res = extract_ffn_any(oracle, seed=0)
+    assert res.model.kind == "relu_net" and res.passed
+    assert res.details["activation_test"]["smooth"] is False
+    assert res.queries_by_phase["activation_test"] > 0
+    assert sum(res.queries_by_phase.values()) == res.queries == oracle.queries - res.check.queries
+
+
+def test_wrong_activation_given_fails_the_check():
+    """A SiLU FFN learned as GELU cannot pass: the check is not a formality."""
+    truth = random_smooth_ffn(5, 8, 5, activation="silu", seed=6)
+    res = extract_smooth_ffn(Oracle(truth, 5, precision="float64"), seed=0, activation="gelu", polish_rounds=1)
+    assert not res.passed
+
+
+class _SwiGLU:
+    """A bias-free gated unit ``W2 (SiLU(Wg x) ⊙ Wu x)`` as a plain callable victim."""
+
+    def __init__(self, d, m, seed=0):
+        r = np.random.default_rng(seed)
+        self.Wg, self.Wu = r.standard_normal((2, m, d)) / np.sqrt(d)
+        self.W2 = r.standard_normal((d, m)) / np.sqrt(m)
+
+    def __call__(self, X):
+        x = X[:, 0, :]
+        g = x @ self.Wg.T
+        return (g / (1 + np.exp(-g)) * (x @ self.Wu.T)) @ self.W2.T
+
+
+def test_gated_units_are_refused_with_the_reason():
+    oracle = Oracle(_SwiGLU(6, 12), 6, precision="float64")
+    with pytest.raises(ConfigError, match="gated units"):
+        extract_ffn_any(oracle, seed=0)
+    with pytest.raises(ConfigError, match="gated units"):
+        extract_ffn_any(oracle, activation="swiglu")
+
+
+def test_registry_and_cli(tmp_path, capsys):
+    assert "activation" in registry.learner("ffn").option_names
+    target, out = tmp_path / "t.npz", tmp_path / "r.npz"
+    assert main(["target", "smooth-ffn", "--d", "4", "--m", "8", "--outputs", "3", "--activation", "silu",
+                 "--out", str(target)]) == 0
+    assert main(["extract", "--target", str(target), "--method", "ffn", "--activation", "silu", "--hidden", "8",
+                 "--out", str(out), "--quiet"]) == 0
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert summary["kind"] == "smooth_ffn" and summary["passed"]
+    X = np.random.default_rng(2).standard_normal((20, 1, 4))
+    assert np.allclose(load_model(out)(X), load_model(target)(X), atol=1e-9)
+    assert main(["extract", "--target", str(target), "--method", "ffn", "--activation", "geglu",
+                 "--out", str(tmp_path / "g.npz"), "--quiet"]) == 2
+    assert "gated units" in capsys.readouterr().err
