@@ -89,6 +89,14 @@ class HFAttentionLayer(nn.Module):
             raise ConfigError(f"the readout must be a vector of the layer's {self.K} outputs; got shape "
                               f"{tuple(self.readout.shape)}")
 
+    @property
+    def positions(self) -> str:
+        """What the rows are: ``"positional"`` (the logits depend on position), ``"causal"`` (row i answers
+        ``X[:i+1]``) or ``"bidirectional"`` (row i answers ``X`` with ``x_i`` moved last)."""
+        if self.spec.positional:
+            return "positional"
+        return "causal" if self.spec.causal else "bidirectional"
+
     def projections(self) -> dict:
         """The live module's float64 weights per head
         (:func:`~attnprobe.oracles.hf_families.split_projections`)."""
@@ -161,6 +169,8 @@ def oracle_from_hf(model_dir, layer: int, *, dtype: str = "float64", row: int | 
                                 every_position=every_position, positional=positional)
     fn = TorchFunction(module, module.d)
     fn.__name__ = f"{Path(model_dir).name} layer {layer}" + ("" if row is None else f" row {row}")
+    if every_position:  # what the rows are, declared from the family (an Oracle need not probe for it)
+        fn.positions = module.positions
     if kwargs.get("precision") is None:
         kwargs["precision"] = coarser(dtype, module.spec.softmax_dtype or dtype)
     kwargs.setdefault("max_batch", MAX_BATCH)

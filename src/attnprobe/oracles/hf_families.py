@@ -297,3 +297,40 @@ def split_projections(spec: LayerSpec, get: Callable[[str], object], where: str)
     out["WO"] = tensor(f"{fam.out}.weight", (d, H * dh))
     out["bO"] = tensor(f"{fam.out}.bias", (d,), True)
     return out
+
+
+def join_projections(spec: LayerSpec, p: dict) -> dict[str, np.ndarray]:
+    """The inverse of :func:`split_projections`: per-head ``Q (H, d_h, d)``, ``K, V (H_kv, d_h, d)``, biases
+    (``None``: none) and ``WO (K, H·d_h)``, ``bO`` as the family stores them, by tensor name under the attention
+    module (fused per head or in blocks, ``Conv1D`` transposed). A bias the family lacks must be ``None`` or zero."""
+    fam = spec.family
+    H, G, dh, d = spec.heads, spec.kv_heads, spec.head_dim, spec.hidden
+    for key, letter in (("bQ", "q"), ("bK", "k"), ("bV", "v"), ("bO", "o")):
+        b = p.get(key)
+        if letter not in spec.biases and b is not None and np.any(np.asarray(b) != 0):
+            raise ConfigError(f"a {fam.name} layer (this config) has no {letter} bias, but the layer needs one "
+                              f"({key} ≠ 0); write it into a family with biases")
+    zero = {"bQ": np.zeros(H * dh), "bK": np.zeros(G * dh), "bV": np.zeros(G * dh), "bO": np.zeros(d)}
+    flat = {k: np.asarray(p[k], dtype=np.float64).reshape(-1, d) for k in "QKV"}
+    bias = {k: zero[k] if p.get(k) is None else np.asarray(p[k], dtype=np.float64).reshape(-1) for k in zero}
+    out: dict[str, np.ndarray] = {}
+    t = (lambda a: a.T) if fam.conv1d else (lambda a: a)  # Conv1D stores (in, out)
+    if fam.fused is None:
+        for name, k in zip(fam.qkv, "QKV"):
+            out[f"{name}.weight"] = flat[k]
+            if k.lower() in spec.biases:
+                out[f"{name}.bias"] = bias["b" + k]
+    elif fam.fused == "per_head":
+        W = np.stack([flat[k].reshape(H, dh, d) for k in "QKV"], axis=1)  # (H, 3, d_h, d)
+        b = np.stack([bias["b" + k].reshape(H, dh) for k in "QKV"], axis=1)
+        out[f"{fam.qkv[0]}.weight"] = W.reshape(3 * H * dh, d)
+        if spec.biases:
+            out[f"{fam.qkv[0]}.bias"] = b.reshape(-1)
+    else:
+        out[f"{fam.qkv[0]}.weight"] = t(np.concatenate([flat[k] for k in "QKV"]))
+        if spec.biases:
+            out[f"{fam.qkv[0]}.bias"] = np.concatenate([bias["b" + k] for k in "QKV"])
+    out[f"{fam.out}.weight"] = t(np.asarray(p["WO"], dtype=np.float64))
+    if "o" in spec.biases:
+        out[f"{fam.out}.bias"] = bias["bO"]
+    return out
