@@ -190,7 +190,8 @@ def test_export_round_trip_loads_with_transformers_and_answers_like_the_victim(f
         stolen = TorchFunction(hf_attention_layer(out, at, every_position=every), 16)(X)
         assert _rel(stolen, victim) < 1e-8
     if layers is None:  # every other weight is the victim's
-        theirs, ours = read_safetensors(folders[family] / "model.safetensors"), read_safetensors(out / "model.safetensors")
+        theirs = read_safetensors(folders[family] / "model.safetensors")
+        ours = read_safetensors(out / "model.safetensors")
         attention = layer_spec(folders[family]).module_path(1)
         assert all(np.array_equal(ours[k], theirs[k]) for k in theirs if attention not in k)
 

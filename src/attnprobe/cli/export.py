@@ -20,7 +20,8 @@ def run(args) -> int:
     from attnprobe.targets.hf_export import export_layer
 
     if args.layers not in (None, 1):
-        raise ConfigError(f"--layers is 1 (a one-layer folder) or left out (every layer of --hf-dir); got {args.layers}")
+        raise ConfigError(f"--layers is 1 (a one-layer folder) or left out (every layer of --hf-dir); "
+                          f"got {args.layers}")
     model = load_model(args.result)  # refuses a broken or hostile file before anything is written
     out = export_layer(args.result, args.hf_dir, args.layer, args.out, layers=args.layers, dtype=args.dtype)
     at = 0 if args.layers == 1 else args.layer
