@@ -15,7 +15,7 @@ from attnprobe._validation import as_batch
 from attnprobe.models.precision import coarser, machine_epsilon
 from attnprobe.oracles.noise import AnswerNoise, noise_of
 from attnprobe.oracles.wrappers import Wrapper, declared_precision
-from attnprobe.oracles.precision_detect import PrecisionDetector
+from attnprobe.oracles.precision_detect import PrecisionDetector, smoothness_batch
 
 
 def _keys(X):
@@ -156,6 +156,10 @@ class Oracle:
             self.detector.probed = True
             with self.phase("precision"):
                 self(self.detector.probe_batch(self.d))
+        if self.detector.needs_smoothness:  # float64 bits: is the kernel float64 inside too?
+            with self.phase("precision"):
+                answers = self(smoothness_batch(self.d, self.detector.seed))
+            self.detector.observe_smoothness(answers)
         return self.detector.decided
 
     @property
