@@ -156,7 +156,8 @@ class Oracle:
             self.detector.probed = True
             with self.phase("precision"):
                 self(self.detector.probe_batch(self.d))
-        if self.detector.needs_smoothness:  # float64 bits: is the kernel float64 inside too?
+        if self.detector.needs_smoothness and (self.outputs or 1) > 1:  # a layer's whole output row in float64
+            # bits: is its kernel float64 inside too? (51 queries against thousands for a whole-row extraction)
             with self.phase("precision"):
                 answers = self(smoothness_batch(self.d, self.detector.seed))
             self.detector.observe_smoothness(answers)
