@@ -17,6 +17,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -57,8 +58,9 @@ def family_table(families, dtypes, hidden: int, heads: int, layer: int, seed: in
                 code, err, summary = run(folder, layer, dtype, out, seed)
                 seconds = time.perf_counter() - t0
                 if code != 0:
-                    table.add(fam, dtype, 0 if "nothing was queried" in err else "?",
-                              "", f"exit {code}: {err.removeprefix('attnprobe: error: ')}", seconds)
+                    spent = re.search(r"(\d+) queries spent", err)
+                    reason = err.removeprefix("attnprobe: error: ").replace(str(folder), fam)
+                    table.add(fam, dtype, int(spent.group(1)) if spent else 0, "", f"exit {code}: {reason}", seconds)
                 else:
                     a = hf_layer_arrays(folder, layer)
                     worst = match_heads(MultiHeadAttention(a["W"], a["v"], a["u"], a["c"]), load_model(out)).worst
