@@ -47,6 +47,11 @@ class RecoveryError(AttnprobeError):
     """The recovered parameters fail their own consistency checks (e.g. a wrong rank guess)."""
 
 
+class ModelMismatchError(RecoveryError):
+    """The answers are not those of the model the learner assumes, for a cause read from them (a normalised
+    output, a row attended besides the input rows)."""
+
+
 class CheckFailedError(AttnprobeError):
     """The functional check on fresh queries failed: the recovered model does not describe the oracle."""
 

@@ -10,6 +10,12 @@ How a learner respects bounded inputs: read ``oracle.max_input_norm`` (``None``:
 batch with a longer row with :class:`~attnprobe.errors.InputNormError` before asking), plan probes within it,
 and before spending queries on probes of norm up to ``S`` call ``refuse_clipping(oracle, S)`` (a few queries)
 so that a target that clips silently is refused in one line instead of yielding wrong parameters.
+
+Not every length-1 answer that stops being affine is a clamp: a clamp answers the same past ``R`` (one more
+rung at twice the norm says so), while a normalised output (``LayerNorm(X + attn)``, ALBERT's attention module)
+or a layer that attends to a learned row besides the input (``nn.MultiheadAttention(add_bias_kv=True)``) keeps
+changing. :func:`mismatch_cause` names which: a LayerNorm's rows all satisfy one linear equation (its zero mean
+over the normalised outputs), so ``K + 8`` answers of a whole output row span only a hyperplane.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import math
 import numpy as np
 
 from attnprobe._validation import check_float
-from attnprobe.errors import InputNormError
+from attnprobe.errors import InputNormError, ModelMismatchError
 
 #: a slope that moved by more than this fraction (or by many roundings, whichever is larger) is a clamp; a clamp at
 #: R moves the slope at norm s by 1 − R/s, so one rung of a ×10 ladder past R moves it by at least 0.9
@@ -69,7 +75,36 @@ def clipping_norm(oracle, up_to: float, *, seed: int = 0, start: float = 1.0, fa
     clipped = moved > np.maximum(DEVIATION, noise)
     if not clipped.any():
         return None
+    if limit is None or 2 * norms[-1] <= limit:  # a clamp answers the same past R: one more rung says whether
+        with oracle.phase("input bound"):
+            past = np.asarray(oracle(2 * norms[-1] * x[None, None, :]), dtype=np.float64).reshape(-1)
+        if np.abs(past - y[-1]).max() > max(DEVIATION * np.linalg.norm(rise[-1]), noise[-1] * ref * norms[-1]):
+            raise mismatch_cause(oracle, seed=seed)
     return float(np.linalg.norm(rise[-1]) / ref)
+
+
+def mismatch_cause(oracle, *, seed: int = 0) -> ModelMismatchError:
+    """The error naming why length-1 answers are not affine in their row although no clamp explains it: a
+    normalised output when ``K + 8`` whole-row answers span a hyperplane (asked here, phase ``"input bound"``),
+    else a row attended besides the input rows."""
+    K = oracle.outputs or 1
+    affordable = oracle.budget is None or oracle.queries + K + 8 <= oracle.budget
+    if K > 1 and affordable:
+        rng = np.random.default_rng([seed, 2])
+        X = rng.standard_normal((K + 8, 2, oracle.d)) / np.sqrt(oracle.d)
+        with oracle.phase("input bound"):
+            Y = np.asarray(oracle(X), dtype=np.float64).reshape(K + 8, -1)
+        S = np.linalg.svd(Y - Y.mean(axis=0), compute_uv=False)
+        if S[0] > 0 and S[-1] < ROUNDINGS * oracle.eps * S[0] * np.sqrt(K):
+            return ModelMismatchError(
+                "the answers are normalised (every output row satisfies one fixed linear equation, as after a "
+                "LayerNorm: the module returns LayerNorm(X + attention), not the attention sublayer); read the "
+                "attention output before the norm (a Hugging Face folder's sublayer is read so)")
+    return ModelMismatchError(
+        "the length-1 answers are not affine in the row (a softmax over one row is 1, so an attention layer's are) "
+        "and no input clamp explains it: the layer attends to something besides the input rows (a learned "
+        "key/value row, e.g. nn.MultiheadAttention(add_bias_kv=True), or memory tokens), or its output is "
+        "normalised; it is not a sum of softmax heads over the input")
 
 
 def refuse_clipping(oracle, up_to: float, *, seed: int = 0) -> None:
@@ -98,6 +133,8 @@ def diagnose_clipping(oracle, *, seed: int = 0) -> InputNormError | None:
     try:
         oracle.require(len(ladder(used)) + 1, "reading whether the oracle clips its inputs")
         R = clipping_norm(oracle, used, seed=seed)
+    except ModelMismatchError as exc:  # not a clamp: the cause read from the answers
+        return exc
     except AttnprobeError:
         return None
     if R is None or R >= used:
