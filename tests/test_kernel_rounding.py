@@ -4,7 +4,6 @@ short line, and the multi-head learner recovers the layer with nothing declared.
 
 import math
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")

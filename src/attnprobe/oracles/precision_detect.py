@@ -185,5 +185,6 @@ class PrecisionDetector:
         if self.jitter is not None:
             out["kernel_jitter"] = self.jitter
             if self.rounded_inside:
-                out["rounded_inside"] = f"float64 answers computed through {self.rounded_inside} (e.g. a float32 softmax)"
+                out["rounded_inside"] = (f"float64 answers computed through {self.rounded_inside} (e.g. a float32 "
+                                         "softmax)")
         return out

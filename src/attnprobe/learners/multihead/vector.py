@@ -25,7 +25,7 @@ import numpy as np
 
 from attnprobe._validation import check_int
 from attnprobe.errors import (ConfigError, InputNormError, OracleAnswerError, OracleError, RecoveryError,
-                              UnidentifiableError)
+                              SeparationError, UnidentifiableError)
 from attnprobe.learners.multihead.vector_heads import fit_delta, fit_deltas, jennrich, theta_from_values
 from attnprobe.learners.multihead.vector_logits import gap_rank, head_attention_errors, learn_logits
 from attnprobe.learners.probes import random_orthogonal
@@ -279,8 +279,9 @@ class _Separation:
                 self.restarts += 1
                 fk = _relabel(self.from_scratch(dl, Rj, self.T), th.T, None)
             if fk.residual > self.tol:
-                raise RecoveryError(f"a probe difference did not separate into the {self.H} heads found first "
-                                    f"(misfit {fk.residual:.1e} > {self.tol:.1e}); retry with another seed")
+                raise SeparationError(f"a probe difference did not separate into the {self.H} heads found first "
+                                      f"(misfit {fk.residual:.1e} > {self.tol:.1e}); retry with another seed",
+                                      misfit=fk.residual, tolerance=self.tol)
             out.append(fk)
         return out
 
@@ -289,10 +290,10 @@ class _Separation:
         d, M, eps = self.d, self.layer.M, self.eps
         fit0 = self.from_scratch(self.delta0, self.R0, self.T0)
         if fit0.residual > self.tol:
-            raise RecoveryError(f"the heads did not separate along the first probe difference (misfit "
-                                f"{fit0.residual:.1e} > {self.tol:.1e}): the layer is not a sum of H={self.H} "
-                                "softmax heads with independent value maps, or its answers are noisier than their "
-                                "precision")
+            raise SeparationError(f"the heads did not separate along the first probe difference (misfit "
+                                  f"{fit0.residual:.1e} > {self.tol:.1e}): the layer is not a sum of H={self.H} "
+                                  "softmax heads with independent value maps, or its answers are noisier than their "
+                                  "precision", misfit=fit0.residual, tolerance=self.tol)
         self.T = self.rng.standard_normal((self.n, self.q)) / np.sqrt(self.q)
         Q = random_orthogonal(d, self.rng)
         size = np.linalg.norm(self.delta0)
