@@ -114,8 +114,11 @@ def run(args) -> int:
     return 0
 
 
-#: a separation misfit at most this many times its tolerance is marginal: another seed's probes may pass
-MARGINAL_MISFIT = 30.0
+#: a separation misfit at most this many times its tolerance is marginal: another seed's probes may pass (a
+#: float32 DistilBERT layer, d = 64, 8 heads, folder seed 1: 69× with seed 0, passed with seeds 1, 2, 3), while a
+#: layer that is not a sum of heads misses by far more (a float32 softmax read as float64: 3.7e3×; an extra
+#: attended row, add_bias_kv: 4e10×)
+MARGINAL_MISFIT = 1e3
 
 
 def _run_with_retry(learner, oracle, args, progress, options):
