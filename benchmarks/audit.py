@@ -19,8 +19,10 @@ import numpy as np
 from attnprobe.audit import HeadSpec, Task, parse_defenses, run_audit
 from attnprobe.audit.report import verdicts
 from attnprobe.cli.audit import parse_range
-from attnprobe.reports import Table, command_line, write_section
+from attnprobe.reports import Table
+from sections import command_line, write_section
 
+DOC = "audit"  # its results file: docs/benchmarks/audit.md
 SECTION = "Auditing a model (attnprobe audit)"
 ENGINES = (("processes", 1), ("processes", 2), ("ray", 2))
 
@@ -76,7 +78,7 @@ def minilm_part(args, tmp: Path) -> None:
             f"so the seconds are noisy. The same records (every number but the seconds) on every engine: "
             f"{'yes' if same else 'NO'}.\n\n{t.markdown()}\n\nWhat the audit reports (verdicts of the 2-worker "
             f"process-pool run):\n\n{verdicts(runs[('processes', 2)]).markdown()}\n")
-    write_section("MiniLM heads on each engine", body, command_line(), parent=SECTION)
+    write_section("MiniLM heads on each engine", body, command_line(), parent=SECTION, doc=DOC)
 
 
 def overhead_part(args, tmp: Path) -> None:
@@ -97,7 +99,7 @@ def overhead_part(args, tmp: Path) -> None:
             f"start-up and dispatch. Start-up = wall time not explained by the tasks; per extra task = the slope "
             f"between the two batch sizes ({before} at the start, {load()} at the end); a slope near zero or below "
             f"means the engine's cost per task is under the timing noise of this shared machine.\n\n{t.markdown()}\n")
-    write_section("Engine overhead", body, command_line(), parent=SECTION)
+    write_section("Engine overhead", body, command_line(), parent=SECTION, doc=DOC)
 
 
 PARTS = {"minilm": minilm_part, "overhead": overhead_part}

@@ -30,11 +30,13 @@ os.environ["PYTHONPATH"] = str(ROOT / "src")  # the Ray nodes import this checko
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep every node on 127.0.0.1 (read when ray is imported)
 
 from attnprobe.audit import HeadSpec, Task, run_audit  # noqa: E402
-from attnprobe.reports import Table, command_line, write_section  # noqa: E402
+from attnprobe.reports import Table  # noqa: E402
+from sections import command_line, write_section  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from audit import load  # noqa: E402  (the benchmark of the local engines)
 
+DOC = "audit"  # its results file: docs/benchmarks/audit.md
 SECTION = "Whole-model audit on a multi-node Ray cluster"
 ENGINES_TITLE = "MiniLM-L6, all six layers as whole-layer vector tasks, on four engines"
 RESUME_TITLE = "Kill and resume on Ray"
@@ -187,7 +189,7 @@ def main() -> None:
                 text = make()
                 print(text)
                 if not args.no_docs:
-                    write_section(title, text, command_line(), parent=SECTION)
+                    write_section(title, text, command_line(), parent=SECTION, doc=DOC)
 
 
 if __name__ == "__main__":

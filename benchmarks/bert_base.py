@@ -22,13 +22,15 @@ import time
 import tracemalloc
 
 
-from attnprobe.learners.estimate import estimate_queries
+from attnprobe.learners.core.estimate import estimate_queries
 from attnprobe.models.compare import relative_error
 from attnprobe.models.multihead import MultiHeadAttention, match_heads
 from attnprobe.oracles.base import Oracle
-from attnprobe.reports import Table, command_line, write_section
+from attnprobe.reports import Table
+from sections import command_line, write_section
 from attnprobe.targets.hf import vector_layer_arrays
 
+DOC = "multihead"  # its results file: docs/benchmarks/multihead.md
 TITLE = "BERT-base-sized layer (d = 768, 12 heads of 64, seeded random BertConfig weights)"
 sys.path.insert(0, os.path.dirname(__file__))
 from learner_overhead import Timed  # noqa: E402
@@ -116,7 +118,7 @@ def main() -> None:
     print("| " + " | ".join(cols) + " |", flush=True)
     for route in args.routes:
         if route == "head":
-            from attnprobe.learners.lowrank import extract_lowrank
+            from attnprobe.learners.head.lowrank import extract_lowrank
             from attnprobe.models.attention import AttentionHead
 
             h = AttentionHead(row0.W[0], row0.v[0], row0.u[0], row0.c)
@@ -141,7 +143,7 @@ def main() -> None:
         table.add(*r)
         print("| " + " | ".join(map(str, r)) + " |", flush=True)
     if args.write:
-        write_section(TITLE, table.markdown(), command_line())
+        write_section(TITLE, table.markdown(), command_line(), doc=DOC)
 
 
 if __name__ == "__main__":

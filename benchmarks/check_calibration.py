@@ -17,8 +17,8 @@ import numpy as np
 from attnprobe import Oracle
 from attnprobe.errors import AttnprobeError
 from attnprobe.learners import extract_exact
-from attnprobe.learners.lowrank import extract_lowrank
-from attnprobe.learners.robust import extract_robust
+from attnprobe.learners.head.lowrank import extract_lowrank
+from attnprobe.learners.head.robust import extract_robust
 from attnprobe.models import AttentionHead
 from attnprobe.models.attention import attention_weights
 from attnprobe.models.precision import resolve_dtype

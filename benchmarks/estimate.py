@@ -8,7 +8,8 @@ outputs K, answer precision) and the queries the oracle answered in real runs ov
 check included, as a budget must cover it). ``--heavy`` adds the slow targets: the MiniLM-L6 layers (generic
 learner on one output row, vector learner on whole rows in float64 and float32) and the 784-wide ReLU nets.
 ``--first-seed`` starts the seeds elsewhere (fresh seeds test an estimate whose constants were fitted to seeds
-0–9); ``--answers`` keeps the targets of those answer precisions. ``--write`` puts the table in docs/benchmarks.md.
+0–9); ``--answers`` keeps the targets of those answer precisions. ``--write`` puts the table in
+docs/benchmarks/estimate.md.
 """
 
 from __future__ import annotations
@@ -20,15 +21,17 @@ import time
 
 import numpy as np
 
-from attnprobe.learners.estimate import estimate_queries
+from attnprobe.learners.core.estimate import estimate_queries
 from attnprobe.oracles import Oracle
-from attnprobe.reports import Table, write_section
+from attnprobe.reports import Table
+from sections import write_section
 
+DOC = "estimate"  # its results file: docs/benchmarks/estimate.md
 TITLE = "`extract --estimate` against the queries real runs ask"
 
 
 def _exact(d, seed):
-    from attnprobe.learners.exact import extract_exact
+    from attnprobe.learners.head.exact import extract_exact
     from attnprobe.targets import random_head
 
     o = Oracle(random_head(d, seed=seed), d)
@@ -37,7 +40,7 @@ def _exact(d, seed):
 
 
 def _lowrank_random(d, r, seed):
-    from attnprobe.learners.lowrank import extract_lowrank
+    from attnprobe.learners.head.lowrank import extract_lowrank
     from attnprobe.targets import random_head
 
     o = Oracle(random_head(d, rank=r, seed=seed), d)
@@ -46,7 +49,7 @@ def _lowrank_random(d, r, seed):
 
 
 def _lowrank_minilm(layer, head, seed):
-    from attnprobe.learners.lowrank import extract_lowrank
+    from attnprobe.learners.head.lowrank import extract_lowrank
     from attnprobe.targets.minilm import minilm_head
 
     h = minilm_head(layer, head)
@@ -129,13 +132,13 @@ def against_real(estimate: int, real: np.ndarray) -> tuple[str, str]:
     return offs, f"{near}/{len(real)}"
 
 
-def print_and_write(title: str, text: str, script: str, argv, write: bool) -> None:
-    """Print a finished table and, when ``write``, put it under ``title`` in docs/benchmarks.md with the command that
-    made it (single-threaded BLAS, as these benchmarks are run)."""
+def print_and_write(title: str, text: str, script: str, argv, write: bool, doc: str = DOC) -> None:
+    """Print a finished table and, when ``write``, put it under ``title`` in docs/benchmarks/<doc>.md with the command
+    that made it (single-threaded BLAS, as these benchmarks are run)."""
     print(text)
     if write:
         write_section(title, text, f"OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/{script} "
-                      + " ".join(argv or sys.argv[1:]))
+                      + " ".join(argv or sys.argv[1:]), doc=doc)
 
 
 def targets(kinds, seeds, heavy):

@@ -1,6 +1,6 @@
 """Exact single-head extraction (Thm 4.1): queries, errors, seconds, peak memory.
 
-    python benchmarks/exact.py            # full tables (d up to 1024), writes its section of docs/benchmarks.md
+    python benchmarks/exact.py            # full tables (d up to 1024), writes its section of docs/benchmarks/exact.md
     python benchmarks/exact.py --quick    # small sizes only, prints without writing
 """
 
@@ -13,10 +13,12 @@ import numpy as np
 from attnprobe.errors import AttnprobeError
 from attnprobe.learners import extract_exact
 from attnprobe.oracles import Oracle
-from attnprobe.reports import Table, command_line, measured, write_section
+from attnprobe.reports import Table
+from sections import command_line, measured, write_section
 from attnprobe.reports import relative_error as rel
 from attnprobe.targets import minilm_head, random_head
 
+DOC = "exact"  # its results file: docs/benchmarks/exact.md
 SECTION = "Exact extraction (Thm 4.1)"
 
 
@@ -131,7 +133,7 @@ def main():
         "Calibration may cost at most 2 % of the unknowns; probes whose weight saturates or whose logit is "
         "unusually noisy are re-measured alone (one query each).\n\n" + small_d_counts(),
     ]
-    write_section(SECTION, "\n\n".join(parts), command_line())
+    write_section(SECTION, "\n\n".join(parts), command_line(), doc=DOC)
 
 
 if __name__ == "__main__":

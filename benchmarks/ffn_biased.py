@@ -7,7 +7,8 @@ For every (d, m, K, answer precision): a seeded random network with hidden and o
 (:func:`attnprobe.targets.random_relu_net` with ``bias=True``), learned by ``extract_ffn`` from an oracle that
 answers in that precision. Reported: queries (and queries / (d·m)), seconds, the relative L2 error of all outputs
 on 1000 fresh N(0, I) inputs (the float64 truth), neurons recovered to < 1e-3 up to permutation and scale, and
-whether the learner's own functional check passed. ``--write`` replaces the section in docs/benchmarks.md.
+whether the learner's own functional check passed. ``--write`` replaces the section in
+docs/benchmarks/ffn.md (float64) or ffn-float32.md.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from attnprobe.models import neuron_errors
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_relu_net
 
-from attnprobe.reports import Table, relative_error as rel, write_section
+from attnprobe.reports import Table, relative_error as rel
+from sections import write_section
 
+DOC = "ffn"  # its results file: docs/benchmarks/ffn.md (float64 answers; float32: ffn-float32.md)
 TITLE = "FFN learner: ReLU networks with biases and K outputs"
 
 
@@ -64,7 +67,8 @@ def main(argv=None):
     print(out)
     if a.write:
         write_section(f"{TITLE} ({', '.join(a.precisions)} answers)", out,
-                      "PYTHONPATH=src python benchmarks/ffn_biased.py " + " ".join(argv or sys.argv[1:]))
+                      "PYTHONPATH=src python benchmarks/ffn_biased.py " + " ".join(argv or sys.argv[1:]),
+                      doc=DOC if a.precisions == ["float64"] else DOC + "-float32")
 
 
 if __name__ == "__main__":

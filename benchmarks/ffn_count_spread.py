@@ -16,10 +16,11 @@ import os
 
 import numpy as np
 
-from attnprobe.learners.estimate import estimate_queries
+from attnprobe.learners.core.estimate import estimate_queries
 from attnprobe.reports import Table
 from estimate import against_real, ffn_run, print_and_write
 
+DOC = "ffn"  # its results file: docs/benchmarks/ffn.md
 TITLE = "FFN learner on float64 answers: the query count's spread over seeds"
 
 
@@ -57,7 +58,7 @@ def main(argv=None):
                   f"{sum(r.check.passed for _, r in runs)}/{len(runs)}")
         print("| " + " | ".join(map(str, table.rows[-1])) + " |", flush=True)
     print_and_write(TITLE, table.markdown() + f"\n\nLoad average at the end: {os.getloadavg()[0]:.1f}.",
-                    "ffn_count_spread.py", argv, args.write)
+                    "ffn_count_spread.py", argv, args.write, doc=DOC)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ SETTINGS = {  # name -> environment
     "OPENBLAS_CORETYPE=SkylakeX": {"OPENBLAS_CORETYPE": "SkylakeX"},
     "ATEN_CPU_CAPABILITY=default": {"ATEN_CPU_CAPABILITY": "default"},
 }
+DOC = "ffn-float32"  # its results file: docs/benchmarks/ffn-float32.md
 TITLE = "FFN learner on float32 answers under other CPU rounding paths"
 NETS = [(8, 16), (8, 32), (16, 16), (16, 32)]
 
@@ -79,7 +80,8 @@ def main(argv=None):
     if a.child:
         print(json.dumps(child(a.seeds, a.torch_seeds)))
         return
-    from attnprobe.reports import Table, write_section
+    from attnprobe.reports import Table
+    from sections import write_section
 
     table = Table(["setting", "family", "runs", "check passed", "all neurons", "worst check error"])
     src = str(Path(__file__).resolve().parents[1] / "src")
@@ -97,7 +99,7 @@ def main(argv=None):
     print(text)
     if a.write:
         cmd = "PYTHONPATH=src python benchmarks/ffn_float32_kernels.py " + " ".join(argv or sys.argv[1:])
-        write_section(TITLE, text, cmd.strip())
+        write_section(TITLE, text, cmd.strip(), doc=DOC)
 
 
 if __name__ == "__main__":

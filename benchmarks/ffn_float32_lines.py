@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+DOC = "ffn-float32"  # its results file: docs/benchmarks/ffn-float32.md
 TITLE = "FFN learner on float32 answers: search lines per run, estimate and outcome"
 
 
@@ -97,7 +98,7 @@ def main(argv=None):
     ap.add_argument("--families", nargs="+", default=["bias-free", "biased", "torch"])
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args(argv)
-    from attnprobe.learners.estimate import estimate_queries
+    from attnprobe.learners.core.estimate import estimate_queries
     from attnprobe.reports import Table
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -125,7 +126,7 @@ def main(argv=None):
                   f"{sum(bool(g[3].passed) for g in got)}/{a.seeds}", f"{sum(bool(g[4]) for g in got)}/{a.seeds}",
                   f"{max(float(g[3].error) for g in got):.1e}", f"{os.getloadavg()[0]:.1f}")
         print("| " + " | ".join(map(str, table.rows[-1])) + f" |  ({time.perf_counter() - t0:.0f} s)", flush=True)
-    print_and_write(TITLE, table.markdown(), "ffn_float32_lines.py", argv, a.write)
+    print_and_write(TITLE, table.markdown(), "ffn_float32_lines.py", argv, a.write, doc=DOC)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,11 @@ import numpy as np
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.hf_attention import oracle_from_hf
 from attnprobe.oracles.input_bound import clipping_norm
-from attnprobe.reports import Table, command_line, write_section
+from attnprobe.reports import Table
+from sections import command_line, write_section
 from attnprobe.targets.hf import hf_layer_arrays, hf_layer_row, layer_answers, minilm_dir
 
+DOC = "hf-attention"  # its results file: docs/benchmarks/hf-attention.md
 PARENT = "Hugging Face attention layers (the live module as the victim)"
 
 
@@ -135,7 +137,7 @@ def main() -> None:
     ap.add_argument("--row", type=int, default=5)
     ap.add_argument("--extract", action="store_true", help="run the multi-head learner (minutes per layer)")
     ap.add_argument("--vector", action="store_true", help="run the whole-row learner on the whole output row")
-    ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks/hf-attention.md")
     args = ap.parse_args()
     folder = minilm_dir()
     layers = [int(x) for x in args.layers.split(",")]
@@ -154,7 +156,7 @@ def main() -> None:
     for title, table in sections:
         print(f"\n{title}\n{table.markdown()}{note}")
         if args.write:
-            write_section(title, table.markdown() + note, command_line(), parent=PARENT)
+            write_section(title, table.markdown() + note, command_line(), parent=PARENT, doc=DOC)
 
 
 if __name__ == "__main__":

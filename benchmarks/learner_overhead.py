@@ -21,17 +21,19 @@ import time
 
 import numpy as np
 
-from attnprobe.learners.estimate import estimate_queries
-from attnprobe.learners.exact import extract_exact
-from attnprobe.learners.lowrank import extract_lowrank
+from attnprobe.learners.core.estimate import estimate_queries
+from attnprobe.learners.head.exact import extract_exact
+from attnprobe.learners.head.lowrank import extract_lowrank
 from attnprobe.learners.multihead.generic import extract_generic
 from attnprobe.models.compare import relative_error
 from attnprobe.models.multihead import match_heads
 from attnprobe.oracles.base import Oracle
-from attnprobe.reports import Table, command_line, write_section
+from attnprobe.reports import Table
+from sections import command_line, write_section
 from attnprobe.targets import minilm_head, random_head
 from attnprobe.targets.minilm import minilm_layer
 
+DOC = "overhead"  # its results file: docs/benchmarks/overhead.md
 TITLE = "Learner overhead: the learner's own time ÷ the numpy model's time answering it"
 
 
@@ -167,7 +169,7 @@ def main() -> None:
     print(summary.markdown(), flush=True)
     if args.write:
         write_section(TITLE, f"Goal learner ÷ model ≤ 0.25.\n\n`uptime` before: {before}; after: {after}\n\n"
-                      + summary.markdown(), command_line())
+                      + summary.markdown(), command_line(), doc=DOC)
 
 
 if __name__ == "__main__":

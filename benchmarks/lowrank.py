@@ -5,7 +5,7 @@
 
 Writes benchmarks/results/lowrank.json, docs/lowrank_queries_vs_d.png (which also uses the nuclear rows of
 benchmarks/results/nuclear.json), and the subsections "Adaptive sketch" and "Summary" of the section
-"Low-rank heads (Thm 5.1)" of docs/benchmarks.md.
+"Low-rank heads (Thm 5.1)" of docs/benchmarks/lowrank.md.
 """
 
 from __future__ import annotations
@@ -19,15 +19,17 @@ from pathlib import Path
 import numpy as np
 
 from attnprobe.learners import extract_exact
-from attnprobe.learners.lowrank import extract_lowrank, lowrank_dof
+from attnprobe.learners.head.lowrank import extract_lowrank, lowrank_dof
 from attnprobe.oracles import Oracle
-from attnprobe.reports import Table, write_section
+from attnprobe.reports import Table
+from sections import write_section
 from attnprobe.reports import relative_error as rel
 from attnprobe.reports.figures import figure_png, new_figure
 from attnprobe.targets import minilm_head, random_head
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+DOC = "lowrank"  # its results file: docs/benchmarks/lowrank.md
 SECTION = "Low-rank heads (Thm 5.1)"
 CMD = "python benchmarks/lowrank.py"
 
@@ -46,7 +48,7 @@ def big_run(d, r):
         import json, resource, time, numpy as np
         from attnprobe.targets import random_head
         from attnprobe.oracles import Oracle
-        from attnprobe.learners.lowrank import extract_lowrank
+        from attnprobe.learners.head.lowrank import extract_lowrank
         h = random_head({d}, rank={r}, seed=1)
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         out = {{}}
@@ -149,10 +151,10 @@ def report(out, stamp=True):
                 "2dr − r² + 2d + 1"])
     for x in out["scaling"]:
         t3.add(x["d"], x["exact"], x["lowrank"], x["lowrank_detected"], nuc.get(x["d"], "—"), x["dof"])
-    L += ["Queries against d at r = 4:", "", t3.markdown(), "", "![queries vs d](lowrank_queries_vs_d.png)"]
+    L += ["Queries against d at r = 4:", "", t3.markdown(), "", "![queries vs d](../lowrank_queries_vs_d.png)"]
     text = "\n".join(L) + "\n"
-    write_section("Adaptive sketch (--method lowrank)", text, CMD, parent=SECTION, stamp=stamp)
-    write_section("Summary", summary(), CMD + " --report-only", parent=SECTION, stamp=stamp)
+    write_section("Adaptive sketch (--method lowrank)", text, CMD, parent=SECTION, stamp=stamp, doc=DOC)
+    write_section("Summary", summary(), CMD + " --report-only", parent=SECTION, stamp=stamp, doc=DOC)
     plot(out, nuc)
 
 

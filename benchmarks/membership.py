@@ -5,24 +5,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnprobe.learners.membership import (
+from attnprobe.learners.head.membership import (
     extract_membership,
     extract_membership_paper,
     paper_membership_plan,
 )
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import Membership
-from attnprobe.reports import Table, command_line, write_section
+from attnprobe.reports import Table
+from sections import command_line, write_section
 from attnprobe.reports import relative_error as rel
 from attnprobe.targets import random_head
 from attnprobe.targets.theorem_heads import margin, theorem_head
 
+DOC = "membership"  # its results file: docs/benchmarks/membership.md
 SECTION = "Membership queries (App. B)"
 
 
 def write_fragment(title, command, table, extra=""):
-    """One subsection of docs/benchmarks.md: the table, then what to read in it."""
-    write_section(title, f"{table}\n{extra}", command, parent=SECTION)
+    """One subsection of docs/benchmarks/membership.md: the table, then what to read in it."""
+    write_section(title, f"{table}\n{extra}", command, parent=SECTION, doc=DOC)
     print(table)
 
 

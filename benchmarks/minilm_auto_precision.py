@@ -4,7 +4,7 @@ read float32 from the answers, pass its own functional check, and (lowrank) find
     PYTHONPATH=src python benchmarks/minilm_auto_precision.py [--heads 72] [--methods lowrank,lowrank32,exact]
 
 Rows are appended to benchmarks/results/minilm_auto_precision.json as they finish (a rerun skips done rows);
-the summary table goes to docs/benchmarks.md.
+the summary table goes to docs/benchmarks/precision.md.
 """
 
 from __future__ import annotations
@@ -17,16 +17,20 @@ from pathlib import Path
 import numpy as np
 
 from attnprobe.learners import extract_exact
-from attnprobe.learners.lowrank import extract_lowrank
+from attnprobe.learners.head.lowrank import extract_lowrank
 from attnprobe.models.attention import AttentionHead
 from attnprobe.oracles import Oracle
-from attnprobe.reports import Table, write_section
+from attnprobe.reports import Table
+from sections import write_section
 from attnprobe.reports import relative_error as rel
 from attnprobe.targets.minilm import HEADS, LAYERS, minilm_head
 
 RESULTS = Path(__file__).resolve().parent / "results" / "minilm_auto_precision.json"
 RUNNERS = {"lowrank": lambda o: extract_lowrank(o, seed=0), "lowrank32": lambda o: extract_lowrank(o, rank=32, seed=0),
            "exact": lambda o: extract_exact(o, seed=0)}
+
+
+DOC = "precision"  # its results file: docs/benchmarks/precision.md
 
 
 def run_one(layer: int, head: int, method: str) -> dict:
@@ -104,7 +108,8 @@ wrapped as `Oracle(head, 384, precision="auto")`: nothing tells the learner that
 `extract_lowrank(rank=32)` (`--rank 32`). Unknowns are d² + 2d + 1 = 148,225. Before this change the same heads
 without a declared precision failed their functional check (exact: 71 of 72) and lowrank detected rank 384.
 """ + args.note,
-                      f"python benchmarks/minilm_auto_precision.py --heads {args.heads} --methods {args.methods}")
+                      f"python benchmarks/minilm_auto_precision.py --heads {args.heads} --methods {args.methods}",
+                      doc=DOC)
 
 
 if __name__ == "__main__":

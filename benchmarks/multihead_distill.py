@@ -20,8 +20,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attnprobe.reports import BENCHMARKS_MD, Table, write_section  # noqa: E402
-DOCS = BENCHMARKS_MD.parent
+from attnprobe.reports import Table  # noqa: E402
+from sections import DOCS, write_section  # noqa: E402
+
+DOC = "multihead"  # its results file: docs/benchmarks/multihead.md
 
 
 def table(headers, rows) -> str:
@@ -140,9 +142,9 @@ def main() -> None:
     if args.write:
         plot(curves)
         write_section("Multi-head: functional distillation baseline vs extraction", INTRO + body +
-                      "\n\n![distillation vs extraction](multihead_distill.png)\n",
+                      "\n\n![distillation vs extraction](../multihead_distill.png)\n",
                       f"OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/multihead_distill.py "
-                      f"--seeds {args.seeds} --restarts {args.restarts} --write")
+                      f"--seeds {args.seeds} --restarts {args.restarts} --write", doc=DOC)
 
 
 def plot(curves) -> None:

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.learners.exact import learn_value
+from attnprobe.learners.head.exact import learn_value
 from attnprobe.learners.multihead.saturation import saturated_values
 from attnprobe.oracles.base import Oracle
 from attnprobe.targets.minilm import minilm_layer

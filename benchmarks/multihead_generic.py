@@ -1,6 +1,6 @@
 """Benchmark: the generic multi-head learner (values / isolated / cross) on random generic heads and on the
 real MiniLM-L6 layer (all 12 heads, d = 384). Writes the section "Multi-head: generic overlapping heads" of
-docs/benchmarks.md.
+docs/benchmarks/multihead.md.
 
     PYTHONPATH=src python benchmarks/multihead_generic.py [--seeds 5] [--layers 0] [--float32] [--no-write]
 
@@ -18,13 +18,15 @@ import time
 
 import numpy as np
 
-from attnprobe.reports import Table, command_line, write_section  # noqa: E402
+from attnprobe.reports import Table  # noqa: E402
+from sections import command_line, write_section  # noqa: E402
 from attnprobe.errors import AttnprobeError  # noqa: E402
 from attnprobe.learners.multihead.generic import extract_generic  # noqa: E402
 from attnprobe.models.multihead import MultiHeadAttention, match_heads  # noqa: E402
 from attnprobe.oracles.base import Oracle  # noqa: E402
 from attnprobe.targets.multihead import random_multihead  # noqa: E402
 
+DOC = "multihead"  # its results file: docs/benchmarks/multihead.md
 TITLE = "Multi-head: generic overlapping heads (saturated values, isolated heads, switched-off cross terms)"
 
 
@@ -168,7 +170,7 @@ def main(argv=None):
                 + torch_rows(args.layers, args.torch or ["float64"]))
         print(body)
         if not args.no_write:
-            write_section(TORCH_TITLE, body, command_line())
+            write_section(TORCH_TITLE, body, command_line(), doc=DOC)
         return
     parts = []
     if not args.skip_random:
@@ -207,7 +209,7 @@ def main(argv=None):
     body = "\n\n".join(parts)
     print(body)
     if not args.no_write:
-        write_section(TITLE, body, command_line())
+        write_section(TITLE, body, command_line(), doc=DOC)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,14 @@ import numpy as np
 from attnprobe.learners.multihead.headcheck import check_heads
 from attnprobe.models.multihead import MultiHeadAttention, match_heads
 from attnprobe.oracles.base import Oracle
-from attnprobe.reports import Table, command_line, write_section
+from attnprobe.reports import Table
+from sections import command_line, write_section
 from attnprobe.targets.multihead import random_multihead
 
 sys.path.insert(0, os.path.dirname(__file__))
 from multihead_generic import FactorForm  # noqa: E402
 
+DOC = "multihead"  # its results file: docs/benchmarks/multihead.md
 TITLE = "Multi-head: the per-head check against the true head errors"
 
 
@@ -78,7 +80,7 @@ def main(argv=None):
             "[1e-9, 1e-2], 1e-4 for float32) and runs `check_heads` against the true layer.\n\n" + table.markdown())
     print(body)
     if args.write:
-        write_section(TITLE, body, command_line())
+        write_section(TITLE, body, command_line(), doc=DOC)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ def table(headers, rows) -> str:
     return Table(headers, rows).markdown()
 
 
-from attnprobe.learners.exact import extract_exact, learn_value  # noqa: E402
+from attnprobe.learners.head.exact import extract_exact, learn_value  # noqa: E402
 from attnprobe.learners.multihead.blocks import simultaneous_blocks  # noqa: E402
 from attnprobe.learners.multihead.hessian import hessian_at  # noqa: E402
 from attnprobe.oracles import Oracle  # noqa: E402

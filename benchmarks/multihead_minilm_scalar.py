@@ -25,12 +25,14 @@ from attnprobe.errors import AttnprobeError
 from attnprobe.learners.multihead.generic import extract_generic
 from attnprobe.models.multihead import match_heads
 from attnprobe.oracles.base import Oracle
-from attnprobe.reports import Table, command_line, write_section
+from attnprobe.reports import Table
+from sections import command_line, write_section
 from attnprobe.targets.minilm import minilm_layer
 
 sys.path.insert(0, os.path.dirname(__file__))
 from multihead_generic import FactorForm  # noqa: E402
 
+DOC = "multihead"  # its results file: docs/benchmarks/multihead.md
 TITLE = "Multi-head: generic learner on all six MiniLM-L6 layers, scalar answers (float64, float32, noise)"
 
 
@@ -108,7 +110,7 @@ def main(argv=None):
         body = random32_rows().markdown()
         print(body)
         if args.write:
-            write_section(TITLE + " — random float32 layers", body, command_line())
+            write_section(TITLE + " — random float32 layers", body, command_line(), doc=DOC)
         return
     table = Table(["layer", "answers", "rank", "found", "queries", "worst head error (true)",
                    "check error / tolerance", "notes", "seconds", "load avg"])
@@ -122,7 +124,7 @@ def main(argv=None):
             "includes the per-head bounds (each head alone, others switched off).\n\n" + table.markdown())
     print(body)
     if args.write:
-        write_section(TITLE + " — " + ", ".join(args.runs), body, command_line())
+        write_section(TITLE + " — " + ", ".join(args.runs), body, command_line(), doc=DOC)
 
 
 if __name__ == "__main__":

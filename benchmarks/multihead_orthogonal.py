@@ -18,7 +18,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attnprobe.reports import Table, write_section  # noqa: E402
+from attnprobe.reports import Table  # noqa: E402
+from sections import write_section  # noqa: E402
+
+
+DOC = "multihead"  # its results file: docs/benchmarks/multihead.md
 
 
 def table(headers, rows) -> str:
@@ -61,7 +65,7 @@ def run_one(H: int, dh: int, seed: int, mode: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20)
-    ap.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="write the section of docs/benchmarks/multihead.md")
     args = ap.parse_args()
     rows, failures = [], []
     for mode in MODES:
@@ -90,7 +94,7 @@ def main() -> None:
     if args.write:
         write_section("Multi-head: orthogonal head subspaces (Prop. C.2, App. C conjecture)", INTRO + body,
                       f"OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/multihead_orthogonal.py "
-                      f"--seeds {args.seeds} --write")
+                      f"--seeds {args.seeds} --write", doc=DOC)
 
 
 HEADERS = ["mode", "H", "d_h", "d", f"all heads ≤ {TOL:g}", "H right", "median worst head err",

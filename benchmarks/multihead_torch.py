@@ -13,15 +13,19 @@ from attnprobe.models.compare import parameter_errors
 from attnprobe.models.multihead import MultiHeadAttention
 from attnprobe.oracles.torch_adapter import oracle_from_torch, torch
 from attnprobe.oracles.torch_multihead import TorchMultiheadRow, multihead_from_torch
-from attnprobe.reports import Table, command_line, write_section
+from attnprobe.reports import Table
+from sections import command_line, write_section
 
 CASES = ((16, 4), (32, 4), (64, 4), (64, 2))
+
+
+DOC = "multihead"  # its results file: docs/benchmarks/multihead.md
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks/multihead.md")
     args = ap.parse_args()
     table = Table(["d", "H", "seed", "heads found", "worst head error", "check passed", "queries",
                    "4Hd²−2H+1"])
@@ -40,7 +44,7 @@ def main() -> None:
     print(table.markdown())
     if args.write:
         write_section("Multi-head: generic learner on torch.nn.MultiheadAttention layers", table.markdown(),
-                      command_line())
+                      command_line(), doc=DOC)
 
 
 if __name__ == "__main__":

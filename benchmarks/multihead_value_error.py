@@ -14,16 +14,18 @@ import sys
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.learners.exact import learn_value
+from attnprobe.learners.head.exact import learn_value
 from attnprobe.learners.multihead.saturation import saturated_values
 from attnprobe.oracles.base import Oracle
-from attnprobe.reports import Table, command_line, write_section
+from attnprobe.reports import Table
+from sections import command_line, write_section
 from attnprobe.targets.minilm import minilm_layer
 from attnprobe.targets.multihead import random_multihead
 
 sys.path.insert(0, os.path.dirname(__file__))
 from multihead_generic import FactorForm  # noqa: E402
 
+DOC = "multihead"  # its results file: docs/benchmarks/multihead.md
 TITLE = "Multi-head: the values stage's own error bound against the true value-vector errors"
 
 
@@ -61,7 +63,7 @@ def main(argv=None):
     body = table.markdown()
     print(body)
     if args.write:
-        write_section(TITLE, body, command_line())
+        write_section(TITLE, body, command_line(), doc=DOC)
 
 
 if __name__ == "__main__":

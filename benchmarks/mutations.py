@@ -8,7 +8,7 @@ file (sites are found by text, so the table survives refactors that move lines; 
 not skipped silently). The tree is copied once to a temporary folder (the working tree is never edited); each
 mutation is applied there, the relevant test files run (``pytest -x``, default markers), and the file is restored.
 A mutation is *killed* when a test fails; the table names the first failing test. ``--write`` replaces this
-script's section in docs/benchmarks.md.
+script's section in docs/benchmarks/hardening.md.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+DOC = "hardening"  # its results file: docs/benchmarks/hardening.md
 TITLE = "Mutation testing: single-line changes to core code the default tests must catch"
 
 
@@ -41,13 +42,13 @@ class Mutation:
 M = Mutation
 MUTATIONS = [
     # the functional check: the verdict every "passed" rests on
-    M("check-eps-factor", "learners/check.py", "CHECK_EPS_FACTOR = 1e4", "CHECK_EPS_FACTOR = 1e7",
+    M("check-eps-factor", "learners/core/check.py", "CHECK_EPS_FACTOR = 1e4", "CHECK_EPS_FACTOR = 1e7",
       ("tests/test_hostile_check.py",), "a 1000x looser rounding tolerance"),
-    M("check-verdict", "learners/check.py", "passed=bool(rel <= tolerance)", "passed=bool(rel <= 10 * tolerance)",
+    M("check-verdict", "learners/core/check.py", "passed=bool(rel <= tolerance)", "passed=bool(rel <= 10 * tolerance)",
       ("tests/test_hostile_check.py",), "passes models 10x beyond their tolerance"),
-    M("check-cap", "learners/check.py", "CHECK_CAP = 0.1", "CHECK_CAP = 1.0",
+    M("check-cap", "learners/core/check.py", "CHECK_CAP = 0.1", "CHECK_CAP = 1.0",
       ("tests/test_hostile_check.py",), "no cap on the tolerance"),
-    M("check-model-c", "learners/check.py", "c_hat = np.mean(np.concatenate([y for _, y, _ in answers]), axis=0)",
+    M("check-model-c", "learners/core/check.py", "c_hat = np.mean(np.concatenate([y for _, y, _ in answers]), axis=0)",
       "c_hat = np.asarray(getattr(model, 'c', 0.0), dtype=np.float64)",
       ("tests/test_hostile_check.py",), "the model's own c as the constant part"),
     # the oracle: counting, budgets, validation
@@ -64,27 +65,27 @@ MUTATIONS = [
     M("npz-size-limit", "models/io.py", "if total > max_bytes:", "if False and total > max_bytes:",
       ("tests/test_hostile_files.py",), "no size limit before decompressing"),
     # learners
-    M("exact-bfloat16-W", "learners/exact.py", "    W = M @ cols.B  # M = W Bᵀ",
+    M("exact-bfloat16-W", "learners/head/exact.py", "    W = M @ cols.B  # M = W Bᵀ",
       "    W = (M @ cols.B) * (0.8 if oracle.precision == 'bfloat16' else 1.0)  # M = W Bᵀ",
       ("tests/test_hostile_check.py",), "W 20 % off on bfloat16 answers"),
-    M("exact-u-sign", "learners/exact.py", "return run.finish(AttentionHead(W, v, u, c)",
+    M("exact-u-sign", "learners/head/exact.py", "return run.finish(AttentionHead(W, v, u, c)",
       "return run.finish(AttentionHead(W, v, -u, c)", ("tests/test_exact.py",), "query bias u flipped"),
-    M("sigmoid-logit", "learners/sigmoid.py",
+    M("sigmoid-logit", "learners/head/sigmoid.py",
       "np.log(np.where(saturated, 1.0, p)) - np.log(np.where(saturated, 1.0, q))",
       "np.log(np.where(saturated, 1.0, p)) - 0.999 * np.log(np.where(saturated, 1.0, q))",
       ("tests/test_exact.py",), "the sigmoid inversion 0.1 % off"),
-    M("membership-no-rebisect", "learners/membership.py", "    for attempt in range(6):",
+    M("membership-no-rebisect", "learners/head/membership.py", "    for attempt in range(6):",
       "    for attempt in range(1):", ("tests/test_membership.py",), "saturated entries never bisected again"),
-    M("lowrank-certificate", "learners/lowrank.py", "        if certificate:", "        if False:",
+    M("lowrank-certificate", "learners/head/lowrank.py", "        if certificate:", "        if False:",
       ("tests/test_lowrank.py",), "an under-estimated rank is not caught"),
-    M("probe-householder", "learners/probes.py", "        Q -= np.outer(2.0 * (Q @ w1), w1)",
+    M("probe-householder", "learners/head/probes.py", "        Q -= np.outer(2.0 * (Q @ w1), w1)",
       "        Q -= np.outer(1.0 * (Q @ w1), w1)", ("tests/test_probes.py",),
       "equal-projection probes no longer orthogonal"),
-    M("grid-position-value", "learners/sigmoid.py",
+    M("grid-position-value", "learners/head/sigmoid.py",
       "        np.add((probes[:, 0, 0, :] @ v)[:, None], yb, out=y1.reshape(m, k))",
       "        np.add((probes[:, 0, 0, :] @ v)[:, None], 0.0, out=y1.reshape(m, k))", ("tests/test_query_blocks.py",),
       "a grid's y1 misses the second row's value"),
-    M("lowrank-rank-safety", "learners/lowrank.py", "RANK_SAFETY = 10.0", "RANK_SAFETY = 1e6",
+    M("lowrank-rank-safety", "learners/head/lowrank.py", "RANK_SAFETY = 10.0", "RANK_SAFETY = 1e6",
       ("tests/test_lowrank.py",), "rank detection blind below 1e6 roundings"),
     M("ffn-one-line", "learners/ffn/more_lines.py", "MAX_LINES = 3", "MAX_LINES = 1",
       ("tests/test_ffn.py",), "float32 answers searched on one line only"),
@@ -187,7 +188,8 @@ def main(argv=None):
         for m in chosen:
             print(f"{m.name:26s} {m.path:28s} {m.what}")
         return 0
-    from attnprobe.reports import Table, write_section
+    from attnprobe.reports import Table
+    from sections import write_section
 
     table = Table(["mutation", "file", "what it breaks", "result", "killed by", "seconds"])
     with tempfile.TemporaryDirectory(prefix="attnprobe-mutants-") as tmp:
@@ -205,7 +207,7 @@ def main(argv=None):
     if a.write:
         cmd = "PYTHONPATH=src python benchmarks/mutations.py " + " ".join(argv if argv is not None else sys.argv[1:])
         write_section(TITLE, table.markdown() + f"\n\n{len(chosen) - len(survived)} of {len(chosen)} killed.",
-                      cmd.strip())
+                      cmd.strip(), doc=DOC)
     return 1 if survived else 0
 
 

@@ -12,7 +12,7 @@ import argparse
 
 import numpy as np
 
-from attnprobe.learners.robust import (
+from attnprobe.learners.head.robust import (
     extract_robust,
     extract_robust_paper,
     theorem_guarantee,
@@ -20,7 +20,8 @@ from attnprobe.learners.robust import (
 from attnprobe.models import AttentionHead
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import AdversarialNoise, BoundedNoise, FreshNoise
-from attnprobe.reports import DOCS, Table, command_line, write_section
+from attnprobe.reports import Table
+from sections import DOCS, command_line, write_section
 from attnprobe.reports.figures import figure_png, new_figure
 from attnprobe.targets import minilm_head
 from attnprobe.targets.theorem_heads import margin, theorem_head
@@ -28,12 +29,13 @@ from attnprobe.targets.theorem_heads import margin, theorem_head
 W_BOUND = 2.0
 ORACLES = {"avq": lambda h, t, s: BoundedNoise(h, t, seed=s), "adversarial": lambda h, t, s: AdversarialNoise(h, t)}
 
+DOC = "noise"  # its results file: docs/benchmarks/noise.md
 SECTION = "Noisy answers (Thm 6.1)"
 
 
 def write_fragment(title, command, table, extra=""):
-    """One subsection of docs/benchmarks.md: the table, then what to read in it."""
-    write_section(title, f"{table}\n{extra}", command, parent=SECTION)
+    """One subsection of docs/benchmarks/noise.md: the table, then what to read in it."""
+    write_section(title, f"{table}\n{extra}", command, parent=SECTION, doc=DOC)
     print(table)
 
 
@@ -156,7 +158,7 @@ def theorem_tables():
                    "\n\nDefault estimator (no bound on W) against the paper at the same τ (d + d² planned; "
                    "re-measured probes add the few extra queries shown):\n\n" + cmp_ +
                    "\n\nExtra queries (value pass at a large scale + W passes in fresh frames):\n\n" + extra,
-                   "\n![error vs τ](robust_tau.png)\n")
+                   "\n![error vs τ](../robust_tau.png)\n")
 
 
 def minilm_table():
@@ -185,7 +187,8 @@ def minilm_table():
     write_fragment(f"Error vs τ on a real head: MiniLM-L6 L0H0 without biases (d = {d}, "
                    f"‖W‖_F = {wb:.3f} used as W, μ = min|v_i| = {mu:.2e})", command_line(), table,
                    "\nThe real head's smallest value entry makes μ tiny, so the theorem's guarantee is loose (and "
-                   "τ ≤ μ/2 is required); both learners stay far below it.\n\n![MiniLM error vs τ](minilm_tau.png)\n")
+                   "τ ≤ μ/2 is required); both learners stay far below it.\n\n"
+                   "![MiniLM error vs τ](../minilm_tau.png)\n")
     fig, ax = new_figure(7, 4.5)
     ax.loglog(taus, series["g"], "k-", lw=2, label="Thm 6.1 guarantee 80 W² d τ / μ")
     for k, st in (("paper", "o-"), ("paper adv", "s--"), ("default", "^-"), ("default adv", "v--")):

@@ -4,7 +4,7 @@
 
 Writes benchmarks/results/nuclear.json, docs/nuclear_phase_transition.png and the subsections "Nuclear norm:
 phase transition" and "Nuclear norm: exact recovery at the default m" of "Low-rank heads (Thm 5.1)" in
-docs/benchmarks.md.
+docs/benchmarks/lowrank.md.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.learners.scaling import LogitProbe
-from attnprobe.learners.nuclear import (
+from attnprobe.learners.head.scaling import LogitProbe
+from attnprobe.learners.head.nuclear import (
     PHASE_OFFSET,
     PHASE_SLOPE,
     extract_nuclear,
@@ -29,10 +29,12 @@ from attnprobe.learners.nuclear import (
     rop_measurements,
 )
 from attnprobe.oracles import Oracle
-from attnprobe.reports import Table, write_section
+from attnprobe.reports import Table
+from sections import write_section
 from attnprobe.reports.figures import figure_png, new_figure
 from attnprobe.targets import random_head
 
+DOC = "lowrank"  # its results file: docs/benchmarks/lowrank.md
 SECTION = "Low-rank heads (Thm 5.1)"
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,8 +154,8 @@ def write_report(rows, exact, cmds, stamp=True):
     figure_png(fig, ROOT / "docs" / "nuclear_phase_transition.png", dpi=120)
     write_section("Nuclear norm: phase transition", "(float64 answers, SCS eps 1e-8; success = relative error of W "
                   "≤ 1e-6 after the polish; the convex solution alone is also shown as ≤ 1e-4)\n\n" + phase.markdown()
-                  + "\n\n![phase transition](nuclear_phase_transition.png)", cmds.get("phase", "?"),
-                  parent=SECTION, stamp=stamp)
+                  + "\n\n![phase transition](../nuclear_phase_transition.png)", cmds.get("phase", "?"),
+                  parent=SECTION, stamp=stamp, doc=DOC)
     ex = Table(["d", "r", "m", "queries", "rel. error W", "rel. error u", "functional check",
                 "seconds (noisy, shared 2 cores)"])
     for x in exact:
@@ -164,7 +166,7 @@ def write_report(rows, exact, cmds, stamp=True):
             ex.add(x["d"], x["r"], "—", "—", x["status"], "", "", "")
     write_section("Nuclear norm: exact recovery at the default m", "Exact recovery through `extract_nuclear` "
                   f"(biased random heads, default m = ⌈2d·({PHASE_SLOPE}·r + {PHASE_OFFSET})⌉, float64 answers):\n\n"
-                  + ex.markdown(), cmds.get("exact", "?"), parent=SECTION, stamp=stamp)
+                  + ex.markdown(), cmds.get("exact", "?"), parent=SECTION, stamp=stamp, doc=DOC)
 
 
 if __name__ == "__main__":

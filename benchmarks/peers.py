@@ -32,8 +32,10 @@ from attnprobe.models import ReLUNet, neuron_errors
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_relu_net
 
-from attnprobe.reports import Table, relative_error as rel, write_section
+from attnprobe.reports import Table, relative_error as rel
+from sections import write_section
 
+DOC = "peers"  # its results file: docs/benchmarks/peers.md
 TITLE = "Peer comparison: ReLU networks, attnprobe vs ART FunctionallyEquivalentExtraction (fair setup)"
 SMALL = ((8, 4), (8, 8), (16, 8), (16, 16))
 
@@ -128,7 +130,7 @@ def main(argv=None):
     ap.add_argument("--precisions", nargs="+", default=["float64", "float32"])
     ap.add_argument("--networks", nargs="+", choices=["art", "paper"], default=["art", "paper"],
                     help="art: ART's 784-16-10 biased setting; paper: the small bias-free nets")
-    ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks/peers.md")
     a = ap.parse_args(argv)
     cases = [("art", 784, 16, s) for s in range(a.art_seeds)] if "art" in a.networks else []
     cases += [("paper", d, m, s) for d, m in SMALL for s in range(a.seeds)] if "paper" in a.networks else []
@@ -149,7 +151,7 @@ def main(argv=None):
             f"{TITLE}: {'ART setting' if a.networks == ['art'] else 'small bias-free nets'}, "
             f"ART stopped after {a.timeout:.0f} s")
         write_section(title, out,
-                      "PYTHONPATH=src python -W ignore benchmarks/peers.py " + " ".join(argv or sys.argv[1:]))
+                      "PYTHONPATH=src python -W ignore benchmarks/peers.py " + " ".join(argv or sys.argv[1:]), doc=DOC)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ answers with more queries.
 float64/float32/bfloat16 rows compute the whole head in that precision (AttentionHead dtype); the float16 and
 "bfloat16 answers" rows compute in float32 and cast inputs and answers (numpy's float16 matmul is ~100x slower
 than float32 here, so full float16 compute is left out). ``round k`` rows round float64 answers to k
-decimals. Writes docs/precision_study.png and the subsections of "Answer precision" in docs/benchmarks.md.
+decimals. Writes docs/precision_study.png and the subsections of "Answer precision" in docs/benchmarks/precision.md.
 """
 
 from __future__ import annotations
@@ -17,20 +17,22 @@ import numpy as np
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.learners import extract_exact
-from attnprobe.learners.robust import extract_robust
+from attnprobe.learners.head.robust import extract_robust
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import Precision, Rounded
-from attnprobe.reports import DOCS, Table, command_line, write_section
+from attnprobe.reports import Table
+from sections import DOCS, command_line, write_section
 from attnprobe.reports import relative_error as rel
 from attnprobe.reports.figures import figure_png, new_figure
 from attnprobe.targets import minilm_head
 
+DOC = "precision"  # its results file: docs/benchmarks/precision.md
 SECTION = "Answer precision"
 
 
 def write_fragment(title, command, table, extra=""):
-    """One subsection of docs/benchmarks.md: the table, then what to read in it."""
-    write_section(title, f"{table}\n{extra}", command, parent=SECTION)
+    """One subsection of docs/benchmarks/precision.md: the table, then what to read in it."""
+    write_section(title, f"{table}\n{extra}", command, parent=SECTION, doc=DOC)
     print(table)
 
 
@@ -100,7 +102,7 @@ def main():
                    "unknowns d²+2d+1 = 148225)", command_line(), table,
                    "\nBest error reachable from low-precision or rounded answers (robust, more queries = more W "
                    "passes in "
-                   "fresh frames, averaged):\n\n" + best + "\n\n![precision study](precision_study.png)\n")
+                   "fresh frames, averaged):\n\n" + best + "\n\n![precision study](../precision_study.png)\n")
 
     fig, ax = new_figure(8, 4.5)
     x = np.arange(len(specs))

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from attnprobe.learners.exact import extract_exact
-from attnprobe.learners.lowrank import extract_lowrank
+from attnprobe.learners.head.exact import extract_exact
+from attnprobe.learners.head.lowrank import extract_lowrank
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_head
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnprobe.learners.lowrank import extract_lowrank
+from attnprobe.learners.head.lowrank import extract_lowrank
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_head
 
@@ -28,6 +28,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from learner_overhead import Timed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+DOC = "overhead"  # its results file: docs/benchmarks/overhead.md
 
 
 def main(d=1024, r=64):
@@ -56,7 +59,7 @@ SWEEP = {"exact": (128, 256, 512, 768), "lowrank": (128, 256, 512, 768, 1024), "
 
 
 def _run(method, d):
-    from attnprobe.learners.exact import extract_exact
+    from attnprobe.learners.head.exact import extract_exact
     from attnprobe.learners.multihead.generic import extract_generic
     from attnprobe.targets.multihead import random_multihead
 
@@ -74,7 +77,8 @@ def _run(method, d):
 
 
 def sweep(dims, write):
-    from attnprobe.reports import Table, command_line, write_section
+    from attnprobe.reports import Table
+    from sections import command_line, write_section
 
     table = Table(["method", "d", "queries", "seconds", "model s", "check passed", "load avg"])
     fits = []
@@ -96,7 +100,7 @@ def sweep(dims, write):
     body = table.markdown() + "\n\nLog-log least-squares exponents: " + "; ".join(fits) + "."
     print(body)
     if write:
-        write_section("Scale: queries and seconds against d", body, command_line())
+        write_section("Scale: queries and seconds against d", body, command_line(), doc=DOC)
 
 
 if __name__ == "__main__":

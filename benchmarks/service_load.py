@@ -24,14 +24,18 @@ import httpx
 import numpy as np
 
 from attnprobe.learners import extract_exact
-from attnprobe.learners.lowrank import extract_lowrank
+from attnprobe.learners.head.lowrank import extract_lowrank
 from attnprobe.models.io import save_model
 from attnprobe.oracles import Oracle, npy_wire
 from attnprobe.oracles.http import oracle_from_url
-from attnprobe.reports import Table, command_line, write_section
+from attnprobe.reports import Table
+from sections import command_line, write_section
 from attnprobe.targets.random_heads import random_head
 
 KEY = "load-test-key"
+
+
+DOC = "service"  # its results file: docs/benchmarks/service.md
 
 
 def free_port() -> int:
@@ -247,7 +251,7 @@ instead of a join and a copy), the idempotency check hashes with CRC-32 instead 
 check is a plain ASGI layer (the decorator middleware started a task per body chunk), and the oracle hands a
 learner's whole batch to the HTTP client (it used to cut it at 4 requests' worth, so the pipeline drained between
 parts).""",
-                      "OPENBLAS_NUM_THREADS=1 PYTHONPATH=src " + command_line())
+                      "OPENBLAS_NUM_THREADS=1 PYTHONPATH=src " + command_line(), doc=DOC)
 
 
 if __name__ == "__main__":

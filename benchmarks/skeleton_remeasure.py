@@ -1,4 +1,4 @@
-"""Re-measures the query counts and errors of every learner on representative settings of docs/benchmarks.md
+"""Re-measures the query counts and errors of every learner on representative settings of docs/benchmarks/*.md
 (the same targets, seeds and options as the learners' own benchmark scripts, fewer of them), so the numbers can be
 compared before and after a refactoring: run it once with the old tree on PYTHONPATH and once with the new.
 
@@ -18,11 +18,11 @@ import sys
 
 import numpy as np
 
-from attnprobe.learners.exact import extract_exact
-from attnprobe.learners.lowrank import extract_lowrank
-from attnprobe.learners.membership import extract_membership, extract_membership_paper
-from attnprobe.learners.nuclear import extract_nuclear
-from attnprobe.learners.robust import extract_robust, extract_robust_paper
+from attnprobe.learners.head.exact import extract_exact
+from attnprobe.learners.head.lowrank import extract_lowrank
+from attnprobe.learners.head.membership import extract_membership, extract_membership_paper
+from attnprobe.learners.head.nuclear import extract_nuclear
+from attnprobe.learners.head.robust import extract_robust, extract_robust_paper
 from attnprobe.learners.transformer import extract_transformer
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import AdversarialNoise, BoundedNoise, Membership

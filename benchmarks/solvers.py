@@ -3,7 +3,7 @@
     python benchmarks/solvers.py
 
 Same measurements for every solver (bias-free rank-r head, m = 3·r·2d, tolerances 1e-9); writes
-its subsection of "Low-rank heads (Thm 5.1)" in docs/benchmarks.md.
+its subsection of "Low-rank heads (Thm 5.1)" in docs/benchmarks/lowrank.md.
 """
 
 from __future__ import annotations
@@ -13,11 +13,15 @@ import warnings
 
 import numpy as np
 
-from attnprobe.learners.nuclear import nuclear_solve
-from attnprobe.reports import Table, command_line, write_section
+from attnprobe.learners.head.nuclear import nuclear_solve
+from attnprobe.reports import Table
+from sections import command_line, write_section
 from attnprobe.targets import random_head
 
 warnings.simplefilter("ignore")
+
+
+DOC = "lowrank"  # its results file: docs/benchmarks/lowrank.md
 
 
 def main():
@@ -36,7 +40,7 @@ def main():
             print(t.rows[-1], flush=True)
     write_section("Solver for program (2)", "(m = 3·r·2d Gaussian rank-one measurements of a bias-free rank-r "
                   "head, solver tolerances 1e-9; seconds are wall time on shared cores, noisy)\n\n" + t.markdown(),
-                  command_line(), parent="Low-rank heads (Thm 5.1)")
+                  command_line(), parent="Low-rank heads (Thm 5.1)", doc=DOC)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     python benchmarks/transformer.py [--seeds 3] [--tables ffn,ffn32,transformer,torch]
 
 Prints markdown tables and writes each as a subsection of "One-layer transformers and ReLU networks (Sec 4.1)"
-in docs/benchmarks.md. Timings are wall-clock seconds on a shared 2-core machine.
+in docs/benchmarks/transformer.md. Timings are wall-clock seconds on a shared 2-core machine.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from attnprobe.learners.ffn import extract_ffn
 from attnprobe.learners.transformer import extract_transformer
 from attnprobe.models import neuron_errors
 from attnprobe.oracles import Oracle
-from attnprobe.reports import Table, command_line, write_section
+from attnprobe.reports import Table
+from sections import command_line, write_section
 from attnprobe.targets import random_relu_net, random_transformer
 
+DOC = "transformer"  # its results file: docs/benchmarks/transformer.md
 SECTION = "One-layer transformers and ReLU networks (Sec 4.1)"
 
 
@@ -236,7 +238,7 @@ def main():
     }
     for name in args.tables.split(","):
         title, make = tables[name]
-        write_section(title, make().markdown(), command_line(), parent=SECTION)
+        write_section(title, make().markdown(), command_line(), parent=SECTION, doc=DOC)
 
 
 if __name__ == "__main__":

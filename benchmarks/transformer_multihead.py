@@ -12,7 +12,7 @@ when its functional check passes and the model's relative error on fresh N(0, I)
 multi-head generic learner plus the FFN learner run on their own. ``grid`` appends every run to a JSON-lines file
 (``benchmarks/results/transformer_grid_d*.jsonl``; a rerun resumes), seed by seed over all cells; ``grid-table``
 tabulates it; ``compare`` sets the queries of the runs two such files share side by side. Each run has a budget
-of 10⁶ queries. Timings are wall-clock seconds on a shared 2-core machine. Tables go to docs/benchmarks.md.
+of 10⁶ queries. Timings are wall-clock seconds on a shared 2-core machine. Tables go to docs/benchmarks/transformer.md.
 """
 
 from __future__ import annotations
@@ -27,15 +27,19 @@ import numpy as np
 from attnprobe.errors import AttnprobeError
 from attnprobe.learners.ffn import extract_ffn
 from attnprobe.learners.multihead.generic import extract_generic
-from attnprobe.learners.transformer_multihead import extract_transformer_multihead
+from attnprobe.learners.transformer.regions import extract_transformer_multihead
 from attnprobe.models import MultiHeadAttention, MultiHeadTransformer
 from attnprobe.models.transformer import transformer_errors
 from attnprobe.oracles import Oracle
-from attnprobe.reports import Table, command_line, write_section
+from attnprobe.reports import Table
+from sections import command_line, write_section
 from attnprobe.targets import random_multihead, random_multihead_transformer, random_relu_net
 
 BUDGET = 1_000_000
 TOL = 1e-8
+
+
+DOC = "transformer"  # its results file: docs/benchmarks/transformer.md
 
 
 def one_run(d, H, m, K, bias, seed, residual=False, polish="auto"):
@@ -211,7 +215,7 @@ def main() -> None:
         table = makers[name]()
         print(table.markdown())
         if not args.no_write:
-            write_section(titles[name], table.markdown(), command_line(), parent=SECTION)
+            write_section(titles[name], table.markdown(), command_line(), parent=SECTION, doc=DOC)
 
 
 if __name__ == "__main__":

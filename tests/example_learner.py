@@ -1,14 +1,14 @@
 """A learner written from scratch and registered in one call: Thm 4.1 with probes ``a = scale·q`` (q: the rows
 of a random orthogonal matrix, so ``aᵀv ≠ 0`` almost surely). Registering it is all it takes for
 ``attnprobe extract --method rotated --scale S``, the refusal of ``--scale`` for every other learner,
-``attnprobe audit --method rotated`` and the learner contract tests."""
+``attnprobe extract --method rotated --estimate``, ``attnprobe audit --method rotated`` and the learner contract
+tests."""
 
 import numpy as np
 
-from attnprobe.learners.probes import random_orthogonal
-from attnprobe.learners.registry import Option, register
-from attnprobe.learners.sigmoid import measure_logits
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.core import Option, QueryCount, Run, register
+from attnprobe.learners.head.probes import random_orthogonal
+from attnprobe.learners.head.sigmoid import measure_logits
 from attnprobe.models import AttentionHead
 
 
@@ -26,9 +26,14 @@ def extract_rotated(oracle, *, seed=0, progress=None, scale=1.0):
     return run.finish(AttentionHead(W, v, u, c), unknowns=d * d + 2 * d + 1)
 
 
+def estimate_rotated(s):  # s: the Setting asked about (d, the answers, the options); nothing is adaptive
+    return QueryCount.exactly(s.d * s.d + 2 * s.d + 1 + s.check_queries, "d²+2d+1 unknowns and the check")
+
+
 def register_rotated():
     return register("rotated", extract_rotated, recovers="head", help="Thm 4.1 with rotated probes (an example)",
-                    options=[Option("scale", float, "norm of the rotated probes", default=1.0, low=0, open_low=True)])
+                    options=[Option("scale", float, "norm of the rotated probes", default=1.0, low=0, open_low=True)],
+                    estimate=estimate_rotated)
 
 
 ENTRY = register_rotated()

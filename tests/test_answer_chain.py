@@ -126,7 +126,7 @@ def test_machine_epsilon_and_unit_roundoff_mean_one_thing_each():
 
 
 @pytest.mark.parametrize("spec, says", [
-    ("noise:1e-6", "does not say which noise"), ("float8", "unknown defence"), ("round:x", "whole number"),
+    ("noise:x", "noise level"), ("float8", "unknown defence"), ("round:x", "whole number"),
     ("round:4+round-digits:3", "twice"), ("float16+float32", "twice"), ("clip:0", "> 0"), ("clip:-1", ">= 0"),
     ("avq:nan", "finite"), ("round-digits:18", "at most 17"), ("round:400", "-308 <= K <= 308"), ("", "empty"),
     ("cast:float64", "casts to"), ("noise-seed:1.5", "whole number"), ("none+float16", "stands alone"),
@@ -156,7 +156,6 @@ def test_flags_and_spec_combine_and_refuse_a_stage_given_twice(tmp_path, capsys)
     save_model(random_head(4, seed=0), tmp_path / "t.npz")
     base = ["extract", "--target", tmp_path / "t.npz", "--out", tmp_path / "o.npz", "--quiet"]
     refused(capsys, tmp_path, *base, "--defense", "float16", "--cast", "float32", says="twice")
-    refused(capsys, tmp_path, *base, "--defense", "noise:1e-3", says="gaussian:1e-3")
     refused(capsys, tmp_path, *base, "--noise-seed", "3", says="--noise-seed seeds --noise")
     refused(capsys, tmp_path, *base, "--defense", "membership", says="--method membership")
     refused(capsys, tmp_path, *base, "--clip", "0", says="--clip")
@@ -171,7 +170,7 @@ def test_flags_and_spec_combine_and_refuse_a_stage_given_twice(tmp_path, capsys)
 
 def test_defended_cli_run_matches_the_python_chain(tmp_path, capsys):
     """extract --cast/--round-digits gives the very arrays of the same chain built in Python."""
-    from attnprobe.learners.exact import extract_exact
+    from attnprobe.learners.head.exact import extract_exact
     from attnprobe.models import load_model, save_model
 
     truth = random_head(5, seed=4)
@@ -219,3 +218,15 @@ def test_an_audit_task_seeds_the_noise_unless_the_spec_names_its_seed():
     assert task.defense.seeded(task.seed).seed == 3 and task.defense.name == "gaussian:0.0001"
     assert AnswerChain.parse("gaussian:1e-4+noise-seed:5").seeded(3).seed == 5
     assert Task(HeadSpec("minilm", 0, 0), "exact").defense.name == "none"
+
+
+def test_readme_spellings_digits_and_noise_are_aliases_of_the_canonical_stages():
+    from attnprobe.audit import parse_defenses
+
+    assert AnswerChain.parse("digits:4") == AnswerChain.parse("round-digits:4")
+    assert AnswerChain.parse("noise:1e-6") == AnswerChain.parse("gaussian:1e-6")
+    assert AnswerChain.parse("float16+noise:1e-6").spec == "float16+gaussian:1e-06"
+    assert [d.name for d in parse_defenses("none,digits:4,noise:1e-6")] == ["none", "round-digits:4",
+                                                                           "gaussian:1e-06"]
+    with pytest.raises(ConfigError, match="twice"):  # an alias and its canonical spelling are one defence
+        parse_defenses("noise:1e-6,gaussian:1e-6")

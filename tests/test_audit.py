@@ -228,7 +228,7 @@ def test_the_verdict_comes_from_every_learner_that_fits(checkpoint, tmp_path, mo
     assert main(["audit", "--safetensors", str(path), "--heads-per-layer", "2", "--layers", "1", "--heads", "0",
                  "--defense", "none,membership", "--quiet", "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
-    from attnprobe.learners import registry
+    from attnprobe.learners.core import registry
 
     fits = fitting_learners(parse_defenses("none")[0])
     value_learners = [n for n in fits if registry.learner(n).ready({})]  # nuclear needs a rank bound

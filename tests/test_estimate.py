@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from attnprobe.errors import ConfigError
-from attnprobe.learners.estimate import estimate_queries
-from attnprobe.learners.exact import extract_exact
+from attnprobe.learners.core.estimate import estimate_queries
+from attnprobe.learners.head.exact import extract_exact
 from attnprobe.learners.ffn import extract_ffn
-from attnprobe.learners.lowrank import extract_lowrank
+from attnprobe.learners.head.lowrank import extract_lowrank
 from attnprobe.learners.multihead import extract_multihead
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_head, random_relu_net

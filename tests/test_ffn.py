@@ -184,8 +184,8 @@ def test_float32_answers_keep_weak_neurons(d, m, seeds, least, found, monkeypatc
             assert fresh <= 3 * res.check.tolerance
         err = neuron_errors(net.A, net.w_o, res.model.A, res.model.w_o)
         kept += (res.check.error <= 1e-5 and fresh <= 1e-5 and err["within_1e-3"] == m and err["matched_one_to_one"])
-    # measured (docs/benchmarks.md, "FFN learner on float32 answers under other CPU rounding paths"): every seed
-    # at m ≤ 2d, 2 of the 4 at m = 4d, under each OpenBLAS kernel and torch setting tried
+    # measured (docs/benchmarks/ffn-float32.md, "FFN learner on float32 answers under other CPU rounding paths"):
+    # every seed at m ≤ 2d, 2 of the 4 at m = 4d, under each OpenBLAS kernel and torch setting tried
     assert kept >= least, f"{kept} of {seeds} float32 networks learned with every neuron"
 
 

@@ -126,8 +126,8 @@ FLOAT32_SEEDS = range(6)
 
 def test_float32_answers_of_biased_nets_over_seeds():
     """float32 answers over several seeds (a seed-picked pass would hold on one CPU's rounding only): a result
-    whose check passes is right, and most pass. Measured on this machine (docs/benchmarks.md, "FFN learner on
-    float32 answers under other CPU rounding paths"): 3 of these 6 (default kernel) to 6 of 6 (Sandybridge)."""
+    whose check passes is right, and most pass. Measured on this machine (docs/benchmarks/ffn-float32.md, "FFN learner
+    on float32 answers under other CPU rounding paths"): 3 of these 6 (default kernel) to 6 of 6 (Sandybridge)."""
     passed = 0
     for seed in FLOAT32_SEEDS:
         net = random_relu_net(16, 16, seed=16016 + seed, bias=True)

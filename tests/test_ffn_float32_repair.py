@@ -10,7 +10,7 @@ from attnprobe.learners.ffn.learner import (FFNOptions, _consistency, _repair_li
 from attnprobe.learners.ffn.more_lines import SAME_NEURON_COS, needs_another_line
 from attnprobe.learners.ffn.regions import hyperplane_normals
 from attnprobe.learners.ffn.repair import contradicted, predicted_kinks, repaired_set, sub_segment, suspect_spans
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.models.ffn import ReLUNet
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_relu_net

@@ -72,8 +72,7 @@ def test_a_row_clamp_is_found_at_its_norm(R, vector):
     oracle = Oracle(clamped(fn, R), 8)
     got = clipping_norm(oracle, 1e13, seed=1)
     assert got == pytest.approx(R, rel=1e-6)
-    # the ladder, the zero row, and one rung at twice the top that shows the answers flat past R (a clamp)
-    assert oracle.queries == len(ladder(1e13)) + 2 == oracle.queries_by_phase["input bound"]
+    assert oracle.queries == len(ladder(1e13)) + 1 == oracle.queries_by_phase["input bound"]
     with pytest.raises(InputNormError, match=re.escape(f"clips inputs at norm ≈ {R:.3g}")):
         refuse_clipping(oracle, 1e13)
 

@@ -241,7 +241,9 @@ def test_a_journal_of_another_model_or_other_settings_is_refused(small, capsys):
     rc, _, err = run(capsys, *_audit(small, "--seed", "1", "--fresh"))
     assert rc == 0, err
     assert json.loads((small / "out" / "results.json").read_text())["resumed"] == 0
-    assert sorted(p.name for p in (small / "out" / "heads").iterdir()) == ["L0H0.npz", "L0H1.npz"]
+    # --fresh replaces what the audit wrote; a file no audit recorded writing stays as it was
+    assert sorted(p.name for p in (small / "out" / "heads").iterdir()) == ["L0H0.npz", "L0H1.npz", "L7H7.npz"]
+    assert (small / "out" / "heads" / "L7H7.npz").read_bytes() == b"from an older audit, not in the journal"
 
 
 def test_out_that_is_a_file_or_empty_is_refused(small, capsys, monkeypatch):
@@ -252,7 +254,7 @@ def test_out_that_is_a_file_or_empty_is_refused(small, capsys, monkeypatch):
             "--quiet", says="got ''")
 
 
-def test_a_second_audit_into_a_busy_folder_is_refused_and_a_rerun_drops_stale_heads(small, capsys):
+def test_a_second_audit_into_a_busy_folder_is_refused_and_a_rerun_keeps_files_it_did_not_write(small, capsys):
     from attnprobe.cli.audit import claimed_folder
     from hostile import run
 
@@ -264,7 +266,8 @@ def test_a_second_audit_into_a_busy_folder_is_refused_and_a_rerun_drops_stale_he
         assert (out / "heads" / "L9H9.npz").exists()  # a refused audit touches nothing
     rc, _, err = run(capsys, *_audit(small))
     assert rc == 0, err
-    assert sorted(p.name for p in (out / "heads").iterdir()) == ["L0H0.npz", "L0H1.npz"]
+    assert sorted(p.name for p in (out / "heads").iterdir()) == ["L0H0.npz", "L0H1.npz", "L9H9.npz"]
+    assert (out / "heads" / "L9H9.npz").read_bytes() == b"from an earlier audit"
     assert not (out / ".audit.lock").exists()
 
 

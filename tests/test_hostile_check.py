@@ -9,7 +9,7 @@ import pytest
 from attnprobe import Oracle
 from attnprobe.errors import UnidentifiableError
 from attnprobe.learners import extract_exact
-from attnprobe.learners.check import CHECK_CAP, functional_check
+from attnprobe.learners.core.check import CHECK_CAP, functional_check
 from attnprobe.models import AttentionHead
 from attnprobe.models.attention import attention_weights
 from attnprobe.models.precision import resolve_dtype

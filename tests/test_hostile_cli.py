@@ -308,7 +308,7 @@ def test_bfloat16_is_refused_by_the_kink_learners(folder, capsys, method, target
 
 
 def test_bfloat16_precision_helpers():
-    from attnprobe.learners.scaling import max_probe_scale
+    from attnprobe.learners.head.scaling import max_probe_scale
     from attnprobe import Oracle
 
     o = Oracle(random_head(3, seed=0), 3, precision="bfloat16")

@@ -130,7 +130,7 @@ def _cli(*argv, **kw):
 
 @pytest.mark.slow  # flaky (about 1 run in 3 under load): a SIGINT that lands in a GC weakref callback is swallowed
 # ("Exception ignored in ... WeakKeyDictionary"), or the process ends by SIGINT (-2) after printing the right line;
-# kept out of the default run until that race is found (see docs/benchmarks.md, "Hardening")
+# kept out of the default run until that race is found (see docs/benchmarks/hardening.md)
 def test_sigint_during_reproduce_says_what_was_written(tmp_path):
     """Ctrl-C after the first claim wrote its figure: exit 130, one line naming what was written, no warnings."""
     out = tmp_path / "rep"

@@ -2,7 +2,7 @@
 query accounting, phases summing to the total, a budget that cannot cover the plan refused before the first
 query, a correct result passing the check and a wrong model failing it, seeds reproducing bit for bit.
 
-Every learner in :mod:`attnprobe.learners.registry` is covered: with its defaults on the standard oracle of what
+Every learner in :mod:`attnprobe.learners.core.registry` is covered: with its defaults on the standard oracle of what
 it recovers and reads (:func:`standard_oracle`), plus the cases below for probe variants and options that need
 a particular oracle. :func:`check_contract` runs every check on one learner (a newly registered one included)."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from attnprobe.errors import BudgetExceededError, ConfigError
-from attnprobe.learners import registry
+from attnprobe.learners.core import registry
 from attnprobe.models import AttentionHead
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import AdversarialNoise, Membership
@@ -125,7 +125,7 @@ def test_a_budget_below_the_plan_is_refused_before_the_first_query(case):
 def test_the_answer_shape_probe_is_inside_the_multihead_plan(method):
     """The multi-head dispatch asks one query to tell scalar from vector answers: a budget one short of that query,
     the cheaper learner's values stage and the check is refused having asked nothing; one more and it asks."""
-    from attnprobe.learners.check import check_queries
+    from attnprobe.learners.core.check import check_queries
     from attnprobe.learners.multihead import extract_multihead
     from attnprobe.learners.multihead.vector import planned_values
 
@@ -149,7 +149,7 @@ def test_seeds_reproduce_bit_for_bit(case):
 
 def test_a_wrong_model_fails_the_check_the_same_way():
     """A head whose answers come from another head: the check must say FAILED, never "passed"."""
-    from attnprobe.learners.skeleton import Run
+    from attnprobe.learners.core.skeleton import Run
 
     truth, other = random_head(D, seed=3), random_head(D, seed=4)
     run = Run(Oracle(truth, D), "wrong", seed=0)

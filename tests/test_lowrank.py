@@ -8,8 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 from attnprobe.cli import main
 from attnprobe.errors import BudgetExceededError, ConfigError, RecoveryError, UnidentifiableError
-from attnprobe.learners.check import check_queries
-from attnprobe.learners.lowrank import (CERTIFICATE_PROBES, MIN_CALIBRATION, extract_lowrank, lowrank_dof,
+from attnprobe.learners.core.check import check_queries
+from attnprobe.learners.head.lowrank import (CERTIFICATE_PROBES, MIN_CALIBRATION, extract_lowrank, lowrank_dof,
                                         lowrank_queries)
 from attnprobe.models import AttentionHead, save_model
 from attnprobe.oracles import Oracle

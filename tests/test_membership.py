@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from attnprobe.errors import ConfigError
-from attnprobe.learners.membership import (extract_membership, extract_membership_paper, learn_direction,
+from attnprobe.learners.head.membership import (extract_membership, extract_membership_paper, learn_direction,
                                            paper_membership_plan, sphere_constant)
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import Membership
@@ -119,7 +119,7 @@ def test_a_budget_of_plan_plus_check_is_enough_and_one_less_is_refused_up_front(
     """The sign check is part of the plan: with a budget of exactly plan + check the extraction finishes and
     reports its check; one query less is refused before the first query."""
     from attnprobe.errors import BudgetExceededError
-    from attnprobe.learners.membership import CHECK_COUNT
+    from attnprobe.learners.head.membership import CHECK_COUNT
 
     d = 4
     h = random_head(d, seed=2, bias=False)
@@ -141,7 +141,7 @@ def test_a_budget_of_plan_plus_check_is_enough_and_one_less_is_refused_up_front(
 
 
 def test_a_wrong_model_fails_the_sign_check():
-    from attnprobe.learners.membership import sign_check
+    from attnprobe.learners.head.membership import sign_check
 
     truth, other = random_head(6, seed=1, bias=False), random_head(6, seed=2, bias=False)
     res = sign_check(Oracle(Membership(truth), 6), other, np.random.default_rng(0))

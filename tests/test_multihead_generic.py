@@ -368,12 +368,12 @@ def test_cli_multihead_refusals_name_the_cause_in_one_line(tmp_path, monkeypatch
 
 
 def test_values_stage_plan_is_a_lower_bound():
-    from attnprobe.learners.multihead.generic import _planned_values
+    from attnprobe.learners.multihead.generic import planned_values
 
     for d, H, tied in [(8, 3, 3), (8, 3, 2), (16, 2, None), (12, 3, None)]:
         target = shared_attention_multihead(d, H, tied=tied, seed=0) if tied else random_multihead(d, H, seed=0)
         res = extract_generic(Oracle(target, d), seed=0)
-        assert _planned_values(d) <= res.queries_by_phase["values"]
+        assert planned_values(d) <= res.queries_by_phase["values"]
 
 
 @pytest.mark.parametrize("noise", ["gaussian:1e-9", "gaussian:1e-7", "avq:1e-8"])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from attnprobe.errors import ConfigError, UnidentifiableError
-from attnprobe.learners.check import functional_check
+from attnprobe.learners.core.check import functional_check
 from attnprobe.learners.multihead import extract_multihead
 from attnprobe.learners.multihead.vector import extract_vector
 from attnprobe.models.io import load_model, save_model

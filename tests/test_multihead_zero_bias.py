@@ -4,7 +4,7 @@ that fit a bias (``bias=True``, the default) recover ``u_h = 0`` and ``c = 0`` l
 import numpy as np
 import pytest
 
-from attnprobe.learners.lowrank import extract_lowrank
+from attnprobe.learners.head.lowrank import extract_lowrank
 from attnprobe.learners.multihead.cross import _bias_component, _bias_token
 from attnprobe.learners.multihead.generic import extract_generic
 from attnprobe.models.attention import AttentionHead

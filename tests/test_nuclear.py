@@ -7,9 +7,10 @@ import pytest
 
 from attnprobe.cli import main
 from attnprobe.errors import ConfigError, RecoveryError
-from attnprobe.learners.check import check_queries
-from attnprobe.learners.scaling import LogitProbe
-from attnprobe.learners.nuclear import default_measurements, extract_nuclear, nuclear_solve, polish, rop_measurements
+from attnprobe.learners.core.check import check_queries
+from attnprobe.learners.head.scaling import LogitProbe
+from attnprobe.learners.head.nuclear import (default_measurements, extract_nuclear, nuclear_solve, polish,
+                                             rop_measurements)
 from attnprobe.models import save_model
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_head

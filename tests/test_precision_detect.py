@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from attnprobe.learners import extract_exact
-from attnprobe.learners.lowrank import extract_lowrank, lowrank_dof
+from attnprobe.learners.head.lowrank import extract_lowrank, lowrank_dof
 from attnprobe.models.attention import AttentionHead
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.precision_detect import PROBE_QUERIES, PrecisionDetector, significant_bits

@@ -4,7 +4,7 @@ and orthogonal probes whose every row has the same projection on v."""
 import numpy as np
 import pytest
 
-from attnprobe.learners.probes import equal_projection_orthogonal, random_orthogonal
+from attnprobe.learners.head.probes import equal_projection_orthogonal, random_orthogonal
 
 
 @pytest.mark.parametrize("d", [1, 2, 7, 64, 129])

@@ -10,8 +10,8 @@ import time
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from attnprobe.learners.exact import extract_exact
-from attnprobe.learners.sigmoid import QueryMemory, RoundingError, grid_queries, invert_two_row, two_row_queries
+from attnprobe.learners.head.exact import extract_exact
+from attnprobe.learners.head.sigmoid import QueryMemory, RoundingError, grid_queries, invert_two_row, two_row_queries
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.base import _max_row_norm
 from attnprobe.targets import random_head
@@ -168,7 +168,7 @@ class _SwitchingSys:
 
 
 def test_query_memory_shared_between_threads_hands_each_block_to_one_holder(monkeypatch):
-    import attnprobe.learners.sigmoid as sigmoid
+    import attnprobe.learners.head.sigmoid as sigmoid
 
     monkeypatch.setattr(sigmoid, "sys", _SwitchingSys())
     memory = QueryMemory()

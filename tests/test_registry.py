@@ -12,8 +12,8 @@ from attnprobe.audit import HeadSpec, Task, parse_defenses, run_audit
 from attnprobe.cli import main
 from attnprobe.errors import ConfigError
 from attnprobe.learners import extract_exact, extract_lowrank, registry
-from attnprobe.learners.robust import extract_robust
-from attnprobe.learners.registry import Capabilities, Option
+from attnprobe.learners.head.robust import extract_robust
+from attnprobe.learners.core.registry import Capabilities, Option
 from attnprobe.models import load_model, save_model
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_head
@@ -118,6 +118,35 @@ def test_the_example_learner_runs_in_an_audit_on_the_process_pool(rotated, tmp_p
     assert got["rotated"]["error"] is None and got["rotated"]["passed"]
     assert got["rotated"]["relative_error"]["W"] < 1e-9
     assert got["rotated"]["file"] == "heads/L0H0_rotated.npz" and (tmp_path / "a/heads/L0H0_rotated.npz").exists()
+
+
+def test_the_example_learner_and_its_estimate_fit_in_30_lines(rotated):
+    import inspect
+
+    import example_learner
+
+    code = [inspect.getsource(f) for f in (example_learner.extract_rotated, example_learner.estimate_rotated,
+                                           example_learner.register_rotated)]
+    assert sum(len(c.strip().splitlines()) for c in code) <= 30
+
+
+def test_the_example_learner_gets_its_estimate(rotated, tmp_path, capsys):
+    """``--estimate`` asks the learner's entry; the estimate is the count the run then asks (it is not adaptive)."""
+    from attnprobe.learners.core.estimate import estimate_queries
+
+    target = save_model(random_head(5, seed=2), tmp_path / "t.npz")
+    est = estimate_queries("rotated", 5, price_per_1k=2.0)
+    run = rotated(Oracle(load_model(target), 5), seed=0)
+    assert est.queries == est.low == est.high == run.queries + run.check.queries == 5 * 5 + 2 * 5 + 1 + 40
+    assert main(["extract", "--target", str(target), "--method", "rotated", "--estimate", "--quiet",
+                 "--out", str(tmp_path / "x.npz")]) == 0
+    assert f"rotated at d=5: about {est.queries} queries" in capsys.readouterr().out
+    registry.unregister("rotated")
+    with pytest.raises(ConfigError, match="unknown learner 'rotated'"):
+        estimate_queries("rotated", 5)
+    with pytest.raises(ConfigError, match="no query estimate for method 'nuclear'") as info:
+        estimate_queries("nuclear", 5, rank=2)
+    assert info.value.param == "method"
 
 
 def test_the_example_learner_keeps_the_contract(rotated):

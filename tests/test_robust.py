@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from attnprobe.errors import ConfigError, UnidentifiableError
-from attnprobe.learners.robust import extract_robust, extract_robust_paper, theorem_guarantee
+from attnprobe.learners.head.robust import extract_robust, extract_robust_paper, theorem_guarantee
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import AdversarialNoise, BoundedNoise, FreshNoise, Membership
 from attnprobe.targets import random_head
@@ -138,7 +138,7 @@ def test_a_declared_tolerance_reaches_the_check(tmp_path, capsys, monkeypatch):
     correct robust extraction passes its check; without it, the check knows no noise and holds it to 1e-6."""
     import json
 
-    from attnprobe.learners.check import CHECK_FLOOR
+    from attnprobe.learners.core.check import CHECK_FLOOR
     from hostile import run
 
     (tmp_path / "victim.py").write_text(

@@ -3,7 +3,7 @@
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from attnprobe.learners.sigmoid import AdditiveError, RoundingError, invert_two_row, measure_logits
+from attnprobe.learners.head.sigmoid import AdditiveError, RoundingError, invert_two_row, measure_logits
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_head
 

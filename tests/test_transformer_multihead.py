@@ -11,8 +11,8 @@ from scipy.special import erf
 
 from attnprobe.cli import main
 from attnprobe.errors import AttnprobeError, ConfigError, UnidentifiableError
-from attnprobe.learners.transformer_frames import KnownFFN
-from attnprobe.learners.transformer_multihead import extract_transformer_multihead
+from attnprobe.learners.transformer.frames import KnownFFN
+from attnprobe.learners.transformer.regions import extract_transformer_multihead
 from attnprobe.models import MultiHeadTransformer, load_model, save_model
 from attnprobe.models.transformer import transformer_errors
 from attnprobe.oracles.base import Oracle

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from attnprobe.errors import ConfigError, UnidentifiableError
-from attnprobe.learners.transformer_multihead import extract_transformer_multihead
-from attnprobe.learners.transformer_polish import (LEVELS, _Stacked, polish_attention, polish_sequences,
+from attnprobe.learners.transformer.regions import extract_transformer_multihead
+from attnprobe.learners.transformer.polish import (LEVELS, _Stacked, polish_attention, polish_sequences,
                                                    refine)
 from attnprobe.models.transformer import MultiHeadTransformer, transformer_errors
 from attnprobe.oracles.base import Oracle

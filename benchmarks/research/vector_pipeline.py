@@ -14,7 +14,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from vector_common import minilm_whole_layer  # noqa: E402
 
 from attnprobe.learners.multihead.vector_heads import fit_delta, jennrich, theta_from_values  # noqa: E402
-from attnprobe.learners.probes import random_orthogonal  # noqa: E402
+from attnprobe.learners.head.probes import random_orthogonal  # noqa: E402
 
 layer = int(sys.argv[1]) if len(sys.argv) > 1 else 0
 dtype = sys.argv[2] if len(sys.argv) > 2 else "float64"

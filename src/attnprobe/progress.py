@@ -1,4 +1,5 @@
-"""Progress reporting for long extractions: tqdm when installed, a plain line on stderr otherwise."""
+"""Progress reporting for long extractions: tqdm when installed, a plain line on stderr otherwise, and only when
+stderr is a terminal (a log file or a pipe, ``2> log`` or CI, gets no carriage-return frames: nothing)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,21 @@ import sys
 import time
 
 
+def on_terminal(stream) -> bool:
+    """Whether ``stream`` is an interactive terminal (progress frames belong there and nowhere else)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
+        return False
+
+
 class Progress:
-    """Callable ``progress(done, total)`` that draws a bar once the work has run for ``delay`` seconds."""
+    """Callable ``progress(done, total)`` that draws a bar on a terminal's stderr once the work has run for
+    ``delay`` seconds; with stderr not a terminal it draws nothing."""
 
     def __init__(self, desc: str, enabled: bool = True, delay: float = 1.0, unit: str = "q"):
-        self.desc, self.enabled, self.delay, self.unit = desc, enabled, delay, unit
+        self.desc, self.delay, self.unit = desc, delay, unit
+        self.enabled = enabled and on_terminal(sys.stderr)
         self.t0 = time.perf_counter()
         self.bar = None
         self._last = 0.0

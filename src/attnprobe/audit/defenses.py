@@ -24,7 +24,7 @@ def parse_defenses(text: str) -> list[AnswerChain]:
 
 
 def answers_left(defense: AnswerChain) -> dict:
-    """What the answers a defence leaves are like, as :meth:`attnprobe.learners.registry.Learner.fits` asks:
+    """What the answers a defence leaves are like, as :meth:`attnprobe.learners.core.registry.Learner.fits` asks:
     yes/no (``membership``) and coarser than float32 (``coarse``: a float16/bfloat16 cast, rounding to decimals
     or to fewer than 7 significant digits, noise)."""
     coarse = (defense.cast in ("float16", "bfloat16") or defense.decimals is not None

@@ -116,6 +116,10 @@ def run_processes(tasks: Sequence[Task], on_result: OnResult, workers: int = 1):
         pool.terminate()
         pool.join()
         return records, True
+    except BaseException:  # ``on_result`` gave up (e.g. a full disk): no worker is left running
+        pool.terminate()
+        pool.join()
+        raise
     pool.close()
     pool.join()
     return records, False

@@ -8,6 +8,7 @@ finished; ``resume=False`` starts afresh.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,8 +21,8 @@ from typing import Sequence
 from attnprobe.audit.engines import ENGINES, signals_held
 from attnprobe.audit.tasks import HeadSpec, Task
 from attnprobe.errors import ConfigError
-from attnprobe.learners.result import _jsonable
-from attnprobe.models.io import model_class, save_model
+from attnprobe.learners.core.result import jsonable
+from attnprobe.models.io import json_writer, model_class, save_model, write_files
 from attnprobe.progress import Progress
 
 
@@ -44,7 +45,7 @@ class AuditRun:
 
     def summary(self) -> dict:
         failed = sum(1 for r in self.records if r["error"])
-        return _jsonable({"engine": self.engine, **self.info, "defenses": self.defenses, "tasks": len(self.tasks),
+        return jsonable({"engine": self.engine, **self.info, "defenses": self.defenses, "tasks": len(self.tasks),
                           "finished": len(self.records), "failed": failed, "interrupted": self.interrupted,
                           "seconds": self.seconds, "heads": self.records})
 
@@ -117,7 +118,7 @@ def refuse_other_journal(out: Path, identity: dict) -> None:
     if theirs is None:
         return
     what = []
-    if theirs.get("models") != identity["models"]:
+    if _weights(theirs.get("models")) != _weights(identity["models"]):  # by content: a moved file is the same
         what.append(f"of other weights ({_described(theirs.get('models'))} there, {_described(identity['models'])} "
                     "here)")
     differ = [k for k in SETTINGS if (theirs.get("settings") or {}).get(k) != identity["settings"][k]]
@@ -127,6 +128,11 @@ def refuse_other_journal(out: Path, identity: dict) -> None:
     if what:
         raise ConfigError(f"{path} records an audit {' and '.join(what)}; give --fresh to replace it, or another "
                           "--out folder")
+
+
+def _weights(models) -> list[str] | None:
+    """The checkpoints' fingerprints of a journal's identity, whatever paths named them."""
+    return sorted(map(str, models.values())) if isinstance(models, dict) else None
 
 
 def _described(models) -> str:
@@ -139,46 +145,131 @@ def _listed(values) -> str:
     return "/".join("none" if v is None else str(v) for v in values) if isinstance(values, list) else "none"
 
 
-def _finished(out: Path, tasks: Sequence[Task], identity: dict) -> dict[int, dict]:
-    """Records of ``tasks`` that ``out/finished.jsonl`` holds (with their head file still there), by task index.
-    A line cut short by a kill is skipped; the journal is rewritten with the reused records only, and head files
-    of no reused record are removed (results.json lists only this run's heads)."""
-    keys = {task_key(t): i for i, t in enumerate(tasks)}
-    found: dict[int, dict] = {}
+def content_key(key: str, models: dict | None) -> str:
+    """A :func:`task_key` with its checkpoint named by content (``models``: path -> fingerprint, as in
+    :func:`audit_identity`): the same weights under another path or spelling are the same work."""
+    try:
+        parts = json.loads(key)
+        source = parts[0]["source"]
+        parts[0]["source"] = (models or {}).get(source, source)
+    except (ValueError, KeyError, TypeError, IndexError):
+        return key
+    return json.dumps(parts)
+
+
+def _journal_entries(out: Path) -> list[tuple[str, dict]]:
+    """``(task key by content, record)`` of every whole line of ``out/finished.jsonl`` (a line cut short by a kill,
+    or not a record, is skipped), in the order written: a key written twice is a task redone, and its last line
+    counts."""
     path = out / JOURNAL
-    if path.exists():
+    entries = []
+    if path.is_file():
+        models = (_journal_identity(path) or {}).get("models")
         for line in path.read_text(errors="replace").splitlines():
             try:
                 entry = json.loads(line)
-                i = keys[entry["key"]]
-                rec = dict(entry["record"])
+                key, rec = entry["key"], dict(entry["record"])
             except (ValueError, KeyError, TypeError):
                 continue
-            if rec.get("file") is None or (out / rec["file"]).is_file():
-                found[i] = rec
-    keep = {found[i]["file"] for i in found if found[i].get("file")}
-    for stale in sorted((out / "heads").glob("*.npz")):
-        if f"heads/{stale.name}" not in keep:
-            stale.unlink()
-    if path.exists():  # a refused run (e.g. no Ray cluster at the address) leaves no new file behind
-        if not found:
-            path.unlink()
+            if isinstance(key, str):
+                entries.append((content_key(key, models), rec))
+    return entries
+
+
+def _written_file(rec: dict) -> str | None:
+    """The head file a journal record names, if it is one an audit writes (``heads/NAME.npz``), else None."""
+    name = rec.get("file")
+    if isinstance(name, str) and name.startswith("heads/") and name.endswith(".npz") and name.count("/") == 1 \
+            and ".." not in name:
+        return name
+    return None
+
+
+def _finished(out: Path, tasks: Sequence[Task], entries: list[tuple[str, dict]], models: dict) -> dict[int, dict]:
+    """Records of ``tasks`` that the journal ``entries`` hold (with their head file still there), by task index.
+    Nothing is removed: the journal keeps the records of tasks this run does not ask for (a narrower rerun
+    keeps what a wider one finished) and every file in ``out`` stays."""
+    keys = {content_key(task_key(t), models): i for i, t in enumerate(tasks)}
+    found: dict[int, dict] = {}
+    for key, rec in entries:
+        i = keys.get(key)
+        if i is None:
+            continue
+        name = _written_file(rec)
+        if rec.get("file") is None or (name is not None and (out / name).is_file()):
+            found[i] = rec
         else:
-            with open(path, "w") as f:
-                f.write(json.dumps({"audit": identity}) + "\n")
-                for i, rec in sorted(found.items()):
-                    f.write(json.dumps({"key": task_key(tasks[i]), "record": _jsonable(rec)}) + "\n")
+            found.pop(i, None)  # its head file is gone: the task is run again
     return found
 
 
+def _claimed_files(entries: list[tuple[str, dict]]) -> dict[str, str]:
+    """Head file -> the task key whose (latest) journal record names it."""
+    claimed: dict[str, str] = {}
+    for key, rec in entries:
+        name = _written_file(rec)
+        if name is not None:
+            claimed[name] = key
+    return claimed
+
+
+def _free_name(task: Task, name: str, claimed: dict[str, str], out: Path, models: dict) -> str:
+    """``name``, or (when a journal record of another task names it, or a file the journal does not know is there)
+    a longer name with the defence and learner, then a number: a head file of another task, or a user's own file,
+    is never overwritten."""
+    key = content_key(task_key(task), models)
+
+    def free(n: str) -> bool:
+        return claimed.get(n, key) == key and (n in claimed or not (out / n).exists())
+
+    if free(name):
+        return name
+    long = head_file(task, True, True).removesuffix(".npz")
+    if task.defense.name == "none":
+        long = long.replace(f"_{task.learner}", f"_none_{task.learner}")
+    for n in [f"{long}.npz", *(f"{long}_{k}.npz" for k in range(2, 10_000))]:
+        if free(n):
+            return n
+    raise ConfigError(f"no free head file name for {name} in {out}")  # pragma: no cover - 10,000 taken
+
+
 def _journal(out: Path, task: Task, rec: dict, identity: dict) -> None:
-    """Append a finished task's record (the journal starts with the audit's identity line)."""
-    with open(out / JOURNAL, "a") as f:
-        if f.tell() == 0:
-            f.write(json.dumps({"audit": identity}) + "\n")
-        f.write(json.dumps({"key": task_key(task), "record": _jsonable(rec)}) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Append a finished task's record (the journal starts with the audit's identity line); a line cut short by an
+    earlier kill is ended first, so the new line stays whole. A journal that cannot be written (full disk,
+    file-size limit) ends the audit with a :class:`ConfigError`; a journal this call created is removed again."""
+    path = out / JOURNAL
+    new, size = not path.exists(), None
+    try:
+        with open(path, "ab+") as f:
+            size = f.seek(0, os.SEEK_END)
+            head = b""
+            if size == 0:
+                head = (json.dumps({"audit": identity}) + "\n").encode()
+            else:
+                f.seek(size - 1)
+                head = b"" if f.read(1) == b"\n" else b"\n"
+            f.seek(0, os.SEEK_END)
+            f.write(head + (json.dumps({"key": task_key(task), "record": jsonable(rec)}) + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        if new:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        elif size is not None:
+            with contextlib.suppress(OSError):  # a partly written line is cut off again
+                os.truncate(path, size)
+        raise ConfigError(f"cannot record a finished task in {path} ({exc.strerror or exc}); the audit stopped, "
+                          "the tasks recorded before are kept: make room (disk space, file-size limit) and rerun the "
+                          "same command to resume") from None
+
+
+def _forget_written(out: Path, entries: list[tuple[str, dict]]) -> None:
+    """``--fresh``: remove the head files the journal says an audit wrote, then the journal (nothing else)."""
+    for name in sorted(_claimed_files(entries)):
+        with contextlib.suppress(OSError):
+            (out / name).unlink()
+    (out / JOURNAL).unlink(missing_ok=True)
 
 
 def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processes", workers: int = 1,
@@ -205,8 +296,10 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
     learners_per_defense = {name: len({t.learner for t in tasks if t.defense.name == name})
                             for name in {t.defense.name for t in tasks}}
     if not resume:
-        (out / JOURNAL).unlink(missing_ok=True)
-    reused = _finished(out, tasks, identity)
+        _forget_written(out, _journal_entries(out))
+    entries = _journal_entries(out)
+    reused = _finished(out, tasks, entries, identity["models"])
+    claimed = _claimed_files(entries)
     todo = [i for i in range(len(tasks)) if i not in reused]
     bar = Progress(f"audit ({engine})", enabled=progress, delay=0.0, unit="task")
     done = [len(reused)]
@@ -217,7 +310,9 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
         rec["file"] = None
         if arrays is not None:
             task = tasks[i]
-            rec["file"] = head_file(task, several, learners_per_defense[task.defense.name] > 1)
+            rec["file"] = _free_name(task, head_file(task, several, learners_per_defense[task.defense.name] > 1),
+                                     claimed, out, identity["models"])
+            claimed[rec["file"]] = content_key(task_key(task), identity["models"])
             save_model(model_class(rec["kind"]).from_arrays(arrays), out / rec["file"])
         done[0] += 1
         bar(done[0], len(tasks))
@@ -245,7 +340,13 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
                 rec["file"], rec["error"] = None, f"the recovered model could not be saved: {exc}"
                 done[0] += 1
                 bar(done[0], len(tasks))
-            _journal(out, tasks[i], rec, identity)
+            try:
+                _journal(out, tasks[i], rec, identity)
+            except ConfigError:  # no record names the head file just saved: it goes too
+                if rec.get("file"):
+                    with contextlib.suppress(OSError):
+                        (out / rec["file"]).unlink()
+                raise
             completed[i] = rec
 
     try:
@@ -270,8 +371,11 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
                    dict(info or {}, workers=workers, address=address, resumed=len(reused)))
     run.terminated = bool(terminated)
     try:
-        (out / "results.json").write_text(json.dumps(run.summary(), indent=2) + "\n")
+        write_files([(out / "results.json", json_writer(run.summary()))])
         write_report(run, out / "report.html")
-    except OSError as exc:
-        raise ConfigError(f"cannot write the audit's results in {out}: {exc.strerror or exc}") from None
+    except (OSError, ConfigError) as exc:
+        why = exc.__cause__ if isinstance(exc, ConfigError) and isinstance(exc.__cause__, OSError) else exc
+        raise ConfigError(f"cannot write the audit's results in {out} ({getattr(why, 'strerror', None) or why}); "
+                          f"the {len(completed) + len(reused)} finished tasks are recorded in {out / JOURNAL}: make "
+                          "room (disk space, file-size limit) and rerun the same command to write them") from None
     return run

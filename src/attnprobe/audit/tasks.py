@@ -1,5 +1,5 @@
 """One audit task = a plain function of (target head, learner, defence, seed) -> a record dict; the learner is
-run through the learner registry (:mod:`attnprobe.learners.registry`).
+run through the learner registry (:mod:`attnprobe.learners.core.registry`).
 
 The task rebuilds the head from its spec inside the worker, so the process pool and Ray run the very same
 code on the very same inputs and give the same numbers for the same seeds.
@@ -17,7 +17,7 @@ import numpy as np
 
 from attnprobe.audit.defenses import Defense, answers_left
 from attnprobe.errors import AttnprobeError, ConfigError
-from attnprobe.learners import registry
+from attnprobe.learners.core import registry
 from attnprobe.models.compare import parameter_errors
 from attnprobe.oracles import Oracle
 

@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _signals_end_the_run():
     """SIGINT raises KeyboardInterrupt and SIGTERM :class:`Terminated` in the main thread for the duration of a
     run; :func:`main` turns them into the one-line message and exit code 130/143. (Solvers that would trap
-    SIGINT run in a child process: :func:`attnprobe.learners.nuclear.solve_in_child`.)"""
+    SIGINT run in a child process: :func:`attnprobe.learners.head.nuclear.solve_in_child`.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

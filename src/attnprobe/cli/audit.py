@@ -109,7 +109,7 @@ def _chosen_learners(method: str, kind, rank: int | None) -> list[str]:
     """``--method``: ``auto`` (every registered learner of the task kind that can run with ``rank``; each
     defence keeps those that fit it) or a comma-separated list of learner names."""
     from attnprobe.audit import audit_learners
-    from attnprobe.learners import registry
+    from attnprobe.learners.core import registry
 
     known = audit_learners(kind.whole_layer, kind.vector)
     if method == "auto":  # every learner that can run with the options given
@@ -131,8 +131,8 @@ def _chosen_learners(method: str, kind, rank: int | None) -> list[str]:
 def claimed_folder(out: Path):
     """Hold ``out`` for one audit: a second audit writing into the same folder at the same time is refused
     (an advisory lock on ``out/.audit.lock``). The folders it creates are removed again if the audit is refused or
-    stopped before it wrote anything. (The head files of an earlier audit there are removed by
-    :func:`attnprobe.audit.run_audit`, except those its journal lets it reuse.)"""
+    stopped before it wrote anything. Nothing else in the folder is removed (an earlier audit's head files and the
+    user's own files stay: :func:`attnprobe.audit.run_audit`)."""
     import fcntl
 
     from attnprobe.cli.common import writable_folder
@@ -159,15 +159,20 @@ def claimed_folder(out: Path):
                           "another --out folder") from None
     refused = True
     try:
-        lock.truncate(0)
-        lock.write(str(os.getpid()))
-        lock.flush()
+        try:
+            lock.truncate(0)
+            lock.write(str(os.getpid()))
+            lock.flush()
+        except OSError as exc:
+            raise ConfigError(f"--out: cannot write in {out} ({exc.strerror or exc}); free some space or choose "
+                              "another folder") from None
         yield
         refused = False
     finally:
         with contextlib.suppress(OSError):
             (out / ".audit.lock").unlink()
-        lock.close()
+        with contextlib.suppress(OSError):  # a pid that could not be written is not flushed again
+            lock.close()
         if refused:  # refused or stopped before it wrote anything: no empty folder is left behind
             _remove_empty(made)
 
@@ -185,7 +190,7 @@ def _refuse_values(args) -> None:
         raise ConfigError(f"--rank must be at least 1 (the head dimension); got {args.rank}")
     if args.seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0; got {args.seed}")
-    from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries
+    from attnprobe.learners.core.check import DEFAULT_LENGTHS, check_queries
 
     floor = check_queries(DEFAULT_LENGTHS, 8)
     if args.budget is not None and 0 < args.budget < floor:
@@ -200,6 +205,11 @@ def run(args) -> int:
     _refuse_values(args)
     if not str(args.out).strip():
         raise ConfigError("--out names the folder for results.json, report.html and heads/; got ''")
+    from attnprobe.cli.common import inside
+
+    if args.hf_dir is not None and inside(Path(args.out), Path(args.hf_dir)):
+        raise ConfigError(f"--out {args.out} is inside the input folder {args.hf_dir}, whose files it could "
+                          "overwrite; write the audit outside it")
     tasks = build_tasks(args)
     engine = "ray" if args.ray is not None else "processes"
     if args.ray:  # a dead address is refused before the --out folder is touched
@@ -237,7 +247,7 @@ def run(args) -> int:
 def add_parser(sub) -> None:
     from attnprobe.audit import TASK_KINDS, audit_learners
     from attnprobe.audit.defenses import HELP
-    from attnprobe.learners import registry
+    from attnprobe.learners.core import registry
     from attnprobe.cli import answer_chain
 
     a = sub.add_parser("audit", help="extract every head of a model under each defence; write a report")

@@ -93,8 +93,18 @@ def same_file(a: Path, b: Path) -> bool:
 TEMP_NAME_EXTRA = 16
 
 
-def plan_outputs(out, inputs=(), flag: str = "--out") -> tuple[Path, Path]:
-    """OUT.npz and OUT.json for ``--out``, checked before any query is asked (:func:`plan_file`)."""
+def inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it (through symlinks and relative spellings)."""
+    try:
+        p, f = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    except (OSError, ValueError):
+        return False
+    return p == f or f in p.parents
+
+
+def plan_outputs(out, inputs=(), flag: str = "--out", folders=()) -> tuple[Path, Path]:
+    """OUT.npz and OUT.json for ``--out``, checked before any query is asked (:func:`plan_file`; ``folders``:
+    input folders, such as a Hugging Face model folder, where no output may go)."""
     from attnprobe.models.io import npz_path
 
     text = str(out)
@@ -107,13 +117,18 @@ def plan_outputs(out, inputs=(), flag: str = "--out") -> tuple[Path, Path]:
     except ConfigError:
         raise ConfigError(f"{flag} names the .npz file of the result (a JSON summary goes beside it); "
                           f"got {out}") from None
-    return plan_file(npz, inputs, flag), plan_file(npz.with_suffix(".json"), inputs, flag)
+    return plan_file(npz, inputs, flag, folders), plan_file(npz.with_suffix(".json"), inputs, flag, folders)
 
 
-def plan_file(path, inputs=(), flag: str = "--out") -> Path:
+def plan_file(path, inputs=(), flag: str = "--out", folders=()) -> Path:
     """Refuse an output ``path`` that is one of the run's ``inputs`` (the target file, the oracle's module, the
-    query log), an existing folder or special file, or in a folder that cannot take a new file."""
+    query log) or lies in one of its input ``folders``, an existing folder or special file, or in a folder that
+    cannot take a new file."""
     path = Path(path)
+    for folder in folders:
+        if folder is not None and inside(path, Path(folder)):
+            raise ConfigError(f"{flag} {path} is inside the input folder {folder}, whose files it could overwrite; "
+                              "write the result outside it")
     for inp in inputs:
         if inp is not None and same_file(path, Path(inp)):
             raise ConfigError(f"{flag} would overwrite the input {inp} (as {path}); choose another path")

@@ -9,7 +9,7 @@ from attnprobe.cli import answer_chain, hf, remote
 from attnprobe.cli.common import (assumed_precision, check_outcome, nonneg_int, plan_outputs, positive_float,
                                   positive_int, print_summary, refuse_memory, track)
 from attnprobe.errors import AttnprobeError, ConfigError, InputNormError, SeparationError
-from attnprobe.learners import registry
+from attnprobe.learners.core import registry
 from attnprobe.models import PRECISIONS
 from attnprobe.oracles import Oracle, oracle_from_file, oracle_from_spec
 from attnprobe.progress import Progress
@@ -36,7 +36,18 @@ def _refuse_foreign_options(learner, args) -> None:
                           f"{' / '.join(sorted(users))}); drop {option.flag}")
 
 
+def _refuse_dtype_without_model(args) -> None:
+    """``--dtype`` sets the precision a saved model or Hugging Face module computes in; a callable, a URL or a log
+    answers in its own, so it would be ignored: refused."""
+    if args.dtype != "float64" and not (args.target or args.hf_dir):
+        source = "--oracle" if args.oracle else "--url" if args.url else "--replay" if args.replay else "the oracle"
+        raise ConfigError(f"--dtype {args.dtype} sets the precision a --target or --hf-dir model computes in; "
+                          f"{source} answers in its own: declare it with --answer-precision {args.dtype}, or cast "
+                          f"its answers with --cast {args.dtype}")
+
+
 def _oracle_from_args(args, chain, learner) -> Oracle:
+    _refuse_dtype_without_model(args)
     # the answers' precision: as declared, else a saved model's or HF module's --dtype, else read from the answers
     precision = args.answer_precision or (None if (args.target or args.hf_dir) and not args.replay else "auto")
     oracle = remote.source_oracle(args, budget=args.budget, precision=precision, chain=chain)
@@ -82,7 +93,7 @@ def run(args) -> int:
                           "use --method membership")
     options = learner.resolve(_given_options(args))
     if args.estimate:
-        return _print_estimate(args, _oracle_from_args(args, chain, learner))
+        return _print_estimate(args, _estimate_oracle(args, chain, learner))
     if args.price_per_1k is not None:
         raise ConfigError("--price-per-1k prices an estimate; add --estimate")
     if args.out is None:
@@ -91,7 +102,11 @@ def run(args) -> int:
     inputs += [options[o.name] for o in learner.options if o.input_file]
     if args.oracle and ":" in args.oracle:
         inputs.append(Path(args.oracle.split(":", 1)[0].replace(".", "/") + ".py"))
-    plan_outputs(args.out, inputs)
+    if args.hf_dir:  # a folder that is no model folder is named as such first
+        from attnprobe.oracles.hf_folder import check_model_dir
+
+        check_model_dir(args.hf_dir)
+    plan_outputs(args.out, inputs, folders=[args.hf_dir])
     oracle = _oracle_from_args(args, chain, learner)
     track(args, oracle)
     progress = Progress(f"extract ({args.method})", enabled=not args.quiet)
@@ -142,20 +157,39 @@ def _run_with_retry(learner, oracle, args, progress, options):
     return res
 
 
-def _print_estimate(args, oracle) -> int:
-    """``--estimate``: the queries the run would ask (and their price), asking none."""
-    from attnprobe.learners.estimate import estimate_queries
+def _estimate_oracle(args, chain, learner) -> Oracle:
+    """The oracle an estimate reads its width and outputs from: built without the query log (no file is created;
+    ``--replay`` reads its log) and without a budget; it is never asked a query."""
+    import copy
 
+    quiet = copy.copy(args)
+    quiet.budget = None
+    if not args.replay:
+        quiet.log = None
+    return _oracle_from_args(quiet, chain, learner)
+
+
+def _print_estimate(args, oracle) -> int:
+    """``--estimate``: the queries the run would ask (and their price), asking none: an undeclared precision is
+    taken as float64 (not read from the answers, which would take queries), and the line says so."""
+    from attnprobe._validation import check_int
+    from attnprobe.learners.core.estimate import estimate_queries
+
+    check_int(getattr(args, "rank", None), "rank", min_value=1, max_value=oracle.d, allow_none=True)  # as a run
+    declared = oracle.detector is None
+    precision = (oracle.precision or "float64") if declared else "float64"
+    entry = registry.learner(args.method)
     try:
-        est = estimate_queries(args.method, oracle.d, rank=getattr(args, "rank", None),
-                               heads=getattr(args, "heads", None), hidden=getattr(args, "hidden", None),
-                               outputs=oracle.outputs, precision=oracle.precision or "float64",
-                               bias=not getattr(args, "no_bias", False), price_per_1k=args.price_per_1k)
+        est = estimate_queries(args.method, oracle.d, outputs=oracle.outputs, precision=precision,
+                               price_per_1k=args.price_per_1k,
+                               **{name: getattr(args, name, None) for name in entry.option_names})
     except ConfigError as exc:
-        flag = {"rank": "--rank", "heads": "--heads", "hidden": "--hidden"}.get(exc.param)
-        raise ConfigError(f"--estimate: {exc} (give {flag})" if flag else str(exc)) from exc
+        flag = entry.option(exc.param).flag if exc.param in entry.option_names else None
+        raise ConfigError(f"--estimate: {exc} (give {flag})" if flag else str(exc), param=exc.param) from exc
+    assumed = (f"answers in {precision}" if declared else
+               "answers assumed float64 (not read: --answer-precision declares coarser ones)")
     line = (f"{est.method} at d={est.d}: about {est.queries} queries (expected range {est.low}–{est.high}; "
-            f"{est.basis}); {oracle.queries} asked")
+            f"{est.basis}; {assumed}); {oracle.queries} asked")
     if args.budget is not None and est.high > args.budget:
         line += f"; more than --budget {args.budget} may be needed"
     if est.cost is not None:
@@ -210,7 +244,9 @@ def add_parser(sub) -> None:
     src.add_argument("--d", type=positive_int, help="input width of --oracle")
     src.add_argument("--target", metavar="FILE.npz", help="a saved model to use as the oracle")
     src.add_argument("--dtype", choices=PRECISIONS, default="float64",
-                     help="precision a --target (or --hf-dir module) computes its answers in (default float64)")
+                     help="precision a --target (or --hf-dir module) computes its answers in (default float64); "
+                          "refused with --oracle, --url and --replay (they answer in their own: "
+                          "--answer-precision declares it, --cast applies one)")
     hf.add_source_arguments(src)
     src.add_argument("--answer-precision", choices=remote.PRECISION_CHOICES,
                      help="precision of the oracle's answers if known (sets the rounding floor); default auto: "

@@ -31,9 +31,11 @@ def oracle_from_args(args, kw: dict):
 
     check_model_dir(args.hf_dir)
     from attnprobe.oracles.hf_families import layer_spec
+    from attnprobe.targets.hf import hf_checkpoint
 
     spec = layer_spec(args.hf_dir)
     spec.refuse_positional()  # before anything else is read or asked
+    hf_checkpoint(args.hf_dir)  # a config.json whose layer count the weights do not hold is refused before torch
     if not 0 <= args.layer < spec.layers:
         raise ConfigError(f"--layer must be in 0..{spec.layers - 1} for {args.hf_dir}; got {args.layer}")
     if args.row is not None and not 0 <= args.row < spec.hidden:

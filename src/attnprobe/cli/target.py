@@ -28,7 +28,7 @@ def _refuse_options(args) -> None:
 
 def run(args) -> int:
     _refuse_options(args)
-    path, _ = plan_outputs(args.out)
+    path, _ = plan_outputs(args.out, folders=[args.model_dir])
     if args.kind == "hf-attention":
         from attnprobe.cli.hf import write_target
 

@@ -1,12 +1,14 @@
-"""Learners: one module per algorithm family; each takes an oracle and returns an Extraction. Every learner is
-registered in :mod:`attnprobe.learners.registry` (its options, what it recovers, its capabilities)."""
+"""Learners: each takes an oracle and returns an Extraction. :mod:`.core` holds what they share and knows no
+family; each family package registers its own learners (options, capabilities, estimates) in
+:mod:`attnprobe.learners.core.registry` when it is imported: :mod:`.head` (single heads), :mod:`.ffn` (ReLU
+networks), :mod:`.multihead` (multi-head layers), :mod:`.transformer` (one-layer transformers)."""
 
-from attnprobe.learners import registry
-from attnprobe.learners.exact import PROBES, extract_exact
+from attnprobe.learners import ffn, head, multihead, transformer  # noqa: F401  (each registers its learners)
+from attnprobe.learners.core import registry
+from attnprobe.learners.core.registry import Capabilities, Learner, Option, learner, learners, register
+from attnprobe.learners.core.result import Extraction
 from attnprobe.learners.ffn import extract_ffn
-from attnprobe.learners.lowrank import extract_lowrank
-from attnprobe.learners.registry import Capabilities, Learner, Option, learner, learners, register
-from attnprobe.learners.result import Extraction
+from attnprobe.learners.head import PROBES, extract_exact, extract_lowrank
 from attnprobe.learners.transformer import extract_transformer
 
 __all__ = ["PROBES", "Capabilities", "Extraction", "Learner", "Option", "extract_exact", "extract_ffn",

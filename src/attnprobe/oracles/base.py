@@ -66,6 +66,10 @@ def _innermost(fn):
     return fn
 
 
+#: a row norm within this relative rounding of ``max_input_norm`` is within it (a probe scaled to the bound has a
+#: norm a few ulps above it once computed)
+NORM_ROUNDING = 1e-12
+
 class Oracle:
     """Wraps a callable ``fn(X) -> y`` with ``X`` of shape (B, N, d) and ``y`` of shape (B,) or (B, K).
 
@@ -158,8 +162,11 @@ class Oracle:
                 self(self.detector.probe_batch(self.d))
         if self.detector.needs_smoothness and (self.outputs or 1) > 1:  # a layer's whole output row in float64
             # bits: is its kernel float64 inside too? (51 queries against thousands for a whole-row extraction)
+            X = smoothness_batch(self.d, self.detector.seed)
+            if self.max_input_norm is not None:  # within the bound the target accepts (the jitter is relative)
+                X *= min(1.0, 0.99 * self.max_input_norm / float(np.linalg.norm(X, axis=-1).max()))
             with self.phase("precision"):
-                answers = self(smoothness_batch(self.d, self.detector.seed))
+                answers = self(X)
             self.detector.observe_smoothness(answers)
         return self.detector.decided
 
@@ -207,7 +214,7 @@ class Oracle:
             return
         top = _max_row_norm(X)
         limit = self._max_input_norm
-        if limit is not None and top > limit:
+        if limit is not None and top > limit * (1 + NORM_ROUNDING):
             norms = np.linalg.norm(X, axis=-1)
             b, n = np.unravel_index(int(np.argmax(norms)), norms.shape)
             raise InputNormError(f"a probe row has norm {top:.4g} (sequence {b}, row {n} of a batch of shape "

@@ -16,8 +16,8 @@ The spec grammar: stages joined by ``+``, in any order, each at most once, ``non
     round:K | round-digits:K                        answers rounded to K decimals / K significant digits
     membership                                      answers 1[f(X) > 0] (App. B)
 
-``digits:K`` is read as ``round-digits:K``. ``noise:σ`` (an older spelling that meant Gaussian noise) is refused:
-it reads as any of the four kinds.
+``digits:K`` is read as ``round-digits:K`` and ``noise:σ`` as ``gaussian:σ`` (fresh Gaussian noise); the chain's
+:attr:`~AnswerChain.spec` names them by their canonical spellings.
 
 The stages apply innermost first: input clip, cast, noise, rounding, membership.
 """
@@ -271,12 +271,10 @@ def _stage(term: str, spec: str) -> tuple[str, object]:
         return "seed", _number(value, f"the seed in {term!r}", integer=True, param="defense")
     if kind in NOISE_KINDS and value:
         return "noise", parse_noise(term)
-    if kind == "noise" and value:
+    if kind == "noise" and value:  # noise:KIND:LEVEL, or noise:σ: fresh Gaussian noise (gaussian:σ)
         if value.partition(":")[0] in NOISE_KINDS:
             return "noise", parse_noise(value)
-        raise ConfigError(f"the defence {term!r} does not say which noise: write gaussian:{value} (fresh Gaussian "
-                          f"noise, what noise:σ used to mean), uniform:{value}, avq:{value} or adversarial:{value}",
-                          param="defense")
+        return "noise", parse_noise(f"gaussian:{value}")
     raise ConfigError(f"unknown defence {term!r} in {spec!r}; choose from: {SPEC_HELP}", param="defense")
 
 

@@ -11,11 +11,11 @@ batch with a longer row with :class:`~attnprobe.errors.InputNormError` before as
 and before spending queries on probes of norm up to ``S`` call ``refuse_clipping(oracle, S)`` (a few queries)
 so that a target that clips silently is refused in one line instead of yielding wrong parameters.
 
-Not every length-1 answer that stops being affine is a clamp: a clamp answers the same past ``R`` (one more
-rung at twice the norm says so), while a normalised output (``LayerNorm(X + attn)``, ALBERT's attention module)
-or a layer that attends to a learned row besides the input (``nn.MultiheadAttention(add_bias_kv=True)``) keeps
-changing. :func:`mismatch_cause` names which: a LayerNorm's rows all satisfy one linear equation (its zero mean
-over the normalised outputs), so ``K + 8`` answers of a whole output row span only a hyperplane.
+Not every length-1 answer that stops being affine is a clamp (:func:`mismatch_cause`, two more queries): a clamp
+answers alike at twice the top rung, while a normalised output (``LayerNorm(X + attn)``, ALBERT's attention
+module) keeps moving and its whole output rows all satisfy one linear equation (the norm's zero mean: ``K + 8``
+answers span only a hyperplane), and a layer that attends to a learned row besides the input
+(``nn.MultiheadAttention(add_bias_kv=True)``) keeps growing with the row.
 """
 
 from __future__ import annotations
@@ -44,6 +44,12 @@ def ladder(up_to: float, start: float = 1.0, factor: float = 10.0) -> np.ndarray
 
 def clipping_norm(oracle, up_to: float, *, seed: int = 0, start: float = 1.0, factor: float = 10.0
                   ) -> float | None:
+    """The norm at which ``oracle`` clips its input rows (:func:`read_clipping`), or ``None``."""
+    return read_clipping(oracle, up_to, seed=seed, start=start, factor=factor)[0]
+
+
+def read_clipping(oracle, up_to: float, *, seed: int = 0, start: float = 1.0, factor: float = 10.0
+                  ) -> tuple[float | None, float | None, float | None]:
     """The norm at which ``oracle`` clips its input rows, estimated from length-1 answers (``None`` when the
     answers stay affine in the norm up to ``up_to``).
 
@@ -52,6 +58,9 @@ def clipping_norm(oracle, up_to: float, *, seed: int = 0, start: float = 1.0, fa
     estimate is exact up to rounding; for other clamps (e.g. per entry) it is the norm of the clamped row's
     effect along that direction. Only meaningful for attention targets (the length-1 answer is affine in its
     row; a ReLU network's is not). A clamp below ``start`` is reported as ≈ ``start``.
+
+    Returns ``(R, affine, moved)``: the estimate (None: no clamp seen), the largest rung whose answer was still
+    affine (None: not even the first) and the first rung where it was not (None: no clamp seen).
     """
     up_to = check_float(up_to, "up_to", min_value=0.0, strict_min=True)
     limit = oracle.max_input_norm
@@ -68,30 +77,78 @@ def clipping_norm(oracle, up_to: float, *, seed: int = 0, start: float = 1.0, fa
     slope = rise / norms[:, None]
     ref = np.linalg.norm(slope[0])
     if ref == 0:
-        return None  # this direction carries no signal: nothing to read (a zero layer clips nothing visible)
+        return None, None, None  # this direction carries no signal: nothing to read (a zero layer clips nothing)
     size = (np.linalg.norm(y[1:], axis=1) + np.linalg.norm(c)) / norms  # rounding of each slope, in units of eps
     noise = ROUNDINGS * oracle.eps * (size + size[0]) / ref
     moved = np.linalg.norm(slope - slope[0], axis=1) / ref
     clipped = moved > np.maximum(DEVIATION, noise)
     if not clipped.any():
-        return None
-    if limit is None or 2 * norms[-1] <= limit:  # a clamp answers the same past R: one more rung says whether
-        with oracle.phase("input bound"):
-            past = np.asarray(oracle(2 * norms[-1] * x[None, None, :]), dtype=np.float64).reshape(-1)
-        if np.abs(past - y[-1]).max() > max(DEVIATION * np.linalg.norm(rise[-1]), noise[-1] * ref * norms[-1]):
-            raise mismatch_cause(oracle, seed=seed)
-    return float(np.linalg.norm(rise[-1]) / ref)
+        return None, None, None
+    first = int(np.argmax(clipped))
+    affine = float(norms[first - 1]) if first > 0 else None
+    return float(np.linalg.norm(rise[-1]) / ref), affine, float(norms[first])
 
 
-def mismatch_cause(oracle, *, seed: int = 0) -> ModelMismatchError:
-    """The error naming why length-1 answers are not affine in their row although no clamp explains it: a
-    normalised output when ``K + 8`` whole-row answers span a hyperplane (asked here, phase ``"input bound"``),
-    else a row attended besides the input rows."""
+def round_down(x: float, digits: int = 3, slack: float = 1e-6) -> float:
+    """``x`` to ``digits`` significant digits, not above ``x`` by more than its relative ``slack`` (an estimate
+    read from rounded answers; 2.9999999 is 3): a bound printed for the user to give back."""
+    if not (x > 0 and math.isfinite(x)):
+        return x
+    top = x * (1 + slack)
+    scale = 10.0 ** (math.floor(math.log10(top)) - digits + 1)
+    steps = math.floor(top / scale)
+    while steps > 0 and float(f"{steps * scale:.{digits}g}") > top:
+        steps -= 1
+    return float(f"{steps * scale:.{digits}g}")
+
+
+def _bound_to_give(oracle, R: float, affine: float | None, moved: float, seed: int) -> tuple[float, bool]:
+    """The bound to suggest and whether the clamp is a clean bound on the row norm: the estimate ``R`` when the
+    answers are affine up to it (one more ladder, a few queries, reads that), else the last rung seen affine (a
+    clamp of another kind: per entry, smooth), else a tenth of the first rung; rounded down."""
+    from attnprobe.errors import AttnprobeError
+
+    if R < moved:
+        try:
+            clean = read_clipping(oracle, round_down(R), seed=seed)[0] is None
+        except AttnprobeError:  # the budget or the oracle gave out: the estimate stands unverified
+            clean = True
+        if clean:
+            return round_down(R), True
+    return round_down(affine if affine is not None else moved / 10), False
+
+
+def _where(bound: float, clean: bool, affine: float | None, moved: float) -> str:
+    if clean:
+        return f"at norm ≈ {bound:.3g} (its length-1 answers stop growing linearly there"
+    return (f"below norm {moved:.3g} (its length-1 answers grow linearly up to norm {affine or 0:.3g} and not "
+            "beyond: not a clean bound on the row norm")
+
+
+def mismatch_cause(oracle, up_to: float, *, seed: int = 0) -> ModelMismatchError | None:
+    """When length-1 answers stopped being affine below ``up_to``: the error naming a cause that is not a clamp
+    (a normalised output, a row attended besides the input), or ``None`` (a clamp, or nothing to tell them apart).
+
+    Asks the top rung of :func:`read_clipping`'s direction and twice it (2 queries), and for whole output rows
+    that keep moving ``K + 8`` length-2 sequences (phase ``"input bound"``)."""
+    limit = oracle.max_input_norm
+    top = min(float(up_to), limit) if limit is not None else float(up_to)
+    if limit is not None and 2 * top > limit:
+        return None  # no room past the top rung: nothing to tell a clamp from the rest
+    rng = np.random.default_rng(seed)  # read_clipping's direction
+    x = rng.standard_normal(oracle.d)
+    x /= np.linalg.norm(x)
+    X = np.stack([np.zeros(oracle.d), top * x, 2 * top * x])[:, None, :]
+    with oracle.phase("input bound"):
+        c, y1, y2 = np.asarray(oracle(X), dtype=np.float64).reshape(3, -1)
+    scale, rounding = np.abs(y1 - c).max(), ROUNDINGS * oracle.eps * (np.abs(y2 - c).max() + np.abs(c).max())
+    if np.abs(y2 - y1).max() <= DEVIATION * scale + rounding:
+        return None  # flat past the top rung: a clamp
+    if np.abs((y2 - c) - 2 * (y1 - c)).max() <= DEVIATION * scale + rounding:
+        return None  # affine along this line after all: nothing to name
     K = oracle.outputs or 1
-    affordable = oracle.budget is None or oracle.queries + K + 8 <= oracle.budget
-    if K > 1 and affordable:
-        rng = np.random.default_rng([seed, 2])
-        X = rng.standard_normal((K + 8, 2, oracle.d)) / np.sqrt(oracle.d)
+    if K > 1 and (oracle.budget is None or oracle.queries + K + 8 <= oracle.budget):
+        X = np.random.default_rng([seed, 2]).standard_normal((K + 8, 2, oracle.d)) / np.sqrt(oracle.d)
         with oracle.phase("input bound"):
             Y = np.asarray(oracle(X), dtype=np.float64).reshape(K + 8, -1)
         S = np.linalg.svd(Y - Y.mean(axis=0), compute_uv=False)
@@ -100,25 +157,31 @@ def mismatch_cause(oracle, *, seed: int = 0) -> ModelMismatchError:
                 "the answers are normalised (every output row satisfies one fixed linear equation, as after a "
                 "LayerNorm: the module returns LayerNorm(X + attention), not the attention sublayer); read the "
                 "attention output before the norm (a Hugging Face folder's sublayer is read so)")
-    return ModelMismatchError(
-        "the length-1 answers are not affine in the row (a softmax over one row is 1, so an attention layer's are) "
-        "and no input clamp explains it: the layer attends to something besides the input rows (a learned "
-        "key/value row, e.g. nn.MultiheadAttention(add_bias_kv=True), or memory tokens), or its output is "
-        "normalised; it is not a sum of softmax heads over the input")
+    if np.linalg.norm(y2 - c) >= 1.5 * np.linalg.norm(y1 - c):  # still growing with the row: no clamp at all
+        return ModelMismatchError(
+            "the length-1 answers are not affine in the row (a softmax over one row is 1, so an attention layer's "
+            "are) yet keep growing with it, so no input clamp explains it: the layer attends to something besides "
+            "the input rows (a learned key/value row, e.g. nn.MultiheadAttention(add_bias_kv=True), or memory "
+            "tokens); it is not a sum of softmax heads over the input")
+    return None
 
 
 def refuse_clipping(oracle, up_to: float, *, seed: int = 0) -> None:
     """Raise :class:`~attnprobe.errors.InputNormError` ("the oracle clips inputs at norm ≈ R") when the answers
     show that ``oracle`` clips rows shorter than ``up_to`` (the largest probe norm a learner plans)."""
-    R = clipping_norm(oracle, up_to, seed=seed)
+    R, affine, moved = read_clipping(oracle, up_to, seed=seed)
     if R is not None:
-        raise InputNormError(f"the oracle clips inputs at norm ≈ {R:.3g} (its length-1 answers stop growing "
-                             f"linearly there; probes up to norm {float(up_to):.3g} were planned); give that bound "
-                             "as the 'max_input_norm' parameter and use a learner that keeps its probes within it",
-                             limit=R)
+        cause = mismatch_cause(oracle, up_to, seed=seed)
+        if cause is not None:
+            raise cause
+        bound, clean = _bound_to_give(oracle, R, affine, moved, seed)
+        raise InputNormError(f"the oracle clips inputs {_where(bound, clean, affine, moved)}; probes up to norm "
+                             f"{float(up_to):.3g} were "
+                             f"planned); give at most {bound:.3g} as the 'max_input_norm' parameter and use a learner "
+                             "that keeps its probes within it", limit=bound)
 
 
-def diagnose_clipping(oracle, *, seed: int = 0) -> InputNormError | None:
+def diagnose_clipping(oracle, *, seed: int = 0) -> InputNormError | ModelMismatchError | None:
     """After a run failed (a refusal or a failed check): the error naming input clipping as the cause when the
     oracle clips rows shorter than the longest row this run sent (``oracle.max_input_norm_used``), else ``None``.
 
@@ -132,14 +195,16 @@ def diagnose_clipping(oracle, *, seed: int = 0) -> InputNormError | None:
         return None
     try:
         oracle.require(len(ladder(used)) + 1, "reading whether the oracle clips its inputs")
-        R = clipping_norm(oracle, used, seed=seed)
-    except ModelMismatchError as exc:  # not a clamp: the cause read from the answers
-        return exc
+        R, affine, moved = read_clipping(oracle, used, seed=seed)
+        cause = None if R is None or R >= used else mismatch_cause(oracle, used, seed=seed)
     except AttnprobeError:
         return None
-    if R is None or R >= used:
+    if cause is not None:  # not a clamp: the cause read from the answers
+        return cause
+    if R is None or R >= used:  # no clamp below the rows sent: the failure is not blamed on clipping
         return None
-    return InputNormError(f"the oracle clips inputs at norm ≈ {R:.3g} (its length-1 answers stop growing "
-                          f"linearly there) but this run sent rows of norm up to {used:.3g}, so its answers were "
-                          "not those of the assumed model; give that bound as the 'max_input_norm' parameter and "
-                          "use a learner that keeps its probes within it", norm=used, limit=R)
+    bound, clean = _bound_to_give(oracle, R, affine, moved, seed)
+    return InputNormError(f"the oracle clips inputs {_where(bound, clean, affine, moved)}) but this run sent rows "
+                          f"of norm up to {used:.3g}, so its answers were not those of the assumed model; give at most "
+                          f"{bound:.3g} as the 'max_input_norm' parameter and use a learner that keeps its probes "
+                          "within it", norm=used, limit=bound)

@@ -45,7 +45,10 @@ class HtmlReport:
                 f"<style>{STYLE}</style></head><body>\n" + "\n".join(self.parts) + "\n</body></html>\n")
 
     def write(self, path: str | Path) -> Path:
+        """Write the page atomically (a full disk leaves the old page, never a cut one)."""
+        from attnprobe.models.io import write_files
+
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.render(), encoding="utf-8")
+        text = self.render().encode("utf-8")
+        write_files([(path, lambda f: f.write(text))])
         return path

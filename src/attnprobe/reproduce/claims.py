@@ -44,7 +44,7 @@ class Claim:
 
 def thm_4_1(quick: bool) -> Claim:
     """Thm 4.1: ``d + d²`` value queries identify (W, v) exactly (bias-free model, the paper's basis probes)."""
-    from attnprobe.learners.exact import extract_exact
+    from attnprobe.learners.head.exact import extract_exact
 
     c = Claim("Thm 4.1", "exact recovery from d + d² value queries",
               "Assuming v* ≠ 0, W* and v* are exactly learnable in polynomial time with O(d²) value queries; "
@@ -73,7 +73,7 @@ def thm_4_1(quick: bool) -> Claim:
 
 
 def _nuclear_success(d: int, r: int, m: int, seed: int) -> tuple[bool, int]:
-    from attnprobe.learners.nuclear import extract_nuclear
+    from attnprobe.learners.head.nuclear import extract_nuclear
 
     h = random_head(d, seed=seed, rank=r, bias=False)
     try:
@@ -123,7 +123,7 @@ def thm_5_1(quick: bool) -> Claim:
 
 def thm_6_1(quick: bool) -> Claim:
     """Thm 6.1: from AVQ(·; τ) answers the paper's algorithm stays within its guarantee (ε_W, ε_v)."""
-    from attnprobe.learners.robust import extract_robust_paper
+    from attnprobe.learners.head.robust import extract_robust_paper
 
     c = Claim("Thm 6.1", "approximate value queries: error never above the guarantee",
               "With ‖W*‖_F ≤ W (W ≥ 2), ‖v*‖ ≤ 1, min nonzero |v*_i| ≥ μ and a deterministic oracle within ±τ, "
@@ -169,7 +169,7 @@ def thm_6_1(quick: bool) -> Claim:
 
 def app_b(quick: bool) -> Claim:
     """App. B (Thm B.1): membership queries recover W to ε_W and v to ε_v within the theorem's query count."""
-    from attnprobe.learners.membership import extract_membership, paper_membership_plan
+    from attnprobe.learners.head.membership import extract_membership, paper_membership_plan
 
     c = Claim("App. B", "membership queries (yes/no answers)",
               "With MQ(X) = 1[f*(X) > 0], ‖W*‖_F ≤ W, ‖v*‖ = 1, min |v*_i| ≥ μ: O(d/ε_v² log(d²/δ) + d² log(d/(ε_W "

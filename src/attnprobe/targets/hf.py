@@ -15,6 +15,7 @@ Everything here reads ``model.safetensors`` with numpy (no torch); the live modu
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import numpy as np
@@ -66,8 +67,28 @@ class FamilyCheckpoint:
         self.spec: LayerSpec = layer_spec(folder)
         self.path = str(Path(folder) / "model.safetensors")
         self._prefix = self._find_prefix()
+        self._check_layer_count()
         for layer in range(self.layers):  # every layer's tensors present with their shapes, before any query
             self.projections(layer)
+
+    def _check_layer_count(self) -> None:
+        """The layers (ALBERT: shared groups) and width the weights hold are the ones config.json says."""
+        fam, spec = self.spec.family, self.spec
+        pattern = re.escape(f"{self._prefix}{fam.module}.{fam.qkv[0]}.weight")
+        counted = "g" if spec.name == "albert" else "i"
+        pattern = pattern.replace(re.escape("{" + counted + "}"), r"(\d+)")
+        for other in "igj":
+            pattern = pattern.replace(re.escape("{" + other + "}"), r"\d+")
+        tensors = read_safetensors(self.path)
+        found = [int(m.group(1)) for m in map(re.compile(f"^{pattern}$").match, tensors) if m]
+        held = 1 + max(found) if found else 0
+        want = -(-spec.layers // spec.group_size) if spec.name == "albert" else spec.layers
+        out = np.shape(tensors.get(f"{self._prefix}{spec.module_path(0)}.{fam.out}.weight", ()))
+        width = out[1] if fam.conv1d and len(out) == 2 else (out[0] if out else 0)
+        if held != want or width != spec.hidden:
+            raise ConfigError(f"{self.folder}: config.json says hidden_size {spec.hidden} and {want} "
+                              f"{'layer groups' if spec.name == 'albert' else 'layers'}, model.safetensors holds "
+                              f"{width} and {held}; the folder mixes two models")
 
     @property
     def layers(self) -> int:

@@ -9,8 +9,28 @@ further lines), and :mod:`.learner` (the driver :func:`extract_ffn` and its :cla
 Identifiability: the function fixes only the hyperplanes with their jumps and the linear part, so dead neurons
 (``a_k = 0``, or ``w_k = 0`` in every output) are invisible, neurons with the same hyperplane and orientation
 merge into one, and a neuron is recovered up to positive rescaling and permutation.
+
+Registers the learner ``ffn`` with its options and estimate (:mod:`.estimate`).
 """
 
+from attnprobe.learners.core.registry import NO_BIAS, Capabilities, Option, register
+from attnprobe.learners.ffn.estimate import ffn_estimate
 from attnprobe.learners.ffn.learner import FINEST_EPS, SIGN_TIME_LIMIT, FFNOptions, extract_ffn, require_fine_answers
 
-__all__ = ["FINEST_EPS", "FFNOptions", "SIGN_TIME_LIMIT", "extract_ffn", "require_fine_answers"]
+#: seconds the 0/1 program may spend on neuron orientations (shared with the transformer learners)
+SIGN_TIME = Option("sign_time_limit", float, "seconds the 0/1 program may spend on neuron orientations "
+                   "(m > d; default 5)", default=5.0, low=0, open_low=True, metavar="SEC")
+
+
+def _ffn(oracle, *, seed, progress, no_bias, sign_time_limit, hidden):
+    return extract_ffn(oracle, seed=seed, progress=progress, sign_time_limit=sign_time_limit, bias=not no_bias,
+                       hidden=hidden)
+
+
+register("ffn", _ffn, recovers="relu_net", capabilities=Capabilities(fine_answers=True, vector_answers=True),
+         help="Sec. 4.1: a ReLU network from length-1 queries (critical points)", estimate=ffn_estimate,
+         options=[NO_BIAS, SIGN_TIME,
+                  Option("hidden", int, "hidden width if known (neurons no answer shows are then reported as "
+                         "unidentifiable)", low=1, metavar="M")])
+
+__all__ = ["FINEST_EPS", "FFNOptions", "SIGN_TIME", "SIGN_TIME_LIMIT", "extract_ffn", "require_fine_answers"]

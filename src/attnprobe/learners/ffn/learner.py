@@ -25,9 +25,9 @@ from attnprobe.learners.ffn.more_lines import MAX_LINES, SAME_NEURON_COS, candid
 from attnprobe.learners.ffn.orientation import Orientation, closest_signs, orientation_matrix, solve_signs
 from attnprobe.learners.ffn.regions import PROBE_FRACTION, Regions, RefineSettings, hyperplane_normals
 from attnprobe.learners.ffn.repair import contradicted, failed_side_checks, repaired_set, sub_segment, suspect_spans
-from attnprobe.learners.probes import random_orthogonal
-from attnprobe.learners.result import Extraction
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.head.probes import random_orthogonal
+from attnprobe.learners.core.result import Extraction
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.models.ffn import ReLUNet
 
 #: answers agree with a line if they differ by less than this many roundings of the largest answer seen

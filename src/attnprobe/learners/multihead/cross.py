@@ -24,7 +24,7 @@ import numpy as np
 
 from attnprobe.errors import RecoveryError, SaturationError
 from attnprobe.learners.multihead.isolation import other_heads_basis
-from attnprobe.learners.sigmoid import RoundingError, invert_two_row
+from attnprobe.learners.head.sigmoid import RoundingError, invert_two_row
 
 SATURATED_LOGIT = 40.0
 

@@ -22,20 +22,21 @@ saturated probes (float32, noise) are refused naming the precision and the value
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
 
-from attnprobe.errors import ConfigError, RecoveryError, SaturationError, UnidentifiableError
-from attnprobe.learners.exact import learn_value
-from attnprobe.learners.lowrank import FLOAT32_OVERSAMPLE, default_oversample, extract_lowrank, lowrank_queries
+from attnprobe.errors import RecoveryError, SaturationError, UnidentifiableError
+from attnprobe.learners.head import RANK
+from attnprobe.learners.head.exact import learn_value
+from attnprobe.learners.head.lowrank import FLOAT32_OVERSAMPLE, default_oversample, extract_lowrank, lowrank_queries
 from attnprobe.learners.multihead.cross import cross_components
 from attnprobe.learners.multihead.headcheck import check_heads, head_check_queries
 from attnprobe.learners.multihead.isolation import isolated_oracle
+from attnprobe.learners.multihead.options import HEADS, MAX_HEADS
 from attnprobe.learners.multihead.saturation import input_norm_limit, saturated_values
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.models.precision import machine_epsilon
 
 METHOD = "multihead-generic"
@@ -50,13 +51,13 @@ LEAK_FLOOR_CAP = 1e-8
 VALUE_ERROR_LIMIT = 1e-3
 
 
-def _planned_rest(d, H, rank, bias):
+def planned_rest(d, H, rank, bias):
     """Queries of the isolated and cross stages (no calibration or retries): a lower bound."""
     r = min(rank or d - H + 1, d - H + 1)
     return H * (lowrank_queries(d, r, 0, 0 if rank else 2, bias) + 2 * H * (min(r, d) + 1))
 
 
-def _planned_values(d):
+def planned_values(d):
     """The least the values stage costs (one head): length-1 queries, one radius step and its confirmation (12
     each), the labelled grid (24) and two cone gradients (2d + 2 each); the crossing search comes on top."""
     return (d + 1) + 12 + 12 + 24 + 2 * (2 * d + 2)
@@ -146,27 +147,27 @@ def _numerical_ranks(W: np.ndarray, rel: float) -> list[int]:
     return [int(np.sum(si > rel * si[0])) if si[0] > 0 else 0 for si in s]
 
 
-def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True, seed=0, check=True, progress=None):
+def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True, seed=0, check=True, progress=None,
+                    asked_before=None):
     """Recover every head ``(W_h, v_h, u_h)`` and ``c`` of a multi-head oracle (module docstring).
 
     ``heads``: the number of heads if known (fewer found means merged heads: a note); ``max_heads``: refuse
-    more; ``rank``: the head dimension (rank of each ``W_h``), detected when omitted. Returns an
-    :class:`~attnprobe.learners.result.Extraction` with a :class:`MultiHeadAttention` (heads up to permutation).
+    more; ``rank``: the head dimension (rank of each ``W_h``), detected when omitted; ``asked_before``: queries this
+    extraction asked before this learner, by phase (:class:`~attnprobe.learners.core.skeleton.Run`). Returns an
+    :class:`~attnprobe.learners.core.result.Extraction` with a :class:`MultiHeadAttention` (heads up to permutation).
     """
     from attnprobe.models.multihead import MultiHeadAttention
 
     d = oracle.d
-    for name, val in (("heads", heads), ("max_heads", max_heads), ("rank", rank)):
-        if val is not None and not (isinstance(val, (int, np.integer)) and val >= 1):
-            raise ConfigError(f"{name} must be a positive integer; got {val!r}", param=name)
+    heads, max_heads, rank = HEADS.validate(heads), MAX_HEADS.validate(max_heads), RANK.validate(rank)
     if heads is not None and 2 * heads > d:
         raise UnidentifiableError(f"{heads} heads at width d = {d}: switching the other heads off needs d ≥ 2H "
                                   f"(at most {d // 2} heads)")
     input_norm_limit(oracle, precision=False)  # refused before any query when max_input_norm is too small
-    run = Run(oracle, METHOD, seed=seed, check=check, progress=progress)
+    run = Run(oracle, METHOD, seed=seed, check=check, progress=progress, asked_before=asked_before)
     rng = run.rng
     notes: list[str] = []
-    run.plan(_planned_values(d), f"generic multi-head extraction at d={d} (values stage)", at_least=True)
+    run.plan(planned_values(d), f"generic multi-head extraction at d={d} (values stage)", at_least=True)
     with run.phase("values", absorb=True), _blamed_on_precision(oracle, "values"):  # absorb: the input-bound check
         v_sum, c, _ = learn_value(oracle, bias, "multi-head")  # length 1: [0] ↦ c, [e_i] ↦ (Σ_h v_h)_i + c
         y = rng.standard_normal(d) / np.sqrt(d)
@@ -182,7 +183,7 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
         raise precision_error(f"the answers are too coarse for the generic multi-head learner: "
                               f"{precision_said(oracle, verr)} (> {VALUE_ERROR_LIMIT:.0e}): every isolated head would "
                               f"carry the other heads' leak of that size; refused after {run.queries} queries")
-    rest = _planned_rest(d, H, rank, bias) + (head_check_queries(H) if check else 0)
+    rest = planned_rest(d, H, rank, bias) + (head_check_queries(H) if check else 0)
     run.plan(rest, f"generic multi-head extraction at d={d}, H={H} (isolated and cross stages, per-head check)",
              at_least=True)
     run.report(run.queries + rest)
@@ -199,27 +200,23 @@ def extract_generic(oracle, *, heads=None, max_heads=None, rank=None, bias=True,
                "spurious_crossings": stage.details.get("spurious_crossings", 0),
                "sign_residual": stage.details["sign_residual"], "switch_off_repeat": info["switch_off_repeat"],
                "query_bound": MultiHeadAttention.query_bound(d, H)}
-    res = run.finish(model, unknowns=MultiHeadAttention.unknowns(d, H, bias), details=details, notes=notes,
-                     hint=f" ({precision_said(oracle, verr)})" if _coarse(oracle, verr) else " (heads not generic?)")
-    return _with_head_check(run, res, verr) if check else res
+    return run.finish(model, unknowns=MultiHeadAttention.unknowns(d, H, bias), details=details, notes=notes,
+                      hint=f" ({precision_said(oracle, verr)})" if _coarse(oracle, verr) else " (heads not generic?)",
+                      then_check=lambda chk: _head_check(run, model, chk, verr))
 
 
-def _with_head_check(run, res, value_error):
-    """Every head measured alone (``headcheck.py``): the check's error is the worst of the functional error and
-    the heads' bounds, so "passed" bounds each head's W and v error by the tolerance."""
+def _head_check(run, model, chk, value_error):
+    """Every head measured alone (``headcheck.py``), after the functional check ``chk``: the check's error is the
+    worst of the functional error and the heads' bounds, so "passed" bounds each head's W and v error by the
+    tolerance. Returns the combined check and the note for a head the functional check let pass."""
     oracle = run.oracle
     with oracle.phase("check"):
-        hc = check_heads(oracle, res.model, run.rng)
-    chk = res.check
+        hc = check_heads(oracle, model, run.rng)
     worst = float(np.max(hc.bound))
     ok = chk.passed and worst <= chk.tolerance
-    res.check = replace(chk, passed=bool(ok), error=max(chk.error, worst), queries=chk.queries + hc.queries,
-                        extra={**chk.extra, "functional_error": chk.error, "heads": hc.as_dict()})
-    res.details["head_check"] = hc.as_dict()
-    res.seconds = time.perf_counter() - run.t0
-    if chk.passed and not ok:
-        h = int(np.argmax(hc.bound))
-        said = f"; {precision_said(oracle, value_error)}" if _coarse(oracle, value_error) else ""
-        res.notes.append(f"functional check FAILED: head {h} is measured up to {worst:.1e} off (W/v, relative; the "
-                         f"layer's output is off by {chk.error:.1e}) > tolerance {chk.tolerance:.1e}{said}")
-    return res
+    combined = replace(chk, passed=bool(ok), error=max(chk.error, worst), queries=chk.queries + hc.queries,
+                       extra={**chk.extra, "functional_error": chk.error, "heads": hc.as_dict()})
+    said = f"; {precision_said(oracle, value_error)}" if _coarse(oracle, value_error) else ""
+    return combined, (f"functional check FAILED: head {int(np.argmax(hc.bound))} is measured up to {worst:.1e} off "
+                      f"(W/v, relative; the layer's output is off by {chk.error:.1e}) > tolerance "
+                      f"{chk.tolerance:.1e}{said}")

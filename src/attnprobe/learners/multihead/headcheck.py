@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnprobe.learners.sigmoid import RoundingError, invert_two_row
+from attnprobe.learners.head.sigmoid import RoundingError, invert_two_row
 
 SWITCH_OFF_LOGIT = 40.0
 #: the reported bound is this multiple of the estimate (a mean of n squared random projections): with n = 16 it

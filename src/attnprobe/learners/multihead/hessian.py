@@ -22,11 +22,11 @@ from __future__ import annotations
 import numpy as np
 
 from attnprobe.errors import RecoveryError
-from attnprobe.learners.exact import learn_value
+from attnprobe.learners.head.exact import learn_value
 from attnprobe.learners.multihead.blocks import simultaneous_blocks
 from attnprobe.learners.multihead.subspaces import learn_heads_in_subspaces
-from attnprobe.learners.result import Extraction
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.core.result import Extraction
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.models.attention import AttentionHead
 from attnprobe.models.multihead import MultiHeadAttention
 
@@ -138,15 +138,18 @@ def measure_hessians(oracle, v_sum: np.ndarray, c: float, rng: np.random.Generat
 def extract_multihead_orthogonal(oracle, *, heads: int | None = None, bias: bool = True, seed: int = 0,
                                  check: bool = True, max_queries: int | None = None,
                                  richardson: bool | None = None, max_hessians: int | None = None,
-                                 progress=None) -> Extraction:
+                                 progress=None, max_heads: int | None = None, asked_before: dict | None = None,
+                                 notes: tuple[str, ...] = ()) -> Extraction:
     """Heads in unknown mutually orthogonal subspaces (App. C conjecture): Hessians → finest simultaneous block
     diagonalisation → each head by the exact learner in its subspace (small probe logits, so the leakage of
     the other heads through the estimated subspaces is not amplified). Phases: values, hessians, heads.
 
     ``heads`` fixes H (else detected from the block structure). ``max_queries`` caps the extraction's queries
-    (default: ``4Hd² − 2H + 1`` when H is known, else the oracle's budget).
+    (default: ``4Hd² − 2H + 1`` when H is known, else the oracle's budget); more heads than ``max_heads`` get a
+    note. ``asked_before``: queries this extraction asked before this learner, by phase (:class:`Run`);
+    ``notes``: what the caller has to say of them.
     """
-    run = Run(oracle, "multihead-orthogonal", seed=seed, check=check, progress=progress)
+    run = Run(oracle, "multihead-orthogonal", seed=seed, check=check, progress=progress, asked_before=asked_before)
     rng = run.rng
     d = oracle.d
     cap = oracle.remaining - run.check_queries
@@ -180,7 +183,9 @@ def extract_multihead_orthogonal(oracle, *, heads: int | None = None, bias: bool
                           "residual_after_refine": split.residual_after,
                           "weakest_kept_edge": split.weakest_kept, "strongest_cut_edge": split.strongest_cut},
                "query_bound": MultiHeadAttention.query_bound(d, H)}
-    notes = []
+    notes = list(notes)
+    if max_heads is not None and H > max_heads:
+        notes.append(f"found {H} heads, more than max_heads={max_heads}")
     if split.kernel.shape[1]:
         notes.append(f"{split.kernel.shape[1]} input directions reach no head (common kernel of the Hessians); "
                      "the heads are taken to be zero there")

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from attnprobe.errors import ConfigError, RecoveryError, SaturationError
-from attnprobe.learners.exact import extract_exact
-from attnprobe.learners.result import Extraction
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.head.exact import extract_exact
+from attnprobe.learners.core.result import Extraction
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.models.attention import AttentionHead
 from attnprobe.models.multihead import MultiHeadAttention
 from attnprobe.oracles.subspace import restrict_to_subspace
@@ -104,3 +104,25 @@ def extract_multihead_subspaces(oracle, subspaces, *, bias: bool = True, seed: i
     details["query_bound"] = MultiHeadAttention.query_bound(model.d, model.H)
     return run.finish(model, unknowns=planned - (len(bases) - 1) * int(bias), details=details,
                       hint=" (heads in the given mutually orthogonal subspaces, Prop. C.2)")
+
+
+def load_subspaces(path, d: int) -> list:
+    """Head subspace bases (Prop. C.2) from an ``.npz`` file: an array ``subspaces`` (or ``E``) of shape
+    ``(H, d, d_h)``, or one ``(d, d_h)`` array per head (in file order). Read through the safe loader (a regular
+    file, real numbers, headers checked before anything is decompressed) and refused above ``8·d²`` numbers
+    (``Σ d_h ≤ d``) or when the file is a saved model."""
+    from attnprobe.models.io import load_arrays
+
+    arrays = load_arrays(path, max_bytes=8 * 8 * d * d + 4096, what="subspaces file")
+    if "kind" in arrays:
+        raise ConfigError(f"{path} is a saved {arrays['kind']} model, not head subspaces; give an .npz with an "
+                          "(H, d, d_h) array named 'subspaces'", param="subspaces")
+    for key in ("subspaces", "E"):
+        if key in arrays:
+            if arrays[key].ndim != 3:
+                raise ConfigError(f"the {key!r} array of {path} has shape {arrays[key].shape}; it must be (H, d, d_h)",
+                                  param="subspaces")
+            return list(arrays[key])
+    if not arrays:
+        raise ConfigError(f"{path} holds no arrays; save an (H, d, d_h) array named 'subspaces'", param="subspaces")
+    return list(arrays.values())

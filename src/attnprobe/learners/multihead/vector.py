@@ -28,8 +28,8 @@ from attnprobe.errors import (ConfigError, InputNormError, OracleAnswerError, Or
                               SeparationError, UnidentifiableError)
 from attnprobe.learners.multihead.vector_heads import fit_delta, fit_deltas, jennrich, theta_from_values
 from attnprobe.learners.multihead.vector_logits import gap_rank, head_attention_errors, learn_logits
-from attnprobe.learners.probes import random_orthogonal
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.head.probes import random_orthogonal
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.oracles.input_bound import refuse_clipping
 
 METHOD = "multihead-vector"
@@ -76,11 +76,27 @@ def tokens_per_query(H: int, K: int, coarse: bool) -> int:
     return max(1, min(8 if coarse else 16, K // (2 * H)))
 
 
+#: the length-1 answers must move by this many roundings of the answers for ``M`` to be read at all
+VALUE_ROUNDINGS = 10
+
+
 def _values(oracle, rng, rho):
-    """``M`` (K, d) and ``c`` (K,) from ``[±x]`` for the rows x of a scaled random orthogonal matrix."""
+    """``M`` (K, d) and ``c`` (K,) from ``[±x]`` for the rows x of a scaled random orthogonal matrix. Refused (one
+    :class:`ConfigError` naming ``max_input_norm``) when the bound keeps the probes so short that the answers do not
+    move beyond their rounding."""
     d = oracle.d
     P = rho * random_orthogonal(d, rng)
     y = oracle(np.concatenate([P, -P])[:, None, :])
+    moved, size = float(np.max(np.abs(y[:d] - y[d:]))), float(np.max(np.abs(y)))
+    if not moved > VALUE_ROUNDINGS * max(float(oracle.eps), 1e-16) * size or not np.isfinite(rho**-2):
+        where = (f"answers of size {size:.1e} move by {moved:.1e} between probes ±x of norm {rho:.3g}, within "
+                 f"{VALUE_ROUNDINGS:g} roundings")
+        if oracle.max_input_norm is None:
+            raise UnidentifiableError(f"the layer's length-1 answers do not depend on the input ({where}): its value "
+                                      "maps are zero to the answers' precision")
+        raise ConfigError(f"The 'max_input_norm' parameter {oracle.max_input_norm:g} keeps the probes so short that "
+                          f"the layer cannot be read ({where}); give a bound of order 1 or more",
+                          param="max_input_norm")
     M = ((y[:d] - y[d:]) / 2).T @ P / rho**2  # P orthogonal·ρ: P⁻¹ = Pᵀ/ρ²
     c = (y[:d] + y[d:]).mean(axis=0) / 2
     return M, c
@@ -97,6 +113,10 @@ class _Layer:
         return (y - X[:, -1, :] @ self.M.T - self.c).T
 
 
+#: the nonlinear share of two-row answers the calibration looks for (at least; at most 1)
+CALIBRATED = 0.25
+
+
 def _calibrate(layer, rng, d, rho_max):
     """Token norm ρ at which two-row answers are about half nonlinear (logits of order one)."""
     rho = min(1.0, rho_max)
@@ -106,19 +126,21 @@ def _calibrate(layer, rng, d, rho_max):
         R = layer.residuals(np.stack([b + delta, b], axis=1))
         lin = (delta @ layer.M.T).T / 2
         ratio = float(np.median(np.linalg.norm(R - lin, axis=0) / np.maximum(np.linalg.norm(lin, axis=0), 1e-300)))
-        if 0.25 <= ratio <= 1.0 or (ratio < 0.25 and rho >= rho_max):
+        if CALIBRATED <= ratio <= 1.0 or (ratio < CALIBRATED and rho >= rho_max):
             break
         rho = min(rho_max, rho * float(np.clip(np.sqrt(TARGET_NONLINEARITY / max(ratio, 1e-6)), 0.25, 4.0)))
     return rho, ratio
 
 
-def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tokens=None, design=None):
+def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tokens=None, design=None,
+                   asked_before=None):
     """Recover every head ``(W_h, u_h, V_h)`` and ``c`` of a layer answering K-vectors (module docstring).
 
     ``heads``: H if known (detected from the rank of the two-row residuals otherwise); ``tokens``: probe tokens
     per query in the logits stage (default 16, or 8 for answers coarser than float64); ``design``: design points
-    per difference δ (default max(20, H + q + 6), 48 for coarse answers). Returns an
-    :class:`~attnprobe.learners.result.Extraction` whose model is a
+    per difference δ (default max(20, H + q + 6), 48 for coarse answers); ``asked_before``: queries this extraction
+    asked before this learner, by phase (:class:`~attnprobe.learners.core.skeleton.Run`). Returns an
+    :class:`~attnprobe.learners.core.result.Extraction` whose model is a
     :class:`~attnprobe.models.multihead.MultiHeadAttention` in the vector layout.
     """
     noise = oracle.noise  # a declared relative rounding up to float32's is rounding; anything else is refused
@@ -132,7 +154,7 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
                             "coarse to separate the heads of a whole output row; ask for float32 or finer answers")
     try:
         return _extract(oracle, heads=heads, seed=seed, check=check, progress=progress, tokens=tokens,
-                        design=design)
+                        design=design, asked_before=asked_before)
     except RecoveryError as exc:
         eps = float(oracle.eps)
         if eps <= COARSEST_EPS:
@@ -142,13 +164,12 @@ def extract_vector(oracle, *, heads=None, seed=0, check=True, progress=None, tok
                             "answers") from exc
 
 
-def _extract(oracle, *, heads, seed, check, progress, tokens, design):
-    from attnprobe.models.multihead import MultiHeadAttention
+def _extract(oracle, *, heads, seed, check, progress, tokens, design, asked_before):
 
     d = oracle.d
     heads, tokens, design = (check_int(v, name, min_value=1, allow_none=True)
                              for v, name in ((heads, "heads"), (tokens, "tokens"), (design, "design")))
-    run = Run(oracle, METHOD, seed=seed, check=check, progress=progress)
+    run = Run(oracle, METHOD, seed=seed, check=check, progress=progress, asked_before=asked_before)
     rng = run.rng
     eps = max(float(oracle.eps), 1e-16)
     coarse = eps > 1e-10
@@ -175,9 +196,35 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
                                     "— for a ReLU network with K outputs use the ffn learner") from exc
     with run.phase("input bound"):
         refuse_clipping(oracle, 3 * rho, seed=int(rng.integers(2**31)))
+    bounded = rho >= rho_max and not ratio >= CALIBRATED  # the bound stopped the calibration short
+    if bounded and not (np.isfinite(ratio) and ratio < 1 / CALIBRATED):
+        raise ConfigError(f"The 'max_input_norm' parameter {oracle.max_input_norm:g} keeps the probes at norm "
+                          f"{rho:.3g}, where the two-row answers cannot be read (nonlinear part {ratio:.1e} of the "
+                          "linear one); give a bound of order 1 or more", param="max_input_norm")
     if ratio < 30 * eps:
+        if bounded:
+            raise ConfigError(f"The 'max_input_norm' parameter {oracle.max_input_norm:g} keeps the probes at norm "
+                              f"{rho:.3g}, where the two-row answers are affine to their precision (nonlinear part "
+                              f"{ratio:.1e} of the linear one): no head's attention can be seen; give a larger "
+                              "bound", param="max_input_norm")
         raise UnidentifiableError(f"two-row answers are affine in the input (nonlinear part {ratio:.1e} of the "
                                   "linear one at the largest probe norm): no head's attention depends on the input")
+    try:
+        return _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads, design, tokens, notes,
+                                   K, d)
+    except (RecoveryError, UnidentifiableError) as exc:
+        if not bounded:
+            raise
+        raise type(exc)(f"{str(exc).rstrip('.')}; the probes were held to norm {3 * rho:.3g} by the "
+                        f"'max_input_norm' parameter ({oracle.max_input_norm:g}), where the answers are only "
+                        f"{ratio:.1e} nonlinear (the learner calibrates to {CALIBRATED:g}): a larger bound may let "
+                        "the heads separate") from exc
+
+
+def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads, design, tokens, notes, K, d):
+    """Separation, logits and the head check of :func:`_extract`, once the token norm ``rho`` is calibrated."""
+    from attnprobe.models.multihead import MultiHeadAttention
+
     sep = _Separation(layer, rng, rho, eps, coarse)
     with run.phase("separate"):
         found = sep.detect(heads)
@@ -197,7 +244,7 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design):
     with run.phase("logits"):
         W, u, smallest, w_ranks = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report,
                                               sketch=not coarse)
-    model = MultiHeadAttention(W, V, u, c)
+    model = MultiHeadAttention(W, V, u, layer.c)
     with run.phase("head check"):
         head_errors = head_attention_errors(layer, model, LOGIT_SCALE * rho, tokens, rng, HEAD_CHECK_QUERIES)
     details = {"head_attention_error": head_errors.tolist(), "heads": H, "outputs": K, "token_norm": rho,

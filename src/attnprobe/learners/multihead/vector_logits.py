@@ -88,7 +88,7 @@ def learn_logits(layer, V, scale, tokens, rng, report, *, sketch: bool = True):
        (``(d + 1)⌈d/m⌉`` in all).
 
     Returns ``W, u``, the smallest attention weight seen and the heads' ranks (None when measured whole)."""
-    from attnprobe.learners.probes import random_orthogonal
+    from attnprobe.learners.head.probes import random_orthogonal
 
     H, d = V.shape[0], V.shape[-1]
     P = scale * random_orthogonal(d, rng)  # token offsets p (rows)

@@ -1,6 +1,6 @@
 """The attention scores ``p_h(y) = W_h y + u_h`` of every head, seen inside FFN regions (transformer learner).
 
-In a :class:`~attnprobe.learners.transformer_frames.Frame` around a base point z, the two-row query
+In a :class:`~attnprobe.learners.transformer.frames.Frame` around a base point z, the two-row query
 ``[b + a; b]`` with a probe ``a ⊥ v_g`` for every other head g (``v_g``: the frame's value vectors) answers
 ``bᵀg + σ(aᵀp_h(z + b))·aᵀv_h`` (other heads and the residual only see ``b``): head h alone, so the sigmoid
 inverts to one exact linear measurement of ``p_h`` on ``S_h = {v_g : g ≠ h}^⊥`` (the isolation of App. C's
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnprobe.errors import RecoveryError
-from attnprobe.learners.sigmoid import RoundingError, invert_two_row
+from attnprobe.learners.head.sigmoid import RoundingError, invert_two_row
 
 #: probes are scaled so the largest logit is about this (the sigmoid inverts best near 0)
 PROBE_LOGIT = 2.0

@@ -21,10 +21,10 @@ from scipy.special import gammaln
 
 from attnprobe._validation import check_float, check_int
 from attnprobe.errors import ConfigError, UnidentifiableError
-from attnprobe.learners.check import CheckResult
-from attnprobe.learners.probes import equal_projection_orthogonal, paper_bound, random_orthogonal
-from attnprobe.learners.result import Extraction
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.core.check import CheckResult
+from attnprobe.learners.head.probes import equal_projection_orthogonal, paper_bound, random_orthogonal
+from attnprobe.learners.core.result import Extraction
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.models.attention import AttentionHead
 
 LIPSCHITZ_BOUND = 5.0  # L < 5 for σ⁻¹ on [σ(−½), σ(½)] (Lemma A.1)

@@ -24,12 +24,12 @@ import numpy as np
 
 from attnprobe._validation import check_float, check_int, check_option
 from attnprobe.errors import ConfigError, SaturationError, UnidentifiableError
-from attnprobe.learners.check import DEFAULT_LENGTHS
-from attnprobe.learners.probes import equal_projection_orthogonal, paper_bound, random_orthogonal
-from attnprobe.learners.result import Extraction
-from attnprobe.learners.scaling import MAX_RETRIES, TARGET_LOGIT
-from attnprobe.learners.sigmoid import AdditiveError, invert_two_row, two_row_queries
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.core.check import DEFAULT_LENGTHS
+from attnprobe.learners.head.probes import equal_projection_orthogonal, paper_bound, random_orthogonal
+from attnprobe.learners.core.result import Extraction
+from attnprobe.learners.head.scaling import MAX_RETRIES, TARGET_LOGIT
+from attnprobe.learners.head.sigmoid import AdditiveError, invert_two_row, two_row_queries
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.models.attention import AttentionHead
 from attnprobe.models.precision import finfo
 
@@ -159,8 +159,8 @@ class _Measured:
 @dataclass(frozen=True)
 class _NoisyProbe:
     """What the length-2 measurements of the robust estimator share: the oracle, the estimates ``v, c``, the
-    answers' error model (:class:`~attnprobe.learners.sigmoid.AdditiveError`, inverted by the one
-    :func:`~attnprobe.learners.sigmoid.invert_two_row`), the target logit, the re-measurement limit and a counter
+    answers' error model (:class:`~attnprobe.learners.head.sigmoid.AdditiveError`, inverted by the one
+    :func:`~attnprobe.learners.head.sigmoid.invert_two_row`), the target logit, the re-measurement limit and a counter
     of clipped weights."""
 
     oracle: object

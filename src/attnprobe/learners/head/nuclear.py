@@ -9,7 +9,7 @@ takes the solver's ~1e-8 answer to the answers' own precision.
 
 The dense measurement operator has ``m·d²`` entries and the SDP behind ``‖·‖_*`` has a ``2d × 2d`` PSD block,
 so this route is practical up to about d = 64 (SCS: ~1–2 min there); the low-rank sketch
-(:func:`~attnprobe.learners.lowrank.extract_lowrank`) scales to d in the thousands with fewer queries.
+(:func:`~attnprobe.learners.head.lowrank.extract_lowrank`) scales to d in the thousands with fewer queries.
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ import numpy as np
 
 from attnprobe._validation import check_int, check_option
 from attnprobe.errors import ConfigError, RecoveryError, SaturationError
-from attnprobe.learners.check import DEFAULT_LENGTHS
-from attnprobe.learners.exact import learn_value
-from attnprobe.learners.scaling import (MAX_RETRIES, TARGET_LOGIT, LogitProbe, calibrate, max_probe_scale,
+from attnprobe.learners.core.check import DEFAULT_LENGTHS
+from attnprobe.learners.head.exact import learn_value
+from attnprobe.learners.head.scaling import (MAX_RETRIES, TARGET_LOGIT, LogitProbe, calibrate, max_probe_scale,
                                        probe_scales)
-from attnprobe.learners.skeleton import Run
-from attnprobe.learners.lowrank import MIN_CALIBRATION
-from attnprobe.learners.probes import equal_projection_orthogonal, first_order_queries, random_orthogonal
-from attnprobe.learners.result import Extraction
-from attnprobe.learners.sigmoid import measure_logits
+from attnprobe.learners.core.skeleton import Run
+from attnprobe.learners.head.lowrank import MIN_CALIBRATION
+from attnprobe.learners.head.probes import equal_projection_orthogonal, first_order_queries, random_orthogonal
+from attnprobe.learners.core.result import Extraction
+from attnprobe.learners.head.sigmoid import measure_logits
 from attnprobe.models.attention import AttentionHead
 
 #: default m = ⌈2d · (PHASE_SLOPE · r + PHASE_OFFSET)⌉: just above the measured transition to 100 % exact

@@ -8,7 +8,7 @@ named phases, and the functional check with one failure semantics.
     return run.finish(model, unknowns=..., details=..., notes=...)
 
 The Extraction's ``queries_by_phase`` sums to its ``queries`` (the check's queries are counted apart, in
-``check.queries``); ``check`` is a :class:`~attnprobe.learners.check.CheckResult`. A failed check does not raise:
+``check.queries``); ``check`` is a :class:`~attnprobe.learners.core.check.CheckResult`. A failed check does not raise:
 the result comes back with ``check.passed = False`` and a note (the CLI turns it into exit code 3).
 """
 
@@ -21,8 +21,8 @@ from typing import Callable
 import numpy as np
 
 from attnprobe._validation import check_seed
-from attnprobe.learners.check import DEFAULT_LENGTHS, check_queries, functional_check
-from attnprobe.learners.result import Extraction
+from attnprobe.learners.core.check import DEFAULT_LENGTHS, check_queries, functional_check
+from attnprobe.learners.core.result import Extraction
 
 
 def _no_progress(done: int, total: int) -> None:
@@ -38,7 +38,7 @@ class Run:
 
     def __init__(self, oracle, method: str, *, seed=0, check: bool = True, check_lengths=DEFAULT_LENGTHS,
                  check_per_length: int = 8, progress: Callable[[int, int], None] | None = None,
-                 tolerance: float | None = None) -> None:
+                 tolerance: float | None = None, asked_before: dict[str, int] | None = None) -> None:
         self.oracle = oracle
         self.method = method
         self.seed = check_seed(seed) if not isinstance(seed, (list, tuple)) else seed
@@ -52,7 +52,10 @@ class Run:
         self.tolerance = tolerance
         self.planned: int | None = None
         self.t0 = time.perf_counter()
-        self.start = oracle.queries
+        #: queries this extraction asked before its run started, by phase (a dispatcher's probe, or a learner
+        #: that failed before this one took over): counted in :attr:`queries` and :meth:`queries_by_phase`
+        self.asked_before = {k: int(v) for k, v in (asked_before or {}).items() if v}
+        self.start = oracle.queries - sum(self.asked_before.values())
         self._phase_start = dict(oracle.queries_by_phase)
         if method in SCALAR_METHODS and hasattr(oracle, "expect_scalar"):
             oracle.expect_scalar(method)  # K > 1 outputs refused in one line, (B, 1) read as (B,)
@@ -89,7 +92,9 @@ class Run:
 
     def queries_by_phase(self) -> dict[str, int]:
         now = self.oracle.queries_by_phase
-        diff = {k: now[k] - self._phase_start.get(k, 0) for k in now}
+        diff = dict(self.asked_before)
+        for k in now:
+            diff[k] = diff.get(k, 0) + now[k] - self._phase_start.get(k, 0)
         return {k: v for k, v in diff.items() if v}
 
     def _check_noise(self, oracle):
@@ -100,14 +105,16 @@ class Run:
 
     def finish(self, model, *, unknowns: int, details: dict | None = None, notes: list[str] | None = None,
                hint: str = "", check_model=None, check_oracle=None, check_input_fn=None,
-               check_scale: float = 1.0, check_fn=None) -> Extraction:
+               check_scale: float = 1.0, check_fn=None, then_check=None) -> Extraction:
         """Assemble the :class:`Extraction`, then run the functional check on fresh sequences.
 
         ``check_model`` / ``check_oracle`` default to ``model`` / the run's oracle (a learner whose result is
         compared on another oracle, e.g. the transformer's, passes its own). ``check_fn(oracle, model, rng,
         lengths, per_length) -> CheckResult`` replaces the value check (e.g. sign agreement for membership
-        answers); it must ask exactly ``len(lengths) * per_length`` queries, as planned. A failed check adds a
-        note ending in ``hint``.
+        answers); it must ask exactly ``len(lengths) * per_length`` queries, as planned. ``then_check(check) ->
+        (check, note)``: a further check of the learner's own (e.g. every head measured alone) run after the
+        functional one, returning the verdict of both and the note to give when it fails ('' for the default). A
+        failed check adds a note ending in ``hint``.
         """
         queries = self.queries
         by_phase = self.queries_by_phase()
@@ -123,9 +130,16 @@ class Run:
                     result.check = functional_check(oracle, target, self.rng, self.check_lengths,
                                                     self.check_per_length, scale=check_scale,
                                                     input_fn=check_input_fn, noise=self._check_noise(oracle))
+            failed = "" if result.check.passed else _failed(result.check, hint)
+            if then_check is not None:
+                result.check, note = then_check(result.check)
+                failed = failed or note or _failed(result.check, hint)
             if not result.check.passed:
-                result.notes.append(
-                    f"functional check FAILED (relative error {result.check.error:.2e} > "
-                    f"{result.check.tolerance:.1e}): the recovered model does not describe the oracle{hint}")
+                result.notes.append(failed)
         result.seconds = time.perf_counter() - self.t0
         return result
+
+
+def _failed(check, hint: str) -> str:
+    return (f"functional check FAILED (relative error {check.error:.2e} > {check.tolerance:.1e}): the recovered "
+            f"model does not describe the oracle{hint}")

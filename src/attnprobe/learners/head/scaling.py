@@ -15,7 +15,8 @@ import numpy as np
 
 from attnprobe.errors import NonFiniteAnswerError, RecoveryError, SaturationError
 from attnprobe.models.precision import finfo
-from attnprobe.learners.sigmoid import SHARED_QUERY_MEMORY, QueryMemory, answer_logits, grid_queries, measure_logits
+from attnprobe.learners.head.sigmoid import (SHARED_QUERY_MEMORY, QueryMemory, answer_logits, grid_queries,
+                                             measure_logits)
 
 #: RMS attention logit the orthogonal probes aim for: near ±1.5 the sigmoid loses least precision.
 TARGET_LOGIT = 1.5

@@ -17,7 +17,7 @@ The route (docs/transformer.md):
    and ``P_j`` its active output weights: least squares over regions chosen where the ones seen so far cover
    least, until those equations are well conditioned (about rank C regions for K = 1).
 5. **polish** — Gauss–Newton on every head's scores, then on every parameter if needed
-   (:mod:`.transformer_polish`).
+   (:mod:`.polish`).
 
 The representative returned: ``A = Cᵀ`` and ``V_h = C⁺R_h`` (no residual), or ``Aᵀ = C − Σ_h R_h`` (``C R₀``,
 ``R₀ = I − Σ_h Ṽ_h`` the last token's map in the length-1 frame) and ``V_h = (Aᵀ)⁺R_h``.
@@ -35,16 +35,16 @@ from scipy.optimize import linear_sum_assignment
 from attnprobe._validation import check_seed
 from attnprobe.errors import BudgetExceededError, ConfigError, RecoveryError, SaturationError, UnidentifiableError
 from attnprobe.learners.ffn import extract_ffn, require_fine_answers
-from attnprobe.learners.skeleton import Run
-from attnprobe.learners.transformer_frames import (KnownFFN, frame_maps, frame_oracle, frame_values, heads_sum,
+from attnprobe.learners.core.skeleton import Run
+from attnprobe.learners.transformer.frames import (KnownFFN, frame_maps, frame_oracle, frame_values, heads_sum,
                                                    saturated_radius, set_scale)
-from attnprobe.learners.transformer_heads import combine_rows, head_scores, scores_to_parameters, token_bases
-from attnprobe.learners.transformer_polish import check_how, refine
+from attnprobe.learners.transformer.heads import combine_rows, head_scores, scores_to_parameters, token_bases
+from attnprobe.learners.transformer.polish import check_how, refine
 from attnprobe.models.transformer import MultiHeadTransformer
 from attnprobe.oracles.base import Oracle
 
 METHOD = "transformer-multihead"  # the Run name: "transformer" is the scalar Sec. 4.1 learner
-#: the issue's check: fresh random sequences of every length 1..16
+#: the functional check: fresh random sequences of every length 1..16 (longer than the regions' length-2 queries)
 CHECK_LENGTHS = tuple(range(1, 17))
 #: base of the far frames (every logit ≈ 10⁸·‖W_h β‖·‖w‖: saturated except next to a head's hyperplane)
 FAR = 1e8
@@ -54,8 +54,9 @@ FFN_QUERIES_PER_INPUT = 2000
 #: smallest singular value (relative) of at least this: least squares through them amplifies errors by its inverse
 WELL_SEEN = 0.2
 WELL_SPANNED = 0.05
-#: coarsest answer rounding the far frames stand (float64's 2.2e-16; float32's 1.2e-7 leaves ~1e1 of 1e8)
-FINEST_EPS = 1e-12
+#: coarsest answer rounding the far frames stand (float64's 2.2e-16; float32's 1.2e-7 leaves ~1e1 of 1e8); the
+#: FFN learner itself stands float32 (:data:`attnprobe.learners.ffn.FINEST_EPS`)
+FAR_FRAME_EPS = 1e-12
 #: the residual counts as present when the last-token term exceeds this share of g
 RESIDUAL_TOL = 1e-6
 #: what a refusal of rank-1 value maps says about them
@@ -203,7 +204,7 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
 
     Heads, biases, outputs and the residual are detected. Phases: ``ffn``, ``values`` (saturated circles far
     out), ``scores`` (isolated heads near the origin), ``polish`` (Gauss–Newton on W_h, u_h and, when ``polish`` is
-    ``"auto"`` and that leaves a residual, on every parameter: :mod:`.transformer_polish`; ``"none"`` skips it). Raises
+    ``"auto"`` and that leaves a residual, on every parameter: :mod:`.polish`; ``"none"`` skips it). Raises
     :class:`UnidentifiableError` for targets whose
     attention never reaches the output (or is affine: a plain head has no kinks) and :class:`RecoveryError`
     when the answers contradict the model's form. ``ffn_options`` go to :func:`extract_ffn`; ``ffn_queries`` caps
@@ -211,7 +212,7 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
     """
     require_fine_answers(oracle, "the transformer learner")
     check_how(polish)
-    if oracle.eps > FINEST_EPS:
+    if oracle.eps > FAR_FRAME_EPS:
         raise ConfigError(f"the transformer learner needs float64 answers (its far frames subtract answers of size "
                           f"~10⁸); these are rounded at {oracle.eps:.2g} ({oracle.precision}). "
                           "For one head, a bias-free "
@@ -438,7 +439,3 @@ def _conditioning(C, Ps, w) -> float:
     sv = np.linalg.svd(S, compute_uv=False)
     r = U.shape[1]
     return float(sv[r - 1] / sv[0]) if sv.size >= r and sv[0] > 0 else 0.0
-
-
-def _frame_g(ffn: KnownFFN, pattern, r) -> np.ndarray:
-    return ffn.linear(pattern)[0] @ r

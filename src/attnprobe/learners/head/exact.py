@@ -14,15 +14,20 @@ import scipy.linalg
 
 from attnprobe._validation import check_option
 from attnprobe.errors import UnidentifiableError
-from attnprobe.learners.check import DEFAULT_LENGTHS
-from attnprobe.learners.probes import basis_probes, equal_projection_orthogonal, paper_bound, random_orthogonal
-from attnprobe.learners.result import Extraction
-from attnprobe.learners.skeleton import Run
-from attnprobe.learners.scaling import (CALIBRATION_SHARE, TARGET_LOGIT, LogitProbe, calibrate, lead_probes,
+from attnprobe.learners.core.check import DEFAULT_LENGTHS
+from attnprobe.learners.head.probes import basis_probes, equal_projection_orthogonal, paper_bound, random_orthogonal
+from attnprobe.learners.core.result import Extraction
+from attnprobe.learners.core.skeleton import Run
+from attnprobe.learners.head.scaling import (CALIBRATION_SHARE, TARGET_LOGIT, LogitProbe, calibrate, lead_probes,
                                        max_probe_scale, probe_scales)
 from attnprobe.models.attention import AttentionHead
 
 PROBES = ("orthogonal", "basis", "gaussian")
+
+
+def probe_design(probes: str) -> str:
+    """``paper`` is the paper's probe design, the basis probes of Thm 4.1."""
+    return "basis" if probes == "paper" else probes
 
 
 def learn_value(oracle, bias: bool = True, learner: str = "single-head") -> tuple[np.ndarray, float, np.ndarray]:
@@ -89,7 +94,7 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
     ``orthogonal`` (default: orthogonal probes with equal ``|aᵀv|``, scaled from the oracle's own answers so the
     logits sit where the sigmoid inverts best; calibration costs at most 2 % extra queries, its readings are
     reused as equations, and a probe that saturates is asked again alone at a smaller scale, see
-    :mod:`attnprobe.learners.scaling`). ``bias=False`` learns the paper's model with exactly
+    :mod:`attnprobe.learners.head.scaling`). ``bias=False`` learns the paper's model with exactly
     ``d + d²`` queries (basis/gaussian probes). ``progress(done, total)`` is called after each block.
     """
     check_option(probes, "probes", PROBES)

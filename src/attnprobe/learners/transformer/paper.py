@@ -11,10 +11,10 @@ import numpy as np
 
 from attnprobe._validation import check_option, check_seed
 from attnprobe.errors import UnidentifiableError
-from attnprobe.learners.exact import PROBES, extract_exact
+from attnprobe.learners.head.exact import PROBES, extract_exact
 from attnprobe.learners.ffn import extract_ffn, require_fine_answers
-from attnprobe.learners.result import Extraction
-from attnprobe.learners.skeleton import Run
+from attnprobe.learners.core.result import Extraction
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.models.attention import AttentionHead
 from attnprobe.models.transformer import OneLayerTransformer
 from attnprobe.oracles.antisymmetric import AntisymmetricOracle

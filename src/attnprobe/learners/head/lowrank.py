@@ -27,13 +27,13 @@ import numpy as np
 
 from attnprobe._validation import check_int
 from attnprobe.errors import RecoveryError
-from attnprobe.learners.check import DEFAULT_LENGTHS
-from attnprobe.learners.exact import learn_value
-from attnprobe.learners.scaling import TARGET_LOGIT, LogitProbe, calibrate, max_probe_scale, probe_scales
-from attnprobe.learners.skeleton import Run
-from attnprobe.learners.probes import equal_projection_orthogonal, first_order_queries, random_orthogonal
-from attnprobe.learners.result import Extraction
-from attnprobe.learners.sigmoid import measure_logits
+from attnprobe.learners.core.check import DEFAULT_LENGTHS
+from attnprobe.learners.head.exact import learn_value
+from attnprobe.learners.head.scaling import TARGET_LOGIT, LogitProbe, calibrate, max_probe_scale, probe_scales
+from attnprobe.learners.core.skeleton import Run
+from attnprobe.learners.head.probes import equal_projection_orthogonal, first_order_queries, random_orthogonal
+from attnprobe.learners.core.result import Extraction
+from attnprobe.learners.head.sigmoid import measure_logits
 from attnprobe.models.attention import AttentionHead
 
 #: a singular value of the range sketch counts when it exceeds this multiple of the sketch's rounding error

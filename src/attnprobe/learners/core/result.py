@@ -16,7 +16,7 @@ class Extraction:
     ``queries`` counts the extraction's own oracle queries (calibration and retries included) and
     ``queries_by_phase`` splits them by the phase that asked them (the values sum to ``queries``);
     ``check`` holds the functional check on fresh sequences (a
-    :class:`~attnprobe.learners.check.CheckResult`, or None when it was not run), whose queries are counted
+    :class:`~attnprobe.learners.core.check.CheckResult`, or None when it was not run), whose queries are counted
     separately. A failed check does not raise: ``check.passed`` is False and a note says so.
     """
 
@@ -41,7 +41,7 @@ class Extraction:
 
     def summary(self) -> dict:
         """JSON-ready summary (OUT.json: method, kind, d, queries, seconds, passed, check, ...)."""
-        return _jsonable({
+        return jsonable({
             "method": self.method,
             "kind": self.model.kind,
             "d": self.d,
@@ -67,13 +67,13 @@ class Extraction:
         return npz, js
 
 
-def _jsonable(obj):
+def jsonable(obj):
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
+        return jsonable(obj.tolist())
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, float) and not np.isfinite(obj):

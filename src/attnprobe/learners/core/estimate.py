@@ -1,0 +1,110 @@
+"""Queries a run will need, before it asks any: the budget to buy for an extraction.
+
+The estimate is the learner's own: its registry entry holds an ``estimate(setting) -> QueryCount`` that follows the
+learner's plan plus what the plan leaves adaptive (calibration, re-measured probes, the functional check).
+``low`` and ``high`` bound the count when the answers behave; ``queries`` is the expected value. This module knows
+no learner: it asks the entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from attnprobe.errors import ConfigError
+from attnprobe.learners.core import registry
+from attnprobe.learners.core.check import check_queries
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What an estimate is asked for: the width ``d``, the K numbers each answer holds (``outputs``, None:
+    undeclared), the answers' ``precision``, whether the functional check runs, and the learner's options (its
+    declared names: ``rank``, ``heads``, ``hidden``, ...; None when not given)."""
+
+    d: int
+    outputs: int | None = None
+    precision: str = "float64"
+    bias: bool = True
+    check: bool = True
+    options: dict = field(default_factory=dict)
+
+    @property
+    def coarse(self) -> bool:
+        """Answers coarser than float64 (float32 and below)."""
+        return self.precision not in ("float64", "auto")
+
+    @property
+    def check_queries(self) -> int:
+        return check_queries() if self.check else 0
+
+    def option(self, name: str):
+        return self.options.get(name)
+
+    def needs(self, name: str, what: str):
+        """The option ``name``, or a :class:`ConfigError` naming it: ``what`` says why the estimate needs it."""
+        value = self.options.get(name)
+        if value is None:
+            raise ConfigError(what, param=name)
+        return value
+
+    def refuse_coarse(self, learner: str) -> None:
+        """Answers coarser than float32 are refused by ``learner`` before it asks: no estimate for them either."""
+        if self.precision not in ("float64", "float32", "auto"):
+            raise ConfigError(f"{learner} needs answers in float32 or finer; {self.precision} answers would be "
+                              "refused, so there is nothing to estimate", param="precision")
+
+
+@dataclass(frozen=True)
+class QueryCount:
+    """A learner's estimate: expected ``queries``, the range ``low`` … ``high`` they fall in, and ``basis``
+    (how the count is made up, in words)."""
+
+    queries: int
+    low: int
+    high: int
+    basis: str
+
+    @classmethod
+    def exactly(cls, queries: int, basis: str) -> "QueryCount":
+        """A count known in advance (a non-adaptive learner)."""
+        return cls(int(queries), int(queries), int(queries), basis)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Expected queries and the range they fall in; ``cost`` at ``price_per_1k`` (None when no price)."""
+
+    method: str
+    d: int
+    queries: int
+    low: int
+    high: int
+    basis: str
+    price_per_1k: float | None = None
+
+    @property
+    def cost(self) -> float | None:
+        return None if self.price_per_1k is None else self.queries * self.price_per_1k / 1000
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "cost": self.cost}
+
+
+def estimate_queries(method: str, d: int, *, outputs: int | None = None, precision: str = "float64",
+                     bias: bool = True, check: bool = True, price_per_1k: float | None = None,
+                     **options) -> Estimate:
+    """The queries learner ``method`` will ask at width ``d``, from its registry entry's estimate; asks nothing.
+
+    ``options`` are the learner's declared options (``rank``: lowrank and scalar multihead; ``heads``: multihead;
+    ``hidden``: ffn; validated as for a run, None meaning not given); ``outputs``: the K numbers each answer holds,
+    declared (None: undeclared, i.e. one number). Raises :class:`ConfigError` naming the missing parameter, or
+    ``method`` when the learner makes no estimate."""
+    entry = registry.learner(method)
+    if entry.estimate is None:
+        known = [e.name for e in registry.learners() if e.estimate is not None]
+        raise ConfigError(f"no query estimate for method {method!r}; estimates exist for {', '.join(known)}",
+                          param="method")
+    resolved = entry.resolve({k: v for k, v in options.items() if v is not None})
+    setting = Setting(int(d), outputs, precision, bool(bias) and not resolved.get("no_bias"), bool(check), resolved)
+    count = entry.estimate(setting)
+    return Estimate(method, int(d), int(count.queries), int(count.low), int(count.high), count.basis, price_per_1k)

@@ -1,0 +1,149 @@
+"""Round-4 hostile cases of the command line: outputs into an input folder, configs that lie about their layers,
+options an oracle would silently ignore, estimates that must ask nothing, input bounds too small to read a layer,
+clipping advice that must hold on the next run. Each: the exit code, the one stderr line, the files left alone."""
+
+import json
+import os
+import re
+import sys
+import time
+
+import pytest
+
+from hostile import one_line, refused, run, snapshot
+
+pytest.importorskip("transformers")
+pytest.importorskip("torch")
+
+from hf_models import tiny_bert_dir  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    return tiny_bert_dir(tmp_path_factory.mktemp("bert"), hidden=12, heads=2, layers=2, seed=1)
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """A folder with a random head (t.npz, d = 6), a whole-row layer (layer.npz, d = 12) and victim modules."""
+    from attnprobe.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    assert main(["target", "random", "--d", "6", "--out", "t.npz"]) == 0
+    (tmp_path / "victims.py").write_text(
+        "import numpy as np\nfrom attnprobe.models import load_model\nhead = load_model('t.npz')\ncalls = [0]\n"
+        "def answer(X):\n    calls[0] += 1\n    return head(X)\n")
+    for name in [m for m in sys.modules if m == "victims"]:
+        del sys.modules[name]
+    return tmp_path
+
+
+def test_out_inside_an_input_folder_is_refused(bert, tmp_path, capsys):
+    """``--out DIR/config.npz`` would have replaced DIR/config.json by the run's summary: refused before any query,
+    through any spelling of the folder (a symlink to it, a relative path)."""
+    link = tmp_path / "link"
+    link.symlink_to(bert, target_is_directory=True)
+    for out in (bert / "config.npz", link / "sub" / "r.npz", bert / "sub" / ".." / "config.npz"):
+        line = refused(capsys, bert, "extract", "--hf-dir", bert, "--layer", "0", "--row", "0", "--out", out,
+                       says="is inside the input folder")
+        assert "no queries spent" in line
+    refused(capsys, bert, "extract", "--hf-dir", link, "--layer", "0", "--row", "0", "--out", bert / "o.npz",
+            says="is inside the input folder")
+    refused(capsys, bert, "target", "hf-attention", "--model-dir", bert, "--layer", "0", "--out", bert / "t.npz",
+            says="is inside the input folder")
+    refused(capsys, bert, "audit", "--hf-dir", bert, "--out", bert / "audit", "--quiet",
+            says="is inside the input folder")
+    assert sorted(p.name for p in bert.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_a_config_that_claims_more_layers_than_the_weights_hold_is_refused_at_once(bert, tmp_path, capsys):
+    import shutil
+
+    lying = tmp_path / "lying"
+    shutil.copytree(bert, lying)
+    config = json.loads((lying / "config.json").read_text())
+    config["num_hidden_layers"] = 100_000
+    (lying / "config.json").write_text(json.dumps(config))
+    t0 = time.monotonic()
+    line = refused(capsys, tmp_path, "extract", "--hf-dir", lying, "--layer", "0", "--row", "0", "--out",
+                   tmp_path / "o.npz", says="100000 layers")
+    assert "model.safetensors holds 12 and 2" in line and time.monotonic() - t0 < 60  # no model of 1e5 layers built
+
+
+def test_dtype_is_refused_where_it_would_be_ignored(work, capsys):
+    refused(capsys, work, "extract", "--oracle", "victims:answer", "--d", "6", "--dtype", "float16", "--out",
+            "o.npz", says="--dtype float16 sets the precision a --target or --hf-dir model computes in; --oracle")
+    import victims
+
+    assert victims.calls[0] == 0
+
+
+def test_an_estimate_asks_nothing_and_writes_nothing(work, capsys):
+    import victims
+
+    base = ["extract", "--oracle", "victims:answer", "--d", "6", "--estimate"]
+    before = snapshot(work)
+    for extra in ([], ["--budget", "0"], ["--log", "q.sqlite"], ["--method", "lowrank", "--rank", "2"]):
+        rc, out, err = run(capsys, *base, *extra)
+        assert rc == 0 and not err, err
+        assert out.rstrip().endswith("; 0 asked") or "; 0 asked;" in out, out
+        assert "answers assumed float64" in out
+    assert victims.calls[0] == 0 and snapshot(work) == before  # no query, no log file
+    rc, out, _ = run(capsys, *base, "--answer-precision", "float32")
+    assert rc == 0 and "answers in float32" in out
+    # the rank a run refuses, the estimate refuses with the same line
+    est = refused(capsys, work, *base, "--method", "lowrank", "--rank", "100", says="--rank must be an integer")
+    real = refused(capsys, work, "extract", "--target", "t.npz", "--method", "lowrank", "--rank", "100", "--out",
+                   "o.npz", says="--rank must be an integer")
+    assert est.split(";")[0] == real.split(";")[0] == "attnprobe: error: --rank must be an integer in [1, 6]"
+
+
+@pytest.fixture
+def layer(work, bert):
+    from attnprobe.cli import main
+
+    assert main(["target", "hf-attention", "--model-dir", str(bert), "--layer", "0", "--out", "layer.npz"]) == 0
+    (work / "clamps.py").write_text(
+        "import numpy as np\nfrom attnprobe.models import load_model\nlayer = load_model('layer.npz')\n"
+        "def entries(X):\n    return layer(np.clip(X, -0.9, 0.9))\n"
+        "def rows(X):\n    n = np.linalg.norm(X, axis=-1, keepdims=True)\n"
+        "    return layer(X * np.minimum(1, 2.0 / np.maximum(n, 1e-300)))\n")
+    return work
+
+
+@pytest.mark.parametrize("bound", ["1e-300", "1e-20"])
+def test_an_input_bound_too_small_to_read_the_layer_is_refused(layer, capsys, bound):
+    line = refused(capsys, layer, "extract", "--target", "layer.npz", "--method", "multihead", "--max-input-norm",
+                   bound, "--out", "o.npz", "--quiet", says=f"--max-input-norm {bound} keeps the probes so short")
+    assert "give a bound of order 1" in line
+
+
+@pytest.mark.parametrize("victim", ["entries", "rows"])
+def test_the_bound_a_clipping_refusal_suggests_is_below_the_probes_and_holds_next_time(layer, capsys, victim):
+    """The refusal suggests a bound below the probes it planned; the next run with that bound does not say the
+    oracle clips at or above it (a row clamp at 2 is read as 2; a clamp per entry as a norm where it was seen
+    affine)."""
+    base = ["extract", "--oracle", f"clamps:{victim}", "--d", "12", "--method", "multihead", "--out", "o.npz",
+            "--quiet"]
+    line = refused(capsys, layer, *base, says="clips inputs")
+    bound = float(re.search(r"give at most ([0-9.e+-]+) as --max-input-norm", line).group(1))
+    planned = float(re.search(r"probes up to norm ([0-9.e+-]+) were planned", line).group(1))
+    assert bound < planned
+    if victim == "rows":
+        assert "at norm ≈ 2 " in line and bound == 2.0
+    rc, _, err = run(capsys, *base, "--max-input-norm", str(bound))
+    assert rc == 0, err
+    assert json.loads((layer / "o.json").read_text())["check"]["passed"]
+
+
+def test_the_cli_error_is_one_line_without_warnings(layer, capsys):
+    """A NumPy RuntimeWarning used to precede the line: the tiny bound is refused before any arithmetic fails."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rc, _, err = run(capsys, "extract", "--target", "layer.npz", "--method", "multihead", "--max-input-norm",
+                         "1e-300", "--out", "o.npz", "--quiet")
+    assert rc == 2 and "internal error" not in one_line(err)
+    assert not os.path.exists("o.npz")
