@@ -236,3 +236,23 @@ def test_a_marginal_separation_misfit_is_retried_once_with_a_fresh_seed(tmp_path
     assert any("retried once with seed 1" in n for n in summary["notes"])
     a = hf_layer_arrays(folder, 0)
     assert match_heads(MultiHeadAttention(a["W"], a["v"], a["u"], a["c"]), load_model(out)).worst <= 2e-3
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_load_model_answers_every_row_like_the_victim_when_the_result_says_so(folders, recovered, family, tmp_path):
+    """A result recording that its victim answered every row (causal GPT-2, bidirectional BERT) loads as a callable
+    answering (B, N, K) like the live module; without the record, (B, K) at the last position."""
+    from attnprobe.models.io import model_writer, write_files
+
+    last = load_model(recovered[family])
+    positions = "causal" if layer_spec(folders[family]).causal else "bidirectional"
+    path = tmp_path / "rows.npz"
+    write_files([(path, model_writer(last, positions))])
+    rows = load_model(path)
+    X = np.random.default_rng(3).standard_normal((5, 6, 16))
+    victim = TorchFunction(hf_attention_layer(folders[family], 1, every_position=True), 16)(X)
+    assert last(X).shape == (5, 16) and rows(X).shape == (5, 6, 16) and rows.positions == positions
+    assert _rel(rows(X), victim) < 1e-8
+    other = "bidirectional" if positions == "causal" else "causal"  # the record matters
+    write_files([(path, model_writer(last, other))])
+    assert _rel(load_model(path)(X), victim) > 1e-3

@@ -117,6 +117,9 @@ def run(args) -> int:
     finally:
         progress.close()
     res.details["oracle"] = remote.describe(oracle)
+    if getattr(oracle, "positions_source", None):  # the victim answered every row (declared or already read)
+        if oracle.positions in ("causal", "bidirectional"):
+            res.details["positions"] = oracle.positions  # the saved model answers every row too
     if res.passed is False:
         res.notes.append(assumed_precision(oracle))
     failure = check_outcome(res, args.keep_failed)
