@@ -202,6 +202,8 @@ def test_export_refuses_what_does_not_fit(folders, recovered, tmp_path):
     wide = dict(arrays, W=arrays["W"] + np.random.default_rng(0).standard_normal(arrays["W"].shape))
     with pytest.raises(ConfigError, match="rank above the head width 4"):
         factor_layer(wide, spec, 1)
+    noisy = dict(arrays, W=arrays["W"] + 1e-6 * np.random.default_rng(1).standard_normal(arrays["W"].shape))
+    assert factor_layer(arrays, spec, 1)["dropped"] < 1e-9 < 1e-7 < factor_layer(noisy, spec, 1)["dropped"] < 1e-4
     with pytest.raises(ConfigError, match="depend on the key's position"):
         export_layer(recovered["bert"], folders["llama"], 1, tmp_path / "x")
     with pytest.raises(ConfigError, match="'layer' parameter must be in 0..1"):

@@ -25,12 +25,14 @@ from attnprobe.oracles.hf_families import LayerSpec, join_projections, layer_spe
 RANK_SLACK = 1e-2
 
 
-def _truncated(M: np.ndarray, r: int, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _truncated(M: np.ndarray, r: int, what: str, dropped: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rank-``r`` SVD factors of ``M``; the relative size of what is cut off is appended to ``dropped``."""
     U, S, Vt = np.linalg.svd(M, full_matrices=False)
     top = S[0] if S.size and S[0] > 0 else 1.0
     if S.size > r and S[r] > RANK_SLACK * top:
         raise ConfigError(f"{what} has rank above the head width {r} (singular value {r + 1} is "
                           f"{S[r] / top:.2g} of the largest); the recovered layer does not fit this folder's heads")
+    dropped.append(float(S[r] / top) if S.size > r else 0.0)
     return U[:, :r], S[:r], Vt[:r]
 
 
@@ -38,7 +40,8 @@ def factor_layer(arrays: dict, spec: LayerSpec, layer: int) -> dict:
     """Per-head projections of the family (:func:`~attnprobe.oracles.hf_families.split_projections`'s layout,
     KV heads = query heads) that compute the recovered layer ``arrays`` (``W (H, d, d)``, ``u (H, d)``,
     ``v (H, K, d)``, ``c (K,)``). Fewer recovered heads than the folder has are padded with heads that add
-    nothing (``V_h = 0``)."""
+    nothing (``V_h = 0``). ``"dropped"``: the largest relative singular value cut off at the head width (the
+    recovery's noise beyond rank d_h)."""
     W, u, v, c = (np.asarray(arrays[k], dtype=np.float64) for k in ("W", "u", "v", "c"))
     if W.ndim != 3 or v.ndim != 3:
         raise ConfigError("the result must hold a whole-row multi-head layer (W (H, d, d), v (H, K, d)); extract "
@@ -55,12 +58,13 @@ def factor_layer(arrays: dict, spec: LayerSpec, layer: int) -> dict:
     Q, Kp, Vp = (np.zeros((spec.heads, dh, d)) for _ in range(3))
     bQ = np.zeros((spec.heads, dh))
     WO = np.zeros((K, spec.heads, dh))
+    dropped: list[float] = [0.0]
     for h in range(H):
-        U, S, Vt = _truncated(W[h] / s, dh, f"head {h}'s W_h")
+        U, S, Vt = _truncated(W[h] / s, dh, f"head {h}'s W_h", dropped)
         r = S.size
         Kp[h, :r], Q[h, :r] = (U * np.sqrt(S)).T, np.sqrt(S)[:, None] * Vt
         bQ[h, :r] = np.linalg.lstsq(s * Kp[h, :r].T, u[h], rcond=None)[0]
-        A, S2, Bt = _truncated(v[h], dh, f"head {h}'s V_h")
+        A, S2, Bt = _truncated(v[h], dh, f"head {h}'s V_h", dropped)
         WO[:, h, :S2.size], Vp[h, :S2.size] = A * S2, Bt
     WO = WO.reshape(K, spec.heads * dh)
     bV, bO = None, c
@@ -71,13 +75,15 @@ def factor_layer(arrays: dict, spec: LayerSpec, layer: int) -> dict:
                               "fit this family")
         bV, bO = bV.reshape(spec.heads, dh), None
     return {"Q": Q, "K": Kp, "V": Vp, "bQ": bQ if "q" in spec.biases or np.any(bQ) else None, "bK": None,
-            "bV": bV, "WO": WO, "bO": bO}
+            "bV": bV, "WO": WO, "bO": bO, "dropped": max(dropped)}
 
 
-def export_layer(result, hf_dir, layer: int, out, *, layers: int | None = None, dtype: str = "float64") -> Path:
+def export_layer(result, hf_dir, layer: int, out, *, layers: int | None = None, dtype: str = "float64"
+                 ) -> tuple[Path, float]:
     """Write ``out``: the folder ``hf_dir`` (config + ``model.safetensors``, every other weight kept) whose
     attention at layer ``layer`` is the recovered layer in ``result`` (an ``extract`` result ``.npz``). With
-    ``layers=1`` the folder has one layer (the victim's layer ``layer``, attention recovered). Saved in ``dtype``."""
+    ``layers=1`` the folder has one layer (the victim's layer ``layer``, attention recovered). Saved in ``dtype``.
+    Returns the folder and the largest relative singular value cut off at the head width (:func:`factor_layer`)."""
     from attnprobe.oracles.hf_attention import DTYPES
 
     spec = layer_spec(hf_dir)
@@ -92,7 +98,9 @@ def export_layer(result, hf_dir, layer: int, out, *, layers: int | None = None, 
     if str(arrays.get("kind", "")) != "multi_head":
         raise ConfigError(f"{result} holds a {str(arrays.get('kind', 'attention_head'))!r} model; export writes a "
                           "whole-row multi-head layer (extract --method multihead from the whole output row)")
-    weights = join_projections(spec, factor_layer(arrays, spec, layer))
+    factors = factor_layer(arrays, spec, layer)
+    dropped = factors.pop("dropped")
+    weights = join_projections(spec, factors)
     model = _model_to_write(hf_dir, layer, layers == 1 and spec.layers > 1, dtype, spec)
     target = 0 if layers == 1 else layer
     torch = _torch()
@@ -111,7 +119,7 @@ def export_layer(result, hf_dir, layer: int, out, *, layers: int | None = None, 
         model.save_pretrained(out)
     except OSError as exc:
         raise ConfigError(f"cannot write {out}: {exc}") from exc
-    return out
+    return out, dropped
 
 
 def _torch():
