@@ -10,6 +10,7 @@ Each row: the family, the module's dtype, the sequences asked, the worst head's 
     PYTHONPATH=src:tests python benchmarks/hf_families.py --write
     PYTHONPATH=src:tests python benchmarks/hf_families.py --export --write    # the stolen layer written back
     PYTHONPATH=src:tests python benchmarks/hf_families.py --retry --write     # marginal misfits, one retry
+    PYTHONPATH=src:tests python benchmarks/hf_families.py --causes --write    # answers as they are
 """
 
 from __future__ import annotations
@@ -132,6 +133,101 @@ def retry_table() -> Table:
     return table
 
 
+#: victims written as a module for ``extract --oracle`` (d = 32, 4 heads, weights N(0, 0.4²), torch seed 0)
+CAUSE_VICTIMS = '''
+import math
+import sys
+
+import torch
+
+from attnprobe.oracles.hf_attention import load_hf_model
+from attnprobe.oracles.torch_multihead import BertSelfAttentionRow
+
+torch.manual_seed(0)
+
+
+def _filled(m):
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0.0, 0.4)
+    return m
+
+
+class SoftmaxInFloat32(BertSelfAttentionRow):
+    def forward(self, X):
+        B, N, d = X.shape
+        dh = d // self.heads
+        split = lambda t: t.reshape(B, -1, self.heads, dh).transpose(1, 2)
+        q, k, v = split(self.query(X[:, -1:, :])), split(self.key(X)), split(self.value(X))
+        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(dh), dim=-1, dtype=torch.float32).to(X.dtype)
+        return self.dense((a @ v).transpose(1, 2).reshape(B, d))
+
+
+soft32 = _filled(SoftmaxInFloat32(32, 4, row=None))
+mha = _filled(torch.nn.MultiheadAttention(32, 4, add_bias_kv=True, batch_first=True, dtype=torch.float64))
+albert = load_hf_model(sys.argv_albert).encoder.albert_layer_groups[0].albert_layers[0].attention
+with torch.no_grad():
+    albert.LayerNorm.weight.normal_(1.0, 0.3)
+    albert.LayerNorm.bias.normal_(0.0, 0.3)
+
+
+def softmax_float32(X):
+    with torch.no_grad():
+        return soft32(torch.as_tensor(X)).numpy()
+
+
+def bias_kv(X):
+    X = torch.as_tensor(X)
+    with torch.no_grad():
+        return mha(X[:, -1:], X, X, need_weights=False)[0][:, 0].numpy()
+
+
+def albert_normed(X):
+    with torch.no_grad():
+        return albert(torch.as_tensor(X))[0][:, -1].numpy()
+'''
+
+
+def causes_table() -> Table:
+    """``extract --oracle`` (nothing declared) on modules whose answers are not what they seem: a float64 module
+    with a float32 softmax, ALBERT's normalised attention output, an extra attended row (add_bias_kv)."""
+    import importlib
+    import sys
+
+    table = Table(["victim", "declared", "exit", "sequences", "what extract says"])
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = tiny_family_dir(Path(tmp) / "albert", "albert", hidden=32, heads=4, layers=1, seed=0)
+        (Path(tmp) / "cause_victims.py").write_text(CAUSE_VICTIMS.replace("sys.argv_albert", repr(str(folder))))
+        sys.path.insert(0, tmp)
+        importlib.invalidate_caches()
+        cases = [("float64 module, float32 softmax", "softmax_float32", []),
+                 ("float64 module, float32 softmax", "softmax_float32", ["--answer-precision", "float64"]),
+                 ("ALBERT attention module: LayerNorm(X + attn)", "albert_normed", []),
+                 ("nn.MultiheadAttention(add_bias_kv=True)", "bias_kv", [])]
+        for name, attr, extra in cases:
+            out = Path(tmp) / f"{attr}.npz"
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                code = cli(["extract", "--oracle", f"cause_victims:{attr}", "--d", "32", "--method", "multihead",
+                            "--out", str(out), "--quiet"] + extra)
+            if code == 0:
+                summary = json.loads(out.with_suffix(".json").read_text())
+                oracle = summary["details"]["oracle"]
+                detection = oracle.get("precision_detection", {})
+                said = (f"passed, check error {summary['check']['relative_error']:.1e}; precision "
+                        f"{oracle['precision']} ({detection.get('rounded_inside', oracle['precision_source'])}; "
+                        f"kernel jitter {detection.get('kernel_jitter', float('nan')):.1e})")
+                table.add(name, " ".join(extra) or "nothing", code, summary["queries"], said)
+            else:
+                line = err.getvalue().strip().removeprefix("attnprobe: error: ")
+                spent = re.search(r"(\d+) queries spent", line)
+                table.add(name, " ".join(extra) or "nothing", code, int(spent.group(1)) if spent else "",
+                          line.split("; answers look like")[0])
+            print(table.markdown().splitlines()[-1], flush=True)
+        sys.path.remove(tmp)
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", default=",".join(FAMILY_CONFIGS))
@@ -142,6 +238,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--export", action="store_true", help="recover, export, reload: the round trip")
     ap.add_argument("--retry", action="store_true", help="float32 layers whose heads did not separate with seed 0")
+    ap.add_argument("--causes", action="store_true", help="modules whose answers are not what they seem")
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks/hf-families.md")
     args = ap.parse_args()
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -153,6 +250,10 @@ def main() -> None:
                                                                           "albert", "roberta", "electra")],
                              args.hidden, args.heads, args.layer, args.seed)
         note = f"\n\n{setting}; 32 fresh sequences of length 8; load average {load} on {os.cpu_count()} cores."
+    elif args.causes:
+        title = "Answers as they are: a float32 softmax, a normalised output, an extra attended row"
+        table = causes_table()
+        note = f"\n\nd = 32, 4 heads, --method multihead, --seed 0; load average {load} on {os.cpu_count()} cores."
     elif args.retry:
         title = "A marginal separation misfit: one retry with a fresh seed"
         table = retry_table()

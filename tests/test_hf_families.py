@@ -236,6 +236,8 @@ def test_a_marginal_separation_misfit_is_retried_once_with_a_fresh_seed(tmp_path
                  "--seed", "0", "--out", str(out), "--quiet"]) == 0
     summary = json.loads(out.with_suffix(".json").read_text())
     assert any("retried once with seed 1" in n for n in summary["notes"])
+    assert summary["queries_by_phase"]["first seed"] > 0
+    assert sum(summary["queries_by_phase"].values()) == summary["queries"]
     a = hf_layer_arrays(folder, 0)
     assert match_heads(MultiHeadAttention(a["W"], a["v"], a["u"], a["c"]), load_model(out)).worst <= 2e-3
 

@@ -141,22 +141,25 @@ MARGINAL_MISFIT = 1e3
 
 def _run_with_retry(learner, oracle, args, progress, options):
     """Run the learner; when the heads did not separate by a marginal misfit (≤ :data:`MARGINAL_MISFIT` × the
-    tolerance: an unlucky probe, not a wrong model), run it once more with a fresh seed and say so."""
+    tolerance: an unlucky probe, not a wrong model), run it once more with a fresh seed and say so. The first
+    run's queries are counted in the result (phase ``"first seed"``)."""
+    before = oracle.queries
     try:
         return learner.fn(oracle, seed=args.seed, progress=progress, **options)
     except SeparationError as exc:
         if exc.misfit is None or not exc.misfit <= MARGINAL_MISFIT * exc.tolerance:
             raise
-        first, seed = exc, args.seed + 1
-    spent = oracle.queries
+        first, seed, spent = exc, args.seed + 1, oracle.queries - before
     try:
         res = learner.fn(oracle, seed=seed, progress=progress, **options)
     except AttnprobeError as exc:
         raise type(exc)(f"{exc} (retried once with seed {seed} after a marginal misfit with seed {args.seed}: "
                         f"{first.misfit:.1e} > {first.tolerance:.1e})") from exc
+    res.queries += spent
+    res.queries_by_phase = {"first seed": spent, **res.queries_by_phase}
     res.notes.append(f"retried once with seed {seed}: with seed {args.seed} the heads did not separate by a marginal "
                      f"misfit ({first.misfit:.1e} > {first.tolerance:.1e}); the first run's {spent} queries are "
-                     "counted in the oracle's total")
+                     "counted (phase 'first seed')")
     return res
 
 

@@ -125,6 +125,67 @@ def _where(bound: float, clean: bool, affine: float | None, moved: float) -> str
             "beyond: not a clean bound on the row norm")
 
 
+#: length-1 probes of the additivity test: pairs of rows of this norm (well inside any sensible input bound)
+ADDITIVE_PAIRS, ADDITIVE_NORM = 4, 0.3
+
+
+def _normalised(oracle, seed: int) -> ModelMismatchError | None:
+    """``K + 8`` whole-row answers on one hyperplane (a LayerNorm's zero mean): the error naming it, else None."""
+    K = oracle.outputs or 1
+    if K < 2 or not (oracle.budget is None or oracle.queries + K + 8 <= oracle.budget):
+        return None
+    X = np.random.default_rng([seed, 2]).standard_normal((K + 8, 2, oracle.d)) / np.sqrt(oracle.d)
+    with oracle.phase("input bound"):
+        Y = np.asarray(oracle(X), dtype=np.float64).reshape(K + 8, -1)
+    S = np.linalg.svd(Y - Y.mean(axis=0), compute_uv=False)
+    if S[0] > 0 and S[-1] < ROUNDINGS * oracle.eps * S[0] * np.sqrt(K):
+        return ModelMismatchError(
+            "the answers are normalised (every output row satisfies one fixed linear equation, as after a "
+            "LayerNorm: the module returns LayerNorm(X + attention), not the attention sublayer); read the "
+            "attention output before the norm (a Hugging Face folder's sublayer is read so)")
+    return None
+
+
+#: the cause named when length-1 answers are not affine and nothing else explains it
+EXTRA_ROW = ("the length-1 answers are not affine in the row (a softmax over one row is 1, so an attention layer's "
+             "are), {how}: the layer attends to something besides the input rows (a learned key/value row, e.g. "
+             "nn.MultiheadAttention(add_bias_kv=True), or memory tokens); it is not a sum of softmax heads over the "
+             "input")
+
+
+def not_affine_cause(oracle, *, seed: int = 0) -> ModelMismatchError | None:
+    """The error naming why the layer is not a sum of softmax heads over its input, when its length-1 answers are
+    not affine even for short rows: ``f([a + b]) − f([a]) − f([b]) + f([0])`` must vanish for an attention layer
+    (its length-1 answer is ``V x + c``). Asks ``4·ADDITIVE_PAIRS + 1`` sequences (the sums twice: answers that
+change when asked again are noise, not structure) of norm ≤ 2·ADDITIVE_NORM (and
+    :func:`_normalised`'s when they are not affine); ``None`` when they are, or the budget does not allow it."""
+    n = 4 * ADDITIVE_PAIRS + 1
+    noise = oracle.noise
+    if noise.membership or (oracle.budget is not None and oracle.queries + n > oracle.budget):
+        return None
+    rng = np.random.default_rng([seed, 3])
+    A, B = rng.standard_normal((2, ADDITIVE_PAIRS, oracle.d))
+    A *= ADDITIVE_NORM / np.linalg.norm(A, axis=1, keepdims=True)
+    B *= ADDITIVE_NORM / np.linalg.norm(B, axis=1, keepdims=True)
+    X = np.concatenate([A + B, A, B, np.zeros((1, oracle.d)), A + B])[:, None, :]  # A + B asked twice
+    if oracle.max_input_norm is not None and 2 * ADDITIVE_NORM > oracle.max_input_norm:
+        X *= 0.99 * oracle.max_input_norm / (2 * ADDITIVE_NORM)
+    with oracle.phase("input bound"):
+        Y = np.asarray(oracle(X), dtype=np.float64).reshape(n, -1)
+    P = ADDITIVE_PAIRS
+    zero = Y[3 * P]
+    gap = Y[:P] - Y[P:2 * P] - Y[2 * P:3 * P] + zero
+    size = np.abs(Y[:3 * P] - zero).max()
+    floor = ROUNDINGS * oracle.eps * np.abs(Y).max() + 4 * (noise.tolerance + 5 * noise.sigma)
+    if np.abs(Y[3 * P + 1:] - Y[:P]).max() > floor:
+        return None  # the same rows answered differently: noise, not structure
+    if size == 0 or np.abs(gap).max() <= max(DEVIATION * 1e-3 * size, floor):
+        return None
+    return _normalised(oracle, seed) or ModelMismatchError(EXTRA_ROW.format(
+        how=f"not even for rows of norm {ADDITIVE_NORM:g} (f([a+b]) − f([a]) − f([b]) + f([0]) is "
+            f"{np.abs(gap).max() / size:.1e} of the answers)"))
+
+
 def mismatch_cause(oracle, up_to: float, *, seed: int = 0) -> ModelMismatchError | None:
     """When length-1 answers stopped being affine below ``up_to``: the error naming a cause that is not a clamp
     (a normalised output, a row attended besides the input), or ``None`` (a clamp, or nothing to tell them apart).
@@ -146,23 +207,11 @@ def mismatch_cause(oracle, up_to: float, *, seed: int = 0) -> ModelMismatchError
         return None  # flat past the top rung: a clamp
     if np.abs((y2 - c) - 2 * (y1 - c)).max() <= DEVIATION * scale + rounding:
         return None  # affine along this line after all: nothing to name
-    K = oracle.outputs or 1
-    if K > 1 and (oracle.budget is None or oracle.queries + K + 8 <= oracle.budget):
-        X = np.random.default_rng([seed, 2]).standard_normal((K + 8, 2, oracle.d)) / np.sqrt(oracle.d)
-        with oracle.phase("input bound"):
-            Y = np.asarray(oracle(X), dtype=np.float64).reshape(K + 8, -1)
-        S = np.linalg.svd(Y - Y.mean(axis=0), compute_uv=False)
-        if S[0] > 0 and S[-1] < ROUNDINGS * oracle.eps * S[0] * np.sqrt(K):
-            return ModelMismatchError(
-                "the answers are normalised (every output row satisfies one fixed linear equation, as after a "
-                "LayerNorm: the module returns LayerNorm(X + attention), not the attention sublayer); read the "
-                "attention output before the norm (a Hugging Face folder's sublayer is read so)")
+    normalised = _normalised(oracle, seed)
+    if normalised is not None:
+        return normalised
     if np.linalg.norm(y2 - c) >= 1.5 * np.linalg.norm(y1 - c):  # still growing with the row: no clamp at all
-        return ModelMismatchError(
-            "the length-1 answers are not affine in the row (a softmax over one row is 1, so an attention layer's "
-            "are) yet keep growing with it, so no input clamp explains it: the layer attends to something besides "
-            "the input rows (a learned key/value row, e.g. nn.MultiheadAttention(add_bias_kv=True), or memory "
-            "tokens); it is not a sum of softmax heads over the input")
+        return ModelMismatchError(EXTRA_ROW.format(how="yet keep growing with it, so no input clamp explains it"))
     return None
 
 
@@ -190,6 +239,12 @@ def diagnose_clipping(oracle, *, seed: int = 0) -> InputNormError | ModelMismatc
     """
     from attnprobe.errors import AttnprobeError
 
+    try:
+        cause = not_affine_cause(oracle, seed=seed)  # not a sum of heads over the input at all: say why
+    except AttnprobeError:
+        cause = None
+    if cause is not None:
+        return cause
     used = float(getattr(oracle, "max_input_norm_used", 0.0))
     if used <= 1.0:
         return None
