@@ -18,6 +18,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,12 +52,14 @@ def run(argv=None) -> int:
     p.add_argument("--model-dir", help="a Hugging Face model folder (default: the installed MiniLM-L6)")
     p.add_argument("--layer", default="0")
     p.add_argument("--row", default="0")
-    p.add_argument("--work", default="served_attack", help="folder for the served file, its log and the result")
+    p.add_argument("--work", help="folder for the served file, its log and the result (default: a new temporary "
+                                  "folder)")
     args = p.parse_args(argv)
     folder = args.model_dir or str(minilm_dir())
     ckpt = hf_checkpoint(folder)
-    work = Path(args.work)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="attnprobe-served-"))
     work.mkdir(parents=True, exist_ok=True)
+    print(f"working in {work}")
     layer_file, result = work / "layer.npz", work / "got.npz"
 
     code = attnprobe(["target", "hf-attention", "--model-dir", folder, "--layer", args.layer, "--row", args.row,
@@ -77,7 +80,7 @@ def run(argv=None) -> int:
             raise
         os.environ["ATTNPROBE_API_KEY"] = key
         code = attnprobe(["extract", "--url", url, "--method", "multihead", "--heads", str(ckpt.heads_per_layer),
-                          "--rank", str(ckpt.head_dim), "--out", str(result), "--quiet"])
+                          "--rank", str(ckpt.head_dim), "--out", str(result)])  # a progress bar on a terminal
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -11,6 +11,7 @@ The folder needs config.json (num_attention_heads) and model.safetensors. Each h
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 from attnprobe.cli import main as attnprobe
@@ -24,13 +25,14 @@ def run(argv=None) -> int:
     p.add_argument("--heads", default="0-1")
     p.add_argument("--row", default="0")
     p.add_argument("--defense", default="none,float32")
-    p.add_argument("--out", default="audit_out")
+    p.add_argument("--out", help="the audit's folder (default: a new temporary folder)")
     args = p.parse_args(argv)
+    args.out = args.out or str(Path(tempfile.mkdtemp(prefix="attnprobe-audit-")) / "audit_out")
     folder = args.model_dir or str(minilm_dir())
     rank = str(hf_checkpoint(folder).head_dim)  # the head dimension bounds rank W_h: the low-rank sketch applies
     code = attnprobe(["audit", "--hf-dir", folder, "--layers", args.layers, "--heads", args.heads,
                       "--row", args.row, "--defense", args.defense, "--method", "lowrank", "--rank", rank,
-                      "--out", args.out, "--quiet"])
+                      "--out", args.out])  # a progress bar on a terminal
     if code:
         return code
     results = json.loads((Path(args.out) / "results.json").read_text())

@@ -255,9 +255,13 @@ def test_strong_only_when_every_learner_failed():
     broke = dict(refused, method="robust", error=None, relative_error={"W": 0.1 / 2}, passed=True, queries=9)
     run = AuditRun("processes", tasks, [refused, broke], False, 1.0, None)
     row = report.verdicts(run).rows[0]
-    assert row[1] == "lowrank, robust" and row[6] == "partial" and "robust ×1" in row[7]
+    # exact fits rounded answers too and was not tried: the verdict says what was not measured
+    untried = "; not tried, though they fit these answers: exact"
+    assert row[1] == "lowrank, robust" and row[6] == "partial at most" + untried and "robust ×1" in row[7]
     run.records = [refused]
-    assert report.verdicts(run).rows[0][6] == "strong: no head was recovered by lowrank, robust"
+    assert report.verdicts(run).rows[0][6] == "unknown: no head was recovered by lowrank, robust" + untried
+    run.tasks = [Task(spec, m, defense) for m in ("exact", "lowrank", "robust")]
+    assert report.verdicts(run).rows[0][6] == "strong: no head was recovered by exact, lowrank, robust"
     assert report.protection([0.5], ["exact", "robust"]).startswith("strong: every learner failed (exact, robust)")
     # a model that passes its functional check imitates the answers, however far its W is off (MiniLM L0H0 under
     # round:4: robust's W is 10 % off, its v, u, c to 1e-3 and better): not strong

@@ -44,7 +44,8 @@ def test_a_results_file_is_short_has_each_heading_once_and_every_table_under_its
     lines = path.read_text().splitlines()
     assert len(lines) <= 600, f"{path.name}: {len(lines)} lines; split it into two capability files"
     headings = [line for line in lines if line.startswith("#")]
-    assert len(headings) == len(set(headings)), f"{path.name}: a heading appears twice"
+    titles = [h.lstrip("#").strip() for h in headings]
+    assert len(titles) == len(set(titles)), f"{path.name}: a heading appears twice"
     assert headings[0].startswith("# ") and sum(h.startswith("# ") for h in headings) == 1
     for start in tables(lines):
         top = max(i for i in range(start + 1) if i == 0 or lines[i].startswith("## "))
@@ -53,6 +54,18 @@ def test_a_results_file_is_short_has_each_heading_once_and_every_table_under_its
     prose = [i + 1 for i, line in enumerate(lines)
              if len(line) > 200 and not line.startswith(("|", "Command"))]
     assert not prose, f"{path.name}: prose lines over 200 characters at {prose}"
+
+
+def test_no_heading_is_in_two_results_files():
+    """A section title names one place (each file's "Design notes" excepted): a link or a benchmark's title finds
+    one section."""
+    seen: dict[str, str] = {}
+    for path in results_files():
+        for line in path.read_text().splitlines():
+            title = line.lstrip("#").strip()
+            if line.startswith("#") and title != "Design notes":
+                assert title not in seen, f"{title!r} in {seen.get(title)} and {path.name}"
+                seen[title] = path.name
 
 
 def test_no_results_doc_is_left_in_the_old_single_file():
@@ -100,3 +113,6 @@ def test_every_benchmark_that_writes_names_its_results_file():
             assert (RESULTS / f"{doc}.md").exists(), f"{script.name}: DOC = {doc!r} has no file"
         if "write_section(" in text and script.name != "sections.py":
             assert re.search(r"\bDOC = \"[a-z0-9-]+\"", text), f"{script.name}: no DOC = \"<capability>\""
+        moved = re.findall(r"from attnprobe\.reports import [^\n]*\b(write_section|command_line|measured|machine)\b",
+                           text)
+        assert not moved, f"{script.name}: {moved} moved to benchmarks/sections.py (from sections import ...)"

@@ -37,7 +37,8 @@ def test_every_example_is_tested():
 
 def test_audit_hf_folder(tiny, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert example("audit_hf_folder").run(["--model-dir", tiny, "--heads", "all", "--layers", "1"]) == 0
+    assert example("audit_hf_folder").run(["--model-dir", tiny, "--heads", "all", "--layers", "1", "--out",
+                                           "audit_out"]) == 0
     out = capsys.readouterr().out
     assert out.count("passed") == 4 and "FAILED" not in out
     results = json.loads((tmp_path / "audit_out" / "results.json").read_text())
@@ -50,7 +51,7 @@ def test_audit_hf_folder(tiny, tmp_path, monkeypatch, capsys):
 def test_audit_hf_folder_on_minilm_defaults(tmp_path, monkeypatch, capsys):
     """The example's defaults: two heads of the real MiniLM-L6 layer 0, exact answers and float32 answers."""
     monkeypatch.chdir(tmp_path)
-    assert example("audit_hf_folder").run([]) == 0
+    assert example("audit_hf_folder").run(["--out", "audit_out"]) == 0
     results = json.loads((tmp_path / "audit_out" / "results.json").read_text())
     assert len(results["heads"]) == 4 and all(h["passed"] for h in results["heads"])
     assert all(max(h["relative_error"].values()) < (1e-8 if h["defense"] == "none" else 1e-3)
@@ -59,7 +60,8 @@ def test_audit_hf_folder_on_minilm_defaults(tmp_path, monkeypatch, capsys):
 
 def test_recover_layer(tiny, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert example("recover_layer").run(["--model-dir", tiny, "--layer", "1", "--row", "5"]) == 0
+    assert example("recover_layer").run(["--model-dir", tiny, "--layer", "1", "--row", "5", "--out",
+                                         "recovered_layer.npz"]) == 0
     assert "check passed" in capsys.readouterr().out
     got = load_model(tmp_path / "recovered_layer.npz")
     assert match_heads(hf_layer_row(tiny, 1, 5), got).worst < 1e-6
@@ -68,8 +70,29 @@ def test_recover_layer(tiny, tmp_path, monkeypatch, capsys):
 def test_attack_served_layer(tiny, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ATTNPROBE_API_KEY", "restored after the test")  # the example sets its own key
-    assert example("attack_served_layer").run(["--model-dir", tiny, "--layer", "0", "--row", "2"]) == 0
+    assert example("attack_served_layer").run(["--model-dir", tiny, "--layer", "0", "--row", "2", "--work",
+                                               "served_attack"]) == 0
     out = capsys.readouterr().out
     assert "check passed = True" in out
     got = load_model(tmp_path / "served_attack" / "got.npz")
     assert match_heads(hf_layer_row(tiny, 0, 2), got).worst < 1e-6
+
+
+def test_examples_leave_nothing_in_the_current_folder(tiny, tmp_path, monkeypatch, capsys):
+    """Run from a checkout's root, an example writes into a new temporary folder it names, never beside the
+    user's files."""
+    import shutil
+
+    here = tmp_path / "checkout"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert example("recover_layer").run(["--model-dir", tiny, "--layer", "0", "--row", "1"]) == 0
+    assert example("audit_hf_folder").run(["--model-dir", tiny, "--heads", "0", "--layers", "0",
+                                           "--defense", "none"]) == 0
+    out = capsys.readouterr().out
+    assert list(here.iterdir()) == []
+    wrote = Path(next(ln for ln in out.splitlines() if ln.startswith("wrote ")).split(" ", 1)[1])
+    report = Path(next(ln for ln in out.splitlines() if ln.startswith("report: ")).split(" ", 1)[1])
+    assert wrote.is_file() and report.is_file()
+    shutil.rmtree(wrote.parent)
+    shutil.rmtree(report.parent.parent)

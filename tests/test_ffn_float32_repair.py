@@ -5,8 +5,10 @@ missed, or two it took for one, is found for a fraction of a whole line's querie
 import numpy as np
 from attnprobe.learners.ffn.answers import Answers
 from attnprobe.learners.ffn.kinks import Segment
-from attnprobe.learners.ffn.learner import (FFNOptions, _consistency, _repair_line, _score, _search_and_measure,
-                                            _segments)
+from attnprobe.learners.ffn.line import search_and_measure, segments
+from attnprobe.learners.ffn.mending import Lines, repair_line, score_set
+from attnprobe.learners.ffn.options import FFNOptions
+from attnprobe.learners.ffn.settle import consistency
 from attnprobe.learners.ffn.more_lines import SAME_NEURON_COS, needs_another_line
 from attnprobe.learners.ffn.regions import hyperplane_normals
 from attnprobe.learners.ffn.repair import contradicted, predicted_kinks, repaired_set, sub_segment, suspect_spans
@@ -29,7 +31,7 @@ def _first_line(d: int, m: int, seed: int, missing: int, merged: tuple[int, int]
     n_fit = 4 * (d + 1) * m
     Z = np.concatenate([run.rng.standard_normal((n_fit, d)), np.ones((n_fit, 1))], axis=1)
     fit_data = (Z, ask.vectors(Z))
-    segs = _segments(d, True, run.rng, 1e6)
+    segs = segments(d, True, run.rng, 1e6)
     dirs = np.vstack([net.A, np.zeros((1, m))])
     # a jump as the line measures it: the gradient after the kink minus before, along the segment
     jumps = [np.sign(dirs[:, k] @ segs[0].direction)
@@ -63,22 +65,22 @@ def test_the_repair_line_finds_a_missed_neuron_and_splits_a_merged_pair():
         truth = np.vstack([net.A, np.zeros((1, m))])
         truth /= np.linalg.norm(truth, axis=0)
         start = o.queries
-        J2, where2, subs, keep, stats = _repair_line(run, ask, first, FFNOptions(), np.full(first[0].shape[0], 1e-3))
+        repair = repair_line(run, ask, Lines(*first), FFNOptions(), np.full(first[0].shape[0], 1e-3))
+        J2, where2, subs, keep, stats = repair.J, repair.where, repair.segs, repair.proposal, repair.stats
         spent = o.queries - start
         assert _matches(J2, truth)[missing], stats
         J = np.concatenate([first[0], J2])
         where = np.r_[first[1], where2 + len(first[2])]
-        score, exact, (neurons, _, _) = _score(ask, (J, where, first[2] + subs), keep, v, FFNOptions(), fit_data,
-                                               {"sets_tried": 0})
-        assert score == _consistency(neurons, ask)
-        if not needs_another_line(exact, score, o.eps):
+        got = score_set(ask, Lines(J, where, first[2] + subs), keep, v, FFNOptions(), fit_data)
+        assert got.miss == consistency(got.net.neurons, ask)
+        if not needs_another_line(got.exact, got.miss, o.eps):
             explained += 1
             # only the right set explains every answer: each neuron once, the merged jump left out
             assert _matches(J[keep], truth).all() and keep.sum() == m and not keep[first[0].shape[0] - 1]
         # well under a whole line: a fresh line's kink search and gradients on the same net (asked last, so its
         # answers are not among those the proposal had to explain)
         before = o.queries
-        _search_and_measure(run, ask, _segments(d, True, np.random.default_rng(seed), 1e6), FFNOptions(), True)
+        search_and_measure(run, ask, segments(d, True, np.random.default_rng(seed), 1e6), FFNOptions(), True)
         ratios.append(spent / (o.queries - before))
         assert ratios[-1] < 0.75, (spent, o.queries - before, stats)
     assert explained >= 5, f"the repair explained {explained} of 10"
@@ -91,9 +93,9 @@ def test_right_neurons_leave_nothing_to_search():
     net, o, run, ask, first, fit_data, v = _first_line(8, 12, 0, missing=-1, merged=(-2, -3))
     J = first[0][:-1]  # the "merged" jump of two absent indices is empty
     before = o.queries
-    J2, _, subs, keep, stats = _repair_line(run, ask, (J, first[1][:-1], first[2]), FFNOptions(),
-                                            np.full(J.shape[0], 1e-3))
-    assert J2.shape[0] == 0 and subs == [] and keep.all()
+    repair = repair_line(run, ask, Lines(J, first[1][:-1], first[2]), FFNOptions(), np.full(J.shape[0], 1e-3))
+    stats = repair.stats
+    assert repair.J.shape[0] == 0 and repair.segs == [] and repair.proposal.all()
     assert o.queries - before == 3 * stats["intervals_tested"] <= 3 * (J.shape[0] + 2)
 
 

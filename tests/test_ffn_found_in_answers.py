@@ -4,7 +4,9 @@ fitted to what is left."""
 
 import numpy as np
 from attnprobe.learners.ffn.fit import Neurons
-from attnprobe.learners.ffn.learner import FFNOptions, _consistency, _found_in_answers, _jump_columns, _score
+from attnprobe.learners.ffn.mending import Lines, found_in_answers, jump_columns, score_set
+from attnprobe.learners.ffn.options import FFNOptions
+from attnprobe.learners.ffn.settle import consistency
 from attnprobe.learners.ffn.missing import found_span, missing_neuron_candidates, tidy
 from attnprobe.learners.ffn.more_lines import needs_another_line
 from test_ffn_float32_repair import _first_line, _matches
@@ -26,9 +28,8 @@ def _missed_weak(seed: int, d: int = 8, m: int = 12, missing: int = 0):
     """A first line that missed neuron ``missing`` (output weight 0.02), and its set as oriented and polished."""
     net, o, run, ask, first, fit_data, v = _first_line(d, m, seed, missing, merged=(-2, -3), weak=0.02)
     J, where, segs = first[0][:-1], first[1][:-1], first[2]  # no merged pair (the indices do not exist)
-    miss, exact, fitted = _score(ask, (J, where, segs), np.ones(J.shape[0], bool), v, FFNOptions(), fit_data,
-                                 {"sets_tried": 0})
-    return net, o, run, ask, fitted, fit_data, v, (miss, exact)
+    got = score_set(ask, Lines(J, where, segs), np.ones(J.shape[0], bool), v, FFNOptions(), fit_data)
+    return net, o, run, ask, got.net, fit_data, v, (got.miss, got.exact)
 
 
 def _v_off(v: np.ndarray, seed: int) -> np.ndarray:
@@ -47,14 +48,14 @@ def test_a_missed_weak_neuron_is_found_without_a_query():
         net, o, run, ask, fitted, fit_data, v, (miss, exact) = _missed_weak(seed, d, m, missing)
         assert needs_another_line(exact, miss, o.eps)  # the polish cannot make up for the missing neuron
         before = o.queries
-        got = _found_in_answers(run, ask, fitted[0], v, FFNOptions(), fit_data)
+        got = found_in_answers(run, ask, fitted.neurons, v, FFNOptions(), fit_data)
         assert o.queries == before
         if got is None:
             continue
-        neurons, orient, _, J_added = got
+        neurons, orient, J_added = got.net.neurons, got.net.orientation, got.jumps
         assert J_added.shape == (1, 1, d + 1) and _matches(J_added, _truth(net, m))[missing]
         assert _every_neuron(net, neurons, m)
-        assert orient.exact and not needs_another_line(True, _consistency(neurons, ask), o.eps)
+        assert orient.exact and not needs_another_line(True, consistency(neurons, ask), o.eps)
         found += 1
     assert found >= 8, f"found in {found} of 10"
 
@@ -68,13 +69,12 @@ def test_a_merged_pair_is_split_or_left_to_the_repair_line():
     kept = 0
     for seed in range(10):
         net, o, run, ask, first, fit_data, v = _first_line(d, m, seed, missing=0, merged=(1, 2))
-        _, _, fitted = _score(ask, first, np.ones(first[0].shape[0], bool), v, FFNOptions(), fit_data,
-                              {"sets_tried": 0})
-        got = _found_in_answers(run, ask, _jump_columns(fitted[0], first[0].shape[0]), v, FFNOptions(), fit_data)
+        fitted = score_set(ask, Lines(*first), np.ones(first[0].shape[0], bool), v, FFNOptions(), fit_data).net
+        got = found_in_answers(run, ask, jump_columns(fitted.neurons, first[0].shape[0]), v, FFNOptions(), fit_data)
         if got is None:
             continue
-        neurons, orient, _, _ = got
-        assert orient.exact and not needs_another_line(True, _consistency(neurons, ask), o.eps)
+        neurons, orient = got.net.neurons, got.net.orientation
+        assert orient.exact and not needs_another_line(True, consistency(neurons, ask), o.eps)
         assert _every_neuron(net, neurons, m)
         kept += 1
     assert kept >= 4, f"split in {kept} of 10"
@@ -107,7 +107,7 @@ def test_nothing_is_kept_when_no_hinge_explains_the_rest():
     goes on to the repair line)."""
     net, o, run, ask, first, fit_data, v = _first_line(8, 12, 0, missing=-1, merged=(-2, -3))
     wrong = Neurons(np.random.default_rng(5).standard_normal((9, 6)), np.ones((6, 1)), np.zeros(1))
-    assert _found_in_answers(run, ask, wrong, v, FFNOptions(), fit_data) is None
+    assert found_in_answers(run, ask, wrong, v, FFNOptions(), fit_data) is None
 
 
 def test_tidy_joins_neurons_on_one_hyperplane_and_drops_faint_ones():
@@ -140,10 +140,10 @@ def test_a_linear_part_measured_off_does_not_refuse_a_set_that_explains_every_an
     for seed in range(5):
         net, o, run, ask, fitted, fit_data, v, _ = _missed_weak(seed, d, m, missing)
         off = _v_off(v, seed)
-        got = _found_in_answers(run, ask, fitted[0], off, FFNOptions(), fit_data)
+        got = found_in_answers(run, ask, fitted.neurons, off, FFNOptions(), fit_data)
         if got is None:
             continue
-        neurons, orient, rest, _ = got
+        neurons, orient, rest = got.net.neurons, got.net.orientation, got.net.rest
         assert _every_neuron(net, neurons, m)
         assert orient.how.startswith("as polished") and np.linalg.norm(rest) > 0.01 * np.linalg.norm(v)
         kept += 1
@@ -160,11 +160,10 @@ def test_a_complete_first_line_refused_only_by_its_linear_part_is_kept():
         net, o, run, ask, first, fit_data, v = _first_line(d, m, seed, missing=-1, merged=(-2, -3))
         J, where, segs = first[0][:-1], first[1][:-1], first[2]
         off = _v_off(v, seed)
-        miss, exact, fitted = _score(ask, (J, where, segs), np.ones(J.shape[0], bool), off, FFNOptions(), fit_data,
-                                     {"sets_tried": 0})
-        if not needs_another_line(exact, miss, o.eps):
+        scored = score_set(ask, Lines(J, where, segs), np.ones(J.shape[0], bool), off, FFNOptions(), fit_data)
+        if scored.explains(o.eps):
             continue  # v's error happened to leave a ±1 orientation: nothing to repair
-        got = _found_in_answers(run, ask, _jump_columns(fitted[0], m), off, FFNOptions(), fit_data)
-        assert got is not None and got[3].shape[0] == 0 and _every_neuron(net, got[0], m)
+        got = found_in_answers(run, ask, jump_columns(scored.net.neurons, m), off, FFNOptions(), fit_data)
+        assert got is not None and got.jumps.shape[0] == 0 and _every_neuron(net, got.net.neurons, m)
         kept += 1
     assert kept >= 3, f"refused and kept in {kept} of 5"

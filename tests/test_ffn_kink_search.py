@@ -134,21 +134,21 @@ def test_the_search_line_of_a_biased_net_spreads_its_kinks():
     """On float64 answers a biased net is searched along a line at norm √d: its kinks (where the hyperplanes
     ``aᵀx + b = 0`` cross the line) do not crowd near the line's far ends, where the regions are thin and each is
     measured twice. On the unit line a third of them lay within 5 % of the far ends at d = 784."""
-    from attnprobe.learners.ffn.learner import _line_scale, _segments
+    from attnprobe.learners.ffn.line import line_scale, segments
 
     def near_far_ends(net, scale, seed):
         N = np.vstack([net.A, net.b[None, :]])
         near = []
-        for i, seg in enumerate(_segments(net.A.shape[0], True, np.random.default_rng(seed), 1e6, scale)):
+        for i, seg in enumerate(segments(net.A.shape[0], True, np.random.default_rng(seed), 1e6, scale)):
             t = -(seg.base @ N) / (seg.direction @ N)
             near.append(np.abs(t[np.abs(t) < 1] - (-1 if i == 0 else 1)) < 0.05)  # far ends: t = −1, then +1
         return float(np.mean(np.concatenate(near)))
 
-    assert _line_scale(784, True, False) == pytest.approx(28.0) and _line_scale(784, False, False) == 1.0
-    assert _line_scale(784, True, True) == 1.0  # float32 answers keep the unit line
+    assert line_scale(784, True, False) == pytest.approx(28.0) and line_scale(784, False, False) == 1.0
+    assert line_scale(784, True, True) == 1.0  # float32 answers keep the unit line
     for seed in range(3):
         net = random_relu_net(784, 64, seed=seed, bias=True)
-        assert near_far_ends(net, _line_scale(784, True, False), seed) < 0.1
+        assert near_far_ends(net, line_scale(784, True, False), seed) < 0.1
         assert near_far_ends(net, 1.0, seed) > 0.25
 
 

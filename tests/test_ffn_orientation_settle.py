@@ -8,7 +8,8 @@ import pytest
 from attnprobe.learners.ffn import extract_ffn
 from attnprobe.learners.ffn.answers import Answers
 from attnprobe.learners.ffn.fit import Neurons
-from attnprobe.learners.ffn.learner import FFNOptions, _consistency, _flip_weak, _settle
+from attnprobe.learners.ffn.options import FFNOptions
+from attnprobe.learners.ffn.settle import consistency, flip_weak, settle
 from attnprobe.learners.ffn.more_lines import needs_another_line
 from attnprobe.models import neuron_errors
 from attnprobe.oracles import Oracle
@@ -46,10 +47,10 @@ def test_a_weak_neuron_the_wrong_way_round_is_flipped_back(seed):
     net, ask, fit_data, truth, _ = _lifted_truth(8, 16, seed)
     weakest = int(np.argmin(np.abs(net.w_o) * np.linalg.norm(net.A, axis=0)))
     wrong = _flipped(truth, [weakest])
-    assert needs_another_line(True, _consistency(wrong, ask), ask.oracle.eps)
-    fixed = _flip_weak(wrong, ask, fit_data)
+    assert needs_another_line(True, consistency(wrong, ask), ask.oracle.eps)
+    fixed = flip_weak(wrong, ask, fit_data)
     assert _right(fixed, truth)
-    assert not needs_another_line(True, _consistency(fixed, ask), ask.oracle.eps)
+    assert not needs_another_line(True, consistency(fixed, ask), ask.oracle.eps)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -58,9 +59,10 @@ def test_strong_neurons_the_wrong_way_round_are_settled_by_v(seed):
     back and polished; the orientation is exact and the network explains every answer."""
     net, ask, fit_data, truth, v = _lifted_truth(8, 16, seed)
     strong = np.argsort(-np.abs(net.w_o) * np.linalg.norm(net.A, axis=0))[:2]
-    neurons, orient, rest, notes = _settle(_flipped(truth, strong), None, v, FFNOptions(), ask, fit_data)
-    assert orient.exact and notes == [] and _right(neurons, truth)
-    assert not needs_another_line(True, _consistency(neurons, ask), ask.oracle.eps)
+    got = settle(_flipped(truth, strong), v, FFNOptions(), ask, fit_data)
+    neurons = got.neurons
+    assert got.orientation.exact and got.notes == () and _right(neurons, truth)
+    assert not needs_another_line(True, consistency(neurons, ask), ask.oracle.eps)
 
 
 @pytest.mark.slow  # ~25 s (a run that needs three lines tries many neuron sets); benchmarks/ffn_float32_lines.py

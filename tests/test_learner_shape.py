@@ -30,3 +30,40 @@ def test_functions_are_short_with_at_most_7_positional_parameters(path):
 def test_no_string_names_a_command_line_flag(path):
     flags = [m.group(0) for m in re.finditer(r"--[a-z][a-z-]*", path.read_text())]
     assert not flags, f"{path.name} names command-line flags {flags}; name the parameter instead"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.relative_to(LEARNERS_DIR).as_posix())
+def test_every_config_error_names_its_parameter(path):
+    """The CLI names the flag of ``ConfigError.param``; a refusal without it could only be read, not acted on."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ConfigError":
+            assert any(k.arg == "param" for k in node.keywords), f"{path.name}:{node.lineno} names no parameter"
+
+
+def _imports(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("attnprobe"):
+            yield node.module, [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            yield from ((a.name, []) for a in node.names if a.name.startswith("attnprobe"))
+
+
+FAMILIES = sorted(p.name for p in LEARNERS_DIR.iterdir() if p.is_dir() and (p / "__init__.py").exists()
+                  and p.name != "core")
+
+
+def test_the_core_knows_no_family():
+    """``learners/core`` (the skeleton, results, check, registry, estimate) imports no family package: a family
+    registers itself with the core, never the other way round."""
+    assert {"head", "ffn", "multihead", "transformer"} <= set(FAMILIES)
+    for path in sorted((LEARNERS_DIR / "core").glob("*.py")):
+        for module, _ in _imports(path):
+            assert not any(module.startswith(f"attnprobe.learners.{f}") for f in FAMILIES), (path.name, module)
+            assert module != "attnprobe.learners", (path.name, module)
+
+
+def test_no_module_imports_another_modules_private_name():
+    for path in sorted(LEARNERS_DIR.parent.rglob("*.py")):
+        for module, names in _imports(path):
+            private = [n for n in names if n.startswith("_")]
+            assert not private, f"{path.relative_to(LEARNERS_DIR.parent)} imports {private} from {module}"

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from attnprobe.learners.head.lowrank import extract_lowrank
-from attnprobe.learners.multihead.cross import _bias_component, _bias_token
+from attnprobe.learners.multihead.cross import bias_component, bias_token
 from attnprobe.learners.multihead.generic import extract_generic
 from attnprobe.models.attention import AttentionHead
 from attnprobe.models.compare import relative_error
@@ -79,11 +79,11 @@ def test_bias_component_solves_the_simplex_of_last_tokens():
     for r in (1, 3, 7):
         a, M = rng.standard_normal(5), rng.standard_normal((r, 5))
         T = np.concatenate([a + M, (a - M.sum(0) / np.sqrt(r))[None]])
-        np.testing.assert_allclose(_bias_component(T, r), a, atol=1e-12)
+        np.testing.assert_allclose(bias_component(T, r), a, atol=1e-12)
         R = np.linalg.qr(rng.standard_normal((9, r)))[0].T
         t = rng.standard_normal(9)
         t -= R.T @ (R @ t)
-        tok = _bias_token(t, R, 2.0)
+        tok = bias_token(t, R, 2.0)
         # the bias token's part in W_h's row space is nonzero (there p_h = W_h y + u_h does not reduce to u_h)
         assert np.linalg.norm(R @ tok) == pytest.approx(2.0)
-    assert np.array_equal(_bias_component(np.ones((1, 3)), 0), np.ones(3))
+    assert np.array_equal(bias_component(np.ones((1, 3)), 0), np.ones(3))

@@ -10,7 +10,7 @@ import pytest
 
 from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.transformer.regions import extract_transformer_multihead
-from attnprobe.learners.transformer.polish import (LEVELS, _Stacked, polish_attention, polish_sequences,
+from attnprobe.learners.transformer.polish import (LEVELS, Stacked, polish_attention, polish_sequences,
                                                    refine)
 from attnprobe.models.transformer import MultiHeadTransformer, transformer_errors
 from attnprobe.oracles.base import Oracle
@@ -23,7 +23,7 @@ def test_jacobian_operator_is_the_models_derivative(residual):
     t = random_multihead_transformer(6, 2, 7, outputs=3, bias=True, residual=residual, seed=3)
     rng = np.random.default_rng(0)
     X = rng.standard_normal((40, 4, 6))
-    lin = _Stacked(t, [(X, t(X)), (X[:, :2], t(X[:, :2]))], LEVELS["all"])
+    lin = Stacked(t, [(X, t(X)), (X[:, :2], t(X[:, :2]))], LEVELS["all"])
     theta = rng.standard_normal(lin.size)
     r = rng.standard_normal(2 * 40 * 3)
     assert abs(lin.matvec(theta) @ r - theta @ lin.rmatvec(r)) <= 1e-10 * np.linalg.norm(r)
@@ -109,7 +109,7 @@ def test_unknowns_is_the_rank_of_the_models_jacobian(d, H, m, K, residual, seed)
     t = random_multihead_transformer(d, H, m, outputs=K, bias=True, residual=residual, head_dim=d, seed=seed)
     rng = np.random.default_rng(0)
     blocks = [(X, t(X)) for X in (rng.standard_normal((300, N, d)) for N in (1, 2, 3, 5))]
-    lin = _Stacked(t, blocks, LEVELS["all"])
+    lin = Stacked(t, blocks, LEVELS["all"])
     on = np.concatenate([p.relu for p in lin.parts]) > 0
     assert np.all(on.any(axis=0)) and np.all((~on).any(axis=0))  # generic: no dead and no always-on neuron
     J = np.array([lin.matvec(e) for e in np.eye(lin.size)]).T

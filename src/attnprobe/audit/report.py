@@ -17,20 +17,39 @@ def _k(n: float) -> str:
     return f"{n / 1000:.0f}k" if n >= 10_000 else f"{n:.0f}"
 
 
-def protection(errors: list[float], tried: list[str] | None = None, passed: list[bool] | None = None) -> str:
+def protection(errors: list[float], tried: list[str] | None = None, passed: list[bool] | None = None,
+               untried: list[str] | None = None) -> str:
     """Measured protection of a defence from the recovered heads' W errors (none / partial / strong): the
     attacker's best head over every learner ``tried`` is the defender's worst case. A recovered model that
     passes its functional check imitates the defended answers, so the defence is at most partial then; "strong"
-    means that every learner tried failed."""
+    means that every learner tried failed, and only when no learner that fits the answers was left ``untried``
+    (then it is "unknown", naming them: an audit narrowed by ``--method`` measured less than the attacker has)."""
     by = f" by {', '.join(tried)}" if tried else ""
+    left = f"; not tried, though they fit these answers: {', '.join(untried)}" if untried else ""
     if not errors:
-        return f"strong: no head was recovered{by}"
+        return f"unknown: no head was recovered{by}{left}" if untried else f"strong: no head was recovered{by}"
     worst_case = min(errors)
     if worst_case < NO_PROTECTION:
         return "none"
     if worst_case < PROTECTS or any(passed or ()):
-        return "partial"
+        return f"partial at most{left}" if untried else "partial"
+    if untried:
+        return f"unknown: every learner tried failed ({', '.join(tried or [])}){left}"
     return f"strong: every learner failed ({', '.join(tried or [])})"
+
+
+def untried_learners(run, defense: str, tried: list[str]) -> list[str]:
+    """The learners that fit the answers ``defense`` leaves and could run with the audit's options, but were not
+    among those ``tried`` (``--method`` narrowed the list)."""
+    from attnprobe.audit.tasks import fitting_learners
+    from attnprobe.learners.core import registry
+
+    tasks = [t for t in run.tasks if t.defense.name == defense]
+    if not tasks:
+        return []
+    kind, rank = tasks[0].head.kind, tasks[0].rank
+    fits = fitting_learners(tasks[0].defense, kind.whole_layer, kind.vector)
+    return [n for n in fits if n not in tried and registry.learner(n).ready({"rank": rank})]
 
 
 def best_records(run, defense: str) -> dict:
@@ -89,7 +108,8 @@ def verdicts(run) -> Table:
         t.add(name, ", ".join(tried), f"{len(errs)}/{_heads_asked(run, name)}",
               float(np.median(errs)) if errs else None, float(min(errs)) if errs else None,
               int(np.median(queries)) if queries else None,
-              protection(errs, tried, [bool(r["passed"]) for r in recs if not r["error"]]), verdict)
+              protection(errs, tried, [bool(r["passed"]) for r in recs if not r["error"]],
+                         untried_learners(run, name, tried)), verdict)
     return t
 
 
@@ -132,7 +152,8 @@ def write_report(run, path: str | Path) -> Path:
     rep.table(verdicts(run))
     rep.paragraph(f"Protection: none when some head's W is recovered to better than {NO_PROTECTION:g} by some "
                   f"learner, partial when the best is below {PROTECTS:g} or a recovered model passes its functional "
-                  "check (it imitates the defended answers), strong only when every learner tried failed.")
+                  "check (it imitates the defended answers), strong only when every learner tried failed and every "
+                  "learner that fits the answers was tried (else unknown, naming those not tried).")
     for name in run.defenses:
         rep.heading(f"Defence: {name}")
         err, layers, heads = _grid(run, name, _w_error)

@@ -108,6 +108,19 @@ def _journal_identity(path: Path) -> dict | None:
     return entry.get("audit") if isinstance(entry, dict) and isinstance(entry.get("audit"), dict) else None
 
 
+def _holds_records(path: Path) -> bool:
+    """Whether a journal holds at least one readable task record (a line with a key and a record)."""
+    with open(path, errors="replace") as f:
+        for line in f:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and "key" in entry and "record" in entry:
+                return True
+    return False
+
+
 def refuse_other_journal(out: Path, identity: dict) -> None:
     """Refuse (one :class:`ConfigError`, nothing touched) a ``finished.jsonl`` in ``out`` written by an audit of
     another model or with other :data:`SETTINGS`: its tasks would be dropped, and with them its head files."""
@@ -116,6 +129,10 @@ def refuse_other_journal(out: Path, identity: dict) -> None:
         return
     theirs = _journal_identity(path)
     if theirs is None:
+        if _holds_records(path):  # identity line cut or damaged: its records cannot be matched to these weights
+            raise ConfigError(f"{path} holds finished tasks but no readable identity line (cut short or damaged): "
+                              "they cannot be told to be of these weights and settings; give --fresh to replace "
+                              "it, or another --out folder")
         return
     what = []
     if _weights(theirs.get("models")) != _weights(identity["models"]):  # by content: a moved file is the same

@@ -20,8 +20,10 @@ def print_summary(res, out=None) -> None:
     print(f"method {res.method}  d={res.d}  queries {res.queries} for {res.unknowns} unknowns "
           f"({per:.4f} per unknown)  {res.seconds:.2f} s")
     if res.check is not None:
-        print(f"functional check: relative error {res.check.error:.3e} on {res.check.queries} fresh sequences "
-              f"of lengths {list(res.check.lengths)}")
+        replayed = (res.details.get("oracle") or {}).get("check_answered_by") == "the query log (replay)"
+        which, by = ("", " answered by the query log (replay, not asked afresh)") if replayed else ("fresh ", "")
+        print(f"functional check: relative error {res.check.error:.3e} on {res.check.queries} {which}sequences "
+              f"of lengths {list(res.check.lengths)}{by}")
     for note in res.notes:
         print(f"note: {note}")
     if out:
@@ -225,8 +227,9 @@ def check_outcome(res, kept: bool = False) -> CheckFailedError | None:
     if res.passed is not False:
         return None
     chk = res.check
+    said = ("the recovered model is not certified: " if chk.verdict == "uncertified"
+            else "the recovered model does not describe the oracle: ")
     return CheckFailedError(
-        f"the recovered model does not describe the oracle: functional check error {chk.error:.3e} > tolerance "
-        f"{chk.tolerance:.1e} on {chk.queries} fresh queries; "
+        said + chk.describe() + "; "
         + ("written anyway (--keep-failed; the JSON says passed: false)" if kept
            else "nothing written (--keep-failed writes it anyway)"))

@@ -20,7 +20,8 @@ def add_arguments(parser) -> None:
     g = parser.add_argument_group("served models and the query log")
     g.add_argument("--url", help="an attnprobe prediction API (attnprobe serve) to query; d is read from /v1/info")
     g.add_argument("--api-key", metavar="KEY", help="the API key for --url (better: ATTNPROBE_API_KEY in the "
-                                                    "environment, which keeps it out of the process list)")
+                                                    "environment, which keeps it out of the process list); "
+                                                    "without one, requests go without a key")
     g.add_argument("--concurrency", type=int, default=4, help="--url: requests in flight (default 4)")
     g.add_argument("--timeout", type=float, default=60.0, help="--url: seconds per request (default 60)")
     g.add_argument("--retries", type=int, default=6,
@@ -113,13 +114,20 @@ def source_oracle(args, **kw):
         from attnprobe.oracles.http import HttpOracle, oracle_from_http
 
         fn = HttpOracle(args.url, args.api_key, timeout=args.timeout, retries=args.retries,
-                        concurrency=args.concurrency, wire=getattr(args, "wire", "auto"))
+                        concurrency=args.concurrency, wire=getattr(args, "wire", "auto"), on_retry=_say_retry)
         from attnprobe.oracles.chain import AnswerChain
 
         return oracle_from_http(fn, args.d, log=open_log(args, kw.get("chain") or AnswerChain(), fn.identity), **kw)
     if args.api_key:
         raise ConfigError("--api-key goes with --url")
     return None
+
+
+def _say_retry(message: str) -> None:
+    """A retry of a request to ``--url``, said on stderr as it happens (a dead server is not silence)."""
+    import sys
+
+    print(f"attnprobe: note: {message}", file=sys.stderr, flush=True)
 
 
 def describe(oracle) -> dict:

@@ -46,14 +46,22 @@ def set_frozen(obj, **arrays: np.ndarray) -> None:
         object.__setattr__(obj, name, arr)
 
 
+@dataclass(frozen=True)
 class AttentionParameters:
     """What every attention model with parameters ``W, v, u, c`` shares (a single head, or H heads stacked):
-    the bias test, the parameters cast once to the compute dtype, and npz I/O under those names."""
+    the parameters and the compute ``dtype``, the bias test, the parameters cast once to the compute dtype, and
+    npz I/O under those names."""
 
+    W: np.ndarray
+    v: np.ndarray
+    u: np.ndarray | None = None
+    c: float = 0.0
+    dtype: str = "float64"
+    _cast: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     #: how error messages name the model (e.g. "an attention head")
-    DESCRIPTION = "an attention model"
+    DESCRIPTION: ClassVar[str] = "an attention model"
     #: dimensions of ``v`` in the vector layout
-    VECTOR_NDIM = 2
+    VECTOR_NDIM: ClassVar[int] = 2
 
     def _store(self, W, v, u) -> None:
         """Store the validated ``W, v, u`` and the output bias (one number, or one per output in the vector
@@ -102,14 +110,8 @@ class AttentionHead(AttentionParameters):
     ``f(X) = softmax(…)ᵀ X vᵀ + c`` answers (B, K).
     """
 
-    W: np.ndarray
-    v: np.ndarray
-    u: np.ndarray | None = None
-    c: float = 0.0
-    dtype: str = "float64"
     kind: ClassVar[str] = "attention_head"
     DESCRIPTION: ClassVar[str] = "an attention head"
-    _cast: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         v = real_array("v", self.v)

@@ -13,7 +13,7 @@ from attnprobe.models.attention import as_batch, real_array, set_frozen
 from attnprobe.models.precision import resolve_dtype
 
 
-def _check_ffn(A, w_o) -> tuple[np.ndarray, np.ndarray]:
+def check_ffn(A, w_o) -> tuple[np.ndarray, np.ndarray]:
     A = real_array("A", A, 2)
     w_o = real_array("w_o", w_o, 2 if np.ndim(w_o) == 2 else 1)
     if A.shape[1] != w_o.shape[0]:
@@ -23,7 +23,7 @@ def _check_ffn(A, w_o) -> tuple[np.ndarray, np.ndarray]:
     return A, w_o
 
 
-def _check_biases(b, c, m: int, w_o: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def check_biases(b, c, m: int, w_o: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Hidden biases ``b`` (m,) and output bias ``c`` (``()`` or ``(K,)`` like the outputs); None means zeros."""
     out_shape = w_o.shape[1:]
     b = np.zeros(m) if b is None else np.array(b, dtype=np.float64).reshape(-1)
@@ -44,10 +44,12 @@ class FFNWidths:
 
     @property
     def d(self) -> int:
+        """The input width (rows of ``A``)."""
         return self.A.shape[0]
 
     @property
     def m(self) -> int:
+        """The hidden width: neurons, columns of ``A``."""
         return self.A.shape[1]
 
 
@@ -70,8 +72,8 @@ class ReLUNet(FFNWidths):
     kind: ClassVar[str] = "relu_net"
 
     def __post_init__(self) -> None:
-        A, w_o = _check_ffn(self.A, self.w_o)
-        b, c = _check_biases(self.b, self.c, A.shape[1], w_o)
+        A, w_o = check_ffn(self.A, self.w_o)
+        b, c = check_biases(self.b, self.c, A.shape[1], w_o)
         resolve_dtype(self.dtype)
         set_frozen(self, A=A, w_o=w_o, b=b, c=c)
 
@@ -132,7 +134,7 @@ def canonical_neurons(A: np.ndarray, w_o: np.ndarray, tol: float = 1e-12,
     """Neurons up to permutation and positive scale: unit directions ``â_k`` (of ``(a_k, b_k)`` when biases ``b``
     are given) and output weights ``w_k‖(a_k, b_k)‖`` (rows of (m, K) weights for K outputs), dropping dead
     neurons (``a_k = 0``, or ``w_k = 0`` in every output) and merging positively parallel ones."""
-    A, w_o = _check_ffn(A, w_o)
+    A, w_o = check_ffn(A, w_o)
     if b is not None:
         A = np.vstack([A, np.asarray(b, dtype=np.float64).reshape(1, -1)])
     norms = np.linalg.norm(A, axis=0)

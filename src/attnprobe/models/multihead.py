@@ -8,7 +8,7 @@ App. C: the concatenate-then-project form ``[a⁽¹⁾, …, a⁽ᴴ⁾]ᵀ w_o 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -30,15 +30,9 @@ class MultiHeadAttention(AttentionParameters):
     ``f(X) = Σ_h softmax(X W_h x_N + X u_h)ᵀ X V_hᵀ + c`` answers (B, K).
     """
 
-    W: np.ndarray
-    v: np.ndarray
-    u: np.ndarray | None = None
-    c: float = 0.0
-    dtype: str = "float64"
     kind: ClassVar[str] = "multi_head"
     DESCRIPTION: ClassVar[str] = "a multi-head model"
     VECTOR_NDIM: ClassVar[int] = 3
-    _cast: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         W = real_array("W", self.W)  # real, finite numbers; the shapes are checked below

@@ -9,7 +9,7 @@ import numpy as np
 
 from attnprobe.errors import ConfigError
 from attnprobe.models.attention import as_batch, attention_weights, real_array, set_frozen
-from attnprobe.models.ffn import FFNWidths, ReLUNet, _check_biases, _check_ffn
+from attnprobe.models.ffn import FFNWidths, ReLUNet, check_biases, check_ffn
 from attnprobe.models.softmax import softmax_last
 from attnprobe.models.precision import resolve_dtype
 
@@ -29,7 +29,7 @@ class OneLayerTransformer(FFNWidths):
     kind: ClassVar[str] = "one_layer_transformer"
 
     def __post_init__(self) -> None:
-        A, w_o = _check_ffn(self.A, self.w_o)
+        A, w_o = check_ffn(self.A, self.w_o)
         W = real_array("W", self.W, 2)
         d = A.shape[0]
         if W.shape != (d, d):
@@ -112,10 +112,10 @@ class MultiHeadTransformer(FFNWidths):
                               f"got {W.shape} and {v.shape}")
         w_o = real_array("w_o", self.w_o)
         w_o = w_o.reshape(-1, 1) if w_o.ndim == 1 else w_o
-        A, w_o = _check_ffn(self.A, w_o)
+        A, w_o = check_ffn(self.A, w_o)
         if A.shape[0] != d:
             raise ConfigError(f"A must have d = {d} rows to match the heads; got {A.shape}")
-        b, c = _check_biases(self.b, self.c, A.shape[1], w_o)
+        b, c = check_biases(self.b, self.c, A.shape[1], w_o)
         if H < 1:
             raise ConfigError("a transformer needs at least one head")
         resolve_dtype(self.dtype)

@@ -149,10 +149,14 @@ class Oracle:
         largest of the precision's machine epsilon (declared or detected), twice the relative rounding the
         answer chain declares (``noise.rel_eps`` is a unit roundoff) and ``eps_floor``. Reading it asks
         nothing unless the precision is ``"auto"`` and still undecided."""
-        floor = max(machine_epsilon(self._precision or "float64"), 2.0 * self.noise.rel_eps, self.eps_floor)
+        floor = self._declared_eps()
         if self.detector is not None and self._detected():
             return max(floor, self.detector.eps)
         return floor
+
+    def _declared_eps(self) -> float:
+        """The rounding floor the oracle declares (no answer read): precision, chain rounding, ``eps_floor``."""
+        return max(machine_epsilon(self._precision or "float64"), 2.0 * self.noise.rel_eps, self.eps_floor)
 
     def _detected(self) -> bool:
         """``precision="auto"``: when precision is needed before enough answers were seen, ask a few."""
@@ -275,7 +279,7 @@ class Oracle:
         if not log.verified:  # a resumed log: is it this oracle's? (a new or replayed one needs no check)
             if len(log) and not log.readonly:
                 with self.phase("log check"):
-                    log.verify(self._ask_again, self.noise)
+                    log.verify(self._ask_again, self.noise, self._declared_eps())
             log.verified = True
         if self._fresh and not log.readonly:
             y = self._ask_paid(X)

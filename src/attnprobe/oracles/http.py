@@ -31,6 +31,9 @@ KEY_ENV = "ATTNPROBE_API_KEY"
 RETRY_STATUS = {429, 500, 502, 503, 504}
 WIRE_FORMATS = ("auto", "npy", "json")
 MAX_BACKOFF = 8.0
+#: retries of the first request when nothing accepts the connection (no server at the address: a retry
+#: schedule of seconds only delays saying so)
+FIRST_CONTACT_RETRIES = 2
 
 
 class RemoteRefusal(OracleError):
@@ -40,27 +43,29 @@ class RemoteRefusal(OracleError):
 class HttpOracle:
     """Callable ``X (B, N, d) -> y (B,)`` or ``(B, K)`` answered by ``POST {url}/v1/query``.
 
-    ``api_key`` defaults to the ``ATTNPROBE_API_KEY`` environment variable; it travels only as a Bearer token
+    ``api_key`` defaults to the ``ATTNPROBE_API_KEY`` environment variable (none: requests go without one, for an
+    endpoint without authentication; a 401 then asks for a key); it travels only as a Bearer token
     (a URL with ``user:password@`` is refused: credentials in URLs end up in logs and messages). ``max_batch``
     caps the sequences per request (the server's limit wins when smaller), ``concurrency`` the requests in
     flight, ``timeout`` each request's seconds, ``retries`` the attempts after the first one for a transient
     failure, ``wire`` the body format (``auto``: ``npy`` when the server offers it, else ``json``). When a call fails,
     the error's ``charged`` says how many of its sequences the server answered
-    (and charged) before it failed.
+    (and charged) before it failed. ``on_retry(message)`` hears of each retry before its wait (the CLI prints it
+    on stderr); a first request that finds nothing listening is retried only :data:`FIRST_CONTACT_RETRIES` times.
     """
 
     #: a remote model's precision is read from its answers (:func:`~attnprobe.oracles.base.answer_precision`)
     answer_precision = "auto"
 
     def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 60.0, retries: int = 6,
-                 concurrency: int = 4, max_batch: int | None = None, backoff: float = 0.25, wire: str = "auto"):
+                 concurrency: int = 4, max_batch: int | None = None, backoff: float = 0.25, wire: str = "auto",
+                 on_retry=None):
         import httpx
 
         self.url = _checked_url(url)
         key = api_key or os.environ.get(KEY_ENV)
-        if not key:
-            raise ConfigError(f"the API needs a key: give --api-key KEY or set {KEY_ENV}")
-        if not (key.isascii() and key.isprintable()) or key != key.strip():
+        self.keyed, self.on_retry, self._answered = bool(key), on_retry, False
+        if key and (not (key.isascii() and key.isprintable()) or key != key.strip()):
             raise ConfigError("the API key must be printable ASCII without spaces at its ends (HTTP headers carry "
                               "nothing else); check --api-key or " + KEY_ENV)
         if not (_is_int(concurrency) and concurrency >= 1 and _is_int(retries) and retries >= 0):
@@ -73,7 +78,7 @@ class HttpOracle:
         self.retries, self.backoff, self.concurrency = int(retries), float(backoff), int(concurrency)
         try:
             self._client = httpx.Client(base_url=self.url, timeout=timeout,
-                                        headers={"Authorization": f"Bearer {key}"},
+                                        headers={"Authorization": f"Bearer {key}"} if key else {},
                                         limits=httpx.Limits(max_connections=self.concurrency + 1,
                                                             max_keepalive_connections=self.concurrency + 1))
         except (httpx.InvalidURL, ValueError) as exc:
@@ -177,14 +182,21 @@ class HttpOracle:
                 r = self._client.request(method, path, **kw)
             except httpx.TransportError as exc:  # connection refused/reset, timeouts
                 last = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, httpx.ConnectError) and not self._answered and attempt >= FIRST_CONTACT_RETRIES:
+                    raise OracleError(f"nothing answers at {self.url} ({last}; {attempt + 1} tries): is the server "
+                                      "running at that address?") from None
             except httpx.HTTPError as exc:  # e.g. an unusable URL
                 raise ConfigError(f"cannot ask {self.url}{path}: {type(exc).__name__}: {exc}") from None
             else:
                 with self._lock:
                     self.requests += 1
+                    self._answered = True
                 if r.status_code < 400:
                     return r
                 detail = _detail(r)
+                if r.status_code == 401 and not self.keyed:
+                    raise RemoteRefusal(f"{self.url} requires an API key (401: {detail}); give --api-key KEY or set "
+                                        f"{KEY_ENV}")
                 if r.status_code == 401:
                     raise RemoteRefusal(f"{self.url} refused the API key (401: {detail}); check --api-key or "
                                         f"{KEY_ENV}")
@@ -202,6 +214,8 @@ class HttpOracle:
             if attempt < self.retries:
                 with self._lock:
                     self.retried += 1
+                if self.on_retry is not None:
+                    self.on_retry(f"{self.url}{path}: {last}; retry {attempt + 1} of {self.retries} in {wait_s:.2g} s")
                 time.sleep(wait_s)
         raise OracleError(f"{self.url}{path} failed {self.retries + 1} times (last: {last}); "
                           "the server is down, overloaded or out of budget")

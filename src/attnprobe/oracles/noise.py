@@ -34,6 +34,12 @@ class AnswerNoise:
         """The noise of ``factor`` × an answer (e.g. 2 for a difference of two answers, Sec. 4.1)."""
         return AnswerNoise(factor * self.tolerance, self.rel_eps, factor * self.sigma, self.membership, self.fresh)
 
+    def additive(self) -> str:
+        """The additive part in words (``""`` when none): ``"error up to 5.0e-05"``, ``"fresh noise of scale …"``."""
+        parts = ([f"error up to {self.tolerance:.1e}"] if self.tolerance else []) + (
+            [f"fresh noise of scale {self.sigma:.1e}"] if self.sigma else [])
+        return " plus ".join(parts)
+
     @property
     def exact(self) -> bool:
         return not (self.tolerance or self.rel_eps or self.sigma or self.membership)

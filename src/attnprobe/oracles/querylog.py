@@ -29,18 +29,22 @@ from pathlib import Path
 import numpy as np
 
 from attnprobe.errors import ConfigError, OracleError
+from attnprobe.oracles.precision_detect import PrecisionDetector
 
 SCHEMA_VERSION = "2"
 #: schema versions this code reads (1: scalar answers only, no probes table; its answers read the same)
 READABLE_SCHEMAS = ("1", "2")
 #: keys per SELECT ... IN (...) (SQLite allows 32766 host parameters; smaller chunks keep statements cheap)
 LOOKUP_CHUNK = 900
-#: recorded sequences kept whole per sequence length, and in all, to re-ask when a run resumes
+#: recorded sequences kept whole per sequence length, and in all, to re-ask when a run resumes; length-1 answers
+#: (``xᵀv + c``) do not depend on the attention (W, u) at all, so that length gets one probe and the others two
 PROBES_PER_LENGTH = 2
-MAX_PROBES = 6
-#: resumed answers must agree with the recorded ones to this share of the answers' scale (on top of declared
-#: noise): the same model answers identically up to rounding, another model differs at order one
-VERIFY_RELATIVE = 1e-4
+MAX_PROBES = 8
+#: resumed answers must agree with the recorded ones to this many roundings of the answers (their precision,
+#: declared or read from the probes' answers, times the answers' scale), on top of declared noise: the same model
+#: answers identically up to a few roundings (another batch shape may sum in another order); a float32 layer
+#: whose W, u are 1.001 times another's differs by 1e-5..1e-3 of the scale on sequences of length ≥ 2
+VERIFY_ROUNDINGS = 64
 
 _TABLES = {"meta": ("key", "value"), "answers": ("key", "n", "y", "t"), "probes": ("key", "n", "x")}
 
@@ -313,7 +317,7 @@ class QueryLog:
         N = int(X.shape[1])
         have = self._execute("SELECT n, COUNT(*) FROM probes GROUP BY n").fetchall()
         total = sum(c for _, c in have)
-        room = min(PROBES_PER_LENGTH - dict(have).get(N, 0), MAX_PROBES - total)
+        room = min((1 if N == 1 else PROBES_PER_LENGTH) - dict(have).get(N, 0), MAX_PROBES - total)
         if room <= 0:
             return []
         X = np.asarray(X, dtype=np.float64) + 0.0
@@ -343,10 +347,13 @@ class QueryLog:
                 out.append((np.stack([x for _, x in items]), np.array([found[k] for k, _ in items])))
         return out
 
-    def verify(self, ask, noise=None) -> None:
+    def verify(self, ask, noise=None, eps: float = 0.0) -> None:
         """Ask the oracle the recorded probes again (``ask(X) -> y``) and refuse the log when the answers differ
-        by more than rounding and the declared ``noise`` (an :class:`~attnprobe.oracles.noise.AnswerNoise`)
-        explain: the log would mix the answers of two oracles. Done once per log; a replay asks nothing."""
+        by more than ``VERIFY_ROUNDINGS`` roundings and the declared ``noise`` (an
+        :class:`~attnprobe.oracles.noise.AnswerNoise`) explain: the log would mix the answers of two oracles.
+        The rounding is the coarser of ``eps`` (the declared precision's machine epsilon) and the precision the
+        probes' answers show (float32 answers round-trip through float32). Done once per log; a replay asks
+        nothing."""
         if self.verified or self.readonly:
             return
         self.verified = True
@@ -354,9 +361,14 @@ class QueryLog:
         if not groups:
             return
         worst, count = 0.0, 0
-        for X, recorded in groups:
-            fresh = np.asarray(ask(X), dtype=np.float64).reshape(recorded.shape)
-            count += len(X)
+        asked = [(recorded, np.asarray(ask(X), dtype=np.float64).reshape(recorded.shape)) for X, recorded in groups]
+        seen = PrecisionDetector()
+        for recorded, fresh in asked:
+            seen.observe(recorded)
+            seen.observe(fresh)
+        relative = VERIFY_ROUNDINGS * max(float(eps), seen.eps, 2.0 * (0.0 if noise is None else noise.rel_eps))
+        for recorded, fresh in asked:
+            count += len(recorded)
             if noise is not None and noise.membership:  # 0/1 answers: the same oracle gives the same labels
                 if not noise.fresh and np.any(fresh != recorded):
                     worst = max(worst, float(np.mean(fresh != recorded)))
@@ -364,7 +376,7 @@ class QueryLog:
             absolute = 0.0 if noise is None else 2 * (noise.tolerance + 4 * noise.sigma)  # two answers' noise
             scale = float(np.max(np.abs(recorded))) + 1e-300  # (a mean of squares could overflow)
             with np.errstate(over="ignore", invalid="ignore"):  # answers near the float64 limit
-                allowed = absolute + VERIFY_RELATIVE * np.abs(recorded) + VERIFY_RELATIVE * scale
+                allowed = absolute + relative * np.abs(recorded) + relative * scale
                 gap = np.abs(fresh - recorded)
             if np.any(gap > allowed):
                 worst = max(worst, float(np.max(gap) / scale))
@@ -372,7 +384,8 @@ class QueryLog:
             self.refused = True
             raise ConfigError(f"the query log {self.path} was recorded from another oracle: asked again, {count} "
                               f"recorded queries were answered differently (by up to {worst:.2g} of the answers' "
-                              "scale); answers of two oracles must not mix, so give a new log file")
+                              f"scale, where their rounding allows {2 * relative:.1e}); answers of two oracles must "
+                              "not mix, so give a new log file")
 
     def summary(self) -> dict:
         """What the summary JSON reports under ``query_log``."""

@@ -54,12 +54,30 @@ def paired_bars(labels, first: tuple[str, list], second: tuple[str, list], *, lo
     return fig, ax
 
 
+def readable_log_ticks(ax) -> None:
+    """A log axis spanning under three decades gets plain labels at 1, 2, 5 × 10^k and none at the other minor
+    ticks (matplotlib otherwise labels every minor tick there, and neighbours such as 3×10¹ and 4×10¹ collide)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    for axis, limits in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+        lo, hi = sorted(limits)
+        if axis.get_scale() != "log" or not (lo > 0 and np.log10(hi / lo) < 3):
+            continue
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
+
+
 def labelled_png(fig, ax, *, title: str, xlabel: str, ylabel: str, legend: bool = True, **legend_kw) -> bytes:
-    """Title, axis labels and legend on ``ax``, then :func:`figure_png`."""
+    """Title, axis labels and legend on ``ax``, then :func:`figure_png`. The legend of a bar chart goes beside the
+    axes (inside, it covers bars), unless ``legend_kw`` places it; short log axes get readable ticks."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
+    readable_log_ticks(ax)
     if legend:
+        if ax.patches and "loc" not in legend_kw:
+            legend_kw.update(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
         ax.legend(**legend_kw)
     return figure_png(fig)
 

@@ -42,6 +42,17 @@ class Claim:
                 "holds": self.holds, "seconds": self.seconds, "details": self.details}
 
 
+def _columns(c: Claim, label, first: tuple[str, int], second: tuple[str, int], *, line: float | None = None,
+             **text) -> bytes:
+    """Two bars per row of the claim's table (``(legend, column)`` each), rows named by ``label(row)``, and a
+    horizontal line at ``line`` when given: the PNG, titled and labelled by ``text``."""
+    rows = c.table.rows
+    fig, ax = paired_bars([label(r) for r in rows], *((name, [r[k] for r in rows]) for name, k in (first, second)))
+    if line is not None:
+        ax.axhline(line, color="red", label=f"{line:g}")
+    return labelled_png(fig, ax, **text)
+
+
 def thm_4_1(quick: bool) -> Claim:
     """Thm 4.1: ``d + d²`` value queries identify (W, v) exactly (bias-free model, the paper's basis probes)."""
     from attnprobe.learners.head.exact import extract_exact
@@ -194,11 +205,9 @@ def app_b(quick: bool) -> Claim:
     ratio = max(row[6] / row[7] for row in c.table.rows)
     c.measured = (f"every run recovers W to ‖Ŵ−W‖_F ≤ {worst:.1e} (ε_W = {EPS_W:g}) and v within ε_v, using at "
                   f"most {ratio:.1e} × the theorem's query count (default bisection learner, δ = {DELTA:g})")
-    fig, ax = paired_bars([f"d={row[0]}\ns={row[1]}" for row in c.table.rows],
-                          ("queries used", [row[6] for row in c.table.rows]),
-                          ("Thm B.1 count", [row[7] for row in c.table.rows]))
-    c.figure = labelled_png(fig, ax, title=f"App. B: queries for ‖Ŵ−W‖_F ≤ {EPS_W:g}", xlabel="target, seed",
-                            ylabel="membership queries")
+    c.figure = _columns(c, lambda row: f"d={row[0]}\ns={row[1]}", ("queries used", 6), ("Thm B.1 count", 7),
+                        title=f"App. B: queries for ‖Ŵ−W‖_F ≤ {EPS_W:g}", xlabel="target, seed",
+                        ylabel="membership queries")
     return c
 
 
@@ -223,12 +232,9 @@ def sec_4_1(quick: bool) -> Claim:
     c.holds = bool(ok)
     c.measured = (f"worst rel. error of W {max(r[3] for r in c.table.rows):.1e}, worst functional error "
                   f"{max(r[4] for r in c.table.rows):.1e} over {len(c.table.rows)} transformers")
-    fig, ax = paired_bars([f"d={r[0]} m={r[1]}\ns={r[2]}" for r in c.table.rows],
-                          ("rel. error W", [r[3] for r in c.table.rows]),
-                          ("functional error", [r[4] for r in c.table.rows]))
-    ax.axhline(EXACT, color="red", label=f"{EXACT:g}")
-    c.figure = labelled_png(fig, ax, title="Sec 4.1: one-layer transformers", xlabel="transformer, seed",
-                            ylabel="relative error")
+    c.figure = _columns(c, lambda r: f"d={r[0]} m={r[1]}\ns={r[2]}", ("rel. error W", 3), ("functional error", 4),
+                        line=EXACT, title="Sec 4.1: one-layer transformers", xlabel="transformer, seed",
+                        ylabel="relative error")
     return c
 
 
@@ -257,11 +263,9 @@ def prop_7_1(quick: bool) -> Claim:
     c.measured = (f"{len(c.table.rows)} layers with tied heads: every witness moves the values by ≥ "
                   f"{min(r[3] for r in c.table.rows):.2f} (relative) while the largest output gap found by random "
                   f"inputs and a Nelder-Mead search is {max(r[4] for r in c.table.rows):.1e} of the answers' size")
-    fig, ax = paired_bars([f"d={r[0]} H={r[1]}\ns={r[2]}" for r in c.table.rows],
-                          ("parameters: ‖v − v'‖/‖v‖", [r[3] for r in c.table.rows]),
-                          ("function: max |f − f'| / rms f", [r[4] for r in c.table.rows]))
-    c.figure = labelled_png(fig, ax, title="Prop 7.1: different parameters, same function", xlabel="layer, seed",
-                            ylabel="relative difference")
+    c.figure = _columns(c, lambda r: f"d={r[0]} H={r[1]}\ns={r[2]}", ("parameters: ‖v − v'‖/‖v‖", 3),
+                        ("function: max |f − f'| / rms f", 4), title="Prop 7.1: different parameters, same function",
+                        xlabel="layer, seed", ylabel="relative difference")
     return c
 
 

@@ -27,10 +27,35 @@ class CheckResult:
     per_length: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
+    @property
+    def verdict(self) -> str:
+        """``passed``, ``failed`` or ``uncertified`` (the answers resolve ``f − c`` too coarsely to tell whether
+        the error is within the tolerance: :func:`check_verdict`)."""
+        if self.passed:
+            return "passed"
+        return "uncertified" if self.extra.get("verdict") == "uncertified" else "failed"
+
+    def describe(self) -> str:
+        """One clause saying why a check did not pass (for notes and the CLI's one line)."""
+        if self.verdict == "uncertified":
+            return (f"the answers cannot certify it: they resolve f − c only to {self.extra['resolution']:.1e} "
+                    f"(their rounding at their size: a bias large against f − c, or noise), too coarse to show the "
+                    f"check error {self.error:.3e} is within the tolerance {self.tolerance:.1e} a pass certifies "
+                    f"at this precision (their rounding explains up to {self.extra['explained']:.1e}), on "
+                    f"{self.queries} fresh queries")
+        said = (f"functional check error {self.error:.3e} > tolerance {self.tolerance:.1e} on {self.queries} fresh "
+                "queries")
+        explained = self.extra.get("explained")
+        if explained is not None and explained > self.tolerance and self.error <= explained:
+            said += (f" (rounding at the answers' size, a bias included, explains errors up to {explained:.1e} "
+                     f"from the learner, but a pass certifies {self.tolerance:.1e} of f − c)")
+        return said
+
     def to_dict(self) -> dict:
         out = {"passed": self.passed, "relative_error": self.error, "tolerance": self.tolerance,
                "queries": self.queries, "lengths": list(self.lengths), "per_length": dict(self.per_length)}
         out.update(self.extra)
+        out["verdict"] = self.verdict
         return out
 
 
@@ -83,20 +108,52 @@ def functional_check(oracle, model, rng: np.random.Generator, lengths=DEFAULT_LE
         mag += float(np.sum(y**2))
     rel = float(np.sqrt(num / den) if den > 0 else np.sqrt(num))
     count = max(1, len(lengths) * per_length)
-    tolerance = check_tolerance(oracle, np.sqrt(mag / count), np.sqrt(den / count), noise)
-    return CheckResult(passed=bool(rel <= tolerance), error=rel, tolerance=float(tolerance),
+    rms_answer, rms_signal = np.sqrt(mag / count), np.sqrt(den / count)
+    tolerance = check_tolerance(oracle, rms_signal, rms_signal, noise)
+    resolution = answer_resolution(oracle, rms_answer, rms_signal, noise)
+    explained = check_tolerance(oracle, rms_answer, rms_signal, noise)
+    verdict = check_verdict(rel, tolerance, resolution, explained)
+    return CheckResult(passed=verdict == "passed", error=rel, tolerance=float(tolerance),
                        queries=oracle.queries - before, lengths=tuple(map(int, lengths)), per_length=per,
-                       extra={"per_length_count": per_length, "measured_on": "f - c"})
+                       extra={"per_length_count": per_length, "measured_on": "f - c", "verdict": verdict,
+                              "resolution": resolution, "explained": explained})
 
 
 def check_tolerance(oracle, rms_answer: float, rms_signal: float | None = None, noise=None) -> float:
     """Largest relative check error (on ``f − c``, RMS ``rms_signal``) a correct model can show: the answers'
     rounding ``CHECK_EPS_FACTOR·eps·rms_answer`` (``oracle.eps``: the answers' precision and declared relative
     rounding) plus ``CHECK_NOISE_FACTOR·(τ + 3σ)`` of declared noise, relative to ``rms_signal``;
-    at least ``CHECK_FLOOR`` and at most ``CHECK_CAP``. ``noise``: the answers' noise if not ``oracle.noise``."""
+    at least ``CHECK_FLOOR`` and at most ``CHECK_CAP``. ``noise``: the answers' noise if not ``oracle.noise``.
+
+    The functional check passes models against ``rms_answer = rms_signal`` (the bound a pass certifies at this
+    precision, whatever the bias); with the answers' own RMS it is what their rounding at that size *explains*
+    (reported as ``explained``: a bias c rounds with the answers and the learned parameters carry it)."""
     noise = oracle.noise if noise is None else noise
     rms_signal = rms_answer if rms_signal is None else rms_signal
     absolute = (CHECK_EPS_FACTOR * oracle.eps * rms_answer
                 + CHECK_NOISE_FACTOR * (noise.tolerance + 3 * noise.sigma))
     tol = absolute / rms_signal if rms_signal > 0 else CHECK_CAP
     return float(min(CHECK_CAP, max(CHECK_FLOOR, tol)))
+
+
+def answer_resolution(oracle, rms_answer: float, rms_signal: float, noise=None) -> float:
+    """How finely the answers resolve ``f − c``: the relative error a perfect model shows on them, their rounding
+    ``eps·RMS|f|`` (a bias c included: it rounds with the answers) plus declared noise ``τ + 3σ``, over
+    ``RMS|f − c|``. A check error is known only to within this."""
+    noise = oracle.noise if noise is None else noise
+    absolute = oracle.eps * rms_answer + noise.tolerance + 3 * noise.sigma
+    return float(absolute / rms_signal) if rms_signal > 0 else float("inf")
+
+
+def check_verdict(error: float, tolerance: float, resolution: float, explained: float | None = None) -> str:
+    """``passed`` when the model's true error on ``f − c`` is certainly within ``tolerance`` (error + resolution ≤
+    tolerance); ``uncertified`` when the answers cannot tell: the error is within ``resolution`` of the tolerance,
+    or the answers resolve ``f − c`` more coarsely than the tolerance at all and the error is no larger than what
+    their rounding ``explained`` (e.g. float64 answers of a head with c = 1e11 resolve f − c to ~1e-5, above the
+    1e-6 a float64 pass certifies); else ``failed``."""
+    if error + resolution <= tolerance:
+        return "passed"
+    if error - resolution <= tolerance:
+        return "uncertified"
+    coarse = resolution > tolerance and explained is not None and error <= explained
+    return "uncertified" if coarse else "failed"

@@ -42,8 +42,8 @@ class Option:
     """One declared option of a learner: its name (the keyword argument; the CLI flag is ``--`` + the name with
     dashes), type (``int``, ``float``, ``str`` or ``bool``; a ``bool`` option is a switch that is off by
     default), default, constraints and help. ``low``/``high`` bound numbers (``open_low``: strictly above
-    ``low``); ``choices`` lists the allowed values; ``input_file``: the value names a file the run reads (an
-    output may not overwrite it)."""
+    ``low``; ``open_high``: strictly below ``high``); ``choices`` lists the allowed values; ``input_file``: the
+    value names a file the run reads (an output may not overwrite it)."""
 
     name: str
     type: type
@@ -55,6 +55,7 @@ class Option:
     choices: tuple = ()
     metavar: str | None = None
     input_file: bool = False
+    open_high: bool = False
 
     def __post_init__(self) -> None:
         if self.type not in (int, float, str, bool):
@@ -75,7 +76,7 @@ class Option:
         if self.low is not None:
             bounds.append(f"{'>' if self.open_low else '≥'} {self.low:g}")
         if self.high is not None:
-            bounds.append(f"≤ {self.high:g}")
+            bounds.append(f"{'<' if self.open_high else '≤'} {self.high:g}")
         return what + (" " + " and ".join(bounds) if bounds else "")
 
     def validate(self, value):
@@ -91,8 +92,12 @@ class Option:
                                   param=self.name)
             return value
         if self.type is float:
-            return check_float(value, self.name, min_value=self.low, max_value=self.high,
-                               strict_min=self.open_low)
+            value = check_float(value, self.name, min_value=self.low, max_value=self.high,
+                                strict_min=self.open_low)
+            if self.open_high and value >= self.high:
+                raise ConfigError(f"The {self.name!r} parameter must be {self.describe()}; got {value:g}",
+                                  param=self.name)
+            return value
         if self.type is bool:
             if not isinstance(value, (bool, numbers.Integral)) or value not in (0, 1):
                 raise ConfigError(f"The {self.name!r} parameter must be True or False; got {value!r}",
@@ -114,8 +119,8 @@ class Option:
 
     def same_as(self, other: "Option") -> bool:
         """Whether two learners declare this option compatibly (one CLI flag can serve both)."""
-        return (self.type, self.low, self.high, self.open_low, self.input_file) == \
-               (other.type, other.low, other.high, other.open_low, other.input_file)
+        return (self.type, self.low, self.high, self.open_low, self.open_high, self.input_file) == \
+               (other.type, other.low, other.high, other.open_low, other.open_high, other.input_file)
 
 
 @dataclass(frozen=True)
@@ -236,6 +241,12 @@ def learner(name: str) -> Learner:
 def learners(recovers: str | None = None) -> list[Learner]:
     """Every registered learner (in registration order), or those that recover ``recovers``."""
     return [e for e in _LEARNERS.values() if recovers is None or e.recovers == recovers]
+
+
+def noise_learners(recovers: str) -> list[str]:
+    """Names of the learners of ``recovers`` designed for answers with additive noise or rounding (Sec. 6) that
+    can run here: what a learner refused by such answers points at."""
+    return [e.name for e in learners(recovers) if e.capabilities.noisy_answers and e.fits()]
 
 
 def options() -> dict[str, tuple[Option, tuple[str, ...]]]:

@@ -4,9 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from attnprobe.learners.core.check import CheckResult
+
+
+@runtime_checkable
+class RecoveredModel(Protocol):
+    """What a learner returns as its model (every class of :mod:`attnprobe.models` is one): its ``kind`` (the
+    registry of saved model kinds), its width ``d``, its forward map and its arrays under their parameter names."""
+
+    kind: str
+    d: int
+
+    def __call__(self, X: np.ndarray) -> np.ndarray: ...
+
+    def arrays(self) -> dict: ...
 
 
 @dataclass
@@ -21,11 +36,11 @@ class Extraction:
     """
 
     method: str
-    model: Any
+    model: RecoveredModel
     queries: int
     unknowns: int
     seconds: float
-    check: Any = None
+    check: CheckResult | None = None
     details: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     queries_by_phase: dict = field(default_factory=dict)

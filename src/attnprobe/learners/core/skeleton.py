@@ -21,24 +21,22 @@ from typing import Callable
 import numpy as np
 
 from attnprobe._validation import check_seed
-from attnprobe.learners.core.check import DEFAULT_LENGTHS, check_queries, functional_check
-from attnprobe.learners.core.result import Extraction
+from attnprobe.learners.core.check import DEFAULT_LENGTHS, CheckResult, check_queries, functional_check
+from attnprobe.learners.core.oracle import LearnerOracle
+from attnprobe.learners.core.result import Extraction, RecoveredModel
 
 
 def _no_progress(done: int, total: int) -> None:
     return None
 
 
-#: learners that read one number per sequence (those that start with ``exact.learn_value`` say so there too)
-SCALAR_METHODS = frozenset({"exact", "lowrank", "nuclear", "robust", "membership", "transformer"})
-
-
 class Run:
     """One extraction in progress on ``oracle`` (see the module docstring)."""
 
-    def __init__(self, oracle, method: str, *, seed=0, check: bool = True, check_lengths=DEFAULT_LENGTHS,
+    def __init__(self, oracle: LearnerOracle, method: str, *, seed=0, check: bool = True, check_lengths=DEFAULT_LENGTHS,
                  check_per_length: int = 8, progress: Callable[[int, int], None] | None = None,
-                 tolerance: float | None = None, asked_before: dict[str, int] | None = None) -> None:
+                 tolerance: float | None = None, asked_before: dict[str, int] | None = None,
+                 scalar: bool = False) -> None:
         self.oracle = oracle
         self.method = method
         self.seed = check_seed(seed) if not isinstance(seed, (list, tuple)) else seed
@@ -57,8 +55,8 @@ class Run:
         self.asked_before = {k: int(v) for k, v in (asked_before or {}).items() if v}
         self.start = oracle.queries - sum(self.asked_before.values())
         self._phase_start = dict(oracle.queries_by_phase)
-        if method in SCALAR_METHODS and hasattr(oracle, "expect_scalar"):
-            oracle.expect_scalar(method)  # K > 1 outputs refused in one line, (B, 1) read as (B,)
+        if scalar:  # a learner reading one number per sequence: K > 1 outputs refused in one line, (B, 1) as (B,)
+            oracle.expect_scalar(method)
 
     @property
     def check_queries(self) -> int:
@@ -103,9 +101,11 @@ class Run:
             return None
         return dataclasses.replace(oracle.noise, tolerance=float(self.tolerance))
 
-    def finish(self, model, *, unknowns: int, details: dict | None = None, notes: list[str] | None = None,
-               hint: str = "", check_model=None, check_oracle=None, check_input_fn=None,
-               check_scale: float = 1.0, check_fn=None, then_check=None) -> Extraction:
+    def finish(self, model: RecoveredModel, *, unknowns: int, details: dict | None = None,
+               notes: list[str] | None = None, hint: str = "", check_model=None, check_oracle=None,
+               check_input_fn=None, check_scale: float = 1.0,
+               check_fn: Callable[..., CheckResult] | None = None,
+               then_check: Callable[[CheckResult], tuple[CheckResult, str]] | None = None) -> Extraction:
         """Assemble the :class:`Extraction`, then run the functional check on fresh sequences.
 
         ``check_model`` / ``check_oracle`` default to ``model`` / the run's oracle (a learner whose result is
@@ -141,5 +141,7 @@ class Run:
 
 
 def _failed(check, hint: str) -> str:
+    if check.verdict == "uncertified":
+        return f"functional check UNCERTIFIED: {check.describe()}{hint}"
     return (f"functional check FAILED (relative error {check.error:.2e} > {check.tolerance:.1e}): the recovered "
             f"model does not describe the oracle{hint}")

@@ -37,8 +37,7 @@ def learn_value(oracle, bias: bool = True, learner: str = "single-head") -> tupl
     outputs are refused). Raises :class:`UnidentifiableError` when ``v = 0`` (then ``f`` is constant).
     """
     d = oracle.d
-    if hasattr(oracle, "expect_scalar"):
-        oracle.expect_scalar(learner)
+    oracle.expect_scalar(learner)
     X = np.eye(d)[:, None, :]
     if bias:
         X = np.concatenate([np.zeros((1, 1, d)), X])
@@ -98,7 +97,7 @@ def extract_exact(oracle, *, probes: str = "orthogonal", bias: bool = True, seed
     ``d + d²`` queries (basis/gaussian probes). ``progress(done, total)`` is called after each block.
     """
     check_option(probes, "probes", PROBES)
-    run = Run(oracle, "exact", seed=seed, check=check, check_lengths=check_lengths, progress=progress)
+    run = Run(oracle, "exact", scalar=True, seed=seed, check=check, check_lengths=check_lengths, progress=progress)
     rng = run.rng
     d = oracle.d
     unknowns = AttentionHead.unknowns(d, bias)

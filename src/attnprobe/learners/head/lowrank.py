@@ -121,12 +121,25 @@ def extract_lowrank(oracle, *, rank: int | None = None, oversample: int | None =
     (default: 0 for float64 answers, ``FLOAT32_OVERSAMPLE`` otherwise). ``certificate``: probes outside the
     recovered range that must show no signal (0 disables the under-estimated-rank check).
     """
+    try:
+        return _extract_lowrank(oracle, rank=rank, oversample=oversample, bias=bias, seed=seed,
+                                extra_columns=extra_columns, target_logit=target_logit, certificate=certificate,
+                                check=check, check_lengths=check_lengths, progress=progress, block_floats=block_floats)
+    except RecoveryError as exc:
+        declared = declared_noise(oracle)
+        if not declared or declared in str(exc):
+            raise
+        raise type(exc)(f"{str(exc).rstrip('.')}; {declared}") from exc
+
+
+def _extract_lowrank(oracle, *, rank, oversample, bias, seed, extra_columns, target_logit, certificate, check,
+                     check_lengths, progress, block_floats) -> Extraction:
     d = oracle.d
     rank = check_int(rank, "rank", min_value=1, max_value=d, allow_none=True)
     oversample = check_int(oversample, "oversample", min_value=0, allow_none=True)
     extra_columns = check_int(extra_columns, "extra_columns", min_value=1)
     certificate = check_int(certificate, "certificate", min_value=0)
-    run = Run(oracle, "lowrank", seed=seed, check=check, check_lengths=check_lengths, progress=progress)
+    run = Run(oracle, "lowrank", scalar=True, seed=seed, check=check, check_lengths=check_lengths, progress=progress)
     P = default_oversample(oracle) if oversample is None else oversample
     allowance = MIN_CALIBRATION + d // 8  # the same with and without a given rank
     if rank is not None:  # up front: sketch + the most calibration and certificate can take + the check
@@ -303,8 +316,27 @@ def _certify(sk: _Sketch, U, leak, *, n: int, rng, rank):
     if np.any(ratio > 1.0):
         hint = (f"the given rank {rank} is too small: give the true head dimension or leave the rank out to "
                 "detect it" if rank is not None else "rerun with a larger rank or more extra columns")
-        raise RecoveryError(
-            f"rank certificate failed: {int(np.sum(ratio > 1))} of {n} probes outside the recovered range of W "
-            f"(rank {U.shape[1]}) see attention logits up to {out['max_residual_logit']:.3g} (rounding allows "
-            f"{float(np.max(bound)):.3g}), so W has directions the sketch missed; {hint}")
+        said = (f"rank certificate failed: {int(np.sum(ratio > 1))} of {n} probes outside the recovered range of W "
+                f"(rank {U.shape[1]}) see attention logits up to {out['max_residual_logit']:.3g} (rounding allows "
+                f"{float(np.max(bound)):.3g})")
+        declared = declared_noise(oracle)
+        raise RecoveryError(f"{said}: {declared}" if declared else f"{said}, so W has directions the sketch missed; "
+                            f"{hint}")
     return out
+
+
+def declared_noise(oracle) -> str:
+    """``""``, or a clause naming the additive rounding or noise the answers are declared to carry (which this
+    learner does not model: its sketch and certificate allow the answers' rounding only) and the learners that
+    handle it: a failure under it is that noise, not the rank or the model class."""
+    noise = oracle.noise
+    if not (noise.tolerance or noise.sigma):
+        return ""
+    from attnprobe.learners.core.registry import noise_learners
+
+    spec = oracle.chain.spec if oracle.chain is not None else None
+    named = f"{spec!r} ({noise.additive()})" if spec else noise.additive()
+    fits = ", ".join(noise_learners("head")) or "none installed"
+    return (f"the answers carry the declared {named}, which the low-rank learner does not model (it allows their "
+            f"rounding only), so this says the noise, not that the rank or the model is wrong; the learners for "
+            f"such answers: {fits}")

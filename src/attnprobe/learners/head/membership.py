@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import gammaln
+from scipy.special import expit, gammaln, logit
 
 from attnprobe._validation import check_float, check_int
 from attnprobe.errors import ConfigError, UnidentifiableError
@@ -44,7 +44,7 @@ def _signs(oracle, X) -> np.ndarray:
     g = oracle(X)
     if not np.all((g == 0) | (g == 1)):
         raise ConfigError("the oracle's answers are not 0/1 membership bits; wrap it in a Membership oracle or "
-                          "use a value learner (exact, robust) for value answers")
+                          "use a value learner (exact, robust) for value answers", param="oracle")
     return 2.0 * g - 1.0
 
 
@@ -106,7 +106,7 @@ def sign_check(oracle, model, rng, lengths=CHECK_LENGTHS, per_length: int = CHEC
 
 def _membership_run(oracle, seed, check, progress) -> Run:
     """A :class:`Run` whose check is the sign agreement on ``CHECK_COUNT`` fresh sequences."""
-    return Run(oracle, "membership", seed=seed, check=check, check_lengths=CHECK_LENGTHS,
+    return Run(oracle, "membership", scalar=True, seed=seed, check=check, check_lengths=CHECK_LENGTHS,
                check_per_length=CHECK_PER_LENGTH, progress=progress)
 
 
@@ -229,7 +229,7 @@ def _bisect_weights(run, Q, P, v, scale, w_steps):
         with run.phase("rebisection" if attempt else "weights"):
             t = _bisect(oracle, build, small[idx], np.zeros(len(idx)), np.ones(len(idx)), w_steps)
         edge = (t < 1e-6) | (t > 1 - 1e-6)
-        Z[idx] = (np.log(t) - np.log1p(-t)) / S[idx]
+        Z[idx] = logit(t) / S[idx]
         run.report()
         if not edge.any():
             return Z.reshape(d, d)
@@ -308,5 +308,5 @@ def _paper_weights(oracle, v, w_bound, margin, plan):
 
     a = _bisect(oracle, build, small, np.full(d * d, lo), np.full(d * d, hi), plan["steps"])
     a = np.clip(a, 0.0, math.sqrt(1 / (2 * w_bound * margin)))
-    sig = np.clip(a**2 * np.abs(alpha) * 2 * w_bound, 1 / (1 + math.exp(0.5)), 1 / (1 + math.exp(-0.5)))
-    return ((np.log(sig) - np.log1p(-sig)) / s).reshape(d, d)
+    sig = np.clip(a**2 * np.abs(alpha) * 2 * w_bound, expit(-0.5), expit(0.5))
+    return (logit(sig) / s).reshape(d, d)

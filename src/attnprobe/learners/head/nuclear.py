@@ -219,7 +219,7 @@ def extract_nuclear(oracle, *, rank: int | None = None, measurements: int | None
     rank = check_int(rank, "rank", min_value=1, max_value=d, allow_none=True)
     m = check_int(measurements, "measurements", min_value=1, allow_none=True) or default_measurements(d, rank)
     check_option(refine, "refine", (True, False))
-    run = Run(oracle, "nuclear", seed=seed, check=check, check_lengths=check_lengths, progress=progress)
+    run = Run(oracle, "nuclear", scalar=True, seed=seed, check=check, check_lengths=check_lengths, progress=progress)
     base = first_order_queries(d, bias)
     allowance = MIN_CALIBRATION + d // 8
     run.plan(base + m + allowance, f"nuclear-norm extraction at d={d} ({base} queries for v, u, c, {m} rank-one "

@@ -21,6 +21,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
+from scipy.special import expit, logit
 
 from attnprobe._validation import check_float, check_int, check_option
 from attnprobe.errors import ConfigError, SaturationError, UnidentifiableError
@@ -34,14 +35,10 @@ from attnprobe.models.attention import AttentionHead
 from attnprobe.models.precision import finfo
 
 #: τ_clip = σ(−½) of Sec. 6 and the Lipschitz constant L = 1/(τ_clip(1 − τ_clip)) of σ⁻¹ on the clip range
-TAU_CLIP = 1.0 / (1.0 + math.exp(0.5))
+TAU_CLIP = float(expit(-0.5))
 LIPSCHITZ = 1.0 / (TAU_CLIP * (1.0 - TAU_CLIP))
 #: relative error of an attention weight above which a probe's signal counts as drowned in noise
 WEAK_SIGNAL = 0.1
-
-
-def _sigmoid_inv(p):
-    return np.log(p) - np.log1p(-p)
 
 
 def theorem_guarantee(d: int, tau: float, w_bound: float, margin: float, zero_rows: bool = False) -> dict:
@@ -90,7 +87,7 @@ def extract_robust_paper(oracle, *, w_bound: float, margin: float, tolerance: fl
             "entry of size μ from 0, so Thm 6.1 gives no guarantee; lower the noise or use the default probes "
             "(extract_robust), which scale their probes above the noise")
     d = oracle.d
-    run = Run(oracle, "robust", seed=seed, check=check, check_lengths=check_lengths, progress=progress,
+    run = Run(oracle, "robust", scalar=True, seed=seed, check=check, check_lengths=check_lengths, progress=progress,
               tolerance=tolerance)
     run.plan(paper_bound(d), f"Thm 6.1 at d={d} (d + d² = {paper_bound(d)} queries)")
     with run.phase("values"):
@@ -117,7 +114,7 @@ def extract_robust_paper(oracle, *, w_bound: float, margin: float, tolerance: fl
         with run.phase("weights"):
             f = oracle(X.reshape(-1, 2, d)).reshape(d, len(J))
         alpha = (f - a * v[J][None, :]) / denom[:, None]  # eq. (5)
-        W[:, J] = _sigmoid_inv(np.clip(alpha, TAU_CLIP, 1.0 - TAU_CLIP)) / (a * b)
+        W[:, J] = logit(np.clip(alpha, TAU_CLIP, 1.0 - TAU_CLIP)) / (a * b)
         run.report()
     W[~nonzero] -= W[p][None, :]  # W_ij = σ⁻¹(α)/(ab) − W_pj for zero entries
     zero_rows = bool((~nonzero).any())
@@ -288,7 +285,7 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
     declared = oracle.noise
     if declared.membership:
         raise ConfigError("the oracle answers only 0/1 (membership); use the membership learner "
-                          "(extract_membership)")
+                          "(extract_membership)", param="oracle")
     tau = float(tolerance) if tolerance is not None else declared.tolerance + 3.0 * declared.sigma
     noise = AdditiveError(float(tau), float(oracle.eps))  # per answer: τ + eps·|y| (eps a machine epsilon)
     unknowns = AttentionHead.unknowns(d, bias)
@@ -296,7 +293,7 @@ def extract_robust(oracle, *, bias: bool = True, tolerance: float | None = None,
     if plan < unknowns:
         raise ConfigError(f"The 'queries' parameter ({plan}) is below the {unknowns} unknowns; give at least "
                           f"{unknowns}", param="queries")
-    run = Run(oracle, "robust", seed=seed, check=check, check_lengths=check_lengths, progress=progress,
+    run = Run(oracle, "robust", scalar=True, seed=seed, check=check, check_lengths=check_lengths, progress=progress,
               tolerance=tolerance)
     run.plan(plan, f"robust extraction at d={d}")
 

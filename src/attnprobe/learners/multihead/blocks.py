@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components, minimum_spanning_tree
 
 #: a spanning-tree edge counts as "between blocks" when it is this much weaker than the weakest edge above it
 GAP_FACTOR = 1e3
@@ -69,39 +71,25 @@ def _generic_element(A: list[np.ndarray], rng: np.random.Generator, tries: int =
 
 
 def _max_spanning_tree(Wt: np.ndarray) -> list[tuple[float, int, int]]:
-    """Edges (weight, a, b) of a maximum spanning tree of the complete graph with weights ``Wt`` (Prim)."""
+    """Edges (weight, a, b) of a maximum spanning tree of the complete graph with weights ``Wt`` (a minimum
+    spanning tree of ``−Wt``; pairs of weight exactly 0 are no edge there, so the parts it leaves apart are joined
+    by weight-0 edges, the weakest of all)."""
     n = Wt.shape[0]
     if n <= 1:
         return []
-    inside = np.zeros(n, bool)
-    inside[0] = True
-    best = Wt[0].copy()
-    parent = np.zeros(n, int)
-    edges = []
-    for _ in range(n - 1):
-        cand = np.where(inside, -np.inf, best)
-        b = int(np.argmax(cand))
-        edges.append((float(best[b]), int(parent[b]), b))
-        inside[b] = True
-        better = (Wt[b] > best) & ~inside
-        best[better] = Wt[b][better]
-        parent[better] = b
-    return edges
+    T = minimum_spanning_tree(-Wt).tocoo()
+    edges = [(float(-w), int(a), int(b)) for w, a, b in zip(T.data, T.row, T.col)]
+    roots = [int(g[0]) for g in _components(n, edges)]
+    return edges + [(0.0, roots[0], r) for r in roots[1:]]
 
 
 def _components(n: int, edges) -> list[np.ndarray]:
-    parent = list(range(n))
-
-    def find(a):
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    for _, a, b in edges:
-        parent[find(a)] = find(b)
-    roots = np.array([find(a) for a in range(n)])
-    return [np.flatnonzero(roots == r) for r in dict.fromkeys(roots.tolist())]
+    """The connected components of ``n`` nodes joined by ``edges`` (weight, a, b), in order of their first node."""
+    rows = np.array([a for _, a, _ in edges], dtype=int)
+    cols = np.array([b for _, _, b in edges], dtype=int)
+    graph = coo_matrix((np.ones(len(edges)), (rows, cols)), shape=(n, n))
+    _, labels = connected_components(graph, directed=False)
+    return [np.flatnonzero(labels == label) for label in dict.fromkeys(labels.tolist())]
 
 
 def offblock_residual(A: list[np.ndarray], bases: list[np.ndarray]) -> float:

@@ -51,14 +51,14 @@ def _offset(R: np.ndarray, size: float, rng) -> np.ndarray:
     return size * t / np.linalg.norm(t)
 
 
-def _bias_token(t: np.ndarray, R: np.ndarray, size: float) -> np.ndarray:
+def bias_token(t: np.ndarray, R: np.ndarray, size: float) -> np.ndarray:
     """The last token that, with ``t + size·R_k``, fits the bias: ``t − size·Σ_k R_k/√r`` (the offset t alone
     when the row space is empty)."""
     r = R.shape[0]
     return t if r == 0 else t - size * R.sum(0) / np.sqrt(r)
 
 
-def _bias_component(T: np.ndarray, r: int) -> np.ndarray:
+def bias_component(T: np.ndarray, r: int) -> np.ndarray:
     """``C_hᵀu_h`` from the measured ``T_k = a + M_k`` (k < r) and ``T_r = a − Σ_k M_k/√r``:
     ``a = (Σ_k T_k + √r T_r)/(r + √r)``."""
     if r == 0:
@@ -107,7 +107,7 @@ def cross_components(oracle, v, v_sum, c, WP, uP, *, bias, rng, max_retries=6):
         t = _offset(R, s_y, rng)
         Y = t + s_y * R
         if bias:
-            Y = np.concatenate([Y, _bias_token(t, R, s_y)[None]])
+            Y = np.concatenate([Y, bias_token(t, R, s_y)[None]])
         nY = Y.shape[0]
         # known parts of every head's p_g(y): (nY, H, d)
         pP = np.einsum("gij,yj->ygi", WP, Y) + uP[None]
@@ -156,7 +156,7 @@ def cross_components(oracle, v, v_sum, c, WP, uP, *, bias, rng, max_retries=6):
                                 f"declared {oracle.precision} (undeclared rounding or noise?), or the heads' logits "
                                 "are too large for the probe scales")
         if bias:
-            a = _bias_component(T, r)
+            a = bias_component(T, r)
             u_cross[h] = C @ a
             M = (T[:r] - a) / s_y
         else:

@@ -32,7 +32,7 @@ class IsolatedHead:
         self.P = np.eye(v.shape[1]) - C @ C.T
         self.shift = v_sum - self.P @ v[h]
         self.__name__ = f"head {h} isolated"
-        self.noise = getattr(oracle, "noise", None)  # one answer minus known numbers: the same noise
+        self.noise = oracle.noise  # one answer minus known numbers: the same noise
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)
@@ -48,4 +48,4 @@ def isolated_oracle(oracle, v: np.ndarray, h: int, v_sum: np.ndarray) -> Oracle:
     """An :class:`Oracle` for head h alone (its queries also count on ``oracle``, within its budget)."""
     budget = None if oracle.budget is None else int(oracle.remaining)
     return Oracle(IsolatedHead(oracle, v, h, v_sum), oracle.d, budget=budget, precision=oracle.precision,
-                  name=f"{getattr(oracle, 'name', 'oracle')}[head {h} isolated]")
+                  name=f"{oracle.name}[head {h} isolated]")

@@ -62,18 +62,21 @@ class ValueStage:
         return float(np.sum(self.v_err)) / max(total, float(np.max(np.linalg.norm(self.v, axis=1))))
 
 
-class _Circle:
-    """``F_y`` on the half circle ``T(cos θ z₀ + sin θ z₁)``: counted queries, answers minus ``f([y; y])``."""
+class Circle:
+    """``F_y`` on the half circle ``T(cos θ z₀ + sin θ z₁)``: counted queries, answers minus ``f([y; y])`` (plus a
+    known linear term ``wᵀshift`` when given: then no cone has a zero gradient); the interface
+    :func:`find_crossings` and :func:`cone_gradients` read."""
 
-    def __init__(self, oracle, y, z0, z1, base, gain):
+    def __init__(self, oracle, y, z0, z1, base, gain, *, tol: float | None = None, shift=None):
         self.oracle, self.y, self.z0, self.z1, self.base = oracle, y, z0, z1, base
         self.gain = gain  # a bound on ‖g‖ for the rounding tolerances (‖Σ_h v_h‖ until the heads are known)
+        self.given_tol, self.shift = tol, shift
 
     @property
     def tol(self) -> float:
         """Relative agreement of answers on one cone, at the answers' precision as known now (an ``auto`` oracle
-        may only read it from the answers of this stage)."""
-        return max(LABEL_TOL, 1e5 * self.oracle.eps)
+        may only read it from the answers of this stage), unless given."""
+        return self.given_tol if self.given_tol is not None else max(LABEL_TOL, 1e5 * self.oracle.eps)
 
     def point(self, theta, T):
         th = np.atleast_1d(theta)
@@ -84,7 +87,8 @@ class _Circle:
         X = np.empty((W.shape[0], 2, W.shape[1]))
         X[:, 0] = self.y + W
         X[:, 1] = self.y
-        return self.oracle(X) - self.base
+        out = self.oracle(X) - self.base
+        return out if self.shift is None else out + W @ self.shift
 
 
 def _homogeneous(F1, F2, eps, mag):
@@ -97,7 +101,7 @@ def input_norm_limit(oracle, *, precision: bool = True) -> float:
     """The largest input row norm the oracle accepts (``oracle.max_input_norm``, inf when unset); refuses when it
     leaves no room for saturated probes (``RADIUS_MARGIN`` times a saturation radius of at least 1), or when the
     answers' ``precision`` overflows first (reading it may ask an ``auto`` oracle a few queries)."""
-    limit = getattr(oracle, "max_input_norm", None)
+    limit = oracle.max_input_norm
     limit = float("inf") if limit is None else float(limit)
     need = PROBE_GROWTH * RADIUS_MARGIN
     top = _largest_finite(oracle.precision) if precision else float("inf")
@@ -171,7 +175,7 @@ def saturate_radius(circle, rng, eps, n_points=6, start=1.0, grow=100.0, max_rad
         last = res
         T *= grow
     refuse_clipping(circle.oracle, 2 * T / grow)
-    bound = getattr(circle.oracle, "max_input_norm", None)
+    bound = circle.oracle.max_input_norm
     if max_radius < 1e15 and bound is not None:
         raise SaturationError(f"the oracle's max_input_norm = {bound:.3g} lets the saturated probes search radii up to "
                               f"{max_radius:.1e} only (they need {RADIUS_MARGIN:.0e}× the first saturated radius), "
@@ -328,7 +332,7 @@ def saturated_values(oracle, y, v_sum, base, rng, *, grid=8, resolution=1e-7, mi
     d = oracle.d
     start = oracle.queries
     Z = np.linalg.qr(rng.standard_normal((d, 2)))[0]
-    circle = _Circle(oracle, y, Z[:, 0], Z[:, 1], base, float(np.linalg.norm(v_sum)))
+    circle = Circle(oracle, y, Z[:, 0], Z[:, 1], base, float(np.linalg.norm(v_sum)))
     top = min(1e15, input_norm_limit(oracle) / PROBE_GROWTH / RADIUS_MARGIN)
     T, noise = saturate_radius(circle, rng, oracle.eps, start=max(1.0, float(np.linalg.norm(y))), max_radius=top)
     if noise is not None:

@@ -31,14 +31,15 @@ def as_bases(subspaces, d: int) -> list[np.ndarray]:
     else:
         bases = [np.asarray(E, dtype=np.float64) for E in subspaces]
     if not bases:
-        raise ConfigError("give at least one subspace")
+        raise ConfigError("give at least one subspace", param="subspaces")
     for h, E in enumerate(bases):
         if E.ndim != 2 or E.shape[0] != d or not 1 <= E.shape[1] <= d:
-            raise ConfigError(f"subspace {h} must be a (d, d_h) basis with d = {d}; got shape {E.shape}")
+            raise ConfigError(f"subspace {h} must be a (d, d_h) basis with d = {d}; got shape {E.shape}",
+                              param="subspaces")
     E = np.concatenate(bases, axis=1).astype(np.float64)
     if E.shape[1] > d:
         raise ConfigError(f"the subspaces have total dimension {E.shape[1]} > d = {d}: they cannot be mutually "
-                          "orthogonal")
+                          "orthogonal", param="subspaces")
     gap = np.abs(E.T @ E - np.eye(E.shape[1])).max()
     if gap > ORTHOGONALITY_TOL:
         raise ConfigError(f"the subspace bases are not orthonormal and mutually orthogonal (max |EᵀE − I| = "

@@ -174,7 +174,7 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design, asked_befo
     eps = max(float(oracle.eps), 1e-16)
     coarse = eps > 1e-10
 
-    max_norm = getattr(oracle, "max_input_norm", None)
+    max_norm = oracle.max_input_norm
     rho_max = np.inf if max_norm is None else float(max_norm) / 3.0
     run.plan(planned_values(d), f"vector multi-head extraction at d={d} (values stage)", at_least=True)
     notes: list[str] = []
@@ -244,6 +244,8 @@ def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads,
     with run.phase("logits"):
         W, u, smallest, w_ranks = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report,
                                               sketch=not coarse)
+    W, V, u, ties = merge_near_ties(W, V, u, eps, notes)
+    H = W.shape[0]
     model = MultiHeadAttention(W, V, u, layer.c)
     with run.phase("head check"):
         head_errors = head_attention_errors(layer, model, LOGIT_SCALE * rho, tokens, rng, HEAD_CHECK_QUERIES)
@@ -252,11 +254,51 @@ def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads,
                "differences": sep.count, "separation_misfit": sep.worst, "restarts": sep.restarts,
                "tokens_per_query": tokens,
                "smallest_attention": smallest, "head_rank": _ranks(V),
-               "largest_probe_norm": float(getattr(oracle, "max_input_norm_used", np.nan)), "check_scale": sep.s,
-               "planned": planned}
+               "largest_probe_norm": float(oracle.max_input_norm_used), "check_scale": sep.s,
+               "planned": planned, "near_ties": ties}
     return run.finish(model, unknowns=MultiHeadAttention.unknowns(d, H, True, K), details=details, notes=notes,
                       check_scale=sep.s, hint=" (the layer is not a sum of softmax heads over whole output rows, or "
                                           "its answers are coarser than their precision says)")
+
+
+def tie_distance(eps: float) -> float:
+    """Heads whose ``(W_h, u_h)`` lie closer than this (relative) are a near tie at unit roundoff ``eps``: their
+    value maps separate with errors of about ``eps / distance²`` (measured: float64 heads 7e-4 apart come back
+    with V_h 8e-7 off, 6e-5 apart 27 % off; float32 heads 2e-2 apart 9e-4 off, 7e-3 apart 0.2 % to 10¹⁰ off), so
+    the answers tell only their sum (Prop. 7.1, as for an exact tie): ``eps^(1/4)`` (1.2e-4 at float64, 1.9e-2 at
+    float32)."""
+    return float(eps) ** 0.25
+
+
+def merge_near_ties(W, V, u, eps, notes):
+    """Merge every pair of heads closer than :func:`tie_distance` into one head (their mean ``W, u`` and the sum
+    of their ``V_h``: what the answers determine, Prop. 7.1) and name each merge in ``notes``. Returns ``W, V,
+    u`` and the merges as ``[(head, head, distance)]`` (indices into the heads as found)."""
+    limit = tie_distance(eps)
+    groups = [[h] for h in range(W.shape[0])]
+    merges = []
+    merged = True
+    while merged and len(groups) > 1:
+        merged = False
+        P = [np.concatenate([W[g].mean(0).ravel(), u[g].mean(0)]) for g in groups]
+        for a in range(len(groups)):
+            for b in range(a + 1, len(groups)):
+                dist = float(np.linalg.norm(P[a] - P[b]) / max(np.linalg.norm(P[a]), np.linalg.norm(P[b]), 1e-300))
+                if dist < limit:
+                    merges.append((groups[a][0], groups[b][0], dist))
+                    groups[a] = groups[a] + groups.pop(b)
+                    merged = True
+                    break
+            if merged:
+                break
+    for a, b, dist in merges:
+        notes.append(f"heads {a} and {b} attend nearly identically ((W_h, u_h) {dist:.1e} apart, relative, below "
+                     f"{limit:.1e} at these answers' precision): their separate value maps cannot be told from the "
+                     "answers, so they are merged into one head holding the sum of their V_h (Prop. 7.1)")
+    if not merges:
+        return W, V, u, []
+    return (np.stack([W[g].mean(0) for g in groups]), np.stack([V[g].sum(0) for g in groups]),
+            np.stack([u[g].mean(0) for g in groups]), merges)
 
 
 class _Separation:

@@ -24,7 +24,7 @@ def _transformer(oracle, *, seed, progress, probes, sign_time_limit, transformer
                                    progress=progress, sign_time_limit=sign_time_limit)
     if probes:
         raise ConfigError(f"the 'probes' parameter chooses the probes of the paper's transformer route; drop it "
-                          f"({probes}) or use the 'transformer_route' parameter paper")
+                          f"({probes}) or use the 'transformer_route' parameter paper", param="probes")
     return extract_transformer_multihead(oracle, seed=seed, progress=progress, sign_time_limit=sign_time_limit)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnprobe.errors import RecoveryError, SaturationError, UnidentifiableError
-from attnprobe.learners.multihead.saturation import cone_gradients, find_crossings
+from attnprobe.learners.multihead.saturation import Circle, cone_gradients, find_crossings
 from attnprobe.oracles.base import Oracle
 
 
@@ -67,7 +67,7 @@ class Frame:
         self.g = G @ r  # (d,) for a mix r (K,), (d, K') for a matrix r (K, K')
         self.offset = r.T @ self.kappa + self.g.T @ self.z
         self.__name__ = "transformer in one FFN region"
-        self.noise = getattr(oracle, "noise", None)
+        self.noise = oracle.noise
 
     def tokens(self, X: np.ndarray) -> np.ndarray:
         return self.z + self.s * np.asarray(X, dtype=np.float64)
@@ -94,26 +94,6 @@ def frame_oracle(oracle, ffn: KnownFFN, z, s: float, r, answer_scale: float) -> 
 def set_scale(frame, answer_scale: float) -> None:
     """Set a frame oracle's ``eps`` for answers of size ``answer_scale`` (its rounding is absolute)."""
     frame.eps_floor = max(frame.fn.oracle.eps, frame.fn.rounding / max(answer_scale, 1e-300))
-
-
-class _Circle:
-    """``F(w) = f([w; 0]) − f([0; 0])`` on the half circle ``T(cos θ z₀ + sin θ z₁)`` (the interface
-    :func:`find_crossings` and :func:`cone_gradients` read)."""
-
-    def __init__(self, oracle, z0, z1, base, gain, tol, *, shift):
-        self.oracle, self.z0, self.z1, self.base, self.gain, self.tol = oracle, z0, z1, base, gain, tol
-        self.y = np.zeros_like(z0)
-        self.shift = shift  # a known linear term wᵀs: no cone has a zero gradient (labels need a scale)
-
-    def point(self, theta, T):
-        th = np.atleast_1d(theta)
-        return T * (np.cos(th)[:, None] * self.z0 + np.sin(th)[:, None] * self.z1)
-
-    def F(self, W):
-        W = np.atleast_2d(W)
-        X = np.zeros((W.shape[0], 2, W.shape[1]))
-        X[:, 0] = W
-        return self.oracle(X) - self.base + W @ self.shift
 
 
 def heads_sum(oracle, scale: float) -> np.ndarray:
@@ -154,7 +134,8 @@ def frame_values(oracle, v_heads: np.ndarray, rng, *, T: float, grid: int = 8, r
     gain = float(np.linalg.norm(v_heads))
     # with every head off F is 0 (no residual): a shift s = Σ_h v_h keeps every cone's label away from 0; the
     # cone opposite ĝ = g + s then has ĝ' = (Σ_h v_h − g) + s = 3s − ĝ
-    circle = _Circle(oracle, Z[:, 0], Z[:, 1], base, 2 * gain, max(1e-7, 1e5 * oracle.eps), shift=v_heads)
+    circle = Circle(oracle, np.zeros_like(Z[:, 0]), Z[:, 0], Z[:, 1], base, 2 * gain,
+                    tol=max(1e-7, 1e5 * oracle.eps), shift=v_heads)
     closing = 3 * v_heads
     cross, scale = find_crossings(circle, T, closing, grid, resolution, max_crossings=max_crossings)
     if cross.size == 0:

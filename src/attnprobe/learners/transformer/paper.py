@@ -37,7 +37,7 @@ def extract_transformer(oracle, *, probes: str = "orthogonal", seed: int = 0, ch
     check_option(probes, "probes", PROBES)
     require_fine_answers(oracle, "the one-layer transformer learner")
     d = oracle.d
-    run = Run(oracle, "transformer", seed=[check_seed(seed), 1], check=check, check_lengths=check_lengths,
+    run = Run(oracle, "transformer", scalar=True, seed=[check_seed(seed), 1], check=check, check_lengths=check_lengths,
               progress=progress)
     n_att = AttentionHead.unknowns(d, bias=False)
     run.plan(2 * n_att, f"one-layer transformer at d={d} (Thm 4.1 on TF(X) − TF(−X): {n_att} antisymmetric "

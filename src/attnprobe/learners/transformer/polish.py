@@ -170,7 +170,7 @@ class _Linearised:
         return replace(self.model, **{g: getattr(self.model, g) + p[g] for g in self.groups})
 
 
-class _Stacked:
+class Stacked:
     """The Jacobians of several sequence lengths stacked, columns equilibrated: LSQR runs on ``J·diag(scale)``
     (a column no sequence moves, e.g. a neuron never on, is frozen at scale 0)."""
 
@@ -224,13 +224,13 @@ def polish_attention(oracle, model, rng, *, level: str = "scores", held=None, ma
     every = int(round(1 / VALIDATION))  # every fifth sequence of each length is held out
     fit = [(X[np.arange(len(X)) % every != 0], y[np.arange(len(X)) % every != 0]) for X, y in blocks]
     val = [(X[::every], y[::every]) for X, y in blocks]
-    floor = 16 * float(getattr(oracle, "eps", 2.2e-16)) if floor is None else float(floor)
+    floor = 16 * float(oracle.eps) if floor is None else float(floor)
     best = model
     best_fit, best_val = _rms(model, fit, scale), _rms(model, val, scale)
     before = best_val
     steps, iterations = 0, []
     while steps < max_steps and best_val > floor:
-        lin = _Stacked(best, fit, LEVELS[level])
+        lin = Stacked(best, fit, LEVELS[level])
         op = lin.operator()
         damp, better = 0.0, None
         for _ in range(4):  # Gauss–Newton, then Levenberg–Marquardt damping if the step overshoots
@@ -269,7 +269,7 @@ def refine(oracle, model, rng, how: str = "auto", *, reserve: int = 0):
     Returns ``(model, [PolishReport as dict, with its level, ...])``."""
     check_how(how)
     reports, held = [], None
-    budget = getattr(oracle, "budget", None)
+    budget = oracle.budget
 
     def fits(level):
         return budget is None or oracle.remaining - reserve >= polish_sequences(model, level) - (

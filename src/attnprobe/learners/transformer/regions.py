@@ -216,9 +216,9 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
         raise ConfigError(f"the transformer learner needs float64 answers (its far frames subtract answers of size "
                           f"~10⁸); these are rounded at {oracle.eps:.2g} ({oracle.precision}). "
                           "For one head, a bias-free "
-                          "FFN and one output use the Sec. 4.1 route (extract_transformer)")
+                          "FFN and one output use the Sec. 4.1 route (extract_transformer)", param="precision")
     d = oracle.d
-    limit_norm = getattr(oracle, "max_input_norm", None)
+    limit_norm = oracle.max_input_norm
     if limit_norm is not None and limit_norm < 2 * FAR:
         raise ConfigError(f"the transformer learner saturates every head with tokens of norm up to {2 * FAR:.0e}; "
                           f"this oracle accepts inputs of norm at most {limit_norm:.3g}", param="max_input_norm")
