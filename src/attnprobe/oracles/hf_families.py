@@ -16,15 +16,14 @@ embeddings, before the first layer): those are App. C's multi-head sum, the othe
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from attnprobe.errors import ConfigError
-from attnprobe.oracles.hf_folder import check_model_dir
+from attnprobe.oracles.hf_folder import read_config
 
 #: what a position scheme does to the logits (the cause a refusal names)
 POSITION_CAUSES = {"rope": "rotary position embeddings (RoPE) rotate queries and keys by their positions",
@@ -64,7 +63,6 @@ class Family:
     softmax_dtype: str | None = None
     #: how the module is called: the keyword of its mask and the extras its forward needs
     call: str = "plain"
-    model_types: tuple[str, ...] = field(default=())
 
 
 _BERT = dict(hidden=("hidden_size",), heads=("num_attention_heads",), layers=("num_hidden_layers",),
@@ -190,18 +188,6 @@ def _get(config: dict, keys: tuple[str, ...], what: str, path: Path, default=Non
     raise ConfigError(f"{path} gives no {what} (none of {', '.join(keys)})")
 
 
-def read_family_config(model_dir) -> dict:
-    """The folder's ``config.json`` as a dict (a readable JSON object)."""
-    path = check_model_dir(model_dir) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read {path} as JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path} must hold a JSON object; got {type(config).__name__}")
-    return config
-
-
 def _rotary(config: dict, head_dim: int) -> Rotary:
     rope = config.get("rope_parameters") or {}
     base = rope.get("rope_theta", config.get("rope_theta", config.get("rotary_emb_base", 10000.0)))
@@ -213,7 +199,7 @@ def _rotary(config: dict, head_dim: int) -> Rotary:
 
 def layer_spec(model_dir) -> LayerSpec:
     """The :class:`LayerSpec` of the model in ``model_dir`` (its ``config.json``'s ``model_type`` picks the row)."""
-    config = read_family_config(model_dir)
+    config = read_config(model_dir)
     path = Path(model_dir) / "config.json"
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
