@@ -48,11 +48,12 @@ def test_jitter_separates_a_float64_kernel_from_a_float32_softmax():
 
 def test_auto_reads_float32_inside_and_the_layer_is_recovered():
     module = _module(SoftmaxInFloat32)
-    oracle = Oracle(TorchFunction(module, 24), 24, precision="auto", outputs=24)
-    assert oracle.precision == "float32"  # the bits alone say float64
-    assert oracle.queries_by_phase["precision"] >= SMOOTH_LINES * SMOOTH_POINTS
-    assert "float32" in oracle.detector.describe()["rounded_inside"]
+    oracle = Oracle(TorchFunction(module, 24), 24, precision="auto")
     res = registry.learner("multihead")(oracle, seed=0)
+    assert oracle.precision == "float32"  # the bits alone say float64
+    assert "float32" in oracle.detector.describe()["rounded_inside"]
+    assert res.queries_by_phase["precision"] >= SMOOTH_LINES * SMOOTH_POINTS
+    assert sum(res.queries_by_phase.values()) == res.queries
     a = torch_layer_arrays(module)
     assert res.passed
     assert match_heads(MultiHeadAttention(a["W"], a["v"], a["u"], a["c"]), res.model).worst < 2e-3
@@ -60,5 +61,12 @@ def test_auto_reads_float32_inside_and_the_layer_is_recovered():
 
 def test_a_float64_kernel_stays_float64():
     oracle = Oracle(TorchFunction(_module(BertSelfAttentionRow), 24), 24, precision="auto", outputs=24)
+    assert oracle.read_kernel_rounding() >= SMOOTH_LINES * SMOOTH_POINTS
     assert oracle.precision == "float64" and oracle.eps < 1e-15
     assert oracle.detector.describe()["kernel_jitter"] < 1e-13
+    assert oracle.read_kernel_rounding() == 0  # asked once
+
+
+def test_a_declared_precision_asks_nothing():
+    oracle = Oracle(TorchFunction(_module(SoftmaxInFloat32), 24), 24, precision="float64", outputs=24)
+    assert oracle.read_kernel_rounding() == 0 and oracle.queries == 0

@@ -164,15 +164,24 @@ class Oracle:
             self.detector.probed = True
             with self.phase("precision"):
                 self(self.detector.probe_batch(self.d))
-        if self.detector.needs_smoothness and (self.outputs or 1) > 1:  # a layer's whole output row in float64
-            # bits: is its kernel float64 inside too? (51 queries against thousands for a whole-row extraction)
+        return self.detector.decided
+
+    def read_kernel_rounding(self) -> int:
+        """``precision="auto"``, answers whose bits say float64: ask the smoothness probe once
+        (:func:`~attnprobe.oracles.precision_detect.smoothness_batch`, phase ``"precision"``) so that a kernel that
+        rounds inside (a float32 softmax) is read as that format. An attention learner calls it before it reads
+        :attr:`eps`; returns the queries it asked (0 when the precision is declared or already read)."""
+        if self.detector is None:
+            return 0
+        before = self.queries
+        if self._detected() and self.detector.needs_smoothness:
             X = smoothness_batch(self.d, self.detector.seed)
             if self.max_input_norm is not None:  # within the bound the target accepts (the jitter is relative)
                 X *= min(1.0, 0.99 * self.max_input_norm / float(np.linalg.norm(X, axis=-1).max()))
             with self.phase("precision"):
                 answers = self(X)
             self.detector.observe_smoothness(answers)
-        return self.detector.decided
+        return self.queries - before
 
     @property
     def noise(self) -> AnswerNoise:

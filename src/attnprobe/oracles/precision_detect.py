@@ -14,8 +14,8 @@ in float32, then go on in float64) returns full float64 numbers that are nonethe
 bits cannot show it; smoothness does: along a short line ``X₀ + tD`` an attention layer is analytic, so a
 degree-4 polynomial in ``t`` fits float64 answers to ~1e-15 of their size, while answers rounded inside jitter
 around it at that format's roundoff. :func:`kernel_jitter` measures it (:data:`SMOOTH_POINTS` × :data:`SMOOTH_LINES`
-queries, asked once, only when the bits say float64 and the answers are whole output rows) and the verdict becomes
-the format the jitter fits.
+queries, asked once by an attention learner that reads whole output rows — ``Oracle.read_kernel_rounding`` — and
+only when the bits say float64) and the verdict becomes the format the jitter fits.
 """
 
 from __future__ import annotations
