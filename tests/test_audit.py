@@ -348,3 +348,39 @@ def test_report_shows_the_verdicts_and_maps_of_the_results(checkpoint, tmp_path)
     assert not _shows_colour(figs[0], far)
     grey = matplotlib.colors.to_rgb("lightgrey")
     assert _shows_colour(figs[4], grey) and not _shows_colour(figs[0], grey)  # membership: no head recovered
+
+
+def test_the_verdict_names_the_cheapest_attack_that_succeeds():
+    """A defender prices the cheapest attack that passes its check, not the most accurate one: exact reaches W
+    to 1e-14 with 148k queries, lowrank 7e-13 with 25k (both pass); nuclear is cheaper still but fails its check,
+    so it is no successful attack."""
+    from attnprobe.audit import report
+    from attnprobe.audit.run import AuditRun
+
+    spec = HeadSpec("minilm", 0, 0)
+    defense = parse_defenses("none")[0]
+    tasks = [Task(spec, m, defense) for m in ("exact", "lowrank", "nuclear")]
+    base = {"layer": 0, "head": 0, "defense": "none", "error": None, "passed": True}
+    records = [dict(base, method="exact", queries=148_668, relative_error={"W": 1e-14}),
+               dict(base, method="lowrank", queries=25_000, relative_error={"W": 7e-13}),
+               dict(base, method="nuclear", queries=9_000, relative_error={"W": 0.3}, passed=False)]
+    verdict = report.verdicts(AuditRun("processes", tasks, records, False, 1.0, None)).rows[0][7]
+    assert "best learner per head: exact ×1" in verdict
+    assert "cheapest attack that succeeds per head: lowrank ×1, 25k queries (median), W to 7e-13" in verdict
+    records[1]["passed"] = False
+    verdict = report.verdicts(AuditRun("processes", tasks, records, False, 1.0, None)).rows[0][7]
+    assert "cheapest attack that succeeds per head: exact ×1, 149k queries" in verdict
+
+
+def test_a_map_of_nearly_equal_query_counts_gets_a_readable_colour_scale():
+    """Every float16 task asking 148,668–148,729 queries: the colour scale spans ±5 % around them (a few round
+    ticks), not the 61 between them (ticks as offsets over each other); given limits and spread values keep
+    theirs."""
+    from attnprobe.reports.figures import colour_range, heatmap_png
+
+    q = np.array([[148_668.0, 148_729.0], [148_700.0, np.nan]])
+    lo, hi = colour_range(q, None, None)
+    assert lo < 0.96 * 148_668 and hi > 1.04 * 148_729
+    assert colour_range(np.log10(q), None, None)[1] - colour_range(np.log10(q), None, None)[0] > 0.5
+    assert colour_range(q, -16, 1) == (-16, 1) and colour_range(np.array([1.0, 10.0]), None, None) == (None, None)
+    assert heatmap_png(q, title="t", xlabel="x", ylabel="y", colorbar="queries", log=False)[:4] == b"\x89PNG"

@@ -84,10 +84,14 @@ def test_more_neurons_than_inputs_orientations_from_the_0_1_program():
 
 
 def test_given_v_saves_the_odd_part_queries():
+    """The odd part costs what the plan and the estimate charge for it (``odd_part_queries``: 2d), or nothing
+    when v is given."""
+    from attnprobe.learners.ffn.learner import odd_part_queries
+
     net = random_relu_net(8, 8, seed=4)
     _, a = run(net)
     _, b = run(net, v=net.A @ net.w_o)
-    assert a.queries_by_phase["odd_part"] == 16 and "odd_part" not in b.queries_by_phase
+    assert a.queries_by_phase["odd_part"] == odd_part_queries(8) == 16 and "odd_part" not in b.queries_by_phase
     assert b.check.error <= 1e-9
 
 
@@ -166,10 +170,10 @@ def test_float32_answers_are_polished_to_float32_precision():
 @pytest.mark.parametrize("found", [True, False], ids=["found-in-answers", "lines-only"])
 @pytest.mark.parametrize("d,m,seeds,least", [(8, 16, 3, 3), (16, 16, 3, 3), (8, 32, 4, 2)])
 def test_float32_answers_keep_weak_neurons(d, m, seeds, least, found, monkeypatch):
-    import attnprobe.learners.ffn.learner as ffn_learner
+    import attnprobe.learners.ffn.mending as ffn_mending
 
     if not found:
-        monkeypatch.setattr(ffn_learner, "FOUND_MAX_WORK", 0.0)
+        monkeypatch.setattr(ffn_mending, "FOUND_MAX_WORK", 0.0)
     elif m == 4 * d:
         least = 3  # measured 4 of 4 under the Sandybridge, Haswell, SkylakeX and Zen kernels (2 of 4 without it)
     kept = 0

@@ -171,3 +171,17 @@ def test_bert_self_attention_row_whole_row():
         y = module(torch.as_tensor(X)).numpy()
     assert y.shape == (4, 12)
     assert _rel(y, layer_answers(torch_layer_arrays(module), X)) < 1e-12
+
+
+def test_a_float32_module_declares_float32_and_reads_one_row_in_float32(tiny):
+    """Without a declared precision the oracle takes the module's own: float32 (learners set their thresholds by
+    it: a float32 module taken as float64 refuses or fails for no reason). A row read out of the float32 module
+    is computed in float32 (a float32 number per answer) and equals that row of the whole float32 output."""
+    o32 = oracle_from_hf(tiny, 1, dtype="float32")
+    assert o32.precision == "float32" and o32.eps == np.finfo(np.float32).eps
+    row = oracle_from_hf(tiny, 1, dtype="float32", row=3)
+    assert row.precision == "float32"
+    X = np.random.default_rng(4).standard_normal((6, 3, 16))
+    y, full = row(X), o32(X)
+    assert y.shape == (6,) and np.array_equal(y, y.astype(np.float32).astype(np.float64))
+    assert np.array_equal(y, full[:, 3])

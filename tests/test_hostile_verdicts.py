@@ -135,11 +135,13 @@ def answer(X):
 '''
 
 
-@pytest.mark.parametrize("seed", [5, 7])
-def test_a_log_of_a_float32_layer_with_weights_off_by_a_thousandth_is_refused(tmp_path, capsys, monkeypatch, seed):
+@pytest.mark.parametrize("seed, factor", [(5, 1.001), (7, 1.001), (1, 1.0001)])
+def test_a_log_of_a_float32_layer_with_weights_off_by_a_thousandth_is_refused(tmp_path, capsys, monkeypatch, seed,
+                                                                               factor):
     """A log recorded from a float32 two-head layer, resumed against the same layer with every W_h, u_h × 1.001
     (same MODULE:ATTR): the recorded probes asked again differ by ~1e-4 of the answers' scale, ~1,000 float32
-    roundings (these seeds once passed a 1e-4 threshold and the run reused ~480 answers of the old layer)."""
+    roundings (these seeds once passed a 1e-4 threshold and the run reused ~480 answers of the old layer).
+    × 1.0001 differs by ~5e-5 of the scale, still hundreds of roundings: refused too."""
     import sys
 
     from attnprobe.models.io import save_model
@@ -148,7 +150,7 @@ def test_a_log_of_a_float32_layer_with_weights_off_by_a_thousandth_is_refused(tm
 
     m = random_multihead(8, 2, seed=seed)
     save_model(m, tmp_path / "old.npz")
-    save_model(MultiHeadAttention(1.001 * m.W, m.v, 1.001 * m.u, m.c), tmp_path / "new.npz")
+    save_model(MultiHeadAttention(factor * m.W, m.v, factor * m.u, m.c), tmp_path / "new.npz")
     (tmp_path / "layer.py").write_text(LAYER)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -161,7 +163,7 @@ def test_a_log_of_a_float32_layer_with_weights_off_by_a_thousandth_is_refused(tm
     monkeypatch.setenv("VICTIM_FILE", "new.npz")
     sys.modules.pop("layer", None)
     line = refused(capsys, tmp_path, *argv, "--out", "b.npz", says="was recorded from another oracle")
-    assert "where their rounding allows" in line and "give a new log file" in line
+    assert "where their rounding allows" in line and "give a new log file" in line, line
     # the same layer resumes the log (its answers agree to the last bit)
     monkeypatch.setenv("VICTIM_FILE", "old.npz")
     sys.modules.pop("layer", None)
@@ -240,3 +242,24 @@ def test_heads_apart_enough_are_kept_with_their_value_maps():
     errors = min(max(np.linalg.norm(res.model.v[h] - truth.v[p[h]]) / np.linalg.norm(truth.v[p[h]]) for h in (0, 1))
                  for p in ((0, 1), (1, 0)))
     assert errors < 1e-6
+
+
+def test_a_resumed_audit_keeps_each_learners_record_of_a_head(tmp_path, capsys):
+    """Two learners on one head: a rerun resumes both tasks, each with its own record (the journal's task key
+    names the learner; without it the two collide and one learner's numbers stand for the other's)."""
+    pytest.importorskip("safetensors")
+    from test_hostile_audit import _random_checkpoint
+
+    _random_checkpoint(tmp_path / "m.safetensors")
+    argv = ("audit", "--safetensors", tmp_path / "m.safetensors", "--heads-per-layer", "2", "--heads", "0",
+            "--method", "exact,lowrank", "--out", tmp_path / "out", "--quiet")
+    rc, _, err = run(capsys, *argv)
+    assert rc == 0, err
+    first = json.loads((tmp_path / "out" / "results.json").read_text())
+    rc, _, err = run(capsys, *argv)
+    assert rc == 0, err
+    again = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert again["resumed"] == 2
+    mine = {h["method"]: (h["queries"], h["relative_error"]) for h in first["heads"]}
+    assert sorted(mine) == ["exact", "lowrank"] and mine["exact"][0] != mine["lowrank"][0]
+    assert {h["method"]: (h["queries"], h["relative_error"]) for h in again["heads"]} == mine

@@ -48,7 +48,7 @@ def test_without_biases():
 def test_isolated_head_is_exactly_a_single_head():
     """f(X') − x_Nᵀ(Σv − P_h v_h) equals the head (P_h W_h, P_h v_h, P_h u_h, c) on sequences of any length."""
     target = random_multihead(9, 3, 9, seed=7)
-    iso = IsolatedHead(target, target.v, 1, target.v.sum(0))
+    iso = IsolatedHead(Oracle(target, 9), target.v, 1, target.v.sum(0))
     P = iso.P
     head = AttentionHead(P @ target.W[1], P @ target.v[1], P @ target.u[1], target.c)
     rng = np.random.default_rng(0)
@@ -205,7 +205,7 @@ def test_crossing_search_is_bounded_on_answers_that_are_not_piecewise_linear():
     target = random_multihead(8, 2, seed=0)
     rng = np.random.default_rng(0)
     oracle = Oracle(lambda X: target(X) * (1 + 1e-3 * rng.standard_normal(len(X))), 8, budget=20_000)
-    circle = saturation._Circle(oracle, np.zeros(8), np.eye(8)[0], np.eye(8)[1], target(np.zeros((1, 2, 8)))[0],
+    circle = saturation.Circle(oracle, np.zeros(8), np.eye(8)[0], np.eye(8)[1], target(np.zeros((1, 2, 8)))[0],
                                 float(np.linalg.norm(target.v.sum(0))))
     with pytest.raises(RecoveryError, match="change their linear piece more than"):
         saturation.find_crossings(circle, 1e12, target.v.sum(0), max_crossings=2)

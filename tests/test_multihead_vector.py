@@ -207,3 +207,62 @@ def test_a_served_whole_row_layer_over_http():
         res = extract_multihead(oracle_from_url(srv.url, "k"), seed=0)
     assert res.method == "multihead-vector" and res.check.passed
     assert match_heads(true, res.model).worst <= 1e-8
+
+
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_the_separation_costs_exactly_what_its_parts_say(precision):
+    """The separate phase asks, exactly: the first design points, one separation from scratch
+    (``from_scratch_queries(H)``: the estimate prices each restart by it) per restart and once for δ_0, and the
+    design points of every further difference (twice on coarse answers: a short and a long step)."""
+    from attnprobe.learners.multihead.vector import from_scratch_queries
+
+    layer = whole_row_layer(d=16, H=2, seed=3, dtype=precision)
+    res = extract_multihead(Oracle(layer, 16, precision=precision), seed=0)
+    det = res.details
+    per_difference = det["design_points"] * (2 if precision == "float32" else 1)
+    expected = (det["first_design_points"] + from_scratch_queries(2) * (1 + det["restarts"])
+                + (det["differences"] - 1) * per_difference)
+    assert res.queries_by_phase["separate"] == expected
+
+
+def test_a_layer_that_clips_inside_the_probes_norms_is_refused_naming_the_bound():
+    """A layer that clips its input rows at 1.5ρ (ρ the calibrated token norm; the probes reach 3ρ) answers the
+    longer probes for shorter rows. The learner reads the clipping up to the largest norm it plans and refuses
+    in one line naming the bound, before the heads are separated from answers that do not scale."""
+    from attnprobe.errors import InputNormError
+    from attnprobe.oracles.wrappers import ClipInputs
+
+    layer = whole_row_layer(d=16, H=2, seed=1)
+    rho = extract_multihead(Oracle(layer, 16), seed=0).details["token_norm"]
+    with pytest.raises(InputNormError, match="clips inputs") as err:
+        extract_multihead(Oracle(ClipInputs(layer, 1.5 * rho), 16), seed=0)
+    assert "\n" not in str(err.value) and "max_input_norm" in str(err.value)
+
+
+def _bent(layer, kappa):
+    """``layer`` with each head's attention weights bent off the softmax by ``kappa``: ``a + κ a(1 − a) cos 5a``,
+    renormalised (length-1 answers unchanged; no sum of softmax heads gives the two-row answers exactly)."""
+    def answer(X):
+        X = np.asarray(X, dtype=np.float64)
+        out = np.zeros((X.shape[0], layer.v.shape[1])) + layer.c
+        for h in range(layer.H):
+            s = np.einsum("bnd,bd->bn", X, X[:, -1] @ layer.W[h].T) + X @ layer.u[h]
+            a = np.exp(s - s.max(1, keepdims=True))
+            a /= a.sum(1, keepdims=True)
+            a = a + kappa * a * (1 - a) * np.cos(5 * a)
+            out += np.einsum("bn,bnd,kd->bk", a / a.sum(1, keepdims=True), X, layer.v[h])
+        return out
+    return answer
+
+
+def test_attention_bent_off_the_softmax_by_1e_7_is_refused_at_the_separation():
+    """float64 answers: a correct separation misfits by ~1e-13; weights bent by 1e-7 misfit by ~1e-10, far above
+    the answers' rounding: refused there, naming the misfit (not separated into heads that then carry it)."""
+    from attnprobe.errors import RecoveryError
+
+    layer = whole_row_layer(d=16, H=2, seed=1)
+    assert extract_multihead(Oracle(_bent(layer, 1e-10), 16), seed=0).details["separation_misfit"] < 1e-12
+    oracle = Oracle(_bent(layer, 1e-7), 16)
+    with pytest.raises(RecoveryError, match="separate .*misfit"):
+        extract_multihead(oracle, seed=0)
+    assert oracle.queries < 400  # refused at the first differences, before the logits

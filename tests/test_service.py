@@ -228,3 +228,19 @@ def test_schemathesis_long_run_finds_no_5xx(served):
     srv, _ = served
     seen = _fuzz(srv, 500, ["positive", "negative"])
     assert all(code < 500 for code in seen)
+
+
+def test_an_idempotency_key_reused_for_the_same_numbers_in_another_shape_is_a_new_batch():
+    """The same 16 numbers as 2 sequences of 2 rows, then as 1 sequence of 4 rows, under one Idempotency-Key: the
+    bytes (and their CRC) agree but the batches do not. The second is answered by the model (one output, its own)
+    and charged, never served the first's two cached outputs."""
+    head = random_head(D, seed=1)
+    app = build_app(head, ServiceOptions(d=D, max_batch=8), KeyStore(["k"]))
+    with BackgroundServer(app) as srv:
+        h = {"Authorization": "Bearer k", "Idempotency-Key": "same"}
+        X = np.random.default_rng(5).standard_normal((2, 2, D))
+        r1 = httpx.post(srv.url + "/v1/query", json={"inputs": X.tolist()}, headers=h)
+        r2 = httpx.post(srv.url + "/v1/query", json={"inputs": X.reshape(1, 4, D).tolist()}, headers=h)
+        assert r1.status_code == r2.status_code == 200
+        assert np.array_equal(r2.json()["outputs"], head(X.reshape(1, 4, D)))
+        assert httpx.get(srv.url + "/v1/usage", headers=h).json() == {"queries": 3, "budget": None, "replayed": 0}

@@ -100,7 +100,7 @@ def test_cli_extracts_a_saved_transformer(tmp_path, capsys):
     assert main(["extract", "--target", str(target), "--method", "transformer", "--transformer-route", "paper",
                  "--out", str(out), "--quiet"]) == 0
     summary = json.loads(out.with_suffix(".json").read_text())
-    assert summary["method"] == "transformer"
+    assert summary["method"] == "transformer-paper"  # the learner "transformer", route paper
     assert summary["check"]["relative_error"] <= 1e-8
     qb = summary["details"]["query_breakdown"]
     assert qb["attention"] + qb["ffn"] == summary["queries"]

@@ -126,3 +126,44 @@ def test_a_budget_too_small_for_the_polish_skips_it_and_says_so():
     assert res.queries == before and res.details["polish"] == []
     assert any("polish was skipped" in note for note in res.notes)
     assert not any("polish was skipped" in note for note in full.notes)
+
+
+def test_a_step_the_held_out_sequences_reject_is_not_kept_even_below_the_floor():
+    """The true model answering with fresh noise of 1e-6, no floor: a Gauss–Newton step fits the fit sequences'
+    noise (their residual drops) and makes the held-out ones worse, so it is not kept: the model comes back as
+    it was and the held-out residual never rises."""
+    from attnprobe.oracles.wrappers import FreshNoise
+
+    t = random_multihead_transformer(6, 2, 8, outputs=2, bias=True, seed=5)
+    for level in ("scores", "all"):
+        oracle = Oracle(FreshNoise(t, 1e-6, seed=3), 6)
+        got, report, _ = polish_attention(oracle, t, np.random.default_rng(1), level=level, floor=0.0)
+        assert got is t and not report.kept and report.after <= report.before
+
+
+def test_auto_escalates_to_every_parameter_when_the_scores_leave_a_residual():
+    """A model off in its FFN (A, w_o) by 1e-7: polishing W_h, u_h cannot mend it (residual above ESCALATE), so
+    "auto" goes on to every parameter, which does; "scores" stops there."""
+    from attnprobe.learners.transformer.polish import ESCALATE
+
+    t = random_multihead_transformer(6, 2, 8, outputs=2, bias=True, seed=21)
+    rng = np.random.default_rng(2)
+    noisy = replace(t, A=t.A + 1e-7 * rng.standard_normal(t.A.shape),
+                    w_o=t.w_o + 1e-7 * rng.standard_normal(t.w_o.shape))
+    _, scores_only = refine(Oracle(t, 6), noisy, np.random.default_rng(0), "scores")
+    assert [r["level"] for r in scores_only] == ["scores"] and scores_only[0]["after"] > ESCALATE
+    got, reports = refine(Oracle(t, 6), noisy, np.random.default_rng(0), "auto")
+    assert [r["level"] for r in reports] == ["scores", "all"] and reports[-1]["after"] < scores_only[0]["after"]
+
+
+def test_the_polish_leaves_the_checks_reserve_untouched():
+    """A budget that pays the scores' polish but not also the check's reserve: the polish is skipped, asking
+    nothing (the check would otherwise be refused for want of queries)."""
+    t = random_multihead_transformer(6, 2, 8, seed=0)
+    reserve = 40
+    oracle = Oracle(t, 6, budget=polish_sequences(t, "scores") + reserve - 1)
+    got, reports = refine(oracle, t, np.random.default_rng(0), "auto", reserve=reserve)
+    assert got is t and reports == [] and oracle.queries == 0
+    oracle = Oracle(t, 6, budget=polish_sequences(t, "scores") + reserve)
+    refine(oracle, t, np.random.default_rng(0), "scores", reserve=reserve)
+    assert oracle.queries == polish_sequences(t, "scores") and oracle.remaining == reserve

@@ -64,6 +64,29 @@ def best_records(run, defense: str) -> dict:
     return best
 
 
+def cheapest_records(run, defense: str) -> dict:
+    """Per (layer, head): the finished record of ``defense`` that passed its functional check with the fewest
+    queries (the cheapest attack that succeeds: what a defender must price)."""
+    cheap: dict = {}
+    for r in run.records:
+        if r["defense"] == defense and not r["error"] and r["passed"]:
+            key = (r["layer"], r["head"])
+            if key not in cheap or r["queries"] < cheap[key]["queries"]:
+                cheap[key] = r
+    return cheap
+
+
+def _cheapest(run, defense: str, per: str) -> str:
+    """The verdict's clause on the cheapest attack that succeeds (per head or layer)."""
+    cheap = list(cheapest_records(run, defense).values())
+    if not cheap:
+        return "; no attack passed its functional check"
+    learners = ", ".join(f"{m} ×{n}" for m, n in _counts(r["method"] for r in cheap))
+    errs = [e for r in cheap for e in _head_w_errors(r)]
+    return (f"; cheapest attack that succeeds per {per}: {learners}, {_k(np.median([r['queries'] for r in cheap]))} "
+            f"queries (median), W to {np.median(errs):.0e}")
+
+
 def _kinds(run) -> str:
     """The task kinds of the run, each with what one task extracts (:data:`attnprobe.audit.tasks.TASK_KINDS`)."""
     kinds = dict.fromkeys(t.head.kind for t in run.tasks)
@@ -101,7 +124,8 @@ def verdicts(run) -> Table:
             winners = ", ".join(f"{m} ×{n}" for m, n in _counts(r["method"] for r in best))
             verdict = (f"{label} answers: W recovered to {np.median(errs):.0e} with {_k(np.median(queries))} "
                        f"queries{' per layer' if per == 'layer' else ''} ({sum(r['passed'] for r in best)}/{len(best)} "
-                       f"pass the functional check); best learner per {per}: {winners}")
+                       f"pass the functional check); best learner per {per}: {winners}"
+                       + _cheapest(run, name, per))
         else:
             first = recs[0]["error"].splitlines()[0] if recs else "no task finished"
             verdict = f"{label} answers: no head recovered ({first})"

@@ -82,6 +82,27 @@ def labelled_png(fig, ax, *, title: str, xlabel: str, ylabel: str, legend: bool 
     return figure_png(fig)
 
 
+#: a map whose values span less than this share of their size gets a colour scale this wide around them
+NARROW_SPAN = 0.05
+
+
+def colour_range(shown: np.ndarray, vmin: float | None, vmax: float | None) -> tuple[float | None, float | None]:
+    """The colour scale of a heatmap: ``vmin``/``vmax`` when given; for values that nearly agree (e.g. every
+    task of a defence asking 148,668–148,729 queries) ±``NARROW_SPAN`` of their size around them, so the ticks
+    are a few readable numbers instead of offsets crowding a scale of width 61; else matplotlib's own."""
+    if vmin is not None or vmax is not None:
+        return vmin, vmax
+    finite = shown[np.isfinite(shown)]
+    if finite.size == 0:
+        return None, None
+    lo, hi = float(finite.min()), float(finite.max())
+    size = max(abs(lo), abs(hi))
+    if size == 0 or hi - lo >= NARROW_SPAN * size:
+        return None, None
+    mid = 0.5 * (lo + hi)
+    return mid - NARROW_SPAN * size, mid + NARROW_SPAN * size
+
+
 def heatmap_png(values: np.ndarray, *, title: str, xlabel: str, ylabel: str, colorbar: str,
                 log: bool = True, annotate: bool = True, vmin: float | None = None,
                 vmax: float | None = None, rows=None, cols=None) -> bytes:
@@ -93,8 +114,12 @@ def heatmap_png(values: np.ndarray, *, title: str, xlabel: str, ylabel: str, col
     shown = np.log10(np.maximum(values, 1e-300)) if log else values
     masked = np.ma.masked_invalid(shown)
     cmap = _pyplot().get_cmap("viridis").with_extremes(bad="lightgrey")
+    vmin, vmax = colour_range(shown, vmin, vmax)
     im = ax.imshow(masked, cmap=cmap, aspect="auto", vmin=vmin, vmax=vmax)
-    fig.colorbar(im, ax=ax, label=("log10 " if log else "") + colorbar)
+    bar = fig.colorbar(im, ax=ax, label=("log10 " if log else "") + colorbar)
+    if hasattr(bar.formatter, "set_useOffset"):  # ticks as numbers, never "+1.487e5" offsets over each other
+        bar.formatter.set_useOffset(False)
+        bar.update_ticks()
     ax.set_xticks(range(values.shape[1]), labels=None if cols is None else [str(c) for c in cols])
     ax.set_yticks(range(values.shape[0]), labels=None if rows is None else [str(r) for r in rows])
     ax.set_xlabel(xlabel)

@@ -66,7 +66,7 @@ def check_queries(lengths=DEFAULT_LENGTHS, per_length: int = 8) -> int:
 #: a correct model's check error stays below CHECK_EPS_FACTOR roundings of the answers (eps·RMS |f|): the
 #: learned parameters carry the answers' rounding, amplified by the sigmoid inversions and the division by v
 #: (measured worst case ~2,600 roundings, exact at float32 on an ill-conditioned seed; python
-#: benchmarks/check_calibration.py, docs/benchmarks.md "Functional check calibration")
+#: benchmarks/check_calibration.py, docs/benchmarks/precision.md "The functional check: calibration of its tolerance")
 CHECK_EPS_FACTOR = 1e4
 #: ... plus this multiple of the declared additive noise τ + 3σ (measured worst case ~1,600: 4-decimal rounding)
 CHECK_NOISE_FACTOR = 3e3

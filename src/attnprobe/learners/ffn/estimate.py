@@ -10,6 +10,7 @@ import math
 
 from attnprobe.learners.core.estimate import QueryCount, Setting
 from attnprobe.learners.ffn.fit import polish_answers
+from attnprobe.learners.ffn.learner import odd_part_queries
 from attnprobe.learners.ffn.more_lines import MAX_LINES
 
 #: the ReLU-network learner on float64 answers: kink-search queries per hidden unit beyond the 12 end stencils,
@@ -57,7 +58,7 @@ def ffn_estimate(s: Setting) -> QueryCount:
         regions += (m + 2) * (1 - math.exp(-FFN_NARROW * m * d))
     line = search + regions * (D + 1)
     polish = polish_answers(D, m, bias) if coarse else 0
-    fixed = (0 if bias else 2 * d) + polish + 64
+    fixed = (0 if bias else odd_part_queries(d)) + polish + 64
     mid = int(round(line + fixed))
     high = int(round(FFN_HIGH * (MAX_LINES * line if coarse else line) + fixed))
     more = f"; float32: polish {polish}, up to {MAX_LINES - 1} more lines" if coarse else ""

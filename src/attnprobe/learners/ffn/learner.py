@@ -60,7 +60,7 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, options: 
               progress=progress)
     d = oracle.d
     dim = d + int(lifted)
-    run.plan((2 * d if not lifted and v is None else 0) + 14 + 2 * (dim + 1),
+    run.plan((odd_part_queries(d) if not lifted and v is None else 0) + 14 + 2 * (dim + 1),
              f"the FFN learner at d={d} (3 queries per search point, {dim + 1} per linear region)", at_least=True)
     ask = Answers(oracle, lifted=lifted, rng=run.rng, reserve=run.check_queries)
     coarse = oracle.eps > 1e-12
@@ -106,6 +106,11 @@ def extract_ffn(oracle, *, seed: int = 0, v: np.ndarray | None = None, options: 
     unknowns = ReLUNet.unknowns(d, max(m_found, 1), ask.outputs, lifted)
     return run.finish(model, unknowns=unknowns, details=details, notes=notes,
                       hint=" (a two-layer ReLU network of this form" + (")" if lifted else " without biases)"))
+
+
+def odd_part_queries(d: int) -> int:
+    """Queries of the odd part of a bias-free network (:func:`_odd_part`): ``[±e_i]``, 2d."""
+    return 2 * d
 
 
 def _odd_part(ask: Answers, d: int) -> np.ndarray:

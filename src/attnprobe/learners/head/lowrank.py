@@ -44,7 +44,7 @@ CERTIFICATE_PROBES = 8
 #: calibration allowance MIN_CALIBRATION + d/8 queries: fewer than 3 probes per calibration step give scale
 #: estimates off by 10x or more (measured); the allowance must not depend on the rank (detection costs ≤ 2d more)
 MIN_CALIBRATION = 48
-#: default oversample for answers coarser than float64 (measured on MiniLM heads, docs/benchmarks.md)
+#: default oversample for answers coarser than float64 (measured on MiniLM heads, docs/benchmarks/lowrank.md)
 FLOAT32_OVERSAMPLE = 4
 
 
@@ -243,9 +243,9 @@ def _choose_rank(M, eta, rank, extra_columns, notes):
                          "rounding (W may have a smaller rank, or the square sketch is ill-conditioned: oversample)")
     if r_hat == 0:
         raise RecoveryError("the range sketch shows no signal above the answers' rounding: W is 0 to the oracle's "
-                            "precision (or the probes are far too small, or the answers too coarse for the sketch: "
-                            "float16 and "
-                            "bfloat16 answers are, where the exact method still works); nothing low-rank to recover")
+                            "precision (or the probes are far too small, or the answers too coarse for the sketch, "
+                            "as float16 and bfloat16 answers are: the exact learner may read them, to the 10 % its "
+                            "check certifies there, or refuse them too); nothing low-rank to recover")
     return r_hat, r_num, sv, tol
 
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import expit, gammaln, logit
+from scipy.special import expit, gammaln
 
 from attnprobe._validation import check_float, check_int
 from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.core.check import CheckResult
+from attnprobe.learners.head.sigmoid import sigmoid_inverse
 from attnprobe.learners.head.probes import equal_projection_orthogonal, paper_bound, random_orthogonal
 from attnprobe.learners.core.result import Extraction
 from attnprobe.learners.core.skeleton import Run
@@ -229,7 +230,7 @@ def _bisect_weights(run, Q, P, v, scale, w_steps):
         with run.phase("rebisection" if attempt else "weights"):
             t = _bisect(oracle, build, small[idx], np.zeros(len(idx)), np.ones(len(idx)), w_steps)
         edge = (t < 1e-6) | (t > 1 - 1e-6)
-        Z[idx] = logit(t) / S[idx]
+        Z[idx] = sigmoid_inverse(t) / S[idx]
         run.report()
         if not edge.any():
             return Z.reshape(d, d)
@@ -309,4 +310,4 @@ def _paper_weights(oracle, v, w_bound, margin, plan):
     a = _bisect(oracle, build, small, np.full(d * d, lo), np.full(d * d, hi), plan["steps"])
     a = np.clip(a, 0.0, math.sqrt(1 / (2 * w_bound * margin)))
     sig = np.clip(a**2 * np.abs(alpha) * 2 * w_bound, expit(-0.5), expit(0.5))
-    return (logit(sig) / s).reshape(d, d)
+    return (sigmoid_inverse(sig) / s).reshape(d, d)

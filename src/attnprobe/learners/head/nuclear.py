@@ -34,17 +34,17 @@ from attnprobe.learners.head.sigmoid import measure_logits
 from attnprobe.models.attention import AttentionHead
 
 #: default m = ⌈2d · (PHASE_SLOPE · r + PHASE_OFFSET)⌉: just above the measured transition to 100 % exact
-#: recovery at d = 16, 32, 64 and r = 1, 2, 4 (docs/benchmarks.md; the paper only says m = O(rd))
+#: recovery at d = 16, 32, 64 and r = 1, 2, 4 (docs/benchmarks/lowrank.md; the paper only says m = O(rd))
 PHASE_SLOPE = 2.0
 PHASE_OFFSET = 2.0
-#: solvers tried for ``solver="auto"``, fastest accurate first (measured, docs/benchmarks.md)
+#: solvers tried for ``solver="auto"``, fastest accurate first (measured, docs/benchmarks/lowrank.md)
 AUTO_SOLVERS = ("SCS", "CLARABEL")
 #: refuse dense operators above this many floats (m·d²): 2e8 floats = 1.6 GB
 MAX_OPERATOR_FLOATS = 2 * 10**8
 
 
 #: SCS time model t ≈ SCS_SECONDS · (m·d²)^SCS_EXPONENT, fitted to solves at d = 16..48, r = 2, default m on this
-#: project's 2-core machine (d = 32: 2.7 s, d = 48: 10.7 s; benchmarks/ nuclear timing in docs/benchmarks.md)
+#: project's 2-core machine (d = 32: 2.7 s, d = 48: 10.7 s; benchmarks/ nuclear timing in docs/benchmarks/lowrank.md)
 SCS_SECONDS, SCS_EXPONENT = 9.7e-7, 1.15
 #: bytes per operator entry while cvxpy builds and SCS solves the program (the dense operator and its copies)
 SOLVER_BYTES_PER_ENTRY = 4 * 8

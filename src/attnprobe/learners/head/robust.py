@@ -21,7 +21,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
-from scipy.special import expit, logit
+from scipy.special import expit
 
 from attnprobe._validation import check_float, check_int, check_option
 from attnprobe.errors import ConfigError, SaturationError, UnidentifiableError
@@ -29,7 +29,7 @@ from attnprobe.learners.core.check import DEFAULT_LENGTHS
 from attnprobe.learners.head.probes import equal_projection_orthogonal, paper_bound, random_orthogonal
 from attnprobe.learners.core.result import Extraction
 from attnprobe.learners.head.scaling import MAX_RETRIES, TARGET_LOGIT
-from attnprobe.learners.head.sigmoid import AdditiveError, invert_two_row, two_row_queries
+from attnprobe.learners.head.sigmoid import AdditiveError, invert_two_row, sigmoid_inverse, two_row_queries
 from attnprobe.learners.core.skeleton import Run
 from attnprobe.models.attention import AttentionHead
 from attnprobe.models.precision import finfo
@@ -114,7 +114,7 @@ def extract_robust_paper(oracle, *, w_bound: float, margin: float, tolerance: fl
         with run.phase("weights"):
             f = oracle(X.reshape(-1, 2, d)).reshape(d, len(J))
         alpha = (f - a * v[J][None, :]) / denom[:, None]  # eq. (5)
-        W[:, J] = logit(np.clip(alpha, TAU_CLIP, 1.0 - TAU_CLIP)) / (a * b)
+        W[:, J] = sigmoid_inverse(np.clip(alpha, TAU_CLIP, 1.0 - TAU_CLIP)) / (a * b)
         run.report()
     W[~nonzero] -= W[p][None, :]  # W_ij = σ⁻¹(α)/(ab) − W_pj for zero entries
     zero_rows = bool((~nonzero).any())

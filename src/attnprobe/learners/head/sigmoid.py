@@ -20,6 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+def sigmoid_inverse(p):
+    """``σ⁻¹(p) = log p − log(1 − p)``, the logit of an attention weight (eq. 1), as every learner has computed it
+    (``scipy.special.logit`` rounds differently in the last bits, which would change recovered parameters)."""
+    return np.log(p) - np.log1p(-p)
+
+
 #: A weight whose distance to 0 or 1 is below this many units of answer rounding counts as saturated.
 SATURATION_ULPS = 4.0
 #: ... and this many units of its error bound under additive noise (Sec. 6)

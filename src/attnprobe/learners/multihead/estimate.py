@@ -54,7 +54,7 @@ def vector_estimate(s: Setting, H: int, K: int) -> QueryCount:
     whole = (d + 1) * blocks
     sketch = (L + 1) * blocks + d * -(-L // tokens)
     logits = whole if coarse or sketch >= whole else sketch
-    restart = 4 * H
+    restart = vector.from_scratch_queries(H)
     base = (vector.planned_values(d) + VECTOR_CALIBRATION + VECTOR_LADDER + n0 + restart + differences + logits
             + vector.HEAD_CHECK_QUERIES + checks)
     expected = base + int(VECTOR_RESTARTS * d) * restart

@@ -237,7 +237,8 @@ def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads,
         sep.n = design or design_points(H, coarse)
         tokens = int(tokens or tokens_per_query(H, K, coarse))
         # (a difference whose continuation fails is restarted with 4H more queries: charged beyond this plan)
-        rest = 4 * H + d * sep.n * (2 if coarse else 1) + (d + 1) * -(-d // tokens) + HEAD_CHECK_QUERIES
+        rest = (from_scratch_queries(H) + d * sep.n * (2 if coarse else 1) + (d + 1) * -(-d // tokens)
+                + HEAD_CHECK_QUERIES)
         planned = run.queries + rest
         run.plan(rest, f"vector multi-head extraction at d={d}, H={H} (at most)")
         V, route = sep.value_maps(run.report)
@@ -255,18 +256,25 @@ def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads,
                "tokens_per_query": tokens,
                "smallest_attention": smallest, "head_rank": _ranks(V),
                "largest_probe_norm": float(oracle.max_input_norm_used), "check_scale": sep.s,
-               "planned": planned, "near_ties": ties}
+               "planned": planned, "near_ties": ties, "first_design_points": len(sep.T0), "design_points": sep.n}
     return run.finish(model, unknowns=MultiHeadAttention.unknowns(d, H, True, K), details=details, notes=notes,
                       check_scale=sep.s, hint=" (the layer is not a sum of softmax heads over whole output rows, or "
                                           "its answers are coarser than their precision says)")
 
 
+def from_scratch_queries(H: int) -> int:
+    """Queries of one separation from scratch (the first difference, and each restart): two finite-difference
+    Jacobians, each ``±η`` along H directions, 4H."""
+    return 4 * H
+
+
 def tie_distance(eps: float) -> float:
     """Heads whose ``(W_h, u_h)`` lie closer than this (relative) are a near tie at unit roundoff ``eps``: their
-    value maps separate with errors of about ``eps / distance²`` (measured: float64 heads 7e-4 apart come back
-    with V_h 8e-7 off, 6e-5 apart 27 % off; float32 heads 2e-2 apart 9e-4 off, 7e-3 apart 0.2 % to 10¹⁰ off), so
-    the answers tell only their sum (Prop. 7.1, as for an exact tie): ``eps^(1/4)`` (1.2e-4 at float64, 1.9e-2 at
-    float32)."""
+    value maps separate with errors growing like ``1 / distance²`` (float64 heads 6.5e-3 apart come back with V_h
+    1e-9 to 1.5e-8 off, 7e-4 apart 2e-7 to 8e-7; float32 heads 0.65 apart ≤ 6e-6, 6.4e-2 apart 1.6e-4: python
+    benchmarks/near_ties.py, docs/benchmarks/verdicts.md; before this merge, float64 heads 6e-8 apart came back
+    100-190 % off with exit 0), so the answers tell only their sum (Prop. 7.1, as for an exact tie):
+    ``eps^(1/4)`` (1.2e-4 at float64, 1.9e-2 at float32)."""
     return float(eps) ** 0.25
 
 
@@ -344,7 +352,7 @@ class _Separation:
             n0 = min(K, 2 * n0)
 
     def from_scratch(self, delta, R, T):
-        """Jennrich on two finite-difference Jacobians (4H queries), then variable projection."""
+        """Jennrich on two finite-difference Jacobians (:func:`from_scratch_queries`), then variable projection."""
         H, M = self.H, self.layer.M
         U = np.linalg.svd(R, full_matrices=False)[0][:, :H]
         G = self.rng.standard_normal((self.d, H)) * self.s

@@ -37,8 +37,8 @@ def extract_transformer(oracle, *, probes: str = "orthogonal", seed: int = 0, ch
     check_option(probes, "probes", PROBES)
     require_fine_answers(oracle, "the one-layer transformer learner")
     d = oracle.d
-    run = Run(oracle, "transformer", scalar=True, seed=[check_seed(seed), 1], check=check, check_lengths=check_lengths,
-              progress=progress)
+    run = Run(oracle, "transformer-paper", scalar=True, seed=[check_seed(seed), 1], check=check,
+              check_lengths=check_lengths, progress=progress)
     n_att = AttentionHead.unknowns(d, bias=False)
     run.plan(2 * n_att, f"one-layer transformer at d={d} (Thm 4.1 on TF(X) − TF(−X): {n_att} antisymmetric "
                         "queries of 2 each; the FFN part is adaptive)", at_least=True)

@@ -43,7 +43,7 @@ from attnprobe.learners.transformer.polish import check_how, refine
 from attnprobe.models.transformer import MultiHeadTransformer
 from attnprobe.oracles.base import Oracle
 
-METHOD = "transformer-multihead"  # the Run name: "transformer" is the scalar Sec. 4.1 learner
+METHOD = "transformer-regions"  # the learner "transformer", route regions (route paper: "transformer-paper")
 #: the functional check: fresh random sequences of every length 1..16 (longer than the regions' length-2 queries)
 CHECK_LENGTHS = tuple(range(1, 17))
 #: base of the far frames (every logit ≈ 10⁸·‖W_h β‖·‖w‖: saturated except next to a head's hyperplane)
