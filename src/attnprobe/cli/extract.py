@@ -8,7 +8,7 @@ from pathlib import Path
 from attnprobe.cli import answer_chain, hf, remote
 from attnprobe.cli.common import (assumed_precision, check_outcome, nonneg_int, plan_outputs, positive_float,
                                   positive_int, print_summary, refuse_memory, track)
-from attnprobe.errors import AttnprobeError, ConfigError, InputNormError, SeparationError
+from attnprobe.errors import AttnprobeError, ConfigError, InputNormError, RecoveryError, SeparationError
 from attnprobe.learners.core import registry
 from attnprobe.models import PRECISIONS
 from attnprobe.oracles import Oracle, oracle_from_file, oracle_from_spec
@@ -207,14 +207,24 @@ def _print_estimate(args, oracle) -> int:
 def _clipping_cause(oracle, args, learner, exc=None):
     """When a run of an attention learner failed: the error naming input clipping, with the bound read from the
     answers, if they show it (an attention target answers a length-1 query affinely in its row, so clipping shows
-    in the answers; a refusal for a declared bound, ``exc`` an :class:`InputNormError`, stands)."""
+    in the answers; a refusal for a declared bound, ``exc`` an :class:`InputNormError`, stands); before that, when
+    the model did not fit the answers (a failed check or a :class:`RecoveryError`), the error naming a layer that
+    is not a sum of softmax heads over its input (:func:`~attnprobe.oracles.input_bound.not_affine_cause`)."""
     attention = learner.recovers in ("head", "multi_head") and learner.capabilities.value_answers
     if not attention or args.membership or getattr(args, "replay", False):
         return None
     if isinstance(exc, InputNormError):
         return None
-    from attnprobe.oracles.input_bound import diagnose_clipping
+    from attnprobe.oracles.input_bound import diagnose_clipping, not_affine_cause
 
+    fitted = oracle.queries > 0 and (exc is None or isinstance(exc, RecoveryError))
+    if fitted:  # answers were asked and the model did not fit them: is the layer a sum of heads at all?
+        try:
+            cause = not_affine_cause(oracle, seed=args.seed)
+        except AttnprobeError:
+            cause = None
+        if cause is not None:
+            return cause
     return diagnose_clipping(oracle, seed=args.seed)
 
 

@@ -239,12 +239,6 @@ def diagnose_clipping(oracle, *, seed: int = 0) -> InputNormError | ModelMismatc
     """
     from attnprobe.errors import AttnprobeError
 
-    try:
-        cause = not_affine_cause(oracle, seed=seed)  # not a sum of heads over the input at all: say why
-    except AttnprobeError:
-        cause = None
-    if cause is not None:
-        return cause
     used = float(getattr(oracle, "max_input_norm_used", 0.0))
     if used <= 1.0:
         return None
