@@ -27,6 +27,14 @@ def _journal_lines(out: Path) -> list[str]:
     return [line for line in lines if '"audit"' not in line[:10]]
 
 
+def _readable(line: str) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
 def test_rerun_reuses_finished_tasks_and_ignores_a_torn_line(tiny_checkpoint, tmp_path):
     path, _ = tiny_checkpoint
     tasks = _tasks(path, "none,float16")
@@ -44,7 +52,8 @@ def test_rerun_reuses_finished_tasks_and_ignores_a_torn_line(tiny_checkpoint, tm
     assert again.info["resumed"] == 2
     assert _numbers(again.records) == _numbers(first.records)
     assert all((out / f).stat().st_mtime_ns == mtimes[f] for f in kept)  # not rewritten: not redone
-    assert len(_journal_lines(out)) == len(tasks)
+    # append-only: the cut line is ended (kept, unreadable) and the redone task's record follows it
+    assert sum(_readable(line) for line in _journal_lines(out)) == len(tasks)
     assert run_audit(tasks, out, workers=1, progress=False).info["resumed"] == len(tasks)
     # a finished task whose head file is gone is redone; resume=False redoes all
     (out / sorted(kept)[0]).unlink()
@@ -54,11 +63,15 @@ def test_rerun_reuses_finished_tasks_and_ignores_a_torn_line(tiny_checkpoint, tm
 
 def test_other_tasks_in_the_folder_are_not_reused(tiny_checkpoint, tmp_path):
     path, _ = tiny_checkpoint
-    run_audit(_tasks(path, "none"), tmp_path, workers=1, progress=False)
+    first = run_audit(_tasks(path, "none"), tmp_path, workers=1, progress=False)
+    kept = {r["file"]: (tmp_path / r["file"]).read_bytes() for r in first.records}
     other = run_audit(_tasks(path, "float16"), tmp_path, workers=1, progress=False)
     assert other.info["resumed"] == 0
+    # the other audit's head files are neither reused nor removed nor overwritten
+    assert not set(kept) & {r["file"] for r in other.records}
+    assert all((tmp_path / f).read_bytes() == b for f, b in kept.items())
     assert sorted(p.name for p in (tmp_path / "heads").glob("*.npz")) == sorted(
-        Path(r["file"]).name for r in other.records)
+        Path(r["file"]).name for r in [*first.records, *other.records])
 
 
 @pytest.fixture(scope="module")

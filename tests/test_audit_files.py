@@ -45,18 +45,18 @@ def _journal_lines(out: Path) -> list[str]:
 
 def test_a_narrower_rerun_keeps_what_a_wider_one_finished(ckpt, capsys):
     out = ckpt / "out"
-    rc, _, err = run(capsys, *_audit(ckpt, "--defense", "none,float32"))
+    rc, _, err = run(capsys, *_audit(ckpt, "--defense", "none,float32", "--heads", "0"))
     assert rc == 0, err
     wide = snapshot(out / "heads")
-    assert len(wide) == 8 and len(_journal_lines(out)) == 9
-    for narrower in (["--layers", "0", "--defense", "none"], ["--defense", "float32"], ["--heads", "1"]):
-        rc, stdout, err = run(capsys, *_audit(ckpt, *narrower))
+    assert len(wide) == 4 and len(_journal_lines(out)) == 5
+    for narrower in (["--layers", "0", "--defense", "none"], ["--defense", "float32"]):
+        rc, stdout, err = run(capsys, *_audit(ckpt, *narrower, "--heads", "0"))
         assert rc == 0 and not err, err
         assert "resumed" in stdout
         assert snapshot(out / "heads") == wide  # nothing deleted, nothing rewritten
-        assert len(_journal_lines(out)) == 9  # the journal keeps every finished task
-    rc, stdout, _ = run(capsys, *_audit(ckpt, "--defense", "none,float32"))
-    assert rc == 0 and "resumed 8 finished tasks" in stdout  # the wide audit is still whole
+        assert len(_journal_lines(out)) == 5  # the journal keeps every finished task
+    rc, stdout, _ = run(capsys, *_audit(ckpt, "--defense", "none,float32", "--heads", "0"))
+    assert rc == 0 and "resumed 4 finished tasks" in stdout  # the wide audit is still whole
 
 
 def test_a_new_defence_never_overwrites_another_tasks_head_file(ckpt, capsys):
@@ -114,25 +114,26 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
-def test_a_file_size_limit_leaves_a_finished_audit_whole(ckpt):
+def test_a_file_size_limit_leaves_a_finished_audit_whole(ckpt, capsys):
     """``ulimit -f``: the rerun of a finished audit cannot write results.json: exit 2, one line, the journal and
     every head file as they were; the next run (no limit) resumes every task."""
-    assert _cli(_audit(ckpt, "--defense", "none,float32")).returncode == 0
+    args = _audit(ckpt, "--defense", "none,float32", "--layers", "0")
+    assert run(capsys, *args)[0] == 0
     before = snapshot(ckpt / "out")
 
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 
-    p = _cli(_audit(ckpt, "--defense", "none,float32"), preexec_fn=limit)
+    p = _cli(args, preexec_fn=limit)  # every task resumed: no worker is started
     assert p.returncode == 2, p.stderr
     line = _one_line(p.stderr)
-    assert "cannot write the audit's results" in line and "File too large" in line and "8 finished tasks" in line
+    assert "cannot write the audit's results" in line and "File too large" in line and "4 finished tasks" in line
     after = snapshot(ckpt / "out")
     assert after["finished.jsonl"] == before["finished.jsonl"]
     assert {k: v for k, v in after.items() if k.startswith("heads/")} == \
         {k: v for k, v in before.items() if k.startswith("heads/")}
-    p = _cli(_audit(ckpt, "--defense", "none,float32"))
-    assert p.returncode == 0 and "resumed 8 finished tasks" in p.stdout
+    rc, stdout, _ = run(capsys, *args)
+    assert rc == 0 and "resumed 4 finished tasks" in stdout
 
 
 def _full_disk(folder: Path, size: str, args: list[str]):
@@ -150,7 +151,8 @@ def _full_disk(folder: Path, size: str, args: list[str]):
     return p
 
 
-@pytest.mark.parametrize("size", ["4k", "12k", "40k"])
+@pytest.mark.parametrize("size", [pytest.param("4k", marks=pytest.mark.slow), "12k",
+                                  pytest.param("40k", marks=pytest.mark.slow)])
 def test_a_full_disk_is_exit_2_with_one_line_and_no_empty_folder(ckpt, size):
     """The disk fills at the lock file (4k), after some head files (12k) or at results.json (40k): exit 2, one line
     naming the cause, no empty folder left; every head file left is one the journal records."""
@@ -194,3 +196,46 @@ def test_the_same_weights_under_another_path_are_the_same_audit(ckpt, capsys, mo
     line = refused(capsys, ckpt, *args, says="of other weights")
     shas = [w for w in line.replace(",", " ").replace(")", " ").split() if w.startswith("sha256:")]
     assert len(shas) == 2 and shas[0] != shas[1], line
+
+
+@pytest.mark.parametrize("odd", ["fifo journal", "journal links out", "heads is a file", "heads links out",
+                                 "results is a folder"])
+def test_the_audits_own_names_taken_by_odd_files_are_refused_before_any_task(ckpt, capsys, odd):
+    """A journal that is a symlink would have been appended to wherever it points (any file the user may write);
+    a FIFO, a file named heads or a folder named results.json ended as a misleading "make room" or an internal
+    error after the work was done."""
+    from hostile import refused
+
+    out = ckpt / "out"
+    out.mkdir()
+    decoy = ckpt / "decoy.txt"
+    decoy.write_text("a file of the user's\n")
+    make = {"fifo journal": lambda: os.mkfifo(out / "finished.jsonl"),
+            "journal links out": lambda: (out / "finished.jsonl").symlink_to(decoy),
+            "heads is a file": lambda: (out / "heads").write_text("x"),
+            "heads links out": lambda: (out / "heads").symlink_to(ckpt, target_is_directory=True),
+            "results is a folder": lambda: (out / "results.json").mkdir()}
+    make[odd]()
+    line = refused(capsys, ckpt, *_audit(ckpt, "--layers", "0"), says="move it away or give another --out folder")
+    assert ("symlink" in line) == ("links out" in odd)
+    assert decoy.read_text() == "a file of the user's\n"
+
+
+def test_layer_ranges_and_heads_per_layer_are_refused_in_their_own_words(ckpt, capsys):
+    from hostile import refused
+
+    refused(capsys, ckpt, *_audit(ckpt, "--layers", "1-0"), says="--layers '1-0': the range 1-0 runs backwards")
+    args = _audit(ckpt)
+    args[args.index("--heads-per-layer") + 1] = "0"
+    refused(capsys, ckpt, *args, says="--heads-per-layer must be at least 1; got 0")
+
+
+def test_fresh_redoes_this_runs_tasks_and_keeps_the_rest(ckpt, capsys):
+    out = ckpt / "out"
+    assert run(capsys, *_audit(ckpt, "--layers", "0-1"))[0] == 0
+    wide = snapshot(out / "heads")
+    rc, stdout, err = run(capsys, *_audit(ckpt, "--layers", "0", "--fresh"))
+    assert rc == 0 and "resumed" not in stdout, err
+    assert snapshot(out / "heads") == wide  # layer 1 kept; layer 0 redone into its own files (same numbers)
+    rc, stdout, _ = run(capsys, *_audit(ckpt, "--layers", "0-1"))
+    assert rc == 0 and "resumed 4 finished tasks" in stdout

@@ -107,3 +107,21 @@ def test_layer_task_refusals_leave_no_folder(tiny_checkpoint, tmp_path, capsys, 
     refused(capsys, tmp_path, "audit", "--safetensors", path, "--heads-per-layer", HEADS, "--quiet", "--out",
             tmp_path / "out", *extra, says=says)
     assert not (tmp_path / "out").exists()
+
+
+def test_layers_every_tasks_read_every_row_and_say_so(tiny_checkpoint, tmp_path):
+    """--tasks layers-every: the same layers answering the output row at every position (bidirectional): every
+    head to 1e-9 with fewer queries than from the last row, the records carrying the rows and positions."""
+    path, _ = tiny_checkpoint
+    res = {}
+    for kind in ("layers", "layers-every"):
+        out = tmp_path / kind
+        assert main(["audit", "--safetensors", str(path), "--heads-per-layer", str(HEADS), "--tasks", kind,
+                     "--quiet", "--out", str(out)]) == 0
+        res[kind] = json.loads((out / "results.json").read_text())
+    assert res["layers-every"]["task_kind"] == "layers-every"
+    last = {h["layer"]: h for h in res["layers"]["heads"]}
+    for h in res["layers-every"]["heads"]:
+        assert h["error"] is None and h["passed"] and max(h["head_errors"]) < 1e-9
+        assert h["positions"] == "bidirectional" and h["rows"] > h["queries"]
+        assert h["queries"] < last[h["layer"]]["queries"] and last[h["layer"]]["positions"] == "last"

@@ -147,3 +147,36 @@ def test_the_cli_error_is_one_line_without_warnings(layer, capsys):
                          "1e-300", "--out", "o.npz", "--quiet")
     assert rc == 2 and "internal error" not in one_line(err)
     assert not os.path.exists("o.npz")
+
+
+def test_an_estimate_needs_no_memory_and_url_options_need_a_url(work, capsys):
+    rc, out, err = run(capsys, "extract", "--oracle", "victims:answer", "--d", "1000000000", "--estimate")
+    assert rc == 0 and "exact at d=1000000000: about" in out, err  # refused for memory before: it holds nothing
+    for flag, value in (("--concurrency", "100"), ("--timeout", "5"), ("--retries", "0"), ("--wire", "json")):
+        refused(capsys, work, "extract", "--oracle", "victims:answer", "--d", "6", flag, value, "--out", "o.npz",
+                says=f"{flag} is an option of --url; drop it")
+    refused(capsys, work, "extract", "--oracle", "victims:answer", "--d", "6", "--estimate", "--price-per-1k",
+            "1e308", says="makes the cost of")
+    import victims
+
+    assert victims.calls[0] == 0
+
+
+def test_the_folder_an_input_file_lives_in_through_a_symlink_is_an_input_folder_too(bert, tmp_path, capsys):
+    """A folder of symlinks to another model folder's files: --out there would overwrite the real config.json."""
+    links = tmp_path / "links"
+    links.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (links / name).symlink_to(bert / name)
+    before = snapshot(bert)
+    for out in (bert / "config.npz", bert / "other.npz"):
+        refused(capsys, tmp_path, "extract", "--hf-dir", links, "--layer", "0", "--row", "0", "--out", out,
+                says="is inside the input folder")
+    assert snapshot(bert) == before
+
+
+def test_abbreviated_flags_are_not_guessed(work, capsys):
+    """``demo --d 4`` was read as ``demo --dtype 4`` (argparse's prefix matching) and refused as a bad dtype."""
+    line = refused(capsys, work, "demo", "--d", "4", says="unrecognized arguments: --d 4")
+    assert "dtype" not in line
+    refused(capsys, work, "extract", "--targ", "t.npz", "--out", "o.npz", says="unrecognized arguments: --targ")

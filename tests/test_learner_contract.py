@@ -14,7 +14,8 @@ from attnprobe.learners.core import registry
 from attnprobe.models import AttentionHead
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.wrappers import AdversarialNoise, Membership
-from attnprobe.targets import random_head, random_multihead, random_relu_net, random_transformer
+from attnprobe.targets import (random_head, random_multihead, random_relu_net, random_rope_attention,
+                               random_transformer)
 from attnprobe.targets.theorem_heads import margin, theorem_head
 
 D = 6
@@ -28,6 +29,8 @@ def standard_oracle(entry: registry.Learner, budget=None) -> Oracle:
         return Oracle(random_multihead(D, 2, seed=3), D, budget=budget)
     if entry.recovers == "transformer":
         return Oracle(random_transformer(D, 2 * D, seed=3), D, budget=budget)
+    if entry.recovers == "positional":  # RoPE heads need d_h above the learner's 11 offsets
+        return Oracle(random_rope_attention(32, 2, 1, seed=3), 32, budget=budget)
     if entry.recovers == "relu_net":
         return Oracle(random_relu_net(D, 2 * D, seed=3), D, budget=budget)
     if not entry.capabilities.value_answers:

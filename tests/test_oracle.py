@@ -43,7 +43,8 @@ def test_budget_refuses_before_asking():
 
 
 @pytest.mark.parametrize("answer, match", [
-    (lambda X: np.zeros((len(X), 2, 1)), "shape"),  # (B, K) answers are fine, (B, K, 1) are not
+    # (B, K) and (B, N, K) answers are fine; (B, M, 1) with M ≠ N is not
+    (lambda X: np.zeros((len(X), X.shape[1] + 1, 1)), "shape"),
     (lambda X: np.zeros(len(X) + 1), "shape"),
     (lambda X: np.full(len(X), np.nan), "non-finite"),
     (lambda X: np.full(len(X), np.inf), "non-finite"),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from attnprobe.learners.multihead.vector_heads import _Projection, fit_delta, fit_deltas, sigmoid
-from attnprobe.learners.multihead.vector_logits import _least_squares
+from attnprobe.learners.multihead.vector_logits import least_squares
 
 
 def _problem(rng, T=None, K=30, H=4, n=20, q=3, start_off=0.05):
@@ -54,7 +54,9 @@ def test_the_normal_equations_are_those_of_the_jacobian():
     r = proj.residual(res, idx)
     A, g = proj.normal_equations(S, Qd, w, r, idx)
     for f in range(F):  # Kaufman's Jacobian written out entry by entry
-        G = (S[f] * (1 - S[f]))[:, :, None] * T1[None]
+        s = S[f, 0]  # the sigmoid; S[f, 1] is its derivative
+        np.testing.assert_allclose(S[f, 1], s * (1 - s), rtol=1e-12)
+        G = (s * (1 - s))[:, :, None] * T1[None]
         G = G - np.einsum("nk,hkl->hnl", Qd[f], np.einsum("nk,hnl->hkl", Qd[f], G))
         J = (-np.einsum("kh,hnl->knhl", w[f], G) / proj.scale[f]).reshape(K * n, H * L)
         np.testing.assert_allclose(A[f], J.T @ J, rtol=1e-10, atol=1e-12)
@@ -64,9 +66,9 @@ def test_the_normal_equations_are_those_of_the_jacobian():
 def test_least_squares_by_qr_and_its_least_norm_fallback():
     rng = np.random.default_rng(1)
     A, B = rng.standard_normal((40, 6)), rng.standard_normal((40, 3))
-    np.testing.assert_allclose(_least_squares(A, B), np.linalg.lstsq(A, B, rcond=None)[0], rtol=1e-10)
+    np.testing.assert_allclose(least_squares(A, B), np.linalg.lstsq(A, B, rcond=None)[0], rtol=1e-10)
     A[:, 5] = A[:, 4]  # rank-deficient: QR would divide by a zero pivot
-    np.testing.assert_allclose(_least_squares(A, B), np.linalg.lstsq(A, B, rcond=None)[0], rtol=1e-10)
+    np.testing.assert_allclose(least_squares(A, B), np.linalg.lstsq(A, B, rcond=None)[0], rtol=1e-10)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -86,3 +88,35 @@ def test_relabelling_is_the_optimal_assignment(seed):
     cost = np.linalg.norm(got[:, :, None] - ref[:, None, :], axis=0)
     rows, cols = linear_sum_assignment(cost)
     np.testing.assert_array_equal(fit.w, got[:, rows[np.argsort(cols)]])
+
+
+@pytest.mark.parametrize("length", [2, 3, 6])
+def test_the_progression_link_is_the_mean_index_and_its_derivative(length):
+    from attnprobe.learners.multihead.vector_heads import mean_index
+
+    z = np.linspace(-30, 30, 41)
+    mu, dmu = mean_index(z, length)
+    j = np.arange(length)
+    p = np.exp(np.outer(z, j) - np.max(np.outer(z, j), axis=1, keepdims=True))
+    np.testing.assert_allclose(mu, (p @ j) / p.sum(axis=1), rtol=1e-12, atol=1e-12)
+    h = 1e-6
+    np.testing.assert_allclose(dmu, (mean_index(z + h, length)[0] - mean_index(z - h, length)[0]) / (2 * h),
+                               rtol=1e-5, atol=1e-8)
+    assert np.all(np.diff(mu) > 0) or np.all(np.diff(mu) >= 0) and mu[0] >= 0 and mu[-1] <= length - 1
+
+
+def test_a_progression_fit_separates_heads_from_rows():
+    """Rows k of ``[b; b + δ; …; b + (N−1)δ]`` answer ``Σ_h μ_N(θ_hᵀ[t; k; 1]) w_h``: recovered exactly."""
+    from attnprobe.learners.multihead.vector_heads import fit_delta, mean_index
+
+    rng = np.random.default_rng(5)
+    K, H, q, N, n = 12, 3, 3, 5, 4
+    t = rng.standard_normal((n, q))
+    T = np.concatenate([np.repeat(t, N, axis=0), np.tile(np.arange(N), n)[:, None]], axis=1)
+    theta = rng.standard_normal((H, q + 2)) * 0.7
+    w = rng.standard_normal((K, H))
+    R = w @ mean_index(theta @ np.concatenate([T, np.ones((len(T), 1))], axis=1).T, N)[0]
+    fit = fit_delta(R, T, w.sum(axis=1), theta + 0.05 * rng.standard_normal(theta.shape), length=N)
+    assert fit.residual < 1e-12
+    np.testing.assert_allclose(fit.theta, theta, atol=1e-9)
+    np.testing.assert_allclose(fit.w, w, atol=1e-9)

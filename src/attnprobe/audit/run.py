@@ -14,9 +14,12 @@ import os
 import signal
 import threading
 import time
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
+
+import numpy as np
 
 from attnprobe.audit.engines import ENGINES, signals_held
 from attnprobe.audit.tasks import HeadSpec, Task
@@ -124,16 +127,28 @@ def _holds_records(path: Path) -> bool:
 def refuse_other_journal(out: Path, identity: dict) -> None:
     """Refuse (one :class:`ConfigError`, nothing touched) a ``finished.jsonl`` in ``out`` written by an audit of
     another model or with other :data:`SETTINGS`: its tasks would be dropped, and with them its head files."""
+    what = _other_audit(out, identity)
+    if what == _NO_IDENTITY:
+        raise ConfigError(f"{out / JOURNAL} holds finished tasks but no readable identity line (cut short or "
+                          "damaged): they cannot be told to be of these weights and settings; give --fresh to replace "
+                          "it, or another --out folder")
+    if what:
+        raise ConfigError(f"{out / JOURNAL} records an audit {what}; give --fresh to replace it, or another "
+                          "--out folder")
+
+
+#: what :func:`_other_audit` says of a journal with records but no readable identity line
+_NO_IDENTITY = "with no readable identity line"
+
+
+def _other_audit(out: Path, identity: dict) -> str | None:
+    """How the audit ``out/finished.jsonl`` records differs from this one (None: the same, or no journal)."""
     path = out / JOURNAL
     if not path.is_file():
-        return
+        return None
     theirs = _journal_identity(path)
     if theirs is None:
-        if _holds_records(path):  # identity line cut or damaged: its records cannot be matched to these weights
-            raise ConfigError(f"{path} holds finished tasks but no readable identity line (cut short or damaged): "
-                              "they cannot be told to be of these weights and settings; give --fresh to replace "
-                              "it, or another --out folder")
-        return
+        return _NO_IDENTITY if _holds_records(path) else None  # cut or damaged: its records cannot be matched
     what = []
     if _weights(theirs.get("models")) != _weights(identity["models"]):  # by content: a moved file is the same
         what.append(f"of other weights ({_described(theirs.get('models'))} there, {_described(identity['models'])} "
@@ -142,9 +157,7 @@ def refuse_other_journal(out: Path, identity: dict) -> None:
     if differ:
         what.append("with other " + ", ".join(f"{k} ({_listed(theirs.get('settings', {}).get(k))} there, "
                                               f"{_listed(identity['settings'][k])} here)" for k in differ))
-    if what:
-        raise ConfigError(f"{path} records an audit {' and '.join(what)}; give --fresh to replace it, or another "
-                          "--out folder")
+    return " and ".join(what) or None
 
 
 def _weights(models) -> list[str] | None:
@@ -230,14 +243,30 @@ def _claimed_files(entries: list[tuple[str, dict]]) -> dict[str, str]:
     return claimed
 
 
-def _free_name(task: Task, name: str, claimed: dict[str, str], out: Path, models: dict) -> str:
-    """``name``, or (when a journal record of another task names it, or a file the journal does not know is there)
-    a longer name with the defence and learner, then a number: a head file of another task, or a user's own file,
-    is never overwritten."""
+def _holds(path: Path, arrays: dict | None) -> bool:
+    """Whether ``path`` is a saved model holding exactly ``arrays`` (this task's own file, written before a kill cut
+    its journal line: the rerun computes the same arrays)."""
+    if arrays is None or not path.is_file():
+        return False
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            return set(saved.files) - {"kind"} == set(arrays) and all(
+                np.array_equal(saved[k], np.asarray(arrays[k])) for k in arrays)
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return False
+
+
+def _free_name(task: Task, name: str, claimed: dict[str, str], out: Path, models: dict,
+               arrays: dict | None = None) -> str:
+    """``name``, or (when a journal record of another task names it, or a file the journal does not know is there
+    and does not hold this task's arrays) a longer name with the defence and learner, then a number: a head file of
+    another task, or a user's own file, is never overwritten."""
     key = content_key(task_key(task), models)
 
     def free(n: str) -> bool:
-        return claimed.get(n, key) == key and (n in claimed or not (out / n).exists())
+        if claimed.get(n, key) != key:
+            return False
+        return n in claimed or not (out / n).exists() or _holds(out / n, arrays)
 
     if free(name):
         return name
@@ -257,7 +286,7 @@ def _journal(out: Path, task: Task, rec: dict, identity: dict) -> None:
     path = out / JOURNAL
     new, size = not path.exists(), None
     try:
-        with open(path, "ab+") as f:
+        with open(path, "ab+", opener=_no_symlink) as f:
             size = f.seek(0, os.SEEK_END)
             head = b""
             if size == 0:
@@ -279,6 +308,23 @@ def _journal(out: Path, task: Task, rec: dict, identity: dict) -> None:
         raise ConfigError(f"cannot record a finished task in {path} ({exc.strerror or exc}); the audit stopped, "
                           "the tasks recorded before are kept: make room (disk space, file-size limit) and rerun the "
                           "same command to resume") from None
+
+
+def _no_symlink(path, flags):
+    """``open``'s opener that refuses to follow a symlink at the last step (the journal is never written through
+    one: it could point at any file)."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o666)
+
+
+def refuse_odd_files(out: Path) -> None:
+    """Refuse (one :class:`ConfigError`, before any task runs) an ``out`` folder where the audit's own names are
+    taken by something it cannot write as intended: a symlink (it could point anywhere), a folder, a FIFO."""
+    for name, folder in ((JOURNAL, False), ("results.json", False), ("report.html", False), ("heads", True)):
+        p = out / name
+        if p.is_symlink() or (p.exists() and not (p.is_dir() if folder else p.is_file())):
+            what = "a symlink" if p.is_symlink() else "not a folder" if folder else "not a regular file"
+            raise ConfigError(f"{p} is {what}, where the audit writes {'its head files' if folder else 'its ' + name}: "
+                              "move it away or give another --out folder")
 
 
 def _forget_written(out: Path, entries: list[tuple[str, dict]]) -> None:
@@ -306,16 +352,18 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
         reachable(address)
     out = Path(out)
     identity = audit_identity(tasks)
+    refuse_odd_files(out)
     if resume:
         refuse_other_journal(out, identity)
     (out / "heads").mkdir(parents=True, exist_ok=True)
     several = len({t.defense.name for t in tasks}) > 1
     learners_per_defense = {name: len({t.learner for t in tasks if t.defense.name == name})
                             for name in {t.defense.name for t in tasks}}
-    if not resume:
+    if not resume and _other_audit(out, identity):  # --fresh over another audit: what it wrote is replaced
         _forget_written(out, _journal_entries(out))
     entries = _journal_entries(out)
-    reused = _finished(out, tasks, entries, identity["models"])
+    # --fresh over the same audit redoes this run's tasks (in their old files) and keeps every other record
+    reused = _finished(out, tasks, entries, identity["models"]) if resume else {}
     claimed = _claimed_files(entries)
     todo = [i for i in range(len(tasks)) if i not in reused]
     bar = Progress(f"audit ({engine})", enabled=progress, delay=0.0, unit="task")
@@ -327,10 +375,11 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
         rec["file"] = None
         if arrays is not None:
             task = tasks[i]
+            model = model_class(rec["kind"]).from_arrays(arrays)
             rec["file"] = _free_name(task, head_file(task, several, learners_per_defense[task.defense.name] > 1),
-                                     claimed, out, identity["models"])
+                                     claimed, out, identity["models"], model.arrays())
             claimed[rec["file"]] = content_key(task_key(task), identity["models"])
-            save_model(model_class(rec["kind"]).from_arrays(arrays), out / rec["file"])
+            save_model(model, out / rec["file"])
         done[0] += 1
         bar(done[0], len(tasks))
 

@@ -44,6 +44,11 @@ TASK_KINDS = {k.name: k for k in (
     TaskKind("layers", True, True, "one task per layer: all its heads at once from whole output rows (vector "
                                    "answers, K = hidden width; the multi-head learner's vector route)",
              "whole layers from whole output rows (--tasks layers)", "multi-head learner of vector answers"),
+    TaskKind("layers-every", True, True, "one task per layer: all its heads at once from whole output rows at "
+                                         "every position (every-position answers (B, N, K); bidirectional, no "
+                                         "position terms; docs/every-position.md)",
+             "whole layers from the output rows at every position (--tasks layers-every)",
+             "multi-head learner of vector answers"),
     TaskKind("layer-rows", True, False, "one task per layer: all its heads at once from one output row (--row) "
                                         "(scalar answers; the generic multi-head learner, --rank = head dimension)",
              "whole layers at one output row (--tasks layer-rows)", "multi-head learner"),
@@ -62,17 +67,24 @@ class HeadSpec:
     head: int | None
     row: int | None = 0
     heads_per_layer: int | None = None
+    #: the layer answers the output row at every position (a whole-layer task with row None)
+    every_position: bool = False
 
     def __post_init__(self) -> None:
         if self.head is not None and self.row is None:
             raise ConfigError("a single head is audited at one output row; give row (whole output rows are read "
                               "by whole-layer tasks, head=None)")
+        if self.every_position and (self.head is not None or self.row is not None):
+            raise ConfigError("every-position answers are audited for whole layers at whole output rows (head=None, "
+                              "row=None)")
 
     @property
     def kind(self) -> TaskKind:
         """The :data:`TASK_KINDS` entry of this spec."""
         if self.head is not None:
             return TASK_KINDS["heads"]
+        if self.every_position:
+            return TASK_KINDS["layers-every"]
         return TASK_KINDS["layers" if self.row is None else "layer-rows"]
 
     def checkpoint(self):
@@ -199,7 +211,12 @@ def run_task(task: Task) -> dict:
         learner = registry.learner(task.learner)
         truth = task.head.target()
         outputs = truth.v.shape[1] if task.head.kind.vector else None  # K known: no query spent to find it
-        oracle = Oracle(truth, truth.d, budget=task.budget, chain=task.defense.seeded(task.seed), outputs=outputs)
+        fn = truth
+        if task.head.every_position:  # the layer's output row at every position (bidirectional, no position terms)
+            from attnprobe.models.every_position import EveryPositionLayer
+
+            fn = EveryPositionLayer(truth)
+        oracle = Oracle(fn, truth.d, budget=task.budget, chain=task.defense.seeded(task.seed), outputs=outputs)
         options = {"rank": task.rank} if "rank" in learner.option_names else {}
         if task.head.head is None and "heads" in learner.option_names:
             options["heads"] = task.head.checkpoint().heads_per_layer
@@ -210,6 +227,7 @@ def run_task(task: Task) -> dict:
         rec.update(kind=res.model.kind, queries=int(res.queries), check_queries=chk.queries if chk else 0,
                    unknowns=int(res.unknowns), relative_error=errors, check_error=chk.error if chk else None,
                    passed=bool(res.passed), arrays={k: np.asarray(v) for k, v in res.model.arrays().items()})
+        rec.update(rows=int(oracle.rows), positions=oracle.positions)  # output rows answered; what they are
         phases = getattr(res, "queries_by_phase", None)  # learners on the skeleton charge queries to phases
         if phases:
             rec["queries_by_phase"] = {str(k): int(v) for k, v in dict(phases).items()}

@@ -34,7 +34,12 @@ class Terminated(BaseException):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (``attnprobe: error: ...``) instead of the usage block."""
+    """argparse with one-line errors (``attnprobe: error: ...``) instead of the usage block, and no abbreviated
+    flags (``demo --d 4`` read as ``--dtype 4``: an unknown flag is named as such instead)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         self.exit(EXIT_REFUSED, f"attnprobe: error: {self.prog}: {message} (see {self.prog} --help)\n")

@@ -21,6 +21,8 @@ def parse_range(text: str, count: int, what: str) -> list[int]:
             a, b = int(lo), int(hi) if sep else int(lo)
         except ValueError as exc:
             raise ConfigError(f"--{what} must look like all, 3, 0-5 or 0,2,4; got {text!r}") from exc
+        if a > b:
+            raise ConfigError(f"--{what} {text!r}: the range {part.strip()} runs backwards; write {b}-{a}")
         if not (0 <= a <= b < count):
             raise ConfigError(f"--{what} {text!r} is outside 0..{count - 1} (the model has {count} {what})")
         out.update(range(a, b + 1))
@@ -61,6 +63,8 @@ def build_tasks(args):
                           "for other BERT-family models use --safetensors FILE --heads-per-layer H")
     if args.safetensors and args.heads_per_layer is None:
         raise ConfigError("--safetensors needs --heads-per-layer H (the model's attention heads per layer)")
+    if args.heads_per_layer is not None and args.heads_per_layer < 1:
+        raise ConfigError(f"--heads-per-layer must be at least 1; got {args.heads_per_layer}")
     source = "minilm" if args.model else args.safetensors
     probe = HeadSpec(source, 0, 0, 0, args.heads_per_layer)
     ckpt = probe.checkpoint()
@@ -89,7 +93,8 @@ def build_tasks(args):
                               f"drop {d.name} from --defense")
         for layer in layers:
             for head in ([None] if kind.whole_layer else heads):
-                spec = HeadSpec(source, layer, head, None if kind.vector else row, args.heads_per_layer)
+                spec = HeadSpec(source, layer, head, None if kind.vector else row, args.heads_per_layer,
+                                every_position=kind.name == "layers-every")
                 tasks += [Task(spec, name, d, args.seed, args.budget, args.rank) for name in names]
     return tasks
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 from pathlib import Path
 
 from attnprobe.cli import answer_chain, hf, remote
@@ -53,6 +55,7 @@ def _oracle_from_args(args, chain, learner) -> Oracle:
     oracle = remote.source_oracle(args, budget=args.budget, precision=precision, chain=chain)
     oracle = oracle if oracle is not None else _plain_oracle_from_args(args, chain, precision, learner)
     oracle.max_input_norm = args.max_input_norm
+    oracle.declare_positions(getattr(args, "positions", None))
     return oracle
 
 
@@ -70,7 +73,7 @@ def _plain_oracle_from_args(args, chain, precision, learner) -> Oracle:
                               "drop --d")
         return oracle
     if args.oracle:
-        if args.d is not None and learner.recovers == "head":
+        if args.d is not None and learner.recovers == "head" and not args.estimate:  # an estimate holds nothing
             refuse_memory(HEAD_BYTES_PER_D2 * args.d**2, f"extracting a d = {args.d} head")
         return oracle_from_spec(args.oracle, args.d, **kw)
     raise ConfigError("say what to extract: --oracle MODULE:ATTR --d D, --target FILE.npz or --hf-dir DIR --layer L")
@@ -106,7 +109,12 @@ def run(args) -> int:
         from attnprobe.oracles.hf_folder import check_model_dir
 
         check_model_dir(args.hf_dir)
-    plan_outputs(args.out, inputs, folders=[args.hf_dir])
+    folders = [args.hf_dir]
+    if args.hf_dir:  # its files, and the folders they live in through symlinks, are inputs too
+        files = [Path(args.hf_dir) / "config.json", Path(args.hf_dir) / "model.safetensors"]
+        inputs += files
+        folders += [Path(os.path.realpath(f)).parent for f in files]
+    plan_outputs(args.out, inputs, folders=folders)
     oracle = _oracle_from_args(args, chain, learner)
     track(args, oracle)
     progress = Progress(f"extract ({args.method})", enabled=not args.quiet)
@@ -198,6 +206,9 @@ def _print_estimate(args, oracle) -> int:
             f"{est.basis}; {assumed}); {oracle.queries} asked")
     if args.budget is not None and est.high > args.budget:
         line += f"; more than --budget {args.budget} may be needed"
+    if est.cost is not None and not math.isfinite(est.cost):
+        raise ConfigError(f"--price-per-1k {args.price_per_1k:g} makes the cost of {est.queries} queries overflow; "
+                          "give the price in a larger unit")
     if est.cost is not None:
         line += f"; cost about {est.cost:.4g} at {args.price_per_1k:g} per 1,000 queries"
     print(line)
@@ -275,6 +286,10 @@ def add_parser(sub) -> None:
     e.add_argument("--max-input-norm", type=positive_float, metavar="R",
                    help="the oracle accepts input rows of norm at most R: a batch with a longer row is refused "
                         "before it is sent (the largest norm used is in OUT.json details.oracle)")
+    e.add_argument("--positions", choices=("auto", "causal", "bidirectional", "positional"), default="auto",
+                   help="an oracle answering every position (B, N, K): causal (row i = the answer on X[:i+1]), "
+                        "bidirectional (no position terms: row i = the answer with x_i moved last) or positional; "
+                        "default auto: read from one probe of 3 sequences")
     e.add_argument("--outputs", type=positive_int, metavar="K",
                    help="the oracle answers K numbers per sequence (e.g. logits); default: taken from its first answer")
     e.add_argument("--seed", type=nonneg_int, default=0)

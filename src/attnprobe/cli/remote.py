@@ -3,7 +3,10 @@
 The summary JSON gets ``details.oracle``: the defences between the model and the answers (``defense``, the answer
 chain's spec), the answers' precision (declared or detected, with its evidence),
 ``queries_total`` (every answer the run used, the functional check included), ``queries_from_log`` (answered
-from the log: not asked, not charged to any budget) and ``queries_asked`` (sent to the oracle and paid for).
+from the log: not asked, not charged to any budget) and ``queries_asked`` (sent to the oracle and paid for);
+``rows`` (output rows answered: N per sequence for an every-position oracle), ``rows_reused`` (last-position
+queries answered by rows already seen: not asked) and ``positions`` (``last``, ``causal``, ``bidirectional`` or
+``positional``, with ``positions_source``: declared or read from the answers).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from attnprobe.errors import ConfigError
 from attnprobe.models import PRECISIONS
 
 PRECISION_CHOICES = ("auto", *PRECISIONS)
+#: the options of ``--url`` and their defaults (None on the command line: "not given")
+URL_OPTIONS = {"concurrency": 4, "timeout": 60.0, "retries": 6, "wire": "auto"}
 
 
 def add_arguments(parser) -> None:
@@ -22,11 +27,11 @@ def add_arguments(parser) -> None:
     g.add_argument("--api-key", metavar="KEY", help="the API key for --url (better: ATTNPROBE_API_KEY in the "
                                                     "environment, which keeps it out of the process list); "
                                                     "without one, requests go without a key")
-    g.add_argument("--concurrency", type=int, default=4, help="--url: requests in flight (default 4)")
-    g.add_argument("--timeout", type=float, default=60.0, help="--url: seconds per request (default 60)")
-    g.add_argument("--retries", type=int, default=6,
+    g.add_argument("--concurrency", type=int, help="--url: requests in flight (default 4)")
+    g.add_argument("--timeout", type=float, help="--url: seconds per request (default 60)")
+    g.add_argument("--retries", type=int,
                    help="--url: retries of a request on 429/5xx/connection errors, with backoff (default 6)")
-    g.add_argument("--wire", choices=("auto", "npy", "json"), default="auto",
+    g.add_argument("--wire", choices=("auto", "npy", "json"),
                    help="--url: body format (default auto: binary .npy when the server offers it, else JSON)")
     g.add_argument("--log", metavar="FILE.sqlite", help="store every query and answer; a rerun with the same log "
                                                        "asks only for what the log lacks")
@@ -113,13 +118,16 @@ def source_oracle(args, **kw):
             raise ConfigError("give one oracle: --url, --oracle MODULE:ATTR or --target FILE.npz")
         from attnprobe.oracles.http import HttpOracle, oracle_from_http
 
-        fn = HttpOracle(args.url, args.api_key, timeout=args.timeout, retries=args.retries,
-                        concurrency=args.concurrency, wire=getattr(args, "wire", "auto"), on_retry=_say_retry)
+        given = {k: v if (v := getattr(args, k, None)) is not None else default for k, default in URL_OPTIONS.items()}
+        fn = HttpOracle(args.url, args.api_key, **given, on_retry=_say_retry)
         from attnprobe.oracles.chain import AnswerChain
 
         return oracle_from_http(fn, args.d, log=open_log(args, kw.get("chain") or AnswerChain(), fn.identity), **kw)
     if args.api_key:
         raise ConfigError("--api-key goes with --url")
+    for name in URL_OPTIONS:  # an option of --url given to another oracle would be ignored
+        if getattr(args, name, None) is not None:
+            raise ConfigError(f"--{name} is an option of --url; drop it (the oracle here is not a URL)")
     return None
 
 
@@ -140,7 +148,11 @@ def describe(oracle) -> dict:
            "queries_total": oracle.queries, "queries_from_log": getattr(oracle, "from_log", 0),
            "queries_asked": oracle.queries - getattr(oracle, "from_log", 0),
            "max_input_norm_used": getattr(oracle, "max_input_norm_used", None),
-           "max_input_norm": getattr(oracle, "max_input_norm", None)}
+           "max_input_norm": getattr(oracle, "max_input_norm", None),
+           "rows": getattr(oracle, "rows", None), "rows_reused": getattr(oracle, "from_rows", 0)}
+    if getattr(oracle, "every_position", None) is not None:
+        out["positions"] = oracle.positions
+        out["positions_source"] = oracle.positions_source
     if detector is not None:
         out["precision_detection"] = detector.describe()
     log = getattr(oracle, "log", None)

@@ -47,9 +47,9 @@ def port(text: str) -> int:
     return value
 
 
-def answer_outputs(fn, d: int) -> int | None:
-    """K for a model answering (B, K) (None for one number per sequence), read from one test query; a model
-    that fails on it is refused before the server starts."""
+def answer_outputs(fn, d: int) -> tuple[int | None, bool]:
+    """K for a model answering (B, K) (None for one number per sequence) and whether it answers every position
+    ((B, N, K)), read from one test query; a model that fails on it is refused before the server starts."""
     import numpy as np
 
     X = np.random.default_rng(0).standard_normal((1, 1, d)) * 0.1  # length 1: every model answers it
@@ -59,11 +59,13 @@ def answer_outputs(fn, d: int) -> int | None:
         raise ConfigError(f"the model fails on a test query ({type(exc).__name__}: {exc}); fix it before serving "
                           "it") from None
     if y.shape in ((1,), (1, 1)):
-        return None
+        return None, False
     if y.ndim == 2 and y.shape[0] == 1:
-        return int(y.shape[1])
-    raise ConfigError(f"the model answers shape {y.shape} for one sequence; a served model answers one number or "
-                      "K numbers per sequence")
+        return int(y.shape[1]), False
+    if y.ndim == 3 and y.shape[:2] == (1, 1):
+        return int(y.shape[2]), True
+    raise ConfigError(f"the model answers shape {y.shape} for one sequence of one row; a served model answers one "
+                      "number or K numbers per sequence, or K numbers per position")
 
 
 def served_callable(args):
@@ -75,15 +77,17 @@ def served_callable(args):
         raise ConfigError("say what to serve: either --target FILE.npz or --oracle MODULE:ATTR --d D")
     chain = answer_chain.chain_from_args(args)
     oracle = oracle_from_file(args.target, dtype=args.dtype) if args.target else oracle_from_spec(args.oracle, args.d)
-    outputs = answer_outputs(oracle.fn, oracle.d)  # asked of the model itself: the chain's noise is not consumed
-    return chain.apply(oracle.fn), oracle.d, oracle.name, outputs
+    # asked of the model itself: the chain's noise is not consumed
+    outputs, every = answer_outputs(oracle.fn, oracle.d)
+    return chain.apply(oracle.fn), oracle.d, oracle.name, outputs, every
 
 
 def build_from_args(args):
     from attnprobe.service import KeyStore, ServiceOptions, build_app
 
-    fn, d, name, outputs = served_callable(args)
-    options = ServiceOptions(d=d, max_batch=args.max_batch, max_length=args.max_length, name=name, outputs=outputs)
+    fn, d, name, outputs, every = served_callable(args)
+    options = ServiceOptions(d=d, max_batch=args.max_batch, max_length=args.max_length, name=name, outputs=outputs,
+                             every_position=every)
     keys = KeyStore(api_keys(args), budget=args.budget, rate=args.rate, burst=args.max_batch)
     return build_app(fn, options, keys), options
 

@@ -4,6 +4,7 @@ from attnprobe.models.attention import AttentionHead, as_batch
 from attnprobe.models.ffn import ReLUNet, canonical_neurons, neuron_errors
 from attnprobe.models.io import load_model, register, save_model
 from attnprobe.models.multihead import HeadMatch, MultiHeadAttention, match_heads
+from attnprobe.models.positional import PositionalAttention
 from attnprobe.models.precision import PRECISIONS, resolve_dtype, unit_roundoff
 from attnprobe.models.transformer import MultiHeadTransformer, OneLayerTransformer
 
@@ -12,7 +13,8 @@ register(ReLUNet)
 register(OneLayerTransformer)
 register(MultiHeadAttention)
 register(MultiHeadTransformer)
+register(PositionalAttention)
 
 __all__ = ["AttentionHead", "MultiHeadAttention", "HeadMatch", "match_heads", "ReLUNet", "OneLayerTransformer",
-           "MultiHeadTransformer", "canonical_neurons", "neuron_errors", "as_batch", "load_model", "save_model",
-           "register", "PRECISIONS", "resolve_dtype", "unit_roundoff"]
+           "MultiHeadTransformer", "PositionalAttention", "canonical_neurons", "neuron_errors", "as_batch",
+           "load_model", "save_model", "register", "PRECISIONS", "resolve_dtype", "unit_roundoff"]

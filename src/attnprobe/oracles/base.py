@@ -14,6 +14,8 @@ from attnprobe.errors import (BudgetExceededError, InputNormError, NonFiniteAnsw
 from attnprobe._validation import as_batch
 from attnprobe.models.precision import coarser, machine_epsilon
 from attnprobe.oracles.noise import AnswerNoise, noise_of
+from attnprobe.oracles.positions import (REUSABLE, RowAnswers, check_positions, declared_positions,
+                                         positions_from_rows, probe_sequences)
 from attnprobe.oracles.wrappers import Wrapper, declared_precision
 from attnprobe.oracles.precision_detect import PrecisionDetector, smoothness_batch
 
@@ -71,11 +73,22 @@ def _innermost(fn):
 NORM_ROUNDING = 1e-12
 
 class Oracle:
-    """Wraps a callable ``fn(X) -> y`` with ``X`` of shape (B, N, d) and ``y`` of shape (B,) or (B, K).
+    """Wraps a callable ``fn(X) -> y`` with ``X`` of shape (B, N, d) and ``y`` of shape (B,), (B, K) or (B, N, K).
 
     A callable may answer a vector of K outputs per sequence (a classifier's logits): each sequence is still one
     query. K is taken from the first answer (``outputs``), or fixed up front by ``outputs=K``; every later answer
     must have the same K.
+
+    Every-position answers: a callable answering ``(B, N, K)`` gives the output row at every position (the shape
+    itself says so; a one-output layer answers ``(B, N, 1)``). A sequence is still one query; ``rows`` counts the
+    output rows answered (``B·N`` per batch; ``B`` for last-position answers). Calling the oracle returns the last
+    row of each sequence; :meth:`answer_rows` returns them all. ``positions`` says what the rows are
+    (:mod:`~attnprobe.oracles.positions`): declared (``positions=``, or a ``positions`` attribute of the
+    callable) or read from the answers with one probe of three sequences (phase ``"positions"``). For a causal or
+    bidirectional (position-free) layer, the rows answer other last-position queries (a prefix, a moved-last
+    permutation): a last-position query whose answer is in a row already seen is not asked again
+    (``from_rows`` counts them: they are neither queries nor charged), and a batch holding permutations of one
+    sequence asks it once.
 
     ``queries`` counts every sequence sent to ``fn``. A call that would pass ``budget`` raises
     :class:`BudgetExceededError` before ``fn`` is asked. Answers that are mis-shaped or non-finite raise
@@ -103,7 +116,8 @@ class Oracle:
 
     def __init__(self, fn: QueryFn, d: int, *, budget: int | None = None, precision: str | None = None,
                  max_batch: int = 65536, name: str | None = None, log=None, outputs: int | None = None,
-                 chain=None, eps_floor: float = 0.0, max_input_norm: float | None = None) -> None:
+                 chain=None, eps_floor: float = 0.0, max_input_norm: float | None = None,
+                 positions: str | None = None) -> None:
         if not callable(fn):
             hint = (" (a torch module: wrap it with attnprobe.oracles.torch_adapter)"
                     if type(fn).__module__.startswith("torch") else "")
@@ -133,6 +147,16 @@ class Oracle:
         self.max_input_norm = max_input_norm
         #: the largest input row norm sent to this oracle so far
         self.max_input_norm_used = 0.0
+        #: True once the callable answered every position ((B, N, K)), False once it answered the last only
+        self.every_position: bool | None = None
+        #: output rows answered (B·N per batch of every-position answers, B otherwise); last-position answers
+        #: read from rows already seen (never asked, never charged)
+        self.rows = 0
+        self.from_rows = 0
+        self._positions = check_positions(positions) or declared_positions(self.fn)
+        self._positions_source = "declared" if self._positions else None
+        self._row_answers: RowAnswers | None = None
+        self._probing = False  # reading the positions: its answers are kept nowhere
         if log is not None:  # bound to this oracle: a log of another width or output count is refused here
             log.attach(self.d, self.outputs, decided)
 
@@ -254,12 +278,125 @@ class Oracle:
                 "(a lower bound: it covers this step, and later steps may need more)")
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
+        """The last-position answers to ``X`` ((B,) or (B, K)); rows already seen answer what they can."""
         X = as_batch(X, self.d)
+        if self.every_position and X.shape[0] and self._reusing():
+            y = self._through_rows(X)
+        else:
+            y = self._answers(X)
+            self._keep_rows(X, y)
+        if y.ndim == 3:
+            y = y[:, -1, :]
+        if self._scalar is not None and y.ndim == 2:
+            self._refuse_outputs(y.shape[1])
+            y = y[:, 0]
+        return y
+
+    def answer_rows(self, X: np.ndarray) -> np.ndarray:
+        """The output row at every position of every sequence of ``X`` ((B, N, K)); refused in one line when the
+        oracle answers the last position only."""
+        X = as_batch(X, self.d)
+        if self.every_position is False:
+            self._refuse_rows()
+        y = self._answers(X)
+        if y.ndim != 3:
+            self._refuse_rows()
+        self._keep_rows(X, y)
+        return y
+
+    def _reusing(self) -> bool:
+        """Whether rows answer other last-position queries here (never inside a ``fresh`` phase)."""
+        return self._fresh == 0 and not self._probing and self.positions in REUSABLE
+
+    def _rows_kept(self) -> RowAnswers:
+        if self._row_answers is None or self._row_answers.positions != self._positions:
+            self._row_answers = RowAnswers(self._positions)
+        return self._row_answers
+
+    def _keep_rows(self, X: np.ndarray, y: np.ndarray) -> None:
+        if y.ndim == 3 and len(X) and self._reusing():
+            self._rows_kept().store(X, y)
+
+    def _refuse_rows(self):
+        raise OracleAnswerError(f"the oracle {self.name!r} answers the last position only (shape (B, K)); an "
+                                "every-position learner needs the output row at every position (shape (B, N, K)): "
+                                "make the oracle return every row, or use a last-position learner")
+
+    @property
+    def positions(self) -> str:
+        """What the answer rows are: ``"last"`` (the last position only), ``"causal"``, ``"bidirectional"`` (no
+        position terms) or ``"positional"``; declared, or read from the answers by :meth:`read_positions`."""
+        if self.every_position is False:
+            return "last"
+        if self._positions is None and self.every_position:
+            self.read_positions()
+        return self._positions or "last"
+
+    @property
+    def positions_source(self) -> str | None:
+        """``"declared"`` or ``"read from the answers"`` (None for a last-position oracle)."""
+        return None if self.every_position is False else self._positions_source
+
+    def declare_positions(self, value: str | None) -> None:
+        """Declare what the rows are (:data:`~attnprobe.oracles.positions.POSITIONS`); ``None``/``"auto"``: read
+        them from the answers."""
+        declared = check_positions(value)
+        if declared is not None:
+            self._positions, self._positions_source = declared, "declared"
+
+    def read_positions(self, seed: int = 0) -> str:
+        """Read the kind of rows from one probe of three sequences (:func:`~attnprobe.oracles.positions.
+        positions_from_rows`), charged to phase ``"positions"``; a declared kind is kept (nothing asked)."""
+        if self._positions is not None:
+            return self._positions
+        limit = self._max_input_norm
+        scale = 1.0 if limit is None else min(1.0, limit / 2)
+        self._probing = True
+        try:
+            with self.phase("positions"):
+                Y = self.answer_rows(probe_sequences(self.d, np.random.default_rng(seed), scale))
+        finally:
+            self._probing = False
+        tolerance = max(1e3 * self.eps, 1e-12)
+        self._positions = positions_from_rows(Y, tolerance)
+        self._positions_source = "read from the answers"
+        return self._positions
+
+    def _through_rows(self, X: np.ndarray) -> np.ndarray:
+        """Last-position answers, each from a row already seen when there is one; the rest asked, one sequence per
+        group of queries one sequence answers (bidirectional: permutations of the same tokens)."""
+        cache = self._rows_kept()
+        keys = cache.query_keys(X)
+        found = [cache.get(k) for k in keys]
+        ask, groups = [], {}
+        for i, (row, g) in enumerate(zip(found, cache.group_keys(X))):
+            if row is None and g not in groups:
+                groups[g] = i
+                ask.append(i)
+        local: dict[bytes, np.ndarray] = {}
+        if ask:
+            Xa = X[np.array(ask)]
+            Y = self._answers(Xa)
+            if Y.ndim != 3:  # the callable stopped answering every position: refused by _check_shape before
+                self._refuse_rows()  # pragma: no cover
+            cache.store(Xa, Y)
+            for rk, rows in zip(cache.row_keys(Xa), Y):
+                local.update(zip(rk, rows))
+        out = np.empty((len(X), self.outputs))
+        for i, (k, row) in enumerate(zip(keys, found)):
+            out[i] = row if row is not None else local[k]
+        self.from_rows += len(X) - len(ask)
+        return out
+
+    def _answers(self, X: np.ndarray) -> np.ndarray:
+        """Every answer to ``X`` as the callable gives it ((B,), (B, K) or (B, N, K)), counted and validated."""
         B = X.shape[0]
         self._check_input_norm(X)
         if self.log is None:
             self.require(B, f"a batch of {B} queries")
         if B == 0:
+            if self.every_position:
+                return np.zeros((0, X.shape[1], self.outputs))
             return np.zeros((0, self.outputs)) if self._vector else np.zeros(0)
         parts = [self._answer_part(X[i:i + self.max_batch]) for i in range(0, B, self.max_batch)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -268,9 +405,7 @@ class Oracle:
         y = self._ask(X) if self.log is None else self._through_log(X)
         if self.detector is not None:
             self.detector.observe(y)
-        if self._scalar is not None and y.ndim == 2:
-            self._refuse_outputs(y.shape[1])
-            y = y[:, 0]
+        self.rows += int(y.shape[0] * (y.shape[1] if y.ndim == 3 else 1))
         return y
 
     def _ask_paid(self, X: np.ndarray, what: str = "missing from the log") -> np.ndarray:
@@ -300,7 +435,7 @@ class Oracle:
         hits = log.hits - before
         self._charge(hits)
         self.from_log += hits
-        self._check_shape(y, len(X))  # answers all from the log still fix K (a replay asks nothing)
+        self._check_shape(y, X.shape)  # answers all from the log still fix K (a replay asks nothing)
         return y
 
     def expect_scalar(self, learner: str) -> None:
@@ -336,7 +471,7 @@ class Oracle:
             raise
         self._charge(B)
         y = self._numbers(raw, B)
-        self._check_shape(y, B)
+        self._check_shape(y, X.shape)
         bad = ~np.isfinite(y)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
@@ -345,20 +480,32 @@ class Oracle:
                                     "not finite. Check the target for overflow or lower the probe scale.")
         return y
 
-    def _check_shape(self, y: np.ndarray, B: int) -> None:
-        """Answers are (B,) or (B, K); K is fixed by the first answer (or by ``outputs``) and may not change."""
+    def _check_shape(self, y: np.ndarray, shape: tuple) -> None:
+        """Answers are (B,), (B, K) or (B, N, K) (every position); K is fixed by the first answer (or by
+        ``outputs``), and every-position or not by the first answer: neither may change."""
+        B, N = shape[0], shape[1]
+        rows = y.ndim == 3 and y.shape[:2] == (B, N) and y.shape[2] >= 1
+        if rows and self.every_position is not False and (self.outputs is None or y.shape[2] == self.outputs):
+            self.every_position, self._vector, self.outputs = True, True, y.shape[2]
+            return
+        if self.every_position:
+            raise OracleAnswerError(f"the oracle {self.name!r} answered with shape {y.shape} for a batch of shape "
+                                    f"{tuple(shape)}; it answered every position before and must return shape "
+                                    f"({B}, {N}, {self.outputs}) (the same K outputs at every position)")
         vector = y.ndim == 2 and y.shape[0] == B and y.shape[1] >= 1
+        if rows:
+            vector = False  # every-position answers after last-position ones: refused below
         if y.shape == (B,) and self._vector is not True:
-            self._vector, self.outputs = False, 1
+            self._vector, self.outputs, self.every_position = False, 1, False
             return
         if vector and self._vector is not False and (self.outputs is None or y.shape[1] == self.outputs):
-            self._vector, self.outputs = True, y.shape[1]
+            self._vector, self.outputs, self.every_position = True, y.shape[1], False
             return
         want = (f"({B},)" if self._vector is False else f"({B}, {self.outputs})" if self.outputs
-                else f"({B},) or ({B}, K)")
+                else f"({B},), ({B}, K) or ({B}, {N}, K)")
         raise OracleAnswerError(f"the oracle {self.name!r} answered with shape {y.shape} for a batch of {B} "
                                 f"sequences; it must return shape {want} (one number, or the same K outputs, per "
-                                "sequence)")
+                                "sequence, or per position)")
 
     def _numbers(self, raw, B: int) -> np.ndarray:
         """The answers as float64, refusing what a conversion would corrupt (complex, strings, objects)."""

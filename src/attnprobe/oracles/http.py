@@ -156,7 +156,7 @@ class HttpOracle:
         r = self._request("POST", "/v1/query", content=body, headers=headers)
         if r.headers.get("content-type", "").split(";")[0].strip() == npy_wire.MEDIA_TYPE:
             try:
-                return npy_wire.decode_answers(r.content, X.shape[0])
+                return npy_wire.decode_answers(r.content, X.shape[0], X.shape[1])
             except npy_wire.WireError as exc:
                 raise OracleError(f"{self.url}/v1/query {exc}; an attnprobe API answers one number (or K numbers) "
                                   "per sequence") from None
@@ -165,10 +165,12 @@ class HttpOracle:
             y = np.asarray(out["outputs"], dtype=np.float64)
         except (KeyError, TypeError, ValueError, OverflowError):
             y = None
-        if y is None or y.ndim not in (1, 2) or y.shape[0] != X.shape[0] or (y.ndim == 2 and y.shape[1] < 1):
+        rows = y is not None and y.ndim == 3 and y.shape[:2] == X.shape[:2] and y.shape[2] >= 1
+        if not rows and (y is None or y.ndim not in (1, 2) or y.shape[0] != X.shape[0]
+                         or (y.ndim == 2 and y.shape[1] < 1)):
             got = "no list of numbers under 'outputs'" if y is None else f"outputs of shape {y.shape}"
             raise OracleError(f"{self.url}/v1/query answered {got} for {X.shape[0]} sequences; an attnprobe API "
-                              "answers one number (or K numbers) per sequence")
+                              "answers one number (or K numbers) per sequence, or K numbers per position")
         return y
 
     def _request(self, method: str, path: str, **kw):

@@ -97,11 +97,12 @@ def decode_queries(body, d: int, max_batch: int, max_length: int) -> np.ndarray:
     return X if X.flags.writeable else X.copy()
 
 
-def decode_answers(body: bytes, batch: int) -> np.ndarray:
-    """A response body as ``y (B,)`` or ``(B, K)`` for a request of ``batch`` sequences."""
+def decode_answers(body: bytes, batch: int, length: int | None = None) -> np.ndarray:
+    """The answers a server sent: (B,) or (B, K), or (B, N, K) (every position) when ``length`` N is given."""
     shape, start = _header(body)
-    if len(shape) not in (1, 2) or shape[0] != batch or (len(shape) == 2 and shape[1] < 1):
+    rows = length is not None and len(shape) == 3 and shape[:2] == (batch, length) and shape[2] >= 1
+    if not rows and (len(shape) not in (1, 2) or shape[0] != batch or (len(shape) == 2 and shape[1] < 1)):
         raise WireError(f"answered a .npy array of shape {shape} for {batch} sequences")
-    if len(shape) == 2 and shape[1] > 1 << 20:
+    if len(shape) >= 2 and shape[-1] > 1 << 20:
         raise WireError(f"answered a .npy array of shape {shape}: too many outputs per sequence")
     return _data(body, shape, start).copy()

@@ -3,7 +3,9 @@
 A sequence is keyed by the SHA-256 of its float64 bytes (``-0.0`` folded into ``0.0``) and shape, so the
 seeded learners, which repeat their queries exactly, find every answer already paid for: a rerun with the same
 log asks the oracle only for what is missing, and ``replay`` runs a learner offline from the log alone.
-Answers are one number per sequence, or K numbers (a vector-answer oracle) stored as float64 bytes.
+Answers are one number per sequence, or K numbers (a vector-answer oracle) stored as float64 bytes, or N × K
+numbers (an every-position oracle: the output row at each of the sequence's N positions; the log records
+``answers = every position`` and refuses to mix them with last-position answers).
 
 A log belongs to one oracle. It records the oracle's identity (where it comes from and the defences on its
 answers), its width ``d``, its outputs K and the declared answer precision, and refuses to be opened for a
@@ -45,6 +47,9 @@ MAX_PROBES = 8
 #: answers identically up to a few roundings (another batch shape may sum in another order); a float32 layer
 #: whose W, u are 1.001 times another's differs by 1e-5..1e-3 of the scale on sequences of length ≥ 2
 VERIFY_ROUNDINGS = 64
+
+#: ``meta.answers`` of a log of every-position answers
+EVERY_POSITION = "every position"
 
 _TABLES = {"meta": ("key", "value"), "answers": ("key", "n", "y", "t"), "probes": ("key", "n", "x")}
 
@@ -90,6 +95,7 @@ class QueryLog:
                       "defences": None if defences is None else str(defences)}
         self._d = None
         self._outputs = None
+        self._every: bool | None = None  # every-position answers (N × K per sequence); None while empty
         self.db = None
         self._closed_len = 0
         exists = self.path.exists()
@@ -169,6 +175,8 @@ class QueryLog:
                               f"version reads {', '.join(READABLE_SCHEMAS)}); give a new log file")
         self._d = _int_meta(meta, "d", self.path)
         self._outputs = _int_meta(meta, "outputs", self.path)
+        if self._outputs is not None:
+            self._every = meta.get("answers") == EVERY_POSITION
         for k, v in self._want.items():
             if k in ("schema", "precision") or v is None or meta.get(k) is None or meta[k] == v:
                 continue
@@ -214,16 +222,23 @@ class QueryLog:
         record them)."""
         return self.meta().get("defences")
 
-    def _create(self, outputs: int) -> None:
+    def _create(self, outputs: int, every: bool) -> None:
         """Write the metadata of a new log (at its first answer)."""
         if self.db is None:
             self._connect()
         meta = {k: v for k, v in self._want.items() if v is not None}
         meta["d"] = str(self.d)
         meta["outputs"] = str(outputs)
+        if every:
+            meta["answers"] = EVERY_POSITION
         meta["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self._write([("INSERT OR IGNORE INTO meta VALUES (?, ?)", list(meta.items()))])
-        self._outputs = outputs
+        self._outputs, self._every = outputs, bool(every)
+
+    @property
+    def every_position(self) -> bool | None:
+        """Whether the log holds every-position answers (None while it holds none)."""
+        return self._every
 
     # --- answers --------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -238,13 +253,17 @@ class QueryLog:
             return found
         for i in range(0, len(keys), LOOKUP_CHUNK):
             chunk = keys[i:i + LOOKUP_CHUNK]
-            q = "SELECT key, y FROM answers WHERE key IN (" + ",".join("?" * len(chunk)) + ")"
-            for k, y in self._execute(q, chunk).fetchall():
-                found[k] = self._decode(y)
+            q = "SELECT key, n, y FROM answers WHERE key IN (" + ",".join("?" * len(chunk)) + ")"
+            for k, n, y in self._execute(q, chunk).fetchall():
+                found[k] = self._decode(y, n)
         return found
 
-    def _decode(self, y):
-        if isinstance(y, bytes) and self._outputs not in (None, 1) and len(y) == 8 * self._outputs:
+    def _decode(self, y, n=None):
+        if self._every:
+            ok = isinstance(y, bytes) and isinstance(n, int) and n > 0 and len(y) == 8 * n * self._outputs
+            value = np.frombuffer(y, dtype="<f8").reshape(n, self._outputs).copy() if ok else None
+            ok = ok and bool(np.all(np.isfinite(value)))
+        elif isinstance(y, bytes) and self._outputs not in (None, 1) and len(y) == 8 * self._outputs:
             value = np.frombuffer(y, dtype="<f8").copy()
             ok = bool(np.all(np.isfinite(value)))
         elif isinstance(y, (int, float)) and not isinstance(y, bool) and self._outputs in (None, 1):
@@ -273,13 +292,18 @@ class QueryLog:
         """Commit the answers ``y`` ((B,) or (B, K)) of the sequences ``X`` in one transaction; a few sequences
         of each new length are kept whole as probes for :meth:`verify`."""
         y = np.asarray(y, dtype=np.float64)
-        k = 1 if y.ndim == 1 else int(y.shape[1])
+        every = y.ndim == 3
+        k = 1 if y.ndim == 1 else int(y.shape[-1])
         if self._outputs is None:
-            self._create(k)
+            self._create(k, every)
         self._check_outputs(k)
+        if every != self._every:
+            held = "every position" if self._every else "the last position"
+            raise ConfigError(f"the query log {self.path} holds answers at {held} but this oracle answers "
+                              f"{'every position' if every else 'the last position'}; give a new log file")
         now = time.time()
         N = int(X.shape[1])
-        rows = [(key, N, float(v), now) for key, v in zip(keys, y)] if k == 1 else \
+        rows = [(key, N, float(v), now) for key, v in zip(keys, y)] if k == 1 and not every else \
             [(key, N, np.ascontiguousarray(v, dtype="<f8").tobytes(), now) for key, v in zip(keys, y)]
         statements = [("INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?)", rows)]
         probes = self._new_probes(keys, X)
@@ -361,7 +385,16 @@ class QueryLog:
         if not groups:
             return
         worst, count = 0.0, 0
-        asked = [(recorded, np.asarray(ask(X), dtype=np.float64).reshape(recorded.shape)) for X, recorded in groups]
+        asked = []
+        for X, recorded in groups:
+            fresh = np.asarray(ask(X), dtype=np.float64)
+            if fresh.size != recorded.size:
+                self.refused = True
+                held = "every position" if self._every else "the last position"
+                raise ConfigError(f"the query log {self.path} holds answers at {held} but this oracle answers "
+                                  f"shape {fresh.shape} for {len(X)} recorded sequences of {X.shape[1]} rows; "
+                                  "answers of two oracles must not mix, so give a new log file")
+            asked.append((recorded, fresh.reshape(recorded.shape)))
         seen = PrecisionDetector()
         for recorded, fresh in asked:
             seen.observe(recorded)

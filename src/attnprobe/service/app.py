@@ -1,7 +1,8 @@
 """FastAPI app serving one oracle callable (docs/architecture.md, "Served API").
 
 ``POST /v1/query {"inputs": [B sequences × N rows × d numbers]}`` with ``Authorization: Bearer KEY`` →
-``{"outputs": [B numbers]}`` (``B × K`` numbers for a model with K outputs); ``GET /v1/info`` (``d``, limits),
+``{"outputs": [B numbers]}`` (``B × K`` numbers for a model with K outputs, ``B × N × K`` for a model answering
+every position: ``/v1/info`` says ``every_position``); ``GET /v1/info`` (``d``, limits),
 ``GET /v1/usage`` (the calling key's
 ``queries`` and ``budget``), ``GET /healthz`` (no key). Bad input gets a 4xx and never reaches the model:
 401 without or with a wrong key, 413 for a batch, sequence or body above the limits, 422 for anything
@@ -55,7 +56,7 @@ class QueryRequest(BaseModel):
 
 
 class QueryResponse(BaseModel):
-    outputs: list[float] | list[list[float]]
+    outputs: list[float] | list[list[float]] | list[list[list[float]]]
 
 
 class InfoResponse(BaseModel):
@@ -66,6 +67,7 @@ class InfoResponse(BaseModel):
     api_version: str = API_VERSION
     rate: float | None = None
     outputs: int | None = None
+    every_position: bool = False
     formats: list[str] = ["json", "npy"]
 
 
@@ -89,7 +91,8 @@ QUERY_BODY = {"required": True, "content": {
 class ServiceOptions:
     """Limits of the served API. ``max_body_bytes`` defaults to what ``max_batch`` sequences of
     ``max_length`` rows need at 32 bytes a number (JSON text), with room for whitespace. ``body_timeout``: seconds
-    a request body may take to arrive. ``outputs``: K answers per sequence (None: one, answered as ``(B,)``)."""
+    a request body may take to arrive. ``outputs``: K answers per sequence (None: one, answered as ``(B,)``).
+    ``every_position``: the model answers the output row at every position, ``(B, N, K)``."""
 
     d: int
     max_batch: int = 1024
@@ -98,6 +101,7 @@ class ServiceOptions:
     name: str = "attnprobe"
     body_timeout: float = 30.0
     outputs: int | None = None
+    every_position: bool = False
 
     def __post_init__(self) -> None:
         for field in ("d", "max_batch", "max_length"):
@@ -170,7 +174,7 @@ def build_app(fn: Callable[[np.ndarray], np.ndarray], options: ServiceOptions, k
     @app.get("/v1/info", response_model=InfoResponse, responses={401: {"description": "missing or wrong key"}})
     def info(kh: Annotated[bytes, Depends(caller)]) -> InfoResponse:
         return InfoResponse(d=d, max_batch=options.max_batch, max_length=options.max_length, name=options.name,
-                            rate=keys.rate, outputs=options.outputs)
+                            rate=keys.rate, outputs=options.outputs, every_position=options.every_position)
 
     @app.get("/v1/usage", response_model=UsageResponse, responses={401: {"description": "missing or wrong key"}})
     def usage(kh: Annotated[bytes, Depends(caller)]) -> UsageResponse:
@@ -258,10 +262,15 @@ def build_app(fn: Callable[[np.ndarray], np.ndarray], options: ServiceOptions, k
             with model_lock, np.errstate(all="ignore"):
                 y = np.asarray(fn(X), dtype=np.float64)
             k = options.outputs
-            if y.shape == (B, 1) and k in (None, 1):
-                y = y.reshape(B)
-            if not (y.shape == (B,) and k in (None, 1) or y.ndim == 2 and y.shape[0] == B and k in (None, y.shape[1])):
-                raise ValueError(f"answered shape {y.shape} for {B} sequences")
+            if options.every_position:
+                if not (y.ndim == 3 and y.shape[:2] == (B, N) and k in (None, y.shape[2])):
+                    raise ValueError(f"answered shape {y.shape} for {B} sequences of {N} rows (every position)")
+            else:
+                if y.shape == (B, 1) and k in (None, 1):
+                    y = y.reshape(B)
+                if not (y.shape == (B,) and k in (None, 1)
+                        or y.ndim == 2 and y.shape[0] == B and k in (None, y.shape[1])):
+                    raise ValueError(f"answered shape {y.shape} for {B} sequences")
         except Exception as exc:
             keys.refund(kh, B)
             LOG.error("the model failed on a batch of shape %s: %s: %s", X.shape, type(exc).__name__, exc)

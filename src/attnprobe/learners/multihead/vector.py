@@ -26,8 +26,11 @@ import numpy as np
 from attnprobe._validation import check_int
 from attnprobe.errors import (ConfigError, InputNormError, OracleAnswerError, OracleError, RecoveryError,
                               SeparationError, UnidentifiableError)
-from attnprobe.learners.multihead.vector_heads import fit_delta, fit_deltas, jennrich, theta_from_values
+from attnprobe.learners.multihead.groups import grouped_numbers, head_groups
+from attnprobe.learners.multihead.vector_heads import (DeltaFit, fit_delta, fit_deltas, inverse_mean_index,
+                                                       jennrich, theta_from_values)
 from attnprobe.learners.multihead.vector_logits import gap_rank, head_attention_errors, learn_logits
+from attnprobe.learners.multihead.vector_rows import learn_logits_rows
 from attnprobe.learners.head.probes import random_orthogonal
 from attnprobe.learners.core.skeleton import Run
 from attnprobe.oracles.input_bound import refuse_clipping
@@ -35,6 +38,9 @@ from attnprobe.oracles.input_bound import refuse_clipping
 METHOD = "multihead-vector"
 #: the column spaces split M when their stacked bases are at most this ill-conditioned (else d differences)
 SUBSPACE_COND = 1e2
+#: the same for differences separated on every row of progressions (their w_h are more accurate: MiniLM layer 2,
+#: stacked bases cond 1.6e3, gives V_h to 4e-11 this way; layer 5, cond 7.1e4, gave W_h 7.1e-8: past the 1e-8 goal)
+SUBSPACE_COND_ROWS = 1e4
 #: target size of the nonlinear part of a two-row answer, relative to its linear part (logits of order one)
 TARGET_NONLINEARITY = 0.5
 #: token norm of the logits stage relative to the calibrated one (m + 1 tokens spread the logits further)
@@ -47,6 +53,17 @@ COARSEST_EPS = 1e-6
 #: differences asked and fitted together once only the route "differences" remains (one oracle call, one batch of
 #: fits: the fits' shared work is paid once)
 LATE_BATCH = 128
+#: tokens of the progressions ``[b; b + δ; …]`` of the separation when a bidirectional layer answers every row
+PROGRESSION = 6
+#: the progressions' step δ is the two-row difference over PROGRESSION_SHRINK·(PROGRESSION − 1) (MiniLM layer 0:
+#: with the two-row step the progressions saturated and a difference did not separate, misfit 3.2e-3; at 1/2.5, 818
+#: sequences, W_h 4.3e-9)
+PROGRESSION_SHRINK = 0.5
+#: the design plane's dimension for progressions (2 left a MiniLM difference unseparated: misfit 2.8e-5)
+ROWS_Q = 3
+#: directions per sequence of the every-position logits stage, at most, and as a share of K/H (MiniLM: 24, the
+#: K × Hm matrix [V_h x_j] 3/4 full; W_h 8.5e-10 where 16 gave 6.8e-10, with 122 sequences instead of 230)
+ROWS_MAX_TOKENS, ROWS_TOKEN_SHARE = 24, 0.75
 #: fresh queries of the per-head attention check (:func:`head_attention_errors`)
 HEAD_CHECK_QUERIES = 16
 
@@ -66,9 +83,20 @@ def first_design_points(heads: int | None, coarse: bool) -> int:
     return max(48 if coarse else 24, 2 * (heads or 0) + design_dimension(coarse) + 4)
 
 
+def progression_points(n: int, length: int, q: int) -> int:
+    """Progressions per difference δ when every row is read: n design points in all, and at least q + 2
+    distinct points of the plane (each head's logit has q + 1 coefficients on it)."""
+    return max(q + 2, -(-n // length))
+
+
 def design_points(H: int, coarse: bool) -> int:
     """n, design points per difference δ: H² + Hq unknowns, H numbers per point."""
     return max(48 if coarse else 20, H + design_dimension(coarse) + 6)
+
+
+def rows_tokens(H: int, K: int) -> int:
+    """Directions per sequence of the every-position logits stage: Hm unknowns ≤ ROWS_TOKEN_SHARE·K per row."""
+    return max(1, min(ROWS_MAX_TOKENS, int(ROWS_TOKEN_SHARE * K) // H))
 
 
 def tokens_per_query(H: int, K: int, coarse: bool) -> int:
@@ -81,13 +109,19 @@ VALUE_ROUNDINGS = 10
 
 
 def _values(oracle, rng, rho):
-    """``M`` (K, d) and ``c`` (K,) from ``[±x]`` for the rows x of a scaled random orthogonal matrix. Refused (one
-    :class:`ConfigError` naming ``max_input_norm``) when the bound keeps the probes so short that the answers do not
-    move beyond their rounding."""
+    """``M`` (K, d) and ``c`` (K,) from ``[±x]`` for the rows x of a scaled random orthogonal matrix; when the
+    oracle answers every position (its rows then go to the later stages), ``[x]`` and ``[0]``: d + 1 queries.
+    Refused (one :class:`ConfigError` naming ``max_input_norm``) when the bound keeps the probes so short that the
+    answers do not move beyond their rounding."""
     d = oracle.d
     P = rho * random_orthogonal(d, rng)
-    y = oracle(np.concatenate([P, -P])[:, None, :])
-    moved, size = float(np.max(np.abs(y[:d] - y[d:]))), float(np.max(np.abs(y)))
+    y_plus = oracle(P[:, None, :])
+    if getattr(oracle, "every_position", False):
+        c = oracle(np.zeros((1, 1, d)))[0]
+        y_minus = 2 * c - y_plus  # (the length-1 answers are affine: [−x] answers 2c − [x])
+    else:
+        y_minus = oracle(-P[:, None, :])
+    moved, size = float(np.max(np.abs(y_plus - y_minus))), float(np.max(np.abs(np.concatenate([y_plus, y_minus]))))
     if not moved > VALUE_ROUNDINGS * max(float(oracle.eps), 1e-16) * size or not np.isfinite(rho**-2):
         where = (f"answers of size {size:.1e} move by {moved:.1e} between probes ±x of norm {rho:.3g}, within "
                  f"{VALUE_ROUNDINGS:g} roundings")
@@ -97,8 +131,8 @@ def _values(oracle, rng, rho):
         raise ConfigError(f"The 'max_input_norm' parameter {oracle.max_input_norm:g} keeps the probes so short that "
                           f"the layer cannot be read ({where}); give a bound of order 1 or more",
                           param="max_input_norm")
-    M = ((y[:d] - y[d:]) / 2).T @ P / rho**2  # P orthogonal·ρ: P⁻¹ = Pᵀ/ρ²
-    c = (y[:d] + y[d:]).mean(axis=0) / 2
+    M = ((y_plus - y_minus) / 2).T @ P / rho**2  # P orthogonal·ρ: P⁻¹ = Pᵀ/ρ²
+    c = (y_plus + y_minus).mean(axis=0) / 2
     return M, c
 
 
@@ -111,6 +145,15 @@ class _Layer:
     def residuals(self, X):
         y = self.oracle(X)
         return (y - X[:, -1, :] @ self.M.T - self.c).T
+
+
+def _rows_kind(oracle) -> str | None:
+    """``"causal"`` or ``"bidirectional"`` when the oracle answers every position and its rows are readable as
+    attention at every query token (docs/every-position.md); None otherwise (the last position is read)."""
+    if not getattr(oracle, "every_position", False):
+        return None
+    kind = oracle.positions
+    return kind if kind in ("causal", "bidirectional") else None
 
 
 #: the nonlinear share of two-row answers the calibration looks for (at least; at most 1)
@@ -225,7 +268,11 @@ def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads,
     """Separation, logits and the head check of :func:`_extract`, once the token norm ``rho`` is calibrated."""
     from attnprobe.models.multihead import MultiHeadAttention
 
-    sep = _Separation(layer, rng, rho, eps, coarse)
+    rows_kind = _rows_kind(oracle)
+    # float32 answers read the last row: progressions of 6 (small layer d=32 H=4) left V_h at 6.7e-4 where
+    # two-row queries give 2.5e-6; both rows of two-row queries left a MiniLM difference unseparated (misfit 5.9e-3)
+    rows = rows_kind == "bidirectional" and not coarse
+    sep = _Separation(layer, rng, rho, eps, coarse, length=PROGRESSION if rows else 2, rows=rows)
     with run.phase("separate"):
         found = sep.detect(heads)
         H = found if heads is None else min(found, int(heads))
@@ -235,28 +282,44 @@ def _separate_and_learn(oracle, run, layer, rng, rho, ratio, eps, coarse, heads,
                             else ""))
         sep.H = H
         sep.n = design or design_points(H, coarse)
-        tokens = int(tokens or tokens_per_query(H, K, coarse))
+        tokens = int(tokens or (tokens_per_query(H, K, coarse) if rows_kind is None else rows_tokens(H, K)))
         # (a difference whose continuation fails is restarted with 4H more queries: charged beyond this plan)
         rest = (from_scratch_queries(H) + d * sep.n * (2 if coarse else 1) + (d + 1) * -(-d // tokens)
                 + HEAD_CHECK_QUERIES)
         planned = run.queries + rest
         run.plan(rest, f"vector multi-head extraction at d={d}, H={H} (at most)")
         V, route = sep.value_maps(run.report)
-    with run.phase("logits"):
-        W, u, smallest, w_ranks = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report,
-                                              sketch=not coarse)
+        if sep.fallback:
+            notes.append(f"the rows of progressions along the first difference did not separate ({sep.fallback}): "
+                         "the separation read the last row of two-row queries")
+    rows = rows_kind
+    with run.phase("logits"):  # (causal rows too)
+        if rows is None:
+            W, u, smallest, w_ranks = learn_logits(layer, V, LOGIT_SCALE * rho, tokens, rng, run.report,
+                                                  sketch=not coarse)
+        else:  # every position: m² logits of every head per sequence (vector_rows)
+            W, u, smallest, w_ranks, _ = learn_logits_rows(oracle, layer.c, V, LOGIT_SCALE * rho, tokens, rng,
+                                                           run.report, causal=rows == "causal", sketch=not coarse)
     W, V, u, ties = merge_near_ties(W, V, u, eps, notes)
     H = W.shape[0]
     model = MultiHeadAttention(W, V, u, layer.c)
     with run.phase("head check"):
         head_errors = head_attention_errors(layer, model, LOGIT_SCALE * rho, tokens, rng, HEAD_CHECK_QUERIES)
-    details = {"head_attention_error": head_errors.tolist(), "heads": H, "outputs": K, "token_norm": rho,
+    groups = head_groups(W, V, tol=1e-3 if coarse else 1e-6)
+    if len(groups) < H:
+        notes.append(f"heads share keys and values in {len(groups)} groups (GQA/MQA): "
+                     + ", ".join("{" + ", ".join(map(str, g)) + "}" for g in groups))
+    details = {"head_attention_error": head_errors.tolist(), "groups": groups,
+               "result_numbers": grouped_numbers(W, V, groups), "value_rank": sep.value_rank,
+               "heads": H, "outputs": K, "token_norm": rho,
                "nonlinearity": ratio, "route": route, "W_rank": w_ranks,
                "differences": sep.count, "separation_misfit": sep.worst, "restarts": sep.restarts,
                "tokens_per_query": tokens,
                "smallest_attention": smallest, "head_rank": _ranks(V),
                "largest_probe_norm": float(oracle.max_input_norm_used), "check_scale": sep.s,
-               "planned": planned, "near_ties": ties, "first_design_points": len(sep.T0), "design_points": sep.n}
+               "planned": planned, "near_ties": ties, "first_design_points": len(sep.T0), "design_points": sep.n,
+               "progressions": sep.length if sep.rows else None,
+               "positions": oracle.positions if oracle.every_position else "last", "rows": oracle.rows}
     return run.finish(model, unknowns=MultiHeadAttention.unknowns(d, H, True, K), details=details, notes=notes,
                       check_scale=sep.s, hint=" (the layer is not a sum of softmax heads over whole output rows, or "
                                           "its answers are coarser than their precision says)")
@@ -313,10 +376,13 @@ class _Separation:
     """Stage 3: the heads' value vectors ``w_h = V_h δ`` along many differences δ, on the design plane
     ``b = b_0 + Z t`` (module docstring); ``H`` and ``n`` (design points per δ) are set after :meth:`detect`."""
 
-    def __init__(self, layer, rng, rho, eps, coarse):
+    def __init__(self, layer, rng, rho, eps, coarse, length=2, rows=False):
         d = layer.M.shape[1]
         self.layer, self.rng, self.eps, self.coarse, self.d = layer, rng, eps, coarse, d
-        self.q = design_dimension(coarse)
+        #: tokens of the progressions ``[b; b + δ; …]`` (2: two-row queries) and whether every row is read (else the
+        #: last)
+        self.length, self.rows = int(length), bool(rows)
+        self.q = ROWS_Q if self.rows and not coarse else design_dimension(coarse)
         self.s = rho / np.sqrt(d)
         self.b0 = rng.standard_normal(d) * self.s
         self.Z = np.linalg.qr(rng.standard_normal((d, self.q)))[0] * rho
@@ -325,6 +391,8 @@ class _Separation:
         self.delta0 = rng.standard_normal(d) * self.s
         self.H = self.n = None
         self.count, self.worst, self.restarts = 0, 0.0, 0
+        self.value_rank = d
+        self.fallback = None  # why progressions were left for two-row queries
 
     def residuals(self, T, delta):
         return self.layer.residuals(_two_row(self.b0 + T @ self.Z.T, delta))
@@ -351,7 +419,53 @@ class _Separation:
                                     "precision says")
             n0 = min(K, 2 * n0)
 
-    def from_scratch(self, delta, R, T):
+    def progression_design(self, count):
+        """``count`` design points t of progressions and the design of their rows ``[t; k]`` (t-major)."""
+        t = self.rng.standard_normal((count, self.q)) / np.sqrt(self.q)
+        P = self.length
+        return t, np.concatenate([np.repeat(t, P, axis=0), np.tile(np.arange(P), count)[:, None]], axis=1)
+
+    def progression_residuals(self, deltas):
+        """Rows of ``[b; b + δ; …; b + (P−1)δ]`` at the progression design, minus ``M b + c``: (F, K, n·P)."""
+        P, M, c = self.length, self.layer.M, self.layer.c
+        Bs = self.b0 + self.Tp @ self.Z.T  # (n, d)
+        X = np.concatenate([Bs[:, None, :] + np.arange(P)[None, :, None] * dl[None, None, :] for dl in deltas])
+        Y = self.layer.oracle.answer_rows(X) - (np.tile(Bs, (len(deltas), 1)) @ M.T)[:, None, :] - c
+        n = len(Bs)
+        return Y.reshape(len(deltas), n, P, -1).transpose(0, 3, 1, 2).reshape(len(deltas), -1, n * P)
+
+    def start_progressions(self, fit0):
+        """δ_0 separated on progressions, started from its two-row fit ``fit0``: the same θ on the plane and
+        ``e_h = δᵀW_hδ`` read from the rows where the link is not saturated (else from every row's inverted link).
+        When neither start separates them, the rows are left unread (``self.rows`` False: two-row queries, the
+        last row) and ``fit0`` is returned as it was."""
+        M, P = self.layer.M, self.length
+        # a progression spans (P − 1)·δ: δ shrunk so that its logits span what the two-row queries' did (θ and w are
+        # linear in δ)
+        shrink = PROGRESSION_SHRINK * (P - 1)
+        self.delta0 = self.delta0 / shrink
+        two_row = fit0
+        fit0 = DeltaFit(fit0.w / shrink, fit0.theta / shrink, fit0.residual)
+        self.Tp, self.T = self.progression_design(progression_points(self.n, P, self.q))
+        R0 = self.progression_residuals([self.delta0])[0]
+        k = self.T[:, -1]
+        S = np.linalg.lstsq(fit0.w, R0, rcond=None)[0]  # μ_h at every row, (H, n·P)
+        lam = inverse_mean_index(np.clip(S, 1e-6 * (P - 1), (1 - 1e-6) * (P - 1)), P)
+        plane = fit0.theta @ np.concatenate([self.T[:, :-1], np.ones((len(k), 1))], axis=1).T  # θ_h(t)
+        live = (S > 0.02 * (P - 1)) & (S < 0.98 * (P - 1)) & (k > 0)
+        e = np.array([np.median(((lam[h] - plane[h]) / np.maximum(k, 1))[live[h]]) if live[h].any() else 0.0
+                      for h in range(self.H)])
+        starts = [np.concatenate([fit0.theta[:, :-1], e[:, None], fit0.theta[:, -1:]], axis=1),
+                  theta_from_values(fit0.w, R0, self.T, length=P)]
+        for start in starts:
+            fit = fit_delta(R0, self.T, M @ self.delta0, start, length=P)
+            if fit.residual <= self.tol:
+                return fit
+        self.rows, self.length, self.fallback = False, 2, f"misfit {fit.residual:.1e}"
+        self.delta0 = self.delta0 * shrink
+        return two_row
+
+    def from_scratch(self, delta, R, T, length=2):
         """Jennrich on two finite-difference Jacobians (:func:`from_scratch_queries`), then variable projection."""
         H, M = self.H, self.layer.M
         U = np.linalg.svd(R, full_matrices=False)[0][:, :H]
@@ -362,19 +476,22 @@ class _Separation:
             Js.append((self.layer.residuals(_two_row(bb + self.eta * G.T, delta))
                        - self.layer.residuals(_two_row(bb - self.eta * G.T, delta))) / (2 * self.eta))
         w = jennrich(Js[0], Js[1], U, M @ delta)
-        return fit_delta(R, T, M @ delta, theta_from_values(w, R, T))
+        return fit_delta(R, T, M @ delta, theta_from_values(w, R, T, length=length), length=length)
 
     def fits(self, deltas, thetas):
         """Separate a batch of differences, each started from its θ (restarted from scratch if that fails)."""
-        n = self.n
-        R = self.layer.residuals(np.concatenate([_two_row(self.b0 + self.T @ self.Z.T, dl) for dl in deltas]))
-        Rs = R.reshape(R.shape[0], len(deltas), n).transpose(1, 0, 2)  # (F, K, n): one block per difference
-        fitted = fit_deltas(Rs, self.T, np.stack(deltas) @ self.layer.M.T, np.stack(thetas))
+        n, P = self.n, self.length
+        if self.rows:
+            Rs = self.progression_residuals(deltas)
+        else:
+            R = self.layer.residuals(np.concatenate([_two_row(self.b0 + self.T @ self.Z.T, dl) for dl in deltas]))
+            Rs = R.reshape(R.shape[0], len(deltas), n).transpose(1, 0, 2)  # (F, K, n): one block per difference
+        fitted = fit_deltas(Rs, self.T, np.stack(deltas) @ self.layer.M.T, np.stack(thetas), length=P)
         out = []
         for dl, th, Rj, fk in zip(deltas, thetas, Rs, fitted):
             if fk.residual > self.tol:  # the continuation fell into another minimum: start this δ afresh
                 self.restarts += 1
-                fk = _relabel(self.from_scratch(dl, Rj, self.T), th.T, None)
+                fk = _relabel(self.from_scratch(dl, Rj, self.T, P), th.T, None)
             if fk.residual > self.tol:
                 raise SeparationError(f"a probe difference did not separate into the {self.H} heads found first "
                                       f"(misfit {fk.residual:.1e} > {self.tol:.1e}); retry with another seed",
@@ -382,23 +499,42 @@ class _Separation:
             out.append(fk)
         return out
 
+    def directions(self):
+        """The directions q_k of the differences ``δ_k = δ_0 + step·q_k`` (rows): a random orthogonal basis of
+        R^d, or of the row space of ``M = Σ_h V_h`` when M has low rank (:func:`value_rank`): every ``V_h`` is
+        zero off it (its row space is in M's unless heads cancel, which the functional check would catch), so
+        ``rank M + 1`` differences give every ``V_h`` (heads sharing values, GQA/MQA: rank M = groups·d_h)."""
+        d, M = self.d, self.layer.M
+        r, basis = value_rank(M, self.eps)
+        self.value_rank = r
+        if r >= d:
+            return random_orthogonal(d, self.rng)
+        return random_orthogonal(r, self.rng) @ basis
+
     def value_maps(self, report, batch: int = 16):
         """Every ``V_h`` (route "differences" or "column spaces", :func:`_value_maps`)."""
         d, M, eps = self.d, self.layer.M, self.eps
+        rows = self.rows and not self.coarse
+        if rows:  # differences cost a few sequences each: try the column spaces after every few
+            batch = 8
         fit0 = self.from_scratch(self.delta0, self.R0, self.T0)
         if fit0.residual > self.tol:
             raise SeparationError(f"the heads did not separate along the first probe difference (misfit "
                                   f"{fit0.residual:.1e} > {self.tol:.1e}): the layer is not a sum of H={self.H} "
                                   "softmax heads with independent value maps, or its answers are noisier than their "
                                   "precision", misfit=fit0.residual, tolerance=self.tol)
-        self.T = self.rng.standard_normal((self.n, self.q)) / np.sqrt(self.q)
-        Q = random_orthogonal(d, self.rng)
+        if self.rows:  # every row of progressions: the same θ, one more coefficient (k: δᵀW_hδ)
+            fit0 = self.start_progressions(fit0)
+        if not self.rows:
+            self.T = self.rng.standard_normal((self.n, self.q)) / np.sqrt(self.q)
+        Q = self.directions()  # rows: d of them, or an orthonormal basis of M's row space when M has low rank
+        n_dir = len(Q)
         size = np.linalg.norm(self.delta0)
         ws, deltas, self.worst = [fit0.w], [self.delta0], fit0.residual
         split = True  # the column spaces may still split M (False once exhausted spaces did not)
         k0 = 0
-        while k0 < d:  # batches of `batch` differences while the column spaces may split M, then larger ones
-            ks = range(k0, min(d, k0 + (batch if split else LATE_BATCH)))
+        while k0 < n_dir:  # batches of `batch` differences while the column spaces may split M, then larger ones
+            ks = range(k0, min(n_dir, k0 + (batch if split else LATE_BATCH)))
             k0 = ks.stop
             dk = [self.delta0 + SMALL_STEP * size * Q[k] for k in ks]
             fits = [_relabel(f, fit0.w, f.w) for f in self.fits(dk, [fit0.theta] * len(dk))]
@@ -412,13 +548,24 @@ class _Separation:
                 deltas.append(dl)
             self.count = len(deltas)
             report()
-            final = len(deltas) == d + 1
-            if final or (split and not self.coarse and len(ws) >= 16 and (len(ws) - 1) % 32 == 0):
-                V, route = _value_maps(np.stack(ws, axis=2), np.stack(deltas, axis=1), M, eps, final=final)
+            final = len(deltas) == n_dir + 1
+            if final or (split and not self.coarse and len(ws) >= 16 and (rows or (len(ws) - 1) % 32 == 0)):
+                D = np.stack(deltas, axis=1)
+                V, route = _value_maps(np.stack(ws, axis=2), D if n_dir == d else Q.T @ (Q @ D), M, eps,
+                                       final=final, max_cond=SUBSPACE_COND_ROWS if rows else SUBSPACE_COND)
                 if V is not None:
                     return V, route
                 split = route != "no split"  # more differences span the same spaces: they cannot split M either
         raise RecoveryError("the value maps could not be assembled")  # pragma: no cover - final always returns
+
+
+def value_rank(M, eps):
+    """The rank of ``M`` (K × d) when its singular values drop by a gap no rounding explains (≥ 1e6, and at
+    least 1/(1e3·eps)), and an orthonormal basis of its row space (rows); ``(d, None)`` when there is no such gap."""
+    d = M.shape[1]
+    _, sv, Vt = np.linalg.svd(M, full_matrices=False)
+    r = gap_rank(sv, d, gap=max(1e6, 1.0 / (1e3 * eps)))
+    return (r, Vt[:r]) if r < min(M.shape) else (d, None)
 
 
 def _relabel(fit, ref, got):
@@ -453,7 +600,7 @@ def _ranks(V):
     return [gap_rank(np.linalg.svd(Vh, compute_uv=False), min(Vh.shape)) for Vh in V]
 
 
-def _value_maps(Wv, D, M, eps, final):
+def _value_maps(Wv, D, M, eps, final, max_cond=None):
     """The value maps ``V_h`` from the separated ``w_h(δ_j) = V_h δ_j`` (``Wv (K, H, m)``, ``D (d, m)``): the
     heads' column spaces split ``M`` when well-conditioned; with d + 1 differences, ``V_h = w_h D⁺`` directly.
     Returns ``(V, route)``, or ``(None, why)``: ``"not exhausted"`` (a column space may still grow) or ``"no
@@ -469,7 +616,7 @@ def _value_maps(Wv, D, M, eps, final):
             return None, "not exhausted"
         bases.append(Uh[:, :r])
     E = np.concatenate(bases, axis=1)
-    if E.shape[1] > K or np.linalg.cond(E) > SUBSPACE_COND:
+    if E.shape[1] > K or np.linalg.cond(E) > (SUBSPACE_COND if max_cond is None else max_cond):
         return None, "no split"
     coef, *_ = np.linalg.lstsq(E, M, rcond=None)
     if np.linalg.norm(M - E @ coef) > 1e3 * eps * np.linalg.norm(M):

@@ -19,6 +19,21 @@ def sigmoid(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z))
 
 
+def mean_index(z: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """The link of a progression ``[b; b + δ; …; b + (N−1)δ]`` (N = ``length``): the mean of j under
+    ``softmax_j(j z)``, j = 0..N−1, and its derivative (the variance of j). ``length`` 2 is the sigmoid."""
+    if length == 2:
+        s = sigmoid(z)
+        return s, s * (1.0 - s)
+    j = np.arange(length, dtype=np.float64)
+    a = z[..., None] * j
+    a -= a.max(axis=-1, keepdims=True)
+    p = np.exp(a)
+    p /= p.sum(axis=-1, keepdims=True)
+    mu = p @ j
+    return mu, np.maximum(p @ (j * j) - mu * mu, 0.0)
+
+
 @dataclass
 class DeltaFit:
     """One δ separated: ``w (K, H)`` the heads' value vectors ``V_h δ``, ``theta (H, q+1)`` their logit
@@ -29,17 +44,19 @@ class DeltaFit:
     residual: float
 
 
-def fit_delta(R: np.ndarray, T: np.ndarray, m: np.ndarray, theta0: np.ndarray, *, max_nfev: int = 60) -> DeltaFit:
+def fit_delta(R: np.ndarray, T: np.ndarray, m: np.ndarray, theta0: np.ndarray, *, max_nfev: int = 60,
+              length: int = 2) -> DeltaFit:
     """Variable projection: logit parameters θ (H, q+1) minimising ``‖R − W S(θ)‖`` with ``W 1 = m``
     (Levenberg–Marquardt on Kaufman's Jacobian).
 
-    ``R (K, n)``: residuals at the design points ``T (n, q)``; ``m = M δ``.
+    ``R (K, n)``: residuals at the design points ``T (n, q)``; ``m = M δ``. ``length``: the link is
+    :func:`mean_index` of that length (2: the sigmoid of two-row queries; N: the rows of a progression).
     """
-    return fit_deltas(R[None], T, m[None], theta0[None], max_nfev=max_nfev)[0]
+    return fit_deltas(R[None], T, m[None], theta0[None], max_nfev=max_nfev, length=length)[0]
 
 
 def fit_deltas(R: np.ndarray, T: np.ndarray, m: np.ndarray, theta0: np.ndarray, *,
-               max_nfev: int = 60) -> list[DeltaFit]:
+               max_nfev: int = 60, length: int = 2) -> list[DeltaFit]:
     """:func:`fit_delta` for F differences at once, on the same design ``T``: ``R (F, K, n)``, ``m (F, K)``,
     ``theta0 (F, H, q+1)``. Each fit runs its own Levenberg–Marquardt iterations; they share every array
     operation, so the fits of a batch cost about what one costs."""
@@ -49,7 +66,7 @@ def fit_deltas(R: np.ndarray, T: np.ndarray, m: np.ndarray, theta0: np.ndarray, 
     # everything a fit touches lies in the span of [R, m]: work in an orthonormal basis of it (lossless)
     U = np.linalg.qr(np.concatenate([R, m[:, :, None]], axis=2))[0]
     Ut = U.transpose(0, 2, 1)
-    fit = _Projection(Ut @ R, (Ut @ m[:, :, None])[:, :, 0], T1, scale, H)
+    fit = _Projection(Ut @ R, (Ut @ m[:, :, None])[:, :, 0], T1, scale, H, length)
     x = _levenberg_marquardt(fit, theta0.reshape(F, -1).astype(np.float64), max_nfev)
     _, _, w, res = fit.parts(x, np.arange(F))
     misfit = np.linalg.norm(R - U @ (Ut @ R), axis=(1, 2))  # zero up to rounding; kept for honesty
@@ -62,15 +79,15 @@ class _Projection:
     parameters ``x (len(idx), H·(q+1))`` and the normal equations of Kaufman's Jacobian; ``R (F, K, n)``,
     ``m (F, K)`` in the fits' own bases."""
 
-    def __init__(self, R, m, T1, scale, H):
-        self.R, self.m, self.T1, self.scale, self.H = R, m, T1, scale, H
+    def __init__(self, R, m, T1, scale, H, length=2):
+        self.R, self.m, self.T1, self.scale, self.H, self.length = R, m, T1, scale, H, int(length)
 
     def parts(self, x, idx):
-        """``(S, Q_D, w, residual)``: attention weights (f, H, n), an orthonormal basis of the row space of
-        ``D = S[:-1] − S[-1]`` (f, n, H−1), the value vectors (f, K, H) by least squares with ``Σ_h w_h = m``
-        and the residual ``R − w S`` (f, K, n)."""
+        """``(S, Q_D, w, residual)``: attention weights and their derivatives (f, 2, H, n), an orthonormal basis
+        of the row space of ``D = S[:-1] − S[-1]`` (f, n, H−1), the value vectors (f, K, H) by least squares
+        with ``Σ_h w_h = m`` and the residual ``R − w S`` (f, K, n)."""
         H, L = self.H, self.T1.shape[1]
-        S = sigmoid(x.reshape(len(idx), H, L) @ self.T1.T)
+        S, dS = mean_index(x.reshape(len(idx), H, L) @ self.T1.T, self.length)
         D = S[:, :-1] - S[:, -1:]
         m = self.m[idx]
         Y = self.R[idx] - m[:, :, None] * S[:, -1][:, None, :]
@@ -87,7 +104,7 @@ class _Projection:
             for f in np.flatnonzero(~good):  # D (nearly) rank-deficient: the least-squares solution of least norm
                 A[f] = np.linalg.lstsq(Dt[f], Y[f].T, rcond=None)[0].T
         w = np.concatenate([A, (m - A.sum(axis=2))[:, :, None]], axis=2)
-        return S, Qd, w, Y - A @ D
+        return np.stack([S, dS], axis=1), Qd, w, Y - A @ D
 
     def residual(self, res, idx):
         return res.reshape(len(idx), -1) / self.scale[idx, None]
@@ -96,8 +113,8 @@ class _Projection:
         """``JᵀJ`` (f, p, p) and ``Jᵀr`` (f, p) of Kaufman's Jacobian ``J[(k, j), (h, l)] = −w_kh G_hjl / scale``
         (G: ``∂s_h/∂θ_h`` with the row space of D projected out), from its factors without forming J:
         ``JᵀJ = (wᵀw)_hh' (Σ_j G_hjl G_h'jl') / scale²`` and ``Jᵀr = −Σ_j (wᵀr)_hj G_hjl / scale``."""
-        f, H, n, L = len(idx), self.H, S.shape[2], self.T1.shape[1]
-        G = (S * (1 - S))[:, :, :, None] * self.T1  # (f, H, n, L)
+        f, H, n, L = len(idx), self.H, S.shape[3], self.T1.shape[1]
+        G = S[:, 1][:, :, :, None] * self.T1  # (f, H, n, L): ∂s_h/∂θ_h
         G -= Qd[:, None] @ (Qd.transpose(0, 2, 1)[:, None] @ G)  # project out the row space of D
         scale = self.scale[idx]
         Gn = G.transpose(0, 2, 1, 3).reshape(f, n, H * L)
@@ -163,10 +180,25 @@ def jennrich(J1: np.ndarray, J2: np.ndarray, U: np.ndarray, m: np.ndarray) -> np
     return W * alpha
 
 
-def theta_from_values(w: np.ndarray, R: np.ndarray, T: np.ndarray, clip: float = 1e-6) -> np.ndarray:
-    """Logit parameters from known value vectors: attention weights by least squares, logits, affine fit."""
+def inverse_mean_index(s: np.ndarray, length: int) -> np.ndarray:
+    """z with ``mean_index(z, length)[0] = s`` (s clipped into (0, length − 1)); bisection, to float64 rounding."""
+    if length == 2:
+        return np.log(s / (1 - s))
+    lo, hi = np.full(s.shape, -60.0), np.full(s.shape, 60.0)
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        above = mean_index(mid, length)[0] > s
+        hi, lo = np.where(above, mid, hi), np.where(above, lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def theta_from_values(w: np.ndarray, R: np.ndarray, T: np.ndarray, clip: float = 1e-6,
+                      length: int = 2) -> np.ndarray:
+    """Logit parameters from known value vectors: attention weights by least squares, logits (the inverse of the
+    link :func:`mean_index`), affine fit."""
     S = np.linalg.lstsq(w, R, rcond=None)[0]  # (H, n)
-    S = np.clip(S, clip, 1 - clip)
-    L = np.log(S / (1 - S))
+    top = length - 1
+    S = np.clip(S, clip * top, top * (1 - clip))
+    L = inverse_mean_index(S, length)
     T1 = np.concatenate([T, np.ones((T.shape[0], 1))], axis=1)
     return np.linalg.lstsq(T1, L.T, rcond=None)[0].T

@@ -27,7 +27,7 @@ def read_logits(R: np.ndarray, V: np.ndarray, P: np.ndarray) -> tuple[np.ndarray
     also the smallest attention weight seen (how close to saturation the probes came)."""
     H, m = V.shape[0], P.shape[0]
     A = np.matmul(V, P.T).transpose(1, 0, 2).reshape(V.shape[1], H * m)  # [V_h p_i], (K, H·m)
-    alpha = _least_squares(A, R.T).T.reshape(-1, H, m)
+    alpha = least_squares(A, R.T).T.reshape(-1, H, m)
     last = 1.0 - alpha.sum(axis=2)
     smallest = float(min(alpha.min(), last.min()))
     if smallest <= 0:
@@ -36,7 +36,7 @@ def read_logits(R: np.ndarray, V: np.ndarray, P: np.ndarray) -> tuple[np.ndarray
     return np.log(alpha) - np.log(last)[:, :, None], smallest
 
 
-def _least_squares(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+def least_squares(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """``argmin ‖A X − B‖`` by a QR factorisation of A (K × p, K ≥ p), or by ``lstsq`` (least norm) when A is
     (nearly) rank-deficient."""
     if A.shape[0] >= A.shape[1] > 0:

@@ -1,0 +1,78 @@
+"""The RoPE learner against real ``transformers`` attention modules (random init, d = 128, 8 heads, d_h = 16), whole
+output rows at the last position. Per family and answer precision: sequences asked against the unknowns, the
+function's error at the last position of sequences of every length up to 256 (relative to the answers' spread),
+or the one-line refusal.
+
+    PYTHONPATH=src python benchmarks/positional.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from attnprobe.errors import AttnprobeError
+from attnprobe.learners.positional import extract_positional
+from attnprobe.oracles.torch_adapter import oracle_from_torch
+from attnprobe.reports import Table
+from attnprobe.targets.positional_modules import positional_victim, reference_model
+from sections import command_line, write_section
+
+DOC = "positional"  # its results file: docs/benchmarks/positional.md
+#: family, victim options, answer precision
+CASES = (("llama", {"kv_heads": 2}, "float64"),
+         ("llama", {"kv_heads": 2, "rope": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
+                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 64}}, "float64"),
+         ("qwen2", {"kv_heads": 2}, "float64"), ("llama", {"kv_heads": 2}, "float32"))
+LENGTHS = (1, 2, 3, 5, 17, 64, 100, 200, 256)
+
+
+def function_error(model, truth, rng, per_length: int = 4) -> float:
+    """Largest ‖f̂(X) − f(X)‖∞ / ‖f(X) − c‖∞ at the last position over Gaussian sequences of every length in
+    :data:`LENGTHS` (entries N(0, 1), the answers' scale)."""
+    worst = 0.0
+    for N in LENGTHS:
+        X = rng.standard_normal((per_length, N, truth.d))
+        y = truth(X)
+        worst = max(worst, float(np.abs(model(X) - y).max() / np.abs(y - truth.output_bias()).max()))
+    return worst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks/positional.md")
+    args = ap.parse_args()
+    table = Table(["module", "GQA", "answers", "sequences", "unknowns", "error ≤ 256", "θ spread", "base found",
+                   "seconds", "result"])
+    for family, kw, precision in CASES:
+        victim = positional_victim(family, d=128, heads=8, seed=args.seed, dtype=precision, **kw)
+        truth = reference_model(victim)
+        oracle = oracle_from_torch(victim, 128, precision=precision)
+        name = family + (" (llama3 scaling)" if "rope" in kw else "")
+        t0 = time.perf_counter()
+        try:
+            res = extract_positional(oracle, seed=args.seed)
+        except AttnprobeError as exc:
+            table.add(name, f"8/{kw['kv_heads']}", precision, oracle.queries, "–", "–", "–", "–",
+                      round(time.perf_counter() - t0), f"refused: {exc}")
+        else:
+            err = function_error(res.model, truth, np.random.default_rng(100 + args.seed))
+            det = res.details
+            base = det["base_estimate"]
+            table.add(name, f"8/{kw['kv_heads']}", precision, res.queries, res.unknowns, f"{err:.1e}",
+                      f"{det['theta_spread']:.1e}", "–" if base is None else f"{base:.6g}", round(res.seconds),
+                      f"check {'passed' if res.passed else 'FAILED'} ({res.check.error:.1e}); groups "
+                      f"{det['kv_groups']}")
+        print(table.markdown().splitlines()[-1], flush=True)
+    print(table.markdown())
+    if args.write:
+        write_section("Positional: RoPE layers (transformers modules, d = 128, 8 heads, d_h = 16)", table.markdown(),
+                      command_line(), doc=DOC)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Learners for attention whose logits depend on the offset between positions (RoPE; docs/positional.md).
+
+Registers ``positional`` (whole output rows at the last position, float64 answers) with its options and estimate.
+"""
+
+from attnprobe.learners.core.check import check_queries
+from attnprobe.learners.core.estimate import QueryCount
+from attnprobe.learners.core.registry import Capabilities, register
+from attnprobe.learners.multihead.options import HEADS
+from attnprobe.learners.positional.rope import CHECK_LENGTHS, extract_positional, positional_queries
+
+
+def _positional(oracle, *, seed, progress, heads):
+    return extract_positional(oracle, heads=heads, seed=seed, progress=progress)
+
+
+def positional_estimate(setting) -> QueryCount:
+    """The plan of :func:`extract_positional` (:func:`positional_queries`) plus its check on lengths up to 256."""
+    H = setting.needs("heads", "a positional estimate needs the number of heads H")
+    if setting.coarse:
+        from attnprobe.errors import ConfigError
+
+        raise ConfigError(f"the positional learner reads float64 answers; {setting.precision} answers would be "
+                          "refused, so there is nothing to estimate", param="precision")
+    head_dim = setting.d // H
+    checks = check_queries(CHECK_LENGTHS) if setting.check else 0
+    q = positional_queries(setting.d, H, head_dim, outputs=setting.outputs) + checks
+    walk = positional_queries(setting.d, H, head_dim, outputs=setting.outputs, walk_only=True)
+    return QueryCount(q, q, q + walk, f"values 2d, the pair probe at 4 settings on ⌈K/H⌉ + 5 queries (up to twice "
+                                      f"when steps of the walk are halved), logit sketches 4d(d_h + 8) with d_h = "
+                                      f"{head_dim}, check {checks}")
+
+
+register("positional", _positional, recovers="positional",
+         capabilities=Capabilities(vector_answers=True, fine_answers=True), estimate=positional_estimate,
+         help="RoPE attention (LLaMA/Mistral: rotary, GQA, no biases) from whole output rows at the last position; "
+              "per head and frequency pair W_Q, W_K up to a scaled rotation of the pair, the frequencies, V_h",
+         options=[HEADS])
+
+__all__ = ["extract_positional", "positional_estimate", "positional_queries"]

@@ -1,0 +1,284 @@
+"""RoPE attention (LLaMA, Mistral: rotary, GQA, no biases) from last-position output rows (docs/positional.md).
+
+``f(X) = Σ_h V_h Σ_j α_hj x_j + c`` with ``α_h = softmax_j(x_Nᵀ B_h(j − N) x_j)``, ``B_h(δ) = Qᵀ_h R(δ) K_h``.
+
+1. **values** — ``[±x] ↦ ±M x + c`` with ``M = Σ_h V_h`` (2d queries).
+2. **offsets** — the zero-key pair probe (:mod:`.heads`): moving two keys apart changes the answer only when the
+   logits depend on the offset (reported as ``offset_signal``); its rank is H and Jennrich's method gives each
+   head's direction ``V_h z``; nearby queries span each head's output space ``C_h``.
+3. **heads' values** — the spaces ``C_h`` split ``M``: ``V_h = C_h G_h``.
+4. **logits** — in a head's own coordinates an answer is ``Σ_j α_hj G_h x_j``: with fewer nonzero tokens than
+   ``d_h`` the weights come out exactly, and ``log α_hk/α_hN`` is the logit difference. Keys ``±ρ x`` at a set of
+   offsets up to the longest sequence give ``zᵀ B_h(δ) x`` (2 queries per (z, x) pair, every offset at once); a
+   query basis against ``r`` random keys and ``r`` random queries against a key basis sketch every ``B_h(δ)``.
+5. **rotation** — :mod:`.rotation`: the shared row and column spaces, the rotation's eigen-angles, far offsets to
+   refine them, hence ``B_h(δ)`` for every δ.
+
+Identifiable and returned: per head and frequency pair, ``W_Q`` and ``W_K`` up to a scaled rotation of the pair
+(the returned factors fix one), the frequencies, ``V_h = W_O,h W_V,h`` (returned as ``W_O,h = C_h`` and
+``W_V,h = G_h``), and ``c`` (as ``b_O``). Heads sharing keys and values (GQA) are returned as independent heads
+(the same function); the groups found are reported.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from attnprobe.errors import RecoveryError, UnidentifiableError
+from attnprobe.learners.positional.heads import LEVELS, STEP, head_directions, match
+from attnprobe.learners.positional.rotation import factor_rotary
+from attnprobe.learners.core.skeleton import Run
+from attnprobe.learners.head.probes import random_orthogonal
+from attnprobe.models.positional import PositionalAttention
+
+METHOD = "positional"
+#: offsets whose logit matrices are sketched (the two nearest give the pair bases; the far ones refine the angles)
+OFFSETS = (-1, -2, -3, -4, -6, -8, -12, -16, -24, -32, -64)
+#: lengths of the functional check (up to the longest sequence the offsets cover)
+CHECK_LENGTHS = (1, 2, 8, 64, 256)
+#: sketch width beyond the head dimension
+OVERSAMPLE = 8
+#: query scales of the pair probe and the step between nearby queries
+SETTINGS, NEARBY = ((1.0, 0), (1.5, 0), (1.0, 8), (1.5, 8)), 0.4
+#: target size of the median logit difference in the logits stage
+TARGET_LOGIT = 1.5
+#: the pair probe's change, relative to the answer, below which the logits do not depend on the offset (finite
+#: differences of float64 answers are good to ~1e-11 of it; RoPE layers measured 1e-2)
+SIGNAL_FLOOR = 1e-8
+#: the coarsest answers the learner reads (float64's machine epsilon and a little)
+FINEST = 1e-15
+#: numbers per batch of long sequences sent at once (memory: 8 bytes each)
+BATCH_TOKENS = 1 << 23
+
+
+def _values(oracle, rng, rho):
+    d = oracle.d
+    P = rho * random_orthogonal(d, rng)
+    y = oracle(np.concatenate([P, -P])[:, None, :])
+    M = ((y[:d] - y[d:]) / 2).T @ P / rho**2
+    c = (y[:d] + y[d:]).mean(axis=0) / 2
+    return M, c
+
+
+def attention_weights(Pc: np.ndarray, G: np.ndarray, toks: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Each head's weights on the nonzero tokens ``toks (B, T, d)`` (T ≤ d_h) of answers ``Y (B, K)`` (``c``
+    removed): in head h's coordinates ``Pc_h Y = Σ_j α_hj G_h x_j``, solved by least squares. (B, H, T)"""
+    out = []
+    step = 4096
+    for i in range(0, len(Y), step):
+        coords = np.einsum("hjk,bk->bhj", Pc, Y[i:i + step])  # (B, H, d_h)
+        A = np.einsum("hjd,bnd->bhjn", G, toks[i:i + step])  # (B, H, d_h, T)
+        out.append(np.einsum("bhnj,bhj->bhn", np.linalg.pinv(A), coords))
+    alpha = np.concatenate(out)
+    if np.any(alpha <= 0):
+        raise RecoveryError("a head's attention weight came out ≤ 0 in the logits stage; the heads' output spaces "
+                            "found by the pair probe are not the layer's")
+    return alpha
+
+
+def positional_queries(d: int, H: int, head_dim: int, *, outputs: int | None = None, heads_known: bool = True,
+                       oversample: int = OVERSAMPLE, walk_only: bool = False) -> int:
+    """Queries the learner asks (the check apart): values 2d; the pair probe, 2·LEVELS queries per direction and
+    setting, on ``2H + 8`` directions at the first query (32 when H is not given) and ``H + 4`` at each of the
+    ``⌈K/H⌉ + 4`` queries of the walk (``walk_only``: those alone); 8 to calibrate the logits, and the two
+    sketches ``4d(d_h + oversample)``."""
+    K = outputs or d
+    per = 2 * LEVELS * len(SETTINGS)
+    first = min(d, 2 * (H if heads_known else 12) + 8)
+    if walk_only:  # the walk's queries (a halved step asks its query again)
+        return per * (H + 4) * (math.ceil(K / H) + 4)
+    return 2 * d + per * first + per * (H + 4) * (math.ceil(K / H) + 4) + 8 + 4 * d * (head_dim + oversample)
+
+
+def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None, offsets=OFFSETS,
+                       oversample: int = OVERSAMPLE):
+    """Recover a RoPE attention layer from its last-position output rows (module docstring)."""
+    d = oracle.d
+    run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress)
+    guess = heads or 8
+    run.plan(positional_queries(d, guess, max(2, d // guess), heads_known=heads is not None),
+             f"the positional learner at d={d}", at_least=heads is None)
+    rng = run.rng
+    offsets = tuple(sorted({int(o) for o in offsets}, reverse=True))
+    if offsets[:2] != (-1, -2):
+        raise RecoveryError("the offsets must start with -1 and -2 (the pair bases come from their ratio)")
+    noise = max(oracle.eps, 1e-16)
+    if noise > FINEST or not oracle.noise.exact:
+        raise UnidentifiableError(f"the positional learner reads float64 answers without noise; these answers are "
+                                  f"{oracle.precision} (rounding {noise:.1e}) or noisy, and coarse answers are not "
+                                  "supported by it yet")
+    rho = math.sqrt(d)  # tokens with entries of order one
+    with run.phase("values"):
+        M, c = _values(oracle, rng, rho)
+    K = M.shape[0]
+    if K < 2:
+        raise UnidentifiableError("the positional learner reads whole output rows (K ≥ 2 outputs per sequence)")
+    with run.phase("offsets"):
+        dirs, signal = _pair_probe(oracle, M, rng, heads, noise)
+    H = dirs[0].shape[1]
+    Cb, G, dh = _output_spaces(dirs, M)
+    with run.phase("logits"):
+        Xs, Ys, Om, rho_l = _sketches(oracle, rng, Cb, G, c, np.array(offsets), dh + oversample)
+    Wq, Wk, thetas, steps = [], [], [], []
+    for h in range(H):
+        U = _basis(np.concatenate(list(Xs[h]), axis=1), dh)
+        V = _basis(np.concatenate(list(Ys[h]), axis=1), dh)
+        Mk = {int(o): U.T @ Xs[h, k] @ np.linalg.pinv(V.T @ Om[k].T) for k, o in enumerate(offsets)}
+        f = factor_rotary(Mk, U, V, -1, -2)
+        Wq.append(f.Q.T)
+        Wk.append(f.K)
+        thetas.append(f.theta)
+        steps.append(float(np.linalg.norm(f.matrix(-1) - f.matrix(0)) / np.linalg.norm(f.matrix(0))))
+    thetas = np.array(thetas)
+    theta = thetas.mean(axis=0)
+    model = PositionalAttention(np.array(Wq), np.array(Wk), G, Cb, bo=c, position="rope", inv_freq=theta,
+                                layout="half", scale=1.0, causal=True)
+    spread = float(np.max(np.abs(thetas - theta) / theta))
+    details = {"heads": H, "head_dim": dh, "offset_signal": signal, "offsets": list(offsets),
+               "theta": theta.tolist(), "theta_spread": spread, "base_estimate": _base(theta),
+               "offset_change": steps, "token_scale": rho_l, "kv_groups": _groups(model)}
+    notes = [f"offset dependence detected: moving two keys apart changed the answer by {signal:.1e} of its size; "
+             f"‖B_h(−1) − B_h(0)‖/‖B_h(0)‖ = {min(steps):.2f} … {max(steps):.2f}"]
+    unknowns = PositionalAttention.unknowns(d, H, len(set(details["kv_groups"])), dh, K)
+    return run.finish(model, unknowns=unknowns, details=details, notes=notes)
+
+
+def _pair_probe(oracle, M, rng, heads, noise):
+    """Stage 2: the heads' directions ``V_h z`` along a walk of queries (:mod:`.heads`) and the offset signal;
+    refuses offset-free answers and answers with more directions than bias-free heads show."""
+    d, K = oracle.d, M.shape[0]
+    z0 = rng.standard_normal(d)
+    E = random_orthogonal(d, rng)[: min(d, 2 * (heads or 12) + 8)]
+    eta = STEP * math.sqrt(d)
+    base = np.linalg.norm(M @ z0)
+    W0, s, H = head_directions(oracle, z0, E, settings=SETTINGS, eta=eta, rank=heads, noise=noise, rng=rng,
+                                 floor=SIGNAL_FLOOR * base)
+    signal = float(s[0] / base) if base > 0 else 0.0
+    if W0 is None:
+        raise UnidentifiableError(f"the answers do not depend on the offset between positions (moving two keys apart "
+                                  f"changed the answer by {signal:.1e} of its size); use the multihead learner")
+    if H >= min(K, len(E)):
+        raise RecoveryError(f"moving two keys apart changed the answer in {H} independent directions, more than a "
+                            "sum of softmax heads without biases shows; key or query biases (Qwen2-style) are not "
+                            "supported by this learner yet")
+    E = E[: H + 4]
+    dirs = [W0]
+    z = z0
+    for _ in range(math.ceil(K / H) + 4):  # a walk: each query near the last keeps the labels and spans C_h well
+        q = rng.standard_normal(d)
+        step = NEARBY
+        while True:  # a step too long to keep the labels is halved (ambiguous matches are refused in match)
+            znew = z + step * q * np.linalg.norm(z0) / np.linalg.norm(q)
+            znew *= np.linalg.norm(z0) / np.linalg.norm(znew)
+            W, _, _ = head_directions(oracle, znew, E, settings=SETTINGS, eta=eta, rank=H, noise=noise, rng=rng)
+            try:
+                dirs.append(match(dirs[-1], W))
+                break
+            except RecoveryError:
+                if step < NEARBY / 8:
+                    raise
+                step /= 2
+        z = znew
+    return dirs, signal
+
+
+def _output_spaces(dirs, M):
+    """Stage 3: each head's output space ``C_h`` (the span of its directions), stacked ``Cb (K, H·d_h)``, and the
+    token images ``G_h`` with ``V_h = C_h G_h`` (the split of ``M``)."""
+    H, K = dirs[0].shape[1], M.shape[0]
+    C = []
+    for h in range(H):
+        Uh, sh, _ = np.linalg.svd(np.stack([w[:, h] for w in dirs], axis=1), full_matrices=False)
+        C.append(Uh[:, sh > sh[0] * 1e-7])
+    dims = [x.shape[1] for x in C]
+    if len(set(dims)) != 1 or sum(dims) > K:
+        raise RecoveryError(f"the heads' output spaces have dimensions {dims} (sum {sum(dims)} for K = {K} outputs); "
+                            "they must be equal and fit in the output row")
+    dh = dims[0]
+    Cb = np.concatenate(C, axis=1)
+    return Cb, np.linalg.pinv(Cb).reshape(H, dh, K) @ M, dh
+
+
+def _sketches(oracle, rng, Cb, G, c, offs, r):
+    """Stage 4: the token scale, then ``X_k = B_h(δ_k) Ω_kᵀ`` (a query basis against ``r`` random keys per offset)
+    and ``Y_k = B_h(δ_k)ᵀ Zᵀ`` (``r`` random queries against a key basis) for every head, from the log-ratios of
+    the weights solved in each head's coordinates. Returns ``Xs, Ys (H, m, d, r)``, ``Ω (m, r, d)``, the scale."""
+    d, K = oracle.d, Cb.shape[0]
+    H, dh = G.shape[:2]
+    m = len(offs)
+    if m + 1 > dh:
+        raise RecoveryError(f"{m} offsets need heads of dimension ≥ {m + 1}; this layer's heads have {dh}")
+    Pc = np.linalg.pinv(Cb).reshape(H, dh, K)
+    N = int(-offs.min()) + 1
+    pos = N - 1 + offs
+
+    def log_ratios(Z, keys):
+        """``log α_hk/α_hN`` (B, H, m) for queries ``Z (B, d)`` and keys ``keys (B, m, d)`` at the offsets."""
+        chunk = max(1, BATCH_TOKENS // (N * d))
+        out = []
+        for i in range(0, len(Z), chunk):
+            X = np.zeros((len(Z[i:i + chunk]), N, d))
+            X[:, pos] = keys[i:i + chunk]
+            X[:, -1] = Z[i:i + chunk]
+            out.append(oracle(X) - c)
+        toks = np.concatenate([keys, Z[:, None]], axis=1)
+        la = np.log(attention_weights(Pc, G, toks, np.concatenate(out)))
+        return la[..., :-1] - la[..., -1:]
+
+    med = float(np.median(np.abs(log_ratios(rng.standard_normal((8, d)), rng.standard_normal((8, m, d))))))
+    rho = float(np.clip(math.sqrt(TARGET_LOGIT / max(med, 1e-12)), 1e-3, 1e3))
+    Qb = random_orthogonal(d, rng)
+    Om = rng.standard_normal((m, r, d)) / math.sqrt(d)
+    Zs = rng.standard_normal((r, d)) / math.sqrt(d)
+    # (a) query basis q_i against keys ±Ω[k, a]; (b) random queries Z[a] against keys ±q_j (shifted per offset)
+    Za = np.repeat(Qb, r, axis=0) * rho  # (d·r, d)
+    Ka = np.tile(Om.transpose(1, 0, 2), (d, 1, 1)) * rho  # (d·r, m, d)
+    shift = (np.arange(d)[:, None] + np.arange(m)[None]) % d  # (d, m): basis index per key slot
+    Zb = np.repeat(Zs, d, axis=0) * rho  # (r·d, d)
+    Kb = np.tile(Qb[shift], (r, 1, 1)) * rho  # (r·d, m, d)
+    ell = log_ratios(np.concatenate([Za, Za, Zb, Zb]), np.concatenate([Ka, -Ka, Kb, -Kb]))  # (B, H, m)
+    n = d * r
+    ea = (ell[:n] - ell[n:2 * n]) / (2 * rho**2)
+    eb = (ell[2 * n:3 * n] - ell[3 * n:]) / (2 * rho**2)
+    Xs = np.einsum("id,iahk->hkda", Qb, ea.reshape(d, r, H, m))  # (H, m, d, r): B(δ_k) Ω_kᵀ
+    Ys = np.einsum("jkd,ajhk->hkda", Qb[shift], eb.reshape(r, d, H, m))  # (H, m, d, r): B(δ_k)ᵀ Zᵀ
+    return Xs, Ys, Om, rho
+
+
+def _basis(A: np.ndarray, rank: int) -> np.ndarray:
+    U, _, _ = np.linalg.svd(A, full_matrices=False)
+    return U[:, :rank]
+
+
+def _base(theta: np.ndarray) -> float | None:
+    """The RoPE base fitted to ``θ_k = base^(−2k/d_h)`` (None when the angles are not geometric to 1e-6)."""
+    h = len(theta)
+    k = np.arange(h)
+    slope, icpt = np.polyfit(2 * k / (2 * h), np.log(theta), 1)
+    fit = np.exp(icpt + slope * 2 * k / (2 * h))
+    if np.max(np.abs(fit / theta - 1)) > 1e-6 or abs(icpt) > 1e-6:
+        return None
+    return float(np.exp(-slope))
+
+
+def _groups(model: PositionalAttention) -> list[int]:
+    """Heads whose key row spaces and value row spaces agree (GQA groups), as a group index per head."""
+    H = model.H
+    labels = [-1] * H
+    nxt = 0
+    for h in range(H):
+        if labels[h] >= 0:
+            continue
+        labels[h] = nxt
+        for g in range(h + 1, H):
+            if labels[g] < 0 and _same_rows(model.Wk[h], model.Wk[g]) and _same_rows(model.Wv[h], model.Wv[g]):
+                labels[g] = nxt
+        nxt += 1
+    return labels
+
+
+def _same_rows(A: np.ndarray, B: np.ndarray, tol: float = 1e-6) -> bool:
+    Qa = np.linalg.qr(A.T)[0]
+    return bool(np.linalg.norm(B.T - Qa @ (Qa.T @ B.T)) <= tol * np.linalg.norm(B))

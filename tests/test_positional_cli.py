@@ -1,0 +1,35 @@
+"""``attnprobe extract --method positional`` end to end on saved RoPE layers: the result file answers like the
+victim at every length up to 256; a layer with key/query biases is refused in one line (exit 2)."""
+
+import numpy as np
+
+from attnprobe.cli import main
+from attnprobe.models import load_model, save_model
+from attnprobe.models.positional import PositionalAttention
+from attnprobe.targets import random_rope_attention
+
+
+def test_extract_writes_a_model_that_answers_like_the_victim(tmp_path):
+    victim = random_rope_attention(32, 2, 1, seed=5)
+    target = save_model(victim, tmp_path / "rope.npz")
+    out = tmp_path / "r.npz"
+    assert main(["extract", "--target", str(target), "--method", "positional", "--out", str(out), "--quiet"]) == 0
+    model = load_model(out)
+    assert isinstance(model, PositionalAttention) and model.position == "rope"
+    rng = np.random.default_rng(0)
+    for N in (1, 5, 65, 256):
+        X = rng.standard_normal((3, N, 32))
+        y = victim(X)
+        assert np.abs(model(X) - y).max() <= 1e-8 * np.abs(y - victim.output_bias()).max()
+
+
+def test_biased_layer_is_refused_in_one_line(tmp_path, capsys):
+    v = random_rope_attention(32, 2, 1, seed=5)
+    rng = np.random.default_rng(1)
+    biased = PositionalAttention(v.Wq, v.Wk, v.Wv, v.Wo, bq=0.5 * rng.standard_normal((2, 16)),
+                                 bk=0.5 * rng.standard_normal((1, 16)), position="rope", inv_freq=v.inv_freq)
+    target = save_model(biased, tmp_path / "qwen.npz")
+    code = main(["extract", "--target", str(target), "--method", "positional", "--out", str(tmp_path / "r.npz")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and not (tmp_path / "r.npz").exists()
+    assert len(err) == 1 and "biases" in err[0] and "Traceback" not in err[0]
