@@ -101,16 +101,16 @@ def test_module_is_in_eval_mode_and_deterministic(minilm):
 
 
 def test_a_model_left_in_training_mode_still_answers_without_dropout(tiny):
-    from attnprobe.oracles.hf_attention import load_bert
+    from attnprobe.oracles.hf_attention import load_hf_model
 
-    load_bert(tiny).train()  # someone trained the cached model: the oracle still answers deterministically
+    load_hf_model(tiny).train()  # someone trained the cached model: the oracle still answers deterministically
     try:
         oracle = oracle_from_hf(tiny, 0)
         X = np.random.default_rng(5).standard_normal((8, 3, 16))
         np.testing.assert_array_equal(oracle(X), oracle(X))
         assert _rel(oracle(X), layer_answers(hf_layer_arrays(tiny, 0), X)) < 1e-10
     finally:
-        load_bert(tiny).eval()
+        load_hf_model(tiny).eval()
 
 
 def test_any_bert_folder(tiny):
@@ -136,7 +136,7 @@ def test_a_folder_without_the_files_is_refused(tmp_path):
         oracle_from_hf(tmp_path, 0)
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ConfigError, match="hidden_size"):
+    with pytest.raises(ConfigError, match="model_type None"):
         hf_checkpoint(tmp_path)
 
 

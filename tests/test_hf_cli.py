@@ -47,7 +47,7 @@ def test_target_writes_the_vector_layout_and_rows(tiny, tmp_path):
     (["extract", "--hf-dir", "{tiny}", "--method", "multihead"], "needs --layer"),
     (["extract", "--hf-dir", "{tiny}", "--layer", "5", "--row", "0"], "--layer must be in 0..1"),
     (["extract", "--hf-dir", "{tiny}", "--layer", "0", "--row", "12"], "--row must be an output index in 0..11"),
-    (["extract", "--hf-dir", "{tiny}", "--layer", "0", "--dtype", "float16"], "float64 or float32"),
+    (["extract", "--hf-dir", "{tiny}", "--layer", "0", "--dtype", "float16"], "float64, float32, bfloat16"),
     (["extract", "--hf-dir", "{tiny}", "--layer", "0", "--method", "lowrank"], "give --row R"),
     (["extract", "--target", "x.npz", "--layer", "0"], "--layer goes with --hf-dir"),
     (["extract", "--hf-dir", "{tmp}", "--layer", "0"], "has no config.json"),

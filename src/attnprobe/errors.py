@@ -47,6 +47,20 @@ class RecoveryError(AttnprobeError):
     """The recovered parameters fail their own consistency checks (e.g. a wrong rank guess)."""
 
 
+class SeparationError(RecoveryError):
+    """The heads of a whole output row did not separate along a probe difference: ``misfit`` against the
+    ``tolerance`` the answers' precision allows (a marginal misfit may pass with another seed)."""
+
+    def __init__(self, message: str = "", *, misfit: float | None = None, tolerance: float | None = None) -> None:
+        super().__init__(message)
+        self.misfit, self.tolerance = misfit, tolerance
+
+
+class ModelMismatchError(RecoveryError):
+    """The answers are not those of the model the learner assumes, for a cause read from them (a normalised
+    output, a row attended besides the input rows)."""
+
+
 class CheckFailedError(AttnprobeError):
     """The functional check on fresh queries failed: the recovered model does not describe the oracle."""
 

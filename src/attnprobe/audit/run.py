@@ -77,6 +77,8 @@ def _fingerprint(source: str) -> str:
     model is never read for another, even under the same file name."""
     from attnprobe.oracles.querylog import file_sha256
 
+    if Path(source).is_dir():  # a Hugging Face folder: its weights and the config that says how to read them
+        return "sha256:" + "+".join(file_sha256(Path(source) / f) for f in ("model.safetensors", "config.json"))
     return "sha256:" + file_sha256(HeadSpec(source, 0, 0).checkpoint().path if source == "minilm" else source)
 
 

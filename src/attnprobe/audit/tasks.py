@@ -11,6 +11,7 @@ import importlib
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -94,6 +95,14 @@ class HeadSpec:
             if self.heads_per_layer not in (None, HEADS):
                 raise ConfigError(f"MiniLM-L6 has {HEADS} heads per layer; got heads_per_layer={self.heads_per_layer}")
             return minilm_checkpoint()
+        if Path(self.source).is_dir():  # a Hugging Face folder: its config says the family and the heads
+            from attnprobe.targets.hf import hf_checkpoint
+
+            ckpt = hf_checkpoint(self.source)
+            if self.heads_per_layer not in (None, ckpt.heads_per_layer):
+                raise ConfigError(f"{self.source} has {ckpt.heads_per_layer} heads per layer; got "
+                                  f"heads_per_layer={self.heads_per_layer}")
+            return ckpt
         if self.heads_per_layer is None:
             raise ConfigError(f"say how many heads per layer {self.source} has (heads_per_layer)")
         return BertCheckpoint(self.source, self.heads_per_layer)
@@ -109,8 +118,10 @@ class HeadSpec:
         from attnprobe.models.multihead import MultiHeadAttention
 
         p = ckpt.layer_weights(self.layer)
+        spec = getattr(ckpt, "spec", None)  # a Hugging Face folder knows its family's logit scale
+        scale = spec.logit_scale(self.layer) if spec is not None else 1.0 / np.sqrt(ckpt.head_dim)
         return MultiHeadAttention.from_projections(p["Q"], p["K"], p["V"], p["WO"], p["bO"], b_Q=p["bQ"],
-                                                   b_V=p["bV"], scale=1.0 / np.sqrt(ckpt.head_dim))
+                                                   b_V=p["bV"], scale=scale)
 
     @property
     def name(self) -> str:

@@ -16,12 +16,12 @@ import signal
 import sys
 import threading
 
-from attnprobe.cli import audit, demo, extract, reproduce, serve, target, verify
+from attnprobe.cli import audit, demo, export, extract, reproduce, serve, target, verify
 from attnprobe.cli.common import queries_spent, relative_errors
 from attnprobe.errors import AttnprobeError, CheckFailedError
 
 #: the subcommands, in the order ``--help`` lists them; each module has ``add_parser(sub)`` and ``run(args)``
-SUBCOMMANDS = (extract, verify, demo, target, serve, audit, reproduce)
+SUBCOMMANDS = (extract, verify, demo, target, serve, audit, reproduce, export)
 
 #: exit codes (README "Exit codes")
 EXIT_OK, EXIT_BUG, EXIT_REFUSED, EXIT_CHECK_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 2, 3, 130, 143

@@ -260,8 +260,9 @@ def add_parser(sub) -> None:
     src.add_argument("--model", help="a known model: minilm (all-MiniLM-L6-v2, installed weights)")
     src.add_argument("--safetensors", metavar="FILE", help="a BERT-family checkpoint (.safetensors)")
     src.add_argument("--heads-per-layer", type=int, metavar="H", help="attention heads per layer of --safetensors")
-    src.add_argument("--hf-dir", metavar="DIR", help="a Hugging Face BERT-family model folder (config.json with "
-                                                     "num_attention_heads, model.safetensors)")
+    src.add_argument("--hf-dir", metavar="DIR", help="a Hugging Face model folder (config.json, "
+                                                     "model.safetensors) of BERT, RoBERTa, ELECTRA, DistilBERT, "
+                                                     "ALBERT or GPT-2")
     src.add_argument("--layers", default="all", help="layers to audit: all (default), 0-5, 3 or 0,2,4")
     src.add_argument("--heads", default="all", help="heads to audit in each layer: all (default), 0-3, ...")
     src.add_argument("--row", type=int, help="output row R of the layer that --tasks heads and layer-rows read "

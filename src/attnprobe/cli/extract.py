@@ -10,7 +10,7 @@ from pathlib import Path
 from attnprobe.cli import answer_chain, hf, remote
 from attnprobe.cli.common import (assumed_precision, check_outcome, nonneg_int, plan_outputs, positive_float,
                                   positive_int, print_summary, refuse_memory, track)
-from attnprobe.errors import AttnprobeError, ConfigError, InputNormError
+from attnprobe.errors import AttnprobeError, ConfigError, InputNormError, RecoveryError, SeparationError
 from attnprobe.learners.core import registry
 from attnprobe.models import PRECISIONS
 from attnprobe.oracles import Oracle, oracle_from_file, oracle_from_spec
@@ -119,12 +119,15 @@ def run(args) -> int:
     track(args, oracle)
     progress = Progress(f"extract ({args.method})", enabled=not args.quiet)
     try:
-        res = learner.fn(oracle, seed=args.seed, progress=progress, **options)
+        res = _run_with_retry(learner, oracle, args, progress, options)
     except AttnprobeError as exc:
         raise _clipping_cause(oracle, args, learner, exc) or exc
     finally:
         progress.close()
     res.details["oracle"] = remote.describe(oracle)
+    if getattr(oracle, "positions_source", None):  # the victim answered every row (declared or already read)
+        if oracle.positions in ("causal", "bidirectional"):
+            res.details["positions"] = oracle.positions  # the saved model answers every row too
     if res.passed is False:
         res.notes.append(assumed_precision(oracle))
     failure = check_outcome(res, args.keep_failed)
@@ -135,6 +138,37 @@ def run(args) -> int:
     if failure is not None:
         raise failure
     return 0
+
+
+#: a separation misfit at most this many times its tolerance is marginal: another seed's probes may pass (a
+#: float32 DistilBERT layer, d = 64, 8 heads, folder seed 1: 69× with seed 0, passed with seeds 1, 2, 3), while a
+#: layer that is not a sum of heads misses by far more (a float32 softmax read as float64: 3.7e3×; an extra
+#: attended row, add_bias_kv: 4e10×)
+MARGINAL_MISFIT = 1e3
+
+
+def _run_with_retry(learner, oracle, args, progress, options):
+    """Run the learner; when the heads did not separate by a marginal misfit (≤ :data:`MARGINAL_MISFIT` × the
+    tolerance: an unlucky probe, not a wrong model), run it once more with a fresh seed and say so. The first
+    run's queries are counted in the result (phase ``"first seed"``)."""
+    before = oracle.queries
+    try:
+        return learner.fn(oracle, seed=args.seed, progress=progress, **options)
+    except SeparationError as exc:
+        if exc.misfit is None or not exc.misfit <= MARGINAL_MISFIT * exc.tolerance:
+            raise
+        first, seed, spent = exc, args.seed + 1, oracle.queries - before
+    try:
+        res = learner.fn(oracle, seed=seed, progress=progress, **options)
+    except AttnprobeError as exc:
+        raise type(exc)(f"{exc} (retried once with seed {seed} after a marginal misfit with seed {args.seed}: "
+                        f"{first.misfit:.1e} > {first.tolerance:.1e})") from exc
+    res.queries += spent
+    res.queries_by_phase = {"first seed": spent, **res.queries_by_phase}
+    res.notes.append(f"retried once with seed {seed}: with seed {args.seed} the heads did not separate by a marginal "
+                     f"misfit ({first.misfit:.1e} > {first.tolerance:.1e}); the first run's {spent} queries are "
+                     "counted (phase 'first seed')")
+    return res
 
 
 def _estimate_oracle(args, chain, learner) -> Oracle:
@@ -184,14 +218,24 @@ def _print_estimate(args, oracle) -> int:
 def _clipping_cause(oracle, args, learner, exc=None):
     """When a run of an attention learner failed: the error naming input clipping, with the bound read from the
     answers, if they show it (an attention target answers a length-1 query affinely in its row, so clipping shows
-    in the answers; a refusal for a declared bound, ``exc`` an :class:`InputNormError`, stands)."""
+    in the answers; a refusal for a declared bound, ``exc`` an :class:`InputNormError`, stands); before that, when
+    the model did not fit the answers (a failed check or a :class:`RecoveryError`), the error naming a layer that
+    is not a sum of softmax heads over its input (:func:`~attnprobe.oracles.input_bound.not_affine_cause`)."""
     attention = learner.recovers in ("head", "multi_head") and learner.capabilities.value_answers
     if not attention or args.membership or getattr(args, "replay", False):
         return None
     if isinstance(exc, InputNormError):
         return None
-    from attnprobe.oracles.input_bound import diagnose_clipping
+    from attnprobe.oracles.input_bound import diagnose_clipping, not_affine_cause
 
+    fitted = oracle.queries > 0 and (exc is None or isinstance(exc, RecoveryError))
+    if fitted:  # answers were asked and the model did not fit them: is the layer a sum of heads at all?
+        try:
+            cause = not_affine_cause(oracle, seed=args.seed)
+        except AttnprobeError:
+            cause = None
+        if cause is not None:
+            return cause
     return diagnose_clipping(oracle, seed=args.seed)
 
 

@@ -9,9 +9,11 @@ from attnprobe.errors import ConfigError
 def add_source_arguments(group) -> None:
     """``extract``'s options for a Hugging Face victim (``--dtype`` is the precision the module runs in)."""
     group.add_argument("--hf-dir", metavar="DIR",
-                       help="a Hugging Face BERT-family model folder (config.json, model.safetensors): its layer "
-                            "--layer (self-attention + output dense, last position) is the oracle, run locally "
-                            "in --dtype (float64 or float32), offline")
+                       help="a Hugging Face model folder (config.json, model.safetensors) of BERT, RoBERTa, ELECTRA, "
+                            "DistilBERT, ALBERT or GPT-2 (LLaMA, Qwen2, Mistral, GPT-NeoX, T5 and BLOOM are read and "
+                            "refused: their logits depend on position): the attention sublayer of layer --layer "
+                            "(before residual and norm, last position) is the oracle, run locally in --dtype "
+                            "(float64, float32 or bfloat16), offline")
     group.add_argument("--layer", type=int, metavar="L", help="--hf-dir: the attention layer to query")
     group.add_argument("--row", type=int, metavar="R",
                        help="--hf-dir: answer only output R (one number per query); default the whole output row")
@@ -28,11 +30,18 @@ def oracle_from_args(args, kw: dict):
     from attnprobe.oracles.hf_folder import check_model_dir
 
     check_model_dir(args.hf_dir)
+    from attnprobe.oracles.hf_families import layer_spec
     from attnprobe.targets.hf import hf_checkpoint
 
+    spec = layer_spec(args.hf_dir)
+    spec.refuse_positional()  # before anything else is read or asked
     hf_checkpoint(args.hf_dir)  # a config.json whose layer count the weights do not hold is refused before torch
+    if not 0 <= args.layer < spec.layers:
+        raise ConfigError(f"--layer must be in 0..{spec.layers - 1} for {args.hf_dir}; got {args.layer}")
+    if args.row is not None and not 0 <= args.row < spec.hidden:
+        raise ConfigError(f"--row must be an output index in 0..{spec.hidden - 1}; got {args.row}")
     if args.dtype not in DTYPES:
-        raise ConfigError(f"--hf-dir runs the module in float64 or float32; got --dtype {args.dtype}")
+        raise ConfigError(f"--hf-dir runs the module in {', '.join(DTYPES)}; got --dtype {args.dtype}")
     if args.outputs is not None:
         raise ConfigError("--hf-dir knows its number of outputs; drop --outputs")
     if args.row is None and args.method != "multihead":
@@ -65,11 +74,13 @@ def identity(args) -> str:
 
 
 def audit_source(hf_dir) -> tuple[str, int]:
-    """``audit --hf-dir DIR``: the checkpoint file and heads per layer (read from ``config.json``)."""
+    """``audit --hf-dir DIR``: the folder (any family of the table; a positional one is refused) and its heads per
+    layer (read from ``config.json``)."""
     from attnprobe.targets.hf import hf_checkpoint
 
     ckpt = hf_checkpoint(hf_dir)
-    return ckpt.path, ckpt.heads_per_layer
+    ckpt.spec.refuse_positional()
+    return ckpt.folder, ckpt.heads_per_layer
 
 
 def write_target(args) -> int:
@@ -81,6 +92,7 @@ def write_target(args) -> int:
     if args.model_dir is None:
         raise ConfigError("target hf-attention needs --model-dir DIR (a Hugging Face model folder)")
     ckpt = hf_checkpoint(args.model_dir)
+    ckpt.spec.refuse_positional()
     if not 0 <= args.layer < ckpt.layers:
         raise ConfigError(f"--layer must be in 0..{ckpt.layers - 1} for {args.model_dir}; got {args.layer}")
     if args.row is not None:

@@ -112,7 +112,8 @@ def add_parser(sub) -> None:
     t.add_argument("kind", choices=["random", "minilm", "minilm-layer", "transformer", "relu", "multihead",
                                     "hf-attention", "smooth-ffn", "minilm-ffn"])
     t.add_argument("--model-dir", metavar="DIR",
-                   help="hf-attention: a Hugging Face BERT-family model folder (config.json, model.safetensors)")
+                   help="hf-attention: a Hugging Face model folder (config.json, model.safetensors) of a family "
+                        "without position terms (BERT, RoBERTa, ELECTRA, DistilBERT, ALBERT, GPT-2)")
     t.add_argument("--d", type=positive_int, default=16)
     t.add_argument("--m", type=positive_int, help="transformer/relu: hidden width of the FFN (default d; smooth-ffn: "
                                                   "4d)")

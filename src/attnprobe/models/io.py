@@ -100,8 +100,13 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def model_writer(model) -> Callable[[BinaryIO], None]:
-    return lambda f: np.savez(f, kind=np.asarray(model.kind), **model.arrays())
+def model_writer(model, positions: str | None = None) -> Callable[[BinaryIO], None]:
+    """Write ``model``'s arrays and ``kind``; ``positions`` (``"causal"``, ``"bidirectional"``) records that the
+    victim answered every row, so :func:`load_model` answers every row too."""
+    from attnprobe.models.rows import POSITION_CODES
+
+    extra = {} if positions in (None, "last") else {"positions": np.asarray(POSITION_CODES[positions])}
+    return lambda f: np.savez(f, kind=np.asarray(model.kind), **model.arrays(), **extra)
 
 
 def json_writer(obj) -> Callable[[BinaryIO], None]:
@@ -189,13 +194,24 @@ def load_arrays(path: str | Path, max_bytes: int = MAX_MODEL_BYTES, what: str = 
 
 
 def load_model(path: str | Path, dtype: str = "float64", max_bytes: int = MAX_MODEL_BYTES):
-    """Load a model saved by :func:`save_model`, checking the file's headers first (:func:`npz_header`)."""
+    """Load a model saved by :func:`save_model`, checking the file's headers first (:func:`npz_header`): a callable
+    answering like the victim, at the last position ``(B, K)``, or at every row ``(B, N, K)``
+    (:class:`~attnprobe.models.rows.AnswerRows`) when the result records that the victim answered every row."""
     path = Path(path)
     arrays = load_arrays(path, max_bytes)
+    from attnprobe.models.rows import POSITION_CODES, AnswerRows
+
     kind = str(arrays.pop("kind", "attention_head"))
     if kind not in _KINDS:
         raise ConfigError(f"{path} holds a model of unknown kind {kind!r}; known: {sorted(_KINDS)}")
+    code = arrays.pop("positions", None)
+    names = {v: k for k, v in POSITION_CODES.items()}
+    if code is not None and (np.shape(code) != () or int(code) not in names):
+        raise ConfigError(f"{path}: 'positions' must be one of {sorted(names)} ({', '.join(POSITION_CODES)}); "
+                          f"got {code!r}")
     try:
-        return _KINDS[kind].from_arrays(arrays, dtype=dtype)
+        model = _KINDS[kind].from_arrays(arrays, dtype=dtype)
     except ConfigError as exc:
         raise ConfigError(f"{path} does not hold a valid {kind}: {exc}") from exc
+    positions = "last" if code is None else names[int(code)]
+    return model if positions == "last" else AnswerRows(model, positions)

@@ -17,7 +17,7 @@ from attnprobe.oracles.noise import AnswerNoise, noise_of
 from attnprobe.oracles.positions import (REUSABLE, RowAnswers, check_positions, declared_positions,
                                          positions_from_rows, probe_sequences)
 from attnprobe.oracles.wrappers import Wrapper, declared_precision
-from attnprobe.oracles.precision_detect import PrecisionDetector
+from attnprobe.oracles.precision_detect import PrecisionDetector, smoothness_batch
 
 
 def _keys(X):
@@ -189,6 +189,23 @@ class Oracle:
             with self.phase("precision"):
                 self(self.detector.probe_batch(self.d))
         return self.detector.decided
+
+    def read_kernel_rounding(self) -> int:
+        """``precision="auto"``, answers whose bits say float64: ask the smoothness probe once
+        (:func:`~attnprobe.oracles.precision_detect.smoothness_batch`, phase ``"precision"``) so that a kernel that
+        rounds inside (a float32 softmax) is read as that format. An attention learner calls it before it reads
+        :attr:`eps`; returns the queries it asked (0 when the precision is declared or already read)."""
+        if self.detector is None:
+            return 0
+        before = self.queries
+        if self._detected() and self.detector.needs_smoothness:
+            X = smoothness_batch(self.d, self.detector.seed)
+            if self.max_input_norm is not None:  # within the bound the target accepts (the jitter is relative)
+                X *= min(1.0, 0.99 * self.max_input_norm / float(np.linalg.norm(X, axis=-1).max()))
+            with self.phase("precision"):
+                answers = self(X)
+            self.detector.observe_smoothness(answers)
+        return self.queries - before
 
     @property
     def noise(self) -> AnswerNoise:

@@ -8,6 +8,14 @@ description that all of them satisfy; the unit roundoff it reports sets every th
 precision (rank detection, rank certificate, functional-check tolerance, probe scales).
 
 Answers that are integers (e.g. 0/1 membership answers, or exact zeros) carry no evidence and are skipped.
+
+A float64 module whose kernel rounds an intermediate (LLaMA-family eager attention and BLOOM compute the softmax
+in float32, then go on in float64) returns full float64 numbers that are nonetheless only float32-accurate. The
+bits cannot show it; smoothness does: along a short line ``X₀ + tD`` an attention layer is analytic, so a
+degree-4 polynomial in ``t`` fits float64 answers to ~1e-15 of their size, while answers rounded inside jitter
+around it at that format's roundoff. :func:`kernel_jitter` measures it (:data:`SMOOTH_POINTS` × :data:`SMOOTH_LINES`
+queries, asked once by an attention learner that reads whole output rows — ``Oracle.read_kernel_rounding`` — and
+only when the bits say float64) and the verdict becomes the format the jitter fits.
 """
 
 from __future__ import annotations
@@ -26,6 +34,31 @@ MIN_EVIDENCE = 8
 MAX_ROUNDED_DIGITS = 12
 #: answers asked when precision is needed before any answer was seen (seeded Gaussian length-1 sequences)
 PROBE_QUERIES = 8
+#: the smoothness probe: lines of sequences (length 3), points per line, half-width of t, degree of the fit
+SMOOTH_LINES, SMOOTH_POINTS, SMOOTH_STEP, SMOOTH_DEGREE = 3, 17, 1e-6, 4
+#: relative jitter above which float64-looking answers were rounded inside (float64 fits leave ~1e-15)
+SMOOTH_JITTER = 1e-11
+
+
+def smoothness_batch(d: int, seed: int = 0) -> np.ndarray:
+    """The smoothness probe: ``SMOOTH_LINES`` lines ``X₀ + tD`` of ``SMOOTH_POINTS`` length-3 sequences each."""
+    rng = np.random.default_rng([seed, 1])
+    X0, D = rng.standard_normal((2, SMOOTH_LINES, 1, 3, d))
+    t = np.linspace(-SMOOTH_STEP, SMOOTH_STEP, SMOOTH_POINTS)[None, :, None, None]
+    return (X0 + t * D).reshape(SMOOTH_LINES * SMOOTH_POINTS, 3, d)
+
+
+def kernel_jitter(y: np.ndarray) -> float:
+    """The answers' relative deviation from a degree-``SMOOTH_DEGREE`` polynomial along each probe line
+    (:func:`smoothness_batch`); ~1e-15 for a float64 computation, the roundoff of a coarser intermediate else."""
+    Y = np.asarray(y, dtype=np.float64).reshape(SMOOTH_LINES, SMOOTH_POINTS, -1)
+    t = np.linspace(-1.0, 1.0, SMOOTH_POINTS)
+    V = np.vander(t, SMOOTH_DEGREE + 1)
+    worst = 0.0
+    for line in Y:
+        resid = line - V @ np.linalg.lstsq(V, line, rcond=None)[0]
+        worst = max(worst, float(np.abs(resid).max() / max(np.abs(line).max(), 1e-300)))
+    return worst
 
 
 def significant_bits(y: np.ndarray) -> np.ndarray:
@@ -78,6 +111,9 @@ class PrecisionDetector:
         self.fits = {name: True for name, _, _ in BINARY_FORMATS}
         self.max_digits = 0
         self.probed = False
+        #: the smoothness probe's relative jitter (None: not measured) and the format it says the kernel rounds to
+        self.jitter: float | None = None
+        self.rounded_inside: str | None = None
 
     def probe_batch(self, d: int) -> np.ndarray:
         return np.random.default_rng(self.seed).standard_normal((PROBE_QUERIES, 1, d))
@@ -96,12 +132,25 @@ class PrecisionDetector:
             sample = y[:256]  # digit counting is a Python loop; a sample keeps it cheap on big batches
             self.max_digits = max(self.max_digits, int(significant_digits(sample).max()))
 
+    @property
+    def needs_smoothness(self) -> bool:
+        """The bits say float64 and the smoothness probe has not been asked yet."""
+        return self.jitter is None and self._verdict() == "float64"
+
+    def observe_smoothness(self, y: np.ndarray) -> None:
+        """Take the answers to :func:`smoothness_batch`: jitter above :data:`SMOOTH_JITTER` means the kernel
+        rounds inside to the coarsest binary format whose unit roundoff covers it."""
+        self.jitter = kernel_jitter(y)
+        if self.jitter > SMOOTH_JITTER:
+            fits = [name for name, bits, _ in reversed(BINARY_FORMATS) if self.jitter <= 2.0 ** (6 - bits)]
+            self.rounded_inside = fits[0] if fits else BINARY_FORMATS[0][0]
+
     def _verdict(self) -> str | None:
         if self.seen == 0:
             return None
         if self.max_bits > 24:
             if self.max_digits > MAX_ROUNDED_DIGITS:
-                return "float64"
+                return self.rounded_inside or "float64"
             return f"{self.max_digits} digits" if self.seen >= MIN_EVIDENCE else None
         for name, bits, needed in BINARY_FORMATS:
             if self.fits[name] and needed <= self.max_bits <= bits:
@@ -131,5 +180,11 @@ class PrecisionDetector:
 
     def describe(self) -> dict:
         """What the summary reports: the verdict, its unit roundoff and the evidence behind it."""
-        return {"precision": self.precision, "eps": self.eps, "decided": self.decided, "answers_seen": self.seen,
-                "max_significand_bits": self.max_bits}
+        out = {"precision": self.precision, "eps": self.eps, "decided": self.decided, "answers_seen": self.seen,
+               "max_significand_bits": self.max_bits}
+        if self.jitter is not None:
+            out["kernel_jitter"] = self.jitter
+            if self.rounded_inside:
+                out["rounded_inside"] = (f"float64 answers computed through {self.rounded_inside} (e.g. a float32 "
+                                         "softmax)")
+        return out

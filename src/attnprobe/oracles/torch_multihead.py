@@ -89,13 +89,10 @@ def torch_projections(module) -> dict:
         P, b = _np(module.in_proj_weight), _np(module.in_proj_bias)
         lin = [(P[i * d:(i + 1) * d], b[i * d:(i + 1) * d]) for i in range(3)]
         out = module.out_proj
-    elif isinstance(module, BertSelfAttentionRow) or hasattr(getattr(module, "attention", None), "self"):
-        if isinstance(module, BertSelfAttentionRow):
-            H, parts, out = module.heads, (module.query, module.key, module.value), module.dense
-        else:  # a Hugging Face BertAttention: .self.{query,key,value} and .output.dense
-            att = module.attention
-            H, out = att.self.num_attention_heads, att.output.dense
-            parts = (att.self.query, att.self.key, att.self.value)
+    elif callable(getattr(module, "projections", None)):  # HFAttentionLayer: its family reads its weights
+        return module.projections()
+    elif isinstance(module, BertSelfAttentionRow):
+        H, parts, out = module.heads, (module.query, module.key, module.value), module.dense
         lin = [(_np(m.weight), _np(m.bias)) for m in parts]
     else:
         raise ConfigError(f"cannot read multi-head parameters from a {type(module).__name__}; expected "

@@ -40,6 +40,11 @@ def _load(path: str) -> dict[str, np.ndarray]:
         raise ConfigError(f"cannot read {path} as a safetensors file: {exc}") from exc
 
 
+def read_safetensors(path) -> dict[str, np.ndarray]:
+    """Every tensor of the ``.safetensors`` file ``path`` as numpy arrays (read once per process, no torch)."""
+    return _load(str(path))
+
+
 @dataclass(frozen=True)
 class BertCheckpoint:
     """The attention layers of a BERT-family checkpoint; ``heads_per_layer`` splits each layer's hidden width."""

@@ -1,4 +1,5 @@
-"""Hugging Face model folders as targets: a BERT-family attention layer's parameters in attnprobe's layouts.
+"""Hugging Face model folders as targets: an attention layer's parameters in attnprobe's layouts, for every family
+of :mod:`attnprobe.oracles.hf_families`.
 
 The real attention sublayer answers, at the last position, the whole output row (App. C with ``K`` outputs)
 
@@ -14,6 +15,7 @@ Everything here reads ``model.safetensors`` with numpy (no torch); the live modu
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +23,9 @@ import numpy as np
 from attnprobe.errors import ConfigError
 from attnprobe.models.io import model_writer, npz_path, write_files
 from attnprobe.models.softmax import softmax_last
-from attnprobe.oracles.hf_folder import check_model_dir, read_config
-from attnprobe.targets.bert import BertCheckpoint
+from attnprobe.oracles.hf_families import LayerSpec, layer_spec, split_projections
+from attnprobe.oracles.hf_folder import check_model_dir
+from attnprobe.targets.bert import read_safetensors
 from attnprobe.targets.minilm import INSTALL_HINT
 
 #: the kind tag of the model file (the multi-head layout, vector answers)
@@ -37,15 +40,120 @@ def minilm_dir() -> Path:
     return check_model_dir(Path(list(spec.submodule_search_locations)[0]) / "model")
 
 
-def hf_checkpoint(model_dir) -> BertCheckpoint:
-    """The attention layers of the model in ``model_dir``, heads per layer read from its ``config.json``."""
-    config = read_config(model_dir)
-    ckpt = BertCheckpoint(str(Path(model_dir) / "model.safetensors"), config["num_attention_heads"])
-    if ckpt.hidden != config["hidden_size"] or ckpt.layers != config["num_hidden_layers"]:
-        raise ConfigError(f"{model_dir}: config.json says hidden_size {config['hidden_size']} and "
-                          f"{config['num_hidden_layers']} layers, model.safetensors holds {ckpt.hidden} and "
-                          f"{ckpt.layers}; the folder mixes two models")
-    return ckpt
+def hf_checkpoint(model_dir) -> "FamilyCheckpoint":
+    """The attention layers of the model in ``model_dir`` (any family of the table), read with numpy."""
+    return FamilyCheckpoint(str(check_model_dir(model_dir)))
+
+
+def per_query_head(spec: LayerSpec, p: dict) -> dict[str, np.ndarray]:
+    """Projections as stored (:func:`~attnprobe.oracles.hf_families.split_projections`) with every query head's
+    own ``K, V, bK, bV`` (a KV head repeated over its group, GQA) and zeros for absent biases."""
+    H, dh = spec.heads, spec.head_dim
+    group = np.arange(H) // spec.groups
+    out = {"Q": p["Q"], "K": p["K"][group], "V": p["V"][group], "WO": p["WO"],
+           "bO": np.zeros(p["WO"].shape[0]) if p["bO"] is None else p["bO"]}
+    for name in "QKV":
+        b = p["b" + name]
+        out["b" + name] = np.zeros((H, dh)) if b is None else (b if name == "Q" else b[group])
+    return out
+
+
+class FamilyCheckpoint:
+    """One folder's attention sublayers as float64 projections, whatever its family stores (separate, fused per
+    head or in blocks, ``Conv1D``, GQA); the interface of :class:`~attnprobe.targets.bert.BertCheckpoint`."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.spec: LayerSpec = layer_spec(folder)
+        self.path = str(Path(folder) / "model.safetensors")
+        self._prefix = self._find_prefix()
+        self._check_layer_count()
+        for layer in range(self.layers):  # every layer's tensors present with their shapes, before any query
+            self.projections(layer)
+
+    def _check_layer_count(self) -> None:
+        """The layers (ALBERT: shared groups) and width the weights hold are the ones config.json says."""
+        fam, spec = self.spec.family, self.spec
+        pattern = re.escape(f"{self._prefix}{fam.module}.{fam.qkv[0]}.weight")
+        counted = "g" if spec.name == "albert" else "i"
+        pattern = pattern.replace(re.escape("{" + counted + "}"), r"(\d+)")
+        for other in "igj":
+            pattern = pattern.replace(re.escape("{" + other + "}"), r"\d+")
+        tensors = read_safetensors(self.path)
+        found = [int(m.group(1)) for m in map(re.compile(f"^{pattern}$").match, tensors) if m]
+        held = 1 + max(found) if found else 0
+        want = -(-spec.layers // spec.group_size) if spec.name == "albert" else spec.layers
+        out = np.shape(tensors.get(f"{self._prefix}{spec.module_path(0)}.{fam.out}.weight", ()))
+        width = out[1] if fam.conv1d and len(out) == 2 else (out[0] if out else 0)
+        if held != want or width != spec.hidden:
+            raise ConfigError(f"{self.folder}: config.json says hidden_size {spec.hidden} and {want} "
+                              f"{'layer groups' if spec.name == 'albert' else 'layers'}, model.safetensors holds "
+                              f"{width} and {held}; the folder mixes two models")
+
+    @property
+    def layers(self) -> int:
+        return self.spec.layers
+
+    @property
+    def hidden(self) -> int:
+        return self.spec.hidden
+
+    @property
+    def heads_per_layer(self) -> int:
+        return self.spec.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.spec.head_dim
+
+    def _find_prefix(self) -> str:
+        fam = self.spec.family
+        suffix = f"{self.spec.module_path(0)}.{fam.qkv[0]}.weight"
+        found = [k[:-len(suffix)] for k in read_safetensors(self.path) if k.endswith(suffix)]
+        found = [p for p in found if p == "" or p.endswith(".")]
+        if not found:
+            raise ConfigError(f"{self.path} has no tensor like {suffix!r}; config.json says {fam.name}, the weights "
+                              "do not: the folder mixes two models")
+        return min(found, key=len)
+
+    def projections(self, layer: int) -> dict:
+        """Layer ``layer``'s float64 weights as stored (:func:`~attnprobe.oracles.hf_families.split_projections`)."""
+        base = f"{self._prefix}{self.spec.module_path(layer)}."
+        tensors = read_safetensors(self.path)
+        return split_projections(self.spec, lambda name: tensors.get(base + name), f"{self.path}: layer {layer}")
+
+    def layer_weights(self, layer: int) -> dict[str, np.ndarray]:
+        """:meth:`projections` per query head (:func:`per_query_head`): the layout of
+        :meth:`BertCheckpoint.layer_weights`."""
+        return per_query_head(self.spec, self.projections(self.spec.check_layer(layer)))
+
+    def _row_projections(self, layer: int, output_row: int) -> dict:
+        if not 0 <= output_row < self.hidden:
+            raise ConfigError(f"The 'output_row' parameter must be in 0..{self.hidden - 1}; got {output_row}",
+                              param="output_row")
+        p = self.layer_weights(layer)
+        p["w"] = p["WO"][output_row].reshape(self.spec.heads, self.head_dim)
+        p["b"] = float(p["bO"][output_row])
+        return p
+
+    def head(self, layer: int = 0, head: int = 0, output_row: int = 0, dtype: str = "float64"):
+        """Head ``head`` of layer ``layer`` at output row ``output_row`` as a single biased head (App. C)."""
+        from attnprobe.models.attention import AttentionHead
+
+        if not 0 <= head < self.spec.heads:
+            raise ConfigError(f"The 'head' parameter must be in 0..{self.spec.heads - 1}; got {head}", param="head")
+        p = self._row_projections(layer, output_row)
+        s = self.spec.logit_scale(layer)
+        return AttentionHead(s * p["K"][head].T @ p["Q"][head], p["V"][head].T @ p["w"][head],
+                             s * p["K"][head].T @ p["bQ"][head], float(p["bV"][head] @ p["w"][head] + p["b"]), dtype)
+
+    def layer(self, layer: int = 0, output_row: int = 0, dtype: str = "float64"):
+        """All heads of layer ``layer`` at output row ``output_row`` as one multi-head layer (App. C)."""
+        from attnprobe.models.multihead import MultiHeadAttention
+
+        p = self._row_projections(layer, output_row)
+        return MultiHeadAttention.from_projections(p["Q"], p["K"], p["V"], p["w"].reshape(-1), p["b"], b_Q=p["bQ"],
+                                                   b_V=p["bV"], scale=self.spec.logit_scale(layer), dtype=dtype)
 
 
 def vector_layer_arrays(Q, K, V, WO, bO=None, bQ=None, bV=None, *, scale: float | None = None
@@ -70,9 +178,13 @@ def vector_layer_arrays(Q, K, V, WO, bO=None, bQ=None, bV=None, *, scale: float 
 
 
 def hf_layer_arrays(model_dir, layer: int) -> dict[str, np.ndarray]:
-    """Layer ``layer`` of the model in ``model_dir`` in the vector layout (:func:`vector_layer_arrays`)."""
-    p = hf_checkpoint(model_dir).layer_weights(layer)
-    return vector_layer_arrays(p["Q"], p["K"], p["V"], p["WO"], p["bO"], p["bQ"], p["bV"])
+    """Layer ``layer`` of the model in ``model_dir`` in the vector layout (:func:`vector_layer_arrays`); a family
+    whose logits depend on position has no such layout and is refused."""
+    ckpt = hf_checkpoint(model_dir)
+    ckpt.spec.refuse_positional()
+    p = ckpt.layer_weights(layer)
+    return vector_layer_arrays(p["Q"], p["K"], p["V"], p["WO"], p["bO"], p["bQ"], p["bV"],
+                               scale=ckpt.spec.logit_scale(layer))
 
 
 def hf_layer_row(model_dir, layer: int, row: int):
@@ -114,5 +226,10 @@ def torch_layer_arrays(module) -> dict[str, np.ndarray]:
     needs the ``torch`` extra."""
     from attnprobe.oracles.torch_multihead import torch_projections
 
+    spec = getattr(module, "spec", None)
+    if isinstance(spec, LayerSpec):  # a Hugging Face sublayer: its family's layout, scale and KV groups
+        p = per_query_head(spec, module.projections())
+        return vector_layer_arrays(p["Q"], p["K"], p["V"], p["WO"], p["bO"], p["bQ"], p["bV"],
+                                   scale=spec.logit_scale(module.layer))
     p = torch_projections(module)
     return vector_layer_arrays(p["Q"], p["K"], p["V"], p["WO"], p["bO"], p["bQ"], p["bV"])

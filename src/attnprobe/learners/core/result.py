@@ -78,7 +78,8 @@ class Extraction:
 
         npz = npz_path(out)
         js = npz.with_suffix(".json")
-        write_files([(npz, model_writer(self.model)), (js, json_writer(self.summary()))])
+        positions = self.details.get("positions")  # the victim answered every row: so does the saved model
+        write_files([(npz, model_writer(self.model, positions)), (js, json_writer(self.summary()))])
         return npz, js
 
 

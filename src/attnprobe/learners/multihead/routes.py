@@ -142,6 +142,10 @@ def extract_multihead(oracle, *, heads: int | None = None, max_heads: int | None
         _require_least_plan(oracle, method, check)  # the probe is part of the plan: refused before it when short
         asked = {"values": _probe_outputs(oracle)}  # one length-1 query: scalar or vector answers?
     chosen = route(oracle, method, subspaces, rank)
+    if chosen == "vector":  # whole rows in float64 bits: is the kernel float64 inside too (a float32 softmax)?
+        rounding = oracle.read_kernel_rounding()
+        if rounding:
+            asked["precision"] = asked.get("precision", 0) + rounding
     r = Request(heads, max_heads, subspaces, bias, rank, seed, check, progress, asked)
     # the orthogonal learner's Hessians cost ~d³/(2H) queries: a fallback only where it was measured (d ≤ 64)
     if method == "auto" and chosen == "generic" and oracle.d <= FALLBACK_MAX_D and rank is None:

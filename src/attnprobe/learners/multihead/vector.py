@@ -25,7 +25,7 @@ import numpy as np
 
 from attnprobe._validation import check_int
 from attnprobe.errors import (ConfigError, InputNormError, OracleAnswerError, OracleError, RecoveryError,
-                              UnidentifiableError)
+                              SeparationError, UnidentifiableError)
 from attnprobe.learners.multihead.groups import grouped_numbers, head_groups
 from attnprobe.learners.multihead.vector_heads import (DeltaFit, fit_delta, fit_deltas, inverse_mean_index,
                                                        jennrich, theta_from_values)
@@ -493,8 +493,9 @@ class _Separation:
                 self.restarts += 1
                 fk = _relabel(self.from_scratch(dl, Rj, self.T, P), th.T, None)
             if fk.residual > self.tol:
-                raise RecoveryError(f"a probe difference did not separate into the {self.H} heads found first "
-                                    f"(misfit {fk.residual:.1e} > {self.tol:.1e}); retry with another seed")
+                raise SeparationError(f"a probe difference did not separate into the {self.H} heads found first "
+                                      f"(misfit {fk.residual:.1e} > {self.tol:.1e}); retry with another seed",
+                                      misfit=fk.residual, tolerance=self.tol)
             out.append(fk)
         return out
 
@@ -518,10 +519,10 @@ class _Separation:
             batch = 8
         fit0 = self.from_scratch(self.delta0, self.R0, self.T0)
         if fit0.residual > self.tol:
-            raise RecoveryError(f"the heads did not separate along the first probe difference (misfit "
-                                f"{fit0.residual:.1e} > {self.tol:.1e}): the layer is not a sum of H={self.H} "
-                                "softmax heads with independent value maps, or its answers are noisier than their "
-                                "precision")
+            raise SeparationError(f"the heads did not separate along the first probe difference (misfit "
+                                  f"{fit0.residual:.1e} > {self.tol:.1e}): the layer is not a sum of H={self.H} "
+                                  "softmax heads with independent value maps, or its answers are noisier than their "
+                                  "precision", misfit=fit0.residual, tolerance=self.tol)
         if self.rows:  # every row of progressions: the same θ, one more coefficient (k: δᵀW_hδ)
             fit0 = self.start_progressions(fit0)
         if not self.rows:

@@ -1,0 +1,60 @@
+"""``attnprobe export``: write a recovered attention layer into a Hugging Face folder of the victim's family."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnprobe.errors import CheckFailedError, ConfigError
+
+#: sequences and lengths of the check that OUT's sublayer answers like the result
+CHECK_SEQUENCES, CHECK_LENGTHS = 16, (1, 2, 5, 9)
+#: relative error the check allows: 1e4 × the unit roundoff of the dtype OUT is saved in, at least 1e-8 (the SVD
+#: factors of an ill-conditioned W_h lose a few digits) and at most 0.1 (bfloat16)
+CHECK_FACTOR, CHECK_FLOOR, CHECK_CEILING = 1e4, 1e-8, 0.1
+
+
+def run(args) -> int:
+    from attnprobe.models import load_model
+    from attnprobe.models.precision import machine_epsilon
+    from attnprobe.oracles.hf_attention import oracle_from_hf
+    from attnprobe.targets.hf_export import export_layer
+
+    if args.layers not in (None, 1):
+        raise ConfigError(f"--layers is 1 (a one-layer folder) or left out (every layer of --hf-dir); "
+                          f"got {args.layers}")
+    model = load_model(args.result)  # refuses a broken or hostile file before anything is written
+    out, dropped = export_layer(args.result, args.hf_dir, args.layer, args.out, layers=args.layers,
+                                dtype=args.dtype)
+    at = 0 if args.layers == 1 else args.layer
+    rng = np.random.default_rng(args.seed)
+    worst = 0.0
+    oracle = oracle_from_hf(out, at, dtype=args.dtype)
+    for N in CHECK_LENGTHS:  # what transformers loads from OUT answers like the recovered layer
+        X = rng.standard_normal((CHECK_SEQUENCES, N, model.d))
+        want = model(X)
+        worst = max(worst, float(np.abs(oracle(X) - want).max() / max(np.abs(want).max(), 1e-300)))
+    # the result's noise beyond the head width is cut off (W_h and V_h have rank d_h): allow 10× its size
+    tolerance = min(CHECK_CEILING, max(CHECK_FLOOR, CHECK_FACTOR * machine_epsilon(args.dtype), 10 * dropped))
+    print(f"wrote {out}: layer {at} holds the recovered attention; its sublayer, loaded with transformers, answers "
+          f"like the result to {worst:.2e} (relative, {CHECK_SEQUENCES * len(CHECK_LENGTHS)} random sequences; "
+          f"the result's parts beyond the head width, at most {dropped:.1e} of each W_h and V_h, were cut off)")
+    if not worst <= tolerance:
+        raise CheckFailedError(f"the exported layer answers unlike the result ({worst:.2e} > {tolerance:.1e}); "
+                               f"{out} was written but does not hold the recovered layer")
+    return 0
+
+
+def add_parser(sub) -> None:
+    e = sub.add_parser("export", help="write a recovered attention layer into a Hugging Face folder of the "
+                                      "victim's family")
+    e.add_argument("--result", required=True, metavar="R.npz", help="an extract result (whole-row multi-head)")
+    e.add_argument("--hf-dir", required=True, metavar="DIR", help="the victim's Hugging Face folder: its family, "
+                                                                 "config and every other weight")
+    e.add_argument("--layer", required=True, type=int, metavar="L", help="the layer the result was extracted from")
+    e.add_argument("--out", required=True, metavar="OUT", help="the folder to write (config.json, model.safetensors)")
+    e.add_argument("--layers", type=int, metavar="1", help="1: write a one-layer model (layer 0 = the recovered "
+                                                           "attention); default: every layer of DIR")
+    e.add_argument("--dtype", choices=("float64", "float32", "bfloat16"), default="float64",
+                   help="the dtype OUT is saved in (default float64)")
+    e.add_argument("--seed", type=int, default=0, help="seed of the check's random sequences")
+    e.set_defaults(func=run)

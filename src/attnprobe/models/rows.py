@@ -1,0 +1,47 @@
+"""A recovered last-position model answering at every position, the way its victim does.
+
+A layer without position terms answers row i from the rows it sees: a causal layer's row i is its last-position
+answer on ``X[:i+1]``, a bidirectional layer's its last-position answer on ``X`` with ``x_i`` moved last (the
+softmax is a sum over keys, so their order does not matter). :class:`AnswerRows` evaluates the model once per row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnprobe.errors import ConfigError
+
+#: what a result's rows are, as stored in its ``.npz`` (``positions``): 0 the last only, 1 causal, 2 bidirectional
+POSITION_CODES = {"last": 0, "causal": 1, "bidirectional": 2}
+
+
+class AnswerRows:
+    """``X (B, N, d) ↦ (B, N, K)`` (``(B, N)`` for scalar answers): ``model`` read at every position."""
+
+    def __init__(self, model, positions: str):
+        if positions not in ("causal", "bidirectional"):
+            raise ConfigError(f"The 'positions' parameter must be 'causal' or 'bidirectional'; got {positions!r}",
+                              param="positions")
+        self.model, self.positions = model, positions
+        self.d = model.d
+        self.dtype = getattr(model, "dtype", "float64")
+        self.__name__ = f"{positions} rows of {type(model).__name__}"
+
+    def __getattr__(self, name):  # the model's parameters (W, v, H, ...) stay readable
+        if name == "model":
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 3 or X.shape[-1] != self.d:
+            raise ConfigError(f"X must have shape (B, N, {self.d}); got {X.shape}", param="X")
+        N = X.shape[1]
+        rows = []
+        for i in range(N):
+            if self.positions == "causal":
+                Xi = X[:, :i + 1]
+            else:
+                Xi = np.concatenate([np.delete(X, i, axis=1), X[:, i:i + 1]], axis=1)
+            rows.append(np.asarray(self.model(Xi), dtype=np.float64))
+        return np.stack(rows, axis=1)

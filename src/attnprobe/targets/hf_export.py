@@ -1,0 +1,160 @@
+"""Write a recovered attention layer back into a Hugging Face folder of the victim's family.
+
+A recovered layer (vector layout, App. C) holds per head ``W_h = s·K_hᵀQ_h``, ``u_h = s·K_hᵀ b_Q,h``,
+``V_h = W_O[:, h] W_V[h]`` and the shared ``c = W_O b_V + b_O``. The factors are not identifiable (any invertible
+``d_h × d_h`` map between ``Q_h`` and ``K_h``, or between ``W_V[h]`` and ``W_O[:, h]``, gives the same layer), so
+any gauge reproduces the victim: :func:`factor_layer` takes the balanced SVD factors at the head width ``d_h``
+(``W_h/s = U Σ Vᵀ``: ``K_h = (U√Σ)ᵀ``, ``Q_h = √Σ Vᵀ``; ``V_h = A Σ Bᵀ``: ``W_O[:, h] = AΣ``, ``W_V[h] = Bᵀ``),
+``b_Q,h`` the least-squares solution of ``s·K_hᵀ b = u_h``, ``b_K = b_V = 0`` and ``b_O = c`` (or ``b_V`` with
+``W_O b_V = c`` where the family has no output bias). :func:`export_layer` loads the victim's folder with
+``transformers``, puts those weights into layer ``L`` in the family's own layout
+(:func:`~attnprobe.oracles.hf_families.join_projections`) and saves the folder (all layers, or one).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from attnprobe.errors import ConfigError
+from attnprobe.models.io import load_arrays
+from attnprobe.oracles.hf_families import LayerSpec, join_projections, layer_spec
+
+#: relative size of the singular values beyond the head width that may be dropped (noise of the recovery)
+RANK_SLACK = 1e-2
+
+
+def _truncated(M: np.ndarray, r: int, what: str, dropped: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rank-``r`` SVD factors of ``M``; the relative size of what is cut off is appended to ``dropped``."""
+    U, S, Vt = np.linalg.svd(M, full_matrices=False)
+    top = S[0] if S.size and S[0] > 0 else 1.0
+    if S.size > r and S[r] > RANK_SLACK * top:
+        raise ConfigError(f"{what} has rank above the head width {r} (singular value {r + 1} is "
+                          f"{S[r] / top:.2g} of the largest); the recovered layer does not fit this folder's heads")
+    dropped.append(float(S[r] / top) if S.size > r else 0.0)
+    return U[:, :r], S[:r], Vt[:r]
+
+
+def factor_layer(arrays: dict, spec: LayerSpec, layer: int) -> dict:
+    """Per-head projections of the family (:func:`~attnprobe.oracles.hf_families.split_projections`'s layout,
+    KV heads = query heads) that compute the recovered layer ``arrays`` (``W (H, d, d)``, ``u (H, d)``,
+    ``v (H, K, d)``, ``c (K,)``). Fewer recovered heads than the folder has are padded with heads that add
+    nothing (``V_h = 0``). ``"dropped"``: the largest relative singular value cut off at the head width (the
+    recovery's noise beyond rank d_h)."""
+    W, u, v, c = (np.asarray(arrays[k], dtype=np.float64) for k in ("W", "u", "v", "c"))
+    if W.ndim != 3 or v.ndim != 3:
+        raise ConfigError("the result must hold a whole-row multi-head layer (W (H, d, d), v (H, K, d)); extract "
+                          "it with --method multihead from the whole output row")
+    H, d, K = W.shape[0], W.shape[1], v.shape[1]
+    dh, s = spec.head_dim, spec.logit_scale(layer)
+    if d != spec.hidden or K != spec.hidden:
+        raise ConfigError(f"the result has d = {d}, K = {K} outputs; {spec.folder} has width {spec.hidden}")
+    if H > spec.heads:
+        raise ConfigError(f"the result has {H} heads; a {spec.name} layer of {spec.folder} has {spec.heads}")
+    if spec.kv_heads != spec.heads:
+        raise ConfigError(f"{spec.folder} shares keys and values between query heads ({spec.heads} query heads, "
+                          f"{spec.kv_heads} KV heads); writing independent heads into it needs their groups")
+    Q, Kp, Vp = (np.zeros((spec.heads, dh, d)) for _ in range(3))
+    bQ = np.zeros((spec.heads, dh))
+    WO = np.zeros((K, spec.heads, dh))
+    dropped: list[float] = [0.0]
+    for h in range(H):
+        U, S, Vt = _truncated(W[h] / s, dh, f"head {h}'s W_h", dropped)
+        r = S.size
+        Kp[h, :r], Q[h, :r] = (U * np.sqrt(S)).T, np.sqrt(S)[:, None] * Vt
+        bQ[h, :r] = np.linalg.lstsq(s * Kp[h, :r].T, u[h], rcond=None)[0]
+        A, S2, Bt = _truncated(v[h], dh, f"head {h}'s V_h", dropped)
+        WO[:, h, :S2.size], Vp[h, :S2.size] = A * S2, Bt
+    WO = WO.reshape(K, spec.heads * dh)
+    bV, bO = None, c
+    if "o" not in spec.biases:  # put c into the value biases: W_O b_V = c
+        bV = np.linalg.lstsq(WO, c, rcond=None)[0]
+        if np.abs(WO @ bV - c).max() > 1e-8 * max(np.abs(c).max(), 1e-300):
+            raise ConfigError(f"a {spec.name} layer has no output bias and c is not in the span of W_O; it does not "
+                              "fit this family")
+        bV, bO = bV.reshape(spec.heads, dh), None
+    return {"Q": Q, "K": Kp, "V": Vp, "bQ": bQ if "q" in spec.biases or np.any(bQ) else None, "bK": None,
+            "bV": bV, "WO": WO, "bO": bO, "dropped": max(dropped)}
+
+
+def export_layer(result, hf_dir, layer: int, out, *, layers: int | None = None, dtype: str = "float64"
+                 ) -> tuple[Path, float]:
+    """Write ``out``: the folder ``hf_dir`` (config + ``model.safetensors``, every other weight kept) whose
+    attention at layer ``layer`` is the recovered layer in ``result`` (an ``extract`` result ``.npz``). With
+    ``layers=1`` the folder has one layer (the victim's layer ``layer``, attention recovered). Saved in ``dtype``.
+    Returns the folder and the largest relative singular value cut off at the head width (:func:`factor_layer`)."""
+    from attnprobe.oracles.hf_attention import DTYPES
+
+    spec = layer_spec(hf_dir)
+    spec.check_layer(layer)
+    spec.refuse_positional()
+    if dtype not in DTYPES:
+        raise ConfigError(f"The 'dtype' parameter must be one of {', '.join(DTYPES)}; got {dtype!r}", param="dtype")
+    if layers not in (None, 1, spec.layers):
+        raise ConfigError(f"The 'layers' parameter is 1 (one layer) or {spec.layers} (the victim's); got {layers}",
+                          param="layers")
+    arrays = load_arrays(result, what="result file")
+    if str(arrays.get("kind", "")) != "multi_head":
+        raise ConfigError(f"{result} holds a {str(arrays.get('kind', 'attention_head'))!r} model; export writes a "
+                          "whole-row multi-head layer (extract --method multihead from the whole output row)")
+    factors = factor_layer(arrays, spec, layer)
+    dropped = factors.pop("dropped")
+    weights = join_projections(spec, factors)
+    model = _model_to_write(hf_dir, layer, layers == 1 and spec.layers > 1, dtype, spec)
+    target = 0 if layers == 1 else layer
+    torch = _torch()
+    attention = model.get_submodule(spec.module_path(target) if layers != 1 else
+                                    spec.family.module.format(i=0, g=0, j=0))
+    with torch.no_grad():
+        for name, value in weights.items():
+            param = attention.get_parameter(name)
+            if tuple(param.shape) != value.shape:  # pragma: no cover - join_projections follows the family
+                raise ConfigError(f"{name}: shape {value.shape} does not fit {tuple(param.shape)}")
+            param.copy_(torch.as_tensor(value, dtype=param.dtype))
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} exists and is not a folder; give a folder to write the model into")
+    try:
+        model.save_pretrained(out)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {out}: {exc}") from exc
+    return out, dropped
+
+
+def _torch():
+    from attnprobe.oracles.torch_adapter import torch
+
+    return torch
+
+
+def _model_to_write(hf_dir, layer: int, one_layer: bool, dtype: str, spec: LayerSpec):
+    """A fresh copy of the victim's model in ``dtype`` (not the cached oracle module): all its layers, or one
+    layer holding the victim's layer ``layer`` with every other weight (embeddings, norms) kept."""
+    import copy
+
+    from attnprobe.oracles.hf_attention import DTYPES, load_hf_model
+
+    victim = load_hf_model(hf_dir, "float64")
+    if not one_layer:
+        return copy.deepcopy(victim).to(DTYPES[dtype])
+    config = copy.deepcopy(victim.config)
+    config.num_hidden_layers = 1
+    if spec.name == "albert":
+        config.num_hidden_groups = 1
+    model = type(victim)(config).to(DTYPES[dtype]).eval()
+    stem = spec.family.module.split("{")[0]  # "encoder.layer." : the layers' container
+    index = str(layer // spec.group_size if spec.name == "albert" else layer)
+    state = {}
+    for name, value in victim.state_dict().items():
+        if name.startswith(stem):
+            head, _, rest = name[len(stem):].partition(".")
+            if head != index:
+                continue
+            name = f"{stem}0.{rest}"
+        state[name] = value
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [m for m in missing if not m.endswith("position_ids")]:
+        raise ConfigError(f"cannot build a one-layer {spec.name} model from {hf_dir}: missing {missing[:3]}, "
+                          f"unexpected {unexpected[:3]}")
+    return model
