@@ -72,13 +72,17 @@ def _generic_element(A: list[np.ndarray], rng: np.random.Generator, tries: int =
 
 def _max_spanning_tree(Wt: np.ndarray) -> list[tuple[float, int, int]]:
     """Edges (weight, a, b) of a maximum spanning tree of the complete graph with weights ``Wt`` (a minimum
-    spanning tree of ``−Wt``; pairs of weight exactly 0 are no edge there, so the parts it leaves apart are joined
-    by weight-0 edges, the weakest of all)."""
+    spanning tree of positive costs ``top − Wt``; a part it could still leave apart is joined by weight-0 edges,
+    the weakest of all)."""
     n = Wt.shape[0]
     if n <= 1:
         return []
-    T = minimum_spanning_tree(-Wt).tocoo()
-    edges = [(float(-w), int(a), int(b)) for w, a, b in zip(T.data, T.row, T.col)]
+    # costs top − Wt, all positive off the diagonal: on −Wt scipy returned a forest for an App. C layer (H = 4,
+    # d_h = 3, seed 2: two tree edges missing, so two heads merged); positive costs span every node
+    cost = (2.0 * float(Wt.max()) + 1.0) - Wt
+    np.fill_diagonal(cost, 0.0)
+    T = minimum_spanning_tree(cost).tocoo()
+    edges = [(float(Wt[a, b]), int(a), int(b)) for a, b in zip(T.row, T.col)]
     roots = [int(g[0]) for g in _components(n, edges)]
     return edges + [(0.0, roots[0], r) for r in roots[1:]]
 
