@@ -10,10 +10,11 @@ Identifiability: the function fixes only the hyperplanes with their jumps and th
 (``a_k = 0``, or ``w_k = 0`` in every output) are invisible, neurons with the same hyperplane and orientation
 merge into one, and a neuron is recovered up to positive rescaling and permutation.
 
-Registers the learner ``ffn`` with its options and estimate (:mod:`.estimate`).
+The learner ``ffn`` (ReLU or smooth, as given or read from the answers) is registered by
+:mod:`attnprobe.learners.smooth_ffn`, which dispatches to this package for ReLU answers.
 """
 
-from attnprobe.learners.core.registry import NO_BIAS, Capabilities, Option, register
+from attnprobe.learners.core.registry import Option
 from attnprobe.learners.ffn.estimate import ffn_estimate
 from attnprobe.learners.ffn.learner import FINEST_EPS, SIGN_TIME_LIMIT, FFNOptions, extract_ffn, require_fine_answers
 
@@ -22,29 +23,5 @@ SIGN_TIME = Option("sign_time_limit", float, "seconds the 0/1 program may spend 
                    "(m > d; default 5)", default=5.0, low=0, open_low=True, metavar="SEC")
 
 
-def _ffn(oracle, *, seed, progress, no_bias, sign_time_limit, hidden, activation):
-    """ReLU (critical points, here) or smooth (:mod:`attnprobe.learners.smooth_ffn`), as given or detected."""
-    from attnprobe.learners.smooth_ffn.dispatch import extract_ffn_any
-
-    return extract_ffn_any(oracle, seed=seed, progress=progress, activation=activation, hidden=hidden,
-                           bias=not no_bias, sign_time_limit=sign_time_limit)
-
-
-def _estimate(s):
-    """The ReLU learner's estimate, or the smooth learner's for a smooth activation."""
-    from attnprobe.learners.smooth_ffn.dispatch import ffn_any_estimate
-
-    return ffn_any_estimate(s, ffn_estimate)
-
-
-register("ffn", _ffn, recovers="relu_net", capabilities=Capabilities(fine_answers=True, vector_answers=True),
-         help="Sec. 4.1: a ReLU network from length-1 queries (critical points); smooth FFNs (GELU, tanh-GELU, "
-              "SiLU) from derivatives of the answers (attnprobe.learners.smooth_ffn), the activation detected or "
-              "given", estimate=_estimate,
-         options=[NO_BIAS, SIGN_TIME,
-                  Option("hidden", int, "hidden width if known (ReLU: neurons no answer shows are then reported as "
-                         "unidentifiable; smooth: skips the width search)", low=1, metavar="M"),
-                  Option("activation", str, "the FFN's activation (default: read from the answers)",
-                         choices=("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"))])
-
-__all__ = ["FINEST_EPS", "FFNOptions", "SIGN_TIME", "SIGN_TIME_LIMIT", "extract_ffn", "require_fine_answers"]
+__all__ = ["FINEST_EPS", "FFNOptions", "SIGN_TIME", "SIGN_TIME_LIMIT", "extract_ffn", "ffn_estimate",
+           "require_fine_answers"]

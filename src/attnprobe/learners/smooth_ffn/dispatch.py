@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnprobe.errors import ConfigError
+from attnprobe.learners.ffn import extract_ffn
 from attnprobe.learners.smooth_ffn.derivatives import Asker
 from attnprobe.learners.smooth_ffn.detect import growth, smooth_bends
 from attnprobe.models.smooth_ffn import ACTIVATIONS
@@ -50,8 +51,6 @@ def extract_ffn_any(oracle, *, seed: int = 0, progress=None, activation: str | N
         activation = None if smooth else "relu"
         test["smooth"] = bool(smooth)
     if activation == "relu":
-        from attnprobe.learners.ffn import extract_ffn
-
         res = extract_ffn(oracle, seed=seed, progress=progress, sign_time_limit=sign_time_limit, bias=bias,
                           hidden=hidden)
     else:
