@@ -2,7 +2,8 @@
 
 A layer without position terms answers row i from the rows it sees: a causal layer's row i is its last-position
 answer on ``X[:i+1]``, a bidirectional layer's its last-position answer on ``X`` with ``x_i`` moved last (the
-softmax is a sum over keys, so their order does not matter). :class:`AnswerRows` evaluates the model once per row.
+softmax is a sum over keys, so their order does not matter). :class:`AnswerRows` reads a multi-head layer's rows in
+one pass (:func:`~attnprobe.models.every_position.every_position_rows`) and any other model once per row.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from attnprobe.errors import ConfigError
+from attnprobe.models.every_position import every_position_rows
+from attnprobe.models.multihead import MultiHeadAttention
 
 #: what a result's rows are, as stored in its ``.npz`` (``positions``): 0 the last only, 1 causal, 2 bidirectional
 POSITION_CODES = {"last": 0, "causal": 1, "bidirectional": 2}
@@ -36,6 +39,9 @@ class AnswerRows:
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 3 or X.shape[-1] != self.d:
             raise ConfigError(f"X must have shape (B, N, {self.d}); got {X.shape}", param="X")
+        if isinstance(self.model, MultiHeadAttention):  # every row in one pass (the same sums, read per query)
+            rows = every_position_rows(self.model, X, causal=self.positions == "causal")
+            return rows[..., 0] if np.ndim(self.model.v) == 2 else rows
         N = X.shape[1]
         rows = []
         for i in range(N):
