@@ -43,7 +43,7 @@ def factors(T: np.ndarray, m: int, rng: np.random.Generator) -> tuple[np.ndarray
     M1 = T.reshape(KC, E * n)
     P = _top_left(M1, m)
     Q = _top_left(np.transpose(T, (2, 1, 0)).reshape(n, E * KC), m)
-    S = np.einsum("ai,aen,nj->eij", P, T, Q)
+    S = np.einsum("ai,aen,nj->eij", P, T, Q, optimize=True)
     best, sep_best = None, None
     for t in range(MIXTURES):
         a, b = rng.standard_normal(E), rng.standard_normal(E)
@@ -94,3 +94,118 @@ def split_factors(A: np.ndarray, K: int, C: int) -> tuple[np.ndarray, np.ndarray
     R = A.T.reshape(m, K, C)
     u, s, vt = np.linalg.svd(R, full_matrices=False)
     return u[:, :, 0].T, (vt[:, 0, :] * s[:, :1]).T
+
+
+#: mixtures of the slices tried by :func:`block_factors` (each neuron keeps the one where its pair stands apart)
+BLOCK_MIXTURES = 8
+#: inverse-iteration sweeps for each neuron's 2-D invariant subspace
+INVERSE_SWEEPS = 20
+#: the inverse iteration's shift stays this far (relative to the eigenvalues' scale) from a pair's mean
+SHIFT_FLOOR = 1e-7
+#: an eigenvector this close to a kept neuron's subspace (cosine) is that neuron's (all mixtures share it)
+SAME_NEURON = 0.9
+
+
+def block_factors(T: np.ndarray, m: int, rng: np.random.Generator) -> tuple[list[np.ndarray], dict]:
+    """Each gated neuron's 2-D block of factors from the second-derivative array ``T`` ``(K·C, E, n)``.
+
+    A gated neuron ``w2 σ(g·x + bg)(u·x + bu)`` contributes ``w2 ⊗ U·span{g, u}`` to the first mode, ``V·span{g,
+    u}`` to the second and two point functions (``σ''·(u·x + bu)``, ``σ'``) to the third: a rank-(2, 2, 2) block
+    term. Reduced to 2m × 2m slices, ``S_a S_b⁻¹`` is block diagonal in A's basis with one 2 × 2 Jordan block per
+    neuron (its Hessian has no ``u uᵀ`` term, so every pencil of its blocks has a double eigenvalue): the
+    eigenvalues come in pairs split by about √(the derivatives' error). Pairs are matched greedily by distance; each
+    neuron keeps the mixture where its pair stands farthest from the other eigenvalues (relative to its split), and
+    its 2-D invariant subspace is read by inverse iteration at the pair's mean (stable where the eigenvectors of a
+    near-Jordan pair are not; each sweep gains the factor G²/ε, G the distance to the next pair, ε the split, hence
+    :data:`INVERSE_SWEEPS` sweeps). Returns the m blocks ``(K·C, 2)`` (orthonormal columns) and the separations."""
+    KC, E, n = T.shape
+    r = 2 * m
+    if E < 2:
+        raise UnidentifiableError("the block factors need at least two second directions")
+    P = _top_left(T.reshape(KC, E * n), r)
+    Q = _top_left(np.transpose(T, (2, 1, 0)).reshape(n, E * KC), r)
+    S = np.einsum("ai,aen,nj->eij", P, T, Q, optimize=True)
+    candidates = []  # (ratio, mixture, eigenvector, centre)
+    mats = []
+    for t in range(BLOCK_MIXTURES):
+        a, b = rng.standard_normal(E), rng.standard_normal(E)
+        Sa, Sb = np.tensordot(a, S, 1), np.tensordot(b, S, 1)
+        try:
+            Tm = np.linalg.solve(Sb.T, Sa.T).T
+            lam, vec = np.linalg.eig(Tm)
+        except np.linalg.LinAlgError:
+            continue
+        mats.append(Tm)
+        scale = float(np.median(np.abs(lam)))
+        for i, j, ratio in _pairs(lam):
+            v = vec[:, i] / np.linalg.norm(vec[:, i])
+            # the shift is the pair's mean, kept SHIFT_FLOOR·scale away from it (an exact pair would make the shifted
+            # matrix singular)
+            mu = float(np.real(lam[i] + lam[j]) / 2) + SHIFT_FLOOR * scale
+            candidates.append((ratio, len(mats) - 1, v, mu))
+    if not candidates:
+        raise UnidentifiableError("the second-derivative slices are singular: no mixture could be diagonalised")
+    candidates.sort(key=lambda c: -c[0])
+    blocks: list[np.ndarray] = []
+    ratios: list[float] = []
+    basis = np.zeros((r, 0))
+    for ratio, t, v, mu in candidates:
+        if len(blocks) == m:
+            break
+        if basis.shape[1] and np.max(np.linalg.norm((basis.T @ v).reshape(-1, 2), axis=1)) > SAME_NEURON:
+            continue  # a neuron already kept (from a mixture where it stood farther apart)
+        Z = _invariant_pair(mats[t], mu, rng)
+        blocks.append(Z)
+        ratios.append(ratio)
+        basis = np.hstack([basis, Z])
+    if len(blocks) < m:
+        raise UnidentifiableError(f"only {len(blocks)} of {m} gated neurons could be told apart in the second "
+                                  "derivatives; give more answers or check the hidden width")
+    A = [P @ Z for Z in blocks]
+    return A, {"worst_separation": float(min(ratios)), "median_separation": float(np.median(ratios))}
+
+
+def _pairs(lam: np.ndarray) -> list[tuple[int, int, float]]:
+    """Eigenvalues matched in pairs, closest first (greedy); each pair with the distance from it to the nearest
+    other eigenvalue relative to its own split."""
+    r = lam.size
+    D = np.abs(lam[:, None] - lam[None, :])
+    np.fill_diagonal(D, np.inf)
+    iu = np.triu_indices(r, 1)
+    order = np.argsort(D[iu])
+    free = np.ones(r, bool)
+    out = []
+    for k in order:
+        i, j = iu[0][k], iu[1][k]
+        if free[i] and free[j]:
+            free[i] = free[j] = False
+            others = np.minimum(D[i], D[j])
+            others[[i, j]] = np.inf
+            out.append((i, j, float(others.min() / max(D[i, j], 1e-300))))
+            if not free.any():
+                break
+    return out
+
+
+def _invariant_pair(Tm: np.ndarray, mu: float, rng: np.random.Generator) -> np.ndarray:
+    """The 2-D invariant subspace of ``Tm`` for its two eigenvalues nearest the shift ``mu`` (inverse subspace
+    iteration)."""
+    r = Tm.shape[0]
+    shift = Tm - mu * np.eye(r)
+    Z = np.linalg.qr(rng.standard_normal((r, 2)))[0]
+    lu = _lu(shift)
+    for _ in range(INVERSE_SWEEPS):
+        Z = np.linalg.qr(_lu_solve(lu, Z))[0]
+    return Z
+
+
+def _lu(M):
+    from scipy.linalg import lu_factor
+
+    return lu_factor(M, check_finite=False)
+
+
+def _lu_solve(lu, B):
+    from scipy.linalg import lu_solve
+
+    return lu_solve(lu, B, check_finite=False)

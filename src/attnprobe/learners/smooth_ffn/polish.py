@@ -59,14 +59,26 @@ def gauss_newton(X: np.ndarray, Y: np.ndarray, params: tuple, act: Activation, b
 
 
 def _step(X, R, W1, b1, W2, act: Activation, *, bias: bool, iterations: int):
-    """One Gauss–Newton step by LSMR, preconditioned: the second layer's columns ``[σ(A), 1]`` orthonormalised
-    (QR), each neuron's first-layer block ``w2_i σ'(a_i) [x, 1]`` whitened by its own Cholesky factor (or scaled
-    to unit columns when the blocks would cost more than :data:`BLOCK_WORK`)."""
-    N, d = X.shape
-    m, K = W1.shape[0], W2.shape[0]
+    """One Gauss–Newton step on ``(W1, b1, W2, b2)`` (:func:`lsmr_step` with the rows' factors ``σ'(a_i)``)."""
     A = X @ W1.T + b1
-    S, S1 = act.f(A), act.d1(A)
-    H = np.hstack([S, np.ones((N, 1))]) if bias else S
+    dP, dH, used = lsmr_step(X, R, act.f(A), act.d1(A), W2, bias=bias, iterations=iterations)
+    d, m = X.shape[1], W1.shape[0]
+    db1 = dP[:, d] if bias else np.zeros(m)
+    db2 = dH[m] if bias else np.zeros(W2.shape[0])
+    return dP[:, :d], db1, dH[:m].T, db2, used
+
+
+def lsmr_step(X, R, H, F, W2, *, bias: bool, iterations: int):
+    """One Gauss–Newton step by LSMR for a model ``y = Σ_i W2[:, i] H_i(x) + b2`` whose first-layer rows
+    ``p_r = (w_r, b_r)`` enter through ``∂y/∂p_r = W2[:, r] F_r(x) [x, 1]`` (``H`` (N, m) the hidden values,
+    ``F`` (N, rows) the rows' factors, ``W2`` (K, rows) each row's output column). Preconditioned: the second
+    layer's columns ``[H, 1]`` orthonormalised (QR), each row's block whitened by its own Cholesky factor (or scaled
+    to unit columns when the blocks would cost more than :data:`BLOCK_WORK`). Returns the rows' steps
+    ``(rows, d [+1])``, the second layer's step ``(m [+1], K)`` and the LSMR iterations."""
+    N, d = X.shape
+    m, K = F.shape[1], W2.shape[0]
+    S1 = F
+    H = np.hstack([H, np.ones((N, 1))]) if bias else H
     Q, Rh = np.linalg.qr(H)
     Xb = np.hstack([X, np.ones((N, 1))]) if bias else X
     p = Xb.shape[1]
@@ -105,7 +117,5 @@ def _step(X, R, W1, b1, W2, act: Activation, *, bias: bool, iterations: int):
     op = LinearOperator((N * K, n1 + Q.shape[1] * K), matvec=matvec, rmatvec=rmatvec, dtype=np.float64)
     sol = lsmr(op, R.ravel(), atol=1e-7, btol=1e-7, maxiter=iterations)
     dP = to_w1(sol[0][:n1].reshape(m, p))
-    dH = np.linalg.solve(Rh, sol[0][n1:].reshape(Q.shape[1], K))  # (m [+1]) × K
-    db1 = dP[:, d] if bias else np.zeros(m)
-    db2 = dH[m] if bias else np.zeros(K)
-    return dP[:, :d], db1, dH[:m].T, db2, int(sol[2])
+    dH = np.linalg.solve(Rh, sol[0][n1:].reshape(Q.shape[1], K))  # (hidden [+1]) × K
+    return dP, dH, int(sol[2])

@@ -1,0 +1,269 @@
+"""``extract_gated_ffn``: a gated FFN ``y = W2 [σ(Wg x + bg) ⊙ (Wu x + bu)] + b2`` (SwiGLU, GeGLU) from length-1
+vector answers.
+
+Phases: ``step`` (the finite-difference step), ``width`` (first derivatives along C directions at n points: their
+rank is 2m, two per gated neuron), ``factors`` (second derivatives along C × E direction pairs at the same points,
+Richardson-extrapolated from steps h and 2h: each neuron is a 2-D block, split off by
+:func:`.decompose.block_factors`), ``directions`` (second derivatives along every coordinate at a few points: each
+neuron's plane ``span{g, u}``), no queries for the per-neuron fits in the plane (:mod:`.gated_neurons`: gate, up
+and the gate activation), and ``answers`` (plain answers: the down projection by least squares, then Gauss–Newton
+on all parameters, :func:`.polish.lsmr_step`).
+
+Identifiable: each neuron's gate and the product of its up projection and output column, up to the neuron order
+(:mod:`attnprobe.models.gated_ffn`); the result is normalised to unit ``‖(u_i, bu_i)‖``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from attnprobe._validation import check_int, check_option
+from attnprobe.errors import ConfigError, UnidentifiableError
+from attnprobe.learners.core.estimate import QueryCount, Setting
+from attnprobe.learners.core.skeleton import Run
+from attnprobe.learners.smooth_ffn.decompose import block_factors, hidden_width
+from attnprobe.learners.smooth_ffn.derivatives import (Asker, choose_step, first_derivatives, second_derivatives,
+                                                       step_queries)
+from attnprobe.learners.smooth_ffn.gated_neurons import pick_gate, planes
+from attnprobe.learners.smooth_ffn.polish import lsmr_step
+from attnprobe.models.gated_ffn import GATED_FAMILIES, GatedFFN, family_name
+from attnprobe.models.smooth_ffn import ACTIVATIONS
+
+#: second directions E of the factor array
+SECOND_DIRECTIONS = 4
+#: points at which each neuron's plane is read (each costs 4·C·d queries)
+DIRECTION_POINTS = 3
+#: n = ⌈POINT_FACTOR·2m⌉ + POINT_EXTRA points (at least POINT_MIN)
+POINT_FACTOR, POINT_EXTRA, POINT_MIN = 1.25, 8, 64
+#: K·C ≥ DIRECTION_FACTOR·2m (+1 direction)
+DIRECTION_FACTOR = 1.3
+#: widths tried when the hidden width is not given
+FIRST_GUESS, MAX_WIDTH = 32, 4096
+#: Gauss–Newton on the answers: rounds and LSMR iterations per round
+GN_ROUNDS, GN_ITERATIONS = 10, 400
+#: answers for the output layer and Gauss–Newton: this many times the unknowns / K
+ANSWER_FACTOR = 4.0
+#: fresh length-1 inputs of the functional check
+CHECK_QUERIES = 64
+
+
+def _directions(K: int, m: int) -> int:
+    return max(2, math.ceil(DIRECTION_FACTOR * 2 * m / K) + 1)
+
+
+def _points(m: int) -> int:
+    return max(POINT_MIN, math.ceil(POINT_FACTOR * 2 * m) + POINT_EXTRA)
+
+
+def gated_plan(d: int, K: int, m: int, check: int = 0) -> dict[str, int]:
+    """Queries of each phase at hidden width m (the width search not counted)."""
+    C, n = _directions(K, m), _points(m)
+    answers = max(2 * m + 8, math.ceil(ANSWER_FACTOR * GatedFFN.unknowns(d, m, K) / K))
+    return {"step": step_queries(), "width": 2 * C * n, "factors": 2 * 4 * C * SECOND_DIRECTIONS * n,
+            "directions": 4 * C * d * DIRECTION_POINTS, "answers": answers, "check": check}
+
+
+def gated_estimate(s: Setting) -> QueryCount:
+    """The gated learner's queries by phase (:func:`gated_plan`), exact when ``hidden`` is given."""
+    m = s.needs("hidden", "a gated FFN estimate needs the number of hidden units m")
+    K = s.outputs or 1
+    parts = gated_plan(s.d, K, m, check=CHECK_QUERIES if s.check else 0)
+    basis = ", ".join(f"{k} {v}" for k, v in parts.items()) + f" (K = {K} outputs per answer" + (
+        "" if s.outputs else ", undeclared: declare the outputs K") + ")"
+    return QueryCount.exactly(sum(parts.values()), basis)
+
+
+def gate_candidates(activation: str | None) -> tuple[str, ...]:
+    """Gate activations to fit: ``swiglu`` → SiLU, ``geglu`` → GELU (exact and tanh), None → all."""
+    if activation is None:
+        return tuple(ACTIVATIONS)
+    if activation == "geglu":
+        return ("gelu", "gelu_tanh")
+    return (GATED_FAMILIES[activation],)
+
+
+def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, hidden: int | None = None,
+                      bias: bool = True, scale: float = 1.0, check: bool = True, progress=None,
+                      polish_rounds: int = GN_ROUNDS) -> object:
+    """Recover ``y = W2 [σ(Wg x + bg) ⊙ (Wu x + bu)] + b2`` from length-1 queries.
+
+    ``activation``: ``swiglu``, ``geglu``, ``geglu_tanh`` or None (the gate activation with the best fit);
+    ``hidden``: the number m of gated units if known (else read off the first derivatives' rank 2m);
+    ``bias``: learn ``bg, bu, b2`` (else all 0); ``scale``: the inputs' standard deviation per coordinate."""
+    check_option(activation, "activation", (None, *GATED_FAMILIES))
+    check_int(hidden, "hidden", min_value=1, allow_none=True)
+    check_int(polish_rounds, "polish_rounds", min_value=0)
+    if not (np.isfinite(scale) and scale > 0):
+        raise ConfigError(f"The 'scale' parameter must be a finite number > 0; got {scale}", param="scale")
+    d = oracle.d
+    run = Run(oracle, "ffn", seed=seed, check=check, check_lengths=(1,), check_per_length=CHECK_QUERIES,
+              progress=progress)
+    rng = run.rng
+    ask = Asker(oracle, reserve=run.check_queries)
+    with run.phase("step"):
+        h, fd_error = choose_step(ask, d, rng, scale)
+    K = ask.outputs
+    guess = hidden or FIRST_GUESS
+    run.plan(sum(gated_plan(d, K, guess).values()), f"the gated FFN learner at d={d}, K={K}, m={guess}",
+             at_least=hidden is None)
+    with run.phase("width"):
+        while True:
+            C, n = _directions(K, guess), _points(guess)
+            U = rng.standard_normal((C, d))
+            U /= np.linalg.norm(U, axis=1, keepdims=True)
+            X = scale * rng.standard_normal((n, d))
+            D1 = first_derivatives(ask, X, U, h)
+            r, drop = hidden_width(D1.reshape(K * C, n))
+            if hidden is not None:
+                m = hidden
+                break
+            if r is not None and r < min(K * C, n) * 0.8:
+                if r % 2:
+                    raise UnidentifiableError(f"the first derivatives have odd rank {r} (gated units give two per "
+                                              "unit): these answers are not a gated FFN, or give the hidden width")
+                m = r // 2
+                break
+            if guess >= MAX_WIDTH:
+                raise UnidentifiableError(f"the first derivatives show no hidden width up to {MAX_WIDTH} gated units "
+                                          f"(largest drop {drop:.1f}); give the hidden width")
+            guess *= 2
+            run.plan(run.queries + sum(gated_plan(d, K, guess).values()), f"the gated FFN learner at m ≥ {guess}",
+                     at_least=True)
+    C, n = _directions(K, m), _points(m)
+    U, D1 = U[:C], D1[:, :C, :]
+    if K * C < 2 * m or n < 2 * m:
+        raise ConfigError(f"hidden width {m} needs K·C ≥ 2m and n ≥ 2m; got K·C = {K * C}, n = {n}", param="hidden")
+    plan = gated_plan(d, K, m)
+    run.report(run.queries + sum(plan.values()) - plan["width"] - plan["step"])
+    with run.phase("factors"):
+        V = rng.standard_normal((SECOND_DIRECTIONS, d))
+        V /= np.linalg.norm(V, axis=1, keepdims=True)
+        T1 = second_derivatives(ask, X[:n], U, V, h)
+        T2 = second_derivatives(ask, X[:n], U, V, 2 * h)
+    T = (4 * T1 - T2) / 3  # Richardson: the h² error term cancels
+    blocks, sep = block_factors(T.reshape(K * C, SECOND_DIRECTIONS, n), m, rng)
+    # each block is w2_i ⊗ (2-D subspace of R^C): its output direction is the top left singular vector
+    w2_dirs = np.empty((m, K))
+    for i, B in enumerate(blocks):
+        R = np.transpose(B.reshape(K, C, 2), (0, 2, 1)).reshape(K, 2 * C)
+        w2_dirs[i] = np.linalg.svd(R, full_matrices=False)[0][:, 0]
+    Ap = np.linalg.pinv(np.hstack(blocks))
+    with run.phase("directions"):
+        Xs = scale * rng.standard_normal((DIRECTION_POINTS, d))
+        Td = second_derivatives(ask, Xs, U, np.eye(d), h)  # (K, C, d, points)
+    Z = np.einsum("ra,adp->prd", Ap, Td.reshape(K * C, d, DIRECTION_POINTS)).reshape(DIRECTION_POINTS, m, 2, d)
+    Qs = planes(Z)  # (m, d, 2)
+    # first derivatives unmixed by the refined blocks w2_i ⊗ U Q_i: κ_i Q_iᵀ ∇φ_i at every point
+    Bref = _refined_blocks(w2_dirs, U, Qs)
+    coef = (np.linalg.pinv(Bref) @ D1.reshape(K * C, -1)).reshape(m, 2, -1)
+    z = np.einsum("mdk,nd->mkn", Qs, X)
+    fams = gate_candidates(activation)
+    gate, fit, scores = pick_gate(coef, z, bias, rng, fams)
+    theta = fit["theta"]
+    Wg = np.einsum("mdk,mk->md", Qs, theta[:, 0:2])
+    bg = theta[:, 2] if bias else np.zeros(m)
+    Wu = np.einsum("mdk,mk->md", Qs, theta[:, 3:5])
+    bu = theta[:, 5] if bias else np.zeros(m)
+    unknowns = GatedFFN.unknowns(d, m, K, bias)
+    with run.phase("answers"):
+        N = max(2 * m + 8, math.ceil(ANSWER_FACTOR * unknowns / K))
+        Xa = scale * rng.standard_normal((N, d))
+        Ya = ask(Xa)
+    act = ACTIVATIONS[gate]
+    params = (Wg, bg, Wu, bu, *_down(Xa, Ya, Wg, bg, Wu, bu, act, bias))
+    params, history, used = gated_gauss_newton(Xa, Ya, params, act, bias, rounds=polish_rounds,
+                                               iterations=GN_ITERATIONS)
+    model = _normalised(GatedFFN(*params, gate))
+    details = {"seed": seed, "bias": bool(bias), "outputs": K, "hidden": int(m), "width_drop": drop,
+               "activation": family_name(gate), "gate_activation": gate, "activation_detected": activation is None,
+               "activation_fit": scores, "step": h, "step_error": fd_error, "directions_C": C,
+               "second_directions_E": SECOND_DIRECTIONS, "points": n, "answers": N, **sep,
+               "plane_fit_worst": float(np.max(fit["res"])), "polish_residuals": history,
+               "polish_iterations": used, "queries_per_unknown": run.queries / unknowns}
+    notes = [f"gated units ({family_name(gate)}) are recovered up to their order and the scale split between each "
+             "unit's up projection and its output column (normalised here to unit ‖(u_i, bu_i)‖)"]
+    return run.finish(model, unknowns=unknowns, details=details, notes=notes,
+                      check_model=model if ask.vector else _Scalar(model),
+                      hint=f" (a gated FFN of this form with {family_name(gate)})")
+
+
+def _refined_blocks(w2_dirs: np.ndarray, U: np.ndarray, Qs: np.ndarray) -> np.ndarray:
+    """The blocks ``w2_i ⊗ U Q_i`` as a ``(K·C, 2m)`` matrix (columns 2i, 2i+1 for neuron i)."""
+    UQ = np.einsum("cd,mdk->mck", U, Qs)  # (m, C, 2)
+    B = np.einsum("mk,mce->kcme", w2_dirs, UQ)  # (K, C, m, 2)
+    return B.reshape(w2_dirs.shape[1] * U.shape[0], -1)
+
+
+def _hidden(X, Wg, bg, Wu, bu, act):
+    a = X @ Wg.T + bg
+    s = X @ Wu.T + bu
+    return a, s
+
+
+def _down(X, Y, Wg, bg, Wu, bu, act, bias):
+    """``(W2, b2)`` by least squares given the gates and ups."""
+    a, s = _hidden(X, Wg, bg, Wu, bu, act)
+    H = act.f(a) * s
+    if bias:
+        H = np.hstack([H, np.ones((H.shape[0], 1))])
+    sol = np.linalg.lstsq(H, Y, rcond=None)[0]
+    m = Wg.shape[0]
+    return sol[:m].T.copy(), (sol[m].copy() if bias else np.zeros(Y.shape[1]))
+
+
+def _forward(X, params, act):
+    Wg, bg, Wu, bu, W2, b2 = params
+    a, s = _hidden(X, Wg, bg, Wu, bu, act)
+    return (act.f(a) * s) @ W2.T + b2
+
+
+def gated_gauss_newton(X, Y, params, act, bias: bool, *, rounds: int, iterations: int):
+    """Gauss–Newton on ``(Wg, bg, Wu, bu, W2, b2)`` against the answers: the gate and up rows are the 2m
+    first-layer rows of :func:`.polish.lsmr_step` (factors ``σ'(a)·s`` and ``σ(a)``, both through ``w2_i``); a
+    step is kept only when it lowers the residual. Returns the parameters, the relative residuals, the LSMR
+    iterations."""
+    scale_y = max(float(np.linalg.norm(Y)), 1e-300)
+    R = Y - _forward(X, params, act)
+    history = [float(np.linalg.norm(R)) / scale_y]
+    used: list[int] = []
+    d = X.shape[1]
+    for _ in range(rounds):
+        Wg, bg, Wu, bu, W2, b2 = params
+        m = Wg.shape[0]
+        a, s = _hidden(X, Wg, bg, Wu, bu, act)
+        f0 = act.f(a)
+        dP, dH, it = lsmr_step(X, R, f0 * s, np.hstack([act.d1(a) * s, f0]), np.hstack([W2, W2]), bias=bias,
+                               iterations=iterations)
+        used.append(it)
+        zero = np.zeros(m)
+        trial = (Wg + dP[:m, :d], bg + (dP[:m, d] if bias else zero), Wu + dP[m:, :d],
+                 bu + (dP[m:, d] if bias else zero), W2 + dH[:m].T, b2 + (dH[m] if bias else 0.0))
+        R_new = Y - _forward(X, trial, act)
+        err = float(np.linalg.norm(R_new)) / scale_y
+        if not err < history[-1]:
+            break
+        params, R = trial, R_new
+        history.append(err)
+        if err < 1e-15:
+            break
+    return params, history, used
+
+
+def _normalised(model: GatedFFN) -> GatedFFN:
+    """The same function with each unit's ``(u_i, bu_i)`` at unit norm (the free scale moved into ``w2_i``)."""
+    c = np.sqrt(np.sum(model.Wu ** 2, axis=1) + model.bu ** 2)
+    c = np.where(c > 0, c, 1.0)
+    return GatedFFN(model.Wg, model.bg, model.Wu / c[:, None], model.bu / c, model.W2 * c[None, :], model.b2,
+                    model.activation, model.dtype)
+
+
+class _Scalar:
+    """A one-output model answering ``(B,)`` like a scalar oracle."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def __call__(self, X):
+        return self.model(X)[:, 0]
