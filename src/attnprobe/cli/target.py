@@ -20,11 +20,18 @@ def _refuse_options(args) -> None:
         raise ConfigError(f"--zero-v {args.zero_v} asks for more zero entries of v than its d = {args.d} entries; "
                           f"give at most {args.d}")
     multihead_tf = args.kind == "transformer" and args.heads is not None
-    if args.outputs is not None and args.kind not in ("relu", "smooth-ffn") and not multihead_tf:
-        raise ConfigError(f"--outputs is for target relu, smooth-ffn and transformer --heads; drop it for target "
+    if args.outputs is not None and args.kind not in ("relu", "smooth-ffn", "gated-ffn") and not multihead_tf:
+        raise ConfigError(f"--outputs is for target relu, smooth-ffn, gated-ffn and transformer --heads; drop it for "
+                          "target "
                           f"{args.kind}")
-    if args.activation is not None and args.kind != "smooth-ffn":
-        raise ConfigError(f"--activation is for target smooth-ffn; drop it for target {args.kind}")
+    if args.activation is not None and args.kind not in ("smooth-ffn", "gated-ffn"):
+        raise ConfigError(f"--activation is for target smooth-ffn and gated-ffn; drop it for target {args.kind}")
+    gated = ("swiglu", "geglu", "geglu_tanh")
+    if args.kind == "gated-ffn" and args.activation not in (None, *gated):
+        raise ConfigError(f"--activation {args.activation} is a plain activation; target gated-ffn takes "
+                          f"{', '.join(gated)}")
+    if args.kind == "smooth-ffn" and args.activation in gated:
+        raise ConfigError(f"--activation {args.activation} is gated; use target gated-ffn for it")
     if args.residual and not multihead_tf:
         raise ConfigError("--residual is for target transformer --heads; drop it or give --heads")
 
@@ -67,6 +74,13 @@ def run(args) -> int:
 
         model = random_smooth_ffn(args.d, 4 * args.d if args.m is None else args.m, args.outputs,
                                   activation=args.activation or "gelu", bias=not args.no_bias, seed=args.seed)
+    elif args.kind == "gated-ffn":
+        from attnprobe.models.gated_ffn import GATED_FAMILIES
+        from attnprobe.targets import random_gated_ffn
+
+        model = random_gated_ffn(args.d, 2 * args.d if args.m is None else args.m, args.outputs,
+                                 activation=GATED_FAMILIES[args.activation or "swiglu"], bias=not args.no_bias,
+                                 seed=args.seed)
     elif args.kind == "minilm-ffn":
         from attnprobe.targets import minilm_ffn
 
@@ -110,15 +124,16 @@ def _multihead(args) -> int:
 def add_parser(sub) -> None:
     t = sub.add_parser("target", help="save a ready-made target model to a file")
     t.add_argument("kind", choices=["random", "minilm", "minilm-layer", "transformer", "relu", "multihead",
-                                    "hf-attention", "smooth-ffn", "minilm-ffn"])
+                                    "hf-attention", "smooth-ffn", "gated-ffn", "minilm-ffn"])
     t.add_argument("--model-dir", metavar="DIR",
                    help="hf-attention: a Hugging Face model folder (config.json, model.safetensors) of a family "
                         "without position terms (BERT, RoBERTa, ELECTRA, DistilBERT, ALBERT, GPT-2)")
     t.add_argument("--d", type=positive_int, default=16)
     t.add_argument("--m", type=positive_int, help="transformer/relu: hidden width of the FFN (default d; smooth-ffn: "
-                                                  "4d)")
-    t.add_argument("--activation", choices=["gelu", "gelu_tanh", "silu"],
-                   help="smooth-ffn: the activation (default gelu); its biases go with --no-bias")
+                                                  "4d; gated-ffn: 2d gated units)")
+    t.add_argument("--activation", choices=["gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"],
+                   help="smooth-ffn: the activation (default gelu); gated-ffn: swiglu (default), geglu, geglu_tanh; "
+                        "their biases go with --no-bias")
     t.add_argument("--rank", type=positive_int)
     t.add_argument("--heads", type=positive_int,
                    help="multihead: number of heads H; transformer: H heads, FFN biases (--no-bias: none), "

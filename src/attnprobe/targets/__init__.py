@@ -11,5 +11,6 @@ from attnprobe.targets.transformers import random_multihead_transformer, random_
 
 __all__ = ["BertCheckpoint", "minilm_checkpoint", "minilm_ffn", "minilm_head", "minilm_layer", "orthogonal_subspaces",
            "random_multihead", "random_orthogonal_multihead", "shared_attention_multihead", "random_head",
-           "random_relu_net", "random_smooth_ffn", "random_gated_ffn", "random_transformer", "random_multihead_transformer",
+           "random_relu_net", "random_smooth_ffn", "random_gated_ffn", "random_transformer",
+           "random_multihead_transformer",
            "random_rope_attention"]

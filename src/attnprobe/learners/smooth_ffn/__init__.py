@@ -11,7 +11,8 @@ or read from the answers (:mod:`.dispatch`).
 
 from attnprobe.learners.core.registry import NO_BIAS, Capabilities, Option, register
 from attnprobe.learners.ffn import SIGN_TIME, ffn_estimate
-from attnprobe.learners.smooth_ffn.dispatch import extract_ffn_any, ffn_any_estimate
+from attnprobe.learners.smooth_ffn.dispatch import CHOICES, extract_ffn_any, ffn_any_estimate
+from attnprobe.learners.smooth_ffn.gated_learner import extract_gated_ffn
 from attnprobe.learners.smooth_ffn.learner import extract_smooth_ffn
 
 
@@ -28,12 +29,12 @@ def _estimate(s):
 
 register("ffn", _ffn, recovers="relu_net", capabilities=Capabilities(fine_answers=True, vector_answers=True),
          help="Sec. 4.1: a ReLU network from length-1 queries (critical points); smooth FFNs (GELU, tanh-GELU, "
-              "SiLU) from derivatives of the answers (attnprobe.learners.smooth_ffn), the activation detected or "
-              "given", estimate=_estimate,
+              "SiLU) and gated FFNs (SwiGLU, GeGLU) from derivatives of the answers (attnprobe.learners.smooth_ffn), "
+              "the activation detected or given", estimate=_estimate,
          options=[NO_BIAS, SIGN_TIME,
                   Option("hidden", int, "hidden width if known (ReLU: neurons no answer shows are then reported as "
                          "unidentifiable; smooth: skips the width search)", low=1, metavar="M"),
                   Option("activation", str, "the FFN's activation (default: read from the answers)",
-                         choices=("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"))])
+                         choices=CHOICES)])
 
-__all__ = ["extract_smooth_ffn"]
+__all__ = ["extract_smooth_ffn", "extract_gated_ffn", "extract_ffn_any"]

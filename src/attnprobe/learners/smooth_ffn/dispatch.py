@@ -1,8 +1,8 @@
 """The ``ffn`` learner: the ReLU learner (critical points) or the smooth learner, as the activation says.
 
-The activation is given (``relu``, ``gelu``, ``gelu_tanh``, ``silu``) or read from the answers
-(:mod:`.detect`: bends at most points → smooth; the smooth learner then picks GELU, tanh-GELU or SiLU by fit).
-Gated units (SwiGLU, GeGLU) are recognised by their quadratic growth and refused with the reason.
+The activation is given (``relu``, ``gelu``, ``gelu_tanh``, ``silu``, ``swiglu``, ``geglu``, ``geglu_tanh``) or
+read from the answers (:mod:`.detect`: bends at most points → smooth; quadratic growth along rays → gated, the
+gated learner :mod:`.gated_learner`; else the smooth learner picks GELU, tanh-GELU or SiLU by fit).
 """
 
 from __future__ import annotations
@@ -13,19 +13,14 @@ from attnprobe.errors import ConfigError
 from attnprobe.learners.ffn import extract_ffn
 from attnprobe.learners.smooth_ffn.derivatives import Asker
 from attnprobe.learners.smooth_ffn.detect import growth, smooth_bends
+from attnprobe.models.gated_ffn import GATED_FAMILIES
 from attnprobe.models.smooth_ffn import ACTIVATIONS
 
-GATED = ("swiglu", "geglu")
+GATED = tuple(GATED_FAMILIES)
 #: every value of the activation option
 CHOICES = ("relu", *ACTIVATIONS, *GATED)
 #: growth exponent above which the units are taken to be gated (1 plain, 2 gated)
 GATED_GROWTH = 1.5
-
-
-def _gated_refusal(what: str) -> ConfigError:
-    return ConfigError(f"{what}: gated units (SwiGLU, GeGLU) are not learned yet — their second derivatives pair "
-                       "each neuron's gate and up projections in a block that simultaneous diagonalisation cannot "
-                       "split (docs/smooth-ffn.md); nothing was extracted", param="activation")
 
 
 def extract_ffn_any(oracle, *, seed: int = 0, progress=None, activation: str | None = None,
@@ -34,8 +29,6 @@ def extract_ffn_any(oracle, *, seed: int = 0, progress=None, activation: str | N
     if activation is not None and activation not in CHOICES:
         raise ConfigError(f"The 'activation' parameter must be one of {', '.join(CHOICES)}; got {activation!r}",
                           param="activation")
-    if activation in GATED:
-        raise _gated_refusal(f"activation {activation}")
     test: dict = {}
     before = oracle.queries
     if activation is None:
@@ -45,12 +38,15 @@ def extract_ffn_any(oracle, *, seed: int = 0, progress=None, activation: str | N
             smooth, share = smooth_bends(ask, oracle.d, oracle.eps, rng)
             test = {"bending_share": share}
             if smooth:
-                test["growth"] = g = growth(ask, oracle.d, rng)
-                if g > GATED_GROWTH:
-                    raise _gated_refusal(f"the answers grow like |x|^{g:.2f} along rays (gated units)")
-        activation = None if smooth else "relu"
+                test["growth"] = growth(ask, oracle.d, rng)
+        activation = ("gated" if smooth and test["growth"] > GATED_GROWTH else None) if smooth else "relu"
         test["smooth"] = bool(smooth)
-    if activation == "relu":
+    if activation in (*GATED, "gated"):
+        from attnprobe.learners.smooth_ffn.gated_learner import extract_gated_ffn
+
+        res = extract_gated_ffn(oracle, seed=seed, progress=progress, hidden=hidden, bias=bias,
+                                activation=None if activation == "gated" else activation)
+    elif activation == "relu":
         res = extract_ffn(oracle, seed=seed, progress=progress, sign_time_limit=sign_time_limit, bias=bias,
                           hidden=hidden)
     else:
@@ -62,11 +58,13 @@ def extract_ffn_any(oracle, *, seed: int = 0, progress=None, activation: str | N
 
 
 def ffn_any_estimate(s, relu_estimate):
-    """The ``ffn`` learner's query estimate: the smooth learner's plan for a smooth activation, refused for gated
-    units, else ``relu_estimate`` (the ReLU learner's; also taken when the activation is not given)."""
+    """The ``ffn`` learner's query estimate: the smooth learner's plan for a smooth activation, the gated learner's
+    for gated units, else ``relu_estimate`` (the ReLU learner's; also taken when the activation is not given)."""
     act = s.option("activation")
     if act in GATED:
-        raise _gated_refusal(f"activation {act}")
+        from attnprobe.learners.smooth_ffn.gated_learner import gated_estimate
+
+        return gated_estimate(s)
     if act in ACTIVATIONS:
         from attnprobe.learners.smooth_ffn.learner import smooth_estimate
 
