@@ -81,10 +81,11 @@ def minilm_torch_layer(layer: int = 0, output_row: int = 0, dtype=None):
     return mod.eval()
 
 
-def minilm_ffn(layer: int = 2, dtype: str = "float64"):
+def minilm_ffn(layer: int = 2, dtype: str = "float64", neurons: int | None = None):
     """The real GELU FFN of one MiniLM-L6 layer as a :class:`~attnprobe.models.smooth_ffn.SmoothFFN`:
     ``intermediate.dense`` (384 → 1536, exact erf GELU) then ``output.dense`` (1536 → 384), before the residual
-    and the LayerNorm, in float64 unless ``dtype``."""
+    and the LayerNorm, in float64 unless ``dtype``; ``neurons`` keeps only the first that many hidden units (a
+    scaled slice of the real weights)."""
     from attnprobe.models.smooth_ffn import SmoothFFN
 
     _check_index(layer, 0)
@@ -93,5 +94,6 @@ def minilm_ffn(layer: int = 2, dtype: str = "float64"):
     arr = {name: np.asarray(t[f"{pre}.{name}"], dtype=np.float64)
            for name in ("intermediate.dense.weight", "intermediate.dense.bias", "output.dense.weight",
                         "output.dense.bias")}
-    return SmoothFFN(arr["intermediate.dense.weight"], arr["intermediate.dense.bias"], arr["output.dense.weight"],
-                     arr["output.dense.bias"], "gelu", dtype)
+    k = slice(None) if neurons is None else slice(0, int(neurons))
+    return SmoothFFN(arr["intermediate.dense.weight"][k], arr["intermediate.dense.bias"][k],
+                     arr["output.dense.weight"][:, k], arr["output.dense.bias"], "gelu", dtype)

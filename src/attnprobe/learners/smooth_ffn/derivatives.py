@@ -78,6 +78,18 @@ def second_derivatives(ask: Asker, X: np.ndarray, U: np.ndarray, V: np.ndarray, 
     return out
 
 
+def richardson(derivative, h: float, levels: int = 3) -> np.ndarray:
+    """Richardson's extrapolation of a central difference ``derivative(step)`` (error ``c₂h² + c₄h⁴ + …``) from the
+    steps ``h, 2h, …, 2^(levels−1) h``: two levels cancel the h² term, three the h⁴ term too."""
+    if levels == 1:
+        return derivative(h)
+    if levels == 2:
+        return (4 * derivative(h) - derivative(2 * h)) / 3
+    if levels == 3:
+        return (64 * derivative(h) - 20 * derivative(2 * h) + derivative(4 * h)) / 45
+    raise ValueError("levels must be 1, 2 or 3")
+
+
 def choose_step(ask: Asker, d: int, rng: np.random.Generator, scale: float) -> tuple[float, float]:
     """The finite-difference step (relative to unit directions) whose second differences agree best with those
     of half the step, on :data:`STEP_POINTS` random points; returns the step and the relative disagreement there

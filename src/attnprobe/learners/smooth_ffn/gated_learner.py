@@ -3,8 +3,9 @@ vector answers.
 
 Phases: ``step`` (the finite-difference step), ``width`` (first derivatives along C directions at n points: their
 rank is 2m, two per gated neuron), ``factors`` (second derivatives along C × E direction pairs at the same points,
-Richardson-extrapolated from steps h and 2h: each neuron is a 2-D block, split off by
-:func:`.decompose.block_factors`), ``directions`` (second derivatives along every coordinate at a few points: each
+Richardson-extrapolated from steps h, 2h, 4h: each neuron is a 2-D block, split off by
+:func:`.decompose.block_factors`; the pairs' split grows like √(the derivatives' error), so they need the
+extrapolation), ``directions`` (second derivatives along every coordinate at a few points, from h and 2h: each
 neuron's plane ``span{g, u}``), no queries for the per-neuron fits in the plane (:mod:`.gated_neurons`: gate, up
 and the gate activation), and ``answers`` (plain answers: the down projection by least squares, then Gauss–Newton
 on all parameters, :func:`.polish.lsmr_step`).
@@ -24,13 +25,16 @@ from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.core.estimate import QueryCount, Setting
 from attnprobe.learners.core.skeleton import Run
 from attnprobe.learners.smooth_ffn.decompose import block_factors, hidden_width
-from attnprobe.learners.smooth_ffn.derivatives import (Asker, choose_step, first_derivatives, second_derivatives,
-                                                       step_queries)
+from attnprobe.learners.smooth_ffn.derivatives import (Asker, choose_step, first_derivatives, richardson,
+                                                       second_derivatives, step_queries)
 from attnprobe.learners.smooth_ffn.gated_neurons import pick_gate, planes
 from attnprobe.learners.smooth_ffn.polish import lsmr_step
 from attnprobe.models.gated_ffn import GATED_FAMILIES, GatedFFN, family_name
 from attnprobe.models.smooth_ffn import ACTIVATIONS
 
+#: the factors' finite differences start at this multiple of the chosen step (Richardson's extrapolation
+#: removes the h² and h⁴ terms, so a larger step, with less rounding, is better)
+FACTOR_STEP = 3.0
 #: second directions E of the factor array
 SECOND_DIRECTIONS = 4
 #: points at which each neuron's plane is read (each costs 4·C·d queries)
@@ -61,8 +65,8 @@ def gated_plan(d: int, K: int, m: int, check: int = 0) -> dict[str, int]:
     """Queries of each phase at hidden width m (the width search not counted)."""
     C, n = _directions(K, m), _points(m)
     answers = max(2 * m + 8, math.ceil(ANSWER_FACTOR * GatedFFN.unknowns(d, m, K) / K))
-    return {"step": step_queries(), "width": 2 * C * n, "factors": 2 * 4 * C * SECOND_DIRECTIONS * n,
-            "directions": 4 * C * d * DIRECTION_POINTS, "answers": answers, "check": check}
+    return {"step": step_queries(), "width": 2 * C * n, "factors": 3 * 4 * C * SECOND_DIRECTIONS * n,
+            "directions": 2 * 4 * C * d * DIRECTION_POINTS, "answers": answers, "check": check}
 
 
 def gated_estimate(s: Setting) -> QueryCount:
@@ -140,9 +144,7 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
     with run.phase("factors"):
         V = rng.standard_normal((SECOND_DIRECTIONS, d))
         V /= np.linalg.norm(V, axis=1, keepdims=True)
-        T1 = second_derivatives(ask, X[:n], U, V, h)
-        T2 = second_derivatives(ask, X[:n], U, V, 2 * h)
-    T = (4 * T1 - T2) / 3  # Richardson: the h² error term cancels
+        T = richardson(lambda s: second_derivatives(ask, X[:n], U, V, s), FACTOR_STEP * h)
     blocks, sep = block_factors(T.reshape(K * C, SECOND_DIRECTIONS, n), m, rng)
     # each block is w2_i ⊗ (2-D subspace of R^C): its output direction is the top left singular vector
     w2_dirs = np.empty((m, K))
@@ -152,7 +154,7 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
     Ap = np.linalg.pinv(np.hstack(blocks))
     with run.phase("directions"):
         Xs = scale * rng.standard_normal((DIRECTION_POINTS, d))
-        Td = second_derivatives(ask, Xs, U, np.eye(d), h)  # (K, C, d, points)
+        Td = richardson(lambda s: second_derivatives(ask, Xs, U, np.eye(d), s), FACTOR_STEP * h, levels=2)
     Z = np.einsum("ra,adp->prd", Ap, Td.reshape(K * C, d, DIRECTION_POINTS)).reshape(DIRECTION_POINTS, m, 2, d)
     Qs = planes(Z)  # (m, d, 2)
     # first derivatives unmixed by the refined blocks w2_i ⊗ U Q_i: κ_i Q_iᵀ ∇φ_i at every point
