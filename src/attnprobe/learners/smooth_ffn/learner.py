@@ -25,6 +25,7 @@ from attnprobe.learners.core.skeleton import Run
 from attnprobe.learners.smooth_ffn.decompose import factors, hidden_width, split_factors
 from attnprobe.learners.smooth_ffn.derivatives import (Asker, choose_step, first_derivatives, second_derivatives,
                                                        step_queries)
+from attnprobe.learners.smooth_ffn.derivatives import richardson as richardson_differences
 from attnprobe.learners.smooth_ffn.neurons import directions, pick_activation
 from attnprobe.learners.smooth_ffn.polish import gauss_newton, output_layer
 from attnprobe.models.smooth_ffn import ACTIVATIONS, SmoothFFN, activation as get_activation
@@ -43,6 +44,8 @@ DIRECTION_FACTOR = 1.3
 FIRST_GUESS = 64
 #: Gauss–Newton on the answers: rounds and LSMR iterations per round
 GN_ROUNDS, GN_ITERATIONS = 8, 300
+#: flops the default Gauss–Newton polish may spend (past it: one capped round, :func:`polish_settings`)
+POLISH_WORK = 5e12
 #: answers for the output layer and Gauss–Newton: enough rows for four times the unknowns
 ANSWER_FACTOR = 4.0
 #: fresh length-1 inputs of the functional check
@@ -51,14 +54,36 @@ CHECK_QUERIES = 64
 MAX_WIDTH = 8192
 
 
-def plan(d: int, K: int, m: int, check: int = 0) -> dict[str, int]:
+def _answers(d: int, K: int, m: int) -> int:
+    return max(2 * m + 8, math.ceil(ANSWER_FACTOR * SmoothFFN.unknowns(d, m, K) / K))
+
+
+def polish_settings(d: int, K: int, m: int, richardson: int | None = None, rounds: int | None = None,
+                    iterations: int | None = None) -> tuple[int, int, int]:
+    """``(richardson, rounds, iterations)`` with the unset ones chosen: the default polish (:data:`GN_ROUNDS` ×
+    :data:`GN_ITERATIONS` LSMR iterations, each about ``4·N·m·(d + 2K)`` flops on N answers) when it costs at
+    most :data:`POLISH_WORK`; past that (MiniLM's 384 → 1536 → 384: 9e10 flops an iteration) one round capped to
+    the budget, and the derivatives extrapolated (``richardson`` 2), whose start is then what the result mostly
+    rests on."""
+    per_iteration = 4.0 * _answers(d, K, m) * m * (d + 1 + 2 * K)
+    big = per_iteration * GN_ROUNDS * GN_ITERATIONS > POLISH_WORK
+    if richardson is None:
+        richardson = 2 if big else 1
+    if rounds is None:
+        rounds = 1 if big else GN_ROUNDS
+    if iterations is None:
+        iterations = max(1, min(GN_ITERATIONS, int(POLISH_WORK / (per_iteration * rounds)))) if big else GN_ITERATIONS
+    return richardson, rounds, iterations
+
+
+def plan(d: int, K: int, m: int, check: int = 0, richardson: int | None = None) -> dict[str, int]:
     """Queries of each phase for hidden width m (the width search not counted)."""
     C = _directions(K, m)
     n = _points(m)
-    unknowns = SmoothFFN.unknowns(d, m, K)
-    answers = max(2 * m + 8, math.ceil(ANSWER_FACTOR * unknowns / K))
-    return {"step": step_queries(), "width": 2 * C * n, "factors": 4 * C * SECOND_DIRECTIONS * n,
-            "directions": 4 * C * d * DIRECTION_POINTS, "answers": answers, "check": check}
+    richardson = polish_settings(d, K, m, richardson)[0]
+    answers = _answers(d, K, m)
+    return {"step": step_queries(), "width": 2 * C * n, "factors": richardson * 4 * C * SECOND_DIRECTIONS * n,
+            "directions": richardson * 4 * C * d * DIRECTION_POINTS, "answers": answers, "check": check}
 
 
 def smooth_estimate(s: Setting) -> QueryCount:
@@ -80,23 +105,36 @@ def _directions(K: int, m: int) -> int:
     return max(2, math.ceil(DIRECTION_FACTOR * m / K) + 1)
 
 
+def _rich_step(h: float, levels: int) -> float:
+    """The first step of a Richardson sequence: larger steps (less rounding) once the h² terms cancel."""
+    return h if levels == 1 else 3.0 * h
+
+
 def _points(m: int) -> int:
     return max(POINT_MIN, math.ceil(POINT_FACTOR * m) + POINT_EXTRA)
 
 
 def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, hidden: int | None = None,
                        bias: bool = True, scale: float = 1.0, check: bool = True, progress=None,
-                       polish_rounds: int = GN_ROUNDS) -> object:
+                       polish_rounds: int | None = None, polish_iterations: int | None = None,
+                       richardson: int | None = None) -> object:
     """Recover ``y = W2 σ(W1 x + b1) + b2`` (σ GELU, tanh-GELU or SiLU; K ≥ 1 outputs) from length-1 queries.
 
     ``activation``: one of :data:`~attnprobe.models.smooth_ffn.ACTIVATIONS` or None (the best fit of all);
     ``hidden``: the hidden width m if known (else read off the first derivatives' rank, doubling the grid until
     it shows); ``bias``: learn ``b1, b2`` (else both are 0); ``scale``: the inputs' standard deviation per
-    coordinate (points are drawn N(0, scale²)). The result is unique up to the order of the neurons.
+    coordinate (points are drawn N(0, scale²)); ``polish_rounds`` / ``polish_iterations``: Gauss–Newton rounds on
+    the answers and LSMR iterations per round; ``richardson``: 1, 2 or 3 steps for the factors' and directions'
+    differences (Richardson's extrapolation: a start closer to the answers for ``richardson − 1`` more times
+    their queries; the first derivatives' own extrapolation was measured not to help). Unset, the three follow
+    :func:`polish_settings` (the default polish, or on wide FFNs a capped one after extrapolated derivatives).
+    The result is unique up to the order of the neurons.
     """
     check_option(activation, "activation", (None, *ACTIVATIONS))
     check_int(hidden, "hidden", min_value=1, allow_none=True)
-    check_int(polish_rounds, "polish_rounds", min_value=0)
+    check_int(polish_rounds, "polish_rounds", min_value=0, allow_none=True)
+    check_int(polish_iterations, "polish_iterations", min_value=1, allow_none=True)
+    check_int(richardson, "richardson", min_value=1, max_value=3, allow_none=True)
     if not (np.isfinite(scale) and scale > 0):
         raise ConfigError(f"The 'scale' parameter must be a finite number > 0; got {scale}", param="scale")
     d = oracle.d
@@ -108,7 +146,8 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
         h, fd_error = choose_step(ask, d, rng, scale)
     K = ask.outputs
     m_plan = hidden or FIRST_GUESS
-    run.plan(sum(plan(d, K, m_plan).values()), f"the smooth FFN learner at d={d}, K={K}, m={m_plan}",
+    run.plan(sum(plan(d, K, m_plan, richardson=richardson).values()),  # richardson: as given or automatic
+             f"the smooth FFN learner at d={d}, K={K}, m={m_plan}",
              at_least=hidden is None)
     # width: first derivatives on a grid that grows until their rank shows a drop
     guess = hidden or FIRST_GUESS
@@ -129,23 +168,29 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
                 raise UnidentifiableError(f"the first derivatives show no hidden width up to {MAX_WIDTH} (largest "
                                           f"drop of their singular values {drop:.1f}); give the hidden width")
             guess *= 2
-            run.plan(run.queries + sum(plan(d, K, guess).values()), f"the smooth FFN learner at m ≥ {guess}",
+            run.plan(run.queries + sum(plan(d, K, guess, richardson=richardson).values()),
+                     f"the smooth FFN learner at m ≥ {guess}",
                      at_least=True)
     C, n = _directions(K, m), _points(m)  # the grid the width search ended on may be larger than m needs
     U, D1 = U[:C], D1[:, :C, :]  # every point's first derivatives feed the curve fits; n of them the factors
     if K * C < m or n < m:
         raise ConfigError(f"hidden width {m} needs K·C ≥ m and n ≥ m; got K·C = {K * C}, n = {n}", param="hidden")
-    run.report(run.queries + sum(plan(d, K, m).values()) - plan(d, K, m)["width"] - plan(d, K, m)["step"])
+    richardson, polish_rounds, polish_iterations = polish_settings(d, K, m, richardson, polish_rounds,
+                                                                   polish_iterations)
+    p = plan(d, K, m, richardson=richardson)
+    run.report(run.queries + sum(p.values()) - p["width"] - p["step"])
     with run.phase("factors"):
         V = rng.standard_normal((SECOND_DIRECTIONS, d))
         V /= np.linalg.norm(V, axis=1, keepdims=True)
-        T = second_derivatives(ask, X[:n], U, V, h)
+        T = richardson_differences(lambda s: second_derivatives(ask, X[:n], U, V, s), _rich_step(h, richardson),
+                                   richardson)
     A, sep = factors(T.reshape(K * C, SECOND_DIRECTIONS, n), m, rng)
     Ap = np.linalg.pinv(A)
     w2_dirs, _ = split_factors(A, K, C)
     with run.phase("directions"):
         Xs = scale * rng.standard_normal((DIRECTION_POINTS, d))
-        Td = second_derivatives(ask, Xs, U, np.eye(d), h)  # (K, C, d, points)
+        Td = richardson_differences(lambda s: second_derivatives(ask, Xs, U, np.eye(d), s),
+                                    _rich_step(h, richardson), richardson)  # (K, C, d, points)
     Z = np.einsum("ma,adp->pmd", Ap, Td.reshape(K * C, d, DIRECTION_POINTS))
     W1_dirs = directions(Z)
     p = Ap @ D1.reshape(K * C, -1)
@@ -162,11 +207,12 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
         Ya = ask(Xa)
     W2, b2 = output_layer(Xa, Ya, W1, b1, act, bias)
     (W1, b1, W2, b2), history, used = gauss_newton(Xa, Ya, (W1, b1, W2, b2), act, bias, rounds=polish_rounds,
-                                             iterations=GN_ITERATIONS)
+                                             iterations=polish_iterations)
     model = SmoothFFN(W1, b1, W2, b2, name)
     details = {"seed": seed, "bias": bool(bias), "outputs": K, "hidden": int(m), "width_drop": drop,
                "activation": name, "activation_detected": activation is None, "activation_fit": scores,
-               "step": h, "step_error": fd_error, "directions_C": C, "second_directions_E": SECOND_DIRECTIONS,
+               "step": h, "step_error": fd_error, "richardson": richardson,
+               "directions_C": C, "second_directions_E": SECOND_DIRECTIONS,
                "points": n, "answers": N, **sep, "curve_fit_worst": float(np.max(fit["res"])),
                "polish_residuals": history, "polish_iterations": used, "queries_per_unknown": run.queries / unknowns}
     notes = [f"neurons are recovered up to their order only (a smooth {name} has no scale or sign symmetry)"]
