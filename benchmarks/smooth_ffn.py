@@ -1,11 +1,16 @@
-"""The smooth FFN learner (``--method ffn`` on GELU, tanh-GELU and SiLU FFNs) on random FFNs and MiniLM's.
+"""The smooth FFN learner (``--method ffn`` on GELU, tanh-GELU, SiLU, SwiGLU and GeGLU FFNs) on random FFNs,
+``transformers``' LlamaMLP and MiniLM's.
 
-    PYTHONPATH=src python benchmarks/smooth_ffn.py [--cases 16-48-16-gelu 32-96-8-silu-nobias ...]
-        [--precision float64|float32] [--minilm LAYER] [--hidden]
+    OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/smooth_ffn.py [--cases 16-48-16-gelu
+        32-96-8-silu-nobias 32-64-32-swiglu llama-128-256-swiglu minilm2 minilm2:192 ...]
+        [--precision float64|float32] [--minilm LAYER] [--hidden] [--activation A]
 
-A case ``d-m-K-act[-nobias]`` is a seeded :func:`attnprobe.targets.random_smooth_ffn` (weights at 1/√fan-in);
-``--minilm L`` adds MiniLM-L6 layer L's real GELU FFN (384 → 1536 → 384). Each is learned through
-``--method ffn``'s dispatch (activation detected; ``--hidden`` gives the width instead of searching it).
+A case ``d-m-K-act[-nobias]`` is a seeded :func:`attnprobe.targets.random_smooth_ffn` (act gelu, gelu_tanh, silu)
+or :func:`attnprobe.targets.random_gated_ffn` (act swiglu, geglu, geglu_tanh; m gated units), weights at
+1/√fan-in; ``llama-d-m-FAMILY[-bias]`` is a random-init ``transformers`` ``LlamaMLP`` (weights at 1/√fan-in);
+``minilmL[:k]`` (or ``--minilm L``) is MiniLM-L6 layer L's real GELU FFN (384 → 1536 → 384), or its first k
+hidden units. Each is learned through ``--method ffn``'s dispatch (activation detected unless ``--activation``;
+``--hidden`` gives the width instead of searching it).
 Reported: queries, unknowns, seconds, the activation found, the largest relative error over 1000 fresh N(0, I)
 inputs (max |ŷ − y| / max |y|), the neurons' largest relative errors up to order, and the learner's check.
 """
@@ -18,35 +23,61 @@ import time
 import numpy as np
 
 from attnprobe.learners.smooth_ffn.dispatch import extract_ffn_any
+from attnprobe.models.gated_ffn import GATED_FAMILIES, gated_match
 from attnprobe.models.smooth_ffn import neuron_match
 from attnprobe.oracles import Oracle
-from attnprobe.targets import random_smooth_ffn
+from attnprobe.targets import random_gated_ffn, random_smooth_ffn
 
 
 def target(case: str, precision: str):
+    """``(oracle function, truth as a model)`` for a case."""
     if case.startswith("minilm"):
         from attnprobe.targets import minilm_ffn
 
-        return minilm_ffn(int(case[6:]), precision)
+        layer, _, k = case[6:].partition(":")
+        truth = minilm_ffn(int(layer), precision, neurons=int(k) if k else None)
+        return truth, truth
     parts = case.split("-")
+    if parts[0] == "llama":
+        from attnprobe.oracles.torch_adapter import TorchFunction
+        from attnprobe.targets.gated_modules import llama_mlp
+
+        d, m = int(parts[1]), int(parts[2])
+        victim = llama_mlp(d, m, family=parts[3], bias="bias" in parts, seed=d + m, dtype=precision)
+        return TorchFunction(victim, d), victim.reference()
     d, m, K = map(int, parts[:3])
-    return random_smooth_ffn(d, m, K, activation=parts[3], bias="nobias" not in parts, seed=d + m, dtype=precision)
+    bias = "nobias" not in parts
+    if parts[3] in GATED_FAMILIES:
+        truth = random_gated_ffn(d, m, K, activation=GATED_FAMILIES[parts[3]], bias=bias, seed=d + m,
+                                 dtype=precision)
+    else:
+        truth = random_smooth_ffn(d, m, K, activation=parts[3], bias=bias, seed=d + m, dtype=precision)
+    return truth, truth
 
 
-def one(case: str, precision: str, hidden: bool) -> str:
-    truth = target(case, precision)
-    oracle = Oracle(truth, truth.d, precision=precision)
+def one(case: str, precision: str, hidden: bool, activation: str | None) -> str:
+    fn, truth = target(case, precision)
+    oracle = Oracle(fn, truth.d, precision=precision)
+    gated = truth.kind == "gated_ffn"
+    biases = (truth.bg, truth.bu, truth.b2) if gated else (truth.b1, truth.b2)
     t0 = time.perf_counter()
-    res = extract_ffn_any(oracle, seed=0, hidden=truth.m if hidden else None,
-                          bias=not np.allclose(truth.b1, 0) or not np.allclose(truth.b2, 0))
+    res = extract_ffn_any(oracle, seed=0, hidden=truth.m if hidden else None, activation=activation,
+                          bias=any(np.any(b != 0) for b in biases))
     secs = time.perf_counter() - t0
     X = np.random.default_rng(1).standard_normal((1000, truth.d))
     y = truth.with_dtype("float64").forward(X)
     err = np.abs(res.model.forward(X) - y).max() / np.abs(y).max()
-    match = neuron_match(truth, res.model)
+    if res.model.kind != truth.kind:
+        errors = "(other kind)"
+    elif gated:
+        match = gated_match(truth, res.model)
+        errors = f"{match['gate_error']:.1e} / {match['up_down_error']:.1e}"
+    else:
+        match = neuron_match(truth, res.model)
+        errors = f"{match['first_layer_error']:.1e} / {match['second_layer_error']:.1e}"
     return (f"| {case} | {precision} | {res.queries:,} | {res.unknowns:,} | {res.queries / res.unknowns:.2f} | "
-            f"{res.details['activation']} | {res.details['hidden']} | {err:.1e} | {match['first_layer_error']:.1e} / "
-            f"{match['second_layer_error']:.1e} | {'yes' if res.passed else 'NO'} | {secs:.0f} |")
+            f"{res.details['activation']} | {res.details['hidden']} | {err:.1e} | {errors} | "
+            f"{'yes' if res.passed else 'NO'} | {secs:.0f} |")
 
 
 def main() -> None:
@@ -55,13 +86,14 @@ def main() -> None:
     ap.add_argument("--precision", default="float64", choices=["float64", "float32"])
     ap.add_argument("--minilm", type=int, help="add MiniLM-L6 layer L's GELU FFN")
     ap.add_argument("--hidden", action="store_true", help="give the hidden width (no width search)")
+    ap.add_argument("--activation", help="give the activation (default: detected)")
     args = ap.parse_args()
     cases = list(args.cases) + ([f"minilm{args.minilm}"] if args.minilm is not None else [])
     print("| case d-m-K | answers | queries | unknowns | queries/unknown | activation found | m found | "
-          "fresh max error | neurons W1,b1 / W2 error | check | s |")
+          "fresh max error | neurons W1,b1 / W2 error (gated: gate / w2·up) | check | s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for case in cases:
-        print(one(case, args.precision, args.hidden), flush=True)
+        print(one(case, args.precision, args.hidden, args.activation), flush=True)
 
 
 if __name__ == "__main__":

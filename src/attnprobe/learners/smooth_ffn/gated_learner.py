@@ -64,7 +64,7 @@ def _points(m: int) -> int:
 def gated_plan(d: int, K: int, m: int, check: int = 0) -> dict[str, int]:
     """Queries of each phase at hidden width m (the width search not counted)."""
     C, n = _directions(K, m), _points(m)
-    answers = max(2 * m + 8, math.ceil(ANSWER_FACTOR * GatedFFN.unknowns(d, m, K) / K))
+    answers = max(2 * m + 8, 2 * (d + 1), math.ceil(ANSWER_FACTOR * GatedFFN.unknowns(d, m, K) / K))
     return {"step": step_queries(), "width": 2 * C * n, "factors": 3 * 4 * C * SECOND_DIRECTIONS * n,
             "directions": 2 * 4 * C * d * DIRECTION_POINTS, "answers": answers, "check": check}
 
@@ -170,7 +170,7 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
     bu = theta[:, 5] if bias else np.zeros(m)
     unknowns = GatedFFN.unknowns(d, m, K, bias)
     with run.phase("answers"):
-        N = max(2 * m + 8, math.ceil(ANSWER_FACTOR * unknowns / K))
+        N = max(2 * m + 8, 2 * (d + 1), math.ceil(ANSWER_FACTOR * unknowns / K))
         Xa = scale * rng.standard_normal((N, d))
         Ya = ask(Xa)
     act = ACTIVATIONS[gate]

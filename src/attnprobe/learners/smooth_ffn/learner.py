@@ -46,7 +46,8 @@ FIRST_GUESS = 64
 GN_ROUNDS, GN_ITERATIONS = 8, 300
 #: flops the default Gauss–Newton polish may spend (past it: one capped round, :func:`polish_settings`)
 POLISH_WORK = 5e12
-#: answers for the output layer and Gauss–Newton: enough rows for four times the unknowns
+#: answers for the output layer and Gauss–Newton: enough rows for four times the unknowns (and at least
+#: 2(d + 1): each neuron's first-layer row is read through the points alone)
 ANSWER_FACTOR = 4.0
 #: fresh length-1 inputs of the functional check
 CHECK_QUERIES = 64
@@ -55,7 +56,7 @@ MAX_WIDTH = 8192
 
 
 def _answers(d: int, K: int, m: int) -> int:
-    return max(2 * m + 8, math.ceil(ANSWER_FACTOR * SmoothFFN.unknowns(d, m, K) / K))
+    return max(2 * m + 8, 2 * (d + 1), math.ceil(ANSWER_FACTOR * SmoothFFN.unknowns(d, m, K) / K))
 
 
 def polish_settings(d: int, K: int, m: int, richardson: int | None = None, rounds: int | None = None,
@@ -202,7 +203,7 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
     b1 = fit["b"] if bias else np.zeros(m)
     unknowns = SmoothFFN.unknowns(d, m, K, bias)
     with run.phase("answers"):
-        N = max(2 * m + 8, math.ceil(ANSWER_FACTOR * unknowns / K))
+        N = max(2 * m + 8, 2 * (d + 1), math.ceil(ANSWER_FACTOR * unknowns / K))
         Xa = scale * rng.standard_normal((N, d))
         Ya = ask(Xa)
     W2, b2 = output_layer(Xa, Ya, W1, b1, act, bias)
