@@ -115,3 +115,34 @@ def test_registry_and_cli(tmp_path, capsys):
     assert summary["kind"] == "smooth_ffn" and summary["passed"]
     X = np.random.default_rng(2).standard_normal((20, 1, 4))
     assert np.allclose(load_model(out)(X), load_model(target)(X), atol=1e-9)
+
+
+def test_wide_ffns_get_a_capped_polish_and_extrapolated_derivatives():
+    """MiniLM's 384 → 1536 → 384: the default polish would cost ~2e14 flops; one capped round instead, and the
+    factors' differences extrapolated (twice their queries); small FFNs keep the full polish."""
+    from attnprobe.learners.smooth_ffn.learner import GN_ITERATIONS, GN_ROUNDS, POLISH_WORK, plan, polish_settings
+
+    assert polish_settings(16, 16, 48) == (1, GN_ROUNDS, GN_ITERATIONS)
+    rich, rounds, iters = polish_settings(384, 384, 1536)
+    assert (rich, rounds) == (2, 1) and 1 <= iters < GN_ITERATIONS
+    N = plan(384, 384, 1536)["answers"]
+    assert 4.0 * N * 1536 * (385 + 2 * 384) * iters <= POLISH_WORK
+    assert plan(384, 384, 1536)["factors"] == 2 * plan(384, 384, 1536, richardson=1)["factors"]
+
+
+def test_richardson_differences_start_closer():
+    """Without the polish, the derivative-based start of extrapolated differences is closer to the answers."""
+    truth = random_smooth_ffn(6, 12, 6, seed=8)
+    starts = []
+    for levels in (1, 2):
+        oracle = Oracle(truth, 6, precision="float64")
+        res = extract_smooth_ffn(oracle, seed=0, activation="gelu", hidden=12, polish_rounds=0, richardson=levels)
+        starts.append(res.details["polish_residuals"][0])
+        assert res.queries_by_phase["factors"] == levels * plan_factors(6, 6, 12)
+    assert starts[1] < starts[0] / 10
+
+
+def plan_factors(d, K, m):
+    from attnprobe.learners.smooth_ffn.learner import plan
+
+    return plan(d, K, m, richardson=1)["factors"]
