@@ -8,11 +8,15 @@
   reduced to m × m slices ``S_e``, the eigenvectors of ``S_a S_b⁻¹`` (two random mixtures of the slices) are A's
   columns. Two neurons whose eigenvalues nearly meet are ill-separated in one mixture, so several mixtures are
   diagonalised and each neuron keeps the one where its eigenvalue stands farthest from the others.
+* Gated units (:func:`block_factors`): each unit is a 2-D block of A, and every pencil of its blocks is a 2 × 2
+  Jordan block; the pairs of eigenvalues are matched and each unit's invariant plane read by inverse iteration.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from scipy.linalg import lu_factor, lu_solve
 
 from attnprobe.errors import UnidentifiableError
 
@@ -193,52 +197,8 @@ def _invariant_pair(Tm: np.ndarray, mu: float, rng: np.random.Generator) -> np.n
     r = Tm.shape[0]
     shift = Tm - mu * np.eye(r)
     Z = np.linalg.qr(rng.standard_normal((r, 2)))[0]
-    lu = _lu(shift)
+    lu = lu_factor(shift, check_finite=False)
     for _ in range(INVERSE_SWEEPS):
-        Z = np.linalg.qr(_lu_solve(lu, Z))[0]
+        Z = np.linalg.qr(lu_solve(lu, Z, check_finite=False))[0]
     return Z
 
-
-def _lu(M):
-    from scipy.linalg import lu_factor
-
-    return lu_factor(M, check_finite=False)
-
-
-def _lu_solve(lu, B):
-    from scipy.linalg import lu_solve
-
-    return lu_solve(lu, B, check_finite=False)
-
-
-#: alternating sweeps of :func:`refine_blocks`
-REFINE_SWEEPS = 30
-
-
-def refine_blocks(T: np.ndarray, blocks: list[np.ndarray], sweeps: int = REFINE_SWEEPS) -> tuple[list[np.ndarray],
-                                                                                                      list[float]]:
-    """Alternating least squares on the block-term model of ``T`` ``(K·C, E, n)``: with the blocks ``A`` fixed,
-    the other modes are ``X = A⁺ T₍₁₎``; each neuron's two rows of X, as an array ``2 × E × n``, are cut to
-    their rank-(2, 2) core in the second and third modes (the neuron's ``V·span{g, u}`` and its two point
-    functions), and ``A`` is solved again from the cut rows. Neurons whose eigen-pairs were poorly separated (and
-    whose blocks mixed in a neighbour) are pulled back by the others. Returns the blocks (orthonormal columns)
-    and the relative fit residual after each sweep."""
-    KC, E, n = T.shape
-    T1 = T.reshape(KC, E * n)
-    norm = max(float(np.linalg.norm(T1)), 1e-300)
-    A = np.hstack(blocks)
-    m = len(blocks)
-    history = []
-    for _ in range(sweeps):
-        X = np.linalg.lstsq(A, T1, rcond=None)[0].reshape(m, 2, E, n)
-        # mode-2 and mode-3 bases of each neuron's rows
-        B = np.linalg.svd(np.transpose(X, (0, 2, 1, 3)).reshape(m, E, 2 * n), full_matrices=False)[0][:, :, :2]
-        C = np.linalg.svd(np.transpose(X, (0, 3, 1, 2)).reshape(m, n, 2 * E), full_matrices=False)[0][:, :, :2]
-        core = np.einsum("maen,meb,mnc->mabc", X, B, C)
-        Xc = np.einsum("mabc,meb,mnc->maen", core, B, C).reshape(2 * m, E * n)
-        A = np.linalg.lstsq(Xc.T, T1.T, rcond=None)[0].T
-        history.append(float(np.linalg.norm(T1 - A @ Xc)) / norm)
-        if len(history) > 2 and history[-1] > 0.999 * history[-2]:
-            break
-    out = [np.linalg.qr(A[:, 2 * i:2 * i + 2])[0] for i in range(m)]
-    return out, history
