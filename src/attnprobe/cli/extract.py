@@ -83,6 +83,10 @@ def run(args) -> int:
     """Everything that can be refused is refused before the first query: options, output paths, memory."""
     if args.method is None:  # a rank bound makes the low-rank sketch the natural choice
         args.method = "lowrank" if getattr(args, "rank", None) else "exact"
+    if args.method == "block":
+        from attnprobe.learners.block import REFUSAL as BLOCK_LEARNER_REFUSAL
+
+        raise ConfigError(BLOCK_LEARNER_REFUSAL, param="method")
     if args.method not in {e.name for e in registry.learners()}:
         raise ConfigError(f"unknown --method {args.method!r}; choose one of "
                           f"{', '.join(e.name for e in registry.learners())}")

@@ -15,6 +15,10 @@ def add_source_arguments(group) -> None:
                             "(before residual and norm, last position) is the oracle, run locally in --dtype "
                             "(float64, float32 or bfloat16), offline")
     group.add_argument("--layer", type=int, metavar="L", help="--hf-dir: the attention layer to query")
+    group.add_argument("--block", type=int, metavar="L",
+                       help="--hf-dir: the whole block L (norms, attention, residuals, FFN) of a BERT, RoBERTa, "
+                            "ELECTRA, LLaMA, Qwen2, Mistral or GPT-NeoX model: hidden states in, every position out "
+                            "(docs/block.md)")
     group.add_argument("--row", type=int, metavar="R",
                        help="--hf-dir: answer only output R (one number per query); default the whole output row")
 
@@ -25,6 +29,8 @@ def oracle_from_args(args, kw: dict):
 
     if args.target or args.oracle:
         raise ConfigError("give one oracle: --hf-dir DIR, --oracle MODULE:ATTR or --target FILE.npz")
+    if getattr(args, "block", None) is not None:
+        return block_oracle(args, kw)
     if args.layer is None:
         raise ConfigError("--hf-dir needs --layer L (the attention layer to query)")
     from attnprobe.oracles.hf_folder import check_model_dir
@@ -57,10 +63,42 @@ def oracle_from_args(args, kw: dict):
     return oracle
 
 
+def block_source(args):
+    """``--hf-dir DIR --block L`` checked before torch: the folder, a family with whole blocks, L in range, the
+    dtype; returns the folder's width."""
+    from attnprobe.oracles.hf_attention import DTYPES
+    from attnprobe.oracles.hf_block import block_spec
+    from attnprobe.oracles.hf_folder import check_model_dir
+
+    for flag in ("layer", "row"):
+        if getattr(args, flag, None) is not None:
+            raise ConfigError(f"--block L queries a whole block (every output, every position); drop --{flag}")
+    check_model_dir(args.hf_dir)
+    spec, _, _ = block_spec(args.hf_dir)
+    if not 0 <= args.block < spec.layers:
+        raise ConfigError(f"--block must be in 0..{spec.layers - 1} for {args.hf_dir}; got {args.block}")
+    if args.dtype not in DTYPES:
+        raise ConfigError(f"--hf-dir runs the block in {', '.join(DTYPES)}; got --dtype {args.dtype}")
+    return spec.hidden
+
+
+def block_oracle(args, kw: dict):
+    """The oracle of ``extract --hf-dir DIR --block L``: every position of the whole block."""
+    d = block_source(args)
+    if getattr(args, "outputs", None) is not None:
+        raise ConfigError("--hf-dir knows its number of outputs; drop --outputs")
+    if args.d is not None and args.d != d:
+        raise ConfigError(f"--d {args.d} contradicts --hf-dir {args.hf_dir}, whose blocks have d = {d}; drop --d")
+    from attnprobe.oracles.hf_block import oracle_from_hf_block
+
+    kw = {k: v for k, v in kw.items() if k != "outputs"}
+    return oracle_from_hf_block(args.hf_dir, args.block, dtype=args.dtype, **kw)
+
+
 def refuse_stray(args) -> None:
-    """``--layer``/``--row`` without ``--hf-dir`` would be ignored: refuse them."""
+    """``--layer``/``--row``/``--block`` without ``--hf-dir`` would be ignored: refuse them."""
     if getattr(args, "hf_dir", None) is None:
-        for flag in ("layer", "row"):
+        for flag in ("layer", "row", "block"):
             if getattr(args, flag, None) is not None:
                 raise ConfigError(f"--{flag} goes with --hf-dir DIR")
 
@@ -69,8 +107,9 @@ def identity(args) -> str:
     """The oracle's source as the query log records it."""
     from attnprobe.oracles.querylog import file_identity
 
-    return (f"hf {file_identity(str(args.hf_dir) + '/model.safetensors')} layer={args.layer} row={args.row} "
-            f"dtype={args.dtype}")
+    where = (f"block={args.block}" if getattr(args, "block", None) is not None
+             else f"layer={args.layer} row={args.row}")
+    return f"hf {file_identity(str(args.hf_dir) + '/model.safetensors')} {where} dtype={args.dtype}"
 
 
 def audit_source(hf_dir) -> tuple[str, int]:

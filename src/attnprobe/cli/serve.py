@@ -73,9 +73,23 @@ def served_callable(args):
     through the answer chain of the shared defence flags (``--defense``, ``--cast``, ``--noise``, ...)."""
     from attnprobe.oracles import oracle_from_file, oracle_from_spec
 
-    if bool(args.target) == bool(args.oracle):
-        raise ConfigError("say what to serve: either --target FILE.npz or --oracle MODULE:ATTR --d D")
+    if sum(map(bool, (args.target, args.oracle, args.hf_dir))) != 1:
+        raise ConfigError("say what to serve: one of --target FILE.npz, --oracle MODULE:ATTR --d D or --hf-dir DIR "
+                          "--block L")
     chain = answer_chain.chain_from_args(args)
+    if args.hf_dir:
+        from attnprobe.cli.hf import block_source
+        from attnprobe.oracles.hf_block import oracle_from_hf_block
+
+        if args.block is None:
+            raise ConfigError("serve --hf-dir DIR needs --block L (the whole block to serve)")
+        if args.d is not None:
+            raise ConfigError("--hf-dir knows its width; drop --d")
+        block_source(args)
+        oracle = oracle_from_hf_block(args.hf_dir, args.block, dtype=args.dtype)
+        return chain.apply(oracle.fn), oracle.d, oracle.name, oracle.d, True
+    if args.block is not None:
+        raise ConfigError("--block goes with --hf-dir DIR")
     oracle = oracle_from_file(args.target, dtype=args.dtype) if args.target else oracle_from_spec(args.oracle, args.d)
     # asked of the model itself: the chain's noise is not consumed
     outputs, every = answer_outputs(oracle.fn, oracle.d)
@@ -112,8 +126,11 @@ def add_parser(sub) -> None:
     src.add_argument("--target", metavar="FILE.npz", help="a saved model")
     src.add_argument("--oracle", metavar="MODULE:ATTR", help="a callable (B,N,d)->(B,); the cwd is importable")
     src.add_argument("--d", type=positive_int, help="input width of --oracle")
+    src.add_argument("--hf-dir", metavar="DIR", help="a Hugging Face model folder whose block --block to serve")
+    src.add_argument("--block", type=int, metavar="L",
+                     help="--hf-dir: serve whole block L (hidden states in, every position out; docs/block.md)")
     src.add_argument("--dtype", choices=PRECISIONS, default="float64",
-                     help="precision a --target computes its answers in (default float64)")
+                     help="precision a --target or --hf-dir block computes its answers in (default float64)")
     net = s.add_argument_group("server")
     net.add_argument("--host", default="127.0.0.1")
     net.add_argument("--port", type=port, default=8000, help="TCP port (0: any free port; default 8000)")

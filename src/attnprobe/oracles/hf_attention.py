@@ -50,22 +50,24 @@ def _transformers():
 
 
 @functools.lru_cache(maxsize=4)
-def _load(path: str, dtype: str):
+def _load(path: str, dtype: str, attention: str = "eager"):
     transformers = _transformers()
     try:
         model = transformers.AutoModel.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype],
-                                                       attn_implementation="eager")
+                                                       attn_implementation=attention)
     except Exception as exc:
         raise ConfigError(f"transformers cannot load {path} offline: {type(exc).__name__}: {exc}") from exc
     return model.to(DTYPES[dtype]).eval()  # whatever the transformers version did with ``dtype``
 
 
-def load_hf_model(model_dir, dtype: str = "float64"):
-    """The base model (``AutoModel``) in ``model_dir``, offline, eager attention, in eval mode and ``dtype``
-    (cached per process)."""
+def load_hf_model(model_dir, dtype: str = "float64", attention: str = "eager"):
+    """The base model (``AutoModel``) in ``model_dir``, offline, in eval mode and ``dtype``, with transformers'
+    ``attention`` implementation (``eager``, the default, or ``sdpa``; cached per process)."""
     if dtype not in DTYPES:
         raise ConfigError(f"The 'dtype' parameter must be one of {', '.join(DTYPES)}; got {dtype!r}", param="dtype")
-    return _load(str(check_model_dir(model_dir).resolve()), dtype)
+    if attention not in ("eager", "sdpa"):
+        raise ConfigError(f"The 'attention' parameter must be eager or sdpa; got {attention!r}", param="attention")
+    return _load(str(check_model_dir(model_dir).resolve()), dtype, attention)
 
 
 class HFAttentionLayer(nn.Module):
