@@ -19,6 +19,7 @@ register(PositionalAttention)
 register(SmoothFFN)
 register(TransformerBlock)
 
-__all__ = ["AttentionHead", "MultiHeadAttention", "HeadMatch", "match_heads", "ReLUNet", "SmoothFFN", "TransformerBlock",
-           "OneLayerTransformer", "MultiHeadTransformer", "PositionalAttention", "canonical_neurons", "neuron_errors",
+__all__ = ["AttentionHead", "MultiHeadAttention", "HeadMatch", "match_heads", "ReLUNet", "SmoothFFN",
+           "TransformerBlock", "OneLayerTransformer", "MultiHeadTransformer", "PositionalAttention",
+           "canonical_neurons", "neuron_errors",
            "as_batch", "load_model", "save_model", "register", "PRECISIONS", "resolve_dtype", "unit_roundoff"]
