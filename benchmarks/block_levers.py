@@ -90,6 +90,37 @@ def output_norm(oracle, d: int, rng, sequences: int, N: int = 8):
     return w, beta * w, len(Y)
 
 
+def driven_out(oracle, X: np.ndarray, steps=(1e-3, 2e-3, 3e-3, 4e-3, 5e-3)) -> np.ndarray:
+    """``L(X) = lim_{t→∞} y_N(X with its last row t·x_N) − t·x_N`` by polynomial extrapolation in s = 1/t: in a
+    pre-norm block ``y_N − t x_N = A_N(n1(X̃)) + F(n2(x_N + s A_N))``, analytic in s, so
+    ``L(X) = A_N(n1(X̃)) + F(n2(x_N))``: the attention at the last position plus a function of the last token."""
+    G = []
+    for s in steps:
+        Xs = X.copy()
+        Xs[:, -1] = X[:, -1] / s
+        G.append(oracle.answer_rows(Xs)[:, -1] - Xs[:, -1])
+    V = np.vander(np.asarray(steps), len(steps), increasing=True)
+    weights = np.linalg.solve(V.T, np.eye(len(steps))[0])  # the value at s = 0 of the interpolating polynomial
+    return np.tensordot(weights, np.stack(G), axes=1)
+
+
+def attention_isolated(oracle, ref, d: int, rng) -> list[tuple[int, float, float]]:
+    """``L(X) − L(X')`` for prefixes X, X' sharing the last token against the true ``A_N(n1(X̃)) − A_N(n1(X̃'))``."""
+    out = []
+    for N in (2, 8, 64):
+        u = rng.standard_normal((4, 1, d))
+        X, X2 = (np.concatenate([rng.standard_normal((4, N - 1, d)), u], axis=1) for _ in range(2))
+        got = driven_out(oracle, X) - driven_out(oracle, X2)
+
+        def attn(Z):
+            Zl = Z.copy()
+            Zl[:, -1] *= 1e8  # n1 of the driven-out row: its direction only
+            return ref.attention.every_position(ref._norm(Zl, 1))[:, -1]
+        true = attn(X) - attn(X2)
+        out.append((N, float(np.abs(got - true).max() / np.abs(true).max()), float(np.abs(true).max())))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks/block.md")
@@ -112,6 +143,9 @@ def main():
         h = x + ref.attention.every_position(ref._norm(t * u, 1))[:, 0]
         pre = ref._norm(h, 2) @ ref.W_gate.T
         t2.add(*[f"{t:g}", f"{err:.1e}", f"{np.abs(pre).max():.2f}"])
+    t4 = Table(["N", "rel. error of L(X) − L(X') against the attention's difference", "largest difference"])
+    for N, err, size in attention_isolated(o, ref, 128, np.random.default_rng(2)):
+        t4.add(*[N, f"{err:.1e}", f"{size:.2f}"])
     t3 = Table(["sequences × rows", "answers' rows", "abs(w) rel. error", "b rel. error"])
     mini = oracle_from_hf_block(str(minilm_dir()), 2)
     truth = block_model(hf_block(str(minilm_dir()), 2))
@@ -122,6 +156,8 @@ def main():
         t3.add(*[f"{seqs} × 8", n, f"{w_err:.1e}", f"{b_err:.1e}"])
     body = ("Repeated token (every row against the length-1 answer):\n\n" + t1.markdown()
             + "\n\nPre-norm per-token map at scale t (LLaMA layer; 8 random directions u):\n\n" + t2.markdown()
+            + "\n\nThe last token driven out (LLaMA layer; t = 1/s, s = 1e-3 … 5e-3, degree-4 extrapolation to s = 0; 4 "
+              "pairs of sequences sharing their last token, 5 + 5 sequences each):\n\n" + t4.markdown()
             + "\n\nPost-norm output LayerNorm read from MiniLM layer 2's answers alone (float64):\n\n" + t3.markdown())
     print(body)
     if args.write:

@@ -78,3 +78,22 @@ def test_served_block_refusals(tmp_path, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert msg in err and err.count("\n") == 1, (argv, err)
+
+
+def test_a_saved_block_answers_and_serves_like_the_block(served_llama, tmp_path, monkeypatch):
+    """``load_model`` of a block file answers every position like the layer module, in process and served."""
+    from attnprobe.models import save_model
+    from attnprobe.oracles import oracle_from_file
+    from attnprobe.oracles.hf_block import block_model, hf_block
+
+    _, folder = served_llama
+    path = save_model(block_model(hf_block(folder, 1)), tmp_path / "block.npz")
+    local = oracle_from_file(str(path))
+    X = np.random.default_rng(3).standard_normal((2, 9, 32))
+    truth = oracle_from_hf_block(folder, 1).answer_rows(X)
+    assert local.positions == "positional" and np.abs(local.answer_rows(X) - truth).max() <= 1e-12 * np.abs(truth).max()
+    monkeypatch.setenv("ATTNPROBE_API_KEY", "k-2")
+    app, options = build_from_args(build_parser().parse_args(["serve", "--target", str(path)]))
+    assert options.every_position and options.outputs == 32
+    with BackgroundServer(app) as srv:
+        assert np.array_equal(oracle_from_url(srv.url, "k-2").answer_rows(X), local.answer_rows(X))
