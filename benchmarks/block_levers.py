@@ -156,8 +156,8 @@ def main():
         t3.add(*[f"{seqs} × 8", n, f"{w_err:.1e}", f"{b_err:.1e}"])
     body = ("Repeated token (every row against the length-1 answer):\n\n" + t1.markdown()
             + "\n\nPre-norm per-token map at scale t (LLaMA layer; 8 random directions u):\n\n" + t2.markdown()
-            + "\n\nThe last token driven out (LLaMA layer; t = 1/s, s = 1e-3 … 5e-3, degree-4 extrapolation to s = 0; 4 "
-              "pairs of sequences sharing their last token, 5 + 5 sequences each):\n\n" + t4.markdown()
+            + "\n\nThe last token driven out (LLaMA layer; t = 1/s, s = 1e-3 … 5e-3, degree-4 extrapolation to "
+              "s = 0; 4 pairs of sequences sharing their last token, 5 + 5 sequences each):\n\n" + t4.markdown()
             + "\n\nPost-norm output LayerNorm read from MiniLM layer 2's answers alone (float64):\n\n" + t3.markdown())
     print(body)
     if args.write:

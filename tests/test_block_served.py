@@ -73,7 +73,8 @@ def test_served_block_refusals(tmp_path, capsys):
                       (["extract", "--hf-dir", str(folder), "--block", "0", "--layer", "0", "--method", "multihead",
                         "--out", str(tmp_path / "o.npz")],
                        "drop --layer"),
-                      (["extract", "--block", "0", "--d", "4", "--oracle", "m:f", "--out", str(tmp_path / "o.npz")], "--block goes with --hf-dir")]:
+                      (["extract", "--block", "0", "--d", "4", "--oracle", "m:f", "--out", str(tmp_path / "o.npz")],
+                       "--block goes with --hf-dir")]:
         capsys.readouterr()
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
