@@ -20,6 +20,7 @@ import tempfile
 import numpy as np
 import torch
 
+from attnprobe.learners.block.levers import driven_out, output_layernorm
 from attnprobe.oracles.hf_block import block_model, hf_block, oracle_from_hf_block
 from attnprobe.reports import Table
 from attnprobe.targets.hf import minilm_dir
@@ -70,38 +71,10 @@ def scale_limit(oracle, d: int, rng) -> list[tuple[float, float]]:
 
 
 def output_norm(oracle, d: int, rng, sequences: int, N: int = 8):
-    """(w, b) of the last LayerNorm from the answers: rows ``y = w ⊙ z + b`` with ``Σ z = 0``, ``Σ z² = d`` (eps
-    aside). ``(â, ŝ)``, the null vector of ``[Y, −1]``, is ``1/w`` and ``Σ b/w`` up to one scale λ; then
-    ``Σ_k (λ â_k y_k − β_k)² = d`` is linear in ``(λ², λ â_k β_k, Σ β²)`` (β = b/w) up to the direction ``â`` (the
-    rows satisfy ``â·y = ŝ``), which ``Σ β = λ ŝ`` fixes, and up to one scale c (the fitted identity is itself
-    affine in y on the rows), which ``r = Σ β²`` fixes."""
+    """(w, b) of the last LayerNorm from the answers' rows (:func:`output_layernorm`)."""
     Y = oracle.answer_rows(rng.standard_normal((sequences, N, d))).reshape(-1, d)
-    _, _, Vt = np.linalg.svd(np.hstack([Y, -np.ones((len(Y), 1))]), full_matrices=False)
-    a, s = Vt[-1, :d], Vt[-1, d]
-    A = np.hstack([((a * Y) ** 2).sum(1, keepdims=True), -2 * Y, np.ones((len(Y), 1))])
-    sol = np.linalg.lstsq(A, np.full(len(Y), float(d)), rcond=None)[0]
-    lam = math.sqrt(sol[0])
-    beta = sol[1:d + 1] / (lam * a)
-    shift = (lam * s - beta.sum()) / d  # along â: q + μ â, r + 2 μ ŝ with μ = λ·shift
-    beta, r = beta + shift, sol[-1] + 2 * lam * shift * s
-    c = 1 + (beta @ beta - r) / d  # the solution found is c·(truth's) + (0, 0, d(1 − c))
-    lam, beta = lam / math.sqrt(c), beta / math.sqrt(c)
-    w = 1 / (lam * a)
-    return w, beta * w, len(Y)
-
-
-def driven_out(oracle, X: np.ndarray, steps=(1e-3, 2e-3, 3e-3, 4e-3, 5e-3)) -> np.ndarray:
-    """``L(X) = lim_{t→∞} y_N(X with its last row t·x_N) − t·x_N`` by polynomial extrapolation in s = 1/t: in a
-    pre-norm block ``y_N − t x_N = A_N(n1(X̃)) + F(n2(x_N + s A_N))``, analytic in s, so
-    ``L(X) = A_N(n1(X̃)) + F(n2(x_N))``: the attention at the last position plus a function of the last token."""
-    G = []
-    for s in steps:
-        Xs = X.copy()
-        Xs[:, -1] = X[:, -1] / s
-        G.append(oracle.answer_rows(Xs)[:, -1] - Xs[:, -1])
-    V = np.vander(np.asarray(steps), len(steps), increasing=True)
-    weights = np.linalg.solve(V.T, np.eye(len(steps))[0])  # the value at s = 0 of the interpolating polynomial
-    return np.tensordot(weights, np.stack(G), axes=1)
+    w, b = output_layernorm(Y)
+    return w, b, len(Y)
 
 
 def attention_isolated(oracle, ref, d: int, rng) -> list[tuple[int, float, float]]:
@@ -110,7 +83,7 @@ def attention_isolated(oracle, ref, d: int, rng) -> list[tuple[int, float, float
     for N in (2, 8, 64):
         u = rng.standard_normal((4, 1, d))
         X, X2 = (np.concatenate([rng.standard_normal((4, N - 1, d)), u], axis=1) for _ in range(2))
-        got = driven_out(oracle, X) - driven_out(oracle, X2)
+        got = driven_out(oracle.answer_rows, X) - driven_out(oracle.answer_rows, X2)
 
         def attn(Z):
             Zl = Z.copy()

@@ -4,7 +4,8 @@ What is built: the model (:class:`attnprobe.models.block.TransformerBlock`, pre-
 layouts, checked against transformers' layer modules), its gauges (:func:`attnprobe.models.block.fold_norm_weights`,
 :func:`attnprobe.models.block.flip_post_norm_sign`: what the answers cannot fix), the victims (``extract --hf-dir
 DIR --block L``, ``serve --hf-dir DIR --block L``) and measured prototypes of the levers a learner would pull
-(``benchmarks/block_levers.py``). No learner is registered: ``extract --method block`` is refused before any query
+(:mod:`.levers`: the last token driven out, the output LayerNorm read from the answers; measured in
+``benchmarks/block_levers.py``). No learner is registered: ``extract --method block`` is refused before any query
 with :data:`REFUSAL`, which says why.
 """
 
