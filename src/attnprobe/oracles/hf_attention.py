@@ -70,6 +70,18 @@ def load_hf_model(model_dir, dtype: str = "float64", attention: str = "eager"):
     return _load(str(check_model_dir(model_dir).resolve()), dtype, attention)
 
 
+def additive_mask(spec: LayerSpec, N: int, dtype):
+    """The family's additive mask ``(1, 1, N, N)``: causal (and windowed), or ``None``."""
+    if not spec.causal:
+        return None
+    i = torch.arange(N)
+    hidden = i[None, :] > i[:, None]
+    if spec.window:
+        hidden |= i[None, :] <= i[:, None] - int(spec.window)
+    zero = torch.zeros((N, N), dtype=dtype)
+    return zero.masked_fill(hidden, torch.finfo(dtype).min)[None, None]
+
+
 class HFAttentionLayer(nn.Module):
     """``X (B, N, d) ↦`` the output projection of layer ``layer``'s attention module on ``X``: the whole output
     row ``(B, K)`` at the last position, every row ``(B, N, K)`` (``every_position``), or one number per sequence
@@ -106,15 +118,7 @@ class HFAttentionLayer(nn.Module):
         return split_projections(self.spec, state.get, f"{self.spec.folder} layer {self.layer}")
 
     def _mask(self, N: int, dtype):
-        """The family's additive mask ``(1, 1, N, N)``: causal (and windowed), or ``None``."""
-        if not self.spec.causal:
-            return None
-        i = torch.arange(N)
-        hidden = i[None, :] > i[:, None]
-        if self.spec.window:
-            hidden |= i[None, :] <= i[:, None] - int(self.spec.window)
-        zero = torch.zeros((N, N), dtype=dtype)
-        return zero.masked_fill(hidden, torch.finfo(dtype).min)[None, None]
+        return additive_mask(self.spec, N, dtype)
 
     def _arguments(self, X) -> dict:
         """What the family's attention forward needs besides the hidden states: mask, position terms."""

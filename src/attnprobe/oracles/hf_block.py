@@ -22,7 +22,7 @@ from attnprobe.errors import ConfigError
 from attnprobe.models.block import TransformerBlock
 from attnprobe.models.positional import PositionalAttention, rope_frequencies
 from attnprobe.oracles.base import Oracle
-from attnprobe.oracles.hf_attention import DTYPES, load_hf_model
+from attnprobe.oracles.hf_attention import DTYPES, additive_mask, load_hf_model
 from attnprobe.oracles.hf_families import LayerSpec, layer_spec, split_projections
 from attnprobe.oracles.torch_adapter import TorchFunction, nn, torch
 
@@ -118,18 +118,9 @@ class HFBlock(nn.Module):
             return "positional"
         return "causal" if self.spec.causal else "bidirectional"
 
-    def _mask(self, N: int, dtype):
-        if not self.spec.causal:
-            return None
-        i = torch.arange(N)
-        hidden = i[None, :] > i[:, None]
-        if self.spec.window:
-            hidden |= i[None, :] <= i[:, None] - int(self.spec.window)
-        return torch.zeros((N, N), dtype=dtype).masked_fill(hidden, torch.finfo(dtype).min)[None, None]
-
     def forward(self, X):
         B, N, _ = X.shape
-        kw = {"attention_mask": self._mask(N, X.dtype)}
+        kw = {"attention_mask": additive_mask(self.spec, N, X.dtype)}
         if self.inv_freq is not None:
             freqs = np.arange(N, dtype=np.float64)[:, None] * self.inv_freq[None, :]
             emb = np.concatenate([freqs, freqs], axis=-1)[None]  # rotate-half: (1, N, rotary_dim)
@@ -146,7 +137,8 @@ def _np(t) -> np.ndarray | None:
 
 def block_model(victim: HFBlock, dtype: str = "float64") -> TransformerBlock:
     """The victim's function as a :class:`~attnprobe.models.block.TransformerBlock` read from the live module's
-    float64 weights (the truth tests and benchmarks compare with)."""
+    float64 weights (the truth tests and benchmarks compare with). A sliding window (Mistral's ``sliding_window``,
+    Qwen2's with ``use_sliding_window``) is not in the model: it answers like the layer for ``N ≤ window`` only."""
     spec, parts, layer = victim.spec, victim.parts, victim.layer
     attn = victim.base.get_submodule(spec.module_path(victim.block))
     state = {k: v.detach().to(torch.float64).cpu().numpy() for k, v in attn.state_dict().items()}
