@@ -20,7 +20,7 @@ import tempfile
 import numpy as np
 import torch
 
-from attnprobe.learners.block.levers import driven_out, output_layernorm
+from attnprobe.learners.block.levers import driven_out, ffn_on_sphere, output_layernorm
 from attnprobe.oracles.hf_block import block_model, hf_block, oracle_from_hf_block
 from attnprobe.reports import Table
 from attnprobe.targets.hf import minilm_dir
@@ -94,6 +94,35 @@ def attention_isolated(oracle, ref, d: int, rng) -> list[tuple[int, float, float
     return out
 
 
+def sublayers_separated(oracle, ref, d: int, rng) -> list[tuple[str, float, int]]:
+    """The block split into its sublayers from answers: ``F(n2(u))`` (:func:`ffn_on_sphere`), the value map
+    ``L([u]) − F(n2(u)) = A(n1(u))`` and the attention at the last position ``L(X) − F(n2(x_N))``, each against
+    the truth, with the sequences each took."""
+    U = rng.standard_normal((4, d))
+    drive = U * 1e8  # the norms of a driven-out row: its direction only
+    out = []
+    q0 = oracle.queries
+    phi = ffn_on_sphere(oracle.answer_rows, U)
+    true_phi = ref.mlp(ref._norm(drive, 2))
+    out.append(("F(n2(u)), 4 tokens u", float(np.abs(phi - true_phi).max() / np.abs(true_phi).max()),
+                oracle.queries - q0))
+    q0 = oracle.queries
+    values = driven_out(oracle.answer_rows, U[:, None]) - phi
+    true_values = ref.attention.every_position(ref._norm(drive[:, None], 1))[:, -1]
+    out.append(("A(n1(u)) (the value map), same u", float(np.abs(values - true_values).max()
+                                                         / np.abs(true_values).max()), oracle.queries - q0))
+    for N in (8, 64):
+        q0 = oracle.queries
+        X = np.concatenate([rng.standard_normal((4, N - 1, d)), U[:, None]], axis=1)
+        attn = driven_out(oracle.answer_rows, X) - phi
+        Xl = X.copy()
+        Xl[:, -1] *= 1e8
+        true = ref.attention.every_position(ref._norm(Xl, 1))[:, -1]
+        out.append((f"A_N(n1(X)), N = {N}, same last tokens", float(np.abs(attn - true).max() / np.abs(true).max()),
+                    oracle.queries - q0))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks/block.md")
@@ -119,6 +148,9 @@ def main():
     t4 = Table(["N", "rel. error of L(X) − L(X') against the attention's difference", "largest difference"])
     for N, err, size in attention_isolated(o, ref, 128, np.random.default_rng(2)):
         t4.add(*[N, f"{err:.1e}", f"{size:.2f}"])
+    t5 = Table(["separated from the block's answers", "rel. error against the truth", "sequences"])
+    for what, err, n in sublayers_separated(o, ref, 128, np.random.default_rng(3)):
+        t5.add(*[what, f"{err:.1e}", n])
     t3 = Table(["sequences × rows", "answers' rows", "abs(w) rel. error", "b rel. error"])
     mini = oracle_from_hf_block(str(minilm_dir()), 2)
     truth = block_model(hf_block(str(minilm_dir()), 2))
@@ -131,6 +163,8 @@ def main():
             + "\n\nPre-norm per-token map at scale t (LLaMA layer; 8 random directions u):\n\n" + t2.markdown()
             + "\n\nThe last token driven out (LLaMA layer; t = 1/s, s = 1e-3 … 5e-3, degree-4 extrapolation to "
               "s = 0; 4 pairs of sequences sharing their last token, 5 + 5 sequences each):\n\n" + t4.markdown()
+            + "\n\nThe sublayers separated (LLaMA layer; zero keys k = 200 … 1000 before the driven-out token, "
+              "degree-4 extrapolation in 1/k):\n\n" + t5.markdown()
             + "\n\nPost-norm output LayerNorm read from MiniLM layer 2's answers alone (float64):\n\n" + t3.markdown())
     print(body)
     if args.write:

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from attnprobe.errors import ConfigError  # noqa: E402
-from attnprobe.learners.block.levers import driven_out, output_layernorm  # noqa: E402
+from attnprobe.learners.block.levers import driven_out, ffn_on_sphere, output_layernorm  # noqa: E402
 from attnprobe.oracles.hf_block import block_model, hf_block, oracle_from_hf_block  # noqa: E402
 from hf_models import tiny_family_dir  # noqa: E402
 
@@ -26,7 +26,7 @@ def test_driving_the_last_token_out_isolates_the_attention(tmp_path, family):
     oracle = oracle_from_hf_block(folder, 0)
     ref = block_model(hf_block(folder, 0))
     rng = np.random.default_rng(0)
-    for N in (2, 9, 40):
+    for N in (2, 9, 24):
         u = rng.standard_normal((3, 1, 32))
         X, X2 = (np.concatenate([rng.standard_normal((3, N - 1, 32)), u], axis=1) for _ in range(2))
         before = oracle.queries
@@ -62,3 +62,27 @@ def test_output_layernorm_from_the_answers_alone(tmp_path):
         output_layernorm(rows[:10])
     with pytest.raises(ConfigError, match="not the output of a LayerNorm"):  # a pre-norm block's rows
         output_layernorm(np.random.default_rng(2).standard_normal((40, 16)))
+
+
+def test_zero_keys_leave_the_ffn_alone_and_the_block_splits_into_its_sublayers(tmp_path):
+    """Bias-free attention (LLaMA): F(n2(u)) from k → ∞ zero keys; then the value map and the attention at the last
+    position, absolute, each against the truth."""
+    folder = tiny_family_dir(tmp_path / "llama", "llama", hidden=32, heads=4, kv_heads=2, std=0.15,
+                             attention_bias=False)
+    oracle = oracle_from_hf_block(folder, 0)
+    ref = block_model(hf_block(folder, 0))
+    rng = np.random.default_rng(4)
+    U = rng.standard_normal((2, 32))
+    before = oracle.queries
+    phi = ffn_on_sphere(oracle.answer_rows, U)
+    assert oracle.queries - before == 2 * 5 * 5
+    true_phi = ref.mlp(ref._norm(U * 1e8, 2))
+    assert np.abs(phi - true_phi).max() <= 1e-7 * np.abs(true_phi).max()
+    X = np.concatenate([rng.standard_normal((2, 6, 32)), U[:, None]], axis=1)
+    attn = driven_out(oracle.answer_rows, X) - phi
+    assert np.abs(attn - _attention_last(ref, X)).max() <= 1e-7 * np.abs(attn).max()
+    # two zero-key counts only (a linear extrapolation in 1/k) are visibly worse
+    rough = ffn_on_sphere(oracle.answer_rows, U, zero_keys=(200, 400))
+    assert np.abs(rough - true_phi).max() > 10 * np.abs(phi - true_phi).max()
+    with pytest.raises(ConfigError, match="zero_keys"):
+        ffn_on_sphere(oracle.answer_rows, U, zero_keys=(5,))

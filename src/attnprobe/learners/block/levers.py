@@ -3,6 +3,10 @@ truth in ``tests/test_block_levers.py`` and measured in ``benchmarks/block_lever
 
 - :func:`driven_out`: a pre-norm block with its last row driven out to ``t·u`` answers, in the limit ``t → ∞``,
   ``A_N(n1(X̃)) + F(n2(u))``: the attention at the last position plus a function of the last token alone.
+- :func:`ffn_on_sphere`: with k zero keys before the driven-out token (bias-free attention: a zero key has logit 0
+  and value 0 at every offset), the attention's share is ``Σ_h β_h(k) V_h n1(u)`` with ``β_h = 1/(1 + k e^{−s_h})``,
+  analytic in ``1/k``; extrapolated to ``k = ∞`` it leaves ``F(n2(u))``: the FFN on the norm's sphere, alone. Then
+  ``L(X) − F(n2(x_N))`` is the attention at the last position, absolute: the block splits into its sublayers.
 - :func:`output_layernorm`: a post-norm block's output LayerNorm (weight up to the sign gauge, bias exactly) from
   its answers' rows alone, no queries of its own.
 """
@@ -37,6 +41,27 @@ def driven_out(answer_rows, X: np.ndarray, steps=STEPS) -> np.ndarray:
     G = rows.reshape((len(steps), B) + X.shape[1:])[:, :, -1] - batch[:, :, -1]
     weights = np.linalg.solve(np.vander(steps, len(steps), increasing=True).T, np.eye(len(steps))[0])
     return np.tensordot(weights, G, axes=1)
+
+
+#: zero-key counts of :func:`ffn_on_sphere` (self logits of order one: ``e^{s}/k`` ≤ 0.02 at k = 200)
+ZERO_KEYS = (200, 400, 600, 800, 1000)
+
+
+def ffn_on_sphere(answer_rows, U: np.ndarray, zero_keys=ZERO_KEYS, steps=STEPS) -> np.ndarray:
+    """``F(n2(u))`` for the rows of ``U`` (B, d) of a pre-norm block whose attention has no key or value biases:
+    :func:`driven_out` on ``[0]·k + [u]`` for each ``k`` in ``zero_keys``, extrapolated polynomially in ``1/k`` to
+    ``k = ∞`` (``len(zero_keys)·len(steps)`` sequences per row, of length up to ``max(zero_keys) + 1``)."""
+    U = np.asarray(U, dtype=np.float64)
+    if U.ndim != 2:
+        raise ConfigError(f"U must have shape (B, d); got {U.shape}", param="U")
+    ks = np.asarray(zero_keys, dtype=np.float64)
+    if ks.ndim != 1 or len(ks) < 2 or np.any(ks < 1) or len(set(ks.tolist())) != len(ks):
+        raise ConfigError("zero_keys must be at least two distinct counts ≥ 1", param="zero_keys")
+    B, d = U.shape
+    L = [driven_out(answer_rows, np.concatenate([np.zeros((B, int(k), d)), U[:, None]], axis=1), steps)
+         for k in ks]
+    weights = np.linalg.solve(np.vander(1.0 / ks, len(ks), increasing=True).T, np.eye(len(ks))[0])
+    return np.tensordot(weights, np.stack(L), axes=1)
 
 
 def output_layernorm(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
