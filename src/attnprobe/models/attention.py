@@ -11,6 +11,7 @@ from attnprobe._validation import as_batch, real_array  # noqa: F401  (re-export
 from attnprobe.errors import ConfigError
 from attnprobe.models.precision import resolve_dtype
 from attnprobe.models.softmax import softmax_last
+from attnprobe.properties import axis_length
 
 
 def attention_weights(Xc: np.ndarray, W: np.ndarray, u: np.ndarray | None = None) -> np.ndarray:
@@ -129,9 +130,7 @@ class AttentionHead(AttentionParameters):
             raise ConfigError(f"u must have length {d}; got {u.shape}")
         self._store(W, v, u)
 
-    @property
-    def d(self) -> int:
-        return self.v.shape[-1]
+    d = axis_length("v", -1, "The input width.")
 
     @staticmethod
     def unknowns(d: int, bias: bool = True) -> int:

@@ -9,8 +9,10 @@ from typing import ClassVar
 import numpy as np
 
 from attnprobe.errors import ConfigError
-from attnprobe.models.attention import as_batch, real_array, set_frozen
+from attnprobe._validation import length_one_rows
+from attnprobe.models.attention import real_array, set_frozen
 from attnprobe.models.precision import resolve_dtype
+from attnprobe.properties import axis_length
 
 
 def check_ffn(A, w_o) -> tuple[np.ndarray, np.ndarray]:
@@ -42,15 +44,8 @@ def check_biases(b, c, m: int, w_o: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 class FFNWidths:
     """``d`` (input width) and ``m`` (hidden width) of a model whose FFN's first layer is ``A`` (d × m)."""
 
-    @property
-    def d(self) -> int:
-        """The input width (rows of ``A``)."""
-        return self.A.shape[0]
-
-    @property
-    def m(self) -> int:
-        """The hidden width: neurons, columns of ``A``."""
-        return self.A.shape[1]
+    d = axis_length("A", 0, "The input width (rows of A).")
+    m = axis_length("A", 1, "The hidden width: neurons, columns of A.")
 
 
 @dataclass(frozen=True)
@@ -112,10 +107,7 @@ class ReLUNet(FFNWidths):
         return y.astype(np.float64)
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
-        X = as_batch(X, self.d)
-        if X.shape[1] != 1:
-            raise ConfigError(f"a ReLU network answers length-1 queries only; got sequences of length {X.shape[1]}")
-        return self.forward(X[:, 0, :])
+        return self.forward(length_one_rows(X, self.d, "a ReLU network"))
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"A": self.A, "b": self.b, "w_o": self.w_o, "c": self.c}

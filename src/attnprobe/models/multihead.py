@@ -16,6 +16,7 @@ import numpy as np
 from attnprobe.errors import ConfigError
 from attnprobe.models.attention import (AttentionHead, AttentionParameters, as_batch, real_array)
 from attnprobe.models.softmax import softmax_last
+from attnprobe.properties import axis_length
 
 
 @dataclass(frozen=True)
@@ -49,13 +50,8 @@ class MultiHeadAttention(AttentionParameters):
         self._store(W, v, u)
 
     # ----------------------------------------------------------------------------------------------- shape
-    @property
-    def H(self) -> int:
-        return self.v.shape[0]
-
-    @property
-    def d(self) -> int:
-        return self.v.shape[-1]
+    H = axis_length("v", 0, "The heads.")
+    d = axis_length("v", -1, "The input width.")
 
     @staticmethod
     def unknowns(d: int, H: int, bias: bool = True, outputs: int = 1) -> int:

@@ -32,6 +32,7 @@ from attnprobe._validation import as_batch, real_array
 from attnprobe.errors import ConfigError
 from attnprobe.models.precision import resolve_dtype
 from attnprobe.models.softmax import softmax_last
+from attnprobe.properties import axis_length
 
 #: position terms, stored in model files as their index
 POSITIONS = ("none", "rope", "t5", "alibi")
@@ -220,25 +221,11 @@ class PositionalAttention:
         object.__setattr__(self, "bidirectional", bool(self.bidirectional))
 
     # ------------------------------------------------------------------------------------------- shape
-    @property
-    def H(self) -> int:
-        return self.Wq.shape[0]
-
-    @property
-    def G(self) -> int:
-        return self.Wk.shape[0]
-
-    @property
-    def head_dim(self) -> int:
-        return self.Wq.shape[1]
-
-    @property
-    def d(self) -> int:
-        return self.Wq.shape[2]
-
-    @property
-    def outputs(self) -> int:
-        return self.Wo.shape[0]
+    H = axis_length("Wq", 0, "The query heads.")
+    G = axis_length("Wk", 0, "The key/value groups (GQA).")
+    head_dim = axis_length("Wq", 1, "The width d_h of a head's queries and keys.")
+    d = axis_length("Wq", 2, "The input width.")
+    outputs = axis_length("Wo", 0, "The output width K.")
 
     @property
     def vector(self) -> bool:

@@ -12,6 +12,7 @@ from attnprobe.models.attention import as_batch, attention_weights, real_array, 
 from attnprobe.models.ffn import FFNWidths, ReLUNet, check_biases, check_ffn
 from attnprobe.models.softmax import softmax_last
 from attnprobe.models.precision import resolve_dtype
+from attnprobe.properties import axis_length
 
 
 @dataclass(frozen=True)
@@ -122,13 +123,8 @@ class MultiHeadTransformer(FFNWidths):
         set_frozen(self, W=W, u=u, v=v, A=A, b=b, w_o=w_o, c=c)
         object.__setattr__(self, "residual", bool(np.asarray(self.residual).reshape(())))
 
-    @property
-    def H(self) -> int:
-        return self.W.shape[0]
-
-    @property
-    def K(self) -> int:
-        return self.w_o.shape[1]
+    H = axis_length("W", 0, "The heads.")
+    K = axis_length("w_o", 1, "The outputs.")
 
     @property
     def ffn(self) -> ReLUNet:

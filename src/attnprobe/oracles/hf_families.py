@@ -24,6 +24,7 @@ import numpy as np
 
 from attnprobe.errors import ConfigError
 from attnprobe.oracles.hf_folder import read_config
+from attnprobe.properties import alias
 
 #: what a position scheme does to the logits (the cause a refusal names)
 POSITION_CAUSES = {"rope": "rotary position embeddings (RoPE) rotate queries and keys by their positions",
@@ -136,13 +137,8 @@ class LayerSpec:
     #: the dtype the kernel computes its softmax in when it is not the module's (``None``: the module's own)
     softmax_dtype: str | None = None
 
-    @property
-    def name(self) -> str:
-        return self.family.name
-
-    @property
-    def causal(self) -> bool:
-        return self.family.causal
+    name = alias("family.name", "The family's name (the config's model_type, e.g. gpt2).")
+    causal = alias("family.causal", "Whether a position sees only the ones before it.")
 
     @property
     def positional(self) -> bool:

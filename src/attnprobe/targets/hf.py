@@ -25,6 +25,7 @@ from attnprobe.models.io import model_writer, npz_path, write_files
 from attnprobe.models.softmax import softmax_last
 from attnprobe.oracles.hf_families import LayerSpec, layer_spec, split_projections
 from attnprobe.oracles.hf_folder import check_model_dir
+from attnprobe.properties import alias
 from attnprobe.targets.bert import read_safetensors
 from attnprobe.targets.minilm import INSTALL_HINT
 
@@ -90,21 +91,10 @@ class FamilyCheckpoint:
                               f"{'layer groups' if spec.name == 'albert' else 'layers'}, model.safetensors holds "
                               f"{width} and {held}; the folder mixes two models")
 
-    @property
-    def layers(self) -> int:
-        return self.spec.layers
-
-    @property
-    def hidden(self) -> int:
-        return self.spec.hidden
-
-    @property
-    def heads_per_layer(self) -> int:
-        return self.spec.heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.spec.head_dim
+    layers = alias("spec.layers", "The layers of the model (config.json).")
+    hidden = alias("spec.hidden", "The hidden width d.")
+    heads_per_layer = alias("spec.heads", "The query heads of each layer.")
+    head_dim = alias("spec.head_dim", "The width of a head.")
 
     def _find_prefix(self) -> str:
         fam = self.spec.family
