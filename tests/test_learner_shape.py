@@ -62,8 +62,17 @@ def test_the_core_knows_no_family():
             assert module != "attnprobe.learners", (path.name, module)
 
 
-def test_no_module_imports_another_modules_private_name():
-    for path in sorted(LEARNERS_DIR.parent.rglob("*.py")):
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("folder", ["src/attnprobe", "tests", "benchmarks"])
+def test_no_module_imports_another_modules_private_name(folder):
+    """Neither the package nor its tests and benchmarks import a private (``_name``) name of an attnprobe module:
+    a test goes through the public API, and a name worth testing on its own is public."""
+    root = LEARNERS_DIR.parent if folder == "src/attnprobe" else REPO / folder
+    paths = sorted(root.rglob("*.py"))
+    assert paths, root
+    for path in paths:
         for module, names in _imports(path):
             private = [n for n in names if n.startswith("_")]
-            assert not private, f"{path.relative_to(LEARNERS_DIR.parent)} imports {private} from {module}"
+            assert not private, f"{folder}/{path.relative_to(root)} imports {private} from {module}"

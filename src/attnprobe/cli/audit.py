@@ -29,7 +29,7 @@ def parse_range(text: str, count: int, what: str) -> list[int]:
     return sorted(out)
 
 
-def _defenses(args):
+def chosen_defenses(args):
     """``--defense LIST`` or the shared defence flags (one chain), not both; default: no defence."""
     from attnprobe.audit import parse_defenses
     from attnprobe.cli import answer_chain
@@ -73,7 +73,7 @@ def build_tasks(args):
         raise ConfigError(f"--row must be in 0..{ckpt.hidden - 1}; got {row}")
     layers = parse_range(args.layers, ckpt.layers, "layers")
     heads = parse_range(args.heads, ckpt.heads_per_layer, "heads")
-    defenses = _defenses(args)
+    defenses = chosen_defenses(args)
     kind = task_kind(args)
     if kind.whole_layer and args.heads != "all":
         raise ConfigError(f"--tasks {kind.name} audits whole layers; drop --heads")
