@@ -19,9 +19,9 @@ def check_ffn(A, w_o) -> tuple[np.ndarray, np.ndarray]:
     A = real_array("A", A, 2)
     w_o = real_array("w_o", w_o, 2 if np.ndim(w_o) == 2 else 1)
     if A.shape[1] != w_o.shape[0]:
-        raise ConfigError(f"A must be d×m with m = len(w_o) = {w_o.shape[0]}; got A of shape {A.shape}")
+        raise ConfigError(f"A must be d×m with m = len(w_o) = {w_o.shape[0]}; got A of shape {A.shape}", param="A")
     if A.shape[0] < 1 or A.shape[1] < 1:
-        raise ConfigError(f"A must have at least one row and one column; got {A.shape}")
+        raise ConfigError(f"A must have at least one row and one column; got {A.shape}", param="A")
     return A, w_o
 
 
@@ -117,7 +117,7 @@ class ReLUNet(FFNWidths):
         """From arrays ``A, w_o`` and optionally ``b, c`` (files of the bias-free model have no biases)."""
         missing = {"A", "w_o"} - set(arrays)
         if missing:
-            raise ConfigError(f"a ReLU network needs arrays {sorted(missing)}")
+            raise ConfigError(f"a ReLU network needs arrays {sorted(missing)}", param="arrays")
         return cls(arrays["A"], arrays["w_o"], dtype, arrays.get("b"), arrays.get("c"))
 
 

@@ -175,11 +175,11 @@ class SmoothFFN:
     def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "SmoothFFN":
         missing = {"W1", "b1", "W2", "b2", "activation"} - set(arrays)
         if missing:
-            raise ConfigError(f"a smooth FFN needs arrays {sorted(missing)}")
+            raise ConfigError(f"a smooth FFN needs arrays {sorted(missing)}", param="arrays")
         code = int(np.asarray(arrays["activation"]).reshape(()))
         names = {v: k for k, v in ACTIVATION_CODES.items()}
         if code not in names:
-            raise ConfigError(f"activation code {code} is none of {ACTIVATION_CODES}")
+            raise ConfigError(f"activation code {code} is none of {ACTIVATION_CODES}", param="activation")
         return cls(arrays["W1"], arrays["b1"], arrays["W2"], arrays["b2"], names[code], dtype)
 
 
