@@ -24,6 +24,34 @@ EXACT = 1e-8  # relative error we call exact recovery in float64
 W_BOUND = 2.0  # the bound ‖W*‖_F ≤ W of the theorem heads of Thm 6.1 and Thm B.1 (Thm 6.1 asks W ≥ 2)
 
 
+#: the paper's claims as they are reported: name -> (short title, the paper's statement)
+STATEMENTS = {
+    "Thm 4.1": ("exact recovery from d + d² value queries",
+                "Assuming v* ≠ 0, W* and v* are exactly learnable in polynomial time with O(d²) value queries; "
+                "the algorithm asks d length-1 queries [e_i] and d² length-2 queries (d + d² in all)."),
+    "Thm 5.1": ("low rank: O(rd) rank-one measurements and nuclear-norm minimisation",
+                "Assume v* ≠ 0 and rank(W*) ≤ r. A randomized polynomial-time algorithm returns (W*, v*) "
+                "exactly with probability ≥ 1 − e^{−Ω(m)} using d + m queries, where m = O(rd) (program (2))."),
+    "Thm 6.1": ("approximate value queries: error never above the guarantee",
+                "With ‖W*‖_F ≤ W (W ≥ 2), ‖v*‖ ≤ 1, min nonzero |v*_i| ≥ μ and a deterministic oracle within ±τ, "
+                "O(d²) approximate value queries give ‖v̂ − v*‖ ≤ ε_v and ‖Ŵ − W*‖_F ≤ ε_W for τ = O(min{μ, "
+                "ε_v/√d, μ ε_W/(W² d)})."),
+    "App. B": ("membership queries (yes/no answers)",
+               "With MQ(X) = 1[f*(X) > 0], ‖W*‖_F ≤ W, ‖v*‖ = 1, min |v*_i| ≥ μ: O(d/ε_v² log(d²/δ) + d² log(d/(ε_W "
+               "μ))) membership queries give ‖v̂ − v*‖_∞ ≤ ε_v, ‖Ŵ − W*‖_F ≤ ε_W with probability 1 − δ, "
+               "ε_v = ε_W μ³/(40 W d) (Thm B.1)."),
+    "Sec 4.1": ("one-layer transformers",
+                "TF(X) = w_oᵀ ReLU(α(X,W)ᵀ X A): VQ(X) − VQ(−X) = α(X,W*)ᵀ X v* with v* = A* w_o*, so W* is "
+                "recovered exactly as in Thm 4.1, and length-1 queries reduce (A, w_o) to learning a ReLU network."),
+    "Prop 7.1": ("multi-head attention is not identifiable in general",
+                 "A multi-head layer with equal W^(h) = A and v^(h) = λ_h b (Σλ_h = 1) computes the same function for "
+                 "every choice of the λ_h: several parameter sets, one function."),
+    "App. C": ("multi-head attention with heads in orthogonal subspaces",
+               "When the heads live in mutually orthogonal subspaces, the parameters are identifiable up to a "
+               "permutation of the heads and are learned from value queries."),
+}
+
+
 @dataclass
 class Claim:
     """One claim of the paper and its measurement; ``holds`` is None when the experiment is not available."""
@@ -37,6 +65,11 @@ class Claim:
     figure: bytes | None = None
     details: dict = field(default_factory=dict)
     seconds: float = 0.0
+
+    @classmethod
+    def of(cls, name: str) -> "Claim":
+        """The claim ``name`` of :data:`STATEMENTS`, not measured yet."""
+        return cls(name, *STATEMENTS[name])
 
     def conclude(self, holds: bool, measured: str, **details) -> None:
         """The verdict of the experiment: whether the claim ``holds``, what was ``measured`` (one sentence) and
@@ -64,9 +97,7 @@ def thm_4_1(quick: bool) -> Claim:
     """Thm 4.1: ``d + d²`` value queries identify (W, v) exactly (bias-free model, the paper's basis probes)."""
     from attnprobe.learners.head.exact import extract_exact
 
-    c = Claim("Thm 4.1", "exact recovery from d + d² value queries",
-              "Assuming v* ≠ 0, W* and v* are exactly learnable in polynomial time with O(d²) value queries; "
-              "the algorithm asks d length-1 queries [e_i] and d² length-2 queries (d + d² in all).")
+    c = Claim.of("Thm 4.1")
     dims = (4, 8, 16, 32, 64) if quick else (4, 8, 16, 32, 64, 128, 256)
     c.table = Table(["d", "seed", "queries", "d + d²", "rel. error W", "rel. error v"])
     ok = True
@@ -103,9 +134,7 @@ def _nuclear_success(d: int, r: int, m: int, seed: int) -> tuple[bool, int]:
 
 def thm_5_1(quick: bool) -> Claim:
     """Thm 5.1: rank-r W from m = O(rd) Gaussian rank-one measurements; the phase transition in m/(rd)."""
-    c = Claim("Thm 5.1", "low rank: O(rd) rank-one measurements and nuclear-norm minimisation",
-              "Assume v* ≠ 0 and rank(W*) ≤ r. A randomized polynomial-time algorithm returns (W*, v*) "
-              "exactly with probability ≥ 1 − e^{−Ω(m)} using d + m queries, where m = O(rd) (program (2)).")
+    c = Claim.of("Thm 5.1")
     C_MAX = 8.0
     cases = ((8, 1), (8, 2), (12, 1), (12, 2)) if quick else ((8, 1), (8, 2), (16, 1), (16, 2), (16, 4))
     ratios = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0) if quick else (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0)
@@ -152,10 +181,7 @@ def thm_6_1(quick: bool) -> Claim:
     """Thm 6.1: from AVQ(·; τ) answers the paper's algorithm stays within its guarantee (ε_W, ε_v)."""
     from attnprobe.learners.head.robust import extract_robust_paper
 
-    c = Claim("Thm 6.1", "approximate value queries: error never above the guarantee",
-              "With ‖W*‖_F ≤ W (W ≥ 2), ‖v*‖ ≤ 1, min nonzero |v*_i| ≥ μ and a deterministic oracle within ±τ, "
-              "O(d²) approximate value queries give ‖v̂ − v*‖ ≤ ε_v and ‖Ŵ − W*‖_F ≤ ε_W for τ = O(min{μ, "
-              "ε_v/√d, μ ε_W/(W² d)}).")
+    c = Claim.of("Thm 6.1")
     oracles = {"avq": lambda h, t, s: BoundedNoise(h, t, seed=s), "adversarial": lambda h, t, s: AdversarialNoise(h, t)}
     dims = (4, 8) if quick else (4, 8, 16, 32)
     taus = (1e-6, 1e-4, 1e-2, 0.4999)
@@ -191,10 +217,7 @@ def app_b(quick: bool) -> Claim:
     """App. B (Thm B.1): membership queries recover W to ε_W and v to ε_v within the theorem's query count."""
     from attnprobe.learners.head.membership import extract_membership, paper_membership_plan
 
-    c = Claim("App. B", "membership queries (yes/no answers)",
-              "With MQ(X) = 1[f*(X) > 0], ‖W*‖_F ≤ W, ‖v*‖ = 1, min |v*_i| ≥ μ: O(d/ε_v² log(d²/δ) + d² log(d/(ε_W "
-              "μ))) membership queries give ‖v̂ − v*‖_∞ ≤ ε_v, ‖Ŵ − W*‖_F ≤ ε_W with probability 1 − δ, "
-              "ε_v = ε_W μ³/(40 W d) (Thm B.1).")
+    c = Claim.of("App. B")
     EPS_W, DELTA = 1e-3, 0.05
     dims = (4, 8) if quick else (4, 8, 16)
     c.table = Table(["d", "seed", "‖Ŵ−W‖_F", "ε_W", "‖v̂−v‖_∞", "ε_v", "queries", "Thm B.1 count"])
@@ -223,9 +246,7 @@ def sec_4_1(quick: bool) -> Claim:
     """Sec. 4.1: TF(X) − TF(−X) is a single head with v = A w_o; length-1 queries expose the ReLU network."""
     from attnprobe.learners.transformer import extract_transformer
 
-    c = Claim("Sec 4.1", "one-layer transformers",
-              "TF(X) = w_oᵀ ReLU(α(X,W)ᵀ X A): VQ(X) − VQ(−X) = α(X,W*)ᵀ X v* with v* = A* w_o*, so W* is "
-              "recovered exactly as in Thm 4.1, and length-1 queries reduce (A, w_o) to learning a ReLU network.")
+    c = Claim.of("Sec 4.1")
     cases = ((4, 4), (8, 8), (8, 16)) if quick else ((4, 4), (8, 8), (8, 16), (16, 16), (16, 32), (32, 64))
     c.table = Table(["d", "m", "seed", "rel. error W", "functional error (fresh inputs)", "queries"])
     ok = True
@@ -250,9 +271,7 @@ def prop_7_1(quick: bool) -> Claim:
     from attnprobe.models.identifiability import equivalent, witness
     from attnprobe.targets.multihead import shared_attention_multihead
 
-    c = Claim("Prop 7.1", "multi-head attention is not identifiable in general",
-              "A multi-head layer with equal W^(h) = A and v^(h) = λ_h b (Σλ_h = 1) computes the same function for "
-              "every choice of the λ_h: several parameter sets, one function.")
+    c = Claim.of("Prop 7.1")
     cases = ((4, 2), (8, 3)) if quick else ((4, 2), (8, 3), (16, 4), (32, 4))
     c.table = Table(["d", "H", "seed", "rel. difference of the values v", "largest |f − f'| / rms f found",
                      "sequences evaluated"])
@@ -281,9 +300,7 @@ def app_c(quick: bool) -> Claim:
     from attnprobe.models.multihead import MultiHeadAttention, match_heads
     from attnprobe.targets.multihead import random_orthogonal_multihead
 
-    c = Claim("App. C", "multi-head attention with heads in orthogonal subspaces",
-              "When the heads live in mutually orthogonal subspaces, the parameters are identifiable up to a "
-              "permutation of the heads and are learned from value queries.")
+    c = Claim.of("App. C")
     cases = ((2, 2), (2, 3)) if quick else ((2, 2), (2, 3), (3, 3), (2, 4), (4, 4))
     c.table = Table(["d", "H", "head dim", "seed", "heads found", "worst head rel. error (W, v, u)", "queries",
                      "query bound"])
