@@ -249,7 +249,7 @@ def run(args) -> int:
     if res.records and failed == len(res.records) and not findings:  # nothing recovered: the audit failed
         first = next(e for e in errors if not e.startswith("BudgetExceededError"))
         raise AttnprobeError(f"every one of the {failed} tasks failed (see {args.out}/results.json); the first: "
-                          f"{str(first).rstrip('.')}")
+                             f"{str(first).rstrip('.')}")
     return 0
 
 
