@@ -3,7 +3,8 @@ default tests must catch.
 
     PYTHONPATH=src python benchmarks/mutations.py [--only NAME ...] [--list] [--write]
 
-Every mutation is a (file, exact code snippet, replacement) triple: the snippet must occur exactly once in the
+Every mutation is a (file, exact code snippet, replacement) triple (or a tuple of snippets and one of their
+replacements, for a line moved from one place to another): each snippet must occur exactly once in the
 file (sites are found by text, so the table survives refactors that move lines; a site that is gone is reported,
 not skipped silently). The tree is copied once to a temporary folder (the working tree is never edited); each
 mutation is applied there, the relevant test files run (``pytest -x``, default markers), and the file is restored.
@@ -33,8 +34,8 @@ TITLE = "Mutation testing: single-line changes to core code the default tests mu
 class Mutation:
     name: str
     path: str  # under src/attnprobe/
-    snippet: str
-    replacement: str
+    snippet: str | tuple[str, ...]
+    replacement: str | tuple[str, ...]
     tests: tuple[str, ...]  # test files (or node ids) run against the mutant
     what: str
 
@@ -141,6 +142,15 @@ MUTATIONS = [
       "non-finite answers charged"),
     M("keys-rate", "service/keys.py", "if n > u.tokens:", "if n > u.tokens + 4:", ("tests/test_service.py",),
       "the rate limit lets 4 more queries through"),
+    M("keys-charge-before-rate", "service/keys.py",
+      ("            if self.rate is not None:\n", "                u.tokens -= n\n            u.queries += n\n"),
+      ("            u.queries += n\n            if self.rate is not None:\n", "                u.tokens -= n\n"),
+      ("tests/test_service.py",), "a batch charged before the rate limit refuses it (the charge moved up)"),
+    M("server-charge-before-checks", "service/app.py",
+      ("        B = len(body.inputs)\n", "        return answer_array(np.asarray(body.inputs"),
+      ("        B = len(body.inputs)\n        keys.charge(kh, B)\n",
+       "        keys.refund(kh, B)\n        return answer_array(np.asarray(body.inputs"), ("tests/test_service.py",),
+      "a JSON batch charged before its shape is validated (and refunded once it is valid)"),
     M("keys-budget", "service/keys.py", "u.queries + n > self.budget", "u.queries + n > self.budget + 1",
       ("tests/test_service.py",), "one query past a key's budget"),
     # the query log
@@ -212,9 +222,14 @@ def run_one(tree: Path, mut: Mutation, timeout: float) -> tuple[str, str, float]
     """Apply ``mut`` in ``tree``, run its tests, restore the file: (status, killed by, seconds)."""
     path = tree / "src" / "attnprobe" / mut.path
     text = path.read_text()
-    if text.count(mut.snippet) != 1:
-        return f"site not found ({text.count(mut.snippet)} matches)", "", 0.0
-    path.write_text(text.replace(mut.snippet, mut.replacement))
+    edits = (list(zip(mut.snippet, mut.replacement, strict=True)) if isinstance(mut.snippet, tuple)
+             else [(mut.snippet, mut.replacement)])
+    mutant = text
+    for snippet, replacement in edits:
+        if mutant.count(snippet) != 1:
+            return f"site not found ({mutant.count(snippet)} matches)", "", 0.0
+        mutant = mutant.replace(snippet, replacement)
+    path.write_text(mutant)
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OPENBLAS_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     try:
