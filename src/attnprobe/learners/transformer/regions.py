@@ -236,8 +236,9 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
         H = seen.H
         W = np.empty((H, d, d))
         u = np.empty((H, d))
+        conditioning = np.empty(H)  # smallest singular value of each head's stacked score bases
         for h in range(H):
-            W[h], u[h], _ = combine_rows(seen.parts[h])
+            W[h], u[h], conditioning[h] = combine_rows(seen.parts[h])
         n_map = seen.maps_spanned(W, u)
         model, residual_part = _assemble(ffn, W, u, seen)
         with run.phase("polish"):
@@ -250,7 +251,7 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
                      "for errors ~1e-10 instead of ~1e-8)")
     details = {"heads": H, "neurons": int(ffn.C.shape[0]), "outputs": K, "residual": model.residual,
                "residual_part": residual_part, "attention_regions": len(seen.info), "map_regions": n_map,
-               "polish": polished, "regions_skipped": seen.skipped,
+               "polish": polished, "regions_skipped": seen.skipped, "scores_seen": float(conditioning.min()),
                "regions": seen.info}
     return run.finish(model, unknowns=MultiHeadTransformer.unknowns(d, H, int(ffn.C.shape[0]), K, model.residual),
                       details=details, notes=notes, hint=" (a one-layer multi-head transformer of this form)")
