@@ -38,6 +38,7 @@ class Mutation:
     replacement: str | tuple[str, ...]
     tests: tuple[str, ...]  # test files (or node ids) run against the mutant
     what: str
+    markers: str = "not slow"  # pytest -m: "" for a mutation only a slow test (named by node id) reaches
 
 
 M = Mutation
@@ -121,6 +122,10 @@ MUTATIONS = [
     M("ffn-repair-straight", "learners/ffn/repair.py", "abs(y[i, 1] - 0.5 * (y[i, 0] + y[i, 2])) > 3 * tol_f}",
       "abs(y[i, 1] - 0.5 * (y[i, 0] + y[i, 2])) > 3e6 * tol_f}", ("tests/test_ffn_float32_repair.py",),
       "an interval bent by a missed kink passes for straight"),
+    M("ffn-repaired-kept", "learners/ffn/mending.py",
+      "    if repaired is not None and repaired.rank(m.eps) < best.rank(m.eps):", "    if False:",
+      ("tests/test_ffn_float32_repair.py::test_a_budget_that_stops_the_lines_after_the_repair_keeps_the_repaired_set",),
+      "a better repaired set discarded when the budget stops the lines after it", markers=""),
     M("ffn-found-projection", "learners/ffn/missing.py", "    G = G - Q @ (Q.T @ G)", "    G = G",
       ("tests/test_ffn_found_in_answers.py",),
       "a missing neuron fitted to answers the found neurons' moves could give (their compensation pulls it off)"),
@@ -244,7 +249,8 @@ def run_one(tree: Path, mut: Mutation, timeout: float) -> tuple[str, str, float]
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OPENBLAS_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     try:
-        out = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mut.tests],
+        out = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", mut.markers,
+                              *mut.tests],
                              cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
         status = "killed" if out.returncode != 0 else "SURVIVED"
         who = _first_failure(out.stdout) if out.returncode != 0 else ""
