@@ -199,7 +199,7 @@ def _match(predict, vals, z_far):
 
 def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, check_lengths=CHECK_LENGTHS,
                                   progress=None, max_regions: int | None = None, ffn_queries: int | None = None,
-                                  polish: str = "auto", **ffn_options):
+                                  polish: str = "auto", asked_before=None, **ffn_options):
     """Recover a multi-head transformer with a biased ReLU FFN and K outputs (module docstring).
 
     Heads, biases, outputs and the residual are detected. Phases: ``ffn``, ``values`` (saturated circles far
@@ -209,6 +209,7 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
     attention never reaches the output (or is affine: a plain head has no kinks) and :class:`RecoveryError`
     when the answers contradict the model's form. ``ffn_options`` go to :func:`extract_ffn`; ``ffn_queries`` caps
     its length-1 queries (default ``FFN_QUERIES_PER_INPUT·(d + 1)``: a smooth FFN would never stop finding kinks).
+    ``asked_before``: queries this extraction asked before this route, by phase (:class:`Run`).
     """
     require_fine_answers(oracle, "the transformer learner")
     check_how(polish)
@@ -223,8 +224,8 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
         raise ConfigError(f"the transformer learner saturates every head with tokens of norm up to {2 * FAR:.0e}; "
                           f"this oracle accepts inputs of norm at most {limit_norm:.3g}", param="max_input_norm")
     run = Run(oracle, METHOD, seed=[check_seed(seed), 19], check=check, check_lengths=check_lengths,
-              progress=progress)
-    run.plan(4 * d + 16, f"the transformer learner at d={d} (FFN kinks, saturated circles, head scores; adaptive)",
+              progress=progress, asked_before=asked_before)
+    run.plan(regions_plan(d), f"the transformer learner at d={d} (FFN kinks, saturated circles, head scores; adaptive)",
              at_least=True)
     ffn = _learn_ffn(run, seed, ffn_queries, ffn_options)
     K = ffn.w.shape[1]
@@ -255,6 +256,11 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
                "regions": seen.info}
     return run.finish(model, unknowns=MultiHeadTransformer.unknowns(d, H, int(ffn.C.shape[0]), K, model.residual),
                       details=details, notes=notes, hint=" (a one-layer multi-head transformer of this form)")
+
+
+def regions_plan(d: int) -> int:
+    """The queries the regions route plans up front (more follow, adaptively): its first stages at width d."""
+    return 4 * d + 16
 
 
 @contextmanager
