@@ -203,12 +203,12 @@ class TransformerBlock:
     def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "TransformerBlock":
         missing = {"norm1_w", "norm2_w", "W_in", "W_out", "activation", "norm", "layout"} - set(arrays)
         if missing:
-            raise ConfigError(f"a transformer block needs arrays {sorted(missing)}")
+            raise ConfigError(f"a transformer block needs arrays {sorted(missing)}", param="arrays")
 
         def code(name, names):
             i = int(np.asarray(arrays[name]).reshape(()))
             if not 0 <= i < len(names):
-                raise ConfigError(f"array {name!r} must be an index into {names}; got {i}")
+                raise ConfigError(f"array {name!r} must be an index into {names}; got {i}", param=name)
             return names[i]
 
         attention = PositionalAttention.from_arrays({k[len(_ATTN):]: v for k, v in arrays.items()
