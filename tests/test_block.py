@@ -155,3 +155,15 @@ def test_block_oracle_answers_every_position(tmp_path):
     assert np.allclose(o(X), rows[:, -1])
     with pytest.raises(ConfigError, match="reads whole blocks of"):
         oracle_from_hf_block(tiny_family_dir(tmp_path / "g", "gpt2", hidden=16, heads=2), 0)
+
+
+@pytest.mark.parametrize("dtype,low,high", [("float32", 1e-9, 1e-4), ("bfloat16", 1e-4, 0.2)])
+def test_coarser_victims_answer_within_their_rounding(tmp_path, dtype, low, high):
+    """A block served in float32 or bfloat16 (as block servers cast hidden states) answers like the float64 model
+    up to its own rounding, and says its precision."""
+    folder = tiny_family_dir(tmp_path / "llama", "llama", **FAMILIES["llama"])
+    o = oracle_from_hf_block(folder, 1, dtype=dtype)
+    m = block_model(hf_block(folder, 1))
+    X = np.random.default_rng(11).standard_normal((2, 7, m.d))
+    err = _rel(o.answer_rows(X), m(X))
+    assert o.precision == dtype and low < err < high
