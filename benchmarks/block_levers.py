@@ -20,7 +20,8 @@ import tempfile
 import numpy as np
 import torch
 
-from attnprobe.learners.block.levers import driven_out, ffn_on_sphere, output_layernorm
+from attnprobe.learners.block.levers import driven_out, ffn_on_sphere, output_layernorm, value_map
+from attnprobe.models.block import fold_norm_weights
 from attnprobe.oracles.hf_block import block_model, hf_block, oracle_from_hf_block
 from attnprobe.reports import Table
 from attnprobe.targets.hf import minilm_dir
@@ -111,6 +112,11 @@ def sublayers_separated(oracle, ref, d: int, rng) -> list[tuple[str, float, int]
     true_values = ref.attention.every_position(ref._norm(drive[:, None], 1))[:, -1]
     out.append(("A(n1(u)) (the value map), same u", float(np.abs(values - true_values).max()
                                                          / np.abs(true_values).max()), oracle.queries - q0))
+    q0 = oracle.queries
+    M = value_map(oracle.answer_rows, d)
+    true_M = fold_norm_weights(ref).attention.value_maps().sum(0)
+    out.append(("M diag(w1), every column (d tokens e_k)", float(np.abs(M - true_M).max() / np.abs(true_M).max()),
+                oracle.queries - q0))
     for N in (8, 64):
         q0 = oracle.queries
         X = np.concatenate([rng.standard_normal((4, N - 1, d)), U[:, None]], axis=1)

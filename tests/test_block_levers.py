@@ -8,7 +8,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from attnprobe.errors import ConfigError  # noqa: E402
-from attnprobe.learners.block.levers import driven_out, ffn_on_sphere, output_layernorm  # noqa: E402
+from attnprobe.learners.block.levers import driven_out, ffn_on_sphere, output_layernorm, value_map  # noqa: E402
+from attnprobe.models.block import fold_norm_weights  # noqa: E402
 from attnprobe.oracles.hf_block import block_model, hf_block, oracle_from_hf_block  # noqa: E402
 from hf_models import tiny_family_dir  # noqa: E402
 
@@ -86,3 +87,19 @@ def test_zero_keys_leave_the_ffn_alone_and_the_block_splits_into_its_sublayers(t
     assert np.abs(rough - true_phi).max() > 10 * np.abs(phi - true_phi).max()
     with pytest.raises(ConfigError, match="zero_keys"):
         ffn_on_sphere(oracle.answer_rows, U, zero_keys=(5,))
+
+
+@pytest.mark.slow
+def test_the_value_map_times_the_norm_weight_from_single_tokens(tmp_path):
+    folder = tiny_family_dir(tmp_path / "llama", "llama", hidden=32, heads=4, kv_heads=2, std=0.15,
+                             attention_bias=False)
+    victim = hf_block(folder, 0)
+    with torch.no_grad():
+        victim.layer.input_layernorm.weight.add_(0.3 * torch.randn(32, generator=torch.Generator().manual_seed(5),
+                                                                   dtype=torch.float64))
+    oracle = oracle_from_hf_block(folder, 0)
+    truth = fold_norm_weights(block_model(victim)).attention.value_maps().sum(0)  # only M diag(w1) is identifiable
+    M = value_map(oracle.answer_rows, 32)
+    assert oracle.queries == 32 * 5 * 6
+    assert np.abs(M - truth).max() <= 1e-7 * np.abs(truth).max()
+    assert np.abs(M - block_model(victim).attention.value_maps().sum(0)).max() > 1e-3 * np.abs(truth).max()

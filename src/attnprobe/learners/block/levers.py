@@ -7,6 +7,8 @@ truth in ``tests/test_block_levers.py`` and measured in ``benchmarks/block_lever
   and value 0 at every offset), the attention's share is ``Σ_h β_h(k) V_h n1(u)`` with ``β_h = 1/(1 + k e^{−s_h})``,
   analytic in ``1/k``; extrapolated to ``k = ∞`` it leaves ``F(n2(u))``: the FFN on the norm's sphere, alone. Then
   ``L(X) − F(n2(x_N))`` is the attention at the last position, absolute: the block splits into its sublayers.
+- :func:`value_map`: the attention's value map (times the first norm's weight) from single tokens, the FFN's
+  share taken off.
 - :func:`output_layernorm`: a post-norm block's output LayerNorm (weight up to the sign gauge, bias exactly) from
   its answers' rows alone, no queries of its own.
 """
@@ -62,6 +64,17 @@ def ffn_on_sphere(answer_rows, U: np.ndarray, zero_keys=ZERO_KEYS, steps=STEPS) 
          for k in ks]
     weights = np.linalg.solve(np.vander(1.0 / ks, len(ks), increasing=True).T, np.eye(len(ks))[0])
     return np.tensordot(weights, np.stack(L), axes=1)
+
+
+def value_map(answer_rows, d: int, zero_keys=ZERO_KEYS, steps=STEPS, seed: int = 0) -> np.ndarray:
+    """``M diag(w1)`` (d × d) of a pre-norm block with bias-free attention: ``M = Σ_h V_h`` the attention's value
+    map and ``w1`` the first norm's weight (only their product is identifiable). A single token ``q`` of unit norm
+    is normalised to ``√d w1 ⊙ q`` and attends to itself, so ``L([q]) − F(n2(q)) = √d M diag(w1) q``; the tokens
+    are the columns of a random orthogonal Q (a coordinate token would have a self-logit d times larger, beyond
+    what ``zero_keys`` can outnumber). ``d·len(steps)·(len(zero_keys) + 1)`` sequences."""
+    Q = np.linalg.qr(np.random.default_rng(seed).standard_normal((d, d)))[0]
+    own = driven_out(answer_rows, Q.T[:, None, :], steps)
+    return (own - ffn_on_sphere(answer_rows, Q.T, zero_keys, steps)).T @ Q.T / math.sqrt(d)
 
 
 def output_layernorm(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
