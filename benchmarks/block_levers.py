@@ -115,8 +115,8 @@ def sublayers_separated(oracle, ref, d: int, rng) -> list[tuple[str, float, int]
     q0 = oracle.queries
     M = value_map(oracle.answer_rows, d)
     true_M = fold_norm_weights(ref).attention.value_maps().sum(0)
-    out.append(("M diag(w1), every column (d orthonormal tokens)", float(np.abs(M - true_M).max() / np.abs(true_M).max()),
-                oracle.queries - q0))
+    err = float(np.abs(M - true_M).max() / np.abs(true_M).max())
+    out.append(("M diag(w1), every column (d orthonormal tokens)", err, oracle.queries - q0))
     for N in (8, 64):
         q0 = oracle.queries
         X = np.concatenate([rng.standard_normal((4, N - 1, d)), U[:, None]], axis=1)
