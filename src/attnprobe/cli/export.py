@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from attnprobe.cli.common import hf_inputs, inside
 from attnprobe.errors import CheckFailedError, ConfigError
 
 #: sequences and lengths of the check that OUT's sublayer answers like the result
@@ -22,6 +25,13 @@ def run(args) -> int:
     if args.layers not in (None, 1):
         raise ConfigError(f"--layers is 1 (a one-layer folder) or left out (every layer of --hf-dir); "
                           f"got {args.layers}")
+    _, folders = hf_inputs(args.hf_dir)
+    for folder in folders:  # the victim's folder is read, never written into
+        if inside(Path(args.out), folder):
+            raise ConfigError(f"--out {args.out} is the input folder {folder} or lies inside it, whose files it "
+                              "would overwrite; write the exported model to another folder")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ConfigError(f"{args.out} exists and is not a folder; give a folder to write the model into")
     model = load_model(args.result)  # refuses a broken or hostile file before anything is written
     out, dropped = export_layer(args.result, args.hf_dir, args.layer, args.out, layers=args.layers,
                                 dtype=args.dtype)
