@@ -189,7 +189,7 @@ def test_coarse_answers_are_refused_naming_the_precision(dtype):
 
 
 def test_per_head_attention_check_sees_one_worse_head():
-    from attnprobe.learners.multihead.vector import _Layer
+    from attnprobe.learners.multihead.vector import LayerResiduals
     from attnprobe.learners.multihead.vector_logits import head_attention_errors
 
     true = whole_row_layer(24, 3, seed=1)
@@ -199,8 +199,8 @@ def test_per_head_attention_check_sees_one_worse_head():
     W = res.model.W.copy()
     W[1] *= 1.001
     worse = MultiHeadAttention(W, res.model.v, res.model.u, res.model.c)
-    errs = head_attention_errors(_Layer(oracle, res.model.v.sum(0), res.model.c), worse, res.details["token_norm"],
-                                 4, np.random.default_rng(0))
+    layer = LayerResiduals(oracle, res.model.v.sum(0), res.model.c)
+    errs = head_attention_errors(layer, worse, res.details["token_norm"], 4, np.random.default_rng(0))
     assert errs[1] > 1e-4 and max(errs[0], errs[2]) < 1e-9
 
 

@@ -24,14 +24,15 @@ def run(args) -> int:
 
     if args.layers not in (None, 1):
         raise ConfigError(f"--layers is 1 (a one-layer folder) or left out (every layer of --hf-dir); "
-                          f"got {args.layers}")
+                          f"got {args.layers}", param="layers")
     _, folders = hf_inputs(args.hf_dir)
     for folder in folders:  # the victim's folder is read, never written into
         if inside(Path(args.out), folder):
             raise ConfigError(f"--out {args.out} is the input folder {folder} or lies inside it, whose files it "
-                              "would overwrite; write the exported model to another folder")
+                              "would overwrite; write the exported model to another folder", param="out")
     if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ConfigError(f"{args.out} exists and is not a folder; give a folder to write the model into")
+        raise ConfigError(f"{args.out} exists and is not a folder; give a folder to write the model into",
+                          param="out")
     model = load_model(args.result)  # refuses a broken or hostile file before anything is written
     out, dropped = export_layer(args.result, args.hf_dir, args.layer, args.out, layers=args.layers,
                                 dtype=args.dtype)
