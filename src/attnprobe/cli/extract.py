@@ -118,7 +118,7 @@ def run(args) -> int:
         m = options["hidden"]  # derivatives, K·C ≥ 1.3m directions at n ≥ 1.25m points, ≥ 1.6m² (learner.plan)
         smooth = options.get("activation") not in (None, "relu")
         refuse_memory(8.0 * max(m * oracle.d, 1.6 * m * m if smooth else 0),
-                      f"an FFN of --hidden {m} units at d = {oracle.d}")
+                      f"an FFN of --hidden {m} units at d = {oracle.d}", "hidden")
     track(args, oracle)
     progress = Progress(f"extract ({args.method})", enabled=not args.quiet)
     try:
