@@ -8,7 +8,9 @@ from attnprobe.errors import ConfigError, OracleAnswerError
 from attnprobe.learners.multihead.vector import extract_vector
 from attnprobe.models.every_position import EveryPositionLayer, every_position_rows
 from attnprobe.models.multihead import MultiHeadAttention, match_heads
+from attnprobe.models.rows import AnswerRows, check_positions, row_query
 from attnprobe.oracles import Oracle
+from attnprobe.oracles.positions import RowAnswers
 from attnprobe.oracles.querylog import QueryLog
 from attnprobe.targets.every_position import gqa_layer
 
@@ -25,8 +27,33 @@ def test_rows_are_last_position_answers_of_a_prefix_or_a_moved_last_permutation(
     X = np.random.default_rng(1).standard_normal((3, 5, 8))
     Y = every_position_rows(m, X, causal)
     for i in range(5):
-        other = X[:, :i + 1] if causal else X[:, [j for j in range(5) if j != i] + [i]]
-        np.testing.assert_allclose(Y[:, i], m(other), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(Y[:, i], m(row_query(X, i, 'causal' if causal else 'bidirectional')), rtol=0,
+                                   atol=1e-12)
+
+
+class LastPosition:
+    """A last-position model that is not a MultiHeadAttention: AnswerRows reads it once per row."""
+
+    def __init__(self, model):
+        self.model, self.d = model, model.d
+
+    def __call__(self, X):
+        return self.model(X)
+
+
+def test_one_row_query_and_one_positions_check_serve_the_rows_the_cache_and_load_model():
+    m = layer()
+    X = np.random.default_rng(3).standard_normal((2, 4, 8))
+    for kind in ("causal", "bidirectional"):
+        np.testing.assert_allclose(AnswerRows(LastPosition(m), kind)(X), every_position_rows(m, X, kind == "causal"),
+                                   rtol=0, atol=1e-12)
+    refusals = [lambda: AnswerRows(m, "positional"), lambda: RowAnswers("positional"),
+                lambda: row_query(X, 0, "positional"), lambda: Oracle(m, 8, positions="sideways")]
+    for make in refusals:
+        with pytest.raises(ConfigError, match="'positions' parameter must be one of") as err:
+            make()
+        assert err.value.param == "positions"
+    assert check_positions("auto") is None and check_positions("positional") == "positional"
 
 
 @pytest.mark.parametrize("causal, kind", [(False, "bidirectional"), (True, "causal")])
@@ -101,7 +128,7 @@ def test_last_position_oracles_refuse_rows_and_shapes_may_not_change():
     o(X)
     with pytest.raises(OracleAnswerError, match="every position before"):
         o(np.ones((2, 3, 8)))
-    with pytest.raises(ConfigError, match="positions must be one of"):
+    with pytest.raises(ConfigError, match="'positions' parameter must be one of"):
         Oracle(m, 8, positions="sideways")
 
 
