@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from attnprobe.errors import ConfigError, OracleAnswerError
-from attnprobe.learners.multihead.vector import extract_vector
+from attnprobe.learners.multihead.vector import PROGRESSION, extract_vector
 from attnprobe.models.every_position import EveryPositionLayer, every_position_rows
 from attnprobe.models.multihead import MultiHeadAttention, match_heads
 from attnprobe.models.rows import AnswerRows, check_positions, row_query
@@ -221,7 +221,7 @@ def test_gqa_costs_fewer_queries_than_the_same_layer_without_sharing():
 
 
 @pytest.mark.parametrize("declared", ["auto", "causal"])
-def test_cli_extract_reports_rows_and_positions(tmp_path, monkeypatch, declared):
+def test_cli_extract_reports_rows_and_positions(tmp_path, monkeypatch, capsys, declared):
     import json
     import sys
     import textwrap
@@ -248,6 +248,19 @@ def test_cli_extract_reports_rows_and_positions(tmp_path, monkeypatch, declared)
     assert oracle["positions"] == "causal" and summary["details"]["positions"] == "causal"
     assert oracle["positions_source"] == ("declared" if declared == "causal" else "read from the answers")
     assert oracle["rows"] > oracle["queries_total"] and summary["passed"]
+    if declared != "causal":
+        return
+    # --estimate with the rows declared: the every-position plan, asking nothing, near the real bill
+    from attnprobe.learners.core.estimate import estimate_queries
+
+    base = ["extract", "--oracle", "victim:answer", "--d", "8", "--method", "multihead", "--heads", "2",
+            "--outputs", "12", "--estimate"]
+    assert main(base + ["--positions", "causal"]) == 0
+    line = capsys.readouterr().out
+    est = estimate_queries("multihead", 8, heads=2, outputs=12, positions="causal")
+    assert f"about {est.queries} queries" in line and "every position: causal" in line and "0 asked" in line
+    assert est.low <= oracle["queries_total"] <= est.high
+    assert main(base) == 0 and "every position" not in capsys.readouterr().out  # not declared: the last position
 
 
 def test_float32_every_position_answers_are_read_within_their_precision():
@@ -256,9 +269,11 @@ def test_float32_every_position_answers_are_read_within_their_precision():
     res = extract_vector(Oracle(EveryPositionLayer(m), 32, precision="auto"), seed=0)
     match = match_heads(_true_layer(32, 4, seed=1), res.model)
     assert res.passed and match.worst < 1e-3 and res.details["positions"] == "bidirectional"
-    # the logits stage reads every row; the separation reads the last row of two-row queries as before
+    # the logits stage reads every row; the separation every row of progressions: short differences until the
+    # heads' column spaces show, then a long one along every direction started in them (no second short fit each)
     assert res.queries_by_phase["logits"] < 0.5 * last.queries_by_phase["logits"]
-    assert res.queries_by_phase["separate"] == last.queries_by_phase["separate"]
+    assert res.details["progressions"] == PROGRESSION
+    assert res.queries_by_phase["separate"] < 0.75 * last.queries_by_phase["separate"]
 
 
 @pytest.mark.slow

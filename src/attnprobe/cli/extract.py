@@ -195,7 +195,7 @@ def _print_estimate(args, oracle) -> int:
     entry = registry.learner(args.method)
     try:
         est = estimate_queries(args.method, oracle.d, outputs=oracle.outputs, precision=precision,
-                               price_per_1k=args.price_per_1k,
+                               price_per_1k=args.price_per_1k, positions=_declared_rows(oracle),
                                **{name: getattr(args, name, None) for name in entry.option_names})
     except ConfigError as exc:
         flag = entry.option(exc.param).flag if exc.param in entry.option_names else None
@@ -213,6 +213,12 @@ def _print_estimate(args, oracle) -> int:
         line += f"; cost about {est.cost:.4g} at {args.price_per_1k:g} per 1,000 queries"
     print(line)
     return 0
+
+
+def _declared_rows(oracle) -> str | None:
+    """What the oracle's rows are when declared (``--positions``, or by the callable): the estimate of an
+    every-position run; None (the last position) when not declared, since reading it would take queries."""
+    return oracle.positions if getattr(oracle, "positions_source", None) == "declared" else None
 
 
 def _clipping_cause(oracle, args, learner, exc=None):
