@@ -291,3 +291,25 @@ def test_transformers_llama_attention_with_shared_kv_heads_is_grouped():
     perm = {int(got): true for true, got in enumerate(match.perm)}
     assert sorted(sorted(perm[h] for h in g) for g in res.details["groups"]) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert res.details["value_rank"] == 16 and res.details["differences"] == 17
+
+
+def test_gpt2_folder_answering_every_row_is_recovered_through_the_hf_oracle(tmp_path):
+    """A GPT-2 folder's attention sublayer (transformers' Conv1D: it views its input, so the oracle must hand the
+    module contiguous batches however the rows were sliced) answering every row: causal, recovered."""
+    pytest.importorskip("transformers")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hf_models import tiny_family_dir
+
+    from attnprobe.oracles.hf_attention import oracle_from_hf
+    from attnprobe.targets.hf import hf_layer_arrays
+
+    folder = tiny_family_dir(tmp_path / "gpt2", "gpt2", hidden=16, heads=2, layers=1, seed=0)
+    oracle = oracle_from_hf(folder, 0, every_position=True, precision="auto")
+    res = extract_vector(oracle, seed=0)
+    truth = MultiHeadAttention.from_arrays(hf_layer_arrays(folder, 0))
+    assert res.passed and match_heads(truth, res.model).worst < 1e-8
+    assert res.details["positions"] == "causal" and res.details["rows"] > res.queries
+    assert res.queries_by_phase["values"] == 16 + 1  # [x] and [0]: d + 1

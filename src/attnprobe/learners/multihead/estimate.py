@@ -95,12 +95,10 @@ def _every_row_separation(d: int, H: int, coarse: bool) -> tuple[int, int, int, 
     P, q = vector.PROGRESSION, vector.ROWS_Q
     rank = -(-d // H)
     short = min(d, 8 * max(2, (rank + 7) // 8 + 1))  # checked every 8 from 16 on: until 1 + short > rank + 8
-    if coarse:  # δ_0 and the short differences on fewer progressions, the long ones on n design points
-        few = vector.progression_points(vector.ROWS_SHORT_COARSE, P, q)
+    if coarse:  # δ_0, the short differences and a long one along each direction
         per = vector.progression_points(vector.ROWS_DESIGN_COARSE, P, q)
-        count = (1 + short) * few + d * per
-        return count, count, count, (f"{short} short differences × {few} + {d} long × {per} progressions of {P} = "
-                                     f"{count}")
+        count = (1 + short + d) * per
+        return count, count, count, f"{short} short + {d} long differences × {per} progressions of {P} = {count}"
     per = vector.progression_points(vector.design_points(H, coarse), P, q)
     count, high = (1 + short) * per, (1 + d) * per
     return count, count, high, (f"{short} differences × {per} progressions of {vector.PROGRESSION} = {count} (column "

@@ -65,10 +65,6 @@ ROWS_Q = 3
 #: of 6 rows, W_h 8.3e-4, u_h 9.5e-4; 6 gave 1.4e-3, 8 gave 7.3e-4 but 4,448 sequences) and the long differences'
 #: step (1.0, as for two-row queries, did not separate from the column spaces' guesses: misfit 1.3e-2)
 ROWS_DESIGN_COARSE, ROWS_FAR_STEP = 42, 0.5
-#: design points of δ_0 and the short differences of coarse answers (their fits start the long ones: at 5
-#: progressions a long difference of MiniLM layer 2 float32 did not separate, misfit 1.6e-3)
-ROWS_SHORT_COARSE = 36
-ROWS_SKETCH_COARSE = False
 #: directions per sequence of the every-position logits stage, at most, and as a share of K/H (MiniLM: 24, the
 #: K × Hm matrix [V_h x_j] 3/4 full; W_h 8.5e-10 where 16 gave 6.8e-10, with 122 sequences instead of 230)
 ROWS_MAX_TOKENS, ROWS_TOKEN_SHARE = 24, 0.75
@@ -309,9 +305,7 @@ def _separate_and_learn(oracle, run, layer, rng, rho, *, ratio, eps, coarse, hea
                                                   sketch=not coarse)
         else:  # every position: m² logits of every head per sequence (vector_rows)
             W, u, smallest, w_ranks, _ = learn_logits_rows(oracle, layer.c, V, LOGIT_SCALE * rho, tokens, rng,
-                                                           run.report, causal=rows == "causal",
-                                                           sketch=ROWS_SKETCH_COARSE or not coarse,
-                                                           ranks=_ranks(V) if coarse else None)
+                                                           run.report, causal=rows == "causal", sketch=not coarse)
     if coarse:
         W, u, cut = truncate_to_value_ranks(W, V, u)
         if cut:
@@ -492,10 +486,7 @@ class _Separation:
         self.delta0 = self.delta0 / shrink
         two_row = fit0
         fit0 = DeltaFit(fit0.w / shrink, fit0.theta / shrink, fit0.residual)
-        # (coarse answers: fewer progressions for δ_0 and the short differences, which need only the heads' labels
-        # and column spaces; the long ones get n design points, :meth:`far_from_spaces`)
-        self.Tp, self.T = self.progression_design(progression_points(ROWS_SHORT_COARSE if self.coarse else self.n, P,
-                                                                     self.q))
+        self.Tp, self.T = self.progression_design(progression_points(self.n, P, self.q))
         R0 = self.progression_residuals([self.delta0])[0]
         k = self.T[:, -1]
         S = np.linalg.lstsq(fit0.w, R0, rcond=None)[0]  # μ_h at every row, (H, n·P)
@@ -618,11 +609,13 @@ class _Separation:
         δ_0's labels) until every head's column space ``C_h`` is exhausted, then a long difference
         ``δ_0 + FAR_STEP·q_k`` along every direction, each started from value vectors guessed in the column spaces
         (``Σ_h w_h = M δ`` split over the bases of the ``C_h``: well enough to start a fit, where the split itself is
-        too inaccurate in float32), and ``V_h = w_h D⁺`` over δ_0 and the long differences: no fit's error is
-        divided by the short step. Short fits only until the spaces are found: ≈ rank + 9 of them instead of d."""
+        too inaccurate in float32), and ``V_h = w_h D⁺`` over every difference: the long ones span every direction,
+        so no fit's error is divided by the short step (the short ones still add their rows: MiniLM layer 2 float32,
+        V_h 1.1e-4 with them, 1.7e-4 without). Short fits only until the spaces are found: ≈ rank + 9 of them
+        instead of d."""
         M, size = self.layer.M, np.linalg.norm(self.delta0)
         ws, deltas, self.worst = [fit0.w], [self.delta0], fit0.residual
-        bases, k0, short = None, 0, 0
+        bases, k0 = None, 0
         while bases is None and k0 < len(Q):
             dk = [self.delta0 + SMALL_STEP * size * Q[k] for k in range(k0, min(len(Q), k0 + 8))]
             k0 += len(dk)
@@ -636,9 +629,6 @@ class _Separation:
             if len(ws) >= 16:
                 bases = column_bases(np.stack(ws, axis=2), self.eps)
         if bases is not None:
-            # the long differences give V_h: on a design of n points (the short ones only needed the spaces)
-            self.Tp, self.T = self.progression_design(progression_points(self.n, self.length, self.q))
-            short, ws, deltas = len(deltas) - 1, [fit0.w], [self.delta0]  # V_h from the long ones (and δ_0) only
             E = np.concatenate(bases, axis=1)
             spans = np.cumsum([0] + [b.shape[1] for b in bases])
             for k0 in range(0, len(Q), LATE_BATCH):
@@ -650,7 +640,7 @@ class _Separation:
                     self.worst = max(self.worst, fk.residual)
                     ws.append(fk.w)
                     deltas.append(dl)
-                self.count = short + len(deltas)
+                self.count = len(deltas)
                 report()
         D = np.stack(deltas, axis=1)
         return _value_maps(np.stack(ws, axis=2), D if len(Q) == self.d else Q.T @ (Q @ D), M, self.eps,

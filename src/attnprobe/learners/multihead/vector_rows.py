@@ -75,11 +75,9 @@ def read_rows(Y: np.ndarray, c: np.ndarray, V: np.ndarray, T: np.ndarray, causal
     return out, smallest
 
 
-def learn_logits_rows(oracle, c, V, scale, tokens, rng, report, *, causal: bool, sketch: bool = True,
-                      ranks=None):
+def learn_logits_rows(oracle, c, V, scale, tokens, rng, report, *, causal: bool, sketch: bool = True):
     """Every ``W_h`` and ``u_h`` from every-position answers (module docstring); ``tokens`` m directions per
-    sequence; ``ranks``: the heads' ranks for the sketch when known (coarse answers: their value maps' ranks, since
-    float32 columns show no clear gap). Returns ``W, u``, the smallest attention weight read, the heads' ranks
+    sequence. Returns ``W, u``, the smallest attention weight read, the heads' ranks
     (None when measured whole) and the number of sequences asked."""
     from attnprobe.learners.head.probes import random_orthogonal
 
@@ -95,7 +93,7 @@ def learn_logits_rows(oracle, c, V, scale, tokens, rng, report, *, causal: bool,
             Ts = np.where((group >= 0)[:, :, None], scale * O[np.maximum(group, 0)], 0.0)
             asked.append((group, Ts, oracle.answer_rows(Ts)))
         report()
-    W, u, smallest, ranks = _read_heads(asked, c, V, O, scale, L if use_sketch else None, causal, ranks)
+    W, u, smallest, ranks = _read_heads(asked, c, V, O, scale, L if use_sketch else None, causal)
     return W, u, smallest, ranks, len(seqs)
 
 
@@ -116,10 +114,9 @@ def logits_sequences(d: int, H: int, tokens: int, causal: bool, sketch: bool = T
     return block_sequences(blocks, sketched if use_sketch else pairs, causal), L, use_sketch
 
 
-def _read_heads(asked, c, V, O, scale, L, causal, ranks=None):
+def _read_heads(asked, c, V, O, scale, L, causal):
     """``W, u``, the smallest attention weight and the heads' ranks from the answers ``asked`` read with the value
-    maps ``V`` (:func:`read_rows`); ``L``: the sketch's directions (None: every ``W_h`` measured whole);
-    ``ranks``: the heads' ranks when known (else read from the gaps of their measured columns)."""
+    maps ``V`` (:func:`read_rows`); ``L``: the sketch's directions (None: every ``W_h`` measured whole)."""
     H, d = V.shape[0], O.shape[0]
     G = np.full((H, d, d), np.nan)  # o_jᵀ W_h o_i s² + s o_jᵀ u_h, as [h, j, i]
     u_read = np.full((H, d), np.nan)
@@ -142,8 +139,7 @@ def _read_heads(asked, c, V, O, scale, L, causal, ranks=None):
     if L is None:
         return np.matmul(np.matmul(O.T, Wb), O), u, smallest, None
     cols = Wb[:, :, :L]  # W_h o_i for i in L, in the basis O
-    if ranks is None:
-        ranks = [gap_rank(np.linalg.svd(Ch, compute_uv=False), L) for Ch in cols]
+    ranks = [gap_rank(np.linalg.svd(Ch, compute_uv=False), L) for Ch in cols]
     if max(ranks) > L - SKETCH_MARGIN:
         raise RecoveryError(f"a head's W_h has rank {max(ranks)} near the sketch's {L} directions: measure it "
                             "whole (sketch=False)")
