@@ -26,6 +26,8 @@ from attnprobe.models.every_position import EveryPositionLayer
 from attnprobe.models.multihead import MultiHeadAttention, match_heads
 from attnprobe.oracles.base import Oracle
 
+#: the results file the families table is written into (docs/benchmarks/hf-families.md)
+DOC = "hf-families"
 HEADER = ("| target | answers | sequences | rows | info. limit (rows) | info. limit (sequences of N) | W_h | u_h | V_h "
           "| check | phases | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
 
@@ -143,7 +145,7 @@ def main(argv=None):
             from sections import command_line, write_section
 
             write_section("Every position on each family: sequences, rows, information limit", table,
-                          command_line(), doc="hf-families")
+                          command_line(), doc=DOC)
     elif args.what == "llama":  # transformers' LlamaAttention, rotation off; its softmax is float32
         from attnprobe.targets.every_position import LlamaRows
 
