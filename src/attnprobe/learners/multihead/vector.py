@@ -620,7 +620,7 @@ class _Separation:
             dk = [self.delta0 + SMALL_STEP * size * Q[k] for k in range(k0, min(len(Q), k0 + 8))]
             k0 += len(dk)
             for dl, fk in zip(dk, self.fits(dk, [fit0.theta] * len(dk))):
-                fk = _relabel(fk, fit0.w, fk.w)
+                fk = relabel(fk, fit0.w, fk.w)
                 self.worst = max(self.worst, fk.residual)
                 ws.append(fk.w)
                 deltas.append(dl)
