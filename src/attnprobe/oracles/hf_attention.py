@@ -28,11 +28,11 @@ from attnprobe.errors import ConfigError
 from attnprobe.oracles.base import Oracle
 from attnprobe.models.precision import coarser
 from attnprobe.oracles.hf_families import LayerSpec, layer_spec, split_projections
+from attnprobe.oracles.hf_folder import check_model_dir
+from attnprobe.oracles.torch_adapter import TorchFunction, nn, torch
 
 #: the positional learner's name for each family position scheme
 POSITION_TERMS = {"rope": "rope", "relative_bias": "t5", "alibi": "alibi"}
-from attnprobe.oracles.hf_folder import check_model_dir
-from attnprobe.oracles.torch_adapter import TorchFunction, nn, torch
 
 HF_HINT = "pip install 'attnprobe[hf]' (transformers; torch==2.13.0 first)"
 #: torch dtypes by the precision names the rest of attnprobe uses
