@@ -73,6 +73,7 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
         source = "read from the answers"
     if kind == "rope":
         res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress)
+        _share_groups(res)
     else:
         res = extract_additive(oracle, heads=heads, seed=seed, check=check, progress=progress, position=kind)
     if spent:
@@ -83,3 +84,33 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
     res.notes.append(f"position term {route} ({source}" + (f": zero-query answers spread {spread:.1e} over the "
                                                              "key's position" if spread is not None else "") + ")")
     return res
+
+
+def _share_groups(res) -> None:
+    """Write a RoPE result's heads that share keys and values (the GQA groups the learner reports) with one key and
+    value map per group (:func:`~attnprobe.models.positional_gauge.share_kv`), when that answers like the dense
+    result to within its check error (else the dense heads stay, and a note says why)."""
+    from attnprobe.errors import ConfigError
+    from attnprobe.models.positional_gauge import share_kv
+
+    labels = res.details.get("kv_groups")
+    if not labels or len(set(labels)) == len(labels) or res.model.rotary_dim != res.model.head_dim:
+        return
+    G = len(set(labels))
+    try:
+        grouped, misfit = share_kv(res.model, G)
+    except ConfigError as exc:
+        res.notes.append(f"GQA groups kept as independent heads: {exc}")
+        return
+    X = np.random.default_rng(0).standard_normal((8, 16, res.model.d))
+    y = res.model.every_position(X)
+    moved = float(np.linalg.norm(grouped.every_position(X) - y) / np.linalg.norm(y - y.mean(axis=(0, 1))))
+    bound = max(1e-9, 10 * (res.check.error if res.check is not None else 0.0))
+    if moved > bound:
+        res.notes.append(f"GQA groups kept as independent heads: sharing keys and values moved the answers by "
+                         f"{moved:.1e} > {bound:.1e}")
+        return
+    res.model = grouped
+    res.details["kv_shared"] = {"groups": G, "misfit": misfit, "answers_moved": moved}
+    res.notes.append(f"heads sharing keys and values stored once per group ({G} KV groups; misfit {misfit:.1e}, "
+                     f"answers moved {moved:.1e})")

@@ -1,0 +1,96 @@
+"""The gauge of a RoPE layer: heads that share keys and values (GQA), written with one key and value map per group.
+
+Under RoPE a head's score is ``s·q_hᵀ R(δ) k``; a scaled rotation ``S`` of each frequency pair commutes with
+``R(δ)``, so ``(W_Q,h, W_K,h) → (Sᵀ W_Q,h, S⁻¹ W_K,h)`` changes nothing (docs/positional.md, "What the answers
+identify"). A learner that returns independent heads gives the heads of one KV group keys that agree only up to such
+an ``S`` per pair (and values up to an invertible ``T``: ``V_h = W_O,h W_V,h``). :func:`share_kv` finds them and
+writes the group's keys and values once: ``W_K,g`` = the first head's, ``W_Q,h ← S_hᵀ W_Q,h`` with
+``W_K,h ≈ S_h W_K,g``; ``W_V,g`` = the first head's, ``W_O,h ← W_O,h T_h`` with ``W_V,h ≈ T_h W_V,g``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnprobe.errors import ConfigError
+from attnprobe.models.positional import PositionalAttention, rotation_pairs
+
+
+def pair_similarity(ref: np.ndarray, other: np.ndarray, pairs) -> np.ndarray:
+    """The per-pair scaled rotation ``S`` (d_h × d_h, a block ``[[a, −b], [b, a]]`` on each pair's coordinates,
+    the identity elsewhere) with ``other ≈ S ref`` in least squares (rows: the head's coordinates)."""
+    dh = ref.shape[0]
+    S = np.eye(dh)
+    for i, j in zip(*pairs):
+        r_i, r_j, o_i, o_j = ref[i], ref[j], other[i], other[j]
+        # other_i = a r_i − b r_j, other_j = b r_i + a r_j: linear in (a, b)
+        A = np.stack([np.concatenate([r_i, r_j]), np.concatenate([-r_j, r_i])], axis=1)
+        a, b = np.linalg.lstsq(A, np.concatenate([o_i, o_j]), rcond=None)[0]
+        S[i, i], S[i, j], S[j, i], S[j, j] = a, -b, b, a
+    return S
+
+
+def kv_groups(model: PositionalAttention, groups: int, tol: float = 1e-6) -> list[int]:
+    """A group label per head: heads whose key row spaces and value row spaces agree to ``tol`` (relative) share a
+    label; refused unless there are ``groups`` labels of equal size."""
+    H = model.H
+
+    def same(A, B):
+        Qa = np.linalg.qr(A.T)[0]
+        return np.linalg.norm(B.T - Qa @ (Qa.T @ B.T)) <= tol * np.linalg.norm(B)
+
+    Wk = [model.Wk[model.group(h)] for h in range(H)]
+    Wv = [model.Wv[model.group(h)] for h in range(H)]
+    labels = [-1] * H
+    nxt = 0
+    for h in range(H):
+        if labels[h] < 0:
+            labels[h] = nxt
+            for g in range(h + 1, H):
+                if labels[g] < 0 and same(Wk[h], Wk[g]) and same(Wv[h], Wv[g]):
+                    labels[g] = nxt
+            nxt += 1
+    sizes = np.bincount(labels)
+    if nxt != groups or len(set(sizes.tolist())) != 1:
+        raise ConfigError(f"the recovered heads fall into key/value groups of sizes {sizes.tolist()}, not {groups} "
+                          f"equal groups of {H // groups} (the folder's GQA layout)", param="groups")
+    return labels
+
+
+def share_kv(model: PositionalAttention, groups: int, tol: float = 1e-6) -> tuple[PositionalAttention, float]:
+    """``model`` (RoPE, full rotary) with heads reordered group by group (head h in group ``h // (H/G)``, as
+    Hugging Face lays them out) and one key and value map per group (module docstring). Returns the model and the
+    largest relative misfit of a head's keys or values to its group's (the learner's error between heads)."""
+    if model.position != "rope" or model.rotary_dim != model.head_dim:
+        raise ConfigError("sharing keys and values in the RoPE gauge needs a fully rotary layer", param="position")
+    labels = kv_groups(model, groups, tol)
+    order = [h for g in range(groups) for h in range(model.H) if labels[h] == g]
+    pairs = rotation_pairs(model.rotary_dim, model.layout)
+    H, dv = model.H, model.Wv.shape[1]
+    WO = model.Wo.reshape(model.outputs, H, dv)
+    Wq, bq, Wo, Wk, bk, Wv, bv = [], [], [], [], [], [], []
+    misfit = 0.0
+    for g in range(groups):
+        heads = order[g * (H // groups):(g + 1) * (H // groups)]
+        r = heads[0]
+        Kr = np.concatenate([model.Wk[model.group(r)], model.bk[model.group(r)][:, None]], axis=1)
+        Vr = np.concatenate([model.Wv[model.group(r)], model.bv[model.group(r)][:, None]], axis=1)
+        Wk.append(Kr[:, :-1])
+        bk.append(Kr[:, -1])
+        Wv.append(Vr[:, :-1])
+        bv.append(Vr[:, -1])
+        for h in heads:
+            Kh = np.concatenate([model.Wk[model.group(h)], model.bk[model.group(h)][:, None]], axis=1)
+            Vh = np.concatenate([model.Wv[model.group(h)], model.bv[model.group(h)][:, None]], axis=1)
+            S = pair_similarity(Kr, Kh, pairs)
+            T = Vh @ np.linalg.pinv(Vr)
+            misfit = max(misfit, float(np.linalg.norm(S @ Kr - Kh) / np.linalg.norm(Kh)),
+                         float(np.linalg.norm(T @ Vr - Vh) / max(np.linalg.norm(Vh), 1e-300)))
+            Wq.append(S.T @ model.Wq[h])
+            bq.append(S.T @ model.bq[h])
+            Wo.append(WO[:, h] @ T)
+    out = PositionalAttention(np.array(Wq), np.array(Wk), np.array(Wv), np.concatenate(Wo, axis=1), np.array(bq),
+                              np.array(bk), np.array(bv), model.bo, position="rope", inv_freq=model.inv_freq,
+                              rotary_dim=model.rotary_dim, layout=model.layout, scale=model.scale,
+                              causal=model.causal, dtype=model.dtype)
+    return out, misfit
