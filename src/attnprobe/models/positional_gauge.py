@@ -70,27 +70,52 @@ def share_kv(model: PositionalAttention, groups: int, tol: float = 1e-6) -> tupl
     WO = model.Wo.reshape(model.outputs, H, dv)
     Wq, bq, Wo, Wk, bk, Wv, bv = [], [], [], [], [], [], []
     misfit = 0.0
+
+    def kv(h):
+        g = model.group(h)
+        return (np.concatenate([model.Wk[g], model.bk[g][:, None]], axis=1),
+                np.concatenate([model.Wv[g], model.bv[g][:, None]], axis=1))
+
     for g in range(groups):
         heads = order[g * (H // groups):(g + 1) * (H // groups)]
-        r = heads[0]
-        Kr = np.concatenate([model.Wk[model.group(r)], model.bk[model.group(r)][:, None]], axis=1)
-        Vr = np.concatenate([model.Wv[model.group(r)], model.bv[model.group(r)][:, None]], axis=1)
-        Wk.append(Kr[:, :-1])
-        bk.append(Kr[:, -1])
-        Wv.append(Vr[:, :-1])
-        bv.append(Vr[:, -1])
+        Kr, Vr = kv(heads[0])
+        S = {h: pair_similarity(Kr, kv(h)[0], pairs) for h in heads}
+        T = {h: kv(h)[1] @ np.linalg.pinv(Vr) for h in heads}
         for h in heads:
-            Kh = np.concatenate([model.Wk[model.group(h)], model.bk[model.group(h)][:, None]], axis=1)
-            Vh = np.concatenate([model.Wv[model.group(h)], model.bv[model.group(h)][:, None]], axis=1)
-            S = pair_similarity(Kr, Kh, pairs)
-            T = Vh @ np.linalg.pinv(Vr)
-            misfit = max(misfit, float(np.linalg.norm(S @ Kr - Kh) / np.linalg.norm(Kh)),
-                         float(np.linalg.norm(T @ Vr - Vh) / max(np.linalg.norm(Vh), 1e-300)))
-            Wq.append(S.T @ model.Wq[h])
-            bq.append(S.T @ model.bq[h])
-            Wo.append(WO[:, h] @ T)
+            Kh, Vh = kv(h)
+            misfit = max(misfit, float(np.linalg.norm(S[h] @ Kr - Kh) / np.linalg.norm(Kh)),
+                         float(np.linalg.norm(T[h] @ Vr - Vh) / max(np.linalg.norm(Vh), 1e-300)))
+        # the group's keys and values: every head's, brought into the first head's gauge, averaged
+        Kg = np.mean([np.linalg.solve(S[h], kv(h)[0]) for h in heads], axis=0)
+        Vg = np.mean([np.linalg.pinv(T[h]) @ kv(h)[1] for h in heads], axis=0)
+        Wk.append(Kg[:, :-1])
+        bk.append(Kg[:, -1])
+        Wv.append(Vg[:, :-1])
+        bv.append(Vg[:, -1])
+        for h in heads:
+            Wq.append(_refit_query(model, h, Kg[:, :-1], S[h]))
+            bq.append(S[h].T @ model.bq[h])
+            Wo.append(WO[:, h] @ kv(h)[1] @ np.linalg.pinv(Vg))  # W_O,h W_V,h = (W_O,h W_V,h W_V,g⁺) W_V,g
     out = PositionalAttention(np.array(Wq), np.array(Wk), np.array(Wv), np.concatenate(Wo, axis=1), np.array(bq),
                               np.array(bk), np.array(bv), model.bo, position="rope", inv_freq=model.inv_freq,
                               rotary_dim=model.rotary_dim, layout=model.layout, scale=model.scale,
                               causal=model.causal, dtype=model.dtype)
     return out, misfit
+
+
+#: offsets at which a head's logit matrices are matched when its query map is refitted to its group's keys
+REFIT_OFFSETS = (0, -1, -2, -4, -8, -16, -64, -256)
+
+
+def _refit_query(model: PositionalAttention, h: int, Kg: np.ndarray, S: np.ndarray) -> np.ndarray:
+    """Head ``h``'s query map against its group's keys ``Kg``: least squares on ``W_Q'ᵀ R(δ) Kg = W_Q,hᵀ R(δ)
+    W_K,h`` over :data:`REFIT_OFFSETS` (the head's own logit matrices; ``Sᵀ W_Q,h`` when the keys agree exactly)."""
+    from attnprobe.models.positional import rotation_matrix
+
+    Kh = model.Wk[model.group(h)]
+    rows, rhs = [], []
+    for delta in REFIT_OFFSETS:
+        R = rotation_matrix(delta, model.inv_freq, model.head_dim, model.layout, model.rotary_dim)
+        rows.append(Kg.T @ R.T)  # (d, d_h): Kgᵀ R(δ)ᵀ W_Q' = (W_Q,hᵀ R(δ) W_K,h)ᵀ
+        rhs.append(Kh.T @ R.T @ model.Wq[h])
+    return np.linalg.lstsq(np.concatenate(rows), np.concatenate(rhs), rcond=None)[0]
