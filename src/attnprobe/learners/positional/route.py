@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from attnprobe.errors import AttnprobeError, RecoveryError, UnidentifiableError
 from attnprobe.learners.core.registry import Option
 from attnprobe.learners.positional.additive import extract_additive
 
@@ -74,6 +75,19 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
     if kind == "rope":
         res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress)
         _share_groups(res)
+    elif source == "read from the answers":  # a zero-query bias may also be RoPE with biases (Qwen2): then the
+        start = oracle.queries  # additive route fails, and the RoPE learner's answer (or refusal) is the one
+        try:  # that counts
+            res = extract_additive(oracle, heads=heads, seed=seed, check=check, progress=progress)
+        except (RecoveryError, UnidentifiableError) as first:
+            tried = oracle.queries - start
+            try:
+                res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress)
+            except AttnprobeError as exc:
+                raise type(exc)(f"{exc} (an additive position bias did not fit either: {first})") from exc
+            res.notes.append(f"read as RoPE after an additive position bias did not fit: {first}")
+            res.queries += tried
+            res.queries_by_phase = {"additive tried": tried, **res.queries_by_phase}
     else:
         res = extract_additive(oracle, heads=heads, seed=seed, check=check, progress=progress, position=kind)
     if spent:
