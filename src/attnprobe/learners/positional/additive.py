@@ -128,15 +128,15 @@ def extract_additive(oracle, *, heads=None, seed=0, check=True, progress=None, p
     with run.phase("heads"):
         Cb, G, signal, alphas = _heads(oracle, M, c, rng, heads, noise)
     H, dh = G.shape[:2]
-    Pc = np.linalg.pinv(Cb).reshape(H, dh, K)
+    reader = HeadReader(rows, np.linalg.pinv(Cb).reshape(H, dh, K), G, c)
     with run.phase("bias near"):
         T0 = max(1, min(dh - 2, 14))
-        rho_l = _token_scale(rows, rng, Pc, G, c, min(NEAR_GROUP, T0))
-        near = _bias(rows, rng, Pc, G, c, np.arange(-1, -T0 - 1, -1), d, rho_l, T=NEAR_GROUP)  # (H, T0), NaN: unseen
+        rho_l = _token_scale(reader, rng, min(NEAR_GROUP, T0))
+        near = _bias(reader, rng, np.arange(-1, -T0 - 1, -1), rho_l, T=NEAR_GROUP)  # (H, T0), NaN: unseen
     span = np.maximum.accumulate(np.max(np.where(np.isnan(near), np.inf, np.abs(near)), axis=0))
     T = int(max(1, min(T0, np.sum(span <= BIAS_SPAN))))  # keys per logits query: the bias spread ≤ BIAS_SPAN
     with run.phase("logits"):
-        B, u = _sketches(rows, rng, Pc, G, c, dh + OVERSAMPLE, T, rho_l)
+        B, u = _sketches(reader, rng, dh + OVERSAMPLE, T, rho_l)
     kind = position
     slopes, linear = _slopes(near)
     if kind is None:
@@ -152,10 +152,10 @@ def extract_additive(oracle, *, heads=None, seed=0, check=True, progress=None, p
     if kind == "t5":
         with run.phase("bias"):
             offs = np.arange(-1, -max_offset - 1, -1)
-            neg = _bias(rows, rng, Pc, G, c, offs, d, rho_l, T=T0)
+            neg = _bias(reader, rng, offs, rho_l, T=T0)
             pos = None
             if bidi and oracle.every_position is not False:
-                pos = _bias(rows, rng, Pc, G, c, -offs, d, rho_l, T=T0)
+                pos = _bias(reader, rng, -offs, rho_l, T=T0)
         rel_bias, layout = _buckets(offs, neg, pos, bidi)
         info.update(layout)
     Wq, Wk, bq = [], [], []
@@ -277,34 +277,43 @@ def _heads(oracle, M, c, rng, heads, noise):
     return Cb, G, signal, np.array(alphas)
 
 
-def _log_ratios(rows, Pc, G, c, Z, keys, key_pos, N, row):
-    """``log α_hj/α_h,row`` (B, H, T) for query tokens ``Z (B, d)`` at ``row`` and keys ``keys (B, T, d)`` at
-    positions ``key_pos`` of length-``N`` sequences (zeros elsewhere)."""
-    d = Z.shape[1]
-    chunk = max(1, BATCH_TOKENS // (N * d))
-    out = []
-    for i in range(0, len(Z), chunk):
-        X = np.zeros((len(Z[i:i + chunk]), N, d))
-        X[:, key_pos] = keys[i:i + chunk]
-        X[:, row] = Z[i:i + chunk]
-        out.append(rows(X, row) - c)
-    toks = np.concatenate([keys, Z[:, None]], axis=1)
-    Y = np.concatenate(out)
-    la = np.empty((len(Y), G.shape[0], toks.shape[1]))
-    for i in range(0, len(Y), 4096):  # in head h's coordinates Pc_h y = Σ_j α_hj G_h x_j: least squares
-        A = np.einsum("hjd,bnd->bhjn", G, toks[i:i + 4096])
-        coords = np.einsum("hjk,bk->bhj", Pc, Y[i:i + 4096])
-        alpha = np.einsum("bhnj,bhj->bhn", np.linalg.pinv(A), coords)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            la[i:i + 4096] = np.where(alpha > 0, np.log(np.abs(alpha)), np.nan)  # lost in the rounding: NaN
-    return la[..., :-1] - la[..., -1:]
+class HeadReader:
+    """Each head's log-weights from answers: ``rows`` (the oracle's row), the heads' coordinates ``Pc (H, d_h, K)``,
+    token images ``G (H, d_h, d)`` and ``c``."""
+
+    def __init__(self, rows, Pc, G, c):
+        self.rows, self.Pc, self.G, self.c = rows, Pc, G, c
+
+    def log_ratios(self, Z, keys, key_pos, N, row):
+        """``log α_hj/α_h,row`` (B, H, T) for query tokens ``Z (B, d)`` at ``row`` and keys ``keys (B, T, d)`` at
+        positions ``key_pos`` of length-``N`` sequences (zeros elsewhere); NaN where a weight is lost in the
+        rounding."""
+        Pc, G = self.Pc, self.G
+        d = Z.shape[1]
+        chunk = max(1, BATCH_TOKENS // (N * d))
+        out = []
+        for i in range(0, len(Z), chunk):
+            X = np.zeros((len(Z[i:i + chunk]), N, d))
+            X[:, key_pos] = keys[i:i + chunk]
+            X[:, row] = Z[i:i + chunk]
+            out.append(self.rows(X, row) - self.c)
+        toks = np.concatenate([keys, Z[:, None]], axis=1)
+        Y = np.concatenate(out)
+        la = np.empty((len(Y), G.shape[0], toks.shape[1]))
+        for i in range(0, len(Y), 4096):  # in head h's coordinates Pc_h y = Σ_j α_hj G_h x_j: least squares
+            A = np.einsum("hjd,bnd->bhjn", G, toks[i:i + 4096])
+            coords = np.einsum("hjk,bk->bhj", Pc, Y[i:i + 4096])
+            alpha = np.einsum("bhnj,bhj->bhn", np.linalg.pinv(A), coords)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                la[i:i + 4096] = np.where(alpha > 0, np.log(np.abs(alpha)), np.nan)  # lost in the rounding: NaN
+        return la[..., :-1] - la[..., -1:]
 
 
-def _bias(rows, rng, Pc, G, c, offsets, d, rho, T=None):
+def _bias(reader, rng, offsets, rho, T=None):
     """Stage 4: ``b_h(δ) − b_h(0)`` (H, len(offsets)) at the offsets (all negative: the query is the last row; all
     positive: the query is row 0). Keys ``±x`` at ``T`` offsets per sequence, the query ``±tz`` at two scales:
     averaging the four signs leaves ``b_h(δ) − b_h(0) − t² zᵀB_h z``, and the two scales remove the last term."""
-    H, dh = G.shape[:2]
+    H, dh, d = reader.G.shape
     T = T or max(1, dh - 2)
     offsets = np.asarray(offsets)
     out = np.zeros((H, len(offsets)))
@@ -323,23 +332,23 @@ def _bias(rows, rng, Pc, G, c, offsets, d, rho, T=None):
                 for sx in (1.0, -1.0):
                     Z.append(sz * t * z)
                     Kx.append(sx * x)
-        ell = _log_ratios(rows, Pc, G, c, np.array(Z), np.array(Kx), pos, N, row)  # (8, H, T)
+        ell = reader.log_ratios(np.array(Z), np.array(Kx), pos, N, row)  # (8, H, T)
         m = ell.reshape(len(scales), 4, H, len(o)).mean(axis=1)  # b − t² zBz
         t2 = np.array(scales) ** 2
         out[:, idx] = (t2[1] * m[0] - t2[0] * m[1]) / (t2[1] - t2[0])
     return out
 
 
-def _token_scale(rows, rng, Pc, G, c, T):
+def _token_scale(reader, rng, T):
     """The token norm ρ at which the largest content logit of 8 random queries is about :data:`TARGET_LOGIT`."""
-    d = G.shape[2]
+    d = reader.G.shape[2]
     N, pos = T + 1, np.arange(T)
     z = rng.standard_normal((8, d)) / math.sqrt(d)
     keys = rng.standard_normal((8, T, d)) / math.sqrt(d)
     rho = 1.0
     for _ in range(4):  # logits far apart leave keys lost in the rounding (NaN): shrink the tokens and ask again
-        diff = _log_ratios(rows, Pc, G, c, rho * z, rho * keys, pos, N, N - 1) - \
-            _log_ratios(rows, Pc, G, c, -rho * z, rho * keys, pos, N, N - 1)
+        diff = reader.log_ratios(rho * z, rho * keys, pos, N, N - 1) - \
+            reader.log_ratios(-rho * z, rho * keys, pos, N, N - 1)
         if not np.any(np.isnan(diff)):
             break
         rho /= 8
@@ -347,10 +356,10 @@ def _token_scale(rows, rng, Pc, G, c, T):
     return float(np.clip(math.sqrt(TARGET_LOGIT / max(big, 1e-12)), 1e-3, 1e3))
 
 
-def _sketches(rows, rng, Pc, G, c, r, T, rho):
+def _sketches(reader, rng, r, T, rho):
     """Stage 3: ``B_h`` from a query basis against ``r`` random keys and ``r`` random queries against a key basis
     (rank-d_h reconstruction), and ``u_h`` from the key basis; ``T`` keys per query at offsets −1 … −T."""
-    H, dh, d = G.shape
+    H, dh, d = reader.G.shape
     N = T + 1
     pos = np.arange(T)
     Qb = random_orthogonal(d, rng)
@@ -364,10 +373,10 @@ def _sketches(rows, rng, Pc, G, c, r, T, rho):
         g = m // T
         Z = rho * np.repeat(queries, g, axis=0)
         Kk = rho * np.tile(keyset.reshape(g, T, d), (n, 1, 1))
-        l_pp = _log_ratios(rows, Pc, G, c, Z, Kk, pos, N, N - 1)
-        l_pm = _log_ratios(rows, Pc, G, c, Z, -Kk, pos, N, N - 1)
-        l_mp = _log_ratios(rows, Pc, G, c, -Z, Kk, pos, N, N - 1)
-        l_mm = _log_ratios(rows, Pc, G, c, -Z, -Kk, pos, N, N - 1)
+        l_pp = reader.log_ratios(Z, Kk, pos, N, N - 1)
+        l_pm = reader.log_ratios(Z, -Kk, pos, N, N - 1)
+        l_mp = reader.log_ratios(-Z, Kk, pos, N, N - 1)
+        l_mm = reader.log_ratios(-Z, -Kk, pos, N, N - 1)
         shape = lambda a: a.reshape(n, g, H, T).transpose(2, 0, 1, 3).reshape(H, n, m)  # noqa: E731
         return (shape(((l_pp - l_pm) - (l_mp - l_mm)) / (4 * rho**2)),
                 shape(((l_pp - l_pm) + (l_mp - l_mm)) / (4 * rho)))
