@@ -134,3 +134,13 @@ def test_bucket_layout_is_fitted_not_assumed():
     offs = -np.arange(300)
     assert np.array_equal(t5_buckets(offs, 16, 32, True) >= 0, np.ones(300, bool))
     assert _worst(res.model, layer, d) < 1e-8
+
+
+def test_estimate_follows_the_position_route():
+    """--estimate with --position t5 plans the additive route (values, zero-query Jacobians, sketches, biases):
+    measured 3,976 sequences + 40 check on T5Attention at d = 128 (benchmarks/positional.md)."""
+    from attnprobe.learners.core.estimate import estimate_queries
+
+    t5 = estimate_queries("positional", 128, outputs=128, heads=8, position="t5")
+    rope = estimate_queries("positional", 128, outputs=128, heads=8, position="rope")
+    assert 3600 <= t5.queries <= 4400 and rope.queries > 3 * t5.queries

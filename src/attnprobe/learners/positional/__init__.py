@@ -8,7 +8,7 @@ from attnprobe.learners.core.estimate import QueryCount
 from attnprobe.learners.core.registry import Capabilities, register
 from attnprobe.learners.multihead.options import HEADS
 from attnprobe.learners.positional.rope import CHECK_LENGTHS, extract_positional, positional_queries
-from attnprobe.learners.positional.route import POSITION, extract_any_positional
+from attnprobe.learners.positional.route import POSITION, additive_estimate, extract_any_positional
 
 
 def _positional(oracle, *, seed, progress, heads, position="auto"):
@@ -17,6 +17,8 @@ def _positional(oracle, *, seed, progress, heads, position="auto"):
 
 def positional_estimate(setting) -> QueryCount:
     """The plan of :func:`extract_positional` (:func:`positional_queries`) plus its check on lengths up to 256."""
+    if setting.option("position") in ("t5", "alibi"):
+        return additive_estimate(setting)
     H = setting.needs("heads", "a positional estimate needs the number of heads H")
     if setting.coarse:
         from attnprobe.errors import ConfigError

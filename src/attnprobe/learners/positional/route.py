@@ -128,3 +128,21 @@ def _share_groups(res) -> None:
     res.details["kv_shared"] = {"groups": G, "misfit": misfit, "answers_moved": moved}
     res.notes.append(f"heads sharing keys and values stored once per group ({G} KV groups; misfit {misfit:.1e}, "
                      f"answers moved {moved:.1e})")
+
+
+def additive_estimate(setting):
+    """The plan of the additive-bias route (``--position t5`` or ``alibi``): :func:`~.additive.additive_queries`
+    for last-position answers, the check on lengths up to 256 (T5 read at every row asks its positive offsets too:
+    up to ~8·256/(d_h − 2) more)."""
+    from attnprobe.learners.core.check import check_queries
+    from attnprobe.learners.core.estimate import QueryCount
+    from attnprobe.learners.positional.additive import CHECK_LENGTHS, additive_queries
+
+    H = setting.needs("heads", "a positional estimate needs the number of heads H")
+    dh = setting.d // H
+    checks = check_queries(CHECK_LENGTHS) if setting.check else 0
+    q = additive_queries(setting.d, H, dh) + checks
+    both = additive_queries(setting.d, H, dh, both=True) + checks
+    return QueryCount(q, q, both, f"values 2d, zero-query Jacobians 12d, sketches "
+                                  f"4(d⌈r/T⌉ + r⌈d/T⌉) with r = d_h + 8, T ≤ d_h − 2 keys per sequence, the bias at "
+                                  f"offsets up to 255, check {checks}")
