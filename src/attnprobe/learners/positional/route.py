@@ -131,7 +131,7 @@ def _share_groups(res) -> None:
 
 
 def additive_estimate(setting):
-    """The plan of the additive-bias route (``--position t5`` or ``alibi``): :func:`~.additive.additive_queries`
+    """The plan of the additive-bias route (option ``position`` t5 or alibi): :func:`~.additive.additive_queries`
     for last-position answers, the check on lengths up to 256 (T5 read at every row asks its positive offsets too:
     up to ~8·256/(d_h − 2) more)."""
     from attnprobe.learners.core.check import check_queries
