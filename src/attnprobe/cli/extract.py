@@ -82,6 +82,8 @@ def _plain_oracle_from_args(args, chain, precision, learner) -> Oracle:
 
 def run(args) -> int:
     """Everything that can be refused is refused before the first query: options, output paths, memory."""
+    if args.method is None and args.hf_dir and args.row is None:  # the folder's family says which learner
+        args.method = hf.default_method(args.hf_dir)
     if args.method is None:  # a rank bound makes the low-rank sketch the natural choice
         args.method = "lowrank" if getattr(args, "rank", None) else "exact"
     if args.method not in {e.name for e in registry.learners()}:
