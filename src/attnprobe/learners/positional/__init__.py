@@ -8,14 +8,17 @@ from attnprobe.learners.core.estimate import QueryCount
 from attnprobe.learners.core.registry import Capabilities, register
 from attnprobe.learners.multihead.options import HEADS
 from attnprobe.learners.positional.rope import CHECK_LENGTHS, extract_positional, positional_queries
+from attnprobe.learners.positional.route import POSITION, additive_estimate, extract_any_positional
 
 
-def _positional(oracle, *, seed, progress, heads):
-    return extract_positional(oracle, heads=heads, seed=seed, progress=progress)
+def _positional(oracle, *, seed, progress, heads, position="auto"):
+    return extract_any_positional(oracle, heads=heads, seed=seed, progress=progress, position=position)
 
 
 def positional_estimate(setting) -> QueryCount:
     """The plan of :func:`extract_positional` (:func:`positional_queries`) plus its check on lengths up to 256."""
+    if setting.option("position") in ("t5", "alibi"):
+        return additive_estimate(setting)
     H = setting.needs("heads", "a positional estimate needs the number of heads H")
     if setting.coarse:
         from attnprobe.errors import ConfigError
@@ -33,8 +36,10 @@ def positional_estimate(setting) -> QueryCount:
 
 register("positional", _positional, recovers="positional",
          capabilities=Capabilities(vector_answers=True, fine_answers=True), estimate=positional_estimate,
-         help="RoPE attention (LLaMA/Mistral: rotary, GQA, no biases) from whole output rows at the last position; "
-              "per head and frequency pair W_Q, W_K up to a scaled rotation of the pair, the frequencies, V_h",
-         options=[HEADS])
+         help="attention with position terms from whole output rows at the last position: RoPE (LLaMA/Mistral: "
+              "rotary, GQA, no biases; per head and frequency pair W_Q, W_K up to a scaled rotation of the pair, the "
+              "frequencies, V_h), T5 relative buckets and ALiBi (an additive bias: B_h, u_h, V_h, the bias per "
+              "bucket or the slope)",
+         options=[HEADS, POSITION])
 
 __all__ = ["extract_positional", "positional_estimate", "positional_queries"]
