@@ -21,7 +21,7 @@ def run(args) -> int:
 
     if args.layers not in (None, 1):
         raise ConfigError(f"--layers is 1 (a one-layer folder) or left out (every layer of --hf-dir); "
-                          f"got {args.layers}")
+                          f"got {args.layers}", param="layers")
     model = load_model(args.result)  # refuses a broken or hostile file before anything is written
     out, dropped = export_layer(args.result, args.hf_dir, args.layer, args.out, layers=args.layers,
                                 dtype=args.dtype)

@@ -33,9 +33,10 @@ def _refuse_foreign_options(learner, args) -> None:
         if value is None or value is False or name in learner.option_names:
             continue
         if name == "probes":
-            raise ConfigError(f"--method {learner.name} has a single probe design; drop --probes {value}")
+            raise ConfigError(f"--method {learner.name} has a single probe design; drop --probes {value}",
+                              param="probes")
         raise ConfigError(f"--method {learner.name} does not use {option.flag} (it is for --method "
-                          f"{' / '.join(sorted(users))}); drop {option.flag}")
+                          f"{' / '.join(sorted(users))}); drop {option.flag}", param=name)
 
 
 def _refuse_dtype_without_model(args) -> None:
@@ -45,7 +46,7 @@ def _refuse_dtype_without_model(args) -> None:
         source = "--oracle" if args.oracle else "--url" if args.url else "--replay" if args.replay else "the oracle"
         raise ConfigError(f"--dtype {args.dtype} sets the precision a --target or --hf-dir model computes in; "
                           f"{source} answers in its own: declare it with --answer-precision {args.dtype}, or cast "
-                          f"its answers with --cast {args.dtype}")
+                          f"its answers with --cast {args.dtype}", param="dtype")
 
 
 def _oracle_from_args(args, chain, learner) -> Oracle:
@@ -62,7 +63,7 @@ def _oracle_from_args(args, chain, learner) -> Oracle:
 def _plain_oracle_from_args(args, chain, precision, learner) -> Oracle:
     kw = {"budget": args.budget, "outputs": args.outputs, "chain": chain, "precision": precision}
     if args.target and args.oracle:
-        raise ConfigError("give either --oracle MODULE:ATTR or --target FILE.npz, not both")
+        raise ConfigError("give either --oracle MODULE:ATTR or --target FILE.npz, not both", param="oracle")
     kw["log"] = remote.open_log(args, chain)  # built with the Oracle; a log of another oracle is refused here
     if args.hf_dir:
         return hf.oracle_from_args(args, kw)
@@ -70,13 +71,14 @@ def _plain_oracle_from_args(args, chain, precision, learner) -> Oracle:
         oracle = oracle_from_file(args.target, dtype=args.dtype, **kw)
         if args.d is not None and args.d != oracle.d:
             raise ConfigError(f"--d {args.d} contradicts --target {args.target}, whose model has d = {oracle.d}; "
-                              "drop --d")
+                              "drop --d", param="d")
         return oracle
     if args.oracle:
         if args.d is not None and learner.recovers == "head" and not args.estimate:  # an estimate holds nothing
-            refuse_memory(HEAD_BYTES_PER_D2 * args.d**2, f"extracting a d = {args.d} head")
+            refuse_memory(HEAD_BYTES_PER_D2 * args.d**2, f"extracting a d = {args.d} head", "d")
         return oracle_from_spec(args.oracle, args.d, **kw)
-    raise ConfigError("say what to extract: --oracle MODULE:ATTR --d D, --target FILE.npz or --hf-dir DIR --layer L")
+    raise ConfigError("say what to extract: --oracle MODULE:ATTR --d D, --target FILE.npz or --hf-dir DIR --layer L",
+                      param="oracle")
 
 
 def run(args) -> int:
@@ -85,7 +87,7 @@ def run(args) -> int:
         args.method = "lowrank" if getattr(args, "rank", None) else "exact"
     if args.method not in {e.name for e in registry.learners()}:
         raise ConfigError(f"unknown --method {args.method!r}; choose one of "
-                          f"{', '.join(e.name for e in registry.learners())}")
+                          f"{', '.join(e.name for e in registry.learners())}", param="method")
     learner = registry.learner(args.method)
     _refuse_foreign_options(learner, args)
     hf.refuse_stray(args)
@@ -93,14 +95,15 @@ def run(args) -> int:
     chain = answer_chain.chain_from_args(args, membership=not learner.capabilities.value_answers)
     if chain.membership and not learner.capabilities.membership_answers:
         raise ConfigError(f"--membership makes the answers 0/1, which --method {args.method} cannot use; "
-                          "use --method membership")
+                          "use --method membership", param="membership")
     options = learner.resolve(_given_options(args))
     if args.estimate:
         return _print_estimate(args, _estimate_oracle(args, chain, learner))
     if args.price_per_1k is not None:
-        raise ConfigError("--price-per-1k prices an estimate; add --estimate")
+        raise ConfigError("--price-per-1k prices an estimate; add --estimate", param="price_per_1k")
     if args.out is None:
-        raise ConfigError("extract needs --out OUT.npz (or --estimate to print the queries a run would need)")
+        raise ConfigError("extract needs --out OUT.npz (or --estimate to print the queries a run would need)",
+                          param="out")
     inputs = [args.target, getattr(args, "log", None), Path(args.hf_dir) / "model.safetensors" if args.hf_dir else None]
     inputs += [options[o.name] for o in learner.options if o.input_file]
     if args.oracle and ":" in args.oracle:
@@ -208,7 +211,7 @@ def _print_estimate(args, oracle) -> int:
         line += f"; more than --budget {args.budget} may be needed"
     if est.cost is not None and not math.isfinite(est.cost):
         raise ConfigError(f"--price-per-1k {args.price_per_1k:g} makes the cost of {est.queries} queries overflow; "
-                          "give the price in a larger unit")
+                          "give the price in a larger unit", param="price_per_1k")
     if est.cost is not None:
         line += f"; cost about {est.cost:.4g} at {args.price_per_1k:g} per 1,000 queries"
     print(line)

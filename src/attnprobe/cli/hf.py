@@ -24,9 +24,9 @@ def oracle_from_args(args, kw: dict):
     from attnprobe.oracles.hf_attention import DTYPES
 
     if args.target or args.oracle:
-        raise ConfigError("give one oracle: --hf-dir DIR, --oracle MODULE:ATTR or --target FILE.npz")
+        raise ConfigError("give one oracle: --hf-dir DIR, --oracle MODULE:ATTR or --target FILE.npz", param="hf_dir")
     if args.layer is None:
-        raise ConfigError("--hf-dir needs --layer L (the attention layer to query)")
+        raise ConfigError("--hf-dir needs --layer L (the attention layer to query)", param="layer")
     from attnprobe.oracles.hf_folder import check_model_dir
 
     check_model_dir(args.hf_dir)
@@ -37,23 +37,23 @@ def oracle_from_args(args, kw: dict):
     spec.refuse_positional()  # before anything else is read or asked
     hf_checkpoint(args.hf_dir)  # a config.json whose layer count the weights do not hold is refused before torch
     if not 0 <= args.layer < spec.layers:
-        raise ConfigError(f"--layer must be in 0..{spec.layers - 1} for {args.hf_dir}; got {args.layer}")
+        raise ConfigError(f"--layer must be in 0..{spec.layers - 1} for {args.hf_dir}; got {args.layer}", param="layer")
     if args.row is not None and not 0 <= args.row < spec.hidden:
-        raise ConfigError(f"--row must be an output index in 0..{spec.hidden - 1}; got {args.row}")
+        raise ConfigError(f"--row must be an output index in 0..{spec.hidden - 1}; got {args.row}", param="row")
     if args.dtype not in DTYPES:
-        raise ConfigError(f"--hf-dir runs the module in {', '.join(DTYPES)}; got --dtype {args.dtype}")
+        raise ConfigError(f"--hf-dir runs the module in {', '.join(DTYPES)}; got --dtype {args.dtype}", param="dtype")
     if args.outputs is not None:
-        raise ConfigError("--hf-dir knows its number of outputs; drop --outputs")
+        raise ConfigError("--hf-dir knows its number of outputs; drop --outputs", param="outputs")
     if args.row is None and args.method != "multihead":
         raise ConfigError(f"--method {args.method} reads one number per query but the layer answers its whole "
-                          "output row; give --row R (one output row) or use --method multihead")
+                          "output row; give --row R (one output row) or use --method multihead", param="row")
     from attnprobe.oracles.hf_attention import oracle_from_hf
 
     kw = {k: v for k, v in kw.items() if k != "outputs"}
     oracle = oracle_from_hf(args.hf_dir, args.layer, dtype=args.dtype, row=args.row, **kw)
     if args.d is not None and args.d != oracle.d:
         raise ConfigError(f"--d {args.d} contradicts --hf-dir {args.hf_dir}, whose layers have d = {oracle.d}; "
-                          "drop --d")
+                          "drop --d", param="d")
     return oracle
 
 
@@ -62,7 +62,7 @@ def refuse_stray(args) -> None:
     if getattr(args, "hf_dir", None) is None:
         for flag in ("layer", "row"):
             if getattr(args, flag, None) is not None:
-                raise ConfigError(f"--{flag} goes with --hf-dir DIR")
+                raise ConfigError(f"--{flag} goes with --hf-dir DIR", param=flag)
 
 
 def identity(args) -> str:
@@ -90,11 +90,12 @@ def write_target(args) -> int:
     from attnprobe.targets.hf import hf_checkpoint, hf_layer_arrays, hf_layer_row, save_layer_arrays
 
     if args.model_dir is None:
-        raise ConfigError("target hf-attention needs --model-dir DIR (a Hugging Face model folder)")
+        raise ConfigError("target hf-attention needs --model-dir DIR (a Hugging Face model folder)", param="model_dir")
     ckpt = hf_checkpoint(args.model_dir)
     ckpt.spec.refuse_positional()
     if not 0 <= args.layer < ckpt.layers:
-        raise ConfigError(f"--layer must be in 0..{ckpt.layers - 1} for {args.model_dir}; got {args.layer}")
+        raise ConfigError(f"--layer must be in 0..{ckpt.layers - 1} for {args.model_dir}; got {args.layer}",
+                          param="layer")
     if args.row is not None:
         path = save_model(hf_layer_row(args.model_dir, args.layer, args.row), args.out)
         what = f"output row {args.row}"

@@ -21,18 +21,21 @@ def api_keys(args) -> list[str]:
         try:
             text = path.read_bytes().decode("utf-8")
         except OSError as exc:
-            raise ConfigError(f"cannot read --api-key-file {path}: {exc.strerror or exc}") from exc
+            raise ConfigError(f"cannot read --api-key-file {path}: {exc.strerror or exc}",
+                              param="api_key_file") from exc
         except UnicodeDecodeError:
-            raise ConfigError(f"--api-key-file {path} is not UTF-8 text; write one key a line") from None
+            raise ConfigError(f"--api-key-file {path} is not UTF-8 text; write one key a line",
+                              param="api_key_file") from None
         keys += [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
     if not keys and os.environ.get(KEY_ENV):
         keys.append(os.environ[KEY_ENV])
     if not keys:
-        raise ConfigError(f"give the server at least one key: --api-key KEY, --api-key-file F or {KEY_ENV}")
+        raise ConfigError(f"give the server at least one key: --api-key KEY, --api-key-file F or {KEY_ENV}",
+                          param="api_key")
     for i, key in enumerate(keys):
         if not (key.isascii() and key.isprintable()) or key != key.strip() or " " in key:
             raise ConfigError(f"API key number {i + 1} has characters an HTTP header cannot carry (keys are printable "
-                              "ASCII without spaces); choose another key")
+                              "ASCII without spaces); choose another key", param="api_key")
     return keys
 
 
@@ -57,7 +60,7 @@ def answer_outputs(fn, d: int) -> tuple[int | None, bool]:
         y = np.asarray(fn(X), dtype=np.float64)
     except Exception as exc:
         raise ConfigError(f"the model fails on a test query ({type(exc).__name__}: {exc}); fix it before serving "
-                          "it") from None
+                          "it", param="oracle") from None
     if y.shape in ((1,), (1, 1)):
         return None, False
     if y.ndim == 2 and y.shape[0] == 1:
@@ -65,7 +68,7 @@ def answer_outputs(fn, d: int) -> tuple[int | None, bool]:
     if y.ndim == 3 and y.shape[:2] == (1, 1):
         return int(y.shape[2]), True
     raise ConfigError(f"the model answers shape {y.shape} for one sequence of one row; a served model answers one "
-                      "number or K numbers per sequence, or K numbers per position")
+                      "number or K numbers per sequence, or K numbers per position", param="oracle")
 
 
 def served_callable(args):
@@ -74,7 +77,7 @@ def served_callable(args):
     from attnprobe.oracles import oracle_from_file, oracle_from_spec
 
     if bool(args.target) == bool(args.oracle):
-        raise ConfigError("say what to serve: either --target FILE.npz or --oracle MODULE:ATTR --d D")
+        raise ConfigError("say what to serve: either --target FILE.npz or --oracle MODULE:ATTR --d D", param="target")
     chain = answer_chain.chain_from_args(args)
     oracle = oracle_from_file(args.target, dtype=args.dtype) if args.target else oracle_from_spec(args.oracle, args.d)
     # asked of the model itself: the chain's noise is not consumed

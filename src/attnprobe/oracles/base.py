@@ -29,7 +29,7 @@ def _keys(X):
 QueryFn = Callable[[np.ndarray], np.ndarray]
 
 
-def _max_row_norm(X: np.ndarray) -> float:
+def max_row_norm(X: np.ndarray) -> float:
     """The largest Euclidean norm of a row of the batch ``X``, the same number as the largest
     ``np.linalg.norm`` of a row: squared norms by one pass of dot products, then the norms of the rows within
     their rounding of the largest."""
@@ -249,7 +249,7 @@ class Oracle:
         """Record the largest row norm of ``X``; refuse the batch when it passes ``max_input_norm``."""
         if X.size == 0:
             return
-        top = _max_row_norm(X)
+        top = max_row_norm(X)
         limit = self._max_input_norm
         if limit is not None and top > limit * (1 + NORM_ROUNDING):
             norms = np.linalg.norm(X, axis=-1)

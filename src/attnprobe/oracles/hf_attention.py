@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnprobe.errors import ConfigError
+from attnprobe.errors import ConfigError, MissingDependencyError
 from attnprobe.oracles.base import Oracle
 from attnprobe.models.precision import coarser
 from attnprobe.oracles.hf_families import LayerSpec, layer_spec, split_projections
@@ -43,7 +43,7 @@ def _transformers():
     try:
         import transformers
     except ImportError as exc:
-        raise ConfigError(f"Hugging Face models need transformers; run: {HF_HINT}") from exc
+        raise MissingDependencyError(f"Hugging Face models need transformers; run: {HF_HINT}") from exc
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     return transformers
@@ -56,7 +56,8 @@ def _load(path: str, dtype: str):
         model = transformers.AutoModel.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype],
                                                        attn_implementation="eager")
     except Exception as exc:
-        raise ConfigError(f"transformers cannot load {path} offline: {type(exc).__name__}: {exc}") from exc
+        raise ConfigError(f"transformers cannot load {path} offline: {type(exc).__name__}: {exc}",
+                          param="model_dir") from exc
     return model.to(DTYPES[dtype]).eval()  # whatever the transformers version did with ``dtype``
 
 
@@ -87,7 +88,7 @@ class HFAttentionLayer(nn.Module):
                                                                     dtype=dtype)
         if self.readout is not None and self.readout.shape != (self.K,):
             raise ConfigError(f"the readout must be a vector of the layer's {self.K} outputs; got shape "
-                              f"{tuple(self.readout.shape)}")
+                              f"{tuple(self.readout.shape)}", param="readout")
 
     @property
     def positions(self) -> str:
@@ -152,7 +153,7 @@ def hf_attention_layer(model_dir, layer: int, *, dtype: str = "float64", row: in
     model = load_hf_model(model_dir, dtype)
     if row is not None:
         if readout is not None:
-            raise ConfigError("give an output row or a readout vector, not both")
+            raise ConfigError("give an output row or a readout vector, not both", param="readout")
         if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= int(row) < spec.hidden:
             raise ConfigError(f"The 'row' parameter must be an output index in 0..{spec.hidden - 1}; got {row}",
                               param="row")

@@ -31,7 +31,8 @@ def _truncated(M: np.ndarray, r: int, what: str, dropped: list) -> tuple[np.ndar
     top = S[0] if S.size and S[0] > 0 else 1.0
     if S.size > r and S[r] > RANK_SLACK * top:
         raise ConfigError(f"{what} has rank above the head width {r} (singular value {r + 1} is "
-                          f"{S[r] / top:.2g} of the largest); the recovered layer does not fit this folder's heads")
+                          f"{S[r] / top:.2g} of the largest); the recovered layer does not fit this folder's heads",
+                          param="result")
     dropped.append(float(S[r] / top) if S.size > r else 0.0)
     return U[:, :r], S[:r], Vt[:r]
 
@@ -45,16 +46,19 @@ def factor_layer(arrays: dict, spec: LayerSpec, layer: int) -> dict:
     W, u, v, c = (np.asarray(arrays[k], dtype=np.float64) for k in ("W", "u", "v", "c"))
     if W.ndim != 3 or v.ndim != 3:
         raise ConfigError("the result must hold a whole-row multi-head layer (W (H, d, d), v (H, K, d)); extract "
-                          "it with --method multihead from the whole output row")
+                          "it with --method multihead from the whole output row", param="result")
     H, d, K = W.shape[0], W.shape[1], v.shape[1]
     dh, s = spec.head_dim, spec.logit_scale(layer)
     if d != spec.hidden or K != spec.hidden:
-        raise ConfigError(f"the result has d = {d}, K = {K} outputs; {spec.folder} has width {spec.hidden}")
+        raise ConfigError(f"the result has d = {d}, K = {K} outputs; {spec.folder} has width {spec.hidden}",
+                          param="result")
     if H > spec.heads:
-        raise ConfigError(f"the result has {H} heads; a {spec.name} layer of {spec.folder} has {spec.heads}")
+        raise ConfigError(f"the result has {H} heads; a {spec.name} layer of {spec.folder} has {spec.heads}",
+                          param="result")
     if spec.kv_heads != spec.heads:
         raise ConfigError(f"{spec.folder} shares keys and values between query heads ({spec.heads} query heads, "
-                          f"{spec.kv_heads} KV heads); writing independent heads into it needs their groups")
+                          f"{spec.kv_heads} KV heads); writing independent heads into it needs their groups",
+                          param="hf_dir")
     Q, Kp, Vp = (np.zeros((spec.heads, dh, d)) for _ in range(3))
     bQ = np.zeros((spec.heads, dh))
     WO = np.zeros((K, spec.heads, dh))
@@ -72,7 +76,7 @@ def factor_layer(arrays: dict, spec: LayerSpec, layer: int) -> dict:
         bV = np.linalg.lstsq(WO, c, rcond=None)[0]
         if np.abs(WO @ bV - c).max() > 1e-8 * max(np.abs(c).max(), 1e-300):
             raise ConfigError(f"a {spec.name} layer has no output bias and c is not in the span of W_O; it does not "
-                              "fit this family")
+                              "fit this family", param="result")
         bV, bO = bV.reshape(spec.heads, dh), None
     return {"Q": Q, "K": Kp, "V": Vp, "bQ": bQ if "q" in spec.biases or np.any(bQ) else None, "bK": None,
             "bV": bV, "WO": WO, "bO": bO, "dropped": max(dropped)}
@@ -97,7 +101,8 @@ def export_layer(result, hf_dir, layer: int, out, *, layers: int | None = None, 
     arrays = load_arrays(result, what="result file")
     if str(arrays.get("kind", "")) != "multi_head":
         raise ConfigError(f"{result} holds a {str(arrays.get('kind', 'attention_head'))!r} model; export writes a "
-                          "whole-row multi-head layer (extract --method multihead from the whole output row)")
+                          "whole-row multi-head layer (extract --method multihead from the whole output row)",
+                          param="result")
     factors = factor_layer(arrays, spec, layer)
     dropped = factors.pop("dropped")
     weights = join_projections(spec, factors)
@@ -110,15 +115,15 @@ def export_layer(result, hf_dir, layer: int, out, *, layers: int | None = None, 
         for name, value in weights.items():
             param = attention.get_parameter(name)
             if tuple(param.shape) != value.shape:  # pragma: no cover - join_projections follows the family
-                raise ConfigError(f"{name}: shape {value.shape} does not fit {tuple(param.shape)}")
+                raise ConfigError(f"{name}: shape {value.shape} does not fit {tuple(param.shape)}", param="result")
             param.copy_(torch.as_tensor(value, dtype=param.dtype))
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out} exists and is not a folder; give a folder to write the model into")
+        raise ConfigError(f"{out} exists and is not a folder; give a folder to write the model into", param="out")
     try:
         model.save_pretrained(out)
     except OSError as exc:
-        raise ConfigError(f"cannot write {out}: {exc}") from exc
+        raise ConfigError(f"cannot write {out}: {exc}", param="out") from exc
     return out, dropped
 
 
@@ -156,5 +161,5 @@ def _model_to_write(hf_dir, layer: int, one_layer: bool, dtype: str, spec: Layer
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or [m for m in missing if not m.endswith("position_ids")]:
         raise ConfigError(f"cannot build a one-layer {spec.name} model from {hf_dir}: missing {missing[:3]}, "
-                          f"unexpected {unexpected[:3]}")
+                          f"unexpected {unexpected[:3]}", param="hf_dir")
     return model

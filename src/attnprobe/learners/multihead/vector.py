@@ -136,7 +136,7 @@ def _values(oracle, rng, rho):
     return M, c
 
 
-class _Layer:
+class LayerResiduals:
     """The oracle seen through the length-1 part: residuals ``f(X) − M x_N − c`` (K, B)."""
 
     def __init__(self, oracle, M, c):
@@ -227,7 +227,7 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design, asked_befo
     if K < 2:
         raise ConfigError("the vector multi-head learner needs answers with K ≥ 2 outputs; use the scalar learners "
                           "for one output", param="method")
-    layer = _Layer(oracle, M, c)
+    layer = LayerResiduals(oracle, M, c)
     with run.phase("calibrate"):
         try:
             rho, ratio = _calibrate(layer, rng, d, rho_max)
@@ -491,7 +491,7 @@ class _Separation:
         for dl, th, Rj, fk in zip(deltas, thetas, Rs, fitted):
             if fk.residual > self.tol:  # the continuation fell into another minimum: start this δ afresh
                 self.restarts += 1
-                fk = _relabel(self.from_scratch(dl, Rj, self.T, P), th.T, None)
+                fk = relabel(self.from_scratch(dl, Rj, self.T, P), th.T, None)
             if fk.residual > self.tol:
                 raise SeparationError(f"a probe difference did not separate into the {self.H} heads found first "
                                       f"(misfit {fk.residual:.1e} > {self.tol:.1e}); retry with another seed",
@@ -537,11 +537,11 @@ class _Separation:
             ks = range(k0, min(n_dir, k0 + (batch if split else LATE_BATCH)))
             k0 = ks.stop
             dk = [self.delta0 + SMALL_STEP * size * Q[k] for k in ks]
-            fits = [_relabel(f, fit0.w, f.w) for f in self.fits(dk, [fit0.theta] * len(dk))]
+            fits = [relabel(f, fit0.w, f.w) for f in self.fits(dk, [fit0.theta] * len(dk))]
             if self.coarse:  # θ is linear in δ: extrapolate the short difference's θ to the long one, fit there
                 dk = [self.delta0 + FAR_STEP * size * Q[k] for k in ks]
                 guess = [fit0.theta + FAR_STEP / SMALL_STEP * (f.theta - fit0.theta) for f in fits]
-                fits = [_relabel(f, g.T, f.theta.T) for f, g in zip(self.fits(dk, guess), guess)]
+                fits = [relabel(f, g.T, f.theta.T) for f, g in zip(self.fits(dk, guess), guess)]
             for dl, fk in zip(dk, fits):
                 self.worst = max(self.worst, fk.residual)
                 ws.append(fk.w)
@@ -568,7 +568,7 @@ def value_rank(M, eps):
     return (r, Vt[:r]) if r < min(M.shape) else (d, None)
 
 
-def _relabel(fit, ref, got):
+def relabel(fit, ref, got):
     """The fit with its heads put in the order of the reference: columns of ``got`` (a view of the fit) matched to
     the nearest columns of ``ref`` (the assignment of least total distance: Hungarian, unless every reference
     column has a different nearest one), so every difference keeps δ_0's head labels."""
