@@ -59,7 +59,7 @@ def main() -> None:
         name = family + (" (llama3 scaling)" if "rope" in kw else "") + "".join(f" ({k} {v})" for k, v in opts.items())
         gqa = f"8/{kw['kv_heads']}" if "kv_heads" in kw else "8/8"
         unknowns = truth.unknowns(truth.d, truth.H, truth.G, truth.head_dim, truth.outputs,
-                                  bias=truth.bk is not None)
+                                  bias=bool(np.any(truth.bk) or np.any(truth.bq)))
         limit = -(-unknowns // truth.outputs)  # each sequence answers K numbers
         t0 = time.perf_counter()
         try:
