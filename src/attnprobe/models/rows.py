@@ -42,6 +42,8 @@ class AnswerRows:
         if isinstance(self.model, MultiHeadAttention):  # every row in one pass (the same sums, read per query)
             rows = every_position_rows(self.model, X, causal=self.positions == "causal")
             return rows[..., 0] if np.ndim(self.model.v) == 2 else rows
+        if getattr(self.model, "kind", "") == "positional_attention":  # its own every-position pass (its mask)
+            return self.model.every_position(X)
         N = X.shape[1]
         rows = []
         for i in range(N):
