@@ -54,10 +54,12 @@ def detect_position(oracle, rng: np.random.Generator) -> tuple[str, float]:
     return ("additive" if spread > max(ADDITIVE_SIGNAL, 1e3 * math.sqrt(max(oracle.eps, 1e-16))) else "rope"), spread
 
 
-def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=None, position="auto"):
+def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=None, position="auto", walk=None):
     """The positional learner for this oracle's position term (module docstring); the route and why are in
-    ``details`` and the notes."""
-    from attnprobe.learners.positional.rope import extract_positional
+    ``details`` and the notes; ``walk``: the RoPE learner's walk length (:func:`extract_positional`)."""
+    from attnprobe.learners.positional.rope import WALK, extract_positional
+
+    walk = WALK if walk is None else walk
 
     kind = None if position in (None, "auto") else position
     source = "declared"
@@ -73,7 +75,8 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
         kind = "rope" if found == "rope" else None
         source = "read from the answers"
     if kind == "rope":
-        res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress)
+        res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress,
+                                     walk=walk)
         _share_groups(res)
     elif source == "read from the answers":  # a zero-query bias may also be RoPE with biases (Qwen2): then the
         start = oracle.queries  # additive route fails, and the RoPE learner's answer (or refusal) is the one
@@ -82,7 +85,8 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
         except (RecoveryError, UnidentifiableError) as first:
             tried = oracle.queries - start
             try:
-                res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress)
+                res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress,
+                                     walk=walk)
             except AttnprobeError as exc:
                 raise type(exc)(f"{exc} (an additive position bias did not fit either: {first})") from exc
             res.notes.append(f"read as RoPE after an additive position bias did not fit: {first}")
