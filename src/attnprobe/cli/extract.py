@@ -82,6 +82,8 @@ def _plain_oracle_from_args(args, chain, precision, learner) -> Oracle:
 
 def run(args) -> int:
     """Everything that can be refused is refused before the first query: options, output paths, memory."""
+    if args.method is None and args.hf_dir and args.row is None:  # the folder's family says which learner
+        args.method = hf.default_method(args.hf_dir)
     if args.method is None:  # a rank bound makes the low-rank sketch the natural choice
         args.method = "lowrank" if getattr(args, "rank", None) else "exact"
     if args.method not in {e.name for e in registry.learners()}:
@@ -198,7 +200,7 @@ def _print_estimate(args, oracle) -> int:
     entry = registry.learner(args.method)
     try:
         est = estimate_queries(args.method, oracle.d, outputs=oracle.outputs, precision=precision,
-                               price_per_1k=args.price_per_1k,
+                               price_per_1k=args.price_per_1k, positions=_declared_rows(oracle),
                                **{name: getattr(args, name, None) for name in entry.option_names})
     except ConfigError as exc:
         flag = entry.option(exc.param).flag if exc.param in entry.option_names else None
@@ -216,6 +218,12 @@ def _print_estimate(args, oracle) -> int:
         line += f"; cost about {est.cost:.4g} at {args.price_per_1k:g} per 1,000 queries"
     print(line)
     return 0
+
+
+def _declared_rows(oracle) -> str | None:
+    """What the oracle's rows are when declared (``--positions``, or by the callable): the estimate of an
+    every-position run; None (the last position) when not declared, since reading it would take queries."""
+    return oracle.positions if getattr(oracle, "positions_source", None) == "declared" else None
 
 
 def _clipping_cause(oracle, args, learner, exc=None):
