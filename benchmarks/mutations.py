@@ -169,7 +169,7 @@ MUTATIONS = [
     M("querylog-roundings", "oracles/querylog.py", "VERIFY_ROUNDINGS = 64", "VERIFY_ROUNDINGS = 1000",
       ("tests/test_hostile_verdicts.py",), "identity probes compared at ~1e-4 of the scale: a float32 log of other "
                                            "weights (W × 1.0001) accepted"),
-    M("audit-journal-cut", "audit/run.py", "        if _holds_records(path):", "        if False:",
+    M("audit-journal-cut", "audit/run.py", "return _NO_IDENTITY if _holds_records(path) else None", "return None",
       ("tests/test_hostile_verdicts.py",), "a journal whose identity line is cut is trusted"),
     M("audit-task-key-learner", "audit/run.py",
       "return json.dumps([asdict(task.head), task.method, task.defense.name,",
@@ -187,7 +187,8 @@ MUTATIONS = [
     M("audit-untried-learners", "audit/report.py", "    return [n for n in fits if n not in tried and",
       "    return [] and [n for n in fits if n not in tried and", ("tests/test_hostile_learner_choice.py",),
       "a verdict from a narrowed learner list called strong"),
-    M("hf-declared-precision", "oracles/hf_attention.py", '        kwargs["precision"] = dtype',
+    M("hf-declared-precision", "oracles/hf_attention.py",
+      '        kwargs["precision"] = coarser(dtype, module.spec.softmax_dtype or dtype)',
       '        kwargs["precision"] = "float64"', ("tests/test_hf_attention.py",),
       "a float32 Hugging Face module declared float64"),
     M("hf-readout-dtype", "oracles/hf_attention.py", "np.asarray(readout, dtype=np.float64),\n"

@@ -41,9 +41,10 @@ def test_served_block_answers_every_position_bit_for_bit(served_llama):
 def test_method_block_is_refused_in_one_line_before_any_query(served_llama, capsys, tmp_path):
     srv, folder = served_llama
     before = oracle_from_url(srv.url, "k-1").fn.usage()["queries"]
-    for source in (["--url", srv.url, "--api-key", "k-1"], ["--hf-dir", str(folder), "--block", "1"]):
+    for source in (["--url", srv.url, "--api-key", "k-1", "--method", "block"],
+                   ["--hf-dir", str(folder), "--block", "1"]):  # the whole block's default method is block
         capsys.readouterr()
-        assert main(["extract", *source, "--method", "block", "--out", str(tmp_path / "r.npz"), "--quiet"]) == 2
+        assert main(["extract", *source, "--out", str(tmp_path / "r.npz"), "--quiet"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "no learner recovers whole blocks yet" in err and "docs/block.md" in err
     assert oracle_from_url(srv.url, "k-1").fn.usage()["queries"] == before

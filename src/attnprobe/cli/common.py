@@ -104,6 +104,15 @@ def inside(path: Path, folder: Path) -> bool:
     return p == f or f in p.parents
 
 
+def hf_inputs(hf_dir) -> tuple[list[Path], list[Path]]:
+    """A Hugging Face folder's input files and the folders no output may go into: the folder itself and those its
+    files live in through symlinks."""
+    if not hf_dir:
+        return [], []
+    files = [Path(hf_dir) / "config.json", Path(hf_dir) / "model.safetensors"]
+    return files, [Path(hf_dir)] + [Path(os.path.realpath(f)).parent for f in files]
+
+
 def flag_param(flag: str) -> str:
     """The parameter a flag sets: ``"--api-key"`` → ``"api_key"``."""
     return flag.lstrip("-").replace("-", "_")

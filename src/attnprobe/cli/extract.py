@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from pathlib import Path
 
 from attnprobe.cli import answer_chain, hf, remote
-from attnprobe.cli.common import (assumed_precision, check_outcome, nonneg_int, plan_outputs, positive_float,
-                                  positive_int, print_summary, refuse_memory, track)
+from attnprobe.cli.common import (assumed_precision, check_outcome, hf_inputs, nonneg_int, plan_outputs,
+                                  positive_float, positive_int, print_summary, refuse_memory, track)
 from attnprobe.errors import AttnprobeError, ConfigError, InputNormError, RecoveryError, SeparationError
 from attnprobe.learners.core import registry
 from attnprobe.models import PRECISIONS
@@ -91,6 +90,8 @@ BLOCK_REFUSAL = ("--method block: no learner recovers whole blocks yet (a pre-no
 
 def run(args) -> int:
     """Everything that can be refused is refused before the first query: options, output paths, memory."""
+    if args.method is None and args.hf_dir and args.row is None:  # the folder's family says which learner
+        args.method = "block" if getattr(args, "block", None) is not None else hf.default_method(args.hf_dir)
     if args.method is None:  # a rank bound makes the low-rank sketch the natural choice
         args.method = "lowrank" if getattr(args, "rank", None) else "exact"
     if args.method == "block":
@@ -122,13 +123,14 @@ def run(args) -> int:
         from attnprobe.oracles.hf_folder import check_model_dir
 
         check_model_dir(args.hf_dir)
-    folders = [args.hf_dir]
-    if args.hf_dir:  # its files, and the folders they live in through symlinks, are inputs too
-        files = [Path(args.hf_dir) / "config.json", Path(args.hf_dir) / "model.safetensors"]
-        inputs += files
-        folders += [Path(os.path.realpath(f)).parent for f in files]
-    plan_outputs(args.out, inputs, folders=folders)
+    files, folders = hf_inputs(args.hf_dir)  # its files, and the folders they live in through symlinks
+    plan_outputs(args.out, inputs + files, folders=folders)
     oracle = _oracle_from_args(args, chain, learner)
+    if options.get("hidden"):  # the recovered first layer alone holds d·m floats; a smooth activation's first
+        m = options["hidden"]  # derivatives, K·C ≥ 1.3m directions at n ≥ 1.25m points, ≥ 1.6m² (learner.plan)
+        smooth = options.get("activation") not in (None, "relu")
+        refuse_memory(8.0 * max(m * oracle.d, 1.6 * m * m if smooth else 0),
+                      f"an FFN of --hidden {m} units at d = {oracle.d}", "hidden")
     track(args, oracle)
     progress = Progress(f"extract ({args.method})", enabled=not args.quiet)
     try:
@@ -208,7 +210,7 @@ def _print_estimate(args, oracle) -> int:
     entry = registry.learner(args.method)
     try:
         est = estimate_queries(args.method, oracle.d, outputs=oracle.outputs, precision=precision,
-                               price_per_1k=args.price_per_1k,
+                               price_per_1k=args.price_per_1k, positions=_declared_rows(oracle),
                                **{name: getattr(args, name, None) for name in entry.option_names})
     except ConfigError as exc:
         flag = entry.option(exc.param).flag if exc.param in entry.option_names else None
@@ -226,6 +228,12 @@ def _print_estimate(args, oracle) -> int:
         line += f"; cost about {est.cost:.4g} at {args.price_per_1k:g} per 1,000 queries"
     print(line)
     return 0
+
+
+def _declared_rows(oracle) -> str | None:
+    """What the oracle's rows are when declared (``--positions``, or by the callable): the estimate of an
+    every-position run; None (the last position) when not declared, since reading it would take queries."""
+    return oracle.positions if getattr(oracle, "positions_source", None) == "declared" else None
 
 
 def _clipping_cause(oracle, args, learner, exc=None):

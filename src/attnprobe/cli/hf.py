@@ -10,8 +10,9 @@ def add_source_arguments(group) -> None:
     """``extract``'s options for a Hugging Face victim (``--dtype`` is the precision the module runs in)."""
     group.add_argument("--hf-dir", metavar="DIR",
                        help="a Hugging Face model folder (config.json, model.safetensors) of BERT, RoBERTa, ELECTRA, "
-                            "DistilBERT, ALBERT or GPT-2 (LLaMA, Qwen2, Mistral, GPT-NeoX, T5 and BLOOM are read and "
-                            "refused: their logits depend on position): the attention sublayer of layer --layer "
+                            "DistilBERT, ALBERT or GPT-2 (--method multihead, the default), or LLaMA, Qwen2, Mistral, "
+                            "GPT-NeoX, T5 and BLOOM (--method positional, the default): the attention sublayer of "
+                            "layer --layer "
                             "(before residual and norm, last position) is the oracle, run locally in --dtype "
                             "(float64, float32 or bfloat16), offline")
     group.add_argument("--layer", type=int, metavar="L", help="--hf-dir: the attention layer to query")
@@ -40,7 +41,9 @@ def oracle_from_args(args, kw: dict):
     from attnprobe.targets.hf import hf_checkpoint
 
     spec = layer_spec(args.hf_dir)
-    spec.refuse_positional()  # before anything else is read or asked
+    positional = args.method == "positional"
+    if not positional:
+        spec.refuse_positional()  # before anything else is read or asked
     hf_checkpoint(args.hf_dir)  # a config.json whose layer count the weights do not hold is refused before torch
     if not 0 <= args.layer < spec.layers:
         raise ConfigError(f"--layer must be in 0..{spec.layers - 1} for {args.hf_dir}; got {args.layer}", param="layer")
@@ -50,13 +53,18 @@ def oracle_from_args(args, kw: dict):
         raise ConfigError(f"--hf-dir runs the module in {', '.join(DTYPES)}; got --dtype {args.dtype}", param="dtype")
     if args.outputs is not None:
         raise ConfigError("--hf-dir knows its number of outputs; drop --outputs", param="outputs")
-    if args.row is None and args.method != "multihead":
+    if positional and args.row is not None:
+        raise ConfigError("--method positional reads the whole output row; drop --row", param="row")
+    if args.row is None and args.method not in ("multihead", "positional"):
         raise ConfigError(f"--method {args.method} reads one number per query but the layer answers its whole "
                           "output row; give --row R (one output row) or use --method multihead", param="row")
     from attnprobe.oracles.hf_attention import oracle_from_hf
 
     kw = {k: v for k, v in kw.items() if k != "outputs"}
-    oracle = oracle_from_hf(args.hf_dir, args.layer, dtype=args.dtype, row=args.row, **kw)
+    # a bidirectional layer with position terms (T5) answers every row: its positive offsets are seen only there
+    rows = positional and spec.positional and not spec.causal
+    oracle = oracle_from_hf(args.hf_dir, args.layer, dtype=args.dtype, row=args.row, positional=positional,
+                            every_position=rows, **kw)
     if args.d is not None and args.d != oracle.d:
         raise ConfigError(f"--d {args.d} contradicts --hf-dir {args.hf_dir}, whose layers have d = {oracle.d}; "
                           "drop --d", param="d")
@@ -96,6 +104,14 @@ def block_oracle(args, kw: dict):
 
     kw = {k: v for k, v in kw.items() if k != "outputs"}
     return oracle_from_hf_block(args.hf_dir, args.block, dtype=args.dtype, **kw)
+
+
+def default_method(hf_dir) -> str:
+    """``extract --hf-dir`` without ``--method``: ``positional`` for a family whose logits depend on position,
+    else ``multihead`` (the whole output row)."""
+    from attnprobe.oracles.hf_families import layer_spec
+
+    return "positional" if layer_spec(hf_dir).positional else "multihead"
 
 
 def refuse_stray(args) -> None:

@@ -23,6 +23,12 @@ def _refuse_options(args) -> None:
     if args.outputs is not None and args.kind not in ("relu", "smooth-ffn") and not multihead_tf:
         raise ConfigError(f"--outputs is for target relu, smooth-ffn and transformer --heads; drop it for target "
                           f"{args.kind}", param="outputs")
+    if args.m is not None and args.kind not in ("relu", "transformer", "smooth-ffn"):
+        raise ConfigError(f"--m (hidden units) is for target relu, transformer and smooth-ffn; drop it for target "
+                          f"{args.kind}", param="m")
+    if args.heads is not None and args.kind not in ("multihead", "transformer"):
+        raise ConfigError(f"--heads is for target multihead and transformer; drop it for target {args.kind}",
+                          param="heads")
     if args.activation is not None and args.kind != "smooth-ffn":
         raise ConfigError(f"--activation is for target smooth-ffn; drop it for target {args.kind}", param="activation")
     if args.residual and not multihead_tf:

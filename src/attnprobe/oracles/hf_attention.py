@@ -31,6 +31,9 @@ from attnprobe.oracles.hf_families import LayerSpec, layer_spec, split_projectio
 from attnprobe.oracles.hf_folder import check_model_dir
 from attnprobe.oracles.torch_adapter import TorchFunction, nn, torch
 
+#: the positional learner's name for each family position scheme
+POSITION_TERMS = {"rope": "rope", "relative_bias": "t5", "alibi": "alibi"}
+
 HF_HINT = "pip install 'attnprobe[hf]' (transformers; torch==2.13.0 first)"
 #: torch dtypes by the precision names the rest of attnprobe uses
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -108,9 +111,9 @@ class HFAttentionLayer(nn.Module):
     def positions(self) -> str:
         """What the rows are: ``"positional"`` (the logits depend on position), ``"causal"`` (row i answers
         ``X[:i+1]``) or ``"bidirectional"`` (row i answers ``X`` with ``x_i`` moved last)."""
-        if self.spec.positional:
-            return "positional"
-        return "causal" if self.spec.causal else "bidirectional"
+        if self.spec.causal:  # RoPE and ALiBi are relative: row i is still the answer on the prefix X[:i+1]
+            return "causal"
+        return "positional" if self.spec.positional else "bidirectional"
 
     def projections(self) -> dict:
         """The live module's float64 weights per head
@@ -178,6 +181,8 @@ def oracle_from_hf(model_dir, layer: int, *, dtype: str = "float64", row: int | 
     fn.__name__ = f"{Path(model_dir).name} layer {layer}" + ("" if row is None else f" row {row}")
     if every_position:  # what the rows are, declared from the family (an Oracle need not probe for it)
         fn.positions = module.positions
+    if module.spec.positional:  # the position term, declared from the family (the positional learner's route)
+        fn.position_term = POSITION_TERMS[module.spec.family.position]
     if kwargs.get("precision") is None:
         kwargs["precision"] = coarser(dtype, module.spec.softmax_dtype or dtype)
     kwargs.setdefault("max_batch", MAX_BATCH)

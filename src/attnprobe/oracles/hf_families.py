@@ -169,7 +169,8 @@ class LayerSpec:
         if self.positional:
             raise ConfigError(f"{self.folder} is a {self.name} model: its attention logits depend on the key's "
                               f"position ({POSITION_CAUSES[self.family.position]}), which the multi-head learner "
-                              "does not model yet", param="model_dir")
+                              "does not model; use --method positional (the default for this folder)",
+                              param="model_dir")
 
 
 def _get(config: dict, keys: tuple[str, ...], what: str, path: Path, default=None):

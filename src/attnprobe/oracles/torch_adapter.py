@@ -56,7 +56,7 @@ class TorchFunction:
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            out = self.module(torch.as_tensor(np.asarray(X), dtype=self.dtype))
+            out = self.module(torch.as_tensor(np.ascontiguousarray(X), dtype=self.dtype))
         out = out.detach().to(torch.float64).cpu().numpy()
         if out.ndim == 2 and out.shape[1] == 1:
             out = out[:, 0]
