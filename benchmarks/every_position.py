@@ -5,6 +5,8 @@ position (bidirectional, no position terms), against the same layer read at the 
     PYTHONPATH=src python benchmarks/every_position.py hf [--layers 2]      # transformers' module, float32
     PYTHONPATH=src python benchmarks/every_position.py gqa [--answers last every]  # 8 query / 2 KV heads vs 8/8
     PYTHONPATH=src python benchmarks/every_position.py llama  # transformers' LlamaAttention, rotation off
+    PYTHONPATH=src python benchmarks/every_position.py hf --layers 2 --answers every last --dtype float32
+    PYTHONPATH=src:tests python benchmarks/every_position.py families [--write]  # each Hugging Face family
 
 Prints one markdown table per run: sequences (queries), rows answered, errors (relative, worst head after
 matching heads up to permutation), the information limit (low-rank degrees of freedom / K numbers per row / N rows
@@ -24,6 +26,8 @@ from attnprobe.models.every_position import EveryPositionLayer
 from attnprobe.models.multihead import MultiHeadAttention, match_heads
 from attnprobe.oracles.base import Oracle
 
+#: the results file the families table is written into (docs/benchmarks/hf-families.md)
+DOC = "hf-families"
 HEADER = ("| target | answers | sequences | rows | info. limit (rows) | info. limit (sequences of N) | W_h | u_h | V_h "
           "| check | phases | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
 
@@ -46,9 +50,13 @@ class LongestSequence:
         return self.fn(X)
 
 
-def row(name, answers, true, fn, precision=None, seed=0, head_dim=None):
-    watch = LongestSequence(fn)
-    oracle = Oracle(watch, true.d, precision=precision)
+def row(name, answers, true, fn, precision=None, seed=0, head_dim=None, oracle=None):
+    """One table row: the vector learner on ``fn`` (or on ``oracle``, whose callable is wrapped to watch its
+    longest sequence) against the layer ``true``."""
+    if oracle is None:
+        oracle = Oracle(fn, true.d, precision=precision)
+    watch = LongestSequence(oracle.fn)
+    oracle.fn = watch
     t0 = time.perf_counter()
     res = extract_vector(oracle, seed=seed)
     sec = time.perf_counter() - t0
@@ -64,9 +72,49 @@ def row(name, answers, true, fn, precision=None, seed=0, head_dim=None):
             f"{'passed' if res.check.passed else 'FAILED'} {res.check.error:.1e} | {phases} | {sec:.0f} |"), res
 
 
+#: the families without position terms in their logits (docs/benchmarks/hf-families.md)
+FAMILIES = ("bert", "roberta", "electra", "distilbert", "albert", "gpt2")
+
+
+def families_table(seed: int = 0, hidden: int = 32, heads: int = 4, layer: int = 1) -> str:
+    """The vector learner through the hf oracle on a random-init folder of each family (``tests/hf_models``),
+    float64 and float32 modules, at the last position (the counts before every-position answers) and at every
+    position (causal for GPT-2, bidirectional otherwise)."""
+    import tempfile
+    from pathlib import Path
+
+    from attnprobe.oracles.hf_attention import oracle_from_hf
+    from attnprobe.targets.hf import hf_layer_arrays
+    from hf_models import tiny_family_dir
+
+    lines = [f"load: {os.getloadavg()[0]:.1f} (2 cores shared)", "",
+             *HEADER.replace("| target |", "| family, module |").splitlines()]
+    with tempfile.TemporaryDirectory() as tmp:
+        for fam in FAMILIES:
+            folder = tiny_family_dir(Path(tmp) / fam, fam, hidden=hidden, heads=heads, layers=2, seed=seed)
+            true = MultiHeadAttention.from_arrays(hf_layer_arrays(folder, layer))
+            for dtype in ("float64", "float32"):
+                for every in (False, True):
+                    oracle = oracle_from_hf(folder, layer, dtype=dtype, every_position=every, precision="auto")
+                    answers = oracle.fn.positions if every else "last"
+                    try:
+                        line = row(f"{fam}, {dtype}", answers, true, None, seed=seed, oracle=oracle)[0]
+                    except Exception as exc:  # a refusal is a result too: one line, its cause
+                        line = f"| {fam}, {dtype} | {answers} | {oracle.queries} | | | | | | | {exc} | | |"
+                    lines.append(line)
+                    print(line, flush=True)
+    lines += ["", f"d = {hidden}, {heads} heads, layer {layer} of 2, weights and biases N(0, 0.5²), folder seed "
+              f"{seed}, learner seed {seed}; precision read from the answers; the info. limit counts rank d/H for "
+              "every W_h and V_h plus biases over K numbers per row (and over N rows per sequence)."]
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["minilm", "hf", "gqa", "llama"])
+    ap.add_argument("what", choices=["minilm", "hf", "gqa", "llama", "families"])
+    ap.add_argument("--dtype", default="float32", help="hf: the module's dtype")
+    ap.add_argument("--write", action="store_true", help="families: write the table into docs/benchmarks/"
+                                                         "hf-families.md")
     ap.add_argument("--layers", type=int, nargs="*", default=[2])
     ap.add_argument("--answers", nargs="*", default=["last", "every"], choices=["last", "every", "causal"])
     ap.add_argument("--seed", type=int, default=0)
@@ -79,15 +127,25 @@ def main(argv=None):
             for answers in args.answers:
                 fn = true if answers == "last" else EveryPositionLayer(true, causal=answers == "causal")
                 print(row(f"MiniLM layer {L}, numpy float64", answers, true, fn, seed=args.seed)[0], flush=True)
-    elif args.what == "hf":
-        from attnprobe.targets.every_position import minilm_transformers_rows
+    elif args.what == "hf":  # the hf oracle (what --hf-dir reads) on the installed all-MiniLM-L6-v2 folder
+        from attnprobe.oracles.hf_attention import oracle_from_hf
+        from attnprobe.targets.hf import minilm_dir
 
         for L in args.layers:
             true = minilm_layer(L)
             for answers in args.answers:
-                fn = minilm_transformers_rows(L, "float32", every=answers != "last")
-                print(row(f"MiniLM layer {L}, transformers float32", answers, true, fn, precision="auto",
-                          seed=args.seed)[0], flush=True)
+                oracle = oracle_from_hf(minilm_dir(), L, dtype=args.dtype, every_position=answers != "last",
+                                        precision="auto")
+                print(row(f"MiniLM layer {L}, transformers {args.dtype}", answers, true, None, seed=args.seed,
+                          oracle=oracle)[0], flush=True)
+    elif args.what == "families":
+        table = families_table(args.seed)
+        print(table)
+        if args.write:
+            from sections import command_line, write_section
+
+            write_section("Every position on each family: sequences, rows, information limit", table,
+                          command_line(), doc=DOC)
     elif args.what == "llama":  # transformers' LlamaAttention, rotation off; its softmax is float32
         from attnprobe.targets.every_position import LlamaRows
 

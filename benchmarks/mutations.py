@@ -3,7 +3,8 @@ default tests must catch.
 
     PYTHONPATH=src python benchmarks/mutations.py [--only NAME ...] [--list] [--write]
 
-Every mutation is a (file, exact code snippet, replacement) triple: the snippet must occur exactly once in the
+Every mutation is a (file, exact code snippet, replacement) triple (or a tuple of snippets and one of their
+replacements, for a line moved from one place to another): each snippet must occur exactly once in the
 file (sites are found by text, so the table survives refactors that move lines; a site that is gone is reported,
 not skipped silently). The tree is copied once to a temporary folder (the working tree is never edited); each
 mutation is applied there, the relevant test files run (``pytest -x``, default markers), and the file is restored.
@@ -33,10 +34,11 @@ TITLE = "Mutation testing: single-line changes to core code the default tests mu
 class Mutation:
     name: str
     path: str  # under src/attnprobe/
-    snippet: str
-    replacement: str
+    snippet: str | tuple[str, ...]
+    replacement: str | tuple[str, ...]
     tests: tuple[str, ...]  # test files (or node ids) run against the mutant
     what: str
+    markers: str = "not slow"  # pytest -m: "" for a mutation only a slow test (named by node id) reaches
 
 
 M = Mutation
@@ -120,6 +122,10 @@ MUTATIONS = [
     M("ffn-repair-straight", "learners/ffn/repair.py", "abs(y[i, 1] - 0.5 * (y[i, 0] + y[i, 2])) > 3 * tol_f}",
       "abs(y[i, 1] - 0.5 * (y[i, 0] + y[i, 2])) > 3e6 * tol_f}", ("tests/test_ffn_float32_repair.py",),
       "an interval bent by a missed kink passes for straight"),
+    M("ffn-repaired-kept", "learners/ffn/mending.py",
+      "    if repaired is not None and repaired.rank(m.eps) < best.rank(m.eps):", "    if False:",
+      ("tests/test_ffn_float32_repair.py::test_a_budget_that_stops_the_lines_after_the_repair_keeps_the_repaired_set",),
+      "a better repaired set discarded when the budget stops the lines after it", markers=""),
     M("ffn-found-projection", "learners/ffn/missing.py", "    G = G - Q @ (Q.T @ G)", "    G = G",
       ("tests/test_ffn_found_in_answers.py",),
       "a missing neuron fitted to answers the found neurons' moves could give (their compensation pulls it off)"),
@@ -141,6 +147,15 @@ MUTATIONS = [
       "non-finite answers charged"),
     M("keys-rate", "service/keys.py", "if n > u.tokens:", "if n > u.tokens + 4:", ("tests/test_service.py",),
       "the rate limit lets 4 more queries through"),
+    M("keys-charge-before-rate", "service/keys.py",
+      ("            if self.rate is not None:\n", "                u.tokens -= n\n            u.queries += n\n"),
+      ("            u.queries += n\n            if self.rate is not None:\n", "                u.tokens -= n\n"),
+      ("tests/test_service.py",), "a batch charged before the rate limit refuses it (the charge moved up)"),
+    M("server-charge-before-checks", "service/app.py",
+      ("        B = len(body.inputs)\n", "        return answer_array(np.asarray(body.inputs"),
+      ("        B = len(body.inputs)\n        keys.charge(kh, B)\n",
+       "        keys.refund(kh, B)\n        return answer_array(np.asarray(body.inputs"), ("tests/test_service.py",),
+      "a JSON batch charged before its shape is validated (and refunded once it is valid)"),
     M("keys-budget", "service/keys.py", "u.queries + n > self.budget", "u.queries + n > self.budget + 1",
       ("tests/test_service.py",), "one query past a key's budget"),
     # the query log
@@ -154,7 +169,7 @@ MUTATIONS = [
     M("querylog-roundings", "oracles/querylog.py", "VERIFY_ROUNDINGS = 64", "VERIFY_ROUNDINGS = 1000",
       ("tests/test_hostile_verdicts.py",), "identity probes compared at ~1e-4 of the scale: a float32 log of other "
                                            "weights (W × 1.0001) accepted"),
-    M("audit-journal-cut", "audit/run.py", "        if _holds_records(path):", "        if False:",
+    M("audit-journal-cut", "audit/run.py", "return _NO_IDENTITY if _holds_records(path) else None", "return None",
       ("tests/test_hostile_verdicts.py",), "a journal whose identity line is cut is trusted"),
     M("audit-task-key-learner", "audit/run.py",
       "return json.dumps([asdict(task.head), task.method, task.defense.name,",
@@ -172,7 +187,8 @@ MUTATIONS = [
     M("audit-untried-learners", "audit/report.py", "    return [n for n in fits if n not in tried and",
       "    return [] and [n for n in fits if n not in tried and", ("tests/test_hostile_learner_choice.py",),
       "a verdict from a narrowed learner list called strong"),
-    M("hf-declared-precision", "oracles/hf_attention.py", '        kwargs["precision"] = dtype',
+    M("hf-declared-precision", "oracles/hf_attention.py",
+      '        kwargs["precision"] = coarser(dtype, module.spec.softmax_dtype or dtype)',
       '        kwargs["precision"] = "float64"', ("tests/test_hf_attention.py",),
       "a float32 Hugging Face module declared float64"),
     M("hf-readout-dtype", "oracles/hf_attention.py", "np.asarray(readout, dtype=np.float64),\n"
@@ -189,6 +205,17 @@ MUTATIONS = [
     M("vector-fit-tolerance", "learners/multihead/vector.py", "    return max(1e4 * eps, 1e-11)",
       "    return max(1e7 * eps, 1e-8)", ("tests/test_multihead_vector.py",),
       "the separation accepts misfits 1000x above the answers' rounding"),
+    M("transformer-crossing-order", "learners/transformer/frames.py",
+      "    order = np.argsort(np.argsort(vals.crossings))", "    order = np.argsort(vals.crossings)",
+      ("tests/test_transformer_multihead.py",), "head maps in the inverse permutation of the crossings (H ≥ 3)"),
+    M("transformer-match-angle", "learners/transformer/regions.py", "    if worst > 1e-4:", "    if worst > 1e-1:",
+      ("tests/test_transformer_multihead.py",), "heads matched across FFN regions with a 1000x looser angle"),
+    M("transformer-well-seen", "learners/transformer/regions.py", "WELL_SEEN = 0.2", "WELL_SEEN = 2e-4",
+      ("tests/test_transformer_multihead.py",), "regions stopped 1000x earlier (scores from ill-conditioned bases)"),
+    M("vector-column-space-span", "learners/multihead/vector.py",
+      "    if np.linalg.norm(M - E @ coef) > 1e3 * eps * np.linalg.norm(M):",
+      "    if np.linalg.norm(M - E @ coef) > 1e6 * eps * np.linalg.norm(M):", ("tests/test_multihead_vector.py",),
+      "column spaces accepted though they miss M by 1000x more (d = 48)"),
     M("polish-held-out", "learners/transformer/polish.py", "            if rf < best_fit and rv < best_val:",
       "            if rf < best_fit:", ("tests/test_transformer_polish.py",),
       "a polish step kept without its held-out check"),
@@ -212,13 +239,19 @@ def run_one(tree: Path, mut: Mutation, timeout: float) -> tuple[str, str, float]
     """Apply ``mut`` in ``tree``, run its tests, restore the file: (status, killed by, seconds)."""
     path = tree / "src" / "attnprobe" / mut.path
     text = path.read_text()
-    if text.count(mut.snippet) != 1:
-        return f"site not found ({text.count(mut.snippet)} matches)", "", 0.0
-    path.write_text(text.replace(mut.snippet, mut.replacement))
+    edits = (list(zip(mut.snippet, mut.replacement, strict=True)) if isinstance(mut.snippet, tuple)
+             else [(mut.snippet, mut.replacement)])
+    mutant = text
+    for snippet, replacement in edits:
+        if mutant.count(snippet) != 1:
+            return f"site not found ({mutant.count(snippet)} matches)", "", 0.0
+        mutant = mutant.replace(snippet, replacement)
+    path.write_text(mutant)
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OPENBLAS_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     try:
-        out = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mut.tests],
+        out = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", mut.markers,
+                              *mut.tests],
                              cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
         status = "killed" if out.returncode != 0 else "SURVIVED"
         who = _first_failure(out.stdout) if out.returncode != 0 else ""

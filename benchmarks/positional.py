@@ -1,7 +1,8 @@
 """The RoPE learner against real ``transformers`` attention modules (random init, d = 128, 8 heads, d_h = 16), whole
 output rows at the last position. Per family and answer precision: sequences asked against the unknowns, the
 function's error at the last position of sequences of every length up to 256 (relative to the answers' spread),
-or the one-line refusal.
+or the one-line refusal; ``unknowns`` counts the module's function (its biases included), ``limit`` =
+⌈unknowns / K⌉ sequences (each answers K numbers).
 
     PYTHONPATH=src python benchmarks/positional.py --write
 """
@@ -21,12 +22,13 @@ from attnprobe.targets.positional_modules import positional_victim, reference_mo
 from sections import command_line, write_section
 
 DOC = "positional"  # its results file: docs/benchmarks/positional.md
-#: family, victim options, answer precision
-CASES = (("llama", {"kv_heads": 2}, "float64"),
-         ("llama", {"kv_heads": 2, "rope": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
-                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                            "original_max_position_embeddings": 64}}, "float64"),
-         ("qwen2", {"kv_heads": 2}, "float64"), ("llama", {"kv_heads": 2}, "float32"))
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+#: family, victim options, answer precision, learner options
+CASES = (("llama", {"kv_heads": 2}, "float64", {}),
+         ("llama", {"kv_heads": 2, "rope": LLAMA3}, "float64", {}),
+         ("qwen2", {"kv_heads": 2}, "float64", {}), ("gpt_neox", {}, "float64", {}),
+         ("llama", {"kv_heads": 2}, "float32", {}), ("llama", {"kv_heads": 2}, "bfloat16", {}))
 LENGTHS = (1, 2, 3, 5, 17, 64, 100, 200, 256)
 
 
@@ -45,33 +47,40 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks/positional.md")
+    ap.add_argument("--walks", type=int, nargs="+", help="instead: LLaMA (8/2, float64) with these walk lengths")
     args = ap.parse_args()
-    table = Table(["module", "GQA", "answers", "sequences", "unknowns", "error ≤ 256", "θ spread", "base found",
-                   "seconds", "result"])
-    for family, kw, precision in CASES:
+    cases = CASES if not args.walks else tuple(("llama", {"kv_heads": 2}, "float64", {"walk": w}) for w in args.walks)
+    table = Table(["module", "GQA", "answers", "sequences", "unknowns", "limit", "error ≤ 256", "θ spread",
+                   "base found", "seconds", "result"])
+    for family, kw, precision, opts in cases:
         victim = positional_victim(family, d=128, heads=8, seed=args.seed, dtype=precision, **kw)
         truth = reference_model(victim)
         oracle = oracle_from_torch(victim, 128, precision=precision)
-        name = family + (" (llama3 scaling)" if "rope" in kw else "")
+        name = family + (" (llama3 scaling)" if "rope" in kw else "") + "".join(f" ({k} {v})" for k, v in opts.items())
+        gqa = f"8/{kw['kv_heads']}" if "kv_heads" in kw else "8/8"
+        unknowns = truth.unknowns(truth.d, truth.H, truth.G, truth.head_dim, truth.outputs,
+                                  bias=bool(np.any(truth.bk) or np.any(truth.bq)))
+        limit = -(-unknowns // truth.outputs)  # each sequence answers K numbers
         t0 = time.perf_counter()
         try:
-            res = extract_positional(oracle, seed=args.seed)
+            res = extract_positional(oracle, seed=args.seed, **opts)
         except AttnprobeError as exc:
-            table.add(name, f"8/{kw['kv_heads']}", precision, oracle.queries, "–", "–", "–", "–",
+            table.add(name, gqa, precision, oracle.queries, unknowns, limit, "–", "–", "–",
                       round(time.perf_counter() - t0), f"refused: {exc}")
         else:
             err = function_error(res.model, truth, np.random.default_rng(100 + args.seed))
             det = res.details
             base = det["base_estimate"]
-            table.add(name, f"8/{kw['kv_heads']}", precision, res.queries, res.unknowns, f"{err:.1e}",
+            table.add(name, gqa, precision, res.queries, unknowns, limit, f"{err:.1e}",
                       f"{det['theta_spread']:.1e}", "–" if base is None else f"{base:.6g}", round(res.seconds),
                       f"check {'passed' if res.passed else 'FAILED'} ({res.check.error:.1e}); groups "
                       f"{det['kv_groups']}")
         print(table.markdown().splitlines()[-1], flush=True)
     print(table.markdown())
     if args.write:
-        write_section("Positional: RoPE layers (transformers modules, d = 128, 8 heads, d_h = 16)", table.markdown(),
-                      command_line(), doc=DOC)
+        title = ("Positional: the pair probe's walk (LLaMA, GQA 8/2, d = 128, float64)" if args.walks else
+                 "Positional: RoPE layers (transformers modules, d = 128, 8 heads, d_h = 16)")
+        write_section(title, table.markdown(), command_line(), doc=DOC)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import argparse
 
 import numpy as np
 
-from attnprobe.learners.positional.rotation import RotaryFactors, _fit_K, factor_rotary, pair_basis, refine_angles
+from attnprobe.learners.positional.rotation import RotaryFactors, fit_keys, factor_rotary, pair_basis, refine_angles
 from attnprobe.models.positional import rope_frequencies
 from attnprobe.reports import Table
 from sections import command_line, write_section
@@ -31,10 +31,10 @@ def one_step(M, U, V):
     """The route through ``T = M(−2) M(−1)⁻¹`` alone for the pair bases."""
     P, theta = pair_basis({-1: M[-2] @ np.linalg.inv(M[-1])})
     f = RotaryFactors(np.eye(len(P)), np.eye(len(P)), theta)
-    K0 = _fit_K(P, f, {-1: M[-1], -2: M[-2]})
+    K0 = fit_keys(P, f, {-1: M[-1], -2: M[-2]})
     theta = refine_angles(theta, P, M, K0)
     f = RotaryFactors(np.eye(len(P)), np.eye(len(P)), theta)
-    return RotaryFactors(U @ P, _fit_K(P, f, M) @ V.T, theta)
+    return RotaryFactors(U @ P, fit_keys(P, f, M) @ V.T, theta)
 
 
 def main() -> None:

@@ -187,7 +187,7 @@ def test_serve_and_audit_take_the_same_flags(tmp_path):
     import argparse
 
     from attnprobe.cli import audit, serve
-    from attnprobe.cli.audit import _defenses
+    from attnprobe.cli.audit import chosen_defenses
     from attnprobe.models import save_model
 
     save_model(random_head(4, seed=0), tmp_path / "t.npz")
@@ -203,12 +203,12 @@ def test_serve_and_audit_take_the_same_flags(tmp_path):
     with pytest.raises(SystemExit):  # argparse's own refusal: a proper type, not a string passed along
         p.parse_args(["serve", "--target", "t.npz", "--round-digits", "x"])
     a = p.parse_args(["audit", "--model", "minilm", "--cast", "float16", "--round", "3", "--out", "x"])
-    assert [c.spec for c in _defenses(a)] == ["float16+round:3"]
+    assert [c.spec for c in chosen_defenses(a)] == ["float16+round:3"]
     a = p.parse_args(["audit", "--model", "minilm", "--defense", "none,float16+round:3", "--out", "x"])
-    assert [c.spec for c in _defenses(a)] == ["none", "float16+round:3"]
+    assert [c.spec for c in chosen_defenses(a)] == ["none", "float16+round:3"]
     a = p.parse_args(["audit", "--model", "minilm", "--defense", "none", "--cast", "float16", "--out", "x"])
     with pytest.raises(ConfigError, match="not both"):
-        _defenses(a)
+        chosen_defenses(a)
 
 
 def test_an_audit_task_seeds_the_noise_unless_the_spec_names_its_seed():

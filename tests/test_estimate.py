@@ -18,6 +18,7 @@ from attnprobe.learners.head.exact import extract_exact
 from attnprobe.learners.ffn import extract_ffn
 from attnprobe.learners.head.lowrank import extract_lowrank
 from attnprobe.learners.multihead import extract_multihead
+from attnprobe.models.every_position import EveryPositionLayer
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_head, random_relu_net
 from attnprobe.targets.multihead import random_multihead
@@ -42,8 +43,10 @@ def _generic(seed):
     return o.queries
 
 
-def _vector(seed, precision="float64", d=24, H=3):
-    o = Oracle(whole_row_layer(d, H, seed, dtype=precision), d, outputs=d, precision=precision)
+def _vector(seed, precision="float64", d=24, H=3, positions=None):
+    layer = whole_row_layer(d, H, seed, dtype=precision)
+    fn = layer if positions is None else EveryPositionLayer(layer, causal=positions == "causal")
+    o = Oracle(fn, d, outputs=d, precision=precision, positions=positions)
     extract_multihead(o, heads=H, seed=seed)
     return o.queries
 
@@ -65,6 +68,14 @@ CASES = {
                                 True),  # the logits of every W_h through Sec. 5's shared low-rank sketch
     "multihead-vector-float32": (lambda s: _vector(s, "float32"), 2,
                                  dict(method="multihead", d=24, heads=3, outputs=24, precision="float32"), True),
+    # every position (declared): values d + 1, logits from every row; bidirectional rows separate on progressions
+    "multihead-vector-every": (lambda s: _vector(s, d=64, H=8, positions="bidirectional"), 2,
+                               dict(method="multihead", d=64, heads=8, outputs=64, positions="bidirectional"), True),
+    "multihead-vector-every-causal": (lambda s: _vector(s, d=32, H=4, positions="causal"), 2,
+                                      dict(method="multihead", d=32, heads=4, outputs=32, positions="causal"), True),
+    "multihead-vector-every-float32": (lambda s: _vector(s, "float32", positions="bidirectional"), 2,
+                                       dict(method="multihead", d=24, heads=3, outputs=24, precision="float32",
+                                            positions="bidirectional"), True),
     "ffn": (_ffn, 6, dict(method="ffn", d=8, hidden=8), False),
     "ffn-biased-K-outputs": (lambda s: _ffn(s, 16, 16, 10, True), 6, dict(method="ffn", d=16, hidden=16, outputs=10),
                              False),

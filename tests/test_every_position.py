@@ -5,10 +5,12 @@ import numpy as np
 import pytest
 
 from attnprobe.errors import ConfigError, OracleAnswerError
-from attnprobe.learners.multihead.vector import extract_vector
+from attnprobe.learners.multihead.vector import PROGRESSION, extract_vector
 from attnprobe.models.every_position import EveryPositionLayer, every_position_rows
 from attnprobe.models.multihead import MultiHeadAttention, match_heads
+from attnprobe.models.rows import AnswerRows, check_positions, row_query
 from attnprobe.oracles import Oracle
+from attnprobe.oracles.positions import RowAnswers
 from attnprobe.oracles.querylog import QueryLog
 from attnprobe.targets.every_position import gqa_layer
 
@@ -25,8 +27,33 @@ def test_rows_are_last_position_answers_of_a_prefix_or_a_moved_last_permutation(
     X = np.random.default_rng(1).standard_normal((3, 5, 8))
     Y = every_position_rows(m, X, causal)
     for i in range(5):
-        other = X[:, :i + 1] if causal else X[:, [j for j in range(5) if j != i] + [i]]
-        np.testing.assert_allclose(Y[:, i], m(other), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(Y[:, i], m(row_query(X, i, 'causal' if causal else 'bidirectional')), rtol=0,
+                                   atol=1e-12)
+
+
+class LastPosition:
+    """A last-position model that is not a MultiHeadAttention: AnswerRows reads it once per row."""
+
+    def __init__(self, model):
+        self.model, self.d = model, model.d
+
+    def __call__(self, X):
+        return self.model(X)
+
+
+def test_one_row_query_and_one_positions_check_serve_the_rows_the_cache_and_load_model():
+    m = layer()
+    X = np.random.default_rng(3).standard_normal((2, 4, 8))
+    for kind in ("causal", "bidirectional"):
+        np.testing.assert_allclose(AnswerRows(LastPosition(m), kind)(X), every_position_rows(m, X, kind == "causal"),
+                                   rtol=0, atol=1e-12)
+    refusals = [lambda: AnswerRows(m, "positional"), lambda: RowAnswers("positional"),
+                lambda: row_query(X, 0, "positional"), lambda: Oracle(m, 8, positions="sideways")]
+    for make in refusals:
+        with pytest.raises(ConfigError, match="'positions' parameter must be one of") as err:
+            make()
+        assert err.value.param == "positions"
+    assert check_positions("auto") is None and check_positions("positional") == "positional"
 
 
 @pytest.mark.parametrize("causal, kind", [(False, "bidirectional"), (True, "causal")])
@@ -101,7 +128,7 @@ def test_last_position_oracles_refuse_rows_and_shapes_may_not_change():
     o(X)
     with pytest.raises(OracleAnswerError, match="every position before"):
         o(np.ones((2, 3, 8)))
-    with pytest.raises(ConfigError, match="positions must be one of"):
+    with pytest.raises(ConfigError, match="'positions' parameter must be one of"):
         Oracle(m, 8, positions="sideways")
 
 
@@ -194,7 +221,7 @@ def test_gqa_costs_fewer_queries_than_the_same_layer_without_sharing():
 
 
 @pytest.mark.parametrize("declared", ["auto", "causal"])
-def test_cli_extract_reports_rows_and_positions(tmp_path, monkeypatch, declared):
+def test_cli_extract_reports_rows_and_positions(tmp_path, monkeypatch, capsys, declared):
     import json
     import sys
     import textwrap
@@ -221,6 +248,19 @@ def test_cli_extract_reports_rows_and_positions(tmp_path, monkeypatch, declared)
     assert oracle["positions"] == "causal" and summary["details"]["positions"] == "causal"
     assert oracle["positions_source"] == ("declared" if declared == "causal" else "read from the answers")
     assert oracle["rows"] > oracle["queries_total"] and summary["passed"]
+    if declared != "causal":
+        return
+    # --estimate with the rows declared: the every-position plan, asking nothing, near the real bill
+    from attnprobe.learners.core.estimate import estimate_queries
+
+    base = ["extract", "--oracle", "victim:answer", "--d", "8", "--method", "multihead", "--heads", "2",
+            "--outputs", "12", "--estimate"]
+    assert main(base + ["--positions", "causal"]) == 0
+    line = capsys.readouterr().out
+    est = estimate_queries("multihead", 8, heads=2, outputs=12, positions="causal")
+    assert f"about {est.queries} queries" in line and "every position: causal" in line and "0 asked" in line
+    assert est.low <= oracle["queries_total"] <= est.high
+    assert main(base) == 0 and "every position" not in capsys.readouterr().out  # not declared: the last position
 
 
 def test_float32_every_position_answers_are_read_within_their_precision():
@@ -229,9 +269,11 @@ def test_float32_every_position_answers_are_read_within_their_precision():
     res = extract_vector(Oracle(EveryPositionLayer(m), 32, precision="auto"), seed=0)
     match = match_heads(_true_layer(32, 4, seed=1), res.model)
     assert res.passed and match.worst < 1e-3 and res.details["positions"] == "bidirectional"
-    # the logits stage reads every row; the separation reads the last row of two-row queries as before
+    # the logits stage reads every row; the separation every row of progressions: short differences until the
+    # heads' column spaces show, then a long one along every direction started in them (no second short fit each)
     assert res.queries_by_phase["logits"] < 0.5 * last.queries_by_phase["logits"]
-    assert res.queries_by_phase["separate"] == last.queries_by_phase["separate"]
+    assert res.details["progressions"] == PROGRESSION
+    assert res.queries_by_phase["separate"] < 0.75 * last.queries_by_phase["separate"]
 
 
 @pytest.mark.slow
@@ -249,3 +291,25 @@ def test_transformers_llama_attention_with_shared_kv_heads_is_grouped():
     perm = {int(got): true for true, got in enumerate(match.perm)}
     assert sorted(sorted(perm[h] for h in g) for g in res.details["groups"]) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert res.details["value_rank"] == 16 and res.details["differences"] == 17
+
+
+def test_gpt2_folder_answering_every_row_is_recovered_through_the_hf_oracle(tmp_path):
+    """A GPT-2 folder's attention sublayer (transformers' Conv1D: it views its input, so the oracle must hand the
+    module contiguous batches however the rows were sliced) answering every row: causal, recovered."""
+    pytest.importorskip("transformers")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hf_models import tiny_family_dir
+
+    from attnprobe.oracles.hf_attention import oracle_from_hf
+    from attnprobe.targets.hf import hf_layer_arrays
+
+    folder = tiny_family_dir(tmp_path / "gpt2", "gpt2", hidden=16, heads=2, layers=1, seed=0)
+    oracle = oracle_from_hf(folder, 0, every_position=True, precision="auto")
+    res = extract_vector(oracle, seed=0)
+    truth = MultiHeadAttention.from_arrays(hf_layer_arrays(folder, 0))
+    assert res.passed and match_heads(truth, res.model).worst < 1e-8
+    assert res.details["positions"] == "causal" and res.details["rows"] > res.queries
+    assert res.queries_by_phase["values"] == 16 + 1  # [x] and [0]: d + 1

@@ -90,3 +90,55 @@ def test_nuclear_refuses_a_solve_estimated_too_long_before_any_query(tmp_path, c
                    "--out", "o.npz", "--quiet", says="would take about")
     assert "raise --solver-time-limit" in line
     assert "GiB" in line and "no queries spent" not in line and "0 queries spent" in line
+
+
+# A signal while the command line imports its subcommands (numpy, scipy, the learners: a second or more on a
+# loaded machine). The driver raises the signal from inside the import of a named module, so it lands there on
+# any machine, however fast: it runs ``python -m attnprobe`` (runpy) after installing an import hook that prints
+# a marker and raises the signal when that module is first imported.
+IMPORT_SIGNAL_DRIVER = """
+import importlib.abc, runpy, signal, sys
+trigger, sig = sys.argv[1], getattr(signal, sys.argv[2])
+class SignalOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == trigger:
+            sys.meta_path.remove(self)
+            print(f"marker: importing {name}", file=sys.stderr, flush=True)
+            signal.raise_signal(sig)
+        return None
+sys.meta_path.insert(0, SignalOnImport())
+sys.argv = ["attnprobe", *sys.argv[3:]]
+runpy.run_module("attnprobe", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("module, sig, code, word", [("numpy", "SIGINT", 130, "interrupted"),
+                                                     ("scipy", "SIGINT", 130, "interrupted"),
+                                                     ("numpy", "SIGTERM", 143, "terminated")])
+def test_a_signal_while_the_cli_imports_ends_with_one_line(tmp_path, module, sig, code, word):
+    save_model(random_head(4, seed=0), tmp_path / "t.npz")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-c", IMPORT_SIGNAL_DRIVER, module, sig, "extract", "--target", "t.npz",
+                           "--out", "o.npz", "--quiet"], cwd=tmp_path, capture_output=True, text=True, env=env,
+                          timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines[0] == f"marker: importing {module}", proc.stderr  # the signal came during the import
+    assert proc.returncode == code, proc.stderr
+    assert len(lines) == 2 and lines[1] == f"attnprobe: {word}: stopped by {sig}" + (
+        " (Ctrl-C)" if sig == "SIGINT" else "") + "; no result written"
+    assert not (tmp_path / "o.npz").exists()
+
+
+def test_importing_the_package_and_its_cli_loads_nothing_heavy():
+    """``import attnprobe`` and ``import attnprobe.cli`` load no numpy/scipy/torch/cvxpy (so the handlers above
+    are in place before those imports); the public names still resolve."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    code = ("import sys, attnprobe, attnprobe.cli\n"
+            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'scipy', 'torch', 'cvxpy'})\n"
+            "print(heavy)\n"
+            "from attnprobe import Oracle, extract_exact, AttentionHead, load_model, save_model, Extraction\n"
+            "print(Oracle.__name__, extract_exact.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == "[]"
+    assert out.stdout.splitlines()[1].startswith("Oracle")

@@ -32,11 +32,17 @@ def test_no_string_names_a_command_line_flag(path):
     assert not flags, f"{path.name} names command-line flags {flags}; name the parameter instead"
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.relative_to(LEARNERS_DIR).as_posix())
+PACKAGE_DIR = LEARNERS_DIR.parent
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE_DIR.rglob("*.py")), ids=lambda p: p.relative_to(PACKAGE_DIR).as_posix())
 def test_every_config_error_names_its_parameter(path):
-    """The CLI names the flag of ``ConfigError.param``; a refusal without it could only be read, not acted on."""
+    """The CLI names the flag of ``ConfigError.param``; a refusal without it could only be read, not acted on
+    (an error no parameter of the run can fix is another class: ``MissingDependencyError``, ``OracleError``, ...).
+    Every module of the package, not only the learners."""
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ConfigError":
+        if isinstance(node, ast.Call) and "ConfigError" in (getattr(node.func, "id", None),
+                                                           getattr(node.func, "attr", None)):
             assert any(k.arg == "param" for k in node.keywords), f"{path.name}:{node.lineno} names no parameter"
 
 
@@ -62,8 +68,17 @@ def test_the_core_knows_no_family():
             assert module != "attnprobe.learners", (path.name, module)
 
 
-def test_no_module_imports_another_modules_private_name():
-    for path in sorted(LEARNERS_DIR.parent.rglob("*.py")):
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("folder", ["src/attnprobe", "tests", "benchmarks"])
+def test_no_module_imports_another_modules_private_name(folder):
+    """Neither the package nor its tests and benchmarks import a private (``_name``) name of an attnprobe module:
+    a test goes through the public API, and a name worth testing on its own is public."""
+    root = LEARNERS_DIR.parent if folder == "src/attnprobe" else REPO / folder
+    paths = sorted(root.rglob("*.py"))
+    assert paths, root
+    for path in paths:
         for module, names in _imports(path):
             private = [n for n in names if n.startswith("_")]
-            assert not private, f"{path.relative_to(LEARNERS_DIR.parent)} imports {private} from {module}"
+            assert not private, f"{folder}/{path.relative_to(root)} imports {private} from {module}"

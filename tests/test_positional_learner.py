@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from attnprobe.errors import RecoveryError, UnidentifiableError
+from attnprobe.errors import ConfigError, RecoveryError, UnidentifiableError
 from attnprobe.learners.core.estimate import estimate_queries
 from attnprobe.learners.positional import extract_positional
 from attnprobe.learners.positional.rotation import RotaryFactors, factor_rotary
@@ -74,3 +74,27 @@ def test_biases_and_coarse_answers_are_refused_in_one_line():
     llama = reference_model(positional_victim("llama", d=32, heads=2, kv_heads=1, seed=1))
     with pytest.raises(UnidentifiableError, match="float32"):
         extract_positional(Oracle(llama.with_dtype("float32"), 32, precision="float32"), seed=0)
+
+
+@pytest.mark.slow
+def test_a_longer_walk_spans_the_heads_output_spaces_better():
+    """``walk`` multiplies the pair probe's walk: the queries grow by exactly the walk's share and the estimate
+    follows; the recovered heads' value maps come closer to the module's (measured 2.9e-8 → 1.7e-8 in the function
+    at d = 128 for walk 1 → 3)."""
+    truth = reference_model(positional_victim("llama", d=32, heads=2, kv_heads=1, seed=1))
+
+    def value_error(res):
+        got, want = res.model.value_maps(), truth.value_maps()
+        return max(min(np.abs(g - w).max() for w in want) / np.abs(want).max() for g in got)
+
+    short = extract_positional(Oracle(truth, 32), heads=2, seed=0, walk=1)
+    long = extract_positional(Oracle(truth, 32), heads=2, seed=0, walk=3)
+    assert long.passed and _rel(long.model, truth, np.random.default_rng(2)) < 1e-8
+    per_step = 2 * 3 * 4 * (2 + 4)  # 2·LEVELS·settings·(H + 4) queries per step of the walk
+    halved = long.queries - short.queries - 2 * (32 // 2) * per_step
+    assert halved >= 0 and halved % per_step == 0  # a halved step asks its query again
+    assert value_error(long) < value_error(short)
+    est = estimate_queries("positional", 32, heads=2, walk=3)
+    assert est.low <= long.queries + long.check.queries <= est.high
+    with pytest.raises(ConfigError, match="walk"):
+        extract_positional(Oracle(truth, 32), heads=2, walk=0)

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 from attnprobe.learners.head.exact import extract_exact
 from attnprobe.learners.head.sigmoid import QueryMemory, RoundingError, grid_queries, invert_two_row, two_row_queries
 from attnprobe.oracles import Oracle
-from attnprobe.oracles.base import _max_row_norm
+from attnprobe.oracles.base import max_row_norm
 from attnprobe.targets import random_head
 
 
@@ -123,7 +123,7 @@ def test_the_row_norm_check_finds_the_largest_row_norm_exactly(seed, B, N, d, sp
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((B, N, d)) * np.exp(spread * rng.standard_normal((B, N, 1)))
     X[rng.integers(B)] = X[0] * (1 + 2**-52)  # a near tie
-    assert _max_row_norm(X) == float(np.max(np.linalg.norm(X, axis=-1)))
+    assert max_row_norm(X) == float(np.max(np.linalg.norm(X, axis=-1)))
 
 
 def test_the_row_norm_check_is_exact_among_rows_of_equal_norm():
@@ -131,15 +131,15 @@ def test_the_row_norm_check_is_exact_among_rows_of_equal_norm():
     row = rng.standard_normal(384) * np.exp(2 * rng.standard_normal(384))
     X = np.stack([rng.permutation(row) for _ in range(400)])[:, None, :]
     assert len(set(np.linalg.norm(X, axis=-1).ravel())) > 1
-    assert _max_row_norm(X) == float(np.max(np.linalg.norm(X, axis=-1)))
+    assert max_row_norm(X) == float(np.max(np.linalg.norm(X, axis=-1)))
 
 
 def test_the_row_norm_check_passes_inf_and_nan_through():
     X = np.ones((300, 2, 4))
     X[7, 1, 2] = np.inf
-    assert _max_row_norm(X) == np.inf
+    assert max_row_norm(X) == np.inf
     X[7, 1, 2] = np.nan
-    assert np.isnan(_max_row_norm(X[:200]))
+    assert np.isnan(max_row_norm(X[:200]))
 
 
 def test_an_oracle_that_scribbles_on_its_queries_changes_nothing():

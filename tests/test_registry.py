@@ -130,6 +130,22 @@ def test_the_example_learner_and_its_estimate_fit_in_30_lines(rotated):
     assert sum(len(c.strip().splitlines()) for c in code) <= 30
 
 
+def test_the_architecture_doc_shows_the_example_learners_code():
+    """docs/architecture.md, "Adding a learner", shows the example's code line for line (the file wraps the
+    ``register`` call in a function; the doc makes it at the top level)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    doc = (root / "docs" / "architecture.md").read_text()
+    block = re.search(r"### Adding a learner.*?```python\n(.*?)```", doc, re.S).group(1)
+    lines = [line.strip() for line in (root / "tests" / "example_learner.py").open()]
+    source = set(lines) | {line.removeprefix("return ") for line in lines}
+    shown = [line.strip() for line in block.splitlines() if line.strip()]
+    assert len(shown) >= 20 and not [line for line in shown if line not in source]
+    assert any(line.startswith("register(") for line in shown)
+
+
 def test_the_example_learner_gets_its_estimate(rotated, tmp_path, capsys):
     """``--estimate`` asks the learner's entry; the estimate is the count the run then asks (it is not adaptive)."""
     from attnprobe.learners.core.estimate import estimate_queries

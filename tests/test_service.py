@@ -133,6 +133,8 @@ def test_rate_limit_gives_429_with_retry_after_and_the_client_waits(monkeypatch)
         codes = [r.status_code for r in replies]
         assert codes[:4] == [200, 200, 200, 429]
         assert all(int(r.headers["Retry-After"]) >= 1 for r in replies if r.status_code == 429)
+        # a batch the rate limit refuses is not charged: the key has used 4 queries per answered batch only
+        assert c.get("/v1/usage").json()["queries"] == 4 * codes.count(200) < 4 * len(codes)
         fn = HttpOracle(srv.url, "k", retries=20, backoff=0.01)
         X = np.random.default_rng(2).standard_normal((16, 2, D))
         assert np.array_equal(fn(X), head(X))  # 16 queries at 10/s: the client backs off and gets them all

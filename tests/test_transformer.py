@@ -131,3 +131,47 @@ def test_cli_verify_matches_neurons_up_to_permutation(tmp_path, capsys):
     assert main(["verify", "--target", str(target), "--result", str(out), "--json", str(js)]) == 0
     errs = json.loads(js.read_text())
     assert errs["W"] <= 1e-9 and errs["neuron_direction"] <= 1e-8 and errs["neuron_weight"] <= 1e-8
+
+
+# ---------------------------------------------------------------------------------------- the default route
+def _by_route(target, route, seed=0):
+    import attnprobe.learners  # noqa: F401  (registers the learners)
+    from attnprobe.learners.core import registry
+
+    oracle = Oracle(target, target.d)
+    res = registry.learner("transformer")(oracle, seed=seed, transformer_route=route)
+    assert oracle.queries == res.queries + res.check.queries
+    return res
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_default_route_learns_the_papers_model_for_the_paper_routes_queries(seed):
+    """The paper's model (one head, bias-free FFN, one output; d = 12, m = 20): the default route is the paper
+    route plus the one query at 0 that allowed it (the regions route spent 3.8x as many)."""
+    t = random_transformer(12, 20, seed=seed)
+    default, paper = _by_route(t, None, seed), _by_route(t, "paper", seed)
+    assert default.method == paper.method == "transformer-paper" and default.check.passed
+    assert default.model.kind == "multihead_transformer" and default.model.H == 1  # the learner's kind
+    assert default.queries == paper.queries + 1 and default.queries_by_phase["route"] == 1
+    assert default.queries < _by_route(t, "regions", seed).queries / 2
+
+
+def test_the_default_route_on_other_transformers_is_regions_counting_what_it_tried():
+    """Two bias-free heads (one output, 0 at X = [0]): the paper route is tried and stops within its attention
+    stage (≤ 2·(d² + d) queries), then the regions route runs as it would alone. FFN biases: the query at 0 rules
+    the paper route out; K = 3 outputs too."""
+    from attnprobe.targets import random_multihead_transformer
+
+    d = 12
+    two = random_multihead_transformer(d, 2, 20, outputs=1, bias=False, seed=0)
+    default, regions = _by_route(two, None), _by_route(two, "regions")
+    assert default.method == regions.method == "transformer-regions" and default.check.passed
+    tried = default.queries_by_phase["paper route"]
+    assert 0 < tried <= 2 * (d * d + d)
+    assert default.queries == regions.queries + 1 + tried
+    assert any("paper route stopped" in n for n in default.notes)
+    for target in (random_multihead_transformer(d, 1, 20, outputs=1, bias=True, seed=0),
+                   random_multihead_transformer(d, 2, 20, outputs=3, bias=True, seed=0)):
+        default, regions = _by_route(target, None), _by_route(target, "regions")
+        assert default.method == "transformer-regions" and default.check.passed
+        assert default.queries == regions.queries + 1 and "paper route" not in default.queries_by_phase

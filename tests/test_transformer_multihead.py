@@ -4,14 +4,15 @@ region learner, refusals of targets of another form, and the CLI."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from scipy.special import erf
 
 from attnprobe.cli import main
-from attnprobe.errors import AttnprobeError, ConfigError, UnidentifiableError
-from attnprobe.learners.transformer.frames import KnownFFN
+from attnprobe.errors import AttnprobeError, ConfigError, RecoveryError, UnidentifiableError
+from attnprobe.learners.transformer.frames import KnownFFN, frame_maps
 from attnprobe.learners.transformer.regions import extract_transformer_multihead
 from attnprobe.models import MultiHeadTransformer, load_model, save_model
 from attnprobe.models.transformer import transformer_errors
@@ -196,6 +197,55 @@ def test_merged_heads_come_back_as_one():
     same = MultiHeadTransformer(W, u, t.v, t.A, t.b, t.w_o, t.c)
     res, _ = _learn(same)
     assert res.passed and res.model.H == 2
+
+
+def test_each_heads_map_follows_its_own_crossing_in_any_order(monkeypatch):
+    """Stage 2: a head's map ``Ṽ_hᵀG`` is the jump of the cone gradients at *its* crossing of the saturated
+    circle, whatever order the heads are listed in: the frame's heads listed in a 3-cycle of their order (H = 3)
+    get their maps in the same 3-cycle (the crossings' inverse permutation would give another head's map)."""
+    seen = []
+
+    def spy(oracle, vals, total, rng):
+        seen.append((oracle, vals, total))
+        return frame_maps(oracle, vals, total, rng)
+
+    monkeypatch.setattr("attnprobe.learners.transformer.regions.frame_maps", spy)
+    t = random_multihead_transformer(8, 3, 16, outputs=2, bias=False, seed=29)
+    assert _learn(t)[0].passed
+    oracle, vals, total = seen[0]
+    maps = frame_maps(oracle, vals, total, np.random.default_rng(0))
+    for p in ([1, 2, 0], [2, 0, 1]):
+        listed = replace(vals, v=vals.v[p], crossings=vals.crossings[p], signs=vals.signs[p])
+        got = frame_maps(oracle, listed, total, np.random.default_rng(0))
+        assert np.abs(got - maps[p]).max() <= 1e-9 * np.abs(maps).max()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_heads_whose_scores_change_between_ffn_regions_are_refused_at_the_match(seed):
+    """A target not of this form: its heads' W_h differ by 1e-3 (relative) on the two sides of one FFN neuron's
+    hyperplane. The heads' crossings in a second region miss where the first region's scores put them by
+    ~1e-3..1e-2 rad: refused there, naming the cause (not matched anyway and left to fail the check)."""
+    t = random_multihead_transformer(8, 3, 16, outputs=2, bias=False, seed=seed)
+    other = MultiHeadTransformer(t.W + 1e-3 * np.random.default_rng(99).standard_normal(t.W.shape), t.u, t.v, t.A,
+                                 t.b, t.w_o, t.c)
+
+    def target(X):
+        side = X[:, -1] @ t.A[:, 0] + t.b[0] > 0
+        return np.where(side[:, None], t(X), other(X))
+
+    with pytest.raises(RecoveryError, match="heads of two FFN regions do not match"):
+        extract_transformer_multihead(Oracle(target, 8, outputs=2), seed=0)
+
+
+@pytest.mark.parametrize("d,H,m,K,bias,residual", CASES[:3])
+def test_every_heads_scores_are_read_from_well_conditioned_regions(d, H, m, K, bias, residual):
+    """Regions are added until each head's stacked score bases have a smallest singular value ≥ 0.2 (least squares
+    through them amplifies the answers' errors at most 5×; one region shows only d − H + 1 directions)."""
+    t = random_multihead_transformer(d, H, m, outputs=K, bias=bias, residual=residual, seed=d + H + m + K)
+    res, _ = _learn(t)
+    assert res.passed and res.details["attention_regions"] < 2 * d + 2  # below the cap: the regions sufficed
+    assert res.details["scores_seen"] >= 0.2
+    assert (res.details["attention_regions"] >= 2) == (H > 1)
 
 
 # --------------------------------------------------------------------------------------------------- the CLI

@@ -5,7 +5,7 @@ least-norm answer when its matrix is rank-deficient."""
 import numpy as np
 import pytest
 
-from attnprobe.learners.multihead.vector_heads import _Projection, fit_delta, fit_deltas, sigmoid
+from attnprobe.learners.multihead.vector_heads import VariableProjection, fit_delta, fit_deltas, sigmoid
 from attnprobe.learners.multihead.vector_logits import least_squares
 
 
@@ -46,7 +46,7 @@ def test_the_normal_equations_are_those_of_the_jacobian():
     rng = np.random.default_rng(3)
     F, K, H, n, L = 3, 7, 4, 9, 3
     T1 = np.concatenate([rng.standard_normal((n, L - 1)), np.ones((n, 1))], axis=1)
-    proj = _Projection(rng.standard_normal((F, K, n)), rng.standard_normal((F, K)), T1,
+    proj = VariableProjection(rng.standard_normal((F, K, n)), rng.standard_normal((F, K)), T1,
                        rng.uniform(0.5, 2.0, F), H)
     idx = np.arange(F)
     x = rng.standard_normal((F, H * L))
@@ -75,7 +75,7 @@ def test_least_squares_by_qr_and_its_least_norm_fallback():
 def test_relabelling_is_the_optimal_assignment(seed):
     from scipy.optimize import linear_sum_assignment
 
-    from attnprobe.learners.multihead.vector import _relabel
+    from attnprobe.learners.multihead.vector import relabel
     from attnprobe.learners.multihead.vector_heads import DeltaFit
 
     rng = np.random.default_rng(seed)
@@ -84,7 +84,7 @@ def test_relabelling_is_the_optimal_assignment(seed):
     perm = rng.permutation(H)
     # near the reference in a shuffled order, or far from it (several heads nearest to the same reference head)
     got = ref[:, perm] + (0.05 if seed % 2 else 3.0) * rng.standard_normal((4, H))
-    fit = _relabel(DeltaFit(got.copy(), got.T.copy(), 0.0), ref, None)
+    fit = relabel(DeltaFit(got.copy(), got.T.copy(), 0.0), ref, None)
     cost = np.linalg.norm(got[:, :, None] - ref[:, None, :], axis=0)
     rows, cols = linear_sum_assignment(cost)
     np.testing.assert_array_equal(fit.w, got[:, rows[np.argsort(cols)]])

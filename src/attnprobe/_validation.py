@@ -81,6 +81,15 @@ def as_batch(X, d: int) -> np.ndarray:
     return arr
 
 
+def length_one_rows(X, d: int, what: str) -> np.ndarray:
+    """The rows ``(B, d)`` of a batch ``X`` of length-1 sequences ``(B, 1, d)`` (Sec. 4.1's queries of an FFN):
+    ``what`` (e.g. "a ReLU network") answers no longer ones."""
+    X = as_batch(X, d)
+    if X.shape[1] != 1:
+        raise ConfigError(f"{what} answers length-1 queries only; got sequences of length {X.shape[1]}", param="X")
+    return X[:, 0, :]
+
+
 def real_array(name: str, x, ndim: int | None = None) -> np.ndarray:
     """``x`` as a float64 array, refusing what a silent conversion would corrupt: strings, objects and complex
     numbers (their imaginary part would be dropped), a number of dimensions other than ``ndim`` (no silent

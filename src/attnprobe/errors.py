@@ -19,6 +19,11 @@ class ConfigError(AttnprobeError, ValueError):
         self.param = param
 
 
+class MissingDependencyError(AttnprobeError):
+    """An optional package (or the MiniLM weights) is not installed: no parameter of the run is wrong; the
+    message says what to install."""
+
+
 class OracleError(AttnprobeError):
     """The oracle could not be loaded or called."""
 

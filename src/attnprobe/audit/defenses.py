@@ -16,10 +16,10 @@ def parse_defenses(text: str) -> list[AnswerChain]:
     """A comma-separated ``--defense`` list of chains; a chain listed twice (in any spelling) is refused."""
     out = [AnswerChain.parse(s) for s in str(text).split(",") if s.strip()]
     if not out:
-        raise ConfigError(f"--defense is empty; choose from: {SPEC_HELP}")
+        raise ConfigError(f"--defense is empty; choose from: {SPEC_HELP}", param="defense")
     names = [d.name for d in out]
     if len(set(names)) != len(names):
-        raise ConfigError(f"--defense lists a defence twice: {', '.join(names)}")
+        raise ConfigError(f"--defense lists a defence twice: {', '.join(names)}", param="defense")
     return out
 
 

@@ -15,7 +15,7 @@ import threading
 from typing import Callable, Sequence
 
 from attnprobe.audit.tasks import Task, failed_record, run_task
-from attnprobe.errors import ConfigError
+from attnprobe.errors import ConfigError, MissingDependencyError
 
 OnResult = Callable[[int, dict], None]
 
@@ -103,7 +103,7 @@ def _indexed(item: tuple[int, Task]) -> tuple[int, dict]:
 def run_processes(tasks: Sequence[Task], on_result: OnResult, workers: int = 1):
     """Run the tasks on ``workers`` fresh (spawned) processes."""
     if int(workers) < 1:
-        raise ConfigError(f"workers must be at least 1; got {workers}")
+        raise ConfigError(f"workers must be at least 1; got {workers}", param="workers")
     records: list[dict | None] = [None] * len(tasks)
     ctx = multiprocessing.get_context("spawn")
     with _environment(ONE_THREAD):
@@ -134,7 +134,7 @@ def run_ray(tasks: Sequence[Task], on_result: OnResult, address: str | None = No
     try:
         import ray
     except ImportError as exc:
-        raise ConfigError("--ray needs Ray: pip install 'attnprobe[ray]'") from exc
+        raise MissingDependencyError("--ray needs Ray: pip install 'attnprobe[ray]'") from exc
     started = not ray.is_initialized()
     records: list[dict | None] = [None] * len(tasks)
     pending: list = []
@@ -186,7 +186,7 @@ def _start_ray(ray, address: str | None, workers: int | None) -> None:
         where = f"at {address}" if address else "on this machine"
         raise ConfigError(f"cannot start or join a Ray cluster {where} ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else exc!r}); check the address, or give --ray "
-                          "without an address for a private local cluster") from None
+                          "without an address for a private local cluster", param="address") from None
 
 
 #: seconds to wait for a Ray cluster's address to accept a connection before refusing it
@@ -212,9 +212,9 @@ def reachable(address: str, timeout: float = RAY_CONNECT_TIMEOUT) -> None:
     try:
         port_n = int(port)
     except ValueError:
-        raise ConfigError(f"the Ray address {address!r} must look like HOST:PORT") from None
+        raise ConfigError(f"the Ray address {address!r} must look like HOST:PORT", param="address") from None
     if not 0 < port_n < 65536:
-        raise ConfigError(f"the Ray address {address!r} has no valid port (1..65535)")
+        raise ConfigError(f"the Ray address {address!r} has no valid port (1..65535)", param="address")
     hint = "start one there with 'ray start --head' or give --ray without an address for a private local cluster"
     tls = os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")  # gRPC inside TLS: no plain frames to read
     try:
@@ -231,10 +231,12 @@ def reachable(address: str, timeout: float = RAY_CONNECT_TIMEOUT) -> None:
     except socket.timeout:
         head = b""
     except OSError as exc:
-        raise ConfigError(f"no Ray cluster answers at {address} ({exc.strerror or exc}); {hint}") from None
+        raise ConfigError(f"no Ray cluster answers at {address} ({exc.strerror or exc}); {hint}",
+                          param="address") from None
     if len(head) < 9 or head[3] != 4:
         raise ConfigError(f"the server at {address} is not a Ray cluster (it does not answer as Ray's gRPC server "
-                          f"does); give the address 'ray start --head' printed (HOST:6379), or {hint.split(' or ')[1]}")
+                          f"does); give the address 'ray start --head' printed (HOST:6379), or {hint.split(' or ')[1]}",
+                          param="address")
 
 
 #: engine name (as written to results.json) -> runner

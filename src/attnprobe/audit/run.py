@@ -131,10 +131,10 @@ def refuse_other_journal(out: Path, identity: dict) -> None:
     if what == _NO_IDENTITY:
         raise ConfigError(f"{out / JOURNAL} holds finished tasks but no readable identity line (cut short or "
                           "damaged): they cannot be told to be of these weights and settings; give --fresh to replace "
-                          "it, or another --out folder")
+                          "it, or another --out folder", param="fresh")
     if what:
         raise ConfigError(f"{out / JOURNAL} records an audit {what}; give --fresh to replace it, or another "
-                          "--out folder")
+                          "--out folder", param="fresh")
 
 
 #: what :func:`_other_audit` says of a journal with records but no readable identity line
@@ -276,7 +276,7 @@ def _free_name(task: Task, name: str, claimed: dict[str, str], out: Path, models
     for n in [f"{long}.npz", *(f"{long}_{k}.npz" for k in range(2, 10_000))]:
         if free(n):
             return n
-    raise ConfigError(f"no free head file name for {name} in {out}")  # pragma: no cover - 10,000 taken
+    raise ConfigError(f"no free head file name for {name} in {out}", param="out")  # pragma: no cover - 10,000 taken
 
 
 def _journal(out: Path, task: Task, rec: dict, identity: dict) -> None:
@@ -307,7 +307,7 @@ def _journal(out: Path, task: Task, rec: dict, identity: dict) -> None:
                 os.truncate(path, size)
         raise ConfigError(f"cannot record a finished task in {path} ({exc.strerror or exc}); the audit stopped, "
                           "the tasks recorded before are kept: make room (disk space, file-size limit) and rerun the "
-                          "same command to resume") from None
+                          "same command to resume", param="out") from None
 
 
 def _no_symlink(path, flags):
@@ -324,7 +324,7 @@ def refuse_odd_files(out: Path) -> None:
         if p.is_symlink() or (p.exists() and not (p.is_dir() if folder else p.is_file())):
             what = "a symlink" if p.is_symlink() else "not a folder" if folder else "not a regular file"
             raise ConfigError(f"{p} is {what}, where the audit writes {'its head files' if folder else 'its ' + name}: "
-                              "move it away or give another --out folder")
+                              "move it away or give another --out folder", param="out")
 
 
 def _forget_written(out: Path, entries: list[tuple[str, dict]]) -> None:
@@ -343,9 +343,9 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
     from attnprobe.audit.report import write_report
 
     if engine not in ENGINES:
-        raise ConfigError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+        raise ConfigError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}", param="engine")
     if not tasks:
-        raise ConfigError("the audit has no tasks: check the layers, heads and defences asked for")
+        raise ConfigError("the audit has no tasks: check the layers, heads and defences asked for", param="tasks")
     if engine == "ray" and address:  # a dead address is refused before anything in ``out`` is touched
         from attnprobe.audit.engines import reachable
 
@@ -443,5 +443,6 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
         why = exc.__cause__ if isinstance(exc, ConfigError) and isinstance(exc.__cause__, OSError) else exc
         raise ConfigError(f"cannot write the audit's results in {out} ({getattr(why, 'strerror', None) or why}); "
                           f"the {len(completed) + len(reused)} finished tasks are recorded in {out / JOURNAL}: make "
-                          "room (disk space, file-size limit) and rerun the same command to write them") from None
+                          "room (disk space, file-size limit) and rerun the same command to write them",
+                          param="out") from None
     return run

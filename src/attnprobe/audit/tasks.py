@@ -73,10 +73,10 @@ class HeadSpec:
     def __post_init__(self) -> None:
         if self.head is not None and self.row is None:
             raise ConfigError("a single head is audited at one output row; give row (whole output rows are read "
-                              "by whole-layer tasks, head=None)")
+                              "by whole-layer tasks, head=None)", param="row")
         if self.every_position and (self.head is not None or self.row is not None):
             raise ConfigError("every-position answers are audited for whole layers at whole output rows (head=None, "
-                              "row=None)")
+                              "row=None)", param="row")
 
     @property
     def kind(self) -> TaskKind:
@@ -93,7 +93,8 @@ class HeadSpec:
 
         if self.source == "minilm":
             if self.heads_per_layer not in (None, HEADS):
-                raise ConfigError(f"MiniLM-L6 has {HEADS} heads per layer; got heads_per_layer={self.heads_per_layer}")
+                raise ConfigError(f"MiniLM-L6 has {HEADS} heads per layer; got heads_per_layer={self.heads_per_layer}",
+                                  param="heads_per_layer")
             return minilm_checkpoint()
         if Path(self.source).is_dir():  # a Hugging Face folder: its config says the family and the heads
             from attnprobe.targets.hf import hf_checkpoint
@@ -101,10 +102,11 @@ class HeadSpec:
             ckpt = hf_checkpoint(self.source)
             if self.heads_per_layer not in (None, ckpt.heads_per_layer):
                 raise ConfigError(f"{self.source} has {ckpt.heads_per_layer} heads per layer; got "
-                                  f"heads_per_layer={self.heads_per_layer}")
+                                  f"heads_per_layer={self.heads_per_layer}", param="heads_per_layer")
             return ckpt
         if self.heads_per_layer is None:
-            raise ConfigError(f"say how many heads per layer {self.source} has (heads_per_layer)")
+            raise ConfigError(f"say how many heads per layer {self.source} has (heads_per_layer)",
+                              param="heads_per_layer")
         return BertCheckpoint(self.source, self.heads_per_layer)
 
     def target(self):

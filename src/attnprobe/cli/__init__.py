@@ -4,29 +4,39 @@ Every run ends with an exit code and, unless it succeeded, one line on stderr th
 many queries were spent: 0 done and verified; 2 bad input or refused (before or during the run);
 3 the functional check failed (nothing written unless ``--keep-failed``); 130 interrupted (SIGINT, Ctrl-C);
 143 terminated (SIGTERM); 1 an internal error (a bug: the line says so; ``ATTNPROBE_DEBUG=1`` shows the traceback).
+
+The subcommands (and with them numpy, scipy, torch, cvxpy) are imported inside :func:`main`, after its signal
+handling is in place: Ctrl-C in the first second of a run ends it like any other (one line, exit 130).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import re
 import signal
 import sys
 import threading
 
-from attnprobe.cli import audit, demo, export, extract, reproduce, serve, target, verify
-from attnprobe.cli.common import queries_spent, relative_errors
 from attnprobe.errors import AttnprobeError, CheckFailedError
 
-#: the subcommands, in the order ``--help`` lists them; each module has ``add_parser(sub)`` and ``run(args)``
-SUBCOMMANDS = (extract, verify, demo, target, serve, audit, reproduce, export)
+#: the subcommands' modules under ``attnprobe.cli``, in the order ``--help`` lists them; each has
+#: ``add_parser(sub)`` and ``run(args)``
+SUBCOMMANDS = ("extract", "verify", "demo", "target", "serve", "audit", "reproduce", "export")
 
 #: exit codes (README "Exit codes")
 EXIT_OK, EXIT_BUG, EXIT_REFUSED, EXIT_CHECK_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 2, 3, 130, 143
 
 __all__ = ["build_parser", "main", "relative_errors"]
+
+
+def __getattr__(name: str):
+    if name == "relative_errors":  # re-exported, imported on first use (it loads numpy)
+        from attnprobe.cli.common import relative_errors
+        return relative_errors
+    raise AttributeError(f"module 'attnprobe.cli' has no attribute {name!r}")
 
 
 class Terminated(BaseException):
@@ -48,8 +58,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="attnprobe", description="Recover attention weights from black-box queries.")
     sub = p.add_subparsers(dest="command", required=True)
-    for module in SUBCOMMANDS:
-        module.add_parser(sub)
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"attnprobe.cli.{name}").add_parser(sub)
     return p
 
 
@@ -114,7 +124,10 @@ def _written(args, message: str) -> str:
 def _end(args, kind: str, message: str, code: int) -> int:
     """Print the one line that ends a failed run (with the queries it spent) and return the exit code."""
     message = _written(args, message)
-    tail = queries_spent(args) if args.command in ("extract", "demo") else ""
+    tail = ""
+    if getattr(args, "command", None) in ("extract", "demo"):
+        from attnprobe.cli.common import queries_spent
+        tail = queries_spent(args)
     text = message.rstrip(". ") if tail else message
     line = f"attnprobe: {kind}: {text}" + (f"; {tail}" if tail else "")
     print(" ".join(line.split()), file=sys.stderr)
@@ -177,17 +190,19 @@ def _close_log(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    args = None  # until parsed: a signal while the subcommands import ends the run with the same one line
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, or a usage error already printed on one line
-        return exc.code if isinstance(exc.code, int) else EXIT_REFUSED
-    try:
-        with _signals_end_the_run(), _stdout_reader_may_leave():
+        with _signals_end_the_run():
+            parser = build_parser()
             try:
-                return args.func(args)
-            finally:
-                _close_log(args)
+                args = parser.parse_args(argv)
+            except SystemExit as exc:  # --help, or a usage error already printed on one line
+                return exc.code if isinstance(exc.code, int) else EXIT_REFUSED
+            with _stdout_reader_may_leave():
+                try:
+                    return args.func(args)
+                finally:
+                    _close_log(args)
     except CheckFailedError as exc:
         return _end(args, "check failed", str(exc), EXIT_CHECK_FAILED)
     except AttnprobeError as exc:

@@ -67,7 +67,8 @@ def flags_chain(args, **extra) -> AnswerChain:
     fields = {field: getattr(args, dest, None) for dest, field in FLAG_FIELDS.items()}
     fields.update({k: v for k, v in extra.items() if v})
     if fields["seed"] is not None and not fields["noise"]:
-        raise ConfigError("--noise-seed seeds --noise: give --noise KIND:LEVEL too, or drop --noise-seed")
+        raise ConfigError("--noise-seed seeds --noise: give --noise KIND:LEVEL too, or drop --noise-seed",
+                          param="noise_seed")
     return AnswerChain(**{k: v for k, v in fields.items() if v is not None and v is not False})
 
 

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from attnprobe.errors import ConfigError
+from attnprobe.errors import AttnprobeError, ConfigError
 
 
 def parse_range(text: str, count: int, what: str) -> list[int]:
@@ -20,16 +20,16 @@ def parse_range(text: str, count: int, what: str) -> list[int]:
         try:
             a, b = int(lo), int(hi) if sep else int(lo)
         except ValueError as exc:
-            raise ConfigError(f"--{what} must look like all, 3, 0-5 or 0,2,4; got {text!r}") from exc
+            raise ConfigError(f"--{what} must look like all, 3, 0-5 or 0,2,4; got {text!r}", param=what) from exc
         if a > b:
-            raise ConfigError(f"--{what} {text!r}: the range {part.strip()} runs backwards; write {b}-{a}")
+            raise ConfigError(f"--{what} {text!r}: the range {part.strip()} runs backwards; write {b}-{a}", param=what)
         if not (0 <= a <= b < count):
-            raise ConfigError(f"--{what} {text!r} is outside 0..{count - 1} (the model has {count} {what})")
+            raise ConfigError(f"--{what} {text!r} is outside 0..{count - 1} (the model has {count} {what})", param=what)
         out.update(range(a, b + 1))
     return sorted(out)
 
 
-def _defenses(args):
+def chosen_defenses(args):
     """``--defense LIST`` or the shared defence flags (one chain), not both; default: no defence."""
     from attnprobe.audit import parse_defenses
     from attnprobe.cli import answer_chain
@@ -37,7 +37,7 @@ def _defenses(args):
     if answer_chain.has_flags(args):
         if args.defense is not None:
             raise ConfigError("give the defences either as --defense LIST or as flags (--cast, --round, ...), "
-                              "not both")
+                              "not both", param="defense")
         return [answer_chain.flags_chain(args)]
     return parse_defenses("none" if args.defense is None else args.defense)
 
@@ -46,43 +46,45 @@ def build_tasks(args):
     from attnprobe.audit import HeadSpec, Task, fitting_learners
 
     if args.workers < 1:
-        raise ConfigError(f"--workers must be at least 1; got {args.workers}")
+        raise ConfigError(f"--workers must be at least 1; got {args.workers}", param="workers")
     if args.budget is not None and args.budget < 1:
-        raise ConfigError(f"--budget must be a positive number of queries per head; got {args.budget}")
+        raise ConfigError(f"--budget must be a positive number of queries per head; got {args.budget}", param="budget")
     if args.hf_dir is not None:
         if args.model or args.safetensors or args.heads_per_layer is not None:
             raise ConfigError("--hf-dir reads the checkpoint and its heads per layer from the folder; drop "
-                              "--model/--safetensors/--heads-per-layer")
+                              "--model/--safetensors/--heads-per-layer", param="model")
         from attnprobe.cli.hf import audit_source
 
         args.safetensors, args.heads_per_layer = audit_source(args.hf_dir)
     if bool(args.model) == bool(args.safetensors):
-        raise ConfigError("say what to audit: --model minilm, --hf-dir DIR or --safetensors FILE --heads-per-layer H")
+        raise ConfigError("say what to audit: --model minilm, --hf-dir DIR or --safetensors FILE --heads-per-layer H",
+                          param="model")
     if args.model and args.model != "minilm":
         raise ConfigError(f"--model knows only minilm (all-MiniLM-L6-v2); got {args.model!r}; "
-                          "for other BERT-family models use --safetensors FILE --heads-per-layer H")
+                          "for other BERT-family models use --safetensors FILE --heads-per-layer H", param="model")
     if args.safetensors and args.heads_per_layer is None:
-        raise ConfigError("--safetensors needs --heads-per-layer H (the model's attention heads per layer)")
+        raise ConfigError("--safetensors needs --heads-per-layer H (the model's attention heads per layer)",
+                          param="heads_per_layer")
     if args.heads_per_layer is not None and args.heads_per_layer < 1:
-        raise ConfigError(f"--heads-per-layer must be at least 1; got {args.heads_per_layer}")
+        raise ConfigError(f"--heads-per-layer must be at least 1; got {args.heads_per_layer}", param="heads_per_layer")
     source = "minilm" if args.model else args.safetensors
     probe = HeadSpec(source, 0, 0, 0, args.heads_per_layer)
     ckpt = probe.checkpoint()
     row = 0 if args.row is None else args.row
     if not (0 <= row < ckpt.hidden):
-        raise ConfigError(f"--row must be in 0..{ckpt.hidden - 1}; got {row}")
+        raise ConfigError(f"--row must be in 0..{ckpt.hidden - 1}; got {row}", param="row")
     layers = parse_range(args.layers, ckpt.layers, "layers")
     heads = parse_range(args.heads, ckpt.heads_per_layer, "heads")
-    defenses = _defenses(args)
+    defenses = chosen_defenses(args)
     kind = task_kind(args)
     if kind.whole_layer and args.heads != "all":
-        raise ConfigError(f"--tasks {kind.name} audits whole layers; drop --heads")
+        raise ConfigError(f"--tasks {kind.name} audits whole layers; drop --heads", param="heads")
     if kind.vector and args.rank is not None:
         raise ConfigError(f"--tasks {kind.name} reads whole output rows, where the multi-head learner needs no head "
-                          "dimension; drop --rank (or give --tasks layer-rows)")
+                          "dimension; drop --rank (or give --tasks layer-rows)", param="rank")
     if kind.vector and args.row is not None:
         raise ConfigError(f"--tasks {kind.name} reads the whole output row of each layer; drop --row (or give "
-                          "--tasks layer-rows for one output row)")
+                          "--tasks layer-rows for one output row)", param="row")
     chosen = _chosen_learners(args.method, kind, args.rank)
     tasks = []
     for d in defenses:
@@ -90,7 +92,7 @@ def build_tasks(args):
         names = [n for n in chosen if n in fits] or fits
         if not names:
             raise ConfigError(f"no {kind.learners} can read the answers the defence {d.name!r} leaves; "
-                              f"drop {d.name} from --defense")
+                              f"drop {d.name} from --defense", param="defense")
         for layer in layers:
             for head in ([None] if kind.whole_layer else heads):
                 spec = HeadSpec(source, layer, head, None if kind.vector else row, args.heads_per_layer,
@@ -105,7 +107,8 @@ def task_kind(args):
 
     if args.multihead:
         if args.tasks not in (None, "layer-rows"):
-            raise ConfigError(f"--multihead is --tasks layer-rows; drop one of --multihead and --tasks {args.tasks}")
+            raise ConfigError(f"--multihead is --tasks layer-rows; drop one of --multihead and --tasks {args.tasks}",
+                              param="multihead")
         return TASK_KINDS["layer-rows"]
     return TASK_KINDS[args.tasks or next(iter(TASK_KINDS))]
 
@@ -123,12 +126,12 @@ def _chosen_learners(method: str, kind, rank: int | None) -> list[str]:
     unknown = [m for m in names if m not in known]
     if unknown or not names:
         raise ConfigError(f"--method {method!r}: the learners of {kind.extracts} are auto or a comma-separated list of "
-                          f"{', '.join(known)}")
+                          f"{', '.join(known)}", param="method")
     for entry in map(registry.learner, names):
         if not entry.ready({"rank": rank}):
             hint = "give --rank (the head dimension)" if "rank" in entry.needs_one_of else "an audit gives only --rank"
             raise ConfigError(f"--method {entry.name} runs only with one of {', '.join(entry.needs_one_of)} given; "
-                              f"{hint}")
+                              f"{hint}", param="method")
     return list(dict.fromkeys(names))
 
 
@@ -144,7 +147,7 @@ def claimed_folder(out: Path):
 
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a folder; give a folder for results.json, report.html "
-                          "and heads/")
+                          "and heads/", param="out")
     writable_folder(out, "--out")
     # the folders this audit creates (out, missing parents, heads/): removed again if the audit is refused
     made = [p for p in (out / "heads", out, *out.parents) if not p.exists()]
@@ -153,7 +156,8 @@ def claimed_folder(out: Path):
         lock = open(out / ".audit.lock", "a+")
     except OSError as exc:
         _remove_empty(made)
-        raise ConfigError(f"--out: cannot use the folder {out} ({exc.strerror or exc}); choose another") from None
+        raise ConfigError(f"--out: cannot use the folder {out} ({exc.strerror or exc}); choose another",
+                          param="out") from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -161,7 +165,7 @@ def claimed_folder(out: Path):
         pid = lock.read().strip() or "?"
         lock.close()
         raise ConfigError(f"another audit (process {pid}) is writing into {out}; wait for it to finish or give "
-                          "another --out folder") from None
+                          "another --out folder", param="out") from None
     refused = True
     try:
         try:
@@ -170,7 +174,7 @@ def claimed_folder(out: Path):
             lock.flush()
         except OSError as exc:
             raise ConfigError(f"--out: cannot write in {out} ({exc.strerror or exc}); free some space or choose "
-                              "another folder") from None
+                              "another folder", param="out") from None
         yield
         refused = False
     finally:
@@ -192,16 +196,16 @@ def _remove_empty(folders: list[Path]) -> None:
 def _refuse_values(args) -> None:
     """Values every task would fail on are refused before any task runs."""
     if args.rank is not None and args.rank < 1:
-        raise ConfigError(f"--rank must be at least 1 (the head dimension); got {args.rank}")
+        raise ConfigError(f"--rank must be at least 1 (the head dimension); got {args.rank}", param="rank")
     if args.seed < 0:
-        raise ConfigError(f"--seed must be an integer >= 0; got {args.seed}")
+        raise ConfigError(f"--seed must be an integer >= 0; got {args.seed}", param="seed")
     from attnprobe.learners.core.check import DEFAULT_LENGTHS, check_queries
 
     floor = check_queries(DEFAULT_LENGTHS, 8)
     if args.budget is not None and 0 < args.budget < floor:
         raise ConfigError(f"--budget {args.budget} is below the {floor} queries of the functional check alone, so "
                           f"no extraction could finish; give at least {floor} (a budget that merely falls short is "
-                          "reported as a finding)")
+                          "reported as a finding)", param="budget")
 
 
 def run(args) -> int:
@@ -209,12 +213,12 @@ def run(args) -> int:
 
     _refuse_values(args)
     if not str(args.out).strip():
-        raise ConfigError("--out names the folder for results.json, report.html and heads/; got ''")
+        raise ConfigError("--out names the folder for results.json, report.html and heads/; got ''", param="out")
     from attnprobe.cli.common import inside
 
     if args.hf_dir is not None and inside(Path(args.out), Path(args.hf_dir)):
         raise ConfigError(f"--out {args.out} is inside the input folder {args.hf_dir}, whose files it could "
-                          "overwrite; write the audit outside it")
+                          "overwrite; write the audit outside it", param="out")
     tasks = build_tasks(args)
     engine = "ray" if args.ray is not None else "processes"
     if args.ray:  # a dead address is refused before the --out folder is touched
@@ -244,8 +248,8 @@ def run(args) -> int:
     findings = all(e.startswith("BudgetExceededError") for e in errors)  # the attacker's budget fell short
     if res.records and failed == len(res.records) and not findings:  # nothing recovered: the audit failed
         first = next(e for e in errors if not e.startswith("BudgetExceededError"))
-        raise ConfigError(f"every one of the {failed} tasks failed (see {args.out}/results.json); the first: "
-                          f"{str(first).rstrip('.')}")
+        raise AttnprobeError(f"every one of the {failed} tasks failed (see {args.out}/results.json); the first: "
+                             f"{str(first).rstrip('.')}")
     return 0
 
 

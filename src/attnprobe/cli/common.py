@@ -104,6 +104,20 @@ def inside(path: Path, folder: Path) -> bool:
     return p == f or f in p.parents
 
 
+def hf_inputs(hf_dir) -> tuple[list[Path], list[Path]]:
+    """A Hugging Face folder's input files and the folders no output may go into: the folder itself and those its
+    files live in through symlinks."""
+    if not hf_dir:
+        return [], []
+    files = [Path(hf_dir) / "config.json", Path(hf_dir) / "model.safetensors"]
+    return files, [Path(hf_dir)] + [Path(os.path.realpath(f)).parent for f in files]
+
+
+def flag_param(flag: str) -> str:
+    """The parameter a flag sets: ``"--api-key"`` → ``"api_key"``."""
+    return flag.lstrip("-").replace("-", "_")
+
+
 def plan_outputs(out, inputs=(), flag: str = "--out", folders=()) -> tuple[Path, Path]:
     """OUT.npz and OUT.json for ``--out``, checked before any query is asked (:func:`plan_file`; ``folders``:
     input folders, such as a Hugging Face model folder, where no output may go)."""
@@ -111,14 +125,15 @@ def plan_outputs(out, inputs=(), flag: str = "--out", folders=()) -> tuple[Path,
 
     text = str(out)
     if not text.strip() or text.endswith(("/", os.sep)) or Path(text).name in ("", ".", ".."):
-        raise ConfigError(f"{flag} names the .npz file of the result; got {text!r}, which is not a file name")
+        raise ConfigError(f"{flag} names the .npz file of the result; got {text!r}, which is not a file name",
+                          param=flag_param(flag))
     if Path(text).exists() and not Path(text).is_file():
-        raise ConfigError(f"{flag}: {text} exists and is not a regular file; give a file path")
+        raise ConfigError(f"{flag}: {text} exists and is not a regular file; give a file path", param=flag_param(flag))
     try:
         npz = npz_path(out)
     except ConfigError:
         raise ConfigError(f"{flag} names the .npz file of the result (a JSON summary goes beside it); "
-                          f"got {out}") from None
+                          f"got {out}", param=flag_param(flag)) from None
     return plan_file(npz, inputs, flag, folders), plan_file(npz.with_suffix(".json"), inputs, flag, folders)
 
 
@@ -130,12 +145,13 @@ def plan_file(path, inputs=(), flag: str = "--out", folders=()) -> Path:
     for folder in folders:
         if folder is not None and inside(path, Path(folder)):
             raise ConfigError(f"{flag} {path} is inside the input folder {folder}, whose files it could overwrite; "
-                              "write the result outside it")
+                              "write the result outside it", param=flag_param(flag))
     for inp in inputs:
         if inp is not None and same_file(path, Path(inp)):
-            raise ConfigError(f"{flag} would overwrite the input {inp} (as {path}); choose another path")
+            raise ConfigError(f"{flag} would overwrite the input {inp} (as {path}); choose another path",
+                              param=flag_param(flag))
     if path.exists() and not path.is_file():
-        raise ConfigError(f"{flag}: {path} exists and is not a regular file")
+        raise ConfigError(f"{flag}: {path} exists and is not a regular file", param=flag_param(flag))
     writable_folder(path.parent, flag)
     try:
         name_max = os.pathconf(_existing(path.parent), "PC_NAME_MAX")
@@ -144,7 +160,7 @@ def plan_file(path, inputs=(), flag: str = "--out", folders=()) -> Path:
     if len(path.name.encode()) + TEMP_NAME_EXTRA > name_max:
         raise ConfigError(f"{flag}: the file name {path.name[:40]}... has {len(path.name.encode())} bytes; this "
                           f"folder allows {name_max - TEMP_NAME_EXTRA} (room is kept for a temporary name while "
-                          "saving); choose a shorter name")
+                          "saving); choose a shorter name", param=flag_param(flag))
     return path
 
 
@@ -161,12 +177,13 @@ def writable_folder(folder: Path, flag: str) -> None:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        raise ConfigError(f"{flag}: {probe} is not a folder, so {folder} cannot be created")
+        raise ConfigError(f"{flag}: {probe} is not a folder, so {folder} cannot be created", param=flag_param(flag))
     try:
         with tempfile.TemporaryFile(dir=probe):
             pass
     except OSError as exc:
-        raise ConfigError(f"{flag}: cannot write in {probe} ({exc.strerror}); choose a writable folder") from None
+        raise ConfigError(f"{flag}: cannot write in {probe} ({exc.strerror}); choose a writable folder",
+                          param=flag_param(flag)) from None
 
 
 def _number(text: str, cast, ok, what: str):
@@ -214,12 +231,13 @@ def available_memory() -> int | None:
         return None
 
 
-def refuse_memory(nbytes: float, what: str) -> None:
-    """Refuse up front (no query asked) when ``what`` needs more memory than is available."""
+def refuse_memory(nbytes: float, what: str, param: str) -> None:
+    """Refuse up front (no query asked) when ``what`` needs more memory than is available (``param``: the
+    parameter that sets the size)."""
     avail = available_memory()
     if avail is not None and nbytes > avail:
         raise ConfigError(f"{what} needs about {nbytes / 2**30:.1f} GiB of memory but {avail / 2**30:.1f} GiB are "
-                          "available; use a smaller width or a machine with more memory")
+                          "available; use a smaller width or a machine with more memory", param=param)
 
 
 def check_outcome(res, kept: bool = False) -> CheckFailedError | None:

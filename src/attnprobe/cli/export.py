@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from attnprobe.cli.common import hf_inputs, inside
 from attnprobe.errors import CheckFailedError, ConfigError
 
 #: sequences and lengths of the check that OUT's sublayer answers like the result
@@ -21,23 +24,34 @@ def run(args) -> int:
 
     if args.layers not in (None, 1):
         raise ConfigError(f"--layers is 1 (a one-layer folder) or left out (every layer of --hf-dir); "
-                          f"got {args.layers}")
+                          f"got {args.layers}", param="layers")
+    _, folders = hf_inputs(args.hf_dir)
+    for folder in folders:  # the victim's folder is read, never written into
+        if inside(Path(args.out), folder):
+            raise ConfigError(f"--out {args.out} is the input folder {folder} or lies inside it, whose files it "
+                              "would overwrite; write the exported model to another folder", param="out")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ConfigError(f"{args.out} exists and is not a folder; give a folder to write the model into",
+                          param="out")
     model = load_model(args.result)  # refuses a broken or hostile file before anything is written
     out, dropped = export_layer(args.result, args.hf_dir, args.layer, args.out, layers=args.layers,
                                 dtype=args.dtype)
     at = 0 if args.layers == 1 else args.layer
     rng = np.random.default_rng(args.seed)
     worst = 0.0
-    oracle = oracle_from_hf(out, at, dtype=args.dtype)
+    oracle = oracle_from_hf(out, at, dtype=args.dtype, positional=getattr(model, "kind", "") == "positional_attention")
     for N in CHECK_LENGTHS:  # what transformers loads from OUT answers like the recovered layer
         X = rng.standard_normal((CHECK_SEQUENCES, N, model.d))
         want = model(X)
         worst = max(worst, float(np.abs(oracle(X) - want).max() / max(np.abs(want).max(), 1e-300)))
     # the result's noise beyond the head width is cut off (W_h and V_h have rank d_h): allow 10× its size
-    tolerance = min(CHECK_CEILING, max(CHECK_FLOOR, CHECK_FACTOR * machine_epsilon(args.dtype), 10 * dropped))
+    # (the kernel's softmax precision counts: LLaMA-family eager attention and BLOOM compute it in float32)
+    tolerance = min(CHECK_CEILING, max(CHECK_FLOOR, CHECK_FACTOR * machine_epsilon(oracle.precision), 10 * dropped))
     print(f"wrote {out}: layer {at} holds the recovered attention; its sublayer, loaded with transformers, answers "
           f"like the result to {worst:.2e} (relative, {CHECK_SEQUENCES * len(CHECK_LENGTHS)} random sequences; "
-          f"the result's parts beyond the head width, at most {dropped:.1e} of each W_h and V_h, were cut off)")
+          + (f"the result's parts beyond the head width, at most {dropped:.1e} of each W_h and V_h, were cut off)"
+             if getattr(model, "kind", "") != "positional_attention" else
+             f"heads sharing keys and values written once per KV group, in the RoPE gauge: misfit {dropped:.1e})"))
     if not worst <= tolerance:
         raise CheckFailedError(f"the exported layer answers unlike the result ({worst:.2e} > {tolerance:.1e}); "
                                f"{out} was written but does not hold the recovered layer")

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from pathlib import Path
 
 from attnprobe.cli import answer_chain, hf, remote
-from attnprobe.cli.common import (assumed_precision, check_outcome, nonneg_int, plan_outputs, positive_float,
-                                  positive_int, print_summary, refuse_memory, track)
+from attnprobe.cli.common import (assumed_precision, check_outcome, hf_inputs, nonneg_int, plan_outputs,
+                                  positive_float, positive_int, print_summary, refuse_memory, track)
 from attnprobe.errors import AttnprobeError, ConfigError, InputNormError, RecoveryError, SeparationError
 from attnprobe.learners.core import registry
 from attnprobe.models import PRECISIONS
@@ -33,9 +32,10 @@ def _refuse_foreign_options(learner, args) -> None:
         if value is None or value is False or name in learner.option_names:
             continue
         if name == "probes":
-            raise ConfigError(f"--method {learner.name} has a single probe design; drop --probes {value}")
+            raise ConfigError(f"--method {learner.name} has a single probe design; drop --probes {value}",
+                              param="probes")
         raise ConfigError(f"--method {learner.name} does not use {option.flag} (it is for --method "
-                          f"{' / '.join(sorted(users))}); drop {option.flag}")
+                          f"{' / '.join(sorted(users))}); drop {option.flag}", param=name)
 
 
 def _refuse_dtype_without_model(args) -> None:
@@ -45,7 +45,7 @@ def _refuse_dtype_without_model(args) -> None:
         source = "--oracle" if args.oracle else "--url" if args.url else "--replay" if args.replay else "the oracle"
         raise ConfigError(f"--dtype {args.dtype} sets the precision a --target or --hf-dir model computes in; "
                           f"{source} answers in its own: declare it with --answer-precision {args.dtype}, or cast "
-                          f"its answers with --cast {args.dtype}")
+                          f"its answers with --cast {args.dtype}", param="dtype")
 
 
 def _oracle_from_args(args, chain, learner) -> Oracle:
@@ -62,7 +62,7 @@ def _oracle_from_args(args, chain, learner) -> Oracle:
 def _plain_oracle_from_args(args, chain, precision, learner) -> Oracle:
     kw = {"budget": args.budget, "outputs": args.outputs, "chain": chain, "precision": precision}
     if args.target and args.oracle:
-        raise ConfigError("give either --oracle MODULE:ATTR or --target FILE.npz, not both")
+        raise ConfigError("give either --oracle MODULE:ATTR or --target FILE.npz, not both", param="oracle")
     kw["log"] = remote.open_log(args, chain)  # built with the Oracle; a log of another oracle is refused here
     if args.hf_dir:
         return hf.oracle_from_args(args, kw)
@@ -70,22 +70,35 @@ def _plain_oracle_from_args(args, chain, precision, learner) -> Oracle:
         oracle = oracle_from_file(args.target, dtype=args.dtype, **kw)
         if args.d is not None and args.d != oracle.d:
             raise ConfigError(f"--d {args.d} contradicts --target {args.target}, whose model has d = {oracle.d}; "
-                              "drop --d")
+                              "drop --d", param="d")
         return oracle
     if args.oracle:
         if args.d is not None and learner.recovers == "head" and not args.estimate:  # an estimate holds nothing
-            refuse_memory(HEAD_BYTES_PER_D2 * args.d**2, f"extracting a d = {args.d} head")
+            refuse_memory(HEAD_BYTES_PER_D2 * args.d**2, f"extracting a d = {args.d} head", "d")
         return oracle_from_spec(args.oracle, args.d, **kw)
-    raise ConfigError("say what to extract: --oracle MODULE:ATTR --d D, --target FILE.npz or --hf-dir DIR --layer L")
+    raise ConfigError("say what to extract: --oracle MODULE:ATTR --d D, --target FILE.npz or --hf-dir DIR --layer L",
+                      param="oracle")
+
+
+#: the one-line refusal of ``--method block`` (the CLI prints it, exit 2, before any query)
+BLOCK_REFUSAL = ("--method block: no learner recovers whole blocks yet (a pre-norm block's answers split into "
+                 "its attention and FFN oracles, but those see only normalised rows, which the attention and FFN "
+                 "learners do not read yet); docs/block.md says what is identifiable and what the measured levers "
+                 "give; learn the block's sublayers from their own answers (--method positional / multihead / ffn) "
+                 "where a server exposes them")
 
 
 def run(args) -> int:
     """Everything that can be refused is refused before the first query: options, output paths, memory."""
+    if args.method is None and args.hf_dir and args.row is None:  # the folder's family says which learner
+        args.method = "block" if getattr(args, "block", None) is not None else hf.default_method(args.hf_dir)
     if args.method is None:  # a rank bound makes the low-rank sketch the natural choice
         args.method = "lowrank" if getattr(args, "rank", None) else "exact"
+    if args.method == "block":
+        raise ConfigError(BLOCK_REFUSAL, param="method")
     if args.method not in {e.name for e in registry.learners()}:
         raise ConfigError(f"unknown --method {args.method!r}; choose one of "
-                          f"{', '.join(e.name for e in registry.learners())}")
+                          f"{', '.join(e.name for e in registry.learners())}", param="method")
     learner = registry.learner(args.method)
     _refuse_foreign_options(learner, args)
     hf.refuse_stray(args)
@@ -93,14 +106,15 @@ def run(args) -> int:
     chain = answer_chain.chain_from_args(args, membership=not learner.capabilities.value_answers)
     if chain.membership and not learner.capabilities.membership_answers:
         raise ConfigError(f"--membership makes the answers 0/1, which --method {args.method} cannot use; "
-                          "use --method membership")
+                          "use --method membership", param="membership")
     options = learner.resolve(_given_options(args))
     if args.estimate:
         return _print_estimate(args, _estimate_oracle(args, chain, learner))
     if args.price_per_1k is not None:
-        raise ConfigError("--price-per-1k prices an estimate; add --estimate")
+        raise ConfigError("--price-per-1k prices an estimate; add --estimate", param="price_per_1k")
     if args.out is None:
-        raise ConfigError("extract needs --out OUT.npz (or --estimate to print the queries a run would need)")
+        raise ConfigError("extract needs --out OUT.npz (or --estimate to print the queries a run would need)",
+                          param="out")
     inputs = [args.target, getattr(args, "log", None), Path(args.hf_dir) / "model.safetensors" if args.hf_dir else None]
     inputs += [options[o.name] for o in learner.options if o.input_file]
     if args.oracle and ":" in args.oracle:
@@ -109,13 +123,14 @@ def run(args) -> int:
         from attnprobe.oracles.hf_folder import check_model_dir
 
         check_model_dir(args.hf_dir)
-    folders = [args.hf_dir]
-    if args.hf_dir:  # its files, and the folders they live in through symlinks, are inputs too
-        files = [Path(args.hf_dir) / "config.json", Path(args.hf_dir) / "model.safetensors"]
-        inputs += files
-        folders += [Path(os.path.realpath(f)).parent for f in files]
-    plan_outputs(args.out, inputs, folders=folders)
+    files, folders = hf_inputs(args.hf_dir)  # its files, and the folders they live in through symlinks
+    plan_outputs(args.out, inputs + files, folders=folders)
     oracle = _oracle_from_args(args, chain, learner)
+    if options.get("hidden"):  # the recovered first layer alone holds d·m floats; a smooth activation's first
+        m = options["hidden"]  # derivatives, K·C ≥ 1.3m directions at n ≥ 1.25m points, ≥ 1.6m² (learner.plan)
+        smooth = options.get("activation") not in (None, "relu")
+        refuse_memory(8.0 * max(m * oracle.d, 1.6 * m * m if smooth else 0),
+                      f"an FFN of --hidden {m} units at d = {oracle.d}", "hidden")
     track(args, oracle)
     progress = Progress(f"extract ({args.method})", enabled=not args.quiet)
     try:
@@ -195,7 +210,7 @@ def _print_estimate(args, oracle) -> int:
     entry = registry.learner(args.method)
     try:
         est = estimate_queries(args.method, oracle.d, outputs=oracle.outputs, precision=precision,
-                               price_per_1k=args.price_per_1k,
+                               price_per_1k=args.price_per_1k, positions=_declared_rows(oracle),
                                **{name: getattr(args, name, None) for name in entry.option_names})
     except ConfigError as exc:
         flag = entry.option(exc.param).flag if exc.param in entry.option_names else None
@@ -208,11 +223,17 @@ def _print_estimate(args, oracle) -> int:
         line += f"; more than --budget {args.budget} may be needed"
     if est.cost is not None and not math.isfinite(est.cost):
         raise ConfigError(f"--price-per-1k {args.price_per_1k:g} makes the cost of {est.queries} queries overflow; "
-                          "give the price in a larger unit")
+                          "give the price in a larger unit", param="price_per_1k")
     if est.cost is not None:
         line += f"; cost about {est.cost:.4g} at {args.price_per_1k:g} per 1,000 queries"
     print(line)
     return 0
+
+
+def _declared_rows(oracle) -> str | None:
+    """What the oracle's rows are when declared (``--positions``, or by the callable): the estimate of an
+    every-position run; None (the last position) when not declared, since reading it would take queries."""
+    return oracle.positions if getattr(oracle, "positions_source", None) == "declared" else None
 
 
 def _clipping_cause(oracle, args, learner, exc=None):

@@ -10,11 +10,16 @@ def add_source_arguments(group) -> None:
     """``extract``'s options for a Hugging Face victim (``--dtype`` is the precision the module runs in)."""
     group.add_argument("--hf-dir", metavar="DIR",
                        help="a Hugging Face model folder (config.json, model.safetensors) of BERT, RoBERTa, ELECTRA, "
-                            "DistilBERT, ALBERT or GPT-2 (LLaMA, Qwen2, Mistral, GPT-NeoX, T5 and BLOOM are read and "
-                            "refused: their logits depend on position): the attention sublayer of layer --layer "
+                            "DistilBERT, ALBERT or GPT-2 (--method multihead, the default), or LLaMA, Qwen2, Mistral, "
+                            "GPT-NeoX, T5 and BLOOM (--method positional, the default): the attention sublayer of "
+                            "layer --layer "
                             "(before residual and norm, last position) is the oracle, run locally in --dtype "
                             "(float64, float32 or bfloat16), offline")
     group.add_argument("--layer", type=int, metavar="L", help="--hf-dir: the attention layer to query")
+    group.add_argument("--block", type=int, metavar="L",
+                       help="--hf-dir: the whole block L (norms, attention, residuals, FFN) of a BERT, RoBERTa, "
+                            "ELECTRA, LLaMA, Qwen2, Mistral or GPT-NeoX model: hidden states in, every position out "
+                            "(docs/block.md)")
     group.add_argument("--row", type=int, metavar="R",
                        help="--hf-dir: answer only output R (one number per query); default the whole output row")
 
@@ -24,9 +29,11 @@ def oracle_from_args(args, kw: dict):
     from attnprobe.oracles.hf_attention import DTYPES
 
     if args.target or args.oracle:
-        raise ConfigError("give one oracle: --hf-dir DIR, --oracle MODULE:ATTR or --target FILE.npz")
+        raise ConfigError("give one oracle: --hf-dir DIR, --oracle MODULE:ATTR or --target FILE.npz", param="hf_dir")
+    if getattr(args, "block", None) is not None:
+        return block_oracle(args, kw)
     if args.layer is None:
-        raise ConfigError("--hf-dir needs --layer L (the attention layer to query)")
+        raise ConfigError("--hf-dir needs --layer L (the attention layer to query)", param="layer")
     from attnprobe.oracles.hf_folder import check_model_dir
 
     check_model_dir(args.hf_dir)
@@ -34,43 +41,94 @@ def oracle_from_args(args, kw: dict):
     from attnprobe.targets.hf import hf_checkpoint
 
     spec = layer_spec(args.hf_dir)
-    spec.refuse_positional()  # before anything else is read or asked
+    positional = args.method == "positional"
+    if not positional:
+        spec.refuse_positional()  # before anything else is read or asked
     hf_checkpoint(args.hf_dir)  # a config.json whose layer count the weights do not hold is refused before torch
     if not 0 <= args.layer < spec.layers:
-        raise ConfigError(f"--layer must be in 0..{spec.layers - 1} for {args.hf_dir}; got {args.layer}")
+        raise ConfigError(f"--layer must be in 0..{spec.layers - 1} for {args.hf_dir}; got {args.layer}", param="layer")
     if args.row is not None and not 0 <= args.row < spec.hidden:
-        raise ConfigError(f"--row must be an output index in 0..{spec.hidden - 1}; got {args.row}")
+        raise ConfigError(f"--row must be an output index in 0..{spec.hidden - 1}; got {args.row}", param="row")
     if args.dtype not in DTYPES:
-        raise ConfigError(f"--hf-dir runs the module in {', '.join(DTYPES)}; got --dtype {args.dtype}")
+        raise ConfigError(f"--hf-dir runs the module in {', '.join(DTYPES)}; got --dtype {args.dtype}", param="dtype")
     if args.outputs is not None:
-        raise ConfigError("--hf-dir knows its number of outputs; drop --outputs")
-    if args.row is None and args.method != "multihead":
+        raise ConfigError("--hf-dir knows its number of outputs; drop --outputs", param="outputs")
+    if positional and args.row is not None:
+        raise ConfigError("--method positional reads the whole output row; drop --row", param="row")
+    if args.row is None and args.method not in ("multihead", "positional"):
         raise ConfigError(f"--method {args.method} reads one number per query but the layer answers its whole "
-                          "output row; give --row R (one output row) or use --method multihead")
+                          "output row; give --row R (one output row) or use --method multihead", param="row")
     from attnprobe.oracles.hf_attention import oracle_from_hf
 
     kw = {k: v for k, v in kw.items() if k != "outputs"}
-    oracle = oracle_from_hf(args.hf_dir, args.layer, dtype=args.dtype, row=args.row, **kw)
+    # a bidirectional layer with position terms (T5) answers every row: its positive offsets are seen only there
+    rows = positional and spec.positional and not spec.causal
+    oracle = oracle_from_hf(args.hf_dir, args.layer, dtype=args.dtype, row=args.row, positional=positional,
+                            every_position=rows, **kw)
     if args.d is not None and args.d != oracle.d:
         raise ConfigError(f"--d {args.d} contradicts --hf-dir {args.hf_dir}, whose layers have d = {oracle.d}; "
-                          "drop --d")
+                          "drop --d", param="d")
     return oracle
 
 
+def block_source(args):
+    """``--hf-dir DIR --block L`` checked before torch: the folder, a family with whole blocks, L in range, the
+    dtype; returns the folder's width."""
+    from attnprobe.oracles.hf_attention import DTYPES
+    from attnprobe.oracles.hf_block import block_spec
+    from attnprobe.oracles.hf_folder import check_model_dir
+
+    for flag in ("layer", "row"):
+        if getattr(args, flag, None) is not None:
+            raise ConfigError(f"--block L queries a whole block (every output, every position); drop --{flag}",
+                              param=flag)
+    check_model_dir(args.hf_dir)
+    spec, _, _ = block_spec(args.hf_dir)
+    if not 0 <= args.block < spec.layers:
+        raise ConfigError(f"--block must be in 0..{spec.layers - 1} for {args.hf_dir}; got {args.block}",
+                          param="block")
+    if args.dtype not in DTYPES:
+        raise ConfigError(f"--hf-dir runs the block in {', '.join(DTYPES)}; got --dtype {args.dtype}", param="dtype")
+    return spec.hidden
+
+
+def block_oracle(args, kw: dict):
+    """The oracle of ``extract --hf-dir DIR --block L``: every position of the whole block."""
+    d = block_source(args)
+    if getattr(args, "outputs", None) is not None:
+        raise ConfigError("--hf-dir knows its number of outputs; drop --outputs", param="outputs")
+    if args.d is not None and args.d != d:
+        raise ConfigError(f"--d {args.d} contradicts --hf-dir {args.hf_dir}, whose blocks have d = {d}; drop --d",
+                          param="d")
+    from attnprobe.oracles.hf_block import oracle_from_hf_block
+
+    kw = {k: v for k, v in kw.items() if k != "outputs"}
+    return oracle_from_hf_block(args.hf_dir, args.block, dtype=args.dtype, **kw)
+
+
+def default_method(hf_dir) -> str:
+    """``extract --hf-dir`` without ``--method``: ``positional`` for a family whose logits depend on position,
+    else ``multihead`` (the whole output row)."""
+    from attnprobe.oracles.hf_families import layer_spec
+
+    return "positional" if layer_spec(hf_dir).positional else "multihead"
+
+
 def refuse_stray(args) -> None:
-    """``--layer``/``--row`` without ``--hf-dir`` would be ignored: refuse them."""
+    """``--layer``/``--row``/``--block`` without ``--hf-dir`` would be ignored: refuse them."""
     if getattr(args, "hf_dir", None) is None:
-        for flag in ("layer", "row"):
+        for flag in ("layer", "row", "block"):
             if getattr(args, flag, None) is not None:
-                raise ConfigError(f"--{flag} goes with --hf-dir DIR")
+                raise ConfigError(f"--{flag} goes with --hf-dir DIR", param=flag)
 
 
 def identity(args) -> str:
     """The oracle's source as the query log records it."""
     from attnprobe.oracles.querylog import file_identity
 
-    return (f"hf {file_identity(str(args.hf_dir) + '/model.safetensors')} layer={args.layer} row={args.row} "
-            f"dtype={args.dtype}")
+    where = (f"block={args.block}" if getattr(args, "block", None) is not None
+             else f"layer={args.layer} row={args.row}")
+    return f"hf {file_identity(str(args.hf_dir) + '/model.safetensors')} {where} dtype={args.dtype}"
 
 
 def audit_source(hf_dir) -> tuple[str, int]:
@@ -90,11 +148,12 @@ def write_target(args) -> int:
     from attnprobe.targets.hf import hf_checkpoint, hf_layer_arrays, hf_layer_row, save_layer_arrays
 
     if args.model_dir is None:
-        raise ConfigError("target hf-attention needs --model-dir DIR (a Hugging Face model folder)")
+        raise ConfigError("target hf-attention needs --model-dir DIR (a Hugging Face model folder)", param="model_dir")
     ckpt = hf_checkpoint(args.model_dir)
     ckpt.spec.refuse_positional()
     if not 0 <= args.layer < ckpt.layers:
-        raise ConfigError(f"--layer must be in 0..{ckpt.layers - 1} for {args.model_dir}; got {args.layer}")
+        raise ConfigError(f"--layer must be in 0..{ckpt.layers - 1} for {args.model_dir}; got {args.layer}",
+                          param="layer")
     if args.row is not None:
         path = save_model(hf_layer_row(args.model_dir, args.layer, args.row), args.out)
         what = f"output row {args.row}"

@@ -68,7 +68,7 @@ def open_log(args, chain, source: str | None = None):
 
     folder = Path(args.log).parent
     if not folder.is_dir():  # refused before any query is paid for (SQLite creates no folders)
-        raise ConfigError(f"--log: the folder {folder} does not exist; create it or give another path")
+        raise ConfigError(f"--log: the folder {folder} does not exist; create it or give another path", param="log")
     writable_folder(folder, "--log")
     args.query_log = QueryLog(args.log, identity=identity(args, chain, source), defences=chain.spec)
     return args.query_log
@@ -82,27 +82,28 @@ def _replay_oracle(args, kw):
     from attnprobe.oracles.querylog import QueryLog, ReplayOracle
 
     if not args.log:
-        raise ConfigError("--replay answers from a query log: give --log FILE.sqlite")
+        raise ConfigError("--replay answers from a query log: give --log FILE.sqlite", param="log")
     for flag in ("target", "oracle", "url", "api_key", "hf_dir"):
         if getattr(args, flag, None):
             raise ConfigError(f"--replay answers from the query log alone, which records its own oracle; drop "
-                              f"--{flag.replace('_', '-')}")
+                              f"--{flag.replace('_', '-')}", param=flag)
     log = args.query_log = QueryLog(args.log, readonly=True)
     if args.d is not None and args.d != log.d:
-        raise ConfigError(f"--d {args.d} does not match the width d = {log.d} recorded in {args.log}")
+        raise ConfigError(f"--d {args.d} does not match the width d = {log.d} recorded in {args.log}", param="d")
     if getattr(args, "outputs", None) is not None and log.outputs is not None and args.outputs != log.outputs:
         raise ConfigError(f"--outputs {args.outputs} does not match the {log.outputs} answer(s) per sequence recorded "
-                          f"in {args.log}")
+                          f"in {args.log}", param="outputs")
     given = kw.get("chain") or AnswerChain()
     recorded = log.defences()
     if recorded is not None:
         chain = AnswerChain.parse(recorded)
         if not given.empty and given.spec != chain.spec:
             raise ConfigError(f"the defences of this run ({given.spec}) contradict those the log {args.log} recorded "
-                              f"({chain.spec}); --replay answers as recorded: give the same defence flags or none")
+                              f"({chain.spec}); --replay answers as recorded: give the same defence flags or none",
+                              param="replay")
         if chain.membership and getattr(args, "method", None) != "membership":
             raise ConfigError(f"the log {args.log} recorded yes/no answers (membership); replay them with --method "
-                              "membership")
+                              "membership", param="method")
         kw["chain"] = chain  # declared, not re-applied: every answer comes from the log
     if not args.answer_precision and log.precision:
         kw["precision"] = log.precision  # read the answers as the recording run did
@@ -115,7 +116,7 @@ def source_oracle(args, **kw):
         return _replay_oracle(args, kw)
     if args.url:
         if args.target or args.oracle:
-            raise ConfigError("give one oracle: --url, --oracle MODULE:ATTR or --target FILE.npz")
+            raise ConfigError("give one oracle: --url, --oracle MODULE:ATTR or --target FILE.npz", param="url")
         from attnprobe.oracles.http import HttpOracle, oracle_from_http
 
         given = {k: v if (v := getattr(args, k, None)) is not None else default for k, default in URL_OPTIONS.items()}
@@ -124,10 +125,10 @@ def source_oracle(args, **kw):
 
         return oracle_from_http(fn, args.d, log=open_log(args, kw.get("chain") or AnswerChain(), fn.identity), **kw)
     if args.api_key:
-        raise ConfigError("--api-key goes with --url")
+        raise ConfigError("--api-key goes with --url", param="api_key")
     for name in URL_OPTIONS:  # an option of --url given to another oracle would be ignored
         if getattr(args, name, None) is not None:
-            raise ConfigError(f"--{name} is an option of --url; drop it (the oracle here is not a URL)")
+            raise ConfigError(f"--{name} is an option of --url; drop it (the oracle here is not a URL)", param=name)
     return None
 
 

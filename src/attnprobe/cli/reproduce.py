@@ -14,10 +14,10 @@ def run(args) -> int:
     select(args.claims)  # refused before anything runs
     out = Path(args.out)
     if not str(args.out).strip():
-        raise ConfigError("--out names the folder for results.json, report.html and figures/; got ''")
+        raise ConfigError("--out names the folder for results.json, report.html and figures/; got ''", param="out")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a folder; give a folder for results.json, report.html "
-                          "and figures/")
+                          "and figures/", param="out")
     writable_folder(out, "--out")
     args.written = []  # what an interrupted run leaves behind, for its last line
     claims = run_claims(args.out, quick=args.quick, names=args.claims, written=args.written)

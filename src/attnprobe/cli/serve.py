@@ -21,18 +21,21 @@ def api_keys(args) -> list[str]:
         try:
             text = path.read_bytes().decode("utf-8")
         except OSError as exc:
-            raise ConfigError(f"cannot read --api-key-file {path}: {exc.strerror or exc}") from exc
+            raise ConfigError(f"cannot read --api-key-file {path}: {exc.strerror or exc}",
+                              param="api_key_file") from exc
         except UnicodeDecodeError:
-            raise ConfigError(f"--api-key-file {path} is not UTF-8 text; write one key a line") from None
+            raise ConfigError(f"--api-key-file {path} is not UTF-8 text; write one key a line",
+                              param="api_key_file") from None
         keys += [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
     if not keys and os.environ.get(KEY_ENV):
         keys.append(os.environ[KEY_ENV])
     if not keys:
-        raise ConfigError(f"give the server at least one key: --api-key KEY, --api-key-file F or {KEY_ENV}")
+        raise ConfigError(f"give the server at least one key: --api-key KEY, --api-key-file F or {KEY_ENV}",
+                          param="api_key")
     for i, key in enumerate(keys):
         if not (key.isascii() and key.isprintable()) or key != key.strip() or " " in key:
             raise ConfigError(f"API key number {i + 1} has characters an HTTP header cannot carry (keys are printable "
-                              "ASCII without spaces); choose another key")
+                              "ASCII without spaces); choose another key", param="api_key")
     return keys
 
 
@@ -57,7 +60,7 @@ def answer_outputs(fn, d: int) -> tuple[int | None, bool]:
         y = np.asarray(fn(X), dtype=np.float64)
     except Exception as exc:
         raise ConfigError(f"the model fails on a test query ({type(exc).__name__}: {exc}); fix it before serving "
-                          "it") from None
+                          "it", param="oracle") from None
     if y.shape in ((1,), (1, 1)):
         return None, False
     if y.ndim == 2 and y.shape[0] == 1:
@@ -65,7 +68,7 @@ def answer_outputs(fn, d: int) -> tuple[int | None, bool]:
     if y.ndim == 3 and y.shape[:2] == (1, 1):
         return int(y.shape[2]), True
     raise ConfigError(f"the model answers shape {y.shape} for one sequence of one row; a served model answers one "
-                      "number or K numbers per sequence, or K numbers per position")
+                      "number or K numbers per sequence, or K numbers per position", param="oracle")
 
 
 def served_callable(args):
@@ -73,9 +76,23 @@ def served_callable(args):
     through the answer chain of the shared defence flags (``--defense``, ``--cast``, ``--noise``, ...)."""
     from attnprobe.oracles import oracle_from_file, oracle_from_spec
 
-    if bool(args.target) == bool(args.oracle):
-        raise ConfigError("say what to serve: either --target FILE.npz or --oracle MODULE:ATTR --d D")
+    if sum(map(bool, (args.target, args.oracle, args.hf_dir))) != 1:
+        raise ConfigError("say what to serve: one of --target FILE.npz, --oracle MODULE:ATTR --d D or --hf-dir DIR "
+                          "--block L", param="target")
     chain = answer_chain.chain_from_args(args)
+    if args.hf_dir:
+        from attnprobe.cli.hf import block_source
+        from attnprobe.oracles.hf_block import oracle_from_hf_block
+
+        if args.block is None:
+            raise ConfigError("serve --hf-dir DIR needs --block L (the whole block to serve)", param="block")
+        if args.d is not None:
+            raise ConfigError("--hf-dir knows its width; drop --d", param="d")
+        block_source(args)
+        oracle = oracle_from_hf_block(args.hf_dir, args.block, dtype=args.dtype)
+        return chain.apply(oracle.fn), oracle.d, oracle.name, oracle.d, True
+    if args.block is not None:
+        raise ConfigError("--block goes with --hf-dir DIR", param="block")
     oracle = oracle_from_file(args.target, dtype=args.dtype) if args.target else oracle_from_spec(args.oracle, args.d)
     # asked of the model itself: the chain's noise is not consumed
     outputs, every = answer_outputs(oracle.fn, oracle.d)
@@ -112,8 +129,11 @@ def add_parser(sub) -> None:
     src.add_argument("--target", metavar="FILE.npz", help="a saved model")
     src.add_argument("--oracle", metavar="MODULE:ATTR", help="a callable (B,N,d)->(B,); the cwd is importable")
     src.add_argument("--d", type=positive_int, help="input width of --oracle")
+    src.add_argument("--hf-dir", metavar="DIR", help="a Hugging Face model folder whose block --block to serve")
+    src.add_argument("--block", type=int, metavar="L",
+                     help="--hf-dir: serve whole block L (hidden states in, every position out; docs/block.md)")
     src.add_argument("--dtype", choices=PRECISIONS, default="float64",
-                     help="precision a --target computes its answers in (default float64)")
+                     help="precision a --target or --hf-dir block computes its answers in (default float64)")
     net = s.add_argument_group("server")
     net.add_argument("--host", default="127.0.0.1")
     net.add_argument("--port", type=port, default=8000, help="TCP port (0: any free port; default 8000)")

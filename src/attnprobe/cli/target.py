@@ -15,25 +15,31 @@ def _refuse_options(args) -> None:
     from attnprobe.errors import ConfigError
 
     if args.zero_v and args.kind != "random":
-        raise ConfigError(f"--zero-v is for target random; drop it for target {args.kind}")
+        raise ConfigError(f"--zero-v is for target random; drop it for target {args.kind}", param="zero_v")
     if args.zero_v > args.d:
         raise ConfigError(f"--zero-v {args.zero_v} asks for more zero entries of v than its d = {args.d} entries; "
-                          f"give at most {args.d}")
+                          f"give at most {args.d}", param="zero_v")
     multihead_tf = args.kind == "transformer" and args.heads is not None
     if args.outputs is not None and args.kind not in ("relu", "smooth-ffn", "gated-ffn") and not multihead_tf:
         raise ConfigError(f"--outputs is for target relu, smooth-ffn, gated-ffn and transformer --heads; drop it for "
-                          "target "
-                          f"{args.kind}")
+                          f"target {args.kind}", param="outputs")
+    if args.m is not None and args.kind not in ("relu", "transformer", "smooth-ffn", "gated-ffn"):
+        raise ConfigError(f"--m (hidden units) is for target relu, transformer, smooth-ffn and gated-ffn; drop it for "
+                          f"target {args.kind}", param="m")
+    if args.heads is not None and args.kind not in ("multihead", "transformer"):
+        raise ConfigError(f"--heads is for target multihead and transformer; drop it for target {args.kind}",
+                          param="heads")
     if args.activation is not None and args.kind not in ("smooth-ffn", "gated-ffn"):
-        raise ConfigError(f"--activation is for target smooth-ffn and gated-ffn; drop it for target {args.kind}")
+        raise ConfigError(f"--activation is for target smooth-ffn and gated-ffn; drop it for target {args.kind}",
+                          param="activation")
     gated = ("swiglu", "geglu", "geglu_tanh")
     if args.kind == "gated-ffn" and args.activation not in (None, *gated):
         raise ConfigError(f"--activation {args.activation} is a plain activation; target gated-ffn takes "
-                          f"{', '.join(gated)}")
+                          f"{', '.join(gated)}", param="activation")
     if args.kind == "smooth-ffn" and args.activation in gated:
-        raise ConfigError(f"--activation {args.activation} is gated; use target gated-ffn for it")
+        raise ConfigError(f"--activation {args.activation} is gated; use target gated-ffn for it", param="activation")
     if args.residual and not multihead_tf:
-        raise ConfigError("--residual is for target transformer --heads; drop it or give --heads")
+        raise ConfigError("--residual is for target transformer --heads; drop it or give --heads", param="residual")
 
 
 def run(args) -> int:
@@ -44,10 +50,11 @@ def run(args) -> int:
 
         return write_target(args)
     if args.model_dir is not None:
-        raise ConfigError("--model-dir goes with target hf-attention")
+        raise ConfigError("--model-dir goes with target hf-attention", param="model_dir")
     row = 0 if args.row is None else args.row
     if args.kind not in ("minilm", "minilm-layer", "minilm-ffn"):
-        refuse_memory(TARGET_BYTES_PER_D2 * args.d * max(args.d, args.m or 0), f"a random target of width {args.d}")
+        refuse_memory(TARGET_BYTES_PER_D2 * args.d * max(args.d, args.m or 0), f"a random target of width {args.d}",
+                      "d")
     if args.kind == "random":
         from attnprobe.targets import random_head
 
@@ -106,7 +113,7 @@ def _multihead(args) -> int:
     from attnprobe.targets import random_multihead, random_orthogonal_multihead
 
     if args.heads is None:
-        raise ConfigError("give the number of heads with --heads H")
+        raise ConfigError("give the number of heads with --heads H", param="heads")
     kw = dict(seed=args.seed, bias=not args.no_bias, scale=args.scale)
     if args.orthogonal:
         model, E = random_orthogonal_multihead(args.d, args.heads, args.head_dim, **kw)

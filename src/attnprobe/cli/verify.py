@@ -40,7 +40,7 @@ def run(args) -> int:
     try:
         errs = parameter_errors(true_model, result)
     except ConfigError as exc:
-        raise ConfigError(f"--result {args.result} vs --target {args.target}: {exc}") from None
+        raise ConfigError(f"--result {args.result} vs --target {args.target}: {exc}", param="result") from None
     width = max(map(len, errs))
     for name, e in errs.items():
         if name.startswith("heads_"):

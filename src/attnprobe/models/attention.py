@@ -11,6 +11,7 @@ from attnprobe._validation import as_batch, real_array  # noqa: F401  (re-export
 from attnprobe.errors import ConfigError
 from attnprobe.models.precision import resolve_dtype
 from attnprobe.models.softmax import softmax_last
+from attnprobe.properties import axis_length
 
 
 def attention_weights(Xc: np.ndarray, W: np.ndarray, u: np.ndarray | None = None) -> np.ndarray:
@@ -28,12 +29,12 @@ def output_bias(c, K: int | None) -> float | np.ndarray:
     c = real_array("c", c)
     if K is None:
         if c.size != 1:
-            raise ConfigError(f"c must be a scalar (one number) for scalar answers; got shape {c.shape}")
+            raise ConfigError(f"c must be a scalar (one number) for scalar answers; got shape {c.shape}", param="c")
         return float(c.reshape(()))
     if c.ndim == 0:
         c = np.full(K, float(c))
     if c.shape != (K,):
-        raise ConfigError(f"c must have shape ({K},) to match the {K} outputs of v; got {c.shape}")
+        raise ConfigError(f"c must have shape ({K},) to match the {K} outputs of v; got {c.shape}", param="c")
     c = np.array(c, dtype=np.float64)
     c.setflags(write=False)
     return c
@@ -96,7 +97,7 @@ class AttentionParameters:
     def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64"):
         missing = {"W", "v"} - set(arrays)
         if missing:
-            raise ConfigError(f"{cls.DESCRIPTION} needs arrays {sorted(missing)}")
+            raise ConfigError(f"{cls.DESCRIPTION} needs arrays {sorted(missing)}", param="arrays")
         return cls(arrays["W"], arrays["v"], arrays.get("u"), arrays.get("c", 0.0), dtype)
 
 
@@ -116,22 +117,20 @@ class AttentionHead(AttentionParameters):
     def __post_init__(self) -> None:
         v = real_array("v", self.v)
         if v.ndim not in (1, 2) or min(v.shape) < 1:
-            raise ConfigError(f"v must have shape (d,) or (K, d) with K, d >= 1; got {v.shape}")
+            raise ConfigError(f"v must have shape (d,) or (K, d) with K, d >= 1; got {v.shape}", param="v")
         d = v.shape[-1]
         if d < 1:
-            raise ConfigError("v must have at least one entry (the width d is at least 1)")
+            raise ConfigError("v must have at least one entry (the width d is at least 1)", param="v")
         W = real_array("W", self.W, 2)
         if W.shape != (d, d):
             raise ConfigError(f"W must be {d}x{d} to match v of shape {v.shape} (v must be a vector (d,) or a K×d "
-                              f"value-output map); got W of shape {W.shape}")
+                              f"value-output map); got W of shape {W.shape}", param="W")
         u = np.zeros(d) if self.u is None else real_array("u", self.u, 1)
         if u.shape != (d,):
-            raise ConfigError(f"u must have length {d}; got {u.shape}")
+            raise ConfigError(f"u must have length {d}; got {u.shape}", param="u")
         self._store(W, v, u)
 
-    @property
-    def d(self) -> int:
-        return self.v.shape[-1]
+    d = axis_length("v", -1, "The input width.")
 
     @staticmethod
     def unknowns(d: int, bias: bool = True) -> int:

@@ -9,17 +9,19 @@ from typing import ClassVar
 import numpy as np
 
 from attnprobe.errors import ConfigError
-from attnprobe.models.attention import as_batch, real_array, set_frozen
+from attnprobe._validation import length_one_rows
+from attnprobe.models.attention import real_array, set_frozen
 from attnprobe.models.precision import resolve_dtype
+from attnprobe.properties import axis_length
 
 
 def check_ffn(A, w_o) -> tuple[np.ndarray, np.ndarray]:
     A = real_array("A", A, 2)
     w_o = real_array("w_o", w_o, 2 if np.ndim(w_o) == 2 else 1)
     if A.shape[1] != w_o.shape[0]:
-        raise ConfigError(f"A must be d×m with m = len(w_o) = {w_o.shape[0]}; got A of shape {A.shape}")
+        raise ConfigError(f"A must be d×m with m = len(w_o) = {w_o.shape[0]}; got A of shape {A.shape}", param="A")
     if A.shape[0] < 1 or A.shape[1] < 1:
-        raise ConfigError(f"A must have at least one row and one column; got {A.shape}")
+        raise ConfigError(f"A must have at least one row and one column; got {A.shape}", param="A")
     return A, w_o
 
 
@@ -42,15 +44,8 @@ def check_biases(b, c, m: int, w_o: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 class FFNWidths:
     """``d`` (input width) and ``m`` (hidden width) of a model whose FFN's first layer is ``A`` (d × m)."""
 
-    @property
-    def d(self) -> int:
-        """The input width (rows of ``A``)."""
-        return self.A.shape[0]
-
-    @property
-    def m(self) -> int:
-        """The hidden width: neurons, columns of ``A``."""
-        return self.A.shape[1]
+    d = axis_length("A", 0, "The input width (rows of A).")
+    m = axis_length("A", 1, "The hidden width: neurons, columns of A.")
 
 
 @dataclass(frozen=True)
@@ -112,10 +107,7 @@ class ReLUNet(FFNWidths):
         return y.astype(np.float64)
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
-        X = as_batch(X, self.d)
-        if X.shape[1] != 1:
-            raise ConfigError(f"a ReLU network answers length-1 queries only; got sequences of length {X.shape[1]}")
-        return self.forward(X[:, 0, :])
+        return self.forward(length_one_rows(X, self.d, "a ReLU network"))
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"A": self.A, "b": self.b, "w_o": self.w_o, "c": self.c}
@@ -125,7 +117,7 @@ class ReLUNet(FFNWidths):
         """From arrays ``A, w_o`` and optionally ``b, c`` (files of the bias-free model have no biases)."""
         missing = {"A", "w_o"} - set(arrays)
         if missing:
-            raise ConfigError(f"a ReLU network needs arrays {sorted(missing)}")
+            raise ConfigError(f"a ReLU network needs arrays {sorted(missing)}", param="arrays")
         return cls(arrays["A"], arrays["w_o"], dtype, arrays.get("b"), arrays.get("c"))
 
 

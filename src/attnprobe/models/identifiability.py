@@ -75,7 +75,7 @@ def equivalent(a, b, rng: np.random.Generator, *, lengths=(1, 2, 3, 5, 8), scale
                per: int = 64, climbs: int = 4, climb_iters: int = 400) -> EquivalenceReport:
     """Search for inputs where two models (any callables ``(B, N, d) -> (B,)`` with a width ``d``) differ."""
     if a.d != b.d:
-        raise ConfigError(f"the models have different widths {a.d} and {b.d}")
+        raise ConfigError(f"the models have different widths {a.d} and {b.d}", param="b")
     d = a.d
     starts, gaps, answers = [], [], []
     for N in lengths:

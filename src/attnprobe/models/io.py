@@ -48,7 +48,8 @@ def npz_path(path: str | Path) -> Path:
     if path.suffix == ".npz":
         return path
     if path.suffix:
-        raise ConfigError(f"a model file must end in .npz; got {path} (its {path.suffix} suffix would be replaced)")
+        raise ConfigError(f"a model file must end in .npz; got {path} (its {path.suffix} suffix would be replaced)",
+                          param="path")
     return path.with_suffix(".npz")
 
 
@@ -73,7 +74,7 @@ def write_files(writers: list[tuple[Path, Callable[[BinaryIO], None]]]) -> list[
             _fsync_dir(d)
     except OSError as exc:
         raise ConfigError(f"cannot write {exc.filename or [str(p) for p, _ in writers]}: {exc.strerror or exc}; "
-                          "existing files were left unchanged") from exc
+                          "existing files were left unchanged", param="out") from exc
     finally:
         for tmp, _ in temps:
             if os.path.exists(tmp):
@@ -126,11 +127,12 @@ def regular_file(path: str | Path, what: str = "model file") -> Path:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise ConfigError(f"{what} {path} does not exist") from None
+        raise ConfigError(f"{what} {path} does not exist", param="path") from None
     except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from exc
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}", param="path") from exc
     if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{what} {path} is not a regular file (a folder, FIFO or device); give a saved .npz file")
+        raise ConfigError(f"{what} {path} is not a regular file (a folder, FIFO or device); give a saved .npz file",
+                          param="path")
     return path
 
 
@@ -142,35 +144,37 @@ def npz_header(path: str | Path, max_bytes: int = MAX_MODEL_BYTES,
     not real numbers (the ``kind`` tag may be a short string), and declared sizes above ``max_bytes``."""
     path = regular_file(path, what)
     if not zipfile.is_zipfile(path):
-        raise ConfigError(f"cannot read {what} {path} as an .npz file (it is not a zip archive)")
+        raise ConfigError(f"cannot read {what} {path} as an .npz file (it is not a zip archive)", param="path")
     out = {}
     total = 0
     try:
         with zipfile.ZipFile(path) as zf:
             for info in zf.infolist():
                 if not info.filename.endswith(".npy"):
-                    raise ConfigError(f"{path} holds {info.filename!r}, which is not an .npy array")
+                    raise ConfigError(f"{path} holds {info.filename!r}, which is not an .npy array", param="path")
                 name = info.filename[:-4]
                 with zf.open(info) as f:
                     version = np.lib.format.read_magic(f)
                     read = {(1, 0): np.lib.format.read_array_header_1_0,
                             (2, 0): np.lib.format.read_array_header_2_0}.get(version)
                     if read is None:
-                        raise ConfigError(f"array {name!r} in {path} has unsupported .npy version {version}")
+                        raise ConfigError(f"array {name!r} in {path} has unsupported .npy version {version}",
+                                          param="path")
                     shape, _, dtype = read(f)
                 if dtype.hasobject:
-                    raise ConfigError(f"array {name!r} in {path} holds Python objects; model files hold numbers")
+                    raise ConfigError(f"array {name!r} in {path} holds Python objects; model files hold numbers",
+                                      param="path")
                 is_tag = name == "kind" and dtype.kind == "U" and shape == () and dtype.itemsize <= 400
                 if dtype.kind not in REAL_KINDS and not is_tag:
                     raise ConfigError(f"array {name!r} in {path} holds {dtype} values; model parameters must be "
-                                      "real numbers (no strings, complex numbers or records)")
+                                      "real numbers (no strings, complex numbers or records)", param="path")
                 total += int(np.prod(shape, dtype=object)) * dtype.itemsize
                 if total > max_bytes:
                     raise ConfigError(f"{path} declares arrays of more than {_size(max_bytes)} (array {name!r} has "
-                                      f"shape {shape}); refusing to load it")
+                                      f"shape {shape}); refusing to load it", param="path")
                 out[name] = (tuple(shape), dtype)
     except (zipfile.BadZipFile, ValueError, EOFError, OSError) as exc:
-        raise ConfigError(f"cannot read {what} {path} as an .npz file: {exc}") from exc
+        raise ConfigError(f"cannot read {what} {path} as an .npz file: {exc}", param="path") from exc
     return out
 
 
@@ -187,9 +191,9 @@ def load_arrays(path: str | Path, max_bytes: int = MAX_MODEL_BYTES, what: str = 
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
     except Exception as exc:
-        raise ConfigError(f"cannot read {what} {path} as an .npz file: {exc}") from exc
+        raise ConfigError(f"cannot read {what} {path} as an .npz file: {exc}", param="path") from exc
     if any(arrays[k].shape != header[k][0] for k in arrays if k in header):  # pragma: no cover - file changed
-        raise ConfigError(f"{what} {path} changed while it was read; try again")
+        raise ConfigError(f"{what} {path} changed while it was read; try again", param="path")
     return arrays
 
 
@@ -203,15 +207,15 @@ def load_model(path: str | Path, dtype: str = "float64", max_bytes: int = MAX_MO
 
     kind = str(arrays.pop("kind", "attention_head"))
     if kind not in _KINDS:
-        raise ConfigError(f"{path} holds a model of unknown kind {kind!r}; known: {sorted(_KINDS)}")
+        raise ConfigError(f"{path} holds a model of unknown kind {kind!r}; known: {sorted(_KINDS)}", param="path")
     code = arrays.pop("positions", None)
     names = {v: k for k, v in POSITION_CODES.items()}
     if code is not None and (np.shape(code) != () or int(code) not in names):
         raise ConfigError(f"{path}: 'positions' must be one of {sorted(names)} ({', '.join(POSITION_CODES)}); "
-                          f"got {code!r}")
+                          f"got {code!r}", param="path")
     try:
         model = _KINDS[kind].from_arrays(arrays, dtype=dtype)
     except ConfigError as exc:
-        raise ConfigError(f"{path} does not hold a valid {kind}: {exc}") from exc
+        raise ConfigError(f"{path} does not hold a valid {kind}: {exc}", param="path") from exc
     positions = "last" if code is None else names[int(code)]
     return model if positions == "last" else AnswerRows(model, positions)

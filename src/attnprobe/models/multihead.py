@@ -16,6 +16,7 @@ import numpy as np
 from attnprobe.errors import ConfigError
 from attnprobe.models.attention import (AttentionHead, AttentionParameters, as_batch, real_array)
 from attnprobe.models.softmax import softmax_last
+from attnprobe.properties import axis_length
 
 
 @dataclass(frozen=True)
@@ -38,24 +39,19 @@ class MultiHeadAttention(AttentionParameters):
         W = real_array("W", self.W)  # real, finite numbers; the shapes are checked below
         v = real_array("v", self.v)
         if v.ndim not in (2, 3) or min(v.shape) < 1:
-            raise ConfigError(f"v must have shape (H, d) or (H, K, d) with H, K, d >= 1; got {v.shape}")
+            raise ConfigError(f"v must have shape (H, d) or (H, K, d) with H, K, d >= 1; got {v.shape}", param="v")
         H, d = v.shape[0], v.shape[-1]
         if W.shape != (H, d, d):
             raise ConfigError(f"W must have shape (H, d, d) = ({H}, {d}, {d}) to match v of shape {v.shape}; "
-                              f"got {W.shape}")
+                              f"got {W.shape}", param="W")
         u = np.zeros((H, d)) if self.u is None else real_array("u", self.u)
         if u.shape != (H, d):
-            raise ConfigError(f"u must have shape (H, d) = ({H}, {d}); got {u.shape}")
+            raise ConfigError(f"u must have shape (H, d) = ({H}, {d}); got {u.shape}", param="u")
         self._store(W, v, u)
 
     # ----------------------------------------------------------------------------------------------- shape
-    @property
-    def H(self) -> int:
-        return self.v.shape[0]
-
-    @property
-    def d(self) -> int:
-        return self.v.shape[-1]
+    H = axis_length("v", 0, "The heads.")
+    d = axis_length("v", -1, "The input width.")
 
     @staticmethod
     def unknowns(d: int, H: int, bias: bool = True, outputs: int = 1) -> int:
@@ -82,7 +78,7 @@ class MultiHeadAttention(AttentionParameters):
         """Head ``h`` alone as an :class:`AttentionHead`. The shared ``c`` goes to head 0 (``with_c=None``),
         so ``Σ_h head(h)(X) == self(X)``; ``with_c`` forces it on or off."""
         if not 0 <= h < self.H:
-            raise ConfigError(f"head index must be in 0..{self.H - 1}; got {h}")
+            raise ConfigError(f"head index must be in 0..{self.H - 1}; got {h}", param="h")
         keep = (h == 0) if with_c is None else bool(with_c)
         return AttentionHead(self.W[h], self.v[h], self.u[h], self.c if keep else 0.0 * np.asarray(self.c),
                              self.dtype)
@@ -105,16 +101,17 @@ class MultiHeadAttention(AttentionParameters):
         """
         Q, K, V = (np.asarray(a, dtype=np.float64) for a in (Q, K, V))
         if Q.ndim != 3 or K.shape != Q.shape or V.shape != Q.shape:
-            raise ConfigError(f"Q, K, V must all have shape (H, d_h, d); got {Q.shape}, {K.shape}, {V.shape}")
+            raise ConfigError(f"Q, K, V must all have shape (H, d_h, d); got {Q.shape}, {K.shape}, {V.shape}",
+                              param="Q")
         H, dh, d = Q.shape
         w = np.asarray(w_o, dtype=np.float64)
         whole = w.ndim == 2
         if whole and w.shape[1] != H * dh:
             raise ConfigError(f"w_o must have shape (K, H·d_h) = (K, {H * dh}) for the whole output row; "
-                              f"got {w.shape}")
+                              f"got {w.shape}", param="w_o")
         w = w.reshape(-1) if not whole else w
         if not whole and w.shape != (H * dh,):
-            raise ConfigError(f"w_o must have length H·d_h = {H * dh}; got {w.shape}")
+            raise ConfigError(f"w_o must have length H·d_h = {H * dh}; got {w.shape}", param="w_o")
         zeros = np.zeros((H, dh))
         bQ = zeros if b_Q is None else np.asarray(b_Q, dtype=np.float64).reshape(H, dh)
         bV = zeros if b_V is None else np.asarray(b_V, dtype=np.float64).reshape(H, dh)
@@ -139,7 +136,7 @@ class MultiHeadAttention(AttentionParameters):
         """The same function with heads reordered: head ``i`` of the result is head ``perm[i]`` of this one."""
         perm = np.asarray(perm, dtype=int)
         if sorted(perm.tolist()) != list(range(self.H)):
-            raise ConfigError(f"perm must be a permutation of 0..{self.H - 1}; got {perm.tolist()}")
+            raise ConfigError(f"perm must be a permutation of 0..{self.H - 1}; got {perm.tolist()}", param="perm")
         return MultiHeadAttention(self.W[perm], self.v[perm], self.u[perm], self.c, self.dtype)
 
     # ---------------------------------------------------------------------------------------------- forward
@@ -217,10 +214,10 @@ def match_heads(true: MultiHeadAttention, got: MultiHeadAttention) -> HeadMatch:
     from scipy.optimize import linear_sum_assignment
 
     if true.d != got.d:
-        raise ConfigError(f"cannot compare models of widths {true.d} and {got.d}")
+        raise ConfigError(f"cannot compare models of widths {true.d} and {got.d}", param="got")
     if true.v.shape[1:] != got.v.shape[1:]:
         raise ConfigError(f"cannot compare value layouts {true.v.shape[1:]} and {got.v.shape[1:]} (one output vs "
-                          "K outputs, or different K)")
+                          "K outputs, or different K)", param="got")
     dW = _rel(got.W[None, :], true.W[:, None], (2, 3))  # (H_true, H_got)
     dv = _rel(got.v[None, :], true.v[:, None], tuple(range(2, got.v.ndim + 1)))
     du = _rel(got.u[None, :], true.u[:, None], 2)

@@ -32,6 +32,7 @@ from attnprobe._validation import as_batch, real_array
 from attnprobe.errors import ConfigError
 from attnprobe.models.precision import resolve_dtype
 from attnprobe.models.softmax import softmax_last
+from attnprobe.properties import axis_length
 
 #: position terms, stored in model files as their index
 POSITIONS = ("none", "rope", "t5", "alibi")
@@ -165,14 +166,15 @@ class PositionalAttention:
         H, dh, d = Wq.shape
         G = Wk.shape[0]
         if min(H, dh, d, G) < 1 or Wk.shape != (G, dh, d):
-            raise ConfigError(f"Wk must have shape (G, d_h, d) = (G, {dh}, {d}) to match Wq {Wq.shape}; got {Wk.shape}")
+            raise ConfigError(f"Wk must have shape (G, d_h, d) = (G, {dh}, {d}) to match Wq {Wq.shape}; got {Wk.shape}",
+                              param="Wk")
         if H % G:
-            raise ConfigError(f"the {H} query heads must split evenly into the {G} key/value groups (GQA)")
+            raise ConfigError(f"the {H} query heads must split evenly into the {G} key/value groups (GQA)", param="Wk")
         if Wv.ndim != 3 or Wv.shape[0] != G or Wv.shape[2] != d:
-            raise ConfigError(f"Wv must have shape (G, d_v, d) = ({G}, d_v, {d}); got {Wv.shape}")
+            raise ConfigError(f"Wv must have shape (G, d_v, d) = ({G}, d_v, {d}); got {Wv.shape}", param="Wv")
         dv = Wv.shape[1]
         if Wo.shape[1] != H * dv:
-            raise ConfigError(f"Wo must have shape (K, H·d_v) = (K, {H * dv}); got {Wo.shape}")
+            raise ConfigError(f"Wo must have shape (K, H·d_v) = (K, {H * dv}); got {Wo.shape}", param="Wo")
         K = Wo.shape[0]
         set_ = {"Wq": Wq, "Wk": Wk, "Wv": Wv, "Wo": Wo}
         for name, shape in (("bq", (H, dh)), ("bk", (G, dh)), ("bv", (G, dv)), ("bo", (K,))):
@@ -180,7 +182,7 @@ class PositionalAttention:
             arr = np.zeros(shape) if value is None else real_array(name, value).reshape(-1)
             if arr.size != int(np.prod(shape)):
                 raise ConfigError(f"{name} must have {int(np.prod(shape))} numbers (shape {shape}); "
-                                  f"got {np.shape(value)}")
+                                  f"got {np.shape(value)}", param=name)
             set_[name] = arr.reshape(shape)
         if self.position not in POSITIONS:
             raise ConfigError(f"unknown position term {self.position!r}; choose one of {', '.join(POSITIONS)}",
@@ -220,25 +222,11 @@ class PositionalAttention:
         object.__setattr__(self, "bidirectional", bool(self.bidirectional))
 
     # ------------------------------------------------------------------------------------------- shape
-    @property
-    def H(self) -> int:
-        return self.Wq.shape[0]
-
-    @property
-    def G(self) -> int:
-        return self.Wk.shape[0]
-
-    @property
-    def head_dim(self) -> int:
-        return self.Wq.shape[1]
-
-    @property
-    def d(self) -> int:
-        return self.Wq.shape[2]
-
-    @property
-    def outputs(self) -> int:
-        return self.Wo.shape[0]
+    H = axis_length("Wq", 0, "The query heads.")
+    G = axis_length("Wk", 0, "The key/value groups (GQA).")
+    head_dim = axis_length("Wq", 1, "The width d_h of a head's queries and keys.")
+    d = axis_length("Wq", 2, "The input width.")
+    outputs = axis_length("Wo", 0, "The output width K.")
 
     @property
     def vector(self) -> bool:
@@ -378,12 +366,12 @@ class PositionalAttention:
     def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "PositionalAttention":
         missing = {"Wq", "Wk", "Wv", "Wo", "position"} - set(arrays)
         if missing:
-            raise ConfigError(f"{cls.DESCRIPTION} needs arrays {sorted(missing)}")
+            raise ConfigError(f"{cls.DESCRIPTION} needs arrays {sorted(missing)}", param="arrays")
 
         def code(name, names, default=0):
             i = int(np.asarray(arrays.get(name, default)).reshape(()))
             if not 0 <= i < len(names):
-                raise ConfigError(f"array {name!r} must be an index into {names}; got {i}")
+                raise ConfigError(f"array {name!r} must be an index into {names}; got {i}", param="arrays")
             return names[i]
 
         kw = {k: arrays.get(k) for k in ("Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo", "inv_freq", "rel_bias",

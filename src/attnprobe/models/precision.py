@@ -24,10 +24,11 @@ def resolve_dtype(name: str | np.dtype) -> np.dtype:
         try:
             import ml_dtypes
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ConfigError("bfloat16 needs the ml_dtypes package: pip install 'attnprobe[precision]'") from exc
+            raise ConfigError("bfloat16 needs the ml_dtypes package: pip install 'attnprobe[precision]'",
+                              param="dtype") from exc
         return np.dtype(ml_dtypes.bfloat16)
     if key not in PRECISIONS:
-        raise ConfigError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
+        raise ConfigError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}", param="dtype")
     return np.dtype(key)
 
 

@@ -15,8 +15,10 @@ import numpy as np
 from scipy.special import erf
 
 from attnprobe.errors import ConfigError
-from attnprobe.models.attention import as_batch, real_array, set_frozen
+from attnprobe._validation import length_one_rows
+from attnprobe.models.attention import real_array, set_frozen
 from attnprobe.models.precision import resolve_dtype
+from attnprobe.properties import axis_length
 
 _SQRT2 = np.sqrt(2.0)
 _TANH_C = np.sqrt(2.0 / np.pi)
@@ -138,17 +140,9 @@ class SmoothFFN:
         resolve_dtype(self.dtype)
         set_frozen(self, W1=W1, b1=b1, W2=W2, b2=b2)
 
-    @property
-    def d(self) -> int:
-        return self.W1.shape[1]
-
-    @property
-    def m(self) -> int:
-        return self.W1.shape[0]
-
-    @property
-    def outputs(self) -> int:
-        return self.W2.shape[0]
+    d = axis_length("W1", 1, "The input width.")
+    m = axis_length("W1", 0, "The hidden width: neurons, rows of W1.")
+    outputs = axis_length("W2", 0, "The output width K.")
 
     @staticmethod
     def unknowns(d: int, m: int, outputs: int, bias: bool = True) -> int:
@@ -171,10 +165,7 @@ class SmoothFFN:
         return (h @ self.W2.T.astype(dt) + self.b2.astype(dt)).astype(np.float64)
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
-        X = as_batch(X, self.d)
-        if X.shape[1] != 1:
-            raise ConfigError(f"an FFN answers length-1 queries only; got sequences of length {X.shape[1]}")
-        return self.forward(X[:, 0, :])
+        return self.forward(length_one_rows(X, self.d, "an FFN"))
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"W1": self.W1, "b1": self.b1, "W2": self.W2, "b2": self.b2,
@@ -184,11 +175,11 @@ class SmoothFFN:
     def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "SmoothFFN":
         missing = {"W1", "b1", "W2", "b2", "activation"} - set(arrays)
         if missing:
-            raise ConfigError(f"a smooth FFN needs arrays {sorted(missing)}")
+            raise ConfigError(f"a smooth FFN needs arrays {sorted(missing)}", param="arrays")
         code = int(np.asarray(arrays["activation"]).reshape(()))
         names = {v: k for k, v in ACTIVATION_CODES.items()}
         if code not in names:
-            raise ConfigError(f"activation code {code} is none of {ACTIVATION_CODES}")
+            raise ConfigError(f"activation code {code} is none of {ACTIVATION_CODES}", param="activation")
         return cls(arrays["W1"], arrays["b1"], arrays["W2"], arrays["b2"], names[code], dtype)
 
 

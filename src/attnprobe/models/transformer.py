@@ -12,6 +12,7 @@ from attnprobe.models.attention import as_batch, attention_weights, real_array, 
 from attnprobe.models.ffn import FFNWidths, ReLUNet, check_biases, check_ffn
 from attnprobe.models.softmax import softmax_last
 from attnprobe.models.precision import resolve_dtype
+from attnprobe.properties import axis_length
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class OneLayerTransformer(FFNWidths):
         W = real_array("W", self.W, 2)
         d = A.shape[0]
         if W.shape != (d, d):
-            raise ConfigError(f"W must be {d}x{d} to match A with {d} rows; got {W.shape}")
+            raise ConfigError(f"W must be {d}x{d} to match A with {d} rows; got {W.shape}", param="W")
         resolve_dtype(self.dtype)
         set_frozen(self, W=W, A=A, w_o=w_o)
 
@@ -78,7 +79,7 @@ class OneLayerTransformer(FFNWidths):
     def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "OneLayerTransformer":
         missing = {"W", "A", "w_o"} - set(arrays)
         if missing:
-            raise ConfigError(f"a one-layer transformer needs arrays {sorted(missing)}")
+            raise ConfigError(f"a one-layer transformer needs arrays {sorted(missing)}", param="arrays")
         return cls(arrays["W"], arrays["A"], arrays["w_o"], dtype)
 
 
@@ -109,26 +110,21 @@ class MultiHeadTransformer(FFNWidths):
         H, d = u.shape
         if W.shape != (H, d, d) or v.shape != (H, d, d):
             raise ConfigError(f"W and v must have shape (H, d, d) = ({H}, {d}, {d}) to match u of shape {u.shape}; "
-                              f"got {W.shape} and {v.shape}")
+                              f"got {W.shape} and {v.shape}", param="W")
         w_o = real_array("w_o", self.w_o)
         w_o = w_o.reshape(-1, 1) if w_o.ndim == 1 else w_o
         A, w_o = check_ffn(self.A, w_o)
         if A.shape[0] != d:
-            raise ConfigError(f"A must have d = {d} rows to match the heads; got {A.shape}")
+            raise ConfigError(f"A must have d = {d} rows to match the heads; got {A.shape}", param="A")
         b, c = check_biases(self.b, self.c, A.shape[1], w_o)
         if H < 1:
-            raise ConfigError("a transformer needs at least one head")
+            raise ConfigError("a transformer needs at least one head", param="W")
         resolve_dtype(self.dtype)
         set_frozen(self, W=W, u=u, v=v, A=A, b=b, w_o=w_o, c=c)
         object.__setattr__(self, "residual", bool(np.asarray(self.residual).reshape(())))
 
-    @property
-    def H(self) -> int:
-        return self.W.shape[0]
-
-    @property
-    def K(self) -> int:
-        return self.w_o.shape[1]
+    H = axis_length("W", 0, "The heads.")
+    K = axis_length("w_o", 1, "The outputs.")
 
     @property
     def ffn(self) -> ReLUNet:
@@ -174,7 +170,7 @@ class MultiHeadTransformer(FFNWidths):
     def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "MultiHeadTransformer":
         missing = {"W", "u", "v", "A", "b", "w_o", "c"} - set(arrays)
         if missing:
-            raise ConfigError(f"a multi-head transformer needs arrays {sorted(missing)}")
+            raise ConfigError(f"a multi-head transformer needs arrays {sorted(missing)}", param="arrays")
         for name, ndim in (("b", 1), ("w_o", 2), ("c", 1)):  # files hold K = 1 as (m, 1) / (1,): nothing reshaped
             if np.ndim(arrays[name]) != ndim:
                 raise ConfigError(f"{name} must have {ndim} dimension(s) in a multi-head transformer file; got shape "

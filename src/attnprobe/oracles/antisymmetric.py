@@ -24,7 +24,7 @@ class AntisymmetricOracle(Oracle):
 
     def __init__(self, base: Oracle) -> None:
         if not isinstance(base, Oracle):
-            raise ConfigError(f"the antisymmetric oracle wraps an Oracle; got {type(base).__name__}")
+            raise ConfigError(f"the antisymmetric oracle wraps an Oracle; got {type(base).__name__}", param="base")
         self.base = base
         super().__init__(self._answer, base.d, precision=base.precision, max_batch=max(1, base.max_batch // 2),
                          name=f"antisymmetric({base.name})", eps_floor=ROUNDING_FACTOR * base.eps)

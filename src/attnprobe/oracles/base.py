@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from attnprobe._validation import check_float, check_int
-from attnprobe.errors import (BudgetExceededError, InputNormError, NonFiniteAnswerError, OracleAnswerError,
+from attnprobe.errors import (BudgetExceededError, ConfigError, InputNormError, NonFiniteAnswerError, OracleAnswerError,
                                OracleError)
 from attnprobe._validation import as_batch
 from attnprobe.models.precision import coarser, machine_epsilon
@@ -29,7 +29,7 @@ def _keys(X):
 QueryFn = Callable[[np.ndarray], np.ndarray]
 
 
-def _max_row_norm(X: np.ndarray) -> float:
+def max_row_norm(X: np.ndarray) -> float:
     """The largest Euclidean norm of a row of the batch ``X``, the same number as the largest
     ``np.linalg.norm`` of a row: squared norms by one pass of dot products, then the norms of the rows within
     their rounding of the largest."""
@@ -249,7 +249,7 @@ class Oracle:
         """Record the largest row norm of ``X``; refuse the batch when it passes ``max_input_norm``."""
         if X.size == 0:
             return
-        top = _max_row_norm(X)
+        top = max_row_norm(X)
         limit = self._max_input_norm
         if limit is not None and top > limit * (1 + NORM_ROUNDING):
             norms = np.linalg.norm(X, axis=-1)
@@ -480,6 +480,14 @@ class Oracle:
                                     "not finite. Check the target for overflow or lower the probe scale.")
         return y
 
+    def _refuse_declared_rows(self, answered: tuple) -> None:
+        """A kind of rows was declared (:meth:`declare_positions`) but the oracle answers the last position only:
+        the declaration would be ignored, so it is refused."""
+        if self._positions_source == "declared":
+            raise ConfigError(f"the 'positions' parameter {self._positions} declares answers at every position, "
+                              f"but the oracle {self.name!r} answers the last position only (shape {answered}); "
+                              "leave it out for this oracle", param="positions")
+
     def _check_shape(self, y: np.ndarray, shape: tuple) -> None:
         """Answers are (B,), (B, K) or (B, N, K) (every position); K is fixed by the first answer (or by
         ``outputs``), and every-position or not by the first answer: neither may change."""
@@ -497,9 +505,11 @@ class Oracle:
             vector = False  # every-position answers after last-position ones: refused below
         if y.shape == (B,) and self._vector is not True:
             self._vector, self.outputs, self.every_position = False, 1, False
+            self._refuse_declared_rows(y.shape)
             return
         if vector and self._vector is not False and (self.outputs is None or y.shape[1] == self.outputs):
             self._vector, self.outputs, self.every_position = True, y.shape[1], False
+            self._refuse_declared_rows(y.shape)
             return
         want = (f"({B},)" if self._vector is False else f"({B}, {self.outputs})" if self.outputs
                 else f"({B},), ({B}, K) or ({B}, {N}, K)")

@@ -24,12 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
-from attnprobe.errors import ConfigError
+from attnprobe.errors import ConfigError, MissingDependencyError
 from attnprobe.oracles.base import Oracle
 from attnprobe.models.precision import coarser
 from attnprobe.oracles.hf_families import LayerSpec, layer_spec, split_projections
 from attnprobe.oracles.hf_folder import check_model_dir
 from attnprobe.oracles.torch_adapter import TorchFunction, nn, torch
+
+#: the positional learner's name for each family position scheme
+POSITION_TERMS = {"rope": "rope", "relative_bias": "t5", "alibi": "alibi"}
 
 HF_HINT = "pip install 'attnprobe[hf]' (transformers; torch==2.13.0 first)"
 #: torch dtypes by the precision names the rest of attnprobe uses
@@ -43,29 +46,44 @@ def _transformers():
     try:
         import transformers
     except ImportError as exc:
-        raise ConfigError(f"Hugging Face models need transformers; run: {HF_HINT}") from exc
+        raise MissingDependencyError(f"Hugging Face models need transformers; run: {HF_HINT}") from exc
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     return transformers
 
 
 @functools.lru_cache(maxsize=4)
-def _load(path: str, dtype: str):
+def _load(path: str, dtype: str, attention: str = "eager"):
     transformers = _transformers()
     try:
         model = transformers.AutoModel.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype],
-                                                       attn_implementation="eager")
+                                                       attn_implementation=attention)
     except Exception as exc:
-        raise ConfigError(f"transformers cannot load {path} offline: {type(exc).__name__}: {exc}") from exc
+        raise ConfigError(f"transformers cannot load {path} offline: {type(exc).__name__}: {exc}",
+                          param="model_dir") from exc
     return model.to(DTYPES[dtype]).eval()  # whatever the transformers version did with ``dtype``
 
 
-def load_hf_model(model_dir, dtype: str = "float64"):
-    """The base model (``AutoModel``) in ``model_dir``, offline, eager attention, in eval mode and ``dtype``
-    (cached per process)."""
+def load_hf_model(model_dir, dtype: str = "float64", attention: str = "eager"):
+    """The base model (``AutoModel``) in ``model_dir``, offline, in eval mode and ``dtype``, with transformers'
+    ``attention`` implementation (``eager``, the default, or ``sdpa``; cached per process)."""
     if dtype not in DTYPES:
         raise ConfigError(f"The 'dtype' parameter must be one of {', '.join(DTYPES)}; got {dtype!r}", param="dtype")
-    return _load(str(check_model_dir(model_dir).resolve()), dtype)
+    if attention not in ("eager", "sdpa"):
+        raise ConfigError(f"The 'attention' parameter must be eager or sdpa; got {attention!r}", param="attention")
+    return _load(str(check_model_dir(model_dir).resolve()), dtype, attention)
+
+
+def additive_mask(spec: LayerSpec, N: int, dtype):
+    """The family's additive mask ``(1, 1, N, N)``: causal (and windowed), or ``None``."""
+    if not spec.causal:
+        return None
+    i = torch.arange(N)
+    hidden = i[None, :] > i[:, None]
+    if spec.window:
+        hidden |= i[None, :] <= i[:, None] - int(spec.window)
+    zero = torch.zeros((N, N), dtype=dtype)
+    return zero.masked_fill(hidden, torch.finfo(dtype).min)[None, None]
 
 
 class HFAttentionLayer(nn.Module):
@@ -87,15 +105,15 @@ class HFAttentionLayer(nn.Module):
                                                                     dtype=dtype)
         if self.readout is not None and self.readout.shape != (self.K,):
             raise ConfigError(f"the readout must be a vector of the layer's {self.K} outputs; got shape "
-                              f"{tuple(self.readout.shape)}")
+                              f"{tuple(self.readout.shape)}", param="readout")
 
     @property
     def positions(self) -> str:
         """What the rows are: ``"positional"`` (the logits depend on position), ``"causal"`` (row i answers
         ``X[:i+1]``) or ``"bidirectional"`` (row i answers ``X`` with ``x_i`` moved last)."""
-        if self.spec.positional:
-            return "positional"
-        return "causal" if self.spec.causal else "bidirectional"
+        if self.spec.causal:  # RoPE and ALiBi are relative: row i is still the answer on the prefix X[:i+1]
+            return "causal"
+        return "positional" if self.spec.positional else "bidirectional"
 
     def projections(self) -> dict:
         """The live module's float64 weights per head
@@ -104,15 +122,7 @@ class HFAttentionLayer(nn.Module):
         return split_projections(self.spec, state.get, f"{self.spec.folder} layer {self.layer}")
 
     def _mask(self, N: int, dtype):
-        """The family's additive mask ``(1, 1, N, N)``: causal (and windowed), or ``None``."""
-        if not self.spec.causal:
-            return None
-        i = torch.arange(N)
-        hidden = i[None, :] > i[:, None]
-        if self.spec.window:
-            hidden |= i[None, :] <= i[:, None] - int(self.spec.window)
-        zero = torch.zeros((N, N), dtype=dtype)
-        return zero.masked_fill(hidden, torch.finfo(dtype).min)[None, None]
+        return additive_mask(self.spec, N, dtype)
 
     def _arguments(self, X) -> dict:
         """What the family's attention forward needs besides the hidden states: mask, position terms."""
@@ -152,7 +162,7 @@ def hf_attention_layer(model_dir, layer: int, *, dtype: str = "float64", row: in
     model = load_hf_model(model_dir, dtype)
     if row is not None:
         if readout is not None:
-            raise ConfigError("give an output row or a readout vector, not both")
+            raise ConfigError("give an output row or a readout vector, not both", param="readout")
         if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= int(row) < spec.hidden:
             raise ConfigError(f"The 'row' parameter must be an output index in 0..{spec.hidden - 1}; got {row}",
                               param="row")
@@ -171,6 +181,8 @@ def oracle_from_hf(model_dir, layer: int, *, dtype: str = "float64", row: int | 
     fn.__name__ = f"{Path(model_dir).name} layer {layer}" + ("" if row is None else f" row {row}")
     if every_position:  # what the rows are, declared from the family (an Oracle need not probe for it)
         fn.positions = module.positions
+    if module.spec.positional:  # the position term, declared from the family (the positional learner's route)
+        fn.position_term = POSITION_TERMS[module.spec.family.position]
     if kwargs.get("precision") is None:
         kwargs["precision"] = coarser(dtype, module.spec.softmax_dtype or dtype)
     kwargs.setdefault("max_batch", MAX_BATCH)

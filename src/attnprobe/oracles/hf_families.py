@@ -24,6 +24,7 @@ import numpy as np
 
 from attnprobe.errors import ConfigError
 from attnprobe.oracles.hf_folder import read_config
+from attnprobe.properties import alias
 
 #: what a position scheme does to the logits (the cause a refusal names)
 POSITION_CAUSES = {"rope": "rotary position embeddings (RoPE) rotate queries and keys by their positions",
@@ -136,13 +137,8 @@ class LayerSpec:
     #: the dtype the kernel computes its softmax in when it is not the module's (``None``: the module's own)
     softmax_dtype: str | None = None
 
-    @property
-    def name(self) -> str:
-        return self.family.name
-
-    @property
-    def causal(self) -> bool:
-        return self.family.causal
+    name = alias("family.name", "The family's name (the config's model_type, e.g. gpt2).")
+    causal = alias("family.causal", "Whether a position sees only the ones before it.")
 
     @property
     def positional(self) -> bool:
@@ -173,7 +169,8 @@ class LayerSpec:
         if self.positional:
             raise ConfigError(f"{self.folder} is a {self.name} model: its attention logits depend on the key's "
                               f"position ({POSITION_CAUSES[self.family.position]}), which the multi-head learner "
-                              "does not model yet")
+                              "does not model; use --method positional (the default for this folder)",
+                              param="model_dir")
 
 
 def _get(config: dict, keys: tuple[str, ...], what: str, path: Path, default=None):
@@ -181,11 +178,12 @@ def _get(config: dict, keys: tuple[str, ...], what: str, path: Path, default=Non
         value = config.get(key)
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{path} gives {key} = {value!r}; {what} must be a positive integer")
+                raise ConfigError(f"{path} gives {key} = {value!r}; {what} must be a positive integer",
+                                  param="model_dir")
             return value
     if default is not None:
         return default
-    raise ConfigError(f"{path} gives no {what} (none of {', '.join(keys)})")
+    raise ConfigError(f"{path} gives no {what} (none of {', '.join(keys)})", param="model_dir")
 
 
 def _rotary(config: dict, head_dim: int) -> Rotary:
@@ -204,7 +202,7 @@ def layer_spec(model_dir) -> LayerSpec:
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
         raise ConfigError(f"{path} has model_type {model_type!r}; attnprobe reads the attention of "
-                          f"{', '.join(FAMILIES)} models")
+                          f"{', '.join(FAMILIES)} models", param="model_dir")
     fam = FAMILIES[model_type]
     hidden = _get(config, fam.hidden, "the hidden width", path)
     heads = _get(config, fam.heads, "the number of attention heads", path)
@@ -214,10 +212,10 @@ def layer_spec(model_dir) -> LayerSpec:
         head_dim = _get(config, fam.head_dim, "the head width", path, max(hidden // heads, 1))
     else:
         if hidden % heads:
-            raise ConfigError(f"{path}: the width {hidden} is not a multiple of the {heads} heads")
+            raise ConfigError(f"{path}: the width {hidden} is not a multiple of the {heads} heads", param="model_dir")
         head_dim = hidden // heads
     if heads % kv:
-        raise ConfigError(f"{path}: {heads} query heads cannot share {kv} KV heads (not a multiple)")
+        raise ConfigError(f"{path}: {heads} query heads cannot share {kv} KV heads (not a multiple)", param="model_dir")
     biases = fam.biases | (frozenset("qkvo") if fam.bias_key and config.get(fam.bias_key, True) else frozenset())
     scale = 1.0 if fam.scale == "one" else head_dim ** -0.5
     softmax_dtype = fam.softmax_dtype
@@ -229,7 +227,7 @@ def layer_spec(model_dir) -> LayerSpec:
         groups = _get(config, ("num_hidden_groups",), "the number of layer groups", path, 1)
         if _get(config, ("inner_group_num",), "layers per group", path, 1) != 1:
             raise ConfigError(f"{path} has inner_group_num > 1 (several attention sublayers per ALBERT layer); "
-                              "attnprobe reads ALBERT models with one attention sublayer per layer")
+                              "attnprobe reads ALBERT models with one attention sublayer per layer", param="model_dir")
         group_size = max(layers // groups, 1)
     window = None
     if fam.name == "mistral" or (fam.name == "qwen2" and config.get("use_sliding_window")):
@@ -256,13 +254,14 @@ def split_projections(spec: LayerSpec, get: Callable[[str], object], where: str)
         if a is None:
             if optional:
                 return None
-            raise ConfigError(f"{where} has no tensor {name!r}; it is not a complete {fam.name} layer")
+            raise ConfigError(f"{where} has no tensor {name!r}; it is not a complete {fam.name} layer",
+                              param="model_dir")
         a = np.asarray(a, dtype=np.float64)
         a = a.T if fam.conv1d and a.ndim == 2 else a  # Conv1D stores (in, out)
         if a.shape != shape:
             raise ConfigError(f"{where}: tensor {name!r} has shape {a.shape}, not {shape} as config.json says (a "
                               f"{fam.name} layer of width {d}, {H} heads of width {dh}, {G} KV heads); the folder "
-                              "mixes two models")
+                              "mixes two models", param="model_dir")
         return a
 
     rows = (H * dh, G * dh, G * dh)
@@ -295,7 +294,7 @@ def join_projections(spec: LayerSpec, p: dict) -> dict[str, np.ndarray]:
         b = p.get(key)
         if letter not in spec.biases and b is not None and np.any(np.asarray(b) != 0):
             raise ConfigError(f"a {fam.name} layer (this config) has no {letter} bias, but the layer needs one "
-                              f"({key} ≠ 0); write it into a family with biases")
+                              f"({key} ≠ 0); write it into a family with biases", param="hf_dir")
     zero = {"bQ": np.zeros(H * dh), "bK": np.zeros(G * dh), "bV": np.zeros(G * dh), "bO": np.zeros(d)}
     flat = {k: np.asarray(p[k], dtype=np.float64).reshape(-1, d) for k in "QKV"}
     bias = {k: zero[k] if p.get(k) is None else np.asarray(p[k], dtype=np.float64).reshape(-1) for k in zero}

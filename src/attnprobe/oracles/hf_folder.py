@@ -12,14 +12,14 @@ def check_model_dir(model_dir) -> Path:
     path = Path(model_dir)
     if not path.exists():
         raise ConfigError(f"{path} does not exist; give the folder of a Hugging Face model (config.json and "
-                          "model.safetensors)")
+                          "model.safetensors)", param="model_dir")
     if not path.is_dir():
         raise ConfigError(f"{path} is not a folder; give the folder of a Hugging Face model (config.json and "
-                          "model.safetensors)")
+                          "model.safetensors)", param="model_dir")
     for name in ("config.json", "model.safetensors"):
         if not (path / name).is_file():
             raise ConfigError(f"{path} has no {name}; a Hugging Face model folder holds config.json and "
-                              "model.safetensors (export one with model.save_pretrained(folder))")
+                              "model.safetensors (export one with model.save_pretrained(folder))", param="model_dir")
     return path
 
 
@@ -30,7 +30,7 @@ def read_config(model_dir) -> dict:
     try:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read {path} as JSON: {exc}") from exc
+        raise ConfigError(f"cannot read {path} as JSON: {exc}", param="model_dir") from exc
     if not isinstance(config, dict):
-        raise ConfigError(f"{path} must hold a JSON object; got {type(config).__name__}")
+        raise ConfigError(f"{path} must hold a JSON object; got {type(config).__name__}", param="model_dir")
     return config

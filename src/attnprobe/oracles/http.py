@@ -67,14 +67,14 @@ class HttpOracle:
         self.keyed, self.on_retry, self._answered = bool(key), on_retry, False
         if key and (not (key.isascii() and key.isprintable()) or key != key.strip()):
             raise ConfigError("the API key must be printable ASCII without spaces at its ends (HTTP headers carry "
-                              "nothing else); check --api-key or " + KEY_ENV)
+                              "nothing else); check --api-key or " + KEY_ENV, param="api_key")
         if not (_is_int(concurrency) and concurrency >= 1 and _is_int(retries) and retries >= 0):
             raise ConfigError(f"the concurrency must be an integer >= 1 and the retries >= 0; got {concurrency} "
-                              f"and {retries}")
+                              f"and {retries}", param="concurrency")
         if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
-            raise ConfigError(f"the timeout must be a finite number of seconds > 0; got {timeout}")
+            raise ConfigError(f"the timeout must be a finite number of seconds > 0; got {timeout}", param="timeout")
         if wire not in WIRE_FORMATS:
-            raise ConfigError(f"the wire format must be one of {', '.join(WIRE_FORMATS)}; got {wire!r}")
+            raise ConfigError(f"the wire format must be one of {', '.join(WIRE_FORMATS)}; got {wire!r}", param="wire")
         self.retries, self.backoff, self.concurrency = int(retries), float(backoff), int(concurrency)
         try:
             self._client = httpx.Client(base_url=self.url, timeout=timeout,
@@ -82,7 +82,7 @@ class HttpOracle:
                                         limits=httpx.Limits(max_connections=self.concurrency + 1,
                                                             max_keepalive_connections=self.concurrency + 1))
         except (httpx.InvalidURL, ValueError) as exc:
-            raise ConfigError(f"the URL {self.url} is not usable ({exc}); give http://HOST:PORT") from None
+            raise ConfigError(f"the URL {self.url} is not usable ({exc}); give http://HOST:PORT", param="url") from None
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self.requests = self.retried = 0
@@ -96,7 +96,7 @@ class HttpOracle:
         npy_offered = isinstance(offered, list) and "npy" in offered
         if wire == "npy" and not npy_offered:
             raise ConfigError(f"{self.url}/v1/info does not offer the npy wire format (formats: {offered!r}); "
-                              "use the json wire format")
+                              "use the json wire format", param="wire")
         self.wire = "npy" if wire == "npy" or (wire == "auto" and npy_offered) else "json"
         self.__name__ = self.url
 
@@ -117,7 +117,7 @@ class HttpOracle:
     def __call__(self, X: np.ndarray) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 3 or X.shape[2] != self.d:
-            raise ConfigError(f"queries to {self.url} must have shape (B, N, {self.d}); got {X.shape}")
+            raise ConfigError(f"queries to {self.url} must have shape (B, N, {self.d}); got {X.shape}", param="X")
         chunks = [X[i:i + self.max_batch] for i in range(0, X.shape[0], self.max_batch)]
         if len(chunks) <= 1 or self.concurrency == 1:
             parts = []
@@ -188,7 +188,7 @@ class HttpOracle:
                     raise OracleError(f"nothing answers at {self.url} ({last}; {attempt + 1} tries): is the server "
                                       "running at that address?") from None
             except httpx.HTTPError as exc:  # e.g. an unusable URL
-                raise ConfigError(f"cannot ask {self.url}{path}: {type(exc).__name__}: {exc}") from None
+                raise ConfigError(f"cannot ask {self.url}{path}: {type(exc).__name__}: {exc}", param="url") from None
             else:
                 with self._lock:
                     self.requests += 1
@@ -228,18 +228,18 @@ def _checked_url(url: str) -> str:
     import httpx
 
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ConfigError("the URL must start with http:// or https://")
+        raise ConfigError("the URL must start with http:// or https://", param="url")
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, ValueError) as exc:
-        raise ConfigError(f"the URL is not usable ({exc}); give http://HOST:PORT") from None
+        raise ConfigError(f"the URL is not usable ({exc}); give http://HOST:PORT", param="url") from None
     if parsed.userinfo:
         raise ConfigError("the URL carries a user name or password; give the key with --api-key or "
-                          f"{KEY_ENV} (it is sent as a Bearer token), not in the URL")
+                          f"{KEY_ENV} (it is sent as a Bearer token), not in the URL", param="url")
     if not parsed.host:
-        raise ConfigError("the URL names no host; give http://HOST:PORT")
+        raise ConfigError("the URL names no host; give http://HOST:PORT", param="url")
     if parsed.port is not None and not 0 < parsed.port < 65536:
-        raise ConfigError(f"the URL's port {parsed.port} is not between 1 and 65535")
+        raise ConfigError(f"the URL's port {parsed.port} is not between 1 and 65535", param="url")
     return url.rstrip("/")
 
 
@@ -281,7 +281,7 @@ def oracle_from_http(fn: HttpOracle, d: int | None = None, **kwargs):
     from attnprobe.oracles.base import Oracle
 
     if d is not None and int(d) != fn.d:
-        raise ConfigError(f"--d {d} does not match the width d = {fn.d} that {fn.url}/v1/info reports")
+        raise ConfigError(f"--d {d} does not match the width d = {fn.d} that {fn.url}/v1/info reports", param="d")
     # the learner's whole batch goes to fn at once, which keeps ``concurrency`` requests in flight through it
     kwargs.setdefault("max_batch", max(65536, fn.max_batch * fn.concurrency))
     return Oracle(fn, fn.d, name=fn.url, **kwargs)

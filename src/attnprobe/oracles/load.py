@@ -48,7 +48,7 @@ def import_from_cwd(module_name: str):
 def load_callable(spec: str):
     """Import ``MODULE:ATTR`` (the current directory is importable); ATTR may be dotted."""
     if ":" not in spec:
-        raise ConfigError(f"--oracle must look like MODULE:ATTR (e.g. victims:head); got {spec!r}")
+        raise ConfigError(f"--oracle must look like MODULE:ATTR (e.g. victims:head); got {spec!r}", param="oracle")
     module_name, attr = spec.split(":", 1)
     try:
         obj = import_from_cwd(module_name)
@@ -73,7 +73,7 @@ def oracle_from_spec(spec: str, d: int | None, **kwargs) -> Oracle:
         return oracle_from_torch(fn, d, name=spec, **kwargs)
     d = d if d is not None else getattr(fn, "d", None)
     if d is None:
-        raise ConfigError(f"give the width with --d: {spec} does not say its d")
+        raise ConfigError(f"give the width with --d: {spec} does not say its d", param="d")
     return Oracle(fn, int(d), name=spec, **kwargs)
 
 

@@ -23,24 +23,15 @@ from collections import OrderedDict
 import numpy as np
 
 from attnprobe.errors import ConfigError
+from attnprobe.models.rows import POSITIONS, REUSABLE, check_positions
 
-#: what an every-position oracle's rows are (``"last"``: the oracle answers the last position only)
-POSITIONS = ("causal", "bidirectional", "positional")
-#: the rows of these kinds answer other last-position queries
-REUSABLE = ("causal", "bidirectional")
+__all__ = ["POSITIONS", "REUSABLE", "check_positions", "declared_positions", "probe_sequences",
+           "positions_from_rows", "RowAnswers"]
+
 #: the probe's sequence length
 PROBE_LENGTH = 4
 #: numbers of answer rows kept by :class:`RowAnswers` (64 MB of float64)
 CACHE_NUMBERS = 1 << 23
-
-
-def check_positions(value, param: str = "positions") -> str | None:
-    """``value`` as one of :data:`POSITIONS`, ``None``/``"auto"`` for "read from the answers"."""
-    if value is None or value == "auto":
-        return None
-    if value not in POSITIONS:
-        raise ConfigError(f"{param} must be one of {', '.join(POSITIONS)} or auto; got {value!r}", param=param)
-    return str(value)
 
 
 def declared_positions(fn) -> str | None:
@@ -108,9 +99,7 @@ class RowAnswers:
     answer numbers are kept (the oldest dropped first)."""
 
     def __init__(self, positions: str, numbers: int = CACHE_NUMBERS):
-        if positions not in REUSABLE:
-            raise ConfigError(f"rows of a {positions!r} layer answer no other query", param="positions")
-        self.positions = positions
+        self.positions = check_positions(positions, kinds=REUSABLE, auto=False)
         self.numbers = int(numbers)
         self._rows: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self._held = 0

@@ -100,11 +100,12 @@ class QueryLog:
         self._closed_len = 0
         exists = self.path.exists()
         if readonly and not exists:
-            raise ConfigError(f"--replay needs an existing query log; {self.path} does not exist")
+            raise ConfigError(f"--replay needs an existing query log; {self.path} does not exist", param="log")
         if exists and not self.path.is_file():
-            raise ConfigError(f"the query log {self.path} is not a regular file; give a file path for the log")
+            raise ConfigError(f"the query log {self.path} is not a regular file; give a file path for the log",
+                              param="log")
         if not exists and identity is None:
-            raise ConfigError("a new query log needs the oracle's identity")
+            raise ConfigError("a new query log needs the oracle's identity", param="identity")
         try:
             if exists:
                 self._connect()
@@ -118,7 +119,7 @@ class QueryLog:
     # --- the file -------------------------------------------------------------------------------------------
     def _fail(self, exc: Exception, doing: str) -> ConfigError:
         return ConfigError(f"{self.path} is not a usable query log ({doing}: SQLite said: {exc}); give another log "
-                           "file")
+                           "file", param="log")
 
     def _connect(self) -> None:
         """Open the file; an existing SQLite file must be a query log (checked before anything is written)."""
@@ -130,11 +131,12 @@ class QueryLog:
             raise self._fail(exc, "opening it") from exc
         if names and not {"meta", "answers"} <= names:
             raise ConfigError(f"{self.path} is an SQLite file but not a query log of attnprobe (it has tables "
-                              f"{', '.join(sorted(names)[:5])}); give another log file")
+                              f"{', '.join(sorted(names)[:5])}); give another log file", param="log")
         for table, columns in _TABLES.items():
             if tables[table] and tables[table] != columns:
                 raise ConfigError(f"{self.path} is an SQLite file but not a query log of attnprobe (its table "
-                                  f"{table!r} has columns {', '.join(tables[table])}); give another log file")
+                                  f"{table!r} has columns {', '.join(tables[table])}); give another log file",
+                                  param="log")
         if self.readonly:
             return
         try:
@@ -161,18 +163,19 @@ class QueryLog:
             return {}
         rows = self._execute("SELECT key, value FROM meta").fetchall()
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in rows):
-            raise ConfigError(f"{self.path} is a damaged query log (its metadata is not text); give another log file")
+            raise ConfigError(f"{self.path} is a damaged query log (its metadata is not text); give another log file",
+                              param="log")
         return dict(rows)
 
     def _check_meta(self, readonly) -> None:
         meta = self.meta()
         if not meta:
             if readonly:
-                raise ConfigError(f"{self.path} holds no queries yet; run without --replay first")
+                raise ConfigError(f"{self.path} holds no queries yet; run without --replay first", param="replay")
             return
         if meta.get("schema") not in READABLE_SCHEMAS:
             raise ConfigError(f"{self.path} is a query log of another format (schema {meta.get('schema')!r}; this "
-                              f"version reads {', '.join(READABLE_SCHEMAS)}); give a new log file")
+                              f"version reads {', '.join(READABLE_SCHEMAS)}); give a new log file", param="log")
         self._d = _int_meta(meta, "d", self.path)
         self._outputs = _int_meta(meta, "outputs", self.path)
         if self._outputs is not None:
@@ -181,7 +184,8 @@ class QueryLog:
             if k in ("schema", "precision") or v is None or meta.get(k) is None or meta[k] == v:
                 continue
             raise ConfigError(f"the query log {self.path} belongs to another oracle: its {k} is {meta[k]!r} but "
-                              f"this run's is {v!r}; answers of two oracles must not mix, so give a new log file")
+                              f"this run's is {v!r}; answers of two oracles must not mix, so give a new log file",
+                              param="log")
 
     def attach(self, d: int, outputs: int | None = None, precision: str | None = None) -> None:
         """Bind the log to an oracle of width ``d`` (and ``outputs`` K when known): refuse a log of another.
@@ -191,7 +195,7 @@ class QueryLog:
         d = int(d)
         if self._d is not None and self._d != d:
             raise ConfigError(f"the query log {self.path} belongs to another oracle: it holds queries of width "
-                              f"d = {self._d} but this oracle's is d = {d}; give a new log file")
+                              f"d = {self._d} but this oracle's is d = {d}; give a new log file", param="log")
         self._d = d
         if outputs is not None:
             self._check_outputs(int(outputs))
@@ -199,12 +203,13 @@ class QueryLog:
     def _check_outputs(self, k: int) -> None:
         if self._outputs is not None and self._outputs != k:
             raise ConfigError(f"the query log {self.path} belongs to another oracle: it holds {self._outputs} "
-                              f"answer(s) per sequence but this oracle answers {k}; give a new log file")
+                              f"answer(s) per sequence but this oracle answers {k}; give a new log file", param="log")
 
     @property
     def d(self) -> int:
         if self._d is None:
-            raise ConfigError(f"the query log {self.path} does not record the width d; give another log file")
+            raise ConfigError(f"the query log {self.path} does not record the width d; give another log file",
+                              param="log")
         return self._d
 
     @property
@@ -273,7 +278,8 @@ class QueryLog:
             ok = False
         if not ok:
             raise ConfigError(f"{self.path} is a damaged query log: it holds an answer that is not "
-                              f"{self._outputs or 1} finite number(s) ({type(y).__name__}); give a new log file")
+                              f"{self._outputs or 1} finite number(s) ({type(y).__name__}); give a new log file",
+                              param="log")
         return value
 
     def _write(self, statements) -> None:
@@ -300,7 +306,7 @@ class QueryLog:
         if every != self._every:
             held = "every position" if self._every else "the last position"
             raise ConfigError(f"the query log {self.path} holds answers at {held} but this oracle answers "
-                              f"{'every position' if every else 'the last position'}; give a new log file")
+                              f"{'every position' if every else 'the last position'}; give a new log file", param="log")
         now = time.time()
         N = int(X.shape[1])
         rows = [(key, N, float(v), now) for key, v in zip(keys, y)] if k == 1 and not every else \
@@ -361,7 +367,7 @@ class QueryLog:
         for key, n, x in rows:
             if not (isinstance(n, int) and isinstance(x, bytes) and len(x) == 8 * n * self.d and n > 0):
                 raise ConfigError(f"{self.path} is a damaged query log (a recorded probe is not {self.d} x N "
-                                  "numbers); give a new log file")
+                                  "numbers); give a new log file", param="log")
             by_n.setdefault(n, []).append((key, np.frombuffer(x, dtype="<f8").reshape(n, self.d)))
         out = []
         for n, items in by_n.items():
@@ -393,7 +399,7 @@ class QueryLog:
                 held = "every position" if self._every else "the last position"
                 raise ConfigError(f"the query log {self.path} holds answers at {held} but this oracle answers "
                                   f"shape {fresh.shape} for {len(X)} recorded sequences of {X.shape[1]} rows; "
-                                  "answers of two oracles must not mix, so give a new log file")
+                                  "answers of two oracles must not mix, so give a new log file", param="log")
             asked.append((recorded, fresh.reshape(recorded.shape)))
         seen = PrecisionDetector()
         for recorded, fresh in asked:
@@ -418,7 +424,7 @@ class QueryLog:
             raise ConfigError(f"the query log {self.path} was recorded from another oracle: asked again, {count} "
                               f"recorded queries were answered differently (by up to {worst:.2g} of the answers' "
                               f"scale, where their rounding allows {2 * relative:.1e}); answers of two oracles must "
-                              "not mix, so give a new log file")
+                              "not mix, so give a new log file", param="log")
 
     def summary(self) -> dict:
         """What the summary JSON reports under ``query_log``."""
@@ -445,7 +451,7 @@ def _int_meta(meta: dict, key: str, path: Path) -> int | None:
         value = 0
     if value < 1 or str(value) != text.strip():
         raise ConfigError(f"{path} is a damaged query log (its {key} is {text!r}, not a positive integer); give a "
-                          "new log file")
+                          "new log file", param="log")
     return value
 
 
@@ -476,7 +482,7 @@ def file_sha256(path: str | Path) -> str:
         with open(p, "rb") as f:
             return hashlib.file_digest(f, "sha256").hexdigest()[:16]
     except OSError as exc:
-        raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from exc
+        raise ConfigError(f"cannot read {p}: {exc.strerror or exc}", param="path") from exc
 
 
 def file_identity(path: str | Path) -> str:

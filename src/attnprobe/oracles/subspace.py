@@ -37,10 +37,10 @@ def restrict_to_subspace(oracle: Oracle, E: np.ndarray, name: str | None = None,
     E = np.asarray(E, dtype=np.float64)
     if E.ndim != 2 or E.shape[0] != oracle.d or not 1 <= E.shape[1] <= oracle.d:
         raise ConfigError(f"a subspace basis must have shape (d, k) with d = {oracle.d} and 1 <= k <= d; "
-                          f"got {E.shape}")
+                          f"got {E.shape}", param="E")
     if not np.allclose(E.T @ E, np.eye(E.shape[1]), atol=1e-8):
         raise ConfigError("a subspace basis must have orthonormal columns (EᵀE = I); orthonormalise it first "
-                          "(e.g. numpy.linalg.qr)")
+                          "(e.g. numpy.linalg.qr)", param="E")
     budget = None if oracle.budget is None else int(oracle.remaining)
     floor = oracle.eps if eps is None else max(oracle.eps, float(eps))
     return Oracle(_Lift(oracle, E), E.shape[1], budget=budget, precision=oracle.precision,

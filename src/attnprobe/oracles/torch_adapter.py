@@ -56,7 +56,7 @@ class TorchFunction:
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            out = self.module(torch.as_tensor(np.asarray(X), dtype=self.dtype))
+            out = self.module(torch.as_tensor(np.ascontiguousarray(X), dtype=self.dtype))
         out = out.detach().to(torch.float64).cpu().numpy()
         if out.ndim == 2 and out.shape[1] == 1:
             out = out[:, 0]
@@ -70,7 +70,7 @@ def oracle_from_torch(module, d: int | None = None, **kwargs) -> Oracle:
         raise OracleError(f"expected a torch.nn.Module; got {type(module).__name__}")
     d = d if d is not None else getattr(module, "d", None)
     if d is None:
-        raise ConfigError("give the input width d of the torch module")
+        raise ConfigError("give the input width d of the torch module", param="d")
     fn = TorchFunction(module, d)
     return Oracle(fn, d, name=kwargs.pop("name", fn.__name__), **kwargs)
 
@@ -81,7 +81,7 @@ def transformer_from_torch(module: TorchOneLayerTransformer) -> OneLayerTransfor
     a = module.attn
     d = a.embed_dim
     if a.num_heads != 1 or a.in_proj_weight is None or a.in_proj_bias is not None:
-        raise ConfigError("need nn.MultiheadAttention(d, 1, bias=False) with a packed in_proj_weight")
+        raise ConfigError("need nn.MultiheadAttention(d, 1, bias=False) with a packed in_proj_weight", param="module")
     P = a.in_proj_weight.detach().to(torch.float64).numpy()
     Wq, Wk, Wv = P[:d], P[d:2 * d], P[2 * d:]
     Wo = a.out_proj.weight.detach().to(torch.float64).numpy()

@@ -25,7 +25,7 @@ def _check_row(row: int | None, d: int) -> int | None:
     if row is None:
         return None
     if not 0 <= int(row) < d:
-        raise ConfigError(f"output row must be in 0..{d - 1} (or None for the whole row); got {row}")
+        raise ConfigError(f"output row must be in 0..{d - 1} (or None for the whole row); got {row}", param="row")
     return int(row)
 
 
@@ -54,7 +54,7 @@ class BertSelfAttentionRow(nn.Module):
     def __init__(self, d: int, heads: int, row: int | None = 0, dtype=torch.float64):
         super().__init__()
         if d % heads:
-            raise ConfigError(f"the width d={d} must be a multiple of the number of heads {heads}")
+            raise ConfigError(f"the width d={d} must be a multiple of the number of heads {heads}", param="heads")
         self.d, self.heads = int(d), int(heads)
         self.row = _check_row(row, self.d)
         self.query, self.key, self.value, self.dense = (nn.Linear(d, d, dtype=dtype) for _ in range(4))
@@ -84,7 +84,7 @@ def torch_projections(module) -> dict:
     if isinstance(module, nn.MultiheadAttention):
         if module.in_proj_weight is None or module.in_proj_bias is None:
             raise ConfigError("need nn.MultiheadAttention(..., bias=True) with a packed in_proj_weight "
-                              "(same query, key and value widths)")
+                              "(same query, key and value widths)", param="module")
         d, H = module.embed_dim, module.num_heads
         P, b = _np(module.in_proj_weight), _np(module.in_proj_bias)
         lin = [(P[i * d:(i + 1) * d], b[i * d:(i + 1) * d]) for i in range(3)]
@@ -96,7 +96,8 @@ def torch_projections(module) -> dict:
         lin = [(_np(m.weight), _np(m.bias)) for m in parts]
     else:
         raise ConfigError(f"cannot read multi-head parameters from a {type(module).__name__}; expected "
-                          "nn.MultiheadAttention, TorchMultiheadRow, BertSelfAttentionRow or HFAttentionLayer")
+                          "nn.MultiheadAttention, TorchMultiheadRow, BertSelfAttentionRow or HFAttentionLayer",
+                          param="module")
     dh = lin[0][0].shape[0] // H
     per_head = lambda a: a.reshape((H, dh) + a.shape[1:])  # noqa: E731
     proj = {}
@@ -114,10 +115,10 @@ def multihead_from_torch(module, row: int | None = None) -> MultiHeadAttention:
         row = module.row if row is None else row
     if row is None:
         raise ConfigError("give the output row to read; a module that answers its whole output row has the "
-                          "vector layout (attnprobe.targets.hf.torch_layer_arrays)")
+                          "vector layout (attnprobe.targets.hf.torch_layer_arrays)", param="row")
     p = torch_projections(module)
     K, dh = p["WO"].shape[0], p["Q"].shape[1]
     if not 0 <= row < K:
-        raise ConfigError(f"output row must be in 0..{K - 1}; got {row}")
+        raise ConfigError(f"output row must be in 0..{K - 1}; got {row}", param="row")
     return MultiHeadAttention.from_projections(p["Q"], p["K"], p["V"], p["WO"][row], float(p["bO"][row]),
                                                b_Q=p["bQ"], b_K=p["bK"], b_V=p["bV"], scale=1.0 / math.sqrt(dh))

@@ -69,7 +69,7 @@ class Wrapper:
 
     def __init__(self, fn):
         if not callable(fn):
-            raise ConfigError(f"a wrapper needs a callable oracle (B,N,d)->(B,); got {type(fn).__name__}")
+            raise ConfigError(f"a wrapper needs a callable oracle (B,N,d)->(B,); got {type(fn).__name__}", param="fn")
         self.inner = fn
         d = getattr(fn, "d", None)
         if d is not None:
@@ -108,7 +108,7 @@ def declared_precision(fn) -> str | None:
 def _check_level(name: str, value: float) -> float:
     value = float(value)
     if not (math.isfinite(value) and value >= 0):
-        raise ConfigError(f"{name} must be a finite number >= 0; got {value}")
+        raise ConfigError(f"{name} must be a finite number >= 0; got {value}", param=name)
     return value
 
 
@@ -163,7 +163,7 @@ class FreshNoise(Wrapper):
     def __init__(self, fn, sigma: float, kind: str = "gaussian", seed: int | np.random.Generator = 0):
         super().__init__(fn)
         if kind not in self.KINDS:
-            raise ConfigError(f"unknown fresh-noise kind {kind!r}; choose gaussian or uniform")
+            raise ConfigError(f"unknown fresh-noise kind {kind!r}; choose gaussian or uniform", param="kind")
         self.sigma = _check_level("the noise level σ", sigma)
         self.kind = kind
         if kind == "uniform":
@@ -187,7 +187,8 @@ class Rounded(Wrapper):
     def __init__(self, fn, decimals: int | None = None, digits: int | None = None):
         super().__init__(fn)
         if (decimals is None) == (digits is None):
-            raise ConfigError("give exactly one of decimals (places after the point) or digits (significant)")
+            raise ConfigError("give exactly one of decimals (places after the point) or digits (significant)",
+                              param="decimals")
         if digits is not None and not 1 <= int(digits) <= MAX_DIGITS:
             raise ConfigError(f"The 'digits' parameter (significant digits) must be between 1 and {MAX_DIGITS} "
                               f"(float64 answers carry at most {MAX_DIGITS}); got {digits}", param="digits")
@@ -259,7 +260,8 @@ class ClipInputs(Wrapper):
         super().__init__(fn)
         radius = _check_level("the input-row bound R", radius)
         if radius == 0:
-            raise ConfigError("the input-row bound R must be > 0 (R = 0 would answer every query with f(0))")
+            raise ConfigError("the input-row bound R must be > 0 (R = 0 would answer every query with f(0))",
+                              param="radius")
         self.radius = radius
 
     def __call__(self, X):

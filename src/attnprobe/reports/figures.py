@@ -7,14 +7,14 @@ from pathlib import Path
 
 import numpy as np
 
-from attnprobe.errors import ConfigError
+from attnprobe.errors import MissingDependencyError
 
 
 def _pyplot():
     try:
         import matplotlib
     except ImportError as exc:
-        raise ConfigError("figures need matplotlib: pip install 'attnprobe[plots]'") from exc
+        raise MissingDependencyError("figures need matplotlib: pip install 'attnprobe[plots]'") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -24,13 +24,13 @@ def select(names: str | None) -> list[str]:
     chosen = [n.strip() for n in names.split(",") if n.strip()]
     if not chosen:
         raise ConfigError(f"the list of claims is empty; name at least one of: {', '.join(CLAIMS)} (or leave the "
-                          "option out to run them all)")
+                          "option out to run them all)", param="names")
     unknown = [n for n in chosen if n not in CLAIMS]
     if unknown:
-        raise ConfigError(f"unknown claim(s) {', '.join(unknown)}; choose from: {', '.join(CLAIMS)}")
+        raise ConfigError(f"unknown claim(s) {', '.join(unknown)}; choose from: {', '.join(CLAIMS)}", param="names")
     twice = sorted({n for n in chosen if chosen.count(n) > 1})
     if twice:
-        raise ConfigError(f"claim(s) named more than once: {', '.join(twice)}; name each claim once")
+        raise ConfigError(f"claim(s) named more than once: {', '.join(twice)}; name each claim once", param="names")
     return chosen
 
 
@@ -89,7 +89,7 @@ def run_claims(out: str | Path, *, quick: bool = False, names: str | None = None
     try:
         written.append(write_report(claims, out, quick, seconds))
     except OSError as exc:
-        raise ConfigError(f"cannot write {out / 'report.html'}: {exc.strerror or exc}") from None
+        raise ConfigError(f"cannot write {out / 'report.html'}: {exc.strerror or exc}", param="out") from None
     return claims
 
 
@@ -98,5 +98,5 @@ def _write(path: Path, data: bytes, written: list) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}; choose another folder") from None
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}; choose another folder", param="out") from None
     written.append(path)

@@ -106,9 +106,9 @@ class ServiceOptions:
     def __post_init__(self) -> None:
         for field in ("d", "max_batch", "max_length"):
             if int(getattr(self, field)) < 1:
-                raise ConfigError(f"{field} must be at least 1; got {getattr(self, field)}")
+                raise ConfigError(f"{field} must be at least 1; got {getattr(self, field)}", param=field)
         if not self.body_timeout > 0:
-            raise ConfigError(f"body_timeout must be > 0 seconds; got {self.body_timeout}")
+            raise ConfigError(f"body_timeout must be > 0 seconds; got {self.body_timeout}", param="body_timeout")
 
     @property
     def body_limit(self) -> int:

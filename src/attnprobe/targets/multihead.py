@@ -11,10 +11,10 @@ from attnprobe.models.multihead import MultiHeadAttention
 
 def _head_dim(d: int, H: int, d_h: int | None) -> int:
     if H < 1 or d < 1:
-        raise ConfigError(f"need d >= 1 and H >= 1 heads; got d={d}, H={H}")
+        raise ConfigError(f"need d >= 1 and H >= 1 heads; got d={d}, H={H}", param="d")
     d_h = d // H if d_h is None else int(d_h)
     if d_h < 1:
-        raise ConfigError(f"the head dimension must be at least 1 (d={d}, H={H}); give d_h")
+        raise ConfigError(f"the head dimension must be at least 1 (d={d}, H={H}); give d_h", param="d_h")
     return d_h
 
 
@@ -29,7 +29,8 @@ def _random_bilinear(rng: np.random.Generator, H: int, d_h: int, dim: int, scale
 def orthogonal_subspaces(d: int, H: int, d_h: int, rng: np.random.Generator) -> np.ndarray:
     """Orthonormal bases ``E (H, d, d_h)`` of ``H`` mutually orthogonal random subspaces of R^d (H·d_h ≤ d)."""
     if H * d_h > d:
-        raise ConfigError(f"{H} orthogonal subspaces of dimension {d_h} do not fit in R^{d}; need H·d_h <= d")
+        raise ConfigError(f"{H} orthogonal subspaces of dimension {d_h} do not fit in R^{d}; need H·d_h <= d",
+                          param="H")
     Z = rng.standard_normal((d, H * d_h))
     E, R = np.linalg.qr(Z)
     E = E * np.sign(np.diag(R))
@@ -84,7 +85,7 @@ def shared_attention_multihead(d: int, H: int, *, tied: int | None = None, seed:
     the same function (see :func:`attnprobe.models.identifiability.witness`)."""
     tied = H if tied is None else int(tied)
     if not 1 <= tied <= H:
-        raise ConfigError(f"tied must be between 1 and H={H}; got {tied}")
+        raise ConfigError(f"tied must be between 1 and H={H}; got {tied}", param="tied")
     rng = np.random.default_rng(seed)
     base = random_multihead(d, H, d, seed=int(rng.integers(2**31)), bias=bias, scale=scale, dtype=dtype)
     lam = rng.uniform(0.5, 1.5, tied)

@@ -14,9 +14,9 @@ def random_head(d: int, *, seed: int = 0, scale: float = 1.0, rank: int | None =
     unit-variance inputs the logits ``x_iᵀW x_N`` have standard deviation ≈ ``scale`` (1 is typical, 1e-6 tiny,
     50 saturating); ``v`` Gaussian with ``zero_v`` entries set to 0; ``u``, ``c`` Gaussian when ``bias``."""
     if d < 1:
-        raise ConfigError(f"the width d must be at least 1; got {d}")
+        raise ConfigError(f"the width d must be at least 1; got {d}", param="d")
     if rank is not None and not 1 <= rank <= d:
-        raise ConfigError(f"rank must be between 1 and d = {d}; got {rank}")
+        raise ConfigError(f"rank must be between 1 and d = {d}; got {rank}", param="rank")
     rng = np.random.default_rng(seed)
     r = d if rank is None else int(rank)
     K = rng.standard_normal((r, d))

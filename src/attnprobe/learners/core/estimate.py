@@ -13,13 +13,16 @@ from dataclasses import asdict, dataclass, field
 from attnprobe.errors import ConfigError
 from attnprobe.learners.core import registry
 from attnprobe.learners.core.check import check_queries
+from attnprobe.models.rows import check_positions
 
 
 @dataclass(frozen=True)
 class Setting:
     """What an estimate is asked for: the width ``d``, the K numbers each answer holds (``outputs``, None:
-    undeclared), the answers' ``precision``, whether the functional check runs, and the learner's options (its
-    declared names: ``rank``, ``heads``, ``hidden``, ...; None when not given)."""
+    undeclared), the answers' ``precision``, whether the functional check runs, the learner's options (its
+    declared names: ``rank``, ``heads``, ``hidden``, ...; None when not given) and ``positions``: what the answers'
+    rows are when the oracle answers every position (``causal``, ``bidirectional``, ``positional``: declared,
+    docs/every-position.md), None for the last position."""
 
     d: int
     outputs: int | None = None
@@ -27,6 +30,7 @@ class Setting:
     bias: bool = True
     check: bool = True
     options: dict = field(default_factory=dict)
+    positions: str | None = None
 
     @property
     def coarse(self) -> bool:
@@ -92,19 +96,22 @@ class Estimate:
 
 def estimate_queries(method: str, d: int, *, outputs: int | None = None, precision: str = "float64",
                      bias: bool = True, check: bool = True, price_per_1k: float | None = None,
-                     **options) -> Estimate:
+                     positions: str | None = None, **options) -> Estimate:
     """The queries learner ``method`` will ask at width ``d``, from its registry entry's estimate; asks nothing.
 
     ``options`` are the learner's declared options (``rank``: lowrank and scalar multihead; ``heads``: multihead;
     ``hidden``: ffn; validated as for a run, None meaning not given); ``outputs``: the K numbers each answer holds,
-    declared (None: undeclared, i.e. one number). Raises :class:`ConfigError` naming the missing parameter, or
-    ``method`` when the learner makes no estimate."""
+    declared (None: undeclared, i.e. one number); ``positions``: the oracle answers every position and its rows
+    are ``causal``, ``bidirectional`` or ``positional`` (declared; None or ``"last"``: the last position). Raises
+    :class:`ConfigError` naming the missing parameter, or ``method`` when the learner makes no estimate."""
     entry = registry.learner(method)
     if entry.estimate is None:
         known = [e.name for e in registry.learners() if e.estimate is not None]
         raise ConfigError(f"no query estimate for method {method!r}; estimates exist for {', '.join(known)}",
                           param="method")
     resolved = entry.resolve({k: v for k, v in options.items() if v is not None})
-    setting = Setting(int(d), outputs, precision, bool(bias) and not resolved.get("no_bias"), bool(check), resolved)
+    rows = None if positions == "last" else check_positions(positions)
+    setting = Setting(int(d), outputs, precision, bool(bias) and not resolved.get("no_bias"), bool(check), resolved,
+                      rows)
     count = entry.estimate(setting)
     return Estimate(method, int(d), int(count.queries), int(count.low), int(count.high), count.basis, price_per_1k)

@@ -71,12 +71,12 @@ class Logits:
     values: np.ndarray
     saturated: np.ndarray
     noise: np.ndarray
-    outside: np.ndarray | None = None
-    p: np.ndarray | None = None
-    q: np.ndarray | None = None
-    err: np.ndarray | None = None
-    raw: np.ndarray | None = None
-    floor: np.ndarray | None = None
+    outside: np.ndarray
+    p: np.ndarray
+    q: np.ndarray
+    err: np.ndarray
+    raw: np.ndarray
+    floor: np.ndarray
 
     @property
     def beyond(self) -> np.ndarray:

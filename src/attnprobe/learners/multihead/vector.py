@@ -61,6 +61,10 @@ PROGRESSION = 6
 PROGRESSION_SHRINK = 0.5
 #: the design plane's dimension for progressions (2 left a MiniLM difference unseparated: misfit 2.8e-5)
 ROWS_Q = 3
+#: coarse answers on progressions: design points of each long difference (MiniLM layer 2 float32: 7 progressions
+#: of 6 rows, W_h 8.3e-4, u_h 9.5e-4; 6 gave 1.4e-3, 8 gave 7.3e-4 but 4,448 sequences) and the long differences'
+#: step (1.0, as for two-row queries, did not separate from the column spaces' guesses: misfit 1.3e-2)
+ROWS_DESIGN_COARSE, ROWS_FAR_STEP = 42, 0.5
 #: directions per sequence of the every-position logits stage, at most, and as a share of K/H (MiniLM: 24, the
 #: K × Hm matrix [V_h x_j] 3/4 full; W_h 8.5e-10 where 16 gave 6.8e-10, with 122 sequences instead of 230)
 ROWS_MAX_TOKENS, ROWS_TOKEN_SHARE = 24, 0.75
@@ -68,9 +72,10 @@ ROWS_MAX_TOKENS, ROWS_TOKEN_SHARE = 24, 0.75
 HEAD_CHECK_QUERIES = 16
 
 
-def planned_values(d: int) -> int:
-    """Queries of the values stage, the least a run asks: ``[±x]`` for the d rows of an orthogonal matrix."""
-    return 2 * d
+def planned_values(d: int, every_position: bool = False) -> int:
+    """Queries of the values stage, the least a run asks: ``[±x]`` for the d rows of an orthogonal matrix (an
+    oracle answering every position: ``[x]`` and ``[0]``)."""
+    return d + 1 if every_position else 2 * d
 
 
 def design_dimension(coarse: bool) -> int:
@@ -136,7 +141,7 @@ def _values(oracle, rng, rho):
     return M, c
 
 
-class _Layer:
+class LayerResiduals:
     """The oracle seen through the length-1 part: residuals ``f(X) − M x_N − c`` (K, B)."""
 
     def __init__(self, oracle, M, c):
@@ -219,7 +224,8 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design, asked_befo
 
     max_norm = oracle.max_input_norm
     rho_max = np.inf if max_norm is None else float(max_norm) / 3.0
-    run.plan(planned_values(d), f"vector multi-head extraction at d={d} (values stage)", at_least=True)
+    run.plan(planned_values(d, bool(getattr(oracle, "every_position", False))),
+             f"vector multi-head extraction at d={d} (values stage)", at_least=True)
     notes: list[str] = []
     with run.phase("values"):
         M, c = _values(oracle, rng, min(1.0, rho_max))
@@ -227,7 +233,7 @@ def _extract(oracle, *, heads, seed, check, progress, tokens, design, asked_befo
     if K < 2:
         raise ConfigError("the vector multi-head learner needs answers with K ≥ 2 outputs; use the scalar learners "
                           "for one output", param="method")
-    layer = _Layer(oracle, M, c)
+    layer = LayerResiduals(oracle, M, c)
     with run.phase("calibrate"):
         try:
             rho, ratio = _calibrate(layer, rng, d, rho_max)
@@ -271,7 +277,7 @@ def _separate_and_learn(oracle, run, layer, rng, rho, *, ratio, eps, coarse, hea
     rows_kind = _rows_kind(oracle)
     # float32 answers read the last row: progressions of 6 (small layer d=32 H=4) left V_h at 6.7e-4 where
     # two-row queries give 2.5e-6; both rows of two-row queries left a MiniLM difference unseparated (misfit 5.9e-3)
-    rows = rows_kind == "bidirectional" and not coarse
+    rows = rows_kind == "bidirectional"
     sep = _Separation(layer, rng, rho, eps, coarse, length=PROGRESSION if rows else 2, rows=rows)
     with run.phase("separate"):
         found = sep.detect(heads)
@@ -281,7 +287,7 @@ def _separate_and_learn(oracle, run, layer, rng, rho, *, ratio, eps, coarse, hea
                          + (": heads with equal (W_h, u_h) attend identically (Prop. 7.1) and merge" if found < heads
                             else ""))
         sep.H = H
-        sep.n = design or design_points(H, coarse)
+        sep.n = design or (ROWS_DESIGN_COARSE if rows and coarse else design_points(H, coarse))
         tokens = int(tokens or (tokens_per_query(H, K, coarse) if rows_kind is None else rows_tokens(H, K)))
         # (a difference whose continuation fails is restarted with 4H more queries: charged beyond this plan)
         rest = (from_scratch_queries(H) + d * sep.n * (2 if coarse else 1) + (d + 1) * -(-d // tokens)
@@ -300,6 +306,11 @@ def _separate_and_learn(oracle, run, layer, rng, rho, *, ratio, eps, coarse, hea
         else:  # every position: m² logits of every head per sequence (vector_rows)
             W, u, smallest, w_ranks, _ = learn_logits_rows(oracle, layer.c, V, LOGIT_SCALE * rho, tokens, rng,
                                                            run.report, causal=rows == "causal", sketch=not coarse)
+    if coarse:
+        W, u, cut = truncate_to_value_ranks(W, V, u)
+        if cut:
+            notes.append(f"W_h cut to the rank of V_h (heads {', '.join(map(str, cut))}) and u_h projected on its "
+                         "column space: coarse answers' noise spreads over every entry, a head's keys span d_h")
     W, V, u, ties = merge_near_ties(W, V, u, eps, notes)
     H = W.shape[0]
     model = MultiHeadAttention(W, V, u, layer.c)
@@ -323,6 +334,35 @@ def _separate_and_learn(oracle, run, layer, rng, rho, *, ratio, eps, coarse, hea
     return run.finish(model, unknowns=MultiHeadAttention.unknowns(d, H, True, K), details=details, notes=notes,
                       check_scale=sep.s, hint=" (the layer is not a sum of softmax heads over whole output rows, or "
                                           "its answers are coarser than their precision says)")
+
+
+#: W_h is cut to V_h's rank r only where its singular values drop at r by at least this factor
+TRUNCATE_GAP = 10.0
+#: u_h is projected on W_h's column space when it lies there up to this share of its norm (a u_h drawn at random
+#: lies 0.96 outside a 32-dimensional space of R^384; float32 noise ≈ 3e-3)
+U_INSIDE = 0.05
+
+
+def truncate_to_value_ranks(W, V, u):
+    """``W_h = K_hᵀQ_h/√d_h`` and ``V_h = W_O,h W_V,h`` both have rank d_h, and ``u_h = K_hᵀb_Q/√d_h`` lies in
+    ``W_h``'s column space: where ``W_h``'s singular values drop at ``V_h``'s rank r (by :data:`TRUNCATE_GAP`),
+    ``W_h`` is cut to its best rank-r approximation and ``u_h`` projected on its column space (when it lies there
+    up to :data:`U_INSIDE`: a layer may have any u_h), dropping most of
+    the coarse answers' noise spread over all entries (MiniLM layer 2, float32: W_h 1.8e-3 → 7.3e-4). Returns
+    ``W, u`` and the heads cut."""
+    W, u, cut = W.copy(), u.copy(), []
+    for h, r in enumerate(_ranks(V)):
+        if r >= W.shape[1]:
+            continue
+        U, sv, Vt = np.linalg.svd(W[h])
+        if sv[r] * TRUNCATE_GAP > sv[r - 1]:
+            continue
+        W[h] = (U[:, :r] * sv[:r]) @ Vt[:r]
+        inside = U[:, :r] @ (U[:, :r].T @ u[h])
+        if np.linalg.norm(u[h] - inside) <= U_INSIDE * np.linalg.norm(u[h]):  # (a general u_h is far outside)
+            u[h] = inside
+        cut.append(h)
+    return W, u, cut
 
 
 def from_scratch_queries(H: int) -> int:
@@ -382,7 +422,7 @@ class _Separation:
         #: tokens of the progressions ``[b; b + δ; …]`` (2: two-row queries) and whether every row is read (else the
         #: last)
         self.length, self.rows = int(length), bool(rows)
-        self.q = ROWS_Q if self.rows and not coarse else design_dimension(coarse)
+        self.q = ROWS_Q if self.rows else design_dimension(coarse)
         self.s = rho / np.sqrt(d)
         self.b0 = rng.standard_normal(d) * self.s
         self.Z = np.linalg.qr(rng.standard_normal((d, self.q)))[0] * rho
@@ -478,20 +518,23 @@ class _Separation:
         w = jennrich(Js[0], Js[1], U, M @ delta)
         return fit_delta(R, T, M @ delta, theta_from_values(w, R, T, length=length), length=length)
 
-    def fits(self, deltas, thetas):
-        """Separate a batch of differences, each started from its θ (restarted from scratch if that fails)."""
+    def fits(self, deltas, thetas=None, values=None):
+        """Separate a batch of differences, each started from its θ, or from guesses of its value vectors
+        ``values`` (K, H) each (:func:`theta_from_values`); restarted from scratch if that fails."""
         n, P = self.n, self.length
         if self.rows:
             Rs = self.progression_residuals(deltas)
         else:
             R = self.layer.residuals(np.concatenate([_two_row(self.b0 + self.T @ self.Z.T, dl) for dl in deltas]))
             Rs = R.reshape(R.shape[0], len(deltas), n).transpose(1, 0, 2)  # (F, K, n): one block per difference
+        if thetas is None:
+            thetas = [theta_from_values(w, Rj, self.T, length=P) for w, Rj in zip(values, Rs)]
         fitted = fit_deltas(Rs, self.T, np.stack(deltas) @ self.layer.M.T, np.stack(thetas), length=P)
         out = []
         for dl, th, Rj, fk in zip(deltas, thetas, Rs, fitted):
             if fk.residual > self.tol:  # the continuation fell into another minimum: start this δ afresh
                 self.restarts += 1
-                fk = _relabel(self.from_scratch(dl, Rj, self.T, P), th.T, None)
+                fk = relabel(self.from_scratch(dl, Rj, self.T, P), th.T, None)
             if fk.residual > self.tol:
                 raise SeparationError(f"a probe difference did not separate into the {self.H} heads found first "
                                       f"(misfit {fk.residual:.1e} > {self.tol:.1e}); retry with another seed",
@@ -528,6 +571,8 @@ class _Separation:
         if not self.rows:
             self.T = self.rng.standard_normal((self.n, self.q)) / np.sqrt(self.q)
         Q = self.directions()  # rows: d of them, or an orthonormal basis of M's row space when M has low rank
+        if self.rows and self.coarse:
+            return self.far_from_spaces(fit0, Q, report)
         n_dir = len(Q)
         size = np.linalg.norm(self.delta0)
         ws, deltas, self.worst = [fit0.w], [self.delta0], fit0.residual
@@ -537,11 +582,11 @@ class _Separation:
             ks = range(k0, min(n_dir, k0 + (batch if split else LATE_BATCH)))
             k0 = ks.stop
             dk = [self.delta0 + SMALL_STEP * size * Q[k] for k in ks]
-            fits = [_relabel(f, fit0.w, f.w) for f in self.fits(dk, [fit0.theta] * len(dk))]
+            fits = [relabel(f, fit0.w, f.w) for f in self.fits(dk, [fit0.theta] * len(dk))]
             if self.coarse:  # θ is linear in δ: extrapolate the short difference's θ to the long one, fit there
                 dk = [self.delta0 + FAR_STEP * size * Q[k] for k in ks]
                 guess = [fit0.theta + FAR_STEP / SMALL_STEP * (f.theta - fit0.theta) for f in fits]
-                fits = [_relabel(f, g.T, f.theta.T) for f, g in zip(self.fits(dk, guess), guess)]
+                fits = [relabel(f, g.T, f.theta.T) for f, g in zip(self.fits(dk, guess), guess)]
             for dl, fk in zip(dk, fits):
                 self.worst = max(self.worst, fk.residual)
                 ws.append(fk.w)
@@ -559,6 +604,62 @@ class _Separation:
         raise RecoveryError("the value maps could not be assembled")  # pragma: no cover - final always returns
 
 
+    def far_from_spaces(self, fit0, Q, report):
+        """Every ``V_h`` from coarse answers on progressions: short differences ``δ_0 + SMALL_STEP·q_k`` (they keep
+        δ_0's labels) until every head's column space ``C_h`` is exhausted, then a long difference
+        ``δ_0 + FAR_STEP·q_k`` along every direction, each started from value vectors guessed in the column spaces
+        (``Σ_h w_h = M δ`` split over the bases of the ``C_h``: well enough to start a fit, where the split itself is
+        too inaccurate in float32), and ``V_h = w_h D⁺`` over every difference: the long ones span every direction,
+        so no fit's error is divided by the short step (the short ones still add their rows: MiniLM layer 2 float32,
+        V_h 1.1e-4 with them, 1.7e-4 without). Short fits only until the spaces are found: ≈ rank + 9 of them
+        instead of d."""
+        M, size = self.layer.M, np.linalg.norm(self.delta0)
+        ws, deltas, self.worst = [fit0.w], [self.delta0], fit0.residual
+        bases, k0 = None, 0
+        while bases is None and k0 < len(Q):
+            dk = [self.delta0 + SMALL_STEP * size * Q[k] for k in range(k0, min(len(Q), k0 + 8))]
+            k0 += len(dk)
+            for dl, fk in zip(dk, self.fits(dk, [fit0.theta] * len(dk))):
+                fk = relabel(fk, fit0.w, fk.w)
+                self.worst = max(self.worst, fk.residual)
+                ws.append(fk.w)
+                deltas.append(dl)
+            self.count = len(deltas)
+            report()
+            if len(ws) >= 16:
+                bases = column_bases(np.stack(ws, axis=2), self.eps)
+        if bases is not None:
+            E = np.concatenate(bases, axis=1)
+            spans = np.cumsum([0] + [b.shape[1] for b in bases])
+            for k0 in range(0, len(Q), LATE_BATCH):
+                dk = [self.delta0 + ROWS_FAR_STEP * size * Q[k] for k in range(k0, min(len(Q), k0 + LATE_BATCH))]
+                coef = np.linalg.lstsq(E, M @ np.stack(dk, axis=1), rcond=None)[0]  # (Σ r_h, F)
+                guesses = [np.stack([bases[h] @ coef[spans[h]:spans[h + 1], f] for h in range(self.H)], axis=1)
+                           for f in range(len(dk))]
+                for dl, fk in zip(dk, self.fits(dk, values=guesses)):
+                    self.worst = max(self.worst, fk.residual)
+                    ws.append(fk.w)
+                    deltas.append(dl)
+                self.count = len(deltas)
+                report()
+        D = np.stack(deltas, axis=1)
+        return _value_maps(np.stack(ws, axis=2), D if len(Q) == self.d else Q.T @ (Q @ D), M, self.eps,
+                           final=True)
+
+
+def column_bases(Wv, eps):
+    """Orthonormal bases of the heads' column spaces ``C_h = span{w_h(δ_j)}`` from ``Wv (K, H, m)``, or None while
+    a space may still grow (its numerical rank within 8 of the m differences)."""
+    bases = []
+    for h in range(Wv.shape[1]):
+        Uh, sh, _ = np.linalg.svd(Wv[:, h, :], full_matrices=False)
+        r = int(np.sum(sh > max(1e3 * eps, 1e-11) * sh[0]))
+        if r >= Wv.shape[2] - 8:
+            return None
+        bases.append(Uh[:, :r])
+    return bases
+
+
 def value_rank(M, eps):
     """The rank of ``M`` (K × d) when its singular values drop by a gap no rounding explains (≥ 1e6, and at
     least 1/(1e3·eps)), and an orthonormal basis of its row space (rows); ``(d, None)`` when there is no such gap."""
@@ -568,7 +669,7 @@ def value_rank(M, eps):
     return (r, Vt[:r]) if r < min(M.shape) else (d, None)
 
 
-def _relabel(fit, ref, got):
+def relabel(fit, ref, got):
     """The fit with its heads put in the order of the reference: columns of ``got`` (a view of the fit) matched to
     the nearest columns of ``ref`` (the assignment of least total distance: Hungarian, unless every reference
     column has a different nearest one), so every difference keeps δ_0's head labels."""
@@ -608,13 +709,9 @@ def _value_maps(Wv, D, M, eps, final, max_cond=None):
     K, H, m = Wv.shape
     if final:
         return np.matmul(Wv.transpose(1, 0, 2), np.linalg.pinv(D)), "differences"
-    bases = []
-    for h in range(H):
-        Uh, sh, _ = np.linalg.svd(Wv[:, h, :], full_matrices=False)
-        r = int(np.sum(sh > max(1e3 * eps, 1e-11) * sh[0]))
-        if r >= m - 8:  # the column space is not exhausted yet
-            return None, "not exhausted"
-        bases.append(Uh[:, :r])
+    bases = column_bases(Wv, eps)
+    if bases is None:  # a column space is not exhausted yet
+        return None, "not exhausted"
     E = np.concatenate(bases, axis=1)
     if E.shape[1] > K or np.linalg.cond(E) > (SUBSPACE_COND if max_cond is None else max_cond):
         return None, "no split"

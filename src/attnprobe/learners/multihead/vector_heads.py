@@ -66,7 +66,7 @@ def fit_deltas(R: np.ndarray, T: np.ndarray, m: np.ndarray, theta0: np.ndarray, 
     # everything a fit touches lies in the span of [R, m]: work in an orthonormal basis of it (lossless)
     U = np.linalg.qr(np.concatenate([R, m[:, :, None]], axis=2))[0]
     Ut = U.transpose(0, 2, 1)
-    fit = _Projection(Ut @ R, (Ut @ m[:, :, None])[:, :, 0], T1, scale, H, length)
+    fit = VariableProjection(Ut @ R, (Ut @ m[:, :, None])[:, :, 0], T1, scale, H, length)
     x = _levenberg_marquardt(fit, theta0.reshape(F, -1).astype(np.float64), max_nfev)
     _, _, w, res = fit.parts(x, np.arange(F))
     misfit = np.linalg.norm(R - U @ (Ut @ R), axis=(1, 2))  # zero up to rounding; kept for honesty
@@ -74,7 +74,7 @@ def fit_deltas(R: np.ndarray, T: np.ndarray, m: np.ndarray, theta0: np.ndarray, 
     return [DeltaFit(U[f] @ w[f], x[f].reshape(H, -1), float(out[f])) for f in range(F)]
 
 
-class _Projection:
+class VariableProjection:
     """The variable-projection problems of a batch of fits: the residuals of fits ``idx`` at their logit
     parameters ``x (len(idx), H·(q+1))`` and the normal equations of Kaufman's Jacobian; ``R (F, K, n)``,
     ``m (F, K)`` in the fits' own bases."""
@@ -126,7 +126,7 @@ class _Projection:
         return A, g
 
 
-def _levenberg_marquardt(fit: _Projection, x: np.ndarray, max_iter: int) -> np.ndarray:
+def _levenberg_marquardt(fit: VariableProjection, x: np.ndarray, max_iter: int) -> np.ndarray:
     """Minimise every fit's ``‖residual‖`` (Levenberg–Marquardt with Nielsen's damping update, each fit with its
     own damping); a fit stops when a step no longer changes its misfit by a relative 1e-12 or after ``max_iter``
     iterations. ``x (F, p)``: the starting parameters, one row per fit. Each round every running

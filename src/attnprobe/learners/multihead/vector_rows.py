@@ -77,12 +77,30 @@ def read_rows(Y: np.ndarray, c: np.ndarray, V: np.ndarray, T: np.ndarray, causal
 
 def learn_logits_rows(oracle, c, V, scale, tokens, rng, report, *, causal: bool, sketch: bool = True):
     """Every ``W_h`` and ``u_h`` from every-position answers (module docstring); ``tokens`` m directions per
-    sequence. Returns ``W, u``, the smallest attention weight read, the heads' ranks (None when measured whole)
-    and the number of sequences asked."""
+    sequence. Returns ``W, u``, the smallest attention weight read, the heads' ranks
+    (None when measured whole) and the number of sequences asked."""
     from attnprobe.learners.head.probes import random_orthogonal
 
     H, d = V.shape[0], V.shape[-1]
     O = random_orthogonal(d, rng)  # token directions (rows)
+    seqs, L, use_sketch = logits_sequences(d, H, tokens, causal, sketch)
+    asked = []
+    batch = 64
+    for k0 in range(0, len(seqs), batch):
+        chunk = seqs[k0:k0 + batch]
+        for n in sorted({len(s) for s in chunk}):  # one batch shares N
+            group = np.stack([s for s in chunk if len(s) == n])
+            Ts = np.where((group >= 0)[:, :, None], scale * O[np.maximum(group, 0)], 0.0)
+            asked.append((group, Ts, oracle.answer_rows(Ts)))
+        report()
+    W, u, smallest, ranks = _read_heads(asked, c, V, O, scale, L if use_sketch else None, causal)
+    return W, u, smallest, ranks, len(seqs)
+
+
+def logits_sequences(d: int, H: int, tokens: int, causal: bool, sketch: bool = True):
+    """The token index lists of the every-position logits stage (:func:`block_sequences`), the sketch's L and
+    whether the sketch is used: blocks of ``m // 2`` basis directions paired; with the sketch only the pairs
+    meeting the first ``L = d/H + SKETCH_MARGIN`` directions."""
     m = max(2, int(tokens))
     half = m // 2
     L = min(d, -(-d // H) + SKETCH_MARGIN)
@@ -93,36 +111,33 @@ def learn_logits_rows(oracle, c, V, scale, tokens, rng, report, *, causal: bool,
     pairs = [(p, q) for p in range(len(blocks)) for q in range(p, len(blocks))]
     sketched = [(p, q) for p, q in pairs if p < len(low)]
     use_sketch = sketch and L < d and len(sketched) < len(pairs)
-    if use_sketch:
-        pairs = sketched
-    seqs = block_sequences(blocks, pairs, causal)
+    return block_sequences(blocks, sketched if use_sketch else pairs, causal), L, use_sketch
+
+
+def _read_heads(asked, c, V, O, scale, L, causal):
+    """``W, u``, the smallest attention weight and the heads' ranks from the answers ``asked`` read with the value
+    maps ``V`` (:func:`read_rows`); ``L``: the sketch's directions (None: every ``W_h`` measured whole)."""
+    H, d = V.shape[0], O.shape[0]
     G = np.full((H, d, d), np.nan)  # o_jᵀ W_h o_i s² + s o_jᵀ u_h, as [h, j, i]
     u_read = np.full((H, d), np.nan)
     smallest = 1.0
-    batch = 64
-    for k0 in range(0, len(seqs), batch):
-        chunk = seqs[k0:k0 + batch]
-        for n in sorted({len(s) for s in chunk}):  # one batch shares N
-            group = [s for s in chunk if len(s) == n]
-            Ts = np.stack([np.where((s >= 0)[:, None], scale * O[np.maximum(s, 0)], 0.0) for s in group])
-            Y = oracle.answer_rows(Ts)
-            for s, T, Yk in zip(group, Ts, Y):
-                lg, sm = read_rows(Yk, c, V, T, causal)
-                smallest = min(smallest, sm)
-                live = np.flatnonzero(s >= 0)
-                zeros = np.flatnonzero(s < 0)
-                qz = zeros[-1] if causal else zeros[0]  # the zero query's row sees every token
-                u_read[:, s[live]] = lg[:, qz, live]
-                for i in live:
-                    seen = live[~np.isnan(lg[0, i, live])]
-                    G[:, s[seen], s[i]] = lg[:, i, seen]
-        report()
+    for idx, Ts, Y in asked:
+        for s, T, Yk in zip(idx, Ts, Y):
+            lg, sm = read_rows(Yk, c, V, T, causal)
+            smallest = min(smallest, sm)
+            live = np.flatnonzero(s >= 0)
+            zeros = np.flatnonzero(s < 0)
+            qz = zeros[-1] if causal else zeros[0]  # the zero query's row sees every token
+            u_read[:, s[live]] = lg[:, qz, live]
+            for i in live:
+                seen = live[~np.isnan(lg[0, i, live])]
+                G[:, s[seen], s[i]] = lg[:, i, seen]
     if np.isnan(u_read).any():
         raise RecoveryError("the every-position sequences did not reach every direction")  # pragma: no cover
     u = u_read @ O / scale  # s·o_jᵀu_h → u_h
     Wb = (G - (u_read[:, :, None])) / scale**2  # o_jᵀ W_h o_i, [h, j, i]
-    if not use_sketch:
-        return np.matmul(np.matmul(O.T, Wb), O), u, smallest, None, len(seqs)
+    if L is None:
+        return np.matmul(np.matmul(O.T, Wb), O), u, smallest, None
     cols = Wb[:, :, :L]  # W_h o_i for i in L, in the basis O
     ranks = [gap_rank(np.linalg.svd(Ch, compute_uv=False), L) for Ch in cols]
     if max(ranks) > L - SKETCH_MARGIN:
@@ -133,4 +148,4 @@ def learn_logits_rows(oracle, c, V, scale, tokens, rng, report, *, causal: bool,
         Qh = np.linalg.svd(cols[h], full_matrices=False)[0][:, :ranks[h]]
         Wbh = Qh @ np.linalg.lstsq(Qh[:L], Wb[h, :L, :], rcond=None)[0]
         W[h] = O.T @ Wbh @ O
-    return W, u, smallest, ranks, len(seqs)
+    return W, u, smallest, ranks

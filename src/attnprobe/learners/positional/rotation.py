@@ -109,14 +109,16 @@ def factor_rotary(M: dict, U: np.ndarray, V: np.ndarray, first: int, second: int
     inv = np.linalg.inv(M[first])
     P, theta = pair_basis({delta - first: M[delta] @ inv for delta in M if delta != first})
     f = RotaryFactors(np.eye(P.shape[0]), np.eye(P.shape[0]), theta)
-    K0 = _fit_K(P, f, {first: M[first], second: M[second]})  # the near offsets only: θ is not refined yet
+    K0 = fit_keys(P, f, {first: M[first], second: M[second]})  # the near offsets only: θ is not refined yet
     theta = refine_angles(theta, P, M, K0)
     f = RotaryFactors(np.eye(P.shape[0]), np.eye(P.shape[0]), theta)
-    K0 = _fit_K(P, f, M)
+    K0 = fit_keys(P, f, M)
     return RotaryFactors(U @ P, K0 @ V.T, theta)
 
 
-def _fit_K(P, f: RotaryFactors, M: dict) -> np.ndarray:
+def fit_keys(P, f: RotaryFactors, M: dict) -> np.ndarray:
+    """The key factor ``K`` of least squares over the offsets in ``M``: ``P R(δ) K ≈ M(δ)`` for every ``δ``,
+    with the pair basis ``P`` and the rotations ``R(δ)`` of the angles in ``f``."""
     A = np.concatenate([P @ f.rotation(delta) for delta in M])
     B = np.concatenate([M[delta] for delta in M])
     return np.linalg.lstsq(A, B, rcond=None)[0]

@@ -24,7 +24,8 @@ TRANSFORMER_CHECK_LENGTHS = tuple(range(1, 9))
 
 
 def extract_transformer(oracle, *, probes: str = "orthogonal", seed: int = 0, check: bool = True,
-                        check_lengths=TRANSFORMER_CHECK_LENGTHS, progress=None, **ffn_options) -> Extraction:
+                        check_lengths=TRANSFORMER_CHECK_LENGTHS, progress=None, asked_before=None,
+                        **ffn_options) -> Extraction:
     """Recover ``(W, A, w_o)`` of a one-layer single-head transformer (Sec. 4.1).
 
     ``W`` is exact (Thm 4.1 on the antisymmetric oracle; ``probes`` as in :func:`extract_exact`); the FFN is
@@ -32,13 +33,14 @@ def extract_transformer(oracle, *, probes: str = "orthogonal", seed: int = 0, ch
     ``ffn_options``). Raises :class:`UnidentifiableError` when ``v = A w_o = 0``: the antisymmetric oracle is then
     identically 0 and W is invisible to it. Queries are charged to phases ``"attention"`` (underlying queries,
     two per antisymmetric query) and ``"ffn"``; ``details['query_breakdown']`` repeats them with the number of
-    antisymmetric queries. The FFN part is adaptive: only the attention part is known up front.
+    antisymmetric queries. The FFN part is adaptive: only the attention part is known up front. ``asked_before``:
+    queries this extraction asked before this route, by phase (:class:`Run`).
     """
     check_option(probes, "probes", PROBES)
     require_fine_answers(oracle, "the one-layer transformer learner")
     d = oracle.d
     run = Run(oracle, "transformer-paper", scalar=True, seed=[check_seed(seed), 1], check=check,
-              check_lengths=check_lengths, progress=progress)
+              check_lengths=check_lengths, progress=progress, asked_before=asked_before)
     n_att = AttentionHead.unknowns(d, bias=False)
     run.plan(2 * n_att, f"one-layer transformer at d={d} (Thm 4.1 on TF(X) − TF(−X): {n_att} antisymmetric "
                         "queries of 2 each; the FFN part is adaptive)", at_least=True)

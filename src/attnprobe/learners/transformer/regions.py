@@ -199,7 +199,7 @@ def _match(predict, vals, z_far):
 
 def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, check_lengths=CHECK_LENGTHS,
                                   progress=None, max_regions: int | None = None, ffn_queries: int | None = None,
-                                  polish: str = "auto", **ffn_options):
+                                  polish: str = "auto", asked_before=None, **ffn_options):
     """Recover a multi-head transformer with a biased ReLU FFN and K outputs (module docstring).
 
     Heads, biases, outputs and the residual are detected. Phases: ``ffn``, ``values`` (saturated circles far
@@ -209,6 +209,7 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
     attention never reaches the output (or is affine: a plain head has no kinks) and :class:`RecoveryError`
     when the answers contradict the model's form. ``ffn_options`` go to :func:`extract_ffn`; ``ffn_queries`` caps
     its length-1 queries (default ``FFN_QUERIES_PER_INPUT·(d + 1)``: a smooth FFN would never stop finding kinks).
+    ``asked_before``: queries this extraction asked before this route, by phase (:class:`Run`).
     """
     require_fine_answers(oracle, "the transformer learner")
     check_how(polish)
@@ -223,8 +224,8 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
         raise ConfigError(f"the transformer learner saturates every head with tokens of norm up to {2 * FAR:.0e}; "
                           f"this oracle accepts inputs of norm at most {limit_norm:.3g}", param="max_input_norm")
     run = Run(oracle, METHOD, seed=[check_seed(seed), 19], check=check, check_lengths=check_lengths,
-              progress=progress)
-    run.plan(4 * d + 16, f"the transformer learner at d={d} (FFN kinks, saturated circles, head scores; adaptive)",
+              progress=progress, asked_before=asked_before)
+    run.plan(regions_plan(d), f"the transformer learner at d={d} (FFN kinks, saturated circles, head scores; adaptive)",
              at_least=True)
     ffn = _learn_ffn(run, seed, ffn_queries, ffn_options)
     K = ffn.w.shape[1]
@@ -236,8 +237,9 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
         H = seen.H
         W = np.empty((H, d, d))
         u = np.empty((H, d))
+        conditioning = np.empty(H)  # smallest singular value of each head's stacked score bases
         for h in range(H):
-            W[h], u[h], _ = combine_rows(seen.parts[h])
+            W[h], u[h], conditioning[h] = combine_rows(seen.parts[h])
         n_map = seen.maps_spanned(W, u)
         model, residual_part = _assemble(ffn, W, u, seen)
         with run.phase("polish"):
@@ -250,10 +252,15 @@ def extract_transformer_multihead(oracle, *, seed: int = 0, check: bool = True, 
                      "for errors ~1e-10 instead of ~1e-8)")
     details = {"heads": H, "neurons": int(ffn.C.shape[0]), "outputs": K, "residual": model.residual,
                "residual_part": residual_part, "attention_regions": len(seen.info), "map_regions": n_map,
-               "polish": polished, "regions_skipped": seen.skipped,
+               "polish": polished, "regions_skipped": seen.skipped, "scores_seen": float(conditioning.min()),
                "regions": seen.info}
     return run.finish(model, unknowns=MultiHeadTransformer.unknowns(d, H, int(ffn.C.shape[0]), K, model.residual),
                       details=details, notes=notes, hint=" (a one-layer multi-head transformer of this form)")
+
+
+def regions_plan(d: int) -> int:
+    """The queries the regions route plans up front (more follow, adaptively): its first stages at width d."""
+    return 4 * d + 16
 
 
 @contextmanager

@@ -1,0 +1,152 @@
+"""Which positional learner reads a layer: RoPE (:mod:`.rope`) or an additive position bias (:mod:`.additive`).
+
+The position term is the oracle's when it declares one (a Hugging Face folder's family: attribute
+``position_term`` of the callable, ``"rope"``, ``"t5"`` or ``"alibi"``), the ``position`` option, or read from the
+answers: with the query token zero, a key's weight depends on its position only through an additive bias (T5,
+ALiBi); RoPE without biases weighs every zero-query key alike (its scores are ``0ᵀR(δ)k = 0``). Eight sequences.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from attnprobe.errors import AttnprobeError, RecoveryError, UnidentifiableError
+from attnprobe.learners.core.registry import Option
+from attnprobe.learners.positional.additive import extract_additive
+
+#: the position terms a positional learner reads
+POSITION_TERMS = ("rope", "t5", "alibi")
+POSITION = Option("position", str, "the position term: auto (default: the oracle's family, else read from the "
+                                   "answers), rope, t5 (relative buckets) or alibi", default="auto",
+                  choices=("auto",) + POSITION_TERMS)
+#: relative spread of the zero-query answers over the key's position above which the bias is additive
+ADDITIVE_SIGNAL = 1e-4
+#: length of the detection probe
+PROBE_LENGTH = 8
+
+
+def declared_position(fn) -> str | None:
+    """The position term the callable ``fn`` (or one it wraps) declares (attribute ``position_term``)."""
+    for _ in range(16):
+        if fn is None:
+            break
+        value = getattr(fn, "position_term", None)
+        if value in POSITION_TERMS:
+            return str(value)
+        fn = getattr(fn, "inner", None)
+    return None
+
+
+def detect_position(oracle, rng: np.random.Generator) -> tuple[str, float]:
+    """``"additive"`` or ``"rope"`` from :data:`PROBE_LENGTH` sequences: a key ``e`` at each position before a zero
+    query, and the zero sequence (``c``). Returns the kind and the relative spread of the answers over positions."""
+    d, N = oracle.d, PROBE_LENGTH
+    e = rng.standard_normal(d) * 0.2
+    X = np.zeros((N, N, d))
+    for p in range(N - 1):
+        X[p, p] = e
+    y = oracle(X)
+    f = y[:N - 1] - y[N - 1]
+    scale = float(np.max(np.abs(f)))
+    spread = float(np.max(np.abs(f - f.mean(axis=0))) / scale) if scale > 0 else 0.0
+    return ("additive" if spread > max(ADDITIVE_SIGNAL, 1e3 * math.sqrt(max(oracle.eps, 1e-16))) else "rope"), spread
+
+
+def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=None, position="auto", walk=None):
+    """The positional learner for this oracle's position term (module docstring); the route and why are in
+    ``details`` and the notes; ``walk``: the RoPE learner's walk length (:func:`extract_positional`)."""
+    from attnprobe.learners.positional.rope import WALK, extract_positional
+
+    walk = WALK if walk is None else walk
+
+    kind = None if position in (None, "auto") else position
+    source = "declared"
+    spent, spread = 0, None
+    if kind is None:
+        kind = declared_position(oracle.fn)
+        source = "the oracle's family"
+    if kind is None:
+        before = oracle.queries
+        with oracle.phase("route"):
+            found, spread = detect_position(oracle, np.random.default_rng(seed))
+        spent = oracle.queries - before
+        kind = "rope" if found == "rope" else None
+        source = "read from the answers"
+    if kind == "rope":
+        res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress,
+                                     walk=walk)
+        _share_groups(res)
+    elif source == "read from the answers":  # a zero-query bias may also be RoPE with biases (Qwen2): then the
+        start = oracle.queries  # additive route fails, and the RoPE learner's answer (or refusal) is the one
+        try:  # that counts
+            res = extract_additive(oracle, heads=heads, seed=seed, check=check, progress=progress)
+        except (RecoveryError, UnidentifiableError) as first:
+            tried = oracle.queries - start
+            try:
+                res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress,
+                                     walk=walk)
+            except AttnprobeError as exc:
+                raise type(exc)(f"{exc} (an additive position bias did not fit either: {first})") from exc
+            res.notes.append(f"read as RoPE after an additive position bias did not fit: {first}")
+            res.queries += tried
+            res.queries_by_phase = {"additive tried": tried, **res.queries_by_phase}
+    else:
+        res = extract_additive(oracle, heads=heads, seed=seed, check=check, progress=progress, position=kind)
+    if spent:
+        res.queries += spent
+        res.queries_by_phase = {"route": spent, **res.queries_by_phase}
+    route = res.details.get("position", kind or "rope")
+    res.details["position_route"] = {"position": route, "source": source, "zero_query_spread": spread}
+    res.notes.append(f"position term {route} ({source}" + (f": zero-query answers spread {spread:.1e} over the "
+                                                             "key's position" if spread is not None else "") + ")")
+    return res
+
+
+def _share_groups(res) -> None:
+    """Write a RoPE result's heads that share keys and values (the GQA groups the learner reports) with one key and
+    value map per group (:func:`~attnprobe.models.positional_gauge.share_kv`), when that answers like the dense
+    result to within its check error (else the dense heads stay, and a note says why)."""
+    from attnprobe.errors import ConfigError
+    from attnprobe.models.positional_gauge import share_kv
+
+    labels = res.details.get("kv_groups")
+    if not labels or len(set(labels)) == len(labels) or res.model.rotary_dim != res.model.head_dim:
+        return
+    G = len(set(labels))
+    try:
+        grouped, misfit = share_kv(res.model, G)
+    except ConfigError as exc:
+        res.notes.append(f"GQA groups kept as independent heads: {exc}")
+        return
+    X = np.random.default_rng(0).standard_normal((8, 16, res.model.d))
+    y = res.model.every_position(X)
+    moved = float(np.linalg.norm(grouped.every_position(X) - y) / np.linalg.norm(y - y.mean(axis=(0, 1))))
+    bound = max(1e-9, 10 * (res.check.error if res.check is not None else 0.0))
+    if moved > bound:
+        res.notes.append(f"GQA groups kept as independent heads: sharing keys and values moved the answers by "
+                         f"{moved:.1e} > {bound:.1e}")
+        return
+    res.model = grouped
+    res.details["kv_shared"] = {"groups": G, "misfit": misfit, "answers_moved": moved}
+    res.notes.append(f"heads sharing keys and values stored once per group ({G} KV groups; misfit {misfit:.1e}, "
+                     f"answers moved {moved:.1e})")
+
+
+def additive_estimate(setting):
+    """The plan of the additive-bias route (option ``position`` t5 or alibi): :func:`~.additive.additive_queries`
+    for last-position answers, the check on lengths up to 256 (T5 read at every row asks its positive offsets too:
+    up to ~8·256/(d_h − 2) more)."""
+    from attnprobe.learners.core.check import check_queries
+    from attnprobe.learners.core.estimate import QueryCount
+    from attnprobe.learners.positional.additive import CHECK_LENGTHS, additive_queries
+
+    H = setting.needs("heads", "a positional estimate needs the number of heads H")
+    dh = setting.d // H
+    checks = check_queries(CHECK_LENGTHS) if setting.check else 0
+    q = additive_queries(setting.d, H, dh) + checks
+    both = additive_queries(setting.d, H, dh, both=True) + checks
+    return QueryCount(q, q, both, f"values 2d, zero-query Jacobians 12d, sketches "
+                                  f"4(d⌈r/T⌉ + r⌈d/T⌉) with r = d_h + 8, T ≤ d_h − 2 keys per sequence, the bias at "
+                                  f"offsets up to 255, check {checks}")

@@ -1,0 +1,101 @@
+"""A whole block served over HTTP (``serve --hf-dir DIR --block L``, real uvicorn on 127.0.0.1) and attacked with
+``extract --url``: the same answers and the same outcome as in process; ``--method block`` refused in one line."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("transformers")
+
+from attnprobe.cli import build_parser, main  # noqa: E402
+from attnprobe.cli.serve import build_from_args  # noqa: E402
+from attnprobe.oracles.hf_block import oracle_from_hf_block  # noqa: E402
+from attnprobe.oracles.http import oracle_from_url  # noqa: E402
+from attnprobe.service.server import BackgroundServer  # noqa: E402
+from hf_models import tiny_family_dir  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def served_llama(tmp_path_factory):
+    folder = tiny_family_dir(tmp_path_factory.mktemp("llama"), "llama", hidden=32, heads=4, kv_heads=2)
+    args = build_parser().parse_args(["serve", "--hf-dir", str(folder), "--block", "1", "--api-key", "k-1",
+                                      "--budget", "1000", "--max-batch", "64"])
+    app, options = build_from_args(args)
+    assert options.d == 32 and options.outputs == 32 and options.every_position
+    with BackgroundServer(app) as srv:
+        yield srv, folder
+
+
+def test_served_block_answers_every_position_bit_for_bit(served_llama):
+    srv, folder = served_llama
+    remote = oracle_from_url(srv.url, "k-1")
+    local = oracle_from_hf_block(folder, 1)
+    X = np.random.default_rng(0).standard_normal((5, 11, 32))
+    a, b = remote.answer_rows(X), local.answer_rows(X)
+    assert a.shape == (5, 11, 32) and np.array_equal(a, b)
+    # the remote oracle first reads what its rows are (a probe of 3 sequences); the local one is told
+    assert local.queries == 5 and remote.queries == 5 + remote.queries_by_phase.get("positions", 0)
+    assert remote.fn.usage()["queries"] == remote.queries
+
+
+def test_method_block_is_refused_in_one_line_before_any_query(served_llama, capsys, tmp_path):
+    srv, folder = served_llama
+    before = oracle_from_url(srv.url, "k-1").fn.usage()["queries"]
+    for source in (["--url", srv.url, "--api-key", "k-1", "--method", "block"],
+                   ["--hf-dir", str(folder), "--block", "1"]):  # the whole block's default method is block
+        capsys.readouterr()
+        assert main(["extract", *source, "--out", str(tmp_path / "r.npz"), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "no learner recovers whole blocks yet" in err and "docs/block.md" in err
+    assert oracle_from_url(srv.url, "k-1").fn.usage()["queries"] == before
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_extract_url_on_the_served_block_matches_in_process(served_llama, capsys, tmp_path):
+    """A learner that does not model blocks fails the same way, with the same queries, over HTTP and in process."""
+    srv, folder = served_llama
+    outcomes = []
+    # the URL's precision and rows declared, as the in-process victim declares them (no probe queries)
+    for source in (["--url", srv.url, "--api-key", "k-1", "--answer-precision", "float64", "--positions",
+                    "positional"], ["--hf-dir", str(folder), "--block", "1"]):
+        capsys.readouterr()
+        code = main(["extract", *source, "--method", "ffn", "--hidden", "8", "--budget", "400", "--quiet",
+                     "--out", str(tmp_path / "f.npz")])
+        outcomes.append((code, capsys.readouterr().err.strip()))
+    (code_http, err_http), (code_local, err_local) = outcomes
+    assert code_http == code_local == 2 and err_http == err_local and "queries spent" in err_http
+
+
+def test_served_block_refusals(tmp_path, capsys):
+    folder = tiny_family_dir(tmp_path / "bert", "bert", hidden=16, heads=2)
+    for argv, msg in [(["serve", "--hf-dir", str(folder), "--api-key", "k"], "needs --block L"),
+                      (["serve", "--hf-dir", str(folder), "--block", "5", "--api-key", "k"], "--block must be in 0..1"),
+                      (["serve", "--block", "0", "--target", "x.npz", "--api-key", "k"], "--block goes with --hf-dir"),
+                      (["extract", "--hf-dir", str(folder), "--block", "0", "--layer", "0", "--method", "multihead",
+                        "--out", str(tmp_path / "o.npz")],
+                       "drop --layer"),
+                      (["extract", "--block", "0", "--d", "4", "--oracle", "m:f", "--out", str(tmp_path / "o.npz")],
+                       "--block goes with --hf-dir")]:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert msg in err and err.count("\n") == 1, (argv, err)
+
+
+def test_a_saved_block_answers_and_serves_like_the_block(served_llama, tmp_path, monkeypatch):
+    """``load_model`` of a block file answers every position like the layer module, in process and served."""
+    from attnprobe.models import save_model
+    from attnprobe.oracles import oracle_from_file
+    from attnprobe.oracles.hf_block import block_model, hf_block
+
+    _, folder = served_llama
+    path = save_model(block_model(hf_block(folder, 1)), tmp_path / "block.npz")
+    local = oracle_from_file(str(path))
+    X = np.random.default_rng(3).standard_normal((2, 9, 32))
+    truth = oracle_from_hf_block(folder, 1).answer_rows(X)
+    assert local.positions == "positional" and np.abs(local.answer_rows(X) - truth).max() <= 1e-12 * np.abs(truth).max()
+    monkeypatch.setenv("ATTNPROBE_API_KEY", "k-2")
+    app, options = build_from_args(build_parser().parse_args(["serve", "--target", str(path)]))
+    assert options.every_position and options.outputs == 32
+    with BackgroundServer(app) as srv:
+        assert np.array_equal(oracle_from_url(srv.url, "k-2").answer_rows(X), local.answer_rows(X))
