@@ -71,7 +71,8 @@ def test_a_hidden_width_no_memory_holds_is_refused_before_any_query(capsys, work
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["target", "random", "--d", "4", "--m", "8"], "--m (hidden units) is for target relu, transformer and smooth-ffn"),
+    (["target", "random", "--d", "4", "--m", "8"],
+     "--m (hidden units) is for target relu, transformer, smooth-ffn and gated-ffn"),
     (["target", "smooth-ffn", "--d", "4", "--m", "8", "--heads", "3"], "--heads is for target multihead and"),
     (["target", "relu", "--d", "4", "--heads", "2"], "--heads is for target multihead and"),
 ])

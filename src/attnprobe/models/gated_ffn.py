@@ -14,8 +14,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from attnprobe._validation import length_one_rows
 from attnprobe.errors import ConfigError
-from attnprobe.models.attention import as_batch, real_array, set_frozen
+from attnprobe.models.attention import real_array, set_frozen
 from attnprobe.models.precision import resolve_dtype
 from attnprobe.models.smooth_ffn import ACTIVATION_CODES, ACTIVATIONS, activation
 
@@ -106,10 +107,7 @@ class GatedFFN:
         return (h @ self.W2.T.astype(dt) + self.b2.astype(dt)).astype(np.float64)
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
-        X = as_batch(X, self.d)
-        if X.shape[1] != 1:
-            raise ConfigError(f"an FFN answers length-1 queries only; got sequences of length {X.shape[1]}")
-        return self.forward(X[:, 0, :])
+        return self.forward(length_one_rows(X, self.d, "a gated FFN"))
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"Wg": self.Wg, "bg": self.bg, "Wu": self.Wu, "bu": self.bu, "W2": self.W2, "b2": self.b2,
@@ -119,11 +117,11 @@ class GatedFFN:
     def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "GatedFFN":
         missing = {"Wg", "bg", "Wu", "bu", "W2", "b2", "activation"} - set(arrays)
         if missing:
-            raise ConfigError(f"a gated FFN needs arrays {sorted(missing)}")
+            raise ConfigError(f"a gated FFN needs arrays {sorted(missing)}", param="arrays")
         code = int(np.asarray(arrays["activation"]).reshape(()))
         names = {v: k for k, v in ACTIVATION_CODES.items()}
         if code not in names:
-            raise ConfigError(f"activation code {code} is none of {ACTIVATION_CODES}")
+            raise ConfigError(f"activation code {code} is none of {ACTIVATION_CODES}", param="activation")
         return cls(arrays["Wg"], arrays["bg"], arrays["Wu"], arrays["bu"], arrays["W2"], arrays["b2"], names[code],
                    dtype)
 

@@ -24,11 +24,12 @@ from attnprobe._validation import check_int, check_option
 from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.core.estimate import QueryCount, Setting
 from attnprobe.learners.core.skeleton import Run
-from attnprobe.learners.smooth_ffn.decompose import block_factors, hidden_width
-from attnprobe.learners.smooth_ffn.derivatives import (Asker, choose_step, first_derivatives, richardson,
+from attnprobe.learners.smooth_ffn.decompose import block_factors
+from attnprobe.learners.smooth_ffn.derivatives import (Asker, choose_step, richardson,
                                                        second_derivatives, step_queries)
 from attnprobe.learners.smooth_ffn.gated_neurons import pick_gate, planes
 from attnprobe.learners.smooth_ffn.polish import lsmr_step
+from attnprobe.learners.smooth_ffn.width import search_width
 from attnprobe.models.gated_ffn import GATED_FAMILIES, GatedFFN, family_name
 from attnprobe.models.smooth_ffn import ACTIVATIONS
 
@@ -88,6 +89,14 @@ def gate_candidates(activation: str | None) -> tuple[str, ...]:
     return (GATED_FAMILIES[activation],)
 
 
+def _units(rank: int) -> int:
+    """Gated units from the first derivatives' rank: two per unit (span{g_i, u_i})."""
+    if rank % 2:
+        raise UnidentifiableError(f"the first derivatives have odd rank {rank} (gated units give two per unit): these "
+                                  "answers are not a gated FFN, or give the hidden width")
+    return rank // 2
+
+
 def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, hidden: int | None = None,
                       bias: bool = True, scale: float = 1.0, check: bool = True, progress=None,
                       polish_rounds: int = GN_ROUNDS) -> object:
@@ -109,32 +118,13 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
     with run.phase("step"):
         h, fd_error = choose_step(ask, d, rng, scale)
     K = ask.outputs
-    guess = hidden or FIRST_GUESS
-    run.plan(sum(gated_plan(d, K, guess).values()), f"the gated FFN learner at d={d}, K={K}, m={guess}",
-             at_least=hidden is None)
+    run.plan(sum(gated_plan(d, K, hidden or FIRST_GUESS).values()),
+             f"the gated FFN learner at d={d}, K={K}, m={hidden or FIRST_GUESS}", at_least=hidden is None)
     with run.phase("width"):
-        while True:
-            C, n = _directions(K, guess), _points(guess)
-            U = rng.standard_normal((C, d))
-            U /= np.linalg.norm(U, axis=1, keepdims=True)
-            X = scale * rng.standard_normal((n, d))
-            D1 = first_derivatives(ask, X, U, h)
-            r, drop = hidden_width(D1.reshape(K * C, n))
-            if hidden is not None:
-                m = hidden
-                break
-            if r is not None and r < min(K * C, n) * 0.8:
-                if r % 2:
-                    raise UnidentifiableError(f"the first derivatives have odd rank {r} (gated units give two per "
-                                              "unit): these answers are not a gated FFN, or give the hidden width")
-                m = r // 2
-                break
-            if guess >= MAX_WIDTH:
-                raise UnidentifiableError(f"the first derivatives show no hidden width up to {MAX_WIDTH} gated units "
-                                          f"(largest drop {drop:.1f}); give the hidden width")
-            guess *= 2
-            run.plan(run.queries + sum(gated_plan(d, K, guess).values()), f"the gated FFN learner at m ≥ {guess}",
-                     at_least=True)
+        w = search_width(run, ask, scale=scale, h=h, hidden=hidden, first_guess=FIRST_GUESS, max_width=MAX_WIDTH,
+                         grid=lambda g: (_directions(K, g), _points(g)), units=_units,
+                         replan=lambda g: sum(gated_plan(d, K, g).values()), what="gated FFN")
+    m, drop, U, D1, X = w.m, w.drop, w.U, w.D1, w.X
     C, n = _directions(K, m), _points(m)
     U, D1 = U[:C], D1[:, :C, :]
     if K * C < 2 * m or n < 2 * m:
@@ -174,7 +164,7 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
         Xa = scale * rng.standard_normal((N, d))
         Ya = ask(Xa)
     act = ACTIVATIONS[gate]
-    params = (Wg, bg, Wu, bu, *_down(Xa, Ya, Wg, bg, Wu, bu, act, bias))
+    params = (Wg, bg, Wu, bu, *_down(Xa, Ya, (Wg, bg, Wu, bu), act, bias))
     params, history, used = gated_gauss_newton(Xa, Ya, params, act, bias, rounds=polish_rounds,
                                                iterations=GN_ITERATIONS)
     model = _normalised(GatedFFN(*params, gate))
@@ -204,9 +194,10 @@ def _hidden(X, Wg, bg, Wu, bu, act):
     return a, s
 
 
-def _down(X, Y, Wg, bg, Wu, bu, act, bias):
-    """``(W2, b2)`` by least squares given the gates and ups."""
-    a, s = _hidden(X, Wg, bg, Wu, bu, act)
+def _down(X, Y, first, act, bias):
+    """``(W2, b2)`` by least squares given the gates and ups ``first = (Wg, bg, Wu, bu)``."""
+    Wg = first[0]
+    a, s = _hidden(X, *first, act)
     H = act.f(a) * s
     if bias:
         H = np.hstack([H, np.ones((H.shape[0], 1))])

@@ -19,15 +19,16 @@ import math
 import numpy as np
 
 from attnprobe._validation import check_int, check_option
-from attnprobe.errors import ConfigError, UnidentifiableError
+from attnprobe.errors import ConfigError
 from attnprobe.learners.core.estimate import QueryCount, Setting
 from attnprobe.learners.core.skeleton import Run
-from attnprobe.learners.smooth_ffn.decompose import factors, hidden_width, split_factors
-from attnprobe.learners.smooth_ffn.derivatives import (Asker, choose_step, first_derivatives, second_derivatives,
+from attnprobe.learners.smooth_ffn.decompose import factors, split_factors
+from attnprobe.learners.smooth_ffn.derivatives import (Asker, choose_step, second_derivatives,
                                                        step_queries)
 from attnprobe.learners.smooth_ffn.derivatives import richardson as richardson_differences
 from attnprobe.learners.smooth_ffn.neurons import directions, pick_activation
 from attnprobe.learners.smooth_ffn.polish import gauss_newton, output_layer
+from attnprobe.learners.smooth_ffn.width import search_width
 from attnprobe.models.smooth_ffn import ACTIVATIONS, SmoothFFN, activation as get_activation
 
 #: second directions E of the factor array (mixtures of E slices are diagonalised)
@@ -150,28 +151,11 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
     run.plan(sum(plan(d, K, m_plan, richardson=richardson).values()),  # richardson: as given or automatic
              f"the smooth FFN learner at d={d}, K={K}, m={m_plan}",
              at_least=hidden is None)
-    # width: first derivatives on a grid that grows until their rank shows a drop
-    guess = hidden or FIRST_GUESS
     with run.phase("width"):
-        while True:
-            C, n = _directions(K, guess), _points(guess)
-            U = rng.standard_normal((C, d))
-            U /= np.linalg.norm(U, axis=1, keepdims=True)
-            X = scale * rng.standard_normal((n, d))
-            D1 = first_derivatives(ask, X, U, h)
-            m, drop = hidden_width(D1.reshape(K * C, n))
-            if hidden is not None:
-                m = hidden
-                break
-            if m is not None and m < min(K * C, n) * 0.8:
-                break
-            if guess >= MAX_WIDTH:
-                raise UnidentifiableError(f"the first derivatives show no hidden width up to {MAX_WIDTH} (largest "
-                                          f"drop of their singular values {drop:.1f}); give the hidden width")
-            guess *= 2
-            run.plan(run.queries + sum(plan(d, K, guess, richardson=richardson).values()),
-                     f"the smooth FFN learner at m ≥ {guess}",
-                     at_least=True)
+        w = search_width(run, ask, scale=scale, h=h, hidden=hidden, first_guess=FIRST_GUESS, max_width=MAX_WIDTH,
+                         grid=lambda g: (_directions(K, g), _points(g)), units=lambda r: r,
+                         replan=lambda g: sum(plan(d, K, g, richardson=richardson).values()), what="smooth FFN")
+    m, drop, U, X, D1 = w.m, w.drop, w.U, w.X, w.D1
     C, n = _directions(K, m), _points(m)  # the grid the width search ended on may be larger than m needs
     U, D1 = U[:C], D1[:, :C, :]  # every point's first derivatives feed the curve fits; n of them the factors
     if K * C < m or n < m:
