@@ -23,13 +23,12 @@ import numpy as np
 from attnprobe._validation import check_int, check_option
 from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.core.estimate import QueryCount, Setting
-from attnprobe.learners.core.skeleton import Run
 from attnprobe.learners.smooth_ffn.decompose import block_factors
-from attnprobe.learners.smooth_ffn.derivatives import (Asker, choose_step, richardson,
+from attnprobe.learners.smooth_ffn.derivatives import (richardson,
                                                        second_derivatives, step_queries)
 from attnprobe.learners.smooth_ffn.gated_neurons import pick_gate, planes
 from attnprobe.learners.smooth_ffn.polish import lsmr_step
-from attnprobe.learners.smooth_ffn.width import search_width
+from attnprobe.learners.smooth_ffn.first_stages import search_width, start_run
 from attnprobe.models.gated_ffn import GATED_FAMILIES, GatedFFN, family_name
 from attnprobe.models.smooth_ffn import ACTIVATIONS
 
@@ -108,15 +107,9 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
     check_option(activation, "activation", (None, *GATED_FAMILIES))
     check_int(hidden, "hidden", min_value=1, allow_none=True)
     check_int(polish_rounds, "polish_rounds", min_value=0)
-    if not (np.isfinite(scale) and scale > 0):
-        raise ConfigError(f"The 'scale' parameter must be a finite number > 0; got {scale}", param="scale")
-    d = oracle.d
-    run = Run(oracle, "ffn", seed=seed, check=check, check_lengths=(1,), check_per_length=CHECK_QUERIES,
-              progress=progress)
-    rng = run.rng
-    ask = Asker(oracle, reserve=run.check_queries)
-    with run.phase("step"):
-        h, fd_error = choose_step(ask, d, rng, scale)
+    run, ask, h, fd_error = start_run(oracle, seed=seed, check=check, progress=progress, scale=scale,
+                                      check_queries=CHECK_QUERIES)
+    d, rng = oracle.d, run.rng
     K = ask.outputs
     run.plan(sum(gated_plan(d, K, hidden or FIRST_GUESS).values()),
              f"the gated FFN learner at d={d}, K={K}, m={hidden or FIRST_GUESS}", at_least=hidden is None)

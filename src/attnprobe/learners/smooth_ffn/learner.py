@@ -21,14 +21,13 @@ import numpy as np
 from attnprobe._validation import check_int, check_option
 from attnprobe.errors import ConfigError
 from attnprobe.learners.core.estimate import QueryCount, Setting
-from attnprobe.learners.core.skeleton import Run
 from attnprobe.learners.smooth_ffn.decompose import factors, split_factors
-from attnprobe.learners.smooth_ffn.derivatives import (Asker, choose_step, second_derivatives,
+from attnprobe.learners.smooth_ffn.derivatives import (second_derivatives,
                                                        step_queries)
 from attnprobe.learners.smooth_ffn.derivatives import richardson as richardson_differences
 from attnprobe.learners.smooth_ffn.neurons import directions, pick_activation
 from attnprobe.learners.smooth_ffn.polish import gauss_newton, output_layer
-from attnprobe.learners.smooth_ffn.width import search_width
+from attnprobe.learners.smooth_ffn.first_stages import search_width, start_run
 from attnprobe.models.smooth_ffn import ACTIVATIONS, SmoothFFN, activation as get_activation
 
 #: second directions E of the factor array (mixtures of E slices are diagonalised)
@@ -137,15 +136,9 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
     check_int(polish_rounds, "polish_rounds", min_value=0, allow_none=True)
     check_int(polish_iterations, "polish_iterations", min_value=1, allow_none=True)
     check_int(richardson, "richardson", min_value=1, max_value=3, allow_none=True)
-    if not (np.isfinite(scale) and scale > 0):
-        raise ConfigError(f"The 'scale' parameter must be a finite number > 0; got {scale}", param="scale")
-    d = oracle.d
-    run = Run(oracle, "ffn", seed=seed, check=check, check_lengths=(1,), check_per_length=CHECK_QUERIES,
-              progress=progress)
-    rng = run.rng
-    ask = Asker(oracle, reserve=run.check_queries)
-    with run.phase("step"):
-        h, fd_error = choose_step(ask, d, rng, scale)
+    run, ask, h, fd_error = start_run(oracle, seed=seed, check=check, progress=progress, scale=scale,
+                                      check_queries=CHECK_QUERIES)
+    d, rng = oracle.d, run.rng
     K = ask.outputs
     m_plan = hidden or FIRST_GUESS
     run.plan(sum(plan(d, K, m_plan, richardson=richardson).values()),  # richardson: as given or automatic

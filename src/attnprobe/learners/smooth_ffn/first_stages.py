@@ -1,6 +1,7 @@
-"""The hidden width of a smooth or gated FFN: the rank of its first derivatives (every Jacobian lies in the span of
-the units' rank-one terms ``w2_i w1_iᵀ``), read on a grid of points and directions that doubles until the rank
-shows a drop below the grid's size."""
+"""The first stages both smooth FFN learners (plain and gated) share: the run, its finite-difference step, and the
+hidden width, the rank of the first derivatives (every Jacobian lies in the span of the units' rank-one terms
+``w2_i w1_iᵀ``), read on a grid of points and directions that doubles until the rank shows a drop below the grid's
+size."""
 
 from __future__ import annotations
 
@@ -9,12 +10,26 @@ from typing import Callable
 
 import numpy as np
 
-from attnprobe.errors import UnidentifiableError
+from attnprobe.errors import ConfigError, UnidentifiableError
+from attnprobe.learners.core.skeleton import Run
 from attnprobe.learners.smooth_ffn.decompose import hidden_width
-from attnprobe.learners.smooth_ffn.derivatives import first_derivatives
+from attnprobe.learners.smooth_ffn.derivatives import Asker, choose_step, first_derivatives
 
 #: the rank counts as shown when it is below this share of the grid's smaller side
 SHOWN = 0.8
+
+
+def start_run(oracle, *, seed: int, check: bool, progress, scale: float, check_queries: int):
+    """The run of an FFN learner on length-1 queries, its :class:`Asker` (the check's queries reserved), and the
+    finite-difference step ``h`` with its estimated error, chosen on inputs of standard deviation ``scale``."""
+    if not (np.isfinite(scale) and scale > 0):
+        raise ConfigError(f"The 'scale' parameter must be a finite number > 0; got {scale}", param="scale")
+    run = Run(oracle, "ffn", seed=seed, check=check, check_lengths=(1,), check_per_length=check_queries,
+              progress=progress)
+    ask = Asker(oracle, reserve=run.check_queries)
+    with run.phase("step"):
+        h, fd_error = choose_step(ask, oracle.d, run.rng, scale)
+    return run, ask, h, fd_error
 
 
 @dataclass
