@@ -18,6 +18,7 @@ from attnprobe._validation import length_one_rows
 from attnprobe.errors import ConfigError
 from attnprobe.models.attention import real_array, set_frozen
 from attnprobe.models.precision import resolve_dtype
+from attnprobe.properties import axis_length
 from attnprobe.models.smooth_ffn import ACTIVATION_CODES, ACTIVATIONS, activation
 
 #: the gated families by name and their gate activation
@@ -63,17 +64,9 @@ class GatedFFN:
         resolve_dtype(self.dtype)
         set_frozen(self, Wg=Wg, bg=bg, Wu=Wu, bu=bu, W2=W2, b2=b2)
 
-    @property
-    def d(self) -> int:
-        return self.Wg.shape[1]
-
-    @property
-    def m(self) -> int:
-        return self.Wg.shape[0]
-
-    @property
-    def outputs(self) -> int:
-        return self.W2.shape[0]
+    d = axis_length("Wg", 1, "The input width.")
+    m = axis_length("Wg", 0, "The hidden width: gated units, rows of Wg and Wu.")
+    outputs = axis_length("W2", 0, "The output width K.")
 
     @property
     def family(self) -> str:
