@@ -19,7 +19,7 @@ from attnprobe.errors import ConfigError
 from attnprobe.models.attention import real_array, set_frozen
 from attnprobe.models.precision import resolve_dtype
 from attnprobe.properties import axis_length
-from attnprobe.models.smooth_ffn import ACTIVATION_CODES, ACTIVATIONS, activation
+from attnprobe.models.smooth_ffn import ACTIVATION_CODES, ACTIVATIONS, activation, activation_named, nearest_rows
 
 #: the gated families by name and their gate activation
 GATED_FAMILIES = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}
@@ -111,12 +111,8 @@ class GatedFFN:
         missing = {"Wg", "bg", "Wu", "bu", "W2", "b2", "activation"} - set(arrays)
         if missing:
             raise ConfigError(f"a gated FFN needs arrays {sorted(missing)}", param="arrays")
-        code = int(np.asarray(arrays["activation"]).reshape(()))
-        names = {v: k for k, v in ACTIVATION_CODES.items()}
-        if code not in names:
-            raise ConfigError(f"activation code {code} is none of {ACTIVATION_CODES}", param="activation")
-        return cls(arrays["Wg"], arrays["bg"], arrays["Wu"], arrays["bu"], arrays["W2"], arrays["b2"], names[code],
-                   dtype)
+        return cls(arrays["Wg"], arrays["bg"], arrays["Wu"], arrays["bu"], arrays["W2"], arrays["b2"],
+                   activation_named(arrays["activation"]), dtype)
 
 
 def gated_match(truth: GatedFFN, result: GatedFFN) -> dict:
@@ -125,8 +121,7 @@ def gated_match(truth: GatedFFN, result: GatedFFN) -> dict:
     ``w2 (u, bu)ᵀ`` (the up/down scale split is free) and whether the matching is one to one."""
     Gt = np.hstack([truth.Wg, truth.bg[:, None]])
     Gh = np.hstack([result.Wg, result.bg[:, None]])
-    dist2 = np.sum(Gt ** 2, axis=1)[:, None] + np.sum(Gh ** 2, axis=1)[None, :] - 2.0 * Gt @ Gh.T
-    j = np.argmin(dist2, axis=1)
+    j = nearest_rows(Gt, Gh)
     gate = np.linalg.norm(Gh[j] - Gt, axis=1) / np.linalg.norm(Gt, axis=1)
     Ut = np.hstack([truth.Wu, truth.bu[:, None]])
     Uh = np.hstack([result.Wu, result.bu[:, None]])

@@ -176,11 +176,23 @@ class SmoothFFN:
         missing = {"W1", "b1", "W2", "b2", "activation"} - set(arrays)
         if missing:
             raise ConfigError(f"a smooth FFN needs arrays {sorted(missing)}", param="arrays")
-        code = int(np.asarray(arrays["activation"]).reshape(()))
-        names = {v: k for k, v in ACTIVATION_CODES.items()}
-        if code not in names:
-            raise ConfigError(f"activation code {code} is none of {ACTIVATION_CODES}", param="activation")
-        return cls(arrays["W1"], arrays["b1"], arrays["W2"], arrays["b2"], names[code], dtype)
+        return cls(arrays["W1"], arrays["b1"], arrays["W2"], arrays["b2"], activation_named(arrays["activation"]),
+                   dtype)
+
+
+def activation_named(code) -> str:
+    """The activation a saved file's ``activation`` code (:data:`ACTIVATION_CODES`) stands for."""
+    code = int(np.asarray(code).reshape(()))
+    names = {v: k for k, v in ACTIVATION_CODES.items()}
+    if code not in names:
+        raise ConfigError(f"activation code {code} is none of {ACTIVATION_CODES}", param="activation")
+    return names[code]
+
+
+def nearest_rows(truth: np.ndarray, result: np.ndarray) -> np.ndarray:
+    """For each row of ``truth``, the index of the nearest row of ``result`` (Euclidean): units matched up to order."""
+    dist2 = np.sum(truth ** 2, axis=1)[:, None] + np.sum(result ** 2, axis=1)[None, :] - 2.0 * truth @ result.T
+    return np.argmin(dist2, axis=1)
 
 
 def neuron_match(truth: SmoothFFN, result: SmoothFFN) -> dict:
@@ -189,8 +201,7 @@ def neuron_match(truth: SmoothFFN, result: SmoothFFN) -> dict:
     ``w2`` over the matched pairs and whether the matching is one to one."""
     Pt = np.hstack([truth.W1, truth.b1[:, None]])
     Ph = np.hstack([result.W1, result.b1[:, None]])
-    dist2 = np.sum(Pt ** 2, axis=1)[:, None] + np.sum(Ph ** 2, axis=1)[None, :] - 2.0 * Pt @ Ph.T
-    j = np.argmin(dist2, axis=1)
+    j = nearest_rows(Pt, Ph)
     first = np.linalg.norm(Ph[j] - Pt, axis=1) / np.linalg.norm(Pt, axis=1)
     second = np.linalg.norm(result.W2[:, j] - truth.W2, axis=0) / np.linalg.norm(truth.W2, axis=0)
     return {"neurons": int(truth.m), "recovered_neurons": int(result.m), "first_layer_error": float(first.max()),

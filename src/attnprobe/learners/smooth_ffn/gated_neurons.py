@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnprobe.models.smooth_ffn import ACTIVATIONS, Activation
+from attnprobe.learners.smooth_ffn.neurons import marquardt_steps
 
 #: LM rounds of the per-neuron fit
 FIT_ROUNDS = 80
@@ -107,13 +108,7 @@ def fit_gates(c: np.ndarray, z: np.ndarray, act: Activation, bias: bool, rng: np
         pred, parts = _model(theta, z, act)
         r = (pred - c).reshape(m, -1)
         J = _jacobian(theta, z, parts)[..., free].reshape(m, -1, k)
-        H = np.einsum("mnp,mnq->mpq", J, J)
-        gr = np.einsum("mnp,mn->mp", J, r)
-        Hd = H + nu[:, None, None] * (np.eye(k) * np.einsum("mpp->mp", H)[:, :, None] + 1e-300 * np.eye(k))
-        try:
-            step = -np.linalg.solve(Hd, gr[:, :, None])[:, :, 0]
-        except np.linalg.LinAlgError:
-            step = -np.einsum("mpq,mq->mp", np.linalg.pinv(Hd), gr)
+        step = marquardt_steps(J, r, nu)
         trial = theta.copy()
         trial[:, free] += step
         new = _cost(trial, c, z, act)

@@ -27,6 +27,20 @@ def directions(Z: np.ndarray) -> np.ndarray:
     return vt[:, 0, :]
 
 
+def marquardt_steps(J: np.ndarray, r: np.ndarray, nu: np.ndarray) -> np.ndarray:
+    """Marquardt's damped Gauss–Newton steps for many small fits at once: ``J (m, n, k)``, residuals ``r (m, n)``,
+    damping ``nu (m,)`` scaling each fit's ``diag(JᵀJ)``; returns the steps ``(m, k)`` (pseudo-inverse where a
+    damped system is singular)."""
+    k = J.shape[2]
+    H = np.einsum("inp,inq->ipq", J, J)
+    g = np.einsum("inp,in->ip", J, r)
+    Hd = H + nu[:, None, None] * (np.eye(k) * np.einsum("ipp->ip", H)[:, :, None] + 1e-300 * np.eye(k))
+    try:
+        return -np.linalg.solve(Hd, g[:, :, None])[:, :, 0]
+    except np.linalg.LinAlgError:
+        return -np.einsum("ipq,iq->ip", np.linalg.pinv(Hd), g)
+
+
 def fit_curves(p: np.ndarray, t: np.ndarray, act: Activation, bias: bool, rng: np.random.Generator) -> dict:
     """Fit ``p_ij ≈ μ_i σ'(λ_i t_ij + b_i)`` for every neuron i (``p``, ``t`` of shape ``(m, n)``); ``b = 0`` when
     not ``bias``. Returns ``lam``, ``b``, ``mu`` and each neuron's relative residual ``res``."""
@@ -49,7 +63,6 @@ def fit_curves(p: np.ndarray, t: np.ndarray, act: Activation, bias: bool, rng: n
     theta = np.stack([lam, b, mu], axis=1)
     cost = _cost(theta, p, t, act)
     nu = np.full(m, 1e-3)
-    k = 3 if bias else 2
     for _ in range(FIT_ROUNDS):
         z = theta[:, :1] * t + theta[:, 1:2]
         s1, s2 = act.d1(z), act.d2(z)
@@ -57,13 +70,7 @@ def fit_curves(p: np.ndarray, t: np.ndarray, act: Activation, bias: bool, rng: n
         J = np.stack([theta[:, 2:3] * s2 * t, theta[:, 2:3] * s2, s1], axis=2)
         if not bias:
             J = J[:, :, [0, 2]]
-        H = np.einsum("inp,inq->ipq", J, J)
-        g = np.einsum("inp,in->ip", J, r)
-        Hd = H + nu[:, None, None] * (np.eye(k) * np.einsum("ipp->ip", H)[:, :, None] + 1e-300 * np.eye(k))
-        try:
-            step = -np.linalg.solve(Hd, g[:, :, None])[:, :, 0]
-        except np.linalg.LinAlgError:
-            step = -np.einsum("ipq,iq->ip", np.linalg.pinv(Hd), g)
+        step = marquardt_steps(J, r, nu)
         if not bias:
             step = np.stack([step[:, 0], np.zeros(m), step[:, 1]], axis=1)
         trial = theta + step
