@@ -80,22 +80,12 @@ def _plain_oracle_from_args(args, chain, precision, learner) -> Oracle:
                       param="oracle")
 
 
-#: the one-line refusal of ``--method block`` (the CLI prints it, exit 2, before any query)
-BLOCK_REFUSAL = ("--method block: no learner recovers whole blocks yet (a pre-norm block's answers split into "
-                 "its attention and FFN oracles, but those see only normalised rows, which the attention and FFN "
-                 "learners do not read yet); docs/block.md says what is identifiable and what the measured levers "
-                 "give; learn the block's sublayers from their own answers (--method positional / multihead / ffn) "
-                 "where a server exposes them")
-
-
 def run(args) -> int:
     """Everything that can be refused is refused before the first query: options, output paths, memory."""
     if args.method is None and args.hf_dir and args.row is None:  # the folder's family says which learner
         args.method = "block" if getattr(args, "block", None) is not None else hf.default_method(args.hf_dir)
     if args.method is None:  # a rank bound makes the low-rank sketch the natural choice
         args.method = "lowrank" if getattr(args, "rank", None) else "exact"
-    if args.method == "block":
-        raise ConfigError(BLOCK_REFUSAL, param="method")
     if args.method not in {e.name for e in registry.learners()}:
         raise ConfigError(f"unknown --method {args.method!r}; choose one of "
                           f"{', '.join(e.name for e in registry.learners())}", param="method")

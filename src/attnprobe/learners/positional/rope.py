@@ -42,6 +42,9 @@ CHECK_LENGTHS = (1, 2, 8, 64, 256)
 OVERSAMPLE = 8
 #: query scales of the pair probe and the step between nearby queries
 SETTINGS, NEARBY = ((1.0, 0), (1.5, 0), (1.0, 8), (1.5, 8)), 0.4
+#: the pair probe's settings when every query has rms 1 (``unit_queries``: a norm in front of the attention fixes
+#: the query's scale, docs/block.md): zero keys alone separate the heads
+UNIT_SETTINGS = ((1.0, 0), (1.0, 4), (1.0, 8), (1.0, 16))
 #: queries of the walk per ⌈K/H⌉ (more queries span each head's output space better: the function error at d = 128
 #: fell from 2.9e-8 to 1.7e-8 going from 1 to 3, docs/positional.md)
 WALK = 1
@@ -97,9 +100,10 @@ def positional_queries(d: int, H: int, head_dim: int, *, outputs: int | None = N
 
 
 def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None, offsets=OFFSETS,
-                       oversample: int = OVERSAMPLE, walk: int = WALK):
+                       oversample: int = OVERSAMPLE, walk: int = WALK, unit_queries: bool = False):
     """Recover a RoPE attention layer from its last-position output rows (module docstring); ``walk``: queries of
-    the pair probe's walk per ⌈K/H⌉ (:data:`WALK`)."""
+    the pair probe's walk per ⌈K/H⌉ (:data:`WALK`); ``unit_queries``: every query token (the last row) of rms 1
+    exactly, the scales carried by the keys (an oracle behind an RMSNorm, docs/block.md)."""
     if not (isinstance(walk, int) and walk >= 1):
         raise ConfigError(f"walk must be an integer ≥ 1; got {walk!r}", param="walk")
     d = oracle.d
@@ -123,11 +127,11 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     if K < 2:
         raise UnidentifiableError("the positional learner reads whole output rows (K ≥ 2 outputs per sequence)")
     with run.phase("offsets"):
-        dirs, signal = _pair_probe(oracle, M, rng, heads, noise, walk)
+        dirs, signal = _pair_probe(oracle, M, rng, heads, noise, walk, unit_queries)
     H = dirs[0].shape[1]
     Cb, G, dh = _output_spaces(dirs, M)
     with run.phase("logits"):
-        Xs, Ys, Om, rho_l = _sketches(oracle, rng, Cb, G, c, np.array(offsets), dh + oversample)
+        Xs, Ys, Om, rho_l = _sketches(oracle, rng, Cb, G, c, np.array(offsets), dh + oversample, unit_queries)
     Wq, Wk, thetas, steps = [], [], [], []
     for h in range(H):
         U = _basis(np.concatenate(list(Xs[h]), axis=1), dh)
@@ -152,15 +156,18 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     return run.finish(model, unknowns=unknowns, details=details, notes=notes)
 
 
-def _pair_probe(oracle, M, rng, heads, noise, walk):
+def _pair_probe(oracle, M, rng, heads, noise, walk, unit_queries=False):
     """Stage 2: the heads' directions ``V_h z`` along a walk of queries (:mod:`.heads`) and the offset signal;
     refuses offset-free answers and answers with more directions than bias-free heads show."""
     d, K = oracle.d, M.shape[0]
     z0 = rng.standard_normal(d)
+    settings = UNIT_SETTINGS if unit_queries else SETTINGS
+    if unit_queries:
+        z0 *= math.sqrt(d) / np.linalg.norm(z0)
     E = random_orthogonal(d, rng)[: min(d, 2 * (heads or 12) + 8)]
     eta = STEP * math.sqrt(d)
     base = np.linalg.norm(M @ z0)
-    W0, s, H = head_directions(oracle, z0, E, settings=SETTINGS, eta=eta, rank=heads, noise=noise, rng=rng,
+    W0, s, H = head_directions(oracle, z0, E, settings=settings, eta=eta, rank=heads, noise=noise, rng=rng,
                                  floor=SIGNAL_FLOOR * base)
     signal = float(s[0] / base) if base > 0 else 0.0
     if W0 is None:
@@ -179,7 +186,7 @@ def _pair_probe(oracle, M, rng, heads, noise, walk):
         while True:  # a step too long to keep the labels is halved (ambiguous matches are refused in match)
             znew = z + step * q * np.linalg.norm(z0) / np.linalg.norm(q)
             znew *= np.linalg.norm(z0) / np.linalg.norm(znew)
-            W, _, _ = head_directions(oracle, znew, E, settings=SETTINGS, eta=eta, rank=H, noise=noise, rng=rng)
+            W, _, _ = head_directions(oracle, znew, E, settings=settings, eta=eta, rank=H, noise=noise, rng=rng)
             try:
                 dirs.append(match(dirs[-1], W))
                 break
@@ -208,7 +215,7 @@ def _output_spaces(dirs, M):
     return Cb, np.linalg.pinv(Cb).reshape(H, dh, K) @ M, dh
 
 
-def _sketches(oracle, rng, Cb, G, c, offs, r):
+def _sketches(oracle, rng, Cb, G, c, offs, r, unit_queries=False):
     """Stage 4: the token scale, then ``X_k = B_h(δ_k) Ω_kᵀ`` (a query basis against ``r`` random keys per offset)
     and ``Y_k = B_h(δ_k)ᵀ Zᵀ`` (``r`` random queries against a key basis) for every head, from the log-ratios of
     the weights solved in each head's coordinates. Returns ``Xs, Ys (H, m, d, r)``, ``Ω (m, r, d)``, the scale."""
@@ -234,17 +241,25 @@ def _sketches(oracle, rng, Cb, G, c, offs, r):
         la = np.log(attention_weights(Pc, G, toks, np.concatenate(out)))
         return la[..., :-1] - la[..., -1:]
 
-    med = float(np.median(np.abs(log_ratios(rng.standard_normal((8, d)), rng.standard_normal((8, m, d))))))
+    Zc = rng.standard_normal((8, d))
+    if unit_queries:
+        Zc *= math.sqrt(d) / np.linalg.norm(Zc, axis=1, keepdims=True)
+    med = float(np.median(np.abs(log_ratios(Zc, rng.standard_normal((8, m, d))))))
     rho = float(np.clip(math.sqrt(TARGET_LOGIT / max(med, 1e-12)), 1e-3, 1e3))
     Qb = random_orthogonal(d, rng)
     Om = rng.standard_normal((m, r, d)) / math.sqrt(d)
     Zs = rng.standard_normal((r, d)) / math.sqrt(d)
+    # the query's scale and the keys' (their product ρ² is what the logits see): with unit queries the query has
+    # rms 1 (norm √d) and the keys carry the rest
+    rq, rk = (math.sqrt(d), rho**2 / math.sqrt(d)) if unit_queries else (rho, rho)
+    if unit_queries:
+        Zs *= 1 / np.linalg.norm(Zs, axis=1, keepdims=True)
     # (a) query basis q_i against keys ±Ω[k, a]; (b) random queries Z[a] against keys ±q_j (shifted per offset)
-    Za = np.repeat(Qb, r, axis=0) * rho  # (d·r, d)
-    Ka = np.tile(Om.transpose(1, 0, 2), (d, 1, 1)) * rho  # (d·r, m, d)
+    Za = np.repeat(Qb, r, axis=0) * rq  # (d·r, d)
+    Ka = np.tile(Om.transpose(1, 0, 2), (d, 1, 1)) * rk  # (d·r, m, d)
     shift = (np.arange(d)[:, None] + np.arange(m)[None]) % d  # (d, m): basis index per key slot
-    Zb = np.repeat(Zs, d, axis=0) * rho  # (r·d, d)
-    Kb = np.tile(Qb[shift], (r, 1, 1)) * rho  # (r·d, m, d)
+    Zb = np.repeat(Zs, d, axis=0) * rq  # (r·d, d)
+    Kb = np.tile(Qb[shift], (r, 1, 1)) * rk  # (r·d, m, d)
     ell = log_ratios(np.concatenate([Za, Za, Zb, Zb]), np.concatenate([Ka, -Ka, Kb, -Kb]))  # (B, H, m)
     n = d * r
     ea = (ell[:n] - ell[n:2 * n]) / (2 * rho**2)

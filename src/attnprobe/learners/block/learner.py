@@ -1,0 +1,127 @@
+"""``extract_block``: a pre-norm RMSNorm block (LLaMA: RMSNorm → RoPE attention → residual → RMSNorm → gated FFN →
+residual, without biases) from hidden states in and every position out (docs/block.md, "The learner").
+
+Stages (:mod:`.sublayers`): ``linear`` (``y'(0) = I + M'/√ε`` from tiny single tokens), ``eps`` (``√ε`` from two
+driven-out tokens whose FFN share zero keys remove), ``ffn`` (the gated FFN learner on ``v ↦ F(w2 ⊙ v)``, one
+single-token query per answer), ``attention`` (the RoPE learner with unit queries on the attention's last row,
+each answer one block query with the query driven out and the FFN's share solved away). The result is a
+:class:`~attnprobe.models.block.TransformerBlock` in the canonical form of
+:func:`~attnprobe.models.block.fold_norm_weights`: norm weights 1, their products with the next projections
+learned; ε learned. Checked at every position on fresh sequences of lengths 1, 2, 8 and 64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnprobe.errors import ConfigError, UnidentifiableError
+from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, linear_part, sqrt_eps)
+from attnprobe.learners.core.check import CheckResult, check_tolerance
+from attnprobe.learners.core.skeleton import Run
+from attnprobe.learners.positional.rope import extract_positional
+from attnprobe.learners.smooth_ffn.gated_learner import extract_gated_ffn
+from attnprobe.models.block import TransformerBlock
+from attnprobe.models.gated_ffn import GATED_FAMILIES
+
+METHOD = "block"
+#: lengths of the block's functional check (every position compared)
+CHECK_LENGTHS = (1, 2, 8, 64)
+CHECK_PER_LENGTH = 8
+#: the FFN learner's inputs: standard deviation per coordinate (rms ≈ this, inside the norm's ball)
+FFN_SCALE = 0.35
+#: queries of the eps stage: 2 tokens × 5 steps × (1 + 5 zero-key counts)
+EPS_QUERIES = 2 * 5 * 6
+
+
+def _oracle(fn, d, name):
+    from attnprobe.oracles.base import Oracle
+
+    return Oracle(fn, d, outputs=d, precision="float64", name=name)
+
+
+def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: str | None = None, seed=0,
+                  check: bool = True, progress=None, walk: int = 1):
+    """Recover a pre-norm RMSNorm block with RoPE attention and a bias-free gated FFN (module docstring).
+    ``heads``: the attention's H; ``hidden``: the FFN's gated units if known; ``activation``: ``swiglu``,
+    ``geglu``, ``geglu_tanh`` or None (read from the answers)."""
+    d = oracle.d
+    if oracle.outputs not in (None, d):
+        raise ConfigError(f"a block answers d = {d} numbers per row; this oracle answers {oracle.outputs}",
+                          param="oracle")
+    if activation is not None and activation not in GATED_FAMILIES:
+        raise ConfigError(f"the block learner reads gated FFNs ({', '.join(GATED_FAMILIES)}); got {activation!r}",
+                          param="activation")
+    if max(oracle.eps, 1e-16) > 1e-15 or not oracle.noise.exact:
+        raise UnidentifiableError(f"the block learner reads float64 answers without noise; these answers are "
+                                  f"{oracle.precision} or noisy")
+    run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS,
+              check_per_length=CHECK_PER_LENGTH, progress=progress)
+    run.plan(block_queries(d, heads, hidden or 4 * d, walk=walk, check=False),
+             f"the block learner at d={d}, H={heads}, m={hidden or 4 * d}", at_least=hidden is None)
+    rows = oracle.answer_rows  # the sublayers' oracles ask through it: their queries are counted here, by phase
+    with run.phase("linear"):
+        zero = rows(np.zeros((1, 1, d)))[0, 0]
+        if np.max(np.abs(zero)) > 0:
+            raise UnidentifiableError(f"the block answers a zero token with {np.abs(zero).max():.1e} ≠ 0: it has "
+                                      "biases, which this learner (pre-norm RMSNorm, bias-free LLaMA blocks) does "
+                                      "not read yet")
+        K0 = linear_part(rows, d)
+    with run.phase("eps"):
+        s, misfit = sqrt_eps(rows, K0, run.rng)
+    if not (s > 0 and misfit < 1e-4):
+        raise UnidentifiableError(f"the attention's value map read on the norm's sphere does not match the one read "
+                                  f"at the origin (misfit {misfit:.1e}): not a pre-norm RMSNorm block")
+    eps = s * s
+    M = s * (K0 - np.eye(d))
+    with run.phase("ffn", absorb=True):
+        ffn_oracle = _oracle(FFNThroughBlock(rows, M, eps), d, "the block's FFN")
+        ffn = extract_gated_ffn(ffn_oracle, seed=seed, activation=activation, hidden=hidden, bias=False,
+                                scale=FFN_SCALE, check=False)
+    with run.phase("attention", absorb=True):
+        att_oracle = _oracle(AttentionThroughBlock(rows, ffn.model, eps, d), d, "the block's attention")
+        att = extract_positional(att_oracle, heads=heads, seed=seed, check=False, walk=walk, unit_queries=True)
+    f = ffn.model
+    model = TransformerBlock(att.model, np.ones(d), np.ones(d), f.Wu, f.W2, W_gate=f.Wg, activation=f.activation,
+                             norm="rms", eps=eps, layout="pre")
+    details = {"eps": eps, "eps_misfit": misfit, "ffn": {"hidden": f.m, "activation": f.activation,
+                                                         "queries": ffn.queries},
+               "attention": {k: att.details[k] for k in ("heads", "head_dim", "base_estimate", "kv_groups")
+                             if k in att.details} | {"queries": att.queries}}
+    notes = ["norm weights folded into the next projections (W_Q, W_K, W_V and W_gate, W_up): only the products "
+             "are identifiable; the result has norm weights 1",
+             f"ε = {eps:.3e} read from the answers"]
+    unknowns = att.unknowns + ffn.unknowns + 1
+    return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_fn=every_position_check)
+
+
+def every_position_check(oracle, model, rng, lengths, per_length) -> CheckResult:
+    """Every row of fresh N(0, 1) sequences at each length against the model's, relative to the block's own part
+    ``y − x`` (the residual removed, so the identity cannot hide an error); the error reported is the worst
+    length's."""
+    before = oracle.queries
+    per, worst, mag, sig = {}, 0.0, 0.0, 0.0
+    for N in lengths:
+        X = rng.standard_normal((per_length, N, oracle.d))
+        y = oracle.answer_rows(X)
+        part = y - X
+        err = float(np.linalg.norm(model.every_position(X) - y) / np.linalg.norm(part - part.mean(axis=(0, 1))))
+        per[int(N)] = err
+        worst = max(worst, err)
+        mag = max(mag, float(np.sqrt(np.mean(y**2))))
+        sig = max(sig, float(np.sqrt(np.mean(part**2))))
+    tol = check_tolerance(oracle, mag, sig)
+    return CheckResult(passed=worst <= tol, error=worst, tolerance=tol, queries=oracle.queries - before,
+                       lengths=tuple(map(int, lengths)), per_length=per,
+                       extra={"per_length_count": per_length, "measured_on": "every position, y - x",
+                              "verdict": "passed" if worst <= tol else "failed"})
+
+
+def block_queries(d: int, H: int, m: int, *, walk: int = 1, check: bool = True) -> int:
+    """Queries of :func:`extract_block` with the FFN's width m given: 1 + 6d (linear) + 60 (eps) + the gated
+    learner's plan + the unit-query RoPE learner's plan + the check."""
+    from attnprobe.learners.positional.rope import positional_queries
+    from attnprobe.learners.smooth_ffn.gated_learner import gated_plan
+
+    n = 1 + 6 * d + EPS_QUERIES + sum(gated_plan(d, d, m).values())
+    n += positional_queries(d, H, max(2, d // H), outputs=d, walk=walk)
+    return n + (len(CHECK_LENGTHS) * CHECK_PER_LENGTH if check else 0)
