@@ -244,7 +244,8 @@ def _sketches(oracle, rng, Cb, G, c, offs, r, unit_queries=False):
     Zc = rng.standard_normal((8, d))
     if unit_queries:
         Zc *= math.sqrt(d) / np.linalg.norm(Zc, axis=1, keepdims=True)
-    med = float(np.median(np.abs(log_ratios(Zc, rng.standard_normal((8, m, d))))))
+    kc = 0.5 if unit_queries else 1.0  # keys of rms 1/2 (inside an RMSNorm's ball); logits are linear in them
+    med = float(np.median(np.abs(log_ratios(Zc, kc * rng.standard_normal((8, m, d)))))) / kc
     rho = float(np.clip(math.sqrt(TARGET_LOGIT / max(med, 1e-12)), 1e-3, 1e3))
     Qb = random_orthogonal(d, rng)
     Om = rng.standard_normal((m, r, d)) / math.sqrt(d)
