@@ -1,6 +1,6 @@
 """The block learner's sublayer oracles (docs/block.md, "The learner") against the truth of a random LLaMA-shaped
 pre-norm block: the linear part at 0 and ε, the FFN fed through the norm's inverse, the attention's last row with
-the query driven out; and the registry entry."""
+the query driven out; the RoPE learner with every query at one rms; the CLI's refusal."""
 
 import math
 
@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from attnprobe.errors import ConfigError
-from attnprobe.learners import registry
+from attnprobe.learners.positional.rope import extract_positional
 from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, inverse_norm, linear_part,
                                                 sqrt_eps)
 from attnprobe.models.block import fold_norm_weights
 from attnprobe.models.gated_ffn import GatedFFN
+from attnprobe.oracles import Oracle
 from attnprobe.targets.block import random_llama_block
 
 
@@ -51,18 +52,40 @@ def test_ffn_and_attention_oracles_answer_like_the_sublayers(block, read):
     V = np.random.default_rng(2).standard_normal((32, 1, block.d)) * 0.4
     true = f.mlp(V[:, 0])
     assert np.abs(ffn(V) - true).max() < 1e-8 * np.abs(true).max()
-    # the attention oracle on the true FFN (v ↦ F(w2 ⊙ v)): keys through the inverse norm, the query driven out
+    # the attention oracle on the true FFN (v ↦ F(w2 ⊙ v)): every row through the inverse norm (the query's rms
+    # just below 1, so it goes in driven out)
     truth = GatedFFN(f.W_gate, f.b_gate, f.W_in, f.b_in, f.W_out, f.b_out, "silu")
     att = AttentionThroughBlock(block.every_position, truth, s * s, block.d)
     Z = np.random.default_rng(3).standard_normal((8, 9, block.d)) * 0.3
-    Z[:, -1] *= math.sqrt(block.d) / np.linalg.norm(Z[:, -1], axis=1, keepdims=True)
+    Z[:, -1] *= att.query_rms * math.sqrt(block.d) / np.linalg.norm(Z[:, -1], axis=1, keepdims=True)
     want = f.attention.every_position(Z)[:, -1]
     assert np.abs(att(Z) - want).max() < 1e-9 * np.abs(want).max()
-    with pytest.raises(ConfigError, match="rms 1"):
+    with pytest.raises(ConfigError, match="must have rms"):
         att(Z * 0.5)
 
 
-def test_block_is_registered_with_an_estimate():
-    entry = registry.learner("block")
-    assert entry.recovers == "block" and {"heads", "hidden"} <= set(entry.option_names)
-    assert entry.capabilities.vector_answers
+def test_the_rope_learner_with_fixed_query_rms_on_the_true_attention(block):
+    """Every query of the RoPE learner at one rms (as behind a norm): the function still comes out (measured
+    1.8e-7 … 1e-6 against 1e-11 with its own query scales, docs/block.md)."""
+    f = fold_norm_weights(block)
+    asked = []
+
+    def last_row(X):
+        asked.append(np.sqrt(np.mean(X[:, -1] ** 2, axis=1)))
+        return f.attention.every_position(X)[:, -1]
+
+    res = extract_positional(Oracle(last_row, block.d, outputs=block.d, precision="float64"), heads=2, check=False,
+                             query_rms=0.75)
+    rms = np.concatenate(asked)
+    assert np.allclose(rms, 0.75, rtol=1e-12, atol=0)
+    Z = np.random.default_rng(4).standard_normal((8, 64, block.d)) * 0.5
+    want = f.attention.every_position(Z)
+    assert np.abs(res.model.every_position(Z) - want).max() < 1e-4 * np.abs(want).max()
+
+
+def test_method_block_is_still_refused_in_one_line(tmp_path, capsys):
+    from attnprobe.cli import main
+
+    assert main(["extract", "--oracle", "m:f", "--d", "4", "--method", "block", "--out", str(tmp_path / "r.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "extract_block" in err and "docs/block.md" in err

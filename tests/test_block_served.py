@@ -38,7 +38,6 @@ def test_served_block_answers_every_position_bit_for_bit(served_llama):
     assert remote.fn.usage()["queries"] == remote.queries
 
 
-@pytest.mark.skip(reason="--method block is a learner now (docs/block.md); its served test is not written yet")
 def test_method_block_is_refused_in_one_line_before_any_query(served_llama, capsys, tmp_path):
     srv, folder = served_llama
     before = oracle_from_url(srv.url, "k-1").fn.usage()["queries"]

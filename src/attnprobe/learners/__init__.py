@@ -5,7 +5,7 @@ networks through :mod:`.ffn`, smooth FFNs), :mod:`.head` (single heads), :mod:`.
 :mod:`.transformer` (one-layer transformers), :mod:`.positional` (attention whose logits depend on the offset:
 RoPE)."""
 
-from attnprobe.learners import block, smooth_ffn, head, multihead, positional, transformer  # noqa: F401 (each registers)
+from attnprobe.learners import smooth_ffn, head, multihead, positional, transformer  # noqa: F401 (each registers)
 from attnprobe.learners.core import registry
 from attnprobe.learners.core.registry import Capabilities, Learner, Option, learner, learners, register
 from attnprobe.learners.core.result import Extraction

@@ -12,10 +12,13 @@ learned; ε learned. Checked at every position on fresh sequences of lengths 1, 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, linear_part, sqrt_eps)
+from attnprobe.learners.block.polish import polish_attention
 from attnprobe.learners.core.check import CheckResult, check_tolerance
 from attnprobe.learners.core.skeleton import Run
 from attnprobe.learners.positional.rope import extract_positional
@@ -78,20 +81,45 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
         ffn = extract_gated_ffn(ffn_oracle, seed=seed, activation=activation, hidden=hidden, bias=False,
                                 scale=FFN_SCALE, check=False)
     with run.phase("attention", absorb=True):
-        att_oracle = _oracle(AttentionThroughBlock(rows, ffn.model, eps, d), d, "the block's attention")
-        att = extract_positional(att_oracle, heads=heads, seed=seed, check=False, walk=walk, unit_queries=True)
+        att_fn = AttentionThroughBlock(rows, ffn.model, eps, d)
+        att_oracle = _oracle(att_fn, d, "the block's attention")
+        att = extract_positional(att_oracle, heads=heads, seed=seed, check=False, walk=walk,
+                                 query_rms=att_fn.query_rms)
+    with run.phase("attention polish"):
+        data = polish_data(att_oracle, att_fn.query_rms, run.rng)
+    polished, history = polish_attention(att.model, data)
     f = ffn.model
-    model = TransformerBlock(att.model, np.ones(d), np.ones(d), f.Wu, f.W2, W_gate=f.Wg, activation=f.activation,
+    model = TransformerBlock(polished, np.ones(d), np.ones(d), f.Wu, f.W2, W_gate=f.Wg, activation=f.activation,
                              norm="rms", eps=eps, layout="pre")
     details = {"eps": eps, "eps_misfit": misfit, "ffn": {"hidden": f.m, "activation": f.activation,
                                                          "queries": ffn.queries},
                "attention": {k: att.details[k] for k in ("heads", "head_dim", "base_estimate", "kv_groups")
-                             if k in att.details} | {"queries": att.queries}}
+                             if k in att.details} | {"queries": att.queries,
+                                                                       "polish_residuals": history}}
     notes = ["norm weights folded into the next projections (W_Q, W_K, W_V and W_gate, W_up): only the products "
              "are identifiable; the result has norm weights 1",
              f"ε = {eps:.3e} read from the answers"]
     unknowns = att.unknowns + ffn.unknowns + 1
     return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_fn=every_position_check)
+
+
+#: lengths of the polish's sequences, and sequences per length per 6 model widths
+POLISH_LENGTHS, POLISH_PER_D = (2, 4, 8, 16, 32, 64), 16 / 6
+#: the polish's keys: N(0, POLISH_KEYS²) per coordinate (rms well inside the norm's ball)
+POLISH_KEYS = 0.6
+
+
+def polish_data(att_oracle, query_rms: float, rng) -> list:
+    """Random sequences (keys of rms ≈ :data:`POLISH_KEYS`, the query of rms ``query_rms``) at each of
+    :data:`POLISH_LENGTHS` and the attention oracle's last rows: the polish's data."""
+    d = att_oracle.d
+    n = max(16, math.ceil(POLISH_PER_D * d))
+    data = []
+    for N in POLISH_LENGTHS:
+        Z = rng.standard_normal((n, N, d)) * POLISH_KEYS
+        Z[:, -1] *= query_rms * math.sqrt(d) / np.linalg.norm(Z[:, -1], axis=1, keepdims=True)
+        data.append((Z, att_oracle(Z)))
+    return data
 
 
 def every_position_check(oracle, model, rng, lengths, per_length) -> CheckResult:
@@ -124,4 +152,5 @@ def block_queries(d: int, H: int, m: int, *, walk: int = 1, check: bool = True) 
 
     n = 1 + 6 * d + EPS_QUERIES + sum(gated_plan(d, d, m).values())
     n += positional_queries(d, H, max(2, d // H), outputs=d, walk=walk)
+    n += len(POLISH_LENGTHS) * max(16, math.ceil(POLISH_PER_D * d))
     return n + (len(CHECK_LENGTHS) * CHECK_PER_LENGTH if check else 0)

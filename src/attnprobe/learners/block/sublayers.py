@@ -31,9 +31,9 @@ LINEAR_STEP = 1e-10
 #: the largest row rms a normalised input may have (the norm reaches rms < 1 only)
 MAX_RMS = 0.98
 #: fixed-point steps and the relative change at which :class:`AttentionThroughBlock` stops
-NEWTON_STEPS, NEWTON_TOL = 60, 1e-13
+NEWTON_STEPS, NEWTON_TOL = 200, 1e-16
 #: the query row's drive: ``T·z_N`` with ``z_N`` of rms 1
-QUERY_DRIVE = 1e2
+QUERY_DRIVE = 10.0
 #: Newton steps on each token's norm scale in :meth:`FFNThroughBlock.token_for`
 TOKEN_STEPS = 50
 
@@ -135,14 +135,15 @@ class FFNThroughBlock:
 
 
 class AttentionThroughBlock:
-    """Rows ``Z (B, N, d)``, the last (the query) of rms 1 and the others of rms below 1, ↦ ``A_N(Z) (B, d)``: the
-    attention's last row on normalised rows (module docstring). The query goes in as ``T·z_N`` (``T`` =
-    :data:`QUERY_DRIVE`, normalised back to ``z_N`` to ``ε/2T²``), so ``y_N − T z_N = a + F(n2(T z_N + a))`` is the
-    identity plus a map of slope ``~1/T`` in ``a``: a fixed point, given the learned FFN ``ffn`` (``v ↦ F(w2 ⊙ v)``, a
-    :class:`~attnprobe.models.gated_ffn.GatedFFN`)."""
+    """Rows ``Z (B, N, d)`` of rms below 1, the last (the query) of rms :attr:`query_rms` (just below 1) ↦
+    ``A_N(Z) (B, d)``: the attention's last row on normalised rows (module docstring). Every row goes in through the
+    norm's inverse, so the query as ``x_N ≈ T z_N`` with ``T`` = :data:`QUERY_DRIVE`; then ``y_N − x_N =
+    a + F(n2(x_N + a))`` is the identity plus a map of slope ``~1/T`` in ``a``: a fixed point, given the learned
+    FFN ``ffn`` (``v ↦ F(w2 ⊙ v)``, a :class:`~attnprobe.models.gated_ffn.GatedFFN`)."""
 
     def __init__(self, answer_rows, ffn, eps: float, d: int):
         self.answer_rows, self.ffn, self.eps, self.d = answer_rows, ffn, float(eps), d
+        self.query_rms = QUERY_DRIVE / math.sqrt(QUERY_DRIVE**2 + self.eps)
 
     def _F(self, Hs: np.ndarray) -> np.ndarray:
         """``F(n2(h))`` for rows ``h``."""
@@ -153,20 +154,21 @@ class AttentionThroughBlock:
         if Z.ndim != 3 or Z.shape[2] != self.d:
             raise ConfigError(f"the attention oracle reads (B, N, {self.d}) rows; got {Z.shape}", param="inputs")
         q = np.sqrt(np.mean(Z[:, -1] ** 2, axis=1))
-        if np.any(np.abs(q - 1) > 1e-9):
-            raise ConfigError(f"the attention oracle's queries (last rows) must have rms 1 (the norm fixes their "
-                              f"scale); got rms {q.min():.3g} … {q.max():.3g}", param="inputs")
-        X = inverse_norm(Z[:, :-1], self.eps) if Z.shape[1] > 1 else Z[:, :0]
-        xq = Z[:, -1] * QUERY_DRIVE
-        X = np.concatenate([X, xq[:, None]], axis=1)
+        if np.any(np.abs(q / self.query_rms - 1) > 1e-9):
+            raise ConfigError(f"the attention oracle's queries (last rows) must have rms {self.query_rms:.15f} (the "
+                              f"norm fixes their scale); got rms {q.min():.3g} … {q.max():.3g}", param="inputs")
+        X = np.concatenate([inverse_norm(Z[:, :-1], self.eps), Z[:, -1:] * QUERY_DRIVE / self.query_rms], axis=1)
+        xq = X[:, -1]
         r = np.asarray(self.answer_rows(X), dtype=np.float64)[:, -1] - xq
         a = r - self._F(xq + r)
-        for _ in range(NEWTON_STEPS):
+        last = np.inf
+        for _ in range(NEWTON_STEPS):  # until the change stops shrinking (rounding) below NEWTON_TOL·… or is 0
             new = r - self._F(xq + a)
             moved = np.max(np.abs(new - a)) / max(float(np.max(np.abs(r))), 1e-300)
             a = new
-            if moved < NEWTON_TOL:
+            if moved <= NEWTON_TOL or (moved < 1e-13 and moved >= last):
                 break
+            last = moved
         else:
             raise RecoveryError(f"the attention's share of the answers did not separate from the FFN's (the fixed "
                                 f"point still moved by {moved:.1e}): the learned FFN does not describe the block")

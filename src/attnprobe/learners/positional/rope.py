@@ -45,6 +45,9 @@ SETTINGS, NEARBY = ((1.0, 0), (1.5, 0), (1.0, 8), (1.5, 8)), 0.4
 #: the pair probe's settings when every query has rms 1 (``unit_queries``: a norm in front of the attention fixes
 #: the query's scale, docs/block.md): zero keys alone separate the heads
 UNIT_SETTINGS = ((1.0, 0), (1.0, 4), (1.0, 8), (1.0, 16))
+#: the pair probe's key step with unit queries (relative to √d): answers through a block carry ~1e-12 errors, so a
+#: longer step (Richardson's extrapolation keeps the truncation at O(η⁶)) than float64 answers need
+UNIT_STEP = 0.01
 #: queries of the walk per ⌈K/H⌉ (more queries span each head's output space better: the function error at d = 128
 #: fell from 2.9e-8 to 1.7e-8 going from 1 to 3, docs/positional.md)
 WALK = 1
@@ -100,10 +103,11 @@ def positional_queries(d: int, H: int, head_dim: int, *, outputs: int | None = N
 
 
 def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None, offsets=OFFSETS,
-                       oversample: int = OVERSAMPLE, walk: int = WALK, unit_queries: bool = False):
+                       oversample: int = OVERSAMPLE, walk: int = WALK, query_rms: float | None = None):
     """Recover a RoPE attention layer from its last-position output rows (module docstring); ``walk``: queries of
-    the pair probe's walk per ⌈K/H⌉ (:data:`WALK`); ``unit_queries``: every query token (the last row) of rms 1
-    exactly, the scales carried by the keys (an oracle behind an RMSNorm, docs/block.md)."""
+    the pair probe's walk per ⌈K/H⌉ (:data:`WALK`); ``query_rms``: every query token (the last row) of this rms
+    exactly, the scales carried by the keys (an oracle behind an RMSNorm, whose queries cannot be rescaled:
+    docs/block.md)."""
     if not (isinstance(walk, int) and walk >= 1):
         raise ConfigError(f"walk must be an integer ≥ 1; got {walk!r}", param="walk")
     d = oracle.d
@@ -120,18 +124,19 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
         raise UnidentifiableError(f"the positional learner reads float64 answers without noise; these answers are "
                                   f"{oracle.precision} (rounding {noise:.1e}) or noisy, and coarse answers are not "
                                   "supported by it yet")
-    rho = math.sqrt(d)  # tokens with entries of order one
+    unit_queries = query_rms is not None
+    rho = math.sqrt(d) * (query_rms or 1.0)  # tokens with entries of order one
     with run.phase("values"):
         M, c = _values(oracle, rng, rho)
     K = M.shape[0]
     if K < 2:
         raise UnidentifiableError("the positional learner reads whole output rows (K ≥ 2 outputs per sequence)")
     with run.phase("offsets"):
-        dirs, signal = _pair_probe(oracle, M, rng, heads, noise, walk, unit_queries)
+        dirs, signal = _pair_probe(oracle, M, rng, heads, noise, walk, query_rms)
     H = dirs[0].shape[1]
-    Cb, G, dh = _output_spaces(dirs, M)
+    Cb, G, dh = _output_spaces(dirs, M, (d // H) if unit_queries else None)
     with run.phase("logits"):
-        Xs, Ys, Om, rho_l = _sketches(oracle, rng, Cb, G, c, np.array(offsets), dh + oversample, unit_queries)
+        Xs, Ys, Om, rho_l = _sketches(oracle, rng, Cb, G, c, np.array(offsets), dh + oversample, query_rms)
     Wq, Wk, thetas, steps = [], [], [], []
     for h in range(H):
         U = _basis(np.concatenate(list(Xs[h]), axis=1), dh)
@@ -156,16 +161,17 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     return run.finish(model, unknowns=unknowns, details=details, notes=notes)
 
 
-def _pair_probe(oracle, M, rng, heads, noise, walk, unit_queries=False):
+def _pair_probe(oracle, M, rng, heads, noise, walk, query_rms=None):
     """Stage 2: the heads' directions ``V_h z`` along a walk of queries (:mod:`.heads`) and the offset signal;
     refuses offset-free answers and answers with more directions than bias-free heads show."""
     d, K = oracle.d, M.shape[0]
     z0 = rng.standard_normal(d)
+    unit_queries = query_rms is not None
     settings = UNIT_SETTINGS if unit_queries else SETTINGS
     if unit_queries:
-        z0 *= math.sqrt(d) / np.linalg.norm(z0)
+        z0 *= query_rms * math.sqrt(d) / np.linalg.norm(z0)
     E = random_orthogonal(d, rng)[: min(d, 2 * (heads or 12) + 8)]
-    eta = STEP * math.sqrt(d)
+    eta = (UNIT_STEP if unit_queries else STEP) * math.sqrt(d)
     base = np.linalg.norm(M @ z0)
     W0, s, H = head_directions(oracle, z0, E, settings=settings, eta=eta, rank=heads, noise=noise, rng=rng,
                                  floor=SIGNAL_FLOOR * base)
@@ -198,14 +204,16 @@ def _pair_probe(oracle, M, rng, heads, noise, walk, unit_queries=False):
     return dirs, signal
 
 
-def _output_spaces(dirs, M):
+def _output_spaces(dirs, M, head_dim=None):
     """Stage 3: each head's output space ``C_h`` (the span of its directions), stacked ``Cb (K, H·d_h)``, and the
-    token images ``G_h`` with ``V_h = C_h G_h`` (the split of ``M``)."""
+    token images ``G_h`` with ``V_h = C_h G_h`` (the split of ``M``); ``head_dim``: the spaces' dimension when
+    known (unit queries, through a block: the answers' ~1e-12 errors leave singular values above the gap's
+    threshold, so each head keeps its ``d/H`` largest, LLaMA's head width)."""
     H, K = dirs[0].shape[1], M.shape[0]
     C = []
     for h in range(H):
         Uh, sh, _ = np.linalg.svd(np.stack([w[:, h] for w in dirs], axis=1), full_matrices=False)
-        C.append(Uh[:, sh > sh[0] * 1e-7])
+        C.append(Uh[:, :head_dim] if head_dim else Uh[:, sh > sh[0] * 1e-7])
     dims = [x.shape[1] for x in C]
     if len(set(dims)) != 1 or sum(dims) > K:
         raise RecoveryError(f"the heads' output spaces have dimensions {dims} (sum {sum(dims)} for K = {K} outputs); "
@@ -215,7 +223,7 @@ def _output_spaces(dirs, M):
     return Cb, np.linalg.pinv(Cb).reshape(H, dh, K) @ M, dh
 
 
-def _sketches(oracle, rng, Cb, G, c, offs, r, unit_queries=False):
+def _sketches(oracle, rng, Cb, G, c, offs, r, query_rms=None):
     """Stage 4: the token scale, then ``X_k = B_h(δ_k) Ω_kᵀ`` (a query basis against ``r`` random keys per offset)
     and ``Y_k = B_h(δ_k)ᵀ Zᵀ`` (``r`` random queries against a key basis) for every head, from the log-ratios of
     the weights solved in each head's coordinates. Returns ``Xs, Ys (H, m, d, r)``, ``Ω (m, r, d)``, the scale."""
@@ -241,9 +249,10 @@ def _sketches(oracle, rng, Cb, G, c, offs, r, unit_queries=False):
         la = np.log(attention_weights(Pc, G, toks, np.concatenate(out)))
         return la[..., :-1] - la[..., -1:]
 
+    unit_queries = query_rms is not None
     Zc = rng.standard_normal((8, d))
     if unit_queries:
-        Zc *= math.sqrt(d) / np.linalg.norm(Zc, axis=1, keepdims=True)
+        Zc *= query_rms * math.sqrt(d) / np.linalg.norm(Zc, axis=1, keepdims=True)
     kc = 0.5 if unit_queries else 1.0  # keys of rms 1/2 (inside an RMSNorm's ball); logits are linear in them
     med = float(np.median(np.abs(log_ratios(Zc, kc * rng.standard_normal((8, m, d)))))) / kc
     rho = float(np.clip(math.sqrt(TARGET_LOGIT / max(med, 1e-12)), 1e-3, 1e3))
@@ -251,8 +260,9 @@ def _sketches(oracle, rng, Cb, G, c, offs, r, unit_queries=False):
     Om = rng.standard_normal((m, r, d)) / math.sqrt(d)
     Zs = rng.standard_normal((r, d)) / math.sqrt(d)
     # the query's scale and the keys' (their product ρ² is what the logits see): with unit queries the query has
-    # rms 1 (norm √d) and the keys carry the rest
-    rq, rk = (math.sqrt(d), rho**2 / math.sqrt(d)) if unit_queries else (rho, rho)
+    # the rms query_rms and the keys carry the rest
+    rq = query_rms * math.sqrt(d) if unit_queries else rho
+    rk = rho**2 / rq
     if unit_queries:
         Zs *= 1 / np.linalg.norm(Zs, axis=1, keepdims=True)
     # (a) query basis q_i against keys ±Ω[k, a]; (b) random queries Z[a] against keys ±q_j (shifted per offset)

@@ -1,0 +1,130 @@
+"""Whole blocks: the block learner's stages measured against the truth (docs/block.md, "The learner"), on random
+LLaMA-shaped pre-norm blocks (numpy ``TransformerBlock``: RMSNorm weights 1 + N(0, 0.3²), RoPE GQA attention and
+SwiGLU at weights N(0, 1/fan-in), ε = 1e-6, float64), queried as every-position oracles.
+
+1. the sublayer oracles built through the norm's inverse: ``√ε`` and ``M' = M diag(w1)``, the FFN oracle
+   ``v ↦ F(w2 ⊙ v)`` (rows of rms 0.4) and the attention oracle (the query driven out, the true FFN's share solved
+   away);
+2. the RoPE learner on the true attention with its own query scales against every query at one rms (as the norm
+   forces), before and after the Gauss–Newton polish;
+3. ``extract_block`` end to end (``--e2e``; minutes).
+
+    python benchmarks/block_learner.py [--e2e] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import numpy as np
+
+from attnprobe.learners.block.learner import extract_block, polish_data
+from attnprobe.learners.block.polish import polish_attention
+from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, linear_part, sqrt_eps)
+from attnprobe.learners.positional.rope import extract_positional
+from attnprobe.models.block import fold_norm_weights
+from attnprobe.models.gated_ffn import GatedFFN
+from attnprobe.oracles import Oracle
+from attnprobe.reports import Table
+from attnprobe.targets.block import random_llama_block
+from sections import command_line, write_section
+
+DOC = "block"
+SHAPES = ((32, 2, 1, 64), (64, 4, 2, 128), (128, 8, 2, 256))
+
+
+def rel(a, b) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def sublayer_oracles(shape):
+    d, H, G, m = shape
+    blk = random_llama_block(d, H, G, m)
+    f = fold_norm_weights(blk)
+    o = Oracle(blk.every_position, d, outputs=d, precision="float64")
+    K0 = linear_part(o.answer_rows, d)
+    s, _ = sqrt_eps(o.answer_rows, K0, np.random.default_rng(0))
+    M = f.attention.every_position(np.eye(d)[:, None, :])[:, 0].T
+    asked = o.queries
+    ffn = FFNThroughBlock(o.answer_rows, s * (K0 - np.eye(d)), s * s)
+    V = np.random.default_rng(1).standard_normal((256, 1, d)) * 0.4
+    true = f.mlp(V[:, 0])
+    ffn_err = np.abs(ffn(V) - true).max(axis=1) / np.abs(true).max()
+    truth = GatedFFN(f.W_gate, f.b_gate, f.W_in, f.b_in, f.W_out, f.b_out, "silu")
+    att = AttentionThroughBlock(o.answer_rows, truth, blk.eps, d)
+    Z = np.random.default_rng(2).standard_normal((16, 33, d)) * 0.5
+    Z[:, -1] *= att.query_rms * math.sqrt(d) / np.linalg.norm(Z[:, -1], axis=1, keepdims=True)
+    return (f"d {d}, {H}/{G} heads, SwiGLU {m}", asked, f"{abs(s / math.sqrt(blk.eps) - 1):.1e}",
+            f"{rel(s * (K0 - np.eye(d)), M):.1e}", f"{np.median(ffn_err):.1e} / {ffn_err.max():.1e}",
+            f"{rel(att(Z), f.attention.every_position(Z)[:, -1]):.1e}")
+
+
+def rope_fixed_query(shape):
+    d, H, G, m = shape
+    blk = random_llama_block(d, H, G, m)
+    f = fold_norm_weights(blk)
+    Zt = np.random.default_rng(3).standard_normal((8, 64, d)) * 0.5
+    want = f.attention.every_position(Zt)
+    rows = []
+    for label, q in (("its own query scales", None), ("every query at rms 1 − 5e-9", 1 - 5e-9)):
+        o = Oracle(lambda X: f.attention.every_position(X)[:, -1], d, outputs=d, precision="float64")
+        res = extract_positional(o, heads=H, check=False, query_rms=q)
+        err = rel(res.model.every_position(Zt), want)
+        polished = "—"
+        if q is not None:
+            t = time.perf_counter()
+            data = polish_data(o, q, np.random.default_rng(7))
+            model, hist = polish_attention(res.model, data)
+            polished = f"{rel(model.every_position(Zt), want):.1e} ({time.perf_counter() - t:.0f} s)"
+        rows.append((f"d {d}, {H}/{G} heads", label, o.queries, f"{err:.1e}", polished))
+    return rows
+
+
+def end_to_end(shape):
+    d, H, G, m = shape
+    blk = random_llama_block(d, H, G, m)
+    o = Oracle(blk.every_position, d, outputs=d, precision="float64")
+    t = time.perf_counter()
+    res = extract_block(o, heads=H, hidden=m)
+    rng = np.random.default_rng(5)
+    errs = []
+    for N in (1, 2, 8, 64):
+        X = rng.standard_normal((8, N, d))
+        y = blk.every_position(X)
+        errs.append(f"{np.abs(res.model.every_position(X) - y).max() / np.abs(y - X).max():.1e}")
+    return (f"d {d}, {H}/{G} heads, SwiGLU {m}", res.queries, res.unknowns, f"{res.check.error:.1e}",
+            "passed" if res.passed else "failed", " / ".join(errs), f"{time.perf_counter() - t:.0f}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--e2e", action="store_true", help="also run extract_block end to end at d = 32 (minutes)")
+    ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks/block.md")
+    args = ap.parse_args()
+    t1 = Table(["block", "queries (linear part, ε)", "√ε rel. error", "M' rel. error",
+                "FFN oracle: median / worst row of 256", "attention oracle (N = 33)"])
+    for shape in SHAPES:
+        t1.add(*sublayer_oracles(shape))
+    t2 = Table(["attention", "queries", "queries asked", "function error", "after the polish (its time)"])
+    for shape in SHAPES[:2]:
+        for row in rope_fixed_query(shape):
+            t2.add(*row)
+    body = ("The sublayer oracles through the norm's inverse, against the truth (relative to the largest answer):\n\n"
+            + t1.markdown()
+            + "\n\nThe RoPE learner on the true attention (last rows; function error over 8 sequences of length 64, "
+              "relative to the largest answer):\n\n" + t2.markdown())
+    if args.e2e:
+        t3 = Table(["block", "queries", "unknowns", "check error", "check", "largest error, N = 1 / 2 / 8 / 64",
+                    "seconds"])
+        t3.add(*end_to_end(SHAPES[0]))
+        body += ("\n\n`extract_block` end to end (the FFN learned, then the attention and its polish):\n\n"
+                 + t3.markdown())
+    print(body)
+    if args.write:
+        write_section("Block learner stages (random LLaMA-shaped blocks; float64)", body, command_line(), doc=DOC)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Gauss–Newton on a RoPE attention's parameters against its answers (the block learner's attention stage).
+
+Through a block the attention answers only with its query at rms ≈ 1 (the norm fixes the query's scale), which the
+RoPE learner's probes read ~1e-5 … 1e-6 of the function (docs/block.md). From that start, Gauss–Newton steps on
+every parameter (``W_Q, W_K, W_V, W_O`` per head and the shared frequencies θ) against the last-row answers of
+random sequences at several lengths take the function to the answers' own precision. Each step solves the
+linearised problem with LSMR on a matrix-free operator (``J δ`` and ``Jᵀ r`` by forward- and reverse-mode
+differentiation in torch); the scaled rotation per frequency pair that leaves the function unchanged is a null
+direction LSMR leaves alone (a minimum-norm step).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.sparse.linalg import LinearOperator, lsmr
+
+from attnprobe.models.positional import PositionalAttention
+
+#: Gauss–Newton rounds and LSMR iterations per round
+ROUNDS, ITERATIONS = 3, 500
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _column_scales(f, residual, p, torch, probes: int = 4) -> np.ndarray:
+    """1/‖J e_i‖ per column: exact for the frequencies (few, and far larger than the rest: they multiply every
+    offset), a group's root-mean-square from random probes for each weight matrix (its columns are alike)."""
+    from torch.func import jvp
+
+    out = np.ones(p.shape[0])
+    i = 0
+    rng = np.random.default_rng(0)
+    for g, shape in enumerate(f.shapes):
+        n = int(np.prod(shape))
+        if g == len(f.shapes) - 1:
+            for j in range(n):
+                e = torch.zeros_like(p)
+                e[i + j] = 1
+                out[i + j] = 1 / max(float(jvp(residual, (p,), (e,))[1].norm()), 1e-300)
+        else:
+            acc = 0.0
+            for _ in range(probes):
+                e = torch.zeros_like(p)
+                e[i:i + n] = torch.as_tensor(rng.standard_normal(n))
+                acc += float(jvp(residual, (p,), (e,))[1].norm()) ** 2 / n
+            out[i:i + n] = 1 / max(np.sqrt(acc / probes), 1e-300)
+        i += n
+    return out
+
+
+class RopeLastRow:
+    """The last-row answer of independent RoPE heads (rotate-half, scale 1, causal, no biases) as a function of one
+    flat parameter vector: ``Wq (H, d_h, d)``, ``Wk (H, d_h, d)``, ``Wv (H, d_v, d)``, ``Wo (K, H·d_v)``, ``θ``."""
+
+    def __init__(self, model: PositionalAttention):
+        H, dh, d = model.Wq.shape
+        dv, K = model.Wv.shape[1], model.outputs
+        Wk = np.stack([model.Wk[model.group(h)] for h in range(H)])
+        Wv = np.stack([model.Wv[model.group(h)] for h in range(H)])
+        self.shapes = [(H, dh, d), (H, dh, d), (H, dv, d), (K, H * dv), (len(model.inv_freq),)]
+        self.start = np.concatenate([model.Wq.ravel(), Wk.ravel(), Wv.ravel(), model.Wo.ravel(),
+                                     np.asarray(model.inv_freq).ravel()])
+        self.model = model
+
+    def unpack(self, p):
+        out, i = [], 0
+        for s in self.shapes:
+            n = int(np.prod(s))
+            out.append(p[i:i + n].reshape(s))
+            i += n
+        return out
+
+    def forward(self, p, Z):
+        """Last rows (B, K) of torch sequences ``Z (B, N, d)``."""
+        torch = _torch()
+        Wq, Wk, Wv, Wo, theta = self.unpack(p)
+        B, N, _ = Z.shape
+        pos = torch.arange(N, dtype=Z.dtype)
+        q = torch.einsum("bd,hkd->bhk", Z[:, -1], Wq)
+        k = torch.einsum("bnd,hkd->bhnk", Z, Wk)
+        half = theta.shape[0]
+
+        def rot(x, ang):
+            a, b = x[..., :half], x[..., half:2 * half]
+            c, s = torch.cos(ang), torch.sin(ang)
+            return torch.cat([a * c - b * s, b * c + a * s, x[..., 2 * half:]], dim=-1)
+
+        q = rot(q, (N - 1) * theta)
+        k = rot(k, pos[:, None] * theta[None, :])
+        alpha = torch.softmax(torch.einsum("bhk,bhnk->bhn", q, k), dim=-1)
+        ctx = torch.einsum("bhn,bnd,hvd->bhv", alpha, Z, Wv)
+        return ctx.reshape(B, -1) @ Wo.T
+
+    def to_model(self, p: np.ndarray) -> PositionalAttention:
+        Wq, Wk, Wv, Wo, theta = self.unpack(p)
+        m = self.model
+        return PositionalAttention(Wq, Wk, Wv, Wo, bo=m.bo, position="rope", inv_freq=theta, layout="half",
+                                   scale=1.0, causal=True)
+
+
+def polish_attention(model: PositionalAttention, data: list[tuple[np.ndarray, np.ndarray]], *, rounds: int = ROUNDS,
+                     iterations: int = ITERATIONS) -> tuple[PositionalAttention, list[float]]:
+    """Gauss–Newton on ``model`` against ``data`` (pairs of sequences ``Z (B, N, d)`` and last-row answers ``Y (B, K)``
+    less the model's constant ``bo``); a step is kept only when it lowers the residual. Returns the model and the
+    relative residual before and after each kept step."""
+    torch = _torch()
+    from torch.func import jvp, vjp
+
+    f = RopeLastRow(model)
+    Zs = [torch.as_tensor(Z, dtype=torch.float64) for Z, _ in data]
+    Ys = [torch.as_tensor(Y - model.bo, dtype=torch.float64) for _, Y in data]
+    scale = float(torch.sqrt(sum((Y**2).sum() for Y in Ys)))
+
+    def residual(p):
+        return torch.cat([(f.forward(p, Z) - Y).reshape(-1) for Z, Y in zip(Zs, Ys)])
+
+    p = torch.as_tensor(f.start.copy())
+    r = residual(p)
+    history = [float(r.norm()) / scale]
+    col = _column_scales(f, residual, p, torch)
+    for _ in range(rounds):
+        n, m = r.shape[0], p.shape[0]
+        _, pullback = vjp(residual, p)
+        op = LinearOperator((n, m), dtype=np.float64,
+                            matvec=lambda v: jvp(residual, (p,), (torch.as_tensor(np.ravel(v) * col),))[1].numpy(),
+                            rmatvec=lambda u: pullback(torch.as_tensor(np.ravel(u)))[0].numpy() * col)
+        step = lsmr(op, -r.numpy(), maxiter=iterations, atol=1e-15, btol=1e-15)[0] * col
+        trial = p + torch.as_tensor(step)
+        r_new = residual(trial)
+        err = float(r_new.norm()) / scale
+        if not err < history[-1]:
+            break
+        p, r = trial, r_new
+        history.append(err)
+        if err < 1e-14:
+            break
+    return f.to_model(p.numpy()), history
