@@ -136,7 +136,8 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     H = dirs[0].shape[1]
     Cb, G, dh = _output_spaces(dirs, M, (d // H) if unit_queries else None)
     with run.phase("logits"):
-        Xs, Ys, Om, rho_l = _sketches(oracle, rng, Cb, G, c, np.array(offsets), dh + oversample, query_rms)
+        Xs, Ys, Om, rho_l = _sketches(oracle, rng, Cb, G, c, np.array(offsets), dh + oversample,
+                                      query_rms=query_rms)
     Wq, Wk, thetas, steps = [], [], [], []
     for h in range(H):
         U = _basis(np.concatenate(list(Xs[h]), axis=1), dh)
@@ -223,7 +224,7 @@ def _output_spaces(dirs, M, head_dim=None):
     return Cb, np.linalg.pinv(Cb).reshape(H, dh, K) @ M, dh
 
 
-def _sketches(oracle, rng, Cb, G, c, offs, r, query_rms=None):
+def _sketches(oracle, rng, Cb, G, c, offs, r, *, query_rms=None):
     """Stage 4: the token scale, then ``X_k = B_h(δ_k) Ω_kᵀ`` (a query basis against ``r`` random keys per offset)
     and ``Y_k = B_h(δ_k)ᵀ Zᵀ`` (``r`` random queries against a key basis) for every head, from the log-ratios of
     the weights solved in each head's coordinates. Returns ``Xs, Ys (H, m, d, r)``, ``Ω (m, r, d)``, the scale."""
