@@ -6,10 +6,10 @@ SwiGLU at weights N(0, 1/fan-in), ε = 1e-6, float64), queried as every-position
    ``v ↦ F(w2 ⊙ v)`` (rows of rms 0.4) and the attention oracle (the query driven out, the true FFN's share solved
    away);
 2. the RoPE learner on the true attention with its own query scales against every query at one rms (as the norm
-   forces), before and after the Gauss–Newton polish (d = 32 only: minutes);
+   forces), before and after one Gauss–Newton step of the polish (300 LSMR iterations; d = 32 only);
 3. ``extract_block`` end to end (``--e2e``; minutes).
 
-    python benchmarks/block_learner.py [--e2e] [--write]
+    python benchmarks/block_learner.py [--only oracles] [--e2e] [--write]
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def rope_fixed_query(shape, polish: bool):
         if q is not None and polish:
             t = time.perf_counter()
             data = polish_data(o, q, np.random.default_rng(7))
-            model, hist = polish_attention(res.model, data)
+            model, hist = polish_attention(res.model, data, rounds=1, iterations=300)
             polished = f"{rel(model.every_position(Zt), want):.1e} ({time.perf_counter() - t:.0f} s)"
         rows.append((f"d {d}, {H}/{G} heads", label, o.queries, f"{err:.1e}", polished))
     return rows
@@ -101,21 +101,25 @@ def end_to_end(shape):
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--e2e", action="store_true", help="also run extract_block end to end at d = 32 (minutes)")
+    ap.add_argument("--only", choices=("oracles",), help="only the sublayer oracles' table (a minute)")
     ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks/block.md")
     args = ap.parse_args()
     t1 = Table(["block", "queries (linear part, ε)", "√ε rel. error", "M' rel. error",
                 "FFN oracle: median / worst row of 256", "attention oracle (N = 33)"])
     for shape in SHAPES:
         t1.add(*sublayer_oracles(shape))
-    t2 = Table(["attention", "queries", "queries asked", "function error", "after the polish (its time)"])
-    for shape in SHAPES[:2]:
+        print(t1.markdown(), flush=True)
+    t2 = Table(["attention", "queries asked", "queries", "function error", "after one polish step (its time)"])
+    for shape in SHAPES[:2] if args.only is None else ():
         for row in rope_fixed_query(shape, polish=shape == SHAPES[0]):
             t2.add(*row)
+        print(t2.markdown(), flush=True)
     body = ("The sublayer oracles through the norm's inverse, against the truth (relative to the largest answer):\n\n"
-            + t1.markdown()
-            + "\n\nThe RoPE learner on the true attention (last rows; function error over 8 sequences of length 64, "
+            + t1.markdown())
+    if args.only is None:
+        body += ("\n\nThe RoPE learner on the true attention (last rows; function error over 8 sequences of length 64, "
               "relative to the largest answer):\n\n" + t2.markdown())
-    if args.e2e:
+    if args.e2e and args.only is None:
         t3 = Table(["block", "queries", "unknowns", "check error", "check", "largest error, N = 1 / 2 / 8 / 64",
                     "seconds"])
         t3.add(*end_to_end(SHAPES[0]))
