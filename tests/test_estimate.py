@@ -8,6 +8,7 @@ the seeds' mean. The same checks reject an estimate a fifth too high or too low,
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -84,14 +85,16 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def bills():
-    """Each case's estimate and the real bills of its seeds (run once for the module)."""
-    out = {}
-    for kind, (run, seeds, kw, tight) in CASES.items():
-        kw = dict(kw)
-        out[kind] = (estimate_queries(kw.pop("method"), kw.pop("d"), **kw), [run(s) for s in range(seeds)], tight)
-    return out
+@functools.cache
+def bill(kind: str):
+    """A case's estimate and the real bills of its seeds, run once per process: a kind's tests share one xdist group
+    (``--dist loadgroup``), so each kind runs on one worker and the kinds spread over the workers."""
+    run, seeds, kw, tight = CASES[kind]
+    kw = dict(kw)
+    return estimate_queries(kw.pop("method"), kw.pop("d"), **kw), [run(s) for s in range(seeds)], tight
+
+
+KINDS = [pytest.param(kind, marks=pytest.mark.xdist_group(f"estimate-{kind}"), id=kind) for kind in CASES]
 
 
 def holds(est, real, tight: bool) -> None:
@@ -110,15 +113,15 @@ def _scaled(est, factor):
                                high=int(est.high * factor))
 
 
-@pytest.mark.parametrize("kind", CASES)
-def test_the_estimate_holds_the_real_bill(kind, bills):
-    holds(*bills[kind])
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_estimate_holds_the_real_bill(kind):
+    holds(*bill(kind))
 
 
-@pytest.mark.parametrize("kind", CASES)
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("factor", [0.8, 1.2])
-def test_an_estimate_off_by_a_fifth_is_caught(kind, factor, bills):
-    est, real, tight = bills[kind]
+def test_an_estimate_off_by_a_fifth_is_caught(kind, factor):
+    est, real, tight = bill(kind)
     with pytest.raises(AssertionError):
         holds(_scaled(est, factor), real, tight)
 
