@@ -146,3 +146,18 @@ def plan_factors(d, K, m):
     from attnprobe.learners.smooth_ffn.learner import plan
 
     return plan(d, K, m, richardson=1)["factors"]
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_low_precision_forward_rounds_in_float32(gated):
+    """Both smooth models emulate a float32 forward pass through one helper (rounded_affine / rounded_map): the
+    answers are float32 numbers, within float32 rounding of the float64 function, and not equal to it."""
+    from attnprobe.targets import random_gated_ffn
+
+    make = random_gated_ffn if gated else random_smooth_ffn
+    truth = make(16, 32, 8, seed=3, dtype="float32")
+    X = np.random.default_rng(0).standard_normal((200, 16))
+    y32, y64 = truth.forward(X), truth.with_dtype("float64").forward(X)
+    assert np.array_equal(y32.astype(np.float32).astype(np.float64), y32)
+    err = np.abs(y32 - y64).max() / np.abs(y64).max()
+    assert 0 < err < 64 * np.finfo(np.float32).eps

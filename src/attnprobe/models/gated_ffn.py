@@ -19,7 +19,8 @@ from attnprobe.errors import ConfigError
 from attnprobe.models.attention import real_array, set_frozen
 from attnprobe.models.precision import resolve_dtype
 from attnprobe.properties import axis_length
-from attnprobe.models.smooth_ffn import ACTIVATION_CODES, ACTIVATIONS, activation, activation_named, nearest_rows
+from attnprobe.models.smooth_ffn import (ACTIVATION_CODES, ACTIVATIONS, activation, activation_named, nearest_rows,
+                                        rounded_affine, rounded_map)
 
 #: the gated families by name and their gate activation
 GATED_FAMILIES = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}
@@ -93,11 +94,10 @@ class GatedFFN:
         dt = resolve_dtype(self.dtype)
         if dt == np.float64:
             return self.hidden(x) @ self.W2.T + self.b2
-        xs = x.astype(dt)
-        gate = (xs @ self.Wg.T.astype(dt) + self.bg.astype(dt)).astype(dt)
-        up = (xs @ self.Wu.T.astype(dt) + self.bu.astype(dt)).astype(dt)
-        h = (ACTIVATIONS[self.activation].f(gate.astype(np.float64)).astype(dt) * up).astype(dt)
-        return (h @ self.W2.T.astype(dt) + self.b2.astype(dt)).astype(np.float64)
+        gate = rounded_affine(x, self.Wg, self.bg, dt)
+        up = rounded_affine(x, self.Wu, self.bu, dt)
+        h = (rounded_map(ACTIVATIONS[self.activation].f, gate, dt) * up).astype(dt)
+        return rounded_affine(h, self.W2, self.b2, dt).astype(np.float64)
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         return self.forward(length_one_rows(X, self.d, "a gated FFN"))

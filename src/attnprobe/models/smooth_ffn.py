@@ -158,11 +158,11 @@ class SmoothFFN:
         if x.ndim != 2 or x.shape[1] != self.d:
             raise ConfigError(f"inputs must have shape (B, {self.d}); got {x.shape}", param="x")
         dt = resolve_dtype(self.dtype)
+        act = activation(self.activation).f
         if dt == np.float64:
-            return activation(self.activation).f(x @ self.W1.T + self.b1) @ self.W2.T + self.b2
-        pre = (x.astype(dt) @ self.W1.T.astype(dt) + self.b1.astype(dt)).astype(dt)
-        h = activation(self.activation).f(pre.astype(np.float64)).astype(dt)
-        return (h @ self.W2.T.astype(dt) + self.b2.astype(dt)).astype(np.float64)
+            return act(x @ self.W1.T + self.b1) @ self.W2.T + self.b2
+        h = rounded_map(act, rounded_affine(x, self.W1, self.b1, dt), dt)
+        return rounded_affine(h, self.W2, self.b2, dt).astype(np.float64)
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         return self.forward(length_one_rows(X, self.d, "an FFN"))
@@ -178,6 +178,17 @@ class SmoothFFN:
             raise ConfigError(f"a smooth FFN needs arrays {sorted(missing)}", param="arrays")
         return cls(arrays["W1"], arrays["b1"], arrays["W2"], arrays["b2"], activation_named(arrays["activation"]),
                    dtype)
+
+
+def rounded_affine(x: np.ndarray, W: np.ndarray, b: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """``x Wᵀ + b`` computed and rounded in the low precision ``dt`` (a deployed layer's forward pass in float32,
+    float16 or bfloat16); returned in ``dt``."""
+    return (x.astype(dt) @ W.T.astype(dt) + b.astype(dt)).astype(dt)
+
+
+def rounded_map(f, z: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """An elementwise activation ``f`` (float64) applied to ``z`` and rounded to ``dt``."""
+    return f(np.asarray(z, dtype=np.float64)).astype(dt)
 
 
 def activation_named(code) -> str:
