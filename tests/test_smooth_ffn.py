@@ -146,3 +146,41 @@ def plan_factors(d, K, m):
     from attnprobe.learners.smooth_ffn.learner import plan
 
     return plan(d, K, m, richardson=1)["factors"]
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_low_precision_forward_rounds_in_float32(gated):
+    """Both smooth models emulate a float32 forward pass through one helper (rounded_affine / rounded_map): the
+    answers are float32 numbers, within float32 rounding of the float64 function, and not equal to it."""
+    from attnprobe.targets import random_gated_ffn
+
+    make = random_gated_ffn if gated else random_smooth_ffn
+    truth = make(16, 32, 8, seed=3, dtype="float32")
+    X = np.random.default_rng(0).standard_normal((200, 16))
+    y32, y64 = truth.forward(X), truth.with_dtype("float64").forward(X)
+    assert np.array_equal(y32.astype(np.float32).astype(np.float64), y32)
+    err = np.abs(y32 - y64).max() / np.abs(y64).max()
+    assert 0 < err < 64 * np.finfo(np.float32).eps
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activation_chosen_on_a_subsample_then_fitted_on_all_points(name):
+    """pick_activation compares the candidates on SELECT_POINTS points, then fits the winner on all of them: on
+    exact curves μ σ'(λ t + b) at more points than the subsample it names the true σ and recovers (λ, b, μ)."""
+    from attnprobe.learners.smooth_ffn.neurons import SELECT_POINTS, fit_curves, pick_activation
+
+    rng = np.random.default_rng(5)
+    m, n = 12, 3 * SELECT_POINTS
+    lam, b, mu = rng.uniform(0.5, 2, m) * rng.choice([-1, 1], m), rng.uniform(-1, 1, m), rng.uniform(0.5, 2, m)
+    t = rng.standard_normal((m, n))
+    p = mu[:, None] * ACTIVATIONS[name].d1(lam[:, None] * t + b[:, None])
+    found, fit, scores = pick_activation(p, t, True, rng, tuple(ACTIVATIONS))
+    assert found == name and set(scores) == set(ACTIVATIONS)
+    for key, truth in (("lam", lam), ("b", b), ("mu", mu)):
+        assert np.max(np.abs(fit[key] - truth)) < 1e-8
+    assert fit["res"].shape == (m,) and np.max(fit["res"]) < 1e-10
+    # with noise the winner's fit is the least-squares fit over all points, not over the subsample
+    noisy = p + 1e-5 * rng.standard_normal(p.shape)
+    found, fit, _ = pick_activation(noisy, t, True, rng, tuple(ACTIVATIONS))
+    full = fit_curves(noisy, t, ACTIVATIONS[name], True, rng)
+    assert found == name and np.max(np.abs(fit["lam"] - full["lam"])) < 1e-9
