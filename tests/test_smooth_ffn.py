@@ -150,8 +150,9 @@ def plan_factors(d, K, m):
 
 @pytest.mark.parametrize("gated", [False, True])
 def test_low_precision_forward_rounds_in_float32(gated):
-    """Both smooth models emulate a float32 forward pass through one helper (rounded_affine / rounded_map): the
-    answers are float32 numbers, within float32 rounding of the float64 function, and not equal to it."""
+    """Both smooth models emulate a float32 forward pass through one shared forward (ActivationFFN.forward,
+    affine_in): the answers are float32 numbers, within float32 rounding of the float64 function, and not equal to
+    it."""
     from attnprobe.targets import random_gated_ffn
 
     make = random_gated_ffn if gated else random_smooth_ffn
