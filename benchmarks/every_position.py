@@ -7,6 +7,8 @@ position (bidirectional, no position terms), against the same layer read at the 
     PYTHONPATH=src python benchmarks/every_position.py llama  # transformers' LlamaAttention, rotation off
     PYTHONPATH=src python benchmarks/every_position.py hf --layers 2 --answers every last --dtype float32
     PYTHONPATH=src:tests python benchmarks/every_position.py families [--write]  # each Hugging Face family
+    PYTHONPATH=src python benchmarks/every_position.py sources --seeds 0 1 2  # float32 MiniLM: where the error is
+    PYTHONPATH=src python benchmarks/every_position.py tiny   # float64: what rows of tiny tokens tell about M
 
 Prints one markdown table per run: sequences (queries), rows answered, errors (relative, worst head after
 matching heads up to permutation), the information limit (low-rank degrees of freedom / K numbers per row / N rows
@@ -109,16 +111,79 @@ def families_table(seed: int = 0, hidden: int = 32, heads: int = 4, layer: int =
     return "\n".join(lines)
 
 
+def error_sources(seed: int, layer: int = 2) -> str:
+    """One table row: the float32 MiniLM layer through the hf oracle, every position, with the logits stage run a
+    second time from the same random state on the true value maps (heads matched): how much of the ``W_h`` and
+    ``u_h`` error the value maps' error causes."""
+    import attnprobe.learners.multihead.vector as vector
+    from attnprobe.oracles.hf_attention import oracle_from_hf
+    from attnprobe.targets.hf import minilm_dir
+
+    true, seen = minilm_layer(layer), {}
+    learn = vector.learn_logits_rows
+
+    def watch(oracle, c, V, scale, tokens, rng, report, **kw):
+        seen.update(args=(oracle, c, V.copy(), scale, tokens), kw=kw, state=rng.bit_generator.state)
+        return learn(oracle, c, V, scale, tokens, rng, report, **kw)
+
+    vector.learn_logits_rows = watch
+    try:
+        oracle = oracle_from_hf(minilm_dir(), layer, dtype="float32", every_position=True, precision="auto")
+        res = extract_vector(oracle, seed=seed)
+    finally:
+        vector.learn_logits_rows = learn
+    m = match_heads(true, res.model)
+    oracle, c, V, scale, tokens = seen["args"]
+    order = np.argsort(m.perm)  # recovered head g is true head order[g]
+    rng = np.random.default_rng()
+    rng.bit_generator.state = seen["state"]
+    W, u, *_ = learn(oracle, c, true.v[order], scale, tokens, rng, lambda: None, **seen["kw"])
+    W, u, _ = vector.truncate_to_value_ranks(W, true.v[order], u)
+    fixed = match_heads(true, MultiHeadAttention(W, true.v[order], u, c))
+    phases = ", ".join(f"{k} {v}" for k, v in res.queries_by_phase.items())
+    return (f"| {seed} | {res.queries} | {res.queries + res.check.queries} | {phases} | {np.max(m.v):.1e} | "
+            f"{np.max(m.W):.1e} | {np.max(m.u):.1e} | {np.max(fixed.W):.1e} | {np.max(fixed.u):.1e} | "
+            f"{'passed' if res.check.passed else 'FAILED'} {res.check.error:.1e} |")
+
+
+def tiny_rows(layer: int = 2, length: int = 8, seed: int = 0) -> str:
+    """Rows of one sequence of ``length`` tokens of norm ε (float64, bidirectional): how far they are from
+    ``M x̄ + c`` (x̄ the tokens' mean) and from each other, as ε shrinks."""
+    true = minilm_layer(layer)
+    f = EveryPositionLayer(true)
+    M, c = true.v.sum(0), true.c
+    X = np.random.default_rng(seed).standard_normal((length, true.d)) / np.sqrt(true.d)
+    lines = ["| ε | rows apart (largest, / ‖M x̄‖) | mean row − M x̄ (/ ‖M x̄‖) |", "|---|---|---|"]
+    for eps in (1e-1, 1e-2, 1e-3, 1e-4):
+        Y = f(eps * X[None])[0] - c
+        first = M @ (eps * X.mean(0))
+        apart = np.linalg.norm(Y - Y.mean(0), axis=1).max() / np.linalg.norm(first)
+        lines.append(f"| {eps:.0e} | {apart:.1e} | {np.linalg.norm(Y.mean(0) - first) / np.linalg.norm(first):.1e} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["minilm", "hf", "gqa", "llama", "families"])
+    ap.add_argument("what", choices=["minilm", "hf", "gqa", "llama", "families", "sources",
+                                                                 "tiny"])
     ap.add_argument("--dtype", default="float32", help="hf: the module's dtype")
     ap.add_argument("--write", action="store_true", help="families: write the table into docs/benchmarks/"
                                                          "hf-families.md")
     ap.add_argument("--layers", type=int, nargs="*", default=[2])
     ap.add_argument("--answers", nargs="*", default=["last", "every"], choices=["last", "every", "causal"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="sources: the learner's seeds")
     args = ap.parse_args(argv)
+    if args.what == "sources":
+        print(f"load: {os.getloadavg()[0]:.1f} (2 cores shared)")
+        print("| seed | sequences | with check | phases | V_h | W_h | u_h | W_h (true V_h) | u_h (true V_h) | check |\n"
+              "|---|---|---|---|---|---|---|---|---|---|")
+        for seed in args.seeds:
+            print(error_sources(seed, args.layers[0]), flush=True)
+        return
+    if args.what == "tiny":
+        print(tiny_rows(args.layers[0]))
+        return
     print(f"load: {os.getloadavg()[0]:.1f} (2 cores shared)")
     print(HEADER)
     if args.what == "minilm":

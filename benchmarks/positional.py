@@ -29,6 +29,9 @@ CASES = (("llama", {"kv_heads": 2}, "float64", {}),
          ("llama", {"kv_heads": 2, "rope": LLAMA3}, "float64", {}),
          ("qwen2", {"kv_heads": 2}, "float64", {}), ("gpt_neox", {}, "float64", {}),
          ("llama", {"kv_heads": 2}, "float32", {}), ("llama", {"kv_heads": 2}, "bfloat16", {}))
+#: GPT-NeoX's partial rotary with its biases zero, then drawn
+PARTIAL = (("gpt_neox", {"bias_std": 0.0, "rotary_pct": 0.25}, "float64", {}),
+           ("gpt_neox", {"rotary_pct": 0.25}, "float64", {}))
 LENGTHS = (1, 2, 3, 5, 17, 64, 100, 200, 256)
 
 
@@ -48,15 +51,20 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks/positional.md")
     ap.add_argument("--walks", type=int, nargs="+", help="instead: LLaMA (8/2, float64) with these walk lengths")
+    ap.add_argument("--partial", action="store_true", help="instead: GPT-NeoX partial rotary (0.25), biases zero "
+                                                              "and drawn (float64)")
     args = ap.parse_args()
     cases = CASES if not args.walks else tuple(("llama", {"kv_heads": 2}, "float64", {"walk": w}) for w in args.walks)
+    if args.partial:
+        cases = PARTIAL
     table = Table(["module", "GQA", "answers", "sequences", "unknowns", "limit", "error ≤ 256", "θ spread",
                    "base found", "seconds", "result"])
     for family, kw, precision, opts in cases:
         victim = positional_victim(family, d=128, heads=8, seed=args.seed, dtype=precision, **kw)
         truth = reference_model(victim)
         oracle = oracle_from_torch(victim, 128, precision=precision)
-        name = family + (" (llama3 scaling)" if "rope" in kw else "") + "".join(f" ({k} {v})" for k, v in opts.items())
+        name = (family + (" (llama3 scaling)" if "rope" in kw else "") + (" (no biases)" if "bias_std" in kw else "")
+                + "".join(f" ({k} {v})" for k, v in opts.items()))
         gqa = f"8/{kw['kv_heads']}" if "kv_heads" in kw else "8/8"
         unknowns = truth.unknowns(truth.d, truth.H, truth.G, truth.head_dim, truth.outputs,
                                   bias=bool(np.any(truth.bk) or np.any(truth.bq)))
@@ -79,7 +87,8 @@ def main() -> None:
     print(table.markdown())
     if args.write:
         title = ("Positional: the pair probe's walk (LLaMA, GQA 8/2, d = 128, float64)" if args.walks else
-                 "Positional: RoPE layers (transformers modules, d = 128, 8 heads, d_h = 16)")
+                 "Positional: partial rotary (GPT-NeoX, rotary on 4 of 16 dims, d = 128, float64)" if args.partial
+                 else "Positional: RoPE layers (transformers modules, d = 128, 8 heads, d_h = 16)")
         write_section(title, table.markdown(), command_line(), doc=DOC)
 
 

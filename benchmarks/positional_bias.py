@@ -18,23 +18,11 @@ from attnprobe.learners.positional.additive import extract_additive
 from attnprobe.oracles.base import Oracle
 from attnprobe.oracles.torch_adapter import TorchFunction
 from attnprobe.reports import Table
-from attnprobe.targets.positional_modules import positional_victim, reference_model
+from attnprobe.targets.positional_modules import EveryRow, positional_victim, reference_model
 from sections import command_line, write_section
 
 DOC = "positional"
 LENGTHS = (1, 2, 3, 5, 17, 64, 100, 200, 256)
-
-
-class EveryRow:
-    """The victim's every row (B, N, K), declared positional (a bidirectional encoder with position terms)."""
-
-    positions = "positional"
-
-    def __init__(self, victim):
-        self.victim = victim
-
-    def __call__(self, X):
-        return self.victim.every_position(X).detach().numpy()
 
 
 def function_error(model, truth, rng, rows: bool) -> float:

@@ -10,6 +10,17 @@ def rng():
     return np.random.default_rng(1234)
 
 
+@pytest.fixture(scope="session")
+def small_bert(tmp_path_factory):
+    """One tiny BERT checkpoint (d = 12, 2 layers of 2 heads, seed 1) written once per process for every test that
+    only reads it (the hostile command-line cases)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from hf_models import tiny_bert_dir
+
+    return tiny_bert_dir(tmp_path_factory.mktemp("bert"), hidden=12, heads=2, layers=2, seed=1)
+
+
 # CI runs must be reproducible: hypothesis draws its examples from a fixed seed (explore more with
 # `pytest --hypothesis-profile=explore`, which is randomized and tries 20x as many examples).
 from hypothesis import settings  # noqa: E402

@@ -313,3 +313,24 @@ def test_gpt2_folder_answering_every_row_is_recovered_through_the_hf_oracle(tmp_
     assert res.passed and match_heads(truth, res.model).worst < 1e-8
     assert res.details["positions"] == "causal" and res.details["rows"] > res.queries
     assert res.queries_by_phase["values"] == 16 + 1  # [x] and [0]: d + 1
+
+
+def test_rows_of_tiny_tokens_show_the_value_map_along_their_mean_only():
+    """Why a bidirectional layer's values stage stays d + 1 sequences (docs/benchmarks/every-position.md): the
+    rows of a sequence of tokens of norm ε agree with each other to O(ε²) and with ``M x̄ + c`` to O(ε) (the
+    ``u_h`` term): to first order a sequence shows ``M`` along one direction. A causal layer's rows do not."""
+    m = layer(d=16, H=2, K=12, seed=3)
+    M = m.v.sum(axis=0)
+    X = np.random.default_rng(4).standard_normal((6, 16)) / 4
+
+    def sizes(causal, eps):
+        Y = every_position_rows(m, eps * X[None], causal)[0] - m.c
+        first = np.linalg.norm(M @ (eps * X.mean(axis=0)))
+        apart = np.linalg.norm(Y - Y.mean(axis=0), axis=1).max() / first
+        return apart, np.linalg.norm(Y.mean(axis=0) - M @ (eps * X.mean(axis=0))) / first
+
+    (apart1, miss1), (apart2, miss2) = sizes(False, 1e-2), sizes(False, 1e-3)
+    assert 50 < apart1 / apart2 < 200 and 5 < miss1 / miss2 < 20  # O(ε²) apart, O(ε) off M x̄
+    assert apart2 < 1e-3 * miss1
+    causal1, causal2 = sizes(True, 1e-2)[0], sizes(True, 1e-3)[0]
+    assert causal1 > 0.05 and causal1 / causal2 < 2  # a causal row i sees the mean of x_0..x_i: O(1) apart

@@ -15,14 +15,6 @@ from hostile import one_line, refused, run, snapshot
 pytest.importorskip("transformers")
 pytest.importorskip("torch")
 
-from hf_models import tiny_bert_dir  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory):
-    return tiny_bert_dir(tmp_path_factory.mktemp("bert"), hidden=12, heads=2, layers=2, seed=1)
-
-
 @pytest.fixture
 def work(tmp_path, monkeypatch):
     """A folder with a random head (t.npz, d = 6), a whole-row layer (layer.npz, d = 12) and victim modules."""
@@ -39,29 +31,29 @@ def work(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_out_inside_an_input_folder_is_refused(bert, tmp_path, capsys):
+def test_out_inside_an_input_folder_is_refused(small_bert, tmp_path, capsys):
     """``--out DIR/config.npz`` would have replaced DIR/config.json by the run's summary: refused before any query,
     through any spelling of the folder (a symlink to it, a relative path)."""
     link = tmp_path / "link"
-    link.symlink_to(bert, target_is_directory=True)
-    for out in (bert / "config.npz", link / "sub" / "r.npz", bert / "sub" / ".." / "config.npz"):
-        line = refused(capsys, bert, "extract", "--hf-dir", bert, "--layer", "0", "--row", "0", "--out", out,
-                       says="is inside the input folder")
+    link.symlink_to(small_bert, target_is_directory=True)
+    for out in (small_bert / "config.npz", link / "sub" / "r.npz", small_bert / "sub" / ".." / "config.npz"):
+        line = refused(capsys, small_bert, "extract", "--hf-dir", small_bert, "--layer", "0", "--row", "0",
+                       "--out", out, says="is inside the input folder")
         assert "no queries spent" in line
-    refused(capsys, bert, "extract", "--hf-dir", link, "--layer", "0", "--row", "0", "--out", bert / "o.npz",
+    refused(capsys, small_bert, "extract", "--hf-dir", link, "--layer", "0", "--row", "0",
+            "--out", small_bert / "o.npz", says="is inside the input folder")
+    refused(capsys, small_bert, "target", "hf-attention", "--model-dir", small_bert, "--layer", "0",
+            "--out", small_bert / "t.npz", says="is inside the input folder")
+    refused(capsys, small_bert, "audit", "--hf-dir", small_bert, "--out", small_bert / "audit", "--quiet",
             says="is inside the input folder")
-    refused(capsys, bert, "target", "hf-attention", "--model-dir", bert, "--layer", "0", "--out", bert / "t.npz",
-            says="is inside the input folder")
-    refused(capsys, bert, "audit", "--hf-dir", bert, "--out", bert / "audit", "--quiet",
-            says="is inside the input folder")
-    assert sorted(p.name for p in bert.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in small_bert.iterdir()) == ["config.json", "model.safetensors"]
 
 
-def test_a_config_that_claims_more_layers_than_the_weights_hold_is_refused_at_once(bert, tmp_path, capsys):
+def test_a_config_that_claims_more_layers_than_the_weights_hold_is_refused_at_once(small_bert, tmp_path, capsys):
     import shutil
 
     lying = tmp_path / "lying"
-    shutil.copytree(bert, lying)
+    shutil.copytree(small_bert, lying)
     config = json.loads((lying / "config.json").read_text())
     config["num_hidden_layers"] = 100_000
     (lying / "config.json").write_text(json.dumps(config))
@@ -100,10 +92,10 @@ def test_an_estimate_asks_nothing_and_writes_nothing(work, capsys):
 
 
 @pytest.fixture
-def layer(work, bert):
+def layer(work, small_bert):
     from attnprobe.cli import main
 
-    assert main(["target", "hf-attention", "--model-dir", str(bert), "--layer", "0", "--out", "layer.npz"]) == 0
+    assert main(["target", "hf-attention", "--model-dir", str(small_bert), "--layer", "0", "--out", "layer.npz"]) == 0
     (work / "clamps.py").write_text(
         "import numpy as np\nfrom attnprobe.models import load_model\nlayer = load_model('layer.npz')\n"
         "def entries(X):\n    return layer(np.clip(X, -0.9, 0.9))\n"
@@ -162,17 +154,17 @@ def test_an_estimate_needs_no_memory_and_url_options_need_a_url(work, capsys):
     assert victims.calls[0] == 0
 
 
-def test_the_folder_an_input_file_lives_in_through_a_symlink_is_an_input_folder_too(bert, tmp_path, capsys):
+def test_the_folder_an_input_file_lives_in_through_a_symlink_is_an_input_folder_too(small_bert, tmp_path, capsys):
     """A folder of symlinks to another model folder's files: --out there would overwrite the real config.json."""
     links = tmp_path / "links"
     links.mkdir()
     for name in ("config.json", "model.safetensors"):
-        (links / name).symlink_to(bert / name)
-    before = snapshot(bert)
-    for out in (bert / "config.npz", bert / "other.npz"):
+        (links / name).symlink_to(small_bert / name)
+    before = snapshot(small_bert)
+    for out in (small_bert / "config.npz", small_bert / "other.npz"):
         refused(capsys, tmp_path, "extract", "--hf-dir", links, "--layer", "0", "--row", "0", "--out", out,
                 says="is inside the input folder")
-    assert snapshot(bert) == before
+    assert snapshot(small_bert) == before
 
 
 def test_abbreviated_flags_are_not_guessed(work, capsys):

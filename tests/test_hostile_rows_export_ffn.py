@@ -11,14 +11,6 @@ from hostile import refused
 pytest.importorskip("transformers")
 pytest.importorskip("torch")
 
-from hf_models import tiny_bert_dir  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory):
-    return tiny_bert_dir(tmp_path_factory.mktemp("bert"), hidden=12, heads=2, layers=2, seed=1)
-
-
 @pytest.fixture
 def work(tmp_path, monkeypatch):
     from attnprobe.cli import main
@@ -38,25 +30,25 @@ def test_declared_rows_from_an_oracle_answering_the_last_position_only_are_refus
     assert "answers the last position only" in line and "queries spent" in line
 
 
-def test_a_declared_row_kind_from_a_last_position_hugging_face_layer_is_refused(capsys, work, bert):
-    refused(capsys, work, "extract", "--hf-dir", str(bert), "--layer", "1", "--method", "multihead",
+def test_a_declared_row_kind_from_a_last_position_hugging_face_layer_is_refused(capsys, work, small_bert):
+    refused(capsys, work, "extract", "--hf-dir", str(small_bert), "--layer", "1", "--method", "multihead",
             "--positions", "causal", "--out", "o.npz", says="answers the last position only")
 
 
 @pytest.mark.parametrize("inside", ["", "sub", "sub/deeper"])
-def test_export_never_writes_into_the_victims_folder(capsys, work, bert, inside):
+def test_export_never_writes_into_the_victims_folder(capsys, work, small_bert, inside):
     """``export --out DIR`` with DIR the ``--hf-dir`` itself replaced the victim's model.safetensors (exit 0):
     refused before anything is read or written, also for a folder inside it and through a symlink."""
-    out = bert / inside if inside else bert
-    refused(capsys, bert, "export", "--result", "anything.npz", "--hf-dir", str(bert), "--layer", "1",
+    out = small_bert / inside if inside else small_bert
+    refused(capsys, small_bert, "export", "--result", "anything.npz", "--hf-dir", str(small_bert), "--layer", "1",
             "--out", str(out), says="is the input folder")
-    os.symlink(bert, work / "link")
-    refused(capsys, bert, "export", "--result", "anything.npz", "--hf-dir", str(bert), "--layer", "1",
+    os.symlink(small_bert, work / "link")
+    refused(capsys, small_bert, "export", "--result", "anything.npz", "--hf-dir", str(small_bert), "--layer", "1",
             "--out", str(work / "link" / inside), says="is the input folder")
 
 
-def test_export_to_an_existing_file_is_refused_before_any_work(capsys, work, bert):
-    refused(capsys, work, "export", "--result", "anything.npz", "--hf-dir", str(bert), "--layer", "1",
+def test_export_to_an_existing_file_is_refused_before_any_work(capsys, work, small_bert):
+    refused(capsys, work, "export", "--result", "anything.npz", "--hf-dir", str(small_bert), "--layer", "1",
             "--out", "s.npz", says="exists and is not a folder")
 
 

@@ -14,7 +14,7 @@ from attnprobe.models.positional import PositionalAttention, t5_buckets  # noqa:
 from attnprobe.oracles.base import Oracle  # noqa: E402
 from attnprobe.oracles.torch_adapter import TorchFunction  # noqa: E402
 from attnprobe.targets.positional import random_rope_attention  # noqa: E402
-from attnprobe.targets.positional_modules import positional_victim, reference_model  # noqa: E402
+from attnprobe.targets.positional_modules import EveryRow, positional_victim, reference_model  # noqa: E402
 
 LENGTHS = (1, 2, 8, 64, 256)
 
@@ -29,18 +29,6 @@ def _worst(model, truth, d, rows=False, seed=7):
         yh = model.every_position(X) if rows else model(X)
         worst = max(worst, float(np.abs(yh - y).max() / np.abs(y - y.mean(axis=0)).max()))
     return worst
-
-
-class EveryRow:
-    """A victim answering every position (B, N, K) and declaring its rows positional (T5's encoder)."""
-
-    positions = "positional"
-
-    def __init__(self, victim):
-        self.victim = victim
-
-    def __call__(self, X):
-        return self.victim.every_position(X).detach().numpy()
 
 
 @pytest.fixture(scope="module")

@@ -60,6 +60,39 @@ def test_rotation_factors_from_offsets_at_head_dim_128():
     assert np.abs(got.theta - theta).max() < 1e-12
 
 
+def test_partial_rotary_static_coordinates_are_not_a_low_frequency():
+    """d_h = 128 with 32 rotated coordinates (GPT-NeoX's rotary_pct 0.25): the 96 static coordinates (θ = 0) are
+    told apart from the lowest frequency (1.8e-4) at the largest step, and B(δ) holds to 4096."""
+    rng = np.random.default_rng(0)
+    d, dh = 256, 128
+    theta = rope_frequencies(32, 1e4)
+    f = RotaryFactors(rng.standard_normal((d, dh)) / 16, rng.standard_normal((dh, d)) / 16, theta)
+    U = np.linalg.qr(f.Q)[0]
+    V = np.linalg.qr(f.K.T)[0]
+    M = {o: U.T @ f.matrix(o) @ V for o in (-1, -2, -3, -4, -6, -8, -16, -32, -64)}
+    got = factor_rotary(M, U, V, -1, -2)
+    assert len(got.theta) == 16 and np.abs(got.theta - theta).max() < 1e-12
+    for delta in (0, -1, -100, -4096):
+        want = f.matrix(delta)
+        assert np.linalg.norm(got.matrix(delta) - want) / np.linalg.norm(want) < 1e-9
+
+
+def test_gpt_neox_partial_rotary_module_is_recovered():
+    """A real ``GPTNeoXAttention`` (rotary on 4 of 16 dims), biases zero: the function at every length up to 256
+    within 1e-8 of the module, the two frequencies found, the rest of each head static."""
+    victim = positional_victim("gpt_neox", d=32, heads=2, seed=1, bias_std=0.0, rotary_pct=0.25)
+    truth = reference_model(victim)
+    result = extract_positional(Oracle(truth, 32), heads=2, seed=0)
+    assert result.passed and result.check.error < 1e-8
+    assert result.model.rotary_dim == 4 and result.model.head_dim == 16
+    assert np.allclose(result.details["theta"], truth.inv_freq, rtol=1e-8)
+    assert _rel(result.model, truth, np.random.default_rng(2)) < 1e-8
+    X = np.random.default_rng(3).standard_normal((3, 200, 32))
+    with torch.no_grad():
+        y = victim(torch.as_tensor(X)).numpy()
+    assert np.abs(result.model(X) - y).max() / np.abs(y - truth.output_bias()).max() < 1e-8
+
+
 def test_offset_free_layer_is_reported_not_mistaken():
     truth = reference_model(positional_victim("llama", d=32, heads=2, kv_heads=1, seed=1))
     flat = PositionalAttention(truth.Wq, truth.Wk, truth.Wv, truth.Wo, position="none")

@@ -14,12 +14,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from attnprobe._validation import length_one_rows
 from attnprobe.errors import ConfigError
-from attnprobe.models.attention import real_array, set_frozen
-from attnprobe.models.precision import resolve_dtype
 from attnprobe.properties import axis_length
-from attnprobe.models.smooth_ffn import ACTIVATION_CODES, ACTIVATIONS, activation, activation_named, nearest_rows
+from attnprobe.models.smooth_ffn import ACTIVATIONS, ActivationFFN, affine_in, nearest_rows
 
 #: the gated families by name and their gate activation
 GATED_FAMILIES = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}
@@ -31,7 +28,7 @@ def family_name(gate: str) -> str:
 
 
 @dataclass(frozen=True)
-class GatedFFN:
+class GatedFFN(ActivationFFN):
     """``f(x) = W2 [σ(Wg x + bg) ⊙ (Wu x + bu)] + b2`` with ``Wg, Wu ∈ R^{m×d}``, ``W2 ∈ R^{K×m}`` (the
     ``nn.Linear`` layout of ``gate_proj``, ``up_proj``, ``down_proj``) and σ the gate activation (a
     :data:`~attnprobe.models.smooth_ffn.ACTIVATIONS` name: ``silu`` for SwiGLU, ``gelu``/``gelu_tanh`` for GeGLU).
@@ -48,21 +45,19 @@ class GatedFFN:
     activation: str = "silu"
     dtype: str = "float64"
     kind: ClassVar[str] = "gated_ffn"
+    NAME: ClassVar[str] = "a gated FFN"
 
-    def __post_init__(self) -> None:
-        Wg, Wu, W2 = (real_array(n, a, 2) for n, a in (("Wg", self.Wg), ("Wu", self.Wu), ("W2", self.W2)))
-        bg, bu, b2 = (real_array(n, a, 1) for n, a in (("bg", self.bg), ("bu", self.bu), ("b2", self.b2)))
+    @staticmethod
+    def hidden_width(arrays: dict[str, np.ndarray]) -> tuple[int, str]:
+        """``m`` (the rows of Wg) once the gate and up projections agree."""
+        Wg, Wu = arrays["Wg"], arrays["Wu"]
         m, d = Wg.shape
         if m < 1 or d < 1 or Wu.shape != (m, d):
             raise ConfigError(f"Wg and Wu must both be m×d with m, d ≥ 1; got {Wg.shape} and {Wu.shape}", param="Wu")
-        if W2.shape[1] != m:
-            raise ConfigError(f"W2 must be K×m with m = {m} (the rows of Wg); got {W2.shape}", param="W2")
-        if bg.shape != (m,) or bu.shape != (m,) or b2.shape != (W2.shape[0],):
-            raise ConfigError(f"bg and bu must have length m = {m} and b2 length K = {W2.shape[0]}; got "
-                              f"{bg.shape}, {bu.shape}, {b2.shape}", param="bg")
-        activation(self.activation)
-        resolve_dtype(self.dtype)
-        set_frozen(self, Wg=Wg, bg=bg, Wu=Wu, bu=bu, W2=W2, b2=b2)
+        for name in ("bg", "bu"):
+            if arrays[name].shape != (m,):
+                raise ConfigError(f"{name} must have length m = {m}; got {arrays[name].shape}", param=name)
+        return m, "Wg"
 
     d = axis_length("Wg", 1, "The input width.")
     m = axis_length("Wg", 0, "The hidden width: gated units, rows of Wg and Wu.")
@@ -78,41 +73,14 @@ class GatedFFN:
         and ``b2``."""
         return m * d + m * (d + outputs - 1) + ((2 * m + outputs) if bias else 0)
 
-    def with_dtype(self, dtype: str) -> "GatedFFN":
-        return GatedFFN(self.Wg, self.bg, self.Wu, self.bu, self.W2, self.b2, self.activation, dtype)
-
     def hidden(self, x: np.ndarray) -> np.ndarray:
         """The gated hidden units ``σ(Wg x + bg) ⊙ (Wu x + bu)`` for inputs (B, d), in float64."""
         return ACTIVATIONS[self.activation].f(x @ self.Wg.T + self.bg) * (x @ self.Wu.T + self.bu)
 
-    def forward(self, x: np.ndarray) -> np.ndarray:
-        """``W2 [σ(Wg x + bg) ⊙ (Wu x + bu)] + b2`` for inputs of shape (B, d): shape (B, K)."""
-        x = np.asarray(x, dtype=np.float64)
-        if x.ndim != 2 or x.shape[1] != self.d:
-            raise ConfigError(f"inputs must have shape (B, {self.d}); got {x.shape}", param="x")
-        dt = resolve_dtype(self.dtype)
-        if dt == np.float64:
-            return self.hidden(x) @ self.W2.T + self.b2
-        xs = x.astype(dt)
-        gate = (xs @ self.Wg.T.astype(dt) + self.bg.astype(dt)).astype(dt)
-        up = (xs @ self.Wu.T.astype(dt) + self.bu.astype(dt)).astype(dt)
-        h = (ACTIVATIONS[self.activation].f(gate.astype(np.float64)).astype(dt) * up).astype(dt)
-        return (h @ self.W2.T.astype(dt) + self.b2.astype(dt)).astype(np.float64)
-
-    def __call__(self, X: np.ndarray) -> np.ndarray:
-        return self.forward(length_one_rows(X, self.d, "a gated FFN"))
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {"Wg": self.Wg, "bg": self.bg, "Wu": self.Wu, "bu": self.bu, "W2": self.W2, "b2": self.b2,
-                "activation": np.asarray(ACTIVATION_CODES[self.activation])}
-
-    @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "GatedFFN":
-        missing = {"Wg", "bg", "Wu", "bu", "W2", "b2", "activation"} - set(arrays)
-        if missing:
-            raise ConfigError(f"a gated FFN needs arrays {sorted(missing)}", param="arrays")
-        return cls(arrays["Wg"], arrays["bg"], arrays["Wu"], arrays["bu"], arrays["W2"], arrays["b2"],
-                   activation_named(arrays["activation"]), dtype)
+    def hidden_in(self, x: np.ndarray, dt: np.dtype) -> np.ndarray:
+        """The gated hidden units computed in precision ``dt`` (``x`` already in it)."""
+        gate, up = affine_in(x, self.Wg, self.bg, dt), affine_in(x, self.Wu, self.bu, dt)
+        return (ACTIVATIONS[self.activation].f(gate.astype(np.float64)).astype(dt) * up).astype(dt)
 
 
 def gated_match(truth: GatedFFN, result: GatedFFN) -> dict:

@@ -8,7 +8,7 @@ odd, so no sign flips either). Neurons whose ``w2_i = 0`` (or ``w1_i = 0``, whic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Callable, ClassVar
 
 import numpy as np
@@ -108,8 +108,68 @@ def activation(name: str) -> Activation:
     return ACTIVATIONS[name]
 
 
+class ActivationFFN:
+    """What the plain and the gated smooth FFN share: their arrays are their dataclass fields before
+    ``activation`` and ``dtype`` (saved with the activation code), the ``(B, d)`` input check, the copy at another
+    precision, and the output layer ``W2 h + b2`` computed in the compute ``dtype`` (each rounding emulated)
+    around the model's own :meth:`hidden` / :meth:`hidden_in`."""
+
+    #: how error messages name the model
+    NAME: ClassVar[str]
+
+    @classmethod
+    def array_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls) if f.name not in ("activation", "dtype"))
+
+    def __post_init__(self) -> None:
+        arrays = {name: real_array(name, getattr(self, name), 2 if name.startswith("W") else 1)
+                  for name in self.array_names()}
+        m, rows_of = self.hidden_width(arrays)
+        W2, b2 = arrays["W2"], arrays["b2"]
+        if W2.shape[1] != m:
+            raise ConfigError(f"W2 must be K×m with m = {m} (the rows of {rows_of}); got {W2.shape}", param="W2")
+        if b2.shape != (W2.shape[0],):
+            raise ConfigError(f"b2 must have length K = {W2.shape[0]}; got {b2.shape}", param="b2")
+        activation(self.activation)
+        resolve_dtype(self.dtype)
+        set_frozen(self, **arrays)
+
+    def with_dtype(self, dtype: str):
+        return replace(self, dtype=dtype)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """``W2 h(x) + b2`` for inputs of shape (B, d): shape (B, K)."""
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.d:
+            raise ConfigError(f"inputs must have shape (B, {self.d}); got {x.shape}", param="x")
+        dt = resolve_dtype(self.dtype)
+        if dt == np.float64:
+            return self.hidden(x) @ self.W2.T + self.b2
+        h = self.hidden_in(x.astype(dt), dt)
+        return (h @ self.W2.T.astype(dt) + self.b2.astype(dt)).astype(np.float64)  # not rounded to dt first
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        return self.forward(length_one_rows(X, self.d, self.NAME))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {**{name: getattr(self, name) for name in self.array_names()},
+                "activation": np.asarray(ACTIVATION_CODES[self.activation])}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64"):
+        missing = {*cls.array_names(), "activation"} - set(arrays)
+        if missing:
+            raise ConfigError(f"{cls.NAME} needs arrays {sorted(missing)}", param="arrays")
+        return cls(*(arrays[name] for name in cls.array_names()), activation_named(arrays["activation"]), dtype)
+
+
+def affine_in(x: np.ndarray, W: np.ndarray, b: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """``x Wᵀ + b`` computed in precision ``dt`` (``x`` already in it): the parameters cast, the result rounded."""
+    return (x @ W.T.astype(dt) + b.astype(dt)).astype(dt)
+
+
 @dataclass(frozen=True)
-class SmoothFFN:
+class SmoothFFN(ActivationFFN):
     """``f(x) = W2 σ(W1 x + b1) + b2`` with ``W1 ∈ R^{m×d}``, ``b1 ∈ R^m``, ``W2 ∈ R^{K×m}``, ``b2 ∈ R^K`` (the
     ``nn.Linear`` layout of a transformer's FFN) and σ a smooth :data:`ACTIVATIONS` entry.
 
@@ -124,21 +184,18 @@ class SmoothFFN:
     activation: str = "gelu"
     dtype: str = "float64"
     kind: ClassVar[str] = "smooth_ffn"
+    NAME: ClassVar[str] = "a smooth FFN"
 
-    def __post_init__(self) -> None:
-        W1, W2 = real_array("W1", self.W1, 2), real_array("W2", self.W2, 2)
-        b1, b2 = real_array("b1", self.b1, 1), real_array("b2", self.b2, 1)
+    @staticmethod
+    def hidden_width(arrays: dict[str, np.ndarray]) -> tuple[int, str]:
+        """``m`` (the rows of W1) once ``W1`` and ``b1`` agree."""
+        W1, b1 = arrays["W1"], arrays["b1"]
         m = W1.shape[0]
         if W1.shape[1] < 1 or m < 1:
             raise ConfigError(f"W1 must be m×d with m, d ≥ 1; got {W1.shape}", param="W1")
-        if W2.shape[1] != m:
-            raise ConfigError(f"W2 must be K×m with m = {m} (the rows of W1); got {W2.shape}", param="W2")
-        if b1.shape != (m,) or b2.shape != (W2.shape[0],):
-            raise ConfigError(f"b1 must have length m = {m} and b2 length K = {W2.shape[0]}; got {b1.shape}, "
-                              f"{b2.shape}", param="b1")
-        activation(self.activation)
-        resolve_dtype(self.dtype)
-        set_frozen(self, W1=W1, b1=b1, W2=W2, b2=b2)
+        if b1.shape != (m,):
+            raise ConfigError(f"b1 must have length m = {m}; got {b1.shape}", param="b1")
+        return m, "W1"
 
     d = axis_length("W1", 1, "The input width.")
     m = axis_length("W1", 0, "The hidden width: neurons, rows of W1.")
@@ -149,35 +206,13 @@ class SmoothFFN:
         """Numbers the function fixes: every neuron's ``(w1, b1, w2)`` and ``b2`` (only the order is free)."""
         return m * d + outputs * m + ((m + outputs) if bias else 0)
 
-    def with_dtype(self, dtype: str) -> "SmoothFFN":
-        return SmoothFFN(self.W1, self.b1, self.W2, self.b2, self.activation, dtype)
+    def hidden(self, x: np.ndarray) -> np.ndarray:
+        """The hidden units ``σ(W1 x + b1)`` for inputs (B, d), in float64."""
+        return activation(self.activation).f(x @ self.W1.T + self.b1)
 
-    def forward(self, x: np.ndarray) -> np.ndarray:
-        """``W2 σ(W1 x + b1) + b2`` for inputs of shape (B, d): shape (B, K)."""
-        x = np.asarray(x, dtype=np.float64)
-        if x.ndim != 2 or x.shape[1] != self.d:
-            raise ConfigError(f"inputs must have shape (B, {self.d}); got {x.shape}", param="x")
-        dt = resolve_dtype(self.dtype)
-        if dt == np.float64:
-            return activation(self.activation).f(x @ self.W1.T + self.b1) @ self.W2.T + self.b2
-        pre = (x.astype(dt) @ self.W1.T.astype(dt) + self.b1.astype(dt)).astype(dt)
-        h = activation(self.activation).f(pre.astype(np.float64)).astype(dt)
-        return (h @ self.W2.T.astype(dt) + self.b2.astype(dt)).astype(np.float64)
-
-    def __call__(self, X: np.ndarray) -> np.ndarray:
-        return self.forward(length_one_rows(X, self.d, "an FFN"))
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {"W1": self.W1, "b1": self.b1, "W2": self.W2, "b2": self.b2,
-                "activation": np.asarray(ACTIVATION_CODES[self.activation])}
-
-    @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "SmoothFFN":
-        missing = {"W1", "b1", "W2", "b2", "activation"} - set(arrays)
-        if missing:
-            raise ConfigError(f"a smooth FFN needs arrays {sorted(missing)}", param="arrays")
-        return cls(arrays["W1"], arrays["b1"], arrays["W2"], arrays["b2"], activation_named(arrays["activation"]),
-                   dtype)
+    def hidden_in(self, x: np.ndarray, dt: np.dtype) -> np.ndarray:
+        """The hidden units computed in precision ``dt`` (``x`` already in it)."""
+        return activation(self.activation).f(affine_in(x, self.W1, self.b1, dt).astype(np.float64)).astype(dt)
 
 
 def activation_named(code) -> str:

@@ -159,6 +159,19 @@ def positional_victim(family: str, *, d: int = 128, heads: int = 8, kv_heads: in
     return PositionalVictim(family, module, cfg, inv_freq, rotary_dim)
 
 
+class EveryRow:
+    """A victim's every row ``(B, N, K)`` as an oracle function, its rows declared positional (a bidirectional
+    encoder with position terms: T5's encoder)."""
+
+    positions = "positional"
+
+    def __init__(self, victim: PositionalVictim):
+        self.victim = victim
+
+    def __call__(self, X) -> np.ndarray:
+        return self.victim.every_position(X).detach().numpy()
+
+
 def _np(t) -> np.ndarray:
     return t.detach().to(torch.float64).cpu().numpy()
 

@@ -65,6 +65,9 @@ ROWS_Q = 3
 #: of 6 rows, W_h 8.3e-4, u_h 9.5e-4; 6 gave 1.4e-3, 8 gave 7.3e-4 but 4,448 sequences) and the long differences'
 #: step (1.0, as for two-row queries, did not separate from the column spaces' guesses: misfit 1.3e-2)
 ROWS_DESIGN_COARSE, ROWS_FAR_STEP = 42, 0.5
+#: the share of δ_0 in the long differences ``ROWS_FAR_BASE·δ_0 + ROWS_FAR_STEP·|δ_0|·q_k`` (their fits start from
+#: the column spaces' guesses, not from δ_0's labels): V_h = w_h D⁺ divides a fit's error by the q_k part
+ROWS_FAR_BASE = 1.0
 #: directions per sequence of the every-position logits stage, at most, and as a share of K/H (MiniLM: 24, the
 #: K × Hm matrix [V_h x_j] 3/4 full; W_h 8.5e-10 where 16 gave 6.8e-10, with 122 sequences instead of 230)
 ROWS_MAX_TOKENS, ROWS_TOKEN_SHARE = 24, 0.75
@@ -632,7 +635,8 @@ class _Separation:
             E = np.concatenate(bases, axis=1)
             spans = np.cumsum([0] + [b.shape[1] for b in bases])
             for k0 in range(0, len(Q), LATE_BATCH):
-                dk = [self.delta0 + ROWS_FAR_STEP * size * Q[k] for k in range(k0, min(len(Q), k0 + LATE_BATCH))]
+                dk = [ROWS_FAR_BASE * self.delta0 + ROWS_FAR_STEP * size * Q[k]
+                      for k in range(k0, min(len(Q), k0 + LATE_BATCH))]
                 coef = np.linalg.lstsq(E, M @ np.stack(dk, axis=1), rcond=None)[0]  # (Σ r_h, F)
                 guesses = [np.stack([bases[h] @ coef[spans[h]:spans[h + 1], f] for h in range(self.H)], axis=1)
                            for f in range(len(dk))]
