@@ -117,16 +117,16 @@ def _fit(model, data, frequencies, rounds, cg_steps):
 
             def step_at(lam):
                 return _cg(lambda v: apply(v) + lam * v, -g, cg_steps) * scale
-        moved = False
+        moved, start = False, cost
         for trial_lam in (LADDER if dense else ()):  # dense: the best of a ladder of dampings
             step = torch.as_tensor(step_at(trial_lam))
             trial = residual(p + step).detach()
             new = float(trial @ trial)
             if new < cost:
-                moved, gain, best = True, 1 - new / cost, (p + step, trial, new)
-                cost = new
+                moved, best, cost = True, (p + step, trial, new), new
         if moved:
             p, r, cost = best
+            gain = 1 - cost / start
         while not dense and not moved and lam < 1e6:
             step = torch.as_tensor(step_at(lam))
             trial = residual(p + step).detach()
