@@ -1,0 +1,266 @@
+"""A joint least-squares polish of a :class:`PositionalAttention` on answers (docs/positional.md, "The polish").
+
+Every parameter the model's function depends on — each head's ``W_Q``, each group's ``W_K``, ``W_V``, the output
+map, the biases, and the position term (RoPE frequencies optionally, ALiBi slopes, T5 bucket values) — is fitted
+at once to last-position answers ``y_b`` of sequences of varied lengths: ``min_p Σ_b ‖f_p(X_b) − y_b‖²`` by
+Levenberg–Marquardt with a matrix-free Gauss–Newton step (conjugate gradients on ``(JᵀJ + λI) s = −Jᵀr``, the
+products ``Jv`` and ``Jᵀu`` from ``torch.func``). The model's gauge freedoms (a scaled rotation per head and
+frequency pair, the split ``V_h = W_O,h W_V,g``) are null directions of ``J``: conjugate gradients from zero never
+move along them, and the damping keeps the step bounded. Averaging over many answers is what beats their rounding:
+with ``m`` numbers for ``P`` unknowns, the fitted function's error is about the rounding times ``√(P/m)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from attnprobe.errors import ConfigError
+from attnprobe.models.positional import PositionalAttention, rotation_pairs, t5_buckets
+
+#: lengths of the fresh sequences (cycled), up to the longest the check reads
+POLISH_LENGTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64, 128, 256)
+#: Levenberg–Marquardt rounds, conjugate-gradient steps per round
+ROUNDS, CG_STEPS = 12, 60
+#: the largest Jacobian (numbers × unknowns) the polish forms densely; past it, conjugate gradients
+DENSE_LIMIT = 4e7
+#: the dampings tried per round with a dense Jacobian (relative to the unit-scaled columns' squared singular values)
+LADDER = (1e-14, 1e-11, 1e-8, 1e-5, 1e-2, 1.0)
+#: the fitted arrays besides the position term
+WEIGHTS = ("Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
+
+
+@dataclass
+class PolishReport:
+    """What the polish did: sequences and numbers fitted, the unknowns, the RMS misfit relative to the answers'
+    spread before and after, and the rounds taken."""
+
+    sequences: int
+    numbers: int
+    unknowns: int
+    misfit_before: float
+    misfit_after: float
+    rounds: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def fresh_answers(oracle, count: int, rng: np.random.Generator, lengths=POLISH_LENGTHS, scale: float = 1.0):
+    """``count`` random sequences (standard normal tokens times ``scale``), lengths cycled from ``lengths``,
+    and the oracle's last-position answers: a list of ``(X (B, N, d), Y (B, K))`` per length."""
+    if count < 1:
+        raise ConfigError(f"the polish needs at least one sequence; got {count}", param="sequences")
+    per = np.bincount(np.arange(count) % len(lengths), minlength=len(lengths))
+    out = []
+    for N, b in zip(lengths, per):
+        if b:
+            X = rng.standard_normal((int(b), int(N), oracle.d)) * scale
+            out.append((X, np.asarray(oracle(X), dtype=np.float64)))
+    return out
+
+
+def fitted_names(model: PositionalAttention, frequencies: bool = False) -> tuple[str, ...]:
+    """The arrays the polish fits: the weights and biases, and the position term's own numbers (RoPE
+    frequencies only when ``frequencies``)."""
+    extra = {"alibi": ("slopes",), "t5": ("rel_bias",), "rope": ("inv_freq",) if frequencies else ()}
+    return WEIGHTS + extra.get(model.position, ())
+
+
+def polish(model: PositionalAttention, data, *, frequencies: bool = False, rounds: int = ROUNDS,
+           cg_steps: int = CG_STEPS) -> tuple[PositionalAttention, PolishReport]:
+    """Fit every parameter of ``model`` to the answers ``data`` (list of ``(X, Y)``, last positions) by
+    Levenberg–Marquardt (module docstring). Returns the polished model (float64) and a :class:`PolishReport`.
+    Runs torch on one thread (many small products: threads only contend)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _fit(model, data, frequencies, rounds, cg_steps)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fit(model, data, frequencies, rounds, cg_steps):
+    import torch
+
+    names = fitted_names(model, frequencies)
+    arrays = {n: np.asarray(getattr(model, n), dtype=np.float64) for n in names}
+    shapes = {n: a.shape for n, a in arrays.items()}
+    sizes = [a.size for a in arrays.values()]
+    p = torch.as_tensor(np.concatenate([a.ravel() for a in arrays.values()]))
+    batches = [(torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(Y, dtype=torch.float64)) for X, Y in data]
+    spread = math.sqrt(sum(float(((Y - Y.mean(0)) ** 2).sum()) for _, Y in batches))
+    const = _constants(model, [X.shape[1] for X, _ in batches])
+
+    def residual(flat):
+        parts = dict(zip(names, torch.split(flat, sizes)))
+        parts = {n: v.reshape(shapes[n]) for n, v in parts.items()}
+        return torch.cat([(_last_row(model, parts, const, X) - Y).reshape(-1) for X, Y in batches])
+
+    r = residual(p).detach()
+    cost = float(r @ r)
+    before = math.sqrt(cost) / spread
+    dense = r.numel() * p.numel() <= DENSE_LIMIT
+    if not dense:  # unknowns scaled by their arrays' Jacobian column size (one probe per array): Jacobi on blocks
+        scale = torch.cat([torch.full((n,), v) for n, v in zip(sizes, _block_sizes(residual, p, sizes))])
+    lam, done = 1e-6, 0
+    for done in range(1, rounds + 1):
+        if dense:
+            J = torch.func.jacrev(residual, chunk_size=256)(p).detach().numpy()
+            step_at = _marquardt(J, r.numpy())
+        else:
+            apply, g = _normal_equations(residual, p, scale)
+
+            def step_at(lam):
+                return _cg(lambda v: apply(v) + lam * v, -g, cg_steps) * scale
+        moved, start = False, cost
+        for trial_lam in (LADDER if dense else ()):  # dense: the best of a ladder of dampings
+            step = torch.as_tensor(step_at(trial_lam))
+            trial = residual(p + step).detach()
+            new = float(trial @ trial)
+            if new < cost:
+                moved, best, cost = True, (p + step, trial, new), new
+        if moved:
+            p, r, cost = best
+            gain = 1 - cost / start
+        while not dense and not moved and lam < 1e6:
+            step = torch.as_tensor(step_at(lam))
+            trial = residual(p + step).detach()
+            new = float(trial @ trial)
+            moved = new < cost
+            if moved:
+                gain = 1 - new / cost
+                p, r, cost = p + step, trial, new
+                lam /= 4
+            else:
+                lam *= 16
+        if not moved or gain < 1e-3:
+            break
+    out = dict(zip(names, torch.split(p.detach(), sizes)))
+    numbers = sum(int(Y.numel()) for _, Y in batches)
+    report = PolishReport(sum(len(X) for X, _ in batches), numbers, int(p.numel()), before,
+                          math.sqrt(cost) / spread, done)
+    polished = replace(model, dtype="float64", **{n: v.reshape(shapes[n]).numpy() for n, v in out.items()})
+    return polished, report
+
+
+def _marquardt(J: np.ndarray, r: np.ndarray):
+    """``λ ↦ s`` solving ``min ‖J s + r‖² + λ ‖diag(JᵀJ)^½ s‖²`` (Marquardt's scaling; SVD of the scaled J once)."""
+    col = np.sqrt(np.maximum(np.einsum("ij,ij->j", J, J), 1e-300))
+    U, sv, Vt = np.linalg.svd(J / col, full_matrices=False)
+    beta = U.T @ r
+
+    def solve(lam):
+        return -(Vt.T @ (sv * beta / (sv**2 + lam))) / col
+    return solve
+
+
+def _block_sizes(residual, p, sizes):
+    """Per fitted array, the inverse RMS size of its Jacobian columns (one random probe each)."""
+    import torch
+
+    out, at = [], 0
+    apply, _ = _normal_equations(residual, p, torch.ones_like(p))
+    for n in sizes:
+        v = torch.zeros_like(p)
+        v[at:at + n] = torch.randn(n, dtype=p.dtype)
+        size = float(v @ apply(v)) / float(v @ v)
+        out.append(1.0 / math.sqrt(size) if size > 0 else 1.0)
+        at += n
+    return out
+
+
+def _normal_equations(residual, p, scale):
+    """``v ↦ DJᵀJDv`` and ``DJᵀr`` at ``p`` (``D = diag(scale)``), the Jacobian products by reverse-mode autograd:
+    ``Jᵀu`` directly, ``Jv`` as the gradient of ``u ↦ vᵀJᵀu`` (one graph per round)."""
+    import torch
+
+    x = p.detach().clone().requires_grad_(True)
+    r = residual(x)
+    u = torch.zeros_like(r, requires_grad=True)
+    (jt_u,) = torch.autograd.grad(r, x, u, create_graph=True)
+
+    def apply(v):
+        (jv,) = torch.autograd.grad(jt_u, u, v * scale, retain_graph=True)
+        (out,) = torch.autograd.grad(r, x, jv, retain_graph=True)
+        return out * scale
+
+    (g,) = torch.autograd.grad(r, x, r.detach(), retain_graph=True)
+    return apply, g * scale
+
+
+def _cg(apply, b, steps):
+    """Conjugate gradients on ``apply(x) = b`` from zero (``apply`` symmetric positive definite)."""
+    import torch
+
+    x = torch.zeros_like(b)
+    res = b.clone()
+    d = res.clone()
+    rr = float(res @ res)
+    stop = 1e-20 * rr
+    for _ in range(steps):
+        Ad = apply(d)
+        a = rr / float(d @ Ad)
+        x = x + a * d
+        res = res - a * Ad
+        new = float(res @ res)
+        if new < stop:
+            break
+        d = res + (new / rr) * d
+        rr = new
+    return x
+
+
+def _constants(model: PositionalAttention, lengths) -> dict:
+    """Per length: the offsets ``δ = j − (N − 1)`` of the last row and, for T5, their buckets."""
+    import torch
+
+    out = {}
+    for N in set(lengths):
+        offs = np.arange(N) - (N - 1)
+        item = {"offsets": torch.as_tensor(offs, dtype=torch.float64)}
+        if model.position == "t5":
+            item["buckets"] = torch.as_tensor(t5_buckets(offs, model.rel_bias.shape[1], model.max_distance,
+                                                         model.bidirectional))
+        out[N] = item
+    if model.position == "rope":
+        a, b = rotation_pairs(model.rotary_dim, model.layout)
+        partner = np.arange(model.head_dim)
+        partner[a], partner[b] = b, a
+        sign = np.concatenate([-np.ones(len(a)), np.ones(len(b))])
+        out["pairs"] = (torch.as_tensor(partner), torch.as_tensor(np.concatenate([a, b])), torch.as_tensor(sign))
+    return out
+
+
+def _last_row(model: PositionalAttention, p: dict, const: dict, X):
+    """The model's last-position answer (B, K) in torch, with the arrays ``p`` in place of the model's."""
+    import torch
+
+    B, N, _ = X.shape
+    H, G = model.H, model.G
+    offs = const[N]["offsets"]
+    q = torch.einsum("bd,hkd->bhk", X[:, -1], p["Wq"]) + p["bq"]
+    k = torch.einsum("bnd,gkd->bgnk", X, p["Wk"]) + p["bk"][None, :, None]
+    v = torch.einsum("bnd,gkd->bgnk", X, p["Wv"]) + p["bv"][None, :, None]
+    k = k.repeat_interleave(H // G, dim=1)
+    v = v.repeat_interleave(H // G, dim=1)
+    if model.position == "rope":
+        theta = p["inv_freq"] if "inv_freq" in p else torch.as_tensor(np.array(model.inv_freq))
+        ang = offs[:, None] * theta[None]  # (N, r/2)
+        cos, sin = torch.cos(ang), torch.sin(ang)
+        partner, at, sign = const["pairs"]
+        C = torch.ones(N, k.shape[-1], dtype=k.dtype).index_copy(1, at, torch.cat([cos, cos], 1))
+        S = torch.zeros(N, k.shape[-1], dtype=k.dtype).index_copy(1, at, torch.cat([sin, sin], 1) * sign)
+        k = k * C + k[..., partner] * S
+    s = model.scale * torch.einsum("bhk,bhnk->bhn", q, k)
+    if model.position == "alibi":
+        s = s + p["slopes"][:, None] * offs[None]
+    elif model.position == "t5":
+        s = s + p["rel_bias"][:, const[N]["buckets"]]
+    alpha = torch.softmax(s, dim=-1)
+    ctx = torch.einsum("bhn,bhnk->bhk", alpha, v)
+    return ctx.reshape(B, -1) @ p["Wo"].T + p["bo"]

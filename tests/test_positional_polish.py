@@ -1,0 +1,66 @@
+"""The joint least-squares polish of a positional model on fresh answers (real transformers modules)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from attnprobe.errors import ConfigError
+from attnprobe.learners.positional.polish import fitted_names, fresh_answers, polish
+from attnprobe.oracles.base import Oracle
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from attnprobe.targets.positional_modules import positional_victim, reference_model  # noqa: E402
+
+ARRAYS = ("Wq", "Wk", "Wv", "Wo")
+
+
+def _error(model, truth, lengths=(1, 2, 5, 40, 256)):
+    rng = np.random.default_rng(7)
+    worst = 0.0
+    for N in lengths:
+        X = rng.standard_normal((4, N, truth.d))
+        y = truth(X)
+        worst = max(worst, np.abs(model(X) - y).max() / np.abs(y - truth.output_bias()).max())
+    return worst
+
+
+def _perturbed(truth, size, rng, names=ARRAYS):
+    return replace(truth, **{n: np.asarray(getattr(truth, n)) * (1 + size * rng.standard_normal(
+        np.shape(getattr(truth, n)))) for n in names})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "bloom"])
+def test_polish_moves_a_perturbed_layer_towards_the_module(family):
+    victim = positional_victim(family, d=16, heads=2, kv_heads=1 if family == "llama" else None, seed=1)
+    truth = reference_model(victim)
+    rng = np.random.default_rng(0)
+    names = ARRAYS + (("slopes",) if family == "bloom" else ())
+    start = _perturbed(truth, 1e-3, rng, names)
+    oracle = Oracle(victim, 16)
+    data = fresh_answers(oracle, 120, rng)
+    assert oracle.queries == 120 and sum(len(X) for X, _ in data) == 120
+    model, report = polish(start, data, rounds=4, cg_steps=40)
+    assert report.sequences == 120 and report.numbers == 120 * truth.outputs
+    assert report.misfit_after < report.misfit_before / 30
+    assert _error(model, truth) < _error(start, truth) / 10
+    if family == "bloom":  # the slopes are fitted, not kept
+        assert np.abs(model.slopes - truth.slopes).max() < np.abs(start.slopes - truth.slopes).max() / 10
+    assert model.dtype == "float64" and model.position == truth.position
+
+
+def test_fitted_arrays_follow_the_position_term():
+    llama = reference_model(positional_victim("llama", d=16, heads=2, kv_heads=1, seed=1))
+    assert "inv_freq" not in fitted_names(llama) and "inv_freq" in fitted_names(llama, frequencies=True)
+    t5 = reference_model(positional_victim("t5", d=16, heads=2, seed=1))
+    assert fitted_names(t5)[-1] == "rel_bias"
+
+
+def test_no_sequences_is_refused_naming_the_parameter():
+    victim = positional_victim("llama", d=16, heads=2, kv_heads=1, seed=1)
+    with pytest.raises(ConfigError) as exc:
+        fresh_answers(Oracle(victim, 16), 0, np.random.default_rng(0))
+    assert exc.value.param == "sequences"
