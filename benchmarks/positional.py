@@ -16,6 +16,7 @@ import numpy as np
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.learners.positional import extract_positional
+from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.oracles.torch_adapter import oracle_from_torch
 from attnprobe.reports import Table
 from attnprobe.targets.positional_modules import positional_victim, reference_model
@@ -38,12 +39,7 @@ LENGTHS = (1, 2, 3, 5, 17, 64, 100, 200, 256)
 def function_error(model, truth, rng, per_length: int = 4) -> float:
     """Largest ‖f̂(X) − f(X)‖∞ / ‖f(X) − c‖∞ at the last position over Gaussian sequences of every length in
     :data:`LENGTHS` (entries N(0, 1), the answers' scale)."""
-    worst = 0.0
-    for N in LENGTHS:
-        X = rng.standard_normal((per_length, N, truth.d))
-        y = truth(X)
-        worst = max(worst, float(np.abs(model(X) - y).max() / np.abs(y - truth.output_bias()).max()))
-    return worst
+    return function_error_over_lengths(model, truth, rng, LENGTHS, per_length=per_length)
 
 
 def main() -> None:

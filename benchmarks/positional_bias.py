@@ -15,6 +15,7 @@ import numpy as np
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.learners.positional.additive import extract_additive
+from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.oracles.base import Oracle
 from attnprobe.oracles.torch_adapter import TorchFunction
 from attnprobe.reports import Table
@@ -26,13 +27,7 @@ LENGTHS = (1, 2, 3, 5, 17, 64, 100, 200, 256)
 
 
 def function_error(model, truth, rng, rows: bool) -> float:
-    worst = 0.0
-    for N in LENGTHS:
-        X = rng.standard_normal((4, N, truth.d))
-        y = truth.every_position(X) if rows else truth(X)
-        yh = model.every_position(X) if rows else model(X)
-        worst = max(worst, float(np.abs(yh - y).max() / np.abs(y - truth.output_bias()).max()))
-    return worst
+    return function_error_over_lengths(model, truth, rng, LENGTHS, rows=rows)
 
 
 def main() -> None:

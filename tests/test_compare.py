@@ -52,3 +52,30 @@ def test_networks_compare_neurons_up_to_permutation_and_scale():
 def test_incomparable_models_are_refused(result, says):
     with pytest.raises(ConfigError, match=says):
         parameter_errors(random_head(5, seed=0), result)
+
+
+def test_function_error_over_lengths_scores_the_truth_0_its_output_bias_1_and_the_worst_length():
+    """The positional tests' one error formula: 0 for the truth, 1 for a model answering only the output bias, and the
+    largest over the lengths (a model wrong only at length 5 is caught), at the last row or at every row."""
+    from attnprobe.models.compare import function_error_over_lengths
+    from attnprobe.targets.positional_modules import positional_victim, reference_model
+
+    truth = reference_model(positional_victim("llama", d=16, heads=2, kv_heads=1, seed=0))
+
+    class OnlyBias:
+        def __call__(self, X):
+            return np.broadcast_to(truth.output_bias(), truth(X).shape)
+
+        def every_position(self, X):
+            return np.broadcast_to(truth.output_bias(), truth.every_position(X).shape)
+
+    class WrongAtFive:
+        def __call__(self, X):
+            return truth(X) + (X.shape[1] == 5)
+
+    lengths = (1, 5, 9)
+    for rows in (False, True):
+        assert function_error_over_lengths(truth, truth, np.random.default_rng(0), lengths, rows=rows) == 0
+        assert function_error_over_lengths(OnlyBias(), truth, np.random.default_rng(0), lengths, rows=rows) == 1
+    assert function_error_over_lengths(WrongAtFive(), truth, np.random.default_rng(0), lengths) > 0
+    assert function_error_over_lengths(WrongAtFive(), truth, np.random.default_rng(0), (1, 9)) == 0

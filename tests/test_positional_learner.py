@@ -8,6 +8,7 @@ from attnprobe.learners.core.estimate import estimate_queries
 from attnprobe.learners.positional import extract_positional
 from attnprobe.learners.positional.rotation import RotaryFactors, factor_rotary
 from attnprobe.models.positional import PositionalAttention, rope_frequencies
+from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.oracles.base import Oracle
 
 torch = pytest.importorskip("torch")
@@ -17,12 +18,7 @@ from attnprobe.targets.positional_modules import positional_victim, reference_mo
 
 
 def _rel(model, truth, rng, lengths=(1, 2, 3, 17, 100, 256)):
-    worst = 0.0
-    for N in lengths:
-        X = rng.standard_normal((4, N, truth.d))
-        y = truth(X)
-        worst = max(worst, np.abs(model(X) - y).max() / np.abs(y - truth.output_bias()).max())
-    return worst
+    return function_error_over_lengths(model, truth, rng, lengths)
 
 
 def test_llama_gqa_is_recovered_at_every_length_up_to_256():

@@ -7,6 +7,7 @@ import pytest
 
 from attnprobe.errors import ConfigError
 from attnprobe.learners.positional.polish import fitted_names, fresh_answers, polish
+from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.oracles.base import Oracle
 
 pytest.importorskip("torch")
@@ -18,13 +19,7 @@ ARRAYS = ("Wq", "Wk", "Wv", "Wo")
 
 
 def _error(model, truth, lengths=(1, 2, 5, 40, 256)):
-    rng = np.random.default_rng(7)
-    worst = 0.0
-    for N in lengths:
-        X = rng.standard_normal((4, N, truth.d))
-        y = truth(X)
-        worst = max(worst, np.abs(model(X) - y).max() / np.abs(y - truth.output_bias()).max())
-    return worst
+    return function_error_over_lengths(model, truth, np.random.default_rng(7), lengths)
 
 
 def _perturbed(truth, size, rng, names=ARRAYS):

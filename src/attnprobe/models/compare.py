@@ -17,6 +17,19 @@ def relative_error(estimate, truth) -> float:
     return float(np.linalg.norm(a - b) / n) if n > 0 else float(np.linalg.norm(a))
 
 
+def function_error_over_lengths(model, truth, rng, lengths, *, per_length: int = 4, rows: bool = False) -> float:
+    """Largest ``‖f̂(X) − f(X)‖∞ / ‖f(X) − c‖∞`` over Gaussian sequences (entries N(0, 1)) of every length in
+    ``lengths``, at the last position (or at every row with ``rows``); ``c`` is the truth's output bias, so a model
+    that answers only ``c`` scores 1. For models of sequences (``PositionalAttention``, blocks)."""
+    worst = 0.0
+    for N in lengths:
+        X = rng.standard_normal((per_length, N, truth.d))
+        y = truth.every_position(X) if rows else truth(X)
+        yh = model.every_position(X) if rows else model(X)
+        worst = max(worst, float(np.abs(yh - y).max() / np.abs(y - truth.output_bias()).max()))
+    return worst
+
+
 def relative_errors(true_model, result_model) -> dict[str, float]:
     """Per-parameter :func:`relative_error` of every array the two models share."""
     t, r = true_model.arrays(), result_model.arrays()
