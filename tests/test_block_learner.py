@@ -89,3 +89,27 @@ def test_method_block_is_still_refused_in_one_line(tmp_path, capsys):
     assert main(["extract", "--oracle", "m:f", "--d", "4", "--method", "block", "--out", str(tmp_path / "r.npz")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "extract_block" in err and "docs/block.md" in err
+
+
+def test_the_attention_polish_reads_the_model_it_starts_from():
+    """The block polish's flat parameters (one key and value map per head, GQA expanded) give the start model's last
+    row less ``bo`` at every length, partial rotary included; its model from those parameters answers the same."""
+    import torch
+
+    from attnprobe.learners.block.polish import RopeLastRow
+    from attnprobe.models.positional import PositionalAttention
+
+    rng = np.random.default_rng(3)
+    H, G, dh, d = 4, 2, 8, 16
+    for half in (4, 2):
+        m = PositionalAttention(rng.standard_normal((H, dh, d)), rng.standard_normal((G, dh, d)),
+                                rng.standard_normal((G, dh, d)), rng.standard_normal((5, H * dh)),
+                                bo=rng.standard_normal(5), position="rope", inv_freq=1.0 / 10.0 ** np.arange(half),
+                                layout="half", scale=1.0, causal=True)
+        f = RopeLastRow(m)
+        for N in (1, 2, 9, 40):
+            X = rng.standard_normal((3, N, d))
+            y = m(X)
+            got = f.forward(torch.as_tensor(f.start), torch.as_tensor(X)).numpy()
+            assert np.abs(got - (y - m.bo)).max() < 1e-12 * np.abs(y).max()
+            assert np.abs(f.to_model(f.start)(X) - y).max() < 1e-12 * np.abs(y).max()

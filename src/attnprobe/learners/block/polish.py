@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, lsmr
 
+from attnprobe.learners.positional.polish import last_row, row_constants
 from attnprobe.models.positional import PositionalAttention
 
 #: Gauss–Newton rounds and LSMR iterations per round
@@ -54,7 +55,9 @@ def _column_scales(f, residual, p, torch, probes: int = 4) -> np.ndarray:
 
 class RopeLastRow:
     """The last-row answer of independent RoPE heads (rotate-half, scale 1, causal, no biases) as a function of one
-    flat parameter vector: ``Wq (H, d_h, d)``, ``Wk (H, d_h, d)``, ``Wv (H, d_v, d)``, ``Wo (K, H·d_v)``, ``θ``."""
+    flat parameter vector: ``Wq (H, d_h, d)``, ``Wk (H, d_h, d)``, ``Wv (H, d_v, d)``, ``Wo (K, H·d_v)``, ``θ``.
+    The forward pass is the positional polish's (:func:`~attnprobe.learners.positional.polish.last_row`) on the
+    model with one key and value group per head and zero biases."""
 
     def __init__(self, model: PositionalAttention):
         H, dh, d = model.Wq.shape
@@ -65,6 +68,10 @@ class RopeLastRow:
         self.start = np.concatenate([model.Wq.ravel(), Wk.ravel(), Wv.ravel(), model.Wo.ravel(),
                                      np.asarray(model.inv_freq).ravel()])
         self.model = model
+        self.heads = PositionalAttention(model.Wq, Wk, Wv, model.Wo, position="rope", inv_freq=model.inv_freq,
+                                         layout="half", scale=1.0, causal=True)
+        self.zeros = {"bq": np.zeros((H, dh)), "bk": np.zeros((H, dh)), "bv": np.zeros((H, dv)), "bo": np.zeros(K)}
+        self.constants: dict = {}
 
     def unpack(self, p):
         out, i = [], 0
@@ -77,23 +84,12 @@ class RopeLastRow:
     def forward(self, p, Z):
         """Last rows (B, K) of torch sequences ``Z (B, N, d)``."""
         torch = _torch()
-        Wq, Wk, Wv, Wo, theta = self.unpack(p)
-        B, N, _ = Z.shape
-        pos = torch.arange(N, dtype=Z.dtype)
-        q = torch.einsum("bd,hkd->bhk", Z[:, -1], Wq)
-        k = torch.einsum("bnd,hkd->bhnk", Z, Wk)
-        half = theta.shape[0]
-
-        def rot(x, ang):
-            a, b = x[..., :half], x[..., half:2 * half]
-            c, s = torch.cos(ang), torch.sin(ang)
-            return torch.cat([a * c - b * s, b * c + a * s, x[..., 2 * half:]], dim=-1)
-
-        q = rot(q, (N - 1) * theta)
-        k = rot(k, pos[:, None] * theta[None, :])
-        alpha = torch.softmax(torch.einsum("bhk,bhnk->bhn", q, k), dim=-1)
-        ctx = torch.einsum("bhn,bnd,hvd->bhv", alpha, Z, Wv)
-        return ctx.reshape(B, -1) @ Wo.T
+        N = Z.shape[1]
+        if N not in self.constants:
+            self.constants.update(row_constants(self.heads, [N]))
+        parts = dict(zip(("Wq", "Wk", "Wv", "Wo", "inv_freq"), self.unpack(p)))
+        parts |= {name: torch.as_tensor(zero) for name, zero in self.zeros.items()}
+        return last_row(self.heads, parts, self.constants, Z)
 
     def to_model(self, p: np.ndarray) -> PositionalAttention:
         Wq, Wk, Wv, Wo, theta = self.unpack(p)

@@ -94,12 +94,12 @@ def _fit(model, data, frequencies, rounds, cg_steps):
     p = torch.as_tensor(np.concatenate([a.ravel() for a in arrays.values()]))
     batches = [(torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(Y, dtype=torch.float64)) for X, Y in data]
     spread = math.sqrt(sum(float(((Y - Y.mean(0)) ** 2).sum()) for _, Y in batches))
-    const = _constants(model, [X.shape[1] for X, _ in batches])
+    const = row_constants(model, [X.shape[1] for X, _ in batches])
 
     def residual(flat):
         parts = dict(zip(names, torch.split(flat, sizes)))
         parts = {n: v.reshape(shapes[n]) for n, v in parts.items()}
-        return torch.cat([(_last_row(model, parts, const, X) - Y).reshape(-1) for X, Y in batches])
+        return torch.cat([(last_row(model, parts, const, X) - Y).reshape(-1) for X, Y in batches])
 
     r = residual(p).detach()
     cost = float(r @ r)
@@ -215,7 +215,7 @@ def _cg(apply, b, steps):
     return x
 
 
-def _constants(model: PositionalAttention, lengths) -> dict:
+def row_constants(model: PositionalAttention, lengths) -> dict:
     """Per length: the offsets ``δ = j − (N − 1)`` of the last row and, for T5, their buckets."""
     import torch
 
@@ -236,7 +236,7 @@ def _constants(model: PositionalAttention, lengths) -> dict:
     return out
 
 
-def _last_row(model: PositionalAttention, p: dict, const: dict, X):
+def last_row(model: PositionalAttention, p: dict, const: dict, X):
     """The model's last-position answer (B, K) in torch, with the arrays ``p`` in place of the model's."""
     import torch
 
