@@ -1,8 +1,16 @@
-import numpy as np
-import pytest
+import os
+
+# One BLAS/OpenMP thread per test process, set before numpy and torch load: `pytest -n auto` runs one process per
+# core, and each BLAS spinning up a thread per core on top of that (oversubscribed) made numpy-heavy tests up to
+# 25x slower on a busy 2-core machine. A caller's own setting is kept.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402  (after the thread settings)
+import pytest  # noqa: E402
 
 
-from attnprobe.models.compare import relative_error as rel  # noqa: F401  (the library's one formula)
+from attnprobe.models.compare import relative_error as rel  # noqa: E402, F401  (the library's one formula)
 
 
 @pytest.fixture
