@@ -45,7 +45,7 @@ def sublayer_oracles(shape):
     f = fold_norm_weights(blk)
     o = Oracle(blk.every_position, d, outputs=d, precision="float64")
     K0 = linear_part(o.answer_rows, d)
-    s, _ = sqrt_eps(o.answer_rows, K0, np.random.default_rng(0))
+    s, _ = sqrt_eps(o.answer_rows, K0, np.random.default_rng(0), heads=H)
     M = f.attention.every_position(np.eye(d)[:, None, :])[:, 0].T
     asked = o.queries
     ffn = FFNThroughBlock(o.answer_rows, s * (K0 - np.eye(d)), s * s)

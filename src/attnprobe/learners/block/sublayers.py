@@ -57,14 +57,16 @@ def linear_part(answer_rows, d: int, step: float = LINEAR_STEP, levels: int = 3)
     return table[0]
 
 
-def sqrt_eps(answer_rows, K0: np.ndarray, rng: np.random.Generator, tokens: int = 2) -> tuple[float, float]:
+def sqrt_eps(answer_rows, K0: np.ndarray, rng: np.random.Generator, tokens: int = 2,
+             heads: int | None = None) -> tuple[float, float]:
     """``√ε`` by least squares from ``tokens`` directions ``u`` on the sphere (rms 1): the attention's share of a
-    driven-out single token is ``M' u = L([u]) − F(n2(u))`` and ``y'(0) − I = M'/√ε``. Returns it and the fit's
-    relative misfit."""
+    driven-out single token is ``M' u = L([u]) − F(n2(u))`` and ``y'(0) − I = M'/√ε``; ``F(n2(u))`` by
+    :func:`.levers.ffn_on_sphere` (its rational limit when ``heads`` is given). Returns it and the fit's relative
+    misfit."""
     d = K0.shape[0]
     U = rng.standard_normal((tokens, d))
     U *= math.sqrt(d) / np.linalg.norm(U, axis=1, keepdims=True)
-    Mu = driven_out(answer_rows, U[:, None, :]) - ffn_on_sphere(answer_rows, U)
+    Mu = driven_out(answer_rows, U[:, None, :]) - ffn_on_sphere(answer_rows, U, heads=heads)
     P = U @ (K0 - np.eye(d)).T
     s = float(np.sum(P * Mu) / np.sum(P * P))
     misfit = float(np.linalg.norm(Mu - s * P) / np.linalg.norm(Mu))
