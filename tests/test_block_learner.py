@@ -113,3 +113,17 @@ def test_the_attention_polish_reads_the_model_it_starts_from():
             got = f.forward(torch.as_tensor(f.start), torch.as_tensor(X)).numpy()
             assert np.abs(got - (y - m.bo)).max() < 1e-12 * np.abs(y).max()
             assert np.abs(f.to_model(f.start)(X) - y).max() < 1e-12 * np.abs(y).max()
+
+
+def test_the_ffn_oracle_takes_the_smallest_token_where_the_scale_equation_has_several_roots():
+    """d = 64: some FFN inputs are reached both by a large token cancelled by its own attention (``x ≈ −M' n1(x)``,
+    digits lost to rounding) and by a small one; the oracle must take the small one (the largest root κ)."""
+    blk = random_llama_block(64, 4, 2, 128, seed=0)
+    f = fold_norm_weights(blk)
+    M = f.attention.every_position(np.eye(64)[:, None, :])[:, 0].T
+    ffn = FFNThroughBlock(blk.every_position, M, blk.eps)
+    V = np.random.default_rng(1).standard_normal((256, 1, 64)) * 0.4
+    true = f.mlp(V[:, 0])
+    assert np.abs(ffn(V) - true).max() < 1e-10 * np.abs(true).max()  # 5.8e-10 at the large tokens
+    kappa = 1 / np.sqrt(np.mean(ffn.token_for(inverse_norm(V[:, 0], blk.eps)) ** 2, axis=1) + blk.eps)
+    assert kappa.min() * math.sqrt(blk.eps) > 0.005  # 0.0013 at the large tokens
