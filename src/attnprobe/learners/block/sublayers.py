@@ -37,7 +37,7 @@ QUERY_DRIVE = 10.0
 #: Newton steps on each token's norm scale in :meth:`FFNThroughBlock.token_for`
 TOKEN_STEPS = 50
 #: rows whose root has ``κ√ε`` below this are scanned for a larger root (a smaller token), on this many points
-SCAN_BELOW, SCAN_POINTS = 0.1, 2000
+SCAN_BELOW, SCAN_POINTS, SCAN_CHUNK = 0.1, 48, 128
 
 
 def first_rows(answer_rows, X: np.ndarray) -> np.ndarray:
@@ -137,31 +137,32 @@ class FFNThroughBlock:
         """The largest root ``κ`` of ``g(κ) = κ − 1/√(mean x(κ)² + ε)`` above the found one (the smallest token): the
         scale equation has several roots where ``M'`` has eigenvalues below ``−√ε``, and a large token cancelled by
         its own attention (``x ≈ −M' n1(x)``) loses its answer's digits to rounding (d = 64: 5.8e-10 against
-        3.1e-12 at the larger root, measured). ``g`` on :data:`SCAN_POINTS` points between the found root and
+        3.1e-12 at the larger root, measured). ``g`` on :data:`SCAN_POINTS` log-spaced points between the found root and
         ``1/√ε``, then bisection on the topmost sign change."""
         top = 1 / math.sqrt(self.eps)
-        X = np.empty((len(W), self.d))
-        out = kappa.copy()
+        out = kappa[:, 0].copy()
+        t = np.linspace(0, 1, SCAN_POINTS)
+        for at in range(0, len(W), SCAN_CHUNK):  # rows in chunks: (rows, points, d) complex at a time
+            w, k0 = W[at:at + SCAN_CHUNK], out[at:at + SCAN_CHUNK]
+            ks = k0[:, None] * (top / k0[:, None]) ** t[None]  # log-spaced: the roots crowd at small κ
+            g = ks - 1 / np.sqrt(self._mean_square(w[:, None], ks[..., None]) + self.eps)
+            change = np.sign(g[:, 1:]) != np.sign(g[:, :-1])
+            j = SCAN_POINTS - 2 - np.argmax(change[:, ::-1], axis=1)  # the topmost sign change per row
+            has = change.any(axis=1) & (j > 0)
+            r = np.arange(len(w))
+            lo, hi, neg = ks[r, j], ks[r, j + 1], g[r, j] < 0
+            for _ in range(60):
+                mid = (lo + hi) / 2
+                gm = mid - 1 / np.sqrt(self._mean_square(w, mid[:, None]) + self.eps)
+                up = (gm < 0) == neg
+                lo, hi = np.where(up, mid, lo), np.where(up, hi, mid)
+            out[at:at + SCAN_CHUNK] = np.where(has, lo, k0)
+        X = np.real((W / (1 + out[:, None] * self.lam)) @ self.P.T)
+        return X, out[:, None]
 
-        def tokens(w, k):
-            return np.real((w / (1 + k * self.lam)) @ self.P.T)
-
-        for i, (w, k0) in enumerate(zip(W, kappa[:, 0])):
-            ks = np.linspace(k0, top, SCAN_POINTS)
-            g = ks - 1 / np.sqrt(np.mean(tokens(w[None], ks[:, None]) ** 2, axis=1) + self.eps)
-            change = np.nonzero(np.sign(g[1:]) != np.sign(g[:-1]))[0]
-            if len(change) and change[-1] > 0:
-                j = change[-1]
-                lo, hi, neg = ks[j], ks[j + 1], g[j] < 0
-                for _ in range(200):
-                    mid = (lo + hi) / 2
-                    if mid in (lo, hi):
-                        break
-                    gm = mid - 1 / math.sqrt(float(np.mean(tokens(w, mid) ** 2)) + self.eps)
-                    lo, hi = (mid, hi) if (gm < 0) == neg else (lo, mid)
-                out[i] = lo
-            X[i] = tokens(w, out[i, 0])
-        return X, out
+    def _mean_square(self, w: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """``mean x(κ)²`` for eigen-coordinates ``w`` at scales ``k`` (broadcast), ``x = Re(P (w/(1 + κλ)))``."""
+        return np.mean(np.real((w / (1 + k * self.lam)) @ self.P.T) ** 2, axis=-1)
 
     def __call__(self, V: np.ndarray) -> np.ndarray:
         V = np.asarray(V, dtype=np.float64)
