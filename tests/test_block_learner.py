@@ -115,7 +115,6 @@ def test_the_attention_polish_reads_the_model_it_starts_from():
             assert np.abs(f.to_model(f.start)(X) - y).max() < 1e-12 * np.abs(y).max()
 
 
-@pytest.mark.slow
 def test_the_ffn_oracle_takes_the_smallest_token_where_the_scale_equation_has_several_roots():
     """d = 64: some FFN inputs are reached both by a large token cancelled by its own attention (``x ≈ −M' n1(x)``,
     digits lost to rounding) and by a small one; the oracle must take the small one (the largest root κ)."""
