@@ -7,9 +7,11 @@ SwiGLU at weights N(0, 1/fan-in), ε = 1e-6, float64), queried as every-position
    away);
 2. the RoPE learner on the true attention with its own query scales against every query at one rms (as the norm
    forces), before and after one Gauss–Newton step of the polish (300 LSMR iterations; d = 32 only);
-3. ``extract_block`` end to end (``--e2e``; minutes).
+3. the gated FFN learner (SwiGLU, width given) through the block's FFN oracle, and on the true FFN with relative
+   noise 1e-10 and 1e-12 added (``--only ffn``: d = 64; ``--only ffn128``: d = 128; minutes each);
+4. ``extract_block`` end to end (``--e2e``; minutes).
 
-    python benchmarks/block_learner.py [--only oracles] [--e2e] [--write]
+    python benchmarks/block_learner.py [--only oracles|ffn|ffn128] [--e2e] [--write]
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import time
 
 import numpy as np
 
-from attnprobe.learners.block.learner import extract_block, polish_data
+from attnprobe.learners.block.learner import FFN_SCALE, extract_block, polish_data
 from attnprobe.learners.block.polish import polish_attention
 from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, linear_part, sqrt_eps)
 from attnprobe.learners.positional.rope import extract_positional
+from attnprobe.learners.smooth_ffn.gated_learner import extract_gated_ffn
 from attnprobe.models.block import fold_norm_weights
 from attnprobe.models.gated_ffn import GatedFFN
 from attnprobe.oracles import Oracle
@@ -45,7 +48,7 @@ def sublayer_oracles(shape):
     f = fold_norm_weights(blk)
     o = Oracle(blk.every_position, d, outputs=d, precision="float64")
     K0 = linear_part(o.answer_rows, d)
-    s, _ = sqrt_eps(o.answer_rows, K0, np.random.default_rng(0))
+    s, _ = sqrt_eps(o.answer_rows, K0, np.random.default_rng(0), heads=H)
     M = f.attention.every_position(np.eye(d)[:, None, :])[:, 0].T
     asked = o.queries
     ffn = FFNThroughBlock(o.answer_rows, s * (K0 - np.eye(d)), s * s)
@@ -82,6 +85,32 @@ def rope_fixed_query(shape, polish: bool):
     return rows
 
 
+def gated_through_block(shape, noise: float | None):
+    """The gated learner (SwiGLU, width given) on ``v ↦ F(w2 ⊙ v)``: through the block (``noise`` None) or the true
+    FFN with ``noise × (the row's largest answer)`` added; function error on 256 fresh rows of rms 0.4."""
+    d, H, G, m = shape
+    blk = random_llama_block(d, H, G, m)
+    f = fold_norm_weights(blk)
+    if noise is None:
+        o = Oracle(blk.every_position, d, outputs=d, precision="float64")
+        K0 = linear_part(o.answer_rows, d)
+        s, _ = sqrt_eps(o.answer_rows, K0, np.random.default_rng(0), heads=H)
+        fn, label = FFNThroughBlock(o.answer_rows, s * (K0 - np.eye(d)), s * s), "the block's FFN oracle"
+    else:
+        rng = np.random.default_rng(1)
+
+        def fn(V):
+            y = f.mlp(V[:, 0])
+            return y + noise * rng.standard_normal(y.shape) * np.abs(y).max(axis=1, keepdims=True)
+        label = f"the true FFN + relative noise {noise:.0e}"
+    t = time.perf_counter()
+    res = extract_gated_ffn(Oracle(fn, d, outputs=d, precision="float64"), activation="swiglu", hidden=m,
+                            bias=False, scale=FFN_SCALE, check=False)
+    V = np.random.default_rng(9).standard_normal((256, d)) * 0.4
+    return (f"d {d}, SwiGLU {m}", label, res.queries, f"{rel(res.model.forward(V), f.mlp(V)):.1e}",
+            f"{time.perf_counter() - t:.0f}")
+
+
 def end_to_end(shape):
     d, H, G, m = shape
     blk = random_llama_block(d, H, G, m)
@@ -101,9 +130,28 @@ def end_to_end(shape):
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--e2e", action="store_true", help="also run extract_block end to end at d = 32 (minutes)")
-    ap.add_argument("--only", choices=("oracles",), help="only the sublayer oracles' table (a minute)")
+    ap.add_argument("--only", choices=("oracles", "ffn", "ffn128"),
+                    help="only the sublayer oracles' table (a minute), or only the gated learner through the block "
+                         "(d = 64 or 128; minutes)")
     ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks/block.md")
     args = ap.parse_args()
+    if args.only in ("ffn", "ffn128"):
+        t = Table(["FFN", "answers from", "queries", "function error", "seconds"])
+        if args.only == "ffn":
+            for noise in (None, 1e-10, 1e-12):
+                t.add(*gated_through_block(SHAPES[1], noise))
+                print(t.markdown(), flush=True)
+        else:
+            t.add(*gated_through_block(SHAPES[2], None))
+        body = ("The gated FFN learner (SwiGLU, width given, inputs of rms 0.35) through the block's FFN oracle, and "
+                "on the true FFN with noise (function error on 256 fresh rows of rms 0.4, relative to the largest "
+                "answer):"
+                "\n\n" + t.markdown())
+        print(body)
+        if args.write:
+            title = "Gated FFN learner through the block, d = " + ("64" if args.only == "ffn" else "128")
+            write_section(title, body, command_line(), doc=DOC)
+        return
     t1 = Table(["block", "queries (linear part, ε)", "√ε rel. error", "M' rel. error",
                 "FFN oracle: median / worst row of 256", "attention oracle (N = 33)"])
     for shape in SHAPES:

@@ -8,7 +8,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from attnprobe.errors import ConfigError  # noqa: E402
-from attnprobe.learners.block.levers import driven_out, ffn_on_sphere, output_layernorm, value_map  # noqa: E402
+from attnprobe.learners.block.levers import (driven_out, ffn_on_sphere, output_layernorm, rational_keys,  # noqa: E402
+                                            rational_limit, value_map)
 from attnprobe.models.block import fold_norm_weights  # noqa: E402
 from attnprobe.oracles.hf_block import block_model, hf_block, oracle_from_hf_block  # noqa: E402
 from hf_models import tiny_family_dir  # noqa: E402
@@ -103,3 +104,25 @@ def test_the_value_map_times_the_norm_weight_from_single_tokens(tmp_path):
     assert oracle.queries == 32 * 5 * 6
     assert np.abs(M - truth).max() <= 1e-7 * np.abs(truth).max()
     assert np.abs(M - block_model(victim).attention.value_maps().sum(0)).max() > 1e-3 * np.abs(truth).max()
+
+
+def test_the_rational_limit_is_exact_where_a_polynomial_in_one_over_k_is_not():
+    """``F + Σ_h c_h/(1 + k e^{−s_h})`` (the driven-out token behind k zero keys) with self logits up to 4: the rational
+    fit of degree H recovers F to rounding; the degree-4 polynomial in 1/k misses by far more (its series in
+    ``e^{s}/k`` converges slowly at k = 200)."""
+    rng = np.random.default_rng(0)
+    H, d = 8, 40
+    s = np.array([4.0, 3.5, 2.0, 1.2, 0.5, -0.3, -1.0, -2.2])
+    F, C = rng.standard_normal(d), rng.standard_normal((H, d))
+    ks = np.asarray(rational_keys(H), dtype=np.float64)
+    assert len(ks) >= 2 * H + 2 and ks.min() == 100 and ks.max() == 1000
+    L = F + (1 / (1 + ks[:, None] * np.exp(-s)[None])) @ C
+    got = rational_limit(ks.min() / ks, L, H)
+    assert np.abs(got - F).max() < 1e-10 * np.abs(F).max()
+    poly_keys = np.array([200.0, 400, 600, 800, 1000])  # the polynomial limit's default counts
+    weights = np.linalg.solve(np.vander(1 / poly_keys, 5, increasing=True).T, np.eye(5)[0])
+    poly = weights @ (F + (1 / (1 + poly_keys[:, None] * np.exp(-s)[None])) @ C)
+    assert np.abs(poly - F).max() > 1e3 * np.abs(got - F).max()
+    assert np.abs(rational_limit(ks.min() / ks, L, 2) - F).max() > 1e3 * np.abs(got - F).max()  # too few heads
+    with pytest.raises(ConfigError, match="zero_keys"):
+        ffn_on_sphere(lambda X: X, np.ones((1, 4)), zero_keys=(100, 200, 300), heads=2)

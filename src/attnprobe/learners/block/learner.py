@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from attnprobe.errors import ConfigError, UnidentifiableError
+from attnprobe.learners.block.levers import STEPS, rational_keys
 from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, linear_part, sqrt_eps)
 from attnprobe.learners.block.polish import polish_attention
 from attnprobe.learners.core.check import CheckResult, check_tolerance
@@ -32,8 +33,14 @@ CHECK_LENGTHS = (1, 2, 8, 64)
 CHECK_PER_LENGTH = 8
 #: the FFN learner's inputs: standard deviation per coordinate (rms ≈ this, inside the norm's ball)
 FFN_SCALE = 0.35
-#: queries of the eps stage: 2 tokens × 5 steps × (1 + 5 zero-key counts)
-EPS_QUERIES = 2 * 5 * 6
+#: directions u of the eps stage
+EPS_TOKENS = 2
+
+
+def eps_queries(heads: int) -> int:
+    """Queries of the eps stage: per token, ``len(STEPS)`` driven-out answers for ``L([u])`` and for each of the
+    rational limit's zero-key counts."""
+    return EPS_TOKENS * len(STEPS) * (1 + len(rational_keys(heads)))
 
 
 def _oracle(fn, d, name):
@@ -70,7 +77,7 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
                                       "not read yet")
         K0 = linear_part(rows, d)
     with run.phase("eps"):
-        s, misfit = sqrt_eps(rows, K0, run.rng)
+        s, misfit = sqrt_eps(rows, K0, run.rng, tokens=EPS_TOKENS, heads=heads)
     if not (s > 0 and misfit < 1e-4):
         raise UnidentifiableError(f"the attention's value map read on the norm's sphere does not match the one read "
                                   f"at the origin (misfit {misfit:.1e}): not a pre-norm RMSNorm block")
@@ -145,12 +152,12 @@ def every_position_check(oracle, model, rng, lengths, per_length) -> CheckResult
 
 
 def block_queries(d: int, H: int, m: int, *, walk: int = 1, check: bool = True) -> int:
-    """Queries of :func:`extract_block` with the FFN's width m given: 1 + 6d (linear) + 60 (eps) + the gated
+    """Queries of :func:`extract_block` with the FFN's width m given: 1 + 6d (linear) + the eps stage's + the gated
     learner's plan + the unit-query RoPE learner's plan + the check."""
     from attnprobe.learners.positional.rope import positional_queries
     from attnprobe.learners.smooth_ffn.gated_learner import gated_plan
 
-    n = 1 + 6 * d + EPS_QUERIES + sum(gated_plan(d, d, m).values())
+    n = 1 + 6 * d + eps_queries(H) + sum(gated_plan(d, d, m).values())
     n += positional_queries(d, H, max(2, d // H), outputs=d, walk=walk)
     n += len(POLISH_LENGTHS) * max(16, math.ceil(POLISH_PER_D * d))
     return n + (len(CHECK_LENGTHS) * CHECK_PER_LENGTH if check else 0)

@@ -49,21 +49,49 @@ def driven_out(answer_rows, X: np.ndarray, steps=STEPS) -> np.ndarray:
 ZERO_KEYS = (200, 400, 600, 800, 1000)
 
 
-def ffn_on_sphere(answer_rows, U: np.ndarray, zero_keys=ZERO_KEYS, steps=STEPS) -> np.ndarray:
+def rational_keys(heads: int) -> tuple[int, ...]:
+    """Zero-key counts of the rational limit: ``max(19, 2·heads + 3)`` counts spread over 100 … 1000 (19 is
+    ``range(100, 1001, 50)``)."""
+    return tuple(int(k) for k in np.unique(np.round(np.linspace(100, 1000, max(19, 2 * heads + 3)))))
+
+
+def ffn_on_sphere(answer_rows, U: np.ndarray, zero_keys=None, steps=STEPS, heads: int | None = None) -> np.ndarray:
     """``F(n2(u))`` for the rows of ``U`` (B, d) of a pre-norm block whose attention has no key or value biases:
-    :func:`driven_out` on ``[0]·k + [u]`` for each ``k`` in ``zero_keys``, extrapolated polynomially in ``1/k`` to
-    ``k = ∞`` (``len(zero_keys)·len(steps)`` sequences per row, of length up to ``max(zero_keys) + 1``)."""
+    :func:`driven_out` on ``[0]·k + [u]`` for each ``k`` in ``zero_keys`` (``len(zero_keys)·len(steps)`` sequences
+    per row, of length up to ``max(zero_keys) + 1``), taken to ``k = ∞``. Without ``heads``: polynomially in
+    ``1/k`` (:data:`ZERO_KEYS`; its error grows like ``(e^{s_h}/k)^5`` with the self logits ``s_h``: 4e-6 at
+    d = 128, measured). With ``heads`` = H: the exact form ``F + Σ_h c_h/(1 + k e^{−s_h})``, a rational function of
+    ``1/k`` of degree H over H with one denominator for every coordinate, fitted by :func:`rational_limit`
+    (:func:`rational_keys`; 1.5e-11 at d = 128, measured)."""
     U = np.asarray(U, dtype=np.float64)
     if U.ndim != 2:
         raise ConfigError(f"U must have shape (B, d); got {U.shape}", param="U")
+    if zero_keys is None:
+        zero_keys = ZERO_KEYS if heads is None else rational_keys(heads)
     ks = np.asarray(zero_keys, dtype=np.float64)
-    if ks.ndim != 1 or len(ks) < 2 or np.any(ks < 1) or len(set(ks.tolist())) != len(ks):
-        raise ConfigError("zero_keys must be at least two distinct counts ≥ 1", param="zero_keys")
+    need = 2 if heads is None else 2 * heads + 2
+    if ks.ndim != 1 or len(ks) < need or np.any(ks < 1) or len(set(ks.tolist())) != len(ks):
+        raise ConfigError(f"zero_keys must be at least {need} distinct counts ≥ 1", param="zero_keys")
     B, d = U.shape
-    L = [driven_out(answer_rows, np.concatenate([np.zeros((B, int(k), d)), U[:, None]], axis=1), steps)
-         for k in ks]
+    L = np.stack([driven_out(answer_rows, np.concatenate([np.zeros((B, int(k), d)), U[:, None]], axis=1), steps)
+                  for k in ks])
+    if heads is not None:
+        return np.stack([rational_limit(ks.min() / ks, L[:, b], heads) for b in range(B)])
     weights = np.linalg.solve(np.vander(1.0 / ks, len(ks), increasing=True).T, np.eye(len(ks))[0])
-    return np.tensordot(weights, np.stack(L), axes=1)
+    return np.tensordot(weights, L, axes=1)
+
+
+def rational_limit(x: np.ndarray, L: np.ndarray, degree: int) -> np.ndarray:
+    """The value at ``x = 0`` of the rational function ``P(x)/Q(x)`` (degree ``degree`` over ``degree``, ``Q(0) = 1``,
+    one ``Q`` for all columns) fitted to the rows ``L (n, d)`` at nodes ``x (n,)`` by the linearised least squares
+    ``L·Q = P`` (each column's ``P`` projected out: ``degree`` unknowns for ``Q``, then ``P`` per column)."""
+    V = np.vander(np.asarray(x, dtype=np.float64), degree + 1, increasing=True)
+    basis = np.linalg.qr(V)[0]
+    rows = [(V[:, 1:] * L[:, [c]], L[:, c]) for c in range(L.shape[1])]
+    A = np.concatenate([a - basis @ (basis.T @ a) for a, _ in rows])
+    b = -np.concatenate([v - basis @ (basis.T @ v) for _, v in rows])
+    q = np.linalg.lstsq(A, b, rcond=None)[0]
+    return np.linalg.lstsq(V, L * (1 + V[:, 1:] @ q)[:, None], rcond=None)[0][0]
 
 
 def value_map(answer_rows, d: int, zero_keys=ZERO_KEYS, steps=STEPS, seed: int = 0) -> np.ndarray:

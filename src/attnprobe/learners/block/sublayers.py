@@ -36,6 +36,8 @@ NEWTON_STEPS, NEWTON_TOL = 200, 1e-16
 QUERY_DRIVE = 10.0
 #: Newton steps on each token's norm scale in :meth:`FFNThroughBlock.token_for`
 TOKEN_STEPS = 50
+#: rows whose root has ``κ√ε`` below this are scanned for a larger root (a smaller token), on this many points
+SCAN_BELOW, SCAN_POINTS, SCAN_CHUNK = 0.1, 48, 128
 
 
 def first_rows(answer_rows, X: np.ndarray) -> np.ndarray:
@@ -57,14 +59,16 @@ def linear_part(answer_rows, d: int, step: float = LINEAR_STEP, levels: int = 3)
     return table[0]
 
 
-def sqrt_eps(answer_rows, K0: np.ndarray, rng: np.random.Generator, tokens: int = 2) -> tuple[float, float]:
+def sqrt_eps(answer_rows, K0: np.ndarray, rng: np.random.Generator, tokens: int = 2,
+             heads: int | None = None) -> tuple[float, float]:
     """``√ε`` by least squares from ``tokens`` directions ``u`` on the sphere (rms 1): the attention's share of a
-    driven-out single token is ``M' u = L([u]) − F(n2(u))`` and ``y'(0) − I = M'/√ε``. Returns it and the fit's
-    relative misfit."""
+    driven-out single token is ``M' u = L([u]) − F(n2(u))`` and ``y'(0) − I = M'/√ε``; ``F(n2(u))`` by
+    :func:`.levers.ffn_on_sphere` (its rational limit when ``heads`` is given). Returns it and the fit's relative
+    misfit."""
     d = K0.shape[0]
     U = rng.standard_normal((tokens, d))
     U *= math.sqrt(d) / np.linalg.norm(U, axis=1, keepdims=True)
-    Mu = driven_out(answer_rows, U[:, None, :]) - ffn_on_sphere(answer_rows, U)
+    Mu = driven_out(answer_rows, U[:, None, :]) - ffn_on_sphere(answer_rows, U, heads=heads)
     P = U @ (K0 - np.eye(d)).T
     s = float(np.sum(P * Mu) / np.sum(P * P))
     misfit = float(np.linalg.norm(Mu - s * P) / np.linalg.norm(Mu))
@@ -120,10 +124,45 @@ class FFNThroughBlock:
             X[bad] = np.real((Wb / (1 + lo * lam)) @ self.P.T)
             kappa[bad] = lo
             miss = np.abs(kappa[:, 0] * np.sqrt(np.mean(X * X, axis=1) + self.eps) - 1)
+        low = kappa[:, 0] * math.sqrt(self.eps) < SCAN_BELOW
+        if np.any(low):
+            X[low], kappa[low] = self._largest_root(W[low], kappa[low])
+            miss = np.abs(kappa[:, 0] * np.sqrt(np.mean(X * X, axis=1) + self.eps) - 1)
         if np.any(miss > 1e-10):
             raise RecoveryError(f"no single token reaches the asked FFN input through the first sublayer (the "
                                 f"norm's scale equation missed by {miss.max():.1e})")
         return X
+
+    def _largest_root(self, W: np.ndarray, kappa: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The largest root ``κ`` of ``g(κ) = κ − 1/√(mean x(κ)² + ε)`` above the found one (the smallest token): the
+        scale equation has several roots where ``M'`` has eigenvalues below ``−√ε``, and a large token cancelled by
+        its own attention (``x ≈ −M' n1(x)``) loses its answer's digits to rounding (d = 64: 5.8e-10 against
+        3.1e-12 at the larger root, measured). ``g`` on :data:`SCAN_POINTS` log-spaced points between the found root and
+        ``1/√ε``, then bisection on the topmost sign change."""
+        top = 1 / math.sqrt(self.eps)
+        out = kappa[:, 0].copy()
+        t = np.linspace(0, 1, SCAN_POINTS)
+        for at in range(0, len(W), SCAN_CHUNK):  # rows in chunks: (rows, points, d) complex at a time
+            w, k0 = W[at:at + SCAN_CHUNK], out[at:at + SCAN_CHUNK]
+            ks = k0[:, None] * (top / k0[:, None]) ** t[None]  # log-spaced: the roots crowd at small κ
+            g = ks - 1 / np.sqrt(self._mean_square(w[:, None], ks[..., None]) + self.eps)
+            change = np.sign(g[:, 1:]) != np.sign(g[:, :-1])
+            j = SCAN_POINTS - 2 - np.argmax(change[:, ::-1], axis=1)  # the topmost sign change per row
+            has = change.any(axis=1) & (j > 0)
+            r = np.arange(len(w))
+            lo, hi, neg = ks[r, j], ks[r, j + 1], g[r, j] < 0
+            for _ in range(60):
+                mid = (lo + hi) / 2
+                gm = mid - 1 / np.sqrt(self._mean_square(w, mid[:, None]) + self.eps)
+                up = (gm < 0) == neg
+                lo, hi = np.where(up, mid, lo), np.where(up, hi, mid)
+            out[at:at + SCAN_CHUNK] = np.where(has, lo, k0)
+        X = np.real((W / (1 + out[:, None] * self.lam)) @ self.P.T)
+        return X, out[:, None]
+
+    def _mean_square(self, w: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """``mean x(κ)²`` for eigen-coordinates ``w`` at scales ``k`` (broadcast), ``x = Re(P (w/(1 + κλ)))``."""
+        return np.mean(np.real((w / (1 + k * self.lam)) @ self.P.T) ** 2, axis=-1)
 
     def __call__(self, V: np.ndarray) -> np.ndarray:
         V = np.asarray(V, dtype=np.float64)
