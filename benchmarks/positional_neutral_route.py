@@ -1,0 +1,79 @@
+"""The RoPE route on layers with q/k/v biases once the keys are neutral (``Qwen2Attention``,
+``GPTNeoXAttention``; d = 32, 2 heads, float64): every token is shifted by a neutral key ``x₀`` (``W_K x₀ + b_K =
+0`` in every group, taken from the module's weights here, so this is a measurement of the later stages, not a
+learner), which removes the key bias (the value bias becomes a constant of the output); what is left is the query
+bias ``b' = W_Q x₀ + b_Q``. Rows: the query bias as the shift leaves it or cancelled in the module (``b_Q = −W_Q
+x₀``), the pair probe's settings (the route's, whose query scale t varies, or t fixed with more zero keys), and
+what the unchanged route then returns: sequences, the function error at lengths 1 … 256 against the module (the
+recovered model shifted back: ``b_K = −W_K x₀``, ``b_Q = −W_Q x₀``, ``b_V = −W_V x₀``), or its refusal.
+
+    PYTHONPATH=src python benchmarks/positional_neutral_route.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import numpy as np
+
+import attnprobe.learners.positional.rope as rope
+from attnprobe.errors import AttnprobeError
+from attnprobe.models.compare import function_error_over_lengths
+from attnprobe.oracles.base import Oracle
+from attnprobe.reports import Table
+from attnprobe.targets.positional_modules import positional_victim, reference_model
+from sections import command_line, write_section
+
+DOC = "positional"
+CASES = (("qwen2", {"kv_heads": 1}), ("gpt_neox", {}))
+LENGTHS = (1, 2, 8, 64, 256)
+
+
+def neutral_key(model) -> np.ndarray:
+    """A token whose key is zero in every group: ``W_K x₀ = −b_K`` (least squares; exact when ``G·d_h ≤ d``)."""
+    return -np.linalg.lstsq(model.Wk.reshape(-1, model.d), model.bk.reshape(-1), rcond=None)[0]
+
+
+def shifted_back(model, x0: np.ndarray):
+    """A model learned on inputs ``u = x − x₀`` as a model of ``x``: every projection's bias moves by ``−W x₀``."""
+    def moved(W, b):
+        return (0 if b is None else b) - np.einsum("gkd,d->gk", W, x0)
+    return dataclasses.replace(model, bq=moved(model.Wq, model.bq), bk=moved(model.Wk, model.bk),
+                               bv=moved(model.Wv, model.bv))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks/positional.md")
+    args = ap.parse_args()
+    table = Table(["module", "query bias b'", "pair-probe settings", "sequences", "error ≤ 256", "result"])
+    route_settings = rope.SETTINGS
+    for family, kw in CASES:
+        truth = reference_model(positional_victim(family, d=32, heads=2, seed=args.seed, **kw))
+        x0 = neutral_key(truth)
+        for bias in ("as the shift leaves it", "cancelled (b_Q = −W_Q x₀)"):
+            layer = truth if bias.startswith("as") else dataclasses.replace(
+                truth, bq=-np.einsum("hkd,d->hk", truth.Wq, x0))
+            for label, settings in (("t varies (route)", route_settings), ("t fixed", rope.UNIT_SETTINGS)):
+                rope.SETTINGS = settings
+                oracle = Oracle(lambda X, layer=layer: layer(np.asarray(X) + x0), truth.d)
+                try:
+                    res = rope.extract_positional(oracle, heads=truth.H, seed=0, check=False)
+                    err = function_error_over_lengths(shifted_back(res.model, x0), layer, np.random.default_rng(0),
+                                                      LENGTHS)
+                    table.add(family, bias, label, res.queries, f"{err:.1e}", "recovered" if err < 1e-6 else
+                              "wrong function (no query bias in the model)")
+                except AttnprobeError as exc:
+                    table.add(family, bias, label, oracle.queries, "–", f"refused: {str(exc)[:90]}")
+                finally:
+                    rope.SETTINGS = route_settings
+    print(table.markdown())
+    if args.write:
+        write_section("Positional: the RoPE route behind a neutral-key shift, query bias left or cancelled "
+                      "(d = 32, float64)", table.markdown(), command_line(), doc=DOC)
+
+
+if __name__ == "__main__":
+    main()
