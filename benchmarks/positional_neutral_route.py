@@ -19,6 +19,8 @@ import numpy as np
 
 import attnprobe.learners.positional.rope as rope
 from attnprobe.errors import AttnprobeError
+from attnprobe.learners.positional.neutral import extract_neutral, shifted_back
+from attnprobe.models.positional import PositionalAttention
 from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.oracles.base import Oracle
 from attnprobe.reports import Table
@@ -33,14 +35,6 @@ LENGTHS = (1, 2, 8, 64, 256)
 def neutral_key(model) -> np.ndarray:
     """A token whose key is zero in every group: ``W_K x₀ = −b_K`` (least squares; exact when ``G·d_h ≤ d``)."""
     return -np.linalg.lstsq(model.Wk.reshape(-1, model.d), model.bk.reshape(-1), rcond=None)[0]
-
-
-def shifted_back(model, x0: np.ndarray):
-    """A model learned on inputs ``u = x − x₀`` as a model of ``x``: every projection's bias moves by ``−W x₀``."""
-    def moved(W, b):
-        return (0 if b is None else b) - np.einsum("gkd,d->gk", W, x0)
-    return dataclasses.replace(model, bq=moved(model.Wq, model.bq), bk=moved(model.Wk, model.bk),
-                               bv=moved(model.Wv, model.bv))
 
 
 def main() -> None:
@@ -70,9 +64,27 @@ def main() -> None:
                 finally:
                     rope.SETTINGS = route_settings
     print(table.markdown())
+    learned = Table(["module", "GQA", "sequences", "unknowns", "error ≤ 256", "check", "wrong x₀ (+1e-3 noise)"])
+    for family, kw in CASES:  # the learner (neutral.py): query bias read from ±z; x₀ still from the weights
+        truth = reference_model(positional_victim(family, d=32, heads=2, seed=args.seed, **kw))
+        x0 = neutral_key(truth)
+        res = extract_neutral(Oracle(truth, truth.d), x0, heads=truth.H, seed=0)
+        err = function_error_over_lengths(res.model, truth, np.random.default_rng(0), LENGTHS)
+        try:
+            extract_neutral(Oracle(truth, truth.d), x0 + 1e-3 * np.random.default_rng(5).standard_normal(truth.d),
+                            heads=truth.H, seed=0)
+            wrong = "ACCEPTED"
+        except AttnprobeError as exc:
+            wrong = f"refused: {str(exc)[:70]}"
+        unknowns = PositionalAttention.unknowns(truth.d, truth.H, truth.G, truth.head_dim, truth.d, bias=True)
+        learned.add(family, f"{truth.H}/{truth.G}", res.queries, unknowns, f"{err:.1e}",
+                    f"{res.check.verdict} ({res.check.error:.1e})", wrong)
+    print(learned.markdown())
     if args.write:
         write_section("Positional: the RoPE route behind a neutral-key shift, query bias left or cancelled "
                       "(d = 32, float64)", table.markdown(), command_line(), doc=DOC)
+        write_section("Positional: Qwen2 / GPT-NeoX with biases behind a given neutral key, query bias read from ±z "
+                      "(d = 32, float64)", learned.markdown(), command_line(), doc=DOC)
 
 
 if __name__ == "__main__":
