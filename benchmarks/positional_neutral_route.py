@@ -64,9 +64,10 @@ def main() -> None:
                 finally:
                     rope.SETTINGS = route_settings
     print(table.markdown())
-    learned = Table(["module", "GQA", "sequences", "unknowns", "error ≤ 256", "check", "wrong x₀ (+1e-3 noise)"])
-    for family, kw in CASES:  # the learner (neutral.py): query bias read from ±z; x₀ still from the weights
-        truth = reference_model(positional_victim(family, d=32, heads=2, seed=args.seed, **kw))
+    learned = Table(["module", "d", "GQA", "sequences", "unknowns", "error ≤ 256", "check", "wrong x₀ (+1e-3 noise)"])
+    learner_cases = [(f, 32, 2, kw) for f, kw in CASES] + [("qwen2", 128, 8, {"kv_heads": 2})]
+    for family, d, H, kw in learner_cases:  # the learner (neutral.py): query bias read from ±z; x₀ from the weights
+        truth = reference_model(positional_victim(family, d=d, heads=H, seed=args.seed, **kw))
         x0 = neutral_key(truth)
         res = extract_neutral(Oracle(truth, truth.d), x0, heads=truth.H, seed=0)
         err = function_error_over_lengths(res.model, truth, np.random.default_rng(0), LENGTHS)
@@ -77,14 +78,14 @@ def main() -> None:
         except AttnprobeError as exc:
             wrong = f"refused: {str(exc)[:70]}"
         unknowns = PositionalAttention.unknowns(truth.d, truth.H, truth.G, truth.head_dim, truth.d, bias=True)
-        learned.add(family, f"{truth.H}/{truth.G}", res.queries, unknowns, f"{err:.1e}",
+        learned.add(family, d, f"{truth.H}/{truth.G}", res.queries, unknowns, f"{err:.1e}",
                     f"{res.check.verdict} ({res.check.error:.1e})", wrong)
     print(learned.markdown())
     if args.write:
         write_section("Positional: the RoPE route behind a neutral-key shift, query bias left or cancelled "
                       "(d = 32, float64)", table.markdown(), command_line(), doc=DOC)
         write_section("Positional: Qwen2 / GPT-NeoX with biases behind a given neutral key, query bias read from ±z "
-                      "(d = 32, float64)", learned.markdown(), command_line(), doc=DOC)
+                      "(float64)", learned.markdown(), command_line(), doc=DOC)
 
 
 if __name__ == "__main__":
