@@ -103,11 +103,14 @@ def positional_queries(d: int, H: int, head_dim: int, *, outputs: int | None = N
 
 
 def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None, offsets=OFFSETS,
-                       oversample: int = OVERSAMPLE, walk: int = WALK, query_rms: float | None = None):
+                       oversample: int = OVERSAMPLE, walk: int = WALK, query_rms: float | None = None,
+                       query_bias: bool = False):
     """Recover a RoPE attention layer from its last-position output rows (module docstring); ``walk``: queries of
     the pair probe's walk per ⌈K/H⌉ (:data:`WALK`); ``query_rms``: every query token (the last row) of this rms
     exactly, the scales carried by the keys (an oracle behind an RMSNorm, whose queries cannot be rescaled:
-    docs/block.md)."""
+    docs/block.md); ``query_bias``: the queries may carry a bias (keys must not: :mod:`.neutral` shifts the
+    tokens by a neutral key first): the pair probe keeps the query's scale fixed and the sketches ask ``±z``, whose
+    half-sum is the bias's term, fitted as ``b_Q``."""
     if not (isinstance(walk, int) and walk >= 1):
         raise ConfigError(f"walk must be an integer ≥ 1; got {walk!r}", param="walk")
     d = oracle.d
@@ -132,13 +135,13 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     if K < 2:
         raise UnidentifiableError("the positional learner reads whole output rows (K ≥ 2 outputs per sequence)")
     with run.phase("offsets"):
-        dirs, signal = _pair_probe(oracle, M, rng, heads, noise, walk, query_rms)
+        dirs, signal = _pair_probe(oracle, M, rng, heads, noise, walk, query_rms, query_bias)
     H = dirs[0].shape[1]
     Cb, G, dh = _output_spaces(dirs, M, (d // H) if unit_queries else None)
     with run.phase("logits"):
-        Xs, Ys, Om, rho_l = _sketches(oracle, rng, Cb, G, c, np.array(offsets), dh + oversample,
-                                      query_rms=query_rms)
-    Wq, Wk, thetas, steps = [], [], [], []
+        Xs, Ys, Om, rho_l, bias = _sketches(oracle, rng, Cb, G, c, np.array(offsets), dh + oversample,
+                                            query_rms=query_rms, query_bias=query_bias)
+    Wq, Wk, thetas, steps, bq = [], [], [], [], []
     for h in range(H):
         U = _basis(np.concatenate(list(Xs[h]), axis=1), dh)
         V = _basis(np.concatenate(list(Ys[h]), axis=1), dh)
@@ -147,10 +150,14 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
         Wq.append(f.Q.T)
         Wk.append(f.K)
         thetas.append(f.theta)
+        if bias is not None:  # b_hᵀ R(δ_k) K_h Ω_k[a]ᵀ = the sketch's query-bias term, every offset and key
+            A = np.concatenate([(f.rotation(o) @ f.K @ Om[k].T).T for k, o in enumerate(offsets)])
+            bq.append(np.linalg.lstsq(A, bias[:, h].T.reshape(-1), rcond=None)[0])
         steps.append(float(np.linalg.norm(f.matrix(-1) - f.matrix(0)) / np.linalg.norm(f.matrix(0))))
     thetas = np.array(thetas)
     theta = thetas.mean(axis=0)
-    model = PositionalAttention(np.array(Wq), np.array(Wk), G, Cb, bo=c, position="rope", inv_freq=theta,
+    model = PositionalAttention(np.array(Wq), np.array(Wk), G, Cb, bq=np.array(bq) if bq else None, bo=c,
+                                position="rope", inv_freq=theta,
                                 layout="half", scale=1.0, causal=True)
     spread = float(np.max(np.abs(thetas - theta) / theta))
     details = {"heads": H, "head_dim": dh, "offset_signal": signal, "offsets": list(offsets),
@@ -162,13 +169,14 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     return run.finish(model, unknowns=unknowns, details=details, notes=notes)
 
 
-def _pair_probe(oracle, M, rng, heads, noise, walk, query_rms=None):
+def _pair_probe(oracle, M, rng, heads, noise, walk, query_rms=None, query_bias=False):
     """Stage 2: the heads' directions ``V_h z`` along a walk of queries (:mod:`.heads`) and the offset signal;
     refuses offset-free answers and answers with more directions than bias-free heads show."""
     d, K = oracle.d, M.shape[0]
     z0 = rng.standard_normal(d)
     unit_queries = query_rms is not None
-    settings = UNIT_SETTINGS if unit_queries else SETTINGS
+    # a query bias turns the probe's rows with the query's scale: only the zero keys may change between settings
+    settings = UNIT_SETTINGS if unit_queries or query_bias else SETTINGS
     if unit_queries:
         z0 *= query_rms * math.sqrt(d) / np.linalg.norm(z0)
     E = random_orthogonal(d, rng)[: min(d, 2 * (heads or 12) + 8)]
@@ -224,10 +232,11 @@ def _output_spaces(dirs, M, head_dim=None):
     return Cb, np.linalg.pinv(Cb).reshape(H, dh, K) @ M, dh
 
 
-def _sketches(oracle, rng, Cb, G, c, offs, r, *, query_rms=None):
+def _sketches(oracle, rng, Cb, G, c, offs, r, *, query_rms=None, query_bias=False):
     """Stage 4: the token scale, then ``X_k = B_h(δ_k) Ω_kᵀ`` (a query basis against ``r`` random keys per offset)
     and ``Y_k = B_h(δ_k)ᵀ Zᵀ`` (``r`` random queries against a key basis) for every head, from the log-ratios of
-    the weights solved in each head's coordinates. Returns ``Xs, Ys (H, m, d, r)``, ``Ω (m, r, d)``, the scale."""
+    the weights solved in each head's coordinates. Returns ``Xs, Ys (H, m, d, r)``, ``Ω (m, r, d)``, the scale,
+    and with ``query_bias`` the bias's term ``b_hᵀ R(δ_k) K_h Ω_k[a]ᵀ`` (r, H, m) (else None)."""
     d, K = oracle.d, Cb.shape[0]
     H, dh = G.shape[:2]
     m = len(offs)
@@ -272,13 +281,19 @@ def _sketches(oracle, rng, Cb, G, c, offs, r, *, query_rms=None):
     shift = (np.arange(d)[:, None] + np.arange(m)[None]) % d  # (d, m): basis index per key slot
     Zb = np.repeat(Zs, d, axis=0) * rq  # (r·d, d)
     Kb = np.tile(Qb[shift], (r, 1, 1)) * rk  # (r·d, m, d)
-    ell = log_ratios(np.concatenate([Za, Za, Zb, Zb]), np.concatenate([Ka, -Ka, Kb, -Kb]))  # (B, H, m)
+    Zall, Kall = np.concatenate([Za, Za, Zb, Zb]), np.concatenate([Ka, -Ka, Kb, -Kb])
+    ell = log_ratios(Zall, Kall)  # (B, H, m)
     n = d * r
+    bias = None
+    if query_bias:  # the bias's term is the same for ±z: half the difference is bilinear, the half-sum the bias's
+        flip = log_ratios(-Zall, Kall)
+        ell, even = (ell - flip) / 2, (ell + flip) / 2
+        bias = rq * ((even[:n] - even[n:2 * n]) / (2 * rho**2)).reshape(d, r, H, m).mean(axis=0)  # (r, H, m)
     ea = (ell[:n] - ell[n:2 * n]) / (2 * rho**2)
     eb = (ell[2 * n:3 * n] - ell[3 * n:]) / (2 * rho**2)
     Xs = np.einsum("id,iahk->hkda", Qb, ea.reshape(d, r, H, m))  # (H, m, d, r): B(δ_k) Ω_kᵀ
     Ys = np.einsum("jkd,ajhk->hkda", Qb[shift], eb.reshape(r, d, H, m))  # (H, m, d, r): B(δ_k)ᵀ Zᵀ
-    return Xs, Ys, Om, rho
+    return Xs, Ys, Om, rho, bias
 
 
 def _basis(A: np.ndarray, rank: int) -> np.ndarray:
