@@ -115,20 +115,21 @@ def polish_table(args) -> Table:
                    "misfit after", "rounds", "seconds", "peak MB"])
     kw = dict(d=args.d, heads=args.heads, kv_heads=args.kv_heads, seed=args.seed)
     truth = reference_model(positional_victim("llama", dtype="float64", **kw))
-    rng = np.random.default_rng(args.seed)
-    start = replace(truth, **{n: np.asarray(getattr(truth, n)) * (1 + args.perturb * rng.standard_normal(
-        np.shape(getattr(truth, n)))) for n in PERTURBED})
-    before = error(start, truth)
-    for prec, count in zip(args.precisions, args.sequences):
-        oracle = oracle_from_torch(positional_victim("llama", dtype=prec, **kw), args.d, precision=prec)
-        t0 = time.perf_counter()
-        data = fresh_answers(oracle, count, np.random.default_rng(args.seed + 1))
-        model, rep = polish(start, data, frequencies=True, rounds=args.rounds)
-        seconds = time.perf_counter() - t0
-        table.add(f"LLaMA d={args.d} {args.heads}/{args.kv_heads}", prec, rep.sequences, rep.unknowns, rep.numbers,
-                  f"{before:.1e}", f"{error(model, truth):.1e}", f"{rep.misfit_after:.1e}", rep.rounds,
-                  round(seconds), round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
-        print(table.markdown().splitlines()[-1], flush=True)
+    for size in args.perturb:
+        rng = np.random.default_rng(args.seed)
+        start = replace(truth, **{n: np.asarray(getattr(truth, n)) * (1 + size * rng.standard_normal(
+            np.shape(getattr(truth, n)))) for n in PERTURBED})
+        before = error(start, truth)
+        for prec, count in zip(args.precisions, args.sequences):
+            oracle = oracle_from_torch(positional_victim("llama", dtype=prec, **kw), args.d, precision=prec)
+            t0 = time.perf_counter()
+            data = fresh_answers(oracle, count, np.random.default_rng(args.seed + 1))
+            model, rep = polish(start, data, frequencies=True, rounds=args.rounds)
+            seconds = time.perf_counter() - t0
+            table.add(f"LLaMA d={args.d} {args.heads}/{args.kv_heads}", prec, rep.sequences, rep.unknowns,
+                      rep.numbers, f"{before:.1e}", f"{error(model, truth):.1e}", f"{rep.misfit_after:.1e}",
+                      rep.rounds, round(seconds), round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+            print(table.markdown().splitlines()[-1], flush=True)
     return table
 
 
@@ -162,7 +163,8 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--perturb", type=float, default=1e-3, help="relative perturbation of the start's weights")
+    ap.add_argument("--perturb", type=float, nargs="+", default=[1e-3],
+                    help="relative perturbations of the start's weights (one start each)")
     ap.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"], choices=PRECISIONS)
     ap.add_argument("--sequences", type=int, nargs="+", default=[400, 400], help="one count per precision")
     ap.add_argument("--scaling", type=int, nargs="+", help="widths d of the polish's cost at LLaMA-3's shape")
@@ -178,7 +180,9 @@ def main() -> None:
     print(table.markdown())
     if args.write:
         title = ("RoPE: the served module against the float64 one" if args.served else
-                 f"RoPE: the polish on coarse answers from a start {args.perturb:g} off (d = {args.d})" if args.polish
+                 (f"RoPE: the polish on coarse answers from a start {args.perturb[0]:g} off (d = {args.d})"
+                  if len(args.perturb) == 1 else f"RoPE: the polish's reach from farther starts (d = {args.d})")
+                 if args.polish
                  else "RoPE: the polish's cost at LLaMA-3's shape (float32 answers)")
         write_section(title, table.markdown(), command_line(), doc=DOC)
 
