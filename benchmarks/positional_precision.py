@@ -34,6 +34,7 @@ import numpy as np
 
 from attnprobe.learners.positional.polish import fresh_answers, polish
 from attnprobe.models.compare import function_error_over_lengths
+from attnprobe.models.positional import rope_frequencies
 from attnprobe.oracles.torch_adapter import oracle_from_torch
 from attnprobe.reports import Table
 from attnprobe.targets.positional_modules import positional_victim, reference_model
@@ -82,7 +83,7 @@ def hf_float64_row(seed: int) -> list:
     import torch
     import transformers
 
-    from attnprobe.models.positional import PositionalAttention, rope_frequencies
+    from attnprobe.models.positional import PositionalAttention
     from attnprobe.oracles.hf_attention import hf_attention_layer, oracle_from_hf
     from attnprobe.oracles.hf_families import layer_spec
 
@@ -119,6 +120,8 @@ def polish_table(args) -> Table:
         rng = np.random.default_rng(args.seed)
         start = replace(truth, **{n: np.asarray(getattr(truth, n)) * (1 + size * rng.standard_normal(
             np.shape(getattr(truth, n)))) for n in PERTURBED})
+        if args.start_base:  # the start's frequencies from another base (θ_k = base^(−2k/d_h)): off most at the lowest
+            start = replace(start, inv_freq=rope_frequencies(truth.head_dim, args.start_base))
         before = error(start, truth)
         for prec, count in zip(args.precisions, args.sequences):
             oracle = oracle_from_torch(positional_victim("llama", dtype=prec, **kw), args.d, precision=prec)
@@ -165,6 +168,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--perturb", type=float, nargs="+", default=[1e-3],
                     help="relative perturbations of the start's weights (one start each)")
+    ap.add_argument("--start-base", type=float, help="--polish: the start's RoPE base (default: the module's)")
     ap.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"], choices=PRECISIONS)
     ap.add_argument("--sequences", type=int, nargs="+", default=[400, 400], help="one count per precision")
     ap.add_argument("--scaling", type=int, nargs="+", help="widths d of the polish's cost at LLaMA-3's shape")
@@ -181,7 +185,9 @@ def main() -> None:
     if args.write:
         title = ("RoPE: the served module against the float64 one" if args.served else
                  (f"RoPE: the polish on coarse answers from a start {args.perturb[0]:g} off (d = {args.d})"
-                  if len(args.perturb) == 1 else f"RoPE: the polish's reach from farther starts (d = {args.d})")
+                  if len(args.perturb) == 1 and not args.start_base else
+                  f"RoPE: the polish's reach from farther starts (d = {args.d}"
+                  + (f", start base {args.start_base:g})" if args.start_base else ")"))
                  if args.polish
                  else "RoPE: the polish's cost at LLaMA-3's shape (float32 answers)")
         write_section(title, table.markdown(), command_line(), doc=DOC)
