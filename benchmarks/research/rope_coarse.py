@@ -58,7 +58,7 @@ def main() -> None:
     print("| answers | pair-probe step | output spaces off | pipeline | function error ≤ 256 | θ rel. error "
           "(high … low) | base fit | polish (300 seq.): misfit, function error, s |")
     print("|---|---|---|---|---|---|---|---|")
-    for precision, step in (("float64", 0.01), ("float32", 0.01), ("float32", 0.1), ("float32", 0.2),
+    for precision, step in (("float64", 0.01), ("float32", 0.01), ("float32", 0.1), ("float32", 0.2), ("float32", 0.4),
                             ("bfloat16", 0.2)):
         oracle = oracle_from_torch(positional_victim("llama", d=D, heads=H, kv_heads=G, seed=0, dtype=precision),
                                    D, precision=precision)
