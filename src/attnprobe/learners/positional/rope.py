@@ -130,7 +130,8 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
         raise RecoveryError("the offsets must start with -1 and -2 (the pair bases come from their ratio)")
     noise = max(oracle.eps, 1e-16)
     if noise > FINEST or not oracle.noise.exact:
-        raise UnidentifiableError(coarse_refusal(oracle.precision if oracle.noise.exact else "noisy", noise))
+        kind = oracle.precision if oracle.noise.exact else f"noisy {oracle.precision}"
+        raise UnidentifiableError(coarse_refusal(kind, noise))
     unit_queries = query_rms is not None
     rho = math.sqrt(d) * (query_rms or 1.0)  # tokens with entries of order one
     with run.phase("values"):
