@@ -51,7 +51,8 @@ def assumed_precision(oracle) -> str:
     """How the run read the answers' precision, for messages where it matters (no "; " inside)."""
     detector = getattr(oracle, "detector", None)
     if detector is None:
-        return f"answers taken as {oracle.precision} (declared)"
+        cause = getattr(getattr(oracle, "fn", None), "precision_cause", None)
+        return f"answers taken as {oracle.precision} ({cause or 'declared'})"
     if not detector.decided:
         return ("answers taken as float64: too few answers to read their precision (declare it with "
                 "--answer-precision if it is coarser)")

@@ -185,6 +185,10 @@ def oracle_from_hf(model_dir, layer: int, *, dtype: str = "float64", row: int | 
         fn.position_term = POSITION_TERMS[module.spec.family.position]
     if kwargs.get("precision") is None:
         kwargs["precision"] = coarser(dtype, module.spec.softmax_dtype or dtype)
+        if kwargs["precision"] != dtype:  # said with every message that names the precision (cli.common)
+            rotary = " (and transformers its rotary angles)" if module.spec.family.position == "rope" else ""
+            fn.precision_cause = (f"the {dtype} module's eager kernel computes its softmax{rotary} in "
+                                  f"{module.spec.softmax_dtype}")
     kwargs.setdefault("max_batch", MAX_BATCH)
     if module.readout is None:
         kwargs.setdefault("outputs", module.K)

@@ -7,8 +7,10 @@ from attnprobe.learners.core.check import check_queries
 from attnprobe.learners.core.estimate import QueryCount
 from attnprobe.learners.core.registry import Capabilities, Option, register
 from attnprobe.learners.multihead.options import HEADS
-from attnprobe.learners.positional.rope import CHECK_LENGTHS, WALK, extract_positional, positional_queries
+from attnprobe.learners.positional.rope import (CHECK_LENGTHS, WALK, coarse_refusal, extract_positional,
+                                               positional_queries)
 from attnprobe.learners.positional.route import POSITION, additive_estimate, extract_any_positional
+from attnprobe.models.precision import machine_epsilon
 
 #: queries of the pair probe's walk per ⌈K/H⌉: more span each head's output space better (docs/positional.md)
 WALK_OPTION = Option("walk", int, "RoPE: queries of the pair probe's walk per ceil(K/H) (more: closer function, "
@@ -27,8 +29,8 @@ def positional_estimate(setting) -> QueryCount:
     if setting.coarse:
         from attnprobe.errors import ConfigError
 
-        raise ConfigError(f"the positional learner reads float64 answers; {setting.precision} answers would be "
-                          "refused, so there is nothing to estimate", param="precision")
+        raise ConfigError(f"{coarse_refusal(setting.precision, machine_epsilon(setting.precision))}: nothing to "
+                          "estimate", param="precision")
     head_dim = setting.d // H
     walk = setting.option("walk") or WALK
     checks = check_queries(CHECK_LENGTHS) if setting.check else 0

@@ -62,6 +62,15 @@ FINEST = 1e-15
 BATCH_TOKENS = 1 << 23
 
 
+def coarse_refusal(precision: str, rounding: float) -> str:
+    """The one-line refusal of answers coarser than float64 (docs/positional.md, "Coarse answers"): the pair probe's
+    finite differences and the logit sketches' log-weights need float64 answers."""
+    return (f"the RoPE learner reads float64 answers without noise; these are {precision} (rounding {rounding:.1e}), "
+            "which its finite-difference pair probe and logit sketches cannot use (measured on float32 answers at "
+            "d = 32: the heads' output spaces 2e-3 … 3e-2 off, the function 9e-2 off; docs/positional.md, \"Coarse "
+            "answers\")")
+
+
 def _values(oracle, rng, rho):
     d = oracle.d
     P = rho * random_orthogonal(d, rng)
@@ -124,9 +133,8 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
         raise RecoveryError("the offsets must start with -1 and -2 (the pair bases come from their ratio)")
     noise = max(oracle.eps, 1e-16)
     if noise > FINEST or not oracle.noise.exact:
-        raise UnidentifiableError(f"the positional learner reads float64 answers without noise; these answers are "
-                                  f"{oracle.precision} (rounding {noise:.1e}) or noisy, and coarse answers are not "
-                                  "supported by it yet")
+        kind = oracle.precision if oracle.noise.exact else f"noisy {oracle.precision}"
+        raise UnidentifiableError(coarse_refusal(kind, noise))
     unit_queries = query_rms is not None
     rho = math.sqrt(d) * (query_rms or 1.0)  # tokens with entries of order one
     with run.phase("values"):

@@ -1,0 +1,63 @@
+"""Research: how far a float64 LLaMA folder's eager attention (transformers computes its softmax and the rotary
+angles in float32 whatever the module's dtype) answers from the float64 function of its own weights, and what
+``extract --hf-dir`` says on it with nothing declared. Random-init ``LlamaConfig`` folders (no attention biases,
+weights N(0, 0.3²)), saved with ``save_pretrained`` in float64; relative error = max ‖f_eager − f‖∞ / ‖f‖∞ (no
+output bias) at the last position over Gaussian sequences of lengths up to 256.
+
+    PYTHONPATH=src:tests python benchmarks/research/rope_eager_float64.py
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from contextlib import redirect_stderr
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from hf_models import tiny_family_dir
+
+from attnprobe.cli import main as cli
+from attnprobe.models.positional import PositionalAttention, rope_frequencies
+from attnprobe.oracles.hf_attention import hf_attention_layer
+from attnprobe.oracles.hf_families import layer_spec
+
+LENGTHS = (1, 2, 8, 64, 256)
+
+
+def float64_llama(folder: Path, d: int, heads: int, kv: int) -> Path:
+    tiny_family_dir(folder, "llama", hidden=d, heads=heads, kv_heads=kv, layers=1, attention_bias=False, std=0.3)
+    transformers.AutoModel.from_pretrained(folder).to(torch.float64).save_pretrained(folder)
+    return folder
+
+
+def main() -> None:
+    print("| d | heads (KV) | eager float64 vs its float64 function (≤ 256) | `extract --hf-dir` (nothing declared) |")
+    print("|---|---|---|---|")
+    for d, heads, kv in ((32, 2, 1), (128, 8, 2)):
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = float64_llama(Path(tmp) / "m", d, heads, kv)
+            spec = layer_spec(folder)
+            layer = hf_attention_layer(folder, 0, positional=True)
+            p = layer.projections()
+            truth = PositionalAttention(p["Q"], p["K"], p["V"], p["WO"], position="rope", scale=spec.scale,
+                                        inv_freq=rope_frequencies(spec.rotary.dims, spec.rotary.base))
+            rng = np.random.default_rng(0)
+            worst = 0.0
+            for N in LENGTHS:
+                X = rng.standard_normal((4, N, d))
+                with torch.no_grad():
+                    got = layer(torch.as_tensor(X)).numpy()
+                want = truth(X)
+                worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))  # no output bias: c = 0
+            err = io.StringIO()
+            with redirect_stderr(err):
+                code = cli(["extract", "--hf-dir", str(folder), "--layer", "0", "--out", str(Path(tmp) / "r.npz")])
+            line = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else ""
+            print(f"| {d} | {heads} ({kv}) | {worst:.1e} | exit {code}: {line} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

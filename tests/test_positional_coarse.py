@@ -1,0 +1,78 @@
+"""Coarse answers and the RoPE learner: float32 and bfloat16 answers (and a float64 LLaMA folder whose eager kernel
+computes its softmax and rotary angles in float32) are refused before any query, in one line naming the precision
+and the cause (docs/positional.md, "Coarse answers")."""
+
+import numpy as np
+import pytest
+
+from attnprobe.cli import main
+from attnprobe.errors import ConfigError, UnidentifiableError
+from attnprobe.learners.core.estimate import estimate_queries
+from attnprobe.learners.positional import extract_positional
+from attnprobe.oracles.base import Oracle
+from attnprobe.targets import random_rope_attention
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_coarse_answers_are_refused_naming_precision_and_cause(precision):
+    oracle = Oracle(random_rope_attention(32, 2, 1, seed=5), 32, precision=precision)
+    with pytest.raises(UnidentifiableError) as exc:
+        extract_positional(oracle, heads=2)
+    msg = str(exc.value)
+    assert precision in msg and "finite-difference" in msg and "\n" not in msg
+    assert f"{oracle.eps:.1e}" in msg  # the rounding named is the precision's
+    assert oracle.queries == 0
+
+
+def test_estimate_refuses_coarse_answers_naming_the_cause():
+    with pytest.raises(ConfigError) as exc:
+        estimate_queries("positional", 128, precision="float32", heads=8)
+    assert exc.value.param == "precision" and "finite-difference" in str(exc.value)
+    assert estimate_queries("positional", 128, heads=8).queries > 0  # float64 answers are estimated
+
+
+@pytest.fixture(scope="module")
+def float64_llama(tmp_path_factory):
+    """A float64 LLaMA folder without attention biases (LLaMA's own default), saved in float64."""
+    pytest.importorskip("transformers")
+    import torch
+    import transformers
+
+    from hf_models import tiny_family_dir
+
+    folder = tiny_family_dir(tmp_path_factory.mktemp("llama64") / "m", "llama", hidden=32, heads=2, kv_heads=1,
+                             layers=1, attention_bias=False, std=0.3)
+    transformers.AutoModel.from_pretrained(folder).to(torch.float64).save_pretrained(folder)
+    return folder
+
+
+def test_float64_eager_llama_answers_carry_float32_errors(float64_llama):
+    """Why the folder's answers are read as float32: the eager float64 module is farther from the float64 function
+    of its own weights than float64 rounding allows, and within what float32 angles and softmax explain."""
+    import torch
+
+    from attnprobe.models.positional import PositionalAttention, rope_frequencies
+    from attnprobe.oracles.hf_attention import hf_attention_layer
+    from attnprobe.oracles.hf_families import layer_spec
+
+    spec = layer_spec(float64_llama)
+    layer = hf_attention_layer(float64_llama, 0, positional=True)
+    p = layer.projections()
+    truth = PositionalAttention(p["Q"], p["K"], p["V"], p["WO"], position="rope", scale=spec.scale,
+                                inv_freq=rope_frequencies(spec.rotary.dims, spec.rotary.base))
+    X = np.random.default_rng(0).standard_normal((4, 256, 32))
+    with torch.no_grad():
+        got = layer(torch.as_tensor(X)).numpy()
+    err = np.abs(got - truth(X)).max() / np.abs(truth(X)).max()
+    eps32 = float(np.finfo(np.float32).eps)
+    assert 1e3 * float(np.finfo(np.float64).eps) < err < 256 * 100 * eps32  # angles δθ rounded at |δ| ≤ 255
+
+
+def test_float64_llama_folder_is_refused_naming_the_eager_kernel(float64_llama, tmp_path, capsys):
+    out = tmp_path / "r.npz"
+    code = main(["extract", "--hf-dir", str(float64_llama), "--layer", "0", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and not out.exists()
+    assert "reads float64 answers" in err[0] and "float32" in err[0]
+    assert "eager kernel computes its softmax (and transformers its rotary angles) in float32" in err[0]
+    assert "0 queries spent" in err[0]
