@@ -143,7 +143,7 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     if K < 2:
         raise UnidentifiableError("the positional learner reads whole output rows (K ≥ 2 outputs per sequence)")
     with run.phase("offsets"):
-        dirs, signal = _pair_probe(oracle, M, rng, heads, noise, walk, query_rms, query_bias)
+        dirs, signal = _pair_probe(oracle, M, rng, heads, noise, walk, query_rms=query_rms, query_bias=query_bias)
     H = dirs[0].shape[1]
     Cb, G, dh = _output_spaces(dirs, M, (d // H) if unit_queries else None)
     with run.phase("logits"):
@@ -177,7 +177,7 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     return run.finish(model, unknowns=unknowns, details=details, notes=notes)
 
 
-def _pair_probe(oracle, M, rng, heads, noise, walk, query_rms=None, query_bias=False):
+def _pair_probe(oracle, M, rng, heads, noise, walk, *, query_rms=None, query_bias=False):
     """Stage 2: the heads' directions ``V_h z`` along a walk of queries (:mod:`.heads`) and the offset signal;
     refuses offset-free answers and answers with more directions than bias-free heads show."""
     d, K = oracle.d, M.shape[0]
