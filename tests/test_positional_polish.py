@@ -59,3 +59,19 @@ def test_no_sequences_is_refused_naming_the_parameter():
     with pytest.raises(ConfigError) as exc:
         fresh_answers(Oracle(victim, 16), 0, np.random.default_rng(0))
     assert exc.value.param == "sequences"
+
+
+def test_dense_step_ignores_a_null_column_and_solves_the_rest():
+    """A column of rounding noise (a key bias under a shift-invariant softmax) must not steer the step: scaled to
+    unit size it would read as a direction (the BLOOM stall at misfit 5e-8)."""
+    from attnprobe.learners.positional.polish import marquardt_step
+
+    rng = np.random.default_rng(0)
+    J = rng.standard_normal((40, 6))
+    J[:, 2] = 1e-19 * rng.standard_normal(40)
+    s_true = rng.standard_normal(6)
+    s_true[2] = 0.0
+    r = -J @ s_true + 1e-17 * rng.standard_normal(40)  # the null column's noise fits part of this
+    step = marquardt_step(J, r)(1e-14)
+    assert step[2] == 0.0
+    assert np.abs(step - s_true).max() < 1e-10
