@@ -165,7 +165,8 @@ def marquardt_step(J: np.ndarray, r: np.ndarray):
 
 
 def _block_sizes(residual, p, sizes):
-    """Per fitted array, the inverse RMS size of its Jacobian columns (one random probe each)."""
+    """Per fitted array, the inverse RMS size of its Jacobian columns (one random probe each); 0 (held) for a null
+    array (below :data:`NULL_COLUMN` of the largest: rounding, as in :func:`marquardt_step`)."""
     import torch
 
     out, at = [], 0
@@ -173,10 +174,10 @@ def _block_sizes(residual, p, sizes):
     for n in sizes:
         v = torch.zeros_like(p)
         v[at:at + n] = torch.randn(n, dtype=p.dtype)
-        size = float(v @ apply(v)) / float(v @ v)
-        out.append(1.0 / math.sqrt(size) if size > 0 else 1.0)
+        out.append(float(v @ apply(v)) / float(v @ v))
         at += n
-    return out
+    top = max(out)
+    return [1.0 / math.sqrt(size) if size > NULL_COLUMN**2 * top else 0.0 for size in out]
 
 
 def _normal_equations(residual, p, scale):
