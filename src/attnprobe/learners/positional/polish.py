@@ -28,6 +28,8 @@ ROUNDS, CG_STEPS = 12, 60
 DENSE_LIMIT = 4e7
 #: the dampings tried per round with a dense Jacobian (relative to the unit-scaled columns' squared singular values)
 LADDER = (1e-14, 1e-11, 1e-8, 1e-5, 1e-2, 1.0)
+#: a Jacobian column this much smaller than the median column is null (left out of the dense step)
+NULL_COLUMN = 1e-9
 #: the fitted arrays besides the position term
 WEIGHTS = ("Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
 
@@ -111,7 +113,7 @@ def _fit(model, data, frequencies, rounds, cg_steps):
     for done in range(1, rounds + 1):
         if dense:
             J = torch.func.jacrev(residual, chunk_size=256)(p).detach().numpy()
-            step_at = _marquardt(J, r.numpy())
+            step_at = marquardt_step(J, r.numpy())
         else:
             apply, g = _normal_equations(residual, p, scale)
 
@@ -148,19 +150,23 @@ def _fit(model, data, frequencies, rounds, cg_steps):
     return polished, report
 
 
-def _marquardt(J: np.ndarray, r: np.ndarray):
+def marquardt_step(J: np.ndarray, r: np.ndarray):
     """``λ ↦ s`` solving ``min ‖J s + r‖² + λ ‖diag(JᵀJ)^½ s‖²`` (Marquardt's scaling; SVD of the scaled J once)."""
-    col = np.sqrt(np.maximum(np.einsum("ij,ij->j", J, J), 1e-300))
-    U, sv, Vt = np.linalg.svd(J / col, full_matrices=False)
-    beta = U.T @ r
+    col = np.sqrt(np.einsum("ij,ij->j", J, J))
+    live = col > NULL_COLUMN * np.median(col)  # a null column (a key bias under a shift-invariant softmax) holds only
+    U, sv, Vt = np.linalg.svd(J[:, live] / col[live], full_matrices=False)  # rounding: scaled to unit size it
+    beta = U.T @ r  # would read as a direction and steer the step
 
     def solve(lam):
-        return -(Vt.T @ (sv * beta / (sv**2 + lam))) / col
+        step = np.zeros(J.shape[1])
+        step[live] = -(Vt.T @ (sv * beta / (sv**2 + lam))) / col[live]
+        return step
     return solve
 
 
 def _block_sizes(residual, p, sizes):
-    """Per fitted array, the inverse RMS size of its Jacobian columns (one random probe each)."""
+    """Per fitted array, the inverse RMS size of its Jacobian columns (one random probe each); 0 (held) for a null
+    array (below :data:`NULL_COLUMN` of the largest: rounding, as in :func:`marquardt_step`)."""
     import torch
 
     out, at = [], 0
@@ -168,10 +174,10 @@ def _block_sizes(residual, p, sizes):
     for n in sizes:
         v = torch.zeros_like(p)
         v[at:at + n] = torch.randn(n, dtype=p.dtype)
-        size = float(v @ apply(v)) / float(v @ v)
-        out.append(1.0 / math.sqrt(size) if size > 0 else 1.0)
+        out.append(float(v @ apply(v)) / float(v @ v))
         at += n
-    return out
+    top = max(out)
+    return [1.0 / math.sqrt(size) if size > NULL_COLUMN**2 * top else 0.0 for size in out]
 
 
 def _normal_equations(residual, p, scale):
