@@ -47,3 +47,23 @@ def test_a_wrong_neutral_key_is_refused(qwen):
         extract_neutral(Oracle(qwen, 32), x0, heads=2, seed=0)
     with pytest.raises(ConfigError, match="neutral key"):
         extract_neutral(Oracle(qwen, 32), np.zeros(31), heads=2, seed=0)
+
+
+def test_the_shifted_oracle_keeps_the_parents_noise_budget_and_count(qwen):
+    """The neutral route asks through :func:`shift_inputs`: noisy answers are refused as noisy (not blamed on x₀),
+    and every query is the parent's, against its budget."""
+    from attnprobe.errors import UnidentifiableError
+    from attnprobe.oracles.subspace import shift_inputs
+    from attnprobe.oracles.wrappers import FreshNoise
+
+    with pytest.raises(UnidentifiableError, match="noisy"):
+        extract_neutral(Oracle(FreshNoise(qwen, 1e-7), 32), _neutral(qwen), heads=2, seed=0)
+    parent = Oracle(qwen, 32, budget=10)
+    x0 = _neutral(qwen)
+    shifted = shift_inputs(parent, x0)
+    X = np.random.default_rng(0).standard_normal((3, 4, 32))
+    np.testing.assert_array_equal(shifted(X), Oracle(qwen, 32)(X + x0))
+    assert parent.queries == 3 and shifted.budget == 10 and shifted.noise.exact
+    assert not shift_inputs(Oracle(FreshNoise(qwen, 1e-7), 32), x0).noise.exact
+    with pytest.raises(ConfigError, match="shift must be a finite vector"):
+        shift_inputs(parent, np.full(32, np.nan))

@@ -1,4 +1,5 @@
-"""An oracle restricted to a subspace: queries in coordinates ``Z (B, N, k)`` are asked as ``X = Z Eᵀ``.
+"""An oracle on mapped inputs: restricted to a subspace (queries in coordinates ``Z (B, N, k)`` are asked as
+``X = Z Eᵀ``) or shifted (``X = Z + x₀``). Either keeps the parent's count, budget, precision and noise.
 
 Prop. C.2: when the heads live in mutually orthogonal subspaces, inputs inside ``U_h = range(E_h)`` see head h
 alone, so the restricted oracle is a single-head oracle of width ``k = dim U_h`` with ``W̃ = EᵀW_hE``,
@@ -15,15 +16,25 @@ from attnprobe.oracles.wrappers import Wrapper
 
 
 class _Lift(Wrapper):
-    """``Z ↦ parent(Z Eᵀ)``; adds no noise of its own, so its ``noise`` is the parent oracle's."""
+    """``Z ↦ parent(Z Eᵀ + x₀)`` (``E`` None: the identity; ``x₀`` None: zero); adds no noise of its own, so its
+    ``noise`` is the parent oracle's."""
 
-    def __init__(self, parent: Oracle, E: np.ndarray):
+    def __init__(self, parent: Oracle, E: np.ndarray | None = None, x0: np.ndarray | None = None):
         super().__init__(parent)
-        self.E = E
-        self.d = E.shape[1]
+        self.E, self.x0 = E, x0
+        self.d = parent.d if E is None else E.shape[1]
 
     def __call__(self, Z):
-        return self._raw(np.asarray(Z, dtype=np.float64) @ self.E.T)
+        X = np.asarray(Z, dtype=np.float64)
+        X = X if self.E is None else X @ self.E.T
+        return self._raw(X if self.x0 is None else X + self.x0)
+
+
+def _derived(oracle: Oracle, lift: _Lift, name: str, floor: float, outputs: int | None = None) -> Oracle:
+    """The :class:`Oracle` asking ``lift``: the parent's remaining budget, precision and batch size."""
+    budget = None if oracle.budget is None else int(oracle.remaining)
+    return Oracle(lift, lift.d, budget=budget, precision=oracle.precision, max_batch=oracle.max_batch, name=name,
+                  eps_floor=floor, outputs=outputs)
 
 
 def restrict_to_subspace(oracle: Oracle, E: np.ndarray, name: str | None = None, eps: float | None = None
@@ -41,8 +52,18 @@ def restrict_to_subspace(oracle: Oracle, E: np.ndarray, name: str | None = None,
     if not np.allclose(E.T @ E, np.eye(E.shape[1]), atol=1e-8):
         raise ConfigError("a subspace basis must have orthonormal columns (EᵀE = I); orthonormalise it first "
                           "(e.g. numpy.linalg.qr)", param="E")
-    budget = None if oracle.budget is None else int(oracle.remaining)
     floor = oracle.eps if eps is None else max(oracle.eps, float(eps))
-    return Oracle(_Lift(oracle, E), E.shape[1], budget=budget, precision=oracle.precision,
-                  max_batch=oracle.max_batch, name=name or f"{oracle.name} restricted to a {E.shape[1]}-dim subspace",
-                  eps_floor=floor)
+    return _derived(oracle, _Lift(oracle, E=E), name or f"{oracle.name} restricted to a {E.shape[1]}-dim subspace",
+                    floor)
+
+
+def shift_inputs(oracle: Oracle, x0: np.ndarray, name: str | None = None) -> Oracle:
+    """An :class:`Oracle` answering ``oracle(X + x₀)`` for a finite ``x₀ (d,)`` (a change of origin, e.g. a neutral
+    key: :mod:`attnprobe.learners.positional.neutral`). Every query is also counted (and budgeted) by ``oracle``;
+    the answers' precision, noise and outputs are the parent's."""
+    x0 = np.asarray(x0, dtype=np.float64)
+    if x0.shape != (oracle.d,) or not np.all(np.isfinite(x0)):
+        raise ConfigError(f"the shift must be a finite vector of length d = {oracle.d}; got shape {x0.shape}",
+                          param="x0")
+    return _derived(oracle, _Lift(oracle, x0=x0), name or f"{oracle.name} shifted by x0", oracle.eps,
+                    outputs=oracle.outputs)

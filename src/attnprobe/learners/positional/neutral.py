@@ -19,7 +19,7 @@ import numpy as np
 from attnprobe.errors import ConfigError, RecoveryError
 from attnprobe.learners.positional.rope import extract_positional
 from attnprobe.models.positional import PositionalAttention
-from attnprobe.oracles.base import Oracle
+from attnprobe.oracles.subspace import shift_inputs
 
 
 def shifted_back(model: PositionalAttention, x0: np.ndarray) -> PositionalAttention:
@@ -37,8 +37,7 @@ def extract_neutral(oracle, x0, *, heads=None, seed=0, check=True, progress=None
     if x0.shape != (oracle.d,) or not np.all(np.isfinite(x0)):
         raise ConfigError(f"the neutral key must be a finite vector of length d = {oracle.d}; got shape {x0.shape}",
                           param="neutral_key")
-    shifted = Oracle(lambda X: oracle(np.asarray(X) + x0), oracle.d, precision=oracle.precision,
-                     outputs=getattr(oracle, "outputs", None), name="shifted by a neutral key")
+    shifted = shift_inputs(oracle, x0, name="shifted by a neutral key")  # the parent's noise and precision kept
     kw = {} if walk is None else {"walk": walk}
     try:
         res = extract_positional(shifted, heads=heads, seed=seed, check=check, progress=progress, query_bias=True,
