@@ -101,7 +101,7 @@ class FFNThroughBlock:
         d, lam = self.d, self.lam
         kappa = np.full((len(H), 1), 1 / math.sqrt(self.eps))
         for _ in range(TOKEN_STEPS):
-            X = np.real((W / (1 + kappa * lam)) @ self.P.T)
+            X = self._x(W, kappa)
             dX = -np.real((W * lam / (1 + kappa * lam) ** 2) @ self.P.T)
             q = np.mean(X * X, axis=1, keepdims=True) + self.eps
             g = kappa - q ** -0.5
@@ -110,24 +110,22 @@ class FFNThroughBlock:
             kappa = np.clip(kappa - step, 1e-3 * kappa, 1 / math.sqrt(self.eps))
             if np.max(np.abs(step) / kappa) < 1e-15:
                 break
-        X = np.real((W / (1 + kappa * lam)) @ self.P.T)
-        miss = np.abs(kappa[:, 0] * np.sqrt(np.mean(X * X, axis=1) + self.eps) - 1)
-        bad = miss > 1e-12
+        X = self._x(W, kappa)
+        bad = self._miss(X, kappa) > 1e-12
         if np.any(bad):  # Newton left the bracket: bisection, g(0) < 0 < g(1/√ε) (poles keep g > 0)
             Wb = W[bad]
             lo, hi = np.zeros((len(Wb), 1)), np.full((len(Wb), 1), 1 / math.sqrt(self.eps))
             for _ in range(80):
                 mid = (lo + hi) / 2
-                Xm = np.real((Wb / (1 + mid * lam)) @ self.P.T)
+                Xm = self._x(Wb, mid)
                 neg = mid < 1 / np.sqrt(np.mean(Xm * Xm, axis=1, keepdims=True) + self.eps)
                 lo, hi = np.where(neg, mid, lo), np.where(neg, hi, mid)
-            X[bad] = np.real((Wb / (1 + lo * lam)) @ self.P.T)
+            X[bad] = self._x(Wb, lo)
             kappa[bad] = lo
-            miss = np.abs(kappa[:, 0] * np.sqrt(np.mean(X * X, axis=1) + self.eps) - 1)
         low = kappa[:, 0] * math.sqrt(self.eps) < SCAN_BELOW
         if np.any(low):
             X[low], kappa[low] = self._largest_root(W[low], kappa[low])
-            miss = np.abs(kappa[:, 0] * np.sqrt(np.mean(X * X, axis=1) + self.eps) - 1)
+        miss = self._miss(X, kappa)
         if np.any(miss > 1e-10):
             raise RecoveryError(f"no single token reaches the asked FFN input through the first sublayer (the "
                                 f"norm's scale equation missed by {miss.max():.1e})")
@@ -157,12 +155,19 @@ class FFNThroughBlock:
                 up = (gm < 0) == neg
                 lo, hi = np.where(up, mid, lo), np.where(up, hi, mid)
             out[at:at + SCAN_CHUNK] = np.where(has, lo, k0)
-        X = np.real((W / (1 + out[:, None] * self.lam)) @ self.P.T)
-        return X, out[:, None]
+        return self._x(W, out[:, None]), out[:, None]
+
+    def _x(self, w: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """The token ``x(κ) = Re(P (w/(1 + κλ)))`` for eigen-coordinates ``w`` at scales ``k`` (broadcast)."""
+        return np.real((w / (1 + k * self.lam)) @ self.P.T)
 
     def _mean_square(self, w: np.ndarray, k: np.ndarray) -> np.ndarray:
-        """``mean x(κ)²`` for eigen-coordinates ``w`` at scales ``k`` (broadcast), ``x = Re(P (w/(1 + κλ)))``."""
-        return np.mean(np.real((w / (1 + k * self.lam)) @ self.P.T) ** 2, axis=-1)
+        """``mean x(κ)²`` (:meth:`_x`)."""
+        return np.mean(self._x(w, k) ** 2, axis=-1)
+
+    def _miss(self, X: np.ndarray, kappa: np.ndarray) -> np.ndarray:
+        """Per row, how far the tokens ``X`` at scales ``kappa (B, 1)`` miss the norm's scale equation."""
+        return np.abs(kappa[:, 0] * np.sqrt(np.mean(X * X, axis=1) + self.eps) - 1)
 
     def __call__(self, V: np.ndarray) -> np.ndarray:
         V = np.asarray(V, dtype=np.float64)
