@@ -1,5 +1,6 @@
 """A whole block served over HTTP (``serve --hf-dir DIR --block L``, real uvicorn on 127.0.0.1) and attacked with
-``extract --url``: the same answers and the same outcome as in process; ``--method block`` refused in one line."""
+``extract --url``: the same answers and the same outcome as in process; ``--method block`` without ``--heads``
+refused in one line."""
 
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ def test_served_block_answers_every_position_bit_for_bit(served_llama):
     assert remote.fn.usage()["queries"] == remote.queries
 
 
-def test_method_block_is_refused_in_one_line_before_any_query(served_llama, capsys, tmp_path):
+def test_method_block_without_heads_is_refused_in_one_line_before_any_query(served_llama, capsys, tmp_path):
     srv, folder = served_llama
     before = oracle_from_url(srv.url, "k-1").fn.usage()["queries"]
     for source in (["--url", srv.url, "--api-key", "k-1", "--method", "block"],
@@ -46,7 +47,7 @@ def test_method_block_is_refused_in_one_line_before_any_query(served_llama, caps
         capsys.readouterr()
         assert main(["extract", *source, "--out", str(tmp_path / "r.npz"), "--quiet"]) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "no learner recovers whole blocks yet" in err and "docs/block.md" in err
+        assert err.count("\n") == 1 and "--method block needs --heads" in err
     assert oracle_from_url(srv.url, "k-1").fn.usage()["queries"] == before
     assert not (tmp_path / "r.json").exists()
 
