@@ -65,9 +65,11 @@ def _rot(x: np.ndarray, ang: np.ndarray) -> np.ndarray:
     return np.concatenate([a * c - b * s, b * c + a * s], axis=1)
 
 
-def _head_residual(Wq, Wk, theta, z, x, off, target, jacobian: bool):
-    """Log-ratio residuals ``q_hᵀ R(δ) k(x) − q_hᵀ k(z) − target`` and, with ``jacobian``, their derivatives in
-    ``(W_Q,h, W_K,h, θ)`` (n, 2 d_h d + d_h/2)."""
+def _head_residual(params, rows, jacobian: bool):
+    """Log-ratio residuals ``q_hᵀ R(δ) k(x) − q_hᵀ k(z) − target`` for ``rows = (z, x, δ, target)`` and, with
+    ``jacobian``, their derivatives in ``params = (W_Q,h, W_K,h, θ)`` (n, 2 d_h d + d_h/2)."""
+    Wq, Wk, theta = params
+    z, x, off, target = rows
     q, kx, kz = z @ Wq.T, x @ Wk.T, z @ Wk.T
     ang = off[:, None] * theta[None]
     rk = _rot(kx, ang)
@@ -86,27 +88,28 @@ def _head_residual(Wq, Wk, theta, z, x, off, target, jacobian: bool):
     return r, np.concatenate([jq, jk, jt], axis=1)
 
 
-def _gauss_newton_head(Wq, Wk, theta, z, x, off, target, steps: int):
+def _gauss_newton_head(start, rows, steps: int):
+    """Gauss–Newton from ``start = (W_Q,h, W_K,h, θ)`` on the log-ratio ``rows`` (:func:`_head_residual`)."""
+    Wq, Wk, theta = start
     dh, d = Wq.shape
     p = np.concatenate([Wq.ravel(), Wk.ravel(), theta])
 
     def split(p):
         return p[:dh * d].reshape(dh, d), p[dh * d:2 * dh * d].reshape(dh, d), p[2 * dh * d:]
 
-    history = [float(np.linalg.norm(_head_residual(Wq, Wk, theta, z, x, off, target, False)[0]))]
+    history = [float(np.linalg.norm(_head_residual(start, rows, False)[0]))]
     for _ in range(steps):
         A = np.zeros((p.size, p.size))
         g = np.zeros(p.size)
-        for i in range(0, len(z), CHUNK):
-            sl = slice(i, i + CHUNK)
-            r, J = _head_residual(*split(p), z[sl], x[sl], off[sl], target[sl], True)
+        for i in range(0, len(rows[0]), CHUNK):
+            r, J = _head_residual(split(p), [a[i:i + CHUNK] for a in rows], True)
             A += J.T @ J
             g += J.T @ r
         diag = np.diag(A).copy()
-        A[np.diag_indices_from(A)] += DAMPING * np.maximum(diag, diag.max() * 1e-8)
+        A[np.diag_indices_from(A)] += DAMPING * np.maximum(diag, diag.max() * 1e-4)
         step = scipy.linalg.solve(A, -g, assume_a="pos")
         trial = p + step
-        err = float(np.linalg.norm(_head_residual(*split(trial), z, x, off, target, False)[0]))
+        err = float(np.linalg.norm(_head_residual(split(trial), rows, False)[0]))
         if not err < history[-1]:
             break
         p = trial
@@ -130,8 +133,8 @@ def refit_logits(model: PositionalAttention, data, steps: int = STEPS) -> tuple[
     zz, xx, oo = np.repeat(z, T, axis=0), keys.reshape(-1, keys.shape[2]), offs.reshape(-1).astype(np.float64)
     Wq, Wk, thetas, hist = [], [], [], []
     for h in range(H):
-        q, k, t, hh = _gauss_newton_head(model.scale * model.Wq[h], model.Wk[model.group(h)], model.inv_freq,
-                                         zz, xx, oo, ell[:, h].reshape(-1), steps)
+        q, k, t, hh = _gauss_newton_head((model.scale * model.Wq[h], model.Wk[model.group(h)], model.inv_freq),
+                                         (zz, xx, oo, ell[:, h].reshape(-1)), steps)
         Wq.append(q)
         Wk.append(k)
         thetas.append(t)
