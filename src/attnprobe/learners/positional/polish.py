@@ -8,11 +8,15 @@ products ``Jv`` and ``Jᵀu`` from ``torch.func``). The model's gauge freedoms (
 frequency pair, the split ``V_h = W_O,h W_V,g``) are null directions of ``J``: conjugate gradients from zero never
 move along them, and the damping keeps the step bounded. Averaging over many answers is what beats their rounding:
 with ``m`` numbers for ``P`` unknowns, the fitted function's error is about the rounding times ``√(P/m)``.
+
+:func:`polish_extraction` is the learners' hook: after their stages, when the functional check's error is above a
+target, the polish runs on fresh sequences and its model is kept only when a fresh check improves.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -30,8 +34,16 @@ DENSE_LIMIT = 4e7
 LADDER = (1e-14, 1e-11, 1e-8, 1e-5, 1e-2, 1.0)
 #: a Jacobian column this much smaller than the median column is null (left out of the dense step)
 NULL_COLUMN = 1e-9
+#: arrays of at most this many numbers get one Jacobi scale per number in the matrix-free route (else one per array)
+ELEMENTWISE = 32
 #: the fitted arrays besides the position term
 WEIGHTS = ("Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
+#: when the learners' hook polishes: ``auto`` when the check's error is above the target, ``always``, ``never``
+POLISH_MODES = ("auto", "always", "never")
+#: the check error (relative RMS) above which ``auto`` polishes
+POLISH_TARGET = 1e-9
+#: fresh sequences per ⌈unknowns / K⌉ (the fewest whose answers hold as many numbers as the unknowns)
+POLISH_SEQUENCES = 2
 
 
 @dataclass
@@ -107,8 +119,8 @@ def _fit(model, data, frequencies, rounds, cg_steps):
     cost = float(r @ r)
     before = math.sqrt(cost) / spread
     dense = r.numel() * p.numel() <= DENSE_LIMIT
-    if not dense:  # unknowns scaled by their arrays' Jacobian column size (one probe per array): Jacobi on blocks
-        scale = torch.cat([torch.full((n,), v) for n, v in zip(sizes, _block_sizes(residual, p, sizes))])
+    if not dense:  # unknowns scaled by their Jacobian columns' size (per number for small arrays, else per array)
+        scale = _column_scales(residual, p, sizes)
     lam, done = 1e-6, 0
     for done in range(1, rounds + 1):
         if dense:
@@ -164,20 +176,29 @@ def marquardt_step(J: np.ndarray, r: np.ndarray):
     return solve
 
 
-def _block_sizes(residual, p, sizes):
-    """Per fitted array, the inverse RMS size of its Jacobian columns (one random probe each); 0 (held) for a null
-    array (below :data:`NULL_COLUMN` of the largest: rounding, as in :func:`marquardt_step`)."""
+def _column_scales(residual, p, sizes):
+    """Per unknown, the inverse RMS size of its Jacobian column: exact per element for a small array (at most
+    :data:`ELEMENTWISE` numbers: the RoPE frequencies, the ALiBi slopes, whose columns differ by orders of magnitude),
+    one random probe per larger array; 0 (held) for a null column (below :data:`NULL_COLUMN` of the largest:
+    rounding, as in :func:`marquardt_step`)."""
     import torch
 
-    out, at = [], 0
+    sq, at = [], 0
     apply, _ = _normal_equations(residual, p, torch.ones_like(p))
     for n in sizes:
-        v = torch.zeros_like(p)
-        v[at:at + n] = torch.randn(n, dtype=p.dtype)
-        out.append(float(v @ apply(v)) / float(v @ v))
+        if n <= ELEMENTWISE:
+            for i in range(n):
+                v = torch.zeros_like(p)
+                v[at + i] = 1.0
+                sq.append(torch.full((1,), float(v @ apply(v)), dtype=p.dtype))
+        else:
+            v = torch.zeros_like(p)
+            v[at:at + n] = torch.randn(n, dtype=p.dtype)
+            sq.append(torch.full((n,), float(v @ apply(v)) / float(v @ v), dtype=p.dtype))
         at += n
-    top = max(out)
-    return [1.0 / math.sqrt(size) if size > NULL_COLUMN**2 * top else 0.0 for size in out]
+    sq = torch.cat(sq)
+    top = float(sq.max())
+    return torch.where(sq > NULL_COLUMN**2 * top, 1.0 / torch.sqrt(sq.clamp_min(1e-300)), torch.zeros_like(sq))
 
 
 def _normal_equations(residual, p, scale):
@@ -270,3 +291,74 @@ def last_row(model: PositionalAttention, p: dict, const: dict, X):
     alpha = torch.softmax(s, dim=-1)
     ctx = torch.einsum("bhn,bhnk->bhk", alpha, v)
     return ctx.reshape(B, -1) @ p["Wo"].T + p["bo"]
+
+
+def polish_sequences(unknowns: int, outputs: int, per: float = POLISH_SEQUENCES) -> int:
+    """The hook's default number of fresh sequences: ``per · ⌈unknowns / K⌉`` (each answers K numbers)."""
+    return int(math.ceil(per * math.ceil(unknowns / max(1, outputs))))
+
+
+def polish_queries(unknowns: int, outputs: int, check_queries: int, sequences: int | None = None) -> int:
+    """Queries :func:`polish_extraction` asks when it polishes: the fresh sequences and the polished model's check."""
+    return (sequences or polish_sequences(unknowns, outputs)) + check_queries
+
+
+def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH_TARGET, sequences: int | None = None,
+                      seed: int = 0, lengths=POLISH_LENGTHS, rounds: int = ROUNDS, cg_steps: int = CG_STEPS,
+                      frequencies: bool = True, progress=None):
+    """The learners' hook: polish ``res.model`` (a :class:`PositionalAttention` result of ``oracle``) on
+    ``sequences`` fresh last-position answers (default :func:`polish_sequences`) when ``mode`` is ``always``, or
+    ``auto`` and the check's error is above ``target``; then a fresh functional check (the lengths and count of
+    ``res.check``) of the polished model, kept only when its error is below the learner's. Every query is counted
+    in ``res.queries`` and ``res.queries_by_phase`` (``polish``, ``polish check``); ``res.details["polish"]`` and a
+    note say what happened. Returns ``res`` (changed in place)."""
+    from attnprobe.learners.core.check import functional_check
+
+    if mode not in POLISH_MODES:
+        raise ConfigError(f"polish must be one of {', '.join(POLISH_MODES)}; got {mode!r}", param="polish")
+    if not (isinstance(target, (int, float)) and math.isfinite(target) and target >= 0):
+        raise ConfigError(f"polish_target must be a finite number ≥ 0; got {target!r}", param="polish_target")
+    if mode == "never" or not isinstance(res.model, PositionalAttention):
+        return res
+    check = res.check
+    if mode == "auto":
+        if check is None:
+            res.details["polish"] = {"ran": False, "why": "no functional check to compare with"}
+            return res
+        if check.error <= target:
+            res.details["polish"] = {"ran": False, "why": f"check error {check.error:.1e} ≤ target {target:.1e}"}
+            return res
+    n = sequences or polish_sequences(res.unknowns, res.model.outputs)
+    rng = np.random.default_rng([int(seed), 0x9011])
+    lengths_checked = tuple(check.lengths) if check is not None else tuple(sorted({1, 2, 8, 64, 256}))
+    per_length = max(1, check.queries // max(1, len(check.lengths))) if check is not None else 8
+    before = oracle.queries
+    t0 = time.perf_counter()
+    with oracle.phase("polish", fresh=True):
+        data = fresh_answers(oracle, n, rng, lengths)
+    if progress is not None:
+        progress(res.queries + oracle.queries - before, res.queries + oracle.queries - before)
+    model, report = polish(res.model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps)
+    with oracle.phase("polish check", fresh=True):
+        if check is None:
+            check = functional_check(oracle, res.model, rng, lengths_checked, per_length)
+        new = functional_check(oracle, model, rng, lengths_checked, per_length)
+    spent = oracle.queries - before
+    res.queries += spent
+    for phase, count in (("polish", n), ("polish check", spent - n)):
+        res.queries_by_phase[phase] = res.queries_by_phase.get(phase, 0) + count
+    kept = bool(np.isfinite(new.error) and new.error < check.error)
+    res.details["polish"] = {"ran": True, "kept": kept, "check_before": check.error, "check_after": new.error,
+                             "seconds": time.perf_counter() - t0, **report.to_dict()}
+    if kept:
+        res.model, res.check = model, new
+        if res.notes and not check.passed:  # the learner's failed-check note no longer describes the result
+            res.notes = [x for x in res.notes if not x.startswith(("functional check FAILED", "functional check UNC"))]
+        if not new.passed:
+            res.notes.append(f"functional check FAILED after the polish: {new.describe()}")
+    res.seconds += time.perf_counter() - t0
+    res.notes.append(f"joint polish on {report.sequences} fresh sequences ({report.unknowns} unknowns, "
+                     f"{report.rounds} rounds): misfit {report.misfit_before:.1e} → {report.misfit_after:.1e}, "
+                     f"fresh check {check.error:.1e} → {new.error:.1e}; "
+                     + ("kept" if kept else "not kept (no better on fresh sequences)"))
+    return res
