@@ -29,7 +29,7 @@ from attnprobe.oracles.base import Oracle
 from attnprobe.oracles.torch_adapter import TorchFunction
 from attnprobe.reports import Table
 from attnprobe.targets.positional_modules import positional_victim, reference_model
-from sections import command_line, write_section
+from sections import write_section
 
 DOC = "positional"
 STORE = Path(__file__).resolve().parent / "results" / "positional_polish.json"
@@ -115,8 +115,10 @@ def main() -> None:
             table.add(*rows[name])
     print(table.markdown())
     if args.write:
+        names = " ".join(n for n in CASES if n in rows)  # the rows may come from several runs: the one command
         write_section("Positional: the learners with the joint polish (transformers modules, d = 128, 8 heads, "
-                      "float64)", table.markdown(), command_line(), doc=DOC)
+                      "float64)", table.markdown(), f"python benchmarks/positional_polish.py --family {names} --write",
+                      doc=DOC)
 
 
 if __name__ == "__main__":

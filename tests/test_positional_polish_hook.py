@@ -40,7 +40,10 @@ def test_polish_above_the_target_is_kept_when_the_fresh_check_improves():
     assert info["ran"] and info["kept"] and info["sequences"] == n and info["numbers"] >= 2 * res.unknowns
     assert res.check.error == info["check_after"] < before_error / 1e3  # the result's check is the polished model's
     checks = len(LENGTHS) * 4
-    assert oracle.queries - asked == n + checks == res.queries - 100  # every query counted once
+    # asked: the sequences and the polished model's check; the result counts the learner's check, now spent on
+    # a model it no longer returns, and carries the new check apart
+    assert oracle.queries - asked == n + checks and res.check.queries == checks
+    assert res.queries == 100 + n + checks
     assert res.queries_by_phase == {"values": 100, "polish": n, "polish check": checks}
     assert function_error_over_lengths(res.model, truth, np.random.default_rng(1), (1, 4, 64)) < 1e-9
     assert f"joint polish on {n} fresh sequences" in res.notes[-1] and "kept" in res.notes[-1]
@@ -79,3 +82,15 @@ def test_the_estimate_counts_the_polish():
                                                          never.high + extra)
     t5 = estimate_queries("positional", 128, heads=8, position="t5", polish="always")
     assert t5.queries > estimate_queries("positional", 128, heads=8, position="t5").queries
+
+
+def test_always_without_a_check_checks_both_and_returns_one_check_counted_apart():
+    _, oracle, res = _started(1e-4)
+    bare = replace(res, check=None, details={}, queries_by_phase={"values": 100})
+    asked = oracle.queries
+    polish_extraction(oracle, bare, mode="always", lengths=LENGTHS, rounds=1)
+    n, checks = polish_sequences(bare.unknowns, 16), 5 * 8  # the check's default lengths, 8 each
+    assert oracle.queries - asked == n + 2 * checks  # the learner's model and the polished one, both checked
+    assert bare.check is not None and bare.check.queries == checks
+    assert bare.queries == 100 + n + checks and sum(bare.queries_by_phase.values()) == bare.queries
+    assert bare.check.error == min(bare.details["polish"]["check_before"], bare.details["polish"]["check_after"])

@@ -28,20 +28,23 @@ from attnprobe.models.positional import PositionalAttention, rotation_pairs, t5_
 POLISH_LENGTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64, 128, 256)
 #: Levenberg–Marquardt rounds, conjugate-gradient steps per round
 ROUNDS, CG_STEPS = 12, 60
+#: the learners' hook: fewer rounds of longer conjugate-gradient solves (LLaMA d = 128 from the learner's 1.9e-8:
+#: 3 × 300 steps reach 7.4e-9 in 208 s, 6 × 100 steps 1.0e-8 in 164 s; docs/positional.md)
+HOOK_ROUNDS, HOOK_CG_STEPS = 4, 300
 #: the largest Jacobian (numbers × unknowns) the polish forms densely; past it, conjugate gradients
 DENSE_LIMIT = 4e7
 #: the dampings tried per round with a dense Jacobian (relative to the unit-scaled columns' squared singular values)
 LADDER = (1e-14, 1e-11, 1e-8, 1e-5, 1e-2, 1.0)
 #: a Jacobian column this much smaller than the median column is null (left out of the dense step)
 NULL_COLUMN = 1e-9
-#: arrays of at most this many numbers get one Jacobi scale per number in the matrix-free route (else one per array)
-ELEMENTWISE = 32
 #: the fitted arrays besides the position term
 WEIGHTS = ("Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
 #: when the learners' hook polishes: ``auto`` when the check's error is above the target, ``always``, ``never``
 POLISH_MODES = ("auto", "always", "never")
 #: the check error (relative RMS) above which ``auto`` polishes
 POLISH_TARGET = 1e-9
+#: the check's lengths when the result has no check to copy them from
+CHECKED = (1, 2, 8, 64, 256)
 #: fresh sequences per ⌈unknowns / K⌉ (the fewest whose answers hold as many numbers as the unknowns)
 POLISH_SEQUENCES = 2
 
@@ -119,8 +122,8 @@ def _fit(model, data, frequencies, rounds, cg_steps):
     cost = float(r @ r)
     before = math.sqrt(cost) / spread
     dense = r.numel() * p.numel() <= DENSE_LIMIT
-    if not dense:  # unknowns scaled by their Jacobian columns' size (per number for small arrays, else per array)
-        scale = _column_scales(residual, p, sizes)
+    if not dense:  # unknowns scaled by their arrays' Jacobian column size (one probe per array): Jacobi on blocks
+        scale = torch.cat([torch.full((n,), v) for n, v in zip(sizes, _block_sizes(residual, p, sizes))])
     lam, done = 1e-6, 0
     for done in range(1, rounds + 1):
         if dense:
@@ -176,29 +179,20 @@ def marquardt_step(J: np.ndarray, r: np.ndarray):
     return solve
 
 
-def _column_scales(residual, p, sizes):
-    """Per unknown, the inverse RMS size of its Jacobian column: exact per element for a small array (at most
-    :data:`ELEMENTWISE` numbers: the RoPE frequencies, the ALiBi slopes, whose columns differ by orders of magnitude),
-    one random probe per larger array; 0 (held) for a null column (below :data:`NULL_COLUMN` of the largest:
-    rounding, as in :func:`marquardt_step`)."""
+def _block_sizes(residual, p, sizes):
+    """Per fitted array, the inverse RMS size of its Jacobian columns (one random probe each); 0 (held) for a null
+    array (below :data:`NULL_COLUMN` of the largest: rounding, as in :func:`marquardt_step`)."""
     import torch
 
-    sq, at = [], 0
+    out, at = [], 0
     apply, _ = _normal_equations(residual, p, torch.ones_like(p))
     for n in sizes:
-        if n <= ELEMENTWISE:
-            for i in range(n):
-                v = torch.zeros_like(p)
-                v[at + i] = 1.0
-                sq.append(torch.full((1,), float(v @ apply(v)), dtype=p.dtype))
-        else:
-            v = torch.zeros_like(p)
-            v[at:at + n] = torch.randn(n, dtype=p.dtype)
-            sq.append(torch.full((n,), float(v @ apply(v)) / float(v @ v), dtype=p.dtype))
+        v = torch.zeros_like(p)
+        v[at:at + n] = torch.randn(n, dtype=p.dtype)
+        out.append(float(v @ apply(v)) / float(v @ v))
         at += n
-    sq = torch.cat(sq)
-    top = float(sq.max())
-    return torch.where(sq > NULL_COLUMN**2 * top, 1.0 / torch.sqrt(sq.clamp_min(1e-300)), torch.zeros_like(sq))
+    top = max(out)
+    return [1.0 / math.sqrt(size) if size > NULL_COLUMN**2 * top else 0.0 for size in out]
 
 
 def _normal_equations(residual, p, scale):
@@ -304,14 +298,16 @@ def polish_queries(unknowns: int, outputs: int, check_queries: int, sequences: i
 
 
 def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH_TARGET, sequences: int | None = None,
-                      seed: int = 0, lengths=POLISH_LENGTHS, rounds: int = ROUNDS, cg_steps: int = CG_STEPS,
+                      seed: int = 0, lengths=POLISH_LENGTHS, rounds: int = HOOK_ROUNDS, cg_steps: int = HOOK_CG_STEPS,
                       frequencies: bool = True, progress=None):
     """The learners' hook: polish ``res.model`` (a :class:`PositionalAttention` result of ``oracle``) on
     ``sequences`` fresh last-position answers (default :func:`polish_sequences`) when ``mode`` is ``always``, or
     ``auto`` and the check's error is above ``target``; then a fresh functional check (the lengths and count of
-    ``res.check``) of the polished model, kept only when its error is below the learner's. Every query is counted
-    in ``res.queries`` and ``res.queries_by_phase`` (``polish``, ``polish check``); ``res.details["polish"]`` and a
-    note say what happened. Returns ``res`` (changed in place)."""
+    ``res.check``) of the polished model, kept only when its error is below the learner's. The result's check is
+    the returned model's (counted apart, as every learner's); every other query the hook asks, and the learner's
+    check when its model is replaced, is counted in ``res.queries`` and ``res.queries_by_phase`` (``polish``,
+    ``polish check``); ``res.details["polish"]`` and a note say what happened. Returns ``res`` (changed in
+    place)."""
     from attnprobe.learners.core.check import functional_check
 
     if mode not in POLISH_MODES:
@@ -320,7 +316,7 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
         raise ConfigError(f"polish_target must be a finite number ≥ 0; got {target!r}", param="polish_target")
     if mode == "never" or not isinstance(res.model, PositionalAttention):
         return res
-    check = res.check
+    learner_check = check = res.check
     if mode == "auto":
         if check is None:
             res.details["polish"] = {"ran": False, "why": "no functional check to compare with"}
@@ -330,7 +326,7 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
             return res
     n = sequences or polish_sequences(res.unknowns, res.model.outputs)
     rng = np.random.default_rng([int(seed), 0x9011])
-    lengths_checked = tuple(check.lengths) if check is not None else tuple(sorted({1, 2, 8, 64, 256}))
+    lengths_checked = tuple(check.lengths) if check is not None else CHECKED
     per_length = max(1, check.queries // max(1, len(check.lengths))) if check is not None else 8
     before = oracle.queries
     t0 = time.perf_counter()
@@ -339,20 +335,26 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
     if progress is not None:
         progress(res.queries + oracle.queries - before, res.queries + oracle.queries - before)
     model, report = polish(res.model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps)
-    with oracle.phase("polish check", fresh=True):
+    with oracle.phase("check", fresh=True):
         if check is None:
             check = functional_check(oracle, res.model, rng, lengths_checked, per_length)
         new = functional_check(oracle, model, rng, lengths_checked, per_length)
-    spent = oracle.queries - before
-    res.queries += spent
-    for phase, count in (("polish", n), ("polish check", spent - n)):
-        res.queries_by_phase[phase] = res.queries_by_phase.get(phase, 0) + count
     kept = bool(np.isfinite(new.error) and new.error < check.error)
+    # the result carries one check, counted apart (Extraction); every other query is the extraction's own, the
+    # learner's check included when the polished model replaces the one it checked
+    returned = new if kept else check
+    other = (oracle.queries - before - n - (returned.queries if returned is new or learner_check is None else 0)
+             + (learner_check.queries if kept and learner_check is not None else 0))
+    res.queries += n + other
+    for phase, count in (("polish", n), ("polish check", other)):
+        if count:
+            res.queries_by_phase[phase] = res.queries_by_phase.get(phase, 0) + count
+    res.check = returned
     res.details["polish"] = {"ran": True, "kept": kept, "check_before": check.error, "check_after": new.error,
                              "seconds": time.perf_counter() - t0, **report.to_dict()}
     if kept:
-        res.model, res.check = model, new
-        if res.notes and not check.passed:  # the learner's failed-check note no longer describes the result
+        res.model = model
+        if not check.passed:  # the learner's failed-check note no longer describes the result
             res.notes = [x for x in res.notes if not x.startswith(("functional check FAILED", "functional check UNC"))]
         if not new.passed:
             res.notes.append(f"functional check FAILED after the polish: {new.describe()}")
