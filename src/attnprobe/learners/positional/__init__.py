@@ -28,7 +28,7 @@ def _positional(oracle, *, seed, progress, heads, position="auto", walk=WALK, po
 
 def with_polish(count: QueryCount, setting, heads: int, bias: bool, position: str = "rope") -> QueryCount:
     """``count`` with the joint polish's fresh sequences and its check (:func:`~.polish.polish_queries`, for at
-    most one key/value group per head): in every end with ``--polish always``; in the upper end only with ``auto``
+    most one key/value group per head): in every end with polish ``always``; in the upper end only with ``auto``
     (it polishes only when the check's error is above the target: measured, LLaMA and GPT-NeoX at d = 128 do, T5
     does not); none with ``never``."""
     mode = setting.option("polish") or "auto"
@@ -42,7 +42,7 @@ def with_polish(count: QueryCount, setting, heads: int, bias: bool, position: st
     always = extra if mode == "always" else 0
     return QueryCount(count.queries + always, count.low + always, count.high + extra,
                       f"{count.basis}; polish {extra} (fresh sequences 2·⌈unknowns/K⌉ for up to {unknowns} unknowns, "
-                      f"and its check; --polish {mode}" + (": when the check's error is above the target)" if
+                      f"and its check; polish {mode}" + (": when the check's error is above the target)" if
                                                            mode == "auto" else ")"))
 
 

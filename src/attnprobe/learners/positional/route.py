@@ -23,9 +23,9 @@ POSITION = Option("position", str, "the position term: auto (default: the oracle
                                    "answers), rope, t5 (relative buckets) or alibi", default="auto",
                   choices=("auto",) + POSITION_TERMS)
 POLISH = Option("polish", str, "the joint least-squares polish on fresh sequences after the learner's stages: auto "
-                               "(default: when the check's error is above --polish-target), always, never",
+                               "(default: when the check's error is above polish_target), always, never",
                 default="auto", choices=POLISH_MODES)
-POLISH_TARGET_OPTION = Option("polish_target", float, "the check error (relative RMS) above which --polish auto "
+POLISH_TARGET_OPTION = Option("polish_target", float, "the check error (relative RMS) above which polish auto "
                                                       "polishes", default=POLISH_TARGET, low=0)
 POLISH_SEQUENCES_OPTION = Option("polish_sequences", int, "fresh sequences of the polish (default 2·⌈unknowns/K⌉)",
                                  low=1)
