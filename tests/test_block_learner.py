@@ -99,17 +99,17 @@ def test_method_block_without_heads_is_refused_in_one_line(tmp_path, capsys, mon
     from attnprobe.cli import main
 
     calls = []
-    (tmp_path / "victim.py").write_text("import numpy as np\ncalls = []\n"
-                                        "def f(X):\n    calls.append(len(X))\n    return np.asarray(X)\n")
+    (tmp_path / "block_victim.py").write_text("import numpy as np\ncalls = []\n"
+                                              "def f(X):\n    calls.append(len(X))\n    return np.asarray(X)\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert main(["extract", "--oracle", "victim:f", "--d", "32", "--method", "block", "--out",
+    assert main(["extract", "--oracle", "block_victim:f", "--d", "32", "--method", "block", "--out",
                  str(tmp_path / "r.npz")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--heads" in err
-    import victim
+    import block_victim  # a name no other test imports (sys.modules is shared within a worker)
 
-    assert victim.calls == calls == []
+    assert block_victim.calls == calls == []
 
 
 def test_the_attention_polish_reads_the_model_it_starts_from():
