@@ -225,3 +225,25 @@ def test_float32_answers_of_a_wider_ffn_within_1e3_and_the_estimate_is_the_plan(
     assert res.check.error <= res.check.tolerance <= 2e-3  # the check bounds the error claimed at float32
     est = estimate_queries("ffn", 16, hidden=48, outputs=16, activation="gelu", precision="float32")
     assert est.queries == res.queries + res.check.queries
+
+
+def test_gauss_newton_halves_a_step_that_overshoots(monkeypatch):
+    """A step twice too long (the Gauss–Newton step doubled) lands as far beyond the answers as the start was
+    short of them: the polish keeps its half instead of giving up."""
+    from attnprobe.learners.smooth_ffn import polish
+
+    truth = random_smooth_ffn(5, 8, 5, seed=9)
+    X = np.random.default_rng(3).standard_normal((200, 5))
+    Y = truth.forward(X)
+    rng = np.random.default_rng(4)
+    start = tuple(p + 1e-4 * rng.standard_normal(p.shape) for p in (truth.W1, truth.b1, truth.W2, truth.b2))
+    exact_step = polish._step
+
+    def doubled(*args, **kwargs):
+        *parts, used = exact_step(*args, **kwargs)
+        return (*(2.0 * p for p in parts), used)
+
+    monkeypatch.setattr(polish, "_step", doubled)
+    act = ACTIVATIONS["gelu"]
+    _, history, _ = polish.gauss_newton(X, Y, start, act, True, rounds=6, iterations=300)
+    assert history[-1] < 1e-8 * history[0]
