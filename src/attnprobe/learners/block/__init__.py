@@ -21,7 +21,8 @@ from attnprobe.models.gated_ffn import GATED_FAMILIES
 
 def _block(oracle, *, seed, progress, heads=None, hidden=None, activation=None, walk=WALK):
     if heads is None:
-        raise ConfigError("the block learner needs the attention's number of heads H", param="heads")
+        raise ConfigError("the block learner needs the attention's number of heads H (the 'heads' parameter)",
+                          param="heads")
     return extract_block(oracle, heads=heads, hidden=hidden, activation=activation, seed=seed, progress=progress,
                          walk=walk)
 
