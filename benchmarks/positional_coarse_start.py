@@ -76,7 +76,7 @@ def directions_table() -> Table:
     return table
 
 
-def spaces_table() -> Table:
+def spaces_table(walks) -> Table:
     table = Table(["module", "answers", "walk", "queries (values + walk)", "largest output-space error",
                    "start: queries", "start: function error"])
     d, H, G = 32, 2, 1
@@ -85,7 +85,7 @@ def spaces_table() -> Table:
     dh = d // H
     To = truth.Wo.reshape(d, H, dh)
     for prec in ("float32",):
-        for walk in (1, 3):
+        for walk in walks:
             oracle = oracle_from_torch(positional_victim("llama", dtype=prec, **kw), d, precision=prec)
             rng = np.random.default_rng(0)
             M, _ = coarse_values(oracle, rng, math.sqrt(d))
@@ -104,9 +104,10 @@ def spaces_table() -> Table:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spaces", action="store_true", help="output spaces and the start's function error (d = 32)")
+    ap.add_argument("--walk", type=int, nargs="+", default=[1], help="--spaces: walk lengths (one row each)")
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks/")
     args = ap.parse_args()
-    table = spaces_table() if args.spaces else directions_table()
+    table = spaces_table(args.walk) if args.spaces else directions_table()
     print(table.markdown())
     if args.write:
         title = ("RoPE coarse start: output spaces and the start (d = 32)" if args.spaces else
