@@ -106,8 +106,10 @@ def main() -> None:
     args = ap.parse_args()
     rows = json.loads(STORE.read_text()) if STORE.exists() else {}
     for name in args.family:
-        rows[name] = measure(name, args.seed)
-        print(rows[name], flush=True)
+        row = measure(name, args.seed)
+        print(json.dumps({name: row}), flush=True)
+        rows = json.loads(STORE.read_text()) if STORE.exists() else {}  # another run may have stored a row meanwhile
+        rows[name] = row
         STORE.write_text(json.dumps(rows, indent=1))
     table = Table(COLUMNS)
     for name in CASES:

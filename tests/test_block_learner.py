@@ -96,20 +96,21 @@ def test_the_rope_learner_with_fixed_query_rms_on_the_true_attention_and_the_log
 
 
 def test_method_block_without_heads_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    import sys
+
     from attnprobe.cli import main
 
-    calls = []
-    (tmp_path / "victim.py").write_text("import numpy as np\ncalls = []\n"
-                                        "def f(X):\n    calls.append(len(X))\n    return np.asarray(X)\n")
+    asked = tmp_path / "asked"
+    (tmp_path / "block_heads_victim.py").write_text(f"import numpy as np\ndef f(X):\n    open({str(asked)!r}, 'w')\n"
+                                                    "    return np.asarray(X)\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert main(["extract", "--oracle", "victim:f", "--d", "32", "--method", "block", "--out",
+    monkeypatch.delitem(sys.modules, "block_heads_victim", raising=False)
+    assert main(["extract", "--oracle", "block_heads_victim:f", "--d", "32", "--method", "block", "--out",
                  str(tmp_path / "r.npz")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--heads" in err
-    import victim
-
-    assert victim.calls == calls == []
+    assert err.count("\n") == 1 and "--method block needs --heads" in err
+    assert not asked.exists()  # refused before the first query
 
 
 def test_the_attention_polish_reads_the_model_it_starts_from():

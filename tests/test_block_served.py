@@ -129,7 +129,7 @@ def test_method_block_over_http_gives_the_in_process_result(tmp_path, capsys):
 
     folder = llama_block_folder(tmp_path / "llama")
     args = build_parser().parse_args(["serve", "--hf-dir", str(folder), "--block", "1", "--api-key", "k-1",
-                                      "--budget", "1000000", "--max-batch", "4096"])
+                                      "--budget", "1000000", "--max-batch", "4096", "--max-length", "1024"])
     app, _ = build_from_args(args)
     learner = ["--method", "block", "--heads", "2", "--hidden", "64", "--quiet"]
     with BackgroundServer(app) as srv:
@@ -144,3 +144,12 @@ def test_method_block_over_http_gives_the_in_process_result(tmp_path, capsys):
     ja, jb = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("http", "local"))
     assert ja["queries"] == jb["queries"] and ja["check"]["relative_error"] == jb["check"]["relative_error"]
     assert ja["passed"] and ja["check"]["relative_error"] < 1e-6
+    # load_model(result) answers like the block at every position of fresh sequences, every length up to 64
+    from attnprobe.models.io import load_model
+
+    model, victim = load_model(tmp_path / "http.npz"), oracle_from_hf_block(folder, 1)
+    rng = np.random.default_rng(9)
+    for N in (1, 2, 5, 17, 64):
+        X = rng.standard_normal((4, N, 32))
+        y = victim.answer_rows(X)
+        assert np.abs(model.every_position(X) - y).max() < 1e-6 * np.abs(y - X).max()
