@@ -145,7 +145,7 @@ def _regress(F: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.linalg.lstsq(F[ok], y[ok], rcond=None)[0]
 
 
-def logit_maps(oracle, rng, Cb, G, c, theta, rho: float, offsets=LOGIT_OFFSETS, extra: int = 16,
+def logit_maps(oracle, rng, Cb, G, c, theta, rho: float, *, offsets=LOGIT_OFFSETS, extra: int = 16,
                rounds: int = ALS_ROUNDS):
     """Every head's ``W_Q``, ``W_K`` (d_h, d) from log-weights (:func:`log_weights`), keys at ``offsets``:
 
