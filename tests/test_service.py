@@ -48,7 +48,8 @@ def test_answers_are_the_models_answers(served):
     assert np.array_equal(np.array(r.json()["outputs"]), head(X))
     assert httpx.get(srv.url + "/healthz").status_code == 200
     info = httpx.get(srv.url + "/v1/info", headers={"Authorization": f"Bearer {KEY}"}).json()
-    assert info["d"] == D and info["max_batch"] == 16
+    assert info == {"d": D, "max_batch": 16, "max_length": 8, "name": "attnprobe", "outputs": None,
+                    "every_position": False, "api_version": "1", "rate": None, "formats": ["json", "npy"]}
 
 
 HOSTILE = {

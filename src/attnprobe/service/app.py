@@ -27,14 +27,14 @@ import asyncio
 import logging
 import threading
 import zlib
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import Annotated, Callable
 
 import numpy as np
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, create_model
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
@@ -57,18 +57,6 @@ class QueryRequest(BaseModel):
 
 class QueryResponse(BaseModel):
     outputs: list[float] | list[list[float]] | list[list[list[float]]]
-
-
-class InfoResponse(BaseModel):
-    d: int
-    max_batch: int
-    max_length: int
-    name: str
-    api_version: str = API_VERSION
-    rate: float | None = None
-    outputs: int | None = None
-    every_position: bool = False
-    formats: list[str] = ["json", "npy"]
 
 
 class UsageResponse(BaseModel):
@@ -115,6 +103,17 @@ class ServiceOptions:
         if self.max_body_bytes is not None:
             return int(self.max_body_bytes)
         return 64 * 1024 + 32 * self.max_batch * min(self.max_length, 64) * self.d
+
+
+#: the :class:`ServiceOptions` fields ``GET /v1/info`` publishes; the response model takes their types and defaults
+PUBLISHED = ("d", "max_batch", "max_length", "name", "outputs", "every_position")
+
+InfoResponse = create_model(
+    "InfoResponse", __doc__="What ``GET /v1/info`` answers: the published service options, the API version, the "
+                            "calling key's rate limit and the body formats.",
+    **{f.name: (f.type, ... if f.default is MISSING else f.default)
+       for f in fields(ServiceOptions) if f.name in PUBLISHED},
+    api_version=(str, API_VERSION), rate=(float | None, None), formats=(list[str], ["json", "npy"]))
 
 
 class AnnouncedLengthLimit:
@@ -173,8 +172,7 @@ def build_app(fn: Callable[[np.ndarray], np.ndarray], options: ServiceOptions, k
 
     @app.get("/v1/info", response_model=InfoResponse, responses={401: {"description": "missing or wrong key"}})
     def info(kh: Annotated[bytes, Depends(caller)]) -> InfoResponse:
-        return InfoResponse(d=d, max_batch=options.max_batch, max_length=options.max_length, name=options.name,
-                            rate=keys.rate, outputs=options.outputs, every_position=options.every_position)
+        return InfoResponse(**{f: getattr(options, f) for f in PUBLISHED}, rate=keys.rate)
 
     @app.get("/v1/usage", response_model=UsageResponse, responses={401: {"description": "missing or wrong key"}})
     def usage(kh: Annotated[bytes, Depends(caller)]) -> UsageResponse:

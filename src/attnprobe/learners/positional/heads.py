@@ -28,6 +28,10 @@ from attnprobe.errors import RecoveryError
 STEP, LEVELS = 1e-2, 3
 #: alternating least-squares rounds that polish Jennrich's directions on every setting at once
 CP_ROUNDS = 20
+#: why a layer with key or query biases is refused (the pair probe needs zero keys of logit 0; docs/positional.md)
+BIASES_REFUSED = ("key or query biases (Qwen2-style) need a neutral key x₀ (W_K x₀ + b_K = 0) behind which the RoPE "
+                  "route reads them (extract_neutral), and finding x₀ from the answers alone is not built (measured: "
+                  "a Gauss–Newton search costs ~18,000 sequences per step at d = 32; docs/positional.md)")
 #: largest ratio of the first dropped to the last kept singular value of the pair probe (measured 5e-10 on LLaMA
 #: layers in float64; with key/query biases there is no gap)
 GAP = 1e-5
@@ -56,15 +60,16 @@ def pair_jacobian(layer, z: np.ndarray, E: np.ndarray, eta: float, levels: int =
 
 
 def head_directions(layer, z: np.ndarray, E: np.ndarray, *, settings, eta: float, rank: int | None, noise: float,
-                    rng: np.random.Generator, floor: float = 0.0):
+                    rng: np.random.Generator, floor: float = 0.0, jacobian=pair_jacobian):
     """The heads' output directions ``V_h z`` (K, H) at query ``z`` from :func:`pair_jacobian` at several
     ``settings`` (query scale t, extra zero keys): every ``D`` shares the columns ``V_h z``, each head scaled by
     ``α_h0 α_hN t²``, which the settings change differently per head. Jennrich's method on two random combinations
     of them (the eigenvectors of ``D_a D_b⁺`` on their span) gives the columns; the zero keys spread the heads'
     ratios far more than the query scale does. ``rank``: H when known (else read from the singular values above
     ``floor``, an absolute size below which ``D`` is finite-difference error: no offset dependence, rank 0).
-    Returns the directions (unit columns), the singular values of the first ``D`` and the rank."""
-    Ds = [pair_jacobian(layer, t * z, E, eta, zeros=n) for t, n in settings]
+    ``jacobian``: how each ``D`` is measured (:func:`pair_jacobian`'s signature; coarse answers use a fit over many
+    steps). Returns the directions (unit columns), the singular values of the first ``D`` and the rank."""
+    Ds = [jacobian(layer, t * z, E, eta, zeros=n) for t, n in settings]
     U, s, _ = np.linalg.svd(Ds[0], full_matrices=False)
     if s[0] <= floor:
         return None, s, 0
@@ -73,8 +78,7 @@ def head_directions(layer, z: np.ndarray, E: np.ndarray, *, settings, eta: float
         rank = int(np.sum(keep))
         if rank == len(s) or rank < len(s) and s[rank] > GAP * s[rank - 1]:
             raise RecoveryError(f"moving two zero keys apart changed the answer in {rank} or more directions without "
-                                "a gap (a sum of bias-free RoPE heads shows exactly H); key or query biases "
-                                "(Qwen2-style) are not supported by this learner yet")
+                                f"a gap (a sum of bias-free RoPE heads shows exactly H); {BIASES_REFUSED}")
     if rank < 1:
         return None, s, rank
     Ur = U[:, :rank]
@@ -92,8 +96,8 @@ def head_directions(layer, z: np.ndarray, E: np.ndarray, *, settings, eta: float
             best = (gap, np.real(vecs))
     if best is None:
         raise RecoveryError("the heads did not separate at the zero-key probe (complex eigenvalues): the answers are "
-                            "not those of bias-free RoPE heads (key or query biases, Qwen2-style, are not supported by "
-                            "this learner yet) or two heads weigh their keys alike in every setting")
+                            f"not those of bias-free RoPE heads, or two heads weigh their keys alike in every setting; "
+                            f"{BIASES_REFUSED}")
     W = refine_directions(Ds, Ur @ best[1])
     return W, s, rank
 
