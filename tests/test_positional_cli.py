@@ -33,3 +33,4 @@ def test_biased_layer_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and not (tmp_path / "r.npz").exists()
     assert len(err) == 1 and "biases" in err[0] and "Traceback" not in err[0]
+    assert "neutral key" in err[0] and "not built" in err[0]  # the cause named

@@ -9,7 +9,10 @@ from attnprobe.learners.core.registry import Capabilities, Option, register
 from attnprobe.learners.multihead.options import HEADS
 from attnprobe.learners.positional.rope import (CHECK_LENGTHS, WALK, coarse_refusal, extract_positional,
                                                positional_queries)
-from attnprobe.learners.positional.route import POSITION, additive_estimate, extract_any_positional
+from attnprobe.learners.positional.polish import POLISH_TARGET, polish_queries
+from attnprobe.learners.positional.route import (POLISH, POLISH_SEQUENCES_OPTION, POLISH_TARGET_OPTION, POSITION,
+                                                additive_estimate, extract_any_positional)
+from attnprobe.models.positional import PositionalAttention
 from attnprobe.models.precision import machine_epsilon
 
 #: queries of the pair probe's walk per ⌈K/H⌉: more span each head's output space better (docs/positional.md)
@@ -17,15 +20,37 @@ WALK_OPTION = Option("walk", int, "RoPE: queries of the pair probe's walk per ce
                      "up to a point)", default=WALK, low=1)
 
 
-def _positional(oracle, *, seed, progress, heads, position="auto", walk=WALK):
-    return extract_any_positional(oracle, heads=heads, seed=seed, progress=progress, position=position, walk=walk)
+def _positional(oracle, *, seed, progress, heads, position="auto", walk=WALK, polish="auto",
+                polish_target=POLISH_TARGET, polish_sequences=None):
+    return extract_any_positional(oracle, heads=heads, seed=seed, progress=progress, position=position, walk=walk,
+                                  polish=polish, polish_target=polish_target, polish_sequences=polish_sequences)
+
+
+def with_polish(count: QueryCount, setting, heads: int, bias: bool, position: str = "rope") -> QueryCount:
+    """``count`` with the joint polish's fresh sequences and its check (:func:`~.polish.polish_queries`, for at
+    most one key/value group per head): in every end with polish ``always``; in the upper end only with ``auto``
+    (it polishes only when the check's error is above the target: measured, LLaMA and GPT-NeoX at d = 128 do, T5
+    does not); none with ``never``."""
+    mode = setting.option("polish") or "auto"
+    if mode == "never":
+        return count
+    K = setting.outputs or setting.d
+    unknowns = PositionalAttention.unknowns(setting.d, heads, heads, setting.d // heads, K, bias=bias,
+                                            position=position)
+    extra = polish_queries(unknowns, K, check_queries(CHECK_LENGTHS) if setting.check else 0,
+                           setting.option("polish_sequences"))
+    always = extra if mode == "always" else 0
+    return QueryCount(count.queries + always, count.low + always, count.high + extra,
+                      f"{count.basis}; polish {extra} (fresh sequences 2·⌈unknowns/K⌉ for up to {unknowns} unknowns, "
+                      f"and its check; polish {mode}" + (": when the check's error is above the target)" if
+                                                           mode == "auto" else ")"))
 
 
 def positional_estimate(setting) -> QueryCount:
     """The plan of :func:`extract_positional` (:func:`positional_queries`) plus its check on lengths up to 256."""
-    if setting.option("position") in ("t5", "alibi"):
-        return additive_estimate(setting)
     H = setting.needs("heads", "a positional estimate needs the number of heads H")
+    if setting.option("position") in ("t5", "alibi"):
+        return with_polish(additive_estimate(setting), setting, H, True, setting.option("position"))
     if setting.coarse:
         from attnprobe.errors import ConfigError
 
@@ -36,9 +61,10 @@ def positional_estimate(setting) -> QueryCount:
     checks = check_queries(CHECK_LENGTHS) if setting.check else 0
     q = positional_queries(setting.d, H, head_dim, outputs=setting.outputs, walk=walk) + checks
     extra = positional_queries(setting.d, H, head_dim, outputs=setting.outputs, walk_only=True, walk=walk)
-    return QueryCount(q, q, q + extra, f"values 2d, the pair probe at 4 settings on walk·⌈K/H⌉ + 5 queries "
+    return with_polish(QueryCount(q, q, q + extra, f"values 2d, the pair probe at 4 settings on walk·⌈K/H⌉ + 5 queries "
                                        f"(walk = {walk}; up to twice when steps of the walk are halved), logit "
-                                       f"sketches 4d(d_h + 8) with d_h = {head_dim}, check {checks}")
+                                       f"sketches 4d(d_h + 8) with d_h = {head_dim}, check {checks}"), setting, H,
+                       False)
 
 
 register("positional", _positional, recovers="positional",
@@ -47,6 +73,6 @@ register("positional", _positional, recovers="positional",
               "rotary, GQA, no biases; per head and frequency pair W_Q, W_K up to a scaled rotation of the pair, the "
               "frequencies, V_h), T5 relative buckets and ALiBi (an additive bias: B_h, u_h, V_h, the bias per "
               "bucket or the slope)",
-         options=[HEADS, POSITION, WALK_OPTION])
+         options=[HEADS, POSITION, WALK_OPTION, POLISH, POLISH_TARGET_OPTION, POLISH_SEQUENCES_OPTION])
 
 __all__ = ["extract_positional", "positional_estimate", "positional_queries"]

@@ -28,6 +28,10 @@ from attnprobe.errors import RecoveryError
 STEP, LEVELS = 1e-2, 3
 #: alternating least-squares rounds that polish Jennrich's directions on every setting at once
 CP_ROUNDS = 20
+#: why a layer with key or query biases is refused (the pair probe needs zero keys of logit 0; docs/positional.md)
+BIASES_REFUSED = ("key or query biases (Qwen2-style) need a neutral key x₀ (W_K x₀ + b_K = 0) behind which the RoPE "
+                  "route reads them (extract_neutral), and finding x₀ from the answers alone is not built (measured: "
+                  "a Gauss–Newton search costs ~18,000 sequences per step at d = 32; docs/positional.md)")
 #: largest ratio of the first dropped to the last kept singular value of the pair probe (measured 5e-10 on LLaMA
 #: layers in float64; with key/query biases there is no gap)
 GAP = 1e-5
@@ -73,8 +77,7 @@ def head_directions(layer, z: np.ndarray, E: np.ndarray, *, settings, eta: float
         rank = int(np.sum(keep))
         if rank == len(s) or rank < len(s) and s[rank] > GAP * s[rank - 1]:
             raise RecoveryError(f"moving two zero keys apart changed the answer in {rank} or more directions without "
-                                "a gap (a sum of bias-free RoPE heads shows exactly H); key or query biases "
-                                "(Qwen2-style) are not supported by this learner yet")
+                                f"a gap (a sum of bias-free RoPE heads shows exactly H); {BIASES_REFUSED}")
     if rank < 1:
         return None, s, rank
     Ur = U[:, :rank]
@@ -92,8 +95,8 @@ def head_directions(layer, z: np.ndarray, E: np.ndarray, *, settings, eta: float
             best = (gap, np.real(vecs))
     if best is None:
         raise RecoveryError("the heads did not separate at the zero-key probe (complex eigenvalues): the answers are "
-                            "not those of bias-free RoPE heads (key or query biases, Qwen2-style, are not supported by "
-                            "this learner yet) or two heads weigh their keys alike in every setting")
+                            f"not those of bias-free RoPE heads, or two heads weigh their keys alike in every setting; "
+                            f"{BIASES_REFUSED}")
     W = refine_directions(Ds, Ur @ best[1])
     return W, s, rank
 

@@ -8,11 +8,15 @@ products ``Jv`` and ``Jᵀu`` from ``torch.func``). The model's gauge freedoms (
 frequency pair, the split ``V_h = W_O,h W_V,g``) are null directions of ``J``: conjugate gradients from zero never
 move along them, and the damping keeps the step bounded. Averaging over many answers is what beats their rounding:
 with ``m`` numbers for ``P`` unknowns, the fitted function's error is about the rounding times ``√(P/m)``.
+
+:func:`polish_extraction` is the learners' hook: after their stages, when the functional check's error is above a
+target, the polish runs on fresh sequences and its model is kept only when a fresh check improves.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -24,6 +28,9 @@ from attnprobe.models.positional import PositionalAttention, rotation_pairs, t5_
 POLISH_LENGTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64, 128, 256)
 #: Levenberg–Marquardt rounds, conjugate-gradient steps per round
 ROUNDS, CG_STEPS = 12, 60
+#: the learners' hook: fewer rounds of longer conjugate-gradient solves (LLaMA d = 128 from the learner's 1.9e-8:
+#: 3 × 300 steps reach 7.4e-9 in 208 s, 6 × 100 steps 1.0e-8 in 164 s; docs/positional.md)
+HOOK_ROUNDS, HOOK_CG_STEPS = 4, 300
 #: the largest Jacobian (numbers × unknowns) the polish forms densely; past it, conjugate gradients
 DENSE_LIMIT = 4e7
 #: the dampings tried per round with a dense Jacobian (relative to the unit-scaled columns' squared singular values)
@@ -32,6 +39,14 @@ LADDER = (1e-14, 1e-11, 1e-8, 1e-5, 1e-2, 1.0)
 NULL_COLUMN = 1e-9
 #: the fitted arrays besides the position term
 WEIGHTS = ("Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
+#: when the learners' hook polishes: ``auto`` when the check's error is above the target, ``always``, ``never``
+POLISH_MODES = ("auto", "always", "never")
+#: the check error (relative RMS) above which ``auto`` polishes
+POLISH_TARGET = 1e-9
+#: the check's lengths when the result has no check to copy them from
+CHECKED = (1, 2, 8, 64, 256)
+#: fresh sequences per ⌈unknowns / K⌉ (the fewest whose answers hold as many numbers as the unknowns)
+POLISH_SEQUENCES = 2
 
 
 @dataclass
@@ -270,3 +285,82 @@ def last_row(model: PositionalAttention, p: dict, const: dict, X):
     alpha = torch.softmax(s, dim=-1)
     ctx = torch.einsum("bhn,bhnk->bhk", alpha, v)
     return ctx.reshape(B, -1) @ p["Wo"].T + p["bo"]
+
+
+def polish_sequences(unknowns: int, outputs: int, per: float = POLISH_SEQUENCES) -> int:
+    """The hook's default number of fresh sequences: ``per · ⌈unknowns / K⌉`` (each answers K numbers)."""
+    return int(math.ceil(per * math.ceil(unknowns / max(1, outputs))))
+
+
+def polish_queries(unknowns: int, outputs: int, check_queries: int, sequences: int | None = None) -> int:
+    """Queries :func:`polish_extraction` asks when it polishes: the fresh sequences and the polished model's check."""
+    return (sequences or polish_sequences(unknowns, outputs)) + check_queries
+
+
+def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH_TARGET, sequences: int | None = None,
+                      seed: int = 0, lengths=POLISH_LENGTHS, rounds: int = HOOK_ROUNDS, cg_steps: int = HOOK_CG_STEPS,
+                      frequencies: bool = True, progress=None):
+    """The learners' hook: polish ``res.model`` (a :class:`PositionalAttention` result of ``oracle``) on
+    ``sequences`` fresh last-position answers (default :func:`polish_sequences`) when ``mode`` is ``always``, or
+    ``auto`` and the check's error is above ``target``; then a fresh functional check (the lengths and count of
+    ``res.check``) of the polished model, kept only when its error is below the learner's. The result's check is
+    the returned model's (counted apart, as every learner's); every other query the hook asks, and the learner's
+    check when its model is replaced, is counted in ``res.queries`` and ``res.queries_by_phase`` (``polish``,
+    ``polish check``); ``res.details["polish"]`` and a note say what happened. Returns ``res`` (changed in
+    place)."""
+    from attnprobe.learners.core.check import functional_check
+
+    if mode not in POLISH_MODES:
+        raise ConfigError(f"polish must be one of {', '.join(POLISH_MODES)}; got {mode!r}", param="polish")
+    if not (isinstance(target, (int, float)) and math.isfinite(target) and target >= 0):
+        raise ConfigError(f"polish_target must be a finite number ≥ 0; got {target!r}", param="polish_target")
+    if mode == "never" or not isinstance(res.model, PositionalAttention):
+        return res
+    learner_check = check = res.check
+    if mode == "auto":
+        if check is None:
+            res.details["polish"] = {"ran": False, "why": "no functional check to compare with"}
+            return res
+        if check.error <= target:
+            res.details["polish"] = {"ran": False, "why": f"check error {check.error:.1e} ≤ target {target:.1e}"}
+            return res
+    n = sequences or polish_sequences(res.unknowns, res.model.outputs)
+    rng = np.random.default_rng([int(seed), 0x9011])
+    lengths_checked = tuple(check.lengths) if check is not None else CHECKED
+    per_length = max(1, check.queries // max(1, len(check.lengths))) if check is not None else 8
+    before = oracle.queries
+    t0 = time.perf_counter()
+    with oracle.phase("polish", fresh=True):
+        data = fresh_answers(oracle, n, rng, lengths)
+    if progress is not None:
+        progress(res.queries + oracle.queries - before, res.queries + oracle.queries - before)
+    model, report = polish(res.model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps)
+    with oracle.phase("check", fresh=True):
+        if check is None:
+            check = functional_check(oracle, res.model, rng, lengths_checked, per_length)
+        new = functional_check(oracle, model, rng, lengths_checked, per_length)
+    kept = bool(np.isfinite(new.error) and new.error < check.error)
+    # the result carries one check, counted apart (Extraction); every other query is the extraction's own, the
+    # learner's check included when the polished model replaces the one it checked
+    returned = new if kept else check
+    other = (oracle.queries - before - n - (returned.queries if returned is new or learner_check is None else 0)
+             + (learner_check.queries if kept and learner_check is not None else 0))
+    res.queries += n + other
+    for phase, count in (("polish", n), ("polish check", other)):
+        if count:
+            res.queries_by_phase[phase] = res.queries_by_phase.get(phase, 0) + count
+    res.check = returned
+    res.details["polish"] = {"ran": True, "kept": kept, "check_before": check.error, "check_after": new.error,
+                             "seconds": time.perf_counter() - t0, **report.to_dict()}
+    if kept:
+        res.model = model
+        if not check.passed:  # the learner's failed-check note no longer describes the result
+            res.notes = [x for x in res.notes if not x.startswith(("functional check FAILED", "functional check UNC"))]
+        if not new.passed:
+            res.notes.append(f"functional check FAILED after the polish: {new.describe()}")
+    res.seconds += time.perf_counter() - t0
+    res.notes.append(f"joint polish on {report.sequences} fresh sequences ({report.unknowns} unknowns, "
+                     f"{report.rounds} rounds): misfit {report.misfit_before:.1e} → {report.misfit_after:.1e}, "
+                     f"fresh check {check.error:.1e} → {new.error:.1e}; "
+                     + ("kept" if kept else "not kept (no better on fresh sequences)"))
+    return res

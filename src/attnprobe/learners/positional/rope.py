@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from attnprobe.errors import ConfigError, RecoveryError, UnidentifiableError
-from attnprobe.learners.positional.heads import LEVELS, STEP, head_directions, match
+from attnprobe.learners.positional.heads import BIASES_REFUSED, LEVELS, STEP, head_directions, match
 from attnprobe.learners.positional.rotation import factor_rotary
 from attnprobe.learners.core.skeleton import Run
 from attnprobe.learners.head.probes import random_orthogonal
@@ -198,8 +198,7 @@ def _pair_probe(oracle, M, rng, heads, noise, walk, *, query_rms=None, query_bia
                                   f"changed the answer by {signal:.1e} of its size); use the multihead learner")
     if H >= min(K, len(E)):
         raise RecoveryError(f"moving two keys apart changed the answer in {H} independent directions, more than a "
-                            "sum of softmax heads without biases shows; key or query biases (Qwen2-style) are not "
-                            "supported by this learner yet")
+                            f"sum of softmax heads without biases shows; {BIASES_REFUSED}")
     E = E[: H + 4]
     dirs = [W0]
     z = z0

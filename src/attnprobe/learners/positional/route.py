@@ -15,12 +15,20 @@ import numpy as np
 from attnprobe.errors import AttnprobeError, RecoveryError, UnidentifiableError
 from attnprobe.learners.core.registry import Option
 from attnprobe.learners.positional.additive import extract_additive
+from attnprobe.learners.positional.polish import POLISH_MODES, POLISH_TARGET, polish_extraction
 
 #: the position terms a positional learner reads
 POSITION_TERMS = ("rope", "t5", "alibi")
 POSITION = Option("position", str, "the position term: auto (default: the oracle's family, else read from the "
                                    "answers), rope, t5 (relative buckets) or alibi", default="auto",
                   choices=("auto",) + POSITION_TERMS)
+POLISH = Option("polish", str, "the joint least-squares polish on fresh sequences after the learner's stages: auto "
+                               "(default: when the check's error is above polish_target), always, never",
+                default="auto", choices=POLISH_MODES)
+POLISH_TARGET_OPTION = Option("polish_target", float, "the check error (relative RMS) above which polish auto "
+                                                      "polishes", default=POLISH_TARGET, low=0)
+POLISH_SEQUENCES_OPTION = Option("polish_sequences", int, "fresh sequences of the polish (default 2·⌈unknowns/K⌉)",
+                                 low=1)
 #: relative spread of the zero-query answers over the key's position above which the bias is additive
 ADDITIVE_SIGNAL = 1e-4
 #: length of the detection probe
@@ -54,9 +62,12 @@ def detect_position(oracle, rng: np.random.Generator) -> tuple[str, float]:
     return ("additive" if spread > max(ADDITIVE_SIGNAL, 1e3 * math.sqrt(max(oracle.eps, 1e-16))) else "rope"), spread
 
 
-def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=None, position="auto", walk=None):
+def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=None, position="auto", walk=None,
+                           polish="auto", polish_target=POLISH_TARGET, polish_sequences=None):
     """The positional learner for this oracle's position term (module docstring); the route and why are in
-    ``details`` and the notes; ``walk``: the RoPE learner's walk length (:func:`extract_positional`)."""
+    ``details`` and the notes; ``walk``: the RoPE learner's walk length (:func:`extract_positional`); ``polish``,
+    ``polish_target``, ``polish_sequences``: the joint polish after the learner's stages
+    (:func:`~.polish.polish_extraction`)."""
     from attnprobe.learners.positional.rope import WALK, extract_positional
 
     walk = WALK if walk is None else walk
@@ -97,6 +108,8 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
     if spent:
         res.queries += spent
         res.queries_by_phase = {"route": spent, **res.queries_by_phase}
+    polish_extraction(oracle, res, mode=polish, target=polish_target, sequences=polish_sequences, seed=seed,
+                      progress=progress)
     route = res.details.get("position", kind or "rope")
     res.details["position_route"] = {"position": route, "source": source, "zero_query_spread": spread}
     res.notes.append(f"position term {route} ({source}" + (f": zero-query answers spread {spread:.1e} over the "

@@ -1,0 +1,127 @@
+"""The positional learners with the joint polish wired in (``--polish auto``, target 1e-9) against the real
+``transformers`` modules (random init, d = 128, 8 heads, d_h = 16, float64 modules, biases N(0, 0.5²) where the
+family has them): per module, sequences asked by the learner and by the polish (its fresh sequences and its
+check), the unknowns, the function's largest error at the last position over sequences of lengths 1 … 256
+(relative to the answers' spread) from the learner's stages alone and after the polish, or the refusal.
+
+Each family's row is stored in ``benchmarks/results/positional_polish.json`` as it is measured (one family per run
+keeps a run under a few minutes); ``--write`` writes the stored rows into docs/benchmarks/positional.md.
+
+    PYTHONPATH=src python benchmarks/positional_polish.py --family llama gpt_neox gpt_neox_biased t5 bloom qwen2 \
+        qwen2_given_key --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from attnprobe.errors import AttnprobeError
+from attnprobe.learners.positional.neutral import extract_neutral
+from attnprobe.learners.positional.polish import polish_extraction
+from attnprobe.learners.positional.route import extract_any_positional
+from attnprobe.models.compare import function_error_over_lengths
+from attnprobe.oracles.base import Oracle
+from attnprobe.oracles.torch_adapter import TorchFunction
+from attnprobe.reports import Table
+from attnprobe.targets.positional_modules import positional_victim, reference_model
+from sections import write_section
+
+DOC = "positional"
+STORE = Path(__file__).resolve().parent / "results" / "positional_polish.json"
+LENGTHS = (1, 2, 3, 5, 17, 64, 100, 200, 256)
+#: row name -> (family, victim options, answer precision declared, GQA shown)
+CASES = {
+    "llama": ("llama", {"kv_heads": 2}, "float64", "8/2"),
+    "gpt_neox": ("gpt_neox", {"bias_std": 0.0, "rotary_pct": 0.25}, "float64", "8/8"),
+    "gpt_neox_biased": ("gpt_neox", {"rotary_pct": 0.25}, "float64", "8/8"),
+    "t5": ("t5", {}, "float64", "8/8"),
+    "bloom": ("bloom", {}, "float32", "8/8"),  # BLOOM's softmax is float32 in any dtype
+    "qwen2": ("qwen2", {"kv_heads": 2}, "float64", "8/2"),
+    "qwen2_given_key": ("qwen2", {"kv_heads": 2}, "float64", "8/2"),
+}
+LABELS = {"llama": "llama", "gpt_neox": "gpt_neox (no biases, rotary 4 of 16)",
+          "gpt_neox_biased": "gpt_neox (biases, rotary 4 of 16)", "t5": "t5 (last row)",
+          "bloom": "bloom (float32 softmax)", "qwen2": "qwen2 (biases)",
+          "qwen2_given_key": "qwen2 (biases), neutral key from the weights (not a learner)"}
+COLUMNS = ["module", "GQA", "answers", "sequences: learner + polish", "unknowns", "error ≤ 256: learner",
+           "error ≤ 256: polished", "polish", "check", "seconds", "result"]
+
+
+class Module:
+    """The victim module as the truth of :func:`function_error_over_lengths` (its answers, its output bias)."""
+
+    def __init__(self, victim, reference):
+        self.victim, self.d, self.bias = victim, reference.d, reference.output_bias()
+
+    def __call__(self, X):
+        return self.victim(np.asarray(X)).detach().numpy()
+
+    def output_bias(self):
+        return self.bias
+
+
+def neutral_key(model) -> np.ndarray:
+    """``W_K x₀ = −b_K`` in every group, from the weights (least squares; exact when ``G·d_h ≤ d``)."""
+    return -np.linalg.lstsq(model.Wk.reshape(-1, model.d), model.bk.reshape(-1), rcond=None)[0]
+
+
+def measure(name: str, seed: int) -> list:
+    family, kw, precision, gqa = CASES[name]
+    victim = positional_victim(family, d=128, heads=8, seed=seed, **kw)
+    truth = Module(victim, reference_model(victim))
+    oracle = Oracle(TorchFunction(victim, 128), 128, precision=precision)
+    t0 = time.perf_counter()
+    try:
+        if name == "qwen2_given_key":
+            res = extract_neutral(oracle, neutral_key(reference_model(victim)), heads=8, seed=seed)
+        else:
+            res = extract_any_positional(oracle, heads=8, seed=seed, polish="never")
+    except AttnprobeError as exc:
+        return [LABELS[name], gqa, precision, f"{oracle.queries} + 0", "–", "–", "–", "–", "–",
+                round(time.perf_counter() - t0), f"refused: {exc}"]
+    err = function_error_over_lengths(res.model, truth, np.random.default_rng(100 + seed), LENGTHS)
+    learner = res.queries
+    polish_extraction(oracle, res, mode="auto", seed=seed)
+    info = res.details["polish"]
+    after = function_error_over_lengths(res.model, truth, np.random.default_rng(100 + seed), LENGTHS)
+    did = (f"{'kept' if info['kept'] else 'not kept'}: misfit {info['misfit_before']:.1e} → "
+           f"{info['misfit_after']:.1e}, {info['rounds']} rounds, {info['seconds']:.0f} s" if info["ran"]
+           else f"not run ({info['why']})")
+    return [LABELS[name], gqa, precision + (" (module)" if precision == "float64" else " softmax (float64 module)"),
+            f"{learner} + {res.queries - learner}", res.unknowns, f"{err:.1e}", f"{after:.1e}", did,
+            f"{res.check.verdict} ({res.check.error:.1e})", round(time.perf_counter() - t0),
+            "; ".join(n for n in res.notes if n.startswith(("position term", "heads sharing")))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--family", nargs="*", default=[], choices=tuple(CASES))
+    ap.add_argument("--write", action="store_true", help="write the stored rows into docs/benchmarks/positional.md")
+    args = ap.parse_args()
+    rows = json.loads(STORE.read_text()) if STORE.exists() else {}
+    for name in args.family:
+        row = measure(name, args.seed)
+        print(json.dumps({name: row}), flush=True)
+        rows = json.loads(STORE.read_text()) if STORE.exists() else {}  # another run may have stored a row meanwhile
+        rows[name] = row
+        STORE.write_text(json.dumps(rows, indent=1))
+    table = Table(COLUMNS)
+    for name in CASES:
+        if name in rows:
+            table.add(*rows[name])
+    print(table.markdown())
+    if args.write:
+        names = " ".join(n for n in CASES if n in rows)  # the rows may come from several runs: the one command
+        write_section("Positional: the learners with the joint polish (transformers modules, d = 128, 8 heads, "
+                      "float64)", table.markdown(), f"python benchmarks/positional_polish.py --family {names} --write",
+                      doc=DOC)
+
+
+if __name__ == "__main__":
+    main()

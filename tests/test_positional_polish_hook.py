@@ -1,0 +1,96 @@
+"""The learners' polish hook (``polish_extraction``): it polishes when the check's error is above the target, keeps
+the polished model only when a fresh check improves, counts every query it asks, and the estimate includes it."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from attnprobe.errors import ConfigError
+from attnprobe.learners.core.check import functional_check
+from attnprobe.learners.core.estimate import estimate_queries
+from attnprobe.learners.core.result import Extraction
+from attnprobe.learners.positional.polish import polish_extraction, polish_queries, polish_sequences
+from attnprobe.models.compare import function_error_over_lengths
+from attnprobe.oracles.base import Oracle
+from attnprobe.targets import random_rope_attention
+
+LENGTHS = (1, 2, 3, 5, 8)
+
+
+def _started(size, seed=3):
+    """A float64 RoPE layer (d = 16, 2 heads, 1 KV group), its oracle, and a result whose model is the layer with
+    W_Q and W_K perturbed by ``size`` (relative), checked on fresh sequences as a learner's would be."""
+    truth = random_rope_attention(16, 2, 1, seed=seed)
+    rng = np.random.default_rng(0)
+    start = replace(truth, **{n: getattr(truth, n) * (1 + size * rng.standard_normal(getattr(truth, n).shape))
+                              for n in ("Wq", "Wk")})
+    oracle = Oracle(truth, 16)
+    res = Extraction("positional", start, 100, truth.unknowns(16, 2, 1, 8, 16), 0.0,
+                     check=functional_check(oracle, start, rng, LENGTHS, 4), queries_by_phase={"values": 100})
+    return truth, oracle, res
+
+
+def test_polish_above_the_target_is_kept_when_the_fresh_check_improves():
+    truth, oracle, res = _started(1e-4)
+    before_error, asked = res.check.error, oracle.queries
+    polish_extraction(oracle, res, mode="auto", target=1e-9, lengths=LENGTHS, rounds=4)
+    info = res.details["polish"]
+    n = polish_sequences(res.unknowns, 16)  # as many answered numbers as twice the unknowns
+    assert info["ran"] and info["kept"] and info["sequences"] == n and info["numbers"] >= 2 * res.unknowns
+    assert res.check.error == info["check_after"] < before_error / 1e3  # the result's check is the polished model's
+    checks = len(LENGTHS) * 4
+    # asked: the sequences and the polished model's check; the result counts the learner's check, now spent on
+    # a model it no longer returns, and carries the new check apart
+    assert oracle.queries - asked == n + checks and res.check.queries == checks
+    assert res.queries == 100 + n + checks
+    assert res.queries_by_phase == {"values": 100, "polish": n, "polish check": checks}
+    assert function_error_over_lengths(res.model, truth, np.random.default_rng(1), (1, 4, 64)) < 1e-9
+    assert f"joint polish on {n} fresh sequences" in res.notes[-1] and "kept" in res.notes[-1]
+
+
+def test_polish_below_the_target_or_never_asks_nothing():
+    _, oracle, res = _started(1e-4)
+    model, asked = res.model, oracle.queries
+    polish_extraction(oracle, res, mode="auto", target=1.0)
+    assert res.details["polish"] == {"ran": False, "why": f"check error {res.check.error:.1e} ≤ target 1.0e+00"}
+    polish_extraction(oracle, res, mode="never")
+    assert oracle.queries == asked and res.model is model and res.queries == 100
+    no_check = replace(res, check=None, details={})
+    polish_extraction(oracle, no_check, mode="auto")  # nothing to compare with: auto does not polish
+    assert not no_check.details["polish"]["ran"] and oracle.queries == asked
+
+
+def test_bad_polish_settings_are_refused_naming_the_parameter():
+    _, oracle, res = _started(1e-4)
+    with pytest.raises(ConfigError) as exc:
+        polish_extraction(oracle, res, mode="sometimes")
+    assert exc.value.param == "polish"
+    with pytest.raises(ConfigError) as exc:
+        polish_extraction(oracle, res, target=float("nan"))
+    assert exc.value.param == "polish_target"
+
+
+def test_the_estimate_counts_the_polish():
+    never = estimate_queries("positional", 128, heads=8, polish="never")
+    auto = estimate_queries("positional", 128, heads=8)
+    always = estimate_queries("positional", 128, heads=8, polish="always")
+    extra = polish_queries(63_496, 128, 40)  # 8 heads with their own keys (the most unknowns), check 40
+    assert polish_sequences(63_496, 128) == 2 * 497
+    assert (auto.queries, auto.low) == (never.queries, never.low) and auto.high == never.high + extra
+    assert (always.queries, always.low, always.high) == (never.queries + extra, never.low + extra,
+                                                         never.high + extra)
+    t5 = estimate_queries("positional", 128, heads=8, position="t5", polish="always")
+    assert t5.queries > estimate_queries("positional", 128, heads=8, position="t5").queries
+
+
+def test_always_without_a_check_checks_both_and_returns_one_check_counted_apart():
+    _, oracle, res = _started(1e-4)
+    bare = replace(res, check=None, details={}, queries_by_phase={"values": 100})
+    asked = oracle.queries
+    polish_extraction(oracle, bare, mode="always", lengths=LENGTHS, rounds=1)
+    n, checks = polish_sequences(bare.unknowns, 16), 5 * 8  # the check's default lengths, 8 each
+    assert oracle.queries - asked == n + 2 * checks  # the learner's model and the polished one, both checked
+    assert bare.check is not None and bare.check.queries == checks
+    assert bare.queries == 100 + n + checks and sum(bare.queries_by_phase.values()) == bare.queries
+    assert bare.check.error == min(bare.details["polish"]["check_before"], bare.details["polish"]["check_after"])
