@@ -9,9 +9,13 @@ SwiGLU at weights N(0, 1/fan-in), ε = 1e-6, float64), queried as every-position
    forces), before and after one Gauss–Newton step of the polish (300 LSMR iterations; d = 32 only);
 3. the gated FFN learner (SwiGLU, width given) through the block's FFN oracle, and on the true FFN with relative
    noise 1e-10 and 1e-12 added (``--only ffn``: d = 64; ``--only ffn128``: d = 128; minutes each);
-4. ``extract_block`` end to end (``--e2e``; minutes).
+4. the per-head logit refit (``learners/block/refine.py``) after the RoPE learner at a fixed query rms, on the true
+   attention and through the block with the true FFN (``--only refit``; d = 32, a minute; ``--only refit128``:
+   d = 128, the true attention, ~10 minutes under load);
+5. ``extract_block`` end to end (``--e2e`` after the stages, or ``--only e2e``: d = 32, minutes), the function
+   against the block at every length 1 … 64.
 
-    python benchmarks/block_learner.py [--only oracles|ffn|ffn128] [--e2e] [--write]
+    python benchmarks/block_learner.py [--only oracles|ffn|ffn128|refit|refit128|e2e] [--e2e] [--write]
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 
 from attnprobe.learners.block.learner import FFN_SCALE, extract_block, polish_data
 from attnprobe.learners.block.polish import polish_attention
+from attnprobe.learners.block.refine import refit_data, refit_logits
 from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, linear_part, sqrt_eps)
 from attnprobe.learners.positional.rope import extract_positional
 from attnprobe.learners.smooth_ffn.gated_learner import extract_gated_ffn
@@ -111,6 +116,32 @@ def gated_through_block(shape, noise: float | None):
             f"{time.perf_counter() - t:.0f}")
 
 
+def logit_refit(shape, through_block: bool):
+    """The RoPE learner at the attention oracle's fixed query rms, then :func:`refit_logits` (8d sequences): on the
+    true attention's last row (query rms 1 − 5e-9) or through the block with the true FFN (``through_block``)."""
+    d, H, G, m = shape
+    blk = random_llama_block(d, H, G, m)
+    f = fold_norm_weights(blk)
+    if through_block:
+        truth = GatedFFN(f.W_gate, f.b_gate, f.W_in, f.b_in, f.W_out, f.b_out, "silu")
+        fn = AttentionThroughBlock(Oracle(blk.every_position, d, outputs=d, precision="float64").answer_rows, truth,
+                                   blk.eps, d)
+        q, label = fn.query_rms, "through the block (true FFN)"
+    else:
+        fn, q, label = (lambda X: f.attention.every_position(X)[:, -1]), 1 - 5e-9, "the true attention"
+    o = Oracle(fn, d, outputs=d, precision="float64")
+    Zt = np.random.default_rng(3).standard_normal((8, 64, d)) * 0.5
+    want = f.attention.every_position(Zt)
+    t = time.perf_counter()
+    res = extract_positional(o, heads=H, check=False, query_rms=q)
+    before, asked = rel(res.model.every_position(Zt), want), o.queries
+    data = refit_data(o, q, res.model.Wq.shape[1], np.random.default_rng(1), 8 * d)
+    model, hist = refit_logits(res.model, data)
+    return (f"d {d}, {H}/{G} heads", label, asked, f"{before:.1e}", o.queries - asked,
+            f"{rel(model.every_position(Zt), want):.1e}", max(len(h) - 1 for h in hist),
+            f"{time.perf_counter() - t:.0f}")
+
+
 def end_to_end(shape):
     d, H, G, m = shape
     blk = random_llama_block(d, H, G, m)
@@ -119,22 +150,51 @@ def end_to_end(shape):
     res = extract_block(o, heads=H, hidden=m)
     rng = np.random.default_rng(5)
     errs = []
-    for N in (1, 2, 8, 64):
-        X = rng.standard_normal((8, N, d))
+    for N in range(1, 65):
+        X = rng.standard_normal((4, N, d))
         y = blk.every_position(X)
-        errs.append(f"{np.abs(res.model.every_position(X) - y).max() / np.abs(y - X).max():.1e}")
+        errs.append(np.abs(res.model.every_position(X) - y).max() / np.abs(y - X).max())
     return (f"d {d}, {H}/{G} heads, SwiGLU {m}", res.queries, res.unknowns, f"{res.check.error:.1e}",
-            "passed" if res.passed else "failed", " / ".join(errs), f"{time.perf_counter() - t:.0f}")
+            "passed" if res.passed else "failed", f"{max(errs):.1e} (N = {int(np.argmax(errs)) + 1})",
+            f"{time.perf_counter() - t:.0f}")
+
+
+E2E_HEAD = ["block", "queries", "unknowns", "check error", "check", "largest error over N = 1 … 64 (4 sequences each)",
+            "seconds"]
+E2E_TEXT = ("`extract_block` end to end (the FFN learned, then the attention and its logit refit; errors relative to "
+            "the block's own part y − x, every position):")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--e2e", action="store_true", help="also run extract_block end to end at d = 32 (minutes)")
-    ap.add_argument("--only", choices=("oracles", "ffn", "ffn128"),
+    ap.add_argument("--only", choices=("oracles", "ffn", "ffn128", "refit", "refit128", "e2e"),
                     help="only the sublayer oracles' table (a minute), or only the gated learner through the block "
                          "(d = 64 or 128; minutes)")
     ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks/block.md")
     args = ap.parse_args()
+    if args.only in ("refit", "refit128"):
+        t = Table(["attention", "answers", "queries (RoPE learner)", "function error", "queries (refit)",
+                   "after the refit", "Gauss–Newton steps", "seconds"])
+        cases = ((SHAPES[0], False), (SHAPES[0], True)) if args.only == "refit" else ((SHAPES[2], False),)
+        for shape, through in cases:
+            t.add(*logit_refit(shape, through))
+            print(t.markdown(), flush=True)
+        body = ("The RoPE learner with every query at the attention oracle's rms, then the per-head logit refit "
+                "(function error over 8 sequences of length 64, relative to the largest answer):\n\n" + t.markdown())
+        print(body)
+        if args.write:
+            width = "32" if args.only == "refit" else "128"
+            write_section("Attention logit refit at a fixed query rms, d = " + width, body, command_line(), doc=DOC)
+        return
+    if args.only == "e2e":
+        t = Table(E2E_HEAD)
+        t.add(*end_to_end(SHAPES[0]))
+        body = E2E_TEXT + "\n\n" + t.markdown()
+        print(body)
+        if args.write:
+            write_section("extract_block end to end, d = 32", body, command_line(), doc=DOC)
+        return
     if args.only in ("ffn", "ffn128"):
         t = Table(["FFN", "answers from", "queries", "function error", "seconds"])
         if args.only == "ffn":
@@ -168,11 +228,9 @@ def main():
         body += ("\n\nThe RoPE learner on the true attention (last rows; function error over 8 sequences of length 64, "
               "relative to the largest answer):\n\n" + t2.markdown())
     if args.e2e and args.only is None:
-        t3 = Table(["block", "queries", "unknowns", "check error", "check", "largest error, N = 1 / 2 / 8 / 64",
-                    "seconds"])
+        t3 = Table(E2E_HEAD)
         t3.add(*end_to_end(SHAPES[0]))
-        body += ("\n\n`extract_block` end to end (the FFN learned, then the attention and its polish):\n\n"
-                 + t3.markdown())
+        body += "\n\n" + E2E_TEXT + "\n\n" + t3.markdown()
     print(body)
     if args.write:
         write_section("Block learner stages (random LLaMA-shaped blocks; float64)", body, command_line(), doc=DOC)

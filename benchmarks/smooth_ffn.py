@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from attnprobe.errors import ConfigError
 from attnprobe.learners.smooth_ffn.dispatch import extract_ffn_any
 from attnprobe.models.gated_ffn import GATED_FAMILIES, gated_match
 from attnprobe.models.smooth_ffn import neuron_match
@@ -61,8 +62,12 @@ def one(case: str, precision: str, hidden: bool, activation: str | None) -> str:
     gated = truth.kind == "gated_ffn"
     biases = (truth.bg, truth.bu, truth.b2) if gated else (truth.b1, truth.b2)
     t0 = time.perf_counter()
-    res = extract_ffn_any(oracle, seed=0, hidden=truth.m if hidden else None, activation=activation,
-                          bias=any(np.any(b != 0) for b in biases))
+    try:
+        res = extract_ffn_any(oracle, seed=0, hidden=truth.m if hidden else None, activation=activation,
+                              bias=any(np.any(b != 0) for b in biases))
+    except ConfigError as err:  # refused before it claims anything (e.g. gated units on float32 answers)
+        return (f"| {case} | {precision} | {oracle.queries:,} | – | – | refused ({err.param}) | – | – | – | – | "
+                f"{time.perf_counter() - t0:.0f} |")
     secs = time.perf_counter() - t0
     X = np.random.default_rng(1).standard_normal((1000, truth.d))
     y = truth.with_dtype("float64").forward(X)

@@ -13,6 +13,20 @@ import pytest  # noqa: E402
 from attnprobe.models.compare import relative_error as rel  # noqa: E402, F401  (the library's one formula)
 
 
+@pytest.fixture(autouse=True)
+def _forget_victim_modules(tmp_path_factory):
+    """Tests write victim modules (``victim.py``, ...) into their tmp folders and import them by name through
+    ``--oracle module:attr``; a worker's ``sys.modules`` outlives the test, so a later test's ``victim.py`` would get
+    the stale module. Modules loaded from the tmp tree are dropped after each test."""
+    import sys
+
+    yield
+    base = str(tmp_path_factory.getbasetemp())
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(base):
+            del sys.modules[name]
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

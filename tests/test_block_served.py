@@ -1,5 +1,6 @@
 """A whole block served over HTTP (``serve --hf-dir DIR --block L``, real uvicorn on 127.0.0.1) and attacked with
-``extract --url``: the same answers and the same outcome as in process; ``--method block`` refused in one line."""
+``extract --url``: the same answers and the same outcome as in process; ``--method block`` without ``--heads``
+refused in one line."""
 
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ def test_served_block_answers_every_position_bit_for_bit(served_llama):
     assert remote.fn.usage()["queries"] == remote.queries
 
 
-def test_method_block_is_refused_in_one_line_before_any_query(served_llama, capsys, tmp_path):
+def test_method_block_without_heads_is_refused_in_one_line_before_any_query(served_llama, capsys, tmp_path):
     srv, folder = served_llama
     before = oracle_from_url(srv.url, "k-1").fn.usage()["queries"]
     for source in (["--url", srv.url, "--api-key", "k-1", "--method", "block"],
@@ -46,7 +47,7 @@ def test_method_block_is_refused_in_one_line_before_any_query(served_llama, caps
         capsys.readouterr()
         assert main(["extract", *source, "--out", str(tmp_path / "r.npz"), "--quiet"]) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "no learner recovers whole blocks yet" in err and "docs/block.md" in err
+        assert err.count("\n") == 1 and "--method block needs --heads" in err
     assert oracle_from_url(srv.url, "k-1").fn.usage()["queries"] == before
     assert not (tmp_path / "r.json").exists()
 
@@ -99,3 +100,56 @@ def test_a_saved_block_answers_and_serves_like_the_block(served_llama, tmp_path,
     assert options.every_position and options.outputs == 32
     with BackgroundServer(app) as srv:
         assert np.array_equal(oracle_from_url(srv.url, "k-2").answer_rows(X), local.answer_rows(X))
+
+
+def llama_block_folder(folder):
+    """A LLaMA folder the block learner reads: d = 32, 2/1 heads (d_h = 16 above the RoPE learner's 11 offsets),
+    SwiGLU 64, no attention biases, weights N(0, 1/32), norm weights 1 + N(0, 0.3²)."""
+    import torch
+    from transformers import AutoModel
+
+    folder = tiny_family_dir(folder, "llama", hidden=32, heads=2, kv_heads=1, std=0.18, attention_bias=False)
+    model = AutoModel.from_pretrained(folder)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+            elif "attn" in name:
+                p.copy_(torch.randn(p.shape, generator=g) / 32**0.5)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_method_block_over_http_gives_the_in_process_result(tmp_path, capsys):
+    """``extract --url --method block`` on ``serve --hf-dir DIR --block 1`` (real uvicorn): the same arrays, the same
+    queries and the same check as ``extract --hf-dir DIR --block 1`` in process, and the check passes (minutes)."""
+    import json
+
+    folder = llama_block_folder(tmp_path / "llama")
+    args = build_parser().parse_args(["serve", "--hf-dir", str(folder), "--block", "1", "--api-key", "k-1",
+                                      "--budget", "1000000", "--max-batch", "4096", "--max-length", "1024"])
+    app, _ = build_from_args(args)
+    learner = ["--method", "block", "--heads", "2", "--hidden", "64", "--quiet"]
+    with BackgroundServer(app) as srv:
+        assert main(["extract", "--url", srv.url, "--api-key", "k-1", "--answer-precision", "float64",
+                     "--positions", "positional", *learner, "--out", str(tmp_path / "http.npz")]) == 0
+    local = ["extract", "--hf-dir", str(folder), "--block", "1", *learner, "--out", str(tmp_path / "local.npz")]
+    assert main(local) == 0
+    a, b = np.load(tmp_path / "http.npz"), np.load(tmp_path / "local.npz")
+    assert sorted(a.files) == sorted(b.files)
+    for key in a.files:
+        np.testing.assert_array_equal(a[key], b[key])
+    ja, jb = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("http", "local"))
+    assert ja["queries"] == jb["queries"] and ja["check"]["relative_error"] == jb["check"]["relative_error"]
+    assert ja["passed"] and ja["check"]["relative_error"] < 1e-6
+    # load_model(result) answers like the block at every position of fresh sequences, every length up to 64
+    from attnprobe.models.io import load_model
+
+    model, victim = load_model(tmp_path / "http.npz"), oracle_from_hf_block(folder, 1)
+    rng = np.random.default_rng(9)
+    for N in (1, 2, 5, 17, 64):
+        X = rng.standard_normal((4, N, 32))
+        y = victim.answer_rows(X)
+        assert np.abs(model.every_position(X) - y).max() < 1e-6 * np.abs(y - X).max()

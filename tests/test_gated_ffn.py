@@ -121,3 +121,18 @@ def test_cli_target_and_extract(tmp_path, capsys):
     assert np.allclose(load_model(out)(X), load_model(target)(X), atol=1e-9)
     assert main(["target", "gated-ffn", "--activation", "gelu", "--out", str(tmp_path / "x.npz")]) == 2
     assert "gated" in capsys.readouterr().err
+
+
+def test_float32_answers_are_refused_before_any_query(capsys):
+    """Gated units on float32 answers: the Jordan pairs split by √(the derivatives' error) and cannot be told
+    apart, so the learner refuses the precision (no result claimed), and so does the estimate."""
+    from attnprobe.errors import ConfigError
+
+    truth = random_gated_ffn(8, 16, 8, seed=24, dtype="float32")
+    oracle = Oracle(truth, 8, precision="float32")
+    with pytest.raises(ConfigError, match="float64") as err:
+        extract_gated_ffn(oracle, seed=0, activation="swiglu", hidden=16)
+    assert err.value.param == "precision" and oracle.queries == 0
+    with pytest.raises(ConfigError) as err:
+        estimate_queries("ffn", 8, hidden=16, outputs=8, activation="swiglu", precision="float32")
+    assert err.value.param == "precision"

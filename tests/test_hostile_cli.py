@@ -263,6 +263,7 @@ def test_oracle_module_does_not_shadow_installed_modules(folder, capsys, monkeyp
     (folder / "tqdm.py").write_text("raise SystemExit('the tqdm.py of the current directory was executed')\n")
     (folder / "scipy.py").write_text("raise SystemExit('the scipy.py of the current directory was executed')\n")
     monkeypatch.delitem(sys.modules, "tqdm", raising=False)
+    monkeypatch.delitem(sys.modules, "victim", raising=False)  # another test's victim.py, imported in this worker
     rc, out, err = run(capsys, "extract", "--oracle", "victim:answer", "--d", "6", "--out", "o.npz")
     assert rc == 0, err
     assert sys.path[0] != str(folder) and "executed" not in err

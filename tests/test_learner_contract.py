@@ -40,6 +40,15 @@ def standard_oracle(entry: registry.Learner, budget=None) -> Oracle:
     return Oracle(random_head(D, seed=3), D, budget=budget)
 
 
+def block_oracle(budget=None):
+    """A LLaMA-shaped pre-norm block (RMSNorm weights not 1), every position: RoPE heads need d_h above the
+    positional learner's 11 offsets."""
+    from attnprobe.targets.block import random_llama_block
+
+    return Oracle(random_llama_block(32, 2, 1, 64, seed=3).every_position, 32, outputs=32, precision="float64",
+                  budget=budget)
+
+
 def lowrank_oracle(budget=None):
     return Oracle(random_head(D, rank=2, seed=3), D, budget=budget)
 
@@ -55,6 +64,7 @@ SPECIAL = {
     # App. B at d = 4 with 10⁶ sign samples (far below Thm B.1's k, but enough for the sign check to pass)
     "membership-paper": ("membership", lambda budget=None: Oracle(Membership(THEOREM4), 4, budget=budget),
                          {"probes": "paper", "w_bound": 2.0, "margin": margin(THEOREM4), "samples": 10**6}),
+    "block": ("block", block_oracle, {"heads": 2, "hidden": 64}),
     "robust-paper": ("robust", lambda budget=None: Oracle(THEOREM, D, budget=budget),
                      {"probes": "paper", "w_bound": 2.0, "margin": margin(THEOREM), "tolerance": 0.0}),
 }
@@ -67,6 +77,12 @@ def cases() -> dict:
 
 
 CASES = cases()
+#: learners whose runs take minutes (the whole-block learner: ~4 min per run at d = 32 on a busy 2-core machine)
+SLOW = {"block"}
+
+
+def params():
+    return [pytest.param(c, marks=pytest.mark.slow) if CASES[c][0] in SLOW else c for c in CASES]
 
 
 def _make(case, budget=None):
@@ -114,12 +130,12 @@ def test_every_registered_learner_has_a_case():
     assert {"exact", "lowrank", "nuclear", "robust", "membership", "transformer", "ffn", "multihead"} <= set(CASES)
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", params())
 def test_phases_sum_to_the_queries_and_the_check_is_counted_apart(case):
     check_accounting(case)
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASES)  # refused before any run: quick for every learner
 def test_a_budget_below_the_plan_is_refused_before_the_first_query(case):
     check_budget(case)
 
@@ -145,7 +161,7 @@ def test_the_answer_shape_probe_is_inside_the_multihead_plan(method):
     assert oracle.queries == 1
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", params())
 def test_seeds_reproduce_bit_for_bit(case):
     check_seeds(case)
 

@@ -185,3 +185,65 @@ def test_activation_chosen_on_a_subsample_then_fitted_on_all_points(name):
     found, fit, _ = pick_activation(noisy, t, True, rng, tuple(ACTIVATIONS))
     full = fit_curves(noisy, t, ACTIVATIONS[name], True, rng)
     assert found == name and np.max(np.abs(fit["lam"] - full["lam"])) < 1e-9
+
+
+def test_float32_answers_use_extrapolated_differences_from_a_larger_step():
+    """On float32 answers a plain second difference carries ~1e-2 error at its best step; three-level Richardson
+    from the step chosen for it is an order of magnitude closer to the exact second derivatives."""
+    from attnprobe.learners.smooth_ffn.derivatives import (Asker, choose_extrapolated_step, choose_step, richardson,
+                                                           second_derivatives)
+
+    truth = random_smooth_ffn(32, 64, 32, seed=3, dtype="float32")
+    ask = Asker(Oracle(truth, 32, precision="float32"))
+    rng = np.random.default_rng(0)
+    h, _ = choose_step(ask, 32, rng, 1.0)
+    h_rich, rich_error = choose_extrapolated_step(ask, 32, rng, 1.0)
+    assert h_rich > h and rich_error < 1e-2
+    X = rng.standard_normal((10, 32))
+    U, V = (u / np.linalg.norm(u, axis=1, keepdims=True) for u in rng.standard_normal((2, 2, 32)))
+    exact = np.einsum("ni,ci,ei,ki->kcen", ACTIVATIONS["gelu"].d2(X @ truth.W1.T + truth.b1), U @ truth.W1.T,
+                      V @ truth.W1.T, truth.W2)
+
+    def error(T):
+        return np.linalg.norm(T - exact) / np.linalg.norm(exact)
+
+    plain = error(second_derivatives(ask, X, U, V, h))
+    extrapolated = error(richardson(lambda s: second_derivatives(ask, X, U, V, s), h_rich, 3))
+    assert extrapolated < plain / 10
+
+
+def test_float32_answers_of_a_wider_ffn_within_1e3_and_the_estimate_is_the_plan():
+    """16 → 48 → 16 GELU answered in float32 (failed its check with plain differences: fresh error 0.24): the
+    extrapolated start lets the polish reach the answers' rounding; the estimate counts the extra step queries."""
+    truth = random_smooth_ffn(16, 48, 16, seed=64, dtype="float32")
+    oracle = Oracle(truth, 16, precision="float32")
+    res = extract_smooth_ffn(oracle, seed=0, activation="gelu", hidden=48)
+    X = np.random.default_rng(1).standard_normal((500, 16))
+    y = truth.with_dtype("float64").forward(X)
+    assert res.passed and np.abs(res.model.forward(X) - y).max() / np.abs(y).max() < 1e-3
+    assert res.details["coarse_answers"] and res.details["richardson"] == 3
+    assert res.check.error <= res.check.tolerance <= 2e-3  # the check bounds the error claimed at float32
+    est = estimate_queries("ffn", 16, hidden=48, outputs=16, activation="gelu", precision="float32")
+    assert est.queries == res.queries + res.check.queries
+
+
+def test_gauss_newton_halves_a_step_that_overshoots(monkeypatch):
+    """A step twice too long (the Gauss–Newton step doubled) lands as far beyond the answers as the start was
+    short of them: the polish keeps its half instead of giving up."""
+    from attnprobe.learners.smooth_ffn import polish
+
+    truth = random_smooth_ffn(5, 8, 5, seed=9)
+    X = np.random.default_rng(3).standard_normal((200, 5))
+    Y = truth.forward(X)
+    rng = np.random.default_rng(4)
+    start = tuple(p + 1e-4 * rng.standard_normal(p.shape) for p in (truth.W1, truth.b1, truth.W2, truth.b2))
+    exact_step = polish._step
+
+    def doubled(*args, **kwargs):
+        *parts, used = exact_step(*args, **kwargs)
+        return (*(2.0 * p for p in parts), used)
+
+    monkeypatch.setattr(polish, "_step", doubled)
+    act = ACTIVATIONS["gelu"]
+    _, history, _ = polish.gauss_newton(X, Y, start, act, True, rounds=6, iterations=300)
+    assert history[-1] < 1e-8 * history[0]

@@ -80,21 +80,12 @@ def _plain_oracle_from_args(args, chain, precision, learner) -> Oracle:
                       param="oracle")
 
 
-#: the one-line refusal of ``--method block`` (the CLI prints it, exit 2, before any query)
-BLOCK_REFUSAL = ("--method block: no learner recovers whole blocks yet from the command line: the library's "
-                 "attnprobe.learners.block.extract_block reads bias-free pre-norm RMSNorm blocks (LLaMA) through "
-                 "their norm's inverse but is not within 1e-6 of the function yet, so it is not registered; "
-                 "docs/block.md says what is identifiable, what it measures and what the levers give")
-
-
 def run(args) -> int:
     """Everything that can be refused is refused before the first query: options, output paths, memory."""
     if args.method is None and args.hf_dir and args.row is None:  # the folder's family says which learner
         args.method = "block" if getattr(args, "block", None) is not None else hf.default_method(args.hf_dir)
     if args.method is None:  # a rank bound makes the low-rank sketch the natural choice
         args.method = "lowrank" if getattr(args, "rank", None) else "exact"
-    if args.method == "block":
-        raise ConfigError(BLOCK_REFUSAL, param="method")
     if args.method not in {e.name for e in registry.learners()}:
         raise ConfigError(f"unknown --method {args.method!r}; choose one of "
                           f"{', '.join(e.name for e in registry.learners())}", param="method")
@@ -107,6 +98,9 @@ def run(args) -> int:
         raise ConfigError(f"--membership makes the answers 0/1, which --method {args.method} cannot use; "
                           "use --method membership", param="membership")
     options = learner.resolve(_given_options(args))
+    if not learner.ready(options):
+        flags = " or ".join("--" + n.replace("_", "-") for n in learner.needs_one_of)
+        raise ConfigError(f"--method {learner.name} needs {flags}", param=learner.needs_one_of[0])
     if args.estimate:
         return _print_estimate(args, _estimate_oracle(args, chain, learner))
     if args.price_per_1k is not None:

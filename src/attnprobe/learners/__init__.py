@@ -3,9 +3,9 @@ family; each family package registers its own learners (options, capabilities, e
 :mod:`attnprobe.learners.core.registry` when it is imported: :mod:`.smooth_ffn` (the ``ffn`` learner: ReLU
 networks through :mod:`.ffn`, smooth FFNs), :mod:`.head` (single heads), :mod:`.multihead` (multi-head layers),
 :mod:`.transformer` (one-layer transformers), :mod:`.positional` (attention whose logits depend on the offset:
-RoPE)."""
+RoPE), :mod:`.block` (whole pre-norm blocks)."""
 
-from attnprobe.learners import smooth_ffn, head, multihead, positional, transformer  # noqa: F401 (each registers)
+from attnprobe.learners import smooth_ffn, head, multihead, positional, transformer, block  # noqa: F401 (each registers)
 from attnprobe.learners.core import registry
 from attnprobe.learners.core.registry import Capabilities, Learner, Option, learner, learners, register
 from attnprobe.learners.core.result import Extraction

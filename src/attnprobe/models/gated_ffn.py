@@ -14,8 +14,6 @@ from typing import ClassVar
 
 import numpy as np
 
-from attnprobe.errors import ConfigError
-from attnprobe.properties import axis_length
 from attnprobe.models.smooth_ffn import ACTIVATIONS, ActivationFFN, affine_in, nearest_rows
 
 #: the gated families by name and their gate activation
@@ -47,21 +45,8 @@ class GatedFFN(ActivationFFN):
     kind: ClassVar[str] = "gated_ffn"
     NAME: ClassVar[str] = "a gated FFN"
 
-    @staticmethod
-    def hidden_width(arrays: dict[str, np.ndarray]) -> tuple[int, str]:
-        """``m`` (the rows of Wg) once the gate and up projections agree."""
-        Wg, Wu = arrays["Wg"], arrays["Wu"]
-        m, d = Wg.shape
-        if m < 1 or d < 1 or Wu.shape != (m, d):
-            raise ConfigError(f"Wg and Wu must both be m×d with m, d ≥ 1; got {Wg.shape} and {Wu.shape}", param="Wu")
-        for name in ("bg", "bu"):
-            if arrays[name].shape != (m,):
-                raise ConfigError(f"{name} must have length m = {m}; got {arrays[name].shape}", param=name)
-        return m, "Wg"
-
-    d = axis_length("Wg", 1, "The input width.")
-    m = axis_length("Wg", 0, "The hidden width: gated units, rows of Wg and Wu.")
-    outputs = axis_length("W2", 0, "The output width K.")
+    FIRST_LAYER: ClassVar[tuple[str, ...]] = ("Wg", "Wu")
+    FIRST_BIASES: ClassVar[tuple[str, ...]] = ("bg", "bu")
 
     @property
     def family(self) -> str:

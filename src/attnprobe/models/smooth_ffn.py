@@ -116,6 +116,9 @@ class ActivationFFN:
 
     #: how error messages name the model
     NAME: ClassVar[str]
+    #: the first-layer weights (each m×d; the first names the rows) and their biases (each of length m)
+    FIRST_LAYER: ClassVar[tuple[str, ...]]
+    FIRST_BIASES: ClassVar[tuple[str, ...]]
 
     @classmethod
     def array_names(cls) -> tuple[str, ...]:
@@ -124,15 +127,36 @@ class ActivationFFN:
     def __post_init__(self) -> None:
         arrays = {name: real_array(name, getattr(self, name), 2 if name.startswith("W") else 1)
                   for name in self.array_names()}
-        m, rows_of = self.hidden_width(arrays)
+        m = self.hidden_width(arrays)
         W2, b2 = arrays["W2"], arrays["b2"]
         if W2.shape[1] != m:
-            raise ConfigError(f"W2 must be K×m with m = {m} (the rows of {rows_of}); got {W2.shape}", param="W2")
+            raise ConfigError(f"W2 must be K×m with m = {m} (the rows of {self.FIRST_LAYER[0]}); got {W2.shape}",
+                              param="W2")
         if b2.shape != (W2.shape[0],):
             raise ConfigError(f"b2 must have length K = {W2.shape[0]}; got {b2.shape}", param="b2")
         activation(self.activation)
         resolve_dtype(self.dtype)
         set_frozen(self, **arrays)
+
+    @classmethod
+    def hidden_width(cls, arrays: dict[str, np.ndarray]) -> int:
+        """``m`` (the rows of the first-layer weights) once every first-layer weight is m×d and every bias has
+        length m."""
+        m, d = arrays[cls.FIRST_LAYER[0]].shape
+        for name in cls.FIRST_LAYER:
+            if m < 1 or d < 1 or arrays[name].shape != (m, d):
+                shapes = " and ".join(f"{n} {arrays[n].shape}" for n in cls.FIRST_LAYER)
+                raise ConfigError(f"{' and '.join(cls.FIRST_LAYER)} must each be m×d with m, d ≥ 1; got {shapes}",
+                                  param=name)
+        for name in cls.FIRST_BIASES:
+            if arrays[name].shape != (m,):
+                raise ConfigError(f"{name} must have length m = {m}; got {arrays[name].shape}", param=name)
+        return m
+
+    d = property(lambda self: getattr(self, self.FIRST_LAYER[0]).shape[1], doc="The input width.")
+    m = property(lambda self: getattr(self, self.FIRST_LAYER[0]).shape[0],
+                 doc="The hidden width: neurons (gated units), rows of the first-layer weights.")
+    outputs = axis_length("W2", 0, "The output width K.")
 
     def with_dtype(self, dtype: str):
         return replace(self, dtype=dtype)
@@ -186,20 +210,8 @@ class SmoothFFN(ActivationFFN):
     kind: ClassVar[str] = "smooth_ffn"
     NAME: ClassVar[str] = "a smooth FFN"
 
-    @staticmethod
-    def hidden_width(arrays: dict[str, np.ndarray]) -> tuple[int, str]:
-        """``m`` (the rows of W1) once ``W1`` and ``b1`` agree."""
-        W1, b1 = arrays["W1"], arrays["b1"]
-        m = W1.shape[0]
-        if W1.shape[1] < 1 or m < 1:
-            raise ConfigError(f"W1 must be m×d with m, d ≥ 1; got {W1.shape}", param="W1")
-        if b1.shape != (m,):
-            raise ConfigError(f"b1 must have length m = {m}; got {b1.shape}", param="b1")
-        return m, "W1"
-
-    d = axis_length("W1", 1, "The input width.")
-    m = axis_length("W1", 0, "The hidden width: neurons, rows of W1.")
-    outputs = axis_length("W2", 0, "The output width K.")
+    FIRST_LAYER: ClassVar[tuple[str, ...]] = ("W1",)
+    FIRST_BIASES: ClassVar[tuple[str, ...]] = ("b1",)
 
     @staticmethod
     def unknowns(d: int, m: int, outputs: int, bias: bool = True) -> int:

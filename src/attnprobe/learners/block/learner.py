@@ -4,7 +4,8 @@ residual, without biases) from hidden states in and every position out (docs/blo
 Stages (:mod:`.sublayers`): ``linear`` (``y'(0) = I + M'/√ε`` from tiny single tokens), ``eps`` (``√ε`` from two
 driven-out tokens whose FFN share zero keys remove), ``ffn`` (the gated FFN learner on ``v ↦ F(w2 ⊙ v)``, one
 single-token query per answer), ``attention`` (the RoPE learner with unit queries on the attention's last row,
-each answer one block query with the query driven out and the FFN's share solved away). The result is a
+each answer one block query with the query driven out and the FFN's share solved away), ``attention refit`` (each
+head's logits refitted from weights read in its own coordinates, :mod:`.refine`). The result is a
 :class:`~attnprobe.models.block.TransformerBlock` in the canonical form of
 :func:`~attnprobe.models.block.fold_norm_weights`: norm weights 1, their products with the next projections
 learned; ε learned. Checked at every position on fresh sequences of lengths 1, 2, 8 and 64.
@@ -19,7 +20,7 @@ import numpy as np
 from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.block.levers import STEPS, rational_keys
 from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, linear_part, sqrt_eps)
-from attnprobe.learners.block.polish import polish_attention
+from attnprobe.learners.block.refine import refit_data, refit_logits
 from attnprobe.learners.core.check import CheckResult, check_tolerance
 from attnprobe.learners.core.skeleton import Run
 from attnprobe.learners.positional.rope import extract_positional
@@ -92,9 +93,9 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
         att_oracle = _oracle(att_fn, d, "the block's attention")
         att = extract_positional(att_oracle, heads=heads, seed=seed, check=False, walk=walk,
                                  query_rms=att_fn.query_rms)
-    with run.phase("attention polish"):
-        data = polish_data(att_oracle, att_fn.query_rms, run.rng)
-    polished, history = polish_attention(att.model, data)
+    with run.phase("attention refit"):
+        data = refit_data(att_oracle, att_fn.query_rms, att.model.Wq.shape[1], run.rng, REFIT_PER_D * d)
+    polished, history = refit_logits(att.model, data)
     f = ffn.model
     model = TransformerBlock(polished, np.ones(d), np.ones(d), f.Wu, f.W2, W_gate=f.Wg, activation=f.activation,
                              norm="rms", eps=eps, layout="pre")
@@ -102,7 +103,7 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
                                                          "queries": ffn.queries},
                "attention": {k: att.details[k] for k in ("heads", "head_dim", "base_estimate", "kv_groups")
                              if k in att.details} | {"queries": att.queries,
-                                                                       "polish_residuals": history}}
+                                                                       "refit_residuals": history}}
     notes = ["norm weights folded into the next projections (W_Q, W_K, W_V and W_gate, W_up): only the products "
              "are identifiable; the result has norm weights 1",
              f"ε = {eps:.3e} read from the answers"]
@@ -110,6 +111,8 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
     return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_fn=every_position_check)
 
 
+#: sequences of the attention's logit refit per model width (:func:`.refine.refit_data`)
+REFIT_PER_D = 8
 #: lengths of the polish's sequences, and sequences per length per 6 model widths
 POLISH_LENGTHS, POLISH_PER_D = (2, 4, 8, 16, 32, 64), 16 / 6
 #: the polish's keys: N(0, POLISH_KEYS²) per coordinate (rms well inside the norm's ball)
@@ -159,5 +162,5 @@ def block_queries(d: int, H: int, m: int, *, walk: int = 1, check: bool = True) 
 
     n = 1 + 6 * d + eps_queries(H) + sum(gated_plan(d, d, m).values())
     n += positional_queries(d, H, max(2, d // H), outputs=d, walk=walk)
-    n += len(POLISH_LENGTHS) * max(16, math.ceil(POLISH_PER_D * d))
+    n += REFIT_PER_D * d
     return n + (len(CHECK_LENGTHS) * CHECK_PER_LENGTH if check else 0)

@@ -34,7 +34,8 @@ from attnprobe.errors import ConfigError
 
 #: what a learner recovers (the ``kind`` of the model it returns)
 RECOVERS = {"head": "attention_head", "multi_head": "multi_head", "relu_net": "relu_net",
-            "transformer": "multihead_transformer", "positional": "positional_attention"}
+            "transformer": "multihead_transformer", "positional": "positional_attention",
+            "block": "transformer_block"}
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from attnprobe._validation import check_int, check_option
 from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.core.estimate import QueryCount, Setting
 from attnprobe.learners.smooth_ffn.decompose import block_factors
-from attnprobe.learners.smooth_ffn.derivatives import (richardson,
+from attnprobe.learners.smooth_ffn.derivatives import (coarse_answers, richardson,
                                                        second_derivatives, step_queries)
 from attnprobe.learners.smooth_ffn.gated_neurons import pick_gate, planes
 from attnprobe.learners.smooth_ffn.polish import lsmr_step
@@ -70,13 +70,26 @@ def gated_plan(d: int, K: int, m: int, check: int = 0) -> dict[str, int]:
 
 
 def gated_estimate(s: Setting) -> QueryCount:
-    """The gated learner's queries by phase (:func:`gated_plan`), exact when ``hidden`` is given."""
+    """The gated learner's queries by phase (:func:`gated_plan`), exact when ``hidden`` is given; float32 (and
+    coarser) answers are refused (:func:`refuse_coarse`), so they have no estimate."""
+    if s.coarse:
+        refuse_coarse(s.precision)
     m = s.needs("hidden", "a gated FFN estimate needs the number of hidden units m")
     K = s.outputs or 1
     parts = gated_plan(s.d, K, m, check=CHECK_QUERIES if s.check else 0)
     basis = ", ".join(f"{k} {v}" for k, v in parts.items()) + f" (K = {K} outputs per answer" + (
         "" if s.outputs else ", undeclared: declare the outputs K") + ")"
     return QueryCount.exactly(sum(parts.values()), basis)
+
+
+def refuse_coarse(precision: str) -> None:
+    """Gated units need float64 answers: each unit's pair of eigenvalues splits by the square root of the second
+    derivatives' error, which on float32 answers is 2e-5 at best (three-level extrapolation, 16-32-16 SwiGLU),
+    so the pairs split by ~5e-3 and cannot be told apart (8-16-8 SwiGLU: units mismatched, fresh error 2e-2,
+    the polish stalls); nothing is claimed, the answers are refused before any query."""
+    raise ConfigError(f"the gated FFN learner (SwiGLU, GeGLU) needs float64 answers; {precision} answers leave its "
+                      "Jordan pairs too coarse to split (docs/smooth-ffn.md): ask for float64 answers",
+                      param="precision")
 
 
 def gate_candidates(activation: str | None) -> tuple[str, ...]:
@@ -107,6 +120,8 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
     check_option(activation, "activation", (None, *GATED_FAMILIES))
     check_int(hidden, "hidden", min_value=1, allow_none=True)
     check_int(polish_rounds, "polish_rounds", min_value=0)
+    if coarse_answers(oracle):
+        refuse_coarse(oracle.precision)
     run, ask, h, fd_error = start_run(oracle, seed=seed, check=check, progress=progress, scale=scale,
                                       check_queries=CHECK_QUERIES)
     d, rng = oracle.d, run.rng

@@ -32,11 +32,16 @@ def forward(X, W1, b1, W2, b2, act: Activation) -> np.ndarray:
     return act.f(X @ W1.T + b1) @ W2.T + b2
 
 
+#: fractions of a Gauss–Newton step tried in turn until one lowers the residual
+BACKTRACK = (1.0, 0.5, 0.25, 0.125)
+
+
 def gauss_newton(X: np.ndarray, Y: np.ndarray, params: tuple, act: Activation, bias: bool, *, rounds: int,
                  iterations: int) -> tuple[tuple, list[float]]:
     """Up to ``rounds`` Gauss–Newton steps (each at most ``iterations`` LSMR iterations) on all parameters;
-    a step is kept only when it lowers the residual. Returns the parameters, the relative residual after
-    each kept step (the first entry is the start's) and the LSMR iterations of each step."""
+    a step (or, when it does not halve the residual, the best of it and its half, quarter, eighth:
+    :data:`BACKTRACK`) is kept only when it lowers the residual. Returns the parameters, the relative residual
+    after each kept step (the first entry is the start's) and the LSMR iterations of each step."""
     W1, b1, W2, b2 = params
     scale_y = max(float(np.linalg.norm(Y)), 1e-300)
     R = Y - forward(X, W1, b1, W2, b2, act)
@@ -45,9 +50,15 @@ def gauss_newton(X: np.ndarray, Y: np.ndarray, params: tuple, act: Activation, b
     for _ in range(rounds):
         step = _step(X, R, W1, b1, W2, act, bias=bias, iterations=iterations)
         used.append(step[4])
-        trial = (W1 + step[0], b1 + step[1], W2 + step[2], b2 + step[3])
-        R_new = Y - forward(X, *trial, act)
-        err = float(np.linalg.norm(R_new)) / scale_y
+        err = np.inf
+        for t in BACKTRACK:  # the full step, and when it does not halve the residual the shorter ones: the best
+            candidate = (W1 + t * step[0], b1 + t * step[1], W2 + t * step[2], b2 + t * step[3])
+            R_t = Y - forward(X, *candidate, act)
+            err_t = float(np.linalg.norm(R_t)) / scale_y
+            if err_t < err:
+                trial, R_new, err = candidate, R_t, err_t
+            if err < history[-1] / 2:
+                break
         if not err < history[-1]:
             break
         W1, b1, W2, b2 = trial
