@@ -109,7 +109,7 @@ def test_method_block_without_heads_is_refused_in_one_line(tmp_path, capsys, mon
     assert main(["extract", "--oracle", "block_heads_victim:f", "--d", "32", "--method", "block", "--out",
                  str(tmp_path / "r.npz")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "number of heads H (--heads)" in err
+    assert err.count("\n") == 1 and "--method block needs --heads" in err
     assert not asked.exists()  # refused before the first query
 
 

@@ -47,7 +47,7 @@ def test_method_block_without_heads_is_refused_in_one_line_before_any_query(serv
         capsys.readouterr()
         assert main(["extract", *source, "--out", str(tmp_path / "r.npz"), "--quiet"]) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "number of heads H (--heads)" in err
+        assert err.count("\n") == 1 and "--method block needs --heads" in err
     assert oracle_from_url(srv.url, "k-1").fn.usage()["queries"] == before
     assert not (tmp_path / "r.json").exists()
 

@@ -176,7 +176,7 @@ def test_cli_lowrank(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, flag_message", [
     (["--method", "lowrank", "--rank", "40"], "--rank must be an integer in [1, 32]; got 40"),
-    (["--method", "nuclear"], "needs the rank bound (--rank, the head dimension)"),
+    (["--method", "nuclear"], "needs --rank (rank bound r of W (head dimension)"),
 ])
 def test_cli_names_the_flag_where_the_library_names_the_parameter(tmp_path, capsys, args, flag_message):
     target = save_model(random_head(32, rank=3, seed=4), tmp_path / "t.npz")

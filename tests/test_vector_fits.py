@@ -120,3 +120,19 @@ def test_a_progression_fit_separates_heads_from_rows():
     assert fit.residual < 1e-12
     np.testing.assert_allclose(fit.theta, theta, atol=1e-9)
     np.testing.assert_allclose(fit.w, w, atol=1e-9)
+
+
+def test_a_singular_fit_gets_a_zero_step_and_the_batch_goes_on():
+    """One head whose logits do not vary makes its damped normal matrix singular: that fit's step is zero (rejected
+    by the caller), the other fits' steps are exact (a batched solve used to raise LinAlgError for all)."""
+    from attnprobe.learners.multihead.vector_heads import damped_steps
+
+    rng = np.random.default_rng(0)
+    M = rng.standard_normal((3, 4, 4))
+    M = M @ M.transpose(0, 2, 1) + 4 * np.eye(4)
+    M[1] = np.outer(np.arange(4.0), np.arange(4.0))  # rank one
+    rhs = rng.standard_normal((3, 4))
+    steps = damped_steps(M, rhs)
+    assert np.array_equal(steps[1], np.zeros(4))
+    for i in (0, 2):
+        assert np.allclose(M[i] @ steps[i], rhs[i], rtol=0, atol=1e-12)

@@ -51,7 +51,9 @@ def assumed_precision(oracle) -> str:
     """How the run read the answers' precision, for messages where it matters (no "; " inside)."""
     detector = getattr(oracle, "detector", None)
     if detector is None:
-        cause = getattr(getattr(oracle, "fn", None), "precision_cause", None)
+        from attnprobe.oracles.wrappers import declared_attribute
+
+        cause = declared_attribute(getattr(oracle, "fn", None), "precision_cause")
         return f"answers taken as {oracle.precision} ({cause or 'declared'})"
     if not detector.decided:
         return ("answers taken as float64: too few answers to read their precision (declare it with "

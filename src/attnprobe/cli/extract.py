@@ -98,6 +98,11 @@ def run(args) -> int:
         raise ConfigError(f"--membership makes the answers 0/1, which --method {args.method} cannot use; "
                           "use --method membership", param="membership")
     options = learner.resolve(_given_options(args))
+    if not learner.ready(options):
+        helps = {o.name: o.help for o in learner.options}
+        flags = " or ".join(f"--{n.replace('_', '-')} ({helps[n]})" if n in helps else "--" + n.replace("_", "-")
+                            for n in learner.needs_one_of)
+        raise ConfigError(f"--method {learner.name} needs {flags}", param=learner.needs_one_of[0])
     if args.estimate:
         return _print_estimate(args, _estimate_oracle(args, chain, learner))
     if args.price_per_1k is not None:

@@ -24,6 +24,7 @@ import numpy as np
 
 from attnprobe.errors import ConfigError
 from attnprobe.models.rows import POSITIONS, REUSABLE, check_positions
+from attnprobe.oracles.wrappers import declared_attribute
 
 __all__ = ["POSITIONS", "REUSABLE", "check_positions", "declared_positions", "probe_sequences",
            "positions_from_rows", "RowAnswers"]
@@ -36,13 +37,8 @@ CACHE_NUMBERS = 1 << 23
 
 def declared_positions(fn) -> str | None:
     """What the callable ``fn`` (or the callable it wraps) declares about its rows (attribute ``positions``)."""
-    seen = 0
-    while fn is not None and seen < 16:
-        value = getattr(fn, "positions", None)
-        if value in POSITIONS:
-            return str(value)
-        fn, seen = getattr(fn, "inner", None), seen + 1
-    return None
+    value = declared_attribute(fn, "positions", lambda v: v in POSITIONS)
+    return None if value is None else str(value)
 
 
 def probe_sequences(d: int, rng: np.random.Generator, scale: float = 1.0) -> np.ndarray:

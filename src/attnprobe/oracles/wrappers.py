@@ -94,6 +94,25 @@ class Wrapper:
         return f"{type(self).__name__}({self.inner!r})"
 
 
+#: how many wrappers deep :func:`declared_attribute` looks (a chain is a handful of stages)
+WRAP_DEPTH = 16
+
+
+def declared_attribute(fn, name: str, accept=None):
+    """The attribute ``name`` that the callable ``fn``, or the first callable it wraps (through ``.inner``, up to
+    :data:`WRAP_DEPTH` deep) that has one, declares: what a model says about itself (its rows, its position
+    term, why its precision is coarser than its dtype) stays readable behind an answer chain. ``accept``: the
+    values taken (default: any but None); None when no callable declares one."""
+    for _ in range(WRAP_DEPTH):
+        if fn is None:
+            break
+        value = getattr(fn, name, None)
+        if value is not None and (accept is None or accept(value)):
+            return value
+        fn = getattr(fn, "inner", None)
+    return None
+
+
 def declared_precision(fn) -> str | None:
     """The precision a callable says its answers carry: an answer wrapper's ``answer_precision``, else a model's
     (or torch adapter's) ``dtype``; None for a callable that says nothing."""

@@ -126,6 +126,22 @@ class VariableProjection:
         return A, g
 
 
+def damped_steps(M: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """The steps ``M_f⁻¹ rhs_f`` of a batch of damped normal equations ``M (F, p, p)``, ``rhs (F, p)``; a fit whose
+    matrix is singular (a head whose logits do not vary over the design) gets a zero step, which the caller rejects
+    (more damping, then the fit stops and its misfit judges it), instead of the whole batch failing."""
+    try:
+        return np.linalg.solve(M, rhs[:, :, None])[:, :, 0]
+    except np.linalg.LinAlgError:
+        out = np.zeros_like(rhs)
+        for i in range(len(M)):
+            try:
+                out[i] = np.linalg.solve(M[i], rhs[i])
+            except np.linalg.LinAlgError:
+                pass
+        return out
+
+
 def _levenberg_marquardt(fit: VariableProjection, x: np.ndarray, max_iter: int) -> np.ndarray:
     """Minimise every fit's ``‖residual‖`` (Levenberg–Marquardt with Nielsen's damping update, each fit with its
     own damping); a fit stops when a step no longer changes its misfit by a relative 1e-12 or after ``max_iter``
@@ -143,7 +159,7 @@ def _levenberg_marquardt(fit: VariableProjection, x: np.ndarray, max_iter: int) 
     while active.any():
         f = np.flatnonzero(active)
         diag = np.maximum(np.diagonal(A[f], axis1=1, axis2=2), 1e-300)
-        step = np.linalg.solve(A[f] + lam[f, None, None] * (diag[:, :, None] * eye), -g[f][:, :, None])[:, :, 0]
+        step = damped_steps(A[f] + lam[f, None, None] * (diag[:, :, None] * eye), -g[f])
         x_new = x[f] + step
         S_n, Qd_n, w_n, res_n = fit.parts(x_new, f)
         r_new = fit.residual(res_n, f)

@@ -60,15 +60,16 @@ def pair_jacobian(layer, z: np.ndarray, E: np.ndarray, eta: float, levels: int =
 
 
 def head_directions(layer, z: np.ndarray, E: np.ndarray, *, settings, eta: float, rank: int | None, noise: float,
-                    rng: np.random.Generator, floor: float = 0.0):
+                    rng: np.random.Generator, floor: float = 0.0, jacobian=pair_jacobian):
     """The heads' output directions ``V_h z`` (K, H) at query ``z`` from :func:`pair_jacobian` at several
     ``settings`` (query scale t, extra zero keys): every ``D`` shares the columns ``V_h z``, each head scaled by
     ``α_h0 α_hN t²``, which the settings change differently per head. Jennrich's method on two random combinations
     of them (the eigenvectors of ``D_a D_b⁺`` on their span) gives the columns; the zero keys spread the heads'
     ratios far more than the query scale does. ``rank``: H when known (else read from the singular values above
     ``floor``, an absolute size below which ``D`` is finite-difference error: no offset dependence, rank 0).
-    Returns the directions (unit columns), the singular values of the first ``D`` and the rank."""
-    Ds = [pair_jacobian(layer, t * z, E, eta, zeros=n) for t, n in settings]
+    ``jacobian``: how each ``D`` is measured (:func:`pair_jacobian`'s signature; coarse answers use a fit over many
+    steps). Returns the directions (unit columns), the singular values of the first ``D`` and the rank."""
+    Ds = [jacobian(layer, t * z, E, eta, zeros=n) for t, n in settings]
     U, s, _ = np.linalg.svd(Ds[0], full_matrices=False)
     if s[0] <= floor:
         return None, s, 0

@@ -14,6 +14,7 @@ import numpy as np
 
 from attnprobe.errors import AttnprobeError, RecoveryError, UnidentifiableError
 from attnprobe.learners.core.registry import Option
+from attnprobe.oracles.wrappers import declared_attribute
 from attnprobe.learners.positional.additive import extract_additive
 from attnprobe.learners.positional.polish import POLISH_MODES, POLISH_TARGET, polish_extraction
 
@@ -37,14 +38,8 @@ PROBE_LENGTH = 8
 
 def declared_position(fn) -> str | None:
     """The position term the callable ``fn`` (or one it wraps) declares (attribute ``position_term``)."""
-    for _ in range(16):
-        if fn is None:
-            break
-        value = getattr(fn, "position_term", None)
-        if value in POSITION_TERMS:
-            return str(value)
-        fn = getattr(fn, "inner", None)
-    return None
+    value = declared_attribute(fn, "position_term", accept=lambda v: v in POSITION_TERMS)
+    return None if value is None else str(value)
 
 
 def detect_position(oracle, rng: np.random.Generator) -> tuple[str, float]:

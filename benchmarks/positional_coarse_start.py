@@ -1,0 +1,119 @@
+"""RoPE from coarse answers: how close each averaged stage of ``learners/positional/coarse.py`` comes.
+
+Random-init ``transformers`` LLaMA attention (seed 0), whole output rows at the last position, answers served in
+float32 or bfloat16; every error is against the float64 module of the same weights.
+
+- **head directions**: the pair probe's ``D`` at one query, four settings, ``2H + 8`` key directions; Jennrich's
+  directions against the truth ``V_h z`` (largest over heads of ``‖ŵ − w‖`` for unit columns), with ``D`` from the
+  float64 learner's Richardson steps (``heads.pair_jacobian``) and from the coarse Chebyshev fit
+  (``coarse.pair_derivative``, 16 nodes up to 0.3 of the token norm, degree 15).
+- **output spaces** (``--spaces``): each head's ``C_h`` from the coarse walk (residual of the truth ``W_O,h``'s
+  projection, Frobenius over the ``d_h`` orthonormal columns), and the start's function error (the logit maps of
+  ``coarse.logit_maps``), largest over lengths up to 256.
+
+    PYTHONPATH=src python benchmarks/positional_coarse_start.py --write
+    PYTHONPATH=src python benchmarks/positional_coarse_start.py --spaces --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+
+from attnprobe.errors import RecoveryError
+from attnprobe.learners.head.probes import random_orthogonal
+from attnprobe.learners.positional.coarse import (COARSE_STEP, SETTINGS, coarse_output_spaces, coarse_start,
+                                                  coarse_values)
+from attnprobe.learners.positional.heads import STEP, head_directions, match
+from attnprobe.models.compare import function_error_over_lengths
+from attnprobe.oracles.torch_adapter import oracle_from_torch
+from attnprobe.reports import Table
+from attnprobe.targets.positional_modules import positional_victim, reference_model
+from sections import command_line, write_section
+
+DOC = "positional-precision"
+LENGTHS = (1, 2, 3, 5, 17, 64, 256)
+
+
+def direction_error(oracle, truth, H, coarse: bool) -> str:
+    from attnprobe.learners.positional.coarse import pair_derivative
+
+    d = oracle.d
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal(d)
+    E = random_orthogonal(d, rng)[: min(d, 2 * H + 8)]
+    kw = dict(settings=SETTINGS, rank=H, noise=0.0, rng=rng)
+    try:
+        if coarse:
+            W, _, _ = head_directions(oracle, z, E, eta=COARSE_STEP * math.sqrt(d), jacobian=pair_derivative, **kw)
+        else:
+            W, _, _ = head_directions(oracle, z, E, eta=STEP * math.sqrt(d), **kw)
+    except RecoveryError:
+        return "heads not separated (complex eigenvalues)"
+    V = truth.value_maps()
+    true = np.stack([V[h] @ z for h in range(H)], 1)
+    true /= np.linalg.norm(true, axis=0)
+    try:
+        return f"{np.max(np.linalg.norm(match(true, W) - true, axis=0)):.1e}"
+    except RecoveryError:
+        return "no match (|cos| < 0.5)"
+
+
+def directions_table() -> Table:
+    table = Table(["module", "answers", "D from", "queries", "largest direction error"])
+    for d, H, G, precs in ((32, 2, 1, ("float32", "bfloat16")), (128, 8, 2, ("float32",))):
+        kw = dict(d=d, heads=H, kv_heads=G, seed=0)
+        truth = reference_model(positional_victim("llama", dtype="float64", **kw))
+        for prec in precs:
+            for coarse in (False, True):
+                oracle = oracle_from_torch(positional_victim("llama", dtype=prec, **kw), d, precision=prec)
+                err = direction_error(oracle, truth, H, coarse)
+                table.add(f"LLaMA d={d} {H}/{G}", prec, "Chebyshev fit, 16 nodes" if coarse else
+                          "Richardson, 3 steps", oracle.queries, err)
+                print(table.markdown().splitlines()[-1], flush=True)
+    return table
+
+
+def spaces_table(walks) -> Table:
+    table = Table(["module", "answers", "walk", "queries (values + walk)", "largest output-space error",
+                   "start: queries", "start: function error"])
+    d, H, G = 32, 2, 1
+    kw = dict(d=d, heads=H, kv_heads=G, seed=0)
+    truth = reference_model(positional_victim("llama", dtype="float64", **kw))
+    dh = d // H
+    To = truth.Wo.reshape(d, H, dh)
+    for prec in ("float32",):
+        for walk in walks:
+            oracle = oracle_from_torch(positional_victim("llama", dtype=prec, **kw), d, precision=prec)
+            rng = np.random.default_rng(0)
+            M, _ = coarse_values(oracle, rng, math.sqrt(d))
+            Cb, _ = coarse_output_spaces(oracle, M, rng, H, walk)
+            spaces = oracle.queries
+            err = max(min(np.linalg.norm(Cb[:, h * dh:(h + 1) * dh] - To[:, g] @ np.linalg.lstsq(
+                To[:, g], Cb[:, h * dh:(h + 1) * dh], rcond=None)[0]) for g in range(H)) for h in range(H))
+            oracle = oracle_from_torch(positional_victim("llama", dtype=prec, **kw), d, precision=prec)
+            start, _ = coarse_start(oracle, H, np.random.default_rng(0), base=10000.0, walk=walk)
+            fn = function_error_over_lengths(start, truth, np.random.default_rng(5), LENGTHS)
+            table.add(f"LLaMA d={d} {H}/{G}", prec, walk, spaces, f"{err:.1e}", oracle.queries, f"{fn:.1e}")
+            print(table.markdown().splitlines()[-1], flush=True)
+    return table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spaces", action="store_true", help="output spaces and the start's function error (d = 32)")
+    ap.add_argument("--walk", type=int, nargs="+", default=[1], help="--spaces: walk lengths (one row each)")
+    ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks/")
+    args = ap.parse_args()
+    table = spaces_table(args.walk) if args.spaces else directions_table()
+    print(table.markdown())
+    if args.write:
+        title = ("RoPE coarse start: output spaces and the start (d = 32)" if args.spaces else
+                 "RoPE coarse start: the pair probe's head directions from coarse answers")
+        write_section(title, table.markdown(), command_line(), doc=DOC)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The averaged stages of the coarse-answer RoPE start (learners/positional/coarse.py, docs/positional.md "Coarse
+answers"): each against the truth of a random RoPE layer, on float32 answers where the stage averages rounding, and
+on float64 answers where the stage must be exact."""
+
+import math
+
+import numpy as np
+
+from attnprobe.learners.head.probes import random_orthogonal
+from attnprobe.learners.positional.coarse import (COARSE_STEP, LOGIT_OFFSETS, SETTINGS, coarse_values, log_weights,
+                                                  logit_maps, pair_derivative)
+from attnprobe.learners.positional.heads import STEP, head_directions, match
+from attnprobe.oracles.base import Oracle
+from attnprobe.targets import random_rope_attention
+
+
+def _direction_error(oracle, truth, jacobian, eta):
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal(oracle.d)
+    E = random_orthogonal(oracle.d, rng)[:12]
+    W, _, _ = head_directions(oracle, z, E, settings=SETTINGS, eta=eta * math.sqrt(oracle.d), rank=truth.H,
+                              noise=0.0, rng=rng, jacobian=jacobian)
+    V = truth.value_maps()
+    true = np.stack([V[h] @ z for h in range(truth.H)], axis=1)
+    true /= np.linalg.norm(true, axis=0)
+    return float(np.max(np.linalg.norm(match(true, W) - true, axis=0)))
+
+
+def test_chebyshev_pair_probe_averages_float32_rounding():
+    """On float32 answers the fitted slope gives each head's direction ``V_h z`` far closer than Richardson's three
+    steps (measured 10× at d = 32 in benchmarks/positional_coarse_start.py)."""
+    truth = random_rope_attention(32, 2, 1, seed=5)
+    served = truth.with_dtype("float32")  # computed in float32, as a served module
+    oracle = Oracle(served, 32, precision="float32")
+    fitted = _direction_error(oracle, truth, pair_derivative, COARSE_STEP)
+    from attnprobe.learners.positional.heads import pair_jacobian
+
+    richardson = _direction_error(Oracle(served, 32, precision="float32"), truth, pair_jacobian, STEP)
+    assert fitted < 3e-4 and fitted < richardson / 3
+
+
+def test_pair_derivative_is_the_slope_on_float64_answers():
+    truth = random_rope_attention(16, 2, 1, seed=2)
+    oracle = Oracle(truth, 16)
+    assert _direction_error(oracle, truth, pair_derivative, COARSE_STEP) < 1e-8
+
+
+def test_values_averaged_on_float32_answers():
+    truth = random_rope_attention(32, 2, 1, seed=5)
+    oracle = Oracle(truth.with_dtype("float32"), 32, precision="float32")
+    M, c = coarse_values(oracle, np.random.default_rng(0), math.sqrt(32))
+    exact = truth.value_maps().sum(axis=0)
+    assert np.linalg.norm(M - exact) / np.linalg.norm(exact) < 1e-5 and np.abs(c).max() < 1e-5
+
+
+def test_logit_maps_recover_every_offset_from_exact_head_coordinates():
+    """With each head's exact output coordinates and float64 answers, the log-weights, the row spaces, the reduced
+    matrices and the rotation's commutant give ``B_h(δ)`` at offsets measured and beyond (−200)."""
+    d, H = 16, 2
+    truth = random_rope_attention(d, H, 1, seed=3)
+    oracle = Oracle(truth, d)
+    G = np.repeat(truth.Wv, H, axis=0)
+    Wq, Wk, count = logit_maps(oracle, np.random.default_rng(1), truth.Wo, G, np.zeros(d), truth.inv_freq, 1.0)
+    assert count == oracle.queries
+    from attnprobe.models.positional import rotation_matrix
+
+    for h in range(H):
+        for delta in (-1, -7, -200):
+            B = Wq[h].T @ rotation_matrix(float(delta), truth.inv_freq, d // H) @ Wk[h]
+            exact = truth.logit_matrix(h, delta)
+            assert np.linalg.norm(B - exact) / np.linalg.norm(exact) < 1e-6
+
+
+def test_log_weights_are_the_logits_against_a_zero_key():
+    d, H = 16, 2
+    truth = random_rope_attention(d, H, 1, seed=3)
+    rng = np.random.default_rng(0)
+    chosen = LOGIT_OFFSETS[:4] + LOGIT_OFFSETS[-1:]  # 5 keys, the query and the zeros: 7 weights in d_h = 8
+    toks = rng.standard_normal((3, len(chosen) + 1, d))
+    offs = np.tile(chosen, (3, 1))
+    ell = log_weights(Oracle(truth, d), truth.Wo, np.repeat(truth.Wv, H, axis=0), np.zeros(d), toks, offs, 128)
+    for h in range(H):
+        exact = [[toks[b, -1] @ truth.logit_matrix(h, int(o)) @ toks[b, j]
+                  for j, o in enumerate(list(chosen) + [0])] for b in range(3)]
+        assert np.allclose(ell[:, h], exact, atol=1e-8)
