@@ -247,3 +247,16 @@ def test_an_idempotency_key_reused_for_the_same_numbers_in_another_shape_is_a_ne
         assert r1.status_code == r2.status_code == 200
         assert np.array_equal(r2.json()["outputs"], head(X.reshape(1, 4, D)))
         assert httpx.get(srv.url + "/v1/usage", headers=h).json() == {"queries": 3, "budget": None, "replayed": 0}
+
+
+def test_a_sequence_above_the_servers_max_length_is_refused_before_it_is_sent(served):
+    """The served max_length is read from /v1/info: a longer sequence is refused client-side in one line that says
+    which flag to raise, nothing sent or charged (the server would answer 413 after the upload)."""
+    srv, head = served
+    client = HttpOracle(srv.url, KEY)
+    assert client.max_length == 8
+    before = client.usage()["queries"]
+    with pytest.raises(ConfigError, match=r"at most 8 rows.*asks 9.*--max-length \(at least 9\)"):
+        client(np.zeros((2, 9, D)))
+    assert client.usage()["queries"] == before and client.requests == 3  # /v1/info and two /v1/usage only
+    assert np.allclose(client(np.ones((1, 8, D))), head(np.ones((1, 8, D))), rtol=0, atol=1e-12)

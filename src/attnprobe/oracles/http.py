@@ -91,6 +91,9 @@ class HttpOracle:
         server_batch = info.get("max_batch", 1024)
         server_batch = _positive_int(server_batch, f"{self.url}/v1/info says max_batch is {server_batch!r}")
         self.max_batch = min(server_batch, int(max_batch)) if max_batch else server_batch
+        longest = info.get("max_length")
+        self.max_length = None if longest is None else _positive_int(
+            longest, f"{self.url}/v1/info says max_length is {longest!r}")
         self.server_name = str(info.get("name", ""))
         offered = info.get("formats")
         npy_offered = isinstance(offered, list) and "npy" in offered
@@ -118,6 +121,12 @@ class HttpOracle:
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 3 or X.shape[2] != self.d:
             raise ConfigError(f"queries to {self.url} must have shape (B, N, {self.d}); got {X.shape}", param="X")
+        if self.max_length is not None and X.shape[1] > self.max_length:
+            exc = ConfigError(f"{self.url} answers sequences of at most {self.max_length} rows (/v1/info "
+                              f"max_length); this run asks {X.shape[1]}: serve it with a larger --max-length "
+                              f"(at least {X.shape[1]})", param="max_length")
+            exc.charged = 0  # nothing was sent
+            raise exc
         chunks = [X[i:i + self.max_batch] for i in range(0, X.shape[0], self.max_batch)]
         if len(chunks) <= 1 or self.concurrency == 1:
             parts = []
