@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from attnprobe.errors import ConfigError
+from attnprobe.errors import BudgetExceededError, ConfigError
 from attnprobe.learners.positional.rope import extract_positional
 from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, inverse_norm, linear_part,
                                                 sqrt_eps)
@@ -149,3 +149,23 @@ def test_the_ffn_oracle_takes_the_smallest_token_where_the_scale_equation_has_se
     assert np.abs(ffn(V) - true).max() < 1e-10 * np.abs(true).max()  # 5.8e-10 at the large tokens
     kappa = 1 / np.sqrt(np.mean(ffn.token_for(inverse_norm(V[:, 0], blk.eps)) ** 2, axis=1) + blk.eps)
     assert kappa.min() * math.sqrt(blk.eps) > 0.005  # 0.0013 at the large tokens
+
+
+def test_a_served_length_limit_below_the_eps_stage_is_refused_before_any_query(block):
+    """A server publishing max_length 1000 cannot take the ε stage's 1,001-row sequences: refused before the first
+    query, naming --max-length and the length needed (a limit that suffices is not refused)."""
+    from attnprobe.learners.block.learner import extract_block
+
+    class Capped:
+        max_length = 1000  # one row short
+
+        def __call__(self, X):
+            return block(X)
+
+    oracle = Oracle(Capped(), block.d)
+    with pytest.raises(ConfigError, match=r"--max-length 1001 or more") as exc:
+        extract_block(oracle, heads=2, hidden=64)
+    assert exc.value.param == "max_length" and oracle.queries == 0
+    Capped.max_length = 1001  # enough: the run goes on to its plan (here refused by the budget, before a query)
+    with pytest.raises(BudgetExceededError):
+        extract_block(Oracle(Capped(), block.d, budget=10), heads=2, hidden=64)

@@ -27,6 +27,7 @@ from attnprobe.learners.positional.rope import extract_positional
 from attnprobe.learners.smooth_ffn.gated_learner import extract_gated_ffn
 from attnprobe.models.block import TransformerBlock
 from attnprobe.models.gated_ffn import GATED_FAMILIES
+from attnprobe.oracles.wrappers import declared_attribute
 
 METHOD = "block"
 #: lengths of the block's functional check (every position compared)
@@ -65,6 +66,11 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
     if max(oracle.eps, 1e-16) > 1e-15 or not oracle.noise.exact:
         raise UnidentifiableError(f"the block learner reads float64 answers without noise; these answers are "
                                   f"{oracle.precision} or noisy")
+    longest, need = declared_attribute(oracle.fn, "max_length"), max(rational_keys(heads)) + 1
+    if longest is not None and longest < need:
+        raise ConfigError(f"the block learner asks sequences of {need} rows (its ε stage's zero keys); this oracle "
+                          f"answers at most {longest}: serve the block with --max-length {need} or more",
+                          param="max_length")
     run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS,
               check_per_length=CHECK_PER_LENGTH, progress=progress)
     run.plan(block_queries(d, heads, hidden or 4 * d, walk=walk, check=False),
