@@ -163,7 +163,7 @@ def test_a_served_length_limit_below_the_eps_stage_is_refused_before_any_query(b
             return block(X)
 
     oracle = Oracle(Capped(), block.d)
-    with pytest.raises(ConfigError, match=r"--max-length 1001 or more") as exc:
+    with pytest.raises(ConfigError, match=r"max_length of 1001 or more") as exc:
         extract_block(oracle, heads=2, hidden=64)
     assert exc.value.param == "max_length" and oracle.queries == 0
     Capped.max_length = 1001  # enough: the run goes on to its plan (here refused by the budget, before a query)

@@ -69,7 +69,7 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
     longest, need = declared_attribute(oracle.fn, "max_length"), max(rational_keys(heads)) + 1
     if longest is not None and longest < need:
         raise ConfigError(f"the block learner asks sequences of {need} rows (its ε stage's zero keys); this oracle "
-                          f"answers at most {longest}: serve the block with --max-length {need} or more",
+                          f"answers at most {longest}: serve the block with a max_length of {need} or more",
                           param="max_length")
     run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS,
               check_per_length=CHECK_PER_LENGTH, progress=progress)
