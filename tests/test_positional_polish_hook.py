@@ -94,3 +94,14 @@ def test_always_without_a_check_checks_both_and_returns_one_check_counted_apart(
     assert bare.check is not None and bare.check.queries == checks
     assert bare.queries == 100 + n + checks and sum(bare.queries_by_phase.values()) == bare.queries
     assert bare.check.error == min(bare.details["polish"]["check_before"], bare.details["polish"]["check_after"])
+
+
+def test_a_kept_polish_drops_the_learners_failed_check_note():
+    """The learner's check failed (its note says so); the polished model passes a fresh check: the old note no
+    longer describes the result and is dropped, the other notes stay."""
+    truth, oracle, res = _started(1e-4)
+    assert not res.check.passed
+    res.notes = ["learner note", f"functional check FAILED (relative error {res.check.error:.2e}): hint"]
+    polish_extraction(oracle, res, mode="auto", target=1e-9, lengths=LENGTHS, rounds=4)
+    assert res.details["polish"]["kept"] and res.check.passed
+    assert res.notes[0] == "learner note" and not any(n.startswith("functional check") for n in res.notes)

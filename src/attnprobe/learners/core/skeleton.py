@@ -140,8 +140,18 @@ class Run:
         return result
 
 
+#: how the notes of a check that did not pass begin (:func:`_failed`; a learner's own, e.g. per head, too)
+CHECK_NOTE_PREFIXES = ("functional check FAILED", "functional check UNCERTIFIED")
+
+
+def without_check_notes(notes: list[str]) -> list[str]:
+    """``notes`` without those a check that did not pass wrote (:data:`CHECK_NOTE_PREFIXES`): for a result whose
+    model, and so whose check, is replaced afterwards."""
+    return [note for note in notes if not note.startswith(CHECK_NOTE_PREFIXES)]
+
+
 def _failed(check, hint: str) -> str:
     if check.verdict == "uncertified":
-        return f"functional check UNCERTIFIED: {check.describe()}{hint}"
-    return (f"functional check FAILED (relative error {check.error:.2e} > {check.tolerance:.1e}): the recovered "
+        return f"{CHECK_NOTE_PREFIXES[1]}: {check.describe()}{hint}"
+    return (f"{CHECK_NOTE_PREFIXES[0]} (relative error {check.error:.2e} > {check.tolerance:.1e}): the recovered "
             f"model does not describe the oracle{hint}")

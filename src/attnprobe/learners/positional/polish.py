@@ -309,6 +309,7 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
     ``polish check``); ``res.details["polish"]`` and a note say what happened. Returns ``res`` (changed in
     place)."""
     from attnprobe.learners.core.check import functional_check
+    from attnprobe.learners.core.skeleton import without_check_notes
 
     if mode not in POLISH_MODES:
         raise ConfigError(f"polish must be one of {', '.join(POLISH_MODES)}; got {mode!r}", param="polish")
@@ -340,11 +341,11 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
             check = functional_check(oracle, res.model, rng, lengths_checked, per_length)
         new = functional_check(oracle, model, rng, lengths_checked, per_length)
     kept = bool(np.isfinite(new.error) and new.error < check.error)
-    # the result carries one check, counted apart (Extraction); every other query is the extraction's own, the
-    # learner's check included when the polished model replaces the one it checked
+    # the result carries one check, counted apart (Extraction); every other query is the extraction's own: what the
+    # hook asked, plus the check counted apart before, less the check counted apart now
     returned = new if kept else check
-    other = (oracle.queries - before - n - (returned.queries if returned is new or learner_check is None else 0)
-             + (learner_check.queries if kept and learner_check is not None else 0))
+    other = (oracle.queries - before - n + (learner_check.queries if learner_check is not None else 0)
+             - returned.queries)
     res.queries += n + other
     for phase, count in (("polish", n), ("polish check", other)):
         if count:
@@ -355,7 +356,7 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
     if kept:
         res.model = model
         if not check.passed:  # the learner's failed-check note no longer describes the result
-            res.notes = [x for x in res.notes if not x.startswith(("functional check FAILED", "functional check UNC"))]
+            res.notes = without_check_notes(res.notes)
         if not new.passed:
             res.notes.append(f"functional check FAILED after the polish: {new.describe()}")
     res.seconds += time.perf_counter() - t0
