@@ -26,8 +26,8 @@ import time
 
 import numpy as np
 
-from attnprobe.learners.block.learner import FFN_SCALE, extract_block, polish_data
-from attnprobe.learners.block.polish import polish_attention
+from attnprobe.learners.block.learner import FFN_SCALE, extract_block
+from attnprobe.learners.block.polish import polish_attention, polish_data
 from attnprobe.learners.block.refine import refit_data, refit_logits
 from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, linear_part, sqrt_eps)
 from attnprobe.learners.positional.rope import extract_positional

@@ -13,8 +13,6 @@ learned; ε learned. Checked at every position on fresh sequences of lengths 1, 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from attnprobe.errors import ConfigError, UnidentifiableError
@@ -119,25 +117,6 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
 
 #: sequences of the attention's logit refit per model width (:func:`.refine.refit_data`)
 REFIT_PER_D = 8
-#: lengths of the polish's sequences, and sequences per length per 6 model widths
-POLISH_LENGTHS, POLISH_PER_D = (2, 4, 8, 16, 32, 64), 16 / 6
-#: the polish's keys: N(0, POLISH_KEYS²) per coordinate (rms well inside the norm's ball)
-POLISH_KEYS = 0.6
-
-
-def polish_data(att_oracle, query_rms: float, rng) -> list:
-    """Random sequences (keys of rms ≈ :data:`POLISH_KEYS`, the query of rms ``query_rms``) at each of
-    :data:`POLISH_LENGTHS` and the attention oracle's last rows: the polish's data."""
-    d = att_oracle.d
-    n = max(16, math.ceil(POLISH_PER_D * d))
-    data = []
-    for N in POLISH_LENGTHS:
-        Z = rng.standard_normal((n, N, d)) * POLISH_KEYS
-        Z[:, -1] *= query_rms * math.sqrt(d) / np.linalg.norm(Z[:, -1], axis=1, keepdims=True)
-        data.append((Z, att_oracle(Z)))
-    return data
-
-
 def every_position_check(oracle, model, rng, lengths, per_length) -> CheckResult:
     """Every row of fresh N(0, 1) sequences at each length against the model's, relative to the block's own part
     ``y − x`` (the residual removed, so the identity cannot hide an error); the error reported is the worst

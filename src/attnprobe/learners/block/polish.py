@@ -11,6 +11,8 @@ direction LSMR leaves alone (a minimum-norm step).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, lsmr
 
@@ -96,6 +98,26 @@ class RopeLastRow:
         m = self.model
         return PositionalAttention(Wq, Wk, Wv, Wo, bo=m.bo, position="rope", inv_freq=theta, layout="half",
                                    scale=1.0, causal=True)
+
+
+#: lengths of the polish's sequences, and sequences per length per 6 model widths
+POLISH_LENGTHS, POLISH_PER_D = (2, 4, 8, 16, 32, 64), 16 / 6
+#: the polish's keys: N(0, POLISH_KEYS²) per coordinate (rms well inside the norm's ball)
+POLISH_KEYS = 0.6
+
+
+def polish_data(att_oracle, query_rms: float, rng) -> list:
+    """Random sequences (keys of rms ≈ :data:`POLISH_KEYS`, the query of rms ``query_rms``) at each of
+    :data:`POLISH_LENGTHS` and the attention oracle's last rows: the polish's data (measured in
+    benchmarks/block_learner.py; the learner refits the logits instead, :mod:`.refine`)."""
+    d = att_oracle.d
+    n = max(16, math.ceil(POLISH_PER_D * d))
+    data = []
+    for N in POLISH_LENGTHS:
+        Z = rng.standard_normal((n, N, d)) * POLISH_KEYS
+        Z[:, -1] *= query_rms * math.sqrt(d) / np.linalg.norm(Z[:, -1], axis=1, keepdims=True)
+        data.append((Z, att_oracle(Z)))
+    return data
 
 
 def polish_attention(model: PositionalAttention, data: list[tuple[np.ndarray, np.ndarray]], *, rounds: int = ROUNDS,
