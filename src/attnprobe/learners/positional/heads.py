@@ -33,9 +33,6 @@ CP_ROUNDS = 20
 BIASES_REFUSED = ("key or query biases (Qwen2-style) are read by the biased RoPE route (extract_positional with "
                   "key_bias, through the kernel of the value maps), which the positional method tries next")
 
-
-class BiasesSeen(RecoveryError):
-    """The bias-free pair probe saw more than H directions or no separation: the signature of q/k biases."""
 #: largest ratio of the first dropped to the last kept singular value of the pair probe (measured 5e-10 on LLaMA
 #: layers in float64; with key/query biases there is no gap)
 GAP = 1e-5
@@ -104,13 +101,13 @@ def head_directions(layer, z: np.ndarray, E: np.ndarray, *, settings, eta: float
     if s[0] <= floor:
         return None, s, 0
     # the key probe sees H directions with or without biases: its failures are not the biases' signature
-    error, why = (RecoveryError, "a sum of RoPE heads") if jacobian is key_jacobian else (BiasesSeen, BIASES_REFUSED)
+    why = "a sum of RoPE heads" if jacobian is key_jacobian else BIASES_REFUSED
     if rank is None:
         keep = s > 10 * math.sqrt(noise) * s[0]  # finite differences: errors far above the rounding
         rank = int(np.sum(keep))
         if rank == len(s) or rank < len(s) and s[rank] > GAP * s[rank - 1]:
-            raise error(f"moving zero keys changed the answer in {rank} or more directions without a gap (a sum of "
-                        f"RoPE heads shows exactly H); {why}")
+            raise RecoveryError(f"moving zero keys changed the answer in {rank} or more directions without a gap "
+                                f"(a sum of RoPE heads shows exactly H); {why}")
     if rank < 1:
         return None, s, rank
     Ur = U[:, :rank]
@@ -127,8 +124,8 @@ def head_directions(layer, z: np.ndarray, E: np.ndarray, *, settings, eta: float
         if best is None or gap > best[0]:
             best = (gap, np.real(vecs))
     if best is None:
-        raise error("the heads did not separate at the zero-key probe (complex eigenvalues): the answers are not "
-                    f"those of RoPE heads, or two heads weigh their keys alike in every setting; {why}")
+        raise RecoveryError("the heads did not separate at the zero-key probe (complex eigenvalues): the answers are "
+                            f"not those of RoPE heads, or two heads weigh their keys alike in every setting; {why}")
     W = refine_directions(Ds, Ur @ best[1])
     return W, s, rank
 

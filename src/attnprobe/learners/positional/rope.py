@@ -27,8 +27,8 @@ import math
 import numpy as np
 
 from attnprobe.errors import ConfigError, RecoveryError, UnidentifiableError
-from attnprobe.learners.positional.heads import (BIASES_REFUSED, LEVELS, STEP, BiasesSeen, head_directions,
-                                                 key_jacobian, match)
+from attnprobe.learners.positional.heads import (BIASES_REFUSED, LEVELS, STEP, head_directions, key_jacobian,
+                                                 match)
 from attnprobe.learners.positional.rotation import RotaryFactors, factor_rotary
 from attnprobe.learners.core.skeleton import Run
 from attnprobe.learners.head.probes import random_orthogonal
@@ -98,18 +98,19 @@ def attention_weights(Pc: np.ndarray, G: np.ndarray, toks: np.ndarray, Y: np.nda
 
 
 def positional_queries(d: int, H: int, head_dim: int, *, outputs: int | None = None, heads_known: bool = True,
-                       oversample: int = OVERSAMPLE, walk_only: bool = False, walk: int = WALK) -> int:
+                       oversample: int = OVERSAMPLE, walk_only: bool = False, walk: int = WALK,
+                       query_bias: bool = False) -> int:
     """Queries the learner asks (the check apart): values 2d; the pair probe, 2·LEVELS queries per direction and
-    setting, on ``2H + 8`` directions at the first query (32 when H is not given) and ``H + 4`` at each of the
-    ``walk·⌈K/H⌉ + 4`` queries of the walk (``walk_only``: those alone); 8 to calibrate the logits, and the two
-    sketches ``4d(d_h + oversample)``."""
+    setting, on ``2H + 8`` directions at the first query (32 when H is not given; with key biases at most that) and
+    ``H + 4`` at each of the ``walk·⌈K/H⌉ + 4`` queries of the walk (``walk_only``: those alone); 8 to calibrate
+    the logits, and the two sketches ``4d(d_h + oversample)`` (twice with ``query_bias``: ``±z``)."""
     K = outputs or d
     per = 2 * LEVELS * len(SETTINGS)
     first = min(d, 2 * (H if heads_known else 12) + 8)
     if walk_only:  # the walk's queries (a halved step asks its query again)
         return per * (H + 4) * (walk * math.ceil(K / H) + 4)
     return (2 * d + per * first + per * (H + 4) * (walk * math.ceil(K / H) + 4) + 8
-            + 4 * d * (head_dim + oversample))
+            + 4 * d * (head_dim + oversample) * (2 if query_bias else 1))
 
 
 def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None, offsets=OFFSETS,
@@ -128,7 +129,8 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     d = oracle.d
     run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress)
     guess = heads or 8
-    run.plan(positional_queries(d, guess, max(2, d // guess), heads_known=heads is not None, walk=walk),
+    run.plan(positional_queries(d, guess, max(2, d // guess), heads_known=heads is not None, walk=walk,
+                                query_bias=query_bias or key_bias),
              f"the positional learner at d={d}", at_least=heads is None)
     rng = run.rng
     offsets = tuple(sorted({int(o) for o in offsets}, reverse=True))
@@ -222,8 +224,8 @@ def _pair_probe(oracle, M, rng, heads, noise, walk, *, query_rms=None, query_bia
             raise RecoveryError(f"moving one key inside the kernel of the value maps changed the answer in {H} "
                                 f"independent directions (of {len(E)} probed), more than a sum of softmax heads "
                                 "shows: not a sum of RoPE heads with shared keys and values")
-        raise BiasesSeen(f"moving two keys apart changed the answer in {H} independent directions, more than a "
-                         f"sum of softmax heads without biases shows; {BIASES_REFUSED}")
+        raise RecoveryError(f"moving two keys apart changed the answer in {H} independent directions, more than a "
+                            f"sum of softmax heads without biases shows; {BIASES_REFUSED}")
     E = E[: H + 4]
     dirs = [W0]
     z = z0
@@ -321,7 +323,8 @@ def _sketches(oracle, rng, Cb, G, c, offs, r, *, query_rms=None, query_bias=Fals
     bias = keys_even = None
     if query_bias:  # the bias's term is the same for ±z: half the difference is bilinear, the half-sum the bias's
         flip = log_ratios(-Zall, Kall)
-        halves = [(e[:n] + e[n:2 * n]) / 2 for e in (ell, flip)] + [(e[2 * n:3 * n] + e[3 * n:]) / 2 for e in (ell, flip)]
+        halves = [(e[:n] + e[n:2 * n]) / 2 for e in (ell, flip)] + [(e[2 * n:3 * n] + e[3 * n:]) / 2
+                                                                       for e in (ell, flip)]
         keys_even = np.concatenate([Za, -Za, Zb, -Zb]), np.concatenate(halves)
         ell, even = (ell - flip) / 2, (ell + flip) / 2
         bias = rq * ((even[:n] - even[n:2 * n]) / (2 * rho**2)).reshape(d, r, H, m).mean(axis=0)  # (r, H, m)
