@@ -86,12 +86,28 @@ def test_a_wrong_key_bias_fails_the_check(qwen, monkeypatch):
     assert not res.passed and res.check.error > 1e-3
 
 
-def test_biased_layer_without_shared_values_is_refused_naming_the_kernel():
-    """No key/value sharing and H·d_h = d: the value maps see every input, no kernel to move a key in."""
-    truth = reference_model(positional_victim("qwen2", d=32, heads=2, kv_heads=2, seed=1))
-    with pytest.raises(UnidentifiableError, match="kernel 0"):
+@pytest.mark.parametrize("family", ["qwen2", "gpt_neox"])
+def test_biased_layer_with_a_value_map_per_head_read_through_the_zero_query_weights(family):
+    """No key/value sharing and H·d_h = d (no kernel of M): the heads separate by their zero-query weights
+    ``softmax_δ(b_Qᵀ R(δ) b_K)`` (the additive route's pencil); GPT-NeoX: fused q/k/v biases, rotary on 4 of 16."""
+    kw = {"kv_heads": 2} if family == "qwen2" else {"rotary_pct": 0.25}
+    truth = reference_model(positional_victim(family, d=32, heads=2, seed=1, **kw))
+    res = extract_positional(Oracle(truth, 32), heads=2, seed=0, key_bias=True)
+    assert res.passed and "zero-query weights" in res.notes[0]
+    assert function_error_over_lengths(res.model, truth, np.random.default_rng(0), LENGTHS) < 1e-7  # 1.9e-9, 2.0e-9
+
+
+def test_biased_layer_without_a_kernel_or_a_query_bias_is_refused_naming_both():
+    """No kernel of M and no query bias: the zero-query weights are uniform, nothing separates the heads."""
+    from attnprobe.models.positional import PositionalAttention
+    from attnprobe.targets import random_rope_attention
+
+    v = random_rope_attention(32, 2, 2, seed=5)
+    bk = 0.5 * np.random.default_rng(1).standard_normal((2, 16))
+    truth = PositionalAttention(v.Wq, v.Wk, v.Wv, v.Wo, bk=bk, position="rope", inv_freq=v.inv_freq)
+    with pytest.raises(UnidentifiableError, match="rank 32 of d = 32.*did not separate the heads"):
         extract_positional(Oracle(truth, 32), heads=2, seed=0, key_bias=True)
-    with pytest.raises(UnidentifiableError, match="q/k biases.*kernel 0"):  # the route names both
+    with pytest.raises(UnidentifiableError, match="q/k biases.*rank 32 of d = 32"):  # the route names it too
         extract_any_positional(Oracle(truth, 32), heads=2, seed=0, position="rope")
 
 

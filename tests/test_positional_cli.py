@@ -26,11 +26,12 @@ def test_extract_writes_a_model_that_answers_like_the_victim(tmp_path):
 
 def test_biased_layer_is_recovered_and_without_a_value_kernel_refused_in_one_line(tmp_path, capsys):
     """q/k biases with shared keys and values (Qwen2-style GQA): recovered through the value maps' kernel; with
-    H·d_h = d and no sharing there is none: exit 2, one line naming the cause."""
+    H·d_h = d, no sharing and no query bias nothing separates the heads: exit 2, one line naming the cause."""
     rng = np.random.default_rng(1)
     for G, code_expected in ((1, 0), (2, 2)):
         v = random_rope_attention(32, 2, G, seed=5)
-        biased = PositionalAttention(v.Wq, v.Wk, v.Wv, v.Wo, bq=0.5 * rng.standard_normal((2, 16)),
+        bq = 0.5 * rng.standard_normal((2, 16)) if G == 1 else None
+        biased = PositionalAttention(v.Wq, v.Wk, v.Wv, v.Wo, bq=bq,
                                      bk=0.5 * rng.standard_normal((G, 16)), position="rope", inv_freq=v.inv_freq)
         target = save_model(biased, tmp_path / f"qwen{G}.npz")
         out = tmp_path / f"r{G}.npz"
@@ -44,4 +45,4 @@ def test_biased_layer_is_recovered_and_without_a_value_kernel_refused_in_one_lin
             assert np.abs(model(X) - y).max() <= 1e-7 * np.abs(y - biased.output_bias()).max()
         else:
             assert not out.exists() and len(err) == 1 and "Traceback" not in err[0]
-            assert "q/k biases" in err[0] and "value maps have rank 32" in err[0]  # the cause named
+            assert "q/k biases" in err[0] and "value maps have rank 32" in err[0] and "did not separate" in err[0]

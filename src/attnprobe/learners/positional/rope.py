@@ -148,11 +148,15 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     K = M.shape[0]
     if K < 2:
         raise UnidentifiableError("the positional learner reads whole output rows (K ≥ 2 outputs per sequence)")
+    kernel = value_kernel(M, heads) if key_bias else None
     with run.phase("offsets"):
-        dirs, signal = _pair_probe(oracle, M, rng, heads, noise, walk, query_rms=query_rms, query_bias=query_bias,
-                                   kernel=value_kernel(M, heads) if key_bias else None)
-    H = dirs[0].shape[1]
-    Cb, G, dh = _output_spaces(dirs, M, (d // H) if unit_queries else None)
+        if key_bias and kernel is None:  # a value map per head: the zero-query pencil separates them (additive.py)
+            Cb, G, signal = _zero_query_heads(oracle, M, rng, heads, noise)
+        else:
+            dirs, signal = _pair_probe(oracle, M, rng, heads, noise, walk, query_rms=query_rms,
+                                       query_bias=query_bias, kernel=kernel)
+            Cb, G, _ = _output_spaces(dirs, M, (d // dirs[0].shape[1]) if unit_queries else None)
+    H, dh = G.shape[:2]
     with run.phase("logits"):
         Xs, Ys, Om, rho_l, bias, even = _sketches(oracle, rng, Cb, G, c, np.array(offsets), dh + oversample,
                                                   query_rms=query_rms, query_bias=query_bias)
@@ -189,7 +193,8 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
             raise UnidentifiableError(f"the logits do not depend on the offset between positions (‖B_h(−1) − "
                                       f"B_h(0)‖/‖B_h(0)‖ ≤ {max(steps):.1e}); use the multihead learner")
         notes = [f"offset dependence detected: ‖B_h(−1) − B_h(0)‖/‖B_h(0)‖ = {min(steps):.2f} … {max(steps):.2f}; "
-                 "query and key biases read (the heads through the kernel of the value maps)"]
+                 "query and key biases read (the heads through " + ("the kernel of the value maps)" if kernel is
+                                                                     not None else "the zero-query weights)")]
     unknowns = PositionalAttention.unknowns(d, H, len(set(details["kv_groups"])), dh, K, bias=query_bias)
     return run.finish(model, unknowns=unknowns, details=details, notes=notes)
 
@@ -335,18 +340,29 @@ def _sketches(oracle, rng, Cb, G, c, offs, r, *, query_rms=None, query_bias=Fals
     return Xs, Ys, Om, rho, bias, keys_even
 
 
-def value_kernel(M: np.ndarray, heads: int | None) -> np.ndarray:
+def value_kernel(M: np.ndarray, heads: int | None) -> np.ndarray | None:
     """Rows spanning the kernel of ``M = Σ_h V_h`` (exact to float64: length-1 answers hold no softmax rounding),
-    the inputs no head's value map sees; refused when it has fewer than ``H + 4`` dimensions (the key probe of
-    :func:`~.heads.key_jacobian` moves a key inside it: heads sharing keys and values, ``G·d_h < d``)."""
+    the inputs no head's value map sees (the key probe of :func:`~.heads.key_jacobian` moves a key inside it: heads
+    sharing keys and values, ``G·d_h < d``); None when it has fewer than ``H + 4`` dimensions."""
     _, s, Vt = np.linalg.svd(M)
     r = int(np.sum(s > s[0] * 1e-10))
-    need = (heads or 1) + 4
-    if M.shape[1] - r < need:
-        raise UnidentifiableError(f"RoPE with key biases is read through the inputs no value map sees, and these "
-                                  f"value maps have rank {r} of d = {M.shape[1]} (kernel {M.shape[1] - r} < H + 4 = "
-                                  f"{need}: no key/value sharing with G·d_h < d); not supported for this layer")
-    return Vt[r:]
+    return Vt[r:] if M.shape[1] - r >= (heads or 1) + 4 else None
+
+
+def _zero_query_heads(oracle, M, rng, heads, noise):
+    """The heads' output spaces of RoPE with q/k biases and a value map per head (no kernel of ``M`` to probe in):
+    the zero-query Jacobians' pencil of the additive route, whose weights are ``softmax_δ(b_Qᵀ R(δ) b_K)`` here
+    (:func:`~.additive.zero_query_heads`); refused naming both when the biases do not separate the heads."""
+    from attnprobe.learners.positional.additive import zero_query_heads
+
+    r = int(np.linalg.matrix_rank(M, tol=1e-10 * np.linalg.norm(M, 2)))
+    try:
+        Cb, G, signal, _ = zero_query_heads(oracle, M, rng, heads, noise, step=STEP, levels=LEVELS)
+    except (RecoveryError, UnidentifiableError) as exc:
+        raise type(exc)(f"RoPE with key biases: the value maps have rank {r} of d = {M.shape[1]} (no kernel with "
+                        f"H + 4 dimensions to move a key in: no key/value sharing with G·d_h < d), and the "
+                        f"zero-query weights did not separate the heads either: {exc}") from exc
+    return Cb, G, signal
 
 
 def fit_key_bias(f: RotaryFactors, bq: np.ndarray, offsets, Z: np.ndarray, even: np.ndarray) -> np.ndarray:
