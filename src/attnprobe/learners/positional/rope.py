@@ -18,6 +18,11 @@ Identifiable and returned: per head and frequency pair, ``W_Q`` and ``W_K`` up t
 (the returned factors fix one), the frequencies, ``V_h = W_O,h W_V,h`` (returned as ``W_O,h = C_h`` and
 ``W_V,h = G_h``), and ``c`` (as ``b_O``). Heads sharing keys and values (GQA) are returned as independent heads
 (the same function); the groups found are reported.
+
+With q/k biases (``key_bias``: Qwen2) stage 2 moves one key inside the kernel of ``M`` instead of two zero keys apart
+(:func:`~.heads.key_jacobian`: rank H whatever the biases; with a value map per head and no kernel, the additive
+route's zero-query pencil), and stage 4 also returns ``b_Q`` (half-sums over ``±z``) and ``b_K`` (half-sums over
+the keys' signs, :func:`fit_key_bias`) in the factors' gauge; ``b_V`` is a constant of the output, in ``c``.
 """
 
 from __future__ import annotations
