@@ -10,7 +10,7 @@ Each row is stored in ``benchmarks/results/positional_biased.json`` as it is mea
 stored rows into docs/benchmarks/positional.md.
 
     PYTHONPATH=src python benchmarks/positional_biased.py --case qwen2-32-2-1 qwen2-32-2-2 gpt_neox-32-2-2 \
-        qwen2-128-8-2 --write
+        qwen2-128-8-2 --polish auto --write
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ COLUMNS = ["module", "d", "GQA", "heads stage", "sequences: learner + polish", "
            "error ≤ 256: learner", "error ≤ 256: polished", "polish", "check", "seconds"]
 
 
-def measure(name: str, seed: int) -> list:
+def measure(name: str, seed: int, polish: str = "auto") -> list:
     family, d, H, G, kw = CASES[name]
     victim = positional_victim(family, d=d, heads=H, seed=seed, **kw)
     reference = reference_model(victim)
@@ -64,7 +64,7 @@ def measure(name: str, seed: int) -> list:
     stage = "zero-query weights" if "zero-query weights" in " ".join(res.notes) else "key probe in ker M"
     err = function_error_over_lengths(res.model, truth, np.random.default_rng(100 + seed), LENGTHS)
     learner = res.queries
-    polish_extraction(oracle, res, mode="auto", seed=seed)
+    polish_extraction(oracle, res, mode=polish, seed=seed)
     info = res.details["polish"]
     after = function_error_over_lengths(res.model, truth, np.random.default_rng(100 + seed), LENGTHS)
     did = (f"{'kept' if info['kept'] else 'not kept'}: misfit {info['misfit_before']:.1e} → "
@@ -77,10 +77,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--case", nargs="*", default=[], choices=tuple(CASES))
+    ap.add_argument("--polish", default="auto", choices=("auto", "never"), help="the joint polish after the learner")
     ap.add_argument("--write", action="store_true", help="write the stored rows into docs/benchmarks/positional.md")
     args = ap.parse_args()
     for name in args.case:
-        row = measure(name, args.seed)
+        row = measure(name, args.seed, args.polish)
         print(json.dumps({name: row}), flush=True)
         rows = json.loads(STORE.read_text()) if STORE.exists() else {}
         rows[name] = row
@@ -95,7 +96,8 @@ def main() -> None:
         names = " ".join(n for n in CASES if n in rows)
         write_section("Positional: RoPE with q/k/v biases as routed (Qwen2, GPT-NeoX; transformers modules, float64)",
                       table.markdown() + "\n\n" + NOTE,
-                      f"python benchmarks/positional_biased.py --case {names} --write", doc=DOC)
+                      f"python benchmarks/positional_biased.py --case {names} --polish {args.polish} --write",
+                      doc=DOC)
 
 
 NOTE = ("Nothing declared: eight sequences find the zero-query answers spread over the key's position, the additive "
