@@ -26,10 +26,11 @@ import time
 
 import numpy as np
 
-from attnprobe.learners.block.learner import FFN_SCALE, extract_block
+from attnprobe.learners.block.learner import extract_block
 from attnprobe.learners.block.polish import polish_attention, polish_data
 from attnprobe.learners.block.refine import refit_data, refit_logits
-from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, linear_part, sqrt_eps)
+from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, ffn_scale, linear_part,
+                                                sqrt_eps)
 from attnprobe.learners.positional.rope import extract_positional
 from attnprobe.learners.smooth_ffn.gated_learner import extract_gated_ffn
 from attnprobe.models.block import fold_norm_weights
@@ -110,7 +111,7 @@ def gated_through_block(shape, noise: float | None):
         label = f"the true FFN + relative noise {noise:.0e}"
     t = time.perf_counter()
     res = extract_gated_ffn(Oracle(fn, d, outputs=d, precision="float64"), activation="swiglu", hidden=m,
-                            bias=False, scale=FFN_SCALE, check=False)
+                            bias=False, scale=ffn_scale(d), check=False)
     V = np.random.default_rng(9).standard_normal((256, d)) * 0.4
     return (f"d {d}, SwiGLU {m}", label, res.queries, f"{rel(res.model.forward(V), f.mlp(V)):.1e}",
             f"{time.perf_counter() - t:.0f}")

@@ -17,7 +17,8 @@ import numpy as np
 
 from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.block.levers import STEPS, rational_keys
-from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, linear_part, sqrt_eps)
+from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, ffn_scale, linear_part,
+                                                sqrt_eps)
 from attnprobe.learners.block.refine import refit_data, refit_logits
 from attnprobe.learners.core.check import CheckResult, check_tolerance
 from attnprobe.learners.core.skeleton import Run
@@ -31,8 +32,6 @@ METHOD = "block"
 #: lengths of the block's functional check (every position compared)
 CHECK_LENGTHS = (1, 2, 8, 64)
 CHECK_PER_LENGTH = 8
-#: the FFN learner's inputs: standard deviation per coordinate (rms ≈ this, inside the norm's ball)
-FFN_SCALE = 0.35
 #: directions u of the eps stage
 EPS_TOKENS = 2
 
@@ -91,7 +90,7 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
     with run.phase("ffn", absorb=True):
         ffn_oracle = _oracle(FFNThroughBlock(rows, M, eps), d, "the block's FFN")
         ffn = extract_gated_ffn(ffn_oracle, seed=seed, activation=activation, hidden=hidden, bias=False,
-                                scale=FFN_SCALE, check=False)
+                                scale=ffn_scale(d), check=False)
     with run.phase("attention", absorb=True):
         att_fn = AttentionThroughBlock(rows, ffn.model, eps, d)
         att_oracle = _oracle(att_fn, d, "the block's attention")
