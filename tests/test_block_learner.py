@@ -192,3 +192,27 @@ def test_a_served_length_limit_below_the_eps_stage_is_refused_before_any_query(b
     Capped.max_length = 1001  # enough: the run goes on to its plan (here refused by the budget, before a query)
     with pytest.raises(BudgetExceededError):
         extract_block(Oracle(Capped(), block.d, budget=10), heads=2, hidden=64)
+
+
+def test_a_post_norm_block_is_refused_naming_the_cause_and_a_biased_pre_norm_one_as_biased():
+    """A BERT-shaped post-norm block (LayerNorm after each residual, biases) is refused after 3 single tokens as
+    post-norm — its answers stay on the output LayerNorm's surface — while the same block laid out pre-norm with
+    LayerNorm biases grows with its input and is refused for its biases."""
+    import dataclasses
+
+    from attnprobe.errors import UnidentifiableError
+    from attnprobe.learners.block.learner import extract_block
+
+    blk = random_llama_block(16, 2, 1, 32, seed=0)
+    b = np.random.default_rng(2).standard_normal((2, 16)) * 0.1
+    for layout, cause in (("post", "a post-norm block"), ("pre", "it has biases")):
+        victim = dataclasses.replace(blk, layout=layout, norm="layer", norm1_b=b[0], norm2_b=b[1])
+
+        def answers(X, victim=victim):
+            return victim.every_position(X)
+        answers.positions = "positional"  # declared, as a served block does (no queries spent reading it)
+        oracle = Oracle(answers, 16, outputs=16, precision="float64")
+        with pytest.raises(UnidentifiableError, match=cause) as exc:
+            extract_block(oracle, heads=2, hidden=32)
+        assert "\n" not in str(exc.value)
+        assert oracle.queries == 3
