@@ -243,7 +243,8 @@ def main():
                 print(t.markdown(), flush=True)
         else:
             t.add(*gated_through_block(SHAPES[2], None))
-        body = ("The gated FFN learner (SwiGLU, width given, inputs of rms 0.35) through the block's FFN oracle, and "
+        body = ("The gated FFN learner (SwiGLU, width given, inputs of standard deviation ffn_scale(d) per coordinate) "
+                "through the block's FFN oracle, and "
                 "on the true FFN with noise (function error on 256 fresh rows of rms 0.4, relative to the largest "
                 "answer):"
                 "\n\n" + t.markdown())
