@@ -33,7 +33,6 @@ from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroug
 from attnprobe.learners.positional.rope import extract_positional
 from attnprobe.learners.smooth_ffn.gated_learner import extract_gated_ffn
 from attnprobe.models.block import fold_norm_weights
-from attnprobe.models.gated_ffn import GatedFFN
 from attnprobe.oracles import Oracle
 from attnprobe.reports import Table
 from attnprobe.targets.block import random_llama_block
@@ -60,7 +59,7 @@ def sublayer_oracles(shape):
     V = np.random.default_rng(1).standard_normal((256, 1, d)) * 0.4
     true = f.mlp(V[:, 0])
     ffn_err = np.abs(ffn(V) - true).max(axis=1) / np.abs(true).max()
-    truth = GatedFFN(f.W_gate, f.b_gate, f.W_in, f.b_in, f.W_out, f.b_out, "silu")
+    truth = f.ffn
     att = AttentionThroughBlock(o.answer_rows, truth, blk.eps, d)
     Z = np.random.default_rng(2).standard_normal((16, 33, d)) * 0.5
     Z[:, -1] *= att.query_rms * math.sqrt(d) / np.linalg.norm(Z[:, -1], axis=1, keepdims=True)
@@ -123,7 +122,7 @@ def logit_refit(shape, through_block: bool):
     blk = random_llama_block(d, H, G, m)
     f = fold_norm_weights(blk)
     if through_block:
-        truth = GatedFFN(f.W_gate, f.b_gate, f.W_in, f.b_in, f.W_out, f.b_out, "silu")
+        truth = f.ffn
         fn = AttentionThroughBlock(Oracle(blk.every_position, d, outputs=d, precision="float64").answer_rows, truth,
                                    blk.eps, d)
         q, label = fn.query_rms, "through the block (true FFN)"

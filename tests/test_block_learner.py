@@ -12,7 +12,6 @@ from attnprobe.learners.positional.rope import extract_positional
 from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, inverse_norm, linear_part,
                                                 sqrt_eps)
 from attnprobe.models.block import fold_norm_weights
-from attnprobe.models.gated_ffn import GatedFFN
 from attnprobe.oracles import Oracle
 from attnprobe.targets.block import random_llama_block
 
@@ -54,8 +53,7 @@ def test_ffn_and_attention_oracles_answer_like_the_sublayers(block, read):
     assert np.abs(ffn(V) - true).max() < 1e-8 * np.abs(true).max()
     # the attention oracle on the true FFN (v ↦ F(w2 ⊙ v)): every row through the inverse norm (the query's rms
     # just below 1, so it goes in driven out)
-    truth = GatedFFN(f.W_gate, f.b_gate, f.W_in, f.b_in, f.W_out, f.b_out, "silu")
-    att = AttentionThroughBlock(block.every_position, truth, s * s, block.d)
+    att = AttentionThroughBlock(block.every_position, f.ffn, s * s, block.d)
     Z = np.random.default_rng(3).standard_normal((8, 9, block.d)) * 0.3
     Z[:, -1] *= att.query_rms * math.sqrt(block.d) / np.linalg.norm(Z[:, -1], axis=1, keepdims=True)
     want = f.attention.every_position(Z)[:, -1]

@@ -101,8 +101,7 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
         data = refit_data(att_oracle, att_fn.query_rms, att.model.Wq.shape[1], run.rng, REFIT_PER_D * d)
     polished, history = refit_logits(att.model, data)
     f = ffn.model
-    model = TransformerBlock(polished, np.ones(d), np.ones(d), f.Wu, f.W2, W_gate=f.Wg, activation=f.activation,
-                             norm="rms", eps=eps, layout="pre")
+    model = TransformerBlock(polished, f, np.ones(d), np.ones(d), norm="rms", eps=eps, layout="pre")
     details = {"eps": eps, "eps_misfit": misfit, "ffn": {"hidden": f.m, "activation": f.activation,
                                                          "queries": ffn.queries},
                "attention": {k: att.details[k] for k in ("heads", "head_dim", "base_estimate", "kv_groups")
