@@ -6,8 +6,9 @@ the stages measured one by one against the truth, on the same float32 answers th
 Per base step h of the three-level extrapolated second differences (the learner chooses one,
 :func:`attnprobe.learners.smooth_ffn.derivatives.choose_extrapolated_step`): the factor array's relative error
 against the exact one, and the factors ``w2_i ⊗ U w1_i`` of Jennrich's diagonalisation as the learner runs it
-(:func:`attnprobe.learners.smooth_ffn.decompose.factors`), then refined by alternating least squares on the
-compressed core (from the learner's factors, and from the true ones: what the answers support). Then the
+(:func:`attnprobe.learners.smooth_ffn.decompose.factors` without sweeps), then refined by alternating least squares
+(:func:`~attnprobe.learners.smooth_ffn.decompose.refine_factors`: from those factors, as the learner does on coarse
+answers, and from the true ones: what the answers support). Then the
 Jacobian from extrapolated first differences along the coordinates (what a direction stage could read instead of
 second differences), and the Gauss–Newton polish (:func:`attnprobe.learners.smooth_ffn.polish.gauss_newton`)
 started from the true first layer perturbed by 5 % per neuron (whether the polish is the limit).
@@ -22,7 +23,7 @@ import time
 import numpy as np
 
 from attnprobe.learners.smooth_ffn import learner as plain
-from attnprobe.learners.smooth_ffn.decompose import factors
+from attnprobe.learners.smooth_ffn.decompose import factors, refine_factors
 from attnprobe.learners.smooth_ffn.derivatives import Asker, choose_extrapolated_step, richardson, second_derivatives
 from attnprobe.learners.smooth_ffn.polish import gauss_newton, output_layer
 from attnprobe.models.smooth_ffn import ACTIVATIONS, SmoothFFN
@@ -36,27 +37,6 @@ def factor_errors(A: np.ndarray, truth: np.ndarray) -> tuple[float, float, int, 
     cos = np.abs(truth.T @ A)
     err = 1 - cos.max(1)
     return float(np.median(err)), float(err.max()), int(np.sum(err > 1e-2)), len(set(cos.argmax(1))) == A.shape[1]
-
-
-def core_als(T: np.ndarray, A0: np.ndarray, sweeps: int) -> tuple[np.ndarray, float]:
-    """Alternating least squares for ``T ≈ Σ_i A_i ⊗ c_i ⊗ b_i`` on the top-m subspaces of its first and third
-    modes, from the factors ``A0``; returns the factors and the core's relative residual."""
-    KC, E, n = T.shape
-    m = A0.shape[1]
-    P = np.linalg.svd(T.reshape(KC, E * n), full_matrices=False)[0][:, :m]
-    Q = np.linalg.svd(np.transpose(T, (2, 1, 0)).reshape(n, E * KC), full_matrices=False)[0][:, :m]
-    S = np.einsum("ai,aen,nj->eij", P, T, Q, optimize=True)
-    A = P.T @ A0
-    M = (np.linalg.pinv(A) @ S.transpose(1, 0, 2).reshape(m, E * m)).reshape(m, E, m)
-    u, s, vt = np.linalg.svd(M, full_matrices=False)
-    C, B = u[:, :, 0].T * s[:, 0], vt[:, 0, :].T
-    for _ in range(sweeps):
-        A = np.linalg.lstsq((C.T @ C) * (B.T @ B), np.einsum("eab,bi,ei->ia", S, B, C, optimize=True), rcond=None)[0].T
-        B = np.linalg.lstsq((C.T @ C) * (A.T @ A), np.einsum("eab,ai,ei->ib", S, A, C, optimize=True), rcond=None)[0].T
-        C = np.linalg.lstsq((A.T @ A) * (B.T @ B), np.einsum("eab,ai,bi->ie", S, A, B, optimize=True), rcond=None)[0].T
-    res = float(np.linalg.norm(S - np.einsum("ai,ei,bi->eab", A, C, B, optimize=True)) / np.linalg.norm(S))
-    A = P @ A
-    return A / np.linalg.norm(A, axis=0), res
 
 
 def jacobians(ask: Asker, X: np.ndarray, h: float) -> np.ndarray:
@@ -104,9 +84,9 @@ def main() -> None:
         err = np.linalg.norm(T - exact.reshape(T.shape)) / np.linalg.norm(exact)
         A, _ = factors(T, m, np.random.default_rng(1))
         f = factor_errors(A, Atrue)
-        Aals, res = core_als(T, A, args.sweeps)
+        Aals, res = refine_factors(T, A, args.sweeps)
         g = factor_errors(Aals, Atrue)
-        Atr, res_t = core_als(T, Atrue, args.sweeps)
+        Atr, res_t = refine_factors(T, Atrue, args.sweeps)
         print(f"| {h} | {err:.1e} | {f[0]:.1e} / {f[1]:.2f}, {f[2]}, {'yes' if f[3] else 'no'} | {res:.1e}, "
               f"{g[0]:.1e} / {g[1]:.2f}, {g[2]} | {res_t:.1e}, {factor_errors(Atr, Atrue)[1]:.1e} |", flush=True)
     NJ = max(8, math.ceil(3 * m / K))
