@@ -38,6 +38,8 @@ COARSE_SECOND_DIRECTIONS = 8
 #: alternating least-squares sweeps refining the factors on coarse answers (MiniLM layer 2's first 192 units on
 #: float32 answers: factors wrong by more than 1e-2 from 5 to 2 of 192, median 1 − cos from 6e-5 to 6e-6)
 COARSE_SWEEPS = 30
+#: draws of the Jennrich mixtures tried on coarse answers while the refined factors leave a neuron out
+COARSE_ATTEMPTS = 3
 #: points at which ``w1``'s direction is read (each costs 4·C·d queries)
 DIRECTION_POINTS = 3
 #: points beyond the hidden width: n = ⌈POINT_FACTOR·m⌉ + POINT_EXTRA
@@ -125,6 +127,24 @@ def _rich_step(run, ask, h: float, coarse: bool, scale: float) -> tuple[float, f
         return choose_extrapolated_step(ask, ask.d, run.rng, scale)
 
 
+def _factors(T: np.ndarray, m: int, rng: np.random.Generator, coarse: bool) -> tuple[np.ndarray, dict]:
+    """The factors (:func:`.decompose.factors`); on coarse answers refined by least squares, where two columns
+    that land on one neuron leave one out, so up to :data:`COARSE_ATTEMPTS` draws of the mixtures are tried until
+    none is left out (the fewest, then the smallest residual, kept)."""
+    if not coarse:
+        return factors(T, m, rng)
+    best = None
+    for attempt in range(COARSE_ATTEMPTS):
+        A, sep = factors(T, m, rng, sweeps=COARSE_SWEEPS)
+        A = A[:, distinct_columns(A)]
+        sep.update(left_out=m - A.shape[1], factor_attempts=attempt + 1)
+        if best is None or (sep["left_out"], sep["core_residual"]) < (best[1]["left_out"], best[1]["core_residual"]):
+            best = (A, sep)
+        if not sep["left_out"]:
+            break
+    return best
+
+
 def _points(m: int) -> int:
     return max(POINT_MIN, math.ceil(POINT_FACTOR * m) + POINT_EXTRA)
 
@@ -180,10 +200,7 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
         V /= np.linalg.norm(V, axis=1, keepdims=True)
         T = richardson_differences(lambda s: second_derivatives(ask, X[:n], U, V, s),
                                    h if richardson == 1 else h_rich, richardson)
-    A, sep = factors(T.reshape(K * C, E, n), m, rng, sweeps=COARSE_SWEEPS if coarse else 0)
-    if coarse:  # alternating least squares can pull two columns onto one neuron: such neurons are left out
-        A = A[:, distinct_columns(A)]
-        sep["left_out"] = m - A.shape[1]
+    A, sep = _factors(T.reshape(K * C, E, n), m, rng, coarse)
     Ap = np.linalg.pinv(A)
     w2_dirs, _ = split_factors(A, K, C)
     with run.phase("directions"):
