@@ -61,13 +61,16 @@ PROGRESSION = 6
 PROGRESSION_SHRINK = 0.5
 #: the design plane's dimension for progressions (2 left a MiniLM difference unseparated: misfit 2.8e-5)
 ROWS_Q = 3
-#: coarse answers on progressions: design points of each long difference (MiniLM layer 2 float32: 7 progressions
-#: of 6 rows, W_h 8.3e-4, u_h 9.5e-4; 6 gave 1.4e-3, 8 gave 7.3e-4 but 4,448 sequences) and the long differences'
-#: step (1.0, as for two-row queries, did not separate from the column spaces' guesses: misfit 1.3e-2)
-ROWS_DESIGN_COARSE, ROWS_FAR_STEP = 42, 0.5
-#: the share of δ_0 in the long differences ``ROWS_FAR_BASE·δ_0 + ROWS_FAR_STEP·|δ_0|·q_k`` (their fits start from
-#: the column spaces' guesses, not from δ_0's labels): V_h = w_h D⁺ divides a fit's error by the q_k part
-ROWS_FAR_BASE = 1.0
+#: coarse answers on progressions: design points of δ_0 and each short difference (7 progressions of 6 rows)
+ROWS_DESIGN_COARSE = 42
+#: the long differences ``β·δ_0 + step·|δ_0|·q_k`` of coarse answers on progressions, on δ_0's design plane widened
+#: ``width`` times, as ``(β, step, width)``: V_h = w_h D⁺ divides a fit's error by the step, and the fits' errors
+#: fall as the logits spread over the design (MiniLM layer 2 float32, seed 2: V_h 2.9e-4 at (1, 0.5, 1), where
+#: the fit's errors per head follow its linearised covariance); the narrow one is taken where the wide one's probes
+#: would pass ``max_input_norm``
+ROWS_FAR_WIDE, ROWS_FAR_NARROW = (2.0, 1.0, 2.0), (1.0, 0.5, 1.0)
+#: progressions of each long difference
+ROWS_FAR_PROGRESSIONS = 6
 #: directions per sequence of the every-position logits stage, at most, and as a share of K/H (MiniLM: 24, the
 #: K × Hm matrix [V_h x_j] 3/4 full; W_h 8.5e-10 where 16 gave 6.8e-10, with 122 sequences instead of 230)
 ROWS_MAX_TOKENS, ROWS_TOKEN_SHARE = 24, 0.75
@@ -95,6 +98,11 @@ def progression_points(n: int, length: int, q: int) -> int:
     """Progressions per difference δ when every row is read: n design points in all, and at least q + 2
     distinct points of the plane (each head's logit has q + 1 coefficients on it)."""
     return max(q + 2, -(-n // length))
+
+
+def far_progressions(q: int) -> int:
+    """Progressions of each long difference of coarse answers (:data:`ROWS_FAR_PROGRESSIONS`, at least q + 2)."""
+    return max(q + 2, ROWS_FAR_PROGRESSIONS)
 
 
 def design_points(H: int, coarse: bool) -> int:
@@ -465,8 +473,12 @@ class _Separation:
     def progression_design(self, count):
         """``count`` design points t of progressions and the design of their rows ``[t; k]`` (t-major)."""
         t = self.rng.standard_normal((count, self.q)) / np.sqrt(self.q)
+        return t, self.rows_design(t)
+
+    def rows_design(self, t):
+        """The design of the rows ``[t; k]`` (t-major) of progressions at the points ``t``."""
         P = self.length
-        return t, np.concatenate([np.repeat(t, P, axis=0), np.tile(np.arange(P), count)[:, None]], axis=1)
+        return np.concatenate([np.repeat(t, P, axis=0), np.tile(np.arange(P), len(t))[:, None]], axis=1)
 
     def progression_residuals(self, deltas):
         """Rows of ``[b; b + δ; …; b + (P−1)δ]`` at the progression design, minus ``M b + c``: (F, K, n·P)."""
@@ -634,9 +646,11 @@ class _Separation:
         if bases is not None:
             E = np.concatenate(bases, axis=1)
             spans = np.cumsum([0] + [b.shape[1] for b in bases])
+            base, step, wide = self.far_design(Q)
+            if wide:  # the short fits found the spaces; V_h is read from δ_0 and the long ones (module constants)
+                ws, deltas = ws[:1], deltas[:1]
             for k0 in range(0, len(Q), LATE_BATCH):
-                dk = [ROWS_FAR_BASE * self.delta0 + ROWS_FAR_STEP * size * Q[k]
-                      for k in range(k0, min(len(Q), k0 + LATE_BATCH))]
+                dk = [base + step * Q[k] for k in range(k0, min(len(Q), k0 + LATE_BATCH))]
                 coef = np.linalg.lstsq(E, M @ np.stack(dk, axis=1), rcond=None)[0]  # (Σ r_h, F)
                 guesses = [np.stack([bases[h] @ coef[spans[h]:spans[h + 1], f] for h in range(self.H)], axis=1)
                            for f in range(len(dk))]
@@ -649,6 +663,31 @@ class _Separation:
         D = np.stack(deltas, axis=1)
         return _value_maps(np.stack(ws, axis=2), D if len(Q) == self.d else Q.T @ (Q @ D), M, self.eps,
                            final=True)
+
+
+    def far_design(self, Q):
+        """The long differences' design (:data:`ROWS_FAR_WIDE`, else :data:`ROWS_FAR_NARROW`): sets the
+        progressions' points (the first :data:`ROWS_FAR_PROGRESSIONS` of δ_0's, widened) and returns the base
+        ``β·δ_0``, the step ``step·|δ_0|`` of the differences along the rows of ``Q`` and whether it is the wide
+        design."""
+        size, bound = np.linalg.norm(self.delta0), self.layer.oracle.max_input_norm
+        points = self.Tp[:far_progressions(self.q)]
+        for beta, step, width in (ROWS_FAR_WIDE, ROWS_FAR_NARROW):
+            base, t = beta * self.delta0, points * width
+            if bound is None or self.largest_token(t, base, step * size, Q) <= bound:
+                break
+        self.Tp, self.T = t, self.rows_design(t)
+        return base, step * size, (beta, step, width) == ROWS_FAR_WIDE
+
+    def largest_token(self, t, base, step, Q):
+        """The largest token norm of the progressions ``b + j·δ`` (b on the plane at the points ``t``, j < length)
+        along the differences ``δ = base + step·q`` for the rows q of ``Q``."""
+        B = self.b0 + t @ self.Z.T  # (n, d)
+        deltas = base + step * Q  # (F, d)
+        j = np.arange(self.length)[:, None, None]
+        sq = (np.sum(B * B, axis=1)[None, :, None] + 2 * j * (B @ deltas.T)[None]
+              + j**2 * np.sum(deltas * deltas, axis=1)[None, None, :])
+        return float(np.sqrt(max(float(sq.max()), 0.0)))
 
 
 def column_bases(Wv, eps):

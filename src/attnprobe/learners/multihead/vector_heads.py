@@ -211,10 +211,15 @@ def inverse_mean_index(s: np.ndarray, length: int) -> np.ndarray:
 def theta_from_values(w: np.ndarray, R: np.ndarray, T: np.ndarray, clip: float = 1e-6,
                       length: int = 2) -> np.ndarray:
     """Logit parameters from known value vectors: attention weights by least squares, logits (the inverse of the
-    link :func:`mean_index`), affine fit."""
+    link :func:`mean_index`), affine fit weighted by the link's slope at each point (an error in an attention
+    weight moves its logit by 1/slope: near saturation the inverted logits are noise, and an unweighted fit started
+    the long float32 MiniLM differences of a wider design in another minimum, where weighted it starts every one
+    in the right one)."""
     S = np.linalg.lstsq(w, R, rcond=None)[0]  # (H, n)
     top = length - 1
     S = np.clip(S, clip * top, top * (1 - clip))
     L = inverse_mean_index(S, length)
     T1 = np.concatenate([T, np.ones((T.shape[0], 1))], axis=1)
-    return np.linalg.lstsq(T1, L.T, rcond=None)[0].T
+    slope = np.sqrt(mean_index(L, length)[1])  # (H, n)
+    return np.stack([np.linalg.lstsq(T1 * slope[h][:, None], L[h] * slope[h], rcond=None)[0]
+                     for h in range(len(L))])
