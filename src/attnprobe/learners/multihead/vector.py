@@ -71,6 +71,17 @@ ROWS_DESIGN_COARSE = 42
 ROWS_FAR_WIDE, ROWS_FAR_NARROW = (2.0, 1.0, 2.0), (1.0, 0.5, 1.0)
 #: progressions of each long difference
 ROWS_FAR_PROGRESSIONS = 6
+#: coarse answers on progressions: a fit's misfit may be at most this many times its answers' distance from rank H
+#: (MiniLM layer 2 float32: correct fits 4.2e-7 – 8.0e-7; wrong minima 8.9e-6 (seed 3, a short difference),
+#: 7.7e-4 (seed 9: δ_0 and every short difference continued from it) and 1.6e-4 – 1.4e-2, all below the rounding
+#: bound 1e4·eps = 1.2e-3 or near it)
+MISFIT_SPREAD = 3.0
+#: coarse answers on progressions: the first difference's fit is started afresh (new Jacobians) up to this many
+#: times when it misses its tolerance (MiniLM layer 2 float32, seed 7: misfit 1.6e-3 from the first start)
+FIRST_RETRIES = 2
+#: coarse answers on progressions: rounds of long differences, each asking fresh directions for the fits of the
+#: round before that fell into other minima (MiniLM layer 2 float32: 1 of 384 in seeds 5 and 9)
+FAR_ROUNDS = 3
 #: directions per sequence of the every-position logits stage, at most, and as a share of K/H (MiniLM: 24, the
 #: K × Hm matrix [V_h x_j] 3/4 full; W_h 8.5e-10 where 16 gave 6.8e-10, with 122 sequences instead of 230)
 ROWS_MAX_TOKENS, ROWS_TOKEN_SHARE = 24, 0.75
@@ -336,6 +347,7 @@ def _separate_and_learn(oracle, run, layer, rng, rho, *, ratio, eps, coarse, hea
                "heads": H, "outputs": K, "token_norm": rho,
                "nonlinearity": ratio, "route": route, "W_rank": w_ranks,
                "differences": sep.count, "separation_misfit": sep.worst, "restarts": sep.restarts,
+               "dropped": sep.dropped,
                "tokens_per_query": tokens,
                "smallest_attention": smallest, "head_rank": _ranks(V),
                "largest_probe_norm": float(oracle.max_input_norm_used), "check_scale": sep.s,
@@ -441,7 +453,7 @@ class _Separation:
         self.tol = _fit_tolerance(eps)
         self.delta0 = rng.standard_normal(d) * self.s
         self.H = self.n = None
-        self.count, self.worst, self.restarts = 0, 0.0, 0
+        self.count, self.worst, self.restarts, self.dropped = 0, 0.0, 0, 0
         self.value_rank = d
         self.fallback = None  # why progressions were left for two-row queries
 
@@ -512,9 +524,16 @@ class _Separation:
                       for h in range(self.H)])
         starts = [np.concatenate([fit0.theta[:, :-1], e[:, None], fit0.theta[:, -1:]], axis=1),
                   theta_from_values(fit0.w, R0, self.T, length=P)]
+        tol = float(self.tolerances(R0[None])[0])
         for start in starts:
             fit = fit_delta(R0, self.T, M @ self.delta0, start, length=P)
-            if fit.residual <= self.tol:
+            if fit.residual <= tol:
+                return fit
+        if self.coarse:  # both starts fell into other minima: Jennrich's start on the progressions (new queries)
+            self.restarts += 1
+            fit = self.from_scratch(self.delta0, R0, self.T, P)
+            fit = relabel(fit, fit0.w, fit.w)
+            if fit.residual <= tol:
                 return fit
         self.rows, self.length, self.fallback = False, 2, f"misfit {fit.residual:.1e}"
         self.delta0 = self.delta0 * shrink
@@ -533,9 +552,11 @@ class _Separation:
         w = jennrich(Js[0], Js[1], U, M @ delta)
         return fit_delta(R, T, M @ delta, theta_from_values(w, R, T, length=length), length=length)
 
-    def fits(self, deltas, thetas=None, values=None):
+    def fits(self, deltas, thetas=None, values=None, *, spare=False):
         """Separate a batch of differences, each started from its θ, or from guesses of its value vectors
-        ``values`` (K, H) each (:func:`theta_from_values`); restarted from scratch if that fails."""
+        ``values`` (K, H) each (:func:`theta_from_values`), judged by :meth:`tolerances`; a fit above it is
+        restarted from scratch, or, ``spare`` (the difference can be replaced by another), dropped: None in its
+        place."""
         n, P = self.n, self.length
         if self.rows:
             Rs = self.progression_residuals(deltas)
@@ -545,17 +566,42 @@ class _Separation:
         if thetas is None:
             thetas = [theta_from_values(w, Rj, self.T, length=P) for w, Rj in zip(values, Rs)]
         fitted = fit_deltas(Rs, self.T, np.stack(deltas) @ self.layer.M.T, np.stack(thetas), length=P)
+        tols = self.tolerances(Rs)
         out = []
-        for dl, th, Rj, fk in zip(deltas, thetas, Rs, fitted):
-            if fk.residual > self.tol:  # the continuation fell into another minimum: start this δ afresh
+        for dl, th, Rj, fk, tol in zip(deltas, thetas, Rs, fitted, tols):
+            if fk.residual > tol and spare:  # another minimum; this δ only helped find the column spaces
+                self.dropped += 1
+                out.append(None)
+                continue
+            if fk.residual > tol:  # the continuation fell into another minimum: start this δ afresh
                 self.restarts += 1
                 fk = relabel(self.from_scratch(dl, Rj, self.T, P), th.T, None)
-            if fk.residual > self.tol:
+            if fk.residual > tol:
                 raise SeparationError(f"a probe difference did not separate into the {self.H} heads found first "
-                                      f"(misfit {fk.residual:.1e} > {self.tol:.1e}); retry with another seed",
-                                      misfit=fk.residual, tolerance=self.tol)
+                                      f"(misfit {fk.residual:.1e} > {tol:.1e}{self.tolerance_why(tol)}): its fit "
+                                      "landed in another minimum, also from scratch; retry with another seed",
+                                      misfit=fk.residual, tolerance=tol)
             out.append(fk)
         return out
+
+    def tolerances(self, Rs):
+        """The largest misfit a correct fit of each residual block ``Rs (F, K, n)`` may have. Coarse answers on
+        progressions: :data:`MISFIT_SPREAD` times the block's distance from rank H (``Σ_h w_h s_hᵀ`` has rank H:
+        what lies beyond is the answers' rounding, which a correct fit leaves and a wrong minimum exceeds), at most
+        the rounding bound ``self.tol``; otherwise ``self.tol``."""
+        Rs = np.asarray(Rs)
+        if not (self.rows and self.coarse):
+            return np.full(len(Rs), self.tol)
+        sv = np.linalg.svd(Rs, compute_uv=False)
+        tail = np.sqrt(np.sum(sv[:, self.H:] ** 2, axis=1) / np.maximum(np.sum(sv**2, axis=1), 1e-300))
+        return np.minimum(self.tol, MISFIT_SPREAD * tail)
+
+    def tolerance_why(self, tol):
+        """How a tolerance from :meth:`tolerances` was set, for a refusal."""
+        if tol < self.tol:
+            return (f", {MISFIT_SPREAD:g}× the answers' distance from rank H={self.H}, their rounding as measured; "
+                    "correct fits stay below it")
+        return ", the answers' rounding bound"
 
     def directions(self):
         """The directions q_k of the differences ``δ_k = δ_0 + step·q_k`` (rows): a random orthogonal basis of
@@ -575,12 +621,18 @@ class _Separation:
         rows = self.rows and not self.coarse
         if rows:  # differences cost a few sequences each: try the column spaces after every few
             batch = 8
+        tol0 = float(self.tolerances(self.R0[None])[0])
         fit0 = self.from_scratch(self.delta0, self.R0, self.T0)
-        if fit0.residual > self.tol:
+        for _ in range(FIRST_RETRIES if self.rows and self.coarse else 0):
+            if fit0.residual <= tol0:
+                break
+            self.restarts += 1  # Jennrich's start from other Jacobians (new queries)
+            fit0 = self.from_scratch(self.delta0, self.R0, self.T0)
+        if fit0.residual > tol0:
             raise SeparationError(f"the heads did not separate along the first probe difference (misfit "
-                                  f"{fit0.residual:.1e} > {self.tol:.1e}): the layer is not a sum of H={self.H} "
-                                  "softmax heads with independent value maps, or its answers are noisier than their "
-                                  "precision", misfit=fit0.residual, tolerance=self.tol)
+                                  f"{fit0.residual:.1e} > {tol0:.1e}{self.tolerance_why(tol0)}): the layer is not a "
+                                  f"sum of H={self.H} softmax heads with independent value maps, or its answers are "
+                                  "noisier than their precision", misfit=fit0.residual, tolerance=tol0)
         if self.rows:  # every row of progressions: the same θ, one more coefficient (k: δᵀW_hδ)
             fit0 = self.start_progressions(fit0)
         if not self.rows:
@@ -634,7 +686,9 @@ class _Separation:
         while bases is None and k0 < len(Q):
             dk = [self.delta0 + SMALL_STEP * size * Q[k] for k in range(k0, min(len(Q), k0 + 8))]
             k0 += len(dk)
-            for dl, fk in zip(dk, self.fits(dk, [fit0.theta] * len(dk))):
+            for dl, fk in zip(dk, self.fits(dk, [fit0.theta] * len(dk), spare=True)):
+                if fk is None:  # a wrong minimum would add a noise direction to a column space: the next q_k
+                    continue
                 fk = relabel(fk, fit0.w, fk.w)
                 self.worst = max(self.worst, fk.residual)
                 ws.append(fk.w)
@@ -649,17 +703,32 @@ class _Separation:
             base, step, wide = self.far_design(Q)
             if wide:  # the short fits found the spaces; V_h is read from δ_0 and the long ones (module constants)
                 ws, deltas = ws[:1], deltas[:1]
-            for k0 in range(0, len(Q), LATE_BATCH):
-                dk = [base + step * Q[k] for k in range(k0, min(len(Q), k0 + LATE_BATCH))]
-                coef = np.linalg.lstsq(E, M @ np.stack(dk, axis=1), rcond=None)[0]  # (Σ r_h, F)
-                guesses = [np.stack([bases[h] @ coef[spans[h]:spans[h + 1], f] for h in range(self.H)], axis=1)
-                           for f in range(len(dk))]
-                for dl, fk in zip(dk, self.fits(dk, values=guesses)):
-                    self.worst = max(self.worst, fk.residual)
-                    ws.append(fk.w)
-                    deltas.append(dl)
-                self.count = len(deltas)
-                report()
+            directions = Q
+            for _ in range(FAR_ROUNDS):
+                dropped = 0
+                for k0 in range(0, len(directions), LATE_BATCH):
+                    dk = [base + step * q for q in directions[k0:k0 + LATE_BATCH]]
+                    coef = np.linalg.lstsq(E, M @ np.stack(dk, axis=1), rcond=None)[0]  # (Σ r_h, F)
+                    guesses = [np.stack([bases[h] @ coef[spans[h]:spans[h + 1], f] for h in range(self.H)],
+                                        axis=1) for f in range(len(dk))]
+                    for dl, fk in zip(dk, self.fits(dk, values=guesses, spare=True)):
+                        if fk is None:
+                            dropped += 1
+                            continue
+                        self.worst = max(self.worst, fk.residual)
+                        ws.append(fk.w)
+                        deltas.append(dl)
+                    self.count = len(deltas)
+                    report()
+                if not dropped:
+                    break
+                # a fit in another minimum: a long difference along a fresh direction of Q's span replaces it
+                fresh = self.rng.standard_normal((dropped, len(Q))) @ Q
+                directions = fresh / np.linalg.norm(fresh, axis=1, keepdims=True)
+            else:
+                raise SeparationError(f"{dropped} long probe difference(s) did not separate into the {self.H} heads "
+                                      f"found first, along {FAR_ROUNDS - 1} rounds of fresh directions too (each "
+                                      "fit's misfit above its tolerance: another minimum); retry with another seed")
         D = np.stack(deltas, axis=1)
         return _value_maps(np.stack(ws, axis=2), D if len(Q) == self.d else Q.T @ (Q @ D), M, self.eps,
                            final=True)
