@@ -56,7 +56,7 @@ def vector_estimate(s: Setting, H: int, K: int) -> QueryCount:
     values = vector.planned_values(d, every_position=s.positions is not None)
     fixed = values + VECTOR_CALIBRATION + VECTOR_LADDER + n0 + restart + vector.HEAD_CHECK_QUERIES + checks
     if rows:
-        tokens = vector.rows_tokens(H, K)
+        tokens = vector.rows_tokens(H, K, coarse)
         logits = len(logits_sequences(d, H, tokens, s.positions == "causal", sketch=not coarse)[0])
         how = f"logits {logits} sequences of every row ({tokens} directions each)"
     else:

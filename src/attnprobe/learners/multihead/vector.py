@@ -28,7 +28,7 @@ from attnprobe.errors import (ConfigError, InputNormError, OracleAnswerError, Or
                               SeparationError, UnidentifiableError)
 from attnprobe.learners.multihead.groups import grouped_numbers, head_groups
 from attnprobe.learners.multihead.vector_heads import (DeltaFit, fit_delta, fit_deltas, inverse_mean_index,
-                                                       jennrich, theta_from_values)
+                                                       jennrich, rank_distance, theta_from_values)
 from attnprobe.learners.multihead.vector_logits import gap_rank, head_attention_errors, learn_logits
 from attnprobe.learners.multihead.vector_rows import learn_logits_rows
 from attnprobe.learners.head.probes import random_orthogonal
@@ -72,10 +72,10 @@ ROWS_FAR_WIDE, ROWS_FAR_NARROW = (2.0, 1.0, 2.0), (1.0, 0.5, 1.0)
 #: progressions of each long difference
 ROWS_FAR_PROGRESSIONS = 6
 #: coarse answers on progressions: a fit's misfit may be at most this many times its answers' distance from rank H
-#: (MiniLM layer 2 float32: correct fits 4.2e-7 – 8.0e-7; wrong minima 8.9e-6 (seed 3, a short difference),
-#: 7.7e-4 (seed 9: δ_0 and every short difference continued from it) and 1.6e-4 – 1.4e-2, all below the rounding
-#: bound 1e4·eps = 1.2e-3 or near it)
-MISFIT_SPREAD = 3.0
+#: (:func:`rank_distance`). Correct fits: MiniLM layer 2 float32 1.06–1.41×, random float32 layers d = 16–64
+#: 1.1–3.1×; wrong minima of MiniLM seeds 3 and 9: 17× (a short difference, misfit 8.9e-6) to 137× and 1.4e3×
+#: (δ_0 and every short difference continued from it, misfit 7.7e-4), all below the rounding bound 1e4·eps = 1.2e-3
+MISFIT_SPREAD = 6.0
 #: coarse answers on progressions: the first difference's fit is started afresh (new Jacobians) up to this many
 #: times when it misses its tolerance (MiniLM layer 2 float32, seed 7: misfit 1.6e-3 from the first start)
 FIRST_RETRIES = 2
@@ -85,6 +85,10 @@ FAR_ROUNDS = 3
 #: directions per sequence of the every-position logits stage, at most, and as a share of K/H (MiniLM: 24, the
 #: K × Hm matrix [V_h x_j] 3/4 full; W_h 8.5e-10 where 16 gave 6.8e-10, with 122 sequences instead of 230)
 ROWS_MAX_TOKENS, ROWS_TOKEN_SHARE = 24, 0.75
+#: the same cap for coarse answers: the value maps' float32 error moves the rows by Σ_h E_h (z_h − z̄), amplified
+#: as [V_h x_j] fills (MiniLM layer 2 float32, seeds 0–9: W_h ≤ 6.6e-4, u_h ≤ 7.1e-4 at 20 (780 sequences); at 24
+#: (528) seed 1 had W_h 1.0e-3, and 4 of 10 seeds had u_h > 1e-3 before every reading was averaged)
+ROWS_MAX_TOKENS_COARSE = 20
 #: fresh queries of the per-head attention check (:func:`head_attention_errors`)
 HEAD_CHECK_QUERIES = 16
 
@@ -121,9 +125,10 @@ def design_points(H: int, coarse: bool) -> int:
     return max(48 if coarse else 20, H + design_dimension(coarse) + 6)
 
 
-def rows_tokens(H: int, K: int) -> int:
+def rows_tokens(H: int, K: int, coarse: bool = False) -> int:
     """Directions per sequence of the every-position logits stage: Hm unknowns ≤ ROWS_TOKEN_SHARE·K per row."""
-    return max(1, min(ROWS_MAX_TOKENS, int(ROWS_TOKEN_SHARE * K) // H))
+    cap = ROWS_MAX_TOKENS_COARSE if coarse else ROWS_MAX_TOKENS
+    return max(1, min(cap, int(ROWS_TOKEN_SHARE * K) // H))
 
 
 def tokens_per_query(H: int, K: int, coarse: bool) -> int:
@@ -310,7 +315,7 @@ def _separate_and_learn(oracle, run, layer, rng, rho, *, ratio, eps, coarse, hea
                             else ""))
         sep.H = H
         sep.n = design or (ROWS_DESIGN_COARSE if rows and coarse else design_points(H, coarse))
-        tokens = int(tokens or (tokens_per_query(H, K, coarse) if rows_kind is None else rows_tokens(H, K)))
+        tokens = int(tokens or (tokens_per_query(H, K, coarse) if rows_kind is None else rows_tokens(H, K, coarse)))
         # (a difference whose continuation fails is restarted with 4H more queries: charged beyond this plan)
         rest = (from_scratch_queries(H) + d * sep.n * (2 if coarse else 1) + (d + 1) * -(-d // tokens)
                 + HEAD_CHECK_QUERIES)
@@ -589,12 +594,9 @@ class _Separation:
         progressions: :data:`MISFIT_SPREAD` times the block's distance from rank H (``Σ_h w_h s_hᵀ`` has rank H:
         what lies beyond is the answers' rounding, which a correct fit leaves and a wrong minimum exceeds), at most
         the rounding bound ``self.tol``; otherwise ``self.tol``."""
-        Rs = np.asarray(Rs)
         if not (self.rows and self.coarse):
             return np.full(len(Rs), self.tol)
-        sv = np.linalg.svd(Rs, compute_uv=False)
-        tail = np.sqrt(np.sum(sv[:, self.H:] ** 2, axis=1) / np.maximum(np.sum(sv**2, axis=1), 1e-300))
-        return np.minimum(self.tol, MISFIT_SPREAD * tail)
+        return np.minimum(self.tol, MISFIT_SPREAD * rank_distance(np.asarray(Rs), self.H))
 
     def tolerance_why(self, tol):
         """How a tolerance from :meth:`tolerances` was set, for a refusal."""
@@ -724,7 +726,7 @@ class _Separation:
                     break
                 directions = self.replacements(directions[dropped], rnd, Q)
             else:
-                raise SeparationError(f"{dropped} long probe difference(s) did not separate into the {self.H} heads "
+                raise SeparationError(f"{len(dropped)} long probe difference(s) did not separate into the {self.H} heads "
                                       f"found first, along {FAR_ROUNDS - 1} rounds of fresh directions too (each "
                                       "fit's misfit above its tolerance: another minimum); retry with another seed")
         D = np.stack(deltas, axis=1)

@@ -126,6 +126,14 @@ class VariableProjection:
         return A, g
 
 
+def rank_distance(Rs: np.ndarray, H: int) -> np.ndarray:
+    """The relative distance of each residual block ``Rs (F, K, n)`` from rank H: ``Σ_h w_h s_hᵀ`` has rank H, so
+    what lies beyond is the answers' rounding (a lower bound of any fit's misfit, which a correct fit exceeds only
+    by its few degrees of freedom and a wrong minimum by far)."""
+    sv = np.linalg.svd(Rs, compute_uv=False)
+    return np.sqrt(np.sum(sv[:, H:] ** 2, axis=1) / np.maximum(np.sum(sv**2, axis=1), 1e-300))
+
+
 def damped_steps(M: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """The steps ``M_f⁻¹ rhs_f`` of a batch of damped normal equations ``M (F, p, p)``, ``rhs (F, p)``; a fit whose
     matrix is singular (a head whose logits do not vary over the design) gets a zero step, which the caller rejects
