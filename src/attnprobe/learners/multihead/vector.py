@@ -726,9 +726,10 @@ class _Separation:
                     break
                 directions = self.replacements(directions[dropped], rnd, Q)
             else:
-                raise SeparationError(f"{len(dropped)} long probe difference(s) did not separate into the {self.H} heads "
-                                      f"found first, along {FAR_ROUNDS - 1} rounds of fresh directions too (each "
-                                      "fit's misfit above its tolerance: another minimum); retry with another seed")
+                raise SeparationError(f"{len(dropped)} long probe difference(s) did not separate into the {self.H} "
+                                      f"heads found first, along {FAR_ROUNDS - 1} rounds of fresh directions too "
+                                      "(each fit's misfit above its tolerance: another minimum); retry with another "
+                                      "seed")
         D = np.stack(deltas, axis=1)
         return _value_maps(np.stack(ws, axis=2), D if len(Q) == self.d else Q.T @ (Q @ D), M, self.eps,
                            final=True)
