@@ -149,7 +149,7 @@ def main():
     for t, err in scale_limit(o, 128, np.random.default_rng(1)):
         x = t * u[:, 0]
         h = x + ref.attention.every_position(ref._norm(t * u, 1))[:, 0]
-        pre = ref._norm(h, 2) @ ref.W_gate.T
+        pre = ref._norm(h, 2) @ ref.ffn.Wg.T
         t2.add(*[f"{t:g}", f"{err:.1e}", f"{np.abs(pre).max():.2f}"])
     t4 = Table(["N", "rel. error of L(X) − L(X') against the attention's difference", "largest difference"])
     for N, err, size in attention_isolated(o, ref, 128, np.random.default_rng(2)):

@@ -1,7 +1,9 @@
 """The positional learners with the joint polish wired in (``--polish auto``, target 1e-9) against the real
-``transformers`` modules (random init, d = 128, 8 heads, d_h = 16, float64 modules, biases N(0, 0.5²) where the
-family has them): per module, sequences asked by the learner and by the polish (its fresh sequences and its
-check), the unknowns, the function's largest error at the last position over sequences of lengths 1 … 256
+``transformers`` modules (random init, d = 128, 8 heads, d_h = 16, biases N(0, 0.5²) where the family has them), per
+family and precision (float64 modules; ``NAME@float32`` / ``NAME@bfloat16``: the module run in that dtype, the
+precision read from its answers, the error measured against the float64 module): sequences asked by the learner and
+by the polish (its fresh sequences and its check), the unknowns, the information limit ⌈unknowns / K⌉ sequences,
+the function's largest error at the last position over sequences of lengths 1 … 256
 (relative to the answers' spread) from the learner's stages alone and after the polish, or the refusal.
 
 Each family's row is stored in ``benchmarks/results/positional_polish.json`` as it is measured (one family per run
@@ -34,8 +36,9 @@ from sections import write_section
 DOC = "positional"
 STORE = Path(__file__).resolve().parent / "results" / "positional_polish.json"
 LENGTHS = (1, 2, 3, 5, 17, 64, 100, 200, 256)
-#: row name -> (family, victim options, answer precision declared, GQA shown)
-CASES = {
+#: row name -> (family, victim options, answer precision declared, GQA shown[, module dtype]); a name ending in
+#: ``@float32`` / ``@bfloat16`` runs the module in that dtype and reads the precision from its answers
+BASE_CASES = {
     "llama": ("llama", {"kv_heads": 2}, "float64", "8/2"),
     "gpt_neox": ("gpt_neox", {"bias_std": 0.0, "rotary_pct": 0.25}, "float64", "8/8"),
     "gpt_neox_biased": ("gpt_neox", {"rotary_pct": 0.25}, "float64", "8/8"),
@@ -48,7 +51,16 @@ LABELS = {"llama": "llama", "gpt_neox": "gpt_neox (no biases, rotary 4 of 16)",
           "gpt_neox_biased": "gpt_neox (biases, rotary 4 of 16)", "t5": "t5 (last row)",
           "bloom": "bloom (float32 softmax)", "qwen2": "qwen2 (biases)",
           "qwen2_given_key": "qwen2 (biases), neutral key from the weights (not a learner)"}
-COLUMNS = ["module", "GQA", "answers", "sequences: learner + polish", "unknowns", "error ≤ 256: learner",
+#: the coarse answers as served: the module itself in float32 / bfloat16
+COARSE = ("float32", "bfloat16")
+CASES = dict(BASE_CASES)
+for _name in ("llama", "qwen2", "gpt_neox", "t5", "bloom"):
+    for _dtype in COARSE:
+        _fam, _kw, _prec, _gqa = BASE_CASES[_name]
+        CASES[f"{_name}@{_dtype}"] = (_fam, _kw, None, _gqa, _dtype)
+        LABELS[f"{_name}@{_dtype}"] = LABELS[_name]
+
+COLUMNS = ["module", "GQA", "answers", "sequences: learner + polish", "unknowns", "limit", "error ≤ 256: learner",
            "error ≤ 256: polished", "polish", "check", "seconds", "result"]
 
 
@@ -70,19 +82,34 @@ def neutral_key(model) -> np.ndarray:
     return -np.linalg.lstsq(model.Wk.reshape(-1, model.d), model.bk.reshape(-1), rcond=None)[0]
 
 
+def unknowns_and_limit(reference) -> tuple[int, int]:
+    """The function's unknowns (biases included where drawn) and the information limit ⌈unknowns / K⌉ sequences
+    (a last-position answer is K numbers)."""
+    r = reference
+    position = {"relative_bias": "t5"}.get(r.position, r.position)
+    n = r.unknowns(r.d, r.H, r.G, r.head_dim, r.outputs, bias=bool(np.any(r.bk) or np.any(r.bq)), position=position,
+                   buckets=r.rel_bias.shape[1] if r.position == "t5" else 32)
+    return n, -(-n // r.outputs)
+
+
 def measure(name: str, seed: int) -> list:
-    family, kw, precision, gqa = CASES[name]
-    victim = positional_victim(family, d=128, heads=8, seed=seed, **kw)
-    truth = Module(victim, reference_model(victim))
-    oracle = Oracle(TorchFunction(victim, 128), 128, precision=precision)
+    family, kw, precision, gqa, *dtype = CASES[name]
+    dtype = dtype[0] if dtype else "float64"
+    victim = positional_victim(family, d=128, heads=8, seed=seed, dtype=dtype, **kw)
+    reference = reference_model(positional_victim(family, d=128, heads=8, seed=seed, **kw))  # the float64 module
+    truth = Module(positional_victim(family, d=128, heads=8, seed=seed, **kw), reference)
+    unknowns, limit = unknowns_and_limit(reference)
+    oracle = Oracle(TorchFunction(victim, 128), 128, precision=precision)  # None: read from the answers
+    shown = (f"{dtype} (module)" if dtype != "float64" else precision + (" (module)" if precision == "float64"
+                                                                          else " softmax (float64 module)"))
     t0 = time.perf_counter()
     try:
         if name == "qwen2_given_key":
-            res = extract_neutral(oracle, neutral_key(reference_model(victim)), heads=8, seed=seed)
+            res = extract_neutral(oracle, neutral_key(reference), heads=8, seed=seed)
         else:
             res = extract_any_positional(oracle, heads=8, seed=seed, polish="never")
     except AttnprobeError as exc:
-        return [LABELS[name], gqa, precision, f"{oracle.queries} + 0", "–", "–", "–", "–", "–",
+        return [LABELS[name], gqa, shown, f"{oracle.queries} + 0", unknowns, limit, "–", "–", "–", "–",
                 round(time.perf_counter() - t0), f"refused: {exc}"]
     err = function_error_over_lengths(res.model, truth, np.random.default_rng(100 + seed), LENGTHS)
     learner = res.queries
@@ -92,9 +119,8 @@ def measure(name: str, seed: int) -> list:
     did = (f"{'kept' if info['kept'] else 'not kept'}: misfit {info['misfit_before']:.1e} → "
            f"{info['misfit_after']:.1e}, {info['rounds']} rounds, {info['seconds']:.0f} s" if info["ran"]
            else f"not run ({info['why']})")
-    return [LABELS[name], gqa, precision + (" (module)" if precision == "float64" else " softmax (float64 module)"),
-            f"{learner} + {res.queries - learner}", res.unknowns, f"{err:.1e}", f"{after:.1e}", did,
-            f"{res.check.verdict} ({res.check.error:.1e})", round(time.perf_counter() - t0),
+    return [LABELS[name], gqa, shown, f"{learner} + {res.queries - learner}", unknowns, limit, f"{err:.1e}",
+            f"{after:.1e}", did, f"{res.check.verdict} ({res.check.error:.1e})", round(time.perf_counter() - t0),
             "; ".join(n for n in res.notes if n.startswith(("position term", "heads sharing")))]
 
 
@@ -114,13 +140,16 @@ def main() -> None:
     table = Table(COLUMNS)
     for name in CASES:
         if name in rows:
-            table.add(*rows[name])
+            row = rows[name]
+            if len(row) == len(COLUMNS) - 1:  # stored before the limit column: add it from the unknowns
+                row = row[:5] + ["–" if row[4] == "–" else -(-int(row[4]) // 128)] + row[5:]
+            table.add(*row)
     print(table.markdown())
     if args.write:
         names = " ".join(n for n in CASES if n in rows)  # the rows may come from several runs: the one command
-        write_section("Positional: the learners with the joint polish (transformers modules, d = 128, 8 heads, "
-                      "float64)", table.markdown(), f"python benchmarks/positional_polish.py --family {names} --write",
-                      doc=DOC)
+        write_section("Positional: the learners with the joint polish (transformers modules, d = 128, 8 heads; "
+                      "per family and precision)", table.markdown(),
+                      f"python benchmarks/positional_polish.py --family {names} --write", doc=DOC)
 
 
 if __name__ == "__main__":

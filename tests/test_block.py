@@ -1,6 +1,8 @@
 """Whole blocks (docs/block.md): the numpy model against transformers' layer modules, its gauges (what the answers
 cannot fix), the repeated-token lever, files and bad input."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ pytest.importorskip("transformers")
 from attnprobe.errors import ConfigError  # noqa: E402
 from attnprobe.models import load_model, save_model  # noqa: E402
 from attnprobe.models.block import TransformerBlock, flip_post_norm_sign, fold_norm_weights  # noqa: E402
+from attnprobe.models.smooth_ffn import SmoothFFN  # noqa: E402
 from attnprobe.oracles.hf_block import block_model, hf_block, oracle_from_hf_block  # noqa: E402
 from hf_models import tiny_family_dir  # noqa: E402
 
@@ -49,7 +52,7 @@ def test_the_model_answers_like_the_layer_module_at_every_position(tmp_path, fam
         X = rng.standard_normal((3, N, v.d))
         assert _rel(m(X), _answers(v, X)) <= 1e-12, N
     # a wrong part is seen: the norm weights of the second norm off by 1e-6
-    wrong = TransformerBlock(**{**m._fields(), "norm2_w": m.norm2_w * (1 + 1e-6)})
+    wrong = replace(m, norm2_w=m.norm2_w * (1 + 1e-6))
     assert _rel(wrong(X), _answers(v, X)) > 1e-9
 
 
@@ -98,7 +101,8 @@ def test_norm_weights_fold_into_the_next_projections(tmp_path, family):
     m = block_model(_victim(tmp_path, family))
     f = fold_norm_weights(m)
     X = np.random.default_rng(5).standard_normal((3, 8, m.d))
-    assert np.all(f.norm1_w == 1) and np.all(f.norm2_w == 1) and not np.allclose(f.W_in, m.W_in)
+    up = "Wu" if m.gated else "W1"
+    assert np.all(f.norm1_w == 1) and np.all(f.norm2_w == 1) and not np.allclose(getattr(f.ffn, up), getattr(m.ffn, up))
     assert _rel(f(X), m(X)) <= 1e-13
     with pytest.raises(ConfigError, match="do not fold"):
         fold_norm_weights(block_model(_victim(tmp_path, "bert")))
@@ -110,12 +114,11 @@ def test_post_norm_sign_gauge_and_the_ones_direction(tmp_path):
     flipped = flip_post_norm_sign(m)
     assert _rel(flipped(X), m(X)) <= 1e-14 and np.allclose(flipped.norm2_w, -m.norm2_w)
     # the last norm's bias is not part of the gauge: flipping it too changes the answers
-    wrong = TransformerBlock(**{**flipped._fields(), "norm2_b": -m.norm2_b})
+    wrong = replace(flipped, norm2_b=-m.norm2_b)
     assert _rel(wrong(X), m(X)) > 1e-3
-    # a LayerNorm ignores the ones direction of its input: W_out + 1 vᵀ, b_out + c 1 answer the same
+    # a LayerNorm ignores the ones direction of its input: W2 + 1 vᵀ, b2 + c 1 answer the same
     v = np.random.default_rng(7).standard_normal(m.m)
-    shifted = TransformerBlock(**{**m._fields(), "W_out": m.W_out + np.outer(np.ones(m.d), v),
-                                  "b_out": m.b_out + 0.7})
+    shifted = replace(m, ffn=replace(m.ffn, W2=m.ffn.W2 + np.outer(np.ones(m.d), v), b2=m.ffn.b2 + 0.7))
     assert _rel(shifted(X), m(X)) <= 1e-12
 
 
@@ -138,12 +141,32 @@ def test_files_dtypes_and_bad_input(tmp_path):
     assert back.positions == "positional" and back(X).shape == (2, 5, m.d)
     r32 = _rel(m.with_dtype("float32")(X), m(X))
     assert 1e-9 < r32 < 1e-4
+    with pytest.raises(ConfigError) as exc:  # an FFN that does not map d numbers to d
+        replace(m, ffn=SmoothFFN(m.ffn.Wu, m.ffn.bu, m.ffn.W2[:-1], m.ffn.b2[:-1], "gelu"))
+    assert exc.value.param == "ffn"
     with pytest.raises(ConfigError) as exc:
-        TransformerBlock(**{**m._fields(), "W_out": m.W_out[:, :-1]})
-    assert exc.value.param == "W_in"
+        replace(m, ffn=m.ffn.arrays())
+    assert exc.value.param == "ffn"
     with pytest.raises(ConfigError) as exc:
-        TransformerBlock(**{**m._fields(), "norm1_b": np.zeros(m.d)})
+        replace(m, norm1_b=np.zeros(m.d))
     assert exc.value.param == "norm1_b"
+
+
+def test_a_file_saved_before_the_block_held_its_ffn_model_loads(tmp_path):
+    """Block files once held the FFN flat (``W_in, W_out, W_gate``, absent biases meaning zeros, ``activation``):
+    such a file loads to the same block; one with neither layout is refused naming the missing arrays."""
+    m = block_model(_victim(tmp_path, "llama"))
+    f = m.ffn
+    flat = {k: v for k, v in m.arrays().items() if k != "ffn" and not k.startswith("ffn_")}
+    flat.update(W_in=f.Wu, W_out=f.W2, W_gate=f.Wg, activation=f.arrays()["activation"])
+    np.savez(tmp_path / "old.npz", kind=np.asarray(m.kind), **flat)
+    X = np.random.default_rng(10).standard_normal((2, 5, m.d))
+    back = load_model(tmp_path / "old.npz")
+    assert back.gated and np.array_equal(back(X), m(X))
+    del flat["W_in"]
+    np.savez(tmp_path / "bad.npz", kind=np.asarray(m.kind), **flat)
+    with pytest.raises(ConfigError, match="needs arrays.*ffn"):
+        load_model(tmp_path / "bad.npz")
 
 
 def test_block_oracle_answers_every_position(tmp_path):

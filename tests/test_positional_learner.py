@@ -38,6 +38,19 @@ def test_llama_gqa_is_recovered_at_every_length_up_to_256():
     assert est.low == est.queries <= result.queries + result.check.queries <= est.high
 
 
+def test_interleaved_layout_victim_is_recovered():
+    """GPT-J's layout (pair k = coordinates (2k, 2k+1)) is another basis of the same pairs: the learner finds the
+    pairs from the answers, so the function comes back as well as for rotate-half."""
+    import dataclasses
+
+    truth = dataclasses.replace(reference_model(positional_victim("llama", d=32, heads=2, kv_heads=1, seed=1)),
+                                layout="interleaved")
+    result = extract_positional(Oracle(truth, 32), heads=2, seed=0)
+    assert result.passed and result.check.error < 1e-8
+    assert _rel(result.model, truth, np.random.default_rng(2)) < 1e-8
+    assert np.allclose(np.sort(result.details["theta"])[::-1], truth.inv_freq, rtol=1e-6)
+
+
 def test_rotation_factors_from_offsets_at_head_dim_128():
     """d_h = 128, base 1e4: the pair bases from two offsets alone crowd the low frequencies (gap 1.8e-5); the
     combination of steps keeps B(δ) for δ up to 4096 at the matrices' own accuracy."""

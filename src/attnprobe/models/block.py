@@ -3,8 +3,9 @@
 
 Three layouts, with ``n1``, ``n2`` RMSNorm or LayerNorm with their weights (and LayerNorm's bias), ``A`` the
 attention sublayer (:class:`~attnprobe.models.positional.PositionalAttention`: RoPE + GQA, or no position term)
-and ``F`` the FFN (plain ``W_out σ(W_in x + b_in) + b_out`` or gated ``W_out (σ(W_gate x + b_gate) ⊙ (W_in x +
-b_in)) + b_out``), applied row by row:
+and ``F`` the FFN (:class:`~attnprobe.models.smooth_ffn.SmoothFFN` ``W2 σ(W1 x + b1) + b2`` or
+:class:`~attnprobe.models.gated_ffn.GatedFFN` ``W2 (σ(Wg x + bg) ⊙ (Wu x + bu)) + b2``, d outputs), applied row by
+row:
 
 - ``pre`` (LLaMA, Qwen2, Mistral; GPT-NeoX with ``use_parallel_residual=False``):
   ``h = x + A(n1(X))``, ``y = h + F(n2(h))``;
@@ -16,21 +17,25 @@ b_in)) + b_out``), applied row by row:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
 
 from attnprobe._validation import as_batch, real_array
 from attnprobe.errors import ConfigError
+from attnprobe.models.gated_ffn import GatedFFN
 from attnprobe.models.positional import PositionalAttention
 from attnprobe.models.precision import resolve_dtype
-from attnprobe.models.smooth_ffn import ACTIVATION_CODES, ACTIVATIONS, activation
+from attnprobe.models.smooth_ffn import SmoothFFN
 
 #: norm kinds and block layouts, stored in model files as their index
 NORMS = ("rms", "layer")
 BLOCK_LAYOUTS = ("pre", "parallel", "post")
+#: the FFN models a block may hold, stored in model files as their index (array ``ffn``)
+BLOCK_FFNS = (SmoothFFN, GatedFFN)
 _ATTN = "attn_"  # prefix of the attention's arrays in a block's file
+_FFN = "ffn_"  # prefix of the FFN's arrays
 
 
 def normalize(x: np.ndarray, kind: str, weight: np.ndarray, bias: np.ndarray | None, eps: float) -> np.ndarray:
@@ -45,25 +50,18 @@ def normalize(x: np.ndarray, kind: str, weight: np.ndarray, bias: np.ndarray | N
 
 @dataclass(frozen=True)
 class TransformerBlock:
-    """A block (module docstring): ``attention``, the norms ``norm1_w, norm1_b, norm2_w, norm2_b`` (biases ``None``
-    for RMSNorm), the FFN ``W_in (m, d), b_in (m,), W_out (d, m), b_out (d,)`` and, gated, ``W_gate (m, d),
-    b_gate (m,)`` (zeros for absent biases), ``activation`` one of the smooth activations, ``layout``.
+    """A block (module docstring): ``attention``, ``ffn`` (a smooth or gated FFN from d to d numbers), the norms
+    ``norm1_w, norm1_b, norm2_w, norm2_b`` (biases ``None`` for RMSNorm), ``layout``.
 
     As an oracle it answers every position: ``X (B, N, d) ↦ (B, N, d)`` (a served block returns every row).
     """
 
     attention: PositionalAttention
+    ffn: SmoothFFN | GatedFFN
     norm1_w: np.ndarray
     norm2_w: np.ndarray
-    W_in: np.ndarray
-    W_out: np.ndarray
     norm1_b: np.ndarray | None = None
     norm2_b: np.ndarray | None = None
-    b_in: np.ndarray | None = None
-    b_out: np.ndarray | None = None
-    W_gate: np.ndarray | None = None
-    b_gate: np.ndarray | None = None
-    activation: str = "silu"
     norm: str = "rms"
     eps: float = 1e-6
     layout: str = "pre"
@@ -77,47 +75,35 @@ class TransformerBlock:
         if self.attention.outputs != d:
             raise ConfigError(f"a block's attention must answer d = {d} numbers (the residual adds them); "
                               f"got {self.attention.outputs}", param="attention")
+        if not isinstance(self.ffn, BLOCK_FFNS):
+            raise ConfigError("ffn must be a SmoothFFN or a GatedFFN", param="ffn")
+        if (self.ffn.d, self.ffn.outputs) != (d, d):
+            raise ConfigError(f"a block's FFN must map d = {d} numbers to d (the residual adds them); got "
+                              f"{self.ffn.d} → {self.ffn.outputs}", param="ffn")
         if self.norm not in NORMS:
             raise ConfigError(f"unknown norm {self.norm!r}; choose one of {', '.join(NORMS)}", param="norm")
         if self.layout not in BLOCK_LAYOUTS:
             raise ConfigError(f"unknown block layout {self.layout!r}; choose one of {', '.join(BLOCK_LAYOUTS)}",
                               param="layout")
-        activation(self.activation)
         resolve_dtype(self.dtype)
         if not (isinstance(self.eps, (int, float)) and self.eps >= 0):
             raise ConfigError(f"eps must be a number ≥ 0; got {self.eps!r}", param="eps")
-        W_in, W_out = real_array("W_in", self.W_in, 2), real_array("W_out", self.W_out, 2)
-        m = W_in.shape[0]
-        if W_in.shape != (m, d) or W_out.shape != (d, m) or m < 1:
-            raise ConfigError(f"W_in must be (m, {d}) and W_out ({d}, m); got {W_in.shape}, {W_out.shape}",
-                              param="W_in")
-        arrays = {"W_in": W_in, "W_out": W_out}
-        if self.W_gate is not None:
-            arrays["W_gate"] = real_array("W_gate", self.W_gate, 2)
-            if arrays["W_gate"].shape != (m, d):
-                raise ConfigError(f"W_gate must have the shape of W_in {(m, d)}; got {arrays['W_gate'].shape}",
-                                  param="W_gate")
-        vectors = {"norm1_w": d, "norm2_w": d, "b_in": m, "b_out": d}
-        if self.W_gate is not None:
-            vectors["b_gate"] = m
-        if self.norm == "layer":
-            vectors.update(norm1_b=d, norm2_b=d)
-        for name, n in vectors.items():
-            value = getattr(self, name)
-            arr = np.zeros(n) if value is None else real_array(name, value, 1)
-            if arr.shape != (n,):
-                raise ConfigError(f"{name} must have {n} numbers; got shape {arr.shape}", param=name)
-            arrays[name] = arr
+        names = ("norm1_w", "norm2_w") + (("norm1_b", "norm2_b") if self.norm == "layer" else ())
         for name in ("norm1_b", "norm2_b"):
             if self.norm == "rms" and getattr(self, name) is not None:
                 raise ConfigError(f"an RMSNorm has no bias; drop {name}", param=name)
-        for name, arr in arrays.items():
+        for name in names:
+            value = getattr(self, name)
+            arr = np.zeros(d) if value is None else real_array(name, value, 1)
+            if arr.shape != (d,):
+                raise ConfigError(f"{name} must have {d} numbers; got shape {arr.shape}", param=name)
             arr = np.array(arr, dtype=np.float64)
             arr.setflags(write=False)
             object.__setattr__(self, name, arr)
         object.__setattr__(self, "eps", float(self.eps))
-        if self.attention.dtype != self.dtype:
-            object.__setattr__(self, "attention", self.attention.with_dtype(self.dtype))
+        for part in ("attention", "ffn"):
+            if getattr(self, part).dtype != self.dtype:
+                object.__setattr__(self, part, getattr(self, part).with_dtype(self.dtype))
 
     # ------------------------------------------------------------------------------------------- shape
     @property
@@ -126,7 +112,8 @@ class TransformerBlock:
 
     @property
     def m(self) -> int:
-        return self.W_in.shape[0]
+        """The FFN's hidden width."""
+        return self.ffn.m
 
     @property
     def outputs(self) -> int:
@@ -134,7 +121,12 @@ class TransformerBlock:
 
     @property
     def gated(self) -> bool:
-        return self.W_gate is not None
+        return isinstance(self.ffn, GatedFFN)
+
+    @property
+    def activation(self) -> str:
+        """The FFN's activation (a gated FFN's gate activation)."""
+        return self.ffn.activation
 
     @property
     def positions(self) -> str:
@@ -150,16 +142,9 @@ class TransformerBlock:
         return normalize(x, self.norm, w, None if b is None else b.astype(x.dtype), self.eps)
 
     def mlp(self, x: np.ndarray) -> np.ndarray:
-        """The FFN on rows ``x (..., d)`` (in ``x``'s dtype)."""
+        """The FFN on rows ``x (..., d)``, computed (each rounding emulated) and returned in ``x``'s dtype."""
         dt = x.dtype
-        act = ACTIVATIONS[self.activation].f
-        up = x @ self.W_in.T.astype(dt) + self.b_in.astype(dt)
-        if self.gated:
-            gate = x @ self.W_gate.T.astype(dt) + self.b_gate.astype(dt)
-            hidden = act(gate.astype(np.float64)).astype(dt) * up
-        else:
-            hidden = act(up.astype(np.float64)).astype(dt)
-        return hidden @ self.W_out.T.astype(dt) + self.b_out.astype(dt)
+        return self.ffn.hidden_in(x, dt) @ self.ffn.W2.T.astype(dt) + self.ffn.b2.astype(dt)
 
     def every_position(self, X: np.ndarray) -> np.ndarray:
         """The block's output at every position: (B, N, d)."""
@@ -181,27 +166,24 @@ class TransformerBlock:
         return self.every_position(X)
 
     def with_dtype(self, dtype: str) -> "TransformerBlock":
-        return TransformerBlock(**{**self._fields(), "dtype": dtype})
-
-    def _fields(self) -> dict:
-        names = ("attention", "norm1_w", "norm2_w", "W_in", "W_out", "norm1_b", "norm2_b", "b_in", "b_out", "W_gate",
-                 "b_gate", "activation", "norm", "eps", "layout", "dtype")
-        return {n: getattr(self, n) for n in names}
+        return replace(self, dtype=dtype)
 
     # -------------------------------------------------------------------------------------------- files
     def arrays(self) -> dict[str, np.ndarray]:
         out = {_ATTN + k: v for k, v in self.attention.arrays().items()}
-        for name in ("norm1_w", "norm2_w", "W_in", "W_out", "b_in", "b_out", "norm1_b", "norm2_b", "W_gate",
-                     "b_gate"):
+        out.update({_FFN + k: v for k, v in self.ffn.arrays().items()})
+        for name in ("norm1_w", "norm2_w", "norm1_b", "norm2_b"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
-        out.update(activation=np.asarray(ACTIVATION_CODES[self.activation]), norm=np.asarray(NORMS.index(self.norm)),
+        out.update(ffn=np.asarray(BLOCK_FFNS.index(type(self.ffn))), norm=np.asarray(NORMS.index(self.norm)),
                    eps=np.asarray(self.eps), layout=np.asarray(BLOCK_LAYOUTS.index(self.layout)))
         return out
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], dtype: str = "float64") -> "TransformerBlock":
-        missing = {"norm1_w", "norm2_w", "W_in", "W_out", "activation", "norm", "layout"} - set(arrays)
+        if "ffn" not in arrays and "W_in" in arrays:
+            arrays = {**arrays, **ffn_arrays_of_flat_file(arrays)}
+        missing = {"norm1_w", "norm2_w", "ffn", "norm", "layout"} - set(arrays)
         if missing:
             raise ConfigError(f"a transformer block needs arrays {sorted(missing)}", param="arrays")
 
@@ -211,43 +193,62 @@ class TransformerBlock:
                 raise ConfigError(f"array {name!r} must be an index into {names}; got {i}", param=name)
             return names[i]
 
-        attention = PositionalAttention.from_arrays({k[len(_ATTN):]: v for k, v in arrays.items()
-                                                     if k.startswith(_ATTN)}, dtype=dtype)
-        kw = {k: arrays.get(k) for k in ("norm1_w", "norm2_w", "W_in", "W_out", "norm1_b", "norm2_b", "b_in",
-                                        "b_out", "W_gate", "b_gate")}
-        return cls(attention, **kw, activation=code("activation", tuple(ACTIVATION_CODES)),
+        def part(prefix):
+            return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+        attention = PositionalAttention.from_arrays(part(_ATTN), dtype=dtype)
+        ffn = code("ffn", BLOCK_FFNS).from_arrays(part(_FFN), dtype=dtype)
+        return cls(attention, ffn, arrays["norm1_w"], arrays["norm2_w"], arrays.get("norm1_b"), arrays.get("norm2_b"),
                    norm=code("norm", NORMS), eps=float(np.asarray(arrays.get("eps", 1e-6)).reshape(())),
                    layout=code("layout", BLOCK_LAYOUTS), dtype=dtype)
+
+
+def ffn_arrays_of_flat_file(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The ``ffn``/``ffn_*`` arrays of a block file written before the block held its FFN model (its arrays
+    ``W_in, b_in, W_out, b_out`` and, gated, ``W_gate, b_gate`` beside the block's; absent biases were zeros)."""
+    missing = {"W_out", "activation"} - set(arrays)
+    if missing:
+        raise ConfigError(f"a transformer block needs arrays {sorted(missing)}", param="arrays")
+    m, d = np.shape(arrays["W_in"])[:1], np.shape(arrays["W_out"])[:1]
+    up = {"W": arrays["W_in"], "b": arrays.get("b_in", np.zeros(m))}
+    out = {"W2": arrays["W_out"], "b2": arrays.get("b_out", np.zeros(d)), "activation": arrays["activation"]}
+    if "W_gate" in arrays:
+        ffn = {"Wg": arrays["W_gate"], "bg": arrays.get("b_gate", np.zeros(m)), "Wu": up["W"], "bu": up["b"], **out}
+    else:
+        ffn = {"W1": up["W"], "b1": up["b"], **out}
+    return {"ffn": np.asarray(BLOCK_FFNS.index(GatedFFN if "W_gate" in arrays else SmoothFFN)),
+            **{_FFN + k: v for k, v in ffn.items()}}
 
 
 # ------------------------------------------------------------------------------------------------ gauges
 def fold_norm_weights(block: TransformerBlock) -> TransformerBlock:
     """The same function with the norms' weights 1 and LayerNorm biases 0 (a pre-norm or parallel block): each norm
     feeds only the next projections, so ``w`` folds into their columns and ``b`` into their biases (``W_Q diag(w)``,
-    ``b_Q + W_Q b``; ``W_in diag(w)``, ...). The answers fix only the products: this is the canonical form."""
+    ``b_Q + W_Q b``; the FFN's first layer ``W1 diag(w)``, ``b1 + W1 b``, gated ``Wg`` and ``Wu`` alike). The
+    answers fix only the products: this is the canonical form."""
     if block.layout == "post":
         raise ConfigError("a post-norm block's norms feed the residual too: their weights do not fold",
                           param="layout")
-    a = block.attention
+    a, f = block.attention, block.ffn
     w1, w2 = block.norm1_w, block.norm2_w
     b1 = np.zeros(block.d) if block.norm1_b is None else block.norm1_b
     b2 = np.zeros(block.d) if block.norm2_b is None else block.norm2_b
-    attention = PositionalAttention(**{**a._fields(), "Wq": a.Wq * w1, "Wk": a.Wk * w1, "Wv": a.Wv * w1,
-                                       "bq": a.bq + a.Wq @ b1, "bk": a.bk + a.Wk @ b1, "bv": a.bv + a.Wv @ b1})
+    attention = replace(a, Wq=a.Wq * w1, Wk=a.Wk * w1, Wv=a.Wv * w1,
+                        bq=a.bq + a.Wq @ b1, bk=a.bk + a.Wk @ b1, bv=a.bv + a.Wv @ b1)
+    first = {}
+    for W, b in zip(f.FIRST_LAYER, f.FIRST_BIASES):
+        first.update({W: getattr(f, W) * w2, b: getattr(f, b) + getattr(f, W) @ b2})
     ones, zeros = np.ones(block.d), (None if block.norm == "rms" else np.zeros(block.d))
-    gate = {} if not block.gated else {"W_gate": block.W_gate * w2, "b_gate": block.b_gate + block.W_gate @ b2}
-    return TransformerBlock(**{**block._fields(), "attention": attention, "norm1_w": ones, "norm2_w": ones,
-                               "norm1_b": zeros, "norm2_b": zeros, "W_in": block.W_in * w2,
-                               "b_in": block.b_in + block.W_in @ b2, **gate})
+    return replace(block, attention=attention, ffn=replace(f, **first), norm1_w=ones, norm2_w=ones, norm1_b=zeros,
+                   norm2_b=zeros)
 
 
 def flip_post_norm_sign(block: TransformerBlock) -> TransformerBlock:
     """The same function, another post-norm block: LayerNorm is odd (``LN₀(−u) = −LN₀(u)``), so negating the first
-    norm's weight and bias (``h → −h``), the FFN's input and output (``F'(x) = −F(−x)``: ``W_in``, ``W_gate``,
-    ``W_out``, ``b_out``) and the last norm's weight (not its bias) leaves every answer unchanged."""
+    norm's weight and bias (``h → −h``), the FFN's input and output (``F'(x) = −F(−x)``: its first-layer weights,
+    ``W2`` and ``b2``) and the last norm's weight (not its bias) leaves every answer unchanged."""
     if block.layout != "post" or block.norm != "layer":
         raise ConfigError("the sign gauge is a post-norm LayerNorm block's", param="layout")
-    gate = {} if not block.gated else {"W_gate": -block.W_gate}
-    return TransformerBlock(**{**block._fields(), "norm1_w": -block.norm1_w, "norm1_b": -block.norm1_b,
-                               "norm2_w": -block.norm2_w, "W_in": -block.W_in, "W_out": -block.W_out,
-                               "b_out": -block.b_out, **gate})
+    f = block.ffn
+    ffn = replace(f, W2=-f.W2, b2=-f.b2, **{W: -getattr(f, W) for W in f.FIRST_LAYER})
+    return replace(block, ffn=ffn, norm1_w=-block.norm1_w, norm1_b=-block.norm1_b, norm2_w=-block.norm2_w)

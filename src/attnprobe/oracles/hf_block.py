@@ -20,7 +20,9 @@ import numpy as np
 
 from attnprobe.errors import ConfigError
 from attnprobe.models.block import TransformerBlock
+from attnprobe.models.gated_ffn import GatedFFN
 from attnprobe.models.positional import PositionalAttention, rope_frequencies
+from attnprobe.models.smooth_ffn import SmoothFFN
 from attnprobe.oracles.base import Oracle
 from attnprobe.oracles.hf_attention import DTYPES, additive_mask, load_hf_model
 from attnprobe.oracles.hf_families import LayerSpec, layer_spec, split_projections
@@ -151,13 +153,20 @@ def block_model(victim: HFBlock, dtype: str = "float64") -> TransformerBlock:
     up, down = layer.get_submodule(parts.up), layer.get_submodule(parts.down)
     gate = None if parts.gate is None else layer.get_submodule(parts.gate)
     eps = getattr(n1, "variance_epsilon", getattr(n1, "eps", None))
-    return TransformerBlock(attention, _np(n1.weight), _np(n2.weight), _np(up.weight), _np(down.weight),
-                            norm1_b=_np(getattr(n1, "bias", None)), norm2_b=_np(getattr(n2, "bias", None)),
-                            b_in=_np(up.bias), b_out=_np(down.bias),
-                            W_gate=None if gate is None else _np(gate.weight),
-                            b_gate=None if gate is None else _np(gate.bias),
-                            activation=HF_ACTIVATIONS[spec.config.get("hidden_act", "gelu")], norm=parts.norm,
-                            eps=float(eps), layout=victim.layout, dtype=dtype)
+    ffn = block_ffn(up, down, gate, HF_ACTIVATIONS[spec.config.get("hidden_act", "gelu")])
+    return TransformerBlock(attention, ffn, _np(n1.weight), _np(n2.weight), norm1_b=_np(getattr(n1, "bias", None)),
+                            norm2_b=_np(getattr(n2, "bias", None)), norm=parts.norm, eps=float(eps),
+                            layout=victim.layout, dtype=dtype)
+
+
+def block_ffn(up, down, gate, activation: str) -> SmoothFFN | GatedFFN:
+    """The FFN of a block from its ``nn.Linear`` projections (``gate`` None for a plain FFN; absent biases zeros)."""
+    def bias(linear):
+        return np.zeros(linear.out_features) if linear.bias is None else _np(linear.bias)
+
+    if gate is None:
+        return SmoothFFN(_np(up.weight), bias(up), _np(down.weight), bias(down), activation)
+    return GatedFFN(_np(gate.weight), bias(gate), _np(up.weight), bias(up), _np(down.weight), bias(down), activation)
 
 
 def hf_block(model_dir, block: int, *, dtype: str = "float64") -> HFBlock:

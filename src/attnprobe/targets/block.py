@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from attnprobe.models.block import TransformerBlock
+from attnprobe.models.gated_ffn import GatedFFN
 from attnprobe.targets.positional import random_rope_attention
 
 
@@ -18,6 +19,8 @@ def random_llama_block(d: int = 128, heads: int = 8, kv_heads: int = 2, hidden: 
     attention = random_rope_attention(d, heads, kv_heads, seed=seed, dtype=dtype)
     w1, w2 = (1 + norm_spread * rng.standard_normal(d) for _ in range(2))
     s, t = 1 / math.sqrt(d), 1 / math.sqrt(hidden)
-    return TransformerBlock(attention, w1, w2, rng.standard_normal((hidden, d)) * s,
-                            rng.standard_normal((d, hidden)) * t, W_gate=rng.standard_normal((hidden, d)) * s,
-                            activation="silu", norm="rms", eps=eps, layout="pre", dtype=dtype)
+    W_up = rng.standard_normal((hidden, d)) * s
+    W_down = rng.standard_normal((d, hidden)) * t
+    W_gate = rng.standard_normal((hidden, d)) * s
+    ffn = GatedFFN(W_gate, np.zeros(hidden), W_up, np.zeros(hidden), W_down, np.zeros(d), "silu")
+    return TransformerBlock(attention, ffn, w1, w2, norm="rms", eps=eps, layout="pre", dtype=dtype)

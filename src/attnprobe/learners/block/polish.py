@@ -16,6 +16,7 @@ import math
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, lsmr
 
+from attnprobe.learners.core.descent import keep_if_lower
 from attnprobe.learners.positional.polish import last_row, row_constants
 from attnprobe.models.positional import PositionalAttention
 
@@ -149,11 +150,7 @@ def polish_attention(model: PositionalAttention, data: list[tuple[np.ndarray, np
         step = lsmr(op, -r.numpy(), maxiter=iterations, atol=1e-15, btol=1e-15)[0] * col
         trial = p + torch.as_tensor(step)
         r_new = residual(trial)
-        err = float(r_new.norm()) / scale
-        if not err < history[-1]:
-            break
-        p, r = trial, r_new
-        history.append(err)
-        if err < 1e-14:
+        (p, r), more = keep_if_lower(history, float(r_new.norm()) / scale, (p, r), (trial, r_new), floor=1e-14)
+        if not more:
             break
     return f.to_model(p.numpy()), history

@@ -69,10 +69,24 @@ def positional_estimate(setting) -> QueryCount:
     checks = check_queries(CHECK_LENGTHS) if setting.check else 0
     q = positional_queries(setting.d, H, head_dim, outputs=setting.outputs, walk=walk) + checks
     extra = positional_queries(setting.d, H, head_dim, outputs=setting.outputs, walk_only=True, walk=walk)
-    return with_polish(QueryCount(q, q, q + extra, f"values 2d, the pair probe at 4 settings on walk·⌈K/H⌉ + 5 queries "
-                                       f"(walk = {walk}; up to twice when steps of the walk are halved), logit "
-                                       f"sketches 4d(d_h + 8) with d_h = {head_dim}, check {checks}"), setting, H,
+    biased = biased_route_queries(setting.d, H, head_dim, q - checks, outputs=setting.outputs, walk=walk) + checks
+    return with_polish(QueryCount(q, q, max(q + extra, biased + extra),
+                                  f"values 2d, the pair probe at 4 settings on walk·⌈K/H⌉ + 5 queries "
+                                  f"(walk = {walk}; up to twice when steps of the walk are halved), logit "
+                                  f"sketches 4d(d_h + 8) with d_h = {head_dim}, check {checks}; up to {biased} with "
+                                  "q/k biases (the route's probe, a refused attempt, sketches at ±z)"), setting, H,
                        False)
+
+
+def biased_route_queries(d: int, H: int, head_dim: int, bias_free: int, **kw) -> int:
+    """The route's queries on RoPE with q/k biases (:func:`~.route.extract_any_positional`, the check apart): its
+    probe, the attempt that refuses first (the additive plan or the bias-free plan ``bias_free``, at most), and the
+    RoPE learner with ``key_bias`` (:func:`positional_queries` with ``query_bias``)."""
+    from attnprobe.learners.positional.additive import additive_queries
+    from attnprobe.learners.positional.route import PROBE_LENGTH
+
+    return (PROBE_LENGTH + max(additive_queries(d, H, head_dim), bias_free)
+            + positional_queries(d, H, head_dim, query_bias=True, **kw))
 
 
 register("positional", _positional, recovers="positional",

@@ -126,7 +126,7 @@ def extract_additive(oracle, *, heads=None, seed=0, check=True, progress=None, p
     if K < 2:
         raise UnidentifiableError("the positional learner reads whole output rows (K ≥ 2 outputs per sequence)")
     with run.phase("heads"):
-        Cb, G, signal, alphas = _heads(oracle, M, c, rng, heads, noise)
+        Cb, G, signal, alphas = zero_query_heads(oracle, M, rng, heads, noise)
     H, dh = G.shape[:2]
     reader = HeadReader(rows, np.linalg.pinv(Cb).reshape(H, dh, K), G, c)
     with run.phase("bias near"):
@@ -192,26 +192,28 @@ def extract_additive(oracle, *, heads=None, seed=0, check=True, progress=None, p
     return run.finish(model, unknowns=unknowns, details=details, notes=notes)
 
 
-def _jacobian(oracle, N: int, p: int, E: np.ndarray, eta: float) -> np.ndarray:
+def _jacobian(oracle, N: int, p: int, E: np.ndarray, eta: float, levels: int = LEVELS) -> np.ndarray:
     """``J e`` for the rows ``e`` of ``E``: the change of the last-row answer when the keys at the first ``p``
     positions of an all-zero length-``N`` sequence move to ``±ηe``; central differences at η and η/2 combined
     (Richardson). ``J = Σ_h (Σ_{j<p} α_h(j)) V_h``."""
     r, d = E.shape
     table = []
-    for i in range(LEVELS):
+    for i in range(levels):
         step = eta / 2**i
         X = np.zeros((2, r, N, d))
         X[0, :, :p], X[1, :, :p] = step * E[:, None], -step * E[:, None]
         y = oracle(X.reshape(2 * r, N, d)).reshape(2, r, -1)
         table.append((y[0] - y[1]) / (2 * step))
-    for k in range(1, LEVELS):
+    for k in range(1, levels):
         f = 4.0**k
         table = [(f * table[i + 1] - table[i]) / (f - 1) for i in range(len(table) - 1)]
     return table[0].T  # (K, r)
 
 
-def _heads(oracle, M, c, rng, heads, noise):
-    """Stage 2: the heads' output spaces from the zero-query Jacobians (module docstring). Returns the stacked
+def zero_query_heads(oracle, M, rng, heads, noise, *, step: float = STEP, levels: int = LEVELS):
+    """Stage 2: the heads' output spaces from the zero-query Jacobians (module docstring; also RoPE with q/k biases
+    and a value map per head, whose zero-query weights are ``b_Qᵀ R(δ) b_K``'s; there a query bias makes the
+    answer nonlinear in the keys, so a shorter ``step`` and more Richardson ``levels``). Returns the stacked
     ``Cb (K, H·d_h)``, ``G (H, d_h, d)`` with ``V_h = C_h G_h``, the offset signal and each head's zero-query
     weights in every setting."""
     d = oracle.d
@@ -219,9 +221,9 @@ def _heads(oracle, M, c, rng, heads, noise):
     r = int(np.sum(s > s[0] * 1e-10))  # length-1 answers hold no softmax rounding: M is exact to float64
     U = U[:, :r]
     E = random_orthogonal(d, rng)
-    eta = STEP * math.sqrt(d)
+    eta = step * math.sqrt(d)
     Mi = np.linalg.pinv(U.T @ M)
-    Ts = [U.T @ _jacobian(oracle, N, p, E, eta) @ E @ Mi for N, p in SETTINGS]  # (r, r) each: C diag(α) C⁺
+    Ts = [U.T @ _jacobian(oracle, N, p, E, eta, levels) @ E @ Mi for N, p in SETTINGS]  # (r, r) each: C diag(α) C⁺
     # the offset signal: how far the weights at the zero query are from uniform over the positions
     signal = max(float(np.linalg.norm(T - np.eye(r) * w / N) / np.linalg.norm(np.eye(r) * w / N))
                  for T, (N, w) in zip(Ts, SETTINGS))  # (a window of w keys: w/N)

@@ -28,10 +28,11 @@ from attnprobe.errors import RecoveryError
 STEP, LEVELS = 1e-2, 3
 #: alternating least-squares rounds that polish Jennrich's directions on every setting at once
 CP_ROUNDS = 20
-#: why a layer with key or query biases is refused (the pair probe needs zero keys of logit 0; docs/positional.md)
-BIASES_REFUSED = ("key or query biases (Qwen2-style) need a neutral key x₀ (W_K x₀ + b_K = 0) behind which the RoPE "
-                  "route reads them (extract_neutral), and finding x₀ from the answers alone is not built (measured: "
-                  "a Gauss–Newton search costs ~18,000 sequences per step at d = 32; docs/positional.md)")
+#: why the bias-free pair probe refuses a layer with key or query biases (it needs zero keys of logit 0;
+#: docs/positional.md): the biased route reads them
+BIASES_REFUSED = ("key or query biases (Qwen2-style) are read by the biased RoPE route (extract_positional with "
+                  "key_bias, through the kernel of the value maps), which the positional method tries next")
+
 #: largest ratio of the first dropped to the last kept singular value of the pair probe (measured 5e-10 on LLaMA
 #: layers in float64; with key/query biases there is no gap)
 GAP = 1e-5
@@ -52,11 +53,37 @@ def pair_jacobian(layer, z: np.ndarray, E: np.ndarray, eta: float, levels: int =
             X[2 * i + j, :, -2] = sgn * step * E  # offset −1
     X[:, :, -1] = z  # the query
     y = layer(X.reshape(2 * levels * r, n, d)).reshape(2 * levels, r, -1)
-    table = [(y[2 * i] - y[2 * i + 1]) / (2 * step) for i, step in enumerate(steps)]
-    for k in range(1, levels):
+    return _richardson([(y[2 * i] - y[2 * i + 1]) / (2 * step) for i, step in enumerate(steps)]).T
+
+
+def key_jacobian(layer, z: np.ndarray, E: np.ndarray, eta: float, levels: int = LEVELS, zeros: int = 0) -> np.ndarray:
+    """``D e`` for the rows ``e`` of ``E`` (r, d), all inside the kernel of ``M = Σ_h V_h``: the first-order change of
+    the answer (K,) when the key at offset −1 moves to ``±ηe`` from zero, query ``z`` last, ``zeros`` more zero keys
+    before it (:func:`pair_jacobian`'s signature and differences). The moved key's value does not change
+    (``V_h e = 0``: ``e`` is in the kernel of every group's ``W_V``, which exists when heads share keys and values,
+    ``G·d_h < d``), and the zero keys' values equal each other, so only the query's weight moves the answer:
+
+        ``D e = −Σ_h α_hN α_h,−1 (V_h z) (W_K,gᵀ R(−1)ᵀ q_h)ᵀ e``  (``q_h = W_Q,h z + b_Q,h``)
+
+    rank H with or without q/k biases (the pair probe's value term ``(α_h,−1 − α_h,−2) V_h e``, full rank when a
+    key bias weighs the zero keys unequally, never arises)."""
+    r, d = E.shape
+    n = 2 + zeros
+    steps = [eta / 2**i for i in range(levels)]
+    X = np.zeros((2 * levels, r, n, d))
+    for i, step in enumerate(steps):
+        X[2 * i, :, -2], X[2 * i + 1, :, -2] = step * E, -step * E
+    X[:, :, -1] = z
+    y = layer(X.reshape(2 * levels * r, n, d)).reshape(2 * levels, r, -1)
+    return _richardson([(y[2 * i] - y[2 * i + 1]) / (2 * step) for i, step in enumerate(steps)]).T
+
+
+def _richardson(table: list) -> np.ndarray:
+    """Central differences at steps η, η/2, … combined to error O(η^(2·levels))."""
+    for k in range(1, len(table)):
         f = 4.0**k
         table = [(f * table[i + 1] - table[i]) / (f - 1) for i in range(len(table) - 1)]
-    return table[0].T
+    return table[0]
 
 
 def head_directions(layer, z: np.ndarray, E: np.ndarray, *, settings, eta: float, rank: int | None, noise: float,
@@ -73,12 +100,14 @@ def head_directions(layer, z: np.ndarray, E: np.ndarray, *, settings, eta: float
     U, s, _ = np.linalg.svd(Ds[0], full_matrices=False)
     if s[0] <= floor:
         return None, s, 0
+    # the key probe sees H directions with or without biases: its failures are not the biases' signature
+    why = "a sum of RoPE heads" if jacobian is key_jacobian else BIASES_REFUSED
     if rank is None:
         keep = s > 10 * math.sqrt(noise) * s[0]  # finite differences: errors far above the rounding
         rank = int(np.sum(keep))
         if rank == len(s) or rank < len(s) and s[rank] > GAP * s[rank - 1]:
-            raise RecoveryError(f"moving two zero keys apart changed the answer in {rank} or more directions without "
-                                f"a gap (a sum of bias-free RoPE heads shows exactly H); {BIASES_REFUSED}")
+            raise RecoveryError(f"moving zero keys changed the answer in {rank} or more directions without a gap "
+                                f"(a sum of RoPE heads shows exactly H); {why}")
     if rank < 1:
         return None, s, rank
     Ur = U[:, :rank]
@@ -96,8 +125,7 @@ def head_directions(layer, z: np.ndarray, E: np.ndarray, *, settings, eta: float
             best = (gap, np.real(vecs))
     if best is None:
         raise RecoveryError("the heads did not separate at the zero-key probe (complex eigenvalues): the answers are "
-                            f"not those of bias-free RoPE heads, or two heads weigh their keys alike in every setting; "
-                            f"{BIASES_REFUSED}")
+                            f"not those of RoPE heads, or two heads weigh their keys alike in every setting; {why}")
     W = refine_directions(Ds, Ur @ best[1])
     return W, s, rank
 

@@ -18,6 +18,11 @@ Identifiable and returned: per head and frequency pair, ``W_Q`` and ``W_K`` up t
 (the returned factors fix one), the frequencies, ``V_h = W_O,h W_V,h`` (returned as ``W_O,h = C_h`` and
 ``W_V,h = G_h``), and ``c`` (as ``b_O``). Heads sharing keys and values (GQA) are returned as independent heads
 (the same function); the groups found are reported.
+
+With q/k biases (``key_bias``: Qwen2) stage 2 moves one key inside the kernel of ``M`` instead of two zero keys apart
+(:func:`~.heads.key_jacobian`: rank H whatever the biases; with a value map per head and no kernel, the additive
+route's zero-query pencil), and stage 4 also returns ``b_Q`` (half-sums over ``±z``) and ``b_K`` (half-sums over
+the keys' signs, :func:`fit_key_bias`) in the factors' gauge; ``b_V`` is a constant of the output, in ``c``.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ import math
 import numpy as np
 
 from attnprobe.errors import ConfigError, RecoveryError, UnidentifiableError
-from attnprobe.learners.positional.heads import BIASES_REFUSED, LEVELS, STEP, head_directions, match
-from attnprobe.learners.positional.rotation import factor_rotary
+from attnprobe.learners.positional.heads import (BIASES_REFUSED, LEVELS, STEP, head_directions, key_jacobian,
+                                                 match)
+from attnprobe.learners.positional.rotation import RotaryFactors, factor_rotary
 from attnprobe.learners.core.skeleton import Run
 from attnprobe.learners.head.probes import random_orthogonal
 from attnprobe.models.positional import PositionalAttention
@@ -99,29 +105,32 @@ def attention_weights(Pc: np.ndarray, G: np.ndarray, toks: np.ndarray, Y: np.nda
 
 
 def positional_queries(d: int, H: int, head_dim: int, *, outputs: int | None = None, heads_known: bool = True,
-                       oversample: int = OVERSAMPLE, walk_only: bool = False, walk: int = WALK) -> int:
+                       oversample: int = OVERSAMPLE, walk_only: bool = False, walk: int = WALK,
+                       query_bias: bool = False) -> int:
     """Queries the learner asks (the check apart): values 2d; the pair probe, 2·LEVELS queries per direction and
-    setting, on ``2H + 8`` directions at the first query (32 when H is not given) and ``H + 4`` at each of the
-    ``walk·⌈K/H⌉ + 4`` queries of the walk (``walk_only``: those alone); 8 to calibrate the logits, and the two
-    sketches ``4d(d_h + oversample)``."""
+    setting, on ``2H + 8`` directions at the first query (32 when H is not given; with key biases at most that) and
+    ``H + 4`` at each of the ``walk·⌈K/H⌉ + 4`` queries of the walk (``walk_only``: those alone); 8 to calibrate
+    the logits, and the two sketches ``4d(d_h + oversample)`` (twice with ``query_bias``: ``±z``)."""
     K = outputs or d
     per = 2 * LEVELS * len(SETTINGS)
     first = min(d, 2 * (H if heads_known else 12) + 8)
     if walk_only:  # the walk's queries (a halved step asks its query again)
         return per * (H + 4) * (walk * math.ceil(K / H) + 4)
     return (2 * d + per * first + per * (H + 4) * (walk * math.ceil(K / H) + 4) + 8
-            + 4 * d * (head_dim + oversample))
+            + 4 * d * (head_dim + oversample) * (2 if query_bias else 1))
 
 
 def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None, offsets=OFFSETS,
                        oversample: int = OVERSAMPLE, walk: int = WALK, query_rms: float | None = None,
-                       query_bias: bool = False):
+                       query_bias: bool = False, key_bias: bool = False):
     """Recover a RoPE attention layer from its last-position output rows (module docstring); ``walk``: queries of
     the pair probe's walk per ⌈K/H⌉ (:data:`WALK`); ``query_rms``: every query token (the last row) of this rms
     exactly, the scales carried by the keys (an oracle behind an RMSNorm, whose queries cannot be rescaled:
     docs/block.md); ``query_bias``: the queries may carry a bias (keys must not: :mod:`.neutral` shifts the
     tokens by a neutral key first): the pair probe keeps the query's scale fixed and the sketches ask ``±z``, whose
-    half-sum is the bias's term, fitted as ``b_Q``."""
+    half-sum is the bias's term, fitted as ``b_Q``; ``key_bias``: keys and queries may carry biases (Qwen2): the
+    heads are read through the kernel of ``M`` (:func:`~.heads.key_jacobian`), and the key bias from the sketches'
+    half-sums over the keys' signs (:func:`fit_key_bias`)."""
     if not (isinstance(walk, int) and walk >= 1):
         raise ConfigError(f"walk must be an integer ≥ 1; got {walk!r}", param="walk")
     d = oracle.d
@@ -145,27 +154,34 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress,
               asked_before=asked)
     guess = heads or 8
-    run.plan(positional_queries(d, guess, max(2, d // guess), heads_known=heads is not None, walk=walk),
+    run.plan(positional_queries(d, guess, max(2, d // guess), heads_known=heads is not None, walk=walk,
+                                query_bias=query_bias or key_bias),
              f"the positional learner at d={d}", at_least=heads is None)
     rng = run.rng
     offsets = tuple(sorted({int(o) for o in offsets}, reverse=True))
     if offsets[:2] != (-1, -2):
         raise RecoveryError("the offsets must start with -1 and -2 (the pair bases come from their ratio)")
     unit_queries = query_rms is not None
+    query_bias = query_bias or key_bias
     rho = math.sqrt(d) * (query_rms or 1.0)  # tokens with entries of order one
     with run.phase("values"):
         M, c = _values(oracle, rng, rho)
     K = M.shape[0]
     if K < 2:
         raise UnidentifiableError("the positional learner reads whole output rows (K ≥ 2 outputs per sequence)")
+    kernel = value_kernel(M, heads) if key_bias else None
     with run.phase("offsets"):
-        dirs, signal = _pair_probe(oracle, M, rng, heads, noise, walk, query_rms=query_rms, query_bias=query_bias)
-    H = dirs[0].shape[1]
-    Cb, G, dh = _output_spaces(dirs, M, (d // H) if unit_queries else None)
+        if key_bias and kernel is None:  # a value map per head: the zero-query pencil separates them (additive.py)
+            Cb, G, signal = _zero_query_heads(oracle, M, rng, heads, noise)
+        else:
+            dirs, signal = _pair_probe(oracle, M, rng, heads, noise, walk, query_rms=query_rms,
+                                       query_bias=query_bias, kernel=kernel)
+            Cb, G, _ = _output_spaces(dirs, M, (d // dirs[0].shape[1]) if unit_queries else None)
+    H, dh = G.shape[:2]
     with run.phase("logits"):
-        Xs, Ys, Om, rho_l, bias = _sketches(oracle, rng, Cb, G, c, np.array(offsets), dh + oversample,
-                                            query_rms=query_rms, query_bias=query_bias)
-    Wq, Wk, thetas, steps, bq = [], [], [], [], []
+        Xs, Ys, Om, rho_l, bias, even = _sketches(oracle, rng, Cb, G, c, np.array(offsets), dh + oversample,
+                                                  query_rms=query_rms, query_bias=query_bias)
+    Wq, Wk, thetas, steps, bq, bk = [], [], [], [], [], []
     for h in range(H):
         U = _basis(np.concatenate(list(Xs[h]), axis=1), dh)
         V = _basis(np.concatenate(list(Ys[h]), axis=1), dh)
@@ -177,10 +193,13 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
         if bias is not None:  # b_hᵀ R(δ_k) K_h Ω_k[a]ᵀ = the sketch's query-bias term, every offset and key
             A = np.concatenate([(f.rotation(o) @ f.K @ Om[k].T).T for k, o in enumerate(offsets)])
             bq.append(np.linalg.lstsq(A, bias[:, h].T.reshape(-1), rcond=None)[0])
+        if key_bias:
+            bk.append(fit_key_bias(f, bq[-1], offsets, even[0], even[1][:, h]))
         steps.append(float(np.linalg.norm(f.matrix(-1) - f.matrix(0)) / np.linalg.norm(f.matrix(0))))
     thetas = np.array(thetas)
     theta = thetas.mean(axis=0)
-    model = PositionalAttention(np.array(Wq), np.array(Wk), G, Cb, bq=np.array(bq) if bq else None, bo=c,
+    model = PositionalAttention(np.array(Wq), np.array(Wk), G, Cb, bq=np.array(bq) if bq else None,
+                                bk=np.array(bk) if bk else None, bo=c,
                                 position="rope", inv_freq=theta,
                                 layout="half", scale=1.0, causal=True)
     spread = float(np.max(np.abs(thetas - theta) / theta))
@@ -189,13 +208,22 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
                "offset_change": steps, "token_scale": rho_l, "kv_groups": _groups(model)}
     notes = [f"offset dependence detected: moving two keys apart changed the answer by {signal:.1e} of its size; "
              f"‖B_h(−1) − B_h(0)‖/‖B_h(0)‖ = {min(steps):.2f} … {max(steps):.2f}"]
-    unknowns = PositionalAttention.unknowns(d, H, len(set(details["kv_groups"])), dh, K)
+    if key_bias:  # the key probe moves one key: its signal is not an offset's; the logit matrices' change is
+        details["offset_signal"] = max(steps)
+        if max(steps) <= SIGNAL_FLOOR:
+            raise UnidentifiableError(f"the logits do not depend on the offset between positions (‖B_h(−1) − "
+                                      f"B_h(0)‖/‖B_h(0)‖ ≤ {max(steps):.1e}); use the multihead learner")
+        notes = [f"offset dependence detected: ‖B_h(−1) − B_h(0)‖/‖B_h(0)‖ = {min(steps):.2f} … {max(steps):.2f}; "
+                 "query and key biases read (the heads through " + ("the kernel of the value maps)" if kernel is
+                                                                     not None else "the zero-query weights)")]
+    unknowns = PositionalAttention.unknowns(d, H, len(set(details["kv_groups"])), dh, K, bias=query_bias)
     return run.finish(model, unknowns=unknowns, details=details, notes=notes)
 
 
-def _pair_probe(oracle, M, rng, heads, noise, walk, *, query_rms=None, query_bias=False):
+def _pair_probe(oracle, M, rng, heads, noise, walk, *, query_rms=None, query_bias=False, kernel=None):
     """Stage 2: the heads' directions ``V_h z`` along a walk of queries (:mod:`.heads`) and the offset signal;
-    refuses offset-free answers and answers with more directions than bias-free heads show."""
+    refuses offset-free answers and answers with more directions than bias-free heads show. ``kernel``: rows
+    spanning the kernel of ``M``; the probe then moves one key inside it (:func:`~.heads.key_jacobian`)."""
     d, K = oracle.d, M.shape[0]
     z0 = rng.standard_normal(d)
     unit_queries = query_rms is not None
@@ -203,16 +231,25 @@ def _pair_probe(oracle, M, rng, heads, noise, walk, *, query_rms=None, query_bia
     settings = UNIT_SETTINGS if unit_queries or query_bias else SETTINGS
     if unit_queries:
         z0 *= query_rms * math.sqrt(d) / np.linalg.norm(z0)
-    E = random_orthogonal(d, rng)[: min(d, 2 * (heads or 12) + 8)]
+    want = 2 * (heads or 12) + 8
+    if kernel is None:
+        E, jacobian = random_orthogonal(d, rng)[: min(d, want)], None
+    else:
+        E, jacobian = random_orthogonal(len(kernel), rng)[: min(len(kernel), want)] @ kernel, key_jacobian
+    probe = {} if jacobian is None else {"jacobian": jacobian}
     eta = (UNIT_STEP if unit_queries else STEP) * math.sqrt(d)
     base = np.linalg.norm(M @ z0)
     W0, s, H = head_directions(oracle, z0, E, settings=settings, eta=eta, rank=heads, noise=noise, rng=rng,
-                                 floor=SIGNAL_FLOOR * base)
+                               floor=SIGNAL_FLOOR * base, **probe)
     signal = float(s[0] / base) if base > 0 else 0.0
     if W0 is None:
         raise UnidentifiableError(f"the answers do not depend on the offset between positions (moving two keys apart "
                                   f"changed the answer by {signal:.1e} of its size); use the multihead learner")
     if H >= min(K, len(E)):
+        if kernel is not None:
+            raise RecoveryError(f"moving one key inside the kernel of the value maps changed the answer in {H} "
+                                f"independent directions (of {len(E)} probed), more than a sum of softmax heads "
+                                "shows: not a sum of RoPE heads with shared keys and values")
         raise RecoveryError(f"moving two keys apart changed the answer in {H} independent directions, more than a "
                             f"sum of softmax heads without biases shows; {BIASES_REFUSED}")
     E = E[: H + 4]
@@ -224,7 +261,8 @@ def _pair_probe(oracle, M, rng, heads, noise, walk, *, query_rms=None, query_bia
         while True:  # a step too long to keep the labels is halved (ambiguous matches are refused in match)
             znew = z + step * q * np.linalg.norm(z0) / np.linalg.norm(q)
             znew *= np.linalg.norm(z0) / np.linalg.norm(znew)
-            W, _, _ = head_directions(oracle, znew, E, settings=settings, eta=eta, rank=H, noise=noise, rng=rng)
+            W, _, _ = head_directions(oracle, znew, E, settings=settings, eta=eta, rank=H, noise=noise, rng=rng,
+                                      **probe)
             try:
                 dirs.append(match(dirs[-1], W))
                 break
@@ -259,7 +297,8 @@ def _sketches(oracle, rng, Cb, G, c, offs, r, *, query_rms=None, query_bias=Fals
     """Stage 4: the token scale, then ``X_k = B_h(δ_k) Ω_kᵀ`` (a query basis against ``r`` random keys per offset)
     and ``Y_k = B_h(δ_k)ᵀ Zᵀ`` (``r`` random queries against a key basis) for every head, from the log-ratios of
     the weights solved in each head's coordinates. Returns ``Xs, Ys (H, m, d, r)``, ``Ω (m, r, d)``, the scale,
-    and with ``query_bias`` the bias's term ``b_hᵀ R(δ_k) K_h Ω_k[a]ᵀ`` (r, H, m) (else None)."""
+    and with ``query_bias`` the bias's term ``b_hᵀ R(δ_k) K_h Ω_k[a]ᵀ`` (r, H, m) and the half-sums over the keys'
+    signs with their query tokens ``(Z (B, d), (B, H, m))`` (:func:`fit_key_bias`) (else None, None)."""
     d, K = oracle.d, Cb.shape[0]
     H, dh = G.shape[:2]
     m = len(offs)
@@ -307,16 +346,55 @@ def _sketches(oracle, rng, Cb, G, c, offs, r, *, query_rms=None, query_bias=Fals
     Zall, Kall = np.concatenate([Za, Za, Zb, Zb]), np.concatenate([Ka, -Ka, Kb, -Kb])
     ell = log_ratios(Zall, Kall)  # (B, H, m)
     n = d * r
-    bias = None
+    bias = keys_even = None
     if query_bias:  # the bias's term is the same for ±z: half the difference is bilinear, the half-sum the bias's
         flip = log_ratios(-Zall, Kall)
+        halves = [(e[:n] + e[n:2 * n]) / 2 for e in (ell, flip)] + [(e[2 * n:3 * n] + e[3 * n:]) / 2
+                                                                       for e in (ell, flip)]
+        keys_even = np.concatenate([Za, -Za, Zb, -Zb]), np.concatenate(halves)
         ell, even = (ell - flip) / 2, (ell + flip) / 2
         bias = rq * ((even[:n] - even[n:2 * n]) / (2 * rho**2)).reshape(d, r, H, m).mean(axis=0)  # (r, H, m)
     ea = (ell[:n] - ell[n:2 * n]) / (2 * rho**2)
     eb = (ell[2 * n:3 * n] - ell[3 * n:]) / (2 * rho**2)
     Xs = np.einsum("id,iahk->hkda", Qb, ea.reshape(d, r, H, m))  # (H, m, d, r): B(δ_k) Ω_kᵀ
     Ys = np.einsum("jkd,ajhk->hkda", Qb[shift], eb.reshape(r, d, H, m))  # (H, m, d, r): B(δ_k)ᵀ Zᵀ
-    return Xs, Ys, Om, rho, bias
+    return Xs, Ys, Om, rho, bias, keys_even
+
+
+def value_kernel(M: np.ndarray, heads: int | None) -> np.ndarray | None:
+    """Rows spanning the kernel of ``M = Σ_h V_h`` (exact to float64: length-1 answers hold no softmax rounding),
+    the inputs no head's value map sees (the key probe of :func:`~.heads.key_jacobian` moves a key inside it: heads
+    sharing keys and values, ``G·d_h < d``); None when it has fewer than ``H + 4`` dimensions."""
+    _, s, Vt = np.linalg.svd(M)
+    r = int(np.sum(s > s[0] * 1e-10))
+    return Vt[r:] if M.shape[1] - r >= (heads or 1) + 4 else None
+
+
+def _zero_query_heads(oracle, M, rng, heads, noise):
+    """The heads' output spaces of RoPE with q/k biases and a value map per head (no kernel of ``M`` to probe in):
+    the zero-query Jacobians' pencil of the additive route, whose weights are ``softmax_δ(b_Qᵀ R(δ) b_K)`` here
+    (:func:`~.additive.zero_query_heads`); refused naming both when the biases do not separate the heads."""
+    from attnprobe.learners.positional.additive import zero_query_heads
+
+    r = int(np.linalg.matrix_rank(M, tol=1e-10 * np.linalg.norm(M, 2)))
+    try:
+        Cb, G, signal, _ = zero_query_heads(oracle, M, rng, heads, noise, step=STEP, levels=LEVELS)
+    except (RecoveryError, UnidentifiableError) as exc:
+        raise type(exc)(f"RoPE with key biases: the value maps have rank {r} of d = {M.shape[1]} (no kernel with "
+                        f"H + 4 dimensions to move a key in: no key/value sharing with G·d_h < d), and the "
+                        f"zero-query weights did not separate the heads either: {exc}") from exc
+    return Cb, G, signal
+
+
+def fit_key_bias(f: RotaryFactors, bq: np.ndarray, offsets, Z: np.ndarray, even: np.ndarray) -> np.ndarray:
+    """A head's key bias ``b_K`` (d_h,) in the gauge of ``f``: the sketches' half-sums over the keys' signs are
+    ``e_k = q̃ᵀ(R(δ_k) − I) b_K − q̃ᵀK z`` (``q̃ = Qᵀz + b_Q``; the query's own logit subtracted), linear in
+    ``b_K``: least squares over every query ``Z (B, d)`` and offset (``even (B, m)``). The coordinates no offset
+    rotates cancel in the softmax and come out 0."""
+    q = Z @ f.Q + bq  # (B, d_h)
+    A = np.concatenate([q @ (f.rotation(o) - np.eye(len(bq))) for o in offsets])
+    rhs = np.concatenate([even[:, k] + np.einsum("bi,ib->b", q, f.K @ Z.T) for k in range(len(offsets))])
+    return np.linalg.lstsq(A, rhs, rcond=None)[0]
 
 
 def _basis(A: np.ndarray, rank: int) -> np.ndarray:

@@ -4,6 +4,11 @@ The position term is the oracle's when it declares one (a Hugging Face folder's 
 ``position_term`` of the callable, ``"rope"``, ``"t5"`` or ``"alibi"``), the ``position`` option, or read from the
 answers: with the query token zero, a key's weight depends on its position only through an additive bias (T5,
 ALiBi); RoPE without biases weighs every zero-query key alike (its scores are ``0ᵀR(δ)k = 0``). Eight sequences.
+
+RoPE with q/k biases (Qwen2) also weighs zero-query keys by position (``b_Qᵀ R(δ) b_K``): read from the answers, the
+additive route is tried first and RoPE with biases (:func:`~.rope.extract_positional` with ``key_bias``) after it;
+a declared RoPE layer is probed the same way (eight sequences): spread, it is read with biases; else bias-free, and
+with biases when the bias-free learner refuses (a key bias alone leaves zero-query answers flat).
 """
 
 from __future__ import annotations
@@ -63,41 +68,50 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
     ``details`` and the notes; ``walk``: the RoPE learner's walk length (:func:`extract_positional`); ``polish``,
     ``polish_target``, ``polish_sequences``: the joint polish after the learner's stages
     (:func:`~.polish.polish_extraction`)."""
-    from attnprobe.learners.positional.rope import WALK, extract_positional
+    from attnprobe.learners.positional.rope import FINEST, WALK, extract_positional
 
     walk = WALK if walk is None else walk
 
     kind = None if position in (None, "auto") else position
     source = "declared"
-    spent, spread = 0, None
+    spent, spread, found = 0, None, None
     if kind is None:
         kind = declared_position(oracle.fn)
         source = "the oracle's family"
-    if kind is None:
+    fine = max(oracle.eps, 1e-16) <= FINEST and oracle.noise.exact  # coarse answers: the RoPE learner refuses first
+    if kind is None or kind == "rope" and fine:  # RoPE declared: the same probe tells whether it has q/k biases
         before = oracle.queries
         with oracle.phase("route"):
             found, spread = detect_position(oracle, np.random.default_rng(seed))
         spent = oracle.queries - before
-        kind = "rope" if found == "rope" else None
-        source = "read from the answers"
-    if kind == "rope":
-        res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress,
-                                     walk=walk)
+        if kind is None:
+            kind = "rope" if found == "rope" else None
+            source = "read from the answers"
+    biased = kind == "rope" and found == "additive"
+    if biased:
+        try:
+            res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress, walk=walk,
+                                     key_bias=True)
+        except AttnprobeError as exc:
+            raise type(exc)(f"RoPE with q/k biases (zero-query answers spread {spread:.1e} over the key's "
+                            f"position): {exc}") from exc
+        _share_groups(res)
+    elif kind == "rope":
+        start = oracle.queries
+        try:
+            res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress, walk=walk)
+        except RecoveryError as first:
+            res = _after(oracle, start, first, "the bias-free RoPE learner refused", "bias-free tried", heads=heads,
+                         seed=seed, check=check, progress=progress, walk=walk)
         _share_groups(res)
     elif source == "read from the answers":  # a zero-query bias may also be RoPE with biases (Qwen2): then the
         start = oracle.queries  # additive route fails, and the RoPE learner's answer (or refusal) is the one
         try:  # that counts
             res = extract_additive(oracle, heads=heads, seed=seed, check=check, progress=progress)
         except (RecoveryError, UnidentifiableError) as first:
-            tried = oracle.queries - start
-            try:
-                res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress,
-                                     walk=walk)
-            except AttnprobeError as exc:
-                raise type(exc)(f"{exc} (an additive position bias did not fit either: {first})") from exc
-            res.notes.append(f"read as RoPE after an additive position bias did not fit: {first}")
-            res.queries += tried
-            res.queries_by_phase = {"additive tried": tried, **res.queries_by_phase}
+            res = _after(oracle, start, first, "an additive position bias did not fit", "additive tried",
+                         heads=heads, seed=seed, check=check, progress=progress, walk=walk)
+            _share_groups(res)
     else:
         res = extract_additive(oracle, heads=heads, seed=seed, check=check, progress=progress, position=kind)
     if spent:
@@ -108,8 +122,25 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
                       sequences=polish_sequences or plan.get("sequences"), rounds=plan.get("rounds", HOOK_ROUNDS))
     route = res.details.get("position", kind or "rope")
     res.details["position_route"] = {"position": route, "source": source, "zero_query_spread": spread}
-    res.notes.append(f"position term {route} ({source}" + (f": zero-query answers spread {spread:.1e} over the "
-                                                             "key's position" if spread is not None else "") + ")")
+    res.notes.append(f"position term {route}" + (" with q/k biases" if biased else "") + f" ({source}" +
+                     (f": zero-query answers spread {spread:.1e} over the key's position" if spread is not None
+                      else "") + ")")
+    return res
+
+
+def _after(oracle, start: int, first: Exception, why: str, phase: str, **kw):
+    """RoPE with q/k biases (``key_bias``) after a route that refused (``first``, asked from query ``start``): its
+    queries counted in ``phase``, and ``why`` in the notes or, when this fails too, in its one-line refusal."""
+    from attnprobe.learners.positional.rope import extract_positional
+
+    tried = oracle.queries - start
+    try:
+        res = extract_positional(oracle, key_bias=True, **kw)
+    except AttnprobeError as exc:
+        raise type(exc)(f"RoPE with q/k biases: {exc} ({why}: {first})") from exc
+    res.notes.append(f"read as RoPE with q/k biases after {why}: {first}")
+    res.queries += tried
+    res.queries_by_phase = {phase: tried, **res.queries_by_phase}
     return res
 
 

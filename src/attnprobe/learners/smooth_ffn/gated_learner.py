@@ -22,6 +22,7 @@ import numpy as np
 
 from attnprobe._validation import check_int, check_option
 from attnprobe.errors import ConfigError, UnidentifiableError
+from attnprobe.learners.core.descent import keep_if_lower
 from attnprobe.learners.core.estimate import QueryCount, Setting
 from attnprobe.learners.smooth_ffn.decompose import block_factors
 from attnprobe.learners.smooth_ffn.derivatives import (coarse_answers, richardson,
@@ -243,11 +244,8 @@ def gated_gauss_newton(X, Y, params, act, bias: bool, *, rounds: int, iterations
                  bu + (dP[m:, d] if bias else zero), W2 + dH[:m].T, b2 + (dH[m] if bias else 0.0))
         R_new = Y - _forward(X, trial, act)
         err = float(np.linalg.norm(R_new)) / scale_y
-        if not err < history[-1]:
-            break
-        params, R = trial, R_new
-        history.append(err)
-        if err < 1e-15:
+        (params, R), more = keep_if_lower(history, err, (params, R), (trial, R_new), floor=1e-15)
+        if not more:
             break
     return params, history, used
 
