@@ -143,10 +143,11 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
         kind = oracle.precision if oracle.noise.exact else f"noisy {oracle.precision}"
         if noise > COARSEST or not oracle.noise.exact:
             raise UnidentifiableError(coarse_refusal(kind, noise))
-        if query_rms is not None or query_bias or tuple(offsets) != OFFSETS or oversample != OVERSAMPLE:
+        if (query_rms is not None or query_bias or key_bias or tuple(offsets) != OFFSETS
+                or oversample != OVERSAMPLE):
             raise UnidentifiableError(f"these answers are {kind} (rounding {noise:.1e}): the RoPE route for them "
                                       "(learners/positional/coarse.py) reads bias-free heads with free query scales "
-                                      "and its own offsets only, not unit queries, a query bias or given offsets")
+                                      "and its own offsets only, not unit queries, q/k biases or given offsets")
         from attnprobe.learners.positional.coarse import extract_coarse_positional
 
         return extract_coarse_positional(oracle, heads=heads, seed=seed, check=check, progress=progress,
