@@ -13,9 +13,10 @@ SwiGLU at weights N(0, 1/fan-in), ε = 1e-6, float64), queried as every-position
    attention and through the block with the true FFN (``--only refit``; d = 32, a minute; ``--only refit128``:
    d = 128, the true attention, ~10 minutes under load);
 5. ``extract_block`` end to end (``--e2e`` after the stages, or ``--only e2e``: d = 32, minutes), the function
-   against the block at every length 1 … 64.
+   against the block at every length 1 … 64; ``--only e2e128``: the issue's d = 128 LLaMA layer (8/2 heads, SwiGLU
+   256), with the learned FFN and attention against the truth and the peak memory (~15 minutes).
 
-    python benchmarks/block_learner.py [--only oracles|ffn|ffn128|refit|refit128|e2e] [--e2e] [--write]
+    python benchmarks/block_learner.py [--only oracles|ffn|ffn128|refit|refit128|e2e|e2e128] [--e2e] [--write]
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ import time
 
 import numpy as np
 
-from attnprobe.learners.block.learner import FFN_SCALE, extract_block
+from attnprobe.errors import AttnprobeError
+from attnprobe.learners.block.learner import extract_block
 from attnprobe.learners.block.polish import polish_attention, polish_data
 from attnprobe.learners.block.refine import refit_data, refit_logits
-from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, linear_part, sqrt_eps)
+from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, ffn_scale, linear_part,
+                                                sqrt_eps)
 from attnprobe.learners.positional.rope import extract_positional
 from attnprobe.learners.smooth_ffn.gated_learner import extract_gated_ffn
 from attnprobe.models.block import fold_norm_weights
@@ -109,7 +112,7 @@ def gated_through_block(shape, noise: float | None):
         label = f"the true FFN + relative noise {noise:.0e}"
     t = time.perf_counter()
     res = extract_gated_ffn(Oracle(fn, d, outputs=d, precision="float64"), activation="swiglu", hidden=m,
-                            bias=False, scale=FFN_SCALE, check=False)
+                            bias=False, scale=ffn_scale(d), check=False)
     V = np.random.default_rng(9).standard_normal((256, d)) * 0.4
     return (f"d {d}, SwiGLU {m}", label, res.queries, f"{rel(res.model.forward(V), f.mlp(V)):.1e}",
             f"{time.perf_counter() - t:.0f}")
@@ -158,6 +161,41 @@ def end_to_end(shape):
             f"{time.perf_counter() - t:.0f}")
 
 
+
+def end_to_end_parts(shape):
+    """:func:`end_to_end` with the learned sublayers against the truth (the FFN on 256 fresh rows of rms 0.6, the
+    attention on 8 sequences of length 64 of rms 0.5: relative to the largest answer) and the process's peak
+    memory."""
+    import resource
+
+    d, H, G, m = shape
+    blk = random_llama_block(d, H, G, m)
+    f = fold_norm_weights(blk)
+    o = Oracle(blk.every_position, d, outputs=d, precision="float64")
+    t = time.perf_counter()
+    try:
+        res = extract_block(o, heads=H, hidden=m)
+    except AttnprobeError as e:  # a refusal is a measurement too: where it stopped, after how many queries
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        return (f"d {d}, {H}/{G} heads, SwiGLU {m}", o.queries, "—", "—", "—", "—",
+                f"refused: {type(e).__name__}: {e}", "—", f"{time.perf_counter() - t:.0f}", f"{peak:.1f}")
+    seconds = time.perf_counter() - t
+    rng = np.random.default_rng(5)
+    errs = []
+    for N in range(1, 65):
+        X = rng.standard_normal((4, N, d))
+        y = blk.every_position(X)
+        errs.append(np.abs(res.model.every_position(X) - y).max() / np.abs(y - X).max())
+    V = np.random.default_rng(9).standard_normal((256, d)) * 0.6
+    Z = np.random.default_rng(3).standard_normal((8, 64, d)) * 0.5
+    ffn_err = rel(res.model.mlp(V), f.mlp(V))
+    att_err = rel(res.model.attention.every_position(Z), f.attention.every_position(Z))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return (f"d {d}, {H}/{G} heads, SwiGLU {m}", res.queries, res.unknowns, f"{ffn_err:.1e}", f"{att_err:.1e}",
+            f"{res.check.error:.1e}", "passed" if res.passed else "failed",
+            f"{max(errs):.1e} (N = {int(np.argmax(errs)) + 1})", f"{seconds:.0f}", f"{peak:.1f}")
+
+
 E2E_HEAD = ["block", "queries", "unknowns", "check error", "check", "largest error over N = 1 … 64 (4 sequences each)",
             "seconds"]
 E2E_TEXT = ("`extract_block` end to end (the FFN learned, then the attention and its logit refit; errors relative to "
@@ -167,7 +205,7 @@ E2E_TEXT = ("`extract_block` end to end (the FFN learned, then the attention and
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--e2e", action="store_true", help="also run extract_block end to end at d = 32 (minutes)")
-    ap.add_argument("--only", choices=("oracles", "ffn", "ffn128", "refit", "refit128", "e2e"),
+    ap.add_argument("--only", choices=("oracles", "ffn", "ffn128", "refit", "refit128", "e2e", "e2e128"),
                     help="only the sublayer oracles' table (a minute), or only the gated learner through the block "
                          "(d = 64 or 128; minutes)")
     ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks/block.md")
@@ -186,6 +224,15 @@ def main():
             width = "32" if args.only == "refit" else "128"
             write_section("Attention logit refit at a fixed query rms, d = " + width, body, command_line(), doc=DOC)
         return
+    if args.only == "e2e128":
+        t = Table(["block", "queries", "unknowns", "FFN error", "attention error", "check error", "check",
+                   "largest error over N = 1 … 64 (4 sequences each)", "seconds", "peak memory (GB)"])
+        t.add(*end_to_end_parts(SHAPES[2]))
+        body = E2E_TEXT + "\n\n" + t.markdown()
+        print(body)
+        if args.write:
+            write_section("extract_block end to end, d = 128", body, command_line(), doc=DOC)
+        return
     if args.only == "e2e":
         t = Table(E2E_HEAD)
         t.add(*end_to_end(SHAPES[0]))
@@ -202,7 +249,8 @@ def main():
                 print(t.markdown(), flush=True)
         else:
             t.add(*gated_through_block(SHAPES[2], None))
-        body = ("The gated FFN learner (SwiGLU, width given, inputs of rms 0.35) through the block's FFN oracle, and "
+        body = ("The gated FFN learner (SwiGLU, width given, inputs of standard deviation ffn_scale(d) per coordinate) "
+                "through the block's FFN oracle, and "
                 "on the true FFN with noise (function error on 256 fresh rows of rms 0.4, relative to the largest "
                 "answer):"
                 "\n\n" + t.markdown())

@@ -149,6 +149,31 @@ def test_the_ffn_oracle_takes_the_smallest_token_where_the_scale_equation_has_se
     assert kappa.min() * math.sqrt(blk.eps) > 0.005  # 0.0013 at the large tokens
 
 
+def test_the_ffn_oracles_token_solves_the_first_sublayer_to_rounding(monkeypatch):
+    """d = 32, GQA (``M'`` of rank 16 < d): the token ``x`` sent for an FFN input reaches ``h = x + M' n1(x)`` near
+    rounding — the scale equation's root alone leaves a few 1e-12 of ``h`` (the token is several times ``h``, its
+    attention cancelling it), the Newton steps on the d equations take the median row below 1e-12 — and the oracle
+    answers the true FFN at rms 0.5 inputs to 3e-12 (4.5e-12 without the steps; measured, 1e-11 at d = 128)."""
+    import attnprobe.learners.block.sublayers as sub
+
+    blk = random_llama_block(32, 2, 1, 64, seed=2)
+    f = fold_norm_weights(blk)
+    M = f.attention.every_position(np.eye(32)[:, None, :])[:, 0].T
+    V = np.random.default_rng(1).standard_normal((256, 32)) * 0.5
+    H = inverse_norm(V, blk.eps)
+    true = f.mlp(V)
+    misses = {}
+    for steps in (0, sub.REFINE_STEPS):
+        monkeypatch.setattr(sub, "REFINE_STEPS", steps)
+        ffn = FFNThroughBlock(blk.every_position, M, blk.eps)
+        assert len(ffn.lam) == 16  # M' read on its range: rank G·d_h
+        X = ffn.token_for(H)
+        reached = X + (X / np.sqrt(np.mean(X * X, axis=1, keepdims=True) + blk.eps)) @ M.T
+        misses[steps] = np.median(np.abs(reached - H).max(axis=1) / np.abs(H).max(axis=1))
+    assert misses[sub.REFINE_STEPS] < 1e-12 and misses[0] > 2 * misses[sub.REFINE_STEPS]
+    assert np.abs(ffn(V[:, None, :]) - true).max() < 3e-12 * np.abs(true).max()
+
+
 def test_a_served_length_limit_below_the_eps_stage_is_refused_before_any_query(block):
     """A server publishing max_length 1000 cannot take the ε stage's 1,001-row sequences: refused before the first
     query, naming --max-length and the length needed (a limit that suffices is not refused)."""
@@ -167,3 +192,52 @@ def test_a_served_length_limit_below_the_eps_stage_is_refused_before_any_query(b
     Capped.max_length = 1001  # enough: the run goes on to its plan (here refused by the budget, before a query)
     with pytest.raises(BudgetExceededError):
         extract_block(Oracle(Capped(), block.d, budget=10), heads=2, hidden=64)
+
+
+def test_a_post_norm_block_is_refused_naming_the_cause_and_a_biased_pre_norm_one_as_biased():
+    """A BERT-shaped post-norm block (LayerNorm after each residual, biases) is refused after 3 single tokens as
+    post-norm — its answers stay on the output LayerNorm's surface — while the same block laid out pre-norm with
+    LayerNorm biases grows with its input and is refused for its biases."""
+    import dataclasses
+
+    from attnprobe.errors import UnidentifiableError
+    from attnprobe.learners.block.learner import extract_block
+
+    blk = random_llama_block(16, 2, 1, 32, seed=0)
+    b = np.random.default_rng(2).standard_normal((2, 16)) * 0.1
+    for layout, cause in (("post", "a post-norm block"), ("pre", "it has biases")):
+        victim = dataclasses.replace(blk, layout=layout, norm="layer", norm1_b=b[0], norm2_b=b[1])
+
+        def answers(X, victim=victim):
+            return victim.every_position(X)
+        answers.positions = "positional"  # declared, as a served block does (no queries spent reading it)
+        oracle = Oracle(answers, 16, outputs=16, precision="float64")
+        with pytest.raises(UnidentifiableError, match=cause) as exc:
+            extract_block(oracle, heads=2, hidden=32)
+        assert "\n" not in str(exc.value)
+        assert oracle.queries == 3
+
+
+def test_the_logit_refit_comes_back_from_a_far_start():
+    """d = 16, 2/1 heads, the true attention's answers, each head's W_Q and W_K 10 % off entry by entry (log-ratio
+    residual ~4): the refit's damped steps bring the function back to rounding (plain Gauss–Newton steps that stop
+    when one fails to halve the residual left 2.6e-5, measured)."""
+    from attnprobe.learners.block.refine import refit_data, refit_logits
+    from attnprobe.models.positional import PositionalAttention
+
+    A = fold_norm_weights(random_llama_block(16, 2, 1, 32, seed=0)).attention
+    oracle = Oracle(lambda X: A.every_position(X)[:, -1], 16, outputs=16, precision="float64")
+    data = refit_data(oracle, 1.0, A.Wq.shape[1], np.random.default_rng(1), 128)
+    rng = np.random.default_rng(5)
+
+    def off(W):
+        return W * (1 + 0.1 * rng.standard_normal(W.shape))
+    per_head = [A.group(h) for h in range(A.H)]
+    start = PositionalAttention(off(A.scale * A.Wq), off(A.Wk[per_head]), A.Wv[per_head], A.Wo, bo=A.bo,
+                                position="rope", inv_freq=A.inv_freq, layout="half", scale=1.0, causal=True)
+    Z = np.random.default_rng(3).standard_normal((8, 64, 16)) * 0.5
+    want = A.every_position(Z)
+    assert np.abs(start.every_position(Z) - want).max() > 1e-2 * np.abs(want).max()
+    model, history = refit_logits(start, data)
+    assert np.abs(model.every_position(Z) - want).max() < 1e-10 * np.abs(want).max()
+    assert all(h[-1] < 1e-8 * h[0] for h in history)

@@ -9,12 +9,9 @@ scale split between the up projection and the output column, ``(u_i, bu_i) → c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import numpy as np
 
-from attnprobe.models.smooth_ffn import ACTIVATIONS, ActivationFFN, affine_in, nearest_rows
+from attnprobe.models.smooth_ffn import ACTIVATIONS, ActivationFFN, activation_ffn, affine_in, nearest_rows
 
 #: the gated families by name and their gate activation
 GATED_FAMILIES = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}
@@ -25,7 +22,7 @@ def family_name(gate: str) -> str:
     return {v: k for k, v in GATED_FAMILIES.items()}[gate]
 
 
-@dataclass(frozen=True)
+@activation_ffn("Wg", "bg", "Wu", "bu", activation="silu", kind="gated_ffn", name="a gated FFN")
 class GatedFFN(ActivationFFN):
     """``f(x) = W2 [σ(Wg x + bg) ⊙ (Wu x + bu)] + b2`` with ``Wg, Wu ∈ R^{m×d}``, ``W2 ∈ R^{K×m}`` (the
     ``nn.Linear`` layout of ``gate_proj``, ``up_proj``, ``down_proj``) and σ the gate activation (a
@@ -33,20 +30,6 @@ class GatedFFN(ActivationFFN):
 
     As an oracle it reads length-1 sequences ``(B, 1, d)`` and answers ``(B, K)``; ``dtype`` is the precision the
     forward pass is computed in."""
-
-    Wg: np.ndarray
-    bg: np.ndarray
-    Wu: np.ndarray
-    bu: np.ndarray
-    W2: np.ndarray
-    b2: np.ndarray
-    activation: str = "silu"
-    dtype: str = "float64"
-    kind: ClassVar[str] = "gated_ffn"
-    NAME: ClassVar[str] = "a gated FFN"
-
-    FIRST_LAYER: ClassVar[tuple[str, ...]] = ("Wg", "Wu")
-    FIRST_BIASES: ClassVar[tuple[str, ...]] = ("bg", "bu")
 
     @property
     def family(self) -> str:

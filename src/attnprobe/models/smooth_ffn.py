@@ -192,7 +192,22 @@ def affine_in(x: np.ndarray, W: np.ndarray, b: np.ndarray, dt: np.dtype) -> np.n
     return (x @ W.T.astype(dt) + b.astype(dt)).astype(dt)
 
 
-@dataclass(frozen=True)
+def activation_ffn(*first: str, activation: str, kind: str, name: str):
+    """Make an :class:`ActivationFFN` subclass a frozen dataclass with the fields its shared code reads: the
+    first-layer arrays ``first`` (each weight followed by its bias, e.g. ``"W1", "b1"``), then ``W2``, ``b2``,
+    ``activation`` (default ``activation``) and ``dtype`` (default float64); ``kind`` is its saved-file tag and
+    ``name`` how error messages name it. The one place both FFN models declare their fields."""
+
+    def make(cls):
+        cls.__annotations__ = {**dict.fromkeys((*first, "W2", "b2"), np.ndarray), "activation": str, "dtype": str}
+        cls.activation, cls.dtype, cls.kind, cls.NAME = activation, "float64", kind, name
+        cls.FIRST_LAYER, cls.FIRST_BIASES = first[0::2], first[1::2]
+        return dataclass(frozen=True)(cls)
+
+    return make
+
+
+@activation_ffn("W1", "b1", activation="gelu", kind="smooth_ffn", name="a smooth FFN")
 class SmoothFFN(ActivationFFN):
     """``f(x) = W2 σ(W1 x + b1) + b2`` with ``W1 ∈ R^{m×d}``, ``b1 ∈ R^m``, ``W2 ∈ R^{K×m}``, ``b2 ∈ R^K`` (the
     ``nn.Linear`` layout of a transformer's FFN) and σ a smooth :data:`ACTIVATIONS` entry.
@@ -200,18 +215,6 @@ class SmoothFFN(ActivationFFN):
     As an oracle it reads length-1 sequences ``(B, 1, d)`` and answers ``(B, K)``; :meth:`forward` takes plain
     ``(B, d)`` inputs. ``dtype`` is the precision the forward pass is computed in (answers come back as float64).
     """
-
-    W1: np.ndarray
-    b1: np.ndarray
-    W2: np.ndarray
-    b2: np.ndarray
-    activation: str = "gelu"
-    dtype: str = "float64"
-    kind: ClassVar[str] = "smooth_ffn"
-    NAME: ClassVar[str] = "a smooth FFN"
-
-    FIRST_LAYER: ClassVar[tuple[str, ...]] = ("W1",)
-    FIRST_BIASES: ClassVar[tuple[str, ...]] = ("b1",)
 
     @staticmethod
     def unknowns(d: int, m: int, outputs: int, bias: bool = True) -> int:

@@ -17,7 +17,8 @@ import numpy as np
 
 from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.block.levers import STEPS, rational_keys
-from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, linear_part, sqrt_eps)
+from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, ffn_scale, first_rows,
+                                                linear_part, sqrt_eps)
 from attnprobe.learners.block.refine import refit_data, refit_logits
 from attnprobe.learners.core.check import CheckResult, check_tolerance
 from attnprobe.learners.core.skeleton import Run
@@ -31,8 +32,6 @@ METHOD = "block"
 #: lengths of the block's functional check (every position compared)
 CHECK_LENGTHS = (1, 2, 8, 64)
 CHECK_PER_LENGTH = 8
-#: the FFN learner's inputs: standard deviation per coordinate (rms ≈ this, inside the norm's ball)
-FFN_SCALE = 0.35
 #: directions u of the eps stage
 EPS_TOKENS = 2
 
@@ -77,6 +76,7 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
     with run.phase("linear"):
         zero = rows(np.zeros((1, 1, d)))[0, 0]
         if np.max(np.abs(zero)) > 0:
+            refuse_post_norm(rows, d)
             raise UnidentifiableError(f"the block answers a zero token with {np.abs(zero).max():.1e} ≠ 0: it has "
                                       "biases, which this learner (pre-norm RMSNorm, bias-free LLaMA blocks) does "
                                       "not read yet")
@@ -91,7 +91,7 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
     with run.phase("ffn", absorb=True):
         ffn_oracle = _oracle(FFNThroughBlock(rows, M, eps), d, "the block's FFN")
         ffn = extract_gated_ffn(ffn_oracle, seed=seed, activation=activation, hidden=hidden, bias=False,
-                                scale=FFN_SCALE, check=False)
+                                scale=ffn_scale(d), check=False)
     with run.phase("attention", absorb=True):
         att_fn = AttentionThroughBlock(rows, ffn.model, eps, d)
         att_oracle = _oracle(att_fn, d, "the block's attention")
@@ -112,6 +112,28 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
              f"ε = {eps:.3e} read from the answers"]
     unknowns = att.unknowns + ffn.unknowns + 1
     return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_fn=every_position_check)
+
+
+#: the growth probe of :func:`refuse_post_norm`: a token and this multiple of it
+GROWTH = 1e3
+
+
+def refuse_post_norm(answer_rows, d: int) -> None:
+    """Refuse a post-norm block (BERT: ``y = n2(h + F(h))``, ``h = n1(x + A(x))``) in one line naming the cause: its
+    answers stay on the output LayerNorm's surface however large the input, where a residual block's grow with it
+    (two single tokens, ``u`` and :data:`GROWTH`·u). The pre-norm route does not carry over: the FFN is reachable
+    only on n1's output surface (rows ``w ⊙ z + b`` with ``z`` of mean 0 and variance 1, d − 2 dimensions) and
+    answers only up to n2's per-row scale and shift, while the FFN learners difference their inputs in every
+    direction (docs/block.md)."""
+    u = np.random.default_rng(0).standard_normal(d)
+    y = first_rows(answer_rows, np.stack([u, GROWTH * u])[:, None, :])
+    ratio = float(np.linalg.norm(y[1]) / np.linalg.norm(y[0]))
+    if ratio < GROWTH / 30:
+        raise UnidentifiableError(f"a post-norm block (its answers stay bounded: a token scaled by {GROWTH:.0e} moves "
+                                  f"the answer's norm by ×{ratio:.2f}): its FFN is reachable only on the first "
+                                  "LayerNorm's output surface and its answers only up to the second's per-row scale "
+                                  "and shift, which the FFN learners cannot difference; this learner reads pre-norm "
+                                  "RMSNorm blocks")
 
 
 #: sequences of the attention's logit refit per model width (:func:`.refine.refit_data`)

@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 import scipy.linalg
+import scipy.linalg.blas
 
 from attnprobe.learners.positional.rope import attention_weights
 from attnprobe.models.positional import PositionalAttention
@@ -32,9 +33,13 @@ from attnprobe.models.positional import PositionalAttention
 KEY_RMS = 0.5
 #: the longest sequence of the refit data (offsets −1 … −(N − 1): the check's lengths reach 64)
 MAX_LENGTH = 64
-#: at most this many Gauss–Newton steps per head, while each lowers the residual at least twofold (on the true
-#: attention the first reaches the floor the value maps' error sets; through a block it takes several)
-STEPS = 6
+#: at most this many steps per head (on the true attention the first reaches the floor the value maps' error sets;
+#: through a block it takes several, from a far start dozens)
+STEPS = 40
+#: a full step from a fresh matrix that keeps more than this share of the residual ends the descent (the floor)
+STALL = 0.9
+#: normal matrices formed per head at most (:func:`_gauss_newton_head`)
+FORMATIONS = 8
 #: Levenberg's relative diagonal (the gauge: a scaled rotation per frequency pair leaves every logit unchanged)
 DAMPING = 1e-12
 #: rows of the Jacobian formed at once
@@ -88,8 +93,31 @@ def _head_residual(params, rows, jacobian: bool):
     return r, np.concatenate([jq, jk, jt], axis=1)
 
 
+def _normal_matrix(p, split, rows):
+    """``(JᵀJ, Jᵀr)`` at ``p`` (``JᵀJ``'s upper triangle, by ``syrk`` over :data:`CHUNK` rows at a time)."""
+    A = np.zeros((p.size, p.size), order="F")
+    g = np.zeros(p.size)
+    for i in range(0, len(rows[0]), CHUNK):
+        r, J = _head_residual(split(p), [a[i:i + CHUNK] for a in rows], True)
+        A = scipy.linalg.blas.dsyrk(1.0, J.T, beta=1.0, c=A, trans=0, lower=0, overwrite_c=1)
+        g += J.T @ r
+    return A, g
+
+
+def _gradient(p, split, rows):
+    g = np.zeros(p.size)
+    for i in range(0, len(rows[0]), CHUNK):
+        r, J = _head_residual(split(p), [a[i:i + CHUNK] for a in rows], True)
+        g += J.T @ r
+    return g
+
+
 def _gauss_newton_head(start, rows, steps: int):
-    """Gauss–Newton from ``start = (W_Q,h, W_K,h, θ)`` on the log-ratio ``rows`` (:func:`_head_residual`)."""
+    """Levenberg–Marquardt from ``start = (W_Q,h, W_K,h, θ)`` on the log-ratio ``rows`` (:func:`_head_residual`).
+    The normal matrix is the cost (d = 128: 8,192 rows × 4,104 unknowns per head): its damped Cholesky factor is
+    reused (a chord step) while the steps keep halving the residual, and re-formed where they do not (at most
+    :data:`FORMATIONS` times); a step that does not lower the residual from a fresh matrix is retried with the
+    damping ×10, a kept one from a fresh matrix lowers it ÷10 (down to :data:`DAMPING`)."""
     Wq, Wk, theta = start
     dh, d = Wq.shape
     p = np.concatenate([Wq.ravel(), Wk.ravel(), theta])
@@ -97,25 +125,39 @@ def _gauss_newton_head(start, rows, steps: int):
     def split(p):
         return p[:dh * d].reshape(dh, d), p[dh * d:2 * dh * d].reshape(dh, d), p[2 * dh * d:]
 
+    def factor(A, damping):
+        B = A.copy(order="F")
+        diag = np.diag(A)
+        B[np.diag_indices_from(B)] += damping * np.maximum(diag, diag.max() * 1e-4)
+        return scipy.linalg.cho_factor(B, lower=False, overwrite_a=True, check_finite=False)
+
     history = [float(np.linalg.norm(_head_residual(start, rows, False)[0]))]
+    A, g = _normal_matrix(p, split, rows)
+    damping, formed, fresh = DAMPING, 1, True
+    chol = factor(A, damping)
     for _ in range(steps):
-        A = np.zeros((p.size, p.size))
-        g = np.zeros(p.size)
-        for i in range(0, len(rows[0]), CHUNK):
-            r, J = _head_residual(split(p), [a[i:i + CHUNK] for a in rows], True)
-            A += J.T @ J
-            g += J.T @ r
-        diag = np.diag(A).copy()
-        A[np.diag_indices_from(A)] += DAMPING * np.maximum(diag, diag.max() * 1e-4)
-        step = scipy.linalg.solve(A, -g, assume_a="pos")
-        trial = p + step
+        trial = p - scipy.linalg.cho_solve(chol, g, check_finite=False)
         err = float(np.linalg.norm(_head_residual(split(trial), rows, False)[0]))
-        if not err < history[-1]:
+        if err < history[-1]:
+            p = trial
+            history.append(err)
+            if err <= history[-2] / 2:
+                g, fresh = _gradient(p, split, rows), False
+                continue
+            if fresh and err > history[-2] * STALL:  # the floor: a step from a fresh matrix gained next to nothing
+                break
+            damping = max(DAMPING, damping / 10) if fresh else damping
+        elif fresh:
+            if damping >= 1:
+                break
+            damping *= 10
+            chol = factor(A, damping)
+            continue
+        if formed >= FORMATIONS:
             break
-        p = trial
-        history.append(err)
-        if err > history[-2] / 2:
-            break
+        A, g = _normal_matrix(p, split, rows)
+        formed, fresh = formed + 1, True
+        chol = factor(A, damping)
     return (*split(p), history)
 
 

@@ -26,10 +26,16 @@ import numpy as np
 from attnprobe.errors import ConfigError, RecoveryError
 from attnprobe.learners.block.levers import driven_out, ffn_on_sphere
 
+#: singular values of ``M'`` below this fraction of the largest are its null space (GQA: rank ``G·d_h``)
+RANK_GAP = 1e-9
+#: Newton steps on the token's d equations after its scale's root (:meth:`FFNThroughBlock._refine`)
+REFINE_STEPS = 2
 #: token norms of :func:`linear_part` (Richardson over s, s/2, s/4): far below ε (≥ 1e-8 supported)
 LINEAR_STEP = 1e-10
 #: the largest row rms a normalised input may have (the norm reaches rms < 1 only)
 MAX_RMS = 0.98
+#: the largest input scale of the gated FFN learner through the block (:func:`ffn_scale`)
+FFN_SCALE_MAX = 0.6
 #: fixed-point steps and the relative change at which :class:`AttentionThroughBlock` stops
 NEWTON_STEPS, NEWTON_TOL = 200, 1e-16
 #: the query row's drive: ``T·z_N`` with ``z_N`` of rms 1
@@ -38,6 +44,15 @@ QUERY_DRIVE = 10.0
 TOKEN_STEPS = 50
 #: rows whose root has ``κ√ε`` below this are scanned for a larger root (a smaller token), on this many points
 SCAN_BELOW, SCAN_POINTS, SCAN_CHUNK = 0.1, 48, 128
+
+
+def ffn_scale(d: int) -> float:
+    """The gated FFN learner's input scale (standard deviation per coordinate) through the block: as large as keeps
+    its rows' rms, ``≈ s(1 ± z/√(2d))``, below :data:`MAX_RMS` at six standard deviations, at most
+    :data:`FFN_SCALE_MAX`. Larger inputs mean larger residuals ``h`` beside the victim's rounding: at d = 128 the
+    gated learner through the block failed at 0.35 (function error 1.0, its second differences on FFN answers
+    ~1e-12 off) and read the FFN to 4.3e-12 at 0.6 (measured; docs/block.md)."""
+    return min(FFN_SCALE_MAX, 0.95 * MAX_RMS / (1 + 6 / math.sqrt(2 * d)))
 
 
 def first_rows(answer_rows, X: np.ndarray) -> np.ndarray:
@@ -91,18 +106,22 @@ class FFNThroughBlock:
 
     def __init__(self, answer_rows, M: np.ndarray, eps: float):
         self.answer_rows, self.eps, self.d = answer_rows, float(eps), M.shape[0]
-        lam, P = np.linalg.eig(M)
-        self.lam, self.P, self.Pinv = lam, P, np.linalg.inv(P)
+        U, sv, Vt = np.linalg.svd(M)
+        r = max(1, int(np.sum(sv > RANK_GAP * sv[0])))
+        U, Vt = U[:, :r] * sv[:r], Vt[:r]
+        self.U, self.Vt, self.B = U, Vt, Vt @ U
+        lam, Q = np.linalg.eig(self.B)  # M' U Q = U Q Λ: the nonzero eigenvalues, on an r-dim basis
+        self.lam, self.UQ, self.QinvV = lam, U @ Q, np.linalg.solve(Q, Vt)
 
     def token_for(self, H: np.ndarray) -> np.ndarray:
         """Single tokens ``x`` with ``x + M' x / √(mean x² + ε) = h`` (rows of ``H``): ``x(κ) = (I + κM')⁻¹ h`` with
         ``κ = 1/√(mean x(κ)² + ε)``, a scalar equation per row solved by Newton's method from ``κ = 1/√ε``."""
-        W = H @ self.Pinv.T
+        W = H @ self.QinvV.T
         d, lam = self.d, self.lam
         kappa = np.full((len(H), 1), 1 / math.sqrt(self.eps))
         for _ in range(TOKEN_STEPS):
-            X = self._x(W, kappa)
-            dX = -np.real((W * lam / (1 + kappa * lam) ** 2) @ self.P.T)
+            X = self._x(H, W, kappa)
+            dX = -np.real((W / (1 + kappa * lam) ** 2) @ self.UQ.T)
             q = np.mean(X * X, axis=1, keepdims=True) + self.eps
             g = kappa - q ** -0.5
             dg = 1 + q ** -1.5 * np.sum(X * dX, axis=1, keepdims=True) / d
@@ -110,28 +129,29 @@ class FFNThroughBlock:
             kappa = np.clip(kappa - step, 1e-3 * kappa, 1 / math.sqrt(self.eps))
             if np.max(np.abs(step) / kappa) < 1e-15:
                 break
-        X = self._x(W, kappa)
+        X = self._x(H, W, kappa)
         bad = self._miss(X, kappa) > 1e-12
         if np.any(bad):  # Newton left the bracket: bisection, g(0) < 0 < g(1/√ε) (poles keep g > 0)
-            Wb = W[bad]
+            Hb, Wb = H[bad], W[bad]
             lo, hi = np.zeros((len(Wb), 1)), np.full((len(Wb), 1), 1 / math.sqrt(self.eps))
             for _ in range(80):
                 mid = (lo + hi) / 2
-                Xm = self._x(Wb, mid)
+                Xm = self._x(Hb, Wb, mid)
                 neg = mid < 1 / np.sqrt(np.mean(Xm * Xm, axis=1, keepdims=True) + self.eps)
                 lo, hi = np.where(neg, mid, lo), np.where(neg, hi, mid)
-            X[bad] = self._x(Wb, lo)
+            X[bad] = self._x(Hb, Wb, lo)
             kappa[bad] = lo
         low = kappa[:, 0] * math.sqrt(self.eps) < SCAN_BELOW
         if np.any(low):
-            X[low], kappa[low] = self._largest_root(W[low], kappa[low])
+            X[low], kappa[low] = self._largest_root(H[low], W[low], kappa[low])
         miss = self._miss(X, kappa)
+        X = self._refine(H, X)
         if np.any(miss > 1e-10):
             raise RecoveryError(f"no single token reaches the asked FFN input through the first sublayer (the "
                                 f"norm's scale equation missed by {miss.max():.1e})")
         return X
 
-    def _largest_root(self, W: np.ndarray, kappa: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _largest_root(self, H: np.ndarray, W: np.ndarray, kappa: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The largest root ``κ`` of ``g(κ) = κ − 1/√(mean x(κ)² + ε)`` above the found one (the smallest token): the
         scale equation has several roots where ``M'`` has eigenvalues below ``−√ε``, and a large token cancelled by
         its own attention (``x ≈ −M' n1(x)``) loses its answer's digits to rounding (d = 64: 5.8e-10 against
@@ -141,9 +161,9 @@ class FFNThroughBlock:
         out = kappa[:, 0].copy()
         t = np.linspace(0, 1, SCAN_POINTS)
         for at in range(0, len(W), SCAN_CHUNK):  # rows in chunks: (rows, points, d) complex at a time
-            w, k0 = W[at:at + SCAN_CHUNK], out[at:at + SCAN_CHUNK]
+            h, w, k0 = H[at:at + SCAN_CHUNK], W[at:at + SCAN_CHUNK], out[at:at + SCAN_CHUNK]
             ks = k0[:, None] * (top / k0[:, None]) ** t[None]  # log-spaced: the roots crowd at small κ
-            g = ks - 1 / np.sqrt(self._mean_square(w[:, None], ks[..., None]) + self.eps)
+            g = ks - 1 / np.sqrt(self._mean_square(h[:, None], w[:, None], ks[..., None]) + self.eps)
             change = np.sign(g[:, 1:]) != np.sign(g[:, :-1])
             j = SCAN_POINTS - 2 - np.argmax(change[:, ::-1], axis=1)  # the topmost sign change per row
             has = change.any(axis=1) & (j > 0)
@@ -151,19 +171,56 @@ class FFNThroughBlock:
             lo, hi, neg = ks[r, j], ks[r, j + 1], g[r, j] < 0
             for _ in range(60):
                 mid = (lo + hi) / 2
-                gm = mid - 1 / np.sqrt(self._mean_square(w, mid[:, None]) + self.eps)
+                gm = mid - 1 / np.sqrt(self._mean_square(h, w, mid[:, None]) + self.eps)
                 up = (gm < 0) == neg
                 lo, hi = np.where(up, mid, lo), np.where(up, hi, mid)
             out[at:at + SCAN_CHUNK] = np.where(has, lo, k0)
-        return self._x(W, out[:, None]), out[:, None]
+        return self._x(H, W, out[:, None]), out[:, None]
 
-    def _x(self, w: np.ndarray, k: np.ndarray) -> np.ndarray:
-        """The token ``x(κ) = Re(P (w/(1 + κλ)))`` for eigen-coordinates ``w`` at scales ``k`` (broadcast)."""
-        return np.real((w / (1 + k * self.lam)) @ self.P.T)
+    def _residual(self, H: np.ndarray, X: np.ndarray) -> np.ndarray:
+        """``h − (x + M' x/√(mean x² + ε))`` per row."""
+        k = 1 / np.sqrt(np.mean(X * X, axis=1, keepdims=True) + self.eps)
+        return H - X - k * ((X @ self.Vt.T) @ self.U.T)
 
-    def _mean_square(self, w: np.ndarray, k: np.ndarray) -> np.ndarray:
+    def _refine(self, H: np.ndarray, X: np.ndarray) -> np.ndarray:
+        """Newton's method on the d equations ``x + M' n1(x) = h`` from the scale equation's root: the root of that
+        scalar equation fixes ``x`` to ~1e-11 of ``h`` only where the map is near a fold (``x`` several times ``h``,
+        its attention cancelling it; d = 128: the FFN oracle 9e-12 → 1e-12 off, measured). The Jacobian ``I + κM' −
+        (κ³/d) M'x xᵀ`` is a rank-(r + 1) update of the identity: each step solves (r + 1) × (r + 1) systems
+        (Woodbury). Rows are kept at their best residual over :data:`REFINE_STEPS` steps."""
+        d, r = self.d, self.B.shape[0]
+        R = self._residual(H, X)
+        best = np.linalg.norm(R, axis=1)
+        for _ in range(REFINE_STEPS):
+            k = 1 / np.sqrt(np.mean(X * X, axis=1) + self.eps)
+            p, ux = X @ self.Vt.T, X @ self.U
+            c3 = k**3 / d
+            S = np.zeros((len(X), r + 1, r + 1))
+            S[:, :r, :r] = np.eye(r) + k[:, None, None] * self.B
+            S[:, :r, r] = -c3[:, None] * (p @ self.B.T)
+            S[:, r, :r] = k[:, None] * ux
+            S[:, r, r] = 1 - c3 * np.sum(ux * p, axis=1)
+            rhs = np.concatenate([R @ self.Vt.T, np.sum(X * R, axis=1, keepdims=True)], axis=1)
+            c = np.linalg.solve(S, rhs[..., None])[..., 0]
+            step = R - k[:, None] * (c[:, :r] @ self.U.T) + (c3 * c[:, r])[:, None] * (p @ self.U.T)
+            trial = X + step
+            R_new = self._residual(H, trial)
+            norm = np.linalg.norm(R_new, axis=1)
+            better = norm < best
+            X, R = np.where(better[:, None], trial, X), np.where(better[:, None], R_new, R)
+            best = np.minimum(norm, best)
+        return X
+
+    def _x(self, h: np.ndarray, w: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """The token ``x(κ) = (I + κM')⁻¹ h = h − Re(UQ (κ w/(1 + κλ)))`` for rows ``h`` with coordinates ``w = Q⁻¹Vᵀh``
+        at scales ``k`` (broadcast): on ``M'``'s range only (its null space passes ``h`` unchanged), so the rounding is
+        that of ``h`` and of an r-dimensional eigenbasis, not of a d-dimensional one with a degenerate zero eigenvalue
+        (GQA: rank ``G·d_h`` < d; 1e-11 off with the full eigenbasis at d = 128, measured)."""
+        return h - np.real((w * (k / (1 + k * self.lam))) @ self.UQ.T)
+
+    def _mean_square(self, h: np.ndarray, w: np.ndarray, k: np.ndarray) -> np.ndarray:
         """``mean x(κ)²`` (:meth:`_x`)."""
-        return np.mean(self._x(w, k) ** 2, axis=-1)
+        return np.mean(self._x(h, w, k) ** 2, axis=-1)
 
     def _miss(self, X: np.ndarray, kappa: np.ndarray) -> np.ndarray:
         """Per row, how far the tokens ``X`` at scales ``kappa (B, 1)`` miss the norm's scale equation."""

@@ -67,17 +67,19 @@ BIASED_TARGET_LOGIT = 16.0
 SIGNAL_FLOOR = 1e-8
 #: the coarsest answers the learner reads (float64's machine epsilon and a little)
 FINEST = 1e-15
+#: the coarsest answers any RoPE route reads: float32 (:mod:`.coarse`); bfloat16 is refused
+COARSEST = 1e-6
 #: numbers per batch of long sequences sent at once (memory: 8 bytes each)
 BATCH_TOKENS = 1 << 23
 
 
 def coarse_refusal(precision: str, rounding: float) -> str:
-    """The one-line refusal of answers coarser than float64 (docs/positional.md, "Coarse answers"): the pair probe's
-    finite differences and the logit sketches' log-weights need float64 answers."""
-    return (f"the RoPE learner reads float64 answers without noise; these are {precision} (rounding {rounding:.1e}), "
-            "which its finite-difference pair probe and logit sketches cannot use (measured on float32 answers at "
-            "d = 32: the heads' output spaces 2e-3 … 3e-2 off, the function 9e-2 off; docs/positional.md, \"Coarse "
-            "answers\")")
+    """The one-line refusal of answers coarser than float32 or noisy (docs/positional.md, "Coarse answers"): the
+    pair probe, even its averaged slope (:mod:`.coarse`), does not separate the heads at that rounding."""
+    return (f"the RoPE learner reads answers rounded to float32 or finer, without noise; these are {precision} "
+            f"(rounding {rounding:.1e}), at which the zero-key pair probe does not separate the heads (measured on "
+            "bfloat16 answers at d = 32: its averaged slope's eigenvalues come out complex; docs/positional.md, "
+            "\"Coarse answers\")")
 
 
 def _values(oracle, rng, rho):
@@ -135,7 +137,26 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     if not (isinstance(walk, int) and walk >= 1):
         raise ConfigError(f"walk must be an integer ≥ 1; got {walk!r}", param="walk")
     d = oracle.d
-    run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress)
+    before = oracle.queries
+    with oracle.phase("precision"):  # a float64 module rounding inside (a float32 softmax) is read as float32
+        oracle.read_kernel_rounding()
+    asked = {"precision": oracle.queries - before}
+    noise = max(oracle.eps, 1e-16)
+    if noise > FINEST or not oracle.noise.exact:
+        kind = oracle.precision if oracle.noise.exact else f"noisy {oracle.precision}"
+        if noise > COARSEST or not oracle.noise.exact:
+            raise UnidentifiableError(coarse_refusal(kind, noise))
+        if (query_rms is not None or query_bias or key_bias or tuple(offsets) != OFFSETS
+                or oversample != OVERSAMPLE):
+            raise UnidentifiableError(f"these answers are {kind} (rounding {noise:.1e}): the RoPE route for them "
+                                      "(learners/positional/coarse.py) reads bias-free heads with free query scales "
+                                      "and its own offsets only, not unit queries, q/k biases or given offsets")
+        from attnprobe.learners.positional.coarse import extract_coarse_positional
+
+        return extract_coarse_positional(oracle, heads=heads, seed=seed, check=check, progress=progress,
+                                         asked_before=asked)
+    run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress,
+              asked_before=asked)
     guess = heads or 8
     run.plan(positional_queries(d, guess, max(2, d // guess), heads_known=heads is not None, walk=walk,
                                 query_bias=query_bias or key_bias),
@@ -144,10 +165,6 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     offsets = tuple(sorted({int(o) for o in offsets}, reverse=True))
     if offsets[:2] != (-1, -2):
         raise RecoveryError("the offsets must start with -1 and -2 (the pair bases come from their ratio)")
-    noise = max(oracle.eps, 1e-16)
-    if noise > FINEST or not oracle.noise.exact:
-        kind = oracle.precision if oracle.noise.exact else f"noisy {oracle.precision}"
-        raise UnidentifiableError(coarse_refusal(kind, noise))
     unit_queries = query_rms is not None
     query_bias = query_bias or key_bias
     rho = math.sqrt(d) * (query_rms or 1.0)  # tokens with entries of order one
