@@ -347,6 +347,15 @@ def extract_coarse_positional(oracle, *, heads, seed=0, check=True, progress=Non
     from attnprobe.learners.core.skeleton import Run
     from attnprobe.learners.positional.rope import CHECK_LENGTHS, METHOD
 
+    from attnprobe.errors import UnidentifiableError
+    from attnprobe.oracles.wrappers import declared_attribute
+
+    if declared_attribute(oracle.fn, "qk_biases"):  # a Hugging Face folder says so (Qwen2)
+        raise UnidentifiableError(f"these answers are {oracle.precision} and the layer's queries and keys carry "
+                                  "biases (its family's config): the RoPE route for coarse answers reads bias-free "
+                                  "heads only (docs/positional.md, \"Coarse answers\")")
+    if heads is None:  # a Hugging Face folder declares them (its config)
+        heads = declared_attribute(oracle.fn, "heads", accept=lambda v: isinstance(v, int) and v >= 1)
     if heads is None:
         raise ConfigError("the RoPE route for float32 answers needs the number of heads (the pair probe's rank has no "
                           "gap at float32's rounding)", param="heads")
