@@ -59,6 +59,9 @@ UNIT_STEP = 0.01
 WALK = 1
 #: target size of the median logit difference in the logits stage
 TARGET_LOGIT = 1.5
+#: the same for the keys' odd part with q/k biases (Qwen2 d = 128, 8/2, seed 0, dense heads: the function 5.3e-8
+#: off at 1.5, 8.3e-9 at 16; docs/positional.md, "Q/K biases")
+BIASED_TARGET_LOGIT = 16.0
 #: the pair probe's change, relative to the answer, below which the logits do not depend on the offset (finite
 #: differences of float64 answers are good to ~1e-11 of it; RoPE layers measured 1e-2)
 SIGNAL_FLOOR = 1e-8
@@ -116,7 +119,7 @@ def positional_queries(d: int, H: int, head_dim: int, *, outputs: int | None = N
     first = min(d, 2 * (H if heads_known else 12) + 8)
     if walk_only:  # the walk's queries (a halved step asks its query again)
         return per * (H + 4) * (walk * math.ceil(K / H) + 4)
-    return (2 * d + per * first + per * (H + 4) * (walk * math.ceil(K / H) + 4) + 8
+    return (2 * d + per * first + per * (H + 4) * (walk * math.ceil(K / H) + 4) + (16 if query_bias else 8)
             + 4 * d * (head_dim + oversample) * (2 if query_bias else 1))
 
 
@@ -181,7 +184,7 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     H, dh = G.shape[:2]
     with run.phase("logits"):
         Xs, Ys, Om, rho_l, bias, even = _sketches(oracle, rng, Cb, G, c, np.array(offsets), dh + oversample,
-                                                  query_rms=query_rms, query_bias=query_bias)
+                                                  query_rms=query_rms, query_bias=query_bias, key_bias=key_bias)
     Wq, Wk, thetas, steps, bq, bk = [], [], [], [], [], []
     for h in range(H):
         U = _basis(np.concatenate(list(Xs[h]), axis=1), dh)
@@ -294,12 +297,13 @@ def _output_spaces(dirs, M, head_dim=None):
     return Cb, np.linalg.pinv(Cb).reshape(H, dh, K) @ M, dh
 
 
-def _sketches(oracle, rng, Cb, G, c, offs, r, *, query_rms=None, query_bias=False):
+def _sketches(oracle, rng, Cb, G, c, offs, r, *, query_rms=None, query_bias=False, key_bias=False):
     """Stage 4: the token scale, then ``X_k = B_h(δ_k) Ω_kᵀ`` (a query basis against ``r`` random keys per offset)
     and ``Y_k = B_h(δ_k)ᵀ Zᵀ`` (``r`` random queries against a key basis) for every head, from the log-ratios of
     the weights solved in each head's coordinates. Returns ``Xs, Ys (H, m, d, r)``, ``Ω (m, r, d)``, the scale,
     and with ``query_bias`` the bias's term ``b_hᵀ R(δ_k) K_h Ω_k[a]ᵀ`` (r, H, m) and the half-sums over the keys'
-    signs with their query tokens ``(Z (B, d), (B, H, m))`` (:func:`fit_key_bias`) (else None, None)."""
+    signs with their query tokens ``(Z (B, d), (B, H, m))`` (:func:`fit_key_bias`) (else None, None); with
+    ``key_bias`` the token scale is set on the keys' odd part of the log-ratios (8 more sequences)."""
     d, K = oracle.d, Cb.shape[0]
     H, dh = G.shape[:2]
     m = len(offs)
@@ -327,8 +331,12 @@ def _sketches(oracle, rng, Cb, G, c, offs, r, *, query_rms=None, query_bias=Fals
     if unit_queries:
         Zc *= query_rms * math.sqrt(d) / np.linalg.norm(Zc, axis=1, keepdims=True)
     kc = 0.5 if unit_queries else 1.0  # keys of rms 1/2 (inside an RMSNorm's ball); logits are linear in them
-    med = float(np.median(np.abs(log_ratios(Zc, kc * rng.standard_normal((8, m, d)))))) / kc
-    rho = float(np.clip(math.sqrt(TARGET_LOGIT / max(med, 1e-12)), 1e-3, 1e3))
+    Kc = kc * rng.standard_normal((8, m, d))
+    lr = log_ratios(Zc, Kc)
+    if key_bias:  # the key bias's terms do not grow with the tokens: the scale from the keys' odd part alone
+        lr = (lr - log_ratios(Zc, -Kc)) / 2
+    med = float(np.median(np.abs(lr))) / kc
+    rho = float(np.clip(math.sqrt((BIASED_TARGET_LOGIT if key_bias else TARGET_LOGIT) / max(med, 1e-12)), 1e-3, 1e3))
     Qb = random_orthogonal(d, rng)
     Om = rng.standard_normal((m, r, d)) / math.sqrt(d)
     Zs = rng.standard_normal((r, d)) / math.sqrt(d)
