@@ -183,6 +183,8 @@ def oracle_from_hf(model_dir, layer: int, *, dtype: str = "float64", row: int | 
         fn.positions = module.positions
     if module.spec.positional:  # the position term, declared from the family (the positional learner's route)
         fn.position_term = POSITION_TERMS[module.spec.family.position]
+        fn.heads = module.heads  # the config's heads (a route that cannot read them from coarse answers)
+        fn.qk_biases = bool({"q", "k"} & set(module.spec.biases))
     if kwargs.get("precision") is None:
         kwargs["precision"] = coarser(dtype, module.spec.softmax_dtype or dtype)
         if kwargs["precision"] != dtype:  # said with every message that names the precision (cli.common)

@@ -49,6 +49,9 @@ DEFAULT_BASE = 10000.0
 #: whose log-weights the rounding spoils; measured at d = 32: median error 9e-7 at 0.6, 3e-5 with outliers of 6.6 at
 #: 2.5)
 TARGET_LOGIT = 0.5
+#: the median |logit| above which the value maps' random queries are shrunk to it (a Hugging Face LLaMA folder at
+#: std 0.3 has 2.1: one head's V_h came out 0.40 off; random-init layers at d = 32 have 0.6 … 0.7)
+PROBE_LOGIT = 0.7
 #: independent random queries per input dimension at which the heads' value maps are read
 VALUE_QUERIES = 6
 #: rounds of dropping the value maps' outlying queries
@@ -260,14 +263,15 @@ def _bilinear_solve(a: np.ndarray, b: np.ndarray, y: np.ndarray, w: np.ndarray |
 
 
 def coarse_value_maps(oracle, M: np.ndarray, Cb: np.ndarray, rng: np.random.Generator, H: int,
-                      per: int = VALUE_QUERIES, trims: int = TRIMS) -> np.ndarray:
+                      per: int = VALUE_QUERIES, trims: int = TRIMS, query_scale: float = 1.0) -> np.ndarray:
     """Every head's value map ``V_h`` (H, K, d) from the pair probe's directions at ``per·d`` independent random
     queries ``z``: each direction is labelled by the head whose rough output space (``Cb``, from the walk) holds
     it best, scaled so that the directions sum to ``M z = Σ_h V_h z``, and ``V_h`` is the least-squares map
     ``z ↦ V_h z`` over every query, those it misses by more than 3× the median dropped ``trims`` times.
     Independent queries spread over every direction of ``V_h``, where the walk's nearby ones span each head's
     space poorly (measured, float32 answers at d = 32: the walk's spaces 5e-3 … 7e-3 off, ``V_h`` 3e-5 off from
-    6d queries)."""
+    6d queries). ``query_scale``: the queries' entries' size (smaller where large logits leave a head's zero keys
+    almost no weight, and its direction in the rounding)."""
     from scipy.optimize import linear_sum_assignment
 
     d, K = oracle.d, M.shape[0]
@@ -275,7 +279,7 @@ def coarse_value_maps(oracle, M: np.ndarray, Cb: np.ndarray, rng: np.random.Gene
     P = [np.linalg.qr(Cb[:, h * dh:(h + 1) * dh])[0] for h in range(H)]
     E = random_orthogonal(d, rng)[: H + 4]
     kw = dict(settings=SETTINGS, eta=COARSE_STEP * math.sqrt(d), rank=H, noise=0.0, rng=rng, jacobian=pair_derivative)
-    Z = rng.standard_normal((per * d, d))
+    Z = rng.standard_normal((per * d, d)) * query_scale
     S = np.empty((len(Z), K, H))
     for i, z in enumerate(Z):
         W, _, _ = head_directions(oracle, z, E, **kw)
@@ -325,13 +329,15 @@ def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None
     d = oracle.d
     rho = math.sqrt(d)
     M, c = coarse_values(oracle, rng, rho)
-    rough, _ = coarse_output_spaces(oracle, M, rng, H, walk)
-    Cb, G = split_value_maps(coarse_value_maps(oracle, M, rough, rng, H, per), M)
+    rough, G = coarse_output_spaces(oracle, M, rng, H, walk)
+    probe = rng.standard_normal((16, len(LOGIT_OFFSETS) + 1, d))  # the logits' size, read in the rough spaces
+    ell = log_weights(oracle, rough, G, c, probe, np.tile(LOGIT_OFFSETS, (16, 1)), -min(LOGIT_OFFSETS))
+    med = max(float(np.nanmedian(np.abs(ell))), 1e-12)
+    scale = float(np.clip(math.sqrt(TARGET_LOGIT / med), 1e-3, 1e3))
+    Cb, G = split_value_maps(coarse_value_maps(oracle, M, rough, rng, H, per,
+                                               query_scale=min(1.0, math.sqrt(PROBE_LOGIT / med))), M)
     dh = G.shape[1]
     theta = rope_frequencies(dh, base or DEFAULT_BASE)
-    probe = rng.standard_normal((16, len(LOGIT_OFFSETS) + 1, d))
-    ell = log_weights(oracle, Cb, G, c, probe, np.tile(LOGIT_OFFSETS, (16, 1)), -min(LOGIT_OFFSETS))
-    scale = float(np.clip(math.sqrt(TARGET_LOGIT / max(float(np.nanmedian(np.abs(ell))), 1e-12)), 1e-3, 1e3))
     Wq, Wk, count = logit_maps(oracle, rng, Cb, G, c, theta, scale)
     model = PositionalAttention(Wq, Wk, G, Cb, bo=c, position="rope", inv_freq=theta, layout="half", scale=1.0,
                                 causal=True)
@@ -347,6 +353,15 @@ def extract_coarse_positional(oracle, *, heads, seed=0, check=True, progress=Non
     from attnprobe.learners.core.skeleton import Run
     from attnprobe.learners.positional.rope import CHECK_LENGTHS, METHOD
 
+    from attnprobe.errors import UnidentifiableError
+    from attnprobe.oracles.wrappers import declared_attribute
+
+    if declared_attribute(oracle.fn, "qk_biases"):  # a Hugging Face folder says so (Qwen2)
+        raise UnidentifiableError(f"these answers are {oracle.precision} and the layer's queries and keys carry "
+                                  "biases (its family's config): the RoPE route for coarse answers reads bias-free "
+                                  "heads only (docs/positional.md, \"Coarse answers\")")
+    if heads is None:  # a Hugging Face folder declares them (its config)
+        heads = declared_attribute(oracle.fn, "heads", accept=lambda v: isinstance(v, int) and v >= 1)
     if heads is None:
         raise ConfigError("the RoPE route for float32 answers needs the number of heads (the pair probe's rank has no "
                           "gap at float32's rounding)", param="heads")

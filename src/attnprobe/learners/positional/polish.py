@@ -111,7 +111,7 @@ def _fit(model, data, frequencies, rounds, cg_steps, only=None):
         if unknown:
             raise ConfigError(f"the polish fits {', '.join(names)}; cannot fit {', '.join(unknown)}", param="only")
         names = tuple(n for n in names if n in only)
-    held = {n: torch.as_tensor(np.asarray(getattr(model, n), dtype=np.float64))
+    held = {n: torch.as_tensor(np.array(getattr(model, n), dtype=np.float64))
             for n in fitted_names(model, True) if n not in names}
     arrays = {n: np.asarray(getattr(model, n), dtype=np.float64) for n in names}
     shapes = {n: a.shape for n, a in arrays.items()}
