@@ -9,7 +9,8 @@ own value map), sequences asked by the learner and by the polish, the unknowns, 
 Each row is stored in ``benchmarks/results/positional_biased.json`` as it is measured; ``--write`` writes the
 stored rows into docs/benchmarks/positional.md.
 
-    PYTHONPATH=src python benchmarks/positional_biased.py --case qwen2-32-2-1 qwen2-32-2-2 gpt_neox-32-2-2 --polish never
+    PYTHONPATH=src python benchmarks/positional_biased.py --polish never \
+        --case qwen2-32-2-1 qwen2-32-2-2 gpt_neox-32-2-2
     PYTHONPATH=src python benchmarks/positional_biased.py --case qwen2-128-8-2 --polish auto --write
 """
 
