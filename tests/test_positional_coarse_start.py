@@ -93,7 +93,7 @@ def _value_maps(precision, per=6, seed=5):
     rng = np.random.default_rng(0)
     M, _ = coarse_values(oracle, rng, 4.0)
     rough, _ = coarse_output_spaces(oracle, M, rng, 2)
-    V = coarse_value_maps(oracle, M, rough, rng, 2, per)
+    V = coarse_value_maps(oracle, M, rough, rng, 2, per=per)
     exact = truth.value_maps()
     err = max(min(np.linalg.norm(V[h] - exact[g]) / np.linalg.norm(exact[g]) for g in range(2)) for h in range(2))
     return err, oracle, per

@@ -262,7 +262,7 @@ def _bilinear_solve(a: np.ndarray, b: np.ndarray, y: np.ndarray, w: np.ndarray |
     return np.linalg.solve(A, F.T @ y).reshape(a.shape[1], b.shape[1])
 
 
-def coarse_value_maps(oracle, M: np.ndarray, Cb: np.ndarray, rng: np.random.Generator, H: int,
+def coarse_value_maps(oracle, M: np.ndarray, Cb: np.ndarray, rng: np.random.Generator, H: int, *,
                       per: int = VALUE_QUERIES, trims: int = TRIMS, query_scale: float = 1.0) -> np.ndarray:
     """Every head's value map ``V_h`` (H, K, d) from the pair probe's directions at ``per·d`` independent random
     queries ``z``: each direction is labelled by the head whose rough output space (``Cb``, from the walk) holds
@@ -334,7 +334,7 @@ def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None
     ell = log_weights(oracle, rough, G, c, probe, np.tile(LOGIT_OFFSETS, (16, 1)), -min(LOGIT_OFFSETS))
     med = max(float(np.nanmedian(np.abs(ell))), 1e-12)
     scale = float(np.clip(math.sqrt(TARGET_LOGIT / med), 1e-3, 1e3))
-    Cb, G = split_value_maps(coarse_value_maps(oracle, M, rough, rng, H, per,
+    Cb, G = split_value_maps(coarse_value_maps(oracle, M, rough, rng, H, per=per,
                                                query_scale=min(1.0, math.sqrt(PROBE_LOGIT / med))), M)
     dh = G.shape[1]
     theta = rope_frequencies(dh, base or DEFAULT_BASE)
