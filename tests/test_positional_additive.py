@@ -132,3 +132,17 @@ def test_estimate_follows_the_position_route():
     t5 = estimate_queries("positional", 128, outputs=128, heads=8, position="t5")
     rope = estimate_queries("positional", 128, outputs=128, heads=8, position="rope")
     assert 3600 <= t5.queries <= 4400 and rope.queries > 3 * t5.queries
+
+
+def test_a_float32_t5_module_is_refused_for_its_additive_bias_not_as_rope_with_biases():
+    """Read from float32 answers, a T5 bias that fits no bucket layout is refused for that (the route's RoPE with
+    q/k biases reads float64 answers only: it is not tried, and its refusal is not the one that names the cause)."""
+    from attnprobe.errors import RecoveryError
+    from attnprobe.learners.positional.route import extract_any_positional
+
+    oracle = Oracle(TorchFunction(positional_victim("t5", d=32, heads=2, seed=1, dtype="float32"), 32), 32)
+    with pytest.raises(RecoveryError) as err:
+        extract_any_positional(oracle, heads=2, seed=0, polish="never")
+    msg = str(err.value)
+    assert msg.startswith("an additive position bias") and "coarse answers" in msg and "not tried" in msg
+    assert "\n" not in msg

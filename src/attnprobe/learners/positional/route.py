@@ -109,6 +109,10 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
         try:  # that counts
             res = extract_additive(oracle, heads=heads, seed=seed, check=check, progress=progress)
         except (RecoveryError, UnidentifiableError) as first:
+            if not fine:  # RoPE with q/k biases reads fine answers only: the additive route's cause is the one
+                raise type(first)(f"an additive position bias (read from the answers) did not fit these coarse "
+                                  f"answers (rounding {oracle.eps:.1e}; RoPE with q/k biases needs float64 answers, "
+                                  f"not tried): {first}") from first
             res = _after(oracle, start, first, "an additive position bias did not fit", "additive tried",
                          heads=heads, seed=seed, check=check, progress=progress, walk=walk)
             _share_groups(res)
