@@ -351,7 +351,7 @@ def extract_coarse_positional(oracle, *, heads, seed=0, check=True, progress=Non
     frequencies fitted from ``base`` (default :data:`DEFAULT_BASE`). Needs the number of heads."""
     from attnprobe.errors import ConfigError
     from attnprobe.learners.core.skeleton import Run
-    from attnprobe.learners.positional.rope import CHECK_LENGTHS, METHOD
+    from attnprobe.learners.positional.method import CHECK_LENGTHS, METHOD
 
     from attnprobe.errors import UnidentifiableError
     from attnprobe.oracles.wrappers import declared_attribute

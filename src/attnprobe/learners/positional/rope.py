@@ -37,13 +37,11 @@ from attnprobe.learners.positional.heads import (BIASES_REFUSED, LEVELS, STEP, h
 from attnprobe.learners.positional.rotation import RotaryFactors, factor_rotary
 from attnprobe.learners.core.skeleton import Run
 from attnprobe.learners.head.probes import random_orthogonal
+from attnprobe.learners.positional.method import CHECK_LENGTHS, METHOD
 from attnprobe.models.positional import PositionalAttention
 
-METHOD = "positional"
 #: offsets whose logit matrices are sketched (the two nearest give the pair bases; the far ones refine the angles)
 OFFSETS = (-1, -2, -3, -4, -6, -8, -12, -16, -24, -32, -64)
-#: lengths of the functional check (up to the longest sequence the offsets cover)
-CHECK_LENGTHS = (1, 2, 8, 64, 256)
 #: sketch width beyond the head dimension
 OVERSAMPLE = 8
 #: query scales of the pair probe and the step between nearby queries
