@@ -65,16 +65,17 @@ NOTES = """\
 The learners' stages, then `polish_extraction` (`--polish auto`: target 1e-9 on the check's relative RMS error);
 errors against the module itself (BLOOM's computes its softmax in float32). LLaMA and GPT-NeoX (1e-8 asked) and
 BLOOM (1e-5 asked) reach their targets only with the polish; T5 is below the target without it. Qwen2 with its
-biases is read through the kernel of the value maps (section "RoPE with q/k/v biases as routed"; its row here was
-measured before that route's token-scale change, which took the learner alone from 1.5e-7 to 1.1e-7 and the
-polished function to 3.7e-9 there). The float32 and bfloat16 rows run the module itself in that dtype, its
-precision read from the answers, errors against the float64 module: every one is refused in one line naming the
-precision (bfloat16), the biases (Qwen2) or the additive bias that did not fit (T5, BLOOM). LLaMA and GPT-NeoX
-float32 modules now take the float32 RoPE route (docs/benchmarks/positional-precision.md, "RoPE float32 route": d
-= 32 function 2.2e-3); at d = 128 it was not run. Seconds are wall-clock on a loaded machine (load average 8–10 on
-2 cores during the GPT-NeoX and BLOOM runs; unloaded, the LLaMA polish of 3 × 300 CG steps on 600 sequences took
-208 s: docs/positional.md, "The polish"). Rows measured in separate runs of the command (one family each), stored
-in `benchmarks/results/positional_polish.json`."""
+biases is read through the kernel of the value maps, GPT-NeoX with its biases (no kernel: 8/8 heads of full width)
+through the zero-query weights (section "RoPE with q/k/v biases as routed"; its row here was measured before that
+route's token-scale change, which took the learner alone from 1.5e-7 to 1.1e-7 and the polished function to 3.7e-9
+there). The float32 and bfloat16 rows run the module itself in that dtype, its precision read from the answers,
+errors against the float64 module: every one is refused in one line naming the precision (bfloat16), the biases
+(Qwen2) or the additive bias that did not fit (T5, BLOOM). LLaMA and GPT-NeoX float32 modules now take the float32
+RoPE route (docs/benchmarks/positional-precision.md, "RoPE float32 route": d = 32 function 2.2e-3); at d = 128 it
+was not run. Seconds are wall-clock on a loaded machine (load average 8–10 on 2 cores during the GPT-NeoX and
+BLOOM runs; unloaded, the LLaMA polish of 3 × 300 CG steps on 600 sequences took 208 s: docs/positional.md, "The
+polish"). Rows measured in separate runs of the command (one family each), stored in
+`benchmarks/results/positional_polish.json`."""
 
 COLUMNS = ["module", "GQA", "answers", "sequences: learner + polish", "unknowns", "limit", "error ≤ 256: learner",
            "error ≤ 256: polished", "polish", "check", "seconds", "result"]

@@ -6,7 +6,8 @@ output bias) at the last position over Gaussian sequences of lengths up to 256.
 
     PYTHONPATH=src:tests python benchmarks/research/rope_eager_float64.py --d 32
 
-The extraction runs with ``--polish never`` (the float32 route's start, then its check); "result vs float64
+The extraction runs with ``--polish never`` (the float32 route's start, then its check) or ``--polish auto`` (the
+default: the route's polish too); "result vs float64
 function" is the written model's largest relative error at the last position over the same lengths.
 """
 
@@ -44,9 +45,10 @@ SHAPES = {32: (2, 1), 128: (8, 2)}
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--d", type=int, nargs="+", default=[32], choices=tuple(SHAPES))
+    ap.add_argument("--polish", default="never", choices=("never", "auto"), help="the extraction's --polish")
     args = ap.parse_args()
-    print("| d | heads (KV) | eager float64 vs its float64 function (≤ 256) | `extract --hf-dir --polish never` "
-          "(nothing declared) | result vs float64 function (≤ 256) |")
+    print(f"| d | heads (KV) | eager float64 vs its float64 function (≤ 256) | `extract --hf-dir --polish "
+          f"{args.polish}` (nothing declared) | result vs float64 function (≤ 256) |")
     print("|---|---|---|---|---|")
     for d in args.d:
         heads, kv = SHAPES[d]
@@ -68,7 +70,7 @@ def main() -> None:
                 worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))  # no output bias: c = 0
             err = io.StringIO()
             with redirect_stderr(err):
-                code = cli(["extract", "--hf-dir", str(folder), "--layer", "0", "--polish", "never",
+                code = cli(["extract", "--hf-dir", str(folder), "--layer", "0", "--polish", args.polish,
                             "--out", str(Path(tmp) / "r.npz")])
             line = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else ""
             got = "–"
