@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from attnprobe.errors import AttnprobeError
 from attnprobe.learners.block.learner import extract_block
 from attnprobe.learners.block.polish import polish_attention, polish_data
 from attnprobe.learners.block.refine import refit_data, refit_logits
@@ -172,7 +173,12 @@ def end_to_end_parts(shape):
     f = fold_norm_weights(blk)
     o = Oracle(blk.every_position, d, outputs=d, precision="float64")
     t = time.perf_counter()
-    res = extract_block(o, heads=H, hidden=m)
+    try:
+        res = extract_block(o, heads=H, hidden=m)
+    except AttnprobeError as e:  # a refusal is a measurement too: where it stopped, after how many queries
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        return (f"d {d}, {H}/{G} heads, SwiGLU {m}", o.queries, "—", "—", "—", "—",
+                f"refused: {type(e).__name__}: {e}", "—", f"{time.perf_counter() - t:.0f}", f"{peak:.1f}")
     seconds = time.perf_counter() - t
     rng = np.random.default_rng(5)
     errs = []

@@ -216,3 +216,28 @@ def test_a_post_norm_block_is_refused_naming_the_cause_and_a_biased_pre_norm_one
             extract_block(oracle, heads=2, hidden=32)
         assert "\n" not in str(exc.value)
         assert oracle.queries == 3
+
+
+def test_the_logit_refit_comes_back_from_a_far_start():
+    """d = 16, 2/1 heads, the true attention's answers, each head's W_Q and W_K 10 % off entry by entry (log-ratio
+    residual ~4): the refit's damped steps bring the function back to rounding (plain Gauss–Newton steps that stop
+    when one fails to halve the residual left 2.6e-5, measured)."""
+    from attnprobe.learners.block.refine import refit_data, refit_logits
+    from attnprobe.models.positional import PositionalAttention
+
+    A = fold_norm_weights(random_llama_block(16, 2, 1, 32, seed=0)).attention
+    oracle = Oracle(lambda X: A.every_position(X)[:, -1], 16, outputs=16, precision="float64")
+    data = refit_data(oracle, 1.0, A.Wq.shape[1], np.random.default_rng(1), 128)
+    rng = np.random.default_rng(5)
+
+    def off(W):
+        return W * (1 + 0.1 * rng.standard_normal(W.shape))
+    per_head = [A.group(h) for h in range(A.H)]
+    start = PositionalAttention(off(A.scale * A.Wq), off(A.Wk[per_head]), A.Wv[per_head], A.Wo, bo=A.bo,
+                                position="rope", inv_freq=A.inv_freq, layout="half", scale=1.0, causal=True)
+    Z = np.random.default_rng(3).standard_normal((8, 64, 16)) * 0.5
+    want = A.every_position(Z)
+    assert np.abs(start.every_position(Z) - want).max() > 1e-2 * np.abs(want).max()
+    model, history = refit_logits(start, data)
+    assert np.abs(model.every_position(Z) - want).max() < 1e-10 * np.abs(want).max()
+    assert all(h[-1] < 1e-8 * h[0] for h in history)

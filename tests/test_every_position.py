@@ -334,3 +334,37 @@ def test_rows_of_tiny_tokens_show_the_value_map_along_their_mean_only():
     assert apart2 < 1e-3 * miss1
     causal1, causal2 = sizes(True, 1e-2)[0], sizes(True, 1e-3)[0]
     assert causal1 > 0.05 and causal1 / causal2 < 2  # a causal row i sees the mean of x_0..x_i: O(1) apart
+
+
+def test_the_logits_stage_averages_every_reading_of_u_h_and_w_h():
+    """With value maps slightly off (as float32 separations leave them, Σ_h E_h = 0), each sequence reads a
+    different u_h and W_h entry: the stage returns the mean of every reading (each W_h reading less its own
+    sequence's u_h reading), not the last one."""
+    from attnprobe.learners.head.probes import random_orthogonal
+    from attnprobe.learners.multihead.vector_rows import learn_logits_rows, logits_sequences, read_rows
+
+    m = layer(d=8, H=2, K=12, seed=3)
+    E = 1e-3 * np.random.default_rng(4).standard_normal(m.v.shape[1:])
+    V = m.v + np.stack([E, -E])
+    oracle = Oracle(EveryPositionLayer(m), 8)
+    scale, tokens = 0.5, 4
+    W, u, *_ = learn_logits_rows(oracle, m.c, V, scale, tokens, np.random.default_rng(0), lambda: None,
+                                 causal=False, sketch=False)
+    O = random_orthogonal(8, np.random.default_rng(0))
+    u_reads, w_reads = [[] for _ in range(8)], {}
+    for s in logits_sequences(8, 2, tokens, False, False)[0]:
+        T = np.where((s >= 0)[:, None], scale * O[np.maximum(s, 0)], 0.0)
+        lg, _ = read_rows(EveryPositionLayer(m)(T[None])[0], m.c, V, T, False)
+        live = np.flatnonzero(s >= 0)
+        for j in live:
+            u_reads[s[j]].append(lg[:, 0, j])
+            for i in live:
+                w_reads.setdefault((s[j], s[i]), []).append(lg[:, i, j] - lg[:, 0, j])
+    assert min(len(r) for r in u_reads) > 1  # every direction is read several times, differently
+    assert max(np.ptp(np.array(r), axis=0).max() for r in u_reads) > 1e-6
+    u_mean = np.stack([np.mean(r, axis=0) for r in u_reads], axis=1) @ O / scale
+    np.testing.assert_allclose(u, u_mean, rtol=0, atol=1e-12)
+    Wb = np.zeros((2, 8, 8))
+    for (j, i), r in w_reads.items():
+        Wb[:, j, i] = np.mean(r, axis=0) / scale**2
+    np.testing.assert_allclose(W, O.T @ Wb @ O, rtol=0, atol=1e-10)

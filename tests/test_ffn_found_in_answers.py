@@ -39,12 +39,13 @@ def _v_off(v: np.ndarray, seed: int) -> np.ndarray:
 
 
 def test_a_missed_weak_neuron_is_found_without_a_query():
-    """Ten nets (d = 8, m = 12) whose first line missed a weak neuron (output weight 0.02, as the float32 misses
+    """Six nets (d = 8, m = 12) whose first line missed a weak neuron (output weight 0.02, as the float32 misses
     are: 0.003–0.04 measured): the polished set of the others misses answers; the neuron fitted to the polish
-    answers completes it to every neuron, explaining every answer, and no query is asked."""
+    answers completes it to every neuron, explaining every answer, and no query is asked (10 of seeds 0-9
+    measured)."""
     d, m, missing = 8, 12, 0
     found = 0
-    for seed in range(10):
+    for seed in range(6):
         net, o, run, ask, fitted, fit_data, v, (miss, exact) = _missed_weak(seed, d, m, missing)
         assert needs_another_line(exact, miss, o.eps)  # the polish cannot make up for the missing neuron
         before = o.queries
@@ -57,17 +58,17 @@ def test_a_missed_weak_neuron_is_found_without_a_query():
         assert _every_neuron(net, neurons, m)
         assert orient.exact and not needs_another_line(True, consistency(neurons, ask), o.eps)
         found += 1
-    assert found >= 8, f"found in {found} of 10"
+    assert found >= 5, f"found in {found} of 6"
 
 
 def test_a_merged_pair_is_split_or_left_to_the_repair_line():
-    """Ten first lines that missed a neuron and took a pair for one kink: the merged neuron, polished, moves onto one
-    of the pair and the other is found in the answers (6 of 10 measured, with every neuron right); where the
-    added neurons do not explain every answer, nothing is kept (the learner goes on to the repair line), never a
-    set that misses answers."""
+    """Six first lines that missed a neuron and took a pair for one kink: the merged neuron, polished, moves onto one
+    of the pair and the other is found in the answers (5–6 of seeds 0-9 measured, 3 of these 6, with every neuron
+    right); where the added neurons do not explain every answer, nothing is kept (the learner goes on to the repair
+    line), never a set that misses answers."""
     d, m = 8, 12
     kept = 0
-    for seed in range(10):
+    for seed in range(6):
         net, o, run, ask, first, fit_data, v = _first_line(d, m, seed, missing=0, merged=(1, 2))
         fitted = score_set(ask, Lines(*first), np.ones(first[0].shape[0], bool), v, FFNOptions(), fit_data).net
         got = found_in_answers(run, ask, jump_columns(fitted.neurons, first[0].shape[0]), v, FFNOptions(), fit_data)
@@ -77,7 +78,7 @@ def test_a_merged_pair_is_split_or_left_to_the_repair_line():
         assert orient.exact and not needs_another_line(True, consistency(neurons, ask), o.eps)
         assert _every_neuron(net, neurons, m)
         kept += 1
-    assert kept >= 4, f"split in {kept} of 10"
+    assert kept >= 2, f"split in {kept} of 6"
 
 
 def test_the_projection_keeps_the_found_neurons_compensation_out():

@@ -13,22 +13,24 @@ from attnprobe.oracles.base import Oracle
 from attnprobe.targets import random_rope_attention
 
 
-@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
-def test_coarse_answers_are_refused_naming_precision_and_cause(precision):
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_answers_coarser_than_float32_are_refused_naming_precision_and_cause(precision):
     oracle = Oracle(random_rope_attention(32, 2, 1, seed=5), 32, precision=precision)
     with pytest.raises(UnidentifiableError) as exc:
         extract_positional(oracle, heads=2)
     msg = str(exc.value)
-    assert precision in msg and "finite-difference" in msg and "\n" not in msg
+    assert precision in msg and "does not separate the heads" in msg and "\n" not in msg
     assert f"{oracle.eps:.1e}" in msg  # the rounding named is the precision's
     assert oracle.queries == 0
 
 
-def test_estimate_refuses_coarse_answers_naming_the_cause():
+def test_estimate_refuses_answers_coarser_than_float32_naming_the_cause():
     with pytest.raises(ConfigError) as exc:
-        estimate_queries("positional", 128, precision="float32", heads=8)
-    assert exc.value.param == "precision" and "finite-difference" in str(exc.value)
-    assert estimate_queries("positional", 128, heads=8).queries > 0  # float64 answers are estimated
+        estimate_queries("positional", 128, precision="bfloat16", heads=8)
+    assert exc.value.param == "precision" and "does not separate the heads" in str(exc.value)
+    fine = estimate_queries("positional", 128, heads=8).queries
+    coarse = estimate_queries("positional", 128, precision="float32", heads=8).queries
+    assert 0 < fine < coarse  # float32 answers are estimated too, averaging costs more
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +78,22 @@ def test_float64_llama_folder_is_refused_naming_the_eager_kernel(float64_llama, 
     assert "reads float64 answers" in err[0] and "float32" in err[0]
     assert "eager kernel computes its softmax (and transformers its rotary angles) in float32" in err[0]
     assert "0 queries spent" in err[0]
+
+
+def test_float32_answers_take_the_coarse_route():
+    """float32 answers: the coarse RoPE start (values, value maps, logit maps), its queries as planned, close
+    enough to the module for the polish to start from (the polish itself: docs/benchmarks/positional-precision.md)."""
+    from attnprobe.learners.positional.coarse import coarse_queries
+    from attnprobe.models.compare import function_error_over_lengths
+
+    truth = random_rope_attention(16, 2, 1, seed=5)
+    oracle = Oracle(truth.with_dtype("float32"), 16, precision="float32")
+    res = extract_positional(oracle, heads=2, seed=0)
+    assert res.details["route"] == "coarse" and "float32 answers: the coarse RoPE route" in res.notes[0]
+    planned = coarse_queries(16, 2, 16)  # a walk's halved steps ask more
+    assert planned <= res.queries_by_phase["coarse start"] <= 1.5 * planned
+    err = function_error_over_lengths(res.model, truth, np.random.default_rng(1), (1, 2, 8, 64, 256))
+    assert err < 1e-2  # measured 1.0e-3
+    with pytest.raises(ConfigError) as exc:
+        extract_positional(Oracle(truth.with_dtype("float32"), 16, precision="float32"))
+    assert exc.value.param == "heads" and "float32" in str(exc.value)

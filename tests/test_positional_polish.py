@@ -96,3 +96,23 @@ def test_matrix_free_polish_holds_the_null_key_bias_and_converges():
         polish_module.DENSE_LIMIT = limit
     assert report.misfit_after < report.misfit_before / 1e3
     assert _error(model, truth) < _error(start, truth) / 1e2
+
+
+def test_polish_of_some_arrays_holds_the_others():
+    """``only``: the logit maps fitted with the value maps held (a staged fit) move only ``Wq`` and ``Wk``, and
+    still bring a layer whose logit maps alone are perturbed towards the module; an array the polish does not know
+    is refused naming it."""
+    from attnprobe.targets import random_rope_attention
+
+    truth = random_rope_attention(8, 2, 1, seed=3)
+    rng = np.random.default_rng(0)
+    start = _perturbed(truth, 1e-2, rng, ("Wq", "Wk"))
+    data = fresh_answers(Oracle(truth, 8), 60, rng)
+    fitted, report = polish(start, data, rounds=3, only=("Wq", "Wk"))
+    assert report.unknowns == truth.Wq.size + truth.Wk.size
+    for name in ("Wv", "Wo", "bo"):
+        assert np.array_equal(getattr(fitted, name), getattr(start, name))
+    assert _error(fitted, truth) < _error(start, truth) / 10
+    with pytest.raises(ConfigError) as exc:
+        polish(start, data, only=("Wq", "slopes"))
+    assert exc.value.param == "only" and "slopes" in str(exc.value)

@@ -31,10 +31,19 @@ def _started(size, seed=3):
     return truth, oracle, res
 
 
-def test_polish_above_the_target_is_kept_when_the_fresh_check_improves():
+@pytest.fixture(scope="module")
+def kept():
+    """A result whose check failed (its note says so) polished above the target (the polish is kept); the oracle,
+    the check's error and the oracle's count before the polish. The tests below only read it."""
     truth, oracle, res = _started(1e-4)
-    before_error, asked = res.check.error, oracle.queries
+    res.notes = ["learner note", f"functional check FAILED (relative error {res.check.error:.2e}): hint"]
+    before_error, asked, passed_before = res.check.error, oracle.queries, res.check.passed
     polish_extraction(oracle, res, mode="auto", target=1e-9, lengths=LENGTHS, rounds=4)
+    return truth, oracle, res, before_error, asked, passed_before
+
+
+def test_polish_above_the_target_is_kept_when_the_fresh_check_improves(kept):
+    truth, oracle, res, before_error, asked, _ = kept
     info = res.details["polish"]
     n = polish_sequences(res.unknowns, 16)  # as many answered numbers as twice the unknowns
     assert info["ran"] and info["kept"] and info["sequences"] == n and info["numbers"] >= 2 * res.unknowns
@@ -96,12 +105,10 @@ def test_always_without_a_check_checks_both_and_returns_one_check_counted_apart(
     assert bare.check.error == min(bare.details["polish"]["check_before"], bare.details["polish"]["check_after"])
 
 
-def test_a_kept_polish_drops_the_learners_failed_check_note():
+def test_a_kept_polish_drops_the_learners_failed_check_note(kept):
     """The learner's check failed (its note says so); the polished model passes a fresh check: the old note no
     longer describes the result and is dropped, the other notes stay."""
-    truth, oracle, res = _started(1e-4)
-    assert not res.check.passed
-    res.notes = ["learner note", f"functional check FAILED (relative error {res.check.error:.2e}): hint"]
-    polish_extraction(oracle, res, mode="auto", target=1e-9, lengths=LENGTHS, rounds=4)
+    _, _, res, _, _, passed_before = kept
+    assert not passed_before
     assert res.details["polish"]["kept"] and res.check.passed
     assert res.notes[0] == "learner note" and not any(n.startswith("functional check") for n in res.notes)

@@ -33,9 +33,13 @@ from attnprobe.models.positional import PositionalAttention
 KEY_RMS = 0.5
 #: the longest sequence of the refit data (offsets −1 … −(N − 1): the check's lengths reach 64)
 MAX_LENGTH = 64
-#: at most this many Gauss–Newton steps per head, while each lowers the residual at least twofold (on the true
-#: attention the first reaches the floor the value maps' error sets; through a block it takes several)
-STEPS = 6
+#: at most this many steps per head (on the true attention the first reaches the floor the value maps' error sets;
+#: through a block it takes several, from a far start dozens)
+STEPS = 40
+#: a full step from a fresh matrix that keeps more than this share of the residual ends the descent (the floor)
+STALL = 0.9
+#: normal matrices formed per head at most (:func:`_gauss_newton_head`)
+FORMATIONS = 8
 #: Levenberg's relative diagonal (the gauge: a scaled rotation per frequency pair leaves every logit unchanged)
 DAMPING = 1e-12
 #: rows of the Jacobian formed at once
@@ -109,11 +113,11 @@ def _gradient(p, split, rows):
 
 
 def _gauss_newton_head(start, rows, steps: int):
-    """Gauss–Newton from ``start = (W_Q,h, W_K,h, θ)`` on the log-ratio ``rows`` (:func:`_head_residual`), as a
-    chord method: the damped normal matrix is formed and factored once and reused while steps keep halving the
-    residual (from the learner's start, ~1e-5 off, the Jacobian hardly moves); re-formed once when a step fails.
-    Forming it is the cost (d = 128: 8,192 rows × 4,104 unknowns per head), so this is one formation per head where
-    plain Gauss–Newton took one per step."""
+    """Levenberg–Marquardt from ``start = (W_Q,h, W_K,h, θ)`` on the log-ratio ``rows`` (:func:`_head_residual`).
+    The normal matrix is the cost (d = 128: 8,192 rows × 4,104 unknowns per head): its damped Cholesky factor is
+    reused (a chord step) while the steps keep halving the residual, and re-formed where they do not (at most
+    :data:`FORMATIONS` times); a step that does not lower the residual from a fresh matrix is retried with the
+    damping ×10, a kept one from a fresh matrix lowers it ÷10 (down to :data:`DAMPING`)."""
     Wq, Wk, theta = start
     dh, d = Wq.shape
     p = np.concatenate([Wq.ravel(), Wk.ravel(), theta])
@@ -121,29 +125,39 @@ def _gauss_newton_head(start, rows, steps: int):
     def split(p):
         return p[:dh * d].reshape(dh, d), p[dh * d:2 * dh * d].reshape(dh, d), p[2 * dh * d:]
 
-    def factor(p):
-        A, g = _normal_matrix(p, split, rows)
-        diag = np.diag(A).copy()
-        A[np.diag_indices_from(A)] += DAMPING * np.maximum(diag, diag.max() * 1e-4)
-        return scipy.linalg.cho_factor(A, lower=False, overwrite_a=True, check_finite=False), g
+    def factor(A, damping):
+        B = A.copy(order="F")
+        diag = np.diag(A)
+        B[np.diag_indices_from(B)] += damping * np.maximum(diag, diag.max() * 1e-4)
+        return scipy.linalg.cho_factor(B, lower=False, overwrite_a=True, check_finite=False)
 
     history = [float(np.linalg.norm(_head_residual(start, rows, False)[0]))]
-    chol, g = factor(p)
-    fresh = True
+    A, g = _normal_matrix(p, split, rows)
+    damping, formed, fresh = DAMPING, 1, True
+    chol = factor(A, damping)
     for _ in range(steps):
         trial = p - scipy.linalg.cho_solve(chol, g, check_finite=False)
         err = float(np.linalg.norm(_head_residual(split(trial), rows, False)[0]))
         if err < history[-1]:
             p = trial
             history.append(err)
-            if err > history[-2] / 2:
+            if err <= history[-2] / 2:
+                g, fresh = _gradient(p, split, rows), False
+                continue
+            if fresh and err > history[-2] * STALL:  # the floor: a step from a fresh matrix gained next to nothing
                 break
-            g, fresh = _gradient(p, split, rows), False
+            damping = max(DAMPING, damping / 10) if fresh else damping
         elif fresh:
+            if damping >= 1:
+                break
+            damping *= 10
+            chol = factor(A, damping)
+            continue
+        if formed >= FORMATIONS:
             break
-        else:  # the old factor no longer describes the problem here: once more from a fresh one
-            chol, g = factor(p)
-            fresh = True
+        A, g = _normal_matrix(p, split, rows)
+        formed, fresh = formed + 1, True
+        chol = factor(A, damping)
     return (*split(p), history)
 
 

@@ -56,7 +56,7 @@ def vector_estimate(s: Setting, H: int, K: int) -> QueryCount:
     values = vector.planned_values(d, every_position=s.positions is not None)
     fixed = values + VECTOR_CALIBRATION + VECTOR_LADDER + n0 + restart + vector.HEAD_CHECK_QUERIES + checks
     if rows:
-        tokens = vector.rows_tokens(H, K)
+        tokens = vector.rows_tokens(H, K, coarse)
         logits = len(logits_sequences(d, H, tokens, s.positions == "causal", sketch=not coarse)[0])
         how = f"logits {logits} sequences of every row ({tokens} directions each)"
     else:
@@ -95,10 +95,11 @@ def _every_row_separation(d: int, H: int, coarse: bool) -> tuple[int, int, int, 
     P, q = vector.PROGRESSION, vector.ROWS_Q
     rank = -(-d // H)
     short = min(d, 8 * max(2, (rank + 7) // 8 + 1))  # checked every 8 from 16 on: until 1 + short > rank + 8
-    if coarse:  # δ_0, the short differences and a long one along each direction
-        per = vector.progression_points(vector.ROWS_DESIGN_COARSE, P, q)
-        count = (1 + short + d) * per
-        return count, count, count, f"{short} short + {d} long differences × {per} progressions of {P} = {count}"
+    if coarse:  # δ_0 and the short differences, then a long one along each direction
+        per, far = vector.progression_points(vector.ROWS_DESIGN_COARSE, P, q), vector.far_progressions(q)
+        count = (1 + short) * per + d * far
+        return count, count, count, (f"1 + {short} short differences × {per} + {d} long × {far} progressions of "
+                                     f"{P} = {count}")
     per = vector.progression_points(vector.design_points(H, coarse), P, q)
     count, high = (1 + short) * per, (1 + d) * per
     return count, count, high, (f"{short} differences × {per} progressions of {vector.PROGRESSION} = {count} (column "

@@ -28,7 +28,7 @@ from attnprobe.errors import (ConfigError, InputNormError, OracleAnswerError, Or
                               SeparationError, UnidentifiableError)
 from attnprobe.learners.multihead.groups import grouped_numbers, head_groups
 from attnprobe.learners.multihead.vector_heads import (DeltaFit, fit_delta, fit_deltas, inverse_mean_index,
-                                                       jennrich, theta_from_values)
+                                                       jennrich, rank_distance, theta_from_values)
 from attnprobe.learners.multihead.vector_logits import gap_rank, head_attention_errors, learn_logits
 from attnprobe.learners.multihead.vector_rows import learn_logits_rows
 from attnprobe.learners.head.probes import random_orthogonal
@@ -61,16 +61,34 @@ PROGRESSION = 6
 PROGRESSION_SHRINK = 0.5
 #: the design plane's dimension for progressions (2 left a MiniLM difference unseparated: misfit 2.8e-5)
 ROWS_Q = 3
-#: coarse answers on progressions: design points of each long difference (MiniLM layer 2 float32: 7 progressions
-#: of 6 rows, W_h 8.3e-4, u_h 9.5e-4; 6 gave 1.4e-3, 8 gave 7.3e-4 but 4,448 sequences) and the long differences'
-#: step (1.0, as for two-row queries, did not separate from the column spaces' guesses: misfit 1.3e-2)
-ROWS_DESIGN_COARSE, ROWS_FAR_STEP = 42, 0.5
-#: the share of δ_0 in the long differences ``ROWS_FAR_BASE·δ_0 + ROWS_FAR_STEP·|δ_0|·q_k`` (their fits start from
-#: the column spaces' guesses, not from δ_0's labels): V_h = w_h D⁺ divides a fit's error by the q_k part
-ROWS_FAR_BASE = 1.0
+#: coarse answers on progressions: design points of δ_0 and each short difference (7 progressions of 6 rows)
+ROWS_DESIGN_COARSE = 42
+#: the long differences ``β·δ_0 + step·|δ_0|·q_k`` of coarse answers on progressions, on δ_0's design plane widened
+#: ``width`` times, as ``(β, step, width)``: V_h = w_h D⁺ divides a fit's error by the step, and the fits' errors
+#: fall as the logits spread over the design (MiniLM layer 2 float32, seed 2: V_h 2.9e-4 at (1, 0.5, 1), where
+#: the fit's errors per head follow its linearised covariance); the narrow one is taken where the wide one's probes
+#: would pass ``max_input_norm``
+ROWS_FAR_WIDE, ROWS_FAR_NARROW = (2.0, 1.0, 2.0), (1.0, 0.5, 1.0)
+#: progressions of each long difference
+ROWS_FAR_PROGRESSIONS = 6
+#: coarse answers on progressions: a fit's misfit may be at most this many times its answers' distance from rank H
+#: (:func:`rank_distance`). Correct fits: MiniLM layer 2 float32 1.06–1.41×, random float32 layers d = 16–64
+#: 1.1–3.1×; wrong minima of MiniLM seeds 3 and 9: 17× (a short difference, misfit 8.9e-6) to 137× and 1.4e3×
+#: (δ_0 and every short difference continued from it, misfit 7.7e-4), all below the rounding bound 1e4·eps = 1.2e-3
+MISFIT_SPREAD = 6.0
+#: coarse answers on progressions: the first difference's fit is started afresh (new Jacobians) up to this many
+#: times when it misses its tolerance (MiniLM layer 2 float32, seed 7: misfit 1.6e-3 from the first start)
+FIRST_RETRIES = 2
+#: coarse answers on progressions: rounds of long differences, each asking fresh directions for the fits of the
+#: round before that fell into other minima (MiniLM layer 2 float32: 1 of 384 in seeds 5 and 9)
+FAR_ROUNDS = 3
 #: directions per sequence of the every-position logits stage, at most, and as a share of K/H (MiniLM: 24, the
 #: K × Hm matrix [V_h x_j] 3/4 full; W_h 8.5e-10 where 16 gave 6.8e-10, with 122 sequences instead of 230)
 ROWS_MAX_TOKENS, ROWS_TOKEN_SHARE = 24, 0.75
+#: the same cap for coarse answers: the value maps' float32 error moves the rows by Σ_h E_h (z_h − z̄), amplified
+#: as [V_h x_j] fills (MiniLM layer 2 float32, seeds 0–9: W_h ≤ 6.6e-4, u_h ≤ 7.1e-4 at 20 (780 sequences); at 24
+#: (528) seed 1 had W_h 1.0e-3, and 4 of 10 seeds had u_h > 1e-3 before every reading was averaged)
+ROWS_MAX_TOKENS_COARSE = 20
 #: fresh queries of the per-head attention check (:func:`head_attention_errors`)
 HEAD_CHECK_QUERIES = 16
 
@@ -97,14 +115,20 @@ def progression_points(n: int, length: int, q: int) -> int:
     return max(q + 2, -(-n // length))
 
 
+def far_progressions(q: int) -> int:
+    """Progressions of each long difference of coarse answers (:data:`ROWS_FAR_PROGRESSIONS`, at least q + 2)."""
+    return max(q + 2, ROWS_FAR_PROGRESSIONS)
+
+
 def design_points(H: int, coarse: bool) -> int:
     """n, design points per difference δ: H² + Hq unknowns, H numbers per point."""
     return max(48 if coarse else 20, H + design_dimension(coarse) + 6)
 
 
-def rows_tokens(H: int, K: int) -> int:
+def rows_tokens(H: int, K: int, coarse: bool = False) -> int:
     """Directions per sequence of the every-position logits stage: Hm unknowns ≤ ROWS_TOKEN_SHARE·K per row."""
-    return max(1, min(ROWS_MAX_TOKENS, int(ROWS_TOKEN_SHARE * K) // H))
+    cap = ROWS_MAX_TOKENS_COARSE if coarse else ROWS_MAX_TOKENS
+    return max(1, min(cap, int(ROWS_TOKEN_SHARE * K) // H))
 
 
 def tokens_per_query(H: int, K: int, coarse: bool) -> int:
@@ -291,7 +315,7 @@ def _separate_and_learn(oracle, run, layer, rng, rho, *, ratio, eps, coarse, hea
                             else ""))
         sep.H = H
         sep.n = design or (ROWS_DESIGN_COARSE if rows and coarse else design_points(H, coarse))
-        tokens = int(tokens or (tokens_per_query(H, K, coarse) if rows_kind is None else rows_tokens(H, K)))
+        tokens = int(tokens or (tokens_per_query(H, K, coarse) if rows_kind is None else rows_tokens(H, K, coarse)))
         # (a difference whose continuation fails is restarted with 4H more queries: charged beyond this plan)
         rest = (from_scratch_queries(H) + d * sep.n * (2 if coarse else 1) + (d + 1) * -(-d // tokens)
                 + HEAD_CHECK_QUERIES)
@@ -328,6 +352,7 @@ def _separate_and_learn(oracle, run, layer, rng, rho, *, ratio, eps, coarse, hea
                "heads": H, "outputs": K, "token_norm": rho,
                "nonlinearity": ratio, "route": route, "W_rank": w_ranks,
                "differences": sep.count, "separation_misfit": sep.worst, "restarts": sep.restarts,
+               "dropped": sep.dropped,
                "tokens_per_query": tokens,
                "smallest_attention": smallest, "head_rank": _ranks(V),
                "largest_probe_norm": float(oracle.max_input_norm_used), "check_scale": sep.s,
@@ -433,7 +458,7 @@ class _Separation:
         self.tol = _fit_tolerance(eps)
         self.delta0 = rng.standard_normal(d) * self.s
         self.H = self.n = None
-        self.count, self.worst, self.restarts = 0, 0.0, 0
+        self.count, self.worst, self.restarts, self.dropped = 0, 0.0, 0, 0
         self.value_rank = d
         self.fallback = None  # why progressions were left for two-row queries
 
@@ -465,8 +490,12 @@ class _Separation:
     def progression_design(self, count):
         """``count`` design points t of progressions and the design of their rows ``[t; k]`` (t-major)."""
         t = self.rng.standard_normal((count, self.q)) / np.sqrt(self.q)
+        return t, self.rows_design(t)
+
+    def rows_design(self, t):
+        """The design of the rows ``[t; k]`` (t-major) of progressions at the points ``t``."""
         P = self.length
-        return t, np.concatenate([np.repeat(t, P, axis=0), np.tile(np.arange(P), count)[:, None]], axis=1)
+        return np.concatenate([np.repeat(t, P, axis=0), np.tile(np.arange(P), len(t))[:, None]], axis=1)
 
     def progression_residuals(self, deltas):
         """Rows of ``[b; b + δ; …; b + (P−1)δ]`` at the progression design, minus ``M b + c``: (F, K, n·P)."""
@@ -500,9 +529,16 @@ class _Separation:
                       for h in range(self.H)])
         starts = [np.concatenate([fit0.theta[:, :-1], e[:, None], fit0.theta[:, -1:]], axis=1),
                   theta_from_values(fit0.w, R0, self.T, length=P)]
+        tol = float(self.tolerances(R0[None])[0])
         for start in starts:
             fit = fit_delta(R0, self.T, M @ self.delta0, start, length=P)
-            if fit.residual <= self.tol:
+            if fit.residual <= tol:
+                return fit
+        if self.coarse:  # both starts fell into other minima: Jennrich's start on the progressions (new queries)
+            self.restarts += 1
+            fit = self.from_scratch(self.delta0, R0, self.T, P)
+            fit = relabel(fit, fit0.w, fit.w)
+            if fit.residual <= tol:
                 return fit
         self.rows, self.length, self.fallback = False, 2, f"misfit {fit.residual:.1e}"
         self.delta0 = self.delta0 * shrink
@@ -521,9 +557,11 @@ class _Separation:
         w = jennrich(Js[0], Js[1], U, M @ delta)
         return fit_delta(R, T, M @ delta, theta_from_values(w, R, T, length=length), length=length)
 
-    def fits(self, deltas, thetas=None, values=None):
+    def fits(self, deltas, thetas=None, values=None, *, spare=False):
         """Separate a batch of differences, each started from its θ, or from guesses of its value vectors
-        ``values`` (K, H) each (:func:`theta_from_values`); restarted from scratch if that fails."""
+        ``values`` (K, H) each (:func:`theta_from_values`), judged by :meth:`tolerances`; a fit above it is
+        restarted from scratch, or, ``spare`` (the difference can be replaced by another), dropped: None in its
+        place."""
         n, P = self.n, self.length
         if self.rows:
             Rs = self.progression_residuals(deltas)
@@ -533,17 +571,39 @@ class _Separation:
         if thetas is None:
             thetas = [theta_from_values(w, Rj, self.T, length=P) for w, Rj in zip(values, Rs)]
         fitted = fit_deltas(Rs, self.T, np.stack(deltas) @ self.layer.M.T, np.stack(thetas), length=P)
+        tols = self.tolerances(Rs)
         out = []
-        for dl, th, Rj, fk in zip(deltas, thetas, Rs, fitted):
-            if fk.residual > self.tol:  # the continuation fell into another minimum: start this δ afresh
+        for dl, th, Rj, fk, tol in zip(deltas, thetas, Rs, fitted, tols):
+            if fk.residual > tol and spare:  # another minimum; this δ only helped find the column spaces
+                self.dropped += 1
+                out.append(None)
+                continue
+            if fk.residual > tol:  # the continuation fell into another minimum: start this δ afresh
                 self.restarts += 1
                 fk = relabel(self.from_scratch(dl, Rj, self.T, P), th.T, None)
-            if fk.residual > self.tol:
+            if fk.residual > tol:
                 raise SeparationError(f"a probe difference did not separate into the {self.H} heads found first "
-                                      f"(misfit {fk.residual:.1e} > {self.tol:.1e}); retry with another seed",
-                                      misfit=fk.residual, tolerance=self.tol)
+                                      f"(misfit {fk.residual:.1e} > {tol:.1e}{self.tolerance_why(tol)}): its fit "
+                                      "landed in another minimum, also from scratch; retry with another seed",
+                                      misfit=fk.residual, tolerance=tol)
             out.append(fk)
         return out
+
+    def tolerances(self, Rs):
+        """The largest misfit a correct fit of each residual block ``Rs (F, K, n)`` may have. Coarse answers on
+        progressions: :data:`MISFIT_SPREAD` times the block's distance from rank H (``Σ_h w_h s_hᵀ`` has rank H:
+        what lies beyond is the answers' rounding, which a correct fit leaves and a wrong minimum exceeds), at most
+        the rounding bound ``self.tol``; otherwise ``self.tol``."""
+        if not (self.rows and self.coarse):
+            return np.full(len(Rs), self.tol)
+        return np.minimum(self.tol, MISFIT_SPREAD * rank_distance(np.asarray(Rs), self.H))
+
+    def tolerance_why(self, tol):
+        """How a tolerance from :meth:`tolerances` was set, for a refusal."""
+        if tol < self.tol:
+            return (f", {MISFIT_SPREAD:g}× the answers' distance from rank H={self.H}, their rounding as measured; "
+                    "correct fits stay below it")
+        return ", the answers' rounding bound"
 
     def directions(self):
         """The directions q_k of the differences ``δ_k = δ_0 + step·q_k`` (rows): a random orthogonal basis of
@@ -563,12 +623,18 @@ class _Separation:
         rows = self.rows and not self.coarse
         if rows:  # differences cost a few sequences each: try the column spaces after every few
             batch = 8
+        tol0 = float(self.tolerances(self.R0[None])[0])
         fit0 = self.from_scratch(self.delta0, self.R0, self.T0)
-        if fit0.residual > self.tol:
+        for _ in range(FIRST_RETRIES if self.rows and self.coarse else 0):
+            if fit0.residual <= tol0:
+                break
+            self.restarts += 1  # Jennrich's start from other Jacobians (new queries)
+            fit0 = self.from_scratch(self.delta0, self.R0, self.T0)
+        if fit0.residual > tol0:
             raise SeparationError(f"the heads did not separate along the first probe difference (misfit "
-                                  f"{fit0.residual:.1e} > {self.tol:.1e}): the layer is not a sum of H={self.H} "
-                                  "softmax heads with independent value maps, or its answers are noisier than their "
-                                  "precision", misfit=fit0.residual, tolerance=self.tol)
+                                  f"{fit0.residual:.1e} > {tol0:.1e}{self.tolerance_why(tol0)}): the layer is not a "
+                                  f"sum of H={self.H} softmax heads with independent value maps, or its answers are "
+                                  "noisier than their precision", misfit=fit0.residual, tolerance=tol0)
         if self.rows:  # every row of progressions: the same θ, one more coefficient (k: δᵀW_hδ)
             fit0 = self.start_progressions(fit0)
         if not self.rows:
@@ -622,7 +688,9 @@ class _Separation:
         while bases is None and k0 < len(Q):
             dk = [self.delta0 + SMALL_STEP * size * Q[k] for k in range(k0, min(len(Q), k0 + 8))]
             k0 += len(dk)
-            for dl, fk in zip(dk, self.fits(dk, [fit0.theta] * len(dk))):
+            for dl, fk in zip(dk, self.fits(dk, [fit0.theta] * len(dk), spare=True)):
+                if fk is None:  # a wrong minimum would add a noise direction to a column space: the next q_k
+                    continue
                 fk = relabel(fk, fit0.w, fk.w)
                 self.worst = max(self.worst, fk.residual)
                 ws.append(fk.w)
@@ -634,21 +702,74 @@ class _Separation:
         if bases is not None:
             E = np.concatenate(bases, axis=1)
             spans = np.cumsum([0] + [b.shape[1] for b in bases])
-            for k0 in range(0, len(Q), LATE_BATCH):
-                dk = [ROWS_FAR_BASE * self.delta0 + ROWS_FAR_STEP * size * Q[k]
-                      for k in range(k0, min(len(Q), k0 + LATE_BATCH))]
-                coef = np.linalg.lstsq(E, M @ np.stack(dk, axis=1), rcond=None)[0]  # (Σ r_h, F)
-                guesses = [np.stack([bases[h] @ coef[spans[h]:spans[h + 1], f] for h in range(self.H)], axis=1)
-                           for f in range(len(dk))]
-                for dl, fk in zip(dk, self.fits(dk, values=guesses)):
-                    self.worst = max(self.worst, fk.residual)
-                    ws.append(fk.w)
-                    deltas.append(dl)
-                self.count = len(deltas)
-                report()
+            base, step, wide = self.far_design(Q)
+            if wide:  # the short fits found the spaces; V_h is read from δ_0 and the long ones (module constants)
+                ws, deltas = ws[:1], deltas[:1]
+            directions = Q
+            for rnd in range(FAR_ROUNDS):
+                dropped = []
+                for k0 in range(0, len(directions), LATE_BATCH):
+                    dk = [base + step * q for q in directions[k0:k0 + LATE_BATCH]]
+                    coef = np.linalg.lstsq(E, M @ np.stack(dk, axis=1), rcond=None)[0]  # (Σ r_h, F)
+                    guesses = [np.stack([bases[h] @ coef[spans[h]:spans[h + 1], f] for h in range(self.H)],
+                                        axis=1) for f in range(len(dk))]
+                    for k, dl, fk in zip(range(k0, len(directions)), dk, self.fits(dk, values=guesses, spare=True)):
+                        if fk is None:
+                            dropped.append(k)
+                            continue
+                        self.worst = max(self.worst, fk.residual)
+                        ws.append(fk.w)
+                        deltas.append(dl)
+                    self.count = len(deltas)
+                    report()
+                if not dropped:
+                    break
+                directions = self.replacements(directions[dropped], rnd, Q)
+            else:
+                raise SeparationError(f"{len(dropped)} long probe difference(s) did not separate into the {self.H} "
+                                      f"heads found first, along {FAR_ROUNDS - 1} rounds of fresh directions too "
+                                      "(each fit's misfit above its tolerance: another minimum); retry with another "
+                                      "seed")
         D = np.stack(deltas, axis=1)
         return _value_maps(np.stack(ws, axis=2), D if len(Q) == self.d else Q.T @ (Q @ D), M, self.eps,
                            final=True)
+
+
+    def replacements(self, directions, rnd, Q):
+        """Directions of long differences replacing ``directions`` whose fits fell into other minima, in round
+        ``rnd`` (0, 1, …): the opposite direction, then the direction turned 45° towards a random one of Q's span.
+        Each keeps most of its direction: D stays as well conditioned as the orthonormal Q made it (a random
+        direction of R^d has 1/√d of it: MiniLM seed 6, V_h 1.7e-4 → 3.2e-4)."""
+        if rnd % 2 == 0:
+            return -directions
+        turn = self.rng.standard_normal((len(directions), len(Q))) @ Q
+        turn -= np.sum(turn * directions, axis=1, keepdims=True) * directions
+        out = directions + turn / np.linalg.norm(turn, axis=1, keepdims=True)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+    def far_design(self, Q):
+        """The long differences' design (:data:`ROWS_FAR_WIDE`, else :data:`ROWS_FAR_NARROW`): sets the
+        progressions' points (the first :data:`ROWS_FAR_PROGRESSIONS` of δ_0's, widened) and returns the base
+        ``β·δ_0``, the step ``step·|δ_0|`` of the differences along the rows of ``Q`` and whether it is the wide
+        design."""
+        size, bound = np.linalg.norm(self.delta0), self.layer.oracle.max_input_norm
+        points = self.Tp[:far_progressions(self.q)]
+        for beta, step, width in (ROWS_FAR_WIDE, ROWS_FAR_NARROW):
+            base, t = beta * self.delta0, points * width
+            if bound is None or self.largest_token(t, base, step * size, Q) <= bound:
+                break
+        self.Tp, self.T = t, self.rows_design(t)
+        return base, step * size, (beta, step, width) == ROWS_FAR_WIDE
+
+    def largest_token(self, t, base, step, Q):
+        """The largest token norm of the progressions ``b + j·δ`` (b on the plane at the points ``t``, j < length)
+        along the differences ``δ = base + step·q`` for the rows q of ``Q``."""
+        B = self.b0 + t @ self.Z.T  # (n, d)
+        deltas = base + step * Q  # (F, d)
+        j = np.arange(self.length)[:, None, None]
+        sq = (np.sum(B * B, axis=1)[None, :, None] + 2 * j * (B @ deltas.T)[None]
+              + j**2 * np.sum(deltas * deltas, axis=1)[None, None, :])
+        return float(np.sqrt(max(float(sq.max()), 0.0)))
 
 
 def column_bases(Wv, eps):

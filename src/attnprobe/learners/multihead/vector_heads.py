@@ -126,6 +126,14 @@ class VariableProjection:
         return A, g
 
 
+def rank_distance(Rs: np.ndarray, H: int) -> np.ndarray:
+    """The relative distance of each residual block ``Rs (F, K, n)`` from rank H: ``Σ_h w_h s_hᵀ`` has rank H, so
+    what lies beyond is the answers' rounding (a lower bound of any fit's misfit, which a correct fit exceeds only
+    by its few degrees of freedom and a wrong minimum by far)."""
+    sv = np.linalg.svd(Rs, compute_uv=False)
+    return np.sqrt(np.sum(sv[:, H:] ** 2, axis=1) / np.maximum(np.sum(sv**2, axis=1), 1e-300))
+
+
 def damped_steps(M: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """The steps ``M_f⁻¹ rhs_f`` of a batch of damped normal equations ``M (F, p, p)``, ``rhs (F, p)``; a fit whose
     matrix is singular (a head whose logits do not vary over the design) gets a zero step, which the caller rejects
@@ -211,10 +219,15 @@ def inverse_mean_index(s: np.ndarray, length: int) -> np.ndarray:
 def theta_from_values(w: np.ndarray, R: np.ndarray, T: np.ndarray, clip: float = 1e-6,
                       length: int = 2) -> np.ndarray:
     """Logit parameters from known value vectors: attention weights by least squares, logits (the inverse of the
-    link :func:`mean_index`), affine fit."""
+    link :func:`mean_index`), affine fit weighted by the link's slope at each point (an error in an attention
+    weight moves its logit by 1/slope: near saturation the inverted logits are noise, and an unweighted fit started
+    the long float32 MiniLM differences of a wider design in another minimum, where weighted it starts every one
+    in the right one)."""
     S = np.linalg.lstsq(w, R, rcond=None)[0]  # (H, n)
     top = length - 1
     S = np.clip(S, clip * top, top * (1 - clip))
     L = inverse_mean_index(S, length)
     T1 = np.concatenate([T, np.ones((T.shape[0], 1))], axis=1)
-    return np.linalg.lstsq(T1, L.T, rcond=None)[0].T
+    slope = np.sqrt(mean_index(L, length)[1])  # (H, n)
+    return np.stack([np.linalg.lstsq(T1 * slope[h][:, None], L[h] * slope[h], rcond=None)[0]
+                     for h in range(len(L))])

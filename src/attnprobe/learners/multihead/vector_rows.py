@@ -118,8 +118,8 @@ def _read_heads(asked, c, V, O, scale, L, causal):
     """``W, u``, the smallest attention weight and the heads' ranks from the answers ``asked`` read with the value
     maps ``V`` (:func:`read_rows`); ``L``: the sketch's directions (None: every ``W_h`` measured whole)."""
     H, d = V.shape[0], O.shape[0]
-    G = np.full((H, d, d), np.nan)  # o_jᵀ W_h o_i s² + s o_jᵀ u_h, as [h, j, i]
-    u_read = np.full((H, d), np.nan)
+    Wsum, Wn = np.zeros((H, d, d)), np.zeros((d, d))  # Σ over readings of o_jᵀ W_h o_i s², as [h, j, i]
+    usum, un = np.zeros((H, d)), np.zeros(d)  # Σ over readings of s·o_jᵀu_h
     smallest = 1.0
     for idx, Ts, Y in asked:
         for s, T, Yk in zip(idx, Ts, Y):
@@ -128,14 +128,20 @@ def _read_heads(asked, c, V, O, scale, L, causal):
             live = np.flatnonzero(s >= 0)
             zeros = np.flatnonzero(s < 0)
             qz = zeros[-1] if causal else zeros[0]  # the zero query's row sees every token
-            u_read[:, s[live]] = lg[:, qz, live]
+            u_seq = lg[:, qz, live]  # (H, m)
+            usum[:, s[live]] += u_seq
+            un[s[live]] += 1
             for i in live:
-                seen = live[~np.isnan(lg[0, i, live])]
-                G[:, s[seen], s[i]] = lg[:, i, seen]
-    if np.isnan(u_read).any():
+                sees = ~np.isnan(lg[0, i, live])
+                seen = live[sees]
+                # less this sequence's own u reading: the value maps' error moves both alike
+                Wsum[:, s[seen], s[i]] += lg[:, i, seen] - u_seq[:, sees]
+                Wn[s[seen], s[i]] += 1
+    if not un.all():
         raise RecoveryError("the every-position sequences did not reach every direction")  # pragma: no cover
-    u = u_read @ O / scale  # s·o_jᵀu_h → u_h
-    Wb = (G - (u_read[:, :, None])) / scale**2  # o_jᵀ W_h o_i, [h, j, i]
+    u = (usum / un) @ O / scale  # s·o_jᵀu_h → u_h, every reading averaged
+    with np.errstate(invalid="ignore", divide="ignore"):  # (NaN: entries the sketch does not read)
+        Wb = np.where(Wn > 0, Wsum / Wn, np.nan) / scale**2  # o_jᵀ W_h o_i, [h, j, i], every reading averaged
     if L is None:
         return np.matmul(np.matmul(O.T, Wb), O), u, smallest, None
     cols = Wb[:, :, :L]  # W_h o_i for i in L, in the basis O

@@ -7,9 +7,10 @@ from attnprobe.learners.core.check import check_queries
 from attnprobe.learners.core.estimate import QueryCount
 from attnprobe.learners.core.registry import Capabilities, Option, register
 from attnprobe.learners.multihead.options import HEADS
-from attnprobe.learners.positional.rope import (CHECK_LENGTHS, WALK, coarse_refusal, extract_positional,
+from attnprobe.learners.positional.coarse import POLISH_PER, VALUE_QUERIES, coarse_queries
+from attnprobe.learners.positional.rope import (CHECK_LENGTHS, COARSEST, WALK, coarse_refusal, extract_positional,
                                                positional_queries)
-from attnprobe.learners.positional.polish import POLISH_TARGET, polish_queries
+from attnprobe.learners.positional.polish import POLISH_TARGET, polish_queries, polish_sequences
 from attnprobe.learners.positional.route import (POLISH, POLISH_SEQUENCES_OPTION, POLISH_TARGET_OPTION, POSITION,
                                                 additive_estimate, extract_any_positional)
 from attnprobe.models.positional import PositionalAttention
@@ -26,11 +27,12 @@ def _positional(oracle, *, seed, progress, heads, position="auto", walk=WALK, po
                                   polish=polish, polish_target=polish_target, polish_sequences=polish_sequences)
 
 
-def with_polish(count: QueryCount, setting, heads: int, bias: bool, position: str = "rope") -> QueryCount:
+def with_polish(count: QueryCount, setting, heads: int, bias: bool, position: str = "rope",
+                per: float | None = None) -> QueryCount:
     """``count`` with the joint polish's fresh sequences and its check (:func:`~.polish.polish_queries`, for at
     most one key/value group per head): in every end with polish ``always``; in the upper end only with ``auto``
     (it polishes only when the check's error is above the target: measured, LLaMA and GPT-NeoX at d = 128 do, T5
-    does not); none with ``never``."""
+    does not); none with ``never``. ``per``: the route's fresh sequences per ⌈unknowns/K⌉ (default the hook's)."""
     mode = setting.option("polish") or "auto"
     if mode == "never":
         return count
@@ -38,7 +40,7 @@ def with_polish(count: QueryCount, setting, heads: int, bias: bool, position: st
     unknowns = PositionalAttention.unknowns(setting.d, heads, heads, setting.d // heads, K, bias=bias,
                                             position=position)
     extra = polish_queries(unknowns, K, check_queries(CHECK_LENGTHS) if setting.check else 0,
-                           setting.option("polish_sequences"))
+                           setting.option("polish_sequences") or (polish_sequences(unknowns, K, per) if per else None))
     always = extra if mode == "always" else 0
     return QueryCount(count.queries + always, count.low + always, count.high + extra,
                       f"{count.basis}; polish {extra} (fresh sequences 2·⌈unknowns/K⌉ for up to {unknowns} unknowns, "
@@ -52,10 +54,16 @@ def positional_estimate(setting) -> QueryCount:
     if setting.option("position") in ("t5", "alibi"):
         return with_polish(additive_estimate(setting), setting, H, True, setting.option("position"))
     if setting.coarse:
-        from attnprobe.errors import ConfigError
+        if machine_epsilon(setting.precision) > COARSEST:
+            from attnprobe.errors import ConfigError
 
-        raise ConfigError(f"{coarse_refusal(setting.precision, machine_epsilon(setting.precision))}: nothing to "
-                          "estimate", param="precision")
+            raise ConfigError(f"{coarse_refusal(setting.precision, machine_epsilon(setting.precision))}: nothing to "
+                              "estimate", param="precision")
+        q = coarse_queries(setting.d, H, setting.outputs) + (check_queries(CHECK_LENGTHS) if setting.check else 0)
+        return with_polish(QueryCount(q, q, q, f"{setting.precision} answers, the coarse route: values, the pair "
+                                               f"probe's walk and its value maps at {VALUE_QUERIES}·d random queries "
+                                               "(16 Chebyshev steps each), the logit maps' sequences, check"),
+                           setting, H, False, per=POLISH_PER)
     head_dim = setting.d // H
     walk = setting.option("walk") or WALK
     checks = check_queries(CHECK_LENGTHS) if setting.check else 0

@@ -45,8 +45,18 @@ SAMPLES_PER_ENTRY = 2
 ALS_ROUNDS = 12
 #: the base assumed when none is declared (Hugging Face's default): the polish fits the frequencies from it
 DEFAULT_BASE = 10000.0
-#: target median |logit| of the logit sequences
-TARGET_LOGIT = 1.5
+#: target median |logit| of the logit sequences (float32 answers: larger logits leave keys far below a zero key,
+#: whose log-weights the rounding spoils; measured at d = 32: median error 9e-7 at 0.6, 3e-5 with outliers of 6.6 at
+#: 2.5)
+TARGET_LOGIT = 0.5
+#: independent random queries per input dimension at which the heads' value maps are read
+VALUE_QUERIES = 6
+#: rounds of dropping the value maps' outlying queries
+TRIMS = 3
+#: the polish after the coarse start: fresh sequences per ⌈unknowns/K⌉ (more numbers average the rounding, and
+#: keep the polish on its conjugate-gradient path) and Levenberg–Marquardt rounds (a start ~1e-2 off needs more
+#: than the float64 learners' four)
+POLISH_PER, POLISH_ROUNDS = 4, 8
 
 
 def pair_derivative(layer, z: np.ndarray, E: np.ndarray, eta: float, zeros: int = 0, nodes: int = NODES,
@@ -140,9 +150,17 @@ def log_weights(oracle, Cb, G, c, toks, offs, span: int):
     return ell
 
 
+def reliability(ell: np.ndarray) -> np.ndarray:
+    """The least-squares weight of a log-weight ``ℓ = log α/α₀``: a weight solved to an absolute error reads
+    ``log α`` to that error over ``α``, so a key far below a zero key's weight (``ℓ < 0``) counts ``e^ℓ`` (rounding
+    measured: median 7e-5, but up to 3e-3 at keys weighing a tenth of a zero key, float32 at d = 32)."""
+    return np.minimum(1.0, np.exp(np.minimum(ell, 0.0)))
+
+
 def _regress(F: np.ndarray, y: np.ndarray) -> np.ndarray:
     ok = np.isfinite(y)
-    return np.linalg.lstsq(F[ok], y[ok], rcond=None)[0]
+    w = reliability(y[ok])
+    return np.linalg.lstsq(F[ok] * w[:, None], y[ok] * w, rcond=None)[0]
 
 
 def logit_maps(oracle, rng, Cb, G, c, theta, rho: float, *, offsets=LOGIT_OFFSETS, extra: int = 16,
@@ -224,27 +242,91 @@ def refine_logit_maps(Wq, Wk, toks, offs, ell, theta, rounds: int = ALS_ROUNDS):
     z, x, delta, y = z[ok], x[ok], delta[ok], y[ok]
     rots = {int(o): rotation_matrix(float(o), theta, dh) for o in np.unique(delta)}
     R = np.stack([rots[int(o)] for o in delta])
+    w = reliability(y)
     for _ in range(rounds):
-        Wq = _bilinear_solve(np.einsum("nab,bd,nd->na", R, Wk, x), z, y)
-        Wk = _bilinear_solve(np.einsum("nba,bd,nd->na", R, Wq, z), x, y)
+        Wq = _bilinear_solve(np.einsum("nab,bd,nd->na", R, Wk, x), z, y, w)
+        Wk = _bilinear_solve(np.einsum("nba,bd,nd->na", R, Wq, z), x, y, w)
     return Wq, Wk
 
 
-def _bilinear_solve(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """``W`` (p, d) minimising ``Σ_n (a_nᵀ W b_n − y_n)²`` (normal equations, a tiny ridge for the gauge)."""
+def _bilinear_solve(a: np.ndarray, b: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
+    """``W`` (p, d) minimising ``Σ_n w_n² (a_nᵀ W b_n − y_n)²`` (normal equations, a tiny ridge for the gauge)."""
+    if w is not None:
+        a, y = a * w[:, None], y * w
     F = (a[:, :, None] * b[:, None, :]).reshape(len(y), -1)
     A = F.T @ F
     A[np.diag_indices_from(A)] += 1e-10 * np.trace(A) / len(A)
     return np.linalg.solve(A, F.T @ y).reshape(a.shape[1], b.shape[1])
 
 
-def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None, walk: int = 1):
+def coarse_value_maps(oracle, M: np.ndarray, Cb: np.ndarray, rng: np.random.Generator, H: int,
+                      per: int = VALUE_QUERIES, trims: int = TRIMS) -> np.ndarray:
+    """Every head's value map ``V_h`` (H, K, d) from the pair probe's directions at ``per·d`` independent random
+    queries ``z``: each direction is labelled by the head whose rough output space (``Cb``, from the walk) holds
+    it best, scaled so that the directions sum to ``M z = Σ_h V_h z``, and ``V_h`` is the least-squares map
+    ``z ↦ V_h z`` over every query, those it misses by more than 3× the median dropped ``trims`` times.
+    Independent queries spread over every direction of ``V_h``, where the walk's nearby ones span each head's
+    space poorly (measured, float32 answers at d = 32: the walk's spaces 5e-3 … 7e-3 off, ``V_h`` 3e-5 off from
+    6d queries)."""
+    from scipy.optimize import linear_sum_assignment
+
+    d, K = oracle.d, M.shape[0]
+    dh = Cb.shape[1] // H
+    P = [np.linalg.qr(Cb[:, h * dh:(h + 1) * dh])[0] for h in range(H)]
+    E = random_orthogonal(d, rng)[: H + 4]
+    kw = dict(settings=SETTINGS, eta=COARSE_STEP * math.sqrt(d), rank=H, noise=0.0, rng=rng, jacobian=pair_derivative)
+    Z = rng.standard_normal((per * d, d))
+    S = np.empty((len(Z), K, H))
+    for i, z in enumerate(Z):
+        W, _, _ = head_directions(oracle, z, E, **kw)
+        fit = np.array([[np.linalg.norm(P[h].T @ W[:, j]) for j in range(H)] for h in range(H)])
+        rows, cols = linear_sum_assignment(-fit)
+        W = W[:, cols[np.argsort(rows)]]
+        S[i] = W * np.linalg.lstsq(W, M @ z, rcond=None)[0]
+    V = np.empty((H, K, d))
+    for h in range(H):
+        ok = np.ones(len(Z), dtype=bool)
+        for _ in range(trims + 1):
+            V[h] = np.linalg.lstsq(Z[ok], S[ok, :, h], rcond=None)[0].T
+            miss = np.linalg.norm(Z @ V[h].T - S[:, :, h], axis=1) / np.linalg.norm(S[:, :, h], axis=1)
+            ok = miss <= 3 * np.median(miss)
+            if ok.sum() < d:
+                raise RecoveryError(f"head {h}'s value map is not read consistently at the random queries (fewer than "
+                                    f"d = {d} of {len(Z)} fit within 3× the median); the answers are not those of "
+                                    "bias-free RoPE heads")
+    return V
+
+
+def split_value_maps(V: np.ndarray, M: np.ndarray):
+    """``Cb (K, H·d_h)`` (each head's output space, its ``d_h = K/H`` leading left singular vectors) and ``G`` with
+    ``V_h = C_h G_h``, the split of ``M`` (more accurate than the sum of the ``V_h``)."""
+    H, K, _ = V.shape
+    dh = K // H
+    Cb = np.concatenate([np.linalg.svd(V[h], full_matrices=False)[0][:, :dh] for h in range(H)], axis=1)
+    return Cb, (np.linalg.pinv(Cb) @ M).reshape(H, dh, -1)
+
+
+def coarse_queries(d: int, H: int, outputs: int | None = None, *, walk: int = 1, per: int = VALUE_QUERIES) -> int:
+    """Queries :func:`coarse_start` asks (the walk's halved steps apart): values, the walk, the value maps, the
+    token-scale probe and the logit maps' sequences."""
+    K = outputs or d
+    dh = K // H
+    probe = 2 * NODES * len(SETTINGS)
+    m = len(LOGIT_OFFSETS) if len(LOGIT_OFFSETS) + 2 <= dh else max(1, dh - 3) + 1
+    sets = math.ceil((dh + 16) / m)
+    return (2 * d * VALUE_REPEATS + probe * min(d, 2 * H + 8) + probe * (H + 4) * (walk * math.ceil(K / H) + 4)
+            + probe * (H + 4) * per * d + 16 + 2 * sets * (d + 16) + SAMPLES_PER_ENTRY * dh * dh)
+
+
+def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None, walk: int = 1,
+                 per: int = VALUE_QUERIES):
     """A start for the polish from coarse answers (module docstring, stages 1–3): a :class:`PositionalAttention`
     (one key and value map per head) and a dict of what each stage measured."""
     d = oracle.d
     rho = math.sqrt(d)
     M, c = coarse_values(oracle, rng, rho)
-    Cb, G = coarse_output_spaces(oracle, M, rng, H, walk)
+    rough, _ = coarse_output_spaces(oracle, M, rng, H, walk)
+    Cb, G = split_value_maps(coarse_value_maps(oracle, M, rough, rng, H, per), M)
     dh = G.shape[1]
     theta = rope_frequencies(dh, base or DEFAULT_BASE)
     probe = rng.standard_normal((16, len(LOGIT_OFFSETS) + 1, d))
@@ -254,3 +336,34 @@ def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None
     model = PositionalAttention(Wq, Wk, G, Cb, bo=c, position="rope", inv_freq=theta, layout="half", scale=1.0,
                                 causal=True)
     return model, {"logit_sequences": count, "token_scale": scale}
+
+
+def extract_coarse_positional(oracle, *, heads, seed=0, check=True, progress=None, walk: int = 1,
+                              base: float | None = None, per: int = VALUE_QUERIES, asked_before=None):
+    """RoPE attention (LLaMA, Mistral: no biases) from float32 answers at the last position: :func:`coarse_start`,
+    checked; the learners' hook (:func:`~.polish.polish_extraction`) then polishes it on fresh answers, the
+    frequencies fitted from ``base`` (default :data:`DEFAULT_BASE`). Needs the number of heads."""
+    from attnprobe.errors import ConfigError
+    from attnprobe.learners.core.skeleton import Run
+    from attnprobe.learners.positional.rope import CHECK_LENGTHS, METHOD
+
+    if heads is None:
+        raise ConfigError("the RoPE route for float32 answers needs the number of heads (the pair probe's rank has no "
+                          "gap at float32's rounding)", param="heads")
+    d = oracle.d
+    run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress,
+              asked_before=asked_before)
+    run.plan(coarse_queries(d, heads, oracle.outputs, walk=walk, per=per),
+             f"the positional learner on {oracle.precision} answers at d={d}", at_least=True)
+    with run.phase("coarse start"):
+        model, measured = coarse_start(oracle, heads, run.rng, base=base, walk=walk, per=per)
+    run.report()
+    K = model.outputs
+    unknowns = PositionalAttention.unknowns(d, heads, heads, K // heads, K)
+    details = {"heads": heads, "head_dim": K // heads, "route": "coarse", "base_start": base or DEFAULT_BASE,
+               "polish_plan": {"sequences": POLISH_PER * math.ceil(unknowns / K), "rounds": POLISH_ROUNDS},
+               **measured}
+    notes = [f"{oracle.precision} answers: the coarse RoPE route (averaged probes, value maps at {per}·d random "
+             f"queries, logit maps from log-weights; frequencies from base {base or DEFAULT_BASE:g}, fitted by the "
+             "polish)"]
+    return run.finish(model, unknowns=unknowns, details=details, notes=notes)

@@ -87,24 +87,32 @@ def fitted_names(model: PositionalAttention, frequencies: bool = False) -> tuple
 
 
 def polish(model: PositionalAttention, data, *, frequencies: bool = False, rounds: int = ROUNDS,
-           cg_steps: int = CG_STEPS) -> tuple[PositionalAttention, PolishReport]:
+           cg_steps: int = CG_STEPS, only: tuple[str, ...] | None = None) -> tuple[PositionalAttention, PolishReport]:
     """Fit every parameter of ``model`` to the answers ``data`` (list of ``(X, Y)``, last positions) by
-    Levenberg–Marquardt (module docstring). Returns the polished model (float64) and a :class:`PolishReport`.
-    Runs torch on one thread (many small products: threads only contend)."""
+    Levenberg–Marquardt (module docstring); ``only``: fit these arrays of :func:`fitted_names` alone, the others
+    held (a staged fit: the logit maps with the value maps held). Returns the polished model (float64) and a
+    :class:`PolishReport`. Runs torch on one thread (many small products: threads only contend)."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _fit(model, data, frequencies, rounds, cg_steps)
+        return _fit(model, data, frequencies, rounds, cg_steps, only)
     finally:
         torch.set_num_threads(threads)
 
 
-def _fit(model, data, frequencies, rounds, cg_steps):
+def _fit(model, data, frequencies, rounds, cg_steps, only=None):
     import torch
 
     names = fitted_names(model, frequencies)
+    if only is not None:
+        unknown = sorted(set(only) - set(names))
+        if unknown:
+            raise ConfigError(f"the polish fits {', '.join(names)}; cannot fit {', '.join(unknown)}", param="only")
+        names = tuple(n for n in names if n in only)
+    held = {n: torch.as_tensor(np.asarray(getattr(model, n), dtype=np.float64))
+            for n in fitted_names(model, True) if n not in names}
     arrays = {n: np.asarray(getattr(model, n), dtype=np.float64) for n in names}
     shapes = {n: a.shape for n, a in arrays.items()}
     sizes = [a.size for a in arrays.values()]
@@ -115,7 +123,7 @@ def _fit(model, data, frequencies, rounds, cg_steps):
 
     def residual(flat):
         parts = dict(zip(names, torch.split(flat, sizes)))
-        parts = {n: v.reshape(shapes[n]) for n, v in parts.items()}
+        parts = {**held, **{n: v.reshape(shapes[n]) for n, v in parts.items()}}
         return torch.cat([(last_row(model, parts, const, X) - Y).reshape(-1) for X, Y in batches])
 
     r = residual(p).detach()

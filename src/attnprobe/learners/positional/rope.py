@@ -59,22 +59,27 @@ UNIT_STEP = 0.01
 WALK = 1
 #: target size of the median logit difference in the logits stage
 TARGET_LOGIT = 1.5
+#: the same for the keys' odd part with q/k biases (Qwen2 d = 128, 8/2, seed 0, dense heads: the function 5.3e-8
+#: off at 1.5, 8.3e-9 at 16; docs/positional.md, "Q/K biases")
+BIASED_TARGET_LOGIT = 16.0
 #: the pair probe's change, relative to the answer, below which the logits do not depend on the offset (finite
 #: differences of float64 answers are good to ~1e-11 of it; RoPE layers measured 1e-2)
 SIGNAL_FLOOR = 1e-8
 #: the coarsest answers the learner reads (float64's machine epsilon and a little)
 FINEST = 1e-15
+#: the coarsest answers any RoPE route reads: float32 (:mod:`.coarse`); bfloat16 is refused
+COARSEST = 1e-6
 #: numbers per batch of long sequences sent at once (memory: 8 bytes each)
 BATCH_TOKENS = 1 << 23
 
 
 def coarse_refusal(precision: str, rounding: float) -> str:
-    """The one-line refusal of answers coarser than float64 (docs/positional.md, "Coarse answers"): the pair probe's
-    finite differences and the logit sketches' log-weights need float64 answers."""
-    return (f"the RoPE learner reads float64 answers without noise; these are {precision} (rounding {rounding:.1e}), "
-            "which its finite-difference pair probe and logit sketches cannot use (measured on float32 answers at "
-            "d = 32: the heads' output spaces 2e-3 … 3e-2 off, the function 9e-2 off; docs/positional.md, \"Coarse "
-            "answers\")")
+    """The one-line refusal of answers coarser than float32 or noisy (docs/positional.md, "Coarse answers"): the
+    pair probe, even its averaged slope (:mod:`.coarse`), does not separate the heads at that rounding."""
+    return (f"the RoPE learner reads answers rounded to float32 or finer, without noise; these are {precision} "
+            f"(rounding {rounding:.1e}), at which the zero-key pair probe does not separate the heads (measured on "
+            "bfloat16 answers at d = 32: its averaged slope's eigenvalues come out complex; docs/positional.md, "
+            "\"Coarse answers\")")
 
 
 def _values(oracle, rng, rho):
@@ -114,7 +119,7 @@ def positional_queries(d: int, H: int, head_dim: int, *, outputs: int | None = N
     first = min(d, 2 * (H if heads_known else 12) + 8)
     if walk_only:  # the walk's queries (a halved step asks its query again)
         return per * (H + 4) * (walk * math.ceil(K / H) + 4)
-    return (2 * d + per * first + per * (H + 4) * (walk * math.ceil(K / H) + 4) + 8
+    return (2 * d + per * first + per * (H + 4) * (walk * math.ceil(K / H) + 4) + (16 if query_bias else 8)
             + 4 * d * (head_dim + oversample) * (2 if query_bias else 1))
 
 
@@ -132,7 +137,26 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     if not (isinstance(walk, int) and walk >= 1):
         raise ConfigError(f"walk must be an integer ≥ 1; got {walk!r}", param="walk")
     d = oracle.d
-    run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress)
+    before = oracle.queries
+    with oracle.phase("precision"):  # a float64 module rounding inside (a float32 softmax) is read as float32
+        oracle.read_kernel_rounding()
+    asked = {"precision": oracle.queries - before}
+    noise = max(oracle.eps, 1e-16)
+    if noise > FINEST or not oracle.noise.exact:
+        kind = oracle.precision if oracle.noise.exact else f"noisy {oracle.precision}"
+        if noise > COARSEST or not oracle.noise.exact:
+            raise UnidentifiableError(coarse_refusal(kind, noise))
+        if (query_rms is not None or query_bias or key_bias or tuple(offsets) != OFFSETS
+                or oversample != OVERSAMPLE):
+            raise UnidentifiableError(f"these answers are {kind} (rounding {noise:.1e}): the RoPE route for them "
+                                      "(learners/positional/coarse.py) reads bias-free heads with free query scales "
+                                      "and its own offsets only, not unit queries, q/k biases or given offsets")
+        from attnprobe.learners.positional.coarse import extract_coarse_positional
+
+        return extract_coarse_positional(oracle, heads=heads, seed=seed, check=check, progress=progress,
+                                         asked_before=asked)
+    run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress,
+              asked_before=asked)
     guess = heads or 8
     run.plan(positional_queries(d, guess, max(2, d // guess), heads_known=heads is not None, walk=walk,
                                 query_bias=query_bias or key_bias),
@@ -141,10 +165,6 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     offsets = tuple(sorted({int(o) for o in offsets}, reverse=True))
     if offsets[:2] != (-1, -2):
         raise RecoveryError("the offsets must start with -1 and -2 (the pair bases come from their ratio)")
-    noise = max(oracle.eps, 1e-16)
-    if noise > FINEST or not oracle.noise.exact:
-        kind = oracle.precision if oracle.noise.exact else f"noisy {oracle.precision}"
-        raise UnidentifiableError(coarse_refusal(kind, noise))
     unit_queries = query_rms is not None
     query_bias = query_bias or key_bias
     rho = math.sqrt(d) * (query_rms or 1.0)  # tokens with entries of order one
@@ -164,7 +184,7 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     H, dh = G.shape[:2]
     with run.phase("logits"):
         Xs, Ys, Om, rho_l, bias, even = _sketches(oracle, rng, Cb, G, c, np.array(offsets), dh + oversample,
-                                                  query_rms=query_rms, query_bias=query_bias)
+                                                  query_rms=query_rms, query_bias=query_bias, key_bias=key_bias)
     Wq, Wk, thetas, steps, bq, bk = [], [], [], [], [], []
     for h in range(H):
         U = _basis(np.concatenate(list(Xs[h]), axis=1), dh)
@@ -277,12 +297,13 @@ def _output_spaces(dirs, M, head_dim=None):
     return Cb, np.linalg.pinv(Cb).reshape(H, dh, K) @ M, dh
 
 
-def _sketches(oracle, rng, Cb, G, c, offs, r, *, query_rms=None, query_bias=False):
+def _sketches(oracle, rng, Cb, G, c, offs, r, *, query_rms=None, query_bias=False, key_bias=False):
     """Stage 4: the token scale, then ``X_k = B_h(δ_k) Ω_kᵀ`` (a query basis against ``r`` random keys per offset)
     and ``Y_k = B_h(δ_k)ᵀ Zᵀ`` (``r`` random queries against a key basis) for every head, from the log-ratios of
     the weights solved in each head's coordinates. Returns ``Xs, Ys (H, m, d, r)``, ``Ω (m, r, d)``, the scale,
     and with ``query_bias`` the bias's term ``b_hᵀ R(δ_k) K_h Ω_k[a]ᵀ`` (r, H, m) and the half-sums over the keys'
-    signs with their query tokens ``(Z (B, d), (B, H, m))`` (:func:`fit_key_bias`) (else None, None)."""
+    signs with their query tokens ``(Z (B, d), (B, H, m))`` (:func:`fit_key_bias`) (else None, None); with
+    ``key_bias`` the token scale is set on the keys' odd part of the log-ratios (8 more sequences)."""
     d, K = oracle.d, Cb.shape[0]
     H, dh = G.shape[:2]
     m = len(offs)
@@ -310,8 +331,12 @@ def _sketches(oracle, rng, Cb, G, c, offs, r, *, query_rms=None, query_bias=Fals
     if unit_queries:
         Zc *= query_rms * math.sqrt(d) / np.linalg.norm(Zc, axis=1, keepdims=True)
     kc = 0.5 if unit_queries else 1.0  # keys of rms 1/2 (inside an RMSNorm's ball); logits are linear in them
-    med = float(np.median(np.abs(log_ratios(Zc, kc * rng.standard_normal((8, m, d)))))) / kc
-    rho = float(np.clip(math.sqrt(TARGET_LOGIT / max(med, 1e-12)), 1e-3, 1e3))
+    Kc = kc * rng.standard_normal((8, m, d))
+    lr = log_ratios(Zc, Kc)
+    if key_bias:  # the key bias's terms do not grow with the tokens: the scale from the keys' odd part alone
+        lr = (lr - log_ratios(Zc, -Kc)) / 2
+    med = float(np.median(np.abs(lr))) / kc
+    rho = float(np.clip(math.sqrt((BIASED_TARGET_LOGIT if key_bias else TARGET_LOGIT) / max(med, 1e-12)), 1e-3, 1e3))
     Qb = random_orthogonal(d, rng)
     Om = rng.standard_normal((m, r, d)) / math.sqrt(d)
     Zs = rng.standard_normal((r, d)) / math.sqrt(d)
