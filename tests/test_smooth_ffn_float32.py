@@ -65,3 +65,23 @@ def test_minilm_ffn_slice_on_float32_answers_within_1e3():
     y = truth.with_dtype("float64").forward(X)
     assert res.passed and res.details["left_out"] == 0
     assert np.abs(res.model.forward(X) - y).max() / np.abs(y).max() < 1e-3
+
+
+def test_mixtures_are_drawn_again_while_a_neuron_is_left_out(monkeypatch):
+    """When the refined factors repeat a column (one neuron taken twice, another lost) the learner draws the
+    mixtures again instead of going on a neuron short; here the first draw is made to lose one."""
+    import attnprobe.learners.smooth_ffn.learner as plain
+    from attnprobe.targets import random_smooth_ffn
+
+    calls = []
+
+    def losing_first(A, same=0.9):
+        calls.append(A.shape[1])
+        keep = distinct_columns(A, same)
+        return keep[1:] if len(calls) == 1 else keep
+
+    monkeypatch.setattr(plain, "distinct_columns", losing_first)
+    truth = random_smooth_ffn(6, 12, 6, seed=4, dtype="float32")
+    res = extract_smooth_ffn(Oracle(truth, 6, precision="float32"), activation="gelu", hidden=12)
+    assert len(calls) == 2 and res.details["factor_attempts"] == 2 and res.details["left_out"] == 0
+    assert res.passed and res.model.m == 12
