@@ -144,18 +144,25 @@ def logit_refit(shape, through_block: bool):
             f"{time.perf_counter() - t:.0f}")
 
 
+def errors_over_lengths(model, blk) -> list[float]:
+    """The largest error at every position of 4 Gaussian sequences of each length 1 … 64, relative to the largest
+    of the block's own part ``y − x`` (the residual stream taken out)."""
+    rng = np.random.default_rng(5)
+    errs = []
+    for N in range(1, 65):
+        X = rng.standard_normal((4, N, blk.d))
+        y = blk.every_position(X)
+        errs.append(np.abs(model.every_position(X) - y).max() / np.abs(y - X).max())
+    return errs
+
+
 def end_to_end(shape):
     d, H, G, m = shape
     blk = random_llama_block(d, H, G, m)
     o = Oracle(blk.every_position, d, outputs=d, precision="float64")
     t = time.perf_counter()
     res = extract_block(o, heads=H, hidden=m)
-    rng = np.random.default_rng(5)
-    errs = []
-    for N in range(1, 65):
-        X = rng.standard_normal((4, N, d))
-        y = blk.every_position(X)
-        errs.append(np.abs(res.model.every_position(X) - y).max() / np.abs(y - X).max())
+    errs = errors_over_lengths(res.model, blk)
     return (f"d {d}, {H}/{G} heads, SwiGLU {m}", res.queries, res.unknowns, f"{res.check.error:.1e}",
             "passed" if res.passed else "failed", f"{max(errs):.1e} (N = {int(np.argmax(errs)) + 1})",
             f"{time.perf_counter() - t:.0f}")
@@ -180,12 +187,7 @@ def end_to_end_parts(shape):
         return (f"d {d}, {H}/{G} heads, SwiGLU {m}", o.queries, "—", "—", "—", "—",
                 f"refused: {type(e).__name__}: {e}", "—", f"{time.perf_counter() - t:.0f}", f"{peak:.1f}")
     seconds = time.perf_counter() - t
-    rng = np.random.default_rng(5)
-    errs = []
-    for N in range(1, 65):
-        X = rng.standard_normal((4, N, d))
-        y = blk.every_position(X)
-        errs.append(np.abs(res.model.every_position(X) - y).max() / np.abs(y - X).max())
+    errs = errors_over_lengths(res.model, blk)
     V = np.random.default_rng(9).standard_normal((256, d)) * 0.6
     Z = np.random.default_rng(3).standard_normal((8, 64, d)) * 0.5
     ffn_err = rel(res.model.mlp(V), f.mlp(V))

@@ -13,6 +13,7 @@ from attnprobe.oracles import Oracle
 from attnprobe.oracles.positions import RowAnswers
 from attnprobe.oracles.querylog import QueryLog
 from attnprobe.targets.every_position import gqa_layer
+from vector_layers import true_layer
 
 
 def layer(d=8, H=2, K=6, seed=0, scale=1.0):
@@ -170,19 +171,9 @@ def test_served_every_position_answers(wire):
     np.testing.assert_allclose(rows, every_position_rows(m, X, causal=True), rtol=0, atol=1e-15)
 
 
-def _true_layer(d, H, seed):
-    rng = np.random.default_rng(seed)
-    dh = d // H
-    Q, Kk = rng.standard_normal((H, dh, d)) / np.sqrt(d), rng.standard_normal((H, dh, d)) / np.sqrt(d)
-    V = np.einsum("khr,hrd->hkd", rng.standard_normal((d, H, dh)) / np.sqrt(d),
-                  rng.standard_normal((H, dh, d)) / np.sqrt(d))
-    W = 3 * np.einsum("hrd,hre->hde", Kk, Q) / np.sqrt(dh)
-    return MultiHeadAttention(W, V, rng.standard_normal((H, d)) * 0.3, rng.standard_normal(d))
-
-
 @pytest.mark.parametrize("causal", [False, True])
 def test_vector_learner_reads_every_row(causal):
-    m = _true_layer(32, 4, seed=1)
+    m = true_layer(32, 4, seed=1)
     last = extract_vector(Oracle(m, 32), seed=0)
     o = Oracle(EveryPositionLayer(m, causal), 32)
     res = extract_vector(o, seed=0)
@@ -264,10 +255,10 @@ def test_cli_extract_reports_rows_and_positions(tmp_path, monkeypatch, capsys, d
 
 
 def test_float32_every_position_answers_are_read_within_their_precision():
-    m = _true_layer(32, 4, seed=1).with_dtype("float32")
+    m = true_layer(32, 4, seed=1).with_dtype("float32")
     last = extract_vector(Oracle(m, 32, precision="auto"), seed=0)
     res = extract_vector(Oracle(EveryPositionLayer(m), 32, precision="auto"), seed=0)
-    match = match_heads(_true_layer(32, 4, seed=1), res.model)
+    match = match_heads(true_layer(32, 4, seed=1), res.model)
     assert res.passed and match.worst < 1e-3 and res.details["positions"] == "bidirectional"
     # the logits stage reads every row; the separation every row of progressions: short differences until the
     # heads' column spaces show, then a long one along every direction started in them (no second short fit each)

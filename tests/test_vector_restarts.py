@@ -12,20 +12,11 @@ from attnprobe.learners.head.probes import random_orthogonal
 from attnprobe.learners.multihead import vector_heads
 from attnprobe.learners.multihead.vector_heads import fit_delta, mean_index, rank_distance
 from attnprobe.models.every_position import EveryPositionLayer
-from attnprobe.models.multihead import MultiHeadAttention, match_heads
+from attnprobe.models.multihead import match_heads
 from attnprobe.oracles import Oracle
+from vector_layers import true_layer
 
 EPS32 = float(np.finfo(np.float32).eps) / 2
-
-
-def true_layer(d=32, H=4, seed=1):
-    rng = np.random.default_rng(seed)
-    dh = d // H
-    Q, Kk = rng.standard_normal((H, dh, d)) / np.sqrt(d), rng.standard_normal((H, dh, d)) / np.sqrt(d)
-    V = np.einsum("khr,hrd->hkd", rng.standard_normal((d, H, dh)) / np.sqrt(d),
-                  rng.standard_normal((H, dh, d)) / np.sqrt(d))
-    W = 3 * np.einsum("hrd,hre->hde", Kk, Q) / np.sqrt(dh)
-    return MultiHeadAttention(W, V, rng.standard_normal((H, d)) * 0.3, rng.standard_normal(d))
 
 
 def run(seed=1, **kw):
