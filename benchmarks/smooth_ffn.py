@@ -18,6 +18,7 @@ inputs (max |ŷ − y| / max |y|), the neurons' largest relative errors up to or
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
@@ -56,19 +57,22 @@ def target(case: str, precision: str):
     return truth, truth
 
 
-def one(case: str, precision: str, hidden: bool, activation: str | None) -> str:
+def one(case: str, precision: str, hidden: bool, activation: str | None, seed: int = 0) -> str:
     fn, truth = target(case, precision)
     oracle = Oracle(fn, truth.d, precision=precision)
     gated = truth.kind == "gated_ffn"
     biases = (truth.bg, truth.bu, truth.b2) if gated else (truth.b1, truth.b2)
     t0 = time.perf_counter()
     try:
-        res = extract_ffn_any(oracle, seed=0, hidden=truth.m if hidden else None, activation=activation,
+        res = extract_ffn_any(oracle, seed=seed, hidden=truth.m if hidden else None, activation=activation,
                               bias=any(np.any(b != 0) for b in biases))
     except ConfigError as err:  # refused before it claims anything (e.g. gated units on float32 answers)
         return (f"| {case} | {precision} | {oracle.queries:,} | – | – | refused ({err.param}) | – | – | – | – | "
                 f"{time.perf_counter() - t0:.0f} |")
     secs = time.perf_counter() - t0
+    keys = ("left_out", "factor_attempts", "core_residual", "worst_separation", "extrapolated_step",
+            "polish_residuals", "attempts")
+    print(case, {k: res.details[k] for k in keys if k in res.details}, res.queries_by_phase, file=sys.stderr)
     X = np.random.default_rng(1).standard_normal((1000, truth.d))
     y = truth.with_dtype("float64").forward(X)
     err = np.abs(res.model.forward(X) - y).max() / np.abs(y).max()
@@ -92,13 +96,16 @@ def main() -> None:
     ap.add_argument("--minilm", type=int, help="add MiniLM-L6 layer L's GELU FFN")
     ap.add_argument("--hidden", action="store_true", help="give the hidden width (no width search)")
     ap.add_argument("--activation", help="give the activation (default: detected)")
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0], help="the learner's seeds (one row each)")
     args = ap.parse_args()
     cases = list(args.cases) + ([f"minilm{args.minilm}"] if args.minilm is not None else [])
     print("| case d-m-K | answers | queries | unknowns | queries/unknown | activation found | m found | "
           "fresh max error | neurons W1,b1 / W2 error (gated: gate / w2·up) | check | s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for case in cases:
-        print(one(case, args.precision, args.hidden, args.activation), flush=True)
+        for seed in args.seeds:
+            row = one(case, args.precision, args.hidden, args.activation, seed)
+            print(row if args.seeds == [0] else row.replace(f"| {case} |", f"| {case} seed {seed} |", 1), flush=True)
 
 
 if __name__ == "__main__":
