@@ -3,7 +3,8 @@
 
     OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/smooth_ffn.py [--cases 16-48-16-gelu
         32-96-8-silu-nobias 32-64-32-swiglu llama-128-256-swiglu minilm2 minilm2:192 ...]
-        [--precision float64|float32] [--minilm LAYER] [--hidden] [--activation A]
+        [--precision float64|float32] [--minilm LAYER] [--hidden] [--activation A] [--seeds S ...]
+        [--write TITLE]
 
 A case ``d-m-K-act[-nobias]`` is a seeded :func:`attnprobe.targets.random_smooth_ffn` (act gelu, gelu_tanh, silu)
 or :func:`attnprobe.targets.random_gated_ffn` (act swiglu, geglu, geglu_tanh; m gated units), weights at
@@ -97,15 +98,24 @@ def main() -> None:
     ap.add_argument("--hidden", action="store_true", help="give the hidden width (no width search)")
     ap.add_argument("--activation", help="give the activation (default: detected)")
     ap.add_argument("--seeds", type=int, nargs="*", default=[0], help="the learner's seeds (one row each)")
+    ap.add_argument("--write", metavar="TITLE", help="also write the table as the section TITLE of "
+                    "docs/benchmarks/smooth-ffn.md, under 'Float32 answers' or 'Float64 answers' by the precision")
     args = ap.parse_args()
     cases = list(args.cases) + ([f"minilm{args.minilm}"] if args.minilm is not None else [])
-    print("| case d-m-K | answers | queries | unknowns | queries/unknown | activation found | m found | "
-          "fresh max error | neurons W1,b1 / W2 error (gated: gate / w2·up) | check | s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = ["| case d-m-K | answers | queries | unknowns | queries/unknown | activation found | m found | "
+             "fresh max error | neurons W1,b1 / W2 error (gated: gate / w2·up) | check | s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    print("\n".join(lines))
     for case in cases:
         for seed in args.seeds:
             row = one(case, args.precision, args.hidden, args.activation, seed)
-            print(row if args.seeds == [0] else row.replace(f"| {case} |", f"| {case} seed {seed} |", 1), flush=True)
+            lines.append(row if args.seeds == [0] else row.replace(f"| {case} |", f"| {case} seed {seed} |", 1))
+            print(lines[-1], flush=True)
+    if args.write:
+        from sections import command_line, write_section
+
+        write_section(args.write, "\n".join(lines), command_line(), doc="smooth-ffn",
+                      parent="Float32 answers" if args.precision == "float32" else "Float64 answers")
 
 
 if __name__ == "__main__":

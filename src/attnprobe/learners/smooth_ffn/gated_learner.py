@@ -73,6 +73,11 @@ COARSE_STEP_TOLERANCE = 4.0
 #: polish leaves the answers' relative residual above :data:`COARSE_FIT` (a right model fits float32 answers to
 #: ~1e-7; a start with mismatched units stalls at 1e-2 or more); the lowest residual is kept
 COARSE_ATTEMPTS, COARSE_FIT = 3, 1e-4
+#: most gated units the coarse route takes on: its start reached the polish at 16-32-16 SwiGLU (seeds 0–5, every
+#: one within three starts) but not at 32-64-32 (SwiGLU and GeGLU: three starts each, every one stalled far above
+#: the answers' rounding, SwiGLU at 0.76 at best; the factor array's error 1.2e-4 against 4.6e-5 at 16-32-16, 50 of
+#: 64 blocks off by more than 1e-2); wider ones are refused on float32 answers
+COARSE_MAX_UNITS = 32
 #: answers coarser than this rounding floor (``oracle.eps``) are refused: float16 and bfloat16
 COARSEST_EPS = 1e-6
 
@@ -103,6 +108,8 @@ def gated_estimate(s: Setting) -> QueryCount:
     if s.precision not in ("float64", "float32", "auto"):
         refuse_coarse(s.precision)
     m = s.needs("hidden", "a gated FFN estimate needs the number of hidden units m")
+    if s.coarse:
+        refuse_wide(s.precision, m)
     K = s.outputs or 1
     parts = gated_plan(s.d, K, m, check=CHECK_QUERIES if s.check else 0, coarse=s.coarse)
     basis = ", ".join(f"{k} {v}" for k, v in parts.items()) + f" (K = {K} outputs per answer" + (
@@ -123,6 +130,16 @@ def refuse_coarse(precision: str) -> None:
     raise ConfigError(f"the gated FFN learner (SwiGLU, GeGLU) needs float32 or float64 answers; {precision} answers "
                       "leave its Jordan pairs too coarse to split (docs/smooth-ffn.md): ask for float32 or finer",
                       param="precision")
+
+
+def refuse_wide(precision: str, m: int) -> None:
+    """More than :data:`COARSE_MAX_UNITS` gated units on float32 answers: the coarse route's start was measured out
+    of the polish's reach there, so nothing is claimed (refused before any query when the width is given, else
+    once the width search has read it)."""
+    if m > COARSE_MAX_UNITS:
+        raise ConfigError(f"the gated FFN learner on {precision} answers reaches up to {COARSE_MAX_UNITS} gated units "
+                          f"(measured: 16-32-16 SwiGLU learned, 32-64-32 not; docs/smooth-ffn.md); this FFN has {m}: "
+                          "ask for float64 answers", param="precision")
 
 
 def gate_candidates(activation: str | None) -> tuple[str, ...]:
@@ -156,6 +173,8 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
     coarse = coarse_answers(oracle)
     if float(getattr(oracle, "eps", 0.0)) > COARSEST_EPS:
         refuse_coarse(oracle.precision)
+    if coarse and hidden is not None:
+        refuse_wide(oracle.precision, hidden)
     run, ask, h, fd_error = start_run(oracle, seed=seed, check=check, progress=progress, scale=scale,
                                       check_queries=CHECK_QUERIES)
     d, rng = oracle.d, run.rng
@@ -180,6 +199,8 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
                              units=_units, replan=lambda g: sum(gated_plan(d, K, g, coarse=coarse).values()),
                              what="gated FFN")
         m, drop = w.m, w.drop
+        if coarse:
+            refuse_wide(oracle.precision, m)
         hidden = m  # a later attempt reads one grid of the width found
         C, n = _directions(K, m), _points(m, coarse)
         if K * C < 2 * m or n < 2 * m:
