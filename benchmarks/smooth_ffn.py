@@ -31,6 +31,8 @@ from attnprobe.models.smooth_ffn import neuron_match
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_gated_ffn, random_smooth_ffn
 
+DOC = "smooth-ffn"
+
 
 def target(case: str, precision: str):
     """``(oracle function, truth as a model)`` for a case."""
@@ -114,7 +116,7 @@ def main() -> None:
     if args.write:
         from sections import command_line, write_section
 
-        write_section(args.write, "\n".join(lines), command_line(), doc="smooth-ffn",
+        write_section(args.write, "\n".join(lines), command_line(), doc=DOC,
                       parent="Float32 answers" if args.precision == "float32" else "Float64 answers")
 
 
