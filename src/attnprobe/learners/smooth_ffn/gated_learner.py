@@ -186,7 +186,7 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
     answers = None
     attempts: list[dict] = []
     best = None
-    for attempt in range(COARSE_ATTEMPTS if coarse else 1):
+    for _ in range(COARSE_ATTEMPTS if coarse else 1):
         if coarse:
             with run.phase("step"):
                 h_rich, rich_error = choose_extrapolated_step(ask, d, rng, grid_scale,
@@ -208,7 +208,7 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
                               param="hidden")
         plan = gated_plan(d, K, m, coarse=coarse)
         run.report(run.queries + sum(plan.values()) - plan["width"] - plan["step"])
-        start, sep, info = _start(run, ask, w, C, n, E, h_rich, grid_scale, coarse, bias, activation)
+        start, sep, info = _start(run, ask, w, C, n, E, h_rich, grid_scale, bias, activation)
         unknowns = GatedFFN.unknowns(d, m, K, bias)
         if answers is None:
             with run.phase("answers"):
@@ -244,7 +244,7 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
                       hint=f" (a gated FFN of this form with {family_name(gate)})")
 
 
-def _start(run, ask, w, C: int, n: int, E: int, h_rich: float, grid_scale: float, coarse: bool, bias: bool,
+def _start(run, ask, w, C: int, n: int, E: int, h_rich: float, grid_scale: float, bias: bool,
            activation: str | None):
     """The derivative-based start ``(Wg, bg, Wu, bu)`` on the width grid ``w``: the blocks from the factor array,
     each unit's plane from the coordinate second derivatives, gate and up fitted in the plane. Returns the start,
