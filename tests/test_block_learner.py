@@ -283,3 +283,28 @@ def test_the_attention_oracle_takes_the_learned_ffns_error_off_at_each_query(blo
     got = fixed(single)
     assert asked == [(4, 1, d)]
     assert np.abs(got - f.attention.every_position(single)[:, -1]).max() < 1e-11 * scale
+
+
+@pytest.mark.slow
+def test_the_attention_through_a_d64_block_with_an_inexact_ffn_is_read_and_refitted():
+    """d = 64 (4/2 heads): the attention stage through the block on an FFN 1e-10 off (as the gated learner reads it
+    there) — the RoPE learner's rotation fit was refused without the per-query correction (eigenvalue moduli
+    0.999 … 1; measured) — now reads the attention and the logit refit takes it below 1e-7 (measured 2.8e-8 with the
+    learned FFN)."""
+    import dataclasses
+
+    from attnprobe.learners.block.refine import refit_data, refit_logits
+
+    blk = random_llama_block(64, 4, 2, 128, seed=0)
+    f = fold_norm_weights(blk)
+    rng = np.random.default_rng(7)
+    learned = dataclasses.replace(f.ffn, W2=f.ffn.W2 * (1 + 2e-10 * rng.standard_normal(f.ffn.W2.shape)))
+    M = f.attention.every_position(np.eye(64)[:, None, :])[:, 0].T
+    att = AttentionThroughBlock(blk.every_position, learned, blk.eps, 64, value_map=M)
+    oracle = Oracle(att, 64, outputs=64, precision="float64")
+    res = extract_positional(oracle, heads=4, check=False, query_rms=att.query_rms)
+    data = refit_data(oracle, att.query_rms, res.model.Wq.shape[1], np.random.default_rng(1), 8 * 64)
+    model, _ = refit_logits(res.model, data)
+    Z = np.random.default_rng(3).standard_normal((8, 64, 64)) * 0.5
+    want = f.attention.every_position(Z)
+    assert np.abs(model.every_position(Z) - want).max() < 1e-7 * np.abs(want).max()
