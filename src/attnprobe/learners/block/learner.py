@@ -4,7 +4,8 @@ residual, without biases) from hidden states in and every position out (docs/blo
 Stages (:mod:`.sublayers`): ``linear`` (``y'(0) = I + M'/√ε`` from tiny single tokens), ``eps`` (``√ε`` from two
 driven-out tokens whose FFN share zero keys remove), ``ffn`` (the gated FFN learner on ``v ↦ F(w2 ⊙ v)``, one
 single-token query per answer), ``attention`` (the RoPE learner with unit queries on the attention's last row,
-each answer one block query with the query driven out and the FFN's share solved away), ``attention refit`` (each
+each answer one block query with the query driven out and the FFN's share solved away, the learned FFN's error at
+each distinct query measured on one single token and taken off), ``attention refit`` (each
 head's logits refitted from weights read in its own coordinates, :mod:`.refine`). The result is a
 :class:`~attnprobe.models.block.TransformerBlock` in the canonical form of
 :func:`~attnprobe.models.block.fold_norm_weights`: norm weights 1, their products with the next projections
