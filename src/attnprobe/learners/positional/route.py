@@ -123,7 +123,8 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
         res.queries_by_phase = {"route": spent, **res.queries_by_phase}
     plan = res.details.get("polish_plan", {})  # a route's own polish (the coarse RoPE route's: more of it)
     polish_extraction(oracle, res, mode=polish, target=polish_target, seed=seed, progress=progress,
-                      sequences=polish_sequences or plan.get("sequences"), rounds=plan.get("rounds", HOOK_ROUNDS))
+                      sequences=polish_sequences or plan.get("sequences"), rounds=plan.get("rounds", HOOK_ROUNDS),
+                      relative=plan.get("relative", False))
     route = res.details.get("position", kind or "rope")
     res.details["position_route"] = {"position": route, "source": source, "zero_query_spread": spread}
     res.notes.append(f"position term {route}" + (" with q/k biases" if biased else "") + f" ({source}" +
