@@ -21,6 +21,7 @@ from attnprobe.errors import AttnprobeError, RecoveryError, UnidentifiableError
 from attnprobe.learners.core.registry import Option
 from attnprobe.oracles.wrappers import declared_attribute
 from attnprobe.learners.positional.additive import extract_additive
+from attnprobe.learners.positional.bfloat16 import bfloat16_verdict
 from attnprobe.learners.positional.polish import HOOK_ROUNDS, POLISH_MODES, POLISH_TARGET, polish_extraction
 
 #: the position terms a positional learner reads
@@ -124,6 +125,7 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
     plan = res.details.get("polish_plan", {})  # a route's own polish (the coarse RoPE route's: more of it)
     polish_extraction(oracle, res, mode=polish, target=polish_target, seed=seed, progress=progress,
                       sequences=polish_sequences or plan.get("sequences"), rounds=plan.get("rounds", HOOK_ROUNDS))
+    bfloat16_verdict(res)  # the bfloat16 route's result held to its claim
     route = res.details.get("position", kind or "rope")
     res.details["position_route"] = {"position": route, "source": source, "zero_query_spread": spread}
     res.notes.append(f"position term {route}" + (" with q/k biases" if biased else "") + f" ({source}" +
