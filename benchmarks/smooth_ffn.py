@@ -3,7 +3,8 @@
 
     OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/smooth_ffn.py [--cases 16-48-16-gelu
         32-96-8-silu-nobias 32-64-32-swiglu llama-128-256-swiglu minilm2 minilm2:192 ...]
-        [--precision float64|float32] [--minilm LAYER] [--hidden] [--activation A]
+        [--precision float64|float32] [--minilm LAYER] [--hidden] [--activation A] [--seeds S ...]
+        [--write TITLE]
 
 A case ``d-m-K-act[-nobias]`` is a seeded :func:`attnprobe.targets.random_smooth_ffn` (act gelu, gelu_tanh, silu)
 or :func:`attnprobe.targets.random_gated_ffn` (act swiglu, geglu, geglu_tanh; m gated units), weights at
@@ -18,6 +19,7 @@ inputs (max |ŷ − y| / max |y|), the neurons' largest relative errors up to or
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
@@ -28,6 +30,8 @@ from attnprobe.models.gated_ffn import GATED_FAMILIES, gated_match
 from attnprobe.models.smooth_ffn import neuron_match
 from attnprobe.oracles import Oracle
 from attnprobe.targets import random_gated_ffn, random_smooth_ffn
+
+DOC = "smooth-ffn"
 
 
 def target(case: str, precision: str):
@@ -56,19 +60,22 @@ def target(case: str, precision: str):
     return truth, truth
 
 
-def one(case: str, precision: str, hidden: bool, activation: str | None) -> str:
+def one(case: str, precision: str, hidden: bool, activation: str | None, seed: int = 0) -> str:
     fn, truth = target(case, precision)
     oracle = Oracle(fn, truth.d, precision=precision)
     gated = truth.kind == "gated_ffn"
     biases = (truth.bg, truth.bu, truth.b2) if gated else (truth.b1, truth.b2)
     t0 = time.perf_counter()
     try:
-        res = extract_ffn_any(oracle, seed=0, hidden=truth.m if hidden else None, activation=activation,
+        res = extract_ffn_any(oracle, seed=seed, hidden=truth.m if hidden else None, activation=activation,
                               bias=any(np.any(b != 0) for b in biases))
     except ConfigError as err:  # refused before it claims anything (e.g. gated units on float32 answers)
         return (f"| {case} | {precision} | {oracle.queries:,} | – | – | refused ({err.param}) | – | – | – | – | "
                 f"{time.perf_counter() - t0:.0f} |")
     secs = time.perf_counter() - t0
+    keys = ("left_out", "factor_attempts", "core_residual", "worst_separation", "extrapolated_step",
+            "polish_residuals", "attempts")
+    print(case, {k: res.details[k] for k in keys if k in res.details}, res.queries_by_phase, file=sys.stderr)
     X = np.random.default_rng(1).standard_normal((1000, truth.d))
     y = truth.with_dtype("float64").forward(X)
     err = np.abs(res.model.forward(X) - y).max() / np.abs(y).max()
@@ -92,13 +99,25 @@ def main() -> None:
     ap.add_argument("--minilm", type=int, help="add MiniLM-L6 layer L's GELU FFN")
     ap.add_argument("--hidden", action="store_true", help="give the hidden width (no width search)")
     ap.add_argument("--activation", help="give the activation (default: detected)")
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0], help="the learner's seeds (one row each)")
+    ap.add_argument("--write", metavar="TITLE", help="also write the table as the section TITLE of "
+                    "docs/benchmarks/smooth-ffn.md, under 'Float32 answers' or 'Float64 answers' by the precision")
     args = ap.parse_args()
     cases = list(args.cases) + ([f"minilm{args.minilm}"] if args.minilm is not None else [])
-    print("| case d-m-K | answers | queries | unknowns | queries/unknown | activation found | m found | "
-          "fresh max error | neurons W1,b1 / W2 error (gated: gate / w2·up) | check | s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = ["| case d-m-K | answers | queries | unknowns | queries/unknown | activation found | m found | "
+             "fresh max error | neurons W1,b1 / W2 error (gated: gate / w2·up) | check | s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    print("\n".join(lines))
     for case in cases:
-        print(one(case, args.precision, args.hidden, args.activation), flush=True)
+        for seed in args.seeds:
+            row = one(case, args.precision, args.hidden, args.activation, seed)
+            lines.append(row if args.seeds == [0] else row.replace(f"| {case} |", f"| {case} seed {seed} |", 1))
+            print(lines[-1], flush=True)
+    if args.write:
+        from sections import command_line, write_section
+
+        write_section(args.write, "\n".join(lines), command_line(), doc=DOC,
+                      parent="Float32 answers" if args.precision == "float32" else "Float64 answers")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,12 @@ on all parameters, :func:`.polish.lsmr_step`).
 
 Identifiable: each neuron's gate and the product of its up projection and output column, up to the neuron order
 (:mod:`attnprobe.models.gated_ffn`); the result is normalised to unit ``‖(u_i, bu_i)‖``.
+
+Coarse (float32) answers: the pairs split by √(the derivatives' error), so the derivative stages only start the
+units and Gauss–Newton on the answers (which hold ~7 digits) finishes them. The start is made reachable by a
+better-conditioned grid — points at :data:`COARSE_POINT_SCALE` × ``scale``, :data:`COARSE_POINT_FACTOR` × 2m of
+them, :data:`COARSE_SECOND_DIRECTIONS`, the extrapolated step of the plain learner's float32 route — and while the
+polish stalls (:data:`COARSE_FIT`) the start is drawn again (:data:`COARSE_ATTEMPTS`). Coarser answers are refused.
 """
 
 from __future__ import annotations
@@ -25,10 +31,10 @@ from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.core.descent import keep_if_lower
 from attnprobe.learners.core.estimate import QueryCount, Setting
 from attnprobe.learners.smooth_ffn.decompose import block_factors
-from attnprobe.learners.smooth_ffn.derivatives import (coarse_answers, richardson,
+from attnprobe.learners.smooth_ffn.derivatives import (choose_extrapolated_step, coarse_answers, richardson,
                                                        second_derivatives, step_queries)
 from attnprobe.learners.smooth_ffn.gated_neurons import pick_gate, planes
-from attnprobe.learners.smooth_ffn.polish import lsmr_step
+from attnprobe.learners.smooth_ffn.polish import BACKTRACK, lsmr_step
 from attnprobe.learners.smooth_ffn.first_stages import search_width, start_run
 from attnprobe.models.gated_ffn import GATED_FAMILIES, GatedFFN, family_name
 from attnprobe.models.smooth_ffn import ACTIVATIONS
@@ -52,45 +58,88 @@ GN_ROUNDS, GN_ITERATIONS = 10, 400
 ANSWER_FACTOR = 4.0
 #: fresh length-1 inputs of the functional check
 CHECK_QUERIES = 64
+#: on coarse (float32) answers the Jordan pairs split by √(the derivatives' error), so the factors stage only
+#: starts the units and Gauss–Newton on the answers finishes them; the start needs the point mode of the factor
+#: array better conditioned: the grid's points drawn at this multiple of ``scale`` (16-32-16 SwiGLU: the σ'
+#: and σ''·s columns' smallest to largest singular value 4.8e-3 at 1, 1.5e-2 at 2) ...
+COARSE_POINT_SCALE = 2.0
+#: ... this many times 2m points (n = 1.25·2m + 8 on float64 answers; 16-32-16 SwiGLU, seeds 0–5: 4·2m passed 5
+#: of 6 after 14 starts, 8·2m all 6 after 10) and this many second directions
+COARSE_POINT_FACTOR, COARSE_SECOND_DIRECTIONS = 8.0, 8
+#: the extrapolated step: the largest whose disagreement is within this factor of the best (16-32-16 SwiGLU,
+#: four seeds: the best alone took 0.16 at two and both failed; at 0.32 all four passed, at 0.64 two failed)
+COARSE_STEP_TOLERANCE = 4.0
+#: starts tried on coarse answers (fresh step, grid, factors and fits each; the answers are asked once) while the
+#: polish leaves the answers' relative residual above :data:`COARSE_FIT` (a right model fits float32 answers to
+#: ~1e-7; a start with mismatched units stalls at 1e-2 or more); the lowest residual is kept
+COARSE_ATTEMPTS, COARSE_FIT = 3, 1e-4
+#: most gated units the coarse route takes on: its start reached the polish at 16-32-16 SwiGLU (seeds 0–5, every
+#: one within three starts) but not at 32-64-32 (SwiGLU and GeGLU: three starts each, every one stalled far above
+#: the answers' rounding, SwiGLU at 0.76 at best; the factor array's error 1.2e-4 against 4.6e-5 at 16-32-16, 50 of
+#: 64 blocks off by more than 1e-2); wider ones are refused on float32 answers
+COARSE_MAX_UNITS = 32
+#: answers coarser than this rounding floor (``oracle.eps``) are refused: float16 and bfloat16
+COARSEST_EPS = 1e-6
 
 
 def _directions(K: int, m: int) -> int:
     return max(2, math.ceil(DIRECTION_FACTOR * 2 * m / K) + 1)
 
 
-def _points(m: int) -> int:
-    return max(POINT_MIN, math.ceil(POINT_FACTOR * 2 * m) + POINT_EXTRA)
+def _points(m: int, coarse: bool = False) -> int:
+    return max(POINT_MIN, math.ceil((COARSE_POINT_FACTOR if coarse else POINT_FACTOR) * 2 * m) + POINT_EXTRA)
 
 
-def gated_plan(d: int, K: int, m: int, check: int = 0) -> dict[str, int]:
-    """Queries of each phase at hidden width m (the width search not counted)."""
-    C, n = _directions(K, m), _points(m)
+def gated_plan(d: int, K: int, m: int, check: int = 0, *, coarse: bool = False) -> dict[str, int]:
+    """Queries of each phase at hidden width m (the width search not counted); ``coarse``: float32 answers
+    (:data:`COARSE_POINT_FACTOR` times 2m points, :data:`COARSE_SECOND_DIRECTIONS`, the extrapolated step chosen
+    too), one start: each further start (:data:`COARSE_ATTEMPTS`) repeats all but ``step``'s first part and
+    ``answers``."""
+    C, n = _directions(K, m), _points(m, coarse)
+    E = COARSE_SECOND_DIRECTIONS if coarse else SECOND_DIRECTIONS
     answers = max(2 * m + 8, 2 * (d + 1), math.ceil(ANSWER_FACTOR * GatedFFN.unknowns(d, m, K) / K))
-    return {"step": step_queries(), "width": 2 * C * n, "factors": 3 * 4 * C * SECOND_DIRECTIONS * n,
+    return {"step": step_queries(coarse), "width": 2 * C * n, "factors": 3 * 4 * C * E * n,
             "directions": 2 * 4 * C * d * DIRECTION_POINTS, "answers": answers, "check": check}
 
 
 def gated_estimate(s: Setting) -> QueryCount:
-    """The gated learner's queries by phase (:func:`gated_plan`), exact when ``hidden`` is given; float32 (and
-    coarser) answers are refused (:func:`refuse_coarse`), so they have no estimate."""
-    if s.coarse:
+    """The gated learner's queries by phase (:func:`gated_plan`), exact when ``hidden`` is given; answers coarser
+    than float32 are refused (:func:`refuse_coarse`), so they have no estimate."""
+    if s.precision not in ("float64", "float32", "auto"):
         refuse_coarse(s.precision)
     m = s.needs("hidden", "a gated FFN estimate needs the number of hidden units m")
+    if s.coarse:
+        refuse_wide(s.precision, m)
     K = s.outputs or 1
-    parts = gated_plan(s.d, K, m, check=CHECK_QUERIES if s.check else 0)
+    parts = gated_plan(s.d, K, m, check=CHECK_QUERIES if s.check else 0, coarse=s.coarse)
     basis = ", ".join(f"{k} {v}" for k, v in parts.items()) + f" (K = {K} outputs per answer" + (
         "" if s.outputs else ", undeclared: declare the outputs K") + ")"
-    return QueryCount.exactly(sum(parts.values()), basis)
+    total = sum(parts.values())
+    if not s.coarse:
+        return QueryCount.exactly(total, basis)
+    again = step_queries(True) - step_queries() + parts["width"] + parts["factors"] + parts["directions"]
+    return QueryCount(total, total, total + (COARSE_ATTEMPTS - 1) * again,
+                      basis + f"; up to {COARSE_ATTEMPTS - 1} more starts of {again} each while the polish stalls")
 
 
 def refuse_coarse(precision: str) -> None:
-    """Gated units need float64 answers: each unit's pair of eigenvalues splits by the square root of the second
-    derivatives' error, which on float32 answers is 2e-5 at best (three-level extrapolation, 16-32-16 SwiGLU),
-    so the pairs split by ~5e-3 and cannot be told apart (8-16-8 SwiGLU: units mismatched, fresh error 2e-2,
-    the polish stalls); nothing is claimed, the answers are refused before any query."""
-    raise ConfigError(f"the gated FFN learner (SwiGLU, GeGLU) needs float64 answers; {precision} answers leave its "
-                      "Jordan pairs too coarse to split (docs/smooth-ffn.md): ask for float64 answers",
+    """Gated units need float32 answers or finer: each unit's pair of eigenvalues splits by the square root of
+    the second derivatives' error (on float32 answers 5e-5 after three-level extrapolation, 16-32-16 SwiGLU), and
+    only the coarse route's better-conditioned grid keeps the start within reach of the polish; coarser answers
+    (float16, bfloat16) are refused before any query, nothing claimed."""
+    raise ConfigError(f"the gated FFN learner (SwiGLU, GeGLU) needs float32 or float64 answers; {precision} answers "
+                      "leave its Jordan pairs too coarse to split (docs/smooth-ffn.md): ask for float32 or finer",
                       param="precision")
+
+
+def refuse_wide(precision: str, m: int) -> None:
+    """More than :data:`COARSE_MAX_UNITS` gated units on float32 answers: the coarse route's start was measured out
+    of the polish's reach there, so nothing is claimed (refused before any query when the width is given, else
+    once the width search has read it)."""
+    if m > COARSE_MAX_UNITS:
+        raise ConfigError(f"the gated FFN learner on {precision} answers reaches up to {COARSE_MAX_UNITS} gated units "
+                          f"(measured: 16-32-16 SwiGLU learned, 32-64-32 not; docs/smooth-ffn.md); this FFN has {m}: "
+                          "ask for float64 answers", param="precision")
 
 
 def gate_candidates(activation: str | None) -> tuple[str, ...]:
@@ -121,66 +170,71 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
     check_option(activation, "activation", (None, *GATED_FAMILIES))
     check_int(hidden, "hidden", min_value=1, allow_none=True)
     check_int(polish_rounds, "polish_rounds", min_value=0)
-    if coarse_answers(oracle):
+    coarse = coarse_answers(oracle)
+    if float(getattr(oracle, "eps", 0.0)) > COARSEST_EPS:
         refuse_coarse(oracle.precision)
+    if coarse and hidden is not None:
+        refuse_wide(oracle.precision, hidden)
     run, ask, h, fd_error = start_run(oracle, seed=seed, check=check, progress=progress, scale=scale,
                                       check_queries=CHECK_QUERIES)
     d, rng = oracle.d, run.rng
     K = ask.outputs
-    run.plan(sum(gated_plan(d, K, hidden or FIRST_GUESS).values()),
-             f"the gated FFN learner at d={d}, K={K}, m={hidden or FIRST_GUESS}", at_least=hidden is None)
-    with run.phase("width"):
-        w = search_width(run, ask, scale=scale, h=h, hidden=hidden, first_guess=FIRST_GUESS, max_width=MAX_WIDTH,
-                         grid=lambda g: (_directions(K, g), _points(g)), units=_units,
-                         replan=lambda g: sum(gated_plan(d, K, g).values()), what="gated FFN")
-    m, drop, U, D1, X = w.m, w.drop, w.U, w.D1, w.X
-    C, n = _directions(K, m), _points(m)
-    U, D1 = U[:C], D1[:, :C, :]
-    if K * C < 2 * m or n < 2 * m:
-        raise ConfigError(f"hidden width {m} needs K·C ≥ 2m and n ≥ 2m; got K·C = {K * C}, n = {n}", param="hidden")
-    plan = gated_plan(d, K, m)
-    run.report(run.queries + sum(plan.values()) - plan["width"] - plan["step"])
-    with run.phase("factors"):
-        V = rng.standard_normal((SECOND_DIRECTIONS, d))
-        V /= np.linalg.norm(V, axis=1, keepdims=True)
-        T = richardson(lambda s: second_derivatives(ask, X[:n], U, V, s), FACTOR_STEP * h)
-    blocks, sep = block_factors(T.reshape(K * C, SECOND_DIRECTIONS, n), m, rng)
-    # each block is w2_i ⊗ (2-D subspace of R^C): its output direction is the top left singular vector
-    w2_dirs = np.empty((m, K))
-    for i, B in enumerate(blocks):
-        R = np.transpose(B.reshape(K, C, 2), (0, 2, 1)).reshape(K, 2 * C)
-        w2_dirs[i] = np.linalg.svd(R, full_matrices=False)[0][:, 0]
-    Ap = np.linalg.pinv(np.hstack(blocks))
-    with run.phase("directions"):
-        Xs = scale * rng.standard_normal((DIRECTION_POINTS, d))
-        Td = richardson(lambda s: second_derivatives(ask, Xs, U, np.eye(d), s), FACTOR_STEP * h, levels=2)
-    Z = np.einsum("ra,adp->prd", Ap, Td.reshape(K * C, d, DIRECTION_POINTS)).reshape(DIRECTION_POINTS, m, 2, d)
-    Qs = planes(Z)  # (m, d, 2)
-    # first derivatives unmixed by the refined blocks w2_i ⊗ U Q_i: κ_i Q_iᵀ ∇φ_i at every point
-    Bref = _refined_blocks(w2_dirs, U, Qs)
-    coef = (np.linalg.pinv(Bref) @ D1.reshape(K * C, -1)).reshape(m, 2, -1)
-    z = np.einsum("mdk,nd->mkn", Qs, X)
-    fams = gate_candidates(activation)
-    gate, fit, scores = pick_gate(coef, z, bias, rng, fams)
-    theta = fit["theta"]
-    Wg = np.einsum("mdk,mk->md", Qs, theta[:, 0:2])
-    bg = theta[:, 2] if bias else np.zeros(m)
-    Wu = np.einsum("mdk,mk->md", Qs, theta[:, 3:5])
-    bu = theta[:, 5] if bias else np.zeros(m)
-    unknowns = GatedFFN.unknowns(d, m, K, bias)
-    with run.phase("answers"):
-        N = max(2 * m + 8, 2 * (d + 1), math.ceil(ANSWER_FACTOR * unknowns / K))
-        Xa = scale * rng.standard_normal((N, d))
-        Ya = ask(Xa)
-    act = ACTIVATIONS[gate]
-    params = (Wg, bg, Wu, bu, *_down(Xa, Ya, (Wg, bg, Wu, bu), act, bias))
-    params, history, used = gated_gauss_newton(Xa, Ya, params, act, bias, rounds=polish_rounds,
-                                               iterations=GN_ITERATIONS)
+    grid_scale = COARSE_POINT_SCALE * scale if coarse else scale  # the derivatives' points (the answers: scale)
+    E = COARSE_SECOND_DIRECTIONS if coarse else SECOND_DIRECTIONS
+    run.plan(sum(gated_plan(d, K, hidden or FIRST_GUESS, coarse=coarse).values()),
+             f"the gated FFN learner at d={d}, K={K}, m={hidden or FIRST_GUESS}", at_least=hidden is None or coarse)
+    answers = None
+    attempts: list[dict] = []
+    best = None
+    for _ in range(COARSE_ATTEMPTS if coarse else 1):
+        if coarse:
+            with run.phase("step"):
+                h_rich, rich_error = choose_extrapolated_step(ask, d, rng, grid_scale,
+                                                              tolerance=COARSE_STEP_TOLERANCE)
+        else:
+            h_rich, rich_error = FACTOR_STEP * h, None
+        with run.phase("width"):
+            w = search_width(run, ask, scale=grid_scale, h=h, hidden=hidden, first_guess=FIRST_GUESS,
+                             max_width=MAX_WIDTH, grid=lambda g: (_directions(K, g), _points(g, coarse)),
+                             units=_units, replan=lambda g: sum(gated_plan(d, K, g, coarse=coarse).values()),
+                             what="gated FFN")
+        m, drop = w.m, w.drop
+        if coarse:
+            refuse_wide(oracle.precision, m)
+        hidden = m  # a later attempt reads one grid of the width found
+        C, n = _directions(K, m), _points(m, coarse)
+        if K * C < 2 * m or n < 2 * m:
+            raise ConfigError(f"hidden width {m} needs K·C ≥ 2m and n ≥ 2m; got K·C = {K * C}, n = {n}",
+                              param="hidden")
+        plan = gated_plan(d, K, m, coarse=coarse)
+        run.report(run.queries + sum(plan.values()) - plan["width"] - plan["step"])
+        start, sep, info = _start(run, ask, w, C, n, E, h_rich, grid_scale, bias, activation)
+        unknowns = GatedFFN.unknowns(d, m, K, bias)
+        if answers is None:
+            with run.phase("answers"):
+                N = max(2 * m + 8, 2 * (d + 1), math.ceil(ANSWER_FACTOR * unknowns / K))
+                Xa = scale * rng.standard_normal((N, d))
+                answers = (Xa, ask(Xa))
+        Xa, Ya = answers
+        act = ACTIVATIONS[info["gate"]]
+        params = (*start, *_down(Xa, Ya, start, act, bias))
+        params, history, used = gated_gauss_newton(Xa, Ya, params, act, bias, rounds=polish_rounds,
+                                                   iterations=GN_ITERATIONS)
+        attempts.append({"extrapolated_step": h_rich, "worst_separation": sep["worst_separation"],
+                         "polish_residual": history[-1]})
+        if best is None or history[-1] < best[0]:
+            best = (history[-1], params, history, used, sep, info, drop, C, n, h_rich, rich_error)
+        if history[-1] < COARSE_FIT:
+            break  # the answers are fitted down to their rounding
+    _, params, history, used, sep, info, drop, C, n, h_rich, rich_error = best
+    gate, fit, scores = info["gate"], info["fit"], info["scores"]
     model = _normalised(GatedFFN(*params, gate))
     details = {"seed": seed, "bias": bool(bias), "outputs": K, "hidden": int(m), "width_drop": drop,
                "activation": family_name(gate), "gate_activation": gate, "activation_detected": activation is None,
-               "activation_fit": scores, "step": h, "step_error": fd_error, "directions_C": C,
-               "second_directions_E": SECOND_DIRECTIONS, "points": n, "answers": N, **sep,
+               "activation_fit": scores, "step": h, "step_error": fd_error, "coarse_answers": coarse,
+               "extrapolated_step": h_rich, "extrapolated_step_error": rich_error, "points_scale": grid_scale,
+               "directions_C": C, "second_directions_E": E, "points": n, "answers": len(answers[0]), **sep,
+               "attempts": attempts,
                "plane_fit_worst": float(np.max(fit["res"])), "polish_residuals": history,
                "polish_iterations": used, "queries_per_unknown": run.queries / unknowns}
     notes = [f"gated units ({family_name(gate)}) are recovered up to their order and the scale split between each "
@@ -188,6 +242,42 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
     return run.finish(model, unknowns=unknowns, details=details, notes=notes,
                       check_model=model if ask.vector else _Scalar(model),
                       hint=f" (a gated FFN of this form with {family_name(gate)})")
+
+
+def _start(run, ask, w, C: int, n: int, E: int, h_rich: float, grid_scale: float, bias: bool,
+           activation: str | None):
+    """The derivative-based start ``(Wg, bg, Wu, bu)`` on the width grid ``w``: the blocks from the factor array,
+    each unit's plane from the coordinate second derivatives, gate and up fitted in the plane. Returns the start,
+    the blocks' separations and ``{"gate", "fit", "scores"}`` of the gate fit."""
+    d, K, rng = ask.d, ask.outputs, run.rng
+    m, U, D1, X = w.m, w.U[:C], w.D1[:, :C, :], w.X
+    with run.phase("factors"):
+        V = rng.standard_normal((E, d))
+        V /= np.linalg.norm(V, axis=1, keepdims=True)
+        T = richardson(lambda s: second_derivatives(ask, X[:n], U, V, s), h_rich)
+    blocks, sep = block_factors(T.reshape(K * C, E, n), m, rng)
+    # each block is w2_i ⊗ (2-D subspace of R^C): its output direction is the top left singular vector
+    w2_dirs = np.empty((m, K))
+    for i, B in enumerate(blocks):
+        R = np.transpose(B.reshape(K, C, 2), (0, 2, 1)).reshape(K, 2 * C)
+        w2_dirs[i] = np.linalg.svd(R, full_matrices=False)[0][:, 0]
+    Ap = np.linalg.pinv(np.hstack(blocks))
+    with run.phase("directions"):
+        Xs = grid_scale * rng.standard_normal((DIRECTION_POINTS, d))
+        Td = richardson(lambda s: second_derivatives(ask, Xs, U, np.eye(d), s), h_rich, levels=2)
+    Z = np.einsum("ra,adp->prd", Ap, Td.reshape(K * C, d, DIRECTION_POINTS)).reshape(DIRECTION_POINTS, m, 2, d)
+    Qs = planes(Z)  # (m, d, 2)
+    # first derivatives unmixed by the refined blocks w2_i ⊗ U Q_i: κ_i Q_iᵀ ∇φ_i at every point
+    Bref = _refined_blocks(w2_dirs, U, Qs)
+    coef = (np.linalg.pinv(Bref) @ D1.reshape(K * C, -1)).reshape(m, 2, -1)
+    z = np.einsum("mdk,nd->mkn", Qs, X)
+    gate, fit, scores = pick_gate(coef, z, bias, rng, gate_candidates(activation))
+    theta = fit["theta"]
+    Wg = np.einsum("mdk,mk->md", Qs, theta[:, 0:2])
+    bg = theta[:, 2] if bias else np.zeros(m)
+    Wu = np.einsum("mdk,mk->md", Qs, theta[:, 3:5])
+    bu = theta[:, 5] if bias else np.zeros(m)
+    return (Wg, bg, Wu, bu), sep, {"gate": gate, "fit": fit, "scores": scores}
 
 
 def _refined_blocks(w2_dirs: np.ndarray, U: np.ndarray, Qs: np.ndarray) -> np.ndarray:
@@ -224,7 +314,8 @@ def _forward(X, params, act):
 def gated_gauss_newton(X, Y, params, act, bias: bool, *, rounds: int, iterations: int):
     """Gauss–Newton on ``(Wg, bg, Wu, bu, W2, b2)`` against the answers: the gate and up rows are the 2m
     first-layer rows of :func:`.polish.lsmr_step` (factors ``σ'(a)·s`` and ``σ(a)``, both through ``w2_i``); a
-    step is kept only when it lowers the residual. Returns the parameters, the relative residuals, the LSMR
+    step that does not halve the residual is compared with its half, quarter and eighth (:data:`.polish.BACKTRACK`)
+    and the best is kept only when it lowers the residual. Returns the parameters, the relative residuals, the LSMR
     iterations."""
     scale_y = max(float(np.linalg.norm(Y)), 1e-300)
     R = Y - _forward(X, params, act)
@@ -240,10 +331,16 @@ def gated_gauss_newton(X, Y, params, act, bias: bool, *, rounds: int, iterations
                                iterations=iterations)
         used.append(it)
         zero = np.zeros(m)
-        trial = (Wg + dP[:m, :d], bg + (dP[:m, d] if bias else zero), Wu + dP[m:, :d],
-                 bu + (dP[m:, d] if bias else zero), W2 + dH[:m].T, b2 + (dH[m] if bias else 0.0))
-        R_new = Y - _forward(X, trial, act)
-        err = float(np.linalg.norm(R_new)) / scale_y
+        err = np.inf
+        for t in BACKTRACK:  # the full step, and when it does not halve the residual the shorter ones: the best
+            candidate = (Wg + t * dP[:m, :d], bg + t * (dP[:m, d] if bias else zero), Wu + t * dP[m:, :d],
+                         bu + t * (dP[m:, d] if bias else zero), W2 + t * dH[:m].T, b2 + t * (dH[m] if bias else 0.0))
+            R_t = Y - _forward(X, candidate, act)
+            err_t = float(np.linalg.norm(R_t)) / scale_y
+            if err_t < err:
+                trial, R_new, err = candidate, R_t, err_t
+            if err < history[-1] / 2:
+                break
         (params, R), more = keep_if_lower(history, err, (params, R), (trial, R_new), floor=1e-15)
         if not more:
             break
