@@ -114,8 +114,11 @@ def test_biases_and_coarse_answers_are_refused_in_one_line():
     with pytest.raises(RecoveryError, match="biases"):
         extract_positional(Oracle(qwen, 32), seed=0)
     llama = reference_model(positional_victim("llama", d=32, heads=2, kv_heads=1, seed=1))
-    with pytest.raises(UnidentifiableError, match="bfloat16"):
-        extract_positional(Oracle(llama.with_dtype("bfloat16"), 32, precision="bfloat16"), seed=0)
+    from attnprobe.oracles.chain import AnswerChain
+
+    noisy = Oracle(llama, 32, chain=AnswerChain(noise="gaussian:0.001", seed=1))
+    with pytest.raises(UnidentifiableError, match="noisy"):
+        extract_positional(noisy, seed=0)
 
 
 @pytest.mark.slow

@@ -8,8 +8,8 @@ from attnprobe.learners.core.estimate import QueryCount
 from attnprobe.learners.core.registry import Capabilities, Option, register
 from attnprobe.learners.multihead.options import HEADS
 from attnprobe.learners.positional.coarse import POLISH_PER, VALUE_QUERIES, coarse_queries
-from attnprobe.learners.positional.rope import (CHECK_LENGTHS, COARSEST, WALK, coarse_refusal, extract_positional,
-                                               positional_queries)
+from attnprobe.learners.positional.rope import (BFLOAT16_ROUNDING, CHECK_LENGTHS, COARSEST, WALK, coarse_refusal,
+                                               extract_positional, positional_queries)
 from attnprobe.learners.positional.polish import POLISH_TARGET, polish_queries, polish_sequences
 from attnprobe.learners.positional.route import (POLISH, POLISH_SEQUENCES_OPTION, POLISH_TARGET_OPTION, POSITION,
                                                 additive_estimate, extract_any_positional)
@@ -54,11 +54,20 @@ def positional_estimate(setting) -> QueryCount:
     if setting.option("position") in ("t5", "alibi"):
         return with_polish(additive_estimate(setting), setting, H, True, setting.option("position"))
     if setting.coarse:
-        if machine_epsilon(setting.precision) > COARSEST:
+        eps = machine_epsilon(setting.precision)
+        if eps > BFLOAT16_ROUNDING:
             from attnprobe.errors import ConfigError
 
-            raise ConfigError(f"{coarse_refusal(setting.precision, machine_epsilon(setting.precision))}: nothing to "
-                              "estimate", param="precision")
+            raise ConfigError(f"{coarse_refusal(setting.precision, eps)}: nothing to estimate", param="precision")
+        if eps > COARSEST:
+            from attnprobe.learners.positional import bfloat16
+
+            q = (bfloat16.bfloat16_queries(setting.d, H, setting.outputs)
+                 + (check_queries(CHECK_LENGTHS) if setting.check else 0))
+            return with_polish(QueryCount(q, q, q, f"{setting.precision} answers, the bfloat16 route: values, the "
+                                                   f"zero-key sweep at {bfloat16.SWEEP_QUERIES}·d random queries, the "
+                                                   "logit maps' sequences, check"),
+                               setting, H, False, per=bfloat16.POLISH_PER)
         q = coarse_queries(setting.d, H, setting.outputs) + (check_queries(CHECK_LENGTHS) if setting.check else 0)
         return with_polish(QueryCount(q, q, q, f"{setting.precision} answers, the coarse route: values, the pair "
                                                f"probe's walk and its value maps at {VALUE_QUERIES}·d random queries "

@@ -65,18 +65,19 @@ BIASED_TARGET_LOGIT = 16.0
 SIGNAL_FLOOR = 1e-8
 #: the coarsest answers the learner reads (float64's machine epsilon and a little)
 FINEST = 1e-15
-#: the coarsest answers any RoPE route reads: float32 (:mod:`.coarse`); bfloat16 is refused
+#: the coarsest answers the float32 route reads (:mod:`.coarse`)
 COARSEST = 1e-6
+#: the coarsest answers any RoPE route reads: bfloat16 (:mod:`.bfloat16`, its result held to its claim)
+BFLOAT16_ROUNDING = 2.0**-7  # its machine epsilon (the gap after 1)
 #: numbers per batch of long sequences sent at once (memory: 8 bytes each)
 BATCH_TOKENS = 1 << 23
 
 
 def coarse_refusal(precision: str, rounding: float) -> str:
-    """The one-line refusal of answers coarser than float32 or noisy (docs/positional.md, "Coarse answers"): the
-    pair probe, even its averaged slope (:mod:`.coarse`), does not separate the heads at that rounding."""
-    return (f"the RoPE learner reads answers rounded to float32 or finer, without noise; these are {precision} "
-            f"(rounding {rounding:.1e}), at which the zero-key pair probe does not separate the heads (measured on "
-            "bfloat16 answers at d = 32: its averaged slope's eigenvalues come out complex; docs/positional.md, "
+    """The one-line refusal of answers coarser than bfloat16 or noisy (docs/positional.md, "Coarse answers"): the
+    zero-key probes (the float32 route's pair probe, the bfloat16 route's sweep) read exact rounding only."""
+    return (f"the RoPE learner reads answers rounded to bfloat16 or finer, without noise; these are {precision} "
+            f"(rounding {rounding:.1e}), which its zero-key probes do not read (docs/positional.md, "
             "\"Coarse answers\")")
 
 
@@ -142,13 +143,18 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
     noise = max(oracle.eps, 1e-16)
     if noise > FINEST or not oracle.noise.exact:
         kind = oracle.precision if oracle.noise.exact else f"noisy {oracle.precision}"
-        if noise > COARSEST or not oracle.noise.exact:
+        if noise > BFLOAT16_ROUNDING or not oracle.noise.exact:
             raise UnidentifiableError(coarse_refusal(kind, noise))
         if (query_rms is not None or query_bias or key_bias or tuple(offsets) != OFFSETS
                 or oversample != OVERSAMPLE):
             raise UnidentifiableError(f"these answers are {kind} (rounding {noise:.1e}): the RoPE route for them "
                                       "(learners/positional/coarse.py) reads bias-free heads with free query scales "
                                       "and its own offsets only, not unit queries, q/k biases or given offsets")
+        if noise > COARSEST:
+            from attnprobe.learners.positional.bfloat16 import extract_bfloat16_positional
+
+            return extract_bfloat16_positional(oracle, heads=heads, seed=seed, check=check, progress=progress,
+                                               asked_before=asked)
         from attnprobe.learners.positional.coarse import extract_coarse_positional
 
         return extract_coarse_positional(oracle, heads=heads, seed=seed, check=check, progress=progress,

@@ -21,6 +21,7 @@ from attnprobe.errors import AttnprobeError, RecoveryError, UnidentifiableError
 from attnprobe.learners.core.registry import Option
 from attnprobe.oracles.wrappers import declared_attribute
 from attnprobe.learners.positional.additive import extract_additive
+from attnprobe.learners.positional.bfloat16 import bfloat16_verdict
 from attnprobe.learners.positional.polish import HOOK_ROUNDS, POLISH_MODES, POLISH_TARGET, polish_extraction
 
 #: the position terms a positional learner reads
@@ -131,6 +132,7 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
     polish_extraction(oracle, res, mode=polish, target=polish_target, seed=seed, progress=progress,
                       sequences=polish_sequences or plan.get("sequences"), rounds=plan.get("rounds", HOOK_ROUNDS),
                       relative=plan.get("relative", False))
+    bfloat16_verdict(res)  # the bfloat16 route's result held to its claim
     route = res.details.get("position", kind or "rope")
     if (oracle.eps > FINEST and oracle.noise.exact and kind != "rope" and res.check is not None
             and not res.check.passed):  # an additive bias from coarse answers: refused naming the precision

@@ -1,0 +1,103 @@
+"""bfloat16 answers and RoPE: the zero-key sweep reads each head's value map where the pair probe cannot
+(``learners/positional/sweep.py``), and the bfloat16 route's result is held to its claim
+(``learners/positional/bfloat16.py``; docs/positional.md, "bfloat16 answers")."""
+
+import numpy as np
+import pytest
+from scipy.optimize import linear_sum_assignment
+
+from attnprobe.errors import UnidentifiableError
+from attnprobe.learners.core.estimate import estimate_queries
+from attnprobe.learners.positional import extract_positional
+from attnprobe.learners.positional.bfloat16 import CLAIM, POLISH_PER, SWEEP_QUERIES, bfloat16_verdict
+from attnprobe.learners.positional.sweep import fit_sweep, sweep_answers, sweep_queries, sweep_value_maps
+from attnprobe.models.positional import PositionalAttention
+from attnprobe.oracles.base import Oracle
+from attnprobe.oracles.chain import AnswerChain
+from attnprobe.targets import random_rope_attention
+
+
+def _value_maps(model):
+    dh = model.head_dim
+    g = model.H // model.G
+    return np.stack([model.Wo[:, h * dh:(h + 1) * dh] @ model.Wv[h // g] for h in range(model.H)])
+
+
+def _matched_errors(U, truth_rows):
+    C = np.array([[np.linalg.norm(u - t) / np.linalg.norm(t) for t in truth_rows] for u in U])
+    rows, cols = linear_sum_assignment(C)
+    return C[rows, cols]
+
+
+@pytest.mark.parametrize("precision, bound", [("float64", 1e-7), ("bfloat16", 3e-2)])
+def test_one_query_sweep_gives_each_heads_direction(precision, bound):
+    """``y(n, m) − c = Σ_h S_hm/(n + S_hm) V_h z``: the fit reads every head's ``V_h z`` (exact answers: to the
+    fit's tolerance; answers rounded to bfloat16: within a few 1e-3, a head with little weight the worst)."""
+    H = 2 if precision == "float64" else 4
+    model = random_rope_attention(16, H, 1, seed=3)
+    oracle = Oracle(model, 16, precision=precision)
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal(16) * 2
+    U, logS, misfit = fit_sweep(sweep_answers(oracle, z[None])[0], H, rng)
+    errs = _matched_errors(U, _value_maps(model) @ z)
+    assert errs.max() < bound, errs
+    assert misfit < (1e-8 if precision == "float64" else 1e-2)
+    # the centres at m = 1 are the heads' self-logits zᵀ B_h(0) z
+    b = np.sort([z @ (model.scale * model.Wq[h].T @ model.Wk[0]) @ z for h in range(H)])
+    assert np.allclose(np.sort(logS[:, 0]), b, atol=1e-5 if precision == "float64" else 0.3)
+
+
+def test_a_wrong_shape_does_not_fit():
+    """The fit fails loudly on answers that are not a sum of H sweep shapes: with one head fewer than the layer has,
+    the misfit stays far above the rounding."""
+    model = random_rope_attention(16, 4, 1, seed=3)
+    oracle = Oracle(model, 16)
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal(16) * 2
+    _, _, misfit = fit_sweep(sweep_answers(oracle, z[None])[0], 3, rng)
+    assert misfit > 1e-4
+
+
+@pytest.mark.slow
+def test_sweep_value_maps_at_the_rounding_of_bfloat16():
+    """d = 16, 2 heads sharing keys and values: each ``V_h`` from 6d random queries within 1e-2 of the module's
+    (bfloat16's rounding of its weights alone is ~3e-3 of them)."""
+    model = random_rope_attention(16, 2, 1, seed=3)
+    oracle = Oracle(model, 16, precision="bfloat16")
+    V, misfit = sweep_value_maps(oracle, np.zeros(16), 2, np.random.default_rng(0), per=6)
+    errs = _matched_errors(V.reshape(2, -1), _value_maps(model).reshape(2, -1))
+    assert errs.max() < 1e-2, errs
+
+
+def test_the_verdict_refuses_a_result_above_the_claim_naming_the_precision():
+    class Check:
+        def __init__(self, error):
+            self.error = error
+
+    class Result:
+        def __init__(self, error, route="bfloat16"):
+            self.check, self.details = Check(error), {"route": route}
+
+    bfloat16_verdict(Result(CLAIM / 2))  # within the claim: kept
+    bfloat16_verdict(Result(0.5, route="coarse"))  # another route: not this verdict's
+    for error in (2 * CLAIM, float("nan")):
+        with pytest.raises(UnidentifiableError) as exc:
+            bfloat16_verdict(Result(error))
+        assert "bfloat16" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_noisy_or_coarser_answers_are_refused_before_any_query():
+    model = random_rope_attention(32, 2, 1, seed=5)
+    noisy = Oracle(model, 32, chain=AnswerChain(noise="gaussian:0.001", seed=1))
+    with pytest.raises(UnidentifiableError, match="bfloat16") as exc:
+        extract_positional(noisy, heads=2)
+    assert "\n" not in str(exc.value)
+
+
+def test_estimate_prices_the_bfloat16_route():
+    """The bfloat16 route's plan: at least the sweep's queries and its polish's fresh sequences; coarser answers
+    than bfloat16 (none: float16 is finer) and noisy ones have no plan."""
+    bf16 = estimate_queries("positional", 128, precision="bfloat16", heads=8)
+    unknowns = PositionalAttention.unknowns(128, 8, 8, 16, 128)
+    assert bf16.queries >= sweep_queries(128, 8, 128, per=SWEEP_QUERIES)
+    assert bf16.high >= bf16.queries + POLISH_PER * -(-unknowns // 128)
