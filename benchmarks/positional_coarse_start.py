@@ -17,7 +17,8 @@ float32 or bfloat16; every error is against the float64 module of the same weigh
 
 - **the float32 route** (``--route``): ``extract --method positional`` as routed on float32 answers (the coarse
   start: value maps at 6d random queries, logit maps from reliability-weighted log-weights; then the polish hook),
-  the start's and the returned model's function error (largest over lengths up to 256) and the check.
+  the start's and the returned model's function error (largest over lengths up to 256) and the check (its error:
+  the worst length's largest relative error, what it passes on; and the RMS over every answer beside it).
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def route_table(dims) -> Table:
     from attnprobe.learners.positional.route import extract_any_positional
 
     table = Table(["module", "answers", "start: queries", "start: function error", "polish: sequences",
-                   "polished: function error", "check (RMS)", "passed", "queries", "seconds"])
+                   "polished: function error", "check: worst length", "check: RMS", "passed", "queries",
+                   "seconds"])
     for d in dims:
         H, G = 2, 1
         kw = dict(d=d, heads=H, kv_heads=G, seed=0)
@@ -126,7 +128,8 @@ def route_table(dims) -> Table:
         fn = function_error_over_lengths(res.model, truth, np.random.default_rng(5), LENGTHS)
         polish = res.details.get("polish", {})
         table.add(f"LLaMA d={d} {H}/{G}", "float32", res.queries_by_phase.get("coarse start"), f"{start:.1e}",
-                  polish.get("sequences", 0), f"{fn:.1e}", f"{res.check.error:.1e}", res.check.passed, res.queries,
+                  polish.get("sequences", 0), f"{fn:.1e}", f"{res.check.error:.1e}",
+                  f"{res.check.extra.get('rms_error', res.check.error):.1e}", res.check.passed, res.queries,
                   f"{time.perf_counter() - t0:.0f}")
         print(table.markdown().splitlines()[-1], flush=True)
     return table

@@ -241,3 +241,70 @@ def test_the_logit_refit_comes_back_from_a_far_start():
     model, history = refit_logits(start, data)
     assert np.abs(model.every_position(Z) - want).max() < 1e-10 * np.abs(want).max()
     assert all(h[-1] < 1e-8 * h[0] for h in history)
+
+
+def test_the_attention_oracle_takes_the_learned_ffns_error_off_at_each_query(block, read):
+    """The attention oracle solves its fixed point on a learned FFN; that FFN's error at the query comes into every
+    answer (d = 64: 2e-9, the RoPE learner's rotation fit refused). Given ``M'`` the oracle measures it on the single
+    token ``[x_N]`` (whose attention is the value map) and takes it off, leaving the error's change over the answer's
+    ``a/T``: here ~1e-9 → well below 1e-10 (measured ~1/T of it). One single-token query per distinct query row, kept
+    across calls; a length-1 sequence is its own single token (no extra query)."""
+    import dataclasses
+
+    K0, s, _ = read
+    f = fold_norm_weights(block)
+    rng = np.random.default_rng(7)
+    learned = dataclasses.replace(f.ffn, W2=f.ffn.W2 * (1 + 1e-9 * rng.standard_normal(f.ffn.W2.shape)))
+    asked = []
+
+    def rows(X):
+        asked.append(X.shape)
+        return block.every_position(X)
+
+    d = block.d
+    plain = AttentionThroughBlock(rows, learned, s * s, d)
+    fixed = AttentionThroughBlock(rows, learned, s * s, d, value_map=s * (K0 - np.eye(d)))
+    Z = rng.standard_normal((6, 17, d)) * 0.3
+    Z[:, 5:-1] = 0  # zero keys, as the sketches ask
+    Z[:, -1] *= fixed.query_rms * math.sqrt(d) / np.linalg.norm(Z[:, -1], axis=1, keepdims=True)
+    Z = np.concatenate([Z, Z[:2]])  # two query rows asked twice in the batch
+    want = f.attention.every_position(Z)[:, -1]
+    scale = np.abs(want).max()
+    before = np.abs(plain(Z) - want).max() / scale
+    asked.clear()
+    after = np.abs(fixed(Z) - want).max() / scale
+    assert before > 1e-10 and after < before / 5
+    assert asked == [Z.shape, (6, 1, d)]  # the 6 distinct query rows, once each
+    asked.clear()
+    fixed(Z[:3])
+    assert asked == [(3, 17, d)]  # kept across calls
+    single = Z[:4, -1:]
+    asked.clear()
+    got = fixed(single)
+    assert asked == [(4, 1, d)]
+    assert np.abs(got - f.attention.every_position(single)[:, -1]).max() < 1e-11 * scale
+
+
+@pytest.mark.slow
+def test_the_attention_through_a_d64_block_with_an_inexact_ffn_is_read_and_refitted():
+    """d = 64 (4/2 heads): the attention stage through the block on an FFN 1e-10 off (as the gated learner reads it
+    there) — the RoPE learner's rotation fit was refused without the per-query correction (eigenvalue moduli
+    0.999 … 1; measured) — now reads the attention and the logit refit takes it below 1e-7 (measured 2.8e-8 with the
+    learned FFN)."""
+    import dataclasses
+
+    from attnprobe.learners.block.refine import refit_data, refit_logits
+
+    blk = random_llama_block(64, 4, 2, 128, seed=0)
+    f = fold_norm_weights(blk)
+    rng = np.random.default_rng(7)
+    learned = dataclasses.replace(f.ffn, W2=f.ffn.W2 * (1 + 2e-10 * rng.standard_normal(f.ffn.W2.shape)))
+    M = f.attention.every_position(np.eye(64)[:, None, :])[:, 0].T
+    att = AttentionThroughBlock(blk.every_position, learned, blk.eps, 64, value_map=M)
+    oracle = Oracle(att, 64, outputs=64, precision="float64")
+    res = extract_positional(oracle, heads=4, check=False, query_rms=att.query_rms)
+    data = refit_data(oracle, att.query_rms, res.model.Wq.shape[1], np.random.default_rng(1), 8 * 64)
+    model, _ = refit_logits(res.model, data)
+    Z = np.random.default_rng(3).standard_normal((8, 64, 64)) * 0.5
+    want = f.attention.every_position(Z)
+    assert np.abs(model.every_position(Z) - want).max() < 1e-7 * np.abs(want).max()

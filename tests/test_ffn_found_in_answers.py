@@ -3,6 +3,7 @@ The answers are projected off what the found neurons can give with their activat
 fitted to what is left."""
 
 import numpy as np
+import pytest
 from attnprobe.learners.ffn.fit import Neurons
 from attnprobe.learners.ffn.mending import Lines, found_in_answers, jump_columns, score_set
 from attnprobe.learners.ffn.options import FFNOptions
@@ -10,6 +11,17 @@ from attnprobe.learners.ffn.settle import consistency
 from attnprobe.learners.ffn.missing import found_span, missing_neuron_candidates, tidy
 from attnprobe.learners.ffn.more_lines import needs_another_line
 from test_ffn_float32_repair import _first_line, _matches
+
+
+def sweep(seeds, least: int):
+    """The claim over many seeds (its rate), kept out of the default run: ``pytest -m slow``."""
+    return pytest.param(seeds, least, marks=pytest.mark.slow, id=f"seeds-{seeds[0]}-{seeds[-1]}")
+
+
+def twin(seeds, least: int):
+    """The same test on a seed or two of the sweep (each measured to hold), in the default run: it fails when the
+    step is broken."""
+    return pytest.param(seeds, least, id="seeds-" + "-".join(map(str, seeds)))
 
 
 def _truth(net, m: int) -> np.ndarray:
@@ -38,14 +50,15 @@ def _v_off(v: np.ndarray, seed: int) -> np.ndarray:
     return v + 0.025 * np.linalg.norm(v) * np.random.default_rng(seed).standard_normal(v.shape) / np.sqrt(v.size)
 
 
-def test_a_missed_weak_neuron_is_found_without_a_query():
+@pytest.mark.parametrize("seeds, least", [sweep(range(6), 5), twin((1,), 1)])
+def test_a_missed_weak_neuron_is_found_without_a_query(seeds, least):
     """Six nets (d = 8, m = 12) whose first line missed a weak neuron (output weight 0.02, as the float32 misses
     are: 0.003–0.04 measured): the polished set of the others misses answers; the neuron fitted to the polish
     answers completes it to every neuron, explaining every answer, and no query is asked (10 of seeds 0-9
     measured)."""
     d, m, missing = 8, 12, 0
     found = 0
-    for seed in range(6):
+    for seed in seeds:
         net, o, run, ask, fitted, fit_data, v, (miss, exact) = _missed_weak(seed, d, m, missing)
         assert needs_another_line(exact, miss, o.eps)  # the polish cannot make up for the missing neuron
         before = o.queries
@@ -58,17 +71,18 @@ def test_a_missed_weak_neuron_is_found_without_a_query():
         assert _every_neuron(net, neurons, m)
         assert orient.exact and not needs_another_line(True, consistency(neurons, ask), o.eps)
         found += 1
-    assert found >= 5, f"found in {found} of 6"
+    assert found >= least, f"found in {found} of {len(seeds)}"
 
 
-def test_a_merged_pair_is_split_or_left_to_the_repair_line():
+@pytest.mark.parametrize("seeds, least", [sweep(range(6), 2), twin((1, 3), 1)])
+def test_a_merged_pair_is_split_or_left_to_the_repair_line(seeds, least):
     """Six first lines that missed a neuron and took a pair for one kink: the merged neuron, polished, moves onto one
     of the pair and the other is found in the answers (5–6 of seeds 0-9 measured, 3 of these 6, with every neuron
     right); where the added neurons do not explain every answer, nothing is kept (the learner goes on to the repair
     line), never a set that misses answers."""
     d, m = 8, 12
     kept = 0
-    for seed in range(6):
+    for seed in seeds:
         net, o, run, ask, first, fit_data, v = _first_line(d, m, seed, missing=0, merged=(1, 2))
         fitted = score_set(ask, Lines(*first), np.ones(first[0].shape[0], bool), v, FFNOptions(), fit_data).net
         got = found_in_answers(run, ask, jump_columns(fitted.neurons, first[0].shape[0]), v, FFNOptions(), fit_data)
@@ -78,7 +92,7 @@ def test_a_merged_pair_is_split_or_left_to_the_repair_line():
         assert orient.exact and not needs_another_line(True, consistency(neurons, ask), o.eps)
         assert _every_neuron(net, neurons, m)
         kept += 1
-    assert kept >= 2, f"split in {kept} of 6"
+    assert kept >= least, f"split in {kept} of {len(seeds)}"
 
 
 def test_the_projection_keeps_the_found_neurons_compensation_out():
@@ -132,13 +146,14 @@ def test_tidy_joins_neurons_on_one_hyperplane_and_drops_faint_ones():
     assert tidy(opposite, 1)[0].dirs.shape[1] == m + 1
 
 
-def test_a_linear_part_measured_off_does_not_refuse_a_set_that_explains_every_answer():
+@pytest.mark.parametrize("seeds, least", [sweep(range(5), 4), twin((1,), 1)])
+def test_a_linear_part_measured_off_does_not_refuse_a_set_that_explains_every_answer(seeds, least):
     """The linear part v comes from the first line's two end regions; a kink the line missed in one puts it off
     (2.5e-2 measured on a float32 run). The set completed in the answers is then kept as polished (its orientation
     says so), since a neuron turned the wrong way would miss answers by a linear term."""
     d, m, missing = 8, 12, 0
     kept = 0
-    for seed in range(5):
+    for seed in seeds:
         net, o, run, ask, fitted, fit_data, v, _ = _missed_weak(seed, d, m, missing)
         off = _v_off(v, seed)
         got = found_in_answers(run, ask, fitted.neurons, off, FFNOptions(), fit_data)
@@ -148,16 +163,17 @@ def test_a_linear_part_measured_off_does_not_refuse_a_set_that_explains_every_an
         assert _every_neuron(net, neurons, m)
         assert orient.how.startswith("as polished") and np.linalg.norm(rest) > 0.01 * np.linalg.norm(v)
         kept += 1
-    assert kept >= 4, f"kept {kept} of 5"
+    assert kept >= least, f"kept {kept} of {len(seeds)}"
 
 
-def test_a_complete_first_line_refused_only_by_its_linear_part_is_kept():
+@pytest.mark.parametrize("seeds, least", [sweep(range(5), 3), twin((1,), 1)])
+def test_a_complete_first_line_refused_only_by_its_linear_part_is_kept(seeds, least):
     """A first line that found every neuron, with v off as above: no ±1 orientation fits v, so its set carries
     linear-rest pairs and misses answers. Without them, polished again, it explains every answer and is kept with
     no neuron added."""
     d, m = 8, 12
     kept = 0
-    for seed in range(5):
+    for seed in seeds:
         net, o, run, ask, first, fit_data, v = _first_line(d, m, seed, missing=-1, merged=(-2, -3))
         J, where, segs = first[0][:-1], first[1][:-1], first[2]
         off = _v_off(v, seed)
@@ -167,4 +183,4 @@ def test_a_complete_first_line_refused_only_by_its_linear_part_is_kept():
         got = found_in_answers(run, ask, jump_columns(scored.net.neurons, m), off, FFNOptions(), fit_data)
         assert got is not None and got.jumps.shape[0] == 0 and _every_neuron(net, got.net.neurons, m)
         kept += 1
-    assert kept >= 3, f"refused and kept in {kept} of 5"
+    assert kept >= least, f"refused and kept in {kept} of {len(seeds)}"

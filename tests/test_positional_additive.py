@@ -146,3 +146,19 @@ def test_a_float32_t5_module_is_refused_for_its_additive_bias_not_as_rope_with_b
     msg = str(err.value)
     assert msg.startswith("an additive position bias") and "coarse answers" in msg and "not tried" in msg
     assert "\n" not in msg
+
+
+def test_alibi_from_float32_answers_that_misses_its_check_is_refused_naming_the_precision():
+    """A float32 BLOOM module (d = 32, 4 heads, d_h = 8): the additive route's stages difference the answers at
+    their rounding and the result misses float32's tolerance (3.0e-3 measured): one line naming the precision and
+    the position term, not a failed check (exit 3)."""
+    from attnprobe.learners.positional.route import extract_any_positional
+    from attnprobe.oracles.torch_adapter import oracle_from_torch
+
+    oracle = oracle_from_torch(positional_victim("bloom", dtype="float32", d=32, heads=4, seed=0), 32,
+                               precision="float32")
+    with pytest.raises(UnidentifiableError) as exc:
+        extract_any_positional(oracle, heads=4, polish="never", position="alibi")
+    msg = str(exc.value)
+    assert "float32 (rounding 1.2e-07)" in msg and "(alibi)" in msg and "not recovered at float32" in msg
+    assert "\n" not in msg and f"{oracle.queries} queries spent" in msg

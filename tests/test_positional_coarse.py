@@ -93,6 +93,7 @@ def test_float32_answers_take_the_coarse_route():
     oracle = Oracle(truth.with_dtype("float32"), 16, precision="float32")
     res = extract_positional(oracle, heads=2, seed=0)
     assert res.details["route"] == "coarse" and "float32 answers: the coarse RoPE route" in res.notes[0]
+    assert res.check.extra["norm"] == "worst"  # it claims the worst length's error (tests/test_check_worst_length.py)
     planned = coarse_queries(16, 2, 16)  # a walk's halved steps ask more
     assert planned <= res.queries_by_phase["coarse start"] <= 1.5 * planned
     err = function_error_over_lengths(res.model, truth, np.random.default_rng(1), (1, 2, 8, 64, 256))

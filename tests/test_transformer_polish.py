@@ -59,10 +59,13 @@ def test_polish_never_keeps_a_step_the_held_out_sequences_reject():
     assert got is t and not report.kept and report.steps == 0
 
 
-def test_learner_reaches_1e8_on_every_seed_only_with_the_polish():
+# the four seeds (~6 s) in `-m slow`; the default run keeps seed 8687, where the region stages alone leave 2.4e-7
+# (measured; 1.1e-8 on 8688, below 1e-8 on the other two)
+@pytest.mark.parametrize("seeds", [pytest.param((8686, 8687, 8688, 8689), marks=pytest.mark.slow, id="seeds-8686-8689"),
+                                   pytest.param((8687,), id="seed-8687")])
+def test_learner_reaches_1e8_on_every_seed_only_with_the_polish(seeds):
     """d = 8, H = 6, m = 16, K = 10: the region stages alone leave function errors above 1e-8 on some of these seeds;
     with the polish every seed is within 1e-8 (the rate, not one run's number)."""
-    seeds = (8686, 8687, 8688, 8689)
     polished, raw = [], []
     for seed in seeds:
         t = random_multihead_transformer(8, 6, 16, outputs=10, bias=True, seed=seed)

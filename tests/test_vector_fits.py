@@ -7,6 +7,7 @@ import pytest
 
 from attnprobe.learners.multihead.vector_heads import VariableProjection, fit_delta, fit_deltas, sigmoid
 from attnprobe.learners.multihead.vector_logits import least_squares
+from vector_layers import progression_problem
 
 
 def _problem(rng, T=None, K=30, H=4, n=20, q=3, start_off=0.05):
@@ -107,15 +108,11 @@ def test_the_progression_link_is_the_mean_index_and_its_derivative(length):
 
 def test_a_progression_fit_separates_heads_from_rows():
     """Rows k of ``[b; b + δ; …; b + (N−1)δ]`` answer ``Σ_h μ_N(θ_hᵀ[t; k; 1]) w_h``: recovered exactly."""
-    from attnprobe.learners.multihead.vector_heads import fit_delta, mean_index
+    from attnprobe.learners.multihead.vector_heads import fit_delta
 
     rng = np.random.default_rng(5)
-    K, H, q, N, n = 12, 3, 3, 5, 4
-    t = rng.standard_normal((n, q))
-    T = np.concatenate([np.repeat(t, N, axis=0), np.tile(np.arange(N), n)[:, None]], axis=1)
-    theta = rng.standard_normal((H, q + 2)) * 0.7
-    w = rng.standard_normal((K, H))
-    R = w @ mean_index(theta @ np.concatenate([T, np.ones((len(T), 1))], axis=1).T, N)[0]
+    N = 5
+    T, theta, w, R = progression_problem(rng, K=12, H=3, q=3, N=N, n=4)
     fit = fit_delta(R, T, w.sum(axis=1), theta + 0.05 * rng.standard_normal(theta.shape), length=N)
     assert fit.residual < 1e-12
     np.testing.assert_allclose(fit.theta, theta, atol=1e-9)

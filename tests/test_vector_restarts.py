@@ -10,11 +10,11 @@ import attnprobe.learners.multihead.vector as vector
 from attnprobe.errors import SeparationError
 from attnprobe.learners.head.probes import random_orthogonal
 from attnprobe.learners.multihead import vector_heads
-from attnprobe.learners.multihead.vector_heads import fit_delta, mean_index, rank_distance
+from attnprobe.learners.multihead.vector_heads import fit_delta, rank_distance
 from attnprobe.models.every_position import EveryPositionLayer
 from attnprobe.models.multihead import match_heads
 from attnprobe.oracles import Oracle
-from vector_layers import true_layer
+from vector_layers import progression_problem, true_layer
 
 EPS32 = float(np.finfo(np.float32).eps) / 2
 
@@ -43,12 +43,8 @@ def test_a_correct_fit_sits_at_the_rank_h_distance_and_a_wrong_point_far_above_i
     a few times the block's distance from rank H; a point 3e-4 off is above MISFIT_SPREAD times it, although far
     below the rounding bound 1e4·eps the learner used to accept."""
     rng = np.random.default_rng(3)
-    K, H, q, N, n = 48, 4, 3, 6, 7
-    t = rng.standard_normal((n, q))
-    T = np.concatenate([np.repeat(t, N, axis=0), np.tile(np.arange(N), n)[:, None]], axis=1)
-    theta = rng.standard_normal((H, q + 2)) * 0.7
-    w = rng.standard_normal((K, H))
-    clean = w @ mean_index(theta @ np.concatenate([T, np.ones((len(T), 1))], axis=1).T, N)[0]
+    H, N = 4, 6
+    T, theta, w, clean = progression_problem(rng, K=48, H=H, q=3, N=N, n=7)
     R = clean + EPS32 * np.abs(clean).max() * rng.standard_normal(clean.shape)
     floor = float(rank_distance(R[None], H)[0])
     assert 0 < floor < 10 * EPS32

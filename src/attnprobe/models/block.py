@@ -252,3 +252,25 @@ def flip_post_norm_sign(block: TransformerBlock) -> TransformerBlock:
     f = block.ffn
     ffn = replace(f, W2=-f.W2, b2=-f.b2, **{W: -getattr(f, W) for W in f.FIRST_LAYER})
     return replace(block, ffn=ffn, norm1_w=-block.norm1_w, norm1_b=-block.norm1_b, norm2_w=-block.norm2_w)
+
+
+def rescale_post_norm(block: TransformerBlock, scale: float, shift: float = 0.0) -> TransformerBlock:
+    """Another post-norm block answering (nearly) the same: the last norm removes its input's mean and rms, so the
+    first norm's output ``h`` may be scaled by ``c = scale`` and shifted along the ones vector by ``shift`` if the
+    FFN follows (``F'(h') = c F((h' − shift·1)/c)``: ``W1/c``, ``b1 − shift·W1 1/c``, ``c W2``, ``c b2``); then
+    ``u' = h' + F'(h') = c u + shift·1`` and ``n2(u') = n2(u)`` up to the last norm's ε (``ε/var u`` against
+    ``ε/(c² var u)``: the scale is identifiable only through ε); a negative c also negates the last norm's weight,
+    ``c = −1`` being :func:`flip_post_norm_sign` (exact). The shift is exact."""
+    if block.layout != "post" or block.norm != "layer":
+        raise ConfigError("the scale gauge is a post-norm LayerNorm block's", param="layout")
+    c = float(scale)
+    if not (np.isfinite(c) and c != 0 and np.isfinite(shift)):
+        raise ConfigError(f"scale must be a finite nonzero number and shift finite; got {scale!r}, {shift!r}",
+                          param="scale")
+    f = block.ffn
+    first = {}
+    for W, b in zip(f.FIRST_LAYER, f.FIRST_BIASES):
+        first.update({W: getattr(f, W) / c, b: getattr(f, b) - shift * getattr(f, W).sum(axis=1) / c})
+    ffn = replace(f, W2=c * f.W2, b2=c * f.b2, **first)
+    return replace(block, ffn=ffn, norm1_w=c * block.norm1_w, norm1_b=c * block.norm1_b + shift,
+                   norm2_w=np.sign(c) * block.norm2_w)

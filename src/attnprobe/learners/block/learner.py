@@ -4,7 +4,8 @@ residual, without biases) from hidden states in and every position out (docs/blo
 Stages (:mod:`.sublayers`): ``linear`` (``y'(0) = I + M'/√ε`` from tiny single tokens), ``eps`` (``√ε`` from two
 driven-out tokens whose FFN share zero keys remove), ``ffn`` (the gated FFN learner on ``v ↦ F(w2 ⊙ v)``, one
 single-token query per answer), ``attention`` (the RoPE learner with unit queries on the attention's last row,
-each answer one block query with the query driven out and the FFN's share solved away), ``attention refit`` (each
+each answer one block query with the query driven out and the FFN's share solved away, the learned FFN's error at
+each distinct query measured on one single token and taken off), ``attention refit`` (each
 head's logits refitted from weights read in its own coordinates, :mod:`.refine`). The result is a
 :class:`~attnprobe.models.block.TransformerBlock` in the canonical form of
 :func:`~attnprobe.models.block.fold_norm_weights`: norm weights 1, their products with the next projections
@@ -12,6 +13,8 @@ learned; ε learned. Checked at every position on fresh sequences of lengths 1, 
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -22,7 +25,7 @@ from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroug
 from attnprobe.learners.block.refine import refit_data, refit_logits
 from attnprobe.learners.core.check import CheckResult, check_tolerance
 from attnprobe.learners.core.skeleton import Run
-from attnprobe.learners.positional.rope import extract_positional
+from attnprobe.learners.positional.rope import OVERSAMPLE, extract_positional
 from attnprobe.learners.smooth_ffn.gated_learner import extract_gated_ffn
 from attnprobe.models.block import TransformerBlock
 from attnprobe.models.gated_ffn import GATED_FAMILIES
@@ -93,7 +96,7 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
         ffn = extract_gated_ffn(ffn_oracle, seed=seed, activation=activation, hidden=hidden, bias=False,
                                 scale=ffn_scale(d), check=False)
     with run.phase("attention", absorb=True):
-        att_fn = AttentionThroughBlock(rows, ffn.model, eps, d)
+        att_fn = AttentionThroughBlock(rows, ffn.model, eps, d, value_map=M)
         att_oracle = _oracle(att_fn, d, "the block's attention")
         att = extract_positional(att_oracle, heads=heads, seed=seed, check=False, walk=walk,
                                  query_rms=att_fn.query_rms)
@@ -160,6 +163,14 @@ def every_position_check(oracle, model, rng, lengths, per_length) -> CheckResult
                               "verdict": "passed" if worst <= tol else "failed"})
 
 
+def calibration_queries(d: int, H: int, *, walk: int = 1) -> int:
+    """Single tokens the attention oracle asks to measure the learned FFN's error at each distinct query row
+    (:class:`~.sublayers.AttentionThroughBlock`): the pair probe's first query and walk, the logits stage's
+    calibration, query basis and random queries, and one per refit sequence (the values stage's single tokens are
+    their own; a halved walk step asks one more)."""
+    return 1 + walk * math.ceil(d / H) + 4 + 8 + d + max(2, d // H) + OVERSAMPLE + REFIT_PER_D * d
+
+
 def block_queries(d: int, H: int, m: int, *, walk: int = 1, check: bool = True) -> int:
     """Queries of :func:`extract_block` with the FFN's width m given: 1 + 6d (linear) + the eps stage's + the gated
     learner's plan + the unit-query RoPE learner's plan + the check."""
@@ -168,5 +179,5 @@ def block_queries(d: int, H: int, m: int, *, walk: int = 1, check: bool = True) 
 
     n = 1 + 6 * d + eps_queries(H) + sum(gated_plan(d, d, m).values())
     n += positional_queries(d, H, max(2, d // H), outputs=d, walk=walk)
-    n += REFIT_PER_D * d
+    n += REFIT_PER_D * d + calibration_queries(d, H, walk=walk)
     return n + (len(CHECK_LENGTHS) * CHECK_PER_LENGTH if check else 0)

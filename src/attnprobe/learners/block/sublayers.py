@@ -13,7 +13,8 @@ and a zero row stays zero. So both sublayers can be fed any normalised rows of r
   ``h = x + M' n1(x)`` is ``c·v`` with ``c = √(ε/(1 − mean v²))`` (a scalar fixed point per row), answered ``y − h``;
 - :class:`AttentionThroughBlock`: normalised rows ``Z`` (keys of rms below 1, the query of rms 1) ↦ the
   attention's last row ``A_N(Z)``, from ``y_N − x_N = a + F(n2(x_N + a))`` with the query driven far out
-  (``x_N = T z_N``): a fixed point in ``a`` on the learned FFN. (Queries of rms below 1 need ``x_N`` tiny, where
+  (``x_N = T z_N``): a fixed point in ``a`` on the learned FFN, whose error at the query is measured on the single
+  token ``[x_N]`` (its attention is the value map) and taken off. (Queries of rms below 1 need ``x_N`` tiny, where
   ``a ↦ a + F(n2(x_N + a))`` has several roots: Newton's method found wrong ones in 10 of 16 rows, measured.)
 """
 
@@ -240,15 +241,39 @@ class AttentionThroughBlock:
     ``A_N(Z) (B, d)``: the attention's last row on normalised rows (module docstring). Every row goes in through the
     norm's inverse, so the query as ``x_N ≈ T z_N`` with ``T`` = :data:`QUERY_DRIVE`; then ``y_N − x_N =
     a + F(n2(x_N + a))`` is the identity plus a map of slope ``~1/T`` in ``a``: a fixed point, given the learned
-    FFN ``ffn`` (``v ↦ F(w2 ⊙ v)``, a :class:`~attnprobe.models.gated_ffn.GatedFFN`)."""
+    FFN ``ffn`` (``v ↦ F(w2 ⊙ v)``, a :class:`~attnprobe.models.gated_ffn.GatedFFN`). With ``value_map`` (``M'``)
+    the learned FFN's error at each query is measured and taken off (:meth:`_ffn_offsets`): without it that error
+    (2e-10 at d = 64) comes into every answer as a per-query shift the RoPE learner's sketches read as keys' weights
+    (answers 2e-9 off, its rotation fit refused); with it the answers are 2e-10 off and the attention comes out
+    (measured, docs/block.md)."""
 
-    def __init__(self, answer_rows, ffn, eps: float, d: int):
+    def __init__(self, answer_rows, ffn, eps: float, d: int, value_map: np.ndarray | None = None):
         self.answer_rows, self.ffn, self.eps, self.d = answer_rows, ffn, float(eps), d
         self.query_rms = QUERY_DRIVE / math.sqrt(QUERY_DRIVE**2 + self.eps)
+        self.value_map = None if value_map is None else np.asarray(value_map, dtype=np.float64)
+        self._offsets: dict[bytes, np.ndarray] = {}
 
     def _F(self, Hs: np.ndarray) -> np.ndarray:
         """``F(n2(h))`` for rows ``h``."""
         return self.ffn.forward(Hs / np.sqrt(np.mean(Hs * Hs, axis=1, keepdims=True) + self.eps))
+
+    def _ffn_offsets(self, Xq: np.ndarray, single: np.ndarray | None = None) -> np.ndarray:
+        """Per driven-out query row ``x_N`` (B, d), the learned FFN's error at the query: the single token ``[x_N]``
+        attends to itself alone, ``a₁ = M' n1(x_N)`` (the value map), so its answer gives the true
+        ``F(n2(x_N + a₁)) = y − x_N − a₁`` and ``e = F̂(n2(x_N + a₁)) − F(n2(x_N + a₁))``. One single-token query per
+        distinct query row (kept across calls; ``single``: the rows' single-token answers when already asked);
+        zeros without ``value_map``."""
+        if self.value_map is None:
+            return np.zeros_like(Xq)
+        keys = [row.tobytes() for row in Xq]
+        new = {k: i for i, k in enumerate(keys) if k not in self._offsets}
+        if new:
+            U = Xq[list(new.values())]
+            y = single[list(new.values())] if single is not None else first_rows(self.answer_rows, U[:, None, :])
+            a1 = (U / np.sqrt(np.mean(U * U, axis=1, keepdims=True) + self.eps)) @ self.value_map.T
+            e = self._F(U + a1) - (y - U - a1)
+            self._offsets.update(zip(new, e))
+        return np.stack([self._offsets[k] for k in keys])
 
     def __call__(self, Z: np.ndarray) -> np.ndarray:
         Z = np.asarray(Z, dtype=np.float64)
@@ -260,11 +285,13 @@ class AttentionThroughBlock:
                               f"norm fixes their scale); got rms {q.min():.3g} … {q.max():.3g}", param="inputs")
         X = np.concatenate([inverse_norm(Z[:, :-1], self.eps), Z[:, -1:] * QUERY_DRIVE / self.query_rms], axis=1)
         xq = X[:, -1]
-        r = np.asarray(self.answer_rows(X), dtype=np.float64)[:, -1] - xq
-        a = r - self._F(xq + r)
+        y = np.asarray(self.answer_rows(X), dtype=np.float64)[:, -1]
+        r = y - xq
+        off = self._ffn_offsets(xq, y if X.shape[1] == 1 else None)
+        a = r - self._F(xq + r) + off
         last = np.inf
         for _ in range(NEWTON_STEPS):  # until the change stops shrinking (rounding) below NEWTON_TOL·… or is 0
-            new = r - self._F(xq + a)
+            new = r - self._F(xq + a) + off
             moved = np.max(np.abs(new - a)) / max(float(np.max(np.abs(r))), 1e-300)
             a = new
             if moved <= NEWTON_TOL or (moved < 1e-13 and moved >= last):

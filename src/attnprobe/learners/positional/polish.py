@@ -23,6 +23,7 @@ import numpy as np
 
 from attnprobe.errors import ConfigError
 from attnprobe.models.positional import PositionalAttention, rotation_pairs, t5_buckets
+from attnprobe.models.positional_gauge import balanced
 
 #: lengths of the fresh sequences (cycled), up to the longest the check reads
 POLISH_LENGTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64, 128, 256)
@@ -87,7 +88,8 @@ def fitted_names(model: PositionalAttention, frequencies: bool = False) -> tuple
 
 
 def polish(model: PositionalAttention, data, *, frequencies: bool = False, rounds: int = ROUNDS,
-           cg_steps: int = CG_STEPS, only: tuple[str, ...] | None = None) -> tuple[PositionalAttention, PolishReport]:
+           cg_steps: int = CG_STEPS, only: tuple[str, ...] | None = None,
+           relative: bool = False) -> tuple[PositionalAttention, PolishReport]:
     """Fit every parameter of ``model`` to the answers ``data`` (list of ``(X, Y)``, last positions) by
     Levenberg–Marquardt (module docstring); ``only``: fit these arrays of :func:`fitted_names` alone, the others
     held (a staged fit: the logit maps with the value maps held). Returns the polished model (float64) and a
@@ -97,12 +99,12 @@ def polish(model: PositionalAttention, data, *, frequencies: bool = False, round
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _fit(model, data, frequencies, rounds, cg_steps, only)
+        return _fit(model, data, frequencies, rounds, cg_steps, only, relative)
     finally:
         torch.set_num_threads(threads)
 
 
-def _fit(model, data, frequencies, rounds, cg_steps, only=None):
+def _fit(model, data, frequencies, rounds, cg_steps, only=None, relative=False):
     import torch
 
     names = fitted_names(model, frequencies)
@@ -111,6 +113,9 @@ def _fit(model, data, frequencies, rounds, cg_steps, only=None):
         if unknown:
             raise ConfigError(f"the polish fits {', '.join(names)}; cannot fit {', '.join(unknown)}", param="only")
         names = tuple(n for n in names if n in only)
+    # the same function, its gauge scales balanced where both arrays are fitted: a better-conditioned Jacobian
+    model = balanced(model, keys={"Wq", "Wk", "bq", "bk"} <= set(names),
+                     values={"Wv", "Wo", "bv"} <= set(names))
     held = {n: torch.as_tensor(np.array(getattr(model, n), dtype=np.float64))
             for n in fitted_names(model, True) if n not in names}
     arrays = {n: np.asarray(getattr(model, n), dtype=np.float64) for n in names}
@@ -119,12 +124,14 @@ def _fit(model, data, frequencies, rounds, cg_steps, only=None):
     p = torch.as_tensor(np.concatenate([a.ravel() for a in arrays.values()]))
     batches = [(torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(Y, dtype=torch.float64)) for X, Y in data]
     spread = math.sqrt(sum(float(((Y - Y.mean(0)) ** 2).sum()) for _, Y in batches))
+    weight = length_weights(data, spread) if relative else [1.0] * len(batches)
     const = row_constants(model, [X.shape[1] for X, _ in batches])
 
     def residual(flat):
         parts = dict(zip(names, torch.split(flat, sizes)))
         parts = {**held, **{n: v.reshape(shapes[n]) for n, v in parts.items()}}
-        return torch.cat([(last_row(model, parts, const, X) - Y).reshape(-1) for X, Y in batches])
+        return torch.cat([(w * (last_row(model, parts, const, X) - Y)).reshape(-1)
+                          for w, (X, Y) in zip(weight, batches)])
 
     r = residual(p).detach()
     cost = float(r @ r)
@@ -171,6 +178,19 @@ def _fit(model, data, frequencies, rounds, cg_steps, only=None):
                           math.sqrt(cost) / spread, done)
     polished = replace(model, dtype="float64", **{n: v.reshape(shapes[n]).numpy() for n, v in out.items()})
     return polished, report
+
+
+def length_weights(data, spread: float) -> list[float]:
+    """Per batch of ``data`` (one length each), the weight that makes its residuals relative to its own answers'
+    spread (RMS of ``Y − mean``), scaled so that the misfit stays relative to the whole ``spread``: long sequences
+    average their keys' values and answer less, and unweighted they hardly count where the function error is read
+    relative to each length's answers."""
+    rms = [math.sqrt(float(((Y - Y.mean(0)) ** 2).mean())) if len(Y) > 1 else float(np.sqrt((Y**2).mean()))
+           for _, Y in data]
+    count = sum(Y.size for _, Y in data)
+    raw = [1.0 / max(v, 1e-300) for v in rms]
+    norm = math.sqrt(sum(w * w * float(((Y - Y.mean(0)) ** 2).sum()) for w, (_, Y) in zip(raw, data)))
+    return [w * spread / norm for w in raw] if norm > 0 and count else [1.0] * len(data)
 
 
 def marquardt_step(J: np.ndarray, r: np.ndarray):
@@ -307,7 +327,7 @@ def polish_queries(unknowns: int, outputs: int, check_queries: int, sequences: i
 
 def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH_TARGET, sequences: int | None = None,
                       seed: int = 0, lengths=POLISH_LENGTHS, rounds: int = HOOK_ROUNDS, cg_steps: int = HOOK_CG_STEPS,
-                      frequencies: bool = True, progress=None):
+                      frequencies: bool = True, relative: bool = False, progress=None):
     """The learners' hook: polish ``res.model`` (a :class:`PositionalAttention` result of ``oracle``) on
     ``sequences`` fresh last-position answers (default :func:`polish_sequences`) when ``mode`` is ``always``, or
     ``auto`` and the check's error is above ``target``; then a fresh functional check (the lengths and count of
@@ -343,11 +363,13 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
         data = fresh_answers(oracle, n, rng, lengths)
     if progress is not None:
         progress(res.queries + oracle.queries - before, res.queries + oracle.queries - before)
-    model, report = polish(res.model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps)
+    model, report = polish(res.model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
+                           relative=relative)
     with oracle.phase("check", fresh=True):
         if check is None:
             check = functional_check(oracle, res.model, rng, lengths_checked, per_length)
-        new = functional_check(oracle, model, rng, lengths_checked, per_length)
+        norm = check.extra.get("norm", "rms")  # the learner's check's norm: the error it claims
+        new = functional_check(oracle, model, rng, lengths_checked, per_length, norm=norm)
     kept = bool(np.isfinite(new.error) and new.error < check.error)
     # the result carries one check, counted apart (Extraction); every other query is the extraction's own: what the
     # hook asked, plus the check counted apart before, less the check counted apart now

@@ -118,15 +118,31 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
                          heads=heads, seed=seed, check=check, progress=progress, walk=walk)
             _share_groups(res)
     else:
-        res = extract_additive(oracle, heads=heads, seed=seed, check=check, progress=progress, position=kind)
+        try:
+            res = extract_additive(oracle, heads=heads, seed=seed, check=check, progress=progress, position=kind)
+        except (RecoveryError, UnidentifiableError) as exc:
+            if fine:
+                raise
+            raise type(exc)(f"these answers are {oracle.precision} (rounding {oracle.eps:.1e}), and the additive "
+                            f"position bias ({kind}) read from them did not fit: {exc}") from exc
     if spent:
         res.queries += spent
         res.queries_by_phase = {"route": spent, **res.queries_by_phase}
     plan = res.details.get("polish_plan", {})  # a route's own polish (the coarse RoPE route's: more of it)
     polish_extraction(oracle, res, mode=polish, target=polish_target, seed=seed, progress=progress,
-                      sequences=polish_sequences or plan.get("sequences"), rounds=plan.get("rounds", HOOK_ROUNDS))
+                      sequences=polish_sequences or plan.get("sequences"), rounds=plan.get("rounds", HOOK_ROUNDS),
+                      relative=plan.get("relative", False))
     bfloat16_verdict(res)  # the bfloat16 route's result held to its claim
     route = res.details.get("position", kind or "rope")
+    if (oracle.eps > FINEST and oracle.noise.exact and kind != "rope" and res.check is not None
+            and not res.check.passed):  # an additive bias from coarse answers: refused naming the precision
+        polished = " after the polish" if res.details.get("polish", {}).get("ran") else " (not polished)"
+        raise UnidentifiableError(f"these answers are {oracle.precision} (rounding {oracle.eps:.1e}): the additive "
+                                  f"position bias ({route}) read from them is {res.check.error:.1e} off on fresh "
+                                  f"sequences{polished} (tolerance {res.check.tolerance:.1e}); its stages "
+                                  "difference answers at their rounding (the zero-query Jacobians, the log-weights): "
+                                  f"not recovered at {oracle.precision}; "
+                                  f"{res.queries + res.check.queries} queries spent")
     res.details["position_route"] = {"position": route, "source": source, "zero_query_spread": spread}
     res.notes.append(f"position term {route}" + (" with q/k biases" if biased else "") + f" ({source}" +
                      (f": zero-query answers spread {spread:.1e} over the key's position" if spread is not None

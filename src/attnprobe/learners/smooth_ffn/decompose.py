@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 
 from scipy.linalg import lu_factor, lu_solve
-from scipy.optimize import linear_sum_assignment
 
 from attnprobe.errors import UnidentifiableError
 
@@ -66,6 +65,8 @@ def factors(T: np.ndarray, m: int, rng: np.random.Generator, *, sweeps: int = 0)
             continue
         # this mixture's vector of each kept neuron, one to one (a nearest match let two columns take one neuron
         # and lose another: MiniLM's first 192 units on float32 answers, 11 of them)
+        from scipy.optimize import linear_sum_assignment  # here: scipy.optimize costs ~0.2 s to import
+
         match = linear_sum_assignment(-np.abs(best.T @ vec))[1]
         better = sep[match] > sep_best
         best[:, better] = vec[:, match[better]]

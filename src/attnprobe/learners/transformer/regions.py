@@ -30,7 +30,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from attnprobe._validation import check_seed
 from attnprobe.errors import BudgetExceededError, ConfigError, RecoveryError, SaturationError, UnidentifiableError
@@ -148,6 +147,8 @@ def _far_values(oracle, ffn, beta, margin, r, rng, plane):
         if flat.v.shape != vals.v.shape:
             raise RecoveryError(f"two saturated circles of one FFN region show {vals.v.shape[0]} and "
                                 f"{flat.v.shape[0]} heads: the target is not a transformer of this form")
+        from scipy.optimize import linear_sum_assignment  # here: scipy.optimize costs ~0.2 s to import
+
         D = np.linalg.norm(vals.v[:, None] - flat.v[None], axis=2)
         rows, cols = linear_sum_assignment(D)
         if np.max(D[rows, cols]) > 1e-5 * np.linalg.norm(vals.v):
@@ -184,6 +185,8 @@ def _near_scores(oracle, ffn, z, r, v, rng):
 def _match(predict, vals, z_far):
     """Heads of a new region matched to the known ones by where they cross its saturated circle: head h crosses
     where ``wᵀp_h(z_far) = 0``; ``predict(z_far)`` gives the scores (H, d) as far as the circle's plane sees them."""
+    from scipy.optimize import linear_sum_assignment
+
     q = predict(z_far)
     pred = np.arctan2(-(q @ vals.z0), q @ vals.z1) % np.pi
     got = np.asarray(vals.crossings) % np.pi
