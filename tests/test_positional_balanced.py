@@ -32,3 +32,17 @@ def test_balanced_gauge_keeps_the_function_and_equalises_each_pair():
             q = np.linalg.norm(fixed.Wq[2 * g:2 * g + 2][:, [i, j]]) / np.sqrt(2)
             assert q == pytest.approx(np.linalg.norm(fixed.Wk[g, [i, j]]), rel=1e-12)
         assert np.linalg.norm(fixed.Wv[g]) == pytest.approx(np.linalg.norm(fixed.Wo[:, 8 * g:8 * g + 8]) / np.sqrt(2))
+
+
+def test_length_weights_make_each_length_count_relative_to_its_own_spread():
+    """The polish's relative weights: a length whose answers spread 10× less weighs 10× more, and the weighted
+    answers spread as much as the unweighted ones (the misfit stays relative to the whole spread)."""
+    from attnprobe.learners.positional.polish import length_weights
+
+    rng = np.random.default_rng(0)
+    data = [(None, rng.standard_normal((20, 4))), (None, 0.1 * rng.standard_normal((20, 4)) + 3.0)]
+    spread = np.sqrt(sum(((Y - Y.mean(0)) ** 2).sum() for _, Y in data))
+    w = length_weights(data, spread)
+    rms = [np.sqrt(((Y - Y.mean(0)) ** 2).mean()) for _, Y in data]
+    assert w[1] / w[0] == pytest.approx(rms[0] / rms[1], rel=1e-12) and 5 < w[1] / w[0] < 20
+    assert np.sqrt(sum(wi**2 * ((Y - Y.mean(0)) ** 2).sum() for wi, (_, Y) in zip(w, data))) == pytest.approx(spread)

@@ -32,7 +32,8 @@ ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", 
 
 @contextlib.contextmanager
 def _environment(values: dict[str, str]):
-    """Set environment variables for the processes started inside the block (they copy it at spawn)."""
+    """Set environment variables for the processes started inside the block (a process copies the environment when
+    it starts: the fork server, started in the first such block, passes them on to every worker it forks)."""
     old = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:
@@ -101,11 +102,15 @@ def _indexed(item: tuple[int, Task]) -> tuple[int, dict]:
 
 
 def run_processes(tasks: Sequence[Task], on_result: OnResult, workers: int = 1):
-    """Run the tasks on ``workers`` fresh (spawned) processes."""
+    """Run the tasks on ``workers`` fresh processes, forked from multiprocessing's fork server: one process this
+    process starts once (with :data:`ONE_THREAD`), which has imported the audit's modules; a worker inherits
+    nothing of the caller but its ``sys.path`` and working directory (as a spawned one), and starts without
+    importing them again (~0.8 s a worker)."""
     if int(workers) < 1:
         raise ConfigError(f"workers must be at least 1; got {workers}", param="workers")
     records: list[dict | None] = [None] * len(tasks)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     with _environment(ONE_THREAD):
         pool = ctx.Pool(min(int(workers), max(1, len(tasks))), initializer=_ignore_sigint)
     try:

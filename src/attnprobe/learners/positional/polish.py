@@ -92,7 +92,9 @@ def polish(model: PositionalAttention, data, *, frequencies: bool = False, round
            relative: bool = False) -> tuple[PositionalAttention, PolishReport]:
     """Fit every parameter of ``model`` to the answers ``data`` (list of ``(X, Y)``, last positions) by
     Levenberg–Marquardt (module docstring); ``only``: fit these arrays of :func:`fitted_names` alone, the others
-    held (a staged fit: the logit maps with the value maps held). Returns the polished model (float64) and a
+    held (a staged fit: the logit maps with the value maps held); ``relative``: each length's residuals relative to
+    its answers' spread (:func:`length_weights`). The start's gauge scales are balanced first
+    (:func:`~attnprobe.models.positional_gauge.balanced`). Returns the polished model (float64) and a
     :class:`PolishReport`. Runs torch on one thread (many small products: threads only contend)."""
     import torch
 
@@ -187,10 +189,9 @@ def length_weights(data, spread: float) -> list[float]:
     relative to each length's answers."""
     rms = [math.sqrt(float(((Y - Y.mean(0)) ** 2).mean())) if len(Y) > 1 else float(np.sqrt((Y**2).mean()))
            for _, Y in data]
-    count = sum(Y.size for _, Y in data)
     raw = [1.0 / max(v, 1e-300) for v in rms]
     norm = math.sqrt(sum(w * w * float(((Y - Y.mean(0)) ** 2).sum()) for w, (_, Y) in zip(raw, data)))
-    return [w * spread / norm for w in raw] if norm > 0 and count else [1.0] * len(data)
+    return [w * spread / norm for w in raw] if norm > 0 else [1.0] * len(data)
 
 
 def marquardt_step(J: np.ndarray, r: np.ndarray):
@@ -331,7 +332,8 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
     """The learners' hook: polish ``res.model`` (a :class:`PositionalAttention` result of ``oracle``) on
     ``sequences`` fresh last-position answers (default :func:`polish_sequences`) when ``mode`` is ``always``, or
     ``auto`` and the check's error is above ``target``; then a fresh functional check (the lengths and count of
-    ``res.check``) of the polished model, kept only when its error is below the learner's. The result's check is
+    ``res.check``, in its norm) of the polished model, kept only when its error is below the learner's;
+    ``relative``: residuals weighed relative to each length's spread (:func:`length_weights`). The result's check is
     the returned model's (counted apart, as every learner's); every other query the hook asks, and the learner's
     check when its model is replaced, is counted in ``res.queries`` and ``res.queries_by_phase`` (``polish``,
     ``polish check``); ``res.details["polish"]`` and a note say what happened. Returns ``res`` (changed in

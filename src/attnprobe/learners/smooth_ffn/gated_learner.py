@@ -208,7 +208,8 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
                               param="hidden")
         plan = gated_plan(d, K, m, coarse=coarse)
         run.report(run.queries + sum(plan.values()) - plan["width"] - plan["step"])
-        start, sep, info = _start(run, ask, w, C, n, E, h_rich, grid_scale, bias, activation)
+        start, sep, info = _start(run, ask, w, C, n, E=E, h_rich=h_rich, grid_scale=grid_scale, bias=bias,
+                                   activation=activation)
         unknowns = GatedFFN.unknowns(d, m, K, bias)
         if answers is None:
             with run.phase("answers"):
@@ -244,7 +245,7 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
                       hint=f" (a gated FFN of this form with {family_name(gate)})")
 
 
-def _start(run, ask, w, C: int, n: int, E: int, h_rich: float, grid_scale: float, bias: bool,
+def _start(run, ask, w, C: int, n: int, *, E: int, h_rich: float, grid_scale: float, bias: bool,
            activation: str | None):
     """The derivative-based start ``(Wg, bg, Wu, bu)`` on the width grid ``w``: the blocks from the factor array,
     each unit's plane from the coordinate second derivatives, gate and up fitted in the plane. Returns the start,
