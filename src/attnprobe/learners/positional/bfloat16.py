@@ -7,8 +7,9 @@ signal: its heads do not separate. Here
 1. **values** — ``M``, ``c`` from one-token sequences, averaged over ``VALUE_REPEATS·2d`` of them;
 2. **value maps** — :func:`~.sweep.sweep_value_maps`: each head's share of the answer as the number of zero keys
    grows (each head's ``V_h`` at bfloat16's rounding of its weights, d = 32);
-3. **logit maps** — :func:`~.coarse.logit_maps` (log-weights in each head's coordinates, ``SAMPLES_PER_ENTRY``
-   random sequences per entry of the reduced logit matrices);
+3. **logit maps** — :func:`~.coarse.logit_maps` (log-weights in each head's coordinates) with ``LOGIT_EXTRA·d``
+   more sequences per regression and ``d_h + 8`` fixed queries for the key maps' row spaces (its float32 defaults
+   leave them 0.4 … 0.99 off here; with these the start is 3.8e-2 from the module at d = 32);
 4. **polish** — the learners' hook on ``POLISH_PER·⌈unknowns/K⌉`` fresh sequences (bfloat16 overfits 400
    sequences at d = 128: 2.8e-2; 2,000 give 9.5e-3 from a start 2.5e-3 … 2.5e-2 off).
 
@@ -29,6 +30,9 @@ from attnprobe.models.positional import PositionalAttention, rope_frequencies
 VALUE_REPEATS = 16
 #: independent random queries per input dimension at which the sweep reads the value maps
 SWEEP_QUERIES = 6
+#: the logit maps' regressions: LOGIT_EXTRA·d sequences beyond d each (d + 16 leaves W_Q's row space 0.4 … 0.67
+#: off at d = 32 from bfloat16 answers, d + 256 0.055; the key sets grow with it: ⌈(d_h + LOGIT_EXTRA·d)/9⌉)
+LOGIT_EXTRA = 8
 #: the polish: fresh sequences per ⌈unknowns/K⌉ and rounds (d = 128, 8/2 heads: 2,000 sequences ≈ 6.2×)
 POLISH_PER, POLISH_ROUNDS = 8, 6
 #: the relative check error (RMS over lengths 1 … 256, against the answers) the route claims: a result above it is
@@ -45,8 +49,9 @@ def bfloat16_queries(d: int, H: int, outputs: int | None = None, *, per: int = S
     K = outputs or d
     dh = K // H
     m = len(LOGIT_OFFSETS) if len(LOGIT_OFFSETS) + 2 <= dh else max(1, dh - 3) + 1
-    sets = math.ceil((dh + 16) / m)
-    return (2 * d * VALUE_REPEATS + sweep_queries(d, H, K, per=per) + 16 + 2 * sets * (d + 16)
+    sets = math.ceil((dh + LOGIT_EXTRA * d) / m)
+    n = d + LOGIT_EXTRA * d
+    return (2 * d * VALUE_REPEATS + sweep_queries(d, H, K, per=per) + 16 + (sets + dh + 8) * n
             + SAMPLES_PER_ENTRY * dh * dh)
 
 
@@ -69,7 +74,8 @@ def bfloat16_start(oracle, H: int, rng: np.random.Generator, *, base: float | No
     med = max(float(np.nanmedian(np.abs(ell))), 1e-12)
     scale = float(np.clip(math.sqrt(TARGET_LOGIT / med), 1e-3, 1e3))
     theta = rope_frequencies(G.shape[1], base or DEFAULT_BASE)
-    Wq, Wk, count = logit_maps(oracle, rng, Cb, G, c, theta, scale)
+    dh = G.shape[1]
+    Wq, Wk, count = logit_maps(oracle, rng, Cb, G, c, theta, scale, extra=LOGIT_EXTRA * d, query_sets=dh + 8)
     model = PositionalAttention(Wq, Wk, G, Cb, bo=c, position="rope", inv_freq=theta, layout="half", scale=1.0,
                                 causal=True)
     return model, {"sweep_misfit": misfit, "logit_sequences": count, "token_scale": scale}

@@ -167,7 +167,7 @@ def _regress(F: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def logit_maps(oracle, rng, Cb, G, c, theta, rho: float, *, offsets=LOGIT_OFFSETS, extra: int = 16,
-               rounds: int = ALS_ROUNDS):
+               rounds: int = ALS_ROUNDS, query_sets: int | None = None, samples: int = SAMPLES_PER_ENTRY):
     """Every head's ``W_Q``, ``W_K`` (d_h, d) from log-weights (:func:`log_weights`), keys at ``offsets``:
 
     (a) a fixed key set against ``d + extra`` random queries: ``ℓ_j = zᵀ B_h(δ_j) x_j`` is linear in ``z``, its
@@ -179,6 +179,9 @@ def logit_maps(oracle, rng, Cb, G, c, theta, rho: float, *, offsets=LOGIT_OFFSET
         known; its null space is the commutant of the rotations (the gauge: a scaled rotation per pair), any
         invertible member serves; ``A_Q`` by least squares. ``W_Q = A_Q Uᵀ``, ``W_K = A_K Vᵀ``.
 
+    ``extra``: sequences beyond ``d`` per regression in (a); ``query_sets``: fixed queries in (a) (default as many
+    as key sets; bfloat16 needs ``d_h + 8``: a query spans ``W_K``'s rows through ``R(δ)ᵀ W_Q z`` only, where low
+    frequencies add no direction); ``samples``: random sequences per entry in (b).
     Returns (Wq, Wk) (H, d_h, d) each and the sequences asked."""
     d = oracle.d
     H, dh = G.shape[:2]
@@ -196,13 +199,13 @@ def logit_maps(oracle, rng, Cb, G, c, theta, rho: float, *, offsets=LOGIT_OFFSET
         ell = log_weights(oracle, Cb, G, c, toks, np.tile(offs, (n, 1)), span)
         Us.append(np.stack([[_regress(toks[:, -1], ell[:, h, j]) for j in range(m)] for h in range(H)]))
         seqs.append((toks, ell))
-    for _ in range(sets):  # fixed query, random keys
+    for _ in range(query_sets or sets):  # fixed query, random keys (each spans W_K's rows only through R(δ)ᵀ q)
         toks = rng.standard_normal((n, m + 1, d)) * rho
         toks[:, -1] = rng.standard_normal(d) * rho
         ell = log_weights(oracle, Cb, G, c, toks, np.tile(offs, (n, 1)), span)
         Vs.append(np.stack([[_regress(toks[:, j], ell[:, h, j]) for j in range(m)] for h in range(H)]))
         seqs.append((toks, ell))
-    free = SAMPLES_PER_ENTRY * dh * dh  # (b) random queries and keys: every offset's M(δ) seen in every entry
+    free = samples * dh * dh  # (b) random queries and keys: every offset's M(δ) seen in every entry
     toks = rng.standard_normal((free, m + 1, d)) * rho
     seqs.append((toks, log_weights(oracle, Cb, G, c, toks, np.tile(offs, (free, 1)), span)))
     Us, Vs = np.concatenate(Us, axis=1), np.concatenate(Vs, axis=1)  # (H, vectors, d)

@@ -81,6 +81,17 @@ def coarse_refusal(precision: str, rounding: float) -> str:
             "\"Coarse answers\")")
 
 
+def _coarse_route(oracle, rounding: float, **kw):
+    """The route for coarse answers: float32 (:mod:`.coarse`) or, coarser, bfloat16 (:mod:`.bfloat16`)."""
+    if rounding > COARSEST:
+        from attnprobe.learners.positional.bfloat16 import extract_bfloat16_positional
+
+        return extract_bfloat16_positional(oracle, **kw)
+    from attnprobe.learners.positional.coarse import extract_coarse_positional
+
+    return extract_coarse_positional(oracle, **kw)
+
+
 def _values(oracle, rng, rho):
     d = oracle.d
     P = rho * random_orthogonal(d, rng)
@@ -150,15 +161,8 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
             raise UnidentifiableError(f"these answers are {kind} (rounding {noise:.1e}): the RoPE route for them "
                                       "(learners/positional/coarse.py) reads bias-free heads with free query scales "
                                       "and its own offsets only, not unit queries, q/k biases or given offsets")
-        if noise > COARSEST:
-            from attnprobe.learners.positional.bfloat16 import extract_bfloat16_positional
-
-            return extract_bfloat16_positional(oracle, heads=heads, seed=seed, check=check, progress=progress,
-                                               asked_before=asked)
-        from attnprobe.learners.positional.coarse import extract_coarse_positional
-
-        return extract_coarse_positional(oracle, heads=heads, seed=seed, check=check, progress=progress,
-                                         asked_before=asked)
+        return _coarse_route(oracle, noise, heads=heads, seed=seed, check=check, progress=progress,
+                             asked_before=asked)
     run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress,
               asked_before=asked)
     guess = heads or 8
