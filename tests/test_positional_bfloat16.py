@@ -101,6 +101,7 @@ def test_estimate_prices_the_bfloat16_route():
     unknowns = PositionalAttention.unknowns(128, 8, 8, 16, 128)
     assert bf16.queries >= sweep_queries(128, 8, 128, per=SWEEP_QUERIES)
     assert bf16.high >= bf16.queries + POLISH_PER * -(-unknowns // 128)
+    assert f"{POLISH_PER}·⌈unknowns/K⌉" in bf16.basis  # the plan says the route's own factor, not the hook's
 
 
 @pytest.mark.slow

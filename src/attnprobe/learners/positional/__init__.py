@@ -10,7 +10,7 @@ from attnprobe.learners.multihead.options import HEADS
 from attnprobe.learners.positional.coarse import POLISH_PER, VALUE_QUERIES, coarse_queries
 from attnprobe.learners.positional.rope import (BFLOAT16_ROUNDING, CHECK_LENGTHS, COARSEST, WALK, coarse_refusal,
                                                extract_positional, positional_queries)
-from attnprobe.learners.positional.polish import POLISH_TARGET, polish_queries, polish_sequences
+from attnprobe.learners.positional.polish import POLISH_SEQUENCES, POLISH_TARGET, polish_queries, polish_sequences
 from attnprobe.learners.positional.route import (POLISH, POLISH_SEQUENCES_OPTION, POLISH_TARGET_OPTION, POSITION,
                                                 additive_estimate, extract_any_positional)
 from attnprobe.models.positional import PositionalAttention
@@ -39,11 +39,13 @@ def with_polish(count: QueryCount, setting, heads: int, bias: bool, position: st
     K = setting.outputs or setting.d
     unknowns = PositionalAttention.unknowns(setting.d, heads, heads, setting.d // heads, K, bias=bias,
                                             position=position)
+    given = setting.option("polish_sequences")
     extra = polish_queries(unknowns, K, check_queries(CHECK_LENGTHS) if setting.check else 0,
-                           setting.option("polish_sequences") or (polish_sequences(unknowns, K, per) if per else None))
+                           given or polish_sequences(unknowns, K, per or POLISH_SEQUENCES))
+    fresh = f"{given} fresh sequences (given)" if given else f"fresh sequences {per or POLISH_SEQUENCES:g}·⌈unknowns/K⌉"
     always = extra if mode == "always" else 0
     return QueryCount(count.queries + always, count.low + always, count.high + extra,
-                      f"{count.basis}; polish {extra} (fresh sequences 2·⌈unknowns/K⌉ for up to {unknowns} unknowns, "
+                      f"{count.basis}; polish {extra} ({fresh} for up to {unknowns} unknowns, "
                       f"and its check; polish {mode}" + (": when the check's error is above the target)" if
                                                            mode == "auto" else ")"))
 
