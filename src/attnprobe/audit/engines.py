@@ -109,8 +109,11 @@ def run_processes(tasks: Sequence[Task], on_result: OnResult, workers: int = 1):
     if int(workers) < 1:
         raise ConfigError(f"workers must be at least 1; got {workers}", param="workers")
     records: list[dict | None] = [None] * len(tasks)
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])
+    else:  # Windows: no fork server; spawned workers import the audit themselves
+        ctx = multiprocessing.get_context("spawn")
     with _environment(ONE_THREAD):
         pool = ctx.Pool(min(int(workers), max(1, len(tasks))), initializer=_ignore_sigint)
     try:
