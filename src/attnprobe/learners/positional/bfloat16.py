@@ -35,8 +35,9 @@ SWEEP_QUERIES = 6
 LOGIT_EXTRA = 8
 #: the polish: fresh sequences per ⌈unknowns/K⌉ and rounds (d = 128, 8/2 heads: 2,000 sequences ≈ 6.2×)
 POLISH_PER, POLISH_ROUNDS = 8, 6
-#: the relative check error (RMS over lengths 1 … 256, against the answers) the route claims: a result above it is
-#: refused. The served bfloat16 LLaMA layer is 8.1e-3 off its float64 module (docs/benchmarks/positional-precision.md)
+#: the relative check error (the worst length's, over lengths 1 … 256, against the answers: the coarse route's
+#: :func:`~.coarse.worst_length_check`) the route claims: a result above it is refused. The served bfloat16
+#: LLaMA layer is 8.1e-3 off its float64 module (docs/benchmarks/positional-precision.md)
 CLAIM = 2e-2
 
 
@@ -88,7 +89,7 @@ def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=N
     and :func:`bfloat16_verdict` then holds its check to :data:`CLAIM`. Needs the number of heads."""
     from attnprobe.errors import ConfigError, UnidentifiableError
     from attnprobe.learners.core.skeleton import Run
-    from attnprobe.learners.positional.coarse import DEFAULT_BASE
+    from attnprobe.learners.positional.coarse import DEFAULT_BASE, worst_length_check
     from attnprobe.learners.positional.method import CHECK_LENGTHS, METHOD
     from attnprobe.oracles.wrappers import declared_attribute
 
@@ -117,7 +118,7 @@ def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=N
     notes = [f"{oracle.precision} answers: the bfloat16 RoPE route (value maps from the zero-key sweep at {per}·d "
              f"random queries, logit maps from log-weights, frequencies from base {base or DEFAULT_BASE:g}, fitted by "
              "the polish)"]
-    return run.finish(model, unknowns=unknowns, details=details, notes=notes)
+    return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_fn=worst_length_check)
 
 
 def bfloat16_verdict(res) -> None:
