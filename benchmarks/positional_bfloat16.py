@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks/")
     args = ap.parse_args()
     table = Table(["module", "sweep: V_h error", "start: queries", "start: function error", "polish: sequences",
-                   "polished: function error", "check (RMS)", "verdict", "queries", "seconds"])
+                   "polished: function error", "check (worst length)", "verdict", "queries", "seconds"])
     for d in args.d:
         table.add(*route_row(d, args.heads, args.kv_heads))
         print(table.markdown().splitlines()[-1], flush=True)
