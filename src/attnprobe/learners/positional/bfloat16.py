@@ -44,16 +44,13 @@ CLAIM = 2e-2
 def bfloat16_queries(d: int, H: int, outputs: int | None = None, *, per: int = SWEEP_QUERIES) -> int:
     """Queries :func:`bfloat16_start` asks: values, the sweep's walk and random queries, the logit maps'
     sequences (:func:`~.coarse.coarse_queries`' count of them)."""
-    from attnprobe.learners.positional.coarse import LOGIT_OFFSETS, SAMPLES_PER_ENTRY
+    from attnprobe.learners.positional.coarse import logit_map_queries
     from attnprobe.learners.positional.sweep import sweep_queries
 
     K = outputs or d
     dh = K // H
-    m = len(LOGIT_OFFSETS) if len(LOGIT_OFFSETS) + 2 <= dh else max(1, dh - 3) + 1
-    sets = math.ceil((dh + LOGIT_EXTRA * d) / m)
-    n = d + LOGIT_EXTRA * d
-    return (2 * d * VALUE_REPEATS + sweep_queries(d, H, K, per=per) + 16 + (sets + dh + 8) * n
-            + SAMPLES_PER_ENTRY * dh * dh)
+    return (2 * d * VALUE_REPEATS + sweep_queries(d, H, K, per=per) + 16
+            + logit_map_queries(d, dh, extra=LOGIT_EXTRA * d, query_sets=dh + 8))
 
 
 def bfloat16_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None,

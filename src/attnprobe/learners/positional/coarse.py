@@ -319,10 +319,18 @@ def coarse_queries(d: int, H: int, outputs: int | None = None, *, walk: int = 1,
     K = outputs or d
     dh = K // H
     probe = 2 * NODES * len(SETTINGS)
-    m = len(LOGIT_OFFSETS) if len(LOGIT_OFFSETS) + 2 <= dh else max(1, dh - 3) + 1
-    sets = math.ceil((dh + 16) / m)
     return (2 * d * VALUE_REPEATS + probe * min(d, 2 * H + 8) + probe * (H + 4) * (walk * math.ceil(K / H) + 4)
-            + probe * (H + 4) * per * d + 16 + 2 * sets * (d + 16) + SAMPLES_PER_ENTRY * dh * dh)
+            + probe * (H + 4) * per * d + 16 + logit_map_queries(d, dh))
+
+
+def logit_map_queries(d: int, dh: int, *, extra: int = 16, query_sets: int | None = None,
+                      samples: int = SAMPLES_PER_ENTRY) -> int:
+    """Sequences :func:`logit_maps` asks with these settings: ``sets`` fixed key sets and ``query_sets`` fixed
+    queries (default ``sets``) of ``d + extra`` sequences each, and ``samples`` per entry of the ``d_h × d_h``
+    reduced logit matrices."""
+    m = len(LOGIT_OFFSETS) if len(LOGIT_OFFSETS) + 2 <= dh else max(1, dh - 3) + 1  # the offsets logit_maps keeps
+    sets = math.ceil((dh + extra) / m)
+    return (sets + (query_sets or sets)) * (d + extra) + samples * dh * dh
 
 
 def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None, walk: int = 1,
