@@ -150,7 +150,7 @@ def _fit(model, data, frequencies, rounds, cg_steps, only=None, relative=False):
             apply, g = _normal_equations(residual, p, scale)
 
             def step_at(lam):
-                return _cg(lambda v: apply(v) + lam * v, -g, cg_steps) * scale
+                return conjugate_gradients(lambda v: apply(v) + lam * v, -g, cg_steps) * scale
         moved, start = False, cost
         for trial_lam in (LADDER if dense else ()):  # dense: the best of a ladder of dampings
             step = torch.as_tensor(step_at(trial_lam))
@@ -243,7 +243,7 @@ def _normal_equations(residual, p, scale):
     return apply, g * scale
 
 
-def _cg(apply, b, steps):
+def conjugate_gradients(apply, b, steps):
     """Conjugate gradients on ``apply(x) = b`` from zero (``apply`` symmetric positive definite)."""
     import torch
 
