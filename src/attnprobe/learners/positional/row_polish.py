@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from attnprobe.errors import ConfigError
+from attnprobe.learners.core.estimate import duration
 from attnprobe.learners.positional.polish import (CG_STEPS, DENSE_LIMIT, LADDER, NULL_COLUMN, ROUNDS, PolishReport,
                                                   conjugate_gradients, fitted_names, length_weights, marquardt_step)
 from attnprobe.models.positional import PositionalAttention, rotation_pairs, t5_buckets
@@ -31,8 +32,69 @@ from attnprobe.models.positional_gauge import balanced
 
 #: rows per chunk of the streamed products: a chunk's graph, not the data, bounds the memory
 CHUNK_ROWS = 1024
+#: the precisions a chunk can be computed in
+COMPUTE = ("float64", "float32")
 #: the length of the fresh sequences (each answers every row up to it: the check's lengths 1 … 256)
 ROW_LENGTH = 256
+#: seconds per multiply–add of the rows' forward pass that one conjugate-gradient step (``JᵀJv`` over every row: a
+#: dual-number forward pass and a backward) takes here, per chunk precision: float32 measured at d = 2048 (23.7 s
+#: for 10,496 rows of 11.5 M multiply–adds; docs/benchmarks/positional-precision.md, "the row polish's cost"),
+#: float64 twice that (d = 1024 under load: 11.1 s against float32's 6.6 s; the matrix products' own ratio is 2.1)
+STEP_SECONDS_PER_MAC = {"float32": 2.0e-10, "float64": 4.0e-10}
+#: the polish's memory: bytes per fitted number (float64 parameter vectors — the start, the step, the conjugate
+#: gradients' four, the products' copies), per chunk row and score (a chunk's graph), and the interpreter's own;
+#: fitted to the measured peaks at d = 512, 1024, 2048 (660, 1,132, 2,660 MB) within 10 %
+BYTES_PER_UNKNOWN, BYTES_PER_SCORE, BASE_BYTES = 160, 10, 450 * 2**20
+
+
+@dataclass(frozen=True)
+class RowPolishPlan:
+    """What :func:`polish_rows` on fresh every-position answers will take: ``sequences`` of ``length`` tokens
+    (``rows`` rows), ``unknowns`` fitted numbers, ``steps`` Jacobian products (``rounds · (cg_steps + 1)``: a
+    round's gradient and cost evaluations cost about one), expected ``seconds`` and ``peak_bytes`` (the model of
+    :data:`STEP_SECONDS_PER_MAC` and :data:`BYTES_PER_UNKNOWN`; the victim's own time and memory apart)."""
+
+    sequences: int
+    length: int
+    rows: int
+    unknowns: int
+    steps: int
+    seconds: float
+    peak_bytes: int
+    compute: str
+
+    def describe(self) -> str:
+        return (f"the row polish: {self.sequences} sequences × {self.length} tokens ({self.rows} rows) for "
+                f"{self.unknowns} fitted numbers, {self.steps} Jacobian products of about "
+                f"{self.seconds / max(1, self.steps):.3g} s each ({self.compute}): about {duration(self.seconds)}, "
+                f"peak memory about {self.peak_bytes / 2**30:.1f} GiB")
+
+
+def row_polish_plan(d: int, heads: int, kv_heads: int, outputs: int | None = None, *, rows: int | None = None,
+                    rounds: int = ROUNDS, cg_steps: int = CG_STEPS, chunk_rows: int = CHUNK_ROWS,
+                    compute: str = "float64", length: int = ROW_LENGTH, per: float = 2) -> RowPolishPlan:
+    """The plan of :func:`polish_rows` on a layer of width ``d`` with ``heads`` query heads of width ``d/heads``,
+    ``kv_heads`` key/value groups and ``outputs`` K (default d): ``rows`` fresh rows (default ``per ·
+    ⌈unknowns/K⌉``, the numbers' information limit ``per`` times over) in sequences of ``length``; ``rounds`` of
+    ``cg_steps``. Asks nothing."""
+    if compute not in COMPUTE:
+        raise ConfigError(f"compute must be one of {', '.join(COMPUTE)}; got {compute!r}", param="compute")
+    if heads < 1 or d % heads or heads % max(1, kv_heads):
+        raise ConfigError(f"the {heads} heads must divide d = {d} and split into {kv_heads} key/value groups",
+                          param="heads")
+    K = outputs or d
+    dh = d // heads
+    unknowns = heads * dh * d + 2 * kv_heads * dh * d + K * heads * dh + heads * dh + 2 * kv_heads * dh + K
+    rows = rows or int(math.ceil(per * math.ceil(unknowns / K)))
+    sequences = int(math.ceil(rows / length))
+    rows = sequences * length
+    mac_per_row = d * (heads + 2 * kv_heads) * dh + heads * dh * K + 2 * heads * dh * length
+    steps = rounds * (cg_steps + 1)
+    seconds = steps * rows * mac_per_row * STEP_SECONDS_PER_MAC[compute]
+    width = 4 if compute == "float32" else 8
+    peak = (BASE_BYTES + BYTES_PER_UNKNOWN * unknowns + 8 * rows * (d + K)
+            + BYTES_PER_SCORE * width * min(chunk_rows, rows) * heads * length)
+    return RowPolishPlan(sequences, length, rows, unknowns, steps, seconds, int(peak), compute)
 
 
 def fresh_rows(oracle, count: int, rng: np.random.Generator, length: int = ROW_LENGTH, scale: float = 1.0,
@@ -74,13 +136,19 @@ class StreamedRows:
     """``r(p) = w ⊙ (f_p(X) − Y)`` over every row of ``data`` (``[(X (B, N, d), Y (B, N, K))]``) for the arrays
     ``names`` of ``model`` (the others held at the model's values), and its Jacobian products, streamed over chunks
     of at most ``chunk_rows`` rows (whole sequences; a longer sequence is a chunk of its own). ``weights``: one
-    per position per batch (None: 1). Flat parameter vectors concatenate the arrays in ``names`` order."""
+    per position per batch (None: 1). Flat parameter vectors concatenate the arrays in ``names`` order; they stay
+    float64, while ``compute`` is the precision a chunk's rows and products are computed in (``float32``: half
+    the time and memory, for answers no finer than float32)."""
 
-    def __init__(self, model: PositionalAttention, names, data, *, chunk_rows: int = CHUNK_ROWS, weights=None):
+    def __init__(self, model: PositionalAttention, names, data, *, chunk_rows: int = CHUNK_ROWS, weights=None,
+                 compute: str = "float64"):
         import torch
 
         if not isinstance(chunk_rows, int) or chunk_rows < 1:
             raise ConfigError(f"chunk_rows must be a positive integer; got {chunk_rows!r}", param="chunk_rows")
+        if compute not in COMPUTE:
+            raise ConfigError(f"compute must be one of {', '.join(COMPUTE)}; got {compute!r}", param="compute")
+        self.dtype = getattr(torch, compute)
         if not data:
             raise ConfigError("the polish needs at least one sequence; got none", param="sequences")
         self.model, self.names = model, tuple(names)
@@ -88,7 +156,7 @@ class StreamedRows:
         self.shapes = {n: a.shape for n, a in arrays.items()}
         self.sizes = [a.size for a in arrays.values()]
         self.start = torch.as_tensor(np.concatenate([a.ravel() for a in arrays.values()]))
-        self.held = {n: torch.as_tensor(np.array(getattr(model, n), dtype=np.float64))
+        self.held = {n: torch.as_tensor(np.array(getattr(model, n), dtype=np.float64)).to(self.dtype)
                      for n in fitted_names(model, True) if n not in self.names}
         self.chunks = []
         for b, (X, Y) in enumerate(data):
@@ -156,18 +224,18 @@ class StreamedRows:
         dv = p["Wv"].shape[1]
         v = (X @ p["Wv"].reshape(G * dv, d).T).reshape(B, N, G, dv).transpose(1, 2) + p["bv"][None, :, None]
         if m.position == "rope":  # query i and key j rotated by their own positions: the score sees R(j − i)
-            theta = p["inv_freq"] if "inv_freq" in p else torch.as_tensor(np.array(m.inv_freq))
-            ang = c["positions"][:, None] * theta[None]
-            cos, sin = torch.cos(ang), torch.sin(ang)
+            theta = p["inv_freq"].to(torch.float64) if "inv_freq" in p else torch.as_tensor(np.array(m.inv_freq))
+            ang = c["positions"][:, None] * theta[None]  # float64 angles, the rotation in the chunk's precision
+            cos, sin = torch.cos(ang).to(X.dtype), torch.sin(ang).to(X.dtype)
             partner, at, sign = c["pairs"]
             C = torch.ones(N, dh, dtype=X.dtype).index_copy(1, at, torch.cat([cos, cos], 1))
-            S = torch.zeros(N, dh, dtype=X.dtype).index_copy(1, at, torch.cat([sin, sin], 1) * sign)
+            S = torch.zeros(N, dh, dtype=X.dtype).index_copy(1, at, torch.cat([sin, sin], 1) * sign.to(X.dtype))
             q = q * C + q[..., partner] * S
             k = k * C + k[..., partner] * S
         s = m.scale * (q.reshape(B, G, per, N, dh) @ k[:, :, None].transpose(-1, -2))  # (B, G, per, N, N)
         s = s.reshape(B, H, N, N)
         if m.position == "alibi":
-            s = s + p["slopes"][:, None, None] * c["offsets"]
+            s = s + p["slopes"][:, None, None] * c["offsets"].to(X.dtype)
         elif m.position == "t5":
             s = s + p["rel_bias"][:, c["buckets"]]
         if m.causal:
@@ -180,12 +248,13 @@ class StreamedRows:
         import torch
 
         X, Y, w = chunk
-        Xt = torch.as_tensor(X, dtype=torch.float64)
-        Yt = torch.as_tensor(Y, dtype=torch.float64)
-        wt = torch.as_tensor(w, dtype=torch.float64)[None, :, None]
+        dt = self.dtype
+        Xt = torch.as_tensor(X).to(dt)
+        Yt = torch.as_tensor(Y).to(dt)
+        wt = torch.as_tensor(w).to(dt)[None, :, None]
 
         def residual(flat):
-            return (wt * (self.rows_of(self.arrays(flat), Xt) - Yt)).reshape(-1)
+            return (wt * (self.rows_of(self.arrays(flat.to(dt)), Xt) - Yt)).reshape(-1)
         return residual
 
     # ------------------------------------------------------------------------------------ the products
@@ -194,7 +263,7 @@ class StreamedRows:
         import torch
 
         with torch.no_grad():
-            return torch.cat([self._chunk_residual(ch)(flat) for ch in self.chunks])
+            return torch.cat([self._chunk_residual(ch)(flat) for ch in self.chunks]).double()
 
     def cost(self, flat) -> float:
         """``‖r(p)‖²``, streamed."""
@@ -204,7 +273,7 @@ class StreamedRows:
         with torch.no_grad():
             for ch in self.chunks:
                 r = self._chunk_residual(ch)(flat)
-                total += float(r @ r)
+                total += float(r.double() @ r.double())
         return total
 
     def gradient(self, flat):
@@ -215,14 +284,14 @@ class StreamedRows:
         for ch in self.chunks:
             r, pull = torch.func.vjp(self._chunk_residual(ch), flat)
             g += pull(r.detach())[0]
-            total += float(r.detach() @ r.detach())
+            total += float(r.detach().double() @ r.detach().double())
         return g, total
 
     def jvp(self, flat, v):
         """``Jv`` (concatenated over chunks, as :meth:`residual`)."""
         import torch
 
-        return torch.cat([torch.func.jvp(self._chunk_residual(ch), (flat,), (v,))[1] for ch in self.chunks])
+        return torch.cat([torch.func.jvp(self._chunk_residual(ch), (flat,), (v,))[1] for ch in self.chunks]).double()
 
     def vjp(self, flat, u):
         """``Jᵀu`` for ``u`` laid out as :meth:`residual`."""
@@ -233,7 +302,7 @@ class StreamedRows:
             f = self._chunk_residual(ch)
             n = ch[1].size
             _, pull = torch.func.vjp(f, flat)
-            out += pull(u[at:at + n])[0]
+            out += pull(u[at:at + n].to(self.dtype))[0]
             at += n
         return out
 
@@ -260,11 +329,21 @@ class StreamedRows:
         return r, jv.detach(), x
 
     def jacobian(self, flat) -> np.ndarray:
-        """The Jacobian (numbers × unknowns) formed densely, chunk by chunk (small problems only)."""
+        """The Jacobian (numbers × unknowns) formed densely, chunk by chunk (small problems only): forward mode
+        over the unknowns when a chunk answers more numbers, reverse mode over its numbers otherwise."""
         import torch
 
-        return np.concatenate([torch.func.jacrev(self._chunk_residual(ch), chunk_size=256)(flat).detach().numpy()
-                               for ch in self.chunks])
+        blocks = []
+        for ch in self.chunks:
+            f = self._chunk_residual(ch)
+            if ch[1].size > self.unknowns:
+                def column(e, f=f):
+                    return torch.func.jvp(f, (flat,), (e,))[1]
+                eye = torch.eye(self.unknowns, dtype=flat.dtype)
+                blocks.append(torch.func.vmap(column, chunk_size=32)(eye).T)
+            else:
+                blocks.append(torch.func.jacrev(f, chunk_size=256)(flat))
+        return np.concatenate([J.detach().double().numpy() for J in blocks])
 
     def block_scales(self, flat, probe_chunks: int = 2) -> list[float]:
         """Per fitted array, the inverse RMS size of its Jacobian columns (one random probe each, on the first
@@ -277,7 +356,7 @@ class StreamedRows:
             v = torch.zeros_like(flat)
             v[at:at + n] = torch.randn(n, dtype=flat.dtype, generator=gen)
             jv = torch.cat([self._with_tangent(ch, flat, v)[1] for ch in self.chunks[:probe_chunks]])
-            out.append(float(jv @ jv) / float(v @ v))
+            out.append(float(jv.double() @ jv.double()) / float(v @ v))
             at += n
         top = max(out)
         return [1.0 / math.sqrt(size) if size > NULL_COLUMN**2 * top else 0.0 for size in out]
@@ -285,13 +364,15 @@ class StreamedRows:
 
 def polish_rows(model: PositionalAttention, data, *, frequencies: bool = False, rounds: int = ROUNDS,
                 cg_steps: int = CG_STEPS, chunk_rows: int = CHUNK_ROWS, relative: bool = False,
-                dense: bool | None = None, progress=None, log=None) -> tuple[PositionalAttention, PolishReport]:
+                dense: bool | None = None, compute: str = "float64", progress=None,
+                log=None) -> tuple[PositionalAttention, PolishReport]:
     """Fit every parameter of ``model`` to every-position answers ``data`` (``[(X (B, N, d), Y (B, N, K))]``; a
     causal or bidirectional model's rows, as the model is) by Levenberg–Marquardt, every product streamed over
     chunks of ``chunk_rows`` rows (:class:`StreamedRows`); the rest as :func:`~.polish.polish`: gauge balanced
     first; a small Jacobian (numbers × unknowns ≤ :data:`~.polish.DENSE_LIMIT`, or ``dense``) formed and solved
     for a ladder of dampings, a larger one matrix-free (Jacobi-scaled conjugate gradients); ``relative``: each
-    position's rows relative to their spread. ``progress(done, total)``: Jacobian products done of the planned
+    position's rows relative to their spread; ``compute``: the chunks' precision (:class:`StreamedRows`).
+    ``progress(done, total)``: Jacobian products done of the planned
     ``rounds · cg_steps``; ``log(line)``: a line per round. Returns the polished model (float64) and a
     :class:`PolishReport` (``sequences``: the sequences, ``numbers``: every row's numbers)."""
     import torch
@@ -299,19 +380,20 @@ def polish_rows(model: PositionalAttention, data, *, frequencies: bool = False, 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _fit_rows(model, data, frequencies, rounds, cg_steps, chunk_rows, relative, dense, progress, log)
+        return _fit_rows(model, data, frequencies, rounds, cg_steps, chunk_rows, relative, dense, compute, progress,
+                         log)
     finally:
         torch.set_num_threads(threads)
 
 
-def _fit_rows(model, data, frequencies, rounds, cg_steps, chunk_rows, relative, dense, progress, log):
+def _fit_rows(model, data, frequencies, rounds, cg_steps, chunk_rows, relative, dense, compute, progress, log):
     import torch
 
     names = fitted_names(model, frequencies)
     model = balanced(model)
     spread = math.sqrt(sum(float(((Y - Y.reshape(-1, Y.shape[-1]).mean(0)) ** 2).sum()) for _, Y in data))
     weights = row_weights(data, spread) if relative else None
-    problem = StreamedRows(model, names, data, chunk_rows=chunk_rows, weights=weights)
+    problem = StreamedRows(model, names, data, chunk_rows=chunk_rows, weights=weights, compute=compute)
     p = problem.start
     cost = problem.cost(p)
     before = math.sqrt(cost) / spread
