@@ -69,7 +69,7 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
     ``details`` and the notes; ``walk``: the RoPE learner's walk length (:func:`extract_positional`); ``polish``,
     ``polish_target``, ``polish_sequences``: the joint polish after the learner's stages
     (:func:`~.polish.polish_extraction`)."""
-    from attnprobe.learners.positional.rope import FINEST, WALK, extract_positional
+    from attnprobe.learners.positional.rope import COARSEST, FINEST, WALK, extract_positional
 
     walk = WALK if walk is None else walk
 
@@ -88,7 +88,10 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
         if kind is None:
             kind = "rope" if found == "rope" else None
             source = "read from the answers"
-    biased = kind == "rope" and found == "additive"
+    # coarse answers' probe counts as additive only far above the rounding (1e3·√ε): a smaller spread still tells
+    # RoPE with q/k biases from bias-free RoPE, whose zero queries weigh every key exactly alike
+    biased = kind == "rope" and (found == "additive" or not fine and spread is not None
+                                 and spread > max(ADDITIVE_SIGNAL, 10 * oracle.eps))
     if biased:
         try:
             res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress, walk=walk,
@@ -110,10 +113,10 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
         try:  # that counts
             res = extract_additive(oracle, heads=heads, seed=seed, check=check, progress=progress)
         except (RecoveryError, UnidentifiableError) as first:
-            if not fine:  # RoPE with q/k biases reads fine answers only: the additive route's cause is the one
+            if not fine and not (oracle.eps <= COARSEST and oracle.noise.exact):  # RoPE with q/k biases reads
                 raise type(first)(f"an additive position bias (read from the answers) did not fit these coarse "
-                                  f"answers (rounding {oracle.eps:.1e}; RoPE with q/k biases needs float64 answers, "
-                                  f"not tried): {first}") from first
+                                  f"answers (rounding {oracle.eps:.1e}; RoPE with q/k biases needs float64 or float32 "
+                                  f"answers, not tried): {first}") from first
             res = _after(oracle, start, first, "an additive position bias did not fit", "additive tried",
                          heads=heads, seed=seed, check=check, progress=progress, walk=walk)
             _share_groups(res)
