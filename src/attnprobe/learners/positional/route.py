@@ -9,6 +9,12 @@ RoPE with q/k biases (Qwen2) also weighs zero-query keys by position (``b_Qᵀ R
 additive route is tried first and RoPE with biases (:func:`~.rope.extract_positional` with ``key_bias``) after it;
 a declared RoPE layer is probed the same way (eight sequences): spread, it is read with biases; else bias-free, and
 with biases when the bias-free learner refuses (a key bias alone leaves zero-query answers flat).
+
+Coarse answers (float32, bfloat16) count as additive only at a spread above ``1e3·√ε`` (0.35 for float32); below it,
+a spread above ``max(ADDITIVE_SIGNAL, 10·ε)`` is RoPE with q/k biases (bias-free RoPE's zero queries weigh every key
+exactly alike: its spread is 0 in any precision, measured; Qwen2 at float32: 0.05 … 0.11), which the float32 route
+reads (:mod:`.coarse_bias`) and the bfloat16 route refuses in one line. A Hugging Face folder declares its biases
+(``qk_biases``): its coarse route reads them without the probe.
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
     ``details`` and the notes; ``walk``: the RoPE learner's walk length (:func:`extract_positional`); ``polish``,
     ``polish_target``, ``polish_sequences``: the joint polish after the learner's stages
     (:func:`~.polish.polish_extraction`)."""
-    from attnprobe.learners.positional.rope import COARSEST, FINEST, WALK, extract_positional
+    from attnprobe.learners.positional.rope import FINEST, WALK, extract_positional
 
     walk = WALK if walk is None else walk
 
@@ -113,10 +119,11 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
         try:  # that counts
             res = extract_additive(oracle, heads=heads, seed=seed, check=check, progress=progress)
         except (RecoveryError, UnidentifiableError) as first:
-            if not fine and not (oracle.eps <= COARSEST and oracle.noise.exact):  # RoPE with q/k biases reads
+            if not fine:  # from coarse answers a spread this far above the rounding is read as additive only
                 raise type(first)(f"an additive position bias (read from the answers) did not fit these coarse "
-                                  f"answers (rounding {oracle.eps:.1e}; RoPE with q/k biases needs float64 or float32 "
-                                  f"answers, not tried): {first}") from first
+                                  f"answers (rounding {oracle.eps:.1e}; zero-query answers spread {spread:.1e}: "
+                                  f"RoPE with q/k biases, read from coarse answers below that spread, not tried): "
+                                  f"{first}") from first
             res = _after(oracle, start, first, "an additive position bias did not fit", "additive tried",
                          heads=heads, seed=seed, check=check, progress=progress, walk=walk)
             _share_groups(res)
