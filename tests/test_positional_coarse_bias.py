@@ -142,3 +142,16 @@ def test_qwen2_module_from_float32_answers_polished_to_the_float64_function():
     assert res.details["qk_biases"] is True and res.details["polish"]["kept"]
     assert res.check.passed and res.check.extra["norm"] == "worst"
     assert function_error_over_lengths(res.model, truth, np.random.default_rng(5), LENGTHS) < 1e-5
+
+
+def test_bfloat16_qwen2_answers_are_refused_naming_the_precision_and_the_biases():
+    """The bfloat16 route reads bias-free heads only: a bfloat16 Qwen2 module whose zero-query answers spread over
+    the key's position is refused in one line after the route's eight probe sequences."""
+    from attnprobe.learners.positional.route import extract_any_positional
+
+    oracle = Oracle(qwen2_like(16, 2, 1), 16, precision="bfloat16")  # answers rounded to bfloat16
+    with pytest.raises(UnidentifiableError) as exc:
+        extract_any_positional(oracle, heads=2, polish="never")
+    msg = str(exc.value)
+    assert msg.startswith("RoPE with q/k biases") and "bfloat16" in msg and "q/k biases from float32" in msg
+    assert "\n" not in msg and oracle.queries == 8
