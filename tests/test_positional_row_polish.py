@@ -176,7 +176,8 @@ def test_last_position_data_and_no_sequences_are_refused():
 def test_the_row_polish_plan_at_llama3_8b_shape_by_construction():
     """d = 4096, 32 heads, 8 key/value groups: W_Q 32·128·4096, W_K and W_V 8·128·4096 each, W_O 4096², biases;
     twice ⌈unknowns/K⌉ rows in sequences of 256; a Jacobian product's time linear in the rows' multiply–adds."""
-    from attnprobe.learners.positional.row_polish import BASE_BYTES, STEP_SECONDS_PER_MAC, row_polish_plan
+    from attnprobe.learners.positional.row_polish import (BASE_BYTES, STEP_SECONDS_PER_MAC, chunk_precision,
+                                                          row_polish_plan)
 
     plan = row_polish_plan(4096, 32, 8, rounds=2, cg_steps=9, compute="float32")
     unknowns = 32 * 128 * 4096 + 2 * 8 * 128 * 4096 + 4096 * 4096 + 32 * 128 + 2 * 8 * 128 + 4096
@@ -193,6 +194,8 @@ def test_the_row_polish_plan_at_llama3_8b_shape_by_construction():
     with pytest.raises(ConfigError) as exc:
         row_polish_plan(4096, 30, 8)
     assert exc.value.param == "heads"
+    assert [chunk_precision(p) for p in ("float64", "float32", "bfloat16", "auto", None)] == [
+        "float64", "float32", "float32", "float64", "float64"]
 
 
 def test_the_estimate_shows_the_row_polish_time_and_memory_before_any_query(tmp_path, monkeypatch, capsys):
@@ -210,7 +213,7 @@ def test_the_estimate_shows_the_row_polish_time_and_memory_before_any_query(tmp_
     rows = estimate_queries("positional", 4096, precision="float32", heads=32, polish="always",
                             positions="causal")
     n = polish_sequences(PositionalAttention.unknowns(4096, 32, 32, 128, 4096), 4096, POLISH_PER)
-    plan = row_polish_plan(4096, 32, 32, rounds=POLISH_ROUNDS, cg_steps=HOOK_CG_STEPS, rows=n)
+    plan = row_polish_plan(4096, 32, 32, rounds=POLISH_ROUNDS, cg_steps=HOOK_CG_STEPS, rows=n, compute="float32")
     assert last.seconds is None and last.peak_bytes is None
     assert rows.seconds == plan.seconds and rows.peak_bytes == plan.peak_bytes
     # the same start; the polish asks n rows in sequences of 256 instead of n sequences

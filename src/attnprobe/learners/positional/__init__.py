@@ -12,7 +12,7 @@ from attnprobe.learners.positional.rope import (BFLOAT16_ROUNDING, CHECK_LENGTHS
                                                extract_positional, positional_queries)
 from attnprobe.learners.positional.polish import (HOOK_CG_STEPS, HOOK_ROUNDS, POLISH_SEQUENCES, POLISH_TARGET,
                                                   polish_queries, polish_sequences)
-from attnprobe.learners.positional.row_polish import row_polish_plan
+from attnprobe.learners.positional.row_polish import chunk_precision, row_polish_plan
 from attnprobe.learners.positional.route import (POLISH, POLISH_SEQUENCES_OPTION, POLISH_TARGET_OPTION, POSITION,
                                                 additive_estimate, extract_any_positional)
 from attnprobe.models.positional import PositionalAttention
@@ -64,7 +64,7 @@ def with_row_polish(count: QueryCount, setting, heads: int, mode: str, rows: int
     option, counts rows then) in sequences of :data:`~.row_polish.ROW_LENGTH` tokens, with the plan's time and
     memory for at most one key/value group per head."""
     plan = row_polish_plan(setting.d, heads, heads, setting.outputs, rounds=rounds, cg_steps=HOOK_CG_STEPS,
-                           rows=rows)
+                           rows=rows, compute=chunk_precision(setting.precision))
     extra = plan.sequences + (check_queries(CHECK_LENGTHS) if setting.check else 0)
     always = extra if mode == "always" else 0
     seconds = plan.seconds + (count.seconds or 0.0)

@@ -342,8 +342,8 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
     ``res.check``, in its norm) of the polished model, kept only when its error is below the learner's;
     ``relative``: residuals weighed relative to each length's spread (:func:`length_weights`); ``rows``: polish on
     every-position answers (:func:`~.row_polish.polish_rows`: ``sequences`` counts rows, asked in sequences of
-    :data:`~.row_polish.ROW_LENGTH` tokens; default: when the oracle is known to answer causal rows and the model is
-    causal). The result's check is
+    :data:`~.row_polish.ROW_LENGTH` tokens, computed in float32 for answers no finer; default: when the oracle is
+    known to answer causal rows and the model is causal). The result's check is
     the returned model's (counted apart, as every learner's); every other query the hook asks, and the learner's
     check when its model is replaced, is counted in ``res.queries`` and ``res.queries_by_phase`` (``polish``,
     ``polish check``); ``res.details["polish"]`` and a note say what happened. Returns ``res`` (changed in
@@ -384,10 +384,10 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
     if progress is not None:
         progress(res.queries + oracle.queries - before, res.queries + oracle.queries - before)
     if rows:
-        from attnprobe.learners.positional.row_polish import polish_rows
+        from attnprobe.learners.positional.row_polish import chunk_precision, polish_rows
 
         model, report = polish_rows(res.model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
-                                    relative=relative)
+                                    relative=relative, compute=chunk_precision(oracle.precision))
     else:
         model, report = polish(res.model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
                                relative=relative)

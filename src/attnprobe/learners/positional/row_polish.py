@@ -97,6 +97,18 @@ def row_polish_plan(d: int, heads: int, kv_heads: int, outputs: int | None = Non
     return RowPolishPlan(sequences, length, rows, unknowns, steps, seconds, int(peak), compute)
 
 
+def chunk_precision(precision: str | None) -> str:
+    """The precision the row polish computes its chunks in for answers of ``precision``: float32 for answers no
+    finer than float32 (their rounding is float32's or coarser: half the time), float64 otherwise."""
+    from attnprobe.models.precision import machine_epsilon
+
+    try:
+        coarse = precision not in (None, "auto") and machine_epsilon(precision) >= machine_epsilon("float32")
+    except (TypeError, ValueError):
+        coarse = False
+    return "float32" if coarse else "float64"
+
+
 def fresh_rows(oracle, count: int, rng: np.random.Generator, length: int = ROW_LENGTH, scale: float = 1.0,
                batch: int = 8):
     """``count`` random sequences of ``length`` tokens (standard normal times ``scale``) and the oracle's rows at
