@@ -392,13 +392,14 @@ def polish_rows(model: PositionalAttention, data, *, frequencies: bool = False, 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _fit_rows(model, data, frequencies, rounds, cg_steps, chunk_rows, relative, dense, compute, progress,
-                         log)
+        return _fit_rows(model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
+                         chunk_rows=chunk_rows, relative=relative, dense=dense, compute=compute, progress=progress,
+                         log=log)
     finally:
         torch.set_num_threads(threads)
 
 
-def _fit_rows(model, data, frequencies, rounds, cg_steps, chunk_rows, relative, dense, compute, progress, log):
+def _fit_rows(model, data, *, frequencies, rounds, cg_steps, chunk_rows, relative, dense, compute, progress, log):
     import torch
 
     names = fitted_names(model, frequencies)
