@@ -14,9 +14,12 @@ SwiGLU at weights N(0, 1/fan-in), ε = 1e-6, float64), queried as every-position
    d = 128, the true attention, ~10 minutes under load);
 5. ``extract_block`` end to end (``--e2e`` after the stages, or ``--only e2e``: d = 32, minutes), the function
    against the block at every length 1 … 64; ``--only e2e128``: the issue's d = 128 LLaMA layer (8/2 heads, SwiGLU
-   256), with the learned FFN and attention against the truth and the peak memory (~15 minutes).
+   256), with the learned FFN and attention against the truth and the peak memory (~15 minutes);
+6. the served block (``--only served``): a transformers ``LlamaDecoderLayer`` (d = 32, 2/1 heads, SwiGLU 64, norm
+   weights not 1) served by ``serve --hf-dir DIR --block 1`` (real uvicorn on 127.0.0.1) and attacked by
+   ``extract --url --method block``, against ``extract --hf-dir DIR --block 1`` in process (minutes).
 
-    python benchmarks/block_learner.py [--only oracles|ffn|ffn128|refit|refit128|e2e|e2e128] [--e2e] [--write]
+    python benchmarks/block_learner.py [--only oracles|ffn|ffn128|refit|refit128|e2e|e2e128|served] [--e2e] [--write]
 """
 
 from __future__ import annotations
@@ -198,6 +201,75 @@ def end_to_end_parts(shape):
             f"{max(errs):.1e} (N = {int(np.argmax(errs)) + 1})", f"{seconds:.0f}", f"{peak:.1f}")
 
 
+def llama_block_folder(folder):
+    """A transformers LLaMA model (2 layers) whose layer 1 the block learner reads: d = 32, 2/1 heads, SwiGLU 64, no
+    attention biases, attention weights N(0, 1/32), norm weights 1 + N(0, 0.3²), ε = 1e-6."""
+    import torch
+    import transformers
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                      num_key_value_heads=1, num_hidden_layers=2, vocab_size=8, rms_norm_eps=1e-6,
+                                      attention_bias=False, initializer_range=0.18)
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(config)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+            elif "attn" in name:
+                p.copy_(torch.randn(p.shape, generator=g) / 32**0.5)
+    model.save_pretrained(folder)
+    return folder
+
+
+def served_block():
+    """``extract --url --method block`` on ``serve --hf-dir DIR --block 1`` against ``extract --hf-dir DIR --block 1``
+    in process: queries, check, whether the arrays are the same, and ``load_model(result)`` against the layer at
+    every position of 4 sequences of each length 1 … 64."""
+    import json
+    import tempfile
+    import types
+    from pathlib import Path
+
+    from attnprobe.cli import build_parser, main as cli
+    from attnprobe.cli.serve import build_from_args
+    from attnprobe.models.io import load_model
+    from attnprobe.oracles.hf_block import oracle_from_hf_block
+    from attnprobe.service.server import BackgroundServer
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = llama_block_folder(Path(tmp) / "llama")
+        learner = ["--method", "block", "--heads", "2", "--hidden", "64", "--quiet"]
+        args = build_parser().parse_args(["serve", "--hf-dir", str(folder), "--block", "1", "--api-key", "k-1",
+                                          "--budget", "1000000", "--max-batch", "4096", "--max-length", "1024"])
+        app, _ = build_from_args(args)
+        runs = {}
+        with BackgroundServer(app) as srv:
+            t = time.perf_counter()
+            code = cli(["extract", "--url", srv.url, "--api-key", "k-1", "--answer-precision", "float64",
+                        "--positions", "positional", *learner, "--out", str(Path(tmp) / "http.npz")])
+            runs["http"] = (code, time.perf_counter() - t)
+        t = time.perf_counter()
+        code = cli(["extract", "--hf-dir", str(folder), "--block", "1", *learner,
+                    "--out", str(Path(tmp) / "local.npz")])
+        runs["local"] = (code, time.perf_counter() - t)
+        a, b = np.load(Path(tmp) / "http.npz"), np.load(Path(tmp) / "local.npz")
+        same = sorted(a.files) == sorted(b.files) and all(np.array_equal(a[k], b[k]) for k in a.files)
+        victim = oracle_from_hf_block(folder, 1)
+        layer = types.SimpleNamespace(every_position=victim.answer_rows, d=32)
+        for name, label in (("http", "served over HTTP (`extract --url`)"), ("local", "in process (`--hf-dir`)")):
+            report = json.loads((Path(tmp) / f"{name}.json").read_text())
+            errs = errors_over_lengths(load_model(Path(tmp) / f"{name}.npz"), layer)
+            rows.append((label, runs[name][0], report["queries"], f"{report['check']['relative_error']:.1e}",
+                         "passed" if report["passed"] else "failed", "yes" if same else "NO",
+                         f"{max(errs):.1e} (N = {int(np.argmax(errs)) + 1})", f"{runs[name][1]:.0f}"))
+    return rows
+
+
 E2E_HEAD = ["block", "queries", "unknowns", "check error", "check", "largest error over N = 1 … 64 (4 sequences each)",
             "seconds"]
 E2E_TEXT = ("`extract_block` end to end (the FFN learned, then the attention and its logit refit; errors relative to "
@@ -207,7 +279,7 @@ E2E_TEXT = ("`extract_block` end to end (the FFN learned, then the attention and
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--e2e", action="store_true", help="also run extract_block end to end at d = 32 (minutes)")
-    ap.add_argument("--only", choices=("oracles", "ffn", "ffn128", "refit", "refit128", "e2e", "e2e128"),
+    ap.add_argument("--only", choices=("oracles", "ffn", "ffn128", "refit", "refit128", "e2e", "e2e128", "served"),
                     help="only the sublayer oracles' table (a minute), or only the gated learner through the block "
                          "(d = 64 or 128; minutes)")
     ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks/block.md")
@@ -225,6 +297,19 @@ def main():
         if args.write:
             width = "32" if args.only == "refit" else "128"
             write_section("Attention logit refit at a fixed query rms, d = " + width, body, command_line(), doc=DOC)
+        return
+    if args.only == "served":
+        t = Table(["LLaMA layer 1 (d 32, 2/1 heads, SwiGLU 64)", "exit code", "queries", "check error", "check",
+                   "the same arrays", "load_model(result): largest error over N = 1 … 64 (4 sequences each)",
+                   "seconds"])
+        for row in served_block():
+            t.add(*row)
+        body = ("`extract --method block --heads 2 --hidden 64` on a transformers LLaMA layer (norm weights not 1), "
+                "served by `serve --hf-dir DIR --block 1` (uvicorn on 127.0.0.1) and in process; errors relative to "
+                "the layer's own part y − x, every position:\n\n" + t.markdown())
+        print(body)
+        if args.write:
+            write_section("The served block over HTTP, d = 32", body, command_line(), doc=DOC)
         return
     if args.only == "e2e128":
         t = Table(["block", "queries", "unknowns", "FFN error", "attention error", "check error", "check",
