@@ -15,11 +15,14 @@ SwiGLU at weights N(0, 1/fan-in), ε = 1e-6, float64), queried as every-position
 5. ``extract_block`` end to end (``--e2e`` after the stages, or ``--only e2e``: d = 32, minutes), the function
    against the block at every length 1 … 64; ``--only e2e128``: the issue's d = 128 LLaMA layer (8/2 heads, SwiGLU
    256), with the learned FFN and attention against the truth and the peak memory (~15 minutes);
-6. the served block (``--only served``): a transformers ``LlamaDecoderLayer`` (d = 32, 2/1 heads, SwiGLU 64, norm
+6. the RoPE learner's logit matrices ``M(δ)`` at a fixed query rms against the truth, head by head (``--only
+   sketches``: d = 128, on the true attention and through the block with the true FFN; ~5 minutes);
+7. the served block (``--only served``): a transformers ``LlamaDecoderLayer`` (d = 32, 2/1 heads, SwiGLU 64, norm
    weights not 1) served by ``serve --hf-dir DIR --block 1`` (real uvicorn on 127.0.0.1) and attacked by
    ``extract --url --method block``, against ``extract --hf-dir DIR --block 1`` in process (minutes).
 
-    python benchmarks/block_learner.py [--only oracles|ffn|ffn128|refit|refit128|e2e|e2e128|served] [--e2e] [--write]
+    python benchmarks/block_learner.py [--only oracles|ffn|ffn128|refit|refit128|e2e|e2e128|sketches|served] [--e2e]
+           [--write]
 """
 
 from __future__ import annotations
@@ -201,6 +204,56 @@ def end_to_end_parts(shape):
             f"{max(errs):.1e} (N = {int(np.argmax(errs)) + 1})", f"{seconds:.0f}", f"{peak:.1f}")
 
 
+def logit_matrices(shape, through_block: bool):
+    """The RoPE learner at the attention oracle's fixed query rms (``T/√(T² + ε)``), each head's logit matrices
+    ``M(δ) = Uᵀ B(δ) V`` (in the bases of its learned query and key spaces, every offset) against the true head's
+    in the same bases (the nearest true head at δ = −1), the conditioning of ``M(−1)`` and the moduli of the
+    eigenvalues of ``M(−2) M(−1)⁻¹`` (1 for a rotation); answers from the true attention's last row or through the
+    block with the true FFN. The rotation fit is watched, not changed: a refusal is reported."""
+    import attnprobe.learners.positional.rope as rope
+
+    d, H, G, m = shape
+    blk = random_llama_block(d, H, G, m)
+    f = fold_norm_weights(blk)
+    A = f.attention
+    if through_block:
+        fn = AttentionThroughBlock(Oracle(blk.every_position, d, outputs=d, precision="float64").answer_rows, f.ffn,
+                                   blk.eps, d)
+        q, label = fn.query_rms, "through the block (true FFN)"
+    else:
+        q, label = AttentionThroughBlock(None, None, blk.eps, d).query_rms, "the true attention"
+
+        def fn(X):
+            return A.every_position(X)[:, -1]
+    seen, factor = [], rope.factor_rotary
+
+    def watched(Mk, U, V, first, second):
+        seen.append((Mk, U, V))
+        return factor(Mk, U, V, first, second)
+
+    o = Oracle(fn, d, outputs=d, precision="float64")
+    t = time.perf_counter()
+    rope.factor_rotary = watched
+    try:
+        res = rope.extract_positional(o, heads=H, check=False, query_rms=q)
+        Zt = np.random.default_rng(3).standard_normal((8, 64, d)) * 0.5
+        outcome = f"{rel(res.model.every_position(Zt), A.every_position(Zt)):.1e}"
+    except AttnprobeError as e:
+        outcome = f"refused: {e}".split(";")[0]
+    finally:
+        rope.factor_rotary = factor
+    errs, conds, moduli = [], [], []
+    for Mk, U, V in seen:
+        truth = min(({o_: U.T @ A.logit_matrix(h, o_) @ V for o_ in Mk} for h in range(H)),
+                    key=lambda t_: np.linalg.norm(Mk[-1] - t_[-1]))
+        errs.append(max(np.linalg.norm(Mk[o_] - truth[o_]) / np.linalg.norm(truth[o_]) for o_ in Mk))
+        conds.append(np.linalg.cond(truth[-1]))
+        moduli.extend(np.abs(np.linalg.eigvals(Mk[-2] @ np.linalg.inv(Mk[-1]))))
+    return (f"d {d}, {H}/{G} heads", label, o.queries, f"{min(errs):.1e} … {max(errs):.1e}",
+            f"{min(conds):.1f} … {max(conds):.1f}", f"{min(moduli):.4f} … {max(moduli):.4f}", outcome,
+            f"{time.perf_counter() - t:.0f}")
+
+
 def llama_block_folder(folder):
     """A transformers LLaMA model (2 layers) whose layer 1 the block learner reads: d = 32, 2/1 heads, SwiGLU 64, no
     attention biases, attention weights N(0, 1/32), norm weights 1 + N(0, 0.3²), ε = 1e-6."""
@@ -279,7 +332,8 @@ E2E_TEXT = ("`extract_block` end to end (the FFN learned, then the attention and
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--e2e", action="store_true", help="also run extract_block end to end at d = 32 (minutes)")
-    ap.add_argument("--only", choices=("oracles", "ffn", "ffn128", "refit", "refit128", "e2e", "e2e128", "served"),
+    ap.add_argument("--only", choices=("oracles", "ffn", "ffn128", "refit", "refit128", "e2e", "e2e128", "sketches",
+                                       "served"),
                     help="only the sublayer oracles' table (a minute), or only the gated learner through the block "
                          "(d = 64 or 128; minutes)")
     ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks/block.md")
@@ -297,6 +351,20 @@ def main():
         if args.write:
             width = "32" if args.only == "refit" else "128"
             write_section("Attention logit refit at a fixed query rms, d = " + width, body, command_line(), doc=DOC)
+        return
+    if args.only == "sketches":
+        t = Table(["attention", "answers", "queries", "M(δ) rel. error, worst offset (heads: best … worst)",
+                   "cond M(−1)", "eigenvalue moduli of M(−2) M(−1)⁻¹", "function error", "seconds"])
+        for through in (False, True):
+            t.add(*logit_matrices(SHAPES[2], through))
+            print(t.markdown(), flush=True)
+        body = ("The RoPE learner with every query at the attention oracle's rms (its logits stage's keys at rms "
+                "TARGET_LOGIT/med, at most 1/2): each head's logit matrices against the truth in the learned "
+                "bases, every offset; function error over 8 sequences of length 64, relative to the largest "
+                "answer:\n\n" + t.markdown())
+        print(body)
+        if args.write:
+            write_section("Logit matrices at a fixed query rms, d = 128", body, command_line(), doc=DOC)
         return
     if args.only == "served":
         t = Table(["LLaMA layer 1 (d 32, 2/1 heads, SwiGLU 64)", "exit code", "queries", "check error", "check",
