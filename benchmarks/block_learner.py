@@ -14,7 +14,8 @@ SwiGLU at weights N(0, 1/fan-in), ε = 1e-6, float64), queried as every-position
    d = 128, the true attention, ~10 minutes under load);
 5. ``extract_block`` end to end (``--e2e`` after the stages, or ``--only e2e``: d = 32, minutes), the function
    against the block at every length 1 … 64; ``--only e2e128``: the issue's d = 128 LLaMA layer (8/2 heads, SwiGLU
-   256), with the learned FFN and attention against the truth and the peak memory (~15 minutes);
+   256), with the learned FFN and attention against the truth and the peak memory (~15 minutes; in two halves
+   with ``--ffn-out PATH`` then ``--ffn PATH``);
 6. the RoPE learner's logit matrices ``M(δ)`` at a fixed query rms against the truth, head by head (``--only
    sketches``: d = 128, on the true attention and through the block with the true FFN; ~5 minutes);
 7. the served block (``--only served``): a transformers ``LlamaDecoderLayer`` (d = 32, 2/1 heads, SwiGLU 64, norm
@@ -175,31 +176,70 @@ def end_to_end(shape):
 
 
 
-def end_to_end_parts(shape):
+def ffn_stage(shape, path):
+    """The FFN stage of :func:`extract_block` alone, as it runs there (the linear part, ε, the gated learner through
+    the block's FFN oracle, width given, activation read), the FFN saved to ``path`` with its queries, seconds and
+    peak memory beside it (``path`` + ``.json``): the first half of a d = 128 run split in two."""
+    import json
+    import resource
+
+    from attnprobe.learners.block.learner import EPS_TOKENS
+    from attnprobe.models import save_model
+
+    d, H, G, m = shape
+    blk = random_llama_block(d, H, G, m)
+    o = Oracle(blk.every_position, d, outputs=d, precision="float64")
+    K0 = linear_part(o.answer_rows, d)
+    s, _ = sqrt_eps(o.answer_rows, K0, np.random.default_rng(0), tokens=EPS_TOKENS, heads=H)
+    before, t = o.queries, time.perf_counter()
+    fn = FFNThroughBlock(o.answer_rows, s * (K0 - np.eye(d)), s * s)
+    res = extract_gated_ffn(Oracle(fn, d, outputs=d, precision="float64"), seed=0, hidden=m, bias=False,
+                            scale=ffn_scale(d), check=False)
+    save_model(res.model, path)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    info = {"queries": o.queries - before, "seconds": time.perf_counter() - t, "peak_gb": peak}
+    with open(f"{path}.json", "w") as fh:
+        json.dump(info, fh)
+    print(f"the FFN stage: {info}")
+
+
+def end_to_end_parts(shape, ffn_path=None):
     """:func:`end_to_end` with the learned sublayers against the truth (the FFN on 256 fresh rows of rms 0.6, the
     attention on 8 sequences of length 64 of rms 0.5: relative to the largest answer) and the process's peak
-    memory."""
+    memory; with ``ffn_path`` (:func:`ffn_stage`'s file) the FFN stage is that run's (its queries and seconds
+    added, the larger peak memory kept)."""
+    import json
     import resource
+
+    from attnprobe.models import load_model
 
     d, H, G, m = shape
     blk = random_llama_block(d, H, G, m)
     f = fold_norm_weights(blk)
     o = Oracle(blk.every_position, d, outputs=d, precision="float64")
+    before = {"queries": 0, "seconds": 0.0, "peak_gb": 0.0}
+    ffn = None
+    if ffn_path is not None:
+        with open(f"{ffn_path}.json") as fh:
+            before = json.load(fh)
+        ffn = load_model(ffn_path)
     t = time.perf_counter()
     try:
-        res = extract_block(o, heads=H, hidden=m)
+        res = extract_block(o, heads=H, hidden=m, ffn=ffn)
     except AttnprobeError as e:  # a refusal is a measurement too: where it stopped, after how many queries
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        return (f"d {d}, {H}/{G} heads, SwiGLU {m}", o.queries, "—", "—", "—", "—",
-                f"refused: {type(e).__name__}: {e}", "—", f"{time.perf_counter() - t:.0f}", f"{peak:.1f}")
-    seconds = time.perf_counter() - t
+        peak = max(before["peak_gb"], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+        return (f"d {d}, {H}/{G} heads, SwiGLU {m}", o.queries + before["queries"], "—", "—", "—", "—",
+                f"refused: {type(e).__name__}: {e}", "—", f"{time.perf_counter() - t + before['seconds']:.0f}",
+                f"{peak:.1f}")
+    seconds = time.perf_counter() - t + before["seconds"]
     errs = errors_over_lengths(res.model, blk)
     V = np.random.default_rng(9).standard_normal((256, d)) * 0.6
     Z = np.random.default_rng(3).standard_normal((8, 64, d)) * 0.5
     ffn_err = rel(res.model.mlp(V), f.mlp(V))
     att_err = rel(res.model.attention.every_position(Z), f.attention.every_position(Z))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    return (f"d {d}, {H}/{G} heads, SwiGLU {m}", res.queries, res.unknowns, f"{ffn_err:.1e}", f"{att_err:.1e}",
+    peak = max(before["peak_gb"], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+    return (f"d {d}, {H}/{G} heads, SwiGLU {m}", res.queries + before["queries"], res.unknowns, f"{ffn_err:.1e}",
+            f"{att_err:.1e}",
             f"{res.check.error:.1e}", "passed" if res.passed else "failed",
             f"{max(errs):.1e} (N = {int(np.argmax(errs)) + 1})", f"{seconds:.0f}", f"{peak:.1f}")
 
@@ -336,6 +376,9 @@ def main():
                                        "served"),
                     help="only the sublayer oracles' table (a minute), or only the gated learner through the block "
                          "(d = 64 or 128; minutes)")
+    ap.add_argument("--ffn-out", metavar="PATH", help="--only e2e128: run the FFN stage alone and save the FFN "
+                                                      "to PATH (the first half of a split run)")
+    ap.add_argument("--ffn", metavar="PATH", help="--only e2e128: the FFN saved by --ffn-out (the second half)")
     ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks/block.md")
     args = ap.parse_args()
     if args.only in ("refit", "refit128"):
@@ -382,8 +425,14 @@ def main():
     if args.only == "e2e128":
         t = Table(["block", "queries", "unknowns", "FFN error", "attention error", "check error", "check",
                    "largest error over N = 1 … 64 (4 sequences each)", "seconds", "peak memory (GB)"])
-        t.add(*end_to_end_parts(SHAPES[2]))
-        body = E2E_TEXT + "\n\n" + t.markdown()
+        if args.ffn_out:
+            ffn_stage(SHAPES[2], args.ffn_out)
+            return
+        t.add(*end_to_end_parts(SHAPES[2], args.ffn))
+        body = E2E_TEXT + ("\n\nRun in two halves (each under 20 minutes on a shared machine): `--ffn-out PATH` runs "
+                           "the FFN stage as `extract_block` does and saves the FFN, `--ffn PATH` runs "
+                           "`extract_block(..., ffn=the saved FFN)`; queries and seconds are the two halves' sums, "
+                           "the peak memory the larger's." if args.ffn else "") + "\n\n" + t.markdown()
         print(body)
         if args.write:
             write_section("extract_block end to end, d = 128", body, command_line(), doc=DOC)
