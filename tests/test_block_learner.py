@@ -201,6 +201,34 @@ def test_a_served_length_limit_below_the_eps_stage_is_refused_before_any_query(b
         extract_block(Oracle(Capped(), block.d, budget=10), heads=2, hidden=64)
 
 
+def test_a_given_ffn_of_another_shape_or_kind_is_refused_before_any_query(block):
+    from attnprobe.learners.block.learner import extract_block
+
+    f = fold_norm_weights(block)
+    other = random_llama_block(16, 2, 1, 32, seed=0).ffn
+    for bad, name in ((other, "GatedFFN"), (f.attention, "PositionalAttention")):
+        oracle = Oracle(block, block.d)
+        with pytest.raises(ConfigError, match=f"gated FFN from d = 32.*{name}") as exc:
+            extract_block(oracle, heads=2, hidden=64, ffn=bad)
+        assert exc.value.param == "ffn" and oracle.queries == 0
+
+
+@pytest.mark.slow
+def test_a_given_ffn_skips_the_ffn_stage():
+    """``extract_block(..., ffn=F)`` with the block's own FFN (as read before, in a run split in two): the FFN stage's
+    queries are not asked (the plan's gated-learner share) and the block comes out and passes its check."""
+    from attnprobe.learners.block.learner import extract_block
+
+    block = random_llama_block(32, 2, 1, 64, seed=0)
+    truth = fold_norm_weights(block).ffn
+    res = extract_block(Oracle(block.every_position, 32, outputs=32, precision="float64"), heads=2, hidden=64,
+                        ffn=truth)
+    assert res.passed and res.check.error < 1e-6
+    assert res.details["ffn"]["queries"] == 0 and res.queries < 10_000  # the FFN stage alone asks ~65,000
+    X = np.random.default_rng(2).standard_normal((2, 9, 32))
+    assert np.array_equal(res.model.mlp(X[:, 0]), truth.forward(X[:, 0]))
+
+
 def test_a_post_norm_block_is_refused_naming_the_cause_and_a_biased_pre_norm_one_as_biased():
     """A BERT-shaped post-norm block (LayerNorm after each residual, biases) is refused after 3 single tokens as
     post-norm — its answers stay on the output LayerNorm's surface — while the same block laid out pre-norm with

@@ -66,6 +66,9 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
     if activation is not None and activation not in GATED_FAMILIES:
         raise ConfigError(f"the block learner reads gated FFNs ({', '.join(GATED_FAMILIES)}); got {activation!r}",
                           param="activation")
+    if ffn is not None and (not isinstance(ffn, GatedFFN) or (ffn.d, ffn.outputs) != (d, d)):
+        raise ConfigError(f"ffn must be a gated FFN from d = {d} to d numbers (a block's FFN read before); got "
+                          f"{type(ffn).__name__}", param="ffn")
     if max(oracle.eps, 1e-16) > 1e-15 or not oracle.noise.exact:
         raise UnidentifiableError(f"the block learner reads float64 answers without noise; these answers are "
                                   f"{oracle.precision} or noisy")
@@ -95,8 +98,6 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
     eps = s * s
     M = s * (K0 - np.eye(d))
     if ffn is not None:
-        if not isinstance(ffn, GatedFFN) or (ffn.d, ffn.outputs) != (d, d):
-            raise ConfigError(f"ffn must be a gated FFN from d = {d} to d numbers", param="ffn")
         ffn = types.SimpleNamespace(model=ffn, queries=0, unknowns=GatedFFN.unknowns(d, ffn.m, d, bias=False))
     else:
         with run.phase("ffn", absorb=True):
