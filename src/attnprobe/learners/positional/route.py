@@ -27,7 +27,6 @@ from attnprobe.errors import AttnprobeError, RecoveryError, UnidentifiableError
 from attnprobe.learners.core.registry import Option
 from attnprobe.oracles.wrappers import declared_attribute
 from attnprobe.learners.positional.additive import extract_additive
-from attnprobe.learners.positional.bfloat16 import bfloat16_verdict
 from attnprobe.learners.positional.polish import HOOK_ROUNDS, POLISH_MODES, POLISH_TARGET, polish_extraction
 
 #: the position terms a positional learner reads
@@ -142,7 +141,7 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
     polish_extraction(oracle, res, mode=polish, target=polish_target, seed=seed, progress=progress,
                       sequences=polish_sequences or plan.get("sequences"), rounds=plan.get("rounds", HOOK_ROUNDS),
                       relative=plan.get("relative", False))
-    bfloat16_verdict(res)  # the bfloat16 route's result held to its claim
+    claim_verdict(oracle, res)  # a route that claims an error (the bfloat16 route's) held to it
     route = res.details.get("position", kind or "rope")
     if (oracle.eps > FINEST and oracle.noise.exact and kind != "rope" and res.check is not None
             and not res.check.passed):  # an additive bias from coarse answers: refused naming the precision
@@ -159,6 +158,30 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
                      (f": zero-query answers spread {spread:.1e} over the key's position" if spread is not None
                       else "") + ")")
     return res
+
+
+def claim_verdict(oracle, res) -> None:
+    """Hold a route's result, after the polish hook, to the error it claims: a route that puts
+    ``details["claim"] = {"error": e, "norm": n, "cause": …}`` in its result (the bfloat16 RoPE route) is refused
+    in one line naming the answers' precision and the claim when its check (in norm ``n``) is above ``e`` or is not
+    finite, or when the check is in another norm (it would not bound the claim). The functional check's own
+    tolerance at coarse precisions is its cap, 0.1 — it would pass models farther than a route claims."""
+    claim = res.details.get("claim")
+    if claim is None or res.check is None:
+        return
+    bound, norm = float(claim["error"]), claim.get("norm", "rms")
+    route = res.details.get("route", "positional")
+    have = res.check.extra.get("norm", "rms") if isinstance(getattr(res.check, "extra", None), dict) else "rms"
+    if have != norm:
+        raise RecoveryError(f"the {route} route claims its {norm} error but its check measured the {have}: the "
+                            "check does not bound the claim")
+    if not (res.check.error <= bound):
+        polished = " after the polish" if res.details.get("polish", {}).get("ran") else ""
+        cause = f" ({claim['cause']})" if claim.get("cause") else ""
+        raise UnidentifiableError(f"{oracle.precision} answers: the {route} RoPE route's result is "
+                                  f"{res.check.error:.1e} from the answers ({norm} over the checked lengths)"
+                                  f"{polished}, "
+                                  f"above the {bound:.0e} it claims{cause}")
 
 
 def _after(oracle, start: int, first: Exception, why: str, phase: str, **kw):
