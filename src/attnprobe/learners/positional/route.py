@@ -9,6 +9,12 @@ RoPE with q/k biases (Qwen2) also weighs zero-query keys by position (``b_Qᵀ R
 additive route is tried first and RoPE with biases (:func:`~.rope.extract_positional` with ``key_bias``) after it;
 a declared RoPE layer is probed the same way (eight sequences): spread, it is read with biases; else bias-free, and
 with biases when the bias-free learner refuses (a key bias alone leaves zero-query answers flat).
+
+Coarse answers (float32, bfloat16) count as additive only at a spread above ``1e3·√ε`` (0.35 for float32); below it,
+a spread above ``max(ADDITIVE_SIGNAL, 10·ε)`` is RoPE with q/k biases (bias-free RoPE's zero queries weigh every key
+exactly alike: its spread is 0 in any precision, measured; Qwen2 at float32: 0.05 … 0.11), which the float32 route
+reads (:mod:`.coarse_bias`) and the bfloat16 route refuses in one line. A Hugging Face folder declares its biases
+(``qk_biases``): its coarse route reads them without the probe.
 """
 
 from __future__ import annotations
@@ -87,7 +93,10 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
         if kind is None:
             kind = "rope" if found == "rope" else None
             source = "read from the answers"
-    biased = kind == "rope" and found == "additive"
+    # coarse answers' probe counts as additive only far above the rounding (1e3·√ε): a smaller spread still tells
+    # RoPE with q/k biases from bias-free RoPE, whose zero queries weigh every key exactly alike
+    biased = kind == "rope" and (found == "additive" or not fine and spread is not None
+                                 and spread > max(ADDITIVE_SIGNAL, 10 * oracle.eps))
     if biased:
         try:
             res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress, walk=walk,
@@ -109,10 +118,11 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
         try:  # that counts
             res = extract_additive(oracle, heads=heads, seed=seed, check=check, progress=progress)
         except (RecoveryError, UnidentifiableError) as first:
-            if not fine:  # RoPE with q/k biases reads fine answers only: the additive route's cause is the one
+            if not fine:  # from coarse answers a spread this far above the rounding is read as additive only
                 raise type(first)(f"an additive position bias (read from the answers) did not fit these coarse "
-                                  f"answers (rounding {oracle.eps:.1e}; RoPE with q/k biases needs float64 answers, "
-                                  f"not tried): {first}") from first
+                                  f"answers (rounding {oracle.eps:.1e}; zero-query answers spread {spread:.1e}: "
+                                  f"RoPE with q/k biases, read from coarse answers below that spread, not tried): "
+                                  f"{first}") from first
             res = _after(oracle, start, first, "an additive position bias did not fit", "additive tried",
                          heads=heads, seed=seed, check=check, progress=progress, walk=walk)
             _share_groups(res)
