@@ -23,6 +23,10 @@
   linear map, which the unknown FFN behind the norm could absorb). Then every n1 input ``v`` is reachable: the
   token ``K⁻¹(v − c)`` (:meth:`FirstNormInput.token`), tiny ones (``|v| ~ √ε``) inside n1's ball — the door to
   the FFN stage.
+- the lever toward the attention (:func:`pair_curvature`, not a stage yet): the same pair's second order in ``s``
+  carries the heads' logits, ``v₂(s) = K b + c + (s/2) V e + (s²/4) Σ_h β_h V_h e + O(s³)`` with
+  ``β_h = (W_Q,h b + b_Q,h)ᵀ W_K,h e / √d_h`` (the softmax's ``σ(t) = ½ + t/4 + …``): with ``p = ½K⁻¹V e`` and
+  ``r`` the single token's second-order term, ``y₂'' = g''(b)[p, p] + 2 g'(b) r``, both read from answers.
 - ``ffn`` (the FFN behind n2's per-row scale, on n1's ball): **not built**; :func:`refuse` runs the stages above
   and refuses in one line naming it.
 """
@@ -187,6 +191,29 @@ def first_norm_input(answer_rows, centre: FirstNormCentre, rng, points: int = IN
 
 #: the stage the post-norm route stops at
 MISSING_STAGE = "ffn"
+
+
+#: step of :func:`pair_curvature`'s five-point second differences (truncation ``h⁴``, rounding ``1e-16/h²``)
+CURVATURE_STEP = 1e-2
+_FIVE = np.array([-1.0, 16.0, -30.0, 16.0, -1.0]) / 12
+
+
+def pair_curvature(answer_rows, affine: FirstNormInput, b: np.ndarray, e: np.ndarray,
+                   step: float = CURVATURE_STEP) -> np.ndarray:
+    """``Σ_h β_h(b, e) V_h e`` (d,), ``β_h = (W_Q,h b + b_Q,h)ᵀ W_K,h e/√d_h``, up to the span of the token's n1
+    input ``K b + c`` and the ones vector (what ``g'(b)`` is blind to), from the pair ``[b + s e, b]``'s second
+    row at five ``s``, single tokens along ``p = ½K⁻¹(K − I)e`` at five more and ``g'(b)`` (``2d``): ``10 + 2d``
+    queries. The logits' lever toward the attention stage (module docstring)."""
+    b, e = np.asarray(b, dtype=np.float64), np.asarray(e, dtype=np.float64)
+    d, K = b.size, affine.K
+    s = step * np.array([2.0, 1.0, 0.0, -1.0, -2.0])
+    pairs = np.stack([np.stack([b + t * e, b]) for t in s])
+    y2 = _FIVE @ np.asarray(answer_rows(pairs), dtype=np.float64)[:, 1] / step**2
+    p = 0.5 * np.linalg.solve(K, (K - np.eye(d)) @ e)
+    gpp = _FIVE @ _single(answer_rows, b + s[:, None] * p) / step**2
+    J = single_token_jacobian(answer_rows, b, STEP)
+    r = np.linalg.lstsq(J, (y2 - gpp) / 2, rcond=1e-10)[0]
+    return 4 * K @ r
 
 
 def refuse(answer_rows, d: int, ratio: float, seed: int = 0) -> None:
