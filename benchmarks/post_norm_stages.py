@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnprobe.learners.block.post_norm import first_norm_centre, first_norm_input, output_norm
+from attnprobe.learners.block.post_norm import first_norm_centre, first_norm_input, output_norm, pair_curvature
 from attnprobe.oracles.hf_block import block_model, hf_block
 from attnprobe.reports import Table
 from attnprobe.targets.hf import minilm_dir
@@ -81,11 +81,21 @@ def measure(name: str, victim, seed: int = 0) -> list:
         want = v / np.sqrt(np.mean(v**2, axis=1, keepdims=True) + m.eps)
         errs.append(float(np.abs((h - m.norm1_b) / m.norm1_w - want).max()))
     P = np.eye(d) - 1 / d
+    curv = []
+    bq = att.bq if att.bq is not None else np.zeros(att.Wq.shape[:2])
+    for _ in range(2):
+        b, e = rng.standard_normal(d), rng.standard_normal(d)
+        e /= np.linalg.norm(e)
+        beta = [(att.Wq[h] @ b + bq[h]) @ (att.Wk[h] @ e) * att.scale for h in range(att.Wq.shape[0])]
+        want = sum(bh * V @ e for bh, V in zip(beta, att.value_maps()))
+        B = np.stack([K @ b + c, np.ones(d)], axis=1)
+        off = lambda x: x - B @ np.linalg.lstsq(B, x, rcond=None)[0]  # noqa: E731
+        curv.append(_rel(off(pair_curvature(rows, affine, b, e)), off(want)))
     return [name, f"{_rel(w2, m.norm2_w):.1e}, {_rel(b2, m.norm2_b):.1e}",
             f"{centre_error(coarse.centre):.1e} → {centre_error(centre.centre):.1e}",
             f"{np.linalg.norm(_centred(Kn)) / np.linalg.norm(Kn):.1e}",
             f"{_rel(P @ affine.K, P @ K):.1e}, {_rel(P @ affine.c, P @ c):.1e}",
-            " / ".join(f"{e:.0e}" for e in errs),
+            " / ".join(f"{e:.0e}" for e in errs), f"{max(curv):.1e}",
             f"{q_norm:,} + {q_coarse:,} + {q_centre - q_coarse:,} + {q_input:,}", f"{seconds:.2f}"]
 
 
@@ -95,7 +105,8 @@ def main():
     args = ap.parse_args()
     t = Table(["victim", "output norm: w2, b2 (relative)", "centre / √ε: Jacobian rounds → one ray Newton step",
                "K⁻¹1's n1 input off the ones line", "P K, P c (relative)",
-               "ball reached: n1 output error at rms √ε/2, √ε, 2√ε", "single tokens and pairs asked "
+               "ball reached: n1 output error at rms √ε/2, √ε, 2√ε",
+               "pair curvature Σ_h β_h V_h e mod (K b + c, 1), worst of 2 (relative)", "single tokens and pairs asked "
                "(norm + rounds + Newton + input)", "seconds (all stages, the centre twice)"])
     with tempfile.TemporaryDirectory() as tmp:
         for d, heads in ((16, 2), (32, 4)):
