@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnprobe.learners.block.post_norm import first_norm_centre, first_norm_input, output_norm, pair_curvature
+from attnprobe.learners.block.post_norm import (first_norm_centre, first_norm_input, logit_value_matrix,
+                                                output_norm, pair_curvature)
 from attnprobe.oracles.hf_block import block_model, hf_block
 from attnprobe.reports import Table
 from attnprobe.targets.hf import minilm_dir
@@ -91,11 +92,20 @@ def measure(name: str, victim, seed: int = 0) -> list:
         B = np.stack([K @ b + c, np.ones(d)], axis=1)
         off = lambda x: x - B @ np.linalg.lstsq(B, x, rcond=None)[0]  # noqa: E731
         curv.append(_rel(off(pair_curvature(rows, affine, b, e)), off(want)))
+    mix = "not run (d² + d unknowns)"
+    if d <= 64:
+        t1, before = time.perf_counter(), rows.queries
+        e = rng.standard_normal(d)
+        e /= np.linalg.norm(e)
+        A, _ = logit_value_matrix(rows, affine, e, rng)
+        ell = [att.scale * att.Wq[h].T @ (att.Wk[h] @ e) for h in range(att.Wq.shape[0])]
+        want = P @ sum(np.outer(V @ e, lh) for V, lh in zip(att.value_maps(), ell))
+        mix = f"{_rel(A, want):.1e} ({rows.queries - before:,} queries, {time.perf_counter() - t1:.1f} s)"
     return [name, f"{_rel(w2, m.norm2_w):.1e}, {_rel(b2, m.norm2_b):.1e}",
             f"{centre_error(coarse.centre):.1e} → {centre_error(centre.centre):.1e}",
             f"{np.linalg.norm(_centred(Kn)) / np.linalg.norm(Kn):.1e}",
             f"{_rel(P @ affine.K, P @ K):.1e}, {_rel(P @ affine.c, P @ c):.1e}",
-            " / ".join(f"{e:.0e}" for e in errs), f"{max(curv):.1e}",
+            " / ".join(f"{e:.0e}" for e in errs), f"{max(curv):.1e}", mix,
             f"{q_norm:,} + {q_coarse:,} + {q_centre - q_coarse:,} + {q_input:,}", f"{seconds:.2f}"]
 
 
@@ -106,8 +116,10 @@ def main():
     t = Table(["victim", "output norm: w2, b2 (relative)", "centre / √ε: Jacobian rounds → one ray Newton step",
                "K⁻¹1's n1 input off the ones line", "P K, P c (relative)",
                "ball reached: n1 output error at rms √ε/2, √ε, 2√ε",
-               "pair curvature Σ_h β_h V_h e mod (K b + c, 1), worst of 2 (relative)", "single tokens and pairs asked "
-               "(norm + rounds + Newton + input)", "seconds (all stages, the centre twice)"])
+               "pair curvature Σ_h β_h V_h e mod (K b + c, 1), worst of 2 (relative)",
+               "logit_value_matrix P Σ_h (V_h e)(W_Q,hᵀW_K,h e)ᵀ/√d_h, one e (relative)",
+               "single tokens and pairs asked (norm + rounds + Newton + input)",
+               "seconds (the stages, the centre twice)"])
     with tempfile.TemporaryDirectory() as tmp:
         for d, heads in ((16, 2), (32, 4)):
             t.add(*measure(f"BertLayer d = {d}, {heads} heads, FFN {2 * d}",

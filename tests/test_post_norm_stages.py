@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 from attnprobe.errors import UnidentifiableError  # noqa: E402
 from attnprobe.learners.block.post_norm import (first_norm_centre, first_norm_input, output_norm,  # noqa: E402
-                                                pair_curvature, refuse)  # noqa: E402
+                                                logit_value_matrix, pair_curvature, refuse)  # noqa: E402
 from attnprobe.oracles.hf_block import block_model, hf_block, oracle_from_hf_block  # noqa: E402
 from hf_models import tiny_bert_dir  # noqa: E402
 
@@ -125,6 +125,25 @@ def test_pair_curvature_reads_the_heads_logit_weighted_values(tmp_path):
         want = _off_span(_heads_mix(m, b, e), B)
         assert np.linalg.norm(_off_span(got, B) - want) <= 1e-6 * np.linalg.norm(want)
         assert np.linalg.norm(want) > 0.1 * np.linalg.norm(_heads_mix(m, b, e))
+
+
+def test_logit_value_matrix_is_the_heads_rank_h_matrix_for_one_direction(tmp_path):
+    """``P Σ_h (V_h e)(W_Q,hᵀ W_K,h e)ᵀ/√d_h`` and its bias part, against the truth (measured 1.6e-7 at d = 16)."""
+    oracle, m = _bert_oracle(tmp_path)
+    rng = np.random.default_rng(1)
+    affine = first_norm_input(oracle.answer_rows, first_norm_centre(oracle.answer_rows, m.d, rng), rng)
+    att, P = m.attention, np.eye(m.d) - 1 / m.d
+    e = rng.standard_normal(m.d)
+    e /= np.linalg.norm(e)
+    A, a = logit_value_matrix(oracle.answer_rows, affine, e, rng)
+    V, H = att.value_maps(), att.Wq.shape[0]
+    ell = [att.scale * att.Wq[h].T @ (att.Wk[h] @ e) for h in range(H)]
+    A_true = P @ sum(np.outer(V[h] @ e, ell[h]) for h in range(H))
+    a_true = P @ sum(V[h] @ e * (att.scale * att.bq[h] @ (att.Wk[h] @ e)) for h in range(H))
+    assert np.linalg.norm(A - A_true) <= 1e-5 * np.linalg.norm(A_true)
+    assert np.linalg.norm(a - a_true) <= 1e-5 * np.linalg.norm(a_true)
+    sv = np.linalg.svd(A, compute_uv=False)
+    assert sv[H] <= 1e-5 * sv[0] < sv[H - 1]  # rank H: the gauge γK taken off
 
 
 def test_the_block_learner_refuses_a_post_norm_block_at_the_ffn_stage(tmp_path):

@@ -26,7 +26,9 @@
 - the lever toward the attention (:func:`pair_curvature`, not a stage yet): the same pair's second order in ``s``
   carries the heads' logits, ``v₂(s) = K b + c + (s/2) V e + (s²/4) Σ_h β_h V_h e + O(s³)`` with
   ``β_h = (W_Q,h b + b_Q,h)ᵀ W_K,h e / √d_h`` (the softmax's ``σ(t) = ½ + t/4 + …``): with ``p = ½K⁻¹V e`` and
-  ``r`` the single token's second-order term, ``y₂'' = g''(b)[p, p] + 2 g'(b) r``, both read from answers.
+  ``r`` the single token's second-order term, ``y₂'' = g''(b)[p, p] + 2 g'(b) r``, both read from answers;
+  :func:`logit_value_matrix` fits it, affine in b, over d + 8 tokens b: the rank-H matrix
+  ``Σ_h (V_h e)(W_Q,hᵀ W_K,h e)ᵀ/√d_h`` for one direction e.
 - ``ffn`` (the FFN behind n2's per-row scale, on n1's ball): **not built**; :func:`refuse` runs the stages above
   and refuses in one line naming it.
 """
@@ -231,6 +233,30 @@ def pair_curvature(answer_rows, affine: FirstNormInput, b: np.ndarray, e: np.nda
     J = single_token_jacobian(answer_rows, b, STEP)
     r = np.linalg.lstsq(J, (y2 - gpp) / 2, rcond=1e-10)[0]
     return 4 * K @ r
+
+
+def logit_value_matrix(answer_rows, affine: FirstNormInput, e: np.ndarray, rng, points: int | None = None):
+    """``(P A_e, P a_e)`` with ``A_e = Σ_h (V_h e)(ℓ_h(e))ᵀ``, ``ℓ_h(e) = W_Q,hᵀ W_K,h e/√d_h`` (rank H: the heads'
+    value directions and logit forms) and ``a_e = Σ_h V_h e (b_Q,hᵀ W_K,h e)/√d_h``: :func:`pair_curvature` is
+    ``A_e b + a_e`` up to ``γ_b (K b + c) + δ_b 1``, so over ``points`` tokens b (default d + 8) the centred
+    ``Π_b(A_e b + a_e) = Π_b·curvature`` (``Π_b`` off that span) fixes ``(A_e, a_e)`` up to ``γ(K, c)`` and the ones
+    gauge; γ is where ``A_e + γK`` drops to its rank: the repeated eigenvalue (``d − H`` of d) of
+    ``(PK)⁺ P A_e``, read as the median. ``points·(10 + 2d)`` queries; a dense least squares over ``d² + d``
+    unknowns, so small d only (MiniLM's 147,840 would need ``γ_b, δ_b`` eliminated instead: not built)."""
+    K, c = affine.K, affine.c
+    d = K.shape[0]
+    e = np.asarray(e, dtype=np.float64)
+    rows, rhs = [], []
+    for b in rng.standard_normal((points or d + 8, d)):
+        Q = np.linalg.qr(np.stack([K @ b + c, np.ones(d)], axis=1))[0]
+        Pi = np.eye(d) - Q @ Q.T
+        rows.append(np.hstack([Pi @ np.kron(b[None], np.eye(d)), Pi]))
+        rhs.append(Pi @ pair_curvature(answer_rows, affine, b, e))
+    sol = np.linalg.lstsq(np.concatenate(rows), np.concatenate(rhs), rcond=1e-12)[0]
+    A, a = sol[:d * d].reshape(d, d, order="F"), sol[d * d:]
+    P = np.eye(d) - 1.0 / d
+    gamma = -float(np.median(np.linalg.eigvals(np.linalg.pinv(P @ K) @ P @ A).real))
+    return P @ (A + gamma * K), P @ (a + gamma * c)
 
 
 def refuse(answer_rows, d: int, ratio: float, seed: int = 0) -> None:
