@@ -14,12 +14,13 @@ from attnprobe.oracles.hf_block import block_model, hf_block, oracle_from_hf_blo
 from hf_models import tiny_bert_dir  # noqa: E402
 
 
-def _bert_oracle(tmp_path, d=16, layers=2):
-    """An oracle on layer 1 of a random ``BertModel`` (attention biases random) with its norms moved off 1 and 0
-    (written back to its folder), and the layer's true model."""
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory):
+    """A random ``BertModel`` (d = 16, 2 heads, attention biases random) with its norms moved off 1 and 0, written
+    to its folder once for the module."""
     from transformers import BertModel
 
-    folder = tiny_bert_dir(tmp_path / "bert", hidden=d, heads=2, layers=layers)
+    folder = tiny_bert_dir(tmp_path_factory.mktemp("post_norm") / "bert", hidden=16, heads=2)
     model = BertModel.from_pretrained(folder)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -27,6 +28,11 @@ def _bert_oracle(tmp_path, d=16, layers=2):
             if "LayerNorm" in name:
                 p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
     model.save_pretrained(folder)
+    return folder
+
+
+def _bert_oracle(folder):
+    """A fresh oracle on layer 1 of the folder's model, and the layer's true model."""
     return oracle_from_hf_block(folder, 1), block_model(hf_block(folder, 1))
 
 
@@ -44,8 +50,8 @@ def _centre_error(m, x):
     return float(np.sqrt(np.mean((v - v.mean()) ** 2)) / np.sqrt(m.eps))
 
 
-def test_output_norm_stage_reads_the_last_layernorm(tmp_path):
-    oracle, m = _bert_oracle(tmp_path)
+def test_output_norm_stage_reads_the_last_layernorm(bert_folder):
+    oracle, m = _bert_oracle(bert_folder)
     w, b = output_norm(oracle.answer_rows, m.d, np.random.default_rng(0))
     assert oracle.queries == 4 * (m.d + 3)
     assert np.abs(m.norm2_w - 1).max() > 0.1 and m.norm2_w.sum() > 0
@@ -53,11 +59,11 @@ def test_output_norm_stage_reads_the_last_layernorm(tmp_path):
     assert np.abs(b - m.norm2_b).max() <= 1e-9 * np.abs(m.norm2_b).max()
 
 
-def test_first_norm_centre_puts_n1s_input_inside_its_ball(tmp_path):
+def test_first_norm_centre_puts_n1s_input_inside_its_ball(bert_folder):
     """The centre's n1 input is 0 up to the ones vector to far below √ε (measured 9e-8 of it at d = 16; the
     Jacobian rounds alone 1.4e-4, no Newton step along rays: 1e-4 … 1e-3), and the direction left free is
     ``K⁻¹1``."""
-    oracle, m = _bert_oracle(tmp_path)
+    oracle, m = _bert_oracle(bert_folder)
     K, c = _value_affine(m)
     assert np.sqrt(np.mean((c - c.mean()) ** 2)) > 0.1  # the value and output biases move the centre off 0
     coarse = first_norm_centre(oracle.answer_rows, m.d, np.random.default_rng(1), newton=(1.0, 0))
@@ -75,10 +81,10 @@ def test_first_norm_centre_puts_n1s_input_inside_its_ball(tmp_path):
     assert np.abs(y[0] - y[1]).max() <= 1e-9 * np.abs(y[0]).max()
 
 
-def test_first_norm_input_reads_the_value_map_and_bias_up_to_the_ones_gauge(tmp_path):
+def test_first_norm_input_reads_the_value_map_and_bias_up_to_the_ones_gauge(bert_folder):
     """``K = I + Σ_h V_h`` and ``c`` centred to ~1e-9 (measured 2.5e-9 at d = 16); tokens ``K⁻¹(v − c)`` then
     reach n1 inputs ``v`` of size √ε to ~1e-5 of it."""
-    oracle, m = _bert_oracle(tmp_path)
+    oracle, m = _bert_oracle(bert_folder)
     K, c = _value_affine(m)
     rng = np.random.default_rng(1)
     centre = first_norm_centre(oracle.answer_rows, m.d, rng)
@@ -108,10 +114,10 @@ def _off_span(x, B):
     return x - B @ np.linalg.lstsq(B, x, rcond=None)[0]
 
 
-def test_pair_curvature_reads_the_heads_logit_weighted_values(tmp_path):
+def test_pair_curvature_reads_the_heads_logit_weighted_values(bert_folder):
     """Up to the span of ``K b + c`` and 1 (what ``g'(b)`` is blind to): measured 1e-8 … 2e-7 at d = 16 (7e-7 on
     MiniLM layer 2: benchmarks/post_norm_stages.py)."""
-    oracle, m = _bert_oracle(tmp_path)
+    oracle, m = _bert_oracle(bert_folder)
     rng = np.random.default_rng(1)
     affine = first_norm_input(oracle.answer_rows, first_norm_centre(oracle.answer_rows, m.d, rng), rng)
     K, c = _value_affine(m)
@@ -127,9 +133,9 @@ def test_pair_curvature_reads_the_heads_logit_weighted_values(tmp_path):
         assert np.linalg.norm(want) > 0.1 * np.linalg.norm(_heads_mix(m, b, e))
 
 
-def test_logit_value_matrix_is_the_heads_rank_h_matrix_for_one_direction(tmp_path):
+def test_logit_value_matrix_is_the_heads_rank_h_matrix_for_one_direction(bert_folder):
     """``P Σ_h (V_h e)(W_Q,hᵀ W_K,h e)ᵀ/√d_h`` and its bias part, against the truth (measured 1.6e-7 at d = 16)."""
-    oracle, m = _bert_oracle(tmp_path)
+    oracle, m = _bert_oracle(bert_folder)
     rng = np.random.default_rng(1)
     affine = first_norm_input(oracle.answer_rows, first_norm_centre(oracle.answer_rows, m.d, rng), rng)
     att, P = m.attention, np.eye(m.d) - 1 / m.d
@@ -146,10 +152,10 @@ def test_logit_value_matrix_is_the_heads_rank_h_matrix_for_one_direction(tmp_pat
     assert sv[H] <= 1e-5 * sv[0] < sv[H - 1]  # rank H: the gauge γK taken off
 
 
-def test_the_block_learner_refuses_a_post_norm_block_at_the_ffn_stage(tmp_path):
+def test_the_block_learner_refuses_a_post_norm_block_at_the_ffn_stage(bert_folder):
     from attnprobe.learners.block.learner import extract_block
 
-    oracle, m = _bert_oracle(tmp_path)
+    oracle, m = _bert_oracle(bert_folder)
     with pytest.raises(UnidentifiableError) as exc:
         extract_block(oracle, heads=2)
     msg = str(exc.value)
