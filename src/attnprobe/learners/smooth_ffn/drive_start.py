@@ -1,0 +1,221 @@
+"""A start for the smooth learner's factors read far from the origin, where a plain FFN is nearly piecewise linear.
+
+``σ(R z + b) / R → relu(z)`` as R grows (GELU and SiLU alike), so on a circle of radius R in the plane of two of
+the C unit directions ``u_a, u_b``, ``x(θ) = R (u_a cos θ + u_b sin θ)``, the answers are ``Σ_i w2_i
+relu(α_ia cos θ + α_ib sin θ)·R`` (``α_i = U w1_i``) plus terms of order 1: every neuron bends the answers at the
+two angles where ``α_ia cos θ + α_ib sin θ = 0``, and there the second difference along θ is ``+w2_i`` times its
+slope jump (convex: always positive). Sampled at N angles, each bend shows in one or two samples; the vector names
+the neuron (``w2_i``'s direction), the centroid of the samples' weights its angle ``θ`` to a fraction of a
+sample. Each angle is one linear equation ``α_ia cos θ + α_ib sin θ = 0`` on the neuron's C projections; over
+the circles of all pairs (a, b) they fix ``α_i`` up to a factor, and ``w2_i ⊗ α_i`` is the learner's factor
+(:mod:`.decompose`) without inverting any slice. The answers' rounding is relative, so float32 answers lose
+nothing by the drive: a bend's angle is read to ~1e-5 rad whatever R.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: a sample bends when its second difference exceeds this many times the rounding's (its norm over K outputs at the
+#: quietest :data:`QUIET` share of the samples)
+BEND_FLOOR, QUIET = 2.5, 0.1
+#: bends this many times the rounding or stronger found the neurons; weaker ones join the neuron they point to
+STRONG = 10.0
+#: ... when their output direction is this close to it (cosine) and no other neuron's within 0.6
+WEAK_OUTPUT = 0.8
+#: a run of bending samples is one bend when its second singular value is below this share of the first
+ONE_BEND = 0.15
+#: a bend joins a neuron when its output direction is this close (cosine) to the neuron's
+SAME_OUTPUT = 0.95
+#: a neuron keeps the bends whose equation its solution meets within this (sine of the angle)
+AGREE = 2e-2
+#: two groups whose projections agree this well (|cos|) and whose output directions are related are one neuron
+SAME_PROJECTIONS = 1 - 1e-7
+#: singular values of a neuron's equations below this share of the largest span its null space (the answers read
+#: the angles to ~1e-6)
+NULL = 1e-3
+#: ... and the first C entries of that null space are one line when its second singular value is below this share
+#: of its first
+OPEN = 1e-2
+
+
+def circle(U: np.ndarray, a: int, b: int, radius: float, samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """The angles ``(N,)`` and the points ``(N, d)`` of the circle of ``radius`` in the plane ``(u_a, u_b)``."""
+    theta = 2 * np.pi * np.arange(samples) / samples
+    return theta, radius * (np.cos(theta)[:, None] * U[a] + np.sin(theta)[:, None] * U[b])
+
+
+def bends(Y: np.ndarray) -> list[tuple[float, np.ndarray, float]]:
+    """The bends of periodic answers ``Y`` ``(N, K)`` sampled at ``2π j / N``: ``(angle, summed second difference,
+    its norm over the rounding's)`` for every run of bending samples that is one bend (rank one); runs that mix two
+    bends are left out. The rounding's norm over K outputs hardly varies from sample to sample, so a floor a few
+    times it finds weak bends without false ones."""
+    N = Y.shape[0]
+    # the second difference of a sinusoid cos(θ − φ) is 2(cos δ − 1) times itself: so this one is 0 between bends
+    D = np.roll(Y, -1, axis=0) - 2 * np.cos(2 * np.pi / N) * Y + np.roll(Y, 1, axis=0)
+    norms = np.linalg.norm(D, axis=1)
+    noise = float(np.quantile(norms, QUIET))
+    hot = norms > BEND_FLOOR * noise
+    if not hot.any():
+        return []
+    if hot.all():
+        return []
+    start = int(np.flatnonzero(~hot)[0])  # runs in circular order, from a quiet sample
+    order = (np.arange(N) + start) % N
+    runs: list[list[int]] = []
+    prev = None
+    for j in order[hot[order]]:
+        pos = (j - start) % N
+        if prev is not None and pos - prev <= 1:
+            runs[-1].append(int(j))
+        else:
+            runs.append([int(j)])
+        prev = pos
+    out = []
+    for run in runs:
+        js = [(run[0] - 1) % N, *run, (run[-1] + 1) % N]  # a neighbour each side: a bend's share below the floor
+        R = D[js]
+        _, s, vt = np.linalg.svd(R, full_matrices=False)
+        if len(s) > 1 and s[1] > ONE_BEND * s[0] and s[1] > BEND_FLOOR * noise:
+            continue
+        v = vt[0] if vt[0] @ R.sum(0) > 0 else -vt[0]
+        w = np.clip(R @ v, 0, None)
+        pos = np.arange(len(js)) + (run[0] - 1)
+        out.append((float(2 * np.pi * (w @ pos) / w.sum() / N) % (2 * np.pi), R.sum(0),
+                    float(np.linalg.norm(R.sum(0)) / noise)))
+    return out
+
+
+def neurons_from_bends(found: list[tuple[int, int, float, np.ndarray, float]], M: int,
+                       C: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """Group bends ``(a, b, angle, vector, strength)`` on M directions by their output direction and solve each group's
+    equations ``α_a cos θ + α_b sin θ = 0``: unit output directions ``(K, n)``, unit projections on the first C
+    directions ``α`` ``(C, n)`` (a neuron whose equations leave them open is dropped), the bends each rests on
+    ``(n,)`` and counts."""
+    groups: list[list[int]] = []
+    cent: list[np.ndarray] = []
+    dirs = np.array([v / np.linalg.norm(v) for _, _, _, v, _ in found])
+    snr = np.array([q for *_, q in found])
+    for i in np.flatnonzero(snr >= STRONG):
+        s = dirs[i]
+        if cent:
+            Cm = np.array(cent)
+            cos = (Cm @ s) / np.linalg.norm(Cm, axis=1)
+            j = int(np.argmax(cos))
+            if cos[j] > SAME_OUTPUT:
+                groups[j].append(int(i))
+                cent[j] = cent[j] + s
+                continue
+        groups.append([int(i)])
+        cent.append(s.copy())
+    weak = np.flatnonzero(snr < STRONG)
+    if cent and len(weak):
+        Cm = np.array(cent)
+        cos = (dirs[weak] @ Cm.T) / np.linalg.norm(Cm, axis=1)
+        top = np.sort(cos, axis=1)
+        for r, i in enumerate(weak):
+            if top[r, -1] > WEAK_OUTPUT and (top.shape[1] < 2 or top[r, -2] < 0.6):
+                groups[int(np.argmax(cos[r]))].append(int(i))
+    W2, alpha, support, kept, dropped = [], [], [], 0, 0
+    queue = [np.array(g) for g in groups]
+    while queue:
+        g = queue.pop()
+        E = np.zeros((len(g), M))
+        for r, i in enumerate(g):
+            a, b, th, _, _ = found[i]
+            E[r, a], E[r, b] = np.cos(th), np.sin(th)
+        ok = _agreeing(E)
+        al = _projections(E[ok], C)
+        if al is None:
+            dropped += 1
+            continue
+        if not ok.all():  # a second neuron with nearly the same output direction: its bends are tried on their own
+            queue.append(g[~ok])
+        W2.append(_output_direction(dirs[g[ok]]))
+        alpha.append(al)
+        support.append(int(ok.sum()))
+        kept += int(ok.sum())
+    W2, alpha, support, merged = _merged(W2, alpha, support)
+    details = {"bends": len(found), "bend_groups": len(groups), "groups_dropped": dropped, "bends_used": kept,
+               "groups_merged": merged}
+    if not W2:
+        return np.zeros((dirs.shape[1] if len(dirs) else 0, 0)), np.zeros((C, 0)), np.zeros(0), details
+    return np.array(W2).T, np.array(alpha).T, np.array(support), details
+
+
+def drive_factors(ask, U: np.ndarray, C: int, radius: float, samples: int) -> tuple[np.ndarray, dict]:
+    """The factors ``w2_i ⊗ (U[:C] w1_i)`` ``(K·C, n)`` (unit columns, the layout of
+    :func:`.decompose.split_factors`), the best-supported first, from the bends on the circles of every pair of the
+    directions ``U`` (``(M, d)``, M ≥ C: the rows past C only add circles), ``samples`` answers each."""
+    M = U.shape[0]
+    found = []
+    for a in range(M):
+        for b in range(a + 1, M):
+            theta, X = circle(U, a, b, radius, samples)
+            for th, v, q in bends(ask(X)):
+                found.append((a, b, th, v, q))
+    W2, alpha, support, details = neurons_from_bends(found, M, C)
+    order = np.argsort(-support, kind="stable")
+    A = np.einsum("kn,cn->kcn", W2[:, order], alpha[:, order]).reshape(W2.shape[0] * C, -1)
+    return A / np.linalg.norm(A, axis=0), details
+
+
+def circles(M: int) -> int:
+    """Circles :func:`drive_factors` reads on M directions (one per pair)."""
+    return M * (M - 1) // 2
+
+
+def _output_direction(S: np.ndarray) -> np.ndarray:
+    """The common direction of unit vectors ``S`` ``(n, K)``, those that stray (a weaker bend within the run) left
+    out: the mean of the half closest to the first mean."""
+    v = S.mean(0)
+    cos = S @ (v / np.linalg.norm(v))
+    keep = cos >= np.median(cos)
+    v = S[keep].mean(0)
+    return v / np.linalg.norm(v)
+
+
+def _agreeing(E: np.ndarray, rounds: int = 3) -> np.ndarray:
+    """The equations (rows of E, unit-norm) that one null vector meets within :data:`AGREE`: solved on all, then
+    again on those it meets (another neuron's bends pull the first solution; a few rounds let it settle)."""
+    ok = np.ones(len(E), bool)
+    for _ in range(rounds):
+        if ok.sum() < 2:
+            break
+        al = np.linalg.svd(E[ok])[2][-1]
+        new = np.abs(E @ al) < AGREE
+        if (new == ok).all() or new.sum() < 2:
+            break
+        ok = new
+    return ok
+
+
+def _projections(E: np.ndarray, C: int) -> np.ndarray | None:
+    """The unit vector of the first C entries of E's null space when that is one line, else None (the equations
+    leave them open: too few circles saw the neuron)."""
+    M = E.shape[1]
+    if len(E) == 0:
+        return None
+    _, s, vt = np.linalg.svd(E)
+    null = vt[np.concatenate([s, np.zeros(M - len(s))]) < NULL * max(s[0], 1e-300)]
+    if len(null) == 0:
+        return None
+    u, sv, _ = np.linalg.svd(null[:, :C].T, full_matrices=False)
+    if sv[0] < OPEN or (len(sv) > 1 and sv[1] > OPEN * sv[0]):
+        return None
+    return u[:, 0]
+
+
+def _merged(W2: list, alpha: list, support: list) -> tuple[list, list, list, int]:
+    """Groups that are one neuron (the same projections to :data:`SAME_PROJECTIONS`, a related output direction:
+    a bend whose vector a close neighbour bent away from the rest) kept once, the best supported."""
+    if not W2:
+        return W2, alpha, support, 0
+    order = np.argsort(-np.array(support), kind="stable")
+    Al, W = np.array(alpha), np.array(W2)
+    keep: list[int] = []
+    for i in order:
+        if any(abs(Al[i] @ Al[j]) > SAME_PROJECTIONS and W[i] @ W[j] > 0.5 for j in keep):
+            continue
+        keep.append(int(i))
+    return [W2[i] for i in keep], [alpha[i] for i in keep], [support[i] for i in keep], len(W2) - len(keep)
