@@ -29,6 +29,9 @@ ONE_BEND = 0.15
 SAME_OUTPUT = 0.95
 #: a neuron keeps the bends whose equation its solution meets within this (sine of the angle)
 AGREE = 2e-2
+#: a run mixing bends is read as at most this many of them, the output directions whose projection on its row space
+#: is at least IN_RUN
+MAX_MIXED, IN_RUN = 3, 0.9
 #: two groups whose projections agree this well (|cos|) and whose output directions are related are one neuron
 SAME_PROJECTIONS = 1 - 1e-7
 #: singular values of a neuron's equations below this share of the largest span its null space (the answers read
@@ -45,21 +48,29 @@ def circle(U: np.ndarray, a: int, b: int, radius: float, samples: int) -> tuple[
     return theta, radius * (np.cos(theta)[:, None] * U[a] + np.sin(theta)[:, None] * U[b])
 
 
-def bends(Y: np.ndarray) -> list[tuple[float, np.ndarray, float]]:
+def bend_floor(N: int, K: int) -> float:
+    """The floor of a bend over the rounding's norm at the :data:`QUIET` quantile: :data:`BEND_FLOOR`, or for few
+    outputs the largest of N such norms (a chi distribution with K degrees: ``√K + √(2 ln N)`` against
+    ``√K − 0.9`` at the 10 % quantile) with a third to spare (16-48-16 at N = 4096: a floor of 2.5 let 540 false
+    bends through)."""
+    rk = np.sqrt(K)
+    return max(BEND_FLOOR, 1.3 * (rk + 1.5 * np.sqrt(2 * np.log(N))) / max(rk - 0.9, 0.1))
+
+
+def bends(Y: np.ndarray) -> tuple[list[tuple[float, np.ndarray, float]], list[tuple[int, np.ndarray, float]]]:
     """The bends of periodic answers ``Y`` ``(N, K)`` sampled at ``2π j / N``: ``(angle, summed second difference,
-    its norm over the rounding's)`` for every run of bending samples that is one bend (rank one); runs that mix two
-    bends are left out. The rounding's norm over K outputs hardly varies from sample to sample, so a floor a few
-    times it finds weak bends without false ones."""
+    its norm over the rounding's)`` for every run of bending samples that is one bend (rank one), and the runs that
+    mix several ``(first sample, second differences (L, K), rounding)`` (:func:`mixed_bends` reads them once the
+    neurons' output directions are known). The rounding's norm over K outputs hardly varies from sample to sample,
+    so a floor a few times it finds weak bends without false ones."""
     N = Y.shape[0]
     # the second difference of a sinusoid cos(θ − φ) is 2(cos δ − 1) times itself: so this one is 0 between bends
     D = np.roll(Y, -1, axis=0) - 2 * np.cos(2 * np.pi / N) * Y + np.roll(Y, 1, axis=0)
     norms = np.linalg.norm(D, axis=1)
     noise = float(np.quantile(norms, QUIET))
-    hot = norms > BEND_FLOOR * noise
-    if not hot.any():
-        return []
-    if hot.all():
-        return []
+    hot = norms > bend_floor(*Y.shape) * noise
+    if not hot.any() or hot.all():
+        return [], []
     start = int(np.flatnonzero(~hot)[0])  # runs in circular order, from a quiet sample
     order = (np.arange(N) + start) % N
     runs: list[list[int]] = []
@@ -71,27 +82,27 @@ def bends(Y: np.ndarray) -> list[tuple[float, np.ndarray, float]]:
         else:
             runs.append([int(j)])
         prev = pos
-    out = []
+    out, mixed = [], []
     for run in runs:
         js = [(run[0] - 1) % N, *run, (run[-1] + 1) % N]  # a neighbour each side: a bend's share below the floor
         R = D[js]
         _, s, vt = np.linalg.svd(R, full_matrices=False)
-        if len(s) > 1 and s[1] > ONE_BEND * s[0] and s[1] > BEND_FLOOR * noise:
+        if len(s) > 1 and s[1] > ONE_BEND * s[0] and s[1] > bend_floor(*Y.shape) * noise:
+            mixed.append((run[0] - 1, R, noise * bend_floor(*Y.shape)))
             continue
         v = vt[0] if vt[0] @ R.sum(0) > 0 else -vt[0]
         w = np.clip(R @ v, 0, None)
         pos = np.arange(len(js)) + (run[0] - 1)
         out.append((float(2 * np.pi * (w @ pos) / w.sum() / N) % (2 * np.pi), R.sum(0),
                     float(np.linalg.norm(R.sum(0)) / noise)))
-    return out
+    return out, mixed
 
 
-def neurons_from_bends(found: list[tuple[int, int, float, np.ndarray, float]], M: int,
-                       C: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
-    """Group bends ``(a, b, angle, vector, strength)`` on M directions by their output direction and solve each group's
-    equations ``α_a cos θ + α_b sin θ = 0``: unit output directions ``(K, n)``, unit projections on the first C
-    directions ``α`` ``(C, n)`` (a neuron whose equations leave them open is dropped), the bends each rests on
-    ``(n,)`` and counts."""
+def group_bends(found: list[tuple[int, int, float, np.ndarray, float]]) -> tuple[list[list[int]], np.ndarray]:
+    """Bends ``(a, b, angle, vector, strength)`` grouped by their output direction: the strong ones
+    (:data:`STRONG`) found the groups (cosine above :data:`SAME_OUTPUT` to a group's mean joins it), the weak ones
+    join the group they clearly point to. Returns the groups (indices into ``found``) and their unit directions
+    ``(K, groups)``."""
     groups: list[list[int]] = []
     cent: list[np.ndarray] = []
     dirs = np.array([v / np.linalg.norm(v) for _, _, _, v, _ in found])
@@ -108,14 +119,51 @@ def neurons_from_bends(found: list[tuple[int, int, float, np.ndarray, float]], M
                 continue
         groups.append([int(i)])
         cent.append(s.copy())
+    if not cent:
+        return [], np.zeros((dirs.shape[1] if len(dirs) else 0, 0))
+    Cm = np.array(cent)
+    Cm /= np.linalg.norm(Cm, axis=1, keepdims=True)
     weak = np.flatnonzero(snr < STRONG)
-    if cent and len(weak):
-        Cm = np.array(cent)
-        cos = (dirs[weak] @ Cm.T) / np.linalg.norm(Cm, axis=1)
+    if len(weak):
+        cos = dirs[weak] @ Cm.T
         top = np.sort(cos, axis=1)
         for r, i in enumerate(weak):
             if top[r, -1] > WEAK_OUTPUT and (top.shape[1] < 2 or top[r, -2] < 0.6):
                 groups[int(np.argmax(cos[r]))].append(int(i))
+    return groups, Cm.T
+
+
+def mixed_bends(N: int, first: int, R: np.ndarray, floor: float, atoms: np.ndarray) -> list[tuple[int, float, float]]:
+    """A run of second differences ``R`` ``(L, K)`` (from sample ``first`` of N) that mixes several bends, read
+    as the known output directions ``atoms`` ``(K, n)`` closest to its row space: ``(atom, angle, strength over
+    the floor)`` for each bend the least-squares weights show above the bend ``floor``; none when the atoms do not
+    explain it."""
+    _, s, vt = np.linalg.svd(R, full_matrices=False)
+    r = int(min(MAX_MIXED, np.sum(s > floor)))
+    if r < 2 or atoms.shape[1] < r:
+        return []
+    proj = np.linalg.norm(vt[:r] @ atoms, axis=0)
+    cand = np.argsort(-proj)[:r]
+    if proj[cand[-1]] < IN_RUN:
+        return []
+    Wt = np.linalg.lstsq(atoms[:, cand], R.T, rcond=None)[0]  # (r, L)
+    if np.linalg.norm(R.T - atoms[:, cand] @ Wt) > floor * np.sqrt(len(R)):
+        return []
+    out = []
+    pos = np.arange(len(R)) + first
+    for c, w in zip(cand, np.clip(Wt, 0, None)):
+        if w.sum() > floor:
+            out.append((int(c), float(2 * np.pi * (w @ pos) / w.sum() / N) % (2 * np.pi), float(w.sum() / floor)))
+    return out
+
+
+def solve_groups(found: list[tuple[int, int, float, np.ndarray, float]], groups: list[list[int]], M: int,
+                 C: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """Each group's equations ``α_a cos θ + α_b sin θ = 0`` solved: unit output directions ``(K, n)``, unit
+    projections on the first C directions ``α`` ``(C, n)`` (a neuron whose equations leave them open is dropped),
+    the bends each rests on ``(n,)`` and counts; bends its solution misses form a group of their own (a second
+    neuron with nearly the same output direction)."""
+    dirs = np.array([v / np.linalg.norm(v) for _, _, _, v, _ in found])
     W2, alpha, support, kept, dropped = [], [], [], 0, 0
     queue = [np.array(g) for g in groups]
     while queue:
@@ -136,7 +184,7 @@ def neurons_from_bends(found: list[tuple[int, int, float, np.ndarray, float]], M
         support.append(int(ok.sum()))
         kept += int(ok.sum())
     W2, alpha, support, merged = _merged(W2, alpha, support)
-    details = {"bends": len(found), "bend_groups": len(groups), "groups_dropped": dropped, "bends_used": kept,
+    details = {"bend_groups": len(groups), "groups_dropped": dropped, "bends_used": kept,
                "groups_merged": merged}
     if not W2:
         return np.zeros((dirs.shape[1] if len(dirs) else 0, 0)), np.zeros((C, 0)), np.zeros(0), details
@@ -148,13 +196,22 @@ def drive_factors(ask, U: np.ndarray, C: int, radius: float, samples: int) -> tu
     :func:`.decompose.split_factors`), the best-supported first, from the bends on the circles of every pair of the
     directions ``U`` (``(M, d)``, M ≥ C: the rows past C only add circles), ``samples`` answers each."""
     M = U.shape[0]
-    found = []
+    found, mixed = [], []
     for a in range(M):
         for b in range(a + 1, M):
             theta, X = circle(U, a, b, radius, samples)
-            for th, v, q in bends(ask(X)):
-                found.append((a, b, th, v, q))
-    W2, alpha, support, details = neurons_from_bends(found, M, C)
+            single, mix = bends(ask(X))
+            found += [(a, b, th, v, q) for th, v, q in single]
+            mixed += [(a, b, *run) for run in mix]
+    groups, atoms = group_bends(found)
+    decoded = 0
+    for a, b, first, R, floor in mixed:
+        for c, th, q in mixed_bends(samples, first, R, floor, atoms):
+            groups[c].append(len(found))
+            found.append((a, b, th, atoms[:, c] * q * floor, q))
+            decoded += 1
+    W2, alpha, support, details = solve_groups(found, groups, M, C)
+    details.update(bends=len(found) - decoded, mixed_runs=len(mixed), mixed_bends_read=decoded)
     order = np.argsort(-support, kind="stable")
     A = np.einsum("kn,cn->kcn", W2[:, order], alpha[:, order]).reshape(W2.shape[0] * C, -1)
     return A / np.linalg.norm(A, axis=0), details
