@@ -73,7 +73,8 @@ def one(case: str, precision: str, hidden: bool, activation: str | None, seed: i
         return (f"| {case} | {precision} | {oracle.queries:,} | – | – | refused ({err.param}) | – | – | – | – | "
                 f"{time.perf_counter() - t0:.0f} |")
     secs = time.perf_counter() - t0
-    keys = ("left_out", "factor_attempts", "core_residual", "worst_separation", "extrapolated_step",
+    keys = ("start", "left_out", "jennrich_left_out", "bends", "mixed_bends_read", "groups_dropped", "factor_attempts",
+            "core_residual", "worst_separation", "extrapolated_step",
             "polish_residuals", "attempts")
     print(case, {k: res.details[k] for k in keys if k in res.details}, res.queries_by_phase, file=sys.stderr)
     X = np.random.default_rng(1).standard_normal((1000, truth.d))
