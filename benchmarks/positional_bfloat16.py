@@ -19,7 +19,8 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from attnprobe.errors import UnidentifiableError
-from attnprobe.learners.positional.bfloat16 import bfloat16_verdict, extract_bfloat16_positional
+from attnprobe.learners.positional.bfloat16 import extract_bfloat16_positional
+from attnprobe.learners.positional.route import claim_verdict
 from attnprobe.learners.positional.polish import polish_extraction
 from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.oracles.torch_adapter import oracle_from_torch
@@ -52,7 +53,7 @@ def route_row(d: int, H: int, G: int) -> list:
     polish_extraction(oracle, res, mode="always", sequences=plan["sequences"], rounds=plan["rounds"])
     polished = function_error_over_lengths(res.model, truth, np.random.default_rng(5), LENGTHS)
     try:
-        bfloat16_verdict(res)
+        claim_verdict(oracle, res)
         verdict = "kept"
     except UnidentifiableError as exc:
         verdict = f"refused: {str(exc)[:60]}…"

@@ -14,11 +14,14 @@ float32 or bfloat16; every error is against the float64 module of the same weigh
     PYTHONPATH=src python benchmarks/positional_coarse_start.py --write
     PYTHONPATH=src python benchmarks/positional_coarse_start.py --spaces --write
     PYTHONPATH=src python benchmarks/positional_coarse_start.py --route --d 16 32 --write
+    PYTHONPATH=src python benchmarks/positional_coarse_start.py --route --family qwen2 --d 16 32 --write
 
 - **the float32 route** (``--route``): ``extract --method positional`` as routed on float32 answers (the coarse
   start: value maps at 6d random queries, logit maps from reliability-weighted log-weights; then the polish hook),
   the start's and the returned model's function error (largest over lengths up to 256) and the check (its error:
   the worst length's largest relative error, what it passes on; and the RMS over every answer beside it).
+  ``--family qwen2``: Qwen2's attention (q/k/v biases, N(0, 0.5²)), read from the answers as RoPE with q/k biases
+  (learners/positional/coarse_bias.py).
 """
 
 from __future__ import annotations
@@ -107,7 +110,7 @@ def spaces_table(walks) -> Table:
     return table
 
 
-def route_table(dims) -> Table:
+def route_table(dims, family: str = "llama") -> Table:
     import time
 
     from attnprobe.learners.positional.route import extract_any_positional
@@ -118,16 +121,17 @@ def route_table(dims) -> Table:
     for d in dims:
         H, G = 2, 1
         kw = dict(d=d, heads=H, kv_heads=G, seed=0)
-        truth = reference_model(positional_victim("llama", dtype="float64", **kw))
-        oracle = oracle_from_torch(positional_victim("llama", dtype="float32", **kw), d, precision="float32")
+        truth = reference_model(positional_victim(family, dtype="float64", **kw))
+        oracle = oracle_from_torch(positional_victim(family, dtype="float32", **kw), d, precision="float32")
         t0 = time.perf_counter()
         res = extract_any_positional(oracle, heads=H, seed=0, polish="never")
         start = function_error_over_lengths(res.model, truth, np.random.default_rng(5), LENGTHS)
-        oracle = oracle_from_torch(positional_victim("llama", dtype="float32", **kw), d, precision="float32")
+        oracle = oracle_from_torch(positional_victim(family, dtype="float32", **kw), d, precision="float32")
         res = extract_any_positional(oracle, heads=H, seed=0)
         fn = function_error_over_lengths(res.model, truth, np.random.default_rng(5), LENGTHS)
         polish = res.details.get("polish", {})
-        table.add(f"LLaMA d={d} {H}/{G}", "float32", res.queries_by_phase.get("coarse start"), f"{start:.1e}",
+        name = {"llama": "LLaMA", "qwen2": "Qwen2 (q/k/v biases)"}[family]
+        table.add(f"{name} d={d} {H}/{G}", "float32", res.queries_by_phase.get("coarse start"), f"{start:.1e}",
                   polish.get("sequences", 0), f"{fn:.1e}", f"{res.check.error:.1e}",
                   f"{res.check.extra.get('rms_error', res.check.error):.1e}", res.check.passed, res.queries,
                   f"{time.perf_counter() - t0:.0f}")
@@ -141,13 +145,15 @@ def main() -> None:
     ap.add_argument("--walk", type=int, nargs="+", default=[1], help="--spaces: walk lengths (one row each)")
     ap.add_argument("--route", action="store_true", help="the float32 route end to end (start and polish)")
     ap.add_argument("--d", type=int, nargs="+", default=[16, 32], help="--route: widths (2 heads, 1 KV group)")
+    ap.add_argument("--family", default="llama", choices=("llama", "qwen2"), help="--route: the module's family")
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks/")
     args = ap.parse_args()
-    table = (route_table(args.d) if args.route else spaces_table(args.walk) if args.spaces else
+    table = (route_table(args.d, args.family) if args.route else spaces_table(args.walk) if args.spaces else
              directions_table())
     print(table.markdown())
     if args.write:
-        title = ("RoPE float32 route: the coarse start and the polish" if args.route else
+        title = ("RoPE float32 route: the coarse start and the polish" + (
+            " (Qwen2: q/k biases)" if args.family == "qwen2" else "") if args.route else
                  "RoPE coarse start: output spaces and the start (d = 32)" if args.spaces else
                  "RoPE coarse start: the pair probe's head directions from coarse answers")
         write_section(title, table.markdown(), command_line(), doc=DOC)

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from scipy.optimize import linear_sum_assignment
 
-from attnprobe.errors import UnidentifiableError
+from attnprobe.errors import RecoveryError, UnidentifiableError
 from attnprobe.learners.core.estimate import estimate_queries
 from attnprobe.learners.positional import extract_positional
-from attnprobe.learners.positional.bfloat16 import CLAIM, POLISH_PER, SWEEP_QUERIES, bfloat16_verdict
+from attnprobe.learners.positional.bfloat16 import CLAIM, POLISH_PER, SWEEP_QUERIES
+from attnprobe.learners.positional.route import claim_verdict
 from attnprobe.learners.positional.sweep import fit_sweep, sweep_answers, sweep_queries, sweep_value_maps
 from attnprobe.models.positional import PositionalAttention
 from attnprobe.oracles.base import Oracle
@@ -69,21 +70,31 @@ def test_sweep_value_maps_at_the_rounding_of_bfloat16():
     assert errs.max() < 1e-2, errs
 
 
-def test_the_verdict_refuses_a_result_above_the_claim_naming_the_precision():
+def test_the_verdict_refuses_a_result_above_its_claim_naming_precision_and_claim():
+    """The hook's verdict (``route.claim_verdict``) for any route that claims an error: kept within the claim,
+    refused above it (or NaN) in one line naming the precision and the claim; a check in another norm does not
+    bound the claim; a route without a claim is not held to one."""
     class Check:
-        def __init__(self, error):
-            self.error = error
+        def __init__(self, error, norm):
+            self.error, self.extra = error, {"norm": norm}
 
     class Result:
-        def __init__(self, error, route="bfloat16"):
-            self.check, self.details = Check(error), {"route": route}
+        def __init__(self, error, claim, norm="worst"):
+            self.check = Check(error, norm)
+            self.details = {"route": "bfloat16"} | ({} if claim is None else {"claim": claim})
 
-    bfloat16_verdict(Result(CLAIM / 2))  # within the claim: kept
-    bfloat16_verdict(Result(0.5, route="coarse"))  # another route: not this verdict's
+    class Answers:
+        precision = "bfloat16"
+
+    claim = {"error": CLAIM, "norm": "worst"}
+    claim_verdict(Answers(), Result(CLAIM / 2, claim))  # within the claim: kept
+    claim_verdict(Answers(), Result(0.5, None))  # no claim: the functional check's own verdict stands
     for error in (2 * CLAIM, float("nan")):
         with pytest.raises(UnidentifiableError) as exc:
-            bfloat16_verdict(Result(error))
-        assert "bfloat16" in str(exc.value) and "\n" not in str(exc.value)
+            claim_verdict(Answers(), Result(error, claim))
+        assert "bfloat16" in str(exc.value) and f"{CLAIM:.0e}" in str(exc.value) and "\n" not in str(exc.value)
+    with pytest.raises(RecoveryError, match="does not bound"):
+        claim_verdict(Answers(), Result(CLAIM / 2, claim, norm="rms"))
 
 
 def test_noisy_or_coarser_answers_are_refused_before_any_query():
@@ -123,5 +134,6 @@ def test_the_route_on_a_bfloat16_llama_keeps_only_what_it_claims():
         assert "bfloat16" in str(exc) and "\n" not in str(exc)
         return
     assert res.details["route"] == "bfloat16" and res.check.error <= CLAIM
+    assert res.details["claim"] == {"error": CLAIM, "norm": "worst", "cause": res.details["claim"]["cause"]}
     err = function_error_over_lengths(res.model, truth, np.random.default_rng(5), (1, 2, 8, 64, 256))
     assert err < 3e-2

@@ -14,7 +14,7 @@ signal: its heads do not separate. Here
    sequences at d = 128: 2.8e-2; 2,000 give 9.5e-3 from a start 2.5e-3 … 2.5e-2 off).
 
 The result's check must come within :data:`CLAIM` of the answers (the issue's 3e-2 of the float64 module, less
-the served layer's own distance), else the route refuses naming the precision (:func:`bfloat16_verdict`).
+the served layer's own distance), else the route refuses naming the precision (:func:`~.route.claim_verdict`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ POLISH_PER, POLISH_ROUNDS = 8, 6
 #: :func:`~.coarse.worst_length_check`) the route claims: a result above it is refused. The served bfloat16
 #: LLaMA layer is 8.1e-3 off its float64 module (docs/benchmarks/positional-precision.md)
 CLAIM = 2e-2
+#: why a result above the claim is refused (the verdict's one line)
+CLAIM_CAUSE = ("the zero-key sweep reads the value maps, but the logit maps from bfloat16 log-weights start outside "
+               "the polish's reach; docs/positional.md, \"bfloat16 answers\"")
 
 
 def bfloat16_queries(d: int, H: int, outputs: int | None = None, *, per: int = SWEEP_QUERIES) -> int:
@@ -83,7 +86,7 @@ def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=N
                                 per: int = SWEEP_QUERIES, asked_before=None):
     """RoPE attention (no biases) from bfloat16 answers at the last position: :func:`bfloat16_start`, checked; the
     learners' hook (:func:`~.polish.polish_extraction`) polishes it on ``POLISH_PER·⌈unknowns/K⌉`` fresh answers
-    and :func:`bfloat16_verdict` then holds its check to :data:`CLAIM`. Needs the number of heads."""
+    and :func:`~.route.claim_verdict` then holds its check to :data:`CLAIM`. Needs the number of heads."""
     from attnprobe.errors import ConfigError, UnidentifiableError
     from attnprobe.learners.core.skeleton import Run
     from attnprobe.learners.positional.coarse import DEFAULT_BASE, worst_length_check
@@ -109,25 +112,10 @@ def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=N
     K = model.outputs
     unknowns = PositionalAttention.unknowns(d, heads, heads, K // heads, K)
     details = {"heads": heads, "head_dim": K // heads, "route": "bfloat16", "base_start": base or DEFAULT_BASE,
-               "claim": CLAIM,
+               "claim": {"error": CLAIM, "norm": "worst", "cause": CLAIM_CAUSE},
                "polish_plan": {"sequences": POLISH_PER * math.ceil(unknowns / K), "rounds": POLISH_ROUNDS},
                **measured}
     notes = [f"{oracle.precision} answers: the bfloat16 RoPE route (value maps from the zero-key sweep at {per}·d "
              f"random queries, logit maps from log-weights, frequencies from base {base or DEFAULT_BASE:g}, fitted by "
              "the polish)"]
     return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_fn=worst_length_check)
-
-
-def bfloat16_verdict(res) -> None:
-    """Hold a bfloat16 route's result (after the polish) to its claim: a check error above :data:`CLAIM` is
-    refused in one line naming the precision (the functional check's own cap at bfloat16, 0.1, would pass
-    models 3× farther than the route claims)."""
-    from attnprobe.errors import UnidentifiableError
-
-    if res.details.get("route") != "bfloat16" or res.check is None:
-        return
-    if not (res.check.error <= CLAIM):
-        raise UnidentifiableError(f"bfloat16 answers: the RoPE route's result is {res.check.error:.1e} from the "
-                                  f"answers after the polish, above the {CLAIM:.0e} it claims (the zero-key sweep "
-                                  "reads the value maps, but the logit maps from bfloat16 log-weights start outside "
-                                  "the polish's reach; docs/positional.md, \"bfloat16 answers\")")

@@ -34,6 +34,8 @@ from attnprobe.models.positional import PositionalAttention, rope_frequencies, r
 NODES, DEGREE, COARSE_STEP = 16, 15, 0.3
 #: the pair probe's settings (query scale, extra zero keys), as the float64 learner's
 SETTINGS = ((1.0, 0), (1.5, 0), (1.0, 8), (1.5, 8))
+#: the key probe's settings (q/k biases): the query's scale fixed, 0 … 16 zero keys (as the float64 learner's)
+KEY_SETTINGS = ((1.0, 0), (1.0, 4), (1.0, 8), (1.0, 16))
 #: one-token sequences per input dimension and sign in the values stage
 VALUE_REPEATS = 4
 #: the key offsets of the logit sequences (the first is the reference of the rotation's equations; far ones tell
@@ -70,19 +72,59 @@ def pair_derivative(layer, z: np.ndarray, E: np.ndarray, eta: float, zeros: int 
     ``2·nodes·r`` queries. Returns (K, r)."""
     r, d = E.shape
     n = 3 + zeros
-    u = np.cos(np.pi * (np.arange(nodes) + 0.5) / (2 * nodes))
+    u = chebyshev_nodes(nodes)
     X = np.zeros((2, nodes, r, n, d))
     for s, sign in enumerate((1.0, -1.0)):
         X[s, :, :, -3] = -sign * eta * u[:, None, None] * E  # offset −2
         X[s, :, :, -2] = sign * eta * u[:, None, None] * E  # offset −1
     X[..., -1, :] = z
     y = np.asarray(layer(X.reshape(-1, n, d)), dtype=np.float64).reshape(2, nodes, r, -1)
-    odd = (y[0] - y[1]) / 2
+    return odd_slope((y[0] - y[1]) / 2, u, degree) / eta
+
+
+def key_derivative(layer, z: np.ndarray, E: np.ndarray, eta: float, zeros: int = 0, nodes: int = NODES,
+                   degree: int = DEGREE) -> np.ndarray:
+    """The key probe's ``D e`` (:func:`~.heads.key_jacobian`: one key at offset −1, moved along ``e`` inside the
+    kernel of the value maps, before ``zeros`` zero keys' … the query ``z``; rank H with or without q/k biases) as
+    the slope at 0 of :func:`pair_derivative`'s Chebyshev fit over ``nodes`` steps up to ``eta``. Costs
+    ``2·nodes·r`` queries. Returns (K, r)."""
+    r, d = E.shape
+    n = 2 + zeros
+    u = chebyshev_nodes(nodes)
+    X = np.zeros((2, nodes, r, n, d))
+    for s, sign in enumerate((1.0, -1.0)):
+        X[s, :, :, -2] = sign * eta * u[:, None, None] * E  # offset −1
+    X[..., -1, :] = z
+    y = np.asarray(layer(X.reshape(-1, n, d)), dtype=np.float64).reshape(2, nodes, r, -1)
+    return odd_slope((y[0] - y[1]) / 2, u, degree) / eta
+
+
+def probe_directions(d: int, rng: np.random.Generator, count: int, kernel: np.ndarray | None = None):
+    """The probe's key directions ``E`` (up to ``count`` rows) and :func:`~.heads.head_directions`' settings and
+    derivative: random orthonormal rows and the zero-key pair probe (:func:`pair_derivative`), or with ``kernel``
+    (rows spanning the kernel of the value maps: q/k biases) rows inside it and the key probe
+    (:func:`key_derivative`), whose settings change the zero keys only (a query bias turns the probe's rows with the
+    query's scale)."""
+    if kernel is None:
+        return random_orthogonal(d, rng)[: min(d, count)], dict(settings=SETTINGS, jacobian=pair_derivative)
+    E = random_orthogonal(len(kernel), rng)[: min(len(kernel), count)] @ kernel
+    return E, dict(settings=KEY_SETTINGS, jacobian=key_derivative)
+
+
+def chebyshev_nodes(nodes: int = NODES) -> np.ndarray:
+    """The steps (fractions of the longest) of :func:`pair_derivative`: ``cos(π(i + ½)/(2·nodes))``."""
+    return np.cos(np.pi * (np.arange(nodes) + 0.5) / (2 * nodes))
+
+
+def odd_slope(odd: np.ndarray, u: np.ndarray, degree: int = DEGREE) -> np.ndarray:
+    """The slope at 0 of the least-squares odd Chebyshev fit (terms up to ``degree``) of ``odd (nodes, r, K)``
+    sampled at the steps ``u``: (K, r), per unit step."""
+    nodes, r = odd.shape[:2]
     ks = np.arange(1, degree + 1, 2)
     T = np.cos(np.outer(np.arccos(u), ks))  # T_k(u), odd k
     coef = np.linalg.lstsq(T, odd.reshape(nodes, -1), rcond=None)[0]
     slope = ks * (-1.0) ** ((ks - 1) // 2)  # T_k'(0)
-    return (slope @ coef).reshape(r, -1).T / eta
+    return (slope @ coef).reshape(r, -1).T
 
 
 def coarse_values(oracle, rng: np.random.Generator, rho: float, repeats: int = VALUE_REPEATS):
@@ -97,17 +139,19 @@ def coarse_values(oracle, rng: np.random.Generator, rho: float, repeats: int = V
     return np.mean(Ms, axis=0), np.mean(cs, axis=0)
 
 
-def coarse_output_spaces(oracle, M: np.ndarray, rng: np.random.Generator, H: int, walk: int = 1):
+def coarse_output_spaces(oracle, M: np.ndarray, rng: np.random.Generator, H: int, walk: int = 1, *,
+                         kernel: np.ndarray | None = None):
     """Each head's output space from :func:`pair_derivative` along a walk of nearby queries (as the float64
-    learner's): ``Cb (K, H·d_h)`` with ``d_h = K/H`` and ``G (H, d_h, d)`` with ``V_h = C_h G_h``."""
+    learner's): ``Cb (K, H·d_h)`` with ``d_h = K/H`` and ``G (H, d_h, d)`` with ``V_h = C_h G_h``; ``kernel``:
+    the key probe inside it instead (:func:`probe_directions`)."""
     d, K = oracle.d, M.shape[0]
     if K % H:
         raise RecoveryError(f"the output row (K = {K}) does not split into {H} heads of equal width")
     dh = K // H
     z0 = rng.standard_normal(d)
     eta = COARSE_STEP * math.sqrt(d)
-    E = random_orthogonal(d, rng)[: min(d, 2 * H + 8)]
-    kw = dict(settings=SETTINGS, eta=eta, rank=H, noise=0.0, rng=rng, jacobian=pair_derivative)
+    E, probe = probe_directions(d, rng, 2 * H + 8, kernel)
+    kw = dict(eta=eta, rank=H, noise=0.0, rng=rng, **probe)
     W0, _, _ = head_directions(oracle, z0, E, **kw)
     dirs, z = [W0], z0
     E = E[: H + 4]
@@ -266,7 +310,8 @@ def _bilinear_solve(a: np.ndarray, b: np.ndarray, y: np.ndarray, w: np.ndarray |
 
 
 def coarse_value_maps(oracle, M: np.ndarray, Cb: np.ndarray, rng: np.random.Generator, H: int, *,
-                      per: int = VALUE_QUERIES, trims: int = TRIMS, query_scale: float = 1.0) -> np.ndarray:
+                      per: int = VALUE_QUERIES, trims: int = TRIMS, query_scale: float = 1.0,
+                      kernel: np.ndarray | None = None) -> np.ndarray:
     """Every head's value map ``V_h`` (H, K, d) from the pair probe's directions at ``per·d`` independent random
     queries ``z``: each direction is labelled by the head whose rough output space (``Cb``, from the walk) holds
     it best, scaled so that the directions sum to ``M z = Σ_h V_h z``, and ``V_h`` is the least-squares map
@@ -274,14 +319,15 @@ def coarse_value_maps(oracle, M: np.ndarray, Cb: np.ndarray, rng: np.random.Gene
     Independent queries spread over every direction of ``V_h``, where the walk's nearby ones span each head's
     space poorly (measured, float32 answers at d = 32: the walk's spaces 5e-3 … 7e-3 off, ``V_h`` 3e-5 off from
     6d queries). ``query_scale``: the queries' entries' size (smaller where large logits leave a head's zero keys
-    almost no weight, and its direction in the rounding)."""
+    almost no weight, and its direction in the rounding); ``kernel``: the key probe inside it
+    (:func:`probe_directions`: q/k biases)."""
     from scipy.optimize import linear_sum_assignment
 
     d, K = oracle.d, M.shape[0]
     dh = Cb.shape[1] // H
     P = [np.linalg.qr(Cb[:, h * dh:(h + 1) * dh])[0] for h in range(H)]
-    E = random_orthogonal(d, rng)[: H + 4]
-    kw = dict(settings=SETTINGS, eta=COARSE_STEP * math.sqrt(d), rank=H, noise=0.0, rng=rng, jacobian=pair_derivative)
+    E, probe = probe_directions(d, rng, H + 4, kernel)
+    kw = dict(eta=COARSE_STEP * math.sqrt(d), rank=H, noise=0.0, rng=rng, **probe)
     Z = rng.standard_normal((per * d, d)) * query_scale
     S = np.empty((len(Z), K, H))
     for i, z in enumerate(Z):
@@ -313,14 +359,22 @@ def split_value_maps(V: np.ndarray, M: np.ndarray):
     return Cb, (np.linalg.pinv(Cb) @ M).reshape(H, dh, -1)
 
 
-def coarse_queries(d: int, H: int, outputs: int | None = None, *, walk: int = 1, per: int = VALUE_QUERIES) -> int:
+def coarse_queries(d: int, H: int, outputs: int | None = None, *, walk: int = 1, per: int = VALUE_QUERIES,
+                   biases: bool = False) -> int:
     """Queries :func:`coarse_start` asks (the walk's halved steps apart): values, the walk, the value maps, the
-    token-scale probe and the logit maps' sequences."""
+    token-scale probe and the logit maps' sequences (``biases``: the token scale's 16 with the keys flipped, and
+    :func:`~.coarse_bias.biased_logit_maps`'s sequences)."""
     K = outputs or d
     dh = K // H
     probe = 2 * NODES * len(SETTINGS)
+    if biases:
+        from attnprobe.learners.positional.coarse_bias import biased_logit_map_queries
+
+        logits = 16 + biased_logit_map_queries(d, dh)
+    else:
+        logits = logit_map_queries(d, dh)
     return (2 * d * VALUE_REPEATS + probe * min(d, 2 * H + 8) + probe * (H + 4) * (walk * math.ceil(K / H) + 4)
-            + probe * (H + 4) * per * d + 16 + logit_map_queries(d, dh))
+            + probe * (H + 4) * per * d + 16 + logits)
 
 
 def logit_map_queries(d: int, dh: int, *, extra: int = 16, query_sets: int | None = None,
@@ -334,43 +388,55 @@ def logit_map_queries(d: int, dh: int, *, extra: int = 16, query_sets: int | Non
 
 
 def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None, walk: int = 1,
-                 per: int = VALUE_QUERIES):
+                 per: int = VALUE_QUERIES, biases: bool = False):
     """A start for the polish from coarse answers (module docstring, stages 1–3): a :class:`PositionalAttention`
-    (one key and value map per head) and a dict of what each stage measured."""
+    (one key and value map per head) and a dict of what each stage measured. ``biases``: q/k biases (Qwen2;
+    :mod:`.coarse_bias`): the heads from the key probe inside the kernel of ``M``, the token scale from the keys'
+    odd part of the log-weights, and the logit maps with the biases."""
+    from attnprobe.learners.positional import coarse_bias
+
     d = oracle.d
     rho = math.sqrt(d)
     M, c = coarse_values(oracle, rng, rho)
-    rough, G = coarse_output_spaces(oracle, M, rng, H, walk)
+    kernel = coarse_bias.coarse_kernel(M, H) if biases else None
+    rough, G = coarse_output_spaces(oracle, M, rng, H, walk, kernel=kernel)
     probe = rng.standard_normal((16, len(LOGIT_OFFSETS) + 1, d))  # the logits' size, read in the rough spaces
     ell = log_weights(oracle, rough, G, c, probe, np.tile(LOGIT_OFFSETS, (16, 1)), -min(LOGIT_OFFSETS))
+    if biases:  # the biases' terms do not grow with the tokens: the keys' odd part alone
+        flip = probe.copy()
+        flip[:, :-1] *= -1
+        ell = (ell - log_weights(oracle, rough, G, c, flip, np.tile(LOGIT_OFFSETS, (16, 1)), -min(LOGIT_OFFSETS))) / 2
     med = max(float(np.nanmedian(np.abs(ell))), 1e-12)
     scale = float(np.clip(math.sqrt(TARGET_LOGIT / med), 1e-3, 1e3))
-    Cb, G = split_value_maps(coarse_value_maps(oracle, M, rough, rng, H, per=per,
+    Cb, G = split_value_maps(coarse_value_maps(oracle, M, rough, rng, H, per=per, kernel=kernel,
                                                query_scale=min(1.0, math.sqrt(PROBE_LOGIT / med))), M)
     dh = G.shape[1]
     theta = rope_frequencies(dh, base or DEFAULT_BASE)
-    Wq, Wk, count = logit_maps(oracle, rng, Cb, G, c, theta, scale)
-    model = PositionalAttention(Wq, Wk, G, Cb, bo=c, position="rope", inv_freq=theta, layout="half", scale=1.0,
-                                causal=True)
+    bq = bk = None
+    if biases:
+        Wq, Wk, bq, bk, count = coarse_bias.biased_logit_maps(oracle, rng, Cb, G, c, theta, scale)
+    else:
+        Wq, Wk, count = logit_maps(oracle, rng, Cb, G, c, theta, scale)
+    model = PositionalAttention(Wq, Wk, G, Cb, bq=bq, bk=bk, bo=c, position="rope", inv_freq=theta, layout="half",
+                                scale=1.0, causal=True)
     return model, {"logit_sequences": count, "token_scale": scale}
 
 
 def extract_coarse_positional(oracle, *, heads, seed=0, check=True, progress=None, walk: int = 1,
-                              base: float | None = None, per: int = VALUE_QUERIES, asked_before=None):
-    """RoPE attention (LLaMA, Mistral: no biases) from float32 answers at the last position: :func:`coarse_start`,
-    checked; the learners' hook (:func:`~.polish.polish_extraction`) then polishes it on fresh answers, the
-    frequencies fitted from ``base`` (default :data:`DEFAULT_BASE`). Needs the number of heads."""
+                              base: float | None = None, per: int = VALUE_QUERIES, asked_before=None,
+                              biases: bool | None = None):
+    """RoPE attention (LLaMA, Mistral; Qwen2 with ``biases``) from float32 answers at the last position:
+    :func:`coarse_start`, checked; the learners' hook (:func:`~.polish.polish_extraction`) then polishes it on fresh
+    answers, the frequencies fitted from ``base`` (default :data:`DEFAULT_BASE`). Needs the number of heads.
+    ``biases``: q/k biases (:mod:`.coarse_bias`; default: as the oracle declares, a Hugging Face folder's config)."""
     from attnprobe.errors import ConfigError
     from attnprobe.learners.core.skeleton import Run
     from attnprobe.learners.positional.method import CHECK_LENGTHS, METHOD
 
-    from attnprobe.errors import UnidentifiableError
     from attnprobe.oracles.wrappers import declared_attribute
 
-    if declared_attribute(oracle.fn, "qk_biases"):  # a Hugging Face folder says so (Qwen2)
-        raise UnidentifiableError(f"these answers are {oracle.precision} and the layer's queries and keys carry "
-                                  "biases (its family's config): the RoPE route for coarse answers reads bias-free "
-                                  "heads only (docs/positional.md, \"Coarse answers\")")
+    if biases is None:  # a Hugging Face folder says so (Qwen2)
+        biases = bool(declared_attribute(oracle.fn, "qk_biases"))
     if heads is None:  # a Hugging Face folder declares them (its config)
         heads = declared_attribute(oracle.fn, "heads", accept=lambda v: isinstance(v, int) and v >= 1)
     if heads is None:
@@ -379,20 +445,21 @@ def extract_coarse_positional(oracle, *, heads, seed=0, check=True, progress=Non
     d = oracle.d
     run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress,
               asked_before=asked_before)
-    run.plan(coarse_queries(d, heads, oracle.outputs, walk=walk, per=per),
+    run.plan(coarse_queries(d, heads, oracle.outputs, walk=walk, per=per, biases=biases),
              f"the positional learner on {oracle.precision} answers at d={d}", at_least=True)
     with run.phase("coarse start"):
-        model, measured = coarse_start(oracle, heads, run.rng, base=base, walk=walk, per=per)
+        model, measured = coarse_start(oracle, heads, run.rng, base=base, walk=walk, per=per, biases=biases)
     run.report()
     K = model.outputs
-    unknowns = PositionalAttention.unknowns(d, heads, heads, K // heads, K)
+    unknowns = PositionalAttention.unknowns(d, heads, heads, K // heads, K, bias=biases)
     details = {"heads": heads, "head_dim": K // heads, "route": "coarse", "base_start": base or DEFAULT_BASE,
                "polish_plan": {"sequences": POLISH_PER * math.ceil(unknowns / K), "rounds": POLISH_ROUNDS,
                                "relative": True},
-               **measured}
+               "qk_biases": biases, **measured}
     notes = [f"{oracle.precision} answers: the coarse RoPE route (averaged probes, value maps at {per}·d random "
              f"queries, logit maps from log-weights; frequencies from base {base or DEFAULT_BASE:g}, fitted by the "
-             "polish)"]
+             "polish)" + ("; q/k biases: the heads from the key probe inside the kernel of the value maps, the "
+                          "biases with the logit maps" if biases else "")]
     return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_fn=worst_length_check)
 
 

@@ -156,13 +156,16 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
         kind = oracle.precision if oracle.noise.exact else f"noisy {oracle.precision}"
         if noise > BFLOAT16_ROUNDING or not oracle.noise.exact:
             raise UnidentifiableError(coarse_refusal(kind, noise))
-        if (query_rms is not None or query_bias or key_bias or tuple(offsets) != OFFSETS
-                or oversample != OVERSAMPLE):
+        biased = query_bias or key_bias
+        if query_rms is not None or tuple(offsets) != OFFSETS or oversample != OVERSAMPLE or (
+                biased and noise > COARSEST):
             raise UnidentifiableError(f"these answers are {kind} (rounding {noise:.1e}): the RoPE route for them "
-                                      "(learners/positional/coarse.py) reads bias-free heads with free query scales "
-                                      "and its own offsets only, not unit queries, q/k biases or given offsets")
+                                      "(learners/positional/coarse.py, bfloat16.py) reads heads with free query "
+                                      "scales and its own offsets only (q/k biases from float32 answers only), not "
+                                      "unit queries" + (", q/k biases" if noise > COARSEST else "") +
+                                      " or given offsets")
         return _coarse_route(oracle, noise, heads=heads, seed=seed, check=check, progress=progress,
-                             asked_before=asked)
+                             asked_before=asked, **({"biases": True} if biased else {}))
     run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress,
               asked_before=asked)
     guess = heads or 8

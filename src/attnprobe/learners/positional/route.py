@@ -9,6 +9,12 @@ RoPE with q/k biases (Qwen2) also weighs zero-query keys by position (``b_Qᵀ R
 additive route is tried first and RoPE with biases (:func:`~.rope.extract_positional` with ``key_bias``) after it;
 a declared RoPE layer is probed the same way (eight sequences): spread, it is read with biases; else bias-free, and
 with biases when the bias-free learner refuses (a key bias alone leaves zero-query answers flat).
+
+Coarse answers (float32, bfloat16) count as additive only at a spread above ``1e3·√ε`` (0.35 for float32); below it,
+a spread above ``max(ADDITIVE_SIGNAL, 10·ε)`` is RoPE with q/k biases (bias-free RoPE's zero queries weigh every key
+exactly alike: its spread is 0 in any precision, measured; Qwen2 at float32: 0.05 … 0.11), which the float32 route
+reads (:mod:`.coarse_bias`) and the bfloat16 route refuses in one line. A Hugging Face folder declares its biases
+(``qk_biases``): its coarse route reads them without the probe.
 """
 
 from __future__ import annotations
@@ -21,7 +27,6 @@ from attnprobe.errors import AttnprobeError, RecoveryError, UnidentifiableError
 from attnprobe.learners.core.registry import Option
 from attnprobe.oracles.wrappers import declared_attribute
 from attnprobe.learners.positional.additive import extract_additive
-from attnprobe.learners.positional.bfloat16 import bfloat16_verdict
 from attnprobe.learners.positional.polish import HOOK_ROUNDS, POLISH_MODES, POLISH_TARGET, polish_extraction
 
 #: the position terms a positional learner reads
@@ -88,7 +93,10 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
         if kind is None:
             kind = "rope" if found == "rope" else None
             source = "read from the answers"
-    biased = kind == "rope" and found == "additive"
+    # coarse answers' probe counts as additive only far above the rounding (1e3·√ε): a smaller spread still tells
+    # RoPE with q/k biases from bias-free RoPE, whose zero queries weigh every key exactly alike
+    biased = kind == "rope" and (found == "additive" or not fine and spread is not None
+                                 and spread > max(ADDITIVE_SIGNAL, 10 * oracle.eps))
     if biased:
         try:
             res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress, walk=walk,
@@ -110,10 +118,11 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
         try:  # that counts
             res = extract_additive(oracle, heads=heads, seed=seed, check=check, progress=progress)
         except (RecoveryError, UnidentifiableError) as first:
-            if not fine:  # RoPE with q/k biases reads fine answers only: the additive route's cause is the one
+            if not fine:  # from coarse answers a spread this far above the rounding is read as additive only
                 raise type(first)(f"an additive position bias (read from the answers) did not fit these coarse "
-                                  f"answers (rounding {oracle.eps:.1e}; RoPE with q/k biases needs float64 answers, "
-                                  f"not tried): {first}") from first
+                                  f"answers (rounding {oracle.eps:.1e}; zero-query answers spread {spread:.1e}: "
+                                  f"RoPE with q/k biases, read from coarse answers below that spread, not tried): "
+                                  f"{first}") from first
             res = _after(oracle, start, first, "an additive position bias did not fit", "additive tried",
                          heads=heads, seed=seed, check=check, progress=progress, walk=walk)
             _share_groups(res)
@@ -132,7 +141,7 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
     polish_extraction(oracle, res, mode=polish, target=polish_target, seed=seed, progress=progress,
                       sequences=polish_sequences or plan.get("sequences"), rounds=plan.get("rounds", HOOK_ROUNDS),
                       relative=plan.get("relative", False))
-    bfloat16_verdict(res)  # the bfloat16 route's result held to its claim
+    claim_verdict(oracle, res)  # a route that claims an error (the bfloat16 route's) held to it
     route = res.details.get("position", kind or "rope")
     if (oracle.eps > FINEST and oracle.noise.exact and kind != "rope" and res.check is not None
             and not res.check.passed):  # an additive bias from coarse answers: refused naming the precision
@@ -148,6 +157,30 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
                      (f": zero-query answers spread {spread:.1e} over the key's position" if spread is not None
                       else "") + ")")
     return res
+
+
+def claim_verdict(oracle, res) -> None:
+    """Hold a route's result, after the polish hook, to the error it claims: a route that puts
+    ``details["claim"] = {"error": e, "norm": n, "cause": …}`` in its result (the bfloat16 RoPE route) is refused
+    in one line naming the answers' precision and the claim when its check (in norm ``n``) is above ``e`` or is not
+    finite, or when the check is in another norm (it would not bound the claim). The functional check's own
+    tolerance at coarse precisions is its cap, 0.1 — it would pass models farther than a route claims."""
+    claim = res.details.get("claim")
+    if claim is None or res.check is None:
+        return
+    bound, norm = float(claim["error"]), claim.get("norm", "rms")
+    route = res.details.get("route", "positional")
+    have = res.check.extra.get("norm", "rms") if isinstance(getattr(res.check, "extra", None), dict) else "rms"
+    if have != norm:
+        raise RecoveryError(f"the {route} route claims its {norm} error but its check measured the {have}: the "
+                            "check does not bound the claim")
+    if not (res.check.error <= bound):
+        polished = " after the polish" if res.details.get("polish", {}).get("ran") else ""
+        cause = f" ({claim['cause']})" if claim.get("cause") else ""
+        raise UnidentifiableError(f"{oracle.precision} answers: the {route} RoPE route's result is "
+                                  f"{res.check.error:.1e} from the answers ({norm} over the checked lengths)"
+                                  f"{polished}, "
+                                  f"above the {bound:.0e} it claims{cause}")
 
 
 def _after(oracle, start: int, first: Exception, why: str, phase: str, **kw):
