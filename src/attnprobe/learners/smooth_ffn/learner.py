@@ -297,7 +297,7 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
                "step": h, "step_error": fd_error, "richardson": richardson, "coarse_answers": coarse,
                "extrapolated_step": h_rich, "extrapolated_step_error": rich_error,
                "directions_C": C, "second_directions_E": E,
-               "points": n, "answers": N, **sep, "curve_fit_worst": float(np.max(fit["res"])),
+               "points": n, "answers": N, "start": start, **sep, "curve_fit_worst": float(np.max(fit["res"])),
                "polish_residuals": history, "polish_iterations": used, "queries_per_unknown": run.queries / unknowns}
     notes = [f"neurons are recovered up to their order only (a smooth {name} has no scale or sign symmetry)"]
     check_model = model if ask.vector else _Scalar(model)
