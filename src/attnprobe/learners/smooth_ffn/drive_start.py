@@ -20,7 +20,7 @@ import numpy as np
 #: quietest :data:`QUIET` share of the samples)
 BEND_FLOOR, QUIET = 2.5, 0.1
 #: bends this many times the rounding or stronger found the neurons; weaker ones join the neuron they point to
-STRONG = 10.0
+STRONG = 6.0
 #: ... when their output direction is this close to it (cosine) and no other neuron's within 0.6
 WEAK_OUTPUT = 0.8
 #: a run of bending samples is one bend when its second singular value is below this share of the first
@@ -31,7 +31,7 @@ SAME_OUTPUT = 0.95
 AGREE = 2e-2
 #: a run mixing bends is read as at most this many of them, the output directions whose projection on its row space
 #: is at least IN_RUN
-MAX_MIXED, IN_RUN = 3, 0.9
+MAX_MIXED, IN_RUN = 4, 0.9
 #: two groups whose projections agree this well (|cos|) and whose output directions are related are one neuron
 SAME_PROJECTIONS = 1 - 1e-7
 #: singular values of a neuron's equations below this share of the largest span its null space (the answers read
@@ -104,25 +104,26 @@ def group_bends(found: list[tuple[int, int, float, np.ndarray, float]]) -> tuple
     join the group they clearly point to. Returns the groups (indices into ``found``) and their unit directions
     ``(K, groups)``."""
     groups: list[list[int]] = []
-    cent: list[np.ndarray] = []
     dirs = np.array([v / np.linalg.norm(v) for _, _, _, v, _ in found])
     snr = np.array([q for *_, q in found])
-    for i in np.flatnonzero(snr >= STRONG):
-        s = dirs[i]
-        if cent:
-            Cm = np.array(cent)
-            cos = (Cm @ s) / np.linalg.norm(Cm, axis=1)
+    strong = np.flatnonzero(snr >= STRONG)
+    if not len(strong):
+        return [], np.zeros((dirs.shape[1] if len(dirs) else 0, 0))
+    sums = np.zeros((len(strong), dirs.shape[1]))  # each group's summed directions (its first rows in use)
+    unit = np.zeros_like(sums)
+    for i in strong:
+        n = len(groups)
+        if n:
+            cos = unit[:n] @ dirs[i]
             j = int(np.argmax(cos))
             if cos[j] > SAME_OUTPUT:
                 groups[j].append(int(i))
-                cent[j] = cent[j] + s
+                sums[j] += dirs[i]
+                unit[j] = sums[j] / np.linalg.norm(sums[j])
                 continue
         groups.append([int(i)])
-        cent.append(s.copy())
-    if not cent:
-        return [], np.zeros((dirs.shape[1] if len(dirs) else 0, 0))
-    Cm = np.array(cent)
-    Cm /= np.linalg.norm(Cm, axis=1, keepdims=True)
+        sums[n] = unit[n] = dirs[i]
+    Cm = unit[:len(groups)]
     weak = np.flatnonzero(snr < STRONG)
     if len(weak):
         cos = dirs[weak] @ Cm.T
@@ -239,8 +240,7 @@ def _agreeing(E: np.ndarray, rounds: int = 3) -> np.ndarray:
     for _ in range(rounds):
         if ok.sum() < 2:
             break
-        al = np.linalg.svd(E[ok])[2][-1]
-        new = np.abs(E @ al) < AGREE
+        new = np.abs(E @ np.linalg.svd(E[ok])[2][-1]) < AGREE
         if (new == ok).all() or new.sum() < 2:
             break
         ok = new
