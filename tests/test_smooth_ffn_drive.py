@@ -86,3 +86,33 @@ def test_minilm_ffn_slice_through_the_drive_start_on_float32_answers():
     assert res.passed and res.details["left_out"] == 0
     match = neuron_match(truth, res.model)
     assert match["matched_one_to_one"] and match["first_layer_error"] < 1e-3
+
+
+class _NormedFFN:
+    """An FFN behind an RMS normalisation of its input: answers that stop growing far from the origin."""
+
+    def __init__(self, ffn) -> None:
+        self.ffn = ffn
+
+    def __call__(self, X):
+        X = np.asarray(X, dtype=np.float64)
+        return self.ffn(X / np.sqrt(np.mean(X * X, axis=-1, keepdims=True)))
+
+
+def test_a_norm_in_front_is_refused_by_the_drive_start_before_its_circles():
+    """The answers of a plain FFN grow linearly far from the origin (gap ~1e-5); behind a norm they do not, so the
+    drive start asked for is refused (``start``) after its 16 probes, and the chosen start falls back to Jennrich's."""
+    from attnprobe.errors import ConfigError
+    from attnprobe.learners.smooth_ffn.drive_start import PROBES, growth_gap
+
+    truth = random_smooth_ffn(16, 48, 16, activation="gelu", seed=64, dtype="float32")
+    rng = np.random.default_rng(0)
+    assert growth_gap(Asker(Oracle(truth, 16, precision="float32")), 16, 4e5, rng) < 1e-3
+    normed = Oracle(_NormedFFN(truth), 16, precision="float32")
+    assert growth_gap(Asker(normed), 16, 4e5, rng) > 0.1
+    normed = Oracle(_NormedFFN(truth), 16, precision="float32")
+    with pytest.raises(ConfigError) as err:
+        extract_smooth_ffn(normed, activation="gelu", hidden=48, start="drive")
+    assert err.value.param == "start"
+    p = plan(16, 16, 48, coarse=True, start="drive")
+    assert normed.queries <= p["step"] + p["width"] + 2 * PROBES

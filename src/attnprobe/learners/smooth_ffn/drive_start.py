@@ -29,6 +29,9 @@ ONE_BEND = 0.15
 SAME_OUTPUT = 0.95
 #: a neuron keeps the bends whose equation its solution meets within this (sine of the angle)
 AGREE = 2e-2
+#: points on which the answers' linear growth far from the origin is checked (:func:`growth_gap`), and the largest
+#: gap for which the drive start is used
+PROBES, DRIVABLE = 8, 1e-2
 #: a run mixing bends is read as at most this many of them, the output directions whose projection on its row space
 #: is at least IN_RUN
 MAX_MIXED, IN_RUN = 4, 0.9
@@ -40,6 +43,18 @@ NULL = 1e-3
 #: ... and the first C entries of that null space are one line when its second singular value is below this share
 #: of its first
 OPEN = 1e-2
+
+
+def growth_gap(ask, d: int, radius: float, rng: np.random.Generator) -> float:
+    """How far the answers are from growing linearly at ``radius`` (the ReLU limit is positively homogeneous):
+    the largest ``‖f(2x) − 2f(x)‖ / ‖2f(x)‖`` over :data:`PROBES` random points x of norm ``radius`` (2·PROBES
+    queries). Small (~1e-5) for a plain FFN; of order one when a norm in front caps the scale it can be driven to."""
+    Z = rng.standard_normal((PROBES, d))
+    Z *= radius / np.linalg.norm(Z, axis=1, keepdims=True)
+    Y = ask(np.concatenate([Z, 2 * Z]))
+    one, two = Y[:PROBES], Y[PROBES:]
+    return float(np.max(np.linalg.norm(two - 2 * one, axis=1) / np.maximum(np.linalg.norm(2 * one, axis=1),
+                                                                             1e-300)))
 
 
 def circle(U: np.ndarray, a: int, b: int, radius: float, samples: int) -> tuple[np.ndarray, np.ndarray]:
@@ -146,6 +161,9 @@ def mixed_bends(N: int, first: int, R: np.ndarray, floor: float, atoms: np.ndarr
     proj = np.linalg.norm(vt[:r] @ atoms, axis=0)
     cand = np.argsort(-proj)[:r]
     if proj[cand[-1]] < IN_RUN:
+        return []
+    G = np.abs(atoms[:, cand].T @ atoms[:, cand]) - np.eye(r)
+    if G.max() > IN_RUN:  # two nearly equal output directions: least squares would split a bend between them
         return []
     Wt = np.linalg.lstsq(atoms[:, cand], R.T, rcond=None)[0]  # (r, L)
     if np.linalg.norm(R.T - atoms[:, cand] @ Wt) > floor * np.sqrt(len(R)):

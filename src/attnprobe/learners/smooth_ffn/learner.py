@@ -25,7 +25,7 @@ from attnprobe.learners.smooth_ffn.decompose import distinct_columns, factors, s
 from attnprobe.learners.smooth_ffn.derivatives import (choose_extrapolated_step, coarse_answers,
                                                        second_derivatives, step_queries)
 from attnprobe.learners.smooth_ffn.derivatives import richardson as richardson_differences
-from attnprobe.learners.smooth_ffn.drive_start import circles, drive_factors
+from attnprobe.learners.smooth_ffn.drive_start import DRIVABLE, PROBES, circles, drive_factors, growth_gap
 from attnprobe.learners.smooth_ffn.neurons import directions, pick_activation
 from attnprobe.learners.smooth_ffn.polish import gauss_newton, output_layer
 from attnprobe.learners.smooth_ffn.first_stages import search_width, start_run
@@ -108,7 +108,7 @@ def plan(d: int, K: int, m: int, check: int = 0, richardson: int | None = None, 
     E = COARSE_SECOND_DIRECTIONS if coarse else SECOND_DIRECTIONS
     if (start or choose_start(K, m, coarse)) == "drive":
         return {"step": step_queries(coarse), "width": 2 * C * n,
-                "factors": circles(_drive_directions(C)) * drive_samples(m),
+                "factors": 2 * PROBES + circles(_drive_directions(C)) * drive_samples(m),
                 "directions": richardson * 4 * C * d * DIRECTION_POINTS, "answers": answers, "check": check}
     return {"step": step_queries(coarse), "width": 2 * C * n, "factors": richardson * 4 * C * E * n,
             "directions": richardson * 4 * C * d * DIRECTION_POINTS, "answers": answers, "check": check}
@@ -184,17 +184,22 @@ def _factors(T: np.ndarray, m: int, rng: np.random.Generator, coarse: bool) -> t
     return best
 
 
-def _drive_factors(run, ask, U: np.ndarray, m: int, scale: float) -> tuple[np.ndarray, dict]:
+def _drive_factors(run, ask, U: np.ndarray, m: int, scale: float) -> tuple[np.ndarray, dict] | None:
     """The drive start's factors on the learner's C directions (:mod:`.drive_start`; random directions added up to
-    :func:`_drive_directions` for more circles): the m best supported, ``left_out`` the neurons it did not find."""
+    :func:`_drive_directions` for more circles): the m best supported, ``left_out`` the neurons it did not find;
+    None when the answers do not grow linearly far from the origin (:func:`.drive_start.growth_gap`: a norm in
+    front of the FFN, say), where no circle would show its bends."""
     C, d = U.shape
-    extra = run.rng.standard_normal((_drive_directions(C) - C, d))
-    extra /= np.linalg.norm(extra, axis=1, keepdims=True)
+    radius = DRIVE_RADIUS * scale * math.sqrt(d)
     with run.phase("factors"):
-        A, sep = drive_factors(ask, np.concatenate([U, extra]), C, DRIVE_RADIUS * scale * math.sqrt(d),
-                               drive_samples(m))
+        gap = growth_gap(ask, d, radius, run.rng)
+        if not gap <= DRIVABLE:
+            return None
+        extra = run.rng.standard_normal((_drive_directions(C) - C, d))
+        extra /= np.linalg.norm(extra, axis=1, keepdims=True)
+        A, sep = drive_factors(ask, np.concatenate([U, extra]), C, radius, drive_samples(m))
     A = A[:, :m]
-    sep.update(start="drive", left_out=m - A.shape[1])
+    sep.update(start="drive", left_out=m - A.shape[1], growth_gap=gap)
     return A, sep
 
 
@@ -252,12 +257,16 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
         raise ConfigError(f"hidden width {m} needs K·C ≥ m and n ≥ m; got K·C = {K * C}, n = {n}", param="hidden")
     richardson, polish_rounds, polish_iterations = polish_settings(d, K, m, richardson, polish_rounds,
                                                                    polish_iterations, coarse=coarse)
-    start = start or choose_start(K, m, coarse)
+    asked, start = start, start or choose_start(K, m, coarse)
     p = plan(d, K, m, richardson=richardson, coarse=coarse, start=start)
     run.report(run.queries + sum(p.values()) - p["width"] - p["step"])
     E = COARSE_SECOND_DIRECTIONS if coarse else SECOND_DIRECTIONS
-    if start == "drive":
-        A, sep = _drive_factors(run, ask, U, m, scale)
+    driven = _drive_factors(run, ask, U, m, scale) if start == "drive" else None
+    if start == "drive" and driven is None and asked == "drive":
+        raise ConfigError("the answers do not grow linearly far from the origin (a norm in front of the FFN?), so "
+                          "the drive start cannot read its bends; use start='jennrich'", param="start")
+    if driven is not None:
+        A, sep = driven
     else:
         with run.phase("factors"):
             V = rng.standard_normal((E, d))
@@ -265,9 +274,12 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
             T = richardson_differences(lambda s: second_derivatives(ask, X[:n], U, V, s),
                                        h if richardson == 1 else h_rich, richardson)
         A, sep = _factors(T.reshape(K * C, E, n), m, rng, coarse)
-        if coarse and sep.get("left_out"):  # Jennrich's start blended neurons: read them far from the origin
-            A, drive = _drive_factors(run, ask, U, m, scale)
-            sep = {**sep, **drive, "jennrich_left_out": sep["left_out"]}
+        if start == "drive":
+            start, sep["drive_refused"] = "jennrich", "the answers do not grow linearly far from the origin"
+        elif coarse and sep.get("left_out"):  # Jennrich's start blended neurons: read them far from the origin
+            driven = _drive_factors(run, ask, U, m, scale)
+            if driven is not None:
+                A, sep = driven[0], {**sep, **driven[1], "jennrich_left_out": sep["left_out"]}
     Ap = np.linalg.pinv(A)
     w2_dirs, _ = split_factors(A, K, C)
     with run.phase("directions"):
