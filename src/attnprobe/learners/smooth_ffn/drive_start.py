@@ -162,9 +162,6 @@ def mixed_bends(N: int, first: int, R: np.ndarray, floor: float, atoms: np.ndarr
     cand = np.argsort(-proj)[:r]
     if proj[cand[-1]] < IN_RUN:
         return []
-    G = np.abs(atoms[:, cand].T @ atoms[:, cand]) - np.eye(r)
-    if G.max() > IN_RUN:  # two nearly equal output directions: least squares would split a bend between them
-        return []
     Wt = np.linalg.lstsq(atoms[:, cand], R.T, rcond=None)[0]  # (r, L)
     if np.linalg.norm(R.T - atoms[:, cand] @ Wt) > floor * np.sqrt(len(R)):
         return []
