@@ -274,5 +274,5 @@ def refuse(answer_rows, d: int, ratio: float, seed: int = 0) -> None:
     raise UnidentifiableError(
         f"{said}: stages output norm (|w2| {float(np.sqrt(np.mean(w2**2))):.2g} rms), first-norm centre and "
         f"first-norm input read; stage {MISSING_STAGE} not built: the FFN answers only up to the second "
-        "LayerNorm's per-row scale and shift, which the FFN learners cannot difference; --method block reads "
+        "LayerNorm's per-row scale and shift, which the FFN learners cannot difference; the block learner reads "
         "pre-norm RMSNorm blocks")
