@@ -96,10 +96,16 @@ def positional_estimate(setting) -> QueryCount:
                                                    f"zero-key sweep at {bfloat16.SWEEP_QUERIES}·d random queries, the "
                                                    "logit maps' sequences, check"),
                                setting, H, False, per=bfloat16.POLISH_PER)
-        q = coarse_queries(setting.d, H, setting.outputs) + (check_queries(CHECK_LENGTHS) if setting.check else 0)
-        return with_polish(QueryCount(q, q, q, f"{setting.precision} answers, the coarse route: values, the pair "
-                                               f"probe's walk and its value maps at {VALUE_QUERIES}·d random queries "
-                                               "(16 Chebyshev steps each), the logit maps' sequences, check"),
+        from attnprobe.learners.positional.route import PROBE_LENGTH
+
+        checks = check_queries(CHECK_LENGTHS) if setting.check else 0
+        q = coarse_queries(setting.d, H, setting.outputs) + checks
+        biased = PROBE_LENGTH + coarse_queries(setting.d, H, setting.outputs, biases=True) + checks
+        return with_polish(QueryCount(q, q, max(q, biased),
+                                      f"{setting.precision} answers, the coarse route: values, the pair probe's walk "
+                                      f"and its value maps at {VALUE_QUERIES}·d random queries (16 Chebyshev steps "
+                                      f"each), the logit maps' sequences, check; up to {biased} with q/k biases (the "
+                                      "route's probe, the key probe, the logit maps with biases)"),
                            setting, H, False, per=POLISH_PER, rounds=POLISH_ROUNDS)
     head_dim = setting.d // H
     walk = setting.option("walk") or WALK

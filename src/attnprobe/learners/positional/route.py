@@ -154,6 +154,7 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
                                   f"not recovered at {oracle.precision}; "
                                   f"{res.queries + res.check.queries} queries spent")
     res.details["position_route"] = {"position": route, "source": source, "zero_query_spread": spread}
+    biased = biased or bool(res.details.get("qk_biases"))  # the coarse route reads a folder's declared biases
     res.notes.append(f"position term {route}" + (" with q/k biases" if biased else "") + f" ({source}" +
                      (f": zero-query answers spread {spread:.1e} over the key's position" if spread is not None
                       else "") + ")")
