@@ -6,7 +6,8 @@ signal: its heads do not separate. Here
 
 1. **values** — ``M``, ``c`` from one-token sequences, averaged over ``VALUE_REPEATS·2d`` of them;
 2. **value maps** — :func:`~.sweep.sweep_value_maps`: each head's share of the answer as the number of zero keys
-   grows (each head's ``V_h`` at bfloat16's rounding of its weights, d = 32);
+   grows (each head's ``V_h`` at bfloat16's rounding of its weights, d = 32); for more than two heads twelve
+   query blocks and each head's output space from ``3·d_h`` random queries (:func:`sweep_spaces`);
 3. **logit maps** — :func:`~.coarse.logit_maps` (log-weights in each head's coordinates) with ``LOGIT_EXTRA·d``
    more sequences per regression and ``d_h + 8`` fixed queries for the key maps' row spaces (its float32 defaults
    leave them 0.4 … 0.99 off here; with these the start is 3.8e-2 from the module at d = 32);
@@ -28,8 +29,11 @@ from attnprobe.models.positional import PositionalAttention, rope_frequencies
 
 #: one-token sequences per input dimension and sign in the values stage (bfloat16: 4× the float32 route's)
 VALUE_REPEATS = 16
-#: independent random queries per input dimension at which the sweep reads the value maps
+#: independent random queries per input dimension at which the sweep reads the value maps (two heads)
 SWEEP_QUERIES = 6
+#: more heads: random queries per head dimension at which the sweep reads each head's output space instead
+#: (:func:`~.sweep.output_spaces`; d = 64, 4/1 heads: each V_h 2.6 … 3.5 % off from 3·d_h = 48 queries)
+SPACE_QUERIES = 3
 #: the logit maps' regressions: LOGIT_EXTRA·d sequences beyond d each (d + 16 leaves W_Q's row space 0.4 … 0.67
 #: off at d = 32 from bfloat16 answers, d + 256 0.055; the key sets grow with it: ⌈(d_h + LOGIT_EXTRA·d)/9⌉)
 LOGIT_EXTRA = 8
@@ -44,6 +48,12 @@ CLAIM_CAUSE = ("the zero-key sweep reads the value maps, but the logit maps from
                "the polish's reach; docs/positional.md, \"bfloat16 answers\"")
 
 
+def sweep_spaces(H: int) -> int | None:
+    """How the sweep reads the value maps for ``H`` heads: ``None`` (the map ``z ↦ V_h z`` at ``per·d`` queries)
+    up to two heads, else :data:`SPACE_QUERIES` (each head's output space; the sweep's twelve blocks)."""
+    return None if H <= 2 else SPACE_QUERIES
+
+
 def bfloat16_queries(d: int, H: int, outputs: int | None = None, *, per: int = SWEEP_QUERIES) -> int:
     """Queries :func:`bfloat16_start` asks: values, the sweep's walk and random queries, the logit maps'
     sequences (:func:`~.coarse.coarse_queries`' count of them)."""
@@ -52,7 +62,7 @@ def bfloat16_queries(d: int, H: int, outputs: int | None = None, *, per: int = S
 
     K = outputs or d
     dh = K // H
-    return (2 * d * VALUE_REPEATS + sweep_queries(d, H, K, per=per) + 16
+    return (2 * d * VALUE_REPEATS + sweep_queries(d, H, K, per=per, spaces=sweep_spaces(H)) + 16
             + logit_map_queries(d, dh, extra=LOGIT_EXTRA * d, query_sets=dh + 8))
 
 
@@ -68,7 +78,7 @@ def bfloat16_start(oracle, H: int, rng: np.random.Generator, *, base: float | No
     M, c = coarse_values(oracle, rng, math.sqrt(d), repeats=VALUE_REPEATS)
     if M.shape[0] % H:
         raise RecoveryError(f"the output row (K = {M.shape[0]}) does not split into {H} heads of equal width")
-    V, misfit = sweep_value_maps(oracle, c, H, rng, per=per)
+    V, misfit = sweep_value_maps(oracle, c, H, rng, per=per, M=M, spaces=sweep_spaces(H))
     Cb, G = split_value_maps(V, M)
     probe = rng.standard_normal((16, len(LOGIT_OFFSETS) + 1, d))  # the logits' size at unit tokens
     ell = log_weights(oracle, Cb, G, c, probe, np.tile(LOGIT_OFFSETS, (16, 1)), -min(LOGIT_OFFSETS))

@@ -39,7 +39,8 @@ POLISH = Option("polish", str, "the joint least-squares polish on fresh sequence
                 default="auto", choices=POLISH_MODES)
 POLISH_TARGET_OPTION = Option("polish_target", float, "the check error (relative RMS) above which polish auto "
                                                       "polishes", default=POLISH_TARGET, low=0)
-POLISH_SEQUENCES_OPTION = Option("polish_sequences", int, "fresh sequences of the polish (default 2·⌈unknowns/K⌉)",
+POLISH_SEQUENCES_OPTION = Option("polish_sequences", int, "fresh sequences of the polish (default 2·⌈unknowns/K⌉; "
+                                 "rows, asked in sequences of 256 tokens, when the oracle answers causal rows)",
                                  low=1)
 #: relative spread of the zero-query answers over the key's position above which the bias is additive
 ADDITIVE_SIGNAL = 1e-4
