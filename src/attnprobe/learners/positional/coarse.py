@@ -401,18 +401,41 @@ def logit_map_queries(d: int, dh: int, *, extra: int = 16, query_sets: int | Non
     return (sets + (query_sets or sets)) * (d + extra) + samples * dh * dh
 
 
+def key_probe_kernel(M: np.ndarray, H: int, key_probe: bool | None = None) -> np.ndarray | None:
+    """The bias-free route's choice of head probe: rows spanning the kernel of ``M`` (the key probe,
+    :func:`probe_directions`) or None (the pair probe). ``key_probe`` None: the key probe for wide heads
+    (``d_h·d`` above :data:`DENSE_ALS`) whose ``M`` has a kernel (heads sharing keys and values, LLaMA's GQA), the
+    pair probe otherwise (LLaMA d = 128, 8/2, float32: each ``V_h`` 1.1e-4 … 1.5e-4 off and the start 5.6e-4 from
+    the float64 module with the key probe, the pair probe's start far outside; docs/positional.md, "d = 128, 8/2:
+    where the start breaks"); True: the key probe (refused without a kernel); False: the pair probe."""
+    from attnprobe.errors import UnidentifiableError
+    from attnprobe.learners.positional.coarse_bias import coarse_kernel
+
+    if key_probe is False:
+        return None
+    if key_probe is None:
+        if (M.shape[0] // H) * M.shape[1] <= DENSE_ALS:
+            return None
+        try:
+            return coarse_kernel(M, H)
+        except UnidentifiableError:
+            return None
+    return coarse_kernel(M, H)
+
+
 def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None, walk: int = 1,
-                 per: int = VALUE_QUERIES, biases: bool = False):
+                 per: int = VALUE_QUERIES, biases: bool = False, key_probe: bool | None = None):
     """A start for the polish from coarse answers (module docstring, stages 1–3): a :class:`PositionalAttention`
     (one key and value map per head) and a dict of what each stage measured. ``biases``: q/k biases (Qwen2;
     :mod:`.coarse_bias`): the heads from the key probe inside the kernel of ``M``, the token scale from the keys'
-    odd part of the log-weights, and the logit maps with the biases."""
+    odd part of the log-weights, and the logit maps with the biases. ``key_probe``: the bias-free heads' probe
+    (:func:`key_probe_kernel`; default: the key probe for wide heads sharing keys and values)."""
     from attnprobe.learners.positional import coarse_bias
 
     d = oracle.d
     rho = math.sqrt(d)
     M, c = coarse_values(oracle, rng, rho)
-    kernel = coarse_bias.coarse_kernel(M, H) if biases else None
+    kernel = coarse_bias.coarse_kernel(M, H) if biases else key_probe_kernel(M, H, key_probe)
     rough, G = coarse_output_spaces(oracle, M, rng, H, walk, kernel=kernel)
     probe = rng.standard_normal((16, len(LOGIT_OFFSETS) + 1, d))  # the logits' size, read in the rough spaces
     ell = log_weights(oracle, rough, G, c, probe, np.tile(LOGIT_OFFSETS, (16, 1)), -min(LOGIT_OFFSETS))
@@ -433,7 +456,8 @@ def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None
         Wq, Wk, count = logit_maps(oracle, rng, Cb, G, c, theta, scale, **logit_settings(d, dh))
     model = PositionalAttention(Wq, Wk, G, Cb, bq=bq, bk=bk, bo=c, position="rope", inv_freq=theta, layout="half",
                                 scale=1.0, causal=True)
-    return model, {"logit_sequences": count, "token_scale": scale}
+    return model, {"logit_sequences": count, "token_scale": scale,
+                   "head_probe": "pair" if kernel is None else "key"}
 
 
 def extract_coarse_positional(oracle, *, heads, seed=0, check=True, progress=None, walk: int = 1,
@@ -473,7 +497,9 @@ def extract_coarse_positional(oracle, *, heads, seed=0, check=True, progress=Non
     notes = [f"{oracle.precision} answers: the coarse RoPE route (averaged probes, value maps at {per}·d random "
              f"queries, logit maps from log-weights; frequencies from base {base or DEFAULT_BASE:g}, fitted by the "
              "polish)" + ("; q/k biases: the heads from the key probe inside the kernel of the value maps, the "
-                          "biases with the logit maps" if biases else "")]
+                          "biases with the logit maps" if biases else
+                          "; the heads from the key probe inside the kernel of the value maps (heads sharing keys "
+                          "and values)" if measured["head_probe"] == "key" else "")]
     return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_fn=worst_length_check)
 
 
