@@ -14,9 +14,16 @@ SwiGLU at weights N(0, 1/fan-in), ε = 1e-6, float64), queried as every-position
    d = 128, the true attention, ~10 minutes under load);
 5. ``extract_block`` end to end (``--e2e`` after the stages, or ``--only e2e``: d = 32, minutes), the function
    against the block at every length 1 … 64; ``--only e2e128``: the issue's d = 128 LLaMA layer (8/2 heads, SwiGLU
-   256), with the learned FFN and attention against the truth and the peak memory (~15 minutes).
+   256), with the learned FFN and attention against the truth and the peak memory (~15 minutes; in two halves
+   with ``--ffn-out PATH`` then ``--ffn PATH``);
+6. the RoPE learner's logit matrices ``M(δ)`` at a fixed query rms against the truth, head by head (``--only
+   sketches``: d = 128, on the true attention and through the block with the true FFN; ~5 minutes);
+7. the served block (``--only served``): a transformers ``LlamaDecoderLayer`` (d = 32, 2/1 heads, SwiGLU 64, norm
+   weights not 1) served by ``serve --hf-dir DIR --block 1`` (real uvicorn on 127.0.0.1) and attacked by
+   ``extract --url --method block``, against ``extract --hf-dir DIR --block 1`` in process (minutes).
 
-    python benchmarks/block_learner.py [--only oracles|ffn|ffn128|refit|refit128|e2e|e2e128] [--e2e] [--write]
+    python benchmarks/block_learner.py [--only oracles|ffn|ffn128|refit|refit128|e2e|e2e128|sketches|served] [--e2e]
+           [--write]
 """
 
 from __future__ import annotations
@@ -169,33 +176,191 @@ def end_to_end(shape):
 
 
 
-def end_to_end_parts(shape):
+def ffn_stage(shape, path):
+    """The FFN stage of :func:`extract_block` alone, as it runs there (the linear part, ε, the gated learner through
+    the block's FFN oracle, width given, activation read), the FFN saved to ``path`` with its queries, seconds and
+    peak memory beside it (``path`` + ``.json``): the first half of a d = 128 run split in two."""
+    import json
+    import resource
+
+    from attnprobe.learners.block.learner import EPS_TOKENS
+    from attnprobe.models import save_model
+
+    d, H, G, m = shape
+    blk = random_llama_block(d, H, G, m)
+    o = Oracle(blk.every_position, d, outputs=d, precision="float64")
+    K0 = linear_part(o.answer_rows, d)
+    s, _ = sqrt_eps(o.answer_rows, K0, np.random.default_rng(0), tokens=EPS_TOKENS, heads=H)
+    before, t = o.queries, time.perf_counter()
+    fn = FFNThroughBlock(o.answer_rows, s * (K0 - np.eye(d)), s * s)
+    res = extract_gated_ffn(Oracle(fn, d, outputs=d, precision="float64"), seed=0, hidden=m, bias=False,
+                            scale=ffn_scale(d), check=False)
+    save_model(res.model, path)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    info = {"queries": o.queries - before, "seconds": time.perf_counter() - t, "peak_gb": peak}
+    with open(f"{path}.json", "w") as fh:
+        json.dump(info, fh)
+    print(f"the FFN stage: {info}")
+
+
+def end_to_end_parts(shape, ffn_path=None):
     """:func:`end_to_end` with the learned sublayers against the truth (the FFN on 256 fresh rows of rms 0.6, the
     attention on 8 sequences of length 64 of rms 0.5: relative to the largest answer) and the process's peak
-    memory."""
+    memory; with ``ffn_path`` (:func:`ffn_stage`'s file) the FFN stage is that run's (its queries and seconds
+    added, the larger peak memory kept)."""
+    import json
     import resource
+
+    from attnprobe.models import load_model
 
     d, H, G, m = shape
     blk = random_llama_block(d, H, G, m)
     f = fold_norm_weights(blk)
     o = Oracle(blk.every_position, d, outputs=d, precision="float64")
+    before = {"queries": 0, "seconds": 0.0, "peak_gb": 0.0}
+    ffn = None
+    if ffn_path is not None:
+        with open(f"{ffn_path}.json") as fh:
+            before = json.load(fh)
+        ffn = load_model(ffn_path)
     t = time.perf_counter()
     try:
-        res = extract_block(o, heads=H, hidden=m)
+        res = extract_block(o, heads=H, hidden=m, ffn=ffn)
     except AttnprobeError as e:  # a refusal is a measurement too: where it stopped, after how many queries
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        return (f"d {d}, {H}/{G} heads, SwiGLU {m}", o.queries, "—", "—", "—", "—",
-                f"refused: {type(e).__name__}: {e}", "—", f"{time.perf_counter() - t:.0f}", f"{peak:.1f}")
-    seconds = time.perf_counter() - t
+        peak = max(before["peak_gb"], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+        return (f"d {d}, {H}/{G} heads, SwiGLU {m}", o.queries + before["queries"], "—", "—", "—", "—",
+                f"refused: {type(e).__name__}: {e}", "—", f"{time.perf_counter() - t + before['seconds']:.0f}",
+                f"{peak:.1f}")
+    seconds = time.perf_counter() - t + before["seconds"]
     errs = errors_over_lengths(res.model, blk)
     V = np.random.default_rng(9).standard_normal((256, d)) * 0.6
     Z = np.random.default_rng(3).standard_normal((8, 64, d)) * 0.5
     ffn_err = rel(res.model.mlp(V), f.mlp(V))
     att_err = rel(res.model.attention.every_position(Z), f.attention.every_position(Z))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    return (f"d {d}, {H}/{G} heads, SwiGLU {m}", res.queries, res.unknowns, f"{ffn_err:.1e}", f"{att_err:.1e}",
+    peak = max(before["peak_gb"], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+    return (f"d {d}, {H}/{G} heads, SwiGLU {m}", res.queries + before["queries"], res.unknowns, f"{ffn_err:.1e}",
+            f"{att_err:.1e}",
             f"{res.check.error:.1e}", "passed" if res.passed else "failed",
             f"{max(errs):.1e} (N = {int(np.argmax(errs)) + 1})", f"{seconds:.0f}", f"{peak:.1f}")
+
+
+def logit_matrices(shape, through_block: bool):
+    """The RoPE learner at the attention oracle's fixed query rms (``T/√(T² + ε)``), each head's logit matrices
+    ``M(δ) = Uᵀ B(δ) V`` (in the bases of its learned query and key spaces, every offset) against the true head's
+    in the same bases (the nearest true head at δ = −1), the conditioning of ``M(−1)`` and the moduli of the
+    eigenvalues of ``M(−2) M(−1)⁻¹`` (1 for a rotation); answers from the true attention's last row or through the
+    block with the true FFN. The rotation fit is watched, not changed: a refusal is reported."""
+    import attnprobe.learners.positional.rope as rope
+
+    d, H, G, m = shape
+    blk = random_llama_block(d, H, G, m)
+    f = fold_norm_weights(blk)
+    A = f.attention
+    if through_block:
+        fn = AttentionThroughBlock(Oracle(blk.every_position, d, outputs=d, precision="float64").answer_rows, f.ffn,
+                                   blk.eps, d)
+        q, label = fn.query_rms, "through the block (true FFN)"
+    else:
+        q, label = AttentionThroughBlock(None, None, blk.eps, d).query_rms, "the true attention"
+
+        def fn(X):
+            return A.every_position(X)[:, -1]
+    seen, factor = [], rope.factor_rotary
+
+    def watched(Mk, U, V, first, second):
+        seen.append((Mk, U, V))
+        return factor(Mk, U, V, first, second)
+
+    o = Oracle(fn, d, outputs=d, precision="float64")
+    t = time.perf_counter()
+    rope.factor_rotary = watched
+    try:
+        res = rope.extract_positional(o, heads=H, check=False, query_rms=q)
+        Zt = np.random.default_rng(3).standard_normal((8, 64, d)) * 0.5
+        outcome = f"{rel(res.model.every_position(Zt), A.every_position(Zt)):.1e}"
+    except AttnprobeError as e:
+        outcome = f"refused: {e}".split(";")[0]
+    finally:
+        rope.factor_rotary = factor
+    errs, conds, moduli = [], [], []
+    for Mk, U, V in seen:
+        truth = min(({o_: U.T @ A.logit_matrix(h, o_) @ V for o_ in Mk} for h in range(H)),
+                    key=lambda t_: np.linalg.norm(Mk[-1] - t_[-1]))
+        errs.append(max(np.linalg.norm(Mk[o_] - truth[o_]) / np.linalg.norm(truth[o_]) for o_ in Mk))
+        conds.append(np.linalg.cond(truth[-1]))
+        moduli.extend(np.abs(np.linalg.eigvals(Mk[-2] @ np.linalg.inv(Mk[-1]))))
+    return (f"d {d}, {H}/{G} heads", label, o.queries, f"{min(errs):.1e} … {max(errs):.1e}",
+            f"{min(conds):.1f} … {max(conds):.1f}", f"{min(moduli):.4f} … {max(moduli):.4f}", outcome,
+            f"{time.perf_counter() - t:.0f}")
+
+
+def llama_block_folder(folder):
+    """A transformers LLaMA model (2 layers) whose layer 1 the block learner reads: d = 32, 2/1 heads, SwiGLU 64, no
+    attention biases, attention weights N(0, 1/32), norm weights 1 + N(0, 0.3²), ε = 1e-6."""
+    import torch
+    import transformers
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                      num_key_value_heads=1, num_hidden_layers=2, vocab_size=8, rms_norm_eps=1e-6,
+                                      attention_bias=False, initializer_range=0.18)
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(config)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+            elif "attn" in name:
+                p.copy_(torch.randn(p.shape, generator=g) / 32**0.5)
+    model.save_pretrained(folder)
+    return folder
+
+
+def served_block():
+    """``extract --url --method block`` on ``serve --hf-dir DIR --block 1`` against ``extract --hf-dir DIR --block 1``
+    in process: queries, check, whether the arrays are the same, and ``load_model(result)`` against the layer at
+    every position of 4 sequences of each length 1 … 64."""
+    import json
+    import tempfile
+    import types
+    from pathlib import Path
+
+    from attnprobe.cli import build_parser, main as cli
+    from attnprobe.cli.serve import build_from_args
+    from attnprobe.models.io import load_model
+    from attnprobe.oracles.hf_block import oracle_from_hf_block
+    from attnprobe.service.server import BackgroundServer
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = llama_block_folder(Path(tmp) / "llama")
+        learner = ["--method", "block", "--heads", "2", "--hidden", "64", "--quiet"]
+        args = build_parser().parse_args(["serve", "--hf-dir", str(folder), "--block", "1", "--api-key", "k-1",
+                                          "--budget", "1000000", "--max-batch", "4096", "--max-length", "1024"])
+        app, _ = build_from_args(args)
+        runs = {}
+        with BackgroundServer(app) as srv:
+            t = time.perf_counter()
+            code = cli(["extract", "--url", srv.url, "--api-key", "k-1", "--answer-precision", "float64",
+                        "--positions", "positional", *learner, "--out", str(Path(tmp) / "http.npz")])
+            runs["http"] = (code, time.perf_counter() - t)
+        t = time.perf_counter()
+        code = cli(["extract", "--hf-dir", str(folder), "--block", "1", *learner,
+                    "--out", str(Path(tmp) / "local.npz")])
+        runs["local"] = (code, time.perf_counter() - t)
+        a, b = np.load(Path(tmp) / "http.npz"), np.load(Path(tmp) / "local.npz")
+        same = sorted(a.files) == sorted(b.files) and all(np.array_equal(a[k], b[k]) for k in a.files)
+        victim = oracle_from_hf_block(folder, 1)
+        layer = types.SimpleNamespace(every_position=victim.answer_rows, d=32)
+        for name, label in (("http", "served over HTTP (`extract --url`)"), ("local", "in process (`--hf-dir`)")):
+            report = json.loads((Path(tmp) / f"{name}.json").read_text())
+            errs = errors_over_lengths(load_model(Path(tmp) / f"{name}.npz"), layer)
+            rows.append((label, runs[name][0], report["queries"], f"{report['check']['relative_error']:.1e}",
+                         "passed" if report["passed"] else "failed", "yes" if same else "NO",
+                         f"{max(errs):.1e} (N = {int(np.argmax(errs)) + 1})", f"{runs[name][1]:.0f}"))
+    return rows
 
 
 E2E_HEAD = ["block", "queries", "unknowns", "check error", "check", "largest error over N = 1 … 64 (4 sequences each)",
@@ -207,9 +372,13 @@ E2E_TEXT = ("`extract_block` end to end (the FFN learned, then the attention and
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--e2e", action="store_true", help="also run extract_block end to end at d = 32 (minutes)")
-    ap.add_argument("--only", choices=("oracles", "ffn", "ffn128", "refit", "refit128", "e2e", "e2e128"),
+    ap.add_argument("--only", choices=("oracles", "ffn", "ffn128", "refit", "refit128", "e2e", "e2e128", "sketches",
+                                       "served"),
                     help="only the sublayer oracles' table (a minute), or only the gated learner through the block "
                          "(d = 64 or 128; minutes)")
+    ap.add_argument("--ffn-out", metavar="PATH", help="--only e2e128: run the FFN stage alone and save the FFN "
+                                                      "to PATH (the first half of a split run)")
+    ap.add_argument("--ffn", metavar="PATH", help="--only e2e128: the FFN saved by --ffn-out (the second half)")
     ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks/block.md")
     args = ap.parse_args()
     if args.only in ("refit", "refit128"):
@@ -226,11 +395,44 @@ def main():
             width = "32" if args.only == "refit" else "128"
             write_section("Attention logit refit at a fixed query rms, d = " + width, body, command_line(), doc=DOC)
         return
+    if args.only == "sketches":
+        t = Table(["attention", "answers", "queries", "M(δ) rel. error, worst offset (heads: best … worst)",
+                   "cond M(−1)", "eigenvalue moduli of M(−2) M(−1)⁻¹", "function error", "seconds"])
+        for through in (False, True):
+            t.add(*logit_matrices(SHAPES[2], through))
+            print(t.markdown(), flush=True)
+        body = ("The RoPE learner with every query at the attention oracle's rms (its logits stage's keys at rms "
+                "TARGET_LOGIT/med, at most 1/2): each head's logit matrices against the truth in the learned "
+                "bases, every offset; function error over 8 sequences of length 64, relative to the largest "
+                "answer:\n\n" + t.markdown())
+        print(body)
+        if args.write:
+            write_section("Logit matrices at a fixed query rms, d = 128", body, command_line(), doc=DOC)
+        return
+    if args.only == "served":
+        t = Table(["LLaMA layer 1 (d 32, 2/1 heads, SwiGLU 64)", "exit code", "queries", "check error", "check",
+                   "the same arrays", "load_model(result): largest error over N = 1 … 64 (4 sequences each)",
+                   "seconds"])
+        for row in served_block():
+            t.add(*row)
+        body = ("`extract --method block --heads 2 --hidden 64` on a transformers LLaMA layer (norm weights not 1), "
+                "served by `serve --hf-dir DIR --block 1` (uvicorn on 127.0.0.1) and in process; errors relative to "
+                "the layer's own part y − x, every position:\n\n" + t.markdown())
+        print(body)
+        if args.write:
+            write_section("The served block over HTTP, d = 32", body, command_line(), doc=DOC)
+        return
     if args.only == "e2e128":
         t = Table(["block", "queries", "unknowns", "FFN error", "attention error", "check error", "check",
                    "largest error over N = 1 … 64 (4 sequences each)", "seconds", "peak memory (GB)"])
-        t.add(*end_to_end_parts(SHAPES[2]))
-        body = E2E_TEXT + "\n\n" + t.markdown()
+        if args.ffn_out:
+            ffn_stage(SHAPES[2], args.ffn_out)
+            return
+        t.add(*end_to_end_parts(SHAPES[2], args.ffn))
+        body = E2E_TEXT + ("\n\nRun in two halves (each under 20 minutes on a shared machine): `--ffn-out PATH` runs "
+                           "the FFN stage as `extract_block` does and saves the FFN, `--ffn PATH` runs "
+                           "`extract_block(..., ffn=the saved FFN)`; queries and seconds are the two halves' sums, "
+                           "the peak memory the larger's." if args.ffn else "") + "\n\n" + t.markdown()
         print(body)
         if args.write:
             write_section("extract_block end to end, d = 128", body, command_line(), doc=DOC)

@@ -2,6 +2,8 @@
 ``extract --url``: the same answers and the same outcome as in process; ``--method block`` without ``--heads``
 refused in one line."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -153,3 +155,57 @@ def test_method_block_over_http_gives_the_in_process_result(tmp_path, capsys):
         X = rng.standard_normal((4, N, 32))
         y = victim.answer_rows(X)
         assert np.abs(model.every_position(X) - y).max() < 1e-6 * np.abs(y - X).max()
+
+
+def learner_form(block):
+    """``block`` as the block learner returns it: norm weights folded into the projections (1), the logit scale in
+    ``W_Q``, every query head with its own copy of its group's keys and values, each RoPE pair's ``(W_Q, W_K)`` in
+    another gauge (a scaled rotation of the pair, which leaves every logit unchanged)."""
+    from attnprobe.models.block import fold_norm_weights
+    from attnprobe.models.positional import PositionalAttention
+
+    f = fold_norm_weights(block)
+    a = f.attention
+    H, dh = a.H, a.head_dim
+    h = dh // 2
+    rng = np.random.default_rng(4)
+    Wq, Wk = a.scale * a.Wq.copy(), np.stack([a.Wk[a.group(i)] for i in range(H)])
+    for i in range(H):  # per pair: q ↦ c·R(φ) q, k ↦ R(φ) k / c keeps qᵀ R(δ) k
+        for k in range(h):
+            phi, c = rng.uniform(0, 2 * np.pi), rng.uniform(0.5, 2)
+            R = np.array([[np.cos(phi), -np.sin(phi)], [np.sin(phi), np.cos(phi)]])
+            Wq[i, [k, k + h]] = c * R @ Wq[i, [k, k + h]]
+            Wk[i, [k, k + h]] = R @ Wk[i, [k, k + h]] / c
+    att = PositionalAttention(Wq, Wk, np.stack([a.Wv[a.group(i)] for i in range(H)]), a.Wo, bo=a.bo,
+                              position="rope", inv_freq=a.inv_freq, layout="half", scale=1.0, causal=True)
+    return dataclasses.replace(f, attention=att)
+
+
+def test_export_writes_a_learned_form_block_back_as_the_familys_layer(tmp_path, capsys):
+    """``export`` of a block result (the learner's form: norm weights 1, heads in another RoPE gauge, KV groups
+    unshared) writes a LLaMA folder whose layer answers like the victim's at every position, all layers or one;
+    a result whose ε is not the folder's is refused in one line."""
+    from attnprobe.models import save_model
+    from attnprobe.oracles.hf_block import block_model, hf_block
+
+    folder = llama_block_folder(tmp_path / "llama")
+    truth = block_model(hf_block(folder, 1))
+    assert np.abs(truth.norm1_w - 1).max() > 0.1  # the folding matters
+    result = learner_form(truth)
+    path = save_model(result, tmp_path / "block.npz")
+    victim = oracle_from_hf_block(folder, 1)
+    X = np.random.default_rng(5).standard_normal((3, 17, 32))
+    y = victim.answer_rows(X)
+    assert np.abs(result.every_position(X) - y).max() < 1e-12 * np.abs(y - X).max()
+    for layers, at in (([], 1), (["--layers", "1"], 0)):
+        out = tmp_path / f"out{at}"
+        assert main(["export", "--result", str(path), "--hf-dir", str(folder), "--layer", "1", "--out", str(out),
+                     *layers]) == 0
+        assert "holds the recovered block" in capsys.readouterr().out
+        got = oracle_from_hf_block(out, at).answer_rows(X)
+        assert np.abs(got - y).max() < 1e-12 * np.abs(y - X).max()
+    off = save_model(dataclasses.replace(result, eps=2e-6), tmp_path / "off.npz")
+    assert main(["export", "--result", str(off), "--hf-dir", str(folder), "--layer", "1",
+                 "--out", str(tmp_path / "no")]) == 2
+    err = capsys.readouterr().err
+    assert "ε" in err and "rms_norm_eps" in err and len(err.strip().splitlines()) == 1

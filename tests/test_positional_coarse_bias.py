@@ -155,3 +155,21 @@ def test_bfloat16_qwen2_answers_are_refused_naming_the_precision_and_the_biases(
     msg = str(exc.value)
     assert msg.startswith("RoPE with q/k biases") and "bfloat16" in msg and "q/k biases from float32" in msg
     assert "\n" not in msg and oracle.queries == 8
+
+
+@pytest.mark.slow
+def test_float32_qwen2_folder_through_the_cli_reads_its_declared_biases(tmp_path, capsys):
+    """A float32 Qwen2 folder (d = 16, 2/1 heads, attention weights and biases N(0, 0.3²)): its config declares the
+    q/k biases and the heads, and ``extract --hf-dir`` takes the coarse route with biases (before: refused in one
+    line); with ``--polish never`` the start is judged by the check (measured exit 3 at 2.1e-3 > 1.2e-3)."""
+    pytest.importorskip("transformers")
+    from hf_models import tiny_family_dir
+
+    from attnprobe.cli import main
+
+    folder = tiny_family_dir(tmp_path / "m", "qwen2", hidden=16, heads=2, kv_heads=1, layers=1, std=0.3)
+    code = main(["extract", "--hf-dir", str(folder), "--layer", "0", "--out", str(tmp_path / "r.npz"), "--polish",
+                 "never", "--keep-failed"])
+    out = capsys.readouterr().out
+    assert "q/k biases: the heads from the key probe" in out and "position term rope with q/k biases" in out
+    assert code in (0, 3)

@@ -1,4 +1,5 @@
-"""``attnprobe export``: write a recovered attention layer into a Hugging Face folder of the victim's family."""
+"""``attnprobe export``: write a recovered attention layer (or a whole recovered block: ``--method block``) into a
+Hugging Face folder of the victim's family."""
 
 from __future__ import annotations
 
@@ -39,18 +40,30 @@ def run(args) -> int:
     at = 0 if args.layers == 1 else args.layer
     rng = np.random.default_rng(args.seed)
     worst = 0.0
-    oracle = oracle_from_hf(out, at, dtype=args.dtype, positional=getattr(model, "kind", "") == "positional_attention")
+    kind = getattr(model, "kind", "")
+    if kind == "transformer_block":  # the whole layer, every position, against the block's own part y − x
+        from attnprobe.oracles.hf_block import oracle_from_hf_block
+
+        oracle = oracle_from_hf_block(out, at, dtype=args.dtype)
+
+        def answers(X):
+            return oracle.answer_rows(X), model.every_position(X), X
+    else:
+        oracle = oracle_from_hf(out, at, dtype=args.dtype, positional=kind == "positional_attention")
+
+        def answers(X):
+            return oracle(X), model(X), 0.0
     for N in CHECK_LENGTHS:  # what transformers loads from OUT answers like the recovered layer
-        X = rng.standard_normal((CHECK_SEQUENCES, N, model.d))
-        want = model(X)
-        worst = max(worst, float(np.abs(oracle(X) - want).max() / max(np.abs(want).max(), 1e-300)))
+        got, want, base = answers(rng.standard_normal((CHECK_SEQUENCES, N, model.d)))
+        worst = max(worst, float(np.abs(got - want).max() / max(np.abs(want - base).max(), 1e-300)))
     # the result's noise beyond the head width is cut off (W_h and V_h have rank d_h): allow 10× its size
     # (the kernel's softmax precision counts: LLaMA-family eager attention and BLOOM compute it in float32)
     tolerance = min(CHECK_CEILING, max(CHECK_FLOOR, CHECK_FACTOR * machine_epsilon(oracle.precision), 10 * dropped))
-    print(f"wrote {out}: layer {at} holds the recovered attention; its sublayer, loaded with transformers, answers "
+    what = "block; the layer" if kind == "transformer_block" else "attention; its sublayer"
+    print(f"wrote {out}: layer {at} holds the recovered {what}, loaded with transformers, answers "
           f"like the result to {worst:.2e} (relative, {CHECK_SEQUENCES * len(CHECK_LENGTHS)} random sequences; "
           + (f"the result's parts beyond the head width, at most {dropped:.1e} of each W_h and V_h, were cut off)"
-             if getattr(model, "kind", "") != "positional_attention" else
+             if kind not in ("positional_attention", "transformer_block") else
              f"heads sharing keys and values written once per KV group, in the RoPE gauge: misfit {dropped:.1e})"))
     if not worst <= tolerance:
         raise CheckFailedError(f"the exported layer answers unlike the result ({worst:.2e} > {tolerance:.1e}); "
@@ -59,9 +72,10 @@ def run(args) -> int:
 
 
 def add_parser(sub) -> None:
-    e = sub.add_parser("export", help="write a recovered attention layer into a Hugging Face folder of the "
-                                      "victim's family")
-    e.add_argument("--result", required=True, metavar="R.npz", help="an extract result (whole-row multi-head)")
+    e = sub.add_parser("export", help="write a recovered attention layer (or block) into a Hugging Face "
+                                      "folder of the victim's family")
+    e.add_argument("--result", required=True, metavar="R.npz",
+                   help="an extract result (whole-row multi-head, RoPE, or a whole block)")
     e.add_argument("--hf-dir", required=True, metavar="DIR", help="the victim's Hugging Face folder: its family, "
                                                                  "config and every other weight")
     e.add_argument("--layer", required=True, type=int, metavar="L", help="the layer the result was extracted from")

@@ -197,7 +197,7 @@ def _print_estimate(args, oracle) -> int:
     """``--estimate``: the queries the run would ask (and their price), asking none: an undeclared precision is
     taken as float64 (not read from the answers, which would take queries), and the line says so."""
     from attnprobe._validation import check_int
-    from attnprobe.learners.core.estimate import estimate_queries
+    from attnprobe.learners.core.estimate import duration, estimate_queries
 
     check_int(getattr(args, "rank", None), "rank", min_value=1, max_value=oracle.d, allow_none=True)  # as a run
     declared = oracle.detector is None
@@ -214,6 +214,10 @@ def _print_estimate(args, oracle) -> int:
                "answers assumed float64 (not read: --answer-precision declares coarser ones)")
     line = (f"{est.method} at d={est.d}: about {est.queries} queries (expected range {est.low}–{est.high}; "
             f"{est.basis}; {assumed}); {oracle.queries} asked")
+    if est.seconds is not None:
+        line += f"; expected computing time about {duration(est.seconds)}"
+    if est.peak_bytes is not None:
+        line += f", peak memory about {est.peak_bytes / 2**30:.1f} GiB"
     if args.budget is not None and est.high > args.budget:
         line += f"; more than --budget {args.budget} may be needed"
     if est.cost is not None and not math.isfinite(est.cost):

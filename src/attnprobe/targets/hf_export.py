@@ -27,6 +27,8 @@ RANK_SLACK = 1e-2
 THETA_TOLERANCE = 1e-3
 #: a bias the family lacks may be this small (relative to its weights) and is dropped
 BIAS_FLOOR = 1e-8
+#: how far (relative) a recovered block's norm ε may be from the folder's (the block learner reads it to ~1e-12)
+EPS_TOLERANCE = 1e-6
 
 
 def _truncated(M: np.ndarray, r: int, what: str, dropped: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -102,6 +104,9 @@ def export_layer(result, hf_dir, layer: int, out, *, layers: int | None = None, 
         raise ConfigError(f"The 'layers' parameter is 1 (one layer) or {spec.layers} (the victim's); got {layers}",
                           param="layers")
     arrays = load_arrays(result, what="result file")
+    if str(arrays.get("kind", "")) == "transformer_block":
+        weights, dropped, within = block_weights(result, hf_dir, spec, layer)
+        return _write(weights, hf_dir, layer, out, layers, dtype, spec, within=within), dropped
     if str(arrays.get("kind", "")) == "positional_attention":
         weights, dropped = rope_weights(result, spec, layer)
         return _write(weights, hf_dir, layer, out, layers, dtype, spec), dropped
@@ -122,11 +127,17 @@ def rope_weights(result, spec: LayerSpec, layer: int) -> tuple[dict[str, np.ndar
     KV group in the RoPE gauge (:func:`~attnprobe.models.positional_gauge.share_kv`), biases the family lacks
     refused unless they vanish. Returns the tensors and the largest misfit of a head to its group."""
     from attnprobe.models import load_model
+
+    model = load_model(result)
+    return rope_parts(getattr(model, "model", model), spec, layer, result)  # the model under every-position rows
+
+
+def rope_parts(model, spec: LayerSpec, layer: int, result) -> tuple[dict[str, np.ndarray], float]:
+    """:func:`rope_weights` of a :class:`~attnprobe.models.positional.PositionalAttention` (``result`` names it in
+    the messages)."""
     from attnprobe.models.positional import rope_frequencies
     from attnprobe.models.positional_gauge import share_kv
 
-    model = load_model(result)
-    model = getattr(model, "model", model)  # the model under every-position rows
     if model.position != "rope" or spec.family.position != "rope" or spec.rotary is None:
         raise ConfigError(f"{result} holds a {model.position} layer; {spec.folder} is a {spec.name} model "
                           f"({spec.family.position}): export writes a RoPE layer into a RoPE family", param="result")
@@ -177,6 +188,48 @@ def rope_weights(result, spec: LayerSpec, layer: int) -> tuple[dict[str, np.ndar
     return join_projections(spec, parts), misfit
 
 
+def block_weights(result, hf_dir, spec: LayerSpec, layer: int) -> tuple[dict[str, np.ndarray], float, str]:
+    """A recovered pre-norm block (``transformer_block``: RMSNorm, RoPE attention, gated FFN) as the tensors of a
+    layer module of ``hf_dir``'s family (LLaMA, Qwen2, Mistral): the attention as :func:`rope_parts` writes it, the
+    norms' weights (1 in the learner's canonical form, the victim's folded into the projections after them) and the
+    gate, up and down projections. The folder's ε is kept (refused when the result's differs by more than
+    :data:`EPS_TOLERANCE`), as are its activation and FFN width (refused when they differ). Returns the tensors by
+    name under the layer module, the attention's misfit (:func:`rope_parts`) and the layer module's path."""
+    from attnprobe.models import load_model
+    from attnprobe.models.gated_ffn import GatedFFN
+    from attnprobe.oracles.hf_block import HF_ACTIVATIONS, block_spec
+
+    _, parts, layout = block_spec(hf_dir)
+    block = load_model(result)
+    block = getattr(block, "model", block)
+    if layout != "pre" or parts.gate is None or (block.layout, block.norm) != ("pre", parts.norm):
+        raise ConfigError(f"{result} holds a {block.layout}-norm block with {block.norm} norms; {spec.folder}'s are "
+                          f"{layout}-norm with {parts.norm} norms: export writes pre-norm RMSNorm blocks with a gated "
+                          "FFN into LLaMA, Qwen2 or Mistral folders", param="result")
+    ffn, cfg = block.ffn, spec.config
+    act, width = HF_ACTIVATIONS.get(cfg.get("hidden_act", "")), cfg.get("intermediate_size")
+    if not isinstance(ffn, GatedFFN) or ffn.activation != act or ffn.m != width:
+        raise ConfigError(f"the result's FFN ({type(ffn).__name__}, {ffn.activation}, width {ffn.m}) is not "
+                          f"{spec.folder}'s (gated {act}, width {width})", param="result")
+    eps = float(cfg.get(parts.eps_key, block.eps))
+    if abs(block.eps / eps - 1) > EPS_TOLERANCE:
+        raise ConfigError(f"the result's norm ε = {block.eps:.3e} differs from {spec.folder}'s {parts.eps_key} = "
+                          f"{eps:.3e}; the block does not fit this folder", param="hf_dir")
+    attention, misfit = rope_parts(block.attention, spec, layer, result)
+    mlp_bias = bool(cfg.get("mlp_bias", False))
+    size = max(float(np.abs(ffn.W2).max()), 1e-300)
+    if not mlp_bias and max(float(np.abs(b).max()) for b in (ffn.bg, ffn.bu, ffn.b2)) > BIAS_FLOOR * size:
+        raise ConfigError(f"the recovered FFN has biases; a {spec.name} MLP of this config has none", param="hf_dir")
+    within = parts.layer.format(i=layer)
+    rel = spec.module_path(layer)[len(within) + 1:]  # the attention under the layer module
+    weights = {f"{rel}.{k}": v for k, v in attention.items()}
+    weights.update({f"{parts.norm1}.weight": block.norm1_w, f"{parts.norm2}.weight": block.norm2_w,
+                    f"{parts.gate}.weight": ffn.Wg, f"{parts.up}.weight": ffn.Wu, f"{parts.down}.weight": ffn.W2})
+    if mlp_bias:
+        weights.update({f"{parts.gate}.bias": ffn.bg, f"{parts.up}.bias": ffn.bu, f"{parts.down}.bias": ffn.b2})
+    return weights, misfit, parts.layer
+
+
 def _permuted(model, perm: np.ndarray, theta: np.ndarray):
     """``model`` with each head's coordinates reordered by ``perm`` (pairs moved to the folder's frequencies),
     rotating by the folder's ``theta``."""
@@ -188,13 +241,18 @@ def _permuted(model, perm: np.ndarray, theta: np.ndarray):
                                causal=model.causal, dtype=model.dtype)
 
 
-def _write(weights: dict, hf_dir, layer: int, out, layers, dtype: str, spec: LayerSpec) -> Path:
-    """Save ``hf_dir``'s model (all layers, or one) with ``weights`` in layer ``layer``'s attention module."""
+def _write(weights: dict, hf_dir, layer: int, out, layers, dtype: str, spec: LayerSpec,
+           within: str | None = None) -> Path:
+    """Save ``hf_dir``'s model (all layers, or one) with ``weights`` in layer ``layer``'s attention module (or, with
+    ``within``, the module at that path, ``{i}`` the layer: a whole block's)."""
     model = _model_to_write(hf_dir, layer, layers == 1 and spec.layers > 1, dtype, spec)
     target = 0 if layers == 1 else layer
     torch = _torch()
-    attention = model.get_submodule(spec.module_path(target) if layers != 1 else
-                                    spec.family.module.format(i=0, g=0, j=0))
+    if within is not None:
+        attention = model.get_submodule(within.format(i=target))
+    else:
+        attention = model.get_submodule(spec.module_path(target) if layers != 1 else
+                                        spec.family.module.format(i=0, g=0, j=0))
     with torch.no_grad():
         for name, value in weights.items():
             param = attention.get_parameter(name)

@@ -15,6 +15,7 @@ learned; ε learned. Checked at every position on fresh sequences of lengths 1, 
 from __future__ import annotations
 
 import math
+import types
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from attnprobe.learners.core.skeleton import Run
 from attnprobe.learners.positional.rope import OVERSAMPLE, extract_positional
 from attnprobe.learners.smooth_ffn.gated_learner import extract_gated_ffn
 from attnprobe.models.block import TransformerBlock
-from attnprobe.models.gated_ffn import GATED_FAMILIES
+from attnprobe.models.gated_ffn import GATED_FAMILIES, GatedFFN
 from attnprobe.oracles.wrappers import declared_attribute
 
 METHOD = "block"
@@ -52,10 +53,12 @@ def _oracle(fn, d, name):
 
 
 def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: str | None = None, seed=0,
-                  check: bool = True, progress=None, walk: int = 1):
+                  check: bool = True, progress=None, walk: int = 1, ffn=None):
     """Recover a pre-norm RMSNorm block with RoPE attention and a bias-free gated FFN (module docstring).
     ``heads``: the attention's H; ``hidden``: the FFN's gated units if known; ``activation``: ``swiglu``,
-    ``geglu``, ``geglu_tanh`` or None (read from the answers)."""
+    ``geglu``, ``geglu_tanh`` or None (read from the answers); ``ffn``: a gated FFN already read from this block's
+    FFN oracle (``v ↦ F(w2 ⊙ v)``, :class:`.sublayers.FFNThroughBlock`): the FFN stage is skipped and its queries
+    are not counted here (a long run split in two)."""
     d = oracle.d
     if oracle.outputs not in (None, d):
         raise ConfigError(f"a block answers d = {d} numbers per row; this oracle answers {oracle.outputs}",
@@ -63,6 +66,9 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
     if activation is not None and activation not in GATED_FAMILIES:
         raise ConfigError(f"the block learner reads gated FFNs ({', '.join(GATED_FAMILIES)}); got {activation!r}",
                           param="activation")
+    if ffn is not None and (not isinstance(ffn, GatedFFN) or (ffn.d, ffn.outputs) != (d, d)):
+        raise ConfigError(f"ffn must be a gated FFN from d = {d} to d numbers (a block's FFN read before); got "
+                          f"{type(ffn).__name__}", param="ffn")
     if max(oracle.eps, 1e-16) > 1e-15 or not oracle.noise.exact:
         raise UnidentifiableError(f"the block learner reads float64 answers without noise; these answers are "
                                   f"{oracle.precision} or noisy")
@@ -91,10 +97,13 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
                                   f"at the origin (misfit {misfit:.1e}): not a pre-norm RMSNorm block")
     eps = s * s
     M = s * (K0 - np.eye(d))
-    with run.phase("ffn", absorb=True):
-        ffn_oracle = _oracle(FFNThroughBlock(rows, M, eps), d, "the block's FFN")
-        ffn = extract_gated_ffn(ffn_oracle, seed=seed, activation=activation, hidden=hidden, bias=False,
-                                scale=ffn_scale(d), check=False)
+    if ffn is not None:
+        ffn = types.SimpleNamespace(model=ffn, queries=0, unknowns=GatedFFN.unknowns(d, ffn.m, d, bias=False))
+    else:
+        with run.phase("ffn", absorb=True):
+            ffn_oracle = _oracle(FFNThroughBlock(rows, M, eps), d, "the block's FFN")
+            ffn = extract_gated_ffn(ffn_oracle, seed=seed, activation=activation, hidden=hidden, bias=False,
+                                    scale=ffn_scale(d), check=False)
     with run.phase("attention", absorb=True):
         att_fn = AttentionThroughBlock(rows, ffn.model, eps, d, value_map=M)
         att_oracle = _oracle(att_fn, d, "the block's attention")

@@ -58,15 +58,27 @@ class Setting:
                               "refused, so there is nothing to estimate", param="precision")
 
 
+def duration(seconds: float) -> str:
+    """``seconds`` in words: s, min or h."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 @dataclass(frozen=True)
 class QueryCount:
     """A learner's estimate: expected ``queries``, the range ``low`` … ``high`` they fall in, and ``basis``
-    (how the count is made up, in words)."""
+    (how the count is made up, in words); where the learner models them, the expected ``seconds`` of its own
+    computing and its ``peak_bytes`` of memory (None: not modelled)."""
 
     queries: int
     low: int
     high: int
     basis: str
+    seconds: float | None = None
+    peak_bytes: int | None = None
 
     @classmethod
     def exactly(cls, queries: int, basis: str) -> "QueryCount":
@@ -76,7 +88,8 @@ class QueryCount:
 
 @dataclass(frozen=True)
 class Estimate:
-    """Expected queries and the range they fall in; ``cost`` at ``price_per_1k`` (None when no price)."""
+    """Expected queries and the range they fall in; ``cost`` at ``price_per_1k`` (None when no price); the
+    learner's expected ``seconds`` and ``peak_bytes`` where it models them (None: not modelled)."""
 
     method: str
     d: int
@@ -85,6 +98,8 @@ class Estimate:
     high: int
     basis: str
     price_per_1k: float | None = None
+    seconds: float | None = None
+    peak_bytes: int | None = None
 
     @property
     def cost(self) -> float | None:
@@ -114,4 +129,5 @@ def estimate_queries(method: str, d: int, *, outputs: int | None = None, precisi
     setting = Setting(int(d), outputs, precision, bool(bias) and not resolved.get("no_bias"), bool(check), resolved,
                       rows)
     count = entry.estimate(setting)
-    return Estimate(method, int(d), int(count.queries), int(count.low), int(count.high), count.basis, price_per_1k)
+    return Estimate(method, int(d), int(count.queries), int(count.low), int(count.high), count.basis, price_per_1k,
+                    count.seconds, count.peak_bytes)

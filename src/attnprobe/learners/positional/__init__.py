@@ -7,10 +7,12 @@ from attnprobe.learners.core.check import check_queries
 from attnprobe.learners.core.estimate import QueryCount
 from attnprobe.learners.core.registry import Capabilities, Option, register
 from attnprobe.learners.multihead.options import HEADS
-from attnprobe.learners.positional.coarse import POLISH_PER, VALUE_QUERIES, coarse_queries
+from attnprobe.learners.positional.coarse import POLISH_PER, POLISH_ROUNDS, VALUE_QUERIES, coarse_queries
 from attnprobe.learners.positional.rope import (BFLOAT16_ROUNDING, CHECK_LENGTHS, COARSEST, WALK, coarse_refusal,
                                                extract_positional, positional_queries)
-from attnprobe.learners.positional.polish import POLISH_SEQUENCES, POLISH_TARGET, polish_queries, polish_sequences
+from attnprobe.learners.positional.polish import (HOOK_CG_STEPS, HOOK_ROUNDS, POLISH_SEQUENCES, POLISH_TARGET,
+                                                  polish_queries, polish_sequences)
+from attnprobe.learners.positional.row_polish import chunk_precision, row_polish_plan
 from attnprobe.learners.positional.route import (POLISH, POLISH_SEQUENCES_OPTION, POLISH_TARGET_OPTION, POSITION,
                                                 additive_estimate, extract_any_positional)
 from attnprobe.models.positional import PositionalAttention
@@ -28,17 +30,23 @@ def _positional(oracle, *, seed, progress, heads, position="auto", walk=WALK, po
 
 
 def with_polish(count: QueryCount, setting, heads: int, bias: bool, position: str = "rope",
-                per: float | None = None) -> QueryCount:
+                per: float | None = None, rounds: int = HOOK_ROUNDS) -> QueryCount:
     """``count`` with the joint polish's fresh sequences and its check (:func:`~.polish.polish_queries`, for at
     most one key/value group per head): in every end with polish ``always``; in the upper end only with ``auto``
     (it polishes only when the check's error is above the target: measured, LLaMA and GPT-NeoX at d = 128 do, T5
-    does not); none with ``never``. ``per``: the route's fresh sequences per ⌈unknowns/K⌉ (default the hook's)."""
+    does not); none with ``never``. ``per``: the route's fresh sequences per ⌈unknowns/K⌉ (default the hook's);
+    ``rounds``: its Levenberg–Marquardt rounds. Causal rows declared: the row polish's sequences, and its
+    expected time and peak memory (:func:`~.row_polish.row_polish_plan`)."""
     mode = setting.option("polish") or "auto"
     if mode == "never":
         return count
     K = setting.outputs or setting.d
     unknowns = PositionalAttention.unknowns(setting.d, heads, heads, setting.d // heads, K, bias=bias,
                                             position=position)
+    if setting.positions == "causal":
+        return with_row_polish(count, setting, heads, mode,
+                               setting.option("polish_sequences") or polish_sequences(unknowns, K, per or
+                                                                                      POLISH_SEQUENCES), rounds)
     given = setting.option("polish_sequences")
     extra = polish_queries(unknowns, K, check_queries(CHECK_LENGTHS) if setting.check else 0,
                            given or polish_sequences(unknowns, K, per or POLISH_SEQUENCES))
@@ -48,6 +56,24 @@ def with_polish(count: QueryCount, setting, heads: int, bias: bool, position: st
                       f"{count.basis}; polish {extra} ({fresh} for up to {unknowns} unknowns, "
                       f"and its check; polish {mode}" + (": when the check's error is above the target)" if
                                                            mode == "auto" else ")"))
+
+
+def with_row_polish(count: QueryCount, setting, heads: int, mode: str, rows: int, rounds: int) -> QueryCount:
+    """:func:`with_polish` when the oracle answers causal rows: the hook polishes on every-position answers
+    (:func:`~.polish.polish_extraction`), ``rows`` of them (its count of sequences, or the ``polish_sequences``
+    option, counts rows then) in sequences of :data:`~.row_polish.ROW_LENGTH` tokens, with the plan's time and
+    memory for at most one key/value group per head."""
+    plan = row_polish_plan(setting.d, heads, heads, setting.outputs, rounds=rounds, cg_steps=HOOK_CG_STEPS,
+                           rows=rows, compute=chunk_precision(setting.precision))
+    extra = plan.sequences + (check_queries(CHECK_LENGTHS) if setting.check else 0)
+    always = extra if mode == "always" else 0
+    seconds = plan.seconds + (count.seconds or 0.0)
+    peak = max(plan.peak_bytes, count.peak_bytes or 0)
+    return QueryCount(count.queries + always, count.low + always, count.high + extra,
+                      f"{count.basis}; polish {extra} ({plan.describe()}; key/value groups not declared: one per "
+                      f"head; the victim's own time apart; and its check; polish {mode}"
+                      + (": when the check's error is above the target)" if mode == "auto" else ")"),
+                      seconds, peak)
 
 
 def positional_estimate(setting) -> QueryCount:
@@ -70,11 +96,17 @@ def positional_estimate(setting) -> QueryCount:
                                                    f"zero-key sweep at {bfloat16.SWEEP_QUERIES}·d random queries, the "
                                                    "logit maps' sequences, check"),
                                setting, H, False, per=bfloat16.POLISH_PER)
-        q = coarse_queries(setting.d, H, setting.outputs) + (check_queries(CHECK_LENGTHS) if setting.check else 0)
-        return with_polish(QueryCount(q, q, q, f"{setting.precision} answers, the coarse route: values, the pair "
-                                               f"probe's walk and its value maps at {VALUE_QUERIES}·d random queries "
-                                               "(16 Chebyshev steps each), the logit maps' sequences, check"),
-                           setting, H, False, per=POLISH_PER)
+        from attnprobe.learners.positional.route import PROBE_LENGTH
+
+        checks = check_queries(CHECK_LENGTHS) if setting.check else 0
+        q = coarse_queries(setting.d, H, setting.outputs) + checks
+        biased = PROBE_LENGTH + coarse_queries(setting.d, H, setting.outputs, biases=True) + checks
+        return with_polish(QueryCount(q, q, max(q, biased),
+                                      f"{setting.precision} answers, the coarse route: values, the pair probe's walk "
+                                      f"and its value maps at {VALUE_QUERIES}·d random queries (16 Chebyshev steps "
+                                      f"each), the logit maps' sequences, check; up to {biased} with q/k biases (the "
+                                      "route's probe, the key probe, the logit maps with biases)"),
+                           setting, H, False, per=POLISH_PER, rounds=POLISH_ROUNDS)
     head_dim = setting.d // H
     walk = setting.option("walk") or WALK
     checks = check_queries(CHECK_LENGTHS) if setting.check else 0

@@ -150,7 +150,7 @@ def _fit(model, data, frequencies, rounds, cg_steps, only=None, relative=False):
             apply, g = _normal_equations(residual, p, scale)
 
             def step_at(lam):
-                return _cg(lambda v: apply(v) + lam * v, -g, cg_steps) * scale
+                return conjugate_gradients(lambda v: apply(v) + lam * v, -g, cg_steps) * scale
         moved, start = False, cost
         for trial_lam in (LADDER if dense else ()):  # dense: the best of a ladder of dampings
             step = torch.as_tensor(step_at(trial_lam))
@@ -243,7 +243,7 @@ def _normal_equations(residual, p, scale):
     return apply, g * scale
 
 
-def _cg(apply, b, steps):
+def conjugate_gradients(apply, b, steps):
     """Conjugate gradients on ``apply(x) = b`` from zero (``apply`` symmetric positive definite)."""
     import torch
 
@@ -316,6 +316,13 @@ def last_row(model: PositionalAttention, p: dict, const: dict, X):
     return ctx.reshape(B, -1) @ p["Wo"].T + p["bo"]
 
 
+def causal_rows(oracle, model) -> bool:
+    """Whether ``oracle`` is known to answer every position of a causal layer (declared, or already read from its
+    answers: reading it here would ask queries) and ``model`` is causal: the polish can read every row."""
+    known = getattr(oracle, "every_position", False) is True and getattr(oracle, "positions_source", None)
+    return bool(known) and oracle.positions == "causal" and bool(getattr(model, "causal", False))
+
+
 def polish_sequences(unknowns: int, outputs: int, per: float = POLISH_SEQUENCES) -> int:
     """The hook's default number of fresh sequences: ``per · ⌈unknowns / K⌉`` (each answers K numbers)."""
     return int(math.ceil(per * math.ceil(unknowns / max(1, outputs))))
@@ -328,12 +335,15 @@ def polish_queries(unknowns: int, outputs: int, check_queries: int, sequences: i
 
 def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH_TARGET, sequences: int | None = None,
                       seed: int = 0, lengths=POLISH_LENGTHS, rounds: int = HOOK_ROUNDS, cg_steps: int = HOOK_CG_STEPS,
-                      frequencies: bool = True, relative: bool = False, progress=None):
+                      frequencies: bool = True, relative: bool = False, progress=None, rows: bool | None = None):
     """The learners' hook: polish ``res.model`` (a :class:`PositionalAttention` result of ``oracle``) on
     ``sequences`` fresh last-position answers (default :func:`polish_sequences`) when ``mode`` is ``always``, or
     ``auto`` and the check's error is above ``target``; then a fresh functional check (the lengths and count of
     ``res.check``, in its norm) of the polished model, kept only when its error is below the learner's;
-    ``relative``: residuals weighed relative to each length's spread (:func:`length_weights`). The result's check is
+    ``relative``: residuals weighed relative to each length's spread (:func:`length_weights`); ``rows``: polish on
+    every-position answers (:func:`~.row_polish.polish_rows`: ``sequences`` counts rows, asked in sequences of
+    :data:`~.row_polish.ROW_LENGTH` tokens, computed in float32 for answers no finer; default: when the oracle is
+    known to answer causal rows and the model is causal). The result's check is
     the returned model's (counted apart, as every learner's); every other query the hook asks, and the learner's
     check when its model is replaced, is counted in ``res.queries`` and ``res.queries_by_phase`` (``polish``,
     ``polish check``); ``res.details["polish"]`` and a note say what happened. Returns ``res`` (changed in
@@ -361,12 +371,26 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
     per_length = max(1, check.queries // max(1, len(check.lengths))) if check is not None else 8
     before = oracle.queries
     t0 = time.perf_counter()
+    if rows is None:
+        rows = causal_rows(oracle, res.model)
     with oracle.phase("polish", fresh=True):
-        data = fresh_answers(oracle, n, rng, lengths)
+        if rows:
+            from attnprobe.learners.positional.row_polish import ROW_LENGTH, fresh_rows
+
+            n = -(-n // ROW_LENGTH)
+            data = fresh_rows(oracle, n, rng)
+        else:
+            data = fresh_answers(oracle, n, rng, lengths)
     if progress is not None:
         progress(res.queries + oracle.queries - before, res.queries + oracle.queries - before)
-    model, report = polish(res.model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
-                           relative=relative)
+    if rows:
+        from attnprobe.learners.positional.row_polish import chunk_precision, polish_rows
+
+        model, report = polish_rows(res.model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
+                                    relative=relative, compute=chunk_precision(oracle.precision))
+    else:
+        model, report = polish(res.model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
+                               relative=relative)
     with oracle.phase("check", fresh=True):
         if check is None:
             check = functional_check(oracle, res.model, rng, lengths_checked, per_length)

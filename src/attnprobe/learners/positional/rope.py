@@ -57,6 +57,8 @@ UNIT_STEP = 0.01
 WALK = 1
 #: target size of the median logit difference in the logits stage
 TARGET_LOGIT = 1.5
+#: the largest key rms of the logits stage with unit queries (keys inside an RMSNorm's ball: rows of rms < 1)
+UNIT_KEY_RMS = 0.5
 #: the same for the keys' odd part with q/k biases (Qwen2 d = 128, 8/2, seed 0, dense heads: the function 5.3e-8
 #: off at 1.5, 8.3e-9 at 16; docs/positional.md, "Q/K biases")
 BIASED_TARGET_LOGIT = 16.0
@@ -344,17 +346,23 @@ def _sketches(oracle, rng, Cb, G, c, offs, r, *, query_rms=None, query_bias=Fals
     kc = 0.5 if unit_queries else 1.0  # keys of rms 1/2 (inside an RMSNorm's ball); logits are linear in them
     Kc = kc * rng.standard_normal((8, m, d))
     lr = log_ratios(Zc, Kc)
-    if key_bias:  # the key bias's terms do not grow with the tokens: the scale from the keys' odd part alone
-        lr = (lr - log_ratios(Zc, -Kc)) / 2
+    if key_bias or unit_queries:  # the key bias's terms (and a fixed query's self-logit) do not grow with the keys:
+        lr = (lr - log_ratios(Zc, -Kc)) / 2  # the scale from the keys' odd part alone
     med = float(np.median(np.abs(lr))) / kc
     rho = float(np.clip(math.sqrt((BIASED_TARGET_LOGIT if key_bias else TARGET_LOGIT) / max(med, 1e-12)), 1e-3, 1e3))
     Qb = random_orthogonal(d, rng)
     Om = rng.standard_normal((m, r, d)) / math.sqrt(d)
     Zs = rng.standard_normal((r, d)) / math.sqrt(d)
     # the query's scale and the keys' (their product ρ² is what the logits see): with unit queries the query has
-    # the rms query_rms and the keys carry the rest
+    # the rms query_rms and the keys carry the rest: keys of rms TARGET_LOGIT/med (at most UNIT_KEY_RMS), whose
+    # odd logits are of order one (keys of ρ²/(√d·rms), 1/d of that, read every head's weight off a share of
+    # the answer 1/d of the query's and its logit matrices ~1e-3 off through a block at d = 128, measured)
     rq = query_rms * math.sqrt(d) if unit_queries else rho
-    rk = rho**2 / rq
+    if unit_queries:
+        rk = min(TARGET_LOGIT / max(med, 1e-12), UNIT_KEY_RMS) * math.sqrt(d)
+        rho = math.sqrt(rq * rk)
+    else:
+        rk = rho**2 / rq
     if unit_queries:
         Zs *= 1 / np.linalg.norm(Zs, axis=1, keepdims=True)
     # (a) query basis q_i against keys ±Ω[k, a]; (b) random queries Z[a] against keys ±q_j (shifted per offset)

@@ -39,7 +39,8 @@ POLISH = Option("polish", str, "the joint least-squares polish on fresh sequence
                 default="auto", choices=POLISH_MODES)
 POLISH_TARGET_OPTION = Option("polish_target", float, "the check error (relative RMS) above which polish auto "
                                                       "polishes", default=POLISH_TARGET, low=0)
-POLISH_SEQUENCES_OPTION = Option("polish_sequences", int, "fresh sequences of the polish (default 2·⌈unknowns/K⌉)",
+POLISH_SEQUENCES_OPTION = Option("polish_sequences", int, "fresh sequences of the polish (default 2·⌈unknowns/K⌉; "
+                                 "rows, asked in sequences of 256 tokens, when the oracle answers causal rows)",
                                  low=1)
 #: relative spread of the zero-query answers over the key's position above which the bias is additive
 ADDITIVE_SIGNAL = 1e-4
@@ -153,6 +154,7 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
                                   f"not recovered at {oracle.precision}; "
                                   f"{res.queries + res.check.queries} queries spent")
     res.details["position_route"] = {"position": route, "source": source, "zero_query_spread": spread}
+    biased = biased or bool(res.details.get("qk_biases"))  # the coarse route reads a folder's declared biases
     res.notes.append(f"position term {route}" + (" with q/k biases" if biased else "") + f" ({source}" +
                      (f": zero-query answers spread {spread:.1e} over the key's position" if spread is not None
                       else "") + ")")
