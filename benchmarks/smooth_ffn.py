@@ -60,7 +60,8 @@ def target(case: str, precision: str):
     return truth, truth
 
 
-def one(case: str, precision: str, hidden: bool, activation: str | None, seed: int = 0) -> str:
+def one(case: str, precision: str, hidden: bool, activation: str | None, seed: int = 0,
+        start: str | None = None) -> str:
     fn, truth = target(case, precision)
     oracle = Oracle(fn, truth.d, precision=precision)
     gated = truth.kind == "gated_ffn"
@@ -68,12 +69,13 @@ def one(case: str, precision: str, hidden: bool, activation: str | None, seed: i
     t0 = time.perf_counter()
     try:
         res = extract_ffn_any(oracle, seed=seed, hidden=truth.m if hidden else None, activation=activation,
-                              bias=any(np.any(b != 0) for b in biases))
+                              bias=any(np.any(b != 0) for b in biases), start=start)
     except ConfigError as err:  # refused before it claims anything (e.g. gated units on float32 answers)
         return (f"| {case} | {precision} | {oracle.queries:,} | – | – | refused ({err.param}) | – | – | – | – | "
                 f"{time.perf_counter() - t0:.0f} |")
     secs = time.perf_counter() - t0
-    keys = ("left_out", "factor_attempts", "core_residual", "worst_separation", "extrapolated_step",
+    keys = ("start", "left_out", "jennrich_left_out", "bends", "mixed_bends_read", "groups_dropped", "factor_attempts",
+            "core_residual", "worst_separation", "extrapolated_step",
             "polish_residuals", "attempts")
     print(case, {k: res.details[k] for k in keys if k in res.details}, res.queries_by_phase, file=sys.stderr)
     X = np.random.default_rng(1).standard_normal((1000, truth.d))
@@ -100,6 +102,7 @@ def main() -> None:
     ap.add_argument("--hidden", action="store_true", help="give the hidden width (no width search)")
     ap.add_argument("--activation", help="give the activation (default: detected)")
     ap.add_argument("--seeds", type=int, nargs="*", default=[0], help="the learner's seeds (one row each)")
+    ap.add_argument("--start", choices=["jennrich", "drive"], help="the smooth learner's start (default: its choice)")
     ap.add_argument("--write", metavar="TITLE", help="also write the table as the section TITLE of "
                     "docs/benchmarks/smooth-ffn.md, under 'Float32 answers' or 'Float64 answers' by the precision")
     args = ap.parse_args()
@@ -110,7 +113,7 @@ def main() -> None:
     print("\n".join(lines))
     for case in cases:
         for seed in args.seeds:
-            row = one(case, args.precision, args.hidden, args.activation, seed)
+            row = one(case, args.precision, args.hidden, args.activation, seed, args.start)
             lines.append(row if args.seeds == [0] else row.replace(f"| {case} |", f"| {case} seed {seed} |", 1))
             print(lines[-1], flush=True)
     if args.write:

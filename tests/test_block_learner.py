@@ -230,9 +230,11 @@ def test_a_given_ffn_skips_the_ffn_stage():
 
 
 def test_a_post_norm_block_is_refused_naming_the_cause_and_a_biased_pre_norm_one_as_biased():
-    """A BERT-shaped post-norm block (LayerNorm after each residual, biases) is refused after 3 single tokens as
-    post-norm — its answers stay on the output LayerNorm's surface — while the same block laid out pre-norm with
-    LayerNorm biases grows with its input and is refused for its biases."""
+    """A BERT-shaped post-norm block (LayerNorm after each residual, biases) is told apart after 3 single tokens as
+    post-norm — its answers stay on the output LayerNorm's surface — and refused at the post-norm route's first
+    stage (its ε = 1e-6 puts the rows off the sphere the output norm stage fits: 4(d + 3) more single tokens),
+    while the same block laid out pre-norm with LayerNorm biases grows with its input and is refused for its
+    biases after 3."""
     import dataclasses
 
     from attnprobe.errors import UnidentifiableError
@@ -240,7 +242,8 @@ def test_a_post_norm_block_is_refused_naming_the_cause_and_a_biased_pre_norm_one
 
     blk = random_llama_block(16, 2, 1, 32, seed=0)
     b = np.random.default_rng(2).standard_normal((2, 16)) * 0.1
-    for layout, cause in (("post", "a post-norm block"), ("pre", "it has biases")):
+    for layout, cause, asked in (("post", "a post-norm block .*: stage output norm", 3 + 4 * 19),
+                                 ("pre", "it has biases", 3)):
         victim = dataclasses.replace(blk, layout=layout, norm="layer", norm1_b=b[0], norm2_b=b[1])
 
         def answers(X, victim=victim):
@@ -250,7 +253,7 @@ def test_a_post_norm_block_is_refused_naming_the_cause_and_a_biased_pre_norm_one
         with pytest.raises(UnidentifiableError, match=cause) as exc:
             extract_block(oracle, heads=2, hidden=32)
         assert "\n" not in str(exc.value)
-        assert oracle.queries == 3
+        assert oracle.queries == asked
 
 
 def test_the_logit_refit_comes_back_from_a_far_start():

@@ -6,7 +6,10 @@ layouts, checked against transformers' layer modules), its gauges (:func:`attnpr
 :func:`attnprobe.models.block.flip_post_norm_sign`), the victims (:mod:`attnprobe.oracles.hf_block`), the measured
 levers (:mod:`.levers`), the sublayer oracles a pre-norm RMSNorm block splits into through its norm's inverse
 (:mod:`.sublayers`), the attention's per-head logit refit (:mod:`.refine`), a Gauss–Newton polish of RoPE attention
-on last-row answers (:mod:`.polish`, measured only) and the learner that chains them (:func:`.learner.extract_block`).
+on last-row answers (:mod:`.polish`, measured only) and the learner that chains them (:func:`.learner.extract_block`);
+the post-norm (BERT) route's stages built so far (:mod:`.post_norm`: output norm, first-norm centre, first-norm input,
+and the pair-curvature levers toward the attention), which ``extract_block`` runs on a post-norm block before
+refusing it in one line at the stage not built (the FFN).
 """
 
 from attnprobe.errors import ConfigError

@@ -20,6 +20,7 @@ import types
 import numpy as np
 
 from attnprobe.errors import ConfigError, UnidentifiableError
+from attnprobe.learners.block import post_norm
 from attnprobe.learners.block.levers import STEPS, rational_keys
 from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, ffn_scale, first_rows,
                                                 linear_part, sqrt_eps)
@@ -141,11 +142,7 @@ def refuse_post_norm(answer_rows, d: int) -> None:
     y = first_rows(answer_rows, np.stack([u, GROWTH * u])[:, None, :])
     ratio = float(np.linalg.norm(y[1]) / np.linalg.norm(y[0]))
     if ratio < GROWTH / 30:
-        raise UnidentifiableError(f"a post-norm block (its answers stay bounded: a token scaled by {GROWTH:.0e} moves "
-                                  f"the answer's norm by ×{ratio:.2f}): its FFN is reachable only on the first "
-                                  "LayerNorm's output surface and its answers only up to the second's per-row scale "
-                                  "and shift, which the FFN learners cannot difference; this learner reads pre-norm "
-                                  "RMSNorm blocks")
+        post_norm.refuse(answer_rows, d, ratio)  # runs the post-norm stages built, refuses at the first one not built
 
 
 #: sequences of the attention's logit refit per model width (:func:`.refine.refit_data`)

@@ -367,13 +367,15 @@ def coarse_queries(d: int, H: int, outputs: int | None = None, *, walk: int = 1,
     K = outputs or d
     dh = K // H
     probe = 2 * NODES * len(SETTINGS)
-    if biases:
+    first = min(d, 2 * H + 8)
+    if biases:  # the first probe's directions lie in the kernel of M: at most d − d_h dimensions (one KV group)
         from attnprobe.learners.positional.coarse_bias import biased_logit_map_queries
 
         logits = 16 + biased_logit_map_queries(d, dh)
+        first = min(d - dh, first)
     else:
         logits = logit_map_queries(d, dh)
-    return (2 * d * VALUE_REPEATS + probe * min(d, 2 * H + 8) + probe * (H + 4) * (walk * math.ceil(K / H) + 4)
+    return (2 * d * VALUE_REPEATS + probe * first + probe * (H + 4) * (walk * math.ceil(K / H) + 4)
             + probe * (H + 4) * per * d + 16 + logits)
 
 

@@ -24,8 +24,10 @@ GATED_GROWTH = 1.5
 
 
 def extract_ffn_any(oracle, *, seed: int = 0, progress=None, activation: str | None = None,
-                    hidden: int | None = None, bias: bool = True, sign_time_limit: float = 5.0):
-    """Run the FFN learner the activation calls for (detected when ``activation`` is None)."""
+                    hidden: int | None = None, bias: bool = True, sign_time_limit: float = 5.0,
+                    start: str | None = None):
+    """Run the FFN learner the activation calls for (detected when ``activation`` is None); ``start``: the smooth
+    learner's start (``jennrich`` or ``drive``; None: its own choice)."""
     if activation is not None and activation not in CHOICES:
         raise ConfigError(f"The 'activation' parameter must be one of {', '.join(CHOICES)}; got {activation!r}",
                           param="activation")
@@ -53,7 +55,7 @@ def extract_ffn_any(oracle, *, seed: int = 0, progress=None, activation: str | N
         from attnprobe.learners.smooth_ffn.learner import extract_smooth_ffn
 
         res = extract_smooth_ffn(oracle, seed=seed, progress=progress, activation=activation, hidden=hidden,
-                                 bias=bias)
+                                 bias=bias, start=start)
     return _with_test(res, test, oracle.queries - before - res.queries - (res.check.queries if res.check else 0))
 
 

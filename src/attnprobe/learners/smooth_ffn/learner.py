@@ -25,6 +25,7 @@ from attnprobe.learners.smooth_ffn.decompose import distinct_columns, factors, s
 from attnprobe.learners.smooth_ffn.derivatives import (choose_extrapolated_step, coarse_answers,
                                                        second_derivatives, step_queries)
 from attnprobe.learners.smooth_ffn.derivatives import richardson as richardson_differences
+from attnprobe.learners.smooth_ffn.drive_start import DRIVABLE, PROBES, circles, drive_factors, growth_gap
 from attnprobe.learners.smooth_ffn.neurons import directions, pick_activation
 from attnprobe.learners.smooth_ffn.polish import gauss_newton, output_layer
 from attnprobe.learners.smooth_ffn.first_stages import search_width, start_run
@@ -40,6 +41,16 @@ COARSE_SECOND_DIRECTIONS = 8
 COARSE_SWEEPS = 30
 #: draws of the Jennrich mixtures tried on coarse answers while the refined factors leave a neuron out
 COARSE_ATTEMPTS = 3
+#: the drive start (:mod:`.drive_start`): circles on the learner's C directions and DRIVE_EXTRA random ones (at least
+#: DRIVE_DIRECTIONS in all), of radius DRIVE_RADIUS·scale·√d, with samples per circle a power of two ≥ DRIVE_SAMPLES
+#: per bend (2m bends) but at most DRIVE_MAX_SAMPLES (a bend's second difference shrinks with the step while the
+#: rounding does not: on MiniLM layer 2's whole FFN a floor of 12 times the median found 12 of 3072 bends on a circle
+#: of 65,536 samples, 573 on 16,384)
+DRIVE_DIRECTIONS, DRIVE_EXTRA, DRIVE_RADIUS, DRIVE_SAMPLES, DRIVE_MAX_SAMPLES = 4, 1, 1e5, 20, 16384
+#: fewest units for which the drive start is chosen without being asked (:func:`choose_start`)
+DRIVE_MIN_UNITS = 256
+#: starts of the learner: Jennrich's diagonalisation of second derivatives, or the bends far from the origin
+STARTS = ("jennrich", "drive")
 #: points at which ``w1``'s direction is read (each costs 4·C·d queries)
 DIRECTION_POINTS = 3
 #: points beyond the hidden width: n = ⌈POINT_FACTOR·m⌉ + POINT_EXTRA
@@ -87,13 +98,18 @@ def polish_settings(d: int, K: int, m: int, richardson: int | None = None, round
 
 
 def plan(d: int, K: int, m: int, check: int = 0, richardson: int | None = None, *,
-         coarse: bool = False) -> dict[str, int]:
-    """Queries of each phase for hidden width m (the width search not counted); ``coarse``: float32 answers."""
+         coarse: bool = False, start: str | None = None) -> dict[str, int]:
+    """Queries of each phase for hidden width m (the width search not counted); ``coarse``: float32 answers;
+    ``start``: one of :data:`STARTS` or None (:func:`choose_start`)."""
     C = _directions(K, m)
     n = _points(m)
     richardson = polish_settings(d, K, m, richardson, coarse=coarse)[0]
     answers = _answers(d, K, m)
     E = COARSE_SECOND_DIRECTIONS if coarse else SECOND_DIRECTIONS
+    if (start or choose_start(K, m, coarse)) == "drive":
+        return {"step": step_queries(coarse), "width": 2 * C * n,
+                "factors": 2 * PROBES + circles(_drive_directions(C)) * drive_samples(m),
+                "directions": richardson * 4 * C * d * DIRECTION_POINTS, "answers": answers, "check": check}
     return {"step": step_queries(coarse), "width": 2 * C * n, "factors": richardson * 4 * C * E * n,
             "directions": richardson * 4 * C * d * DIRECTION_POINTS, "answers": answers, "check": check}
 
@@ -111,6 +127,29 @@ def smooth_estimate(s: Setting) -> QueryCount:
     basis = ", ".join(f"{k} {v}" for k, v in parts.items()) + f" (K = {K} outputs per answer" + (
         "" if s.outputs else ", undeclared: declare the outputs K") + ")"
     return QueryCount.exactly(total, basis)
+
+
+def choose_start(K: int, m: int, coarse: bool) -> str:
+    """The start when none is given: on coarse (float32) answers with at least :data:`DRIVE_MIN_UNITS` units the
+    drive start when its circles ask no more than Jennrich's factor array (MiniLM layer 2's whole FFN: 458,752
+    against 1,295,616 queries, where Jennrich's start failed, fresh error 0.51), else Jennrich's (its first 192
+    units and the small random nets of the float32 rows pass with it; on few outputs the drive start's bends are
+    weak: 8-16-8 tanh-GELU left 2 of 16 units out)."""
+    if not coarse or m < DRIVE_MIN_UNITS:
+        return "jennrich"
+    C = _directions(K, m)
+    jennrich = polish_settings(1, K, m, coarse=True)[0] * 4 * C * COARSE_SECOND_DIRECTIONS * _points(m)
+    return "drive" if circles(_drive_directions(C)) * drive_samples(m) <= jennrich else "jennrich"
+
+
+def drive_samples(m: int) -> int:
+    """Answers on each circle of the drive start: a power of two, at least :data:`DRIVE_SAMPLES` per bend, at most
+    :data:`DRIVE_MAX_SAMPLES`."""
+    return min(DRIVE_MAX_SAMPLES, 1 << math.ceil(math.log2(DRIVE_SAMPLES * 2 * m)))
+
+
+def _drive_directions(C: int) -> int:
+    return max(C + DRIVE_EXTRA, DRIVE_DIRECTIONS)
 
 
 def _directions(K: int, m: int) -> int:
@@ -145,6 +184,25 @@ def _factors(T: np.ndarray, m: int, rng: np.random.Generator, coarse: bool) -> t
     return best
 
 
+def _drive_factors(run, ask, U: np.ndarray, m: int, scale: float) -> tuple[np.ndarray, dict] | None:
+    """The drive start's factors on the learner's C directions (:mod:`.drive_start`; random directions added up to
+    :func:`_drive_directions` for more circles): the m best supported, ``left_out`` the neurons it did not find;
+    None when the answers do not grow linearly far from the origin (:func:`.drive_start.growth_gap`: a norm in
+    front of the FFN, say), where no circle would show its bends."""
+    C, d = U.shape
+    radius = DRIVE_RADIUS * scale * math.sqrt(d)
+    with run.phase("factors"):
+        gap = growth_gap(ask, d, radius, run.rng)
+        if not gap <= DRIVABLE:
+            return None
+        extra = run.rng.standard_normal((_drive_directions(C) - C, d))
+        extra /= np.linalg.norm(extra, axis=1, keepdims=True)
+        A, sep = drive_factors(ask, np.concatenate([U, extra]), C, radius, drive_samples(m))
+    A = A[:, :m]
+    sep.update(start="drive", left_out=m - A.shape[1], growth_gap=gap)
+    return A, sep
+
+
 def _points(m: int) -> int:
     return max(POINT_MIN, math.ceil(POINT_FACTOR * m) + POINT_EXTRA)
 
@@ -152,7 +210,7 @@ def _points(m: int) -> int:
 def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, hidden: int | None = None,
                        bias: bool = True, scale: float = 1.0, check: bool = True, progress=None,
                        polish_rounds: int | None = None, polish_iterations: int | None = None,
-                       richardson: int | None = None) -> object:
+                       richardson: int | None = None, start: str | None = None) -> object:
     """Recover ``y = W2 σ(W1 x + b1) + b2`` (σ GELU, tanh-GELU or SiLU; K ≥ 1 outputs) from length-1 queries.
 
     ``activation``: one of :data:`~attnprobe.models.smooth_ffn.ACTIVATIONS` or None (the best fit of all);
@@ -163,9 +221,14 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
     differences (Richardson's extrapolation: a start closer to the answers for ``richardson − 1`` more times
     their queries; the first derivatives' own extrapolation was measured not to help). Unset, the three follow
     :func:`polish_settings` (the default polish, or on wide FFNs a capped one after extrapolated derivatives).
+    ``start``: how the factors are read (:data:`STARTS`): Jennrich's diagonalisation of second derivatives near
+    the origin, or (``drive``) the bends of the answers on circles far from it (:mod:`.drive_start`); unset,
+    :func:`choose_start` picks one, and on coarse answers a Jennrich start that leaves neurons out is followed by
+    the drive start.
     The result is unique up to the order of the neurons.
     """
     check_option(activation, "activation", (None, *ACTIVATIONS))
+    check_option(start, "start", (None, *STARTS))
     check_int(hidden, "hidden", min_value=1, allow_none=True)
     check_int(polish_rounds, "polish_rounds", min_value=0, allow_none=True)
     check_int(polish_iterations, "polish_iterations", min_value=1, allow_none=True)
@@ -177,13 +240,15 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
     coarse = coarse_answers(oracle)
     h_rich, rich_error = _rich_step(run, ask, h, coarse, scale)
     m_plan = hidden or FIRST_GUESS
-    run.plan(sum(plan(d, K, m_plan, richardson=richardson, coarse=coarse).values()),  # richardson: given or chosen
+    # richardson: given or chosen
+    run.plan(sum(plan(d, K, m_plan, richardson=richardson, coarse=coarse, start=start).values()),
              f"the smooth FFN learner at d={d}, K={K}, m={m_plan}",
              at_least=hidden is None)
     with run.phase("width"):
         w = search_width(run, ask, scale=scale, h=h, hidden=hidden, first_guess=FIRST_GUESS, max_width=MAX_WIDTH,
                          grid=lambda g: (_directions(K, g), _points(g)), units=lambda r: r,
-                         replan=lambda g: sum(plan(d, K, g, richardson=richardson, coarse=coarse).values()),
+                         replan=lambda g: sum(plan(d, K, g, richardson=richardson, coarse=coarse,
+                                                   start=start).values()),
                          what="smooth FFN")
     m, drop, U, X, D1 = w.m, w.drop, w.U, w.X, w.D1
     C, n = _directions(K, m), _points(m)  # the grid the width search ended on may be larger than m needs
@@ -192,15 +257,12 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
         raise ConfigError(f"hidden width {m} needs K·C ≥ m and n ≥ m; got K·C = {K * C}, n = {n}", param="hidden")
     richardson, polish_rounds, polish_iterations = polish_settings(d, K, m, richardson, polish_rounds,
                                                                    polish_iterations, coarse=coarse)
-    p = plan(d, K, m, richardson=richardson, coarse=coarse)
+    asked, start = start, start or choose_start(K, m, coarse)
+    p = plan(d, K, m, richardson=richardson, coarse=coarse, start=start)
     run.report(run.queries + sum(p.values()) - p["width"] - p["step"])
-    with run.phase("factors"):
-        E = COARSE_SECOND_DIRECTIONS if coarse else SECOND_DIRECTIONS
-        V = rng.standard_normal((E, d))
-        V /= np.linalg.norm(V, axis=1, keepdims=True)
-        T = richardson_differences(lambda s: second_derivatives(ask, X[:n], U, V, s),
-                                   h if richardson == 1 else h_rich, richardson)
-    A, sep = _factors(T.reshape(K * C, E, n), m, rng, coarse)
+    E = COARSE_SECOND_DIRECTIONS if coarse else SECOND_DIRECTIONS
+    A, sep, start = _start_factors(run, ask, U, X[:n], m=m, scale=scale, start=start, asked=asked, coarse=coarse,
+                                   E=E, steps=(h if richardson == 1 else h_rich, richardson))
     Ap = np.linalg.pinv(A)
     w2_dirs, _ = split_factors(A, K, C)
     with run.phase("directions"):
@@ -230,12 +292,39 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
                "step": h, "step_error": fd_error, "richardson": richardson, "coarse_answers": coarse,
                "extrapolated_step": h_rich, "extrapolated_step_error": rich_error,
                "directions_C": C, "second_directions_E": E,
-               "points": n, "answers": N, **sep, "curve_fit_worst": float(np.max(fit["res"])),
+               "points": n, "answers": N, "start": start, **sep, "curve_fit_worst": float(np.max(fit["res"])),
                "polish_residuals": history, "polish_iterations": used, "queries_per_unknown": run.queries / unknowns}
     notes = [f"neurons are recovered up to their order only (a smooth {name} has no scale or sign symmetry)"]
     check_model = model if ask.vector else _Scalar(model)
     return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_model=check_model,
                       hint=f" (a smooth FFN of this form with {name})")
+
+
+def _start_factors(run, ask, U, X, *, m, scale, start, asked, coarse, E, steps):
+    """The factors ``w2_i ⊗ U w1_i`` (K·C, m) and their separation details, read as ``start`` says: far from the
+    origin (:mod:`.drive_start`; refused when asked for and the answers do not grow linearly) or by Jennrich's
+    diagonalisation of second derivatives at the points ``X`` (``steps``: the difference step and Richardson's
+    levels), which on coarse answers is followed by the drive start when it leaves neurons out. Returns
+    ``(A, sep, start)`` with the start actually used."""
+    driven = _drive_factors(run, ask, U, m, scale) if start == "drive" else None
+    if start == "drive" and driven is None and asked == "drive":
+        raise ConfigError("the answers do not grow linearly far from the origin (a norm in front of the FFN?), so "
+                          "the drive start cannot read its bends; use start='jennrich'", param="start")
+    if driven is not None:
+        return driven[0], driven[1], start
+    rng, K, C = run.rng, ask.outputs, U.shape[0]
+    with run.phase("factors"):
+        V = rng.standard_normal((E, U.shape[1]))
+        V /= np.linalg.norm(V, axis=1, keepdims=True)
+        T = richardson_differences(lambda s: second_derivatives(ask, X, U, V, s), *steps)
+    A, sep = _factors(T.reshape(K * C, E, X.shape[0]), m, rng, coarse)
+    if start == "drive":
+        start, sep["drive_refused"] = "jennrich", "the answers do not grow linearly far from the origin"
+    elif coarse and sep.get("left_out"):  # Jennrich's start blended neurons: read them far from the origin
+        driven = _drive_factors(run, ask, U, m, scale)
+        if driven is not None:
+            A, sep = driven[0], {**sep, **driven[1], "jennrich_left_out": sep["left_out"]}
+    return A, sep, start
 
 
 class _Scalar:

@@ -1,0 +1,293 @@
+"""A start for the smooth learner's factors read far from the origin, where a plain FFN is nearly piecewise linear.
+
+``σ(R z + b) / R → relu(z)`` as R grows (GELU and SiLU alike), so on a circle of radius R in the plane of two of
+the C unit directions ``u_a, u_b``, ``x(θ) = R (u_a cos θ + u_b sin θ)``, the answers are ``Σ_i w2_i
+relu(α_ia cos θ + α_ib sin θ)·R`` (``α_i = U w1_i``) plus terms of order 1: every neuron bends the answers at the
+two angles where ``α_ia cos θ + α_ib sin θ = 0``, and there the second difference along θ is ``+w2_i`` times its
+slope jump (convex: always positive). Sampled at N angles, each bend shows in one or two samples; the vector names
+the neuron (``w2_i``'s direction), the centroid of the samples' weights its angle ``θ`` to a fraction of a
+sample. Each angle is one linear equation ``α_ia cos θ + α_ib sin θ = 0`` on the neuron's C projections; over
+the circles of all pairs (a, b) they fix ``α_i`` up to a factor, and ``w2_i ⊗ α_i`` is the learner's factor
+(:mod:`.decompose`) without inverting any slice. The answers' rounding is relative, so float32 answers lose
+nothing by the drive: a bend's angle is read to ~1e-5 rad whatever R.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: a sample bends when its second difference exceeds this many times the rounding's (its norm over K outputs at the
+#: quietest :data:`QUIET` share of the samples)
+BEND_FLOOR, QUIET = 2.5, 0.1
+#: bends this many times the rounding or stronger found the neurons; weaker ones join the neuron they point to
+STRONG = 6.0
+#: ... when their output direction is this close to it (cosine) and no other neuron's within 0.6
+WEAK_OUTPUT = 0.8
+#: a run of bending samples is one bend when its second singular value is below this share of the first
+ONE_BEND = 0.15
+#: a bend joins a neuron when its output direction is this close (cosine) to the neuron's
+SAME_OUTPUT = 0.95
+#: a neuron keeps the bends whose equation its solution meets within this (sine of the angle)
+AGREE = 2e-2
+#: points on which the answers' linear growth far from the origin is checked (:func:`growth_gap`), and the largest
+#: gap for which the drive start is used
+PROBES, DRIVABLE = 8, 1e-2
+#: a run mixing bends is read as at most this many of them, the output directions whose projection on its row space
+#: is at least IN_RUN
+MAX_MIXED, IN_RUN = 4, 0.9
+#: two groups whose projections agree this well (|cos|) and whose output directions are related are one neuron
+SAME_PROJECTIONS = 1 - 1e-7
+#: singular values of a neuron's equations below this share of the largest span its null space (the answers read
+#: the angles to ~1e-6)
+NULL = 1e-3
+#: ... and the first C entries of that null space are one line when its second singular value is below this share
+#: of its first
+OPEN = 1e-2
+
+
+def growth_gap(ask, d: int, radius: float, rng: np.random.Generator) -> float:
+    """How far the answers are from growing linearly at ``radius`` (the ReLU limit is positively homogeneous):
+    the largest ``‖f(2x) − 2f(x)‖ / ‖2f(x)‖`` over :data:`PROBES` random points x of norm ``radius`` (2·PROBES
+    queries). Small (~1e-5) for a plain FFN; of order one when a norm in front caps the scale it can be driven to."""
+    Z = rng.standard_normal((PROBES, d))
+    Z *= radius / np.linalg.norm(Z, axis=1, keepdims=True)
+    Y = ask(np.concatenate([Z, 2 * Z]))
+    one, two = Y[:PROBES], Y[PROBES:]
+    return float(np.max(np.linalg.norm(two - 2 * one, axis=1) / np.maximum(np.linalg.norm(2 * one, axis=1),
+                                                                             1e-300)))
+
+
+def circle(U: np.ndarray, a: int, b: int, radius: float, samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """The angles ``(N,)`` and the points ``(N, d)`` of the circle of ``radius`` in the plane ``(u_a, u_b)``."""
+    theta = 2 * np.pi * np.arange(samples) / samples
+    return theta, radius * (np.cos(theta)[:, None] * U[a] + np.sin(theta)[:, None] * U[b])
+
+
+def bend_floor(N: int, K: int) -> float:
+    """The floor of a bend over the rounding's norm at the :data:`QUIET` quantile: :data:`BEND_FLOOR`, or for few
+    outputs the largest of N such norms (a chi distribution with K degrees: ``√K + √(2 ln N)`` against
+    ``√K − 0.9`` at the 10 % quantile) with a third to spare (16-48-16 at N = 4096: a floor of 2.5 let 540 false
+    bends through)."""
+    rk = np.sqrt(K)
+    return max(BEND_FLOOR, 1.3 * (rk + 1.5 * np.sqrt(2 * np.log(N))) / max(rk - 0.9, 0.1))
+
+
+def bends(Y: np.ndarray) -> tuple[list[tuple[float, np.ndarray, float]], list[tuple[int, np.ndarray, float]]]:
+    """The bends of periodic answers ``Y`` ``(N, K)`` sampled at ``2π j / N``: ``(angle, summed second difference,
+    its norm over the rounding's)`` for every run of bending samples that is one bend (rank one), and the runs that
+    mix several ``(first sample, second differences (L, K), rounding)`` (:func:`mixed_bends` reads them once the
+    neurons' output directions are known). The rounding's norm over K outputs hardly varies from sample to sample,
+    so a floor a few times it finds weak bends without false ones."""
+    N = Y.shape[0]
+    # the second difference of a sinusoid cos(θ − φ) is 2(cos δ − 1) times itself: so this one is 0 between bends
+    D = np.roll(Y, -1, axis=0) - 2 * np.cos(2 * np.pi / N) * Y + np.roll(Y, 1, axis=0)
+    norms = np.linalg.norm(D, axis=1)
+    noise = float(np.quantile(norms, QUIET))
+    hot = norms > bend_floor(*Y.shape) * noise
+    if not hot.any() or hot.all():
+        return [], []
+    start = int(np.flatnonzero(~hot)[0])  # runs in circular order, from a quiet sample
+    order = (np.arange(N) + start) % N
+    runs: list[list[int]] = []
+    prev = None
+    for j in order[hot[order]]:
+        pos = (j - start) % N
+        if prev is not None and pos - prev <= 1:
+            runs[-1].append(int(j))
+        else:
+            runs.append([int(j)])
+        prev = pos
+    out, mixed = [], []
+    for run in runs:
+        js = [(run[0] - 1) % N, *run, (run[-1] + 1) % N]  # a neighbour each side: a bend's share below the floor
+        R = D[js]
+        _, s, vt = np.linalg.svd(R, full_matrices=False)
+        if len(s) > 1 and s[1] > ONE_BEND * s[0] and s[1] > bend_floor(*Y.shape) * noise:
+            mixed.append((run[0] - 1, R, noise * bend_floor(*Y.shape)))
+            continue
+        v = vt[0] if vt[0] @ R.sum(0) > 0 else -vt[0]
+        w = np.clip(R @ v, 0, None)
+        pos = np.arange(len(js)) + (run[0] - 1)
+        out.append((float(2 * np.pi * (w @ pos) / w.sum() / N) % (2 * np.pi), R.sum(0),
+                    float(np.linalg.norm(R.sum(0)) / noise)))
+    return out, mixed
+
+
+def group_bends(found: list[tuple[int, int, float, np.ndarray, float]]) -> tuple[list[list[int]], np.ndarray]:
+    """Bends ``(a, b, angle, vector, strength)`` grouped by their output direction: the strong ones
+    (:data:`STRONG`) found the groups (cosine above :data:`SAME_OUTPUT` to a group's mean joins it), the weak ones
+    join the group they clearly point to. Returns the groups (indices into ``found``) and their unit directions
+    ``(K, groups)``."""
+    groups: list[list[int]] = []
+    dirs = np.array([v / np.linalg.norm(v) for _, _, _, v, _ in found])
+    snr = np.array([q for *_, q in found])
+    strong = np.flatnonzero(snr >= STRONG)
+    if not len(strong):
+        return [], np.zeros((dirs.shape[1] if len(dirs) else 0, 0))
+    sums = np.zeros((len(strong), dirs.shape[1]))  # each group's summed directions (its first rows in use)
+    unit = np.zeros_like(sums)
+    for i in strong:
+        n = len(groups)
+        if n:
+            cos = unit[:n] @ dirs[i]
+            j = int(np.argmax(cos))
+            if cos[j] > SAME_OUTPUT:
+                groups[j].append(int(i))
+                sums[j] += dirs[i]
+                unit[j] = sums[j] / np.linalg.norm(sums[j])
+                continue
+        groups.append([int(i)])
+        sums[n] = unit[n] = dirs[i]
+    Cm = unit[:len(groups)]
+    weak = np.flatnonzero(snr < STRONG)
+    if len(weak):
+        cos = dirs[weak] @ Cm.T
+        top = np.sort(cos, axis=1)
+        for r, i in enumerate(weak):
+            if top[r, -1] > WEAK_OUTPUT and (top.shape[1] < 2 or top[r, -2] < 0.6):
+                groups[int(np.argmax(cos[r]))].append(int(i))
+    return groups, Cm.T
+
+
+def mixed_bends(N: int, first: int, R: np.ndarray, floor: float, atoms: np.ndarray) -> list[tuple[int, float, float]]:
+    """A run of second differences ``R`` ``(L, K)`` (from sample ``first`` of N) that mixes several bends, read
+    as the known output directions ``atoms`` ``(K, n)`` closest to its row space: ``(atom, angle, strength over
+    the floor)`` for each bend the least-squares weights show above the bend ``floor``; none when the atoms do not
+    explain it."""
+    _, s, vt = np.linalg.svd(R, full_matrices=False)
+    r = int(min(MAX_MIXED, np.sum(s > floor)))
+    if r < 2 or atoms.shape[1] < r:
+        return []
+    proj = np.linalg.norm(vt[:r] @ atoms, axis=0)
+    cand = np.argsort(-proj)[:r]
+    if proj[cand[-1]] < IN_RUN:
+        return []
+    Wt = np.linalg.lstsq(atoms[:, cand], R.T, rcond=None)[0]  # (r, L)
+    if np.linalg.norm(R.T - atoms[:, cand] @ Wt) > floor * np.sqrt(len(R)):
+        return []
+    out = []
+    pos = np.arange(len(R)) + first
+    for c, w in zip(cand, np.clip(Wt, 0, None)):
+        if w.sum() > floor:
+            out.append((int(c), float(2 * np.pi * (w @ pos) / w.sum() / N) % (2 * np.pi), float(w.sum() / floor)))
+    return out
+
+
+def solve_groups(found: list[tuple[int, int, float, np.ndarray, float]], groups: list[list[int]], M: int,
+                 C: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """Each group's equations ``α_a cos θ + α_b sin θ = 0`` solved: unit output directions ``(K, n)``, unit
+    projections on the first C directions ``α`` ``(C, n)`` (a neuron whose equations leave them open is dropped),
+    the bends each rests on ``(n,)`` and counts; bends its solution misses form a group of their own (a second
+    neuron with nearly the same output direction)."""
+    dirs = np.array([v / np.linalg.norm(v) for _, _, _, v, _ in found])
+    W2, alpha, support, kept, dropped = [], [], [], 0, 0
+    queue = [np.array(g) for g in groups]
+    while queue:
+        g = queue.pop()
+        E = np.zeros((len(g), M))
+        for r, i in enumerate(g):
+            a, b, th, _, _ = found[i]
+            E[r, a], E[r, b] = np.cos(th), np.sin(th)
+        ok = _agreeing(E)
+        al = _projections(E[ok], C)
+        if al is None:
+            dropped += 1
+            continue
+        if not ok.all():  # a second neuron with nearly the same output direction: its bends are tried on their own
+            queue.append(g[~ok])
+        W2.append(_output_direction(dirs[g[ok]]))
+        alpha.append(al)
+        support.append(int(ok.sum()))
+        kept += int(ok.sum())
+    W2, alpha, support, merged = _merged(W2, alpha, support)
+    details = {"bend_groups": len(groups), "groups_dropped": dropped, "bends_used": kept,
+               "groups_merged": merged}
+    if not W2:
+        return np.zeros((dirs.shape[1] if len(dirs) else 0, 0)), np.zeros((C, 0)), np.zeros(0), details
+    return np.array(W2).T, np.array(alpha).T, np.array(support), details
+
+
+def drive_factors(ask, U: np.ndarray, C: int, radius: float, samples: int) -> tuple[np.ndarray, dict]:
+    """The factors ``w2_i ⊗ (U[:C] w1_i)`` ``(K·C, n)`` (unit columns, the layout of
+    :func:`.decompose.split_factors`), the best-supported first, from the bends on the circles of every pair of the
+    directions ``U`` (``(M, d)``, M ≥ C: the rows past C only add circles), ``samples`` answers each."""
+    M = U.shape[0]
+    found, mixed = [], []
+    for a in range(M):
+        for b in range(a + 1, M):
+            theta, X = circle(U, a, b, radius, samples)
+            single, mix = bends(ask(X))
+            found += [(a, b, th, v, q) for th, v, q in single]
+            mixed += [(a, b, *run) for run in mix]
+    groups, atoms = group_bends(found)
+    decoded = 0
+    for a, b, first, R, floor in mixed:
+        for c, th, q in mixed_bends(samples, first, R, floor, atoms):
+            groups[c].append(len(found))
+            found.append((a, b, th, atoms[:, c] * q * floor, q))
+            decoded += 1
+    W2, alpha, support, details = solve_groups(found, groups, M, C)
+    details.update(bends=len(found) - decoded, mixed_runs=len(mixed), mixed_bends_read=decoded)
+    order = np.argsort(-support, kind="stable")
+    A = np.einsum("kn,cn->kcn", W2[:, order], alpha[:, order]).reshape(W2.shape[0] * C, -1)
+    return A / np.linalg.norm(A, axis=0), details
+
+
+def circles(M: int) -> int:
+    """Circles :func:`drive_factors` reads on M directions (one per pair)."""
+    return M * (M - 1) // 2
+
+
+def _output_direction(S: np.ndarray) -> np.ndarray:
+    """The common direction of unit vectors ``S`` ``(n, K)``, those that stray (a weaker bend within the run) left
+    out: the mean of the half closest to the first mean."""
+    v = S.mean(0)
+    cos = S @ (v / np.linalg.norm(v))
+    keep = cos >= np.median(cos)
+    v = S[keep].mean(0)
+    return v / np.linalg.norm(v)
+
+
+def _agreeing(E: np.ndarray, rounds: int = 3) -> np.ndarray:
+    """The equations (rows of E, unit-norm) that one null vector meets within :data:`AGREE`: solved on all, then
+    again on those it meets (another neuron's bends pull the first solution; a few rounds let it settle)."""
+    ok = np.ones(len(E), bool)
+    for _ in range(rounds):
+        if ok.sum() < 2:
+            break
+        new = np.abs(E @ np.linalg.svd(E[ok])[2][-1]) < AGREE
+        if (new == ok).all() or new.sum() < 2:
+            break
+        ok = new
+    return ok
+
+
+def _projections(E: np.ndarray, C: int) -> np.ndarray | None:
+    """The unit vector of the first C entries of E's null space when that is one line, else None (the equations
+    leave them open: too few circles saw the neuron)."""
+    M = E.shape[1]
+    if len(E) == 0:
+        return None
+    _, s, vt = np.linalg.svd(E)
+    null = vt[np.concatenate([s, np.zeros(M - len(s))]) < NULL * max(s[0], 1e-300)]
+    if len(null) == 0:
+        return None
+    u, sv, _ = np.linalg.svd(null[:, :C].T, full_matrices=False)
+    if sv[0] < OPEN or (len(sv) > 1 and sv[1] > OPEN * sv[0]):
+        return None
+    return u[:, 0]
+
+
+def _merged(W2: list, alpha: list, support: list) -> tuple[list, list, list, int]:
+    """Groups that are one neuron (the same projections to :data:`SAME_PROJECTIONS`, a related output direction:
+    a bend whose vector a close neighbour bent away from the rest) kept once, the best supported."""
+    if not W2:
+        return W2, alpha, support, 0
+    order = np.argsort(-np.array(support), kind="stable")
+    Al, W = np.array(alpha), np.array(W2)
+    keep: list[int] = []
+    for i in order:
+        if any(abs(Al[i] @ Al[j]) > SAME_PROJECTIONS and W[i] @ W[j] > 0.5 for j in keep):
+            continue
+        keep.append(int(i))
+    return [W2[i] for i in keep], [alpha[i] for i in keep], [support[i] for i in keep], len(W2) - len(keep)
