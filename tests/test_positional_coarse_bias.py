@@ -98,12 +98,14 @@ def test_the_kernel_of_the_value_maps_from_float32_answers_and_its_refusal():
 def test_coarse_start_with_biases_from_float32_answers():
     """The coarse route with q/k biases end to end at a small size (d = 16, 2/1 heads, value maps at 2d queries):
     its start (before the polish) near the float64 truth, the biases in it."""
-    from attnprobe.learners.positional.coarse import extract_coarse_positional
+    from attnprobe.learners.positional.coarse import coarse_queries, extract_coarse_positional
 
     truth = qwen2_like(16, 2, 1)
     res = extract_coarse_positional(Oracle(truth.with_dtype("float32"), 16, precision="float32"), heads=2, per=2,
                                     biases=True, check=False)
     assert res.details["qk_biases"] is True and "q/k biases" in res.notes[0]
+    planned = coarse_queries(16, 2, 16, per=2, biases=True)  # a walk's halved steps ask more
+    assert planned <= res.queries_by_phase["coarse start"] <= 1.5 * planned
     assert np.abs(res.model.bk).max() > 0.1 and np.abs(res.model.bq).max() > 0.1
     assert function_error_over_lengths(res.model, truth, np.random.default_rng(5), LENGTHS) < 2e-2  # measured 3.0e-3
 

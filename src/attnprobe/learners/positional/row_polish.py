@@ -8,11 +8,12 @@ needs ~N-fold fewer sequences and ~N-fold less arithmetic for the same number of
 
 :class:`StreamedRows` is the least-squares problem ``r(p) = w ⊙ (f_p(X) − Y)`` over every row of the data, with the
 products the Gauss–Newton step needs — the cost ``‖r‖²``, ``Jᵀr``, ``Jv``, ``Jᵀu`` and ``JᵀJv`` — computed chunk by
-chunk (``chunk_rows`` rows at a time: ``torch.func.jvp`` / ``vjp`` per chunk, summed), so memory is bounded by a
-chunk and the parameter vectors, never by the data. The model keeps its factored storage throughout (``W_Q`` per
-head ``d_h × d``, ``W_K`` and ``W_V`` per key/value group, ``W_O``): no ``d × d`` matrix per head is formed.
-:func:`polish_rows` is Levenberg–Marquardt on it, the matrix-free step of :func:`~.polish.polish` (conjugate
-gradients on the Jacobi-scaled normal equations, damping raised until the cost falls), with progress reported.
+chunk (``chunk_rows`` rows at a time, summed; ``JᵀJv`` from one forward pass with dual numbers and one backward),
+so memory is bounded by a chunk, the answers and the parameter vectors, never by the data's graph. The model keeps
+its factored storage throughout (``W_Q`` per head ``d_h × d``, ``W_K`` and ``W_V`` per key/value group, ``W_O``):
+no ``d × d`` matrix per head is formed. :func:`polish_rows` is Levenberg–Marquardt on it, the step of
+:func:`~.polish.polish` (a dense ladder of dampings for a small Jacobian, else conjugate gradients on the
+Jacobi-scaled normal equations, damping raised until the cost falls), with progress reported.
 """
 
 from __future__ import annotations

@@ -261,25 +261,8 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
     p = plan(d, K, m, richardson=richardson, coarse=coarse, start=start)
     run.report(run.queries + sum(p.values()) - p["width"] - p["step"])
     E = COARSE_SECOND_DIRECTIONS if coarse else SECOND_DIRECTIONS
-    driven = _drive_factors(run, ask, U, m, scale) if start == "drive" else None
-    if start == "drive" and driven is None and asked == "drive":
-        raise ConfigError("the answers do not grow linearly far from the origin (a norm in front of the FFN?), so "
-                          "the drive start cannot read its bends; use start='jennrich'", param="start")
-    if driven is not None:
-        A, sep = driven
-    else:
-        with run.phase("factors"):
-            V = rng.standard_normal((E, d))
-            V /= np.linalg.norm(V, axis=1, keepdims=True)
-            T = richardson_differences(lambda s: second_derivatives(ask, X[:n], U, V, s),
-                                       h if richardson == 1 else h_rich, richardson)
-        A, sep = _factors(T.reshape(K * C, E, n), m, rng, coarse)
-        if start == "drive":
-            start, sep["drive_refused"] = "jennrich", "the answers do not grow linearly far from the origin"
-        elif coarse and sep.get("left_out"):  # Jennrich's start blended neurons: read them far from the origin
-            driven = _drive_factors(run, ask, U, m, scale)
-            if driven is not None:
-                A, sep = driven[0], {**sep, **driven[1], "jennrich_left_out": sep["left_out"]}
+    A, sep, start = _start_factors(run, ask, U, X[:n], m=m, scale=scale, start=start, asked=asked, coarse=coarse,
+                                   E=E, steps=(h if richardson == 1 else h_rich, richardson))
     Ap = np.linalg.pinv(A)
     w2_dirs, _ = split_factors(A, K, C)
     with run.phase("directions"):
@@ -315,6 +298,33 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
     check_model = model if ask.vector else _Scalar(model)
     return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_model=check_model,
                       hint=f" (a smooth FFN of this form with {name})")
+
+
+def _start_factors(run, ask, U, X, *, m, scale, start, asked, coarse, E, steps):
+    """The factors ``w2_i ⊗ U w1_i`` (K·C, m) and their separation details, read as ``start`` says: far from the
+    origin (:mod:`.drive_start`; refused when asked for and the answers do not grow linearly) or by Jennrich's
+    diagonalisation of second derivatives at the points ``X`` (``steps``: the difference step and Richardson's
+    levels), which on coarse answers is followed by the drive start when it leaves neurons out. Returns
+    ``(A, sep, start)`` with the start actually used."""
+    driven = _drive_factors(run, ask, U, m, scale) if start == "drive" else None
+    if start == "drive" and driven is None and asked == "drive":
+        raise ConfigError("the answers do not grow linearly far from the origin (a norm in front of the FFN?), so "
+                          "the drive start cannot read its bends; use start='jennrich'", param="start")
+    if driven is not None:
+        return driven[0], driven[1], start
+    rng, K, C = run.rng, ask.outputs, U.shape[0]
+    with run.phase("factors"):
+        V = rng.standard_normal((E, U.shape[1]))
+        V /= np.linalg.norm(V, axis=1, keepdims=True)
+        T = richardson_differences(lambda s: second_derivatives(ask, X, U, V, s), *steps)
+    A, sep = _factors(T.reshape(K * C, E, X.shape[0]), m, rng, coarse)
+    if start == "drive":
+        start, sep["drive_refused"] = "jennrich", "the answers do not grow linearly far from the origin"
+    elif coarse and sep.get("left_out"):  # Jennrich's start blended neurons: read them far from the origin
+        driven = _drive_factors(run, ask, U, m, scale)
+        if driven is not None:
+            A, sep = driven[0], {**sep, **driven[1], "jennrich_left_out": sep["left_out"]}
+    return A, sep, start
 
 
 class _Scalar:
