@@ -13,6 +13,7 @@ function error per length, the queries and seconds of each stage; ``--polish``: 
     PYTHONPATH=src python benchmarks/research/rope_d128_start.py --probe pair --d 64 --heads 4 --kv-heads 1
     PYTHONPATH=src python benchmarks/research/rope_d128_start.py --save start.npz   # d = 128, 8/2
     PYTHONPATH=src python benchmarks/research/rope_d128_start.py --load start.npz --polish 300 --rounds 2
+    PYTHONPATH=src python benchmarks/research/rope_d128_start.py --route [--route-polish always]   # the route
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ def main() -> None:
     ap.add_argument("--load", help="read the start from this .npz instead of running it")
     ap.add_argument("--polish", type=int, default=0, help="fresh sequences for the polish (0: none)")
     ap.add_argument("--rounds", type=int, default=2, help="the polish's rounds")
+    ap.add_argument("--route", action="store_true", help="the route itself (extract_any_positional)")
+    ap.add_argument("--route-polish", default="never", choices=("never", "always"), help="--route: its polish hook")
     args = ap.parse_args()
     kw = dict(d=args.d, heads=args.heads, kv_heads=args.kv_heads, seed=0)
     truth = reference_model(positional_victim("llama", dtype="float64", **kw))
@@ -102,6 +105,21 @@ def main() -> None:
     print(f"LLaMA d = {args.d}, {args.heads}/{args.kv_heads} heads, float32 answers, probe {args.probe}, "
           f"per {args.per}", flush=True)
     t0 = time.perf_counter()
+    if args.route:
+        from attnprobe.learners.positional.route import extract_any_positional
+
+        res = extract_any_positional(oracle, heads=args.heads, seed=args.seed, polish=args.route_polish)
+        polished = res.details.get("polish", {})
+        if polished.get("ran"):
+            print(f"  polish: {polished['sequences']} sequences, {polished['rounds']} rounds, misfit "
+                  f"{polished['misfit_before']:.1e} → {polished['misfit_after']:.1e}, check "
+                  f"{polished['check_before']:.1e} → {polished['check_after']:.1e}, kept {polished['kept']}, "
+                  f"{polished['seconds']:.0f} s", flush=True)
+        print(f"route: {res.queries} queries, {time.perf_counter() - t0:.0f} s, head probe "
+              f"{res.details.get('head_probe')}, check (worst length) {res.check.error:.1e} "
+              f"{'passed' if res.check.passed else 'FAILED'}; function error at N = " + " / ".join(map(str, LENGTHS))
+              + f": {function_errors(res.model, truth)}", flush=True)
+        return
     if args.load:
         a = np.load(args.load)
         model = PositionalAttention(a["Wq"], a["Wk"], a["Wv"], a["Wo"], bo=a["bo"], position="rope",

@@ -406,8 +406,9 @@ def key_probe_kernel(M: np.ndarray, H: int, key_probe: bool | None = None) -> np
     :func:`probe_directions`) or None (the pair probe). ``key_probe`` None: the key probe for wide heads
     (``d_h·d`` above :data:`DENSE_ALS`) whose ``M`` has a kernel (heads sharing keys and values, LLaMA's GQA), the
     pair probe otherwise (LLaMA d = 128, 8/2, float32: each ``V_h`` 1.1e-4 … 1.5e-4 off and the start 5.6e-4 from
-    the float64 module with the key probe, the pair probe's start far outside; docs/positional.md, "d = 128, 8/2:
-    where the start breaks"); True: the key probe (refused without a kernel); False: the pair probe."""
+    the float64 module with the key probe; 1.0e-3 … 1.2e-3 and 4.3e-3 with the pair probe; docs/positional.md,
+    "d = 128, 8/2: where the start breaks"); True: the key probe (refused without a kernel); False: the pair
+    probe."""
     from attnprobe.errors import UnidentifiableError
     from attnprobe.learners.positional.coarse_bias import coarse_kernel
 
