@@ -194,11 +194,12 @@ def test_wide_gqa_start_reads_heads_by_the_key_probe():
     """The bias-free start of a wide GQA layer (d = 48, 2/1 heads, d_h·d above ``DENSE_ALS``) from float32 answers
     takes the key probe and lands near the rounding (measured 2.6e-5; the pair probe 5.9e-5; LLaMA d = 128, 8/2:
     5.6e-4 against the pair probe's 4.3e-3). ~25 s."""
-    from attnprobe.learners.positional.coarse import coarse_start
+    from attnprobe.learners.positional.coarse import coarse_queries, coarse_start
     from attnprobe.models.compare import function_error_over_lengths
 
     truth = random_rope_attention(48, 2, 1, seed=5)
     oracle = Oracle(truth.with_dtype("float32"), 48, precision="float32")
     model, measured = coarse_start(oracle, 2, np.random.default_rng(0), base=10000.0)
     assert measured["head_probe"] == "key"
+    assert oracle.queries == coarse_queries(48, 2)  # the key probe asks what the plan counts for the pair probe
     assert function_error_over_lengths(model, truth, np.random.default_rng(1), (2, 17, 256)) < 1e-3
