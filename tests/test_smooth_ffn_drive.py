@@ -169,6 +169,7 @@ def test_a_circle_aimed_at_an_open_plane_gives_the_missing_equation():
         E[r, a], E[r, b] = np.cos(th), np.sin(th)
     plane = np.linalg.svd(E)[2][2:]
     atoms = t.W2 / np.linalg.norm(t.W2, axis=0)
-    W2f, al, support = aimed_circles(Asker(oracle), U, 4, 1e5 * np.sqrt(16), 2048, [(2, i, E, plane)], atoms, 1)
-    assert oracle.queries == 2048 and len(al) == 1
+    W2f, al, support, asked = aimed_circles(Asker(oracle), U, 4, 1e5 * np.sqrt(16), 2048, [(2, i, E, plane)],
+                                            atoms=atoms, count=1)
+    assert oracle.queries == 2048 * asked and asked == 1 and len(al) == 1
     assert 1 - abs(al[0] @ alpha[:, i]) / np.linalg.norm(alpha[:, i]) < 1e-8

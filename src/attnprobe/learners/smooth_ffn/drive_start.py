@@ -51,12 +51,16 @@ CONSENSUS_AGREE = 1e-4
 #: ... and only where the null vector's entries on the row's two directions sum to more than this (the unit
 #: vector e_7 meets the rows of all 21 circles without direction 7: at AGREE it met 87 rows of the pair's 112)
 TRIVIAL = 0.05
-#: at most this many circles aimed at neurons whose equations leave a plane open (:func:`aimed_circles`)
+#: at most this many circles in all aimed at neurons whose equations leave a plane open (:func:`aimed_circles`)
 MAX_AIMED = 16
 #: ... where the bends closest to the neuron's output direction are its own when their cosine exceeds this (its
 #: plane is open, so any angle is one solution: MiniLM layer 2's unit 1026 bent there at cosine 0.75, a weaker
 #: neighbour in the same sample)
 AIMED_OUTPUT = 0.5
+#: circles tried per open plane: in it, then tilted out of it by TILT times a random direction orthogonal to it
+#: (the same equation for the neuron, other neighbours: unit 589's bends mixed in the plane, tilted by 0.5 they
+#: did not)
+AIMED_TRIES, TILT = 4, 0.5
 
 
 def growth_gap(ask, d: int, radius: float, rng: np.random.Generator) -> float:
@@ -227,33 +231,44 @@ def solve_groups(found: list[tuple[int, int, float, np.ndarray, float]], groups:
     return W2, alpha, support, details, planes
 
 
-def aimed_circles(ask, U: np.ndarray, C: int, radius: float, samples: int, planes: list, atoms: np.ndarray,
-                  count: int) -> tuple[list, list, list]:
+def aimed_circles(ask, U: np.ndarray, C: int, radius: float, samples: int, planes: list, *, atoms: np.ndarray,
+                  count: int) -> tuple[list, list, list, int]:
     """Neurons whose equations leave a plane open (a group seen on circles that do not connect all M directions:
     MiniLM layer 2 had three) read on one more circle each, in that plane: with ``n1, n2`` spanning it,
     ``x(θ) = R (n1 U cos θ + n2 U sin θ)`` gives ``w1·x = R (α·n1 cos θ + α·n2 sin θ)``, so the neuron's bends
     (the two closest to its output direction, ``atoms`` column of its group, or read from runs mixing bends) give
-    the missing equation ``(n1 cos θ + n2 sin θ)·α = 0``. At most ``count`` planes; returns output directions,
-    projections, supports."""
-    W2, alpha, support = [], [], []
-    for bends_seen, gi, E, (n1, n2) in planes[:count]:
+    the missing equation ``(n1 cos θ + n2 sin θ)·α = 0``. When that circle shows none, up to
+    :data:`AIMED_TRIES` − 1 more tilted out of the plane by ``r ⟂ n1, n2`` (``(n1 + r1) U``, ``(n2 + r2) U``:
+    since ``α·r = 0`` the equation is the same for this neuron, not for the others). At most ``count`` circles in
+    all; returns output directions, projections, supports and the circles asked."""
+    W2, alpha, support, asked = [], [], [], 0
+    for bends_seen, gi, E, (n1, n2) in planes:
         w = atoms[:, gi]
-        _, X = plane_circle(n1 @ U, n2 @ U, radius, samples)
-        single, mix = bends(ask(X))
-        angles = [th for first, R, floor in mix for c, th, _ in mixed_bends(samples, first, R, floor, atoms) if c == gi]
-        cos = np.array([v @ w / np.linalg.norm(v) for _, v, _ in single])
-        near = np.flatnonzero(cos > max(AIMED_OUTPUT, cos.max(initial=0) - 1e-2))  # the bend and its antipode
-        angles += [single[i][0] for i in near]
+        rng = np.random.default_rng(gi)
+        angles = []
+        for tilt in range(min(AIMED_TRIES, count - asked)):
+            asked += 1
+            r = rng.standard_normal((2, len(n1))) * (tilt > 0) * TILT
+            r -= (r @ np.array([n1, n2]).T) @ np.array([n1, n2])
+            _, X = plane_circle((n1 + r[0]) @ U, (n2 + r[1]) @ U, radius, samples)
+            single, mix = bends(ask(X))
+            angles = [th for first, R, floor in mix
+                      for c, th, _ in mixed_bends(samples, first, R, floor, atoms) if c == gi]
+            cos = np.array([v @ w / np.linalg.norm(v) for _, v, _ in single])
+            near = np.flatnonzero(cos > max(AIMED_OUTPUT, cos.max(initial=0) - 1e-2))  # the bend and its antipode
+            angles += [single[i][0] for i in near]
+            if angles:
+                break
         if not angles:
             continue
-        Ea = np.concatenate([E, np.array([np.cos(t) * n1 + np.sin(t) * n2 for t in angles])])
+        Ea = np.concatenate([E, np.array([np.cos(t) * (n1 + r[0]) + np.sin(t) * (n2 + r[1]) for t in angles])])
         ok = _agreeing(Ea)
         al = _projections(Ea[ok], C)
         if al is not None:
             W2.append(w)
             alpha.append(al)
             support.append(int(ok.sum()))
-    return W2, alpha, support
+    return W2, alpha, support, asked
 
 
 def drive_factors(ask, U: np.ndarray, C: int, radius: float, samples: int) -> tuple[np.ndarray, dict]:
@@ -277,11 +292,11 @@ def drive_factors(ask, U: np.ndarray, C: int, radius: float, samples: int) -> tu
             found.append((a, b, th, atoms[:, c] * q * floor, q))
             decoded += 1
     W2, alpha, support, details, planes = solve_groups(found, groups, M, C)
-    aimed = min(MAX_AIMED, len(planes))
-    more = aimed_circles(ask, U, C, radius, samples, planes, atoms, aimed) if aimed else ([], [], [])
+    more = (aimed_circles(ask, U, C, radius, samples, planes, atoms=atoms, count=MAX_AIMED) if planes
+            else ([], [], [], 0))
     W2, alpha, support, merged = _merged(W2 + more[0], alpha + more[1], support + more[2])
     details.update(bends=len(found) - decoded, mixed_runs=len(mixed), mixed_bends_read=decoded,
-                   groups_merged=merged, open_planes=len(planes), aimed_circles=aimed, aimed_found=len(more[0]))
+                   groups_merged=merged, open_planes=len(planes), aimed_circles=more[3], aimed_found=len(more[0]))
     if not W2:
         return np.zeros((found[0][3].shape[0] * C if found else 0, 0)), details
     W2, alpha, support = np.array(W2).T, np.array(alpha).T, np.array(support)
