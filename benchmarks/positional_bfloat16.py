@@ -8,18 +8,23 @@ its check, the polish hook on the route's fresh sequences, then the verdict (the
 else refused naming bfloat16).
 
     PYTHONPATH=src python benchmarks/positional_bfloat16.py --d 32 --heads 2 --kv-heads 1 --write
+
+``--per-query``: each random query's fit (four and twelve blocks) against the module's ``V_h z`` and against the
+least-squares split with the module's own centres (float64 logits: the floor of any centre fit); ``--value-maps``:
+the sweep's value maps through the output spaces (values, walk, ``3·d_h`` random queries), no logit maps.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from attnprobe.errors import UnidentifiableError
-from attnprobe.learners.positional.bfloat16 import extract_bfloat16_positional
+from attnprobe.learners.positional.bfloat16 import SPACE_QUERIES, extract_bfloat16_positional
 from attnprobe.learners.positional.route import claim_verdict
 from attnprobe.learners.positional.polish import polish_extraction
 from attnprobe.models.compare import function_error_over_lengths
@@ -62,13 +67,100 @@ def route_row(d: int, H: int, G: int) -> list:
             res.queries, f"{time.perf_counter() - t0:.0f}"]
 
 
+def module_centres(truth, z: np.ndarray, blocks) -> np.ndarray:
+    """The module's ``log S_hm`` (H, len(blocks)) at the query ``z`` (float64 logits, HF rotate-half)."""
+    g = truth.H // truth.G
+    half = len(truth.inv_freq)
+    th = np.arange(max(blocks))[:, None] * np.asarray(truth.inv_freq)[None]
+    out = np.empty((truth.H, len(blocks)))
+    for h in range(truth.H):
+        q, k = truth.Wq[h] @ z, truth.Wk[h // g] @ z
+        k1 = k[:half] * np.cos(th) + k[half:] * np.sin(th)
+        k2 = k[half:] * np.cos(th) - k[:half] * np.sin(th)
+        s = np.cumsum(np.exp(truth.scale * (k1 @ q[:half] + k2 @ q[half:])))
+        out[h] = [math.log(s[m - 1]) for m in blocks]
+    return out
+
+
+def matched_errors(U, T) -> np.ndarray:
+    C = np.array([[np.linalg.norm(u - t) / np.linalg.norm(t) for t in T] for u in U])
+    rows, cols = linear_sum_assignment(C)
+    return C[rows, cols]
+
+
+def per_query_rows(d: int, H: int, G: int, queries: int = 5) -> list:
+    """Each query's worst head (``‖û_h − V_h z‖/‖V_h z‖``, heads matched) with four and twelve blocks."""
+    from attnprobe.learners.positional.sweep import (BLOCKS, MANY_BLOCKS, QUERY_SCALE, fit_sweep, sweep_answers,
+                                                     sweep_shapes)
+
+    kw = dict(d=d, heads=H, kv_heads=G, seed=0)
+    truth = reference_model(positional_victim("llama", dtype="float64", **kw))
+    oracle = oracle_from_torch(positional_victim("llama", dtype="bfloat16", **kw), d, precision="bfloat16")
+    V = truth.value_maps()
+    rows = []
+    for blocks in (BLOCKS, MANY_BLOCKS):
+        rng = np.random.default_rng(1)
+        Z = rng.standard_normal((queries, d)) * QUERY_SCALE
+        Y = sweep_answers(oracle, Z, blocks)
+        fitted, floor, misfits, t0 = [], [], [], time.perf_counter()
+        for z, y in zip(Z, Y):
+            U, _, misfit = fit_sweep(y, H, rng, blocks=blocks)
+            fitted.append(matched_errors(U, V @ z).max())
+            misfits.append(misfit)
+            F = sweep_shapes(module_centres(truth, z, blocks), blocks)
+            floor.append(matched_errors(np.linalg.lstsq(F, y, rcond=None)[0], V @ z).max())
+        seconds = (time.perf_counter() - t0) / queries
+        rows.append([f"LLaMA d={d} {H}/{G}", len(blocks), Y.shape[1], " ".join(f"{e:.1e}" for e in fitted),
+                     " ".join(f"{m:.1e}" for m in misfits), " ".join(f"{e:.1e}" for e in floor), f"{seconds:.1f}"])
+    return rows
+
+
+def value_map_row(d: int, H: int, G: int) -> list:
+    """The sweep's value maps through the output spaces at ``SPACE_QUERIES·d_h`` random queries."""
+    from attnprobe.learners.positional.coarse import coarse_values
+    from attnprobe.learners.positional.sweep import sweep_value_maps
+
+    kw = dict(d=d, heads=H, kv_heads=G, seed=0)
+    truth = reference_model(positional_victim("llama", dtype="float64", **kw))
+    oracle = oracle_from_torch(positional_victim("llama", dtype="bfloat16", **kw), d, precision="bfloat16")
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    M, c = coarse_values(oracle, rng, math.sqrt(d), repeats=16)
+    before = oracle.queries
+    V, misfit = sweep_value_maps(oracle, c, H, rng, per=6, M=M, spaces=SPACE_QUERIES)
+    errs = matched_errors(V.reshape(H, -1), truth.value_maps().reshape(H, -1))
+    return [f"LLaMA d={d} {H}/{G}", f"{SPACE_QUERIES}·d_h", f"{np.median(errs):.1e}", f"{errs.max():.1e}",
+            f"{misfit:.1e}", oracle.queries - before, oracle.queries, f"{time.perf_counter() - t0:.0f}"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--d", type=int, nargs="+", default=[32])
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--kv-heads", type=int, default=1)
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks/")
+    ap.add_argument("--per-query", action="store_true", help="the sweep's fit per random query, 4 and 12 blocks")
+    ap.add_argument("--value-maps", action="store_true", help="the sweep's value maps through the output spaces")
     args = ap.parse_args()
+    if args.per_query or args.value_maps:
+        if args.per_query:
+            table = Table(["module", "blocks", "sequences a query", "fit: worst head per query",
+                           "misfit per query", "module's centres: worst head", "seconds a fit"])
+            title = "RoPE bfloat16 sweep: separating the heads at one query"
+            for d in args.d:
+                for row in per_query_rows(d, args.heads, args.kv_heads):
+                    table.add(*row)
+        else:
+            table = Table(["module", "random queries", "V_h error (median)", "V_h error (worst)", "median misfit",
+                           "sweep queries", "queries", "seconds"])
+            title = (f"RoPE bfloat16 sweep: the value maps through the output spaces ({args.heads}/{args.kv_heads} "
+                     f"heads)")
+            for d in args.d:
+                table.add(*value_map_row(d, args.heads, args.kv_heads))
+        print(table.markdown())
+        if args.write:
+            write_section(title, table.markdown(), command_line(), doc=DOC)
+        return
     table = Table(["module", "sweep: V_h error", "start: queries", "start: function error", "polish: sequences",
                    "polished: function error", "check (worst length)", "verdict", "queries", "seconds"])
     for d in args.d:

@@ -5,6 +5,7 @@ on float64 answers where the stage must be exact."""
 import math
 
 import numpy as np
+import pytest
 
 from attnprobe.learners.head.probes import random_orthogonal
 from attnprobe.learners.positional.coarse import (COARSE_STEP, LOGIT_OFFSETS, SETTINGS, coarse_values, log_weights,
@@ -113,3 +114,49 @@ def test_reliability_weights_keys_far_below_a_zero_key_less():
 
     w = reliability(np.array([-3.0, -1.0, 0.0, 2.0, np.log(0.5)]))
     assert np.allclose(w, [np.exp(-3.0), np.exp(-1.0), 1.0, 1.0, 0.5])
+
+
+def _wide_start(settings):
+    """Logit maps of a wide layer (d = 80, 5 heads of d_h = 16: ``d_h·d`` above ``DENSE_ALS``) from float32 answers,
+    each head's value map moved 1e-4 (relative) from the truth's, as the value-map stage leaves it; the start's
+    largest function error over lengths up to 128."""
+    from attnprobe.learners.positional.coarse import split_value_maps
+    from attnprobe.models.compare import function_error_over_lengths
+    from attnprobe.models.positional import PositionalAttention
+
+    d, H = 80, 5
+    truth = random_rope_attention(d, H, 1, seed=4)
+    rng = np.random.default_rng(1)
+    V = truth.value_maps()
+    V = V + 1e-4 * np.linalg.norm(V, axis=(1, 2), keepdims=True) * rng.standard_normal(V.shape) / d
+    Cb, G = split_value_maps(V, truth.value_maps().sum(axis=0))
+    oracle = Oracle(truth.with_dtype("float32"), d, precision="float32")
+    Wq, Wk, count = logit_maps(oracle, rng, Cb, G, np.zeros(d), truth.inv_freq, 1.0, **settings)
+    start = PositionalAttention(Wq, Wk, G, Cb, position="rope", inv_freq=truth.inv_freq, scale=1.0)
+    return function_error_over_lengths(start, truth, np.random.default_rng(5), (2, 17, 128)), count
+
+
+def test_wide_heads_get_more_key_sets_and_no_dense_als():
+    """``logit_settings``: narrow heads keep ``logit_maps``' defaults (the d = 32 route as measured); wide ones
+    (``d_h·d`` above ``DENSE_ALS``) ask ``LOGIT_EXTRA·d`` more sequences per regression, more key sets with them,
+    and skip the dense alternating least squares."""
+    from attnprobe.learners.positional.coarse import DENSE_ALS, LOGIT_EXTRA, logit_map_queries, logit_settings
+
+    assert logit_settings(32, 16) == {} and 16 * 64 <= DENSE_ALS
+    wide = logit_settings(128, 16)
+    assert wide == {"extra": LOGIT_EXTRA * 128, "rounds": 0}
+    more = logit_map_queries(128, 16, extra=wide["extra"]) - logit_map_queries(128, 16)
+    assert more > 10 * logit_map_queries(128, 16)  # 24,320 sequences where the narrow settings ask 1,664
+
+
+@pytest.mark.slow
+def test_wide_heads_logit_maps_hold_value_maps_off():
+    """Wide layers' logit maps (``logit_settings``) from value maps 1e-4 off: the start near the rounding's, where
+    the narrow settings (extra 16, no ALS) leave it 0.58 off (d = 80, 5 heads; measured at d = 128, 8/2: 1.3e-3 …
+    3.7e-3 against 0.28 … 0.92). ~50 s."""
+    from attnprobe.learners.positional.coarse import logit_map_queries, logit_settings
+
+    settings = logit_settings(80, 16)
+    err, count = _wide_start(settings)
+    assert count == logit_map_queries(80, 16, extra=settings["extra"])
+    assert err < 2e-2

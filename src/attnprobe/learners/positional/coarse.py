@@ -41,6 +41,12 @@ VALUE_REPEATS = 4
 #: the key offsets of the logit sequences (the first is the reference of the rotation's equations; far ones tell
 #: the low frequencies apart)
 LOGIT_OFFSETS = (-1, -2, -3, -5, -8, -16, -32, -64, -128)
+#: wide heads' logit maps (``d_h·d`` above :data:`DENSE_ALS`): ``extra = LOGIT_EXTRA·d`` sequences beyond ``d`` per
+#: regression and ``⌈(d_h + extra)/9⌉`` key sets, without the alternating least squares (LLaMA d = 128, 8/2,
+#: float32, value maps 1e-4 off: extra 16 leaves the start 0.28 … 0.92 off, extra 256 1.3e-3 … 3.7e-3, as with
+#: exact value maps; the dense ALS's normal equations, 2,048 unknowns per half-step, took over ten minutes per call
+#: at extra 16; docs/positional.md, "d = 128, 8/2: where the start breaks")
+LOGIT_EXTRA, DENSE_ALS = 2, 1024
 #: random sequences per entry of a head's reduced logit matrix ``M(δ)`` (d_h² entries per offset)
 SAMPLES_PER_ENTRY = 2
 #: alternating least-squares rounds that refine the logit maps on every sample
@@ -374,9 +380,15 @@ def coarse_queries(d: int, H: int, outputs: int | None = None, *, walk: int = 1,
         logits = 16 + biased_logit_map_queries(d, dh)
         first = min(d - dh, first)
     else:
-        logits = logit_map_queries(d, dh)
+        logits = logit_map_queries(d, dh, extra=logit_settings(d, dh).get("extra", 16))
     return (2 * d * VALUE_REPEATS + probe * first + probe * (H + 4) * (walk * math.ceil(K / H) + 4)
             + probe * (H + 4) * per * d + 16 + logits)
+
+
+def logit_settings(d: int, dh: int) -> dict:
+    """The float32 route's :func:`logit_maps` settings for heads of width ``dh`` at width ``d``: its defaults, and
+    for wide heads (``dh·d > DENSE_ALS``) ``LOGIT_EXTRA·d`` extra sequences and no alternating least squares."""
+    return {} if dh * d <= DENSE_ALS else {"extra": LOGIT_EXTRA * d, "rounds": 0}
 
 
 def logit_map_queries(d: int, dh: int, *, extra: int = 16, query_sets: int | None = None,
@@ -418,7 +430,7 @@ def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None
     if biases:
         Wq, Wk, bq, bk, count = coarse_bias.biased_logit_maps(oracle, rng, Cb, G, c, theta, scale)
     else:
-        Wq, Wk, count = logit_maps(oracle, rng, Cb, G, c, theta, scale)
+        Wq, Wk, count = logit_maps(oracle, rng, Cb, G, c, theta, scale, **logit_settings(d, dh))
     model = PositionalAttention(Wq, Wk, G, Cb, bq=bq, bk=bk, bo=c, position="rope", inv_freq=theta, layout="half",
                                 scale=1.0, causal=True)
     return model, {"logit_sequences": count, "token_scale": scale}
