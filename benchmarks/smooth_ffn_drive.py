@@ -4,10 +4,11 @@ bends of float32 answers on circles far from the origin (:mod:`attnprobe.learner
     OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/smooth_ffn_drive.py [--cases 16-48-16 minilm2:192]
         [--directions M] [--factor-directions C] [--samples N] [--radius R]
 
-Per case: M random unit directions (``circles(M)`` circles of N answers each, radius R·√d), the factors on the
-first C of them (default: the learner's C), compared with the true ones (1 − |cos| of each true factor to the
-nearest found; the m best-supported found factors, as the learner keeps them). Cases: ``d-m-K`` random GELU nets
-(``random_smooth_ffn``, seed d + m) or ``minilm2[:k]`` (MiniLM-L6 layer 2's real GELU FFN, its first k units).
+Per case: M random unit directions (``circles(M)`` circles of N answers each, radius R·√d; then the circles aimed
+at units left open), the factors on the first C of them (default: the learner's C), compared with the true ones
+(1 − |cos| of each true factor to the nearest found; the m best-supported found factors, as the learner keeps
+them). Cases: ``d-m-K`` random GELU nets (``random_smooth_ffn``, seed d + m) or ``minilm2[:k]`` (MiniLM-L6
+layer 2's real GELU FFN, its first k units).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def one(case: str, M: int | None, C: int | None, N: int | None, radius: float) -
     within = int(np.sum(err < 1e-2))
     wrong = int(np.sum(1 - cos.max(0) > 1e-2))
     return (f"| {case} | {M} / {C} | {circles(M)} × {N:,} | {oracle.queries:,} | {A.shape[1]} of {m} | {within} | "
-            f"{np.median(err):.1e} | {wrong} | {info['mixed_bends_read']:,} | {secs:.0f} |")
+            f"{np.median(err):.1e} | {wrong} | {info['mixed_bends_read']:,} | {info['groups_by_consensus']} | "
+            f"{info['aimed_circles']} ({info['aimed_found']}) | {secs:.0f} |")
 
 
 def main() -> None:
@@ -64,8 +66,9 @@ def main() -> None:
     ap.add_argument("--radius", type=float, default=plain.DRIVE_RADIUS, help="the circles' radius over √d")
     args = ap.parse_args()
     print("| case | directions M / C | circles × answers | queries | factors found | true units within 1e-2 "
-          "(1 − cos) | median 1 − cos | found factors off > 1e-2 | bends read from mixed runs | s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "(1 − cos) | median 1 − cos | found factors off > 1e-2 | bends read from mixed runs | groups by consensus | "
+          "aimed circles (units found) | s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for case in args.cases:
         print(one(case, args.directions, args.factor_directions, args.samples, args.radius), flush=True)
 

@@ -7,7 +7,7 @@ import pytest
 
 from attnprobe.learners.smooth_ffn import extract_smooth_ffn
 from attnprobe.learners.smooth_ffn.derivatives import Asker
-from attnprobe.learners.smooth_ffn.drive_start import bends, circles, drive_factors
+from attnprobe.learners.smooth_ffn.drive_start import aimed_circles, bends, circles, drive_factors, solve_groups
 from attnprobe.learners.smooth_ffn.learner import choose_start, drive_samples, plan
 from attnprobe.models.smooth_ffn import neuron_match
 from attnprobe.oracles import Oracle
@@ -64,7 +64,8 @@ def test_drive_start_learns_a_float32_gelu_net_within_1e3():
     assert res.passed and res.details["start"] == "drive" and res.details["left_out"] == 0
     match = neuron_match(truth, res.model)
     assert match["matched_one_to_one"] and match["first_layer_error"] < 1e-4 and match["second_layer_error"] < 1e-4
-    assert res.queries_by_phase["factors"] == plan(16, 16, 48, coarse=True, start="drive")["factors"]
+    assert res.queries_by_phase["factors"] == (plan(16, 16, 48, coarse=True, start="drive")["factors"]
+                                               + res.details["aimed_circles"] * drive_samples(48))
     X = np.random.default_rng(2).standard_normal((200, 16))
     y = truth.with_dtype("float64").forward(X)
     assert np.abs(res.model.forward(X) - y).max() < 1e-5 * np.abs(y).max()
@@ -116,3 +117,60 @@ def test_a_norm_in_front_is_refused_by_the_drive_start_before_its_circles():
     assert err.value.param == "start"
     p = plan(16, 16, 48, coarse=True, start="drive")
     assert normed.queries <= p["step"] + p["width"] + 2 * PROBES
+
+
+def _bends_of(alphas, W2, M, rng, noise=1e-7):
+    """Bends ``(a, b, angle, vector, strength)`` of neurons with projections ``alphas`` (n, M) and output columns
+    ``W2`` (K, n) on the circle of every pair (a, b): each bends at the two angles where ``α_a cos θ + α_b sin θ``
+    vanishes."""
+    found = []
+    for a in range(M):
+        for b in range(a + 1, M):
+            for al, w in zip(alphas, W2.T):
+                th = np.arctan2(-al[a], al[b]) + rng.normal(0, noise)
+                found += [(a, b, th % (2 * np.pi), w, 50.0), (a, b, (th + np.pi) % (2 * np.pi), w, 50.0)]
+    return found
+
+
+def test_a_group_of_two_neurons_with_nearly_equal_output_columns_is_split_by_consensus():
+    """Two neurons whose output columns are at cosine 0.998 (MiniLM layer 2 has such a pair) share one group of
+    bends, with 10 % stray bends: the least-squares null vector meets neither, the consensus of null vectors of
+    random M − 1 equations finds each (1 − cos of the projections < 1e-9) and the strays found no third unit with
+    more support."""
+    rng = np.random.default_rng(3)
+    M, K = 6, 32
+    alphas = rng.standard_normal((2, M))
+    alphas /= np.linalg.norm(alphas, axis=1, keepdims=True)
+    w = rng.standard_normal(K)
+    W2 = np.stack([w, w + 0.06 * rng.standard_normal(K)], axis=1)
+    found = _bends_of(alphas, W2, M, rng)
+    found += [(a, b, rng.uniform(0, 2 * np.pi), w, 50.0) for a, b in rng.integers(0, M, (12, 2)) if a != b]
+    W2f, alpha, support, info, planes = solve_groups(found, [list(range(len(found)))], M, M)
+    assert info["groups_by_consensus"] >= 1 and not planes
+    top = np.argsort(support)[::-1][:2]
+    cos = np.abs(np.array(alpha)[top] @ alphas.T)
+    assert sorted(support)[-2] > 3 * sorted(support + [0, 0])[-3]  # the strays' best group is a small one
+    assert (1 - cos.max(0)).max() < 1e-9 and set(cos.argmax(0).tolist()) == {0, 1}
+
+
+def test_a_circle_aimed_at_an_open_plane_gives_the_missing_equation():
+    """A unit of 16-48-16 GELU (float32 answers) seen only on circles (0, 1) and (2, 3) of 4 directions: its
+    equations leave a plane open; one circle in that plane (2048 answers) reads its projections on the 4
+    directions (1 − cos < 1e-8)."""
+    truth = random_smooth_ffn(16, 48, 16, activation="gelu", seed=64, dtype="float32")
+    t = truth.with_dtype("float64")
+    oracle = Oracle(truth, 16, precision="float32")
+    U = np.random.default_rng(1).standard_normal((4, 16))
+    U /= np.linalg.norm(U, axis=1, keepdims=True)
+    alpha = U @ t.W1.T
+    i = 5
+    E = np.zeros((2, 4))
+    for r, (a, b) in enumerate([(0, 1), (2, 3)]):
+        th = np.arctan2(-alpha[a, i], alpha[b, i])
+        E[r, a], E[r, b] = np.cos(th), np.sin(th)
+    plane = np.linalg.svd(E)[2][2:]
+    atoms = t.W2 / np.linalg.norm(t.W2, axis=0)
+    W2f, al, support, asked = aimed_circles(Asker(oracle), U, 4, 1e5 * np.sqrt(16), 2048, [(2, i, E, plane)],
+                                            atoms=atoms, count=1)
+    assert oracle.queries == 2048 * asked and asked == 1 and len(al) == 1
+    assert 1 - abs(al[0] @ alpha[:, i]) / np.linalg.norm(alpha[:, i]) < 1e-8

@@ -43,6 +43,24 @@ NULL = 1e-3
 #: ... and the first C entries of that null space are one line when its second singular value is below this share
 #: of its first
 OPEN = 1e-2
+#: a group whose least-squares null vector meets less than this share of its equations is tried by consensus
+#: (:func:`_consensus`, TRIES random sets: MiniLM layer 2's pair at output cosine 0.998 met 64 of its group's 112)
+ONE_NEURON, TRIES = 0.8, 5000
+#: ... whose null vectors count the rows they meet within this (the angles are read to ~1e-5)
+CONSENSUS_AGREE = 1e-4
+#: ... and only where the null vector's entries on the row's two directions sum to more than this (the unit
+#: vector e_7 meets the rows of all 21 circles without direction 7: at AGREE it met 87 rows of the pair's 112)
+TRIVIAL = 0.05
+#: at most this many circles in all aimed at neurons whose equations leave a plane open (:func:`aimed_circles`)
+MAX_AIMED = 16
+#: ... where the bends closest to the neuron's output direction are its own when their cosine exceeds this (its
+#: plane is open, so any angle is one solution: MiniLM layer 2's unit 1026 bent there at cosine 0.75, a weaker
+#: neighbour in the same sample)
+AIMED_OUTPUT = 0.5
+#: circles tried per open plane: in it, then tilted out of it by TILT times a random direction orthogonal to it
+#: (the same equation for the neuron, other neighbours: unit 589's bends mixed in the plane, tilted by 0.5 they
+#: did not)
+AIMED_TRIES, TILT = 4, 0.5
 
 
 def growth_gap(ask, d: int, radius: float, rng: np.random.Generator) -> float:
@@ -59,8 +77,13 @@ def growth_gap(ask, d: int, radius: float, rng: np.random.Generator) -> float:
 
 def circle(U: np.ndarray, a: int, b: int, radius: float, samples: int) -> tuple[np.ndarray, np.ndarray]:
     """The angles ``(N,)`` and the points ``(N, d)`` of the circle of ``radius`` in the plane ``(u_a, u_b)``."""
+    return plane_circle(U[a], U[b], radius, samples)
+
+
+def plane_circle(p: np.ndarray, q: np.ndarray, radius: float, samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """The angles ``(N,)`` and the points ``radius (p cos θ + q sin θ)`` ``(N, d)``."""
     theta = 2 * np.pi * np.arange(samples) / samples
-    return theta, radius * (np.cos(theta)[:, None] * U[a] + np.sin(theta)[:, None] * U[b])
+    return theta, radius * (np.cos(theta)[:, None] * p + np.sin(theta)[:, None] * q)
 
 
 def bend_floor(N: int, K: int) -> float:
@@ -174,43 +197,85 @@ def mixed_bends(N: int, first: int, R: np.ndarray, floor: float, atoms: np.ndarr
 
 
 def solve_groups(found: list[tuple[int, int, float, np.ndarray, float]], groups: list[list[int]], M: int,
-                 C: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+                 C: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, list]:
     """Each group's equations ``α_a cos θ + α_b sin θ = 0`` solved: unit output directions ``(K, n)``, unit
     projections on the first C directions ``α`` ``(C, n)`` (a neuron whose equations leave them open is dropped),
     the bends each rests on ``(n,)`` and counts; bends its solution misses form a group of their own (a second
-    neuron with nearly the same output direction)."""
+    neuron with nearly the same output direction), found by consensus when the least-squares null vector meets too
+    few (:func:`_consensus`). Last, the dropped groups whose equations leave exactly a plane open
+    ``(bends, group index, equations (n, M), plane (2, M))``, the best supported first (:func:`aimed_circles`)."""
     dirs = np.array([v / np.linalg.norm(v) for _, _, _, v, _ in found])
-    W2, alpha, support, kept, dropped = [], [], [], 0, 0
-    queue = [np.array(g) for g in groups]
+    W2, alpha, support, kept, dropped, split, planes = [], [], [], 0, 0, 0, []
+    rng = np.random.default_rng(0)
+    queue = [(gi, np.array(g)) for gi, g in enumerate(groups)]
     while queue:
-        g = queue.pop()
-        E = np.zeros((len(g), M))
-        for r, i in enumerate(g):
-            a, b, th, _, _ = found[i]
-            E[r, a], E[r, b] = np.cos(th), np.sin(th)
+        gi, g = queue.pop()
+        E = _equations(found, g, M)
         ok = _agreeing(E)
+        if ok.mean() < ONE_NEURON and (best := _consensus(E, rng)).any():
+            ok, split = best, split + 1
         al = _projections(E[ok], C)
         if al is None:
             dropped += 1
+            if (plane := _open_plane(E[ok])) is not None:
+                planes.append((int(ok.sum()), gi, E[ok], plane))
             continue
         if not ok.all():  # a second neuron with nearly the same output direction: its bends are tried on their own
-            queue.append(g[~ok])
+            queue.append((gi, g[~ok]))
         W2.append(_output_direction(dirs[g[ok]]))
         alpha.append(al)
         support.append(int(ok.sum()))
         kept += int(ok.sum())
-    W2, alpha, support, merged = _merged(W2, alpha, support)
-    details = {"bend_groups": len(groups), "groups_dropped": dropped, "bends_used": kept,
-               "groups_merged": merged}
-    if not W2:
-        return np.zeros((dirs.shape[1] if len(dirs) else 0, 0)), np.zeros((C, 0)), np.zeros(0), details
-    return np.array(W2).T, np.array(alpha).T, np.array(support), details
+    details = {"bend_groups": len(groups), "groups_dropped": dropped, "bends_used": kept, "groups_by_consensus": split}
+    planes.sort(key=lambda t: -t[0])
+    return W2, alpha, support, details, planes
+
+
+def aimed_circles(ask, U: np.ndarray, C: int, radius: float, samples: int, planes: list, *, atoms: np.ndarray,
+                  count: int) -> tuple[list, list, list, int]:
+    """Neurons whose equations leave a plane open (a group seen on circles that do not connect all M directions:
+    MiniLM layer 2 had three) read on one more circle each, in that plane: with ``n1, n2`` spanning it,
+    ``x(θ) = R (n1 U cos θ + n2 U sin θ)`` gives ``w1·x = R (α·n1 cos θ + α·n2 sin θ)``, so the neuron's bends
+    (the two closest to its output direction, ``atoms`` column of its group, or read from runs mixing bends) give
+    the missing equation ``(n1 cos θ + n2 sin θ)·α = 0``. When that circle shows none, up to
+    :data:`AIMED_TRIES` − 1 more tilted out of the plane by ``r ⟂ n1, n2`` (``(n1 + r1) U``, ``(n2 + r2) U``:
+    since ``α·r = 0`` the equation is the same for this neuron, not for the others). At most ``count`` circles in
+    all; returns output directions, projections, supports and the circles asked."""
+    W2, alpha, support, asked = [], [], [], 0
+    for bends_seen, gi, E, (n1, n2) in planes:
+        w = atoms[:, gi]
+        rng = np.random.default_rng(gi)
+        angles = []
+        for tilt in range(min(AIMED_TRIES, count - asked)):
+            asked += 1
+            r = rng.standard_normal((2, len(n1))) * (tilt > 0) * TILT
+            r -= (r @ np.array([n1, n2]).T) @ np.array([n1, n2])
+            _, X = plane_circle((n1 + r[0]) @ U, (n2 + r[1]) @ U, radius, samples)
+            single, mix = bends(ask(X))
+            angles = [th for first, R, floor in mix
+                      for c, th, _ in mixed_bends(samples, first, R, floor, atoms) if c == gi]
+            cos = np.array([v @ w / np.linalg.norm(v) for _, v, _ in single])
+            near = np.flatnonzero(cos > max(AIMED_OUTPUT, cos.max(initial=0) - 1e-2))  # the bend and its antipode
+            angles += [single[i][0] for i in near]
+            if angles:
+                break
+        if not angles:
+            continue
+        Ea = np.concatenate([E, np.array([np.cos(t) * (n1 + r[0]) + np.sin(t) * (n2 + r[1]) for t in angles])])
+        ok = _agreeing(Ea)
+        al = _projections(Ea[ok], C)
+        if al is not None:
+            W2.append(w)
+            alpha.append(al)
+            support.append(int(ok.sum()))
+    return W2, alpha, support, asked
 
 
 def drive_factors(ask, U: np.ndarray, C: int, radius: float, samples: int) -> tuple[np.ndarray, dict]:
     """The factors ``w2_i ⊗ (U[:C] w1_i)`` ``(K·C, n)`` (unit columns, the layout of
     :func:`.decompose.split_factors`), the best-supported first, from the bends on the circles of every pair of the
-    directions ``U`` (``(M, d)``, M ≥ C: the rows past C only add circles), ``samples`` answers each."""
+    directions ``U`` (``(M, d)``, M ≥ C: the rows past C only add circles), ``samples`` answers each, then up to
+    :data:`MAX_AIMED` circles aimed at the neurons their equations leave open (:func:`aimed_circles`)."""
     M = U.shape[0]
     found, mixed = [], []
     for a in range(M):
@@ -226,8 +291,15 @@ def drive_factors(ask, U: np.ndarray, C: int, radius: float, samples: int) -> tu
             groups[c].append(len(found))
             found.append((a, b, th, atoms[:, c] * q * floor, q))
             decoded += 1
-    W2, alpha, support, details = solve_groups(found, groups, M, C)
-    details.update(bends=len(found) - decoded, mixed_runs=len(mixed), mixed_bends_read=decoded)
+    W2, alpha, support, details, planes = solve_groups(found, groups, M, C)
+    more = (aimed_circles(ask, U, C, radius, samples, planes, atoms=atoms, count=MAX_AIMED) if planes
+            else ([], [], [], 0))
+    W2, alpha, support, merged = _merged(W2 + more[0], alpha + more[1], support + more[2])
+    details.update(bends=len(found) - decoded, mixed_runs=len(mixed), mixed_bends_read=decoded,
+                   groups_merged=merged, open_planes=len(planes), aimed_circles=more[3], aimed_found=len(more[0]))
+    if not W2:
+        return np.zeros((found[0][3].shape[0] * C if found else 0, 0)), details
+    W2, alpha, support = np.array(W2).T, np.array(alpha).T, np.array(support)
     order = np.argsort(-support, kind="stable")
     A = np.einsum("kn,cn->kcn", W2[:, order], alpha[:, order]).reshape(W2.shape[0] * C, -1)
     return A / np.linalg.norm(A, axis=0), details
@@ -246,6 +318,43 @@ def _output_direction(S: np.ndarray) -> np.ndarray:
     keep = cos >= np.median(cos)
     v = S[keep].mean(0)
     return v / np.linalg.norm(v)
+
+
+def _equations(found: list, g: np.ndarray, M: int) -> np.ndarray:
+    """The equations ``α_a cos θ + α_b sin θ = 0`` of the bends ``g`` of ``found``, one row ``(M,)`` each."""
+    E = np.zeros((len(g), M))
+    for r, i in enumerate(g):
+        a, b, th, _, _ = found[i]
+        E[r, a], E[r, b] = np.cos(th), np.sin(th)
+    return E
+
+
+def _consensus(E: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The rows of E that the best of :data:`TRIES` null vectors of random M − 1 of them meets within
+    :data:`CONSENSUS_AGREE` (random sample consensus): for a group mixing two neurons with nearly the same
+    output direction and a few stray bends, whose least-squares null vector meets neither. Empty when no null
+    vector meets 2·M rows (a few random rows always have one)."""
+    n, M = E.shape
+    if n < 2 * M:
+        return np.zeros(n, bool)
+    pick = np.argsort(rng.random((TRIES, n)), axis=1)[:, :M - 1]
+    _, sv, vt = np.linalg.svd(E[pick])
+    v = vt[:, -1] * (sv[:, -1] > NULL * sv[:, 0])[:, None]  # (TRIES, M); a set of lower rank (a bend and its
+    # antipode give one equation) leaves a plane open, and its null vector is any line in it
+    # a row is met only where v does not vanish on both its directions: e_j meets every circle without j
+    meets = (np.abs(E @ v.T) < CONSENSUS_AGREE) & ((E != 0) @ np.abs(v.T) > TRIVIAL)
+    best = int(np.argmax(meets.sum(0)))
+    return meets[:, best] if meets[:, best].sum() >= 2 * M else np.zeros(n, bool)
+
+
+def _open_plane(E: np.ndarray) -> np.ndarray | None:
+    """The null space ``(2, M)`` of equations E when it is a plane, else None."""
+    M = E.shape[1]
+    if len(E) == 0:
+        return None
+    _, s, vt = np.linalg.svd(E)
+    null = vt[np.concatenate([s, np.zeros(M - len(s))]) < NULL * max(s[0], 1e-300)]
+    return null if len(null) == 2 else None
 
 
 def _agreeing(E: np.ndarray, rounds: int = 3) -> np.ndarray:

@@ -25,7 +25,7 @@ from attnprobe.learners.smooth_ffn.decompose import distinct_columns, factors, s
 from attnprobe.learners.smooth_ffn.derivatives import (choose_extrapolated_step, coarse_answers,
                                                        second_derivatives, step_queries)
 from attnprobe.learners.smooth_ffn.derivatives import richardson as richardson_differences
-from attnprobe.learners.smooth_ffn.drive_start import DRIVABLE, PROBES, circles, drive_factors, growth_gap
+from attnprobe.learners.smooth_ffn.drive_start import DRIVABLE, MAX_AIMED, PROBES, circles, drive_factors, growth_gap
 from attnprobe.learners.smooth_ffn.neurons import directions, pick_activation
 from attnprobe.learners.smooth_ffn.polish import gauss_newton, output_layer
 from attnprobe.learners.smooth_ffn.first_stages import search_width, start_run
@@ -117,7 +117,9 @@ def plan(d: int, K: int, m: int, check: int = 0, richardson: int | None = None, 
 def smooth_estimate(s: Setting) -> QueryCount:
     """The smooth learner's queries at hidden width m by phase (:func:`plan`), exact when ``hidden`` and the
     activation are given; without ``hidden`` the width search adds its first-derivative grids (the ``width``
-    phase at each doubling from :data:`FIRST_GUESS`), and without the activation its test adds 92."""
+    phase at each doubling from :data:`FIRST_GUESS`), and without the activation its test adds 92; the drive
+    start's circles aimed at units left open (:func:`.drive_start.aimed_circles`) may add up to
+    :data:`.drive_start.MAX_AIMED` circles (the range's top)."""
     from attnprobe.learners.smooth_ffn.detect import test_queries
 
     m = s.needs("hidden", "an FFN estimate needs the number of hidden units m")
@@ -126,6 +128,9 @@ def smooth_estimate(s: Setting) -> QueryCount:
     total = sum(parts.values()) + (0 if s.option("activation") else test_queries())
     basis = ", ".join(f"{k} {v}" for k, v in parts.items()) + f" (K = {K} outputs per answer" + (
         "" if s.outputs else ", undeclared: declare the outputs K") + ")"
+    aimed = MAX_AIMED * drive_samples(m) if choose_start(K, m, s.coarse) == "drive" else 0
+    if aimed:  # circles aimed at units the drive start's circles left open (0 to MAX_AIMED of them)
+        return QueryCount(total, total, total + aimed, basis + f"; up to {aimed} more on aimed circles")
     return QueryCount.exactly(total, basis)
 
 
