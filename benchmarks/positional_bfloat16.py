@@ -26,7 +26,7 @@ from scipy.optimize import linear_sum_assignment
 from attnprobe.errors import UnidentifiableError
 from attnprobe.learners.positional.bfloat16 import SPACE_QUERIES, extract_bfloat16_positional
 from attnprobe.learners.positional.route import claim_verdict
-from attnprobe.learners.positional.polish import polish_extraction
+from attnprobe.learners.positional.polish_hook import polish_extraction
 from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.oracles.torch_adapter import oracle_from_torch
 from attnprobe.reports import Table

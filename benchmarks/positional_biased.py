@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.learners.positional.polish import polish_extraction
+from attnprobe.learners.positional.polish_hook import polish_extraction
 from attnprobe.learners.positional.route import extract_any_positional
 from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.oracles.base import Oracle

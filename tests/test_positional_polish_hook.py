@@ -10,7 +10,7 @@ from attnprobe.errors import ConfigError
 from attnprobe.learners.core.check import functional_check
 from attnprobe.learners.core.estimate import estimate_queries
 from attnprobe.learners.core.result import Extraction
-from attnprobe.learners.positional.polish import polish_extraction, polish_queries, polish_sequences
+from attnprobe.learners.positional.polish_hook import polish_extraction, polish_queries, polish_sequences
 from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.oracles.base import Oracle
 from attnprobe.targets import random_rope_attention

@@ -205,7 +205,8 @@ def test_the_estimate_shows_the_row_polish_time_and_memory_before_any_query(tmp_
     from attnprobe.cli import main
     from attnprobe.learners.core.estimate import estimate_queries
     from attnprobe.learners.positional.coarse import POLISH_PER, POLISH_ROUNDS
-    from attnprobe.learners.positional.polish import HOOK_CG_STEPS, polish_sequences
+    from attnprobe.learners.positional.polish import HOOK_CG_STEPS
+    from attnprobe.learners.positional.polish_hook import polish_sequences
     from attnprobe.learners.positional.row_polish import row_polish_plan
     from attnprobe.models.positional import PositionalAttention
 
@@ -256,7 +257,7 @@ def test_the_hook_polishes_on_every_row_when_the_oracle_answers_causal_rows(roun
     """Declared causal rows: the hook asks ⌈n/256⌉ sequences of 256 tokens for its n rows (not n sequences),
     fits every row, and counts what it asked (no rounds: the fast twin of the slow run, which reaches the
     module)."""
-    from attnprobe.learners.positional.polish import causal_rows, polish_extraction, polish_sequences
+    from attnprobe.learners.positional.polish_hook import causal_rows, polish_extraction, polish_sequences
 
     truth, oracle, res = _hook_case()
     assert causal_rows(oracle, res.model) and not causal_rows(Oracle(truth, 16), res.model)

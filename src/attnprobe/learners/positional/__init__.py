@@ -10,8 +10,8 @@ from attnprobe.learners.multihead.options import HEADS
 from attnprobe.learners.positional.coarse import POLISH_PER, POLISH_ROUNDS, VALUE_QUERIES, coarse_queries
 from attnprobe.learners.positional.rope import (BFLOAT16_ROUNDING, CHECK_LENGTHS, COARSEST, WALK, coarse_refusal,
                                                extract_positional, positional_queries)
-from attnprobe.learners.positional.polish import (HOOK_CG_STEPS, HOOK_ROUNDS, POLISH_SEQUENCES, POLISH_TARGET,
-                                                  polish_queries, polish_sequences)
+from attnprobe.learners.positional.polish import HOOK_CG_STEPS, HOOK_ROUNDS, POLISH_SEQUENCES, POLISH_TARGET
+from attnprobe.learners.positional.polish_hook import polish_queries, polish_sequences
 from attnprobe.learners.positional.row_polish import chunk_precision, row_polish_plan
 from attnprobe.learners.positional.route import (POLISH, POLISH_SEQUENCES_OPTION, POLISH_TARGET_OPTION, POSITION,
                                                 additive_estimate, extract_any_positional)
@@ -31,7 +31,7 @@ def _positional(oracle, *, seed, progress, heads, position="auto", walk=WALK, po
 
 def with_polish(count: QueryCount, setting, heads: int, bias: bool, position: str = "rope",
                 per: float | None = None, rounds: int = HOOK_ROUNDS) -> QueryCount:
-    """``count`` with the joint polish's fresh sequences and its check (:func:`~.polish.polish_queries`, for at
+    """``count`` with the joint polish's fresh sequences and its check (:func:`~.polish_hook.polish_queries`, for at
     most one key/value group per head): in every end with polish ``always``; in the upper end only with ``auto``
     (it polishes only when the check's error is above the target: measured, LLaMA and GPT-NeoX at d = 128 do, T5
     does not); none with ``never``. ``per``: the route's fresh sequences per ⌈unknowns/K⌉ (default the hook's);
@@ -60,7 +60,7 @@ def with_polish(count: QueryCount, setting, heads: int, bias: bool, position: st
 
 def with_row_polish(count: QueryCount, setting, heads: int, mode: str, rows: int, rounds: int) -> QueryCount:
     """:func:`with_polish` when the oracle answers causal rows: the hook polishes on every-position answers
-    (:func:`~.polish.polish_extraction`), ``rows`` of them (its count of sequences, or the ``polish_sequences``
+    (:func:`~.polish_hook.polish_extraction`), ``rows`` of them (its count of sequences, or the ``polish_sequences``
     option, counts rows then) in sequences of :data:`~.row_polish.ROW_LENGTH` tokens, with the plan's time and
     memory for at most one key/value group per head."""
     plan = row_polish_plan(setting.d, heads, heads, setting.outputs, rounds=rounds, cg_steps=HOOK_CG_STEPS,

@@ -95,7 +95,7 @@ def bfloat16_start(oracle, H: int, rng: np.random.Generator, *, base: float | No
 def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=None, base: float | None = None,
                                 per: int = SWEEP_QUERIES, asked_before=None):
     """RoPE attention (no biases) from bfloat16 answers at the last position: :func:`bfloat16_start`, checked; the
-    learners' hook (:func:`~.polish.polish_extraction`) polishes it on ``POLISH_PER·⌈unknowns/K⌉`` fresh answers
+    learners' hook (:func:`~.polish_hook.polish_extraction`) polishes it on ``POLISH_PER·⌈unknowns/K⌉`` fresh answers
     and :func:`~.route.claim_verdict` then holds its check to :data:`CLAIM`. Needs the number of heads."""
     from attnprobe.errors import ConfigError, UnidentifiableError
     from attnprobe.learners.core.skeleton import Run

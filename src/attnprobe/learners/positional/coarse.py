@@ -28,6 +28,8 @@ import numpy as np
 from attnprobe.errors import RecoveryError
 from attnprobe.learners.head.probes import random_orthogonal
 from attnprobe.learners.positional.heads import head_directions, match
+from attnprobe.learners.positional.logit_samples import (ALS_ROUNDS, LOGIT_OFFSETS, SAMPLES_PER_ENTRY, log_weights,
+                                                         reliability)
 from attnprobe.models.positional import PositionalAttention, rope_frequencies, rotation_matrix
 
 #: Chebyshev nodes on (0, 1] per key step sign, the odd polynomial's degree, the longest step (of the token norm)
@@ -38,19 +40,12 @@ SETTINGS = ((1.0, 0), (1.5, 0), (1.0, 8), (1.5, 8))
 KEY_SETTINGS = ((1.0, 0), (1.0, 4), (1.0, 8), (1.0, 16))
 #: one-token sequences per input dimension and sign in the values stage
 VALUE_REPEATS = 4
-#: the key offsets of the logit sequences (the first is the reference of the rotation's equations; far ones tell
-#: the low frequencies apart)
-LOGIT_OFFSETS = (-1, -2, -3, -5, -8, -16, -32, -64, -128)
 #: wide heads' logit maps (``d_h·d`` above :data:`DENSE_ALS`): ``extra = LOGIT_EXTRA·d`` sequences beyond ``d`` per
 #: regression and ``⌈(d_h + extra)/9⌉`` key sets, without the alternating least squares (LLaMA d = 128, 8/2,
 #: float32, value maps 1e-4 off: extra 16 leaves the start 0.28 … 0.92 off, extra 256 1.3e-3 … 3.7e-3, as with
 #: exact value maps; the dense ALS's normal equations, 2,048 unknowns per half-step, took over ten minutes per call
 #: at extra 16; docs/positional.md, "d = 128, 8/2: where the start breaks")
 LOGIT_EXTRA, DENSE_ALS = 2, 1024
-#: random sequences per entry of a head's reduced logit matrix ``M(δ)`` (d_h² entries per offset)
-SAMPLES_PER_ENTRY = 2
-#: alternating least-squares rounds that refine the logit maps on every sample
-ALS_ROUNDS = 12
 #: the base assumed when none is declared (Hugging Face's default): the polish fits the frequencies from it
 DEFAULT_BASE = 10000.0
 #: target median |logit| of the logit sequences (float32 answers: larger logits leave keys far below a zero key,
@@ -179,35 +174,6 @@ def coarse_output_spaces(oracle, M: np.ndarray, rng: np.random.Generator, H: int
     C = [np.linalg.svd(np.stack([w[:, h] for w in dirs], axis=1), full_matrices=False)[0][:, :dh] for h in range(H)]
     Cb = np.concatenate(C, axis=1)
     return Cb, (np.linalg.pinv(Cb) @ M).reshape(H, dh, -1)
-
-
-def log_weights(oracle, Cb, G, c, toks, offs, span: int):
-    """Each head's log-weights against a zero key for sequences of zeros (length ``span + 1``) holding the keys
-    ``toks[:, :-1]`` at the offsets ``offs (B, T)`` and the query ``toks[:, -1]`` last: the weights solved in each
-    head's coordinates (B, H, T+1), NaN where a solved weight is not positive (rounding)."""
-    count, T1, d = toks.shape
-    H, dh, K = G.shape[0], G.shape[1], Cb.shape[0]
-    N = span + 1
-    Pc = np.linalg.pinv(Cb).reshape(H, dh, K)
-    X = np.zeros((count, N, d))
-    np.put_along_axis(X, (N - 1 + offs)[:, :, None], toks[:, :-1], axis=1)
-    X[:, -1] = toks[:, -1]
-    Y = np.asarray(oracle(X), dtype=np.float64) - c
-    coords = np.einsum("hjk,bk->bhj", Pc, Y)
-    A = np.einsum("hjd,bnd->bhjn", G, toks)
-    alpha = np.einsum("bhnj,bhj->bhn", np.linalg.pinv(A), coords)
-    zero = (1 - alpha.sum(axis=2, keepdims=True)) / (N - T1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ell = np.log(alpha / zero)
-    ell[~np.isfinite(ell)] = np.nan
-    return ell
-
-
-def reliability(ell: np.ndarray) -> np.ndarray:
-    """The least-squares weight of a log-weight ``ℓ = log α/α₀``: a weight solved to an absolute error reads
-    ``log α`` to that error over ``α``, so a key far below a zero key's weight (``ℓ < 0``) counts ``e^ℓ`` (rounding
-    measured: median 7e-5, but up to 3e-3 at keys weighing a tenth of a zero key, float32 at d = 32)."""
-    return np.minimum(1.0, np.exp(np.minimum(ell, 0.0)))
 
 
 def _regress(F: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -465,8 +431,8 @@ def extract_coarse_positional(oracle, *, heads, seed=0, check=True, progress=Non
                               base: float | None = None, per: int = VALUE_QUERIES, asked_before=None,
                               biases: bool | None = None):
     """RoPE attention (LLaMA, Mistral; Qwen2 with ``biases``) from float32 answers at the last position:
-    :func:`coarse_start`, checked; the learners' hook (:func:`~.polish.polish_extraction`) then polishes it on fresh
-    answers, the frequencies fitted from ``base`` (default :data:`DEFAULT_BASE`). Needs the number of heads.
+    :func:`coarse_start`, checked; the learners' hook (:func:`~.polish_hook.polish_extraction`) then polishes it
+    on fresh answers, the frequencies fitted from ``base`` (default :data:`DEFAULT_BASE`). Needs the number of heads.
     ``biases``: q/k biases (:mod:`.coarse_bias`; default: as the oracle declares, a Hugging Face folder's config)."""
     from attnprobe.errors import ConfigError
     from attnprobe.learners.core.skeleton import Run

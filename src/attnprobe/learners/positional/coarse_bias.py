@@ -27,8 +27,8 @@ import math
 import numpy as np
 
 from attnprobe.errors import UnidentifiableError
-from attnprobe.learners.positional.coarse import (ALS_ROUNDS, LOGIT_OFFSETS, SAMPLES_PER_ENTRY, log_weights,
-                                                  reliability)
+from attnprobe.learners.positional.logit_samples import (ALS_ROUNDS, LOGIT_OFFSETS, SAMPLES_PER_ENTRY, log_weights,
+                                                         reliability)
 from attnprobe.models.positional import rotation_matrix
 
 #: smallest ratio between the last kept and the first dropped singular value of the averaged ``M`` (float32

@@ -27,7 +27,8 @@ from attnprobe.errors import AttnprobeError, RecoveryError, UnidentifiableError
 from attnprobe.learners.core.registry import Option
 from attnprobe.oracles.wrappers import declared_attribute
 from attnprobe.learners.positional.additive import extract_additive
-from attnprobe.learners.positional.polish import HOOK_ROUNDS, POLISH_MODES, POLISH_TARGET, polish_extraction
+from attnprobe.learners.positional.polish import HOOK_ROUNDS, POLISH_MODES, POLISH_TARGET
+from attnprobe.learners.positional.polish_hook import polish_extraction
 
 #: the position terms a positional learner reads
 POSITION_TERMS = ("rope", "t5", "alibi")
@@ -74,7 +75,7 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
     """The positional learner for this oracle's position term (module docstring); the route and why are in
     ``details`` and the notes; ``walk``: the RoPE learner's walk length (:func:`extract_positional`); ``polish``,
     ``polish_target``, ``polish_sequences``: the joint polish after the learner's stages
-    (:func:`~.polish.polish_extraction`)."""
+    (:func:`~.polish_hook.polish_extraction`)."""
     from attnprobe.learners.positional.rope import FINEST, WALK, extract_positional
 
     walk = WALK if walk is None else walk
