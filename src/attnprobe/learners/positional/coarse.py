@@ -25,11 +25,12 @@ import math
 
 import numpy as np
 
-from attnprobe.errors import RecoveryError
+from attnprobe.errors import RecoveryError, UnidentifiableError
 from attnprobe.learners.head.probes import random_orthogonal
 from attnprobe.learners.positional.heads import head_directions, match
-from attnprobe.learners.positional.logit_samples import (ALS_ROUNDS, LOGIT_OFFSETS, SAMPLES_PER_ENTRY, log_weights,
-                                                         reliability)
+from attnprobe.learners.positional import coarse_bias
+from attnprobe.learners.positional.logit_samples import (ALS_ROUNDS, LOGIT_OFFSETS, SAMPLES_PER_ENTRY, kept_offsets,
+                                                         log_weights, reliability)
 from attnprobe.models.positional import PositionalAttention, rope_frequencies, rotation_matrix
 
 #: Chebyshev nodes on (0, 1] per key step sign, the odd polynomial's degree, the longest step (of the token norm)
@@ -201,9 +202,7 @@ def logit_maps(oracle, rng, Cb, G, c, theta, rho: float, *, offsets=LOGIT_OFFSET
     Returns (Wq, Wk) (H, d_h, d) each and the sequences asked."""
     d = oracle.d
     H, dh = G.shape[:2]
-    offsets = tuple(offsets)
-    if len(offsets) + 2 > dh:  # the weights of the keys, the query and the zeros are solved in d_h coordinates
-        offsets = offsets[:max(1, dh - 3)] + offsets[-1:]
+    offsets = kept_offsets(offsets, dh)
     offs = np.array(offsets)
     m, span = len(offs), int(-offs.min())
     sets = math.ceil((dh + extra) / m)
@@ -341,9 +340,8 @@ def coarse_queries(d: int, H: int, outputs: int | None = None, *, walk: int = 1,
     probe = 2 * NODES * len(SETTINGS)
     first = min(d, 2 * H + 8)
     if biases:  # the first probe's directions lie in the kernel of M: at most d − d_h dimensions (one KV group)
-        from attnprobe.learners.positional.coarse_bias import biased_logit_map_queries
 
-        logits = 16 + biased_logit_map_queries(d, dh)
+        logits = 16 + coarse_bias.biased_logit_map_queries(d, dh)
         first = min(d - dh, first)
     else:
         logits = logit_map_queries(d, dh, extra=logit_settings(d, dh).get("extra", 16))
@@ -362,7 +360,7 @@ def logit_map_queries(d: int, dh: int, *, extra: int = 16, query_sets: int | Non
     """Sequences :func:`logit_maps` asks with these settings: ``sets`` fixed key sets and ``query_sets`` fixed
     queries (default ``sets``) of ``d + extra`` sequences each, and ``samples`` per entry of the ``d_h × d_h``
     reduced logit matrices."""
-    m = len(LOGIT_OFFSETS) if len(LOGIT_OFFSETS) + 2 <= dh else max(1, dh - 3) + 1  # the offsets logit_maps keeps
+    m = len(kept_offsets(LOGIT_OFFSETS, dh))  # the offsets logit_maps keeps
     sets = math.ceil((dh + extra) / m)
     return (sets + (query_sets or sets)) * (d + extra) + samples * dh * dh
 
@@ -375,8 +373,6 @@ def key_probe_kernel(M: np.ndarray, H: int, key_probe: bool | None = None) -> np
     the float64 module with the key probe; 1.0e-3 … 1.2e-3 and 4.3e-3 with the pair probe; docs/positional.md,
     "d = 128, 8/2: where the start breaks"); True: the key probe (refused without a kernel); False: the pair
     probe."""
-    from attnprobe.errors import UnidentifiableError
-    from attnprobe.learners.positional.coarse_bias import coarse_kernel
 
     if key_probe is False:
         return None
@@ -384,10 +380,10 @@ def key_probe_kernel(M: np.ndarray, H: int, key_probe: bool | None = None) -> np
         if (M.shape[0] // H) * M.shape[1] <= DENSE_ALS:
             return None
         try:
-            return coarse_kernel(M, H)
+            return coarse_bias.coarse_kernel(M, H)
         except UnidentifiableError:
             return None
-    return coarse_kernel(M, H)
+    return coarse_bias.coarse_kernel(M, H)
 
 
 def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None, walk: int = 1,
@@ -397,7 +393,6 @@ def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None
     :mod:`.coarse_bias`): the heads from the key probe inside the kernel of ``M``, the token scale from the keys'
     odd part of the log-weights, and the logit maps with the biases. ``key_probe``: the bias-free heads' probe
     (:func:`key_probe_kernel`; default: the key probe for wide heads sharing keys and values)."""
-    from attnprobe.learners.positional import coarse_bias
 
     d = oracle.d
     rho = math.sqrt(d)

@@ -27,8 +27,8 @@ import math
 import numpy as np
 
 from attnprobe.errors import UnidentifiableError
-from attnprobe.learners.positional.logit_samples import (ALS_ROUNDS, LOGIT_OFFSETS, SAMPLES_PER_ENTRY, log_weights,
-                                                         reliability)
+from attnprobe.learners.positional.logit_samples import (ALS_ROUNDS, LOGIT_OFFSETS, SAMPLES_PER_ENTRY, kept_offsets,
+                                                         log_weights, reliability)
 from attnprobe.models.positional import rotation_matrix
 
 #: smallest ratio between the last kept and the first dropped singular value of the averaged ``M`` (float32
@@ -106,9 +106,7 @@ def biased_logit_maps(oracle, rng, Cb, G, c, theta, rho: float, *, offsets=LOGIT
     Returns (Wq, Wk) (H, d_h, d), (bq, bk) (H, d_h) and the sequences asked."""
     d = oracle.d
     H, dh = G.shape[:2]
-    offsets = tuple(offsets)
-    if len(offsets) + 2 > dh:  # the weights of the keys, the query and the zeros are solved in d_h coordinates
-        offsets = offsets[:max(2, dh - 3)] + offsets[-1:]
+    offsets = kept_offsets(offsets, dh, least=2)
     offs = np.array(offsets)
     m, span = len(offs), int(-offs.min())
     n = d + extra
@@ -211,5 +209,5 @@ def refine_biased_maps(Qa, Ka, toks, offs, ell, theta, rounds: int = ALS_ROUNDS)
 
 def biased_logit_map_queries(d: int, dh: int, *, extra: int = 16, samples: int = SAMPLES_PER_ENTRY) -> int:
     """Sequences :func:`biased_logit_maps` asks with these settings."""
-    m = len(LOGIT_OFFSETS) if len(LOGIT_OFFSETS) + 2 <= dh else max(2, dh - 3) + 1
+    m = len(kept_offsets(LOGIT_OFFSETS, dh, least=2))
     return (math.ceil((dh + extra) / (m - 1)) + math.ceil((dh + extra) / m)) * (d + extra) + samples * (dh + 1) ** 2

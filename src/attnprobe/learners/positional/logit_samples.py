@@ -43,3 +43,14 @@ def reliability(ell: np.ndarray) -> np.ndarray:
     ``log α`` to that error over ``α``, so a key far below a zero key's weight (``ℓ < 0``) counts ``e^ℓ`` (rounding
     measured: median 7e-5, but up to 3e-3 at keys weighing a tenth of a zero key, float32 at d = 32)."""
     return np.minimum(1.0, np.exp(np.minimum(ell, 0.0)))
+
+
+def kept_offsets(offsets, dh: int, least: int = 1) -> tuple:
+    """The key offsets a logit sequence can hold for heads of ``d_h`` coordinates: the weights of its keys, the query
+    and the zeros are solved in those coordinates, so past ``d_h − 2`` offsets only the first ``max(least, d_h − 3)``
+    and the farthest are kept (``least``: 1 bias-free, 2 with q/k biases, whose fits difference two keys)."""
+    offsets = tuple(offsets)
+    if len(offsets) + 2 > dh:
+        offsets = offsets[:max(least, dh - 3)] + offsets[-1:]
+    return offsets
+
