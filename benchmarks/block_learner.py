@@ -46,6 +46,7 @@ from attnprobe.models.block import fold_norm_weights
 from attnprobe.oracles import Oracle
 from attnprobe.reports import Table
 from attnprobe.targets.block import random_llama_block
+from attnprobe.targets.block_folders import llama_block_folder
 from sections import command_line, write_section
 
 DOC = "block"
@@ -292,30 +293,6 @@ def logit_matrices(shape, through_block: bool):
     return (f"d {d}, {H}/{G} heads", label, o.queries, f"{min(errs):.1e} … {max(errs):.1e}",
             f"{min(conds):.1f} … {max(conds):.1f}", f"{min(moduli):.4f} … {max(moduli):.4f}", outcome,
             f"{time.perf_counter() - t:.0f}")
-
-
-def llama_block_folder(folder):
-    """A transformers LLaMA model (2 layers) whose layer 1 the block learner reads: d = 32, 2/1 heads, SwiGLU 64, no
-    attention biases, attention weights N(0, 1/32), norm weights 1 + N(0, 0.3²), ε = 1e-6."""
-    import torch
-    import transformers
-    from transformers.utils import logging
-
-    logging.set_verbosity_error()
-    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=2,
-                                      num_key_value_heads=1, num_hidden_layers=2, vocab_size=8, rms_norm_eps=1e-6,
-                                      attention_bias=False, initializer_range=0.18)
-    torch.manual_seed(0)
-    model = transformers.AutoModel.from_config(config)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
-            elif "attn" in name:
-                p.copy_(torch.randn(p.shape, generator=g) / 32**0.5)
-    model.save_pretrained(folder)
-    return folder
 
 
 def served_block():

@@ -362,3 +362,46 @@ def test_the_attention_through_a_d128_block_passes_the_rotation_fit():
     Z = np.random.default_rng(3).standard_normal((4, 64, 128)) * 0.5
     want = f.attention.every_position(Z)
     assert np.abs(res.model.every_position(Z) - want).max() < 1e-5 * np.abs(want).max()
+
+
+class _OffAt:
+    """The true block (canonical form) answering ``y + δ`` at one position of one length: an error the check must
+    find wherever it hides."""
+
+    def __init__(self, block, length: int, size: float, position: int = 0):
+        self.truth, self.length, self.size, self.position = fold_norm_weights(block), length, size, position
+
+    def every_position(self, X):
+        y = self.truth.every_position(X)
+        if X.shape[1] == self.length:
+            y = y.copy()
+            y[0, self.position, 0] += self.size * np.abs(y - X).max()
+        return y
+
+
+def test_the_block_check_reads_the_worst_length_and_holds_a_pass_to_its_claim(block):
+    """A model right everywhere but 3× the claim off at one entry of one length (N = 21, the worst measured at
+    d = 128) fails the check, which names that length; 0.3× the claim off passes. Fails when the check is loosened:
+    a few lengths only, an RMS over positions or lengths, a tolerance above the claim."""
+    from attnprobe.learners.block.learner import CHECK_LENGTHS, CHECK_PER_LENGTH, CLAIM, every_position_check
+
+    assert set(range(1, 65)) <= set(CHECK_LENGTHS) and CLAIM <= 1e-6  # the Done line: 1e-6 at every length ≤ 64
+    oracle = Oracle(block.every_position, block.d, outputs=block.d, precision="float64")
+    for size, passes in ((3 * CLAIM, False), (0.3 * CLAIM, True), (0.0, True)):
+        check = every_position_check(oracle, _OffAt(block, 21, size, position=7), np.random.default_rng(0),
+                                     CHECK_LENGTHS, CHECK_PER_LENGTH)
+        assert check.passed is passes and check.tolerance <= CLAIM and check.extra["norm"] == "worst"
+        assert check.error == max(check.per_length.values()) and check.error >= size * 0.999
+        if not passes:
+            assert check.extra["worst_length"] == 21 and check.verdict == "failed"
+        else:
+            assert check.error <= CLAIM
+
+
+def test_the_block_check_fails_a_model_answering_nan(block):
+    from attnprobe.learners.block.learner import CHECK_PER_LENGTH, every_position_check
+
+    oracle = Oracle(block.every_position, block.d, outputs=block.d, precision="float64")
+    check = every_position_check(oracle, _OffAt(block, 2, np.nan), np.random.default_rng(0), (1, 2, 3),
+                                 CHECK_PER_LENGTH)
+    assert not check.passed

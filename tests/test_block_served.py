@@ -15,6 +15,7 @@ from attnprobe.cli.serve import build_from_args  # noqa: E402
 from attnprobe.oracles.hf_block import oracle_from_hf_block  # noqa: E402
 from attnprobe.oracles.http import oracle_from_url  # noqa: E402
 from attnprobe.service.server import BackgroundServer  # noqa: E402
+from attnprobe.targets.block_folders import llama_block_folder  # noqa: E402
 from hf_models import tiny_family_dir  # noqa: E402
 
 
@@ -102,25 +103,6 @@ def test_a_saved_block_answers_and_serves_like_the_block(served_llama, tmp_path,
     assert options.every_position and options.outputs == 32
     with BackgroundServer(app) as srv:
         assert np.array_equal(oracle_from_url(srv.url, "k-2").answer_rows(X), local.answer_rows(X))
-
-
-def llama_block_folder(folder):
-    """A LLaMA folder the block learner reads: d = 32, 2/1 heads (d_h = 16 above the RoPE learner's 11 offsets),
-    SwiGLU 64, no attention biases, weights N(0, 1/32), norm weights 1 + N(0, 0.3²)."""
-    import torch
-    from transformers import AutoModel
-
-    folder = tiny_family_dir(folder, "llama", hidden=32, heads=2, kv_heads=1, std=0.18, attention_bias=False)
-    model = AutoModel.from_pretrained(folder)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
-            elif "attn" in name:
-                p.copy_(torch.randn(p.shape, generator=g) / 32**0.5)
-    model.save_pretrained(folder)
-    return folder
 
 
 @pytest.mark.slow
