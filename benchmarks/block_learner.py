@@ -6,7 +6,7 @@ SwiGLU at weights N(0, 1/fan-in), ε = 1e-6, float64), queried as every-position
    ``v ↦ F(w2 ⊙ v)`` (rows of rms 0.4) and the attention oracle (the query driven out, the true FFN's share solved
    away);
 2. the RoPE learner on the true attention with its own query scales against every query at one rms (as the norm
-   forces), before and after one Gauss–Newton step of the polish (300 LSMR iterations; d = 32 only);
+   forces), before and after the attention polish (learners/block/polish.py; d = 32 only);
 3. the gated FFN learner (SwiGLU, width given) through the block's FFN oracle, and on the true FFN with relative
    noise 1e-10 and 1e-12 added (``--only ffn``: d = 64; ``--only ffn128``: d = 128; minutes each);
 4. the per-head logit refit (``learners/block/refine.py``) after the RoPE learner at a fixed query rms, on the true
@@ -36,7 +36,7 @@ import numpy as np
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.learners.block.learner import extract_block
-from attnprobe.learners.block.polish import polish_attention, polish_data
+from attnprobe.learners.block.polish import polish_data, polish_sequences, polish_through_block
 from attnprobe.learners.block.refine import refit_data, refit_logits
 from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, ffn_scale, linear_part,
                                                 sqrt_eps)
@@ -93,8 +93,8 @@ def rope_fixed_query(shape, polish: bool):
         polished = "—"
         if q is not None and polish:
             t = time.perf_counter()
-            data = polish_data(o, q, np.random.default_rng(7))
-            model, hist = polish_attention(res.model, data, rounds=1, iterations=300)
+            data = polish_data(o, q, np.random.default_rng(7), polish_sequences(d, H, d // H))
+            model, _ = polish_through_block(res.model, data)
             polished = f"{rel(model.every_position(Zt), want):.1e} ({time.perf_counter() - t:.0f} s)"
         rows.append((f"d {d}, {H}/{G} heads", label, o.queries, f"{err:.1e}", polished))
     return rows
@@ -204,7 +204,35 @@ def ffn_stage(shape, path):
     print(f"the FFN stage: {info}")
 
 
-def end_to_end_parts(shape, ffn_path=None):
+def attention_stage(shape, ffn_path, path):
+    """The attention stages of :func:`extract_block` (the RoPE learner at the attention oracle's query rms, the logit
+    refit on ``default_rng(1)``'s sequences) on the FFN saved by :func:`ffn_stage`, the attention saved to ``path``
+    with its queries, seconds and peak memory beside it: the second part of a d = 128 run split in three."""
+    import json
+    import resource
+
+    from attnprobe.learners.block.learner import EPS_TOKENS, REFIT_PER_D
+    from attnprobe.models import load_model, save_model
+
+    d, H, G, m = shape
+    blk = random_llama_block(d, H, G, m)
+    o = Oracle(blk.every_position, d, outputs=d, precision="float64")
+    K0 = linear_part(o.answer_rows, d)
+    s, _ = sqrt_eps(o.answer_rows, K0, np.random.default_rng(0), tokens=EPS_TOKENS, heads=H)
+    before, t = o.queries, time.perf_counter()
+    att_fn = AttentionThroughBlock(o.answer_rows, load_model(ffn_path), s * s, d, value_map=s * (K0 - np.eye(d)))
+    att_o = Oracle(att_fn, d, outputs=d, precision="float64")
+    att = extract_positional(att_o, heads=H, seed=0, check=False, query_rms=att_fn.query_rms)
+    data = refit_data(att_o, att_fn.query_rms, att.model.Wq.shape[1], np.random.default_rng(1), REFIT_PER_D * d)
+    save_model(refit_logits(att.model, data)[0], path)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    info = {"queries": o.queries - before, "seconds": time.perf_counter() - t, "peak_gb": peak}
+    with open(f"{path}.json", "w") as fh:
+        json.dump(info, fh)
+    print(f"the attention stages: {info}")
+
+
+def end_to_end_parts(shape, ffn_path=None, att_path=None):
     """:func:`end_to_end` with the learned sublayers against the truth (the FFN on 256 fresh rows of rms 0.6, the
     attention on 8 sequences of length 64 of rms 0.5: relative to the largest answer) and the process's peak
     memory; with ``ffn_path`` (:func:`ffn_stage`'s file) the FFN stage is that run's (its queries and seconds
@@ -219,14 +247,19 @@ def end_to_end_parts(shape, ffn_path=None):
     f = fold_norm_weights(blk)
     o = Oracle(blk.every_position, d, outputs=d, precision="float64")
     before = {"queries": 0, "seconds": 0.0, "peak_gb": 0.0}
-    ffn = None
+    ffn = attention = None
+    for path in (ffn_path, att_path):
+        if path is not None:
+            with open(f"{path}.json") as fh:
+                part = json.load(fh)
+            before = {k: max(v, part[k]) if k == "peak_gb" else v + part[k] for k, v in before.items()}
     if ffn_path is not None:
-        with open(f"{ffn_path}.json") as fh:
-            before = json.load(fh)
         ffn = load_model(ffn_path)
+    if att_path is not None:
+        attention = load_model(att_path)
     t = time.perf_counter()
     try:
-        res = extract_block(o, heads=H, hidden=m, ffn=ffn)
+        res = extract_block(o, heads=H, hidden=m, ffn=ffn, attention=attention)
     except AttnprobeError as e:  # a refusal is a measurement too: where it stopped, after how many queries
         peak = max(before["peak_gb"], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
         return (f"d {d}, {H}/{G} heads, SwiGLU {m}", o.queries + before["queries"], "—", "—", "—", "—",
@@ -356,6 +389,9 @@ def main():
     ap.add_argument("--ffn-out", metavar="PATH", help="--only e2e128: run the FFN stage alone and save the FFN "
                                                       "to PATH (the first half of a split run)")
     ap.add_argument("--ffn", metavar="PATH", help="--only e2e128: the FFN saved by --ffn-out (the second half)")
+    ap.add_argument("--att-out", metavar="PATH", help="--only e2e128 --ffn PATH: run the attention stages alone and "
+                                                      "save the attention to PATH (the second part of three)")
+    ap.add_argument("--att", metavar="PATH", help="--only e2e128: the attention saved by --att-out (the last part)")
     ap.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks/block.md")
     args = ap.parse_args()
     if args.only in ("refit", "refit128"):
@@ -405,11 +441,19 @@ def main():
         if args.ffn_out:
             ffn_stage(SHAPES[2], args.ffn_out)
             return
-        t.add(*end_to_end_parts(SHAPES[2], args.ffn))
-        body = E2E_TEXT + ("\n\nRun in two halves (each under 20 minutes on a shared machine): `--ffn-out PATH` runs "
-                           "the FFN stage as `extract_block` does and saves the FFN, `--ffn PATH` runs "
-                           "`extract_block(..., ffn=the saved FFN)`; queries and seconds are the two halves' sums, "
-                           "the peak memory the larger's." if args.ffn else "") + "\n\n" + t.markdown()
+        if args.att_out:
+            attention_stage(SHAPES[2], args.ffn, args.att_out)
+            return
+        t.add(*end_to_end_parts(SHAPES[2], args.ffn, args.att))
+        body = E2E_TEXT + ("\n\nRun in parts (each under 20 minutes on a shared machine): `--ffn-out PATH` runs "
+                           "the FFN stage as `extract_block` does and saves the FFN, " + (
+                               "`--ffn PATH --att-out PATH2` the attention stages (the RoPE learner and the logit "
+                               "refit) on it, `--ffn PATH --att PATH2` runs `extract_block(..., ffn=…, "
+                               "attention=…)` (the polish and the check); queries and seconds are the parts' sums, "
+                               "the peak memory the largest's." if args.att else
+                               "`--ffn PATH` runs `extract_block(..., ffn=the saved FFN)`; queries and seconds are "
+                               "the two halves' sums, the peak memory the larger's.") if args.ffn else "") + (
+            "\n\n" + t.markdown())
         print(body)
         if args.write:
             write_section("extract_block end to end, d = 128", body, command_line(), doc=DOC)
@@ -445,7 +489,7 @@ def main():
     for shape in SHAPES:
         t1.add(*sublayer_oracles(shape))
         print(t1.markdown(), flush=True)
-    t2 = Table(["attention", "queries asked", "queries", "function error", "after one polish step (its time)"])
+    t2 = Table(["attention", "queries asked", "queries", "function error", "after the attention polish (its time)"])
     for shape in SHAPES[:2] if args.only is None else ():
         for row in rope_fixed_query(shape, polish=shape == SHAPES[0]):
             t2.add(*row)

@@ -6,7 +6,8 @@ driven-out tokens whose FFN share zero keys remove), ``ffn`` (the gated FFN lear
 single-token query per answer), ``attention`` (the RoPE learner with unit queries on the attention's last row,
 each answer one block query with the query driven out and the FFN's share solved away, the learned FFN's error at
 each distinct query measured on one single token and taken off), ``attention refit`` (each
-head's logits refitted from weights read in its own coordinates, :mod:`.refine`). The result is a
+head's logits refitted from weights read in its own coordinates, :mod:`.refine`), ``attention polish`` (every
+weight and the frequencies fitted jointly to fresh sequences of every length, :mod:`.polish`). The result is a
 :class:`~attnprobe.models.block.TransformerBlock` in the canonical form of
 :func:`~attnprobe.models.block.fold_norm_weights`: norm weights 1, their products with the next projections
 learned; ε learned. Checked at every position of fresh sequences of every length 1 … 64, held to the error it claims
@@ -25,6 +26,7 @@ from attnprobe.learners.block import post_norm
 from attnprobe.learners.block.levers import STEPS, rational_keys
 from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, ffn_scale, first_rows,
                                                 linear_part, sqrt_eps)
+from attnprobe.learners.block.polish import POLISH_LENGTHS, polish_data, polish_sequences, polish_through_block
 from attnprobe.learners.block.refine import refit_data, refit_logits
 from attnprobe.learners.core.check import CheckResult, answer_resolution, check_verdict
 from attnprobe.learners.core.skeleton import Run
@@ -32,6 +34,7 @@ from attnprobe.learners.positional.rope import OVERSAMPLE, extract_positional
 from attnprobe.learners.smooth_ffn.gated_learner import extract_gated_ffn
 from attnprobe.models.block import TransformerBlock
 from attnprobe.models.gated_ffn import GATED_FAMILIES, GatedFFN
+from attnprobe.models.positional import PositionalAttention
 from attnprobe.oracles.wrappers import declared_attribute
 
 METHOD = "block"
@@ -59,12 +62,13 @@ def _oracle(fn, d, name):
 
 
 def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: str | None = None, seed=0,
-                  check: bool = True, progress=None, walk: int = 1, ffn=None):
+                  check: bool = True, progress=None, walk: int = 1, ffn=None, attention=None):
     """Recover a pre-norm RMSNorm block with RoPE attention and a bias-free gated FFN (module docstring).
     ``heads``: the attention's H; ``hidden``: the FFN's gated units if known; ``activation``: ``swiglu``,
     ``geglu``, ``geglu_tanh`` or None (read from the answers); ``ffn``: a gated FFN already read from this block's
     FFN oracle (``v ↦ F(w2 ⊙ v)``, :class:`.sublayers.FFNThroughBlock`): the FFN stage is skipped and its queries
-    are not counted here (a long run split in two)."""
+    are not counted here (a long run split in two); ``attention``: likewise the attention read before through this
+    block's attention oracle by :func:`read_attention` (a third part: the attention and refit stages skipped)."""
     d = oracle.d
     if oracle.outputs not in (None, d):
         raise ConfigError(f"a block answers d = {d} numbers per row; this oracle answers {oracle.outputs}",
@@ -75,6 +79,9 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
     if ffn is not None and (not isinstance(ffn, GatedFFN) or (ffn.d, ffn.outputs) != (d, d)):
         raise ConfigError(f"ffn must be a gated FFN from d = {d} to d numbers (a block's FFN read before); got "
                           f"{type(ffn).__name__}", param="ffn")
+    if attention is not None and (not isinstance(attention, PositionalAttention) or attention.d != d):
+        raise ConfigError(f"attention must be a RoPE attention on d = {d} (the block's read before); got "
+                          f"{type(attention).__name__}", param="attention")
     if max(oracle.eps, 1e-16) > 1e-15 or not oracle.noise.exact:
         raise UnidentifiableError(f"the block learner reads float64 answers without noise; these answers are "
                                   f"{oracle.precision} or noisy")
@@ -110,21 +117,23 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
             ffn_oracle = _oracle(FFNThroughBlock(rows, M, eps), d, "the block's FFN")
             ffn = extract_gated_ffn(ffn_oracle, seed=seed, activation=activation, hidden=hidden, bias=False,
                                     scale=ffn_scale(d), check=False)
-    with run.phase("attention", absorb=True):
-        att_fn = AttentionThroughBlock(rows, ffn.model, eps, d, value_map=M)
-        att_oracle = _oracle(att_fn, d, "the block's attention")
-        att = extract_positional(att_oracle, heads=heads, seed=seed, check=False, walk=walk,
-                                 query_rms=att_fn.query_rms)
-    with run.phase("attention refit"):
-        data = refit_data(att_oracle, att_fn.query_rms, att.model.Wq.shape[1], run.rng, REFIT_PER_D * d)
-    polished, history = refit_logits(att.model, data)
+    att_fn = AttentionThroughBlock(rows, ffn.model, eps, d, value_map=M)
+    att_oracle = _oracle(att_fn, d, "the block's attention")
+    if attention is None:
+        att = read_attention(run, att_oracle, att_fn.query_rms, heads, seed=seed, walk=walk)
+    else:
+        att = types.SimpleNamespace(model=attention, details={}, queries=0, history=[], unknowns=sum(
+            np.size(getattr(attention, k)) for k in ("Wq", "Wk", "Wv", "Wo", "inv_freq")))
+    with run.phase("attention polish"):
+        data = polish_data(att_oracle, att_fn.query_rms, run.rng, polish_sequences(d, heads, att.model.Wq.shape[1]))
+    polished, report = polish_through_block(att.model, data)
     f = ffn.model
     model = TransformerBlock(polished, f, np.ones(d), np.ones(d), norm="rms", eps=eps, layout="pre")
     details = {"eps": eps, "eps_misfit": misfit, "ffn": {"hidden": f.m, "activation": f.activation,
                                                          "queries": ffn.queries},
                "attention": {k: att.details[k] for k in ("heads", "head_dim", "base_estimate", "kv_groups")
-                             if k in att.details} | {"queries": att.queries,
-                                                                       "refit_residuals": history},
+                             if k in att.details} | {"queries": att.queries, "refit_residuals": att.history,
+                                                     "polish": report.to_dict()},
                "claim": {"error": CLAIM, "norm": "worst",
                          "cause": "every position of every length 1 … 64, relative to the largest |y − x|"}}
     notes = ["norm weights folded into the next projections (W_Q, W_K, W_V and W_gate, W_up): only the products "
@@ -132,6 +141,18 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
              f"ε = {eps:.3e} read from the answers"]
     unknowns = att.unknowns + ffn.unknowns + 1
     return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_fn=every_position_check)
+
+
+def read_attention(run, att_oracle, query_rms: float, heads: int, *, seed=0, walk: int = 1):
+    """The attention stages on the block's attention oracle: the RoPE learner with every query at ``query_rms``, then
+    each head's logits refitted (:mod:`.refine`). Returns the learner's result with ``model`` the refitted attention
+    and ``history`` the refit's residuals."""
+    with run.phase("attention", absorb=True):
+        att = extract_positional(att_oracle, heads=heads, seed=seed, check=False, walk=walk, query_rms=query_rms)
+    with run.phase("attention refit"):
+        data = refit_data(att_oracle, query_rms, att.model.Wq.shape[1], run.rng, REFIT_PER_D * att_oracle.d)
+    att.model, att.history = refit_logits(att.model, data)
+    return att
 
 
 #: the growth probe of :func:`refuse_post_norm`: a token and this multiple of it
@@ -187,6 +208,14 @@ def calibration_queries(d: int, H: int, *, walk: int = 1) -> int:
     return 1 + walk * math.ceil(d / H) + 4 + 8 + d + max(2, d // H) + OVERSAMPLE + REFIT_PER_D * d
 
 
+def polish_queries(d: int, H: int) -> int:
+    """Queries of the attention polish (:mod:`.polish`): each sequence once and its query row once as a single token
+    (the learned FFN's error there, :class:`~.sublayers.AttentionThroughBlock`), a length-1 sequence being its own."""
+    n = polish_sequences(d, H, d // H)
+    ones = len(range(0, n, len(POLISH_LENGTHS)))  # sequences of length POLISH_LENGTHS[0] = 1
+    return 2 * n - ones
+
+
 def block_queries(d: int, H: int, m: int, *, walk: int = 1, check: bool = True) -> int:
     """Queries of :func:`extract_block` with the FFN's width m given: 1 + 6d (linear) + the eps stage's + the gated
     learner's plan + the unit-query RoPE learner's plan + the check."""
@@ -195,5 +224,5 @@ def block_queries(d: int, H: int, m: int, *, walk: int = 1, check: bool = True) 
 
     n = 1 + 6 * d + eps_queries(H) + sum(gated_plan(d, d, m).values())
     n += positional_queries(d, H, max(2, d // H), outputs=d, walk=walk)
-    n += REFIT_PER_D * d + calibration_queries(d, H, walk=walk)
+    n += REFIT_PER_D * d + calibration_queries(d, H, walk=walk) + polish_queries(d, H)
     return n + (len(CHECK_LENGTHS) * CHECK_PER_LENGTH if check else 0)
