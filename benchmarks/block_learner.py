@@ -177,59 +177,62 @@ def end_to_end(shape):
 
 
 
-def ffn_stage(shape, path):
-    """The FFN stage of :func:`extract_block` alone, as it runs there (the linear part, ε, the gated learner through
-    the block's FFN oracle, width given, activation read), the FFN saved to ``path`` with its queries, seconds and
-    peak memory beside it (``path`` + ``.json``): the first half of a d = 128 run split in two."""
+def _linear_and_eps(shape):
+    """The block's oracle, its linear part ``K0``, ``√ε`` and the random generator after them, read as
+    :func:`extract_block` reads them (its run's generator is ``default_rng(seed = 0)``; the parts' common start)."""
+    from attnprobe.learners.block.learner import EPS_TOKENS
+
+    d, H, G, m = shape
+    o = Oracle(random_llama_block(d, H, G, m).every_position, d, outputs=d, precision="float64")
+    K0 = linear_part(o.answer_rows, d)
+    rng = np.random.default_rng(0)
+    s, _ = sqrt_eps(o.answer_rows, K0, rng, tokens=EPS_TOKENS, heads=H)
+    return o, K0, s, rng
+
+
+def _save_part(model, path, queries: int, t0: float, label: str) -> None:
+    """Save a part's sublayer to ``path`` with its queries, seconds and the process's peak memory in ``path.json``."""
     import json
     import resource
 
-    from attnprobe.learners.block.learner import EPS_TOKENS
     from attnprobe.models import save_model
 
-    d, H, G, m = shape
-    blk = random_llama_block(d, H, G, m)
-    o = Oracle(blk.every_position, d, outputs=d, precision="float64")
-    K0 = linear_part(o.answer_rows, d)
-    s, _ = sqrt_eps(o.answer_rows, K0, np.random.default_rng(0), tokens=EPS_TOKENS, heads=H)
+    save_model(model, path)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    info = {"queries": queries, "seconds": time.perf_counter() - t0, "peak_gb": peak}
+    with open(f"{path}.json", "w") as fh:
+        json.dump(info, fh)
+    print(f"the {label}: {info}")
+
+
+def ffn_stage(shape, path):
+    """The FFN stage of :func:`extract_block` alone, as it runs there (the linear part, ε, the gated learner through
+    the block's FFN oracle, width given, activation read), the FFN saved to ``path`` with its queries, seconds and
+    peak memory beside it (``path`` + ``.json``): the first part of a d = 128 run split in parts."""
+    d, m = shape[0], shape[3]
+    o, K0, s, _ = _linear_and_eps(shape)
     before, t = o.queries, time.perf_counter()
     fn = FFNThroughBlock(o.answer_rows, s * (K0 - np.eye(d)), s * s)
     res = extract_gated_ffn(Oracle(fn, d, outputs=d, precision="float64"), seed=0, hidden=m, bias=False,
                             scale=ffn_scale(d), check=False)
-    save_model(res.model, path)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    info = {"queries": o.queries - before, "seconds": time.perf_counter() - t, "peak_gb": peak}
-    with open(f"{path}.json", "w") as fh:
-        json.dump(info, fh)
-    print(f"the FFN stage: {info}")
+    _save_part(res.model, path, o.queries - before, t, "FFN stage")
 
 
 def attention_stage(shape, ffn_path, path):
     """The attention stages of :func:`extract_block` (the RoPE learner at the attention oracle's query rms, the logit
-    refit on ``default_rng(1)``'s sequences) on the FFN saved by :func:`ffn_stage`, the attention saved to ``path``
+    refit on the sequences it draws there) on the FFN saved by :func:`ffn_stage`, the attention saved to ``path``
     with its queries, seconds and peak memory beside it: the second part of a d = 128 run split in three."""
-    import json
-    import resource
+    from attnprobe.learners.block.learner import REFIT_PER_D
+    from attnprobe.models import load_model
 
-    from attnprobe.learners.block.learner import EPS_TOKENS, REFIT_PER_D
-    from attnprobe.models import load_model, save_model
-
-    d, H, G, m = shape
-    blk = random_llama_block(d, H, G, m)
-    o = Oracle(blk.every_position, d, outputs=d, precision="float64")
-    K0 = linear_part(o.answer_rows, d)
-    s, _ = sqrt_eps(o.answer_rows, K0, np.random.default_rng(0), tokens=EPS_TOKENS, heads=H)
+    d, H = shape[0], shape[1]
+    o, K0, s, rng = _linear_and_eps(shape)
     before, t = o.queries, time.perf_counter()
     att_fn = AttentionThroughBlock(o.answer_rows, load_model(ffn_path), s * s, d, value_map=s * (K0 - np.eye(d)))
     att_o = Oracle(att_fn, d, outputs=d, precision="float64")
     att = extract_positional(att_o, heads=H, seed=0, check=False, query_rms=att_fn.query_rms)
-    data = refit_data(att_o, att_fn.query_rms, att.model.Wq.shape[1], np.random.default_rng(1), REFIT_PER_D * d)
-    save_model(refit_logits(att.model, data)[0], path)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    info = {"queries": o.queries - before, "seconds": time.perf_counter() - t, "peak_gb": peak}
-    with open(f"{path}.json", "w") as fh:
-        json.dump(info, fh)
-    print(f"the attention stages: {info}")
+    data = refit_data(att_o, att_fn.query_rms, att.model.Wq.shape[1], rng, REFIT_PER_D * d)
+    _save_part(refit_logits(att.model, data)[0], path, o.queries - before, t, "attention stages")
 
 
 def end_to_end_parts(shape, ffn_path=None, att_path=None):
