@@ -14,8 +14,9 @@ SwiGLU at weights N(0, 1/fan-in), ε = 1e-6, float64), queried as every-position
    d = 128, the true attention, ~10 minutes under load);
 5. ``extract_block`` end to end (``--e2e`` after the stages, or ``--only e2e``: d = 32, minutes), the function
    against the block at every length 1 … 64; ``--only e2e128``: the issue's d = 128 LLaMA layer (8/2 heads, SwiGLU
-   256), with the learned FFN and attention against the truth and the peak memory (~15 minutes; in two halves
-   with ``--ffn-out PATH`` then ``--ffn PATH``);
+   256), with the learned FFN and attention against the truth and the peak memory (~30 minutes on a busy machine;
+   in parts of under 20 minutes: ``--ffn-out PATH``, then ``--ffn PATH --att-out PATH2`` (the RoPE learner and the
+   logit refit), then ``--ffn PATH --att PATH2`` (the polish and the check));
 6. the RoPE learner's logit matrices ``M(δ)`` at a fixed query rms against the truth, head by head (``--only
    sketches``: d = 128, on the true attention and through the block with the true FFN; ~5 minutes);
 7. the served block (``--only served``): a transformers ``LlamaDecoderLayer`` (d = 32, 2/1 heads, SwiGLU 64, norm
