@@ -379,8 +379,8 @@ def served_block():
 
 E2E_HEAD = ["block", "queries", "unknowns", "check error", "check", "largest error over N = 1 … 64 (4 sequences each)",
             "seconds"]
-E2E_TEXT = ("`extract_block` end to end (the FFN learned, then the attention and its logit refit; errors relative to "
-            "the block's own part y − x, every position):")
+E2E_TEXT = ("`extract_block` end to end (the FFN learned, then the attention, its logit refit and its polish; errors "
+            "relative to the block's own part y − x, every position):")
 
 
 def main():
