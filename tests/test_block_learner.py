@@ -237,6 +237,18 @@ def test_a_given_ffn_of_another_shape_or_kind_is_refused_before_any_query(block)
         assert exc.value.param == "ffn" and oracle.queries == 0
 
 
+def test_a_given_attention_of_another_width_or_kind_is_refused_before_any_query(block):
+    from attnprobe.learners.block.learner import extract_block
+
+    f = fold_norm_weights(block)
+    other = fold_norm_weights(random_llama_block(16, 2, 1, 32, seed=0)).attention
+    for bad, name in ((other, "PositionalAttention"), (f.ffn, "GatedFFN")):
+        oracle = Oracle(block, block.d)
+        with pytest.raises(ConfigError, match=f"RoPE attention on d = 32.*{name}") as exc:
+            extract_block(oracle, heads=2, hidden=64, attention=bad)
+        assert exc.value.param == "attention" and oracle.queries == 0
+
+
 @pytest.mark.slow
 def test_a_given_ffn_skips_the_ffn_stage():
     """``extract_block(..., ffn=F)`` with the block's own FFN (as read before, in a run split in two): the FFN stage's
