@@ -8,9 +8,9 @@ signal: its heads do not separate. Here
 2. **value maps** — :func:`~.sweep.sweep_value_maps`: each head's share of the answer as the number of zero keys
    grows (each head's ``V_h`` at bfloat16's rounding of its weights, d = 32); for more than two heads twelve
    query blocks and each head's output space from ``3·d_h`` random queries (:func:`sweep_spaces`);
-3. **logit maps** — :func:`~.coarse.logit_maps` (log-weights in each head's coordinates) with ``LOGIT_EXTRA·d``
-   more sequences per regression and ``d_h + 8`` fixed queries for the key maps' row spaces (its float32 defaults
-   leave them 0.4 … 0.99 off here; with these the start is 3.8e-2 from the module at d = 32);
+3. **logit maps** — :func:`~.joint_logits.joint_logit_maps`: every head's ``W_Q`` and each key/value group's
+   ``W_K`` fitted at once to the log-weights of random sequences (the per-query regressions of
+   :func:`~.coarse.logit_maps` need ~10⁵ sequences at d = 128 from bfloat16 answers);
 4. **polish** — the learners' hook on ``POLISH_PER·⌈unknowns/K⌉`` fresh sequences (bfloat16 overfits 400
    sequences at d = 128: 2.8e-2; 2,000 give 9.5e-3 from a start 2.5e-3 … 2.5e-2 off).
 
@@ -34,9 +34,6 @@ SWEEP_QUERIES = 6
 #: more heads: random queries per head dimension at which the sweep reads each head's output space instead
 #: (:func:`~.sweep.output_spaces`; d = 64, 4/1 heads: each V_h 2.6 … 3.5 % off from 3·d_h = 48 queries)
 SPACE_QUERIES = 3
-#: the logit maps' regressions: LOGIT_EXTRA·d sequences beyond d each (d + 16 leaves W_Q's row space 0.4 … 0.67
-#: off at d = 32 from bfloat16 answers, d + 256 0.055; the key sets grow with it: ⌈(d_h + LOGIT_EXTRA·d)/9⌉)
-LOGIT_EXTRA = 8
 #: the polish: fresh sequences per ⌈unknowns/K⌉ and rounds (d = 128, 8/2 heads: 2,000 sequences ≈ 6.2×)
 POLISH_PER, POLISH_ROUNDS = 8, 6
 #: the relative check error (the worst length's, over lengths 1 … 256, against the answers: the coarse route's
@@ -57,13 +54,12 @@ def sweep_spaces(H: int) -> int | None:
 def bfloat16_queries(d: int, H: int, outputs: int | None = None, *, per: int = SWEEP_QUERIES) -> int:
     """Queries :func:`bfloat16_start` asks: values, the sweep's walk and random queries, the logit maps'
     sequences (:func:`~.coarse.coarse_queries`' count of them)."""
-    from attnprobe.learners.positional.coarse import logit_map_queries
+    from attnprobe.learners.positional.joint_logits import joint_sequences
     from attnprobe.learners.positional.sweep import sweep_queries
 
     K = outputs or d
-    dh = K // H
     return (2 * d * VALUE_REPEATS + sweep_queries(d, H, K, per=per, spaces=sweep_spaces(H)) + 16
-            + logit_map_queries(d, dh, extra=LOGIT_EXTRA * d, query_sets=dh + 8))
+            + joint_sequences(d, K // H))
 
 
 def bfloat16_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None,
@@ -71,7 +67,8 @@ def bfloat16_start(oracle, H: int, rng: np.random.Generator, *, base: float | No
     """A start for the polish from bfloat16 answers (module docstring, stages 1–3): a
     :class:`PositionalAttention` and a dict of what the stages measured."""
     from attnprobe.learners.positional.coarse import (DEFAULT_BASE, LOGIT_OFFSETS, TARGET_LOGIT, coarse_values,
-                                                      log_weights, logit_maps, split_value_maps)
+                                                      log_weights, split_value_maps)
+    from attnprobe.learners.positional.joint_logits import joint_logit_maps
     from attnprobe.learners.positional.sweep import sweep_value_maps
 
     d = oracle.d
@@ -85,11 +82,11 @@ def bfloat16_start(oracle, H: int, rng: np.random.Generator, *, base: float | No
     med = max(float(np.nanmedian(np.abs(ell))), 1e-12)
     scale = float(np.clip(math.sqrt(TARGET_LOGIT / med), 1e-3, 1e3))
     theta = rope_frequencies(G.shape[1], base or DEFAULT_BASE)
-    dh = G.shape[1]
-    Wq, Wk, count = logit_maps(oracle, rng, Cb, G, c, theta, scale, extra=LOGIT_EXTRA * d, query_sets=dh + 8)
+    Wq, Wk, groups, count = joint_logit_maps(oracle, rng, Cb, G, c, theta, scale)
     model = PositionalAttention(Wq, Wk, G, Cb, bo=c, position="rope", inv_freq=theta, layout="half", scale=1.0,
                                 causal=True)
-    return model, {"sweep_misfit": misfit, "logit_sequences": count, "token_scale": scale}
+    return model, {"sweep_misfit": misfit, "logit_sequences": count, "token_scale": scale,
+                   "key_groups": groups.tolist()}
 
 
 def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=None, base: float | None = None,
