@@ -8,9 +8,9 @@ signal: its heads do not separate. Here
 2. **value maps** — :func:`~.sweep.sweep_value_maps`: each head's share of the answer as the number of zero keys
    grows (each head's ``V_h`` at bfloat16's rounding of its weights, d = 32); for more than two heads twelve
    query blocks and each head's output space from ``3·d_h`` random queries (:func:`sweep_spaces`);
-3. **logit maps** — :func:`~.joint_logits.joint_logit_maps`: every head's ``W_Q`` and each key/value group's
-   ``W_K`` fitted at once to the log-weights of random sequences (the per-query regressions of
-   :func:`~.coarse.logit_maps` need ~10⁵ sequences at d = 128 from bfloat16 answers);
+3. **logit maps** — :func:`~.coarse.logit_maps` (log-weights in each head's coordinates) with ``LOGIT_EXTRA·d``
+   more sequences per regression and ``d_h + 8`` fixed queries for the key maps' row spaces (its float32 defaults
+   leave them 0.4 … 0.99 off here; with these the start is 3.8e-2 from the module at d = 32);
 4. **polish** — the learners' hook on ``POLISH_PER·⌈unknowns/K⌉`` fresh sequences (bfloat16 overfits 400
    sequences at d = 128: 2.8e-2; 2,000 give 9.5e-3 from a start 2.5e-3 … 2.5e-2 off).
 
@@ -34,6 +34,9 @@ SWEEP_QUERIES = 6
 #: more heads: random queries per head dimension at which the sweep reads each head's output space instead
 #: (:func:`~.sweep.output_spaces`; d = 64, 4/1 heads: each V_h 2.6 … 3.5 % off from 3·d_h = 48 queries)
 SPACE_QUERIES = 3
+#: the logit maps' regressions: LOGIT_EXTRA·d sequences beyond d each (d + 16 leaves W_Q's row space 0.4 … 0.67
+#: off at d = 32 from bfloat16 answers, d + 256 0.055; the key sets grow with it: ⌈(d_h + LOGIT_EXTRA·d)/9⌉)
+LOGIT_EXTRA = 8
 #: the polish: fresh sequences per ⌈unknowns/K⌉ and rounds (d = 128, 8/2 heads: 2,000 sequences ≈ 6.2×)
 POLISH_PER, POLISH_ROUNDS = 8, 6
 #: the relative check error (the worst length's, over lengths 1 … 256, against the answers: the coarse route's
@@ -45,6 +48,24 @@ CLAIM_CAUSE = ("the zero-key sweep reads the value maps, but the logit maps from
                "the polish's reach; docs/positional.md, \"bfloat16 answers\"")
 
 
+def wide_heads_refusal(d: int, H: int, outputs: int | None = None) -> str | None:
+    """The one-line cause why this route does not read heads of width ``d_h`` at width ``d`` with ``d_h·d`` above
+    :data:`~.coarse.DENSE_ALS` (LLaMA d = 128, 8 heads), or ``None`` where it runs. Measured (docs/positional.md,
+    "bfloat16 answers"): the logit maps' regressions leave the row spaces 0.17 … 0.32 off from 18,944 sequences at
+    d = 128 (~10⁵ needed), a joint fit of them reaches the d = 32 accuracy only after ~2,000 L-BFGS steps, and the
+    sweep's value maps for more than two heads are ~3 % off, where log-weights read through them start 0.23 off
+    (d = 32) against the polish's reach of ~8e-2."""
+    from attnprobe.learners.positional.coarse import DENSE_ALS
+
+    dh = (outputs or d) // H
+    if dh * d <= DENSE_ALS:
+        return None
+    return (f"bfloat16 answers with heads of d_h·d = {dh * d} (above {DENSE_ALS}): the logit maps from bfloat16 "
+            "log-weights need ~10⁵ sequences there and the zero-key sweep reads each head's value map only ~3 % "
+            "close, so the start lies outside the polish's reach; not recovered at bfloat16 (docs/positional.md, "
+            "\"bfloat16 answers\")")
+
+
 def sweep_spaces(H: int) -> int | None:
     """How the sweep reads the value maps for ``H`` heads: ``None`` (the map ``z ↦ V_h z`` at ``per·d`` queries)
     up to two heads, else :data:`SPACE_QUERIES` (each head's output space; the sweep's twelve blocks)."""
@@ -54,12 +75,13 @@ def sweep_spaces(H: int) -> int | None:
 def bfloat16_queries(d: int, H: int, outputs: int | None = None, *, per: int = SWEEP_QUERIES) -> int:
     """Queries :func:`bfloat16_start` asks: values, the sweep's walk and random queries, the logit maps'
     sequences (:func:`~.coarse.coarse_queries`' count of them)."""
-    from attnprobe.learners.positional.joint_logits import joint_sequences
+    from attnprobe.learners.positional.coarse import logit_map_queries
     from attnprobe.learners.positional.sweep import sweep_queries
 
     K = outputs or d
+    dh = K // H
     return (2 * d * VALUE_REPEATS + sweep_queries(d, H, K, per=per, spaces=sweep_spaces(H)) + 16
-            + joint_sequences(d, K // H))
+            + logit_map_queries(d, dh, extra=LOGIT_EXTRA * d, query_sets=dh + 8))
 
 
 def bfloat16_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None,
@@ -67,8 +89,7 @@ def bfloat16_start(oracle, H: int, rng: np.random.Generator, *, base: float | No
     """A start for the polish from bfloat16 answers (module docstring, stages 1–3): a
     :class:`PositionalAttention` and a dict of what the stages measured."""
     from attnprobe.learners.positional.coarse import (DEFAULT_BASE, LOGIT_OFFSETS, TARGET_LOGIT, coarse_values,
-                                                      log_weights, split_value_maps)
-    from attnprobe.learners.positional.joint_logits import joint_logit_maps
+                                                      log_weights, logit_maps, split_value_maps)
     from attnprobe.learners.positional.sweep import sweep_value_maps
 
     d = oracle.d
@@ -82,11 +103,11 @@ def bfloat16_start(oracle, H: int, rng: np.random.Generator, *, base: float | No
     med = max(float(np.nanmedian(np.abs(ell))), 1e-12)
     scale = float(np.clip(math.sqrt(TARGET_LOGIT / med), 1e-3, 1e3))
     theta = rope_frequencies(G.shape[1], base or DEFAULT_BASE)
-    Wq, Wk, groups, count = joint_logit_maps(oracle, rng, Cb, G, c, theta, scale)
+    dh = G.shape[1]
+    Wq, Wk, count = logit_maps(oracle, rng, Cb, G, c, theta, scale, extra=LOGIT_EXTRA * d, query_sets=dh + 8)
     model = PositionalAttention(Wq, Wk, G, Cb, bo=c, position="rope", inv_freq=theta, layout="half", scale=1.0,
                                 causal=True)
-    return model, {"sweep_misfit": misfit, "logit_sequences": count, "token_scale": scale,
-                   "key_groups": groups.tolist()}
+    return model, {"sweep_misfit": misfit, "logit_sequences": count, "token_scale": scale}
 
 
 def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=None, base: float | None = None,
@@ -103,12 +124,16 @@ def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=N
     if declared_attribute(oracle.fn, "qk_biases"):
         raise UnidentifiableError(f"these answers are {oracle.precision} and the layer's queries and keys carry "
                                   "biases (its family's config): the RoPE route for bfloat16 answers reads bias-free "
-                                  "heads only (docs/positional.md, \"bfloat16 answers\")")
+                                  "heads only (its zero-key sweep needs zero keys with logit 0 and no value; a key "
+                                  "bias gives them a logit, a value bias a value; docs/positional.md, \"bfloat16 "
+                                  "answers\")")
     if heads is None:
         heads = declared_attribute(oracle.fn, "heads", accept=lambda v: isinstance(v, int) and v >= 1)
     if heads is None:
         raise ConfigError(f"the RoPE route for {oracle.precision} answers needs the number of heads", param="heads")
     d = oracle.d
+    if (cause := wide_heads_refusal(d, heads, oracle.outputs)) is not None:
+        raise UnidentifiableError(cause)
     run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress,
               asked_before=asked_before)
     run.plan(bfloat16_queries(d, heads, oracle.outputs, per=per),
