@@ -14,8 +14,10 @@ signal: its heads do not separate. Here
 4. **polish** — the learners' hook on ``POLISH_PER·⌈unknowns/K⌉`` fresh sequences (bfloat16 overfits 400
    sequences at d = 128: 2.8e-2; 2,000 give 9.5e-3 from a start 2.5e-3 … 2.5e-2 off).
 
-The result's check must come within :data:`CLAIM` of the answers (the issue's 3e-2 of the float64 module, less
-the served layer's own distance), else the route refuses naming the precision (:func:`~.route.claim_verdict`).
+Heads with ``d_h·d`` above :data:`~.coarse.DENSE_ALS` (LLaMA d = 128, 8 heads) are refused before any query, in
+one line naming the cause (:func:`wide_heads_refusal`). The result's check must come within :data:`CLAIM` of the
+answers (the issue's 3e-2 of the float64 module, less the served layer's own distance), else the route refuses
+naming the precision (:func:`~.route.claim_verdict`).
 """
 
 from __future__ import annotations
