@@ -112,30 +112,32 @@ def test_noisy_or_coarser_answers_are_refused_before_any_query():
 def test_estimate_prices_the_bfloat16_route():
     """The bfloat16 route's plan: at least the sweep's queries and its polish's fresh sequences; coarser answers
     than bfloat16 (none: float16 is finer) and noisy ones have no plan."""
-    bf16 = estimate_queries("positional", 64, precision="bfloat16", heads=4)
-    unknowns = PositionalAttention.unknowns(64, 4, 4, 16, 64)
-    assert bf16.queries >= sweep_queries(64, 4, 64, per=SWEEP_QUERIES, spaces=sweep_spaces(4))
-    assert bf16.high >= bf16.queries + POLISH_PER * -(-unknowns // 64)
+    bf16 = estimate_queries("positional", 32, precision="bfloat16", heads=2)
+    unknowns = PositionalAttention.unknowns(32, 2, 2, 16, 32)
+    assert bf16.queries >= sweep_queries(32, 2, 32, per=SWEEP_QUERIES, spaces=sweep_spaces(2))
+    assert bf16.high >= bf16.queries + POLISH_PER * -(-unknowns // 32)
     assert f"{POLISH_PER}·⌈unknowns/K⌉" in bf16.basis  # the plan says the route's own factor, not the hook's
 
 
-def test_wide_heads_are_refused_in_one_line_before_the_sweep():
-    """Heads with d_h·d above DENSE_ALS (LLaMA d = 128, 8 heads of 16) are refused by the bfloat16 route before any
-    of its queries, in one line naming bfloat16 and the cause — and the estimate has no plan for them; d = 64 with
-    heads of 16 (d_h·d = DENSE_ALS) runs."""
+@pytest.mark.parametrize("d, H, G, causes", [(128, 8, 2, ("8 heads", "d_h·d = 2048")), (16, 4, 1, ("4 heads",)),
+                                             (64, 2, 1, ("d_h·d = 2048",))])
+def test_layers_the_route_cannot_start_are_refused_in_one_line_before_any_query(d, H, G, causes):
+    """More than two heads (the sweep's value maps ~3 % off) or heads with d_h·d above DENSE_ALS (the logit maps'
+    sequences) are refused before any query, in one line naming bfloat16 and each cause that applies — LLaMA
+    d = 128, 8/2 both — and the estimate has no plan for them; d = 32, 2/1 runs."""
     from attnprobe.errors import ConfigError
-    from attnprobe.learners.positional.bfloat16 import extract_bfloat16_positional, wide_heads_refusal
-    from attnprobe.learners.positional.coarse import DENSE_ALS
+    from attnprobe.learners.positional.bfloat16 import bfloat16_refusal, extract_bfloat16_positional
 
-    assert wide_heads_refusal(64, 4) is None and 16 * 64 == DENSE_ALS
-    oracle = Oracle(random_rope_attention(128, 8, 2, seed=1), 128, chain=AnswerChain(cast="bfloat16"))
+    assert bfloat16_refusal(32, 2) is None
+    oracle = Oracle(random_rope_attention(d, H, G, seed=1), d, chain=AnswerChain(cast="bfloat16"))
     with pytest.raises(UnidentifiableError) as exc:
-        extract_bfloat16_positional(oracle, heads=8)
+        extract_bfloat16_positional(oracle, heads=H)
     msg = str(exc.value)
-    assert "bfloat16" in msg and "2048" in msg and "polish's reach" in msg and "\n" not in msg
+    assert msg.startswith("bfloat16 answers") and all(c in msg for c in causes) and "\n" not in msg
+    assert ("polish's reach" in msg) == (H > 2) and ("10⁵" in msg) == ("d_h·d = 2048" in causes)
     assert oracle.queries == 0
-    with pytest.raises(ConfigError, match="polish's reach"):
-        estimate_queries("positional", 128, precision="bfloat16", heads=8)
+    with pytest.raises(ConfigError, match="not recovered at bfloat16"):
+        estimate_queries("positional", d, precision="bfloat16", heads=H)
 
 
 @pytest.mark.slow

@@ -91,7 +91,7 @@ def positional_estimate(setting) -> QueryCount:
             from attnprobe.errors import ConfigError
             from attnprobe.learners.positional import bfloat16
 
-            if (cause := bfloat16.wide_heads_refusal(setting.d, H, setting.outputs)) is not None:
+            if (cause := bfloat16.bfloat16_refusal(setting.d, H, setting.outputs)) is not None:
                 raise ConfigError(f"{cause}: nothing to estimate", param="precision")
             q = (bfloat16.bfloat16_queries(setting.d, H, setting.outputs)
                  + (check_queries(CHECK_LENGTHS) if setting.check else 0))
