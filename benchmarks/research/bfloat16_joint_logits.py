@@ -8,9 +8,10 @@ per head, a random direction; ``M`` kept exact: it is read to ~1e-3). Prints eac
 ``W_K`` (sine of the largest principal angle against the module's) and the start's function error (largest
 relative error over lengths up to 256) against the float64 module.
 
-    PYTHONPATH=src python benchmarks/research/bfloat16_joint_logits.py D H G SEQUENCES [ROUNDS [VALUE_NOISE]]
+    PYTHONPATH=src python benchmarks/research/bfloat16_joint_logits.py D H G SEQUENCES [ROUNDS [VALUE_NOISE [ALS]]]
 
-``ROUNDS`` of 50 L-BFGS steps (default 6). Measured in docs/positional.md ("bfloat16 answers"): not used by the route.
+``ROUNDS`` of 50 L-BFGS steps (default 6); ``ALS``: alternating least-squares rounds per head after them
+(``coarse.refine_logit_maps``, default 0). Measured in docs/positional.md ("bfloat16 answers"): not used by the route.
 """
 import math
 import sys
@@ -20,7 +21,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from attnprobe.learners.positional.coarse import DEFAULT_BASE, TARGET_LOGIT, split_value_maps
+from attnprobe.learners.positional.coarse import DEFAULT_BASE, TARGET_LOGIT, refine_logit_maps, split_value_maps
 from attnprobe.learners.positional.logit_samples import LOGIT_OFFSETS, log_weights, reliability
 from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.models.positional import PositionalAttention, rope_frequencies, rotation_matrix
@@ -30,6 +31,7 @@ from attnprobe.targets.positional_modules import positional_victim, reference_mo
 d, H, G, S = map(int, sys.argv[1:5])
 rounds = int(sys.argv[5]) if len(sys.argv) > 5 else 6
 noise = float(sys.argv[6]) if len(sys.argv) > 6 else 0.0
+als = int(sys.argv[7]) if len(sys.argv) > 7 else 0
 kw = dict(d=d, heads=H, kv_heads=G, seed=0)
 truth = reference_model(positional_victim("llama", dtype="float64", **kw))
 oracle = oracle_from_torch(positional_victim("llama", dtype="bfloat16", **kw), d, precision="bfloat16")
@@ -75,6 +77,10 @@ for r in range(rounds):
 print(f"{S} sequences, {rounds}x50 L-BFGS steps, misfit {math.sqrt(float(misfit().detach())):.2e}, "
       f"{time.time()-t0:.0f}s", flush=True)
 Wq, Wk = wq.detach().numpy(), np.repeat(wk.detach().numpy(), g, axis=0)
+if als:  # then each head alone by alternating least squares (coarse.refine_logit_maps: a W_K of its own)
+    pairs = [refine_logit_maps(Wq[h], Wk[h], toks, offs, ell[:, h], theta, als) for h in range(H)]
+    Wq, Wk = np.stack([q for q, _ in pairs]), np.stack([k for _, k in pairs])
+    print(f"then {als} alternating rounds per head, {time.time()-t0:.0f}s", flush=True)
 
 
 def angle(A, B):
