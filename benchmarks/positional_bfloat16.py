@@ -50,7 +50,11 @@ def route_row(d: int, H: int, G: int) -> list:
     truth = reference_model(positional_victim("llama", dtype="float64", **kw))
     oracle = oracle_from_torch(positional_victim("llama", dtype="bfloat16", **kw), d, precision="bfloat16")
     t0 = time.perf_counter()
-    res = extract_bfloat16_positional(oracle, heads=H, seed=0)
+    try:
+        res = extract_bfloat16_positional(oracle, heads=H, seed=0)
+    except UnidentifiableError as exc:  # refused before any query (more than two heads, or wide ones)
+        return [f"LLaMA d={d} {H}/{G}", "–", oracle.queries, "–", 0, "–", "–", f"refused: {exc}", oracle.queries,
+                f"{time.perf_counter() - t0:.0f}"]
     start_queries = res.queries
     start = function_error_over_lengths(res.model, truth, np.random.default_rng(5), LENGTHS)
     vmaps = value_map_error(res.model, truth)

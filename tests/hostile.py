@@ -4,9 +4,15 @@ line on stderr, no traceback) and that no file in the folder was harmed."""
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from attnprobe.cli import main
+
+SRC = str(Path(__file__).parents[1] / "src")
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -42,3 +48,19 @@ def refused(capsys, folder: Path, *argv, code: int = 2, says: str = "") -> str:
     assert says in line, line
     assert snapshot(folder) == before
     return line
+
+
+def full_disk(folder: Path, size: str, args: list[str]):
+    """Run ``attnprobe args`` with ``folder`` a tmpfs of ``size`` (a private mount namespace, the cwd); returns the
+    finished process (stdout ends with ``rc=N`` and the folder's files), None when this machine does not allow
+    one."""
+    if shutil.which("unshare") is None:
+        return None
+    folder.mkdir()
+    cmd = (f"mount -t tmpfs -o size={size} tmpfs {folder} && cd {folder} && {sys.executable} -m attnprobe "
+           + " ".join(f"'{a}'" for a in args) + "; echo rc=$?; find . | sort")
+    p = subprocess.run(["unshare", "-Urm", "sh", "-c", cmd], env=dict(os.environ, PYTHONPATH=SRC),
+                       capture_output=True, text=True, timeout=300)
+    if "rc=" not in p.stdout:
+        return None
+    return p

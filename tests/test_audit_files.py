@@ -13,9 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hostile import run, snapshot
-
-SRC = str(Path(__file__).parents[1] / "src")
+from hostile import SRC, full_disk, run, snapshot
 
 
 @pytest.fixture
@@ -136,27 +134,12 @@ def test_a_file_size_limit_leaves_a_finished_audit_whole(ckpt, capsys):
     assert rc == 0 and "resumed 4 finished tasks" in stdout
 
 
-def _full_disk(folder: Path, size: str, args: list[str]):
-    """Run ``attnprobe args`` with ``folder`` a tmpfs of ``size`` (a private mount namespace); None when this
-    machine does not allow one."""
-    if shutil.which("unshare") is None:
-        return None
-    folder.mkdir()
-    cmd = (f"mount -t tmpfs -o size={size} tmpfs {folder} && cd {folder} && {sys.executable} -m attnprobe "
-           + " ".join(f"'{a}'" for a in args) + "; echo rc=$?; find . | sort")
-    p = subprocess.run(["unshare", "-Urm", "sh", "-c", cmd], env=dict(os.environ, PYTHONPATH=SRC),
-                       capture_output=True, text=True, timeout=300)
-    if "rc=" not in p.stdout:
-        return None
-    return p
-
-
 @pytest.mark.parametrize("size", [pytest.param("4k", marks=pytest.mark.slow), "12k",
                                   pytest.param("40k", marks=pytest.mark.slow)])
 def test_a_full_disk_is_exit_2_with_one_line_and_no_empty_folder(ckpt, size):
     """The disk fills at the lock file (4k), after some head files (12k) or at results.json (40k): exit 2, one line
     naming the cause, no empty folder left; every head file left is one the journal records."""
-    p = _full_disk(ckpt / "mnt", size, _audit(ckpt, "--defense", "none,float32", out="mnt/au"))
+    p = full_disk(ckpt / "mnt", size, _audit(ckpt, "--defense", "none,float32", out="mnt/au"))
     if p is None:
         pytest.skip("no private tmpfs mount on this machine (unshare -Urm)")
     assert "rc=2" in p.stdout, p.stdout + p.stderr

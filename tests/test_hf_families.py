@@ -24,6 +24,7 @@ from attnprobe.targets.bert import read_safetensors  # noqa: E402
 from attnprobe.targets.hf import hf_checkpoint, hf_layer_arrays, layer_answers, torch_layer_arrays  # noqa: E402
 from attnprobe.targets.hf_export import export_layer, factor_layer  # noqa: E402
 from hf_models import FAMILY_CONFIGS, tiny_family_dir  # noqa: E402
+from hostile import full_disk, one_line, refused  # noqa: E402
 
 PLAIN = ["bert", "roberta", "electra", "distilbert", "albert", "gpt2"]
 POSITIONAL = ["llama", "qwen2", "mistral", "gpt_neox", "t5", "bloom"]
@@ -209,6 +210,32 @@ def test_export_refuses_what_does_not_fit(folders, recovered, tmp_path):
     with pytest.raises(ConfigError, match="'layer' parameter must be in 0..1"):
         export_layer(recovered["bert"], folders["bert"], 2, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_export_never_overwrites_a_folder_that_holds_files(folders, recovered, tmp_path, capsys):
+    """``export --out DIR`` into another model's folder (or one holding notes) replaced its config.json and
+    model.safetensors (exit 0): refused before any work, every file unchanged; an empty folder is written."""
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    args = ["export", "--result", str(recovered["bert"]), "--hf-dir", str(folders["bert"]), "--layer", "1"]
+    refused(capsys, tmp_path, *args, "--out", str(taken), says="already holds files (notes.txt)")
+    (tmp_path / "empty").mkdir()
+    assert main([*args, "--out", str(tmp_path / "empty")]) == 0
+    assert sorted(p.name for p in (tmp_path / "empty").iterdir()) == ["config.json", "model.safetensors"]
+    refused(capsys, tmp_path, *args, "--out", str(tmp_path / "empty"), says="never overwrites")
+
+
+def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(folders, recovered, tmp_path):
+    """A full disk mid-save was an internal error (SafetensorError) and left a folder holding config.json alone:
+    exit 2, one line naming the cause, nothing left behind."""
+    p = full_disk(tmp_path / "mnt", "16k", ["export", "--result", str(recovered["bert"]), "--hf-dir",
+                                            str(folders["bert"]), "--layer", "1", "--out", "stolen"])
+    if p is None:
+        pytest.skip("no private tmpfs mount on this machine (unshare -Urm)")
+    assert "rc=2" in p.stdout, p.stdout + p.stderr
+    assert "No space left on device" in one_line(p.stderr) and "nothing was left behind" in p.stderr
+    assert p.stdout.split("rc=2")[1].split() == ["."]
 
 
 @pytest.mark.parametrize("family", ["gpt2", pytest.param("albert", marks=pytest.mark.slow)])

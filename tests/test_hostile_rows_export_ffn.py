@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from hostile import refused
+from hostile import refused, run
 
 pytest.importorskip("transformers")
 pytest.importorskip("torch")
@@ -71,3 +71,21 @@ def test_a_hidden_width_no_memory_holds_is_refused_before_any_query(capsys, work
 def test_target_options_the_kind_would_ignore_are_refused(capsys, work, argv, says):
     """``target smooth-ffn --heads 3`` wrote a smooth FFN without a word about the heads: refused, nothing written."""
     refused(capsys, work, *argv, "--out", "x.npz", says=says)
+
+
+@pytest.fixture(scope="module")
+def small_llama(tmp_path_factory):
+    from hf_models import tiny_family_dir
+
+    return tiny_family_dir(tmp_path_factory.mktemp("llama"), "llama", hidden=16, heads=2, kv_heads=1, layers=2)
+
+
+def test_a_block_of_a_folder_takes_its_head_count_from_the_folder(capsys, work, small_llama):
+    """``extract --hf-dir DIR --block L`` stopped at "--method block needs --heads (number of heads (detected when
+    omitted))" although config.json names H, and before checking L: L is checked first, H read from the folder."""
+    refused(capsys, work, "extract", "--hf-dir", small_llama, "--block", "5", "--out", "o.npz",
+            says="--block must be in 0..1")
+    rc, out, err = run(capsys, "extract", "--hf-dir", small_llama, "--block", "1", "--estimate")
+    assert rc == 0 and "block at d=16" in out, err
+    rc, out2, _ = run(capsys, "extract", "--hf-dir", small_llama, "--block", "1", "--estimate", "--heads", "1")
+    assert rc == 0 and out2 != out  # a given --heads is used, not overridden by the folder's

@@ -34,19 +34,22 @@ def _matched_errors(U, truth_rows):
 @pytest.mark.parametrize("precision, bound", [("float64", 1e-7), ("bfloat16", 3e-2)])
 def test_one_query_sweep_gives_each_heads_direction(precision, bound):
     """``y(n, m) − c = Σ_h S_hm/(n + S_hm) V_h z``: the fit reads every head's ``V_h z`` (exact answers: to the
-    fit's tolerance; answers rounded to bfloat16: within a few 1e-3, a head with little weight the worst)."""
+    fit's tolerance; inputs and answers rounded to bfloat16: within a few %, a head with little weight the worst)."""
     H = 2 if precision == "float64" else 4
     model = random_rope_attention(16, H, 1, seed=3)
-    oracle = Oracle(model, 16, precision=precision)
+    oracle = Oracle(model, 16, chain=AnswerChain(cast=precision)) if precision != "float64" else Oracle(model, 16)
     rng = np.random.default_rng(0)
     z = rng.standard_normal(16) * 2
     U, logS, misfit = fit_sweep(sweep_answers(oracle, z[None])[0], H, rng, starts=3)
     errs = _matched_errors(U, _value_maps(model) @ z)
     assert errs.max() < bound, errs
     assert misfit < (1e-8 if precision == "float64" else 1e-2)
-    # the centres at m = 1 are the heads' self-logits zᵀ B_h(0) z
+    # the centres at m = 1 are the heads' self-logits zᵀ B_h(0) z; from rounded answers only where the query
+    # weighs at least e⁻⁵ of a zero key (below, every centre gives the shape e^b/n: measured 1.0 off at −7.9)
     b = np.sort([z @ (model.scale * model.Wq[h].T @ model.Wk[0]) @ z for h in range(H)])
-    assert np.allclose(np.sort(logS[:, 0]), b, atol=1e-5 if precision == "float64" else 0.3)
+    seen = b > (-np.inf if precision == "float64" else -5.0)
+    assert seen.sum() >= H // 2
+    assert np.allclose(np.sort(logS[:, 0])[seen], b[seen], atol=1e-5 if precision == "float64" else 0.3)
 
 
 def test_a_wrong_shape_does_not_fit():
@@ -65,7 +68,7 @@ def test_sweep_value_maps_at_the_rounding_of_bfloat16():
     """d = 16, 2 heads sharing keys and values: each ``V_h`` from 6d random queries within 1e-2 of the module's
     (bfloat16's rounding of its weights alone is ~3e-3 of them)."""
     model = random_rope_attention(16, 2, 1, seed=3)
-    oracle = Oracle(model, 16, precision="bfloat16")
+    oracle = Oracle(model, 16, chain=AnswerChain(cast="bfloat16"))  # inputs and answers rounded
     V, misfit = sweep_value_maps(oracle, np.zeros(16), 2, np.random.default_rng(0), per=6)
     errs = _matched_errors(V.reshape(2, -1), _value_maps(model).reshape(2, -1))
     assert errs.max() < 1e-2, errs
@@ -109,11 +112,32 @@ def test_noisy_or_coarser_answers_are_refused_before_any_query():
 def test_estimate_prices_the_bfloat16_route():
     """The bfloat16 route's plan: at least the sweep's queries and its polish's fresh sequences; coarser answers
     than bfloat16 (none: float16 is finer) and noisy ones have no plan."""
-    bf16 = estimate_queries("positional", 128, precision="bfloat16", heads=8)
-    unknowns = PositionalAttention.unknowns(128, 8, 8, 16, 128)
-    assert bf16.queries >= sweep_queries(128, 8, 128, per=SWEEP_QUERIES, spaces=sweep_spaces(8))
-    assert bf16.high >= bf16.queries + POLISH_PER * -(-unknowns // 128)
+    bf16 = estimate_queries("positional", 32, precision="bfloat16", heads=2)
+    unknowns = PositionalAttention.unknowns(32, 2, 2, 16, 32)
+    assert bf16.queries >= sweep_queries(32, 2, 32, per=SWEEP_QUERIES, spaces=sweep_spaces(2))
+    assert bf16.high >= bf16.queries + POLISH_PER * -(-unknowns // 32)
     assert f"{POLISH_PER}·⌈unknowns/K⌉" in bf16.basis  # the plan says the route's own factor, not the hook's
+
+
+@pytest.mark.parametrize("d, H, G, causes", [(128, 8, 2, ("8 heads", "d_h·d = 2048")), (16, 4, 1, ("4 heads",)),
+                                             (64, 2, 1, ("d_h·d = 2048",))])
+def test_layers_the_route_cannot_start_are_refused_in_one_line_before_any_query(d, H, G, causes):
+    """More than two heads (the sweep's value maps ~3 % off) or heads with d_h·d above DENSE_ALS (the logit maps'
+    sequences) are refused before any query, in one line naming bfloat16 and each cause that applies — LLaMA
+    d = 128, 8/2 both — and the estimate has no plan for them; d = 32, 2/1 runs."""
+    from attnprobe.errors import ConfigError
+    from attnprobe.learners.positional.bfloat16 import bfloat16_refusal, extract_bfloat16_positional
+
+    assert bfloat16_refusal(32, 2) is None
+    oracle = Oracle(random_rope_attention(d, H, G, seed=1), d, chain=AnswerChain(cast="bfloat16"))
+    with pytest.raises(UnidentifiableError) as exc:
+        extract_bfloat16_positional(oracle, heads=H)
+    msg = str(exc.value)
+    assert msg.startswith("bfloat16 answers") and all(c in msg for c in causes) and "\n" not in msg
+    assert ("polish's reach" in msg) == (H > 2) and ("10⁵" in msg) == ("d_h·d = 2048" in causes)
+    assert oracle.queries == 0
+    with pytest.raises(ConfigError, match="not recovered at bfloat16"):
+        estimate_queries("positional", d, precision="bfloat16", heads=H)
 
 
 @pytest.mark.slow
@@ -181,7 +205,7 @@ def test_sweep_output_spaces_separate_four_heads_sharing_keys_at_bfloat16():
     to bfloat16: the twelve-block sweep at 3·d_h random queries and the output spaces give each ``V_h`` within a
     few % of the module's, for the queries its count says."""
     model = random_rope_attention(16, 4, 1, seed=3)
-    oracle = Oracle(model, 16, precision="bfloat16")
+    oracle = Oracle(model, 16, chain=AnswerChain(cast="bfloat16"))  # inputs and answers rounded
     truth = _value_maps(model)
     V, misfit = sweep_value_maps(oracle, np.zeros(16), 4, np.random.default_rng(0), per=6, M=truth.sum(0), spaces=3)
     errs = _matched_errors(V.reshape(4, -1), truth.reshape(4, -1))

@@ -21,7 +21,7 @@ def run(args) -> int:
     from attnprobe.models import load_model
     from attnprobe.models.precision import machine_epsilon
     from attnprobe.oracles.hf_attention import oracle_from_hf
-    from attnprobe.targets.hf_export import export_layer
+    from attnprobe.targets.hf_export import check_out_folder, export_layer
 
     if args.layers not in (None, 1):
         raise ConfigError(f"--layers is 1 (a one-layer folder) or left out (every layer of --hf-dir); "
@@ -31,9 +31,7 @@ def run(args) -> int:
         if inside(Path(args.out), folder):
             raise ConfigError(f"--out {args.out} is the input folder {folder} or lies inside it, whose files it "
                               "would overwrite; write the exported model to another folder", param="out")
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ConfigError(f"{args.out} exists and is not a folder; give a folder to write the model into",
-                          param="out")
+    check_out_folder(args.out)  # a file or a folder holding files is refused before any work
     model = load_model(args.result)  # refuses a broken or hostile file before anything is written
     out, dropped = export_layer(args.result, args.hf_dir, args.layer, args.out, layers=args.layers,
                                 dtype=args.dtype)

@@ -92,6 +92,8 @@ def run(args) -> int:
     learner = registry.learner(args.method)
     _refuse_foreign_options(learner, args)
     hf.refuse_stray(args)
+    if args.hf_dir and getattr(args, "block", None) is not None:
+        hf.block_defaults(args, learner)  # the folder and L checked first; H from its config
     # a learner of yes/no answers only implies --membership
     chain = answer_chain.chain_from_args(args, membership=not learner.capabilities.value_answers)
     if chain.membership and not learner.capabilities.membership_answers:

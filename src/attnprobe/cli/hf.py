@@ -92,6 +92,16 @@ def block_source(args):
     return spec.hidden
 
 
+def block_defaults(args, learner) -> None:
+    """``--hf-dir DIR --block L``: the folder and L checked before the learner's options; a learner that takes the
+    number of heads and was not given ``--heads`` gets the folder's (its config.json names it)."""
+    block_source(args)
+    if any(o.name == "heads" for o in learner.options) and getattr(args, "heads", None) is None:
+        from attnprobe.oracles.hf_block import block_spec
+
+        args.heads = block_spec(args.hf_dir)[0].heads
+
+
 def block_oracle(args, kw: dict):
     """The oracle of ``extract --hf-dir DIR --block L``: every position of the whole block."""
     d = block_source(args)

@@ -259,13 +259,46 @@ def _write(weights: dict, hf_dir, layer: int, out, layers, dtype: str, spec: Lay
             if tuple(param.shape) != value.shape:  # pragma: no cover - join_projections follows the family
                 raise ConfigError(f"{name}: shape {value.shape} does not fit {tuple(param.shape)}", param="result")
             param.copy_(torch.as_tensor(np.array(value), dtype=param.dtype))
+    out = check_out_folder(out)
+    return _save_whole(model, out)
+
+
+def check_out_folder(out) -> Path:
+    """``out`` as a folder export may write: new or empty; a file or a folder holding files (another model, notes)
+    is refused, never overwritten."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out} exists and is not a folder; give a folder to write the model into", param="out")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if held:
+        names = ", ".join(held[:3]) + (" …" if len(held) > 3 else "")
+        raise ConfigError(f"{out} already holds files ({names}); export writes a folder of its own and never "
+                          "overwrites one: give a new or empty folder", param="out")
+    return out
+
+
+def _save_whole(model, out: Path) -> Path:
+    """``save_pretrained`` into a temporary folder beside ``out``, renamed to ``out`` once every file is written: a
+    failed write (a full disk) leaves nothing behind."""
+    import shutil
+    import tempfile
+
+    from safetensors import SafetensorError
+
+    tmp = None
     try:
-        model.save_pretrained(out)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {out}: {exc}", param="out") from exc
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+        model.save_pretrained(tmp)
+        if out.exists():
+            out.rmdir()  # empty (check_out_folder)
+        tmp.rename(out)
+    except BaseException as exc:  # Ctrl-C too: the partial folder goes
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, (OSError, SafetensorError)):
+            raise ConfigError(f"cannot write {out}: {exc}; nothing was left behind", param="out") from exc
+        raise
     return out
 
 

@@ -5,8 +5,8 @@ What is built: the model (:class:`attnprobe.models.block.TransformerBlock`, pre-
 layouts, checked against transformers' layer modules), its gauges (:func:`attnprobe.models.block.fold_norm_weights`,
 :func:`attnprobe.models.block.flip_post_norm_sign`), the victims (:mod:`attnprobe.oracles.hf_block`), the measured
 levers (:mod:`.levers`), the sublayer oracles a pre-norm RMSNorm block splits into through its norm's inverse
-(:mod:`.sublayers`), the attention's per-head logit refit (:mod:`.refine`), a Gauss–Newton polish of RoPE attention
-on last-row answers (:mod:`.polish`, measured only) and the learner that chains them (:func:`.learner.extract_block`);
+(:mod:`.sublayers`), the attention's per-head logit refit (:mod:`.refine`), the joint polish of the attention
+through the block (:mod:`.polish`) and the learner that chains them (:func:`.learner.extract_block`);
 the post-norm (BERT) route's stages built so far (:mod:`.post_norm`: output norm, first-norm centre, first-norm input,
 and the pair-curvature levers toward the attention), which ``extract_block`` runs on a post-norm block before
 refusing it in one line at the stage not built (the FFN).
@@ -38,11 +38,16 @@ def block_estimate(setting) -> QueryCount:
                           "be refused, so there is nothing to estimate", param="precision")
     m = setting.option("hidden")
     walk = setting.option("walk") or WALK
-    q = block_queries(setting.d, H, m or 4 * setting.d, walk=walk, check=setting.check)
-    what = (f"linear part 1 + 6d, ε, the gated FFN learner (m = {m or 4 * setting.d}), the RoPE learner at a fixed "
-            f"query rms, the logit refit 8d, the check")
-    high = q if m else block_queries(setting.d, H, 8 * setting.d, walk=walk, check=setting.check)
-    return QueryCount(q, q, high, what + ("" if m else " (m not given: 4d … 8d assumed)"))
+    d = setting.d
+    if m:
+        q = block_queries(d, H, m, walk=walk, check=setting.check)
+        return QueryCount(q, q, q, f"linear part 1 + 6d, ε, the gated FFN learner (m = {m}), the RoPE learner at a "
+                                   "fixed query rms, the logit refit 8d, the attention polish, the check")
+    # gated FFNs as deployed: LLaMA 8d/3 (11008 at d = 4096), LLaMA-3 3.5d; the width search spans 2d … 8d
+    low, typical, high = (block_queries(d, H, m, walk=walk, check=setting.check) for m in (2 * d, 8 * d // 3, 8 * d))
+    return QueryCount(typical, low, high, f"linear part 1 + 6d, ε, the gated FFN learner (m not given: {8 * d // 3} "
+                                          f"= 8d/3 assumed, 2d … 8d in the range), the RoPE learner at a fixed query "
+                                          "rms, the logit refit 8d, the attention polish, the check")
 
 
 register("block", _block, recovers="block", needs_one_of=("heads",),

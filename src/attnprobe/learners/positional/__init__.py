@@ -88,8 +88,11 @@ def positional_estimate(setting) -> QueryCount:
 
             raise ConfigError(f"{coarse_refusal(setting.precision, eps)}: nothing to estimate", param="precision")
         if eps > COARSEST:
+            from attnprobe.errors import ConfigError
             from attnprobe.learners.positional import bfloat16
 
+            if (cause := bfloat16.bfloat16_refusal(setting.d, H, setting.outputs)) is not None:
+                raise ConfigError(f"{cause}: nothing to estimate", param="precision")
             q = (bfloat16.bfloat16_queries(setting.d, H, setting.outputs)
                  + (check_queries(CHECK_LENGTHS) if setting.check else 0))
             return with_polish(QueryCount(q, q, q, f"{setting.precision} answers, the bfloat16 route: values, the "

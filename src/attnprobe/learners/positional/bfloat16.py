@@ -14,8 +14,10 @@ signal: its heads do not separate. Here
 4. **polish** — the learners' hook on ``POLISH_PER·⌈unknowns/K⌉`` fresh sequences (bfloat16 overfits 400
    sequences at d = 128: 2.8e-2; 2,000 give 9.5e-3 from a start 2.5e-3 … 2.5e-2 off).
 
-The result's check must come within :data:`CLAIM` of the answers (the issue's 3e-2 of the float64 module, less
-the served layer's own distance), else the route refuses naming the precision (:func:`~.route.claim_verdict`).
+More than two heads, or heads with ``d_h·d`` above :data:`~.coarse.DENSE_ALS` (LLaMA d = 128, 8/2), are refused
+before any query, in one line naming the cause (:func:`bfloat16_refusal`). The result's check must come within
+:data:`CLAIM` of the answers (the issue's 3e-2 of the float64 module, less the served layer's own distance), else
+the route refuses naming the precision (:func:`~.route.claim_verdict`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,29 @@ CLAIM = 2e-2
 #: why a result above the claim is refused (the verdict's one line)
 CLAIM_CAUSE = ("the zero-key sweep reads the value maps, but the logit maps from bfloat16 log-weights start outside "
                "the polish's reach; docs/positional.md, \"bfloat16 answers\"")
+
+
+def bfloat16_refusal(d: int, H: int, outputs: int | None = None) -> str | None:
+    """The one-line cause why this route does not read ``H`` heads of width ``d_h`` at width ``d``, or ``None``
+    where it runs (up to two heads with ``d_h·d`` at most :data:`~.coarse.DENSE_ALS`). Measured (docs/positional.md,
+    "bfloat16 answers"): more than two heads — the sweep reads each value map through its output space only ~3 %
+    close (d = 64, 4/1), and log-weights read through maps 3 % off start the logit maps 0.23 off (d = 32), three
+    times the start the polish was measured to bring in (7.7e-2 at d = 128); wider heads — the logit maps'
+    regressions need ~10⁵ sequences (row spaces 0.17 … 0.32 off from 18,944 at d = 128) and their alternating
+    refinement ~10¹² operations a round."""
+    from attnprobe.learners.positional.coarse import DENSE_ALS
+
+    dh = (outputs or d) // H
+    causes = ([f"for {H} heads (more than two) the zero-key sweep reads each head's value map only ~3 % close, and "
+               "log-weights read through maps that far off start the logit maps outside the polish's reach"]
+              if H > 2 else [])
+    if dh * d > DENSE_ALS:
+        causes.append(f"at d_h·d = {dh * d} (above {DENSE_ALS}) the logit maps from bfloat16 log-weights need ~10⁵ "
+                      "sequences")
+    if not causes:
+        return None
+    return (f"bfloat16 answers: {'; '.join(causes)}; not recovered at bfloat16 (docs/positional.md, \"bfloat16 "
+            "answers\")")
 
 
 def sweep_spaces(H: int) -> int | None:
@@ -106,12 +131,16 @@ def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=N
     if declared_attribute(oracle.fn, "qk_biases"):
         raise UnidentifiableError(f"these answers are {oracle.precision} and the layer's queries and keys carry "
                                   "biases (its family's config): the RoPE route for bfloat16 answers reads bias-free "
-                                  "heads only (docs/positional.md, \"bfloat16 answers\")")
+                                  "heads only (its zero-key sweep needs zero keys with logit 0 and no value; a key "
+                                  "bias gives them a logit, a value bias a value; docs/positional.md, \"bfloat16 "
+                                  "answers\")")
     if heads is None:
         heads = declared_attribute(oracle.fn, "heads", accept=lambda v: isinstance(v, int) and v >= 1)
     if heads is None:
         raise ConfigError(f"the RoPE route for {oracle.precision} answers needs the number of heads", param="heads")
     d = oracle.d
+    if (cause := bfloat16_refusal(d, heads, oracle.outputs)) is not None:
+        raise UnidentifiableError(cause)
     run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress,
               asked_before=asked_before)
     run.plan(bfloat16_queries(d, heads, oracle.outputs, per=per),
