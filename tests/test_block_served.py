@@ -43,15 +43,20 @@ def test_served_block_answers_every_position_bit_for_bit(served_llama):
 
 
 def test_method_block_without_heads_is_refused_in_one_line_before_any_query(served_llama, capsys, tmp_path):
+    """Over a URL nothing names H: refused before any query. A folder's config.json names it (``--hf-dir DIR
+    --block L`` reads it), so there the learner starts — and this folder's block, which has attention biases, is
+    refused as biased, not for want of --heads."""
     srv, folder = served_llama
     before = oracle_from_url(srv.url, "k-1").fn.usage()["queries"]
-    for source in (["--url", srv.url, "--api-key", "k-1", "--method", "block"],
-                   ["--hf-dir", str(folder), "--block", "1"]):  # the whole block's default method is block
-        capsys.readouterr()
-        assert main(["extract", *source, "--out", str(tmp_path / "r.npz"), "--quiet"]) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "--method block needs --heads" in err
+    capsys.readouterr()
+    assert main(["extract", "--url", srv.url, "--api-key", "k-1", "--method", "block", "--out",
+                 str(tmp_path / "r.npz"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--method block needs --heads" in err
     assert oracle_from_url(srv.url, "k-1").fn.usage()["queries"] == before
+    assert main(["extract", "--hf-dir", str(folder), "--block", "1", "--out", str(tmp_path / "r.npz"), "--quiet"]) == 2
+    err = capsys.readouterr().err  # the whole block's default method is block
+    assert err.count("\n") == 1 and "--heads" not in err and "biases" in err
     assert not (tmp_path / "r.json").exists()
 
 
