@@ -36,14 +36,18 @@ from attnprobe.errors import UnidentifiableError
 from attnprobe.learners.block.post_norm import STEP, FirstNormInput, single_tokens, single_token_jacobian
 from attnprobe.models.positional import PositionalAttention
 
-#: Newton steps allowed per row (MiniLM layer 2: 8 from the uniform-weights start at ``t = 0.15``, measured)
+#: Jacobians allowed per row (full Newton steps took 8 on MiniLM layer 2 from the uniform-weights start at
+#: ``t = 0.15``, measured)
 NEWTON_STEPS = 14
 #: the row's answer is matched when its largest coordinate is off by less than this
 NEWTON_TOL = 1e-12
+#: a chord step (the Jacobian kept) must shrink the answer's residual this many times, else the Jacobian is read
+#: again
+CHORD_GAIN = 4.0
 #: the key of a pair is ``b + t f`` (``b, f`` of rms 1): the heads' weights stay away from 0 and 1
 PAIR_STEP = 0.15
 #: pairs read (each gives one ``k_h`` and one ``m_h`` per head: at least ``d_h + 2``)
-PAIRS = 40
+PAIRS = 36
 #: two eigenvalues of ``V⁻¹T_a`` belong to one head's cluster when closer than this share of their spread
 CLUSTER_TOL = 1e-6
 
@@ -66,21 +70,21 @@ class RowPoint:
 
 def row_point(answer_rows, affine: FirstNormInput, y: np.ndarray, v0: np.ndarray,
               steps: int = NEWTON_STEPS) -> RowPoint:
-    """The n1 input of the answered row ``y`` from the guess ``v0`` (module docstring): damped Newton steps, each a
-    Jacobian of single tokens (``2d``) and up to 11 halvings; refused (one line) when the answer is not matched."""
+    """The n1 input of the answered row ``y`` from the guess ``v0`` (module docstring): damped chord steps (the
+    Jacobian, ``2d`` single tokens, is read again only when a step gains less than ×:data:`CHORD_GAIN`), up to
+    ``steps`` Jacobians; one more at the end is ``G``. Refused (one line) when the answer is not matched."""
     Kinv = np.linalg.inv(affine.K)
-    d, queries = y.size, 0
+    d = y.size
 
     def token(v):
         return Kinv @ (v - affine.c)
+
+    def jacobian(v):
+        return single_token_jacobian(answer_rows, token(v), STEP) @ Kinv
     v = _centred_unit(v0)
     r = single_tokens(answer_rows, token(v)[None])[0] - y
-    queries += 1
-    for _ in range(steps):
-        G = single_token_jacobian(answer_rows, token(v), STEP) @ Kinv
-        queries += 2 * d
-        if np.abs(r).max() < NEWTON_TOL:
-            return RowPoint(v, G, float(np.abs(r).max()), queries)
+    G, at, queries, fresh = jacobian(v), v, 1 + 2 * d, 1
+    while np.abs(r).max() >= NEWTON_TOL:
         dv = np.linalg.lstsq(G, r, rcond=1e-8)[0]
         for t in 0.5 ** np.arange(11):
             vn = _centred_unit(v - t * dv)
@@ -88,9 +92,17 @@ def row_point(answer_rows, affine: FirstNormInput, y: np.ndarray, v0: np.ndarray
             queries += 1
             if np.linalg.norm(rn) < np.linalg.norm(r):
                 break
-        v, r = vn, rn
-    raise UnidentifiableError(f"stage attention: no n1 input answers like the row (off by {np.abs(r).max():.1e} "
-                              f"after {steps} Newton steps)")
+        gain = np.linalg.norm(r) / max(np.linalg.norm(rn), 1e-300)
+        if gain > 1:
+            v, r = vn, rn
+        if gain < CHORD_GAIN:
+            if fresh > steps:
+                raise UnidentifiableError(f"stage attention: no n1 input answers like the row (off by "
+                                          f"{np.abs(r).max():.1e} after {steps} Jacobians)")
+            G, at, queries, fresh = jacobian(v), v, queries + 2 * d, fresh + 1
+    if at is v:
+        return RowPoint(v, G, float(np.abs(r).max()), queries)
+    return RowPoint(v, jacobian(v), float(np.abs(r).max()), queries + 2 * d)
 
 
 @dataclass(frozen=True)
