@@ -29,8 +29,11 @@
   ``r`` the single token's second-order term, ``y₂'' = g''(b)[p, p] + 2 g'(b) r``, both read from answers;
   :func:`logit_value_matrix` fits it, affine in b, over d + 8 tokens b: the rank-H matrix
   ``Σ_h (V_h e)(W_Q,hᵀ W_K,h e)ᵀ/√d_h`` for one direction e.
-- ``ffn`` (the FFN behind n2's per-row scale, on n1's ball): **not built**; :func:`refuse` runs the stages above
-  and refuses in one line naming it.
+- ``attention`` (:mod:`.post_norm_attention`): the heads' value maps and logits through the FFN and both norms,
+  each answered row traced back to its n1 input; built and measured, not run by :func:`refuse` (~190k queries on
+  MiniLM, and the route stops at the FFN).
+- ``ffn`` (the FFN behind n2's per-row scale, on n1's ball): **not built**; :func:`refuse` runs the first three
+  stages and refuses in one line naming it.
 """
 
 from __future__ import annotations
@@ -274,6 +277,7 @@ def refuse(answer_rows, d: int, ratio: float, seed: int = 0) -> None:
         raise UnidentifiableError(f"{said}: {exc}") from exc
     raise UnidentifiableError(
         f"{said}: stages output norm (|w2| {float(np.sqrt(np.mean(w2**2))):.2g} rms), first-norm centre and "
-        f"first-norm input read; stage {MISSING_STAGE} not built: the FFN answers only up to the second "
+        f"first-norm input read, stage attention built but not run (~4k queries a pair); stage {MISSING_STAGE} not "
+        "built: the FFN answers only up to the second "
         "LayerNorm's per-row scale and shift, which the FFN learners cannot difference; the block learner reads "
         "pre-norm RMSNorm blocks")

@@ -46,8 +46,9 @@ NEWTON_TOL = 1e-12
 CHORD_GAIN = 4.0
 #: the key of a pair is ``b + t f`` (``b, f`` of rms 1): the heads' weights stay away from 0 and 1
 PAIR_STEP = 0.15
-#: pairs read (each gives one ``k_h`` and one ``m_h`` per head: at least ``d_h + 2``)
-PAIRS = 36
+#: pairs read (each gives one ``k_h`` and one ``m_h`` per head: at least ``d_h + 2`` must show one cluster per
+#: head; 28 of 36 did on MiniLM layer 2)
+PAIRS = 48
 #: two eigenvalues of ``V⁻¹T_a`` belong to one head's cluster when closer than this share of their spread
 CLUSTER_TOL = 1e-6
 
@@ -183,6 +184,13 @@ class HeadsSplit:
     gap: float
 
 
+def _projectors(spaces: list) -> np.ndarray:
+    Bm = np.hstack(spaces)
+    Binv = np.linalg.inv(Bm)
+    dh = spaces[0].shape[1]
+    return np.stack([Bm[:, h * dh:(h + 1) * dh] @ Binv[h * dh:(h + 1) * dh] for h in range(len(spaces))])
+
+
 def heads_split(readings, V: np.ndarray, heads: int) -> HeadsSplit:
     """:class:`HeadsSplit` from pair readings (module docstring): each pair's clusters matched to the first pair's
     by the number of shared directions, then every head's ``I_h`` spanned by the directions its null spaces share
@@ -194,7 +202,8 @@ def heads_split(readings, V: np.ndarray, heads: int) -> HeadsSplit:
     nulls, alphas, kept = [], [], []
     for i, r in enumerate(readings):
         cl = _clusters(r.Ta, V, size)
-        if len(cl) != heads:  # two heads' weights too close, or one head's cluster torn by rounding
+        # two heads' weights too close (their null spaces merge), or one head's cluster torn by rounding
+        if len(cl) != heads or max(U.shape[1] for _, U in cl) > dh + heads + 1:
             continue
         kept.append(i)
         if nulls:
@@ -207,22 +216,20 @@ def heads_split(readings, V: np.ndarray, heads: int) -> HeadsSplit:
                                   f"≥ {size} equal eigenvalues per head ({heads})")
     spaces, gap = [], 0.0
     for h in range(heads):
-        shared = [_common(nulls[i][h], nulls[j][h]) for i in range(len(nulls)) for j in (0, i - 1) if j < i]
+        shared = [_common(nulls[i][h], nulls[j][h]) for i in range(len(nulls)) for j in range(i)]
         U, s, _ = np.linalg.svd(np.hstack(shared + [np.zeros((d, 1))]), full_matrices=False)
         if s[dh - 1] < 1e-3 * s[0]:
             raise UnidentifiableError(f"stage attention: head {h}'s input space shows fewer than d_h = {dh} "
                                       f"directions over {len(readings)} pairs; read more pairs")
         gap = max(gap, float(s[dh] / s[dh - 1]))
         spaces.append(U[:, :dh])
-    Bm = np.hstack(spaces)
-    Binv = np.linalg.inv(Bm)
-    Pi = np.stack([Bm[:, h * dh:(h + 1) * dh] @ Binv[h * dh:(h + 1) * dh] for h in range(heads)])
-    return HeadsSplit(spaces, np.array(alphas), Pi, kept, gap)
+    return HeadsSplit(spaces, np.array(alphas), _projectors(spaces), kept, gap)
 
 
 def head_logits(reading: PairReading, split: HeadsSplit, V: np.ndarray):
-    """``(alpha, k, mk)``: the heads' weights on the key (H,), ``k_h = B_hᵀ b + u_h`` and ``m_h − k_h`` (H × d
-    each) from one pair's ``T_a``, ``T_b`` given the heads' value maps ``V_h = V Π_h``. Centred, ``T_a`` is
+    """``(mu, alpha, k, mk)``: the common factor's correction μ, the heads' weights on the key (H,),
+    ``k_h = B_hᵀ b + u_h`` and ``m_h − k_h`` (H × d each) from one pair's ``T_a``, ``T_b`` given the heads' value
+    maps ``V_h = V Π_h``. Centred, ``T_a`` is
     ``μ(Σ_h α_h V_h + Σ_h V_h(a − b) κ_hᵀ) + v gᵀ`` and ``T_b`` is ``μ(I + Σ_h (1 − α_h) V_h + Σ_h V_h(a − b)
     κ'_hᵀ) + v g'ᵀ`` (``μ`` ≈ 1: the common factor's correction): projected off the columns
     ``C = [V_h(a − b), v]``, both are linear in ``(μ, μα)`` — H + 1 unknowns over 2d² equations — and then
@@ -244,7 +251,7 @@ def head_logits(reading: PairReading, split: HeadsSplit, V: np.ndarray):
     Cp = np.linalg.pinv(C)
     kappa = Cp @ (Ta / mu - np.einsum("h,hij->ij", alpha, PV))
     kappa_b = Cp @ (Tb / mu - P - np.einsum("h,hij->ij", 1 - alpha, PV))
-    return alpha, kappa[:H] / w[:, None], kappa_b[:H] / w[:, None]
+    return mu, alpha, kappa[:H] / w[:, None], kappa_b[:H] / w[:, None]
 
 
 def bilinear_logits(A: np.ndarray, B: np.ndarray, k: np.ndarray, mk: np.ndarray, dh: int):
@@ -315,28 +322,51 @@ def value_map(K: np.ndarray) -> np.ndarray:
     return PV + np.outer(np.ones(d), Vt[-1]) * s[0] / np.sqrt(d)
 
 
-def attention_stage(answer_rows, affine: FirstNormInput, heads: int, rng, pairs: int = PAIRS,
-                    step: float = PAIR_STEP) -> AttentionStage:
-    """Stage ``attention`` (module docstring): ``pairs`` pair readings (tokens ``b`` of rms 1, keys ``b + step·f``),
-    the heads' split, their logits. About ``pairs·(1 + 10·2d + 4d)`` queries (MiniLM: Newton took 8 steps)."""
+def read_pairs(answer_rows, affine: FirstNormInput, rng, pairs: int = PAIRS, step: float = PAIR_STEP) -> list:
+    """:class:`PairReading` s of ``pairs`` pairs ``[b + step·f, b]`` (``b``, ``f`` random of rms 1); a pair whose
+    row :func:`row_point` does not match is left out (its queries are lost), all of them: refused."""
+    d = affine.K.shape[0]
+    readings, exc = [], None
+    for _ in range(pairs):
+        b, f = (z / np.sqrt(np.mean(z**2)) for z in rng.standard_normal((2, d)))
+        try:
+            readings.append(pair_reading(answer_rows, affine, b + step * f, b))
+        except UnidentifiableError as err:
+            exc = err
+    if not readings and exc is not None:
+        raise exc
+    return readings
+
+
+def attention_from_pairs(readings, affine: FirstNormInput, heads: int) -> AttentionStage:
+    """The heads' split, their logits and the model from pair readings (no queries of its own)."""
     d = affine.K.shape[0]
     if d % heads:
         raise UnidentifiableError(f"stage attention: d = {d} does not split into {heads} equal heads")
     dh, V = d // heads, value_map(affine.K)
-    readings = []
-    for _ in range(pairs):
-        b, f = (z / np.sqrt(np.mean(z**2)) for z in rng.standard_normal((2, d)))
-        readings.append(pair_reading(answer_rows, affine, b + step * f, b))
-    queries = sum(r.queries for r in readings)
     split = heads_split(readings, V, heads)
-    readings = [readings[i] for i in split.kept]
-    _, ks, mks = zip(*(head_logits(r, split, V) for r in readings))
+    kept = [readings[i] for i in split.kept]
+    if len(kept) < dh + 2:
+        raise UnidentifiableError(f"stage attention: {len(kept)} of {len(readings)} pairs show one cluster per head; "
+                                  f"the logits need d_h + 2 = {dh + 2}: read more pairs")
+    _, _, ks, mks = zip(*(head_logits(r, split, V) for r in kept))
     ks, mks = np.stack(ks), np.stack(mks)  # (pairs, H, d)
-    A, B = np.stack([r.a for r in readings]), np.stack([r.b for r in readings])
+    A, B = np.stack([r.a for r in kept]), np.stack([r.b for r in kept])
     logits, misfit = [], 0.0
     for h in range(heads):
         Bh, u, mis = bilinear_logits(A, B, ks[:, h], mks[:, h], dh)
         logits.append((Bh, u))
         misfit = max(misfit, mis)
     model = attention_model(V, split.Pi, logits, affine.c)
-    return AttentionStage(model, split, misfit, queries)
+    return AttentionStage(model, split, misfit, sum(r.queries for r in readings))
+
+
+def attention_stage(answer_rows, affine: FirstNormInput, heads: int, rng, pairs: int = PAIRS,
+                    step: float = PAIR_STEP) -> AttentionStage:
+    """Stage ``attention`` (module docstring): :func:`read_pairs` then :func:`attention_from_pairs`. About
+    ``pairs·(1 + 4d + 2d·J + chord steps)`` queries, J the Jacobians a row took (2 … 3 on MiniLM layer 2: ~3,900
+    queries a pair, measured)."""
+    d = affine.K.shape[0]
+    if d % heads:
+        raise UnidentifiableError(f"stage attention: d = {d} does not split into {heads} equal heads")
+    return attention_from_pairs(read_pairs(answer_rows, affine, rng, pairs, step), affine, heads)
