@@ -164,9 +164,13 @@ def _clusters(M: np.ndarray, V: np.ndarray, size: int):
 
 
 def _common(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """Orthonormal directions shared by the spans of ``A`` and ``B`` (orthonormal columns)."""
+    """Directions shared by the spans of ``A`` and ``B`` (orthonormal columns), each weighted by ``1/sine²`` of its
+    principal angle (capped): the accurate ones count most in the span taken of all of them (MiniLM layer 2: the
+    heads' input spaces 3.8e-5 → 1.5e-5 off, d = 32: their value maps 1.4e-6 → 4.6e-8)."""
     U, cos, _ = np.linalg.svd(A.T @ B, full_matrices=False)
-    return A @ U[:, np.sqrt(np.clip(1 - cos**2, 0, None)) < COMMON_SINE]
+    sine = np.sqrt(np.clip(1 - cos**2, 0, None))
+    keep = sine < COMMON_SINE
+    return A @ U[:, keep] * (COMMON_SINE * 1e-3 / np.maximum(sine[keep], COMMON_SINE * 1e-4)) ** 2
 
 
 @dataclass(frozen=True)
@@ -218,7 +222,7 @@ def heads_split(readings, V: np.ndarray, heads: int) -> HeadsSplit:
     for h in range(heads):
         shared = [_common(nulls[i][h], nulls[j][h]) for i in range(len(nulls)) for j in range(i)]
         U, s, _ = np.linalg.svd(np.hstack(shared + [np.zeros((d, 1))]), full_matrices=False)
-        if s[dh - 1] < 1e-3 * s[0]:
+        if s.size < dh or s[dh - 1] < 1e-6 * s[0]:
             raise UnidentifiableError(f"stage attention: head {h}'s input space shows fewer than d_h = {dh} "
                                       f"directions over {len(readings)} pairs; read more pairs")
         gap = max(gap, float(s[dh] / s[dh - 1]))
