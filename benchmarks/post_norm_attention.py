@@ -148,7 +148,9 @@ def main():
     if args.only != "toy":
         t.add(*row)
     body = ("The post-norm block's attention read through its FFN and both LayerNorms (float64; the toy's weights "
-            "are N(0, 0.25), its logits ~10× MiniLM's, hence its smaller key step; MiniLM's pairs were read into the cache by earlier runs of the same command, 12 at a time, each under 3 minutes, and its seconds add theirs):\n\n" + t.markdown())
+            "are N(0, 0.25), its logits ~10× MiniLM's, hence its smaller key step; MiniLM's pairs were read into "
+            "the cache by earlier runs of the same command, 12 at a time, each under 3 minutes, and its seconds add "
+            "theirs):\n\n" + t.markdown())
     print(body)
     if args.write:
         write_section("Post-norm stage attention: the heads' split and logits through the norms (float64)", body,
