@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from attnprobe.errors import UnidentifiableError
 from attnprobe.learners.block.post_norm import FirstNormInput, first_norm_centre, first_norm_input
@@ -32,22 +31,11 @@ from attnprobe.oracles.hf_block import block_model, hf_block
 from attnprobe.reports import Table
 from attnprobe.targets.hf import minilm_dir
 from post_norm import tiny_bert_layer
+from post_norm_stages import Counted
 from sections import command_line, write_section
 
 DOC = "block"
 LENGTHS = (1, 2, 5, 17, 64)
-
-
-class Counted:
-    """Every-position answers of a victim module, counting sequences."""
-
-    def __init__(self, victim):
-        self.victim, self.queries = victim, 0
-
-    def __call__(self, X):
-        self.queries += len(X)
-        with torch.no_grad():
-            return self.victim(torch.as_tensor(np.asarray(X, dtype=np.float64))).numpy()
 
 
 def _rel(a, b):

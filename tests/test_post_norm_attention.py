@@ -13,23 +13,13 @@ from attnprobe.learners.block.post_norm import first_norm_centre, first_norm_inp
 from attnprobe.learners.block.post_norm_attention import (attention_stage, pair_reading, row_point,  # noqa: E402
                                                           value_map)
 from attnprobe.oracles.hf_block import block_model, hf_block, oracle_from_hf_block  # noqa: E402
-from hf_models import tiny_bert_dir  # noqa: E402
+from test_post_norm_stages import moved_norms_bert_dir  # noqa: E402
 
 STEP = 0.1  # the pairs' key step at these weights (N(0, 0.25): logits ~10× MiniLM's; 0.05 and 0.2 were 4× worse)
 
 
 def _folder(tmp_path_factory, d, heads):
-    from transformers import BertModel
-
-    folder = tiny_bert_dir(tmp_path_factory.mktemp("post_norm_attention") / "bert", hidden=d, heads=heads)
-    model = BertModel.from_pretrained(folder)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "LayerNorm" in name:
-                p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
-    model.save_pretrained(folder)
-    return folder
+    return moved_norms_bert_dir(tmp_path_factory.mktemp("post_norm_attention") / "bert", d, heads)
 
 
 @pytest.fixture(scope="module")
