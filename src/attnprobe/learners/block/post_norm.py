@@ -30,7 +30,7 @@
   :func:`logit_value_matrix` fits it, affine in b, over d + 8 tokens b: the rank-H matrix
   ``Σ_h (V_h e)(W_Q,hᵀ W_K,h e)ᵀ/√d_h`` for one direction e.
 - ``attention`` (:mod:`.post_norm_attention`): the heads' value maps and logits through the FFN and both norms,
-  each answered row traced back to its n1 input; built and measured, not run by :func:`refuse` (~210k queries on
+  each answered row traced back to its n1 input; built and measured, not run by :func:`refuse` (~275k queries on
   MiniLM, and the route stops at the FFN).
 - ``ffn`` (the FFN behind n2's per-row scale, on n1's ball): **not built**; :func:`refuse` runs the first three
   stages and refuses in one line naming it.
