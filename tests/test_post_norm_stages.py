@@ -14,13 +14,12 @@ from attnprobe.oracles.hf_block import block_model, hf_block, oracle_from_hf_blo
 from hf_models import tiny_bert_dir  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def bert_folder(tmp_path_factory):
-    """A random ``BertModel`` (d = 16, 2 heads, attention biases random) with its norms moved off 1 and 0, written
-    to its folder once for the module."""
+def moved_norms_bert_dir(folder, d: int = 16, heads: int = 2):
+    """A random ``BertModel`` (attention biases random) with its norms moved off 1 and 0 by N(0, 0.09), written to
+    ``folder``."""
     from transformers import BertModel
 
-    folder = tiny_bert_dir(tmp_path_factory.mktemp("post_norm") / "bert", hidden=16, heads=2)
+    folder = tiny_bert_dir(folder, hidden=d, heads=heads)
     model = BertModel.from_pretrained(folder)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -29,6 +28,12 @@ def bert_folder(tmp_path_factory):
                 p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
     model.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory):
+    """:func:`moved_norms_bert_dir` at d = 16, 2 heads, written once for the module."""
+    return moved_norms_bert_dir(tmp_path_factory.mktemp("post_norm") / "bert")
 
 
 def _bert_oracle(folder):

@@ -29,8 +29,11 @@
   ``r`` the single token's second-order term, ``y₂'' = g''(b)[p, p] + 2 g'(b) r``, both read from answers;
   :func:`logit_value_matrix` fits it, affine in b, over d + 8 tokens b: the rank-H matrix
   ``Σ_h (V_h e)(W_Q,hᵀ W_K,h e)ᵀ/√d_h`` for one direction e.
-- ``ffn`` (the FFN behind n2's per-row scale, on n1's ball): **not built**; :func:`refuse` runs the stages above
-  and refuses in one line naming it.
+- ``attention`` (:mod:`.post_norm_attention`): the heads' value maps and logits through the FFN and both norms,
+  each answered row traced back to its n1 input; built and measured, not run by :func:`refuse` (~275k queries on
+  MiniLM, and the route stops at the FFN).
+- ``ffn`` (the FFN behind n2's per-row scale, on n1's ball): **not built**; :func:`refuse` runs the first three
+  stages and refuses in one line naming it.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ INPUT_POINTS = 2
 GAP = 1e-9
 
 
-def _single(answer_rows, X: np.ndarray) -> np.ndarray:
+def single_tokens(answer_rows, X: np.ndarray) -> np.ndarray:
+    """The answers (B, d) to the single tokens ``X`` (B, d)."""
     return np.asarray(answer_rows(np.asarray(X, dtype=np.float64)[:, None, :]), dtype=np.float64)[:, 0]
 
 
@@ -69,7 +73,7 @@ def output_norm(answer_rows, d: int, rng) -> tuple[np.ndarray, np.ndarray]:
     """Stage ``output norm``: ``(w2, b2)`` of n2 from ``4(d + 3)`` single tokens of rms 1, the sign gauge fixed by
     ``Σ w2 > 0`` (negating ``w2`` is the post-norm sign gauge, ``models.block.flip_post_norm_sign``); refused
     (one line, naming the stage) when the rows do not lie on one LayerNorm's surface."""
-    Y = _single(answer_rows, rng.standard_normal((ROWS * (d + 3), d)))
+    Y = single_tokens(answer_rows, rng.standard_normal((ROWS * (d + 3), d)))
     try:
         w, b = output_layernorm(Y)
     except ConfigError as exc:
@@ -91,7 +95,7 @@ def single_token_jacobian(answer_rows, x0: np.ndarray, step: float) -> np.ndarra
     """``g'(x₀)`` (d × d) of the single-token map by central differences of step ``step`` (2d single tokens)."""
     d = x0.size
     E = np.eye(d) * step
-    y = _single(answer_rows, np.concatenate([x0 + E, x0 - E]))
+    y = single_tokens(answer_rows, np.concatenate([x0 + E, x0 - E]))
     return (y[:d] - y[d:]).T / (2 * step)
 
 
@@ -154,7 +158,7 @@ def _ray_step(answer_rows, x, n, radius: float, rng, ratio: float = 10.0, rays: 
     for u in rng.standard_normal((rays, x.size)):
         far = x + ratio * radius * u / np.sqrt(np.mean(u**2))
         J = single_token_jacobian(answer_rows, far, STEP * ratio * radius)
-        y = _single(answer_rows, np.stack([x + (far - x) / ratio, far]))
+        y = single_tokens(answer_rows, np.stack([x + (far - x) / ratio, far]))
         s = np.linalg.norm(J)
         A.append(J / s)
         b.append((y[0] - y[1]) / ((ratio - 1) * s))
@@ -229,7 +233,7 @@ def pair_curvature(answer_rows, affine: FirstNormInput, b: np.ndarray, e: np.nda
     pairs = np.stack([np.stack([b + t * e, b]) for t in s])
     y2 = _FIVE @ np.asarray(answer_rows(pairs), dtype=np.float64)[:, 1] / step**2
     p = 0.5 * np.linalg.solve(K, (K - np.eye(d)) @ e)
-    gpp = _FIVE @ _single(answer_rows, b + s[:, None] * p) / step**2
+    gpp = _FIVE @ single_tokens(answer_rows, b + s[:, None] * p) / step**2
     J = single_token_jacobian(answer_rows, b, STEP)
     r = np.linalg.lstsq(J, (y2 - gpp) / 2, rcond=1e-10)[0]
     return 4 * K @ r
@@ -273,6 +277,7 @@ def refuse(answer_rows, d: int, ratio: float, seed: int = 0) -> None:
         raise UnidentifiableError(f"{said}: {exc}") from exc
     raise UnidentifiableError(
         f"{said}: stages output norm (|w2| {float(np.sqrt(np.mean(w2**2))):.2g} rms), first-norm centre and "
-        f"first-norm input read; stage {MISSING_STAGE} not built: the FFN answers only up to the second "
+        f"first-norm input read, stage attention built but not run (~4k queries a pair); stage {MISSING_STAGE} not "
+        "built: the FFN answers only up to the second "
         "LayerNorm's per-row scale and shift, which the FFN learners cannot difference; the block learner reads "
         "pre-norm RMSNorm blocks")
