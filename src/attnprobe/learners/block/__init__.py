@@ -8,8 +8,9 @@ levers (:mod:`.levers`), the sublayer oracles a pre-norm RMSNorm block splits in
 (:mod:`.sublayers`), the attention's per-head logit refit (:mod:`.refine`), the joint polish of the attention
 through the block (:mod:`.polish`) and the learner that chains them (:func:`.learner.extract_block`);
 the post-norm (BERT) route's stages built so far (:mod:`.post_norm`: output norm, first-norm centre, first-norm input,
-and the pair-curvature levers toward the attention), which ``extract_block`` runs on a post-norm block before
-refusing it in one line at the stage not built (the FFN).
+and the pair-curvature levers toward the attention; :mod:`.post_norm_attention`: the attention through both norms
+and the unknown FFN, measured but not run by ``extract_block``), which ``extract_block`` runs on a post-norm block
+before refusing it in one line at the stage not built (the FFN).
 """
 
 from attnprobe.errors import ConfigError
