@@ -12,7 +12,7 @@ from attnprobe.learners.core.check import functional_check
 from attnprobe.learners.core.result import Extraction
 from attnprobe.learners.positional import coarse
 from attnprobe.learners.positional.coarse import logit_settings
-from attnprobe.learners.positional.coarse_bias import _difference_solve, biased_logit_map_queries, biased_logit_maps
+from attnprobe.learners.positional.coarse_bias import difference_solve, biased_logit_map_queries, biased_logit_maps
 from attnprobe.learners.positional.polish import LEAST_STEPS, capped_steps
 from attnprobe.learners.positional.polish_hook import polish_extraction
 from attnprobe.models.compare import function_error_over_lengths
@@ -66,7 +66,7 @@ def test_block_normal_equations_fit_the_log_weight_differences():
         return zq, kx, s - 0.3  # a common shift per sequence cancels in the differences
 
     zq, kx, ell = sample(B)
-    fit = _difference_solve(zq, kx, ell).reshape(m, a, a)
+    fit = difference_solve(zq, kx, ell).reshape(m, a, a)
     zq, kx, ell = sample(200)
     got = np.einsum("np,jpq,njq->nj", zq, fit, kx)
     want = ell + 0.3

@@ -87,7 +87,7 @@ def _solve(rows, unknowns: int) -> np.ndarray:
     return np.linalg.solve(A, b)
 
 
-def _difference_solve(zq: np.ndarray, kx: np.ndarray, ell: np.ndarray) -> np.ndarray:
+def difference_solve(zq: np.ndarray, kx: np.ndarray, ell: np.ndarray) -> np.ndarray:
     """``M'(δ_j)`` (m, a·a) minimising ``Σ w² (zqᵀ M'(δ_j) kx_j − zqᵀ M'(δ_0) kx_0 − (ℓ_j − ℓ_0))²`` over every
     sequence and key ``j ≥ 1`` (weights :func:`_pair_weights`): the normal equations by blocks, each difference
     touching the blocks of offsets ``j`` and ``0`` only (the dense rows are ``m/2`` times longer, ``(m/2)²`` times
@@ -166,7 +166,7 @@ def biased_logit_maps(oracle, rng, Cb, G, c, theta, rho: float, *, offsets=LOGIT
     for h in range(H):
         U = np.linalg.svd(Us[h].T, full_matrices=False)[0][:, :dh]
         V = np.linalg.svd(Vs[h].T, full_matrices=False)[0][:, :dh]
-        Mp = _difference_solve(_augmented(toks[:, -1] @ U), _augmented(toks[:, :m] @ V), ell[:, h]).reshape(m, a, a)
+        Mp = difference_solve(_augmented(toks[:, -1] @ U), _augmented(toks[:, :m] @ V), ell[:, h]).reshape(m, a, a)
         Ms = [Mp[j, :dh, :dh] for j in range(m)]
         ref = np.linalg.inv(Ms[0])
         eye = np.eye(dh)
