@@ -15,13 +15,15 @@ float32 or bfloat16; every error is against the float64 module of the same weigh
     PYTHONPATH=src python benchmarks/positional_coarse_start.py --spaces --write
     PYTHONPATH=src python benchmarks/positional_coarse_start.py --route --d 16 32 --write
     PYTHONPATH=src python benchmarks/positional_coarse_start.py --route --family qwen2 --d 16 32 --write
+    PYTHONPATH=src python benchmarks/positional_coarse_start.py --route --family qwen2 --wide 128 8 2 --write
 
 - **the float32 route** (``--route``): ``extract --method positional`` as routed on float32 answers (the coarse
   start: value maps at 6d random queries, logit maps from reliability-weighted log-weights; then the polish hook),
   the start's and the returned model's function error (largest over lengths up to 256) and the check (its error:
   the worst length's largest relative error, what it passes on; and the RMS over every answer beside it).
   ``--family qwen2``: Qwen2's attention (q/k/v biases, N(0, 0.5²)), read from the answers as RoPE with q/k biases
-  (learners/positional/coarse_bias.py).
+  (learners/positional/coarse_bias.py). ``--wide D H G``: one run with the route's defaults (polish ``auto``) at
+  that shape, the function error at every length 1 … 256, the seconds and the peak memory.
 """
 
 from __future__ import annotations
@@ -139,6 +141,39 @@ def route_table(dims, family: str = "llama") -> Table:
     return table
 
 
+def wide_route_table(family: str, d: int, H: int, G: int) -> Table:
+    """One run of the route a user gets (``extract_any_positional`` with its defaults: polish ``auto``) on the
+    float32 module, its function error against the float64 module at every length 1 … 256 (2 sequences each), the
+    seconds of the route alone and the process's peak resident memory (one row per process: ``ru_maxrss``)."""
+    import resource
+    import time
+
+    from attnprobe.learners.positional.route import extract_any_positional
+
+    table = Table(["module", "answers", "head probe", "start: check (worst length)", "polish: sequences × rounds "
+                   "(planned × CG steps)", "check: worst length", "passed", "function error, every N ≤ 256",
+                   "at N = 2 / 17 / 256", "queries", "seconds", "peak memory (GiB)"])
+    kw = dict(d=d, heads=H, kv_heads=G, seed=0)
+    truth = reference_model(positional_victim(family, dtype="float64", **kw))
+    oracle = oracle_from_torch(positional_victim(family, dtype="float32", **kw), d, precision="float32")
+    t0 = time.perf_counter()
+    res = extract_any_positional(oracle, heads=H, seed=0)
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    fn = function_error_over_lengths(res.model, truth, np.random.default_rng(5), range(1, 257), per_length=2)
+    at = " / ".join(f"{function_error_over_lengths(res.model, truth, np.random.default_rng(6), (n,)):.1e}"
+                    for n in (2, 17, 256))
+    p = res.details.get("polish", {})
+    plan = (f"{p['sequences']} × {p['rounds']} ({p['planned_rounds']} × {p['cg_steps']}), kept {p['kept']}"
+            if p.get("ran") else "not run")
+    name = {"llama": "LLaMA", "qwen2": "Qwen2 (q/k/v biases)"}[family]
+    table.add(f"{name} d={d} {H}/{G}", "float32", res.details.get("head_probe"),
+              f"{p['check_before']:.1e}" if p.get("ran") else "—", plan, f"{res.check.error:.1e}", res.check.passed,
+              f"{fn:.1e}", at, res.queries + res.check.queries, f"{seconds:.0f}", f"{peak:.1f}")
+    print(table.markdown().splitlines()[-1], flush=True)
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spaces", action="store_true", help="output spaces and the start's function error (d = 32)")
@@ -146,8 +181,19 @@ def main() -> None:
     ap.add_argument("--route", action="store_true", help="the float32 route end to end (start and polish)")
     ap.add_argument("--d", type=int, nargs="+", default=[16, 32], help="--route: widths (2 heads, 1 KV group)")
     ap.add_argument("--family", default="llama", choices=("llama", "qwen2"), help="--route: the module's family")
+    ap.add_argument("--wide", type=int, nargs=3, metavar=("D", "H", "G"),
+                    help="--route: one run with the defaults at this width, heads and KV groups (d = 128: 128 8 2)")
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks/")
     args = ap.parse_args()
+    if args.route and args.wide:
+        d, H, G = args.wide
+        table = wide_route_table(args.family, d, H, G)
+        print(table.markdown())
+        if args.write:
+            write_section(f"RoPE float32 route with its defaults at d = {d}, {H}/{G} heads ("
+                          + ("Qwen2: q/k biases" if args.family == "qwen2" else "LLaMA") + ")", table.markdown(),
+                          command_line(), doc=DOC)
+        return
     table = (route_table(args.d, args.family) if args.route else spaces_table(args.walk) if args.spaces else
              directions_table())
     print(table.markdown())

@@ -117,6 +117,9 @@ def test_float32_answers_take_the_coarse_route():
     res = extract_positional(oracle, heads=2, seed=0)
     assert res.details["route"] == "coarse" and "float32 answers: the coarse RoPE route" in res.notes[0]
     assert res.check.extra["norm"] == "worst"  # it claims the worst length's error (tests/test_check_worst_length.py)
+    from attnprobe.learners.positional.polish import POLISH_WORK
+
+    assert res.details["polish_plan"]["work"] == POLISH_WORK  # the hook's polish held to the work cap
     planned = coarse_queries(16, 2, 16)  # a walk's halved steps ask more
     assert planned <= res.queries_by_phase["coarse start"] <= 1.5 * planned
     err = function_error_over_lengths(res.model, truth, np.random.default_rng(1), (1, 2, 8, 64, 256))

@@ -97,12 +97,15 @@ def main() -> None:
     ap.add_argument("--polish", type=int, default=0, help="fresh sequences for the polish (0: none)")
     ap.add_argument("--rounds", type=int, default=2, help="the polish's rounds")
     ap.add_argument("--route", action="store_true", help="the route itself (extract_any_positional)")
-    ap.add_argument("--route-polish", default="never", choices=("never", "always"), help="--route: its polish hook")
+    ap.add_argument("--family", default="llama", choices=("llama", "qwen2"), help="--route: the module (qwen2: q/k/v "
+                    "biases)")
+    ap.add_argument("--route-polish", default="never", choices=("never", "always", "auto"),
+                    help="--route: its polish hook")
     args = ap.parse_args()
     kw = dict(d=args.d, heads=args.heads, kv_heads=args.kv_heads, seed=0)
-    truth = reference_model(positional_victim("llama", dtype="float64", **kw))
-    oracle = oracle_from_torch(positional_victim("llama", dtype="float32", **kw), args.d, precision="float32")
-    print(f"LLaMA d = {args.d}, {args.heads}/{args.kv_heads} heads, float32 answers, probe {args.probe}, "
+    truth = reference_model(positional_victim(args.family, dtype="float64", **kw))
+    oracle = oracle_from_torch(positional_victim(args.family, dtype="float32", **kw), args.d, precision="float32")
+    print(f"{args.family} d = {args.d}, {args.heads}/{args.kv_heads} heads, float32 answers, probe {args.probe}, "
           f"per {args.per}", flush=True)
     t0 = time.perf_counter()
     if args.route:
@@ -111,7 +114,8 @@ def main() -> None:
         res = extract_any_positional(oracle, heads=args.heads, seed=args.seed, polish=args.route_polish)
         polished = res.details.get("polish", {})
         if polished.get("ran"):
-            print(f"  polish: {polished['sequences']} sequences, {polished['rounds']} rounds, misfit "
+            print(f"  polish: {polished['sequences']} sequences, {polished['rounds']} rounds (planned "
+                  f"{polished['planned_rounds']} × {polished['cg_steps']} CG steps), misfit "
                   f"{polished['misfit_before']:.1e} → {polished['misfit_after']:.1e}, check "
                   f"{polished['check_before']:.1e} → {polished['check_after']:.1e}, kept {polished['kept']}, "
                   f"{polished['seconds']:.0f} s", flush=True)

@@ -32,6 +32,7 @@ from attnprobe.learners.positional import coarse_bias
 from attnprobe.learners.positional.logit_samples import (ALS_ROUNDS, LOGIT_OFFSETS, SAMPLES_PER_ENTRY, kept_offsets,
                                                          log_weights, reliability)
 from attnprobe.models.positional import PositionalAttention, rope_frequencies, rotation_matrix
+from attnprobe.learners.positional.polish import POLISH_WORK
 
 #: Chebyshev nodes on (0, 1] per key step sign, the odd polynomial's degree, the longest step (of the token norm)
 NODES, DEGREE, COARSE_STEP = 16, 15, 0.3
@@ -341,7 +342,7 @@ def coarse_queries(d: int, H: int, outputs: int | None = None, *, walk: int = 1,
     first = min(d, 2 * H + 8)
     if biases:  # the first probe's directions lie in the kernel of M: at most d − d_h dimensions (one KV group)
 
-        logits = 16 + coarse_bias.biased_logit_map_queries(d, dh)
+        logits = 16 + coarse_bias.biased_logit_map_queries(d, dh, extra=logit_settings(d, dh).get("extra", 16))
         first = min(d - dh, first)
     else:
         logits = logit_map_queries(d, dh, extra=logit_settings(d, dh).get("extra", 16))
@@ -413,7 +414,8 @@ def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None
     theta = rope_frequencies(dh, base or DEFAULT_BASE)
     bq = bk = None
     if biases:
-        Wq, Wk, bq, bk, count = coarse_bias.biased_logit_maps(oracle, rng, Cb, G, c, theta, scale)
+        Wq, Wk, bq, bk, count = coarse_bias.biased_logit_maps(oracle, rng, Cb, G, c, theta, scale,
+                                                              **logit_settings(d, dh))
     else:
         Wq, Wk, count = logit_maps(oracle, rng, Cb, G, c, theta, scale, **logit_settings(d, dh))
     model = PositionalAttention(Wq, Wk, G, Cb, bq=bq, bk=bk, bo=c, position="rope", inv_freq=theta, layout="half",
@@ -454,7 +456,7 @@ def extract_coarse_positional(oracle, *, heads, seed=0, check=True, progress=Non
     unknowns = PositionalAttention.unknowns(d, heads, heads, K // heads, K, bias=biases)
     details = {"heads": heads, "head_dim": K // heads, "route": "coarse", "base_start": base or DEFAULT_BASE,
                "polish_plan": {"sequences": POLISH_PER * math.ceil(unknowns / K), "rounds": POLISH_ROUNDS,
-                               "relative": True},
+                               "relative": True, "work": POLISH_WORK},
                "qk_biases": biases, **measured}
     notes = [f"{oracle.precision} answers: the coarse RoPE route (averaged probes, value maps at {per}·d random "
              f"queries, logit maps from log-weights; frequencies from base {base or DEFAULT_BASE:g}, fitted by the "

@@ -31,6 +31,14 @@ ROUNDS, CG_STEPS = 12, 60
 #: the learners' hook: fewer rounds of longer conjugate-gradient solves (LLaMA d = 128 from the learner's 1.9e-8:
 #: 3 × 300 steps reach 7.4e-9 in 208 s, 6 × 100 steps 1.0e-8 in 164 s; docs/positional.md)
 HOOK_ROUNDS, HOOK_CG_STEPS = 4, 300
+#: the matrix-free polish's work cap (sequences × unknowns × rounds × conjugate-gradient steps; each step's products
+#: cost about sequences × unknowns × mean length): past it the steps per round and then the rounds are cut, never
+#: below :data:`LEAST_STEPS` (LLaMA d = 128, 8/2, float32: 1,988 sequences × 63,496 unknowns × 8 × 300 did not finish
+#: within 1,300 s; 1,300 sequences × 4 rounds × 60 steps took the start's 4.2e-4 to 7.4e-5 in 170 s;
+#: docs/positional.md, "The polish's cost")
+POLISH_WORK = 3e10
+#: the fewest rounds and conjugate-gradient steps per round the work cap leaves
+LEAST_STEPS = (4, 60)
 #: the largest Jacobian (numbers × unknowns) the polish forms densely; past it, conjugate gradients
 DENSE_LIMIT = 4e7
 #: the dampings tried per round with a dense Jacobian (relative to the unit-scaled columns' squared singular values)
@@ -47,6 +55,15 @@ POLISH_TARGET = 1e-9
 CHECKED = (1, 2, 8, 64, 256)
 #: fresh sequences per ⌈unknowns / K⌉ (the fewest whose answers hold as many numbers as the unknowns)
 POLISH_SEQUENCES = 2
+
+
+def capped_steps(sequences: int, unknowns: int, rounds: int, cg_steps: int, work: float = POLISH_WORK,
+                 least: tuple[int, int] = LEAST_STEPS) -> tuple[int, int]:
+    """``(rounds, cg_steps)`` within the work cap ``sequences·unknowns·rounds·cg_steps ≤ work`` (:data:`POLISH_WORK`):
+    the conjugate-gradient steps cut first, then the rounds, neither below ``least`` (nor raised)."""
+    per = max(1.0, float(sequences) * float(unknowns))
+    cg = max(min(cg_steps, least[1]), min(cg_steps, int(work // (per * rounds))))
+    return max(min(rounds, least[0]), min(rounds, int(work // (per * cg)))), cg
 
 
 @dataclass

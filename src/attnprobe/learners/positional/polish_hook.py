@@ -12,7 +12,7 @@ import numpy as np
 from attnprobe.errors import ConfigError
 from attnprobe.models.positional import PositionalAttention
 from attnprobe.learners.positional.polish import (CHECKED, HOOK_CG_STEPS, HOOK_ROUNDS, POLISH_LENGTHS, POLISH_MODES,
-                                                  POLISH_SEQUENCES, POLISH_TARGET, fresh_answers, polish)
+                                                  POLISH_SEQUENCES, POLISH_TARGET, capped_steps, fresh_answers, polish)
 from attnprobe.learners.positional.row_polish import ROW_LENGTH, chunk_precision, fresh_rows, polish_rows
 
 
@@ -35,7 +35,8 @@ def polish_queries(unknowns: int, outputs: int, check_queries: int, sequences: i
 
 def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH_TARGET, sequences: int | None = None,
                       seed: int = 0, lengths=POLISH_LENGTHS, rounds: int = HOOK_ROUNDS, cg_steps: int = HOOK_CG_STEPS,
-                      frequencies: bool = True, relative: bool = False, progress=None, rows: bool | None = None):
+                      frequencies: bool = True, relative: bool = False, progress=None, rows: bool | None = None,
+                      work: float | None = None):
     """The learners' hook: polish ``res.model`` (a :class:`PositionalAttention` result of ``oracle``) on
     ``sequences`` fresh last-position answers (default :func:`polish_sequences`) when ``mode`` is ``always``, or
     ``auto`` and the check's error is above ``target``; then a fresh functional check (the lengths and count of
@@ -43,7 +44,8 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
     ``relative``: residuals weighed relative to each length's spread (:func:`length_weights`); ``rows``: polish on
     every-position answers (:func:`~.row_polish.polish_rows`: ``sequences`` counts rows, asked in sequences of
     :data:`~.row_polish.ROW_LENGTH` tokens, computed in float32 for answers no finer; default: when the oracle is
-    known to answer causal rows and the model is causal). The result's check is
+    known to answer causal rows and the model is causal); ``work``: the last-position polish's rounds and
+    conjugate-gradient steps cut to this work cap (:func:`~.polish.capped_steps`). The result's check is
     the returned model's (counted apart, as every learner's); every other query the hook asks, and the learner's
     check when its model is replaced, is counted in ``res.queries`` and ``res.queries_by_phase`` (``polish``,
     ``polish check``); ``res.details["polish"]`` and a note say what happened. Returns ``res`` (changed in
@@ -87,6 +89,8 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
         model, report = polish_rows(res.model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
                                     relative=relative, compute=chunk_precision(oracle.precision))
     else:
+        if work is not None:
+            rounds, cg_steps = capped_steps(n, res.unknowns, rounds, cg_steps, work)
         model, report = polish(res.model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
                                relative=relative)
     with oracle.phase("check", fresh=True):
@@ -106,7 +110,8 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
             res.queries_by_phase[phase] = res.queries_by_phase.get(phase, 0) + count
     res.check = returned
     res.details["polish"] = {"ran": True, "kept": kept, "check_before": check.error, "check_after": new.error,
-                             "seconds": time.perf_counter() - t0, **report.to_dict()}
+                             "seconds": time.perf_counter() - t0, "planned_rounds": rounds, "cg_steps": cg_steps,
+                             **report.to_dict()}
     if kept:
         res.model = model
         if not check.passed:  # the learner's failed-check note no longer describes the result
