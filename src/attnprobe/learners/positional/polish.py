@@ -238,7 +238,7 @@ def _block_sizes(residual, p, sizes):
     probes = torch.Generator().manual_seed(PROBE_SEED)  # the same probes every run: the polish is reproducible
     for n in sizes:
         v = torch.zeros_like(p)
-        v[at:at + n] = torch.randn(n, dtype=p.dtype, )
+        v[at:at + n] = torch.randn(n, dtype=p.dtype, generator=probes)
         out.append(float(v @ apply(v)) / float(v @ v))
         at += n
     top = max(out)
