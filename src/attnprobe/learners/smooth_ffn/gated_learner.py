@@ -33,6 +33,7 @@ from attnprobe.learners.core.estimate import QueryCount, Setting
 from attnprobe.learners.smooth_ffn.decompose import block_factors
 from attnprobe.learners.smooth_ffn.derivatives import (choose_extrapolated_step, coarse_answers, richardson,
                                                        second_derivatives, step_queries)
+from attnprobe.learners.smooth_ffn.gated_drive import gated_drive_blocks
 from attnprobe.learners.smooth_ffn.gated_neurons import pick_gate, planes
 from attnprobe.learners.smooth_ffn.polish import BACKTRACK, lsmr_step
 from attnprobe.learners.smooth_ffn.first_stages import search_width, start_run
@@ -78,6 +79,9 @@ COARSE_ATTEMPTS, COARSE_FIT = 3, 1e-4
 #: the answers' rounding, SwiGLU at 0.76 at best; the factor array's error 1.2e-4 against 4.6e-5 at 16-32-16, 50 of
 #: 64 blocks off by more than 1e-2); wider ones are refused on float32 answers
 COARSE_MAX_UNITS = 32
+#: the drive start (:mod:`.gated_drive`) for more units on coarse answers: circles on the C directions and random
+#: ones up to this many directions in all, of radius DRIVE_RADIUS·scale·√d, DRIVE_SAMPLES answers each
+DRIVE_DIRECTIONS, DRIVE_RADIUS, DRIVE_SAMPLES = 8, 1e6, 8192
 #: answers coarser than this rounding floor (``oracle.eps``) are refused: float16 and bfloat16
 COARSEST_EPS = 1e-6
 
@@ -173,8 +177,6 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
     coarse = coarse_answers(oracle)
     if float(getattr(oracle, "eps", 0.0)) > COARSEST_EPS:
         refuse_coarse(oracle.precision)
-    if coarse and hidden is not None:
-        refuse_wide(oracle.precision, hidden)
     run, ask, h, fd_error = start_run(oracle, seed=seed, check=check, progress=progress, scale=scale,
                                       check_queries=CHECK_QUERIES)
     d, rng = oracle.d, run.rng
@@ -199,8 +201,6 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
                              units=_units, replan=lambda g: sum(gated_plan(d, K, g, coarse=coarse).values()),
                              what="gated FFN")
         m, drop = w.m, w.drop
-        if coarse:
-            refuse_wide(oracle.precision, m)
         hidden = m  # a later attempt reads one grid of the width found
         C, n = _directions(K, m), _points(m, coarse)
         if K * C < 2 * m or n < 2 * m:
@@ -209,7 +209,7 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
         plan = gated_plan(d, K, m, coarse=coarse)
         run.report(run.queries + sum(plan.values()) - plan["width"] - plan["step"])
         start, sep, info = _start(run, ask, w, C, n, E=E, h_rich=h_rich, grid_scale=grid_scale, bias=bias,
-                                   activation=activation)
+                                   activation=activation, drive=coarse and m > COARSE_MAX_UNITS)
         unknowns = GatedFFN.unknowns(d, m, K, bias)
         if answers is None:
             with run.phase("answers"):
@@ -245,18 +245,37 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
                       hint=f" (a gated FFN of this form with {family_name(gate)})")
 
 
+def _drive_blocks(run, ask, U: np.ndarray, m: int, scale: float) -> tuple[list[np.ndarray], dict]:
+    """The m best-supported blocks of the drive start (:mod:`.gated_drive`): circles on the C directions and
+    random ones up to :data:`DRIVE_DIRECTIONS`, radius :data:`DRIVE_RADIUS`·scale·√d, :data:`DRIVE_SAMPLES` answers
+    each. Refuses (:class:`UnidentifiableError`) when it finds fewer than m units."""
+    d, C = ask.d, U.shape[0]
+    with run.phase("factors"):
+        extra = run.rng.standard_normal((max(DRIVE_DIRECTIONS, C + 1) - C, d))
+        extra /= np.linalg.norm(extra, axis=1, keepdims=True)
+        blocks, support, info = gated_drive_blocks(ask, np.concatenate([U, extra]), C,
+                                                   DRIVE_RADIUS * scale * math.sqrt(d), DRIVE_SAMPLES)
+    if len(blocks) < m:
+        raise UnidentifiableError(f"the drive start found {len(blocks)} of {m} gated units on its circles "
+                                  "(docs/smooth-ffn.md, 'Gated units driven'): nothing is claimed")
+    return blocks[:m], {**info, "start": "drive", "worst_support": int(support[m - 1]), "worst_separation": None}
+
+
 def _start(run, ask, w, C: int, n: int, *, E: int, h_rich: float, grid_scale: float, bias: bool,
-           activation: str | None):
+           activation: str | None, drive: bool = False):
     """The derivative-based start ``(Wg, bg, Wu, bu)`` on the width grid ``w``: the blocks from the factor array,
     each unit's plane from the coordinate second derivatives, gate and up fitted in the plane. Returns the start,
     the blocks' separations and ``{"gate", "fit", "scores"}`` of the gate fit."""
     d, K, rng = ask.d, ask.outputs, run.rng
     m, U, D1, X = w.m, w.U[:C], w.D1[:, :C, :], w.X
-    with run.phase("factors"):
-        V = rng.standard_normal((E, d))
-        V /= np.linalg.norm(V, axis=1, keepdims=True)
-        T = richardson(lambda s: second_derivatives(ask, X[:n], U, V, s), h_rich)
-    blocks, sep = block_factors(T.reshape(K * C, E, n), m, rng)
+    if drive:
+        blocks, sep = _drive_blocks(run, ask, U, m, grid_scale)
+    else:
+        with run.phase("factors"):
+            V = rng.standard_normal((E, d))
+            V /= np.linalg.norm(V, axis=1, keepdims=True)
+            T = richardson(lambda s: second_derivatives(ask, X[:n], U, V, s), h_rich)
+        blocks, sep = block_factors(T.reshape(K * C, E, n), m, rng)
     # each block is w2_i ⊗ (2-D subspace of R^C): its output direction is the top left singular vector
     w2_dirs = np.empty((m, K))
     for i, B in enumerate(blocks):
