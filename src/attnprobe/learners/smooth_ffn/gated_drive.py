@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnprobe.learners.smooth_ffn.drive_start import (AGREE, QUIET, STRONG, _equations, _output_direction, bend_floor,
-                                                       circle, group_bends)
+from attnprobe.learners.smooth_ffn.drive_start import (AGREE, QUIET, STRONG, _output_direction, bend_floor,
+                                                       group_bends, plane_circle)
 
 #: a run of bending samples is one bend when its second singular value is below this share of the first
 ONE_BEND = 0.15
@@ -27,6 +27,9 @@ ONE_BEND = 0.15
 NULL = 1e-3
 #: bends whose output directions are opposite within this (cosine) are one unit's (the sign is ν's)
 OPPOSITE = -0.95
+DEBUG = None
+#: the slope jump of a bend is read from at most PIECE answers each side of it, at least PIECE_MIN in all
+PIECE, PIECE_MIN = 8, 8
 
 
 def gated_bends(Y: np.ndarray) -> list[tuple[float, np.ndarray, float]]:
@@ -54,7 +57,7 @@ def gated_bends(Y: np.ndarray) -> list[tuple[float, np.ndarray, float]]:
             runs.append([int(j)])
         prev = pos
     out = []
-    for run in runs:
+    for k, run in enumerate(runs):
         if len(run) < 2:
             continue
         p, q = run[0], run[-1]  # D2 changes from p − 1 to q: the bend's samples are p … q − 1
@@ -69,58 +72,94 @@ def gated_bends(Y: np.ndarray) -> list[tuple[float, np.ndarray, float]]:
         if w.sum() <= 0:
             continue
         pos = np.arange(len(js)) + p
-        out.append((float(2 * np.pi * (w @ pos) / w.sum() / N) % (2 * np.pi), v, float(np.linalg.norm(v) / noise)))
+        centre = float(w @ pos / w.sum())
+        # the kink lies between samples p − 1 and q: the answers left of it from the previous run's last D2
+        # sample on, right of it up to the next run's first
+        left = (p - 1 - min(PIECE, (p - runs[k - 1][-1]) % N)) if len(runs) > 1 else p - 1 - PIECE
+        right = (q + min(PIECE, (runs[(k + 1) % len(runs)][0] - q) % N)) if len(runs) > 1 else q + PIECE
+        jump = _slope_jump(Y, np.arange(left + 1, p), np.arange(q, right), centre)
+        out.append((float(2 * np.pi * centre / N) % (2 * np.pi), v if jump is None else jump,
+                    float(np.linalg.norm(v) / noise)))
     return out
 
 
-def gated_drive_blocks(ask, U: np.ndarray, C: int, radius: float, samples: int
-                       ) -> tuple[list[np.ndarray], np.ndarray, dict]:
+def _slope_jump(Y: np.ndarray, left: np.ndarray, right: np.ndarray, knot: float) -> np.ndarray | None:
+    """The jump of the answers' slope (per sample) at ``knot`` from the samples ``left`` and ``right`` of it (taken
+    modulo N): least squares on ``1, t, t², t³, t₊, t₊²`` (the pieces are smooth, the difference of the two vanishes
+    at the knot); None when a side has fewer than two samples or both fewer than :data:`PIECE_MIN`."""
+    if len(left) < 2 or len(right) < 2 or len(left) + len(right) < PIECE_MIN:
+        return None
+    idx = np.concatenate([left, right])
+    t = idx - knot
+    tp = np.clip(t, 0, None)
+    A = np.stack([np.ones_like(t), t, t ** 2, t ** 3, tp, tp ** 2], axis=1)
+    sol = np.linalg.lstsq(A, Y[idx % Y.shape[0]], rcond=None)[0]
+    return sol[4]
+
+
+def gated_drive_blocks(ask, U: np.ndarray, C: int, radius: float, samples: int, units: int, *, first: int,
+                       more: int, most: int) -> tuple[list[np.ndarray], np.ndarray, dict]:
     """Each unit's block ``w2 ⊗ span{U[:C] g, U[:C] u}`` ``(K·C, 2)`` (orthonormal columns, the layout of
-    :func:`.decompose.block_factors`) from the bends on the circles of every pair of the directions ``U``
-    (``(M, d)``, M ≥ C), ``samples`` answers each; the best supported first, with their supports."""
+    :func:`.decompose.block_factors`) from the bends on circles in random planes of the span of the directions
+    ``U`` (``(M, d)``, M ≥ C; each bend's equation then holds every direction, so no circle graph has to connect
+    them), ``samples`` answers each: ``first`` circles, then ``more`` at a time while fewer than ``units`` units are
+    found, at most ``most``. The best supported first, with their supports and ``details``."""
     M = U.shape[0]
     rng = np.random.default_rng(0)
-    found, raw = [], []
-    ref = None
-    for a in range(M):
-        for b in range(a + 1, M):
-            _, X = circle(U, a, b, radius, samples)
+    found: list = []
+    raw: list = []
+    asked = 0
+    while True:
+        for _ in range(first if asked == 0 else more):
+            pq = np.linalg.qr(rng.standard_normal((M, 2)))[0].T  # a random plane of the M directions' span
+            _, X = plane_circle(pq[0] @ U, pq[1] @ U, radius, samples)
             for th, v, q in gated_bends(ask(X)):
-                if ref is None:
-                    ref = rng.standard_normal(v.shape[0])
-                sg = 1.0 if v @ ref >= 0 else -1.0  # one orientation per output direction: the sign is ν's
-                found.append((a, b, th, sg * v, q))
-                raw.append(v)
+                if np.linalg.norm(v) > 0:
+                    found.append((pq[0], pq[1], th, v, q))
+                    raw.append(v)
+            asked += 1
+        blocks, support, details = _units(found, raw, M, C)
+        if len(blocks) >= units or asked >= most:
+            return blocks, support, {**details, "circles": asked, "samples": samples}
+
+
+def _units(found: list, raw: list, M: int, C: int) -> tuple[list[np.ndarray], np.ndarray, dict]:
+    """The blocks of the units the bends ``found`` (``(p, q, θ0, signed vector, strength)``) show: grouped by output
+    direction (each bend oriented by a fixed reference first: its sign is ν's), the gate's projections as the null
+    vector of the group's equations ``(p cos θ0 + q sin θ0)·α = 0``, the up's by least squares on the signed sizes."""
     if not found:
-        return [], np.zeros(0, int), {"bends": 0}
+        return [], np.zeros(0, int), {"bends": 0, "units_found": 0}
+    ref = np.random.default_rng(1).standard_normal(raw[0].shape[0])
+    found = [(p, q, th, v if v @ ref >= 0 else -v, s) for p, q, th, v, s in found]
     groups, atoms = group_bends(found)
     groups, atoms = _joined_opposites(groups, atoms, found)
     blocks, support, residuals = [], [], []
     for g in groups:
         g = np.array(g)
-        E = _equations(found, g, M)
+        E = np.array([np.cos(found[i][2]) * found[i][0] + np.sin(found[i][2]) * found[i][1] for i in g])
         ok = _trimmed(E, np.array([found[i][4] for i in g]))
         _, sv, vt = np.linalg.svd(E[ok])
-        if ok.sum() < M or not (E[ok] != 0).any(0).all() or sv[-1] > NULL * sv[0] or sv[-2] < NULL * sv[0]:
-            continue  # every direction seen, the equations' null space one line
+        if ok.sum() < M or sv[-1] > NULL * sv[0] or sv[-2] < NULL * sv[0]:
+            continue  # the equations' null space is one line
         alpha = vt[-1]
         w2 = _output_direction(np.array([found[i][3] / np.linalg.norm(found[i][3]) for i in g[ok]]))
         rows, rhs = [], []
         for i in g[ok]:
-            a, b, th, _, _ = found[i]
-            row = np.zeros(M)
-            row[a], row[b] = np.cos(th), np.sin(th)
-            rows.append(row)
-            rhs.append((raw[i] @ w2) / np.hypot(alpha[a], alpha[b]))
+            p, q, th, _, _ = found[i]
+            # ‖(p·α, q·α)‖ ν(θ0) = s: the rounding's share of s is the same in every row
+            rows.append(np.hypot(p @ alpha, q @ alpha) * (np.cos(th) * p + np.sin(th) * q))
+            rhs.append(raw[i] @ w2)
         beta, *_ = np.linalg.lstsq(np.array(rows), np.array(rhs), rcond=None)
         residuals.append(float(np.linalg.norm(np.array(rows) @ beta - rhs) / max(np.linalg.norm(rhs), 1e-300)))
+        if DEBUG is not None:
+            DEBUG.append((alpha, beta, w2))
         Q = np.linalg.qr(np.stack([alpha[:C], beta[:C]], axis=1))[0]
         blocks.append(np.kron(w2[:, None], Q))
         support.append(int(ok.sum()))
     order = np.argsort(-np.array(support), kind="stable")
     details = {"bends": len(found), "bend_groups": len(groups), "units_found": len(blocks),
                "up_fit_median": float(np.median(residuals)) if residuals else None}
-    return [blocks[i] for i in order], np.array(support)[order], details
+    return [blocks[i] for i in order], np.array(support, dtype=int)[order], details
 
 
 def _joined_opposites(groups: list[list[int]], atoms: np.ndarray, found: list) -> tuple[list[list[int]], np.ndarray]:

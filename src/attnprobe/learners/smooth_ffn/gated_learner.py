@@ -79,9 +79,13 @@ COARSE_ATTEMPTS, COARSE_FIT = 3, 1e-4
 #: the answers' rounding, SwiGLU at 0.76 at best; the factor array's error 1.2e-4 against 4.6e-5 at 16-32-16, 50 of
 #: 64 blocks off by more than 1e-2); wider ones are refused on float32 answers
 COARSE_MAX_UNITS = 32
-#: the drive start (:mod:`.gated_drive`) for more units on coarse answers: circles on the C directions and random
-#: ones up to this many directions in all, of radius DRIVE_RADIUS·scale·√d, DRIVE_SAMPLES answers each
+#: the drive start (:mod:`.gated_drive`) for more units on coarse answers: circles in random planes of the span of
+#: the C directions and random ones up to DRIVE_DIRECTIONS in all, of radius DRIVE_RADIUS·scale·√d, DRIVE_SAMPLES
+#: answers each: DRIVE_CIRCLES first, then DRIVE_MORE at a time while units are missing, at most DRIVE_MOST
 DRIVE_DIRECTIONS, DRIVE_RADIUS, DRIVE_SAMPLES = 8, 1e6, 8192
+DRIVE_CIRCLES, DRIVE_MORE, DRIVE_MOST = 40, 8, 96
+#: points of the width grid the gate and up fits read (at most; the coarse grid has 8·2m: 16 s of 20 at 32-64-32)
+FIT_POINTS = 1024
 #: answers coarser than this rounding floor (``oracle.eps``) are refused: float16 and bfloat16
 COARSEST_EPS = 1e-6
 
@@ -254,7 +258,8 @@ def _drive_blocks(run, ask, U: np.ndarray, m: int, scale: float) -> tuple[list[n
         extra = run.rng.standard_normal((max(DRIVE_DIRECTIONS, C + 1) - C, d))
         extra /= np.linalg.norm(extra, axis=1, keepdims=True)
         blocks, support, info = gated_drive_blocks(ask, np.concatenate([U, extra]), C,
-                                                   DRIVE_RADIUS * scale * math.sqrt(d), DRIVE_SAMPLES)
+                                                   DRIVE_RADIUS * scale * math.sqrt(d), DRIVE_SAMPLES, m,
+                                                   first=DRIVE_CIRCLES, more=DRIVE_MORE, most=DRIVE_MOST)
     if len(blocks) < m:
         raise UnidentifiableError(f"the drive start found {len(blocks)} of {m} gated units on its circles "
                                   "(docs/smooth-ffn.md, 'Gated units driven'): nothing is claimed")
@@ -289,8 +294,9 @@ def _start(run, ask, w, C: int, n: int, *, E: int, h_rich: float, grid_scale: fl
     Qs = planes(Z)  # (m, d, 2)
     # first derivatives unmixed by the refined blocks w2_i ⊗ U Q_i: κ_i Q_iᵀ ∇φ_i at every point
     Bref = _refined_blocks(w2_dirs, U, Qs)
-    coef = (np.linalg.pinv(Bref) @ D1.reshape(K * C, -1)).reshape(m, 2, -1)
-    z = np.einsum("mdk,nd->mkn", Qs, X)
+    pts = np.sort(rng.choice(X.shape[0], size=min(X.shape[0], FIT_POINTS), replace=False))
+    coef = (np.linalg.pinv(Bref) @ D1[:, :, pts].reshape(K * C, -1)).reshape(m, 2, -1)
+    z = np.einsum("mdk,nd->mkn", Qs, X[pts])
     gate, fit, scores = pick_gate(coef, z, bias, rng, gate_candidates(activation))
     theta = fit["theta"]
     Wg = np.einsum("mdk,mk->md", Qs, theta[:, 0:2])
