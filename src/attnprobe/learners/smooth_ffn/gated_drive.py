@@ -27,9 +27,10 @@ ONE_BEND = 0.15
 NULL = 1e-3
 #: bends whose output directions are opposite within this (cosine) are one unit's (the sign is ν's)
 OPPOSITE = -0.95
-DEBUG = None
 #: the slope jump of a bend is read from at most PIECE answers each side of it, at least PIECE_MIN in all
 PIECE, PIECE_MIN = 8, 8
+#: the up projection's equations kept: within this many robust deviations (1.4826 × median) of the fit
+OUTLIER = 4.0
 
 
 def gated_bends(Y: np.ndarray) -> list[tuple[float, np.ndarray, float]]:
@@ -149,10 +150,8 @@ def _units(found: list, raw: list, M: int, C: int) -> tuple[list[np.ndarray], np
             # ‖(p·α, q·α)‖ ν(θ0) = s: the rounding's share of s is the same in every row
             rows.append(np.hypot(p @ alpha, q @ alpha) * (np.cos(th) * p + np.sin(th) * q))
             rhs.append(raw[i] @ w2)
-        beta, *_ = np.linalg.lstsq(np.array(rows), np.array(rhs), rcond=None)
-        residuals.append(float(np.linalg.norm(np.array(rows) @ beta - rhs) / max(np.linalg.norm(rhs), 1e-300)))
-        if DEBUG is not None:
-            DEBUG.append((alpha, beta, w2))
+        beta, res = _robust_lstsq(np.array(rows), np.array(rhs))
+        residuals.append(res)
         Q = np.linalg.qr(np.stack([alpha[:C], beta[:C]], axis=1))[0]
         blocks.append(np.kron(w2[:, None], Q))
         support.append(int(ok.sum()))
@@ -194,3 +193,18 @@ def _trimmed(E: np.ndarray, strength: np.ndarray) -> np.ndarray:
             return r < AGREE
         ok[worst] = False
     return ok
+
+
+def _robust_lstsq(A: np.ndarray, b: np.ndarray, rounds: int = 3) -> tuple[np.ndarray, float]:
+    """Least squares without the rows it misses by more than :data:`OUTLIER` robust deviations (a slope read across
+    a weak bend no run showed is off by up to 10 %); returns the solution and the kept rows' relative residual."""
+    keep = np.ones(len(b), bool)
+    for _ in range(rounds):
+        x = np.linalg.lstsq(A[keep], b[keep], rcond=None)[0]
+        r = np.abs(A @ x - b)
+        cut = OUTLIER * 1.4826 * np.median(r[keep])
+        new = r <= max(cut, 1e-300)
+        if new.sum() < A.shape[1] or (new == keep).all():
+            break
+        keep = new
+    return x, float(np.linalg.norm(r[keep]) / max(np.linalg.norm(b[keep]), 1e-300))

@@ -74,10 +74,10 @@ COARSE_STEP_TOLERANCE = 4.0
 #: polish leaves the answers' relative residual above :data:`COARSE_FIT` (a right model fits float32 answers to
 #: ~1e-7; a start with mismatched units stalls at 1e-2 or more); the lowest residual is kept
 COARSE_ATTEMPTS, COARSE_FIT = 3, 1e-4
-#: most gated units the coarse route takes on: its start reached the polish at 16-32-16 SwiGLU (seeds 0–5, every
-#: one within three starts) but not at 32-64-32 (SwiGLU and GeGLU: three starts each, every one stalled far above
-#: the answers' rounding, SwiGLU at 0.76 at best; the factor array's error 1.2e-4 against 4.6e-5 at 16-32-16, 50 of
-#: 64 blocks off by more than 1e-2); wider ones are refused on float32 answers
+#: most gated units the coarse route's Jennrich start takes on: it reached the polish at 16-32-16 SwiGLU (seeds 0–5,
+#: every one within three starts) but not at 32-64-32 (SwiGLU and GeGLU: three starts each, every one stalled far
+#: above the answers' rounding, SwiGLU at 0.76 at best; the factor array's error 1.2e-4 against 4.6e-5 at 16-32-16,
+#: 50 of 64 blocks off by more than 1e-2); wider ones take the drive start (:mod:`.gated_drive`)
 COARSE_MAX_UNITS = 32
 #: the drive start (:mod:`.gated_drive`) for more units on coarse answers: circles in random planes of the span of
 #: the C directions and random ones up to DRIVE_DIRECTIONS in all, of radius DRIVE_RADIUS·scale·√d, DRIVE_SAMPLES
@@ -98,26 +98,31 @@ def _points(m: int, coarse: bool = False) -> int:
     return max(POINT_MIN, math.ceil((COARSE_POINT_FACTOR if coarse else POINT_FACTOR) * 2 * m) + POINT_EXTRA)
 
 
+def drives(coarse: bool, m: int) -> bool:
+    """Whether the blocks come from the drive start (:mod:`.gated_drive`): coarse answers, more than
+    :data:`COARSE_MAX_UNITS` units."""
+    return coarse and m > COARSE_MAX_UNITS
+
+
 def gated_plan(d: int, K: int, m: int, check: int = 0, *, coarse: bool = False) -> dict[str, int]:
     """Queries of each phase at hidden width m (the width search not counted); ``coarse``: float32 answers
     (:data:`COARSE_POINT_FACTOR` times 2m points, :data:`COARSE_SECOND_DIRECTIONS`, the extrapolated step chosen
-    too), one start: each further start (:data:`COARSE_ATTEMPTS`) repeats all but ``step``'s first part and
-    ``answers``."""
+    too; past :data:`COARSE_MAX_UNITS` units the drive start's first :data:`DRIVE_CIRCLES` circles), one start: each
+    further start (:data:`COARSE_ATTEMPTS`) repeats all but ``step``'s first part and ``answers``."""
     C, n = _directions(K, m), _points(m, coarse)
     E = COARSE_SECOND_DIRECTIONS if coarse else SECOND_DIRECTIONS
     answers = max(2 * m + 8, 2 * (d + 1), math.ceil(ANSWER_FACTOR * GatedFFN.unknowns(d, m, K) / K))
-    return {"step": step_queries(coarse), "width": 2 * C * n, "factors": 3 * 4 * C * E * n,
+    factors = DRIVE_CIRCLES * DRIVE_SAMPLES if drives(coarse, m) else 3 * 4 * C * E * n
+    return {"step": step_queries(coarse), "width": 2 * C * n, "factors": factors,
             "directions": 2 * 4 * C * d * DIRECTION_POINTS, "answers": answers, "check": check}
 
 
 def gated_estimate(s: Setting) -> QueryCount:
-    """The gated learner's queries by phase (:func:`gated_plan`), exact when ``hidden`` is given; answers coarser
-    than float32 are refused (:func:`refuse_coarse`), so they have no estimate."""
+    """The gated learner's queries by phase (:func:`gated_plan`), exact when ``hidden`` is given on float64
+    answers; answers coarser than float32 are refused (:func:`refuse_coarse`), so they have no estimate."""
     if s.precision not in ("float64", "float32", "auto"):
         refuse_coarse(s.precision)
     m = s.needs("hidden", "a gated FFN estimate needs the number of hidden units m")
-    if s.coarse:
-        refuse_wide(s.precision, m)
     K = s.outputs or 1
     parts = gated_plan(s.d, K, m, check=CHECK_QUERIES if s.check else 0, coarse=s.coarse)
     basis = ", ".join(f"{k} {v}" for k, v in parts.items()) + f" (K = {K} outputs per answer" + (
@@ -125,9 +130,13 @@ def gated_estimate(s: Setting) -> QueryCount:
     total = sum(parts.values())
     if not s.coarse:
         return QueryCount.exactly(total, basis)
-    again = step_queries(True) - step_queries() + parts["width"] + parts["factors"] + parts["directions"]
-    return QueryCount(total, total, total + (COARSE_ATTEMPTS - 1) * again,
-                      basis + f"; up to {COARSE_ATTEMPTS - 1} more starts of {again} each while the polish stalls")
+    more = (DRIVE_MOST - DRIVE_CIRCLES) * DRIVE_SAMPLES if drives(True, m) else 0
+    again = step_queries(True) - step_queries() + parts["width"] + parts["factors"] + more + parts["directions"]
+    if more:
+        basis += f"; the drive start's circles up to {DRIVE_MOST} ({more} more) while units are missing"
+    return QueryCount(total, total, total + more + (COARSE_ATTEMPTS - 1) * again,
+                      basis + f"; up to {COARSE_ATTEMPTS - 1} more starts of up to {again} each while the polish "
+                      "stalls")
 
 
 def refuse_coarse(precision: str) -> None:
@@ -138,16 +147,6 @@ def refuse_coarse(precision: str) -> None:
     raise ConfigError(f"the gated FFN learner (SwiGLU, GeGLU) needs float32 or float64 answers; {precision} answers "
                       "leave its Jordan pairs too coarse to split (docs/smooth-ffn.md): ask for float32 or finer",
                       param="precision")
-
-
-def refuse_wide(precision: str, m: int) -> None:
-    """More than :data:`COARSE_MAX_UNITS` gated units on float32 answers: the coarse route's start was measured out
-    of the polish's reach there, so nothing is claimed (refused before any query when the width is given, else
-    once the width search has read it)."""
-    if m > COARSE_MAX_UNITS:
-        raise ConfigError(f"the gated FFN learner on {precision} answers reaches up to {COARSE_MAX_UNITS} gated units "
-                          f"(measured: 16-32-16 SwiGLU learned, 32-64-32 not; docs/smooth-ffn.md); this FFN has {m}: "
-                          "ask for float64 answers", param="precision")
 
 
 def gate_candidates(activation: str | None) -> tuple[str, ...]:
@@ -213,7 +212,7 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
         plan = gated_plan(d, K, m, coarse=coarse)
         run.report(run.queries + sum(plan.values()) - plan["width"] - plan["step"])
         start, sep, info = _start(run, ask, w, C, n, E=E, h_rich=h_rich, grid_scale=grid_scale, bias=bias,
-                                   activation=activation, drive=coarse and m > COARSE_MAX_UNITS)
+                                   activation=activation, drive=drives(coarse, m))
         unknowns = GatedFFN.unknowns(d, m, K, bias)
         if answers is None:
             with run.phase("answers"):
