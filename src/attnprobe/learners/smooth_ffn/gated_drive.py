@@ -40,10 +40,12 @@ def gated_bends(Y: np.ndarray) -> list[tuple[float, np.ndarray, float]]:
     N = Y.shape[0]
     D2 = np.roll(Y, -1, axis=0) - 2 * np.cos(4 * np.pi / N) * Y + np.roll(Y, 1, axis=0)
     D3 = D2 - np.roll(D2, 1, axis=0)  # D3[j] = D2[j] − D2[j−1]: 0 between bends
-    norms = np.linalg.norm(D3, axis=1)
-    noise = float(np.quantile(norms, QUIET))
-    floor = bend_floor(*Y.shape) * noise
-    hot = norms > floor
+    # the rounding is relative: D3's norm over the answers' (the largest of the four it reads), at least float64's
+    size = np.linalg.norm(Y, axis=1)
+    size = np.maximum.reduce([np.roll(size, k) for k in (-1, 0, 1, 2)]) + 1e-300
+    norms = np.linalg.norm(D3, axis=1) / size
+    noise = max(float(np.quantile(norms, QUIET)), 1e-15)
+    hot = norms > bend_floor(*Y.shape) * noise
     if not hot.any() or hot.all():
         return []
     start = int(np.flatnonzero(~hot)[0])
@@ -80,7 +82,7 @@ def gated_bends(Y: np.ndarray) -> list[tuple[float, np.ndarray, float]]:
         right = (q + min(PIECE, (runs[(k + 1) % len(runs)][0] - q) % N)) if len(runs) > 1 else q + PIECE
         jump = _slope_jump(Y, np.arange(left + 1, p), np.arange(q, right), centre)
         out.append((float(2 * np.pi * centre / N) % (2 * np.pi), v if jump is None else jump,
-                    float(np.linalg.norm(v) / noise)))
+                    float(np.linalg.norm(v) / (noise * size[p % N]))))
     return out
 
 
