@@ -222,7 +222,7 @@ def solve_groups(found: list[tuple[int, int, float, np.ndarray, float]], groups:
             continue
         if not ok.all():  # a second neuron with nearly the same output direction: its bends are tried on their own
             queue.append((gi, g[~ok]))
-        W2.append(_output_direction(dirs[g[ok]]))
+        W2.append(output_direction(dirs[g[ok]]))
         alpha.append(al)
         support.append(int(ok.sum()))
         kept += int(ok.sum())
@@ -310,7 +310,7 @@ def circles(M: int) -> int:
     return M * (M - 1) // 2
 
 
-def _output_direction(S: np.ndarray) -> np.ndarray:
+def output_direction(S: np.ndarray) -> np.ndarray:
     """The common direction of unit vectors ``S`` ``(n, K)``, those that stray (a weaker bend within the run) left
     out: the mean of the half closest to the first mean."""
     v = S.mean(0)

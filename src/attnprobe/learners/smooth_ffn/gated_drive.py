@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnprobe.learners.smooth_ffn.drive_start import (AGREE, QUIET, STRONG, _output_direction, bend_floor,
+from attnprobe.learners.smooth_ffn.drive_start import (AGREE, QUIET, STRONG, output_direction, bend_floor,
                                                        group_bends, plane_circle)
 
 #: a run of bending samples is one bend when its second singular value is below this share of the first
@@ -145,7 +145,7 @@ def _units(found: list, raw: list, M: int, C: int) -> tuple[list[np.ndarray], np
         if ok.sum() < M or sv[-1] > NULL * sv[0] or sv[-2] < NULL * sv[0]:
             continue  # the equations' null space is one line
         alpha = vt[-1]
-        w2 = _output_direction(np.array([found[i][3] / np.linalg.norm(found[i][3]) for i in g[ok]]))
+        w2 = output_direction(np.array([found[i][3] / np.linalg.norm(found[i][3]) for i in g[ok]]))
         rows, rhs = [], []
         for i in g[ok]:
             p, q, th, _, _ = found[i]
