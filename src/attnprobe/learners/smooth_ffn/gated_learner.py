@@ -17,7 +17,10 @@ Coarse (float32) answers: the pairs split by √(the derivatives' error), so the
 units and Gauss–Newton on the answers (which hold ~7 digits) finishes them. The start is made reachable by a
 better-conditioned grid — points at :data:`COARSE_POINT_SCALE` × ``scale``, :data:`COARSE_POINT_FACTOR` × 2m of
 them, :data:`COARSE_SECOND_DIRECTIONS`, the extrapolated step of the plain learner's float32 route — and while the
-polish stalls (:data:`COARSE_FIT`) the start is drawn again (:data:`COARSE_ATTEMPTS`). Coarser answers are refused.
+polish stalls (:data:`COARSE_FIT`) the start is drawn again (:data:`COARSE_ATTEMPTS`). Past :data:`COARSE_MAX_UNITS`
+units Jennrich's pencil inverts a slice too ill-conditioned for float32 answers, and the blocks come from the drive
+start instead (:mod:`.gated_drive`: the bends of the answers on circles far from the origin); when it does not find
+every unit the learner refuses (:class:`UnidentifiableError`). Coarser answers are refused.
 """
 
 from __future__ import annotations
