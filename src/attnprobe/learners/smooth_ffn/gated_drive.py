@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnprobe.learners.smooth_ffn.drive_start import (AGREE, QUIET, STRONG, output_direction, bend_floor,
-                                                       group_bends, plane_circle)
+                                                       group_bends, hot_runs, plane_circle)
 
 #: a run of bending samples is one bend when its second singular value is below this share of the first
 ONE_BEND = 0.15
@@ -48,17 +48,7 @@ def gated_bends(Y: np.ndarray) -> list[tuple[float, np.ndarray, float]]:
     hot = norms > bend_floor(*Y.shape) * noise
     if not hot.any() or hot.all():
         return []
-    start = int(np.flatnonzero(~hot)[0])
-    order = (np.arange(N) + start) % N
-    runs: list[list[int]] = []
-    prev = None
-    for j in order[hot[order]]:
-        pos = (j - start) % N
-        if prev is not None and pos - prev <= 1:
-            runs[-1].append(int(j))
-        else:
-            runs.append([int(j)])
-        prev = pos
+    runs = hot_runs(hot)
     out = []
     for k, run in enumerate(runs):
         if len(run) < 2:
