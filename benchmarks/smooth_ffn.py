@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from attnprobe.errors import ConfigError
+from attnprobe.errors import ConfigError, UnidentifiableError
 from attnprobe.learners.smooth_ffn.dispatch import extract_ffn_any
 from attnprobe.models.gated_ffn import GATED_FAMILIES, gated_match
 from attnprobe.models.smooth_ffn import neuron_match
@@ -70,13 +70,14 @@ def one(case: str, precision: str, hidden: bool, activation: str | None, seed: i
     try:
         res = extract_ffn_any(oracle, seed=seed, hidden=truth.m if hidden else None, activation=activation,
                               bias=any(np.any(b != 0) for b in biases), start=start)
-    except ConfigError as err:  # refused before it claims anything (e.g. gated units on float32 answers)
-        return (f"| {case} | {precision} | {oracle.queries:,} | – | – | refused ({err.param}) | – | – | – | – | "
+    except (ConfigError, UnidentifiableError) as err:  # refused before it claims anything
+        return (f"| {case} | {precision} | {oracle.queries:,} | – | – | refused ({getattr(err, 'param', None) or err}) "
+                "| – | – | – | – | "
                 f"{time.perf_counter() - t0:.0f} |")
     secs = time.perf_counter() - t0
     keys = ("start", "left_out", "jennrich_left_out", "bends", "mixed_bends_read", "groups_dropped", "factor_attempts",
             "core_residual", "worst_separation", "extrapolated_step",
-            "polish_residuals", "attempts")
+            "polish_residuals", "attempts", "circles", "units_found", "up_fit_median")
     print(case, {k: res.details[k] for k in keys if k in res.details}, res.queries_by_phase, file=sys.stderr)
     X = np.random.default_rng(1).standard_normal((1000, truth.d))
     y = truth.with_dtype("float64").forward(X)

@@ -172,25 +172,6 @@ def test_float16_answers_are_refused_before_any_query():
     assert err.value.param == "precision"
 
 
-def test_float32_answers_of_wide_gated_ffns_are_refused():
-    """Past ``COARSE_MAX_UNITS`` gated units the float32 route's start was measured out of the polish's reach: with
-    the width given, refused before any query; found by the width search, refused before the factors."""
-    from attnprobe.errors import ConfigError
-    from attnprobe.learners.smooth_ffn.gated_learner import COARSE_MAX_UNITS
-
-    m = COARSE_MAX_UNITS + 1
-    truth = random_gated_ffn(8, m, 8, seed=5, dtype="float32")
-    oracle = Oracle(truth, 8, precision="float32")
-    with pytest.raises(ConfigError, match="float64") as err:
-        extract_gated_ffn(oracle, seed=0, activation="swiglu", hidden=m)
-    assert err.value.param == "precision" and oracle.queries == 0
-    with pytest.raises(ConfigError) as err:
-        estimate_queries("ffn", 8, hidden=m, outputs=8, activation="swiglu", precision="float32")
-    assert err.value.param == "precision"
-    assert estimate_queries("ffn", 8, hidden=COARSE_MAX_UNITS, outputs=8, activation="swiglu",
-                            precision="float32").queries > 0
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 2])
 def test_float32_swiglu_16_32_16(seed):

@@ -109,17 +109,7 @@ def bends(Y: np.ndarray) -> tuple[list[tuple[float, np.ndarray, float]], list[tu
     hot = norms > bend_floor(*Y.shape) * noise
     if not hot.any() or hot.all():
         return [], []
-    start = int(np.flatnonzero(~hot)[0])  # runs in circular order, from a quiet sample
-    order = (np.arange(N) + start) % N
-    runs: list[list[int]] = []
-    prev = None
-    for j in order[hot[order]]:
-        pos = (j - start) % N
-        if prev is not None and pos - prev <= 1:
-            runs[-1].append(int(j))
-        else:
-            runs.append([int(j)])
-        prev = pos
+    runs = hot_runs(hot)
     out, mixed = [], []
     for run in runs:
         js = [(run[0] - 1) % N, *run, (run[-1] + 1) % N]  # a neighbour each side: a bend's share below the floor
@@ -134,6 +124,24 @@ def bends(Y: np.ndarray) -> tuple[list[tuple[float, np.ndarray, float]], list[tu
         out.append((float(2 * np.pi * (w @ pos) / w.sum() / N) % (2 * np.pi), R.sum(0),
                     float(np.linalg.norm(R.sum(0)) / noise)))
     return out, mixed
+
+
+def hot_runs(hot: np.ndarray) -> list[list[int]]:
+    """The runs of consecutive True samples of a periodic mask ``hot`` (not all True, not all False), in circular
+    order from a quiet sample."""
+    N = len(hot)
+    start = int(np.flatnonzero(~hot)[0])
+    order = (np.arange(N) + start) % N
+    runs: list[list[int]] = []
+    prev = None
+    for j in order[hot[order]]:
+        pos = (j - start) % N
+        if prev is not None and pos - prev <= 1:
+            runs[-1].append(int(j))
+        else:
+            runs.append([int(j)])
+        prev = pos
+    return runs
 
 
 def group_bends(found: list[tuple[int, int, float, np.ndarray, float]]) -> tuple[list[list[int]], np.ndarray]:
@@ -222,7 +230,7 @@ def solve_groups(found: list[tuple[int, int, float, np.ndarray, float]], groups:
             continue
         if not ok.all():  # a second neuron with nearly the same output direction: its bends are tried on their own
             queue.append((gi, g[~ok]))
-        W2.append(_output_direction(dirs[g[ok]]))
+        W2.append(output_direction(dirs[g[ok]]))
         alpha.append(al)
         support.append(int(ok.sum()))
         kept += int(ok.sum())
@@ -310,7 +318,7 @@ def circles(M: int) -> int:
     return M * (M - 1) // 2
 
 
-def _output_direction(S: np.ndarray) -> np.ndarray:
+def output_direction(S: np.ndarray) -> np.ndarray:
     """The common direction of unit vectors ``S`` ``(n, K)``, those that stray (a weaker bend within the run) left
     out: the mean of the half closest to the first mean."""
     v = S.mean(0)

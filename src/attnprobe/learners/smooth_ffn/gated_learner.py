@@ -17,7 +17,10 @@ Coarse (float32) answers: the pairs split by √(the derivatives' error), so the
 units and Gauss–Newton on the answers (which hold ~7 digits) finishes them. The start is made reachable by a
 better-conditioned grid — points at :data:`COARSE_POINT_SCALE` × ``scale``, :data:`COARSE_POINT_FACTOR` × 2m of
 them, :data:`COARSE_SECOND_DIRECTIONS`, the extrapolated step of the plain learner's float32 route — and while the
-polish stalls (:data:`COARSE_FIT`) the start is drawn again (:data:`COARSE_ATTEMPTS`). Coarser answers are refused.
+polish stalls (:data:`COARSE_FIT`) the start is drawn again (:data:`COARSE_ATTEMPTS`). Past :data:`COARSE_MAX_UNITS`
+units Jennrich's pencil inverts a slice too ill-conditioned for float32 answers, and the blocks come from the drive
+start instead (:mod:`.gated_drive`: the bends of the answers on circles far from the origin); when it does not find
+every unit the learner refuses (:class:`UnidentifiableError`). Coarser answers are refused.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from attnprobe.learners.core.estimate import QueryCount, Setting
 from attnprobe.learners.smooth_ffn.decompose import block_factors
 from attnprobe.learners.smooth_ffn.derivatives import (choose_extrapolated_step, coarse_answers, richardson,
                                                        second_derivatives, step_queries)
+from attnprobe.learners.smooth_ffn.gated_drive import gated_drive_blocks
 from attnprobe.learners.smooth_ffn.gated_neurons import pick_gate, planes
 from attnprobe.learners.smooth_ffn.polish import BACKTRACK, lsmr_step
 from attnprobe.learners.smooth_ffn.first_stages import search_width, start_run
@@ -73,11 +77,18 @@ COARSE_STEP_TOLERANCE = 4.0
 #: polish leaves the answers' relative residual above :data:`COARSE_FIT` (a right model fits float32 answers to
 #: ~1e-7; a start with mismatched units stalls at 1e-2 or more); the lowest residual is kept
 COARSE_ATTEMPTS, COARSE_FIT = 3, 1e-4
-#: most gated units the coarse route takes on: its start reached the polish at 16-32-16 SwiGLU (seeds 0–5, every
-#: one within three starts) but not at 32-64-32 (SwiGLU and GeGLU: three starts each, every one stalled far above
-#: the answers' rounding, SwiGLU at 0.76 at best; the factor array's error 1.2e-4 against 4.6e-5 at 16-32-16, 50 of
-#: 64 blocks off by more than 1e-2); wider ones are refused on float32 answers
+#: most gated units the coarse route's Jennrich start takes on: it reached the polish at 16-32-16 SwiGLU (seeds 0–5,
+#: every one within three starts) but not at 32-64-32 (SwiGLU and GeGLU: three starts each, every one stalled far
+#: above the answers' rounding, SwiGLU at 0.76 at best; the factor array's error 1.2e-4 against 4.6e-5 at 16-32-16,
+#: 50 of 64 blocks off by more than 1e-2); wider ones take the drive start (:mod:`.gated_drive`)
 COARSE_MAX_UNITS = 32
+#: the drive start (:mod:`.gated_drive`) for more units on coarse answers: circles in random planes of the span of
+#: the C directions and random ones up to DRIVE_DIRECTIONS in all, of radius DRIVE_RADIUS·scale·√d, DRIVE_SAMPLES
+#: answers each: DRIVE_CIRCLES first, then DRIVE_MORE at a time while units are missing, at most DRIVE_MOST
+DRIVE_DIRECTIONS, DRIVE_RADIUS, DRIVE_SAMPLES = 8, 1e6, 8192
+DRIVE_CIRCLES, DRIVE_MORE, DRIVE_MOST = 40, 8, 96
+#: points of the width grid the gate and up fits read (at most; the coarse grid has 8·2m: 16 s of 20 at 32-64-32)
+FIT_POINTS = 1024
 #: answers coarser than this rounding floor (``oracle.eps``) are refused: float16 and bfloat16
 COARSEST_EPS = 1e-6
 
@@ -90,26 +101,31 @@ def _points(m: int, coarse: bool = False) -> int:
     return max(POINT_MIN, math.ceil((COARSE_POINT_FACTOR if coarse else POINT_FACTOR) * 2 * m) + POINT_EXTRA)
 
 
+def drives(coarse: bool, m: int) -> bool:
+    """Whether the blocks come from the drive start (:mod:`.gated_drive`): coarse answers, more than
+    :data:`COARSE_MAX_UNITS` units."""
+    return coarse and m > COARSE_MAX_UNITS
+
+
 def gated_plan(d: int, K: int, m: int, check: int = 0, *, coarse: bool = False) -> dict[str, int]:
     """Queries of each phase at hidden width m (the width search not counted); ``coarse``: float32 answers
     (:data:`COARSE_POINT_FACTOR` times 2m points, :data:`COARSE_SECOND_DIRECTIONS`, the extrapolated step chosen
-    too), one start: each further start (:data:`COARSE_ATTEMPTS`) repeats all but ``step``'s first part and
-    ``answers``."""
+    too; past :data:`COARSE_MAX_UNITS` units the drive start's first :data:`DRIVE_CIRCLES` circles), one start: each
+    further start (:data:`COARSE_ATTEMPTS`) repeats all but ``step``'s first part and ``answers``."""
     C, n = _directions(K, m), _points(m, coarse)
     E = COARSE_SECOND_DIRECTIONS if coarse else SECOND_DIRECTIONS
     answers = max(2 * m + 8, 2 * (d + 1), math.ceil(ANSWER_FACTOR * GatedFFN.unknowns(d, m, K) / K))
-    return {"step": step_queries(coarse), "width": 2 * C * n, "factors": 3 * 4 * C * E * n,
+    factors = DRIVE_CIRCLES * DRIVE_SAMPLES if drives(coarse, m) else 3 * 4 * C * E * n
+    return {"step": step_queries(coarse), "width": 2 * C * n, "factors": factors,
             "directions": 2 * 4 * C * d * DIRECTION_POINTS, "answers": answers, "check": check}
 
 
 def gated_estimate(s: Setting) -> QueryCount:
-    """The gated learner's queries by phase (:func:`gated_plan`), exact when ``hidden`` is given; answers coarser
-    than float32 are refused (:func:`refuse_coarse`), so they have no estimate."""
+    """The gated learner's queries by phase (:func:`gated_plan`), exact when ``hidden`` is given on float64
+    answers; answers coarser than float32 are refused (:func:`refuse_coarse`), so they have no estimate."""
     if s.precision not in ("float64", "float32", "auto"):
         refuse_coarse(s.precision)
     m = s.needs("hidden", "a gated FFN estimate needs the number of hidden units m")
-    if s.coarse:
-        refuse_wide(s.precision, m)
     K = s.outputs or 1
     parts = gated_plan(s.d, K, m, check=CHECK_QUERIES if s.check else 0, coarse=s.coarse)
     basis = ", ".join(f"{k} {v}" for k, v in parts.items()) + f" (K = {K} outputs per answer" + (
@@ -117,9 +133,13 @@ def gated_estimate(s: Setting) -> QueryCount:
     total = sum(parts.values())
     if not s.coarse:
         return QueryCount.exactly(total, basis)
-    again = step_queries(True) - step_queries() + parts["width"] + parts["factors"] + parts["directions"]
-    return QueryCount(total, total, total + (COARSE_ATTEMPTS - 1) * again,
-                      basis + f"; up to {COARSE_ATTEMPTS - 1} more starts of {again} each while the polish stalls")
+    more = (DRIVE_MOST - DRIVE_CIRCLES) * DRIVE_SAMPLES if drives(True, m) else 0
+    again = step_queries(True) - step_queries() + parts["width"] + parts["factors"] + more + parts["directions"]
+    if more:
+        basis += f"; the drive start's circles up to {DRIVE_MOST} ({more} more) while units are missing"
+    return QueryCount(total, total, total + more + (COARSE_ATTEMPTS - 1) * again,
+                      basis + f"; up to {COARSE_ATTEMPTS - 1} more starts of up to {again} each while the polish "
+                      "stalls")
 
 
 def refuse_coarse(precision: str) -> None:
@@ -130,16 +150,6 @@ def refuse_coarse(precision: str) -> None:
     raise ConfigError(f"the gated FFN learner (SwiGLU, GeGLU) needs float32 or float64 answers; {precision} answers "
                       "leave its Jordan pairs too coarse to split (docs/smooth-ffn.md): ask for float32 or finer",
                       param="precision")
-
-
-def refuse_wide(precision: str, m: int) -> None:
-    """More than :data:`COARSE_MAX_UNITS` gated units on float32 answers: the coarse route's start was measured out
-    of the polish's reach there, so nothing is claimed (refused before any query when the width is given, else
-    once the width search has read it)."""
-    if m > COARSE_MAX_UNITS:
-        raise ConfigError(f"the gated FFN learner on {precision} answers reaches up to {COARSE_MAX_UNITS} gated units "
-                          f"(measured: 16-32-16 SwiGLU learned, 32-64-32 not; docs/smooth-ffn.md); this FFN has {m}: "
-                          "ask for float64 answers", param="precision")
 
 
 def gate_candidates(activation: str | None) -> tuple[str, ...]:
@@ -173,8 +183,6 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
     coarse = coarse_answers(oracle)
     if float(getattr(oracle, "eps", 0.0)) > COARSEST_EPS:
         refuse_coarse(oracle.precision)
-    if coarse and hidden is not None:
-        refuse_wide(oracle.precision, hidden)
     run, ask, h, fd_error = start_run(oracle, seed=seed, check=check, progress=progress, scale=scale,
                                       check_queries=CHECK_QUERIES)
     d, rng = oracle.d, run.rng
@@ -199,8 +207,6 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
                              units=_units, replan=lambda g: sum(gated_plan(d, K, g, coarse=coarse).values()),
                              what="gated FFN")
         m, drop = w.m, w.drop
-        if coarse:
-            refuse_wide(oracle.precision, m)
         hidden = m  # a later attempt reads one grid of the width found
         C, n = _directions(K, m), _points(m, coarse)
         if K * C < 2 * m or n < 2 * m:
@@ -209,7 +215,7 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
         plan = gated_plan(d, K, m, coarse=coarse)
         run.report(run.queries + sum(plan.values()) - plan["width"] - plan["step"])
         start, sep, info = _start(run, ask, w, C, n, E=E, h_rich=h_rich, grid_scale=grid_scale, bias=bias,
-                                   activation=activation)
+                                   activation=activation, drive=drives(coarse, m))
         unknowns = GatedFFN.unknowns(d, m, K, bias)
         if answers is None:
             with run.phase("answers"):
@@ -245,18 +251,38 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
                       hint=f" (a gated FFN of this form with {family_name(gate)})")
 
 
+def _drive_blocks(run, ask, U: np.ndarray, m: int, scale: float) -> tuple[list[np.ndarray], dict]:
+    """The m best-supported blocks of the drive start (:mod:`.gated_drive`): circles on the C directions and
+    random ones up to :data:`DRIVE_DIRECTIONS`, radius :data:`DRIVE_RADIUS`·scale·√d, :data:`DRIVE_SAMPLES` answers
+    each. Refuses (:class:`UnidentifiableError`) when it finds fewer than m units."""
+    d, C = ask.d, U.shape[0]
+    with run.phase("factors"):
+        extra = run.rng.standard_normal((max(DRIVE_DIRECTIONS, C + 1) - C, d))
+        extra /= np.linalg.norm(extra, axis=1, keepdims=True)
+        blocks, support, info = gated_drive_blocks(ask, np.concatenate([U, extra]), C,
+                                                   DRIVE_RADIUS * scale * math.sqrt(d), DRIVE_SAMPLES, m,
+                                                   first=DRIVE_CIRCLES, more=DRIVE_MORE, most=DRIVE_MOST)
+    if len(blocks) < m:
+        raise UnidentifiableError(f"the drive start found {len(blocks)} of {m} gated units on its circles "
+                                  "(docs/smooth-ffn.md, 'Gated units driven'): nothing is claimed")
+    return blocks[:m], {**info, "start": "drive", "worst_support": int(support[m - 1]), "worst_separation": None}
+
+
 def _start(run, ask, w, C: int, n: int, *, E: int, h_rich: float, grid_scale: float, bias: bool,
-           activation: str | None):
+           activation: str | None, drive: bool = False):
     """The derivative-based start ``(Wg, bg, Wu, bu)`` on the width grid ``w``: the blocks from the factor array,
     each unit's plane from the coordinate second derivatives, gate and up fitted in the plane. Returns the start,
     the blocks' separations and ``{"gate", "fit", "scores"}`` of the gate fit."""
     d, K, rng = ask.d, ask.outputs, run.rng
     m, U, D1, X = w.m, w.U[:C], w.D1[:, :C, :], w.X
-    with run.phase("factors"):
-        V = rng.standard_normal((E, d))
-        V /= np.linalg.norm(V, axis=1, keepdims=True)
-        T = richardson(lambda s: second_derivatives(ask, X[:n], U, V, s), h_rich)
-    blocks, sep = block_factors(T.reshape(K * C, E, n), m, rng)
+    if drive:
+        blocks, sep = _drive_blocks(run, ask, U, m, grid_scale)
+    else:
+        with run.phase("factors"):
+            V = rng.standard_normal((E, d))
+            V /= np.linalg.norm(V, axis=1, keepdims=True)
+            T = richardson(lambda s: second_derivatives(ask, X[:n], U, V, s), h_rich)
+        blocks, sep = block_factors(T.reshape(K * C, E, n), m, rng)
     # each block is w2_i ⊗ (2-D subspace of R^C): its output direction is the top left singular vector
     w2_dirs = np.empty((m, K))
     for i, B in enumerate(blocks):
@@ -270,8 +296,9 @@ def _start(run, ask, w, C: int, n: int, *, E: int, h_rich: float, grid_scale: fl
     Qs = planes(Z)  # (m, d, 2)
     # first derivatives unmixed by the refined blocks w2_i ⊗ U Q_i: κ_i Q_iᵀ ∇φ_i at every point
     Bref = _refined_blocks(w2_dirs, U, Qs)
-    coef = (np.linalg.pinv(Bref) @ D1.reshape(K * C, -1)).reshape(m, 2, -1)
-    z = np.einsum("mdk,nd->mkn", Qs, X)
+    pts = np.sort(rng.choice(X.shape[0], size=min(X.shape[0], FIT_POINTS), replace=False))
+    coef = (np.linalg.pinv(Bref) @ D1[:, :, pts].reshape(K * C, -1)).reshape(m, 2, -1)
+    z = np.einsum("mdk,nd->mkn", Qs, X[pts])
     gate, fit, scores = pick_gate(coef, z, bias, rng, gate_candidates(activation))
     theta = fit["theta"]
     Wg = np.einsum("mdk,mk->md", Qs, theta[:, 0:2])
