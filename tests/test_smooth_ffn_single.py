@@ -43,3 +43,29 @@ def test_wide_ffns_on_float32_answers_get_short_float32_rounds():
     assert polish_settings(16, 16, 48, coarse=True) == (3, GN_ROUNDS, GN_ITERATIONS)
     assert single_products(384, 384, 1536, True)
     assert not single_products(384, 384, 1536, False) and not single_products(16, 16, 48, True)
+
+
+def test_weak_rounds_double_the_next_rounds_iterations(monkeypatch):
+    """A kept step that leaves more than half the residual (here: every step cut to 30 %) doubles the next step's
+    LSMR iterations up to ``grow_to``; strong steps keep theirs."""
+    truth = random_smooth_ffn(5, 8, 5, seed=9)
+    X = np.random.default_rng(3).standard_normal((200, 5))
+    Y = truth.forward(X)
+    rng = np.random.default_rng(4)
+    start = tuple(p + 1e-3 * rng.standard_normal(p.shape) for p in (truth.W1, truth.b1, truth.W2, truth.b2))
+    exact_step, asked = polish._step, []
+
+    def weak(*args, iterations, **kwargs):
+        asked.append(iterations)
+        *parts, used = exact_step(*args, iterations=300, **kwargs)
+        return (*(0.3 * p for p in parts), used)
+
+    act = ACTIVATIONS["gelu"]
+    monkeypatch.setattr(polish, "_step", weak)
+    polish.gauss_newton(X, Y, start, act, True, rounds=4, iterations=5, grow_to=20)
+    assert asked == [5, 10, 20, 20]
+    asked.clear()
+    monkeypatch.setattr(polish, "_step", lambda *a, iterations, **k: (asked.append(iterations),
+                                                                       exact_step(*a, iterations=300, **k))[1])
+    polish.gauss_newton(X, Y, start, act, True, rounds=2, iterations=5, grow_to=20)
+    assert asked == [5, 5]

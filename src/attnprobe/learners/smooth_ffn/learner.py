@@ -66,10 +66,11 @@ GN_ROUNDS, GN_ITERATIONS = 8, 300
 #: flops the default Gauss–Newton polish may spend (past it: one capped round, :func:`polish_settings`)
 POLISH_WORK = 5e12
 #: ... past it on coarse (float32) answers: short rounds with the Jacobian products in float32 (about five times
-#: faster here; 10 × 20 float32 iterations cost about what 40–50 float64 ones do). MiniLM layer 2's whole FFN from
-#: the drive start: one 20-iteration round took the residual from 2.9e-2 to 6.1e-3, where one float64 round of 57
-#: iterations reached 1.4e-2 (early-stopped LSMR steps overshoot less; the next rounds: 2.5e-3, 1.3e-3)
-COARSE_GN_ROUNDS, COARSE_GN_ITERATIONS = 10, 20
+#: faster here). MiniLM layer 2's whole FFN from the drive start: one 20-iteration round took the residual from 2.9e-2
+#: to 6.1e-3, where one float64 round of 57 iterations reached 1.4e-2 (early-stopped LSMR steps overshoot less; the
+#: next rounds: 2.5e-3, 1.3e-3, 1.05e-3, 9.2e-4); a round that leaves more than half the residual doubles the next
+#: one's iterations up to COARSE_GN_MAX_ITERATIONS (:data:`.polish.GROW_RATIO`): at most 20·3 + 40·7 = 340
+COARSE_GN_ROUNDS, COARSE_GN_ITERATIONS, COARSE_GN_MAX_ITERATIONS = 10, 20, 40
 #: answers for the output layer and Gauss–Newton: enough rows for four times the unknowns (and at least
 #: 2(d + 1): each neuron's first-layer row is read through the points alone)
 ANSWER_FACTOR = 4.0
@@ -309,9 +310,10 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
         Xa = scale * rng.standard_normal((N, d))
         Ya = ask(Xa)
     W2, b2 = output_layer(Xa, Ya, W1, b1, act, bias)
-    (W1, b1, W2, b2), history, used = gauss_newton(Xa, Ya, (W1, b1, W2, b2), act, bias, rounds=polish_rounds,
-                                             iterations=polish_iterations,
-                                             single=single_products(d, K, m, coarse))
+    single = single_products(d, K, m, coarse)  # short float32 rounds, growing while they do little
+    (W1, b1, W2, b2), history, used = gauss_newton(
+        Xa, Ya, (W1, b1, W2, b2), act, bias, rounds=polish_rounds, iterations=polish_iterations, single=single,
+        grow_to=max(COARSE_GN_MAX_ITERATIONS, polish_iterations) if single else None)
     model = SmoothFFN(W1, b1, W2, b2, name)
     details = {"seed": seed, "bias": bool(bias), "outputs": K, "hidden": int(m), "width_drop": drop,
                "activation": name, "activation_detected": activation is None, "activation_fit": scores,

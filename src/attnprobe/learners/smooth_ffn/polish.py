@@ -32,17 +32,22 @@ def forward(X, W1, b1, W2, b2, act: Activation) -> np.ndarray:
     return act.f(X @ W1.T + b1) @ W2.T + b2
 
 
+#: a kept step that leaves more than this of the residual doubles the next one's iterations (``grow_to``; MiniLM
+#: layer 2's whole FFN on float32 answers, round 5: 20 iterations left 0.87 of it, 40 left 0.77)
+GROW_RATIO = 0.5
 #: fractions of a Gauss–Newton step tried in turn until one lowers the residual
 BACKTRACK = (1.0, 0.5, 0.25, 0.125)
 
 
 def gauss_newton(X: np.ndarray, Y: np.ndarray, params: tuple, act: Activation, bias: bool, *, rounds: int,
-                 iterations: int, single: bool = False) -> tuple[tuple, list[float]]:
+                 iterations: int, single: bool = False, grow_to: int | None = None) -> tuple[tuple, list[float]]:
     """Up to ``rounds`` Gauss–Newton steps (each at most ``iterations`` LSMR iterations) on all parameters;
     a step (or, when it does not halve the residual, the best of it and its half, quarter, eighth:
     :data:`BACKTRACK`) is kept only when it lowers the residual. Returns the parameters, the relative residual
     after each kept step (the first entry is the start's) and the LSMR iterations of each step. ``single``: the
-    steps' Jacobian products in float32 (:func:`lsmr_step`); the residuals stay float64."""
+    steps' Jacobian products in float32 (:func:`lsmr_step`); the residuals stay float64. ``grow_to``: after a
+    kept step that left more than :data:`GROW_RATIO` of the residual, the next step's iterations double, up to
+    this many (the first steps' error is in well-conditioned directions, the later ones' less so)."""
     W1, b1, W2, b2 = params
     scale_y = max(float(np.linalg.norm(Y)), 1e-300)
     R = Y - forward(X, W1, b1, W2, b2, act)
@@ -65,6 +70,8 @@ def gauss_newton(X: np.ndarray, Y: np.ndarray, params: tuple, act: Activation, b
             break
         W1, b1, W2, b2 = trial
         R = R_new
+        if grow_to is not None and err > GROW_RATIO * history[-1]:
+            iterations = min(grow_to, 2 * iterations)
         history.append(err)
         if err < 1e-15:
             break
