@@ -9,6 +9,7 @@ matrix-free operator (``J δ`` and ``Jᵀ r`` cost two passes over the points), 
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg import solve_triangular
 from scipy.sparse.linalg import LinearOperator, lsmr
 
 from attnprobe.models.smooth_ffn import Activation
@@ -94,15 +95,16 @@ def lsmr_step(X, R, H, F, W2, *, bias: bool, iterations: int, single: bool = Fal
     ``F`` (N, rows) the rows' factors, ``W2`` (K, rows) each row's output column). Preconditioned: the second
     layer's columns ``[H, 1]`` orthonormalised (QR), each row's block whitened by its own Cholesky factor (or scaled
     to unit columns when the blocks would cost more than :data:`BLOCK_WORK`). ``single``: the products (and the
-    QR) in float32, about five times faster on this machine's BLAS; a step needs only a few right digits when
-    the answers themselves are float32 (the residual it solves for stays float64). Returns the rows' steps
+    orthonormalisation, :func:`_orthonormal_columns`) in float32, about five times faster on this machine's
+    BLAS; a step needs only a few right digits when the answers themselves are float32 (the residual it solves
+    for stays float64). Returns the rows' steps
     ``(rows, d [+1])``, the second layer's step ``(m [+1], K)`` and the LSMR iterations."""
     N, d = X.shape
     m, K = F.shape[1], W2.shape[0]
     S1 = F
     H = np.hstack([H, np.ones((N, 1))]) if bias else H
     dt = np.float32 if single else np.float64
-    Q, Rh = np.linalg.qr(H.astype(dt))
+    Q, Rh = _orthonormal_columns(H.astype(dt))
     Xb = np.hstack([X, np.ones((N, 1))]) if bias else X
     p = Xb.shape[1]
     w2n = np.sum(W2 ** 2, axis=0)
@@ -143,3 +145,18 @@ def lsmr_step(X, R, H, F, W2, *, bias: bool, iterations: int, single: bool = Fal
     dP = to_w1(sol[0][:n1].reshape(m, p))
     dH = np.linalg.solve(Rh.astype(np.float64), sol[0][n1:].reshape(Q.shape[1], K))  # (hidden [+1]) × K
     return dP, dH, int(sol[2])
+
+
+def _orthonormal_columns(H: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(Q, R)`` with ``H = Q R``, Q's columns orthonormal: by QR, or on float32 ``H`` by the Cholesky factor of
+    the Gram matrix (``R = Lᵀ``, ``Q = H L⁻ᵀ``; the Gram formed in float32, factored in float64), six times faster
+    than float32 QR on MiniLM's 12,308 × 1537 (1.9 s against 11.5 s; Q orthonormal to 4e-5 at cond(H) ≈ 210, enough
+    for a preconditioner: ``Q z = H R⁻¹ z`` holds whatever Q's error); QR where the Gram is not positive definite."""
+    if H.dtype == np.float32:
+        try:
+            L = np.linalg.cholesky((H.T @ H).astype(np.float64))
+        except np.linalg.LinAlgError:
+            return np.linalg.qr(H)
+        Q = solve_triangular(L.astype(np.float32), H.T, lower=True).T
+        return np.ascontiguousarray(Q), L.T
+    return np.linalg.qr(H)
