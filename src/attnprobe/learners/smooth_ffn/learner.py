@@ -69,9 +69,10 @@ POLISH_WORK = 5e12
 #: faster here). MiniLM layer 2's whole FFN from the drive start: one 20-iteration round took the residual from 2.9e-2
 #: to 6.1e-3, where one float64 round of 57 iterations reached 1.4e-2 (early-stopped LSMR steps overshoot less; the
 #: next rounds: 2.5e-3, 1.3e-3, 1.05e-3, 9.2e-4); a round that leaves more than half the residual doubles the next
-#: one's iterations up to COARSE_GN_MAX_ITERATIONS (:data:`.polish.GROW_RATIO`): at most 20·3 + 40·4 = 220, about
-#: 15 minutes of wall time for MiniLM's whole FFN at this machine's usual load (~2 minutes a round)
-COARSE_GN_ROUNDS, COARSE_GN_ITERATIONS, COARSE_GN_MAX_ITERATIONS = 7, 20, 40
+#: one's iterations up to COARSE_GN_MAX_ITERATIONS (:data:`.polish.GROW_RATIO`): at most 20·3 + 40·5 = 260, about
+#: 12 minutes of wall time for MiniLM's whole FFN at this machine's usual load (1–2 minutes a round; its check norm
+#: 1.02e-3 after round 7 against the check's 1.19e-3, hence an eighth)
+COARSE_GN_ROUNDS, COARSE_GN_ITERATIONS, COARSE_GN_MAX_ITERATIONS = 8, 20, 40
 #: answers for the output layer and Gauss–Newton: enough rows for four times the unknowns (and at least
 #: 2(d + 1): each neuron's first-layer row is read through the points alone)
 ANSWER_FACTOR = 4.0
