@@ -69,3 +69,22 @@ def test_weak_rounds_double_the_next_rounds_iterations(monkeypatch):
                                                                        exact_step(*a, iterations=300, **k))[1])
     polish.gauss_newton(X, Y, start, act, True, rounds=2, iterations=5, grow_to=20)
     assert asked == [5, 5]
+
+
+def test_learner_takes_the_float32_rounds_past_the_budget_and_passes(monkeypatch):
+    """With the polish budget shrunk so a 6-12-6 GELU net counts as wide, the learner on float32 answers polishes
+    in the short float32 rounds (``details``: at most :data:`COARSE_GN_ROUNDS` steps, 20 iterations first) and
+    still comes within 1e-3 of the float64 function on fresh rows, its check passed."""
+    from attnprobe.learners.smooth_ffn import extract_smooth_ffn, learner
+    from attnprobe.oracles import Oracle
+
+    monkeypatch.setattr(learner, "POLISH_WORK", 1.0)
+    truth = random_smooth_ffn(6, 12, 6, seed=4, dtype="float32")
+    res = extract_smooth_ffn(Oracle(truth, 6, precision="float32"), activation="gelu", hidden=12)
+    used = res.details["polish_iterations"]
+    assert used[0] == learner.COARSE_GN_ITERATIONS  # the default route's first round runs 300 here
+    assert len(used) <= learner.COARSE_GN_ROUNDS and max(used) <= learner.COARSE_GN_MAX_ITERATIONS
+    X = np.random.default_rng(1).standard_normal((500, 6))
+    y = truth.with_dtype("float64").forward(X)
+    assert np.abs(res.model.forward(X) - y).max() / np.abs(y).max() < 1e-3
+    assert res.passed
