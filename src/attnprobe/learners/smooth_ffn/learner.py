@@ -96,7 +96,7 @@ def polish_settings(d: int, K: int, m: int, richardson: int | None = None, round
     (:func:`.derivatives.choose_extrapolated_step`), and past the budget the polish is :data:`COARSE_GN_ROUNDS`
     short rounds of :data:`COARSE_GN_ITERATIONS` in float32 (:func:`single_products`)."""
     per_iteration = _iteration_flops(d, K, m)
-    big = per_iteration * GN_ROUNDS * GN_ITERATIONS > POLISH_WORK
+    big = _past_budget(d, K, m)
     if richardson is None:
         richardson = 3 if coarse else 2 if big else 1
     if big and coarse:
@@ -112,7 +112,13 @@ def polish_settings(d: int, K: int, m: int, richardson: int | None = None, round
 def single_products(d: int, K: int, m: int, coarse: bool) -> bool:
     """Whether the polish's Jacobian products run in float32: on coarse answers past :data:`POLISH_WORK` only
     (the answers are float32 themselves; on float64 answers the polish goes down to 1e-15)."""
-    return coarse and _iteration_flops(d, K, m) * GN_ROUNDS * GN_ITERATIONS > POLISH_WORK
+    return coarse and _past_budget(d, K, m)
+
+
+def _past_budget(d: int, K: int, m: int) -> bool:
+    """Whether the default polish (:data:`GN_ROUNDS` × :data:`GN_ITERATIONS`) would cost more than
+    :data:`POLISH_WORK`."""
+    return _iteration_flops(d, K, m) * GN_ROUNDS * GN_ITERATIONS > POLISH_WORK
 
 
 def _iteration_flops(d: int, K: int, m: int) -> float:
