@@ -54,7 +54,9 @@ if args.start:
                              polish_iterations=1, check=False)
     params = (res.model.W1, res.model.b1, res.model.W2, res.model.b2)
     np.savez(args.start, W1=params[0], b1=params[1], W2=params[2], b2=params[3])
-    print(f"start: queries {oracle.queries:,}, {report(params)}, {time.perf_counter() - t0:.0f} s")
+    floor = np.abs(np.asarray(fn.forward(X), dtype=np.float64) - y).max() / np.abs(y).max()
+    print(f"start: queries {oracle.queries:,}, {report(params)}, {time.perf_counter() - t0:.0f} s; the float32 "
+          f"module's own fresh max error (the floor) {floor:.1e}")
 else:
     z = np.load(args.state)
     params = (z["W1"], z["b1"], z["W2"], z["b2"])
