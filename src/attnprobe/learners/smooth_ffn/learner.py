@@ -65,6 +65,14 @@ FIRST_GUESS = 64
 GN_ROUNDS, GN_ITERATIONS = 8, 300
 #: flops the default Gauss–Newton polish may spend (past it: one capped round, :func:`polish_settings`)
 POLISH_WORK = 5e12
+#: ... past it on coarse (float32) answers: short rounds with the Jacobian products in float32 (about five times
+#: faster here). MiniLM layer 2's whole FFN from the drive start: one 20-iteration round took the residual from 2.9e-2
+#: to 6.1e-3, where one float64 round of 57 iterations reached 1.4e-2 (early-stopped LSMR steps overshoot less; the
+#: next rounds: 2.5e-3, 1.3e-3, 1.05e-3, 9.2e-4); a round that leaves more than half the residual doubles the next
+#: one's iterations up to COARSE_GN_MAX_ITERATIONS (:data:`.polish.GROW_RATIO`): at most 20·3 + 40·5 = 260, about
+#: 12 minutes of wall time for MiniLM's whole FFN at this machine's usual load (1–2 minutes a round; its check norm
+#: 1.02e-3 after round 7 against the check's 1.19e-3, hence an eighth)
+COARSE_GN_ROUNDS, COARSE_GN_ITERATIONS, COARSE_GN_MAX_ITERATIONS = 8, 20, 40
 #: answers for the output layer and Gauss–Newton: enough rows for four times the unknowns (and at least
 #: 2(d + 1): each neuron's first-layer row is read through the points alone)
 ANSWER_FACTOR = 4.0
@@ -85,16 +93,37 @@ def polish_settings(d: int, K: int, m: int, richardson: int | None = None, round
     most :data:`POLISH_WORK`; past that (MiniLM's 384 → 1536 → 384: 9e10 flops an iteration) one round capped to
     the budget, and the derivatives extrapolated (``richardson`` 2), whose start is then what the result mostly
     rests on. On ``coarse`` answers (float32) the derivatives are always extrapolated over three levels
-    (:func:`.derivatives.choose_extrapolated_step`)."""
-    per_iteration = 4.0 * _answers(d, K, m) * m * (d + 1 + 2 * K)
-    big = per_iteration * GN_ROUNDS * GN_ITERATIONS > POLISH_WORK
+    (:func:`.derivatives.choose_extrapolated_step`), and past the budget the polish is :data:`COARSE_GN_ROUNDS`
+    short rounds of :data:`COARSE_GN_ITERATIONS` in float32 (:func:`single_products`)."""
+    per_iteration = _iteration_flops(d, K, m)
+    big = _past_budget(d, K, m)
     if richardson is None:
         richardson = 3 if coarse else 2 if big else 1
+    if big and coarse:
+        return richardson, COARSE_GN_ROUNDS if rounds is None else rounds, \
+            COARSE_GN_ITERATIONS if iterations is None else iterations
     if rounds is None:
         rounds = 1 if big else GN_ROUNDS
     if iterations is None:
         iterations = max(1, min(GN_ITERATIONS, int(POLISH_WORK / (per_iteration * rounds)))) if big else GN_ITERATIONS
     return richardson, rounds, iterations
+
+
+def single_products(d: int, K: int, m: int, coarse: bool) -> bool:
+    """Whether the polish's Jacobian products run in float32: on coarse answers past :data:`POLISH_WORK` only
+    (the answers are float32 themselves; on float64 answers the polish goes down to 1e-15)."""
+    return coarse and _past_budget(d, K, m)
+
+
+def _past_budget(d: int, K: int, m: int) -> bool:
+    """Whether the default polish (:data:`GN_ROUNDS` × :data:`GN_ITERATIONS`) would cost more than
+    :data:`POLISH_WORK`."""
+    return _iteration_flops(d, K, m) * GN_ROUNDS * GN_ITERATIONS > POLISH_WORK
+
+
+def _iteration_flops(d: int, K: int, m: int) -> float:
+    """Flops of one LSMR iteration of the polish on its answers (``4·N·m·(d + 1 + 2K)``)."""
+    return 4.0 * _answers(d, K, m) * m * (d + 1 + 2 * K)
 
 
 def plan(d: int, K: int, m: int, check: int = 0, richardson: int | None = None, *,
@@ -289,8 +318,10 @@ def extract_smooth_ffn(oracle, *, seed: int = 0, activation: str | None = None, 
         Xa = scale * rng.standard_normal((N, d))
         Ya = ask(Xa)
     W2, b2 = output_layer(Xa, Ya, W1, b1, act, bias)
-    (W1, b1, W2, b2), history, used = gauss_newton(Xa, Ya, (W1, b1, W2, b2), act, bias, rounds=polish_rounds,
-                                             iterations=polish_iterations)
+    single = single_products(d, K, m, coarse)  # short float32 rounds, growing while they do little
+    (W1, b1, W2, b2), history, used = gauss_newton(
+        Xa, Ya, (W1, b1, W2, b2), act, bias, rounds=polish_rounds, iterations=polish_iterations, single=single,
+        grow_to=max(COARSE_GN_MAX_ITERATIONS, polish_iterations) if single else None)
     model = SmoothFFN(W1, b1, W2, b2, name)
     details = {"seed": seed, "bias": bool(bias), "outputs": K, "hidden": int(m), "width_drop": drop,
                "activation": name, "activation_detected": activation is None, "activation_fit": scores,
