@@ -282,7 +282,7 @@ def _bilinear_solve(a: np.ndarray, b: np.ndarray, y: np.ndarray, w: np.ndarray |
 
 def coarse_value_maps(oracle, M: np.ndarray, Cb: np.ndarray, rng: np.random.Generator, H: int, *,
                       per: int = VALUE_QUERIES, trims: int = TRIMS, query_scale: float = 1.0,
-                      kernel: np.ndarray | None = None) -> np.ndarray:
+                      kernel: np.ndarray | None = None, row_space: bool = False) -> np.ndarray:
     """Every head's value map ``V_h`` (H, K, d) from the pair probe's directions at ``per·d`` independent random
     queries ``z``: each direction is labelled by the head whose rough output space (``Cb``, from the walk) holds
     it best, scaled so that the directions sum to ``M z = Σ_h V_h z``, and ``V_h`` is the least-squares map
@@ -291,7 +291,9 @@ def coarse_value_maps(oracle, M: np.ndarray, Cb: np.ndarray, rng: np.random.Gene
     space poorly (measured, float32 answers at d = 32: the walk's spaces 5e-3 … 7e-3 off, ``V_h`` 3e-5 off from
     6d queries). ``query_scale``: the queries' entries' size (smaller where large logits leave a head's zero keys
     almost no weight, and its direction in the rounding); ``kernel``: the key probe inside it
-    (:func:`probe_directions`: q/k biases)."""
+    (:func:`probe_directions`: q/k biases). ``row_space``: ``per·r`` queries instead of ``per·d``, ``V_h`` regressed
+    on the coordinates of ``M``'s row space (rank ``r``, the complement of ``kernel``: every ``V_h`` vanishes on the
+    kernel), ``r = d/4`` at LLaMA-3's GQA (docs/positional.md, "The start at LLaMA-3-8B's size")."""
     from scipy.optimize import linear_sum_assignment
 
     d, K = oracle.d, M.shape[0]
@@ -299,7 +301,8 @@ def coarse_value_maps(oracle, M: np.ndarray, Cb: np.ndarray, rng: np.random.Gene
     P = [np.linalg.qr(Cb[:, h * dh:(h + 1) * dh])[0] for h in range(H)]
     E, probe = probe_directions(d, rng, H + 4, kernel)
     kw = dict(eta=COARSE_STEP * math.sqrt(d), rank=H, noise=0.0, rng=rng, **probe)
-    Z = rng.standard_normal((per * d, d)) * query_scale
+    basis = row_space_basis(kernel, d) if row_space else None
+    Z = rng.standard_normal((per * (d if basis is None else len(basis)), d)) * query_scale
     S = np.empty((len(Z), K, H))
     for i, z in enumerate(Z):
         W, _, _ = head_directions(oracle, z, E, **kw)
@@ -308,17 +311,28 @@ def coarse_value_maps(oracle, M: np.ndarray, Cb: np.ndarray, rng: np.random.Gene
         W = W[:, cols[np.argsort(rows)]]
         S[i] = W * np.linalg.lstsq(W, M @ z, rcond=None)[0]
     V = np.empty((H, K, d))
+    coords = Z if basis is None else Z @ basis.T
     for h in range(H):
         ok = np.ones(len(Z), dtype=bool)
         for _ in range(trims + 1):
-            V[h] = np.linalg.lstsq(Z[ok], S[ok, :, h], rcond=None)[0].T
+            fit = np.linalg.lstsq(coords[ok], S[ok, :, h], rcond=None)[0].T
+            V[h] = fit if basis is None else fit @ basis
             miss = np.linalg.norm(Z @ V[h].T - S[:, :, h], axis=1) / np.linalg.norm(S[:, :, h], axis=1)
             ok = miss <= 3 * np.median(miss)
-            if ok.sum() < d:
+            if ok.sum() < coords.shape[1]:
                 raise RecoveryError(f"head {h}'s value map is not read consistently at the random queries (fewer than "
-                                    f"d = {d} of {len(Z)} fit within 3× the median); the answers are not those of "
-                                    "bias-free RoPE heads")
+                                    f"{coords.shape[1]} of {len(Z)} fit within 3× the median); the answers are not "
+                                    "those of bias-free RoPE heads")
     return V
+
+
+def row_space_basis(kernel: np.ndarray | None, d: int) -> np.ndarray:
+    """Orthonormal rows spanning the complement of ``kernel``'s rows (the value maps' common row space); refused
+    without a kernel."""
+    if kernel is None:
+        raise RecoveryError("the value maps' row space needs the kernel of M (heads sharing keys and values)")
+    Q = np.linalg.svd(np.asarray(kernel, dtype=np.float64), full_matrices=True)[2]
+    return Q[len(kernel):]
 
 
 def split_value_maps(V: np.ndarray, M: np.ndarray):
