@@ -90,3 +90,56 @@ def test_the_estimate_plans_the_declared_key_value_groups():
 def test_victim_cost_per_token_counts_the_projections():
     # LLaMA-3-8B's layer: 4096·(32 + 16)·128 + 32·128·4096 multiply-adds per token
     assert victim_macs_per_token(4096, 32, 8) == 4096 * 48 * 128 + 4096 * 4096
+
+
+def test_the_reduced_logit_matrix_by_conjugate_gradients_is_the_least_squares_one():
+    from attnprobe.learners.positional.wide_logits import reduced_logit_matrix
+
+    rng = np.random.default_rng(0)
+    n, p = 600, 6
+    zq, kx = rng.standard_normal((n, p)), rng.standard_normal((n, p)) * 3
+    truth = rng.standard_normal((p, p))
+    y = np.einsum("np,pr,nr->n", zq, truth, kx) + 1e-3 * rng.standard_normal(n)
+    w = rng.uniform(0.2, 1.0, n)
+    F = (zq[:, :, None] * kx[:, None, :]).reshape(n, -1)
+    dense = np.linalg.lstsq(F * w[:, None], y * w, rcond=None)[0].reshape(p, p)
+    M = reduced_logit_matrix(zq, kx, y, w)
+    assert np.abs(M - dense).max() < 1e-8 * np.abs(dense).max()
+    assert np.abs(M - truth).max() < 1e-2  # and near the truth: the noise's share
+
+
+def test_the_rotation_gauge_per_pair_solves_the_rotation_equations():
+    from attnprobe.learners.positional.wide_logits import rotation_gauge
+    from attnprobe.models.positional import rope_frequencies, rotation_matrix
+
+    rng = np.random.default_rng(1)
+    dh = 8
+    theta = rope_frequencies(dh, 5e5)
+    A = rng.standard_normal((dh, dh))
+    R = [rotation_matrix(float(o), theta, dh) for o in (-1, -2, -5, -16, -128)]
+    P = [np.linalg.inv(A) @ R[j] @ R[0].T @ A for j in range(1, len(R))]
+    Ak = rotation_gauge(P, [R[j] @ R[0].T for j in range(1, len(R))], rng)
+    for Pj, j in zip(P, range(1, len(R))):
+        assert np.abs(Ak @ Pj - R[j] @ R[0].T @ Ak).max() < 1e-8 * np.abs(Ak).max()
+    # the truth up to a scaled rotation per pair: A_K A⁻¹ commutes with every R
+    C = Ak @ np.linalg.inv(A)
+    assert all(np.abs(C @ Rj - Rj @ C).max() < 1e-7 * np.abs(C).max() for Rj in R)
+    assert np.linalg.cond(Ak) < 1e8
+
+
+def test_wide_logit_maps_match_the_dense_ones(monkeypatch):
+    """The logit maps with their d_h² solves done without forming them (forced here at d = 32 by a zero memory
+    threshold) give the function, as the dense solves do, from exact heads' value maps and float64 answers."""
+    from attnprobe.learners.positional import wide_logits
+    from attnprobe.models.compare import function_error_over_lengths
+    from attnprobe.models.positional import PositionalAttention
+
+    truth = random_rope_attention(32, 2, 1, seed=4, base=5e5)
+    Cb, G = truth.Wo, np.repeat(truth.Wv, 2, axis=0)
+    monkeypatch.setattr(wide_logits, "WIDE_DESIGN_BYTES", 0)
+    Wq, Wk, _ = coarse.logit_maps(Oracle(truth, 32), np.random.default_rng(0), Cb, G, truth.output_bias(),
+                                  truth.inv_freq, 1.0, rounds=0)
+    model = PositionalAttention(Wq, Wk, G, Cb, bo=truth.output_bias(), position="rope", inv_freq=truth.inv_freq,
+                                layout="half", scale=1.0, causal=True)
+    # the dense solves: 7.7e-11 here (seed 4)
+    assert function_error_over_lengths(model, truth, np.random.default_rng(5), (2, 17, 64)) < 1e-6

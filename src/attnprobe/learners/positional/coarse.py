@@ -28,7 +28,7 @@ import numpy as np
 from attnprobe.errors import RecoveryError, UnidentifiableError
 from attnprobe.learners.head.probes import random_orthogonal
 from attnprobe.learners.positional.heads import head_directions, match
-from attnprobe.learners.positional import coarse_bias
+from attnprobe.learners.positional import coarse_bias, wide_logits
 from attnprobe.learners.positional.logit_samples import (ALS_ROUNDS, LOGIT_OFFSETS, SAMPLES_PER_ENTRY, kept_offsets,
                                                          log_weights, reliability)
 from attnprobe.models.positional import PositionalAttention, rope_frequencies, rotation_matrix
@@ -222,11 +222,15 @@ def logit_maps(oracle, rng, Cb, G, c, theta, rho: float, *, offsets=LOGIT_OFFSET
         seqs.append((toks, ell))
     free = samples * dh * dh  # (b) random queries and keys: every offset's M(δ) seen in every entry
     toks = rng.standard_normal((free, m + 1, d)) * rho
-    seqs.append((toks, log_weights(oracle, Cb, G, c, toks, np.tile(offs, (free, 1)), span)))
+    batch = free if not wide_logits.wide(len(seqs) * n + free, dh) else max(1, 2**28 // (8 * (span + 1) * d))
+    seqs.append((toks, np.concatenate([log_weights(oracle, Cb, G, c, toks[i:i + batch],
+                                                   np.tile(offs, (len(toks[i:i + batch]), 1)), span)
+                                       for i in range(0, free, batch)])))  # wide: X in batches of ≤ 256 MB
     Us, Vs = np.concatenate(Us, axis=1), np.concatenate(Vs, axis=1)  # (H, vectors, d)
     toks = np.concatenate([t for t, _ in seqs])
     ell = np.concatenate([e for _, e in seqs])
     R = [rotation_matrix(float(o), theta, dh) for o in offs]
+    large = wide_logits.wide(len(toks), dh)  # the d_h² × d_h² solves without forming them
     Wq, Wk = [], []
     for h in range(H):
         U = np.linalg.svd(Us[h].T, full_matrices=False)[0][:, :dh]
@@ -235,12 +239,20 @@ def logit_maps(oracle, rng, Cb, G, c, theta, rho: float, *, offsets=LOGIT_OFFSET
         Ms = []
         for j in range(m):
             kx = toks[:, j] @ V
+            if large:
+                ok = np.isfinite(ell[:, h, j])
+                Ms.append(wide_logits.reduced_logit_matrix(zq[ok], kx[ok], ell[ok, h, j], reliability(ell[ok, h, j])))
+                continue
             Ms.append(_regress((zq[:, :, None] * kx[:, None, :]).reshape(len(zq), -1), ell[:, h, j]).reshape(dh, dh))
         ref = np.linalg.inv(Ms[0])
-        eye = np.eye(dh)
-        rows = [np.kron((ref @ Ms[j]).T, eye) - np.kron(eye, R[j] @ R[0].T) for j in range(1, m)]
-        null = np.linalg.svd(np.concatenate(rows), full_matrices=False)[2][-dh:]  # vec (column-major) of A_K
-        Ak = (rng.standard_normal(dh) @ null).reshape(dh, dh, order="F")
+        if large:
+            Ak = wide_logits.rotation_gauge([ref @ Ms[j] for j in range(1, m)],
+                                            [R[j] @ R[0].T for j in range(1, m)], rng)
+        else:
+            eye = np.eye(dh)
+            rows = [np.kron((ref @ Ms[j]).T, eye) - np.kron(eye, R[j] @ R[0].T) for j in range(1, m)]
+            null = np.linalg.svd(np.concatenate(rows), full_matrices=False)[2][-dh:]  # vec (column-major) of A_K
+            Ak = (rng.standard_normal(dh) @ null).reshape(dh, dh, order="F")
         lhs = np.concatenate([R[j] @ Ak for j in range(m)], axis=1)
         AqT = np.linalg.lstsq(lhs.T, np.concatenate(Ms, axis=1).T, rcond=None)[0].T
         q, k = refine_logit_maps(AqT.T @ U.T, Ak @ V.T, toks, offs, ell[:, h], theta, rounds)
