@@ -81,6 +81,8 @@ def test_the_estimate_plans_the_declared_key_value_groups():
     one = estimate_queries("positional", 4096, **kw)
     grouped = estimate_queries("positional", 4096, kv_heads=8, **kw)
     assert "8 key/value groups" in grouped.basis and "not declared" in one.basis
+    tokens = sum(t for _, t in coarse_start_tokens(4096, 32, 8).values())
+    assert f"about {tokens:.3g} tokens" in grouped.basis  # the start's tokens: the victim's time
     assert grouped.peak_bytes < one.peak_bytes and grouped.seconds < one.seconds  # fewer fitted numbers
     with pytest.raises(ConfigError) as exc:
         estimate_queries("positional", 4096, kv_heads=5, **kw)

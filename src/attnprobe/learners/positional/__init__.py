@@ -13,6 +13,7 @@ from attnprobe.learners.positional.rope import (BFLOAT16_ROUNDING, CHECK_LENGTHS
 from attnprobe.learners.positional.polish import HOOK_CG_STEPS, HOOK_ROUNDS, POLISH_SEQUENCES, POLISH_TARGET
 from attnprobe.learners.positional.polish_hook import polish_queries, polish_sequences
 from attnprobe.learners.positional.row_polish import chunk_precision, row_polish_plan
+from attnprobe.learners.positional.start_plan import coarse_start_tokens
 from attnprobe.learners.positional.route import (POLISH, POLISH_SEQUENCES_OPTION, POLISH_TARGET_OPTION, POSITION,
                                                 additive_estimate, extract_any_positional)
 from attnprobe.models.positional import PositionalAttention
@@ -129,11 +130,14 @@ def positional_estimate(setting) -> QueryCount:
         checks = check_queries(CHECK_LENGTHS) if setting.check else 0
         q = coarse_queries(setting.d, H, setting.outputs) + checks
         biased = PROBE_LENGTH + coarse_queries(setting.d, H, setting.outputs, biases=True) + checks
+        tokens = sum(t for _, t in coarse_start_tokens(setting.d, H, groups, setting.outputs).values())
         return with_polish(QueryCount(q, q, max(q, biased),
-                                      f"{setting.precision} answers, the coarse route: values, the pair probe's walk "
-                                      f"and its value maps at {VALUE_QUERIES}·d random queries (16 Chebyshev steps "
-                                      f"each), the logit maps' sequences, check; up to {biased} with q/k biases (the "
-                                      "route's probe, the key probe, the logit maps with biases)"),
+                                      f"{setting.precision} answers, the coarse route: values, the pair (or key) "
+                                      f"probe's walk and its value maps at {VALUE_QUERIES}·d random queries (16 "
+                                      f"Chebyshev steps each), the logit maps' sequences, check; the start's sequences "
+                                      f"hold about "
+                                      f"{tokens:.3g} tokens (the victim's time grows with them); up to {biased} with "
+                                      "q/k biases (the route's probe, the key probe, the logit maps with biases)"),
                            setting, H, False, per=POLISH_PER, rounds=POLISH_ROUNDS)
     head_dim = setting.d // H
     walk = setting.option("walk") or WALK
