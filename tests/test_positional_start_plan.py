@@ -145,3 +145,30 @@ def test_wide_logit_maps_match_the_dense_ones(monkeypatch):
                                 layout="half", scale=1.0, causal=True)
     # the dense solves: 7.7e-11 here (seed 4)
     assert function_error_over_lengths(model, truth, np.random.default_rng(5), (2, 17, 64)) < 1e-6
+
+
+def test_value_maps_from_kernel_token_rows_and_key_probes():
+    """value_span.py: the span of the V_h from every-position rows of kernel tokens has dimension H (a gap after the
+    H-th singular value), every true V_h lies in it, and a few key probes split it into each head's V_h — here with
+    float64 answers, to the rows' ε truncation; the queries are the plan's."""
+    from attnprobe.learners.positional.value_span import span_queries, split_span, value_span
+
+    d, H, G = 32, 4, 1
+    truth = random_rope_attention(d, H, G, seed=2)
+    layer = Counting(type("Rows", (), {"positions": "causal",
+                                       "__call__": lambda self, X: truth.every_position(X)})())
+    oracle = Oracle(layer, d)
+    rng = np.random.default_rng(0)
+    M, _ = coarse.coarse_values(oracle, rng, math.sqrt(d))
+    kernel = coarse_kernel(M, H)
+    Q = coarse.row_space_basis(kernel, d)
+    before = (oracle.queries, layer.tokens)
+    S, sv = value_span(oracle, Q, kernel, H, rng)
+    assert sv[H] < 1e-5 * sv[H - 1]  # exactly H dimensions
+    for V in truth.value_maps():
+        t = V @ Q.T
+        assert np.linalg.norm(t - np.einsum("h,har->ar", np.einsum("har,ar->h", S, t), S)) < 1e-5 * np.linalg.norm(t)
+    V, far = split_span(oracle, S, Q, M, rng, kernel=kernel, probes=3)
+    assert _matched_errors(V, truth.value_maps()).max() < 1e-5
+    plan = span_queries(d, H, G, probes=3)
+    assert (oracle.queries - before[0], layer.tokens - before[1]) == tuple(np.add(plan["span"], plan["split"]))

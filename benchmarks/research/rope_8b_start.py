@@ -25,6 +25,7 @@ import numpy as np
 from attnprobe.learners.positional import coarse
 from attnprobe.learners.positional.logit_samples import LOGIT_OFFSETS
 from attnprobe.learners.positional.start_plan import coarse_start_tokens, victim_macs_per_token
+from attnprobe.learners.positional.value_span import span_queries, split_span, value_span
 from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.models.positional import PositionalAttention, rope_frequencies
 from attnprobe.oracles.base import Oracle
@@ -33,7 +34,19 @@ from attnprobe.targets.positional_modules import positional_victim, reference_mo
 
 LENGTHS = (2, 17, 256)
 BASE = 5e5
-STAGES = ("values", "walk", "value maps", "logit maps")
+STAGES = ("values", "walk", "value maps", "logit maps", "span", "split", "token scale")
+
+
+class EveryRow:
+    """A victim's every row (a decoder's causal rows)."""
+
+    positions = "causal"
+
+    def __init__(self, victim):
+        self.victim, self.dtype, self.__name__ = victim, "float32", type(victim).__name__
+
+    def __call__(self, X):
+        return np.asarray(self.victim.every_position(X), dtype=np.float64)
 
 
 class Timed:
@@ -42,6 +55,8 @@ class Timed:
     def __init__(self, fn):
         self.fn, self.dtype, self.__name__ = fn, fn.dtype, fn.__name__
         self.tokens, self.seconds = 0, 0.0
+        if hasattr(fn, "positions"):
+            self.positions = fn.positions
 
     def __call__(self, X):
         t0 = time.perf_counter()
@@ -84,6 +99,8 @@ def main() -> None:
     ap.add_argument("--per", type=int, default=coarse.VALUE_QUERIES, help="value maps' random queries per d (or r)")
     ap.add_argument("--row-space", action="store_true", help="value maps on M's row space: per·r queries")
     ap.add_argument("--stop", choices=STAGES, help="end after this stage")
+    ap.add_argument("--values", default="walk", choices=("walk", "span"),
+                    help="the value maps: the route's walk and value-map stage, or value_span.py's")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.victim_rate:
@@ -95,12 +112,19 @@ def main() -> None:
     victim = positional_victim("llama", d=d, heads=H, kv_heads=kv, seed=0, dtype="float32", rope=rope)
     truth = reference_model(positional_victim("llama", d=d, heads=H, kv_heads=kv, seed=0, dtype="float64",
                                               rope=rope))
-    fn = Timed(TorchFunction(victim, d))
+    fn = Timed(EveryRow(victim) if args.values == "span" else TorchFunction(victim, d))
     oracle = Oracle(fn, d, precision="float32")
+    with oracle.phase("start", fresh=True):  # no answer kept for reuse
+        run(args, oracle, fn, truth, H, kv, t0)
+
+
+def run(args, oracle, fn, truth, H: int, kv: int, t0: float) -> None:
+    d = args.d
     print(f"LLaMA d = {d}, {H}/{kv} heads, d_h = {d // H}, base {BASE:g}, float32 answers, per {args.per}"
           f"{' on M row space' if args.row_space else ''}; victims built in {time.perf_counter() - t0:.0f} s",
           flush=True)
-    plan = coarse_start_tokens(d, H, kv, per=args.per, row_space=args.row_space)
+    plan = {**coarse_start_tokens(d, H, kv, per=args.per, row_space=args.row_space), "token scale": (16, 16 * 129),
+            **span_queries(d, H, kv)}
     rng = np.random.default_rng(args.seed)
     mark = dict(t=time.perf_counter(), q=oracle.queries, tok=0, vs=0.0)
 
@@ -120,6 +144,23 @@ def main() -> None:
           f"{0 if kernel is None else len(kernel)}")
     if args.stop == "values":
         return summary(plan, d)
+    if args.values == "span":  # the value maps from kernel-token rows and a few key probes (value_span.py)
+        Q = coarse.row_space_basis(kernel, d)
+        S, sv = value_span(oracle, Q, kernel, H, rng)
+        stage("span", f"gap s_H/s_H+1 = {sv[H - 1]:.1e}/{sv[H]:.1e}")
+        V, far = split_span(oracle, S, Q, M, rng, kernel=kernel)
+        errs = value_map_errors(V, truth.value_maps())
+        stage("split", f"V_h off {errs.min():.1e} … {errs.max():.1e}; probes off their median "
+              + " ".join(f"{x:.0e}" for x in np.sort(far)))
+        Cb, G = coarse.split_value_maps(V, M)
+        probe = rng.standard_normal((16, len(LOGIT_OFFSETS) + 1, d))
+        ell = coarse.log_weights(oracle, Cb, G, c, probe, np.tile(LOGIT_OFFSETS, (16, 1)), -min(LOGIT_OFFSETS))
+        med = max(float(np.nanmedian(np.abs(ell))), 1e-12)
+        scale = float(np.clip(math.sqrt(coarse.TARGET_LOGIT / med), 1e-3, 1e3))
+        stage("token scale", f"median logit {med:.2f}, token scale {scale:.2f}")
+        if args.stop:
+            return summary(plan, d)
+        return logits(args, oracle, fn, truth, rng, Cb, G, c, scale, stage, t0)
     rough, G = coarse.coarse_output_spaces(oracle, M, rng, H, kernel=kernel)
     probe = rng.standard_normal((16, len(LOGIT_OFFSETS) + 1, d))
     ell = coarse.log_weights(oracle, rough, G, c, probe, np.tile(LOGIT_OFFSETS, (16, 1)), -min(LOGIT_OFFSETS))
@@ -135,6 +176,11 @@ def main() -> None:
     if args.stop == "value maps":
         return summary(plan, d)
     Cb, G = coarse.split_value_maps(V, M)
+    return logits(args, oracle, fn, truth, rng, Cb, G, c, scale, stage, t0)
+
+
+def logits(args, oracle, fn, truth, rng, Cb, G, c, scale, stage, t0) -> None:
+    d = args.d
     dh = G.shape[1]
     theta = rope_frequencies(dh, BASE)
     Wq, Wk, count = coarse.logit_maps(oracle, rng, Cb, G, c, theta, scale, **coarse.logit_settings(d, dh))
@@ -142,7 +188,7 @@ def main() -> None:
                                 causal=True)
     stage("logit maps", f"{count} sequences")
     errors = [function_error_over_lengths(model, truth, np.random.default_rng(5), (n,)) for n in LENGTHS]
-    print(f"start: {oracle.queries} queries, {fn.tokens} tokens, {time.perf_counter() - mark['t']:.0f} s after; "
+    print(f"start: {oracle.queries} queries, {fn.tokens} tokens, {time.perf_counter() - t0:.0f} s in all; "
           "function error at N = " + " / ".join(map(str, LENGTHS)) + ": " + " / ".join(f"{e:.1e}" for e in errors),
           flush=True)
 
