@@ -99,6 +99,9 @@ def main() -> None:
     ap.add_argument("--per", type=int, default=coarse.VALUE_QUERIES, help="value maps' random queries per d (or r)")
     ap.add_argument("--row-space", action="store_true", help="value maps on M's row space: per·r queries")
     ap.add_argument("--stop", choices=STAGES, help="end after this stage")
+    ap.add_argument("--logit-extra", type=int, help="the logit maps' extra sequences per regression (default the "
+                    "route's: 2d for wide heads)")
+    ap.add_argument("--samples", type=int, default=2, help="the logit maps' random sequences per entry of M(δ)")
     ap.add_argument("--values", default="walk", choices=("walk", "span"),
                     help="the value maps: the route's walk and value-map stage, or value_span.py's")
     ap.add_argument("--seed", type=int, default=0)
@@ -183,7 +186,10 @@ def logits(args, oracle, fn, truth, rng, Cb, G, c, scale, stage, t0) -> None:
     d = args.d
     dh = G.shape[1]
     theta = rope_frequencies(dh, BASE)
-    Wq, Wk, count = coarse.logit_maps(oracle, rng, Cb, G, c, theta, scale, **coarse.logit_settings(d, dh))
+    settings = coarse.logit_settings(d, dh)
+    if args.logit_extra is not None:
+        settings["extra"] = args.logit_extra
+    Wq, Wk, count = coarse.logit_maps(oracle, rng, Cb, G, c, theta, scale, samples=args.samples, **settings)
     model = PositionalAttention(Wq, Wk, G, Cb, bo=c, position="rope", inv_freq=theta, layout="half", scale=1.0,
                                 causal=True)
     stage("logit maps", f"{count} sequences")
