@@ -13,6 +13,7 @@ from attnprobe.learners.positional.rope import (BFLOAT16_ROUNDING, CHECK_LENGTHS
 from attnprobe.learners.positional.polish import HOOK_CG_STEPS, HOOK_ROUNDS, POLISH_SEQUENCES, POLISH_TARGET
 from attnprobe.learners.positional.polish_hook import polish_queries, polish_sequences
 from attnprobe.learners.positional.row_polish import chunk_precision, row_polish_plan
+from attnprobe.learners.positional.start_plan import coarse_start_tokens
 from attnprobe.learners.positional.route import (POLISH, POLISH_SEQUENCES_OPTION, POLISH_TARGET_OPTION, POSITION,
                                                 additive_estimate, extract_any_positional)
 from attnprobe.models.positional import PositionalAttention
@@ -23,10 +24,29 @@ WALK_OPTION = Option("walk", int, "RoPE: queries of the pair probe's walk per ce
                      "up to a point)", default=WALK, low=1)
 
 
+#: key/value groups (GQA) declared for the estimate's plan (the learner reads the groups from the answers)
+KV_HEADS = Option("kv_heads", int, "RoPE: key/value groups (GQA) for the estimate's plan (the row polish's fitted "
+                  "numbers, time and memory); the learner reads the groups from the answers and notes a mismatch",
+                  low=1, metavar="G")
+
+
 def _positional(oracle, *, seed, progress, heads, position="auto", walk=WALK, polish="auto",
-                polish_target=POLISH_TARGET, polish_sequences=None):
-    return extract_any_positional(oracle, heads=heads, seed=seed, progress=progress, position=position, walk=walk,
-                                  polish=polish, polish_target=polish_target, polish_sequences=polish_sequences)
+                polish_target=POLISH_TARGET, polish_sequences=None, kv_heads=None):
+    if kv_heads is not None and heads is not None and heads % kv_heads:
+        from attnprobe.errors import ConfigError
+
+        raise ConfigError(f"the {heads} heads do not split into kv_heads = {kv_heads} key/value groups",
+                          param="kv_heads")
+    res = extract_any_positional(oracle, heads=heads, seed=seed, progress=progress, position=position, walk=walk,
+                                 polish=polish, polish_target=polish_target, polish_sequences=polish_sequences)
+    if kv_heads is not None:
+        found = len(set(res.details.get("kv_groups") or ())) or None
+        res.notes.append(f"kv_heads = {kv_heads} declared (the estimate's plan); " +
+                         (f"the learner found {found} key/value groups" if found else
+                          "this route does not read the groups: its model and polish keep one key and value map "
+                          "per head") +
+                         (" — they differ" if found and found != kv_heads else ""))
+    return res
 
 
 def with_polish(count: QueryCount, setting, heads: int, bias: bool, position: str = "rope",
@@ -41,7 +61,8 @@ def with_polish(count: QueryCount, setting, heads: int, bias: bool, position: st
     if mode == "never":
         return count
     K = setting.outputs or setting.d
-    unknowns = PositionalAttention.unknowns(setting.d, heads, heads, setting.d // heads, K, bias=bias,
+    unknowns = PositionalAttention.unknowns(setting.d, heads, setting.option("kv_heads") or heads,
+                                            setting.d // heads, K, bias=bias,
                                             position=position)
     if setting.positions == "causal":
         return with_row_polish(count, setting, heads, mode,
@@ -63,15 +84,18 @@ def with_row_polish(count: QueryCount, setting, heads: int, mode: str, rows: int
     (:func:`~.polish_hook.polish_extraction`), ``rows`` of them (its count of sequences, or the ``polish_sequences``
     option, counts rows then) in sequences of :data:`~.row_polish.ROW_LENGTH` tokens, with the plan's time and
     memory for at most one key/value group per head."""
-    plan = row_polish_plan(setting.d, heads, heads, setting.outputs, rounds=rounds, cg_steps=HOOK_CG_STEPS,
+    groups = setting.option("kv_heads")
+    plan = row_polish_plan(setting.d, heads, groups or heads, setting.outputs, rounds=rounds, cg_steps=HOOK_CG_STEPS,
                            rows=rows, compute=chunk_precision(setting.precision))
     extra = plan.sequences + (check_queries(CHECK_LENGTHS) if setting.check else 0)
     always = extra if mode == "always" else 0
     seconds = plan.seconds + (count.seconds or 0.0)
     peak = max(plan.peak_bytes, count.peak_bytes or 0)
     return QueryCount(count.queries + always, count.low + always, count.high + extra,
-                      f"{count.basis}; polish {extra} ({plan.describe()}; key/value groups not declared: one per "
-                      f"head; the victim's own time apart; and its check; polish {mode}"
+                      f"{count.basis}; polish {extra} ({plan.describe()}; "
+                      + (f"{groups} key/value groups (kv_heads)" if groups else
+                         "key/value groups not declared (kv_heads): one per head")
+                      + f"; the victim's own time apart; and its check; polish {mode}"
                       + (": when the check's error is above the target)" if mode == "auto" else ")"),
                       seconds, peak)
 
@@ -79,6 +103,11 @@ def with_row_polish(count: QueryCount, setting, heads: int, mode: str, rows: int
 def positional_estimate(setting) -> QueryCount:
     """The plan of :func:`extract_positional` (:func:`positional_queries`) plus its check on lengths up to 256."""
     H = setting.needs("heads", "a positional estimate needs the number of heads H")
+    groups = setting.option("kv_heads")
+    if groups is not None and H % groups:
+        from attnprobe.errors import ConfigError
+
+        raise ConfigError(f"the {H} heads do not split into kv_heads = {groups} key/value groups", param="kv_heads")
     if setting.option("position") in ("t5", "alibi"):
         return with_polish(additive_estimate(setting), setting, H, True, setting.option("position"))
     if setting.coarse:
@@ -104,11 +133,14 @@ def positional_estimate(setting) -> QueryCount:
         checks = check_queries(CHECK_LENGTHS) if setting.check else 0
         q = coarse_queries(setting.d, H, setting.outputs) + checks
         biased = PROBE_LENGTH + coarse_queries(setting.d, H, setting.outputs, biases=True) + checks
+        tokens = sum(t for _, t in coarse_start_tokens(setting.d, H, groups, setting.outputs).values())
         return with_polish(QueryCount(q, q, max(q, biased),
-                                      f"{setting.precision} answers, the coarse route: values, the pair probe's walk "
-                                      f"and its value maps at {VALUE_QUERIES}·d random queries (16 Chebyshev steps "
-                                      f"each), the logit maps' sequences, check; up to {biased} with q/k biases (the "
-                                      "route's probe, the key probe, the logit maps with biases)"),
+                                      f"{setting.precision} answers, the coarse route: values, the pair (or key) "
+                                      f"probe's walk and its value maps at {VALUE_QUERIES}·d random queries (16 "
+                                      f"Chebyshev steps each), the logit maps' sequences, check; the start's sequences "
+                                      f"hold about "
+                                      f"{tokens:.3g} tokens (the victim's time grows with them); up to {biased} with "
+                                      "q/k biases (the route's probe, the key probe, the logit maps with biases)"),
                            setting, H, False, per=POLISH_PER, rounds=POLISH_ROUNDS)
     head_dim = setting.d // H
     walk = setting.option("walk") or WALK
@@ -141,6 +173,6 @@ register("positional", _positional, recovers="positional",
               "rotary, GQA, no biases; per head and frequency pair W_Q, W_K up to a scaled rotation of the pair, the "
               "frequencies, V_h), T5 relative buckets and ALiBi (an additive bias: B_h, u_h, V_h, the bias per "
               "bucket or the slope)",
-         options=[HEADS, POSITION, WALK_OPTION, POLISH, POLISH_TARGET_OPTION, POLISH_SEQUENCES_OPTION])
+         options=[HEADS, POSITION, WALK_OPTION, POLISH, POLISH_TARGET_OPTION, POLISH_SEQUENCES_OPTION, KV_HEADS])
 
 __all__ = ["extract_positional", "positional_estimate", "positional_queries"]

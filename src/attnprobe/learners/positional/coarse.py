@@ -28,7 +28,7 @@ import numpy as np
 from attnprobe.errors import RecoveryError, UnidentifiableError
 from attnprobe.learners.head.probes import random_orthogonal
 from attnprobe.learners.positional.heads import head_directions, match
-from attnprobe.learners.positional import coarse_bias
+from attnprobe.learners.positional import coarse_bias, wide_logits
 from attnprobe.learners.positional.logit_samples import (ALS_ROUNDS, LOGIT_OFFSETS, SAMPLES_PER_ENTRY, kept_offsets,
                                                          log_weights, reliability)
 from attnprobe.models.positional import PositionalAttention, rope_frequencies, rotation_matrix
@@ -223,11 +223,15 @@ def logit_maps(oracle, rng, Cb, G, c, theta, rho: float, *, offsets=LOGIT_OFFSET
         seqs.append((toks, ell))
     free = samples * dh * dh  # (b) random queries and keys: every offset's M(δ) seen in every entry
     toks = rng.standard_normal((free, m + 1, d)) * rho
-    seqs.append((toks, log_weights(oracle, Cb, G, c, toks, np.tile(offs, (free, 1)), span)))
+    batch = free if not wide_logits.wide(len(seqs) * n + free, dh) else max(1, 2**28 // (8 * (span + 1) * d))
+    seqs.append((toks, np.concatenate([log_weights(oracle, Cb, G, c, toks[i:i + batch],
+                                                   np.tile(offs, (len(toks[i:i + batch]), 1)), span)
+                                       for i in range(0, free, batch)])))  # wide: X in batches of ≤ 256 MB
     Us, Vs = np.concatenate(Us, axis=1), np.concatenate(Vs, axis=1)  # (H, vectors, d)
     toks = np.concatenate([t for t, _ in seqs])
     ell = np.concatenate([e for _, e in seqs])
     R = [rotation_matrix(float(o), theta, dh) for o in offs]
+    large = wide_logits.wide(len(toks), dh)  # the d_h² × d_h² solves without forming them
     Wq, Wk = [], []
     for h in range(H):
         U = np.linalg.svd(Us[h].T, full_matrices=False)[0][:, :dh]
@@ -236,12 +240,20 @@ def logit_maps(oracle, rng, Cb, G, c, theta, rho: float, *, offsets=LOGIT_OFFSET
         Ms = []
         for j in range(m):
             kx = toks[:, j] @ V
+            if large:
+                ok = np.isfinite(ell[:, h, j])
+                Ms.append(wide_logits.reduced_logit_matrix(zq[ok], kx[ok], ell[ok, h, j], reliability(ell[ok, h, j])))
+                continue
             Ms.append(_regress((zq[:, :, None] * kx[:, None, :]).reshape(len(zq), -1), ell[:, h, j]).reshape(dh, dh))
         ref = np.linalg.inv(Ms[0])
-        eye = np.eye(dh)
-        rows = [np.kron((ref @ Ms[j]).T, eye) - np.kron(eye, R[j] @ R[0].T) for j in range(1, m)]
-        null = np.linalg.svd(np.concatenate(rows), full_matrices=False)[2][-dh:]  # vec (column-major) of A_K
-        Ak = (rng.standard_normal(dh) @ null).reshape(dh, dh, order="F")
+        if large:
+            Ak = wide_logits.rotation_gauge([ref @ Ms[j] for j in range(1, m)],
+                                            [R[j] @ R[0].T for j in range(1, m)], rng)
+        else:
+            eye = np.eye(dh)
+            rows = [np.kron((ref @ Ms[j]).T, eye) - np.kron(eye, R[j] @ R[0].T) for j in range(1, m)]
+            null = np.linalg.svd(np.concatenate(rows), full_matrices=False)[2][-dh:]  # vec (column-major) of A_K
+            Ak = (rng.standard_normal(dh) @ null).reshape(dh, dh, order="F")
         lhs = np.concatenate([R[j] @ Ak for j in range(m)], axis=1)
         AqT = np.linalg.lstsq(lhs.T, np.concatenate(Ms, axis=1).T, rcond=None)[0].T
         q, k = refine_logit_maps(AqT.T @ U.T, Ak @ V.T, toks, offs, ell[:, h], theta, rounds)
@@ -254,6 +266,8 @@ def refine_logit_maps(Wq, Wk, toks, offs, ell, theta, rounds: int = ALS_ROUNDS):
     """Alternating least squares on ``ell[b, j] ≈ (W_Q z_b)ᵀ R(δ_j) (W_K x_bj)`` (the query ``z_b = toks[b, −1]``
     at offset 0 last) over every finite sample, from ``(Wq, Wk)``: a start near the answer converges in a few
     rounds (from a random one it crawls: 10 % misfit after 12 rounds on exact logits at d = 32)."""
+    if rounds < 1:  # nothing to refine (wide heads): not even the samples' rotations (57 GB at d = 256, d_h = 128)
+        return Wq, Wk
     dh, d = Wq.shape
     B, T1, _ = toks.shape
     delta = np.tile(np.append(offs, 0), B)
@@ -283,7 +297,7 @@ def _bilinear_solve(a: np.ndarray, b: np.ndarray, y: np.ndarray, w: np.ndarray |
 
 def coarse_value_maps(oracle, M: np.ndarray, Cb: np.ndarray, rng: np.random.Generator, H: int, *,
                       per: int = VALUE_QUERIES, trims: int = TRIMS, query_scale: float = 1.0,
-                      kernel: np.ndarray | None = None) -> np.ndarray:
+                      kernel: np.ndarray | None = None, row_space: bool = False) -> np.ndarray:
     """Every head's value map ``V_h`` (H, K, d) from the pair probe's directions at ``per·d`` independent random
     queries ``z``: each direction is labelled by the head whose rough output space (``Cb``, from the walk) holds
     it best, scaled so that the directions sum to ``M z = Σ_h V_h z``, and ``V_h`` is the least-squares map
@@ -292,7 +306,9 @@ def coarse_value_maps(oracle, M: np.ndarray, Cb: np.ndarray, rng: np.random.Gene
     space poorly (measured, float32 answers at d = 32: the walk's spaces 5e-3 … 7e-3 off, ``V_h`` 3e-5 off from
     6d queries). ``query_scale``: the queries' entries' size (smaller where large logits leave a head's zero keys
     almost no weight, and its direction in the rounding); ``kernel``: the key probe inside it
-    (:func:`probe_directions`: q/k biases)."""
+    (:func:`probe_directions`: q/k biases). ``row_space``: ``per·r`` queries instead of ``per·d``, ``V_h`` regressed
+    on the coordinates of ``M``'s row space (rank ``r``, the complement of ``kernel``: every ``V_h`` vanishes on the
+    kernel), ``r = d/4`` at LLaMA-3's GQA (docs/positional.md, "The start at LLaMA-3-8B's size")."""
     from scipy.optimize import linear_sum_assignment
 
     d, K = oracle.d, M.shape[0]
@@ -300,7 +316,8 @@ def coarse_value_maps(oracle, M: np.ndarray, Cb: np.ndarray, rng: np.random.Gene
     P = [np.linalg.qr(Cb[:, h * dh:(h + 1) * dh])[0] for h in range(H)]
     E, probe = probe_directions(d, rng, H + 4, kernel)
     kw = dict(eta=COARSE_STEP * math.sqrt(d), rank=H, noise=0.0, rng=rng, **probe)
-    Z = rng.standard_normal((per * d, d)) * query_scale
+    basis = row_space_basis(kernel, d) if row_space else None
+    Z = rng.standard_normal((per * (d if basis is None else len(basis)), d)) * query_scale
     S = np.empty((len(Z), K, H))
     for i, z in enumerate(Z):
         W, _, _ = head_directions(oracle, z, E, **kw)
@@ -309,17 +326,28 @@ def coarse_value_maps(oracle, M: np.ndarray, Cb: np.ndarray, rng: np.random.Gene
         W = W[:, cols[np.argsort(rows)]]
         S[i] = W * np.linalg.lstsq(W, M @ z, rcond=None)[0]
     V = np.empty((H, K, d))
+    coords = Z if basis is None else Z @ basis.T
     for h in range(H):
         ok = np.ones(len(Z), dtype=bool)
         for _ in range(trims + 1):
-            V[h] = np.linalg.lstsq(Z[ok], S[ok, :, h], rcond=None)[0].T
+            fit = np.linalg.lstsq(coords[ok], S[ok, :, h], rcond=None)[0].T
+            V[h] = fit if basis is None else fit @ basis
             miss = np.linalg.norm(Z @ V[h].T - S[:, :, h], axis=1) / np.linalg.norm(S[:, :, h], axis=1)
             ok = miss <= 3 * np.median(miss)
-            if ok.sum() < d:
+            if ok.sum() < coords.shape[1]:
                 raise RecoveryError(f"head {h}'s value map is not read consistently at the random queries (fewer than "
-                                    f"d = {d} of {len(Z)} fit within 3× the median); the answers are not those of "
-                                    "bias-free RoPE heads")
+                                    f"{coords.shape[1]} of {len(Z)} fit within 3× the median); the answers are not "
+                                    "those of bias-free RoPE heads")
     return V
+
+
+def row_space_basis(kernel: np.ndarray | None, d: int) -> np.ndarray:
+    """Orthonormal rows spanning the complement of ``kernel``'s rows (the value maps' common row space); refused
+    without a kernel."""
+    if kernel is None:
+        raise RecoveryError("the value maps' row space needs the kernel of M (heads sharing keys and values)")
+    Q = np.linalg.svd(np.asarray(kernel, dtype=np.float64), full_matrices=True)[2]
+    return Q[len(kernel):]
 
 
 def split_value_maps(V: np.ndarray, M: np.ndarray):
