@@ -33,6 +33,8 @@ def test_failed_check_exits_3_and_writes_nothing(folder, capsys, argv):
     line = refused(capsys, folder, "extract", *argv, "--out", "o.npz", "--quiet", code=3, says="check failed")
     assert "tolerance" in line and "nothing written" in line and "queries spent (not logged)" in line
     assert not (folder / "o.npz").exists() and not (folder / "o.json").exists()
+    if "--no-bias" in argv:  # the learner's hint (what its model class assumed, what to try) reaches the line
+        assert "(a single head of this form without biases: learn with bias=True)" in line, line
 
 
 def test_ffn_on_an_attention_head_is_refused_as_affine(folder, capsys):

@@ -126,3 +126,14 @@ def test_float32_swiglu_32_64_32_through_the_drive_start():
     assert res.details["start"] == "drive" and res.passed
     match = gated_match(truth, res.model)
     assert match["matched_one_to_one"] and match["gate_error"] < 1e-4
+
+
+def test_a_width_below_the_units_the_drive_finds_is_named_when_the_check_fails(monkeypatch):
+    """``hidden`` given below the true width: the drive sees every unit, the learner keeps ``hidden`` of them and the
+    check fails (nothing claimed) — its note, and so the command line's one line, now says how many units the drive
+    found and what to give."""
+    _small_drive(monkeypatch)
+    truth = random_gated_ffn(12, 24, 12, seed=4, dtype="float32")
+    res = extract_gated_ffn(Oracle(truth, 12, precision="float32"), seed=0, activation="swiglu", hidden=18)
+    assert res.passed is False and res.details["units_found"] == 24
+    assert any("found 24 units where the width was given as 18: give hidden=24" in n for n in res.notes)

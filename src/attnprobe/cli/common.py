@@ -250,7 +250,10 @@ def check_outcome(res, kept: bool = False) -> CheckFailedError | None:
     chk = res.check
     said = ("the recovered model is not certified: " if chk.verdict == "uncertified"
             else "the recovered model does not describe the oracle: ")
+    # the learner's hint (what the model class assumed, what to try), as its failed-check note ends
+    hint = next((n.split("does not describe the oracle", 1)[1] for n in getattr(res, "notes", None) or []
+                 if n.startswith("functional check FAILED") and "does not describe the oracle" in n), "")
     return CheckFailedError(
-        said + chk.describe() + "; "
+        said + chk.describe() + hint + "; "
         + ("written anyway (--keep-failed; the JSON says passed: false)" if kept
            else "nothing written (--keep-failed writes it anyway)"))

@@ -246,9 +246,12 @@ def extract_gated_ffn(oracle, *, seed: int = 0, activation: str | None = None, h
                "polish_iterations": used, "queries_per_unknown": run.queries / unknowns}
     notes = [f"gated units ({family_name(gate)}) are recovered up to their order and the scale split between each "
              "unit's up projection and its output column (normalised here to unit ‖(u_i, bu_i)‖)"]
+    seen = int(details.get("units_found") or 0)
+    more = (f"; the drive start found {seen} units where the width was given as {m}: give hidden={seen}, or leave "
+            "it out to search the width" if seen > m else "")
     return run.finish(model, unknowns=unknowns, details=details, notes=notes,
                       check_model=model if ask.vector else _Scalar(model),
-                      hint=f" (a gated FFN of this form with {family_name(gate)})")
+                      hint=f" (a gated FFN of this form with {family_name(gate)}){more}")
 
 
 def _drive_blocks(run, ask, U: np.ndarray, m: int, scale: float) -> tuple[list[np.ndarray], dict]:
