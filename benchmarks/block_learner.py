@@ -48,7 +48,7 @@ from attnprobe.oracles import Oracle
 from attnprobe.reports import Table
 from attnprobe.targets.block import random_llama_block
 from attnprobe.targets.block_folders import llama_block_folder
-from sections import command_line, write_section
+from sections import publish
 
 DOC = "block"
 SHAPES = ((32, 2, 1, 64), (64, 4, 2, 128), (128, 8, 2, 256))
@@ -407,10 +407,8 @@ def main():
             print(t.markdown(), flush=True)
         body = ("The RoPE learner with every query at the attention oracle's rms, then the per-head logit refit "
                 "(function error over 8 sequences of length 64, relative to the largest answer):\n\n" + t.markdown())
-        print(body)
-        if args.write:
-            width = "32" if args.only == "refit" else "128"
-            write_section("Attention logit refit at a fixed query rms, d = " + width, body, command_line(), doc=DOC)
+        width = "32" if args.only == "refit" else "128"
+        publish("Attention logit refit at a fixed query rms, d = " + width, body, doc=DOC, write=args.write)
         return
     if args.only == "sketches":
         t = Table(["attention", "answers", "queries", "M(δ) rel. error, worst offset (heads: best … worst)",
@@ -422,9 +420,7 @@ def main():
                 "TARGET_LOGIT/med, at most 1/2): each head's logit matrices against the truth in the learned "
                 "bases, every offset; function error over 8 sequences of length 64, relative to the largest "
                 "answer:\n\n" + t.markdown())
-        print(body)
-        if args.write:
-            write_section("Logit matrices at a fixed query rms, d = 128", body, command_line(), doc=DOC)
+        publish("Logit matrices at a fixed query rms, d = 128", body, doc=DOC, write=args.write)
         return
     if args.only == "served":
         t = Table(["LLaMA layer 1 (d 32, 2/1 heads, SwiGLU 64)", "exit code", "queries", "check error", "check",
@@ -435,9 +431,7 @@ def main():
         body = ("`extract --method block --heads 2 --hidden 64` on a transformers LLaMA layer (norm weights not 1), "
                 "served by `serve --hf-dir DIR --block 1` (uvicorn on 127.0.0.1) and in process; errors relative to "
                 "the layer's own part y − x, every position:\n\n" + t.markdown())
-        print(body)
-        if args.write:
-            write_section("The served block over HTTP, d = 32", body, command_line(), doc=DOC)
+        publish("The served block over HTTP, d = 32", body, doc=DOC, write=args.write)
         return
     if args.only == "e2e128":
         t = Table(["block", "queries", "unknowns", "FFN error", "attention error", "check error", "check",
@@ -458,17 +452,13 @@ def main():
                                "`--ffn PATH` runs `extract_block(..., ffn=the saved FFN)`; queries and seconds are "
                                "the two halves' sums, the peak memory the larger's.") if args.ffn else "") + (
             "\n\n" + t.markdown())
-        print(body)
-        if args.write:
-            write_section("extract_block end to end, d = 128", body, command_line(), doc=DOC)
+        publish("extract_block end to end, d = 128", body, doc=DOC, write=args.write)
         return
     if args.only == "e2e":
         t = Table(E2E_HEAD)
         t.add(*end_to_end(SHAPES[0]))
         body = E2E_TEXT + "\n\n" + t.markdown()
-        print(body)
-        if args.write:
-            write_section("extract_block end to end, d = 32", body, command_line(), doc=DOC)
+        publish("extract_block end to end, d = 32", body, doc=DOC, write=args.write)
         return
     if args.only in ("ffn", "ffn128"):
         t = Table(["FFN", "answers from", "queries", "function error", "seconds"])
@@ -483,10 +473,8 @@ def main():
                 "on the true FFN with noise (function error on 256 fresh rows of rms 0.4, relative to the largest "
                 "answer):"
                 "\n\n" + t.markdown())
-        print(body)
-        if args.write:
-            title = "Gated FFN learner through the block, d = " + ("64" if args.only == "ffn" else "128")
-            write_section(title, body, command_line(), doc=DOC)
+        publish("Gated FFN learner through the block, d = " + ("64" if args.only == "ffn" else "128"), body, doc=DOC,
+                write=args.write)
         return
     t1 = Table(["block", "queries (linear part, ε)", "√ε rel. error", "M' rel. error",
                 "FFN oracle: median / worst row of 256", "attention oracle (N = 33)"])
@@ -507,9 +495,7 @@ def main():
         t3 = Table(E2E_HEAD)
         t3.add(*end_to_end(SHAPES[0]))
         body += "\n\n" + E2E_TEXT + "\n\n" + t3.markdown()
-    print(body)
-    if args.write:
-        write_section("Block learner stages (random LLaMA-shaped blocks; float64)", body, command_line(), doc=DOC)
+    publish("Block learner stages (random LLaMA-shaped blocks; float64)", body, doc=DOC, write=args.write)
 
 
 if __name__ == "__main__":

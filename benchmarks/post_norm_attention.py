@@ -32,7 +32,7 @@ from attnprobe.reports import Table
 from attnprobe.targets.hf import minilm_dir
 from post_norm import tiny_bert_layer
 from post_norm_stages import Counted
-from sections import command_line, write_section
+from sections import publish
 
 DOC = "block"
 LENGTHS = (1, 2, 5, 17, 64)
@@ -139,10 +139,8 @@ def main():
             "are N(0, 0.25), its logits ~10× MiniLM's, hence its smaller key step; MiniLM's pairs were read into "
             "the cache by earlier runs of the same command, 12 at a time, each under 3 minutes, and its seconds add "
             "theirs):\n\n" + t.markdown())
-    print(body)
-    if args.write:
-        write_section("Post-norm stage attention: the heads' split and logits through the norms (float64)", body,
-                      command_line(), doc=DOC)
+    publish("Post-norm stage attention: the heads' split and logits through the norms (float64)", body,
+            doc=DOC, write=args.write)
 
 
 if __name__ == "__main__":

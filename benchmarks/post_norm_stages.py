@@ -28,7 +28,7 @@ from attnprobe.oracles.hf_block import block_model, hf_block
 from attnprobe.reports import Table
 from attnprobe.targets.hf import minilm_dir
 from post_norm import tiny_bert_layer
-from sections import command_line, write_section
+from sections import publish
 
 DOC = "block"
 
@@ -128,10 +128,8 @@ def main():
     body = ("The post-norm stages against the truth (float64; ε = 1e-12, so √ε = 1e-6; P the centring, which "
             "removes the ones gauge; the centre's error is the rms of its centred n1 input; the queries of the "
             "centre count its Jacobian rounds and then the Newton step's extra ones):\n\n" + t.markdown())
-    print(body)
-    if args.write:
-        write_section("Post-norm stages: output norm, first-norm centre and input map (float64)", body,
-                      command_line(), doc=DOC)
+    publish("Post-norm stages: output norm, first-norm centre and input map (float64)", body,
+            doc=DOC, write=args.write)
 
 
 if __name__ == "__main__":

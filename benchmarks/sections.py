@@ -99,6 +99,14 @@ def _header(path: Path) -> str:
             "it (index: [README.md](README.md)).\n")
 
 
+def publish(title: str, body: str, *, doc: str | Path, write: bool) -> None:
+    """Print ``body``; with ``write`` (a benchmark's ``--write``), also put it under ``title`` in ``doc`` with the
+    command that ran (:func:`write_section`)."""
+    print(body)
+    if write:
+        write_section(title, body, command_line(), doc=doc)
+
+
 def write_section(title: str, body: str, command: str, *, doc: str | Path, parent: str | None = None,
                   stamp: bool = True) -> Path:
     """Put ``body`` under ``## title`` (or ``### title`` inside ``## parent``) of the results file ``doc``
