@@ -245,15 +245,14 @@ def refuse_memory(nbytes: float, what: str, param: str) -> None:
 
 def check_outcome(res, kept: bool = False) -> CheckFailedError | None:
     """The error that ends a run whose functional check failed (None when it passed or has no verdict)."""
+    from attnprobe.learners.core.skeleton import failed_check_hint
+
     if res.passed is not False:
         return None
     chk = res.check
     said = ("the recovered model is not certified: " if chk.verdict == "uncertified"
             else "the recovered model does not describe the oracle: ")
-    # the learner's hint (what the model class assumed, what to try), as its failed-check note ends
-    hint = next((n.split("does not describe the oracle", 1)[1] for n in getattr(res, "notes", None) or []
-                 if n.startswith("functional check FAILED") and "does not describe the oracle" in n), "")
     return CheckFailedError(
-        said + chk.describe() + hint + "; "
+        said + chk.describe() + failed_check_hint(chk, res.notes) + "; "
         + ("written anyway (--keep-failed; the JSON says passed: false)" if kept
            else "nothing written (--keep-failed writes it anyway)"))

@@ -73,7 +73,7 @@ def oracle_from_args(args, kw: dict):
 
 def block_source(args):
     """``--hf-dir DIR --block L`` checked before torch: the folder, a family with whole blocks, L in range, the
-    dtype; returns the folder's width."""
+    dtype; returns the folder's attention spec (its width, heads)."""
     from attnprobe.oracles.hf_attention import DTYPES
     from attnprobe.oracles.hf_block import block_spec
     from attnprobe.oracles.hf_folder import check_model_dir
@@ -89,22 +89,20 @@ def block_source(args):
                           param="block")
     if args.dtype not in DTYPES:
         raise ConfigError(f"--hf-dir runs the block in {', '.join(DTYPES)}; got --dtype {args.dtype}", param="dtype")
-    return spec.hidden
+    return spec
 
 
 def block_defaults(args, learner) -> None:
     """``--hf-dir DIR --block L``: the folder and L checked before the learner's options; a learner that takes the
     number of heads and was not given ``--heads`` gets the folder's (its config.json names it)."""
-    block_source(args)
+    spec = block_source(args)
     if any(o.name == "heads" for o in learner.options) and getattr(args, "heads", None) is None:
-        from attnprobe.oracles.hf_block import block_spec
-
-        args.heads = block_spec(args.hf_dir)[0].heads
+        args.heads = spec.heads
 
 
 def block_oracle(args, kw: dict):
     """The oracle of ``extract --hf-dir DIR --block L``: every position of the whole block."""
-    d = block_source(args)
+    d = block_source(args).hidden
     if getattr(args, "outputs", None) is not None:
         raise ConfigError("--hf-dir knows its number of outputs; drop --outputs", param="outputs")
     if args.d is not None and args.d != d:

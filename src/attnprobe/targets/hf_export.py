@@ -249,13 +249,13 @@ def _write(weights: dict, hf_dir, layer: int, out, layers, dtype: str, spec: Lay
     target = 0 if layers == 1 else layer
     torch = _torch()
     if within is not None:
-        attention = model.get_submodule(within.format(i=target))
+        module = model.get_submodule(within.format(i=target))
     else:
-        attention = model.get_submodule(spec.module_path(target) if layers != 1 else
-                                        spec.family.module.format(i=0, g=0, j=0))
+        module = model.get_submodule(spec.module_path(target) if layers != 1 else
+                                     spec.family.module.format(i=0, g=0, j=0))
     with torch.no_grad():
         for name, value in weights.items():
-            param = attention.get_parameter(name)
+            param = module.get_parameter(name)
             if tuple(param.shape) != value.shape:  # pragma: no cover - join_projections follows the family
                 raise ConfigError(f"{name}: shape {value.shape} does not fit {tuple(param.shape)}", param="result")
             param.copy_(torch.as_tensor(np.array(value), dtype=param.dtype))

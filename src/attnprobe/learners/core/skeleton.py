@@ -150,6 +150,13 @@ def without_check_notes(notes: list[str]) -> list[str]:
     return [note for note in notes if not note.startswith(CHECK_NOTE_PREFIXES)]
 
 
+def failed_check_hint(check, notes: list[str]) -> str:
+    """The learner's hint (what its model class assumed, what to try) ending the note :func:`_failed` wrote for
+    ``check`` in ``notes``; '' when there is none."""
+    head = _failed(check, "")
+    return next((note[len(head):] for note in notes if note.startswith(head)), "")
+
+
 def _failed(check, hint: str) -> str:
     if check.verdict == "uncertified":
         return f"{CHECK_NOTE_PREFIXES[1]}: {check.describe()}{hint}"
