@@ -21,11 +21,11 @@ import types
 
 import numpy as np
 
-from attnprobe.errors import ConfigError, UnidentifiableError
+from attnprobe.errors import ConfigError, RecoveryError, UnidentifiableError
 from attnprobe.learners.block import post_norm
 from attnprobe.learners.block.levers import STEPS, rational_keys
-from attnprobe.learners.block.sublayers import (AttentionThroughBlock, FFNThroughBlock, ffn_scale, first_rows,
-                                                linear_part, sqrt_eps)
+from attnprobe.learners.block.sublayers import (MAX_RMS, AttentionThroughBlock, FFNThroughBlock, ffn_scale,
+                                                first_rows, linear_part, sqrt_eps)
 from attnprobe.learners.block.polish import POLISH_LENGTHS, polish_data, polish_sequences, polish_through_block
 from attnprobe.learners.block.refine import refit_data, refit_logits
 from attnprobe.learners.core.check import CheckResult, answer_resolution, check_verdict
@@ -45,6 +45,10 @@ CHECK_PER_LENGTH = 4
 #: the error a block result claims and its check holds it to: at every checked length, the largest error at any
 #: position over the largest entry of the block's own part ``y − x`` (the norm ``worst``)
 CLAIM = 1e-6
+#: fresh rows of the FFN's check, and the error of the FFN read first above which a failing attention stage is
+#: blamed on it (a LLaMA folder at initializer_range 0.05, d = 32: the attention read through the block 7e-6 … 4e-5
+#: off and refused as "not RoPE"; at 0.1, 1e-12 off, the block to 4e-8)
+FFN_CHECK_ROWS, FFN_EXACT = 64, 1e-8
 #: directions u of the eps stage
 EPS_TOKENS = 2
 
@@ -117,10 +121,15 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
             ffn_oracle = _oracle(FFNThroughBlock(rows, M, eps), d, "the block's FFN")
             ffn = extract_gated_ffn(ffn_oracle, seed=seed, activation=activation, hidden=hidden, bias=False,
                                     scale=ffn_scale(d), check=False)
+        with run.phase("ffn check"):
+            ffn.fresh_error = ffn_fresh_error(ffn_oracle, ffn.model, run.rng)
     att_fn = AttentionThroughBlock(rows, ffn.model, eps, d, value_map=M)
     att_oracle = _oracle(att_fn, d, "the block's attention")
     if attention is None:
-        att = read_attention(run, att_oracle, att_fn.query_rms, heads, seed=seed, walk=walk)
+        try:
+            att = read_attention(run, att_oracle, att_fn.query_rms, heads, seed=seed, walk=walk)
+        except (RecoveryError, UnidentifiableError) as exc:
+            raise inexact_ffn(exc, getattr(ffn, "fresh_error", 0.0)) from exc
     else:
         att = types.SimpleNamespace(model=attention, details={}, queries=0, history=[], unknowns=sum(
             np.size(getattr(attention, k)) for k in ("Wq", "Wk", "Wv", "Wo", "inv_freq")))
@@ -130,7 +139,8 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
     f = ffn.model
     model = TransformerBlock(polished, f, np.ones(d), np.ones(d), norm="rms", eps=eps, layout="pre")
     details = {"eps": eps, "eps_misfit": misfit, "ffn": {"hidden": f.m, "activation": f.activation,
-                                                         "queries": ffn.queries},
+                                                         "queries": ffn.queries,
+                                                         "fresh_error": getattr(ffn, "fresh_error", None)},
                "attention": {k: att.details[k] for k in ("heads", "head_dim", "base_estimate", "kv_groups")
                              if k in att.details} | {"queries": att.queries, "refit_residuals": att.history,
                                                      "polish": report.to_dict()},
@@ -141,6 +151,29 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
              f"ε = {eps:.3e} read from the answers"]
     unknowns = att.unknowns + ffn.unknowns + 1
     return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_fn=every_position_check)
+
+
+def ffn_fresh_error(ffn_oracle, model, rng: np.random.Generator, rows: int = FFN_CHECK_ROWS) -> float:
+    """The FFN read first against its oracle on fresh rows drawn as its learner drew them (``ffn_scale``
+    per coordinate, inside the norm's ball): the largest error over the largest answer."""
+    d = ffn_oracle.d
+    V = rng.standard_normal((rows, 1, d)) * ffn_scale(d)
+    V *= np.minimum(1.0, 0.97 * MAX_RMS / np.sqrt(np.mean(V * V, axis=2, keepdims=True)))
+    y = np.asarray(ffn_oracle(V), dtype=np.float64).reshape(rows, d)
+    p = np.asarray(model(V), dtype=np.float64).reshape(rows, d)
+    return float(np.max(np.abs(y - p)) / max(np.max(np.abs(y)), 1e-300))
+
+
+def inexact_ffn(exc: Exception, error: float) -> Exception:
+    """The attention stage's refusal, with its cause when the FFN read first is not exact: the attention's oracle
+    answers through that FFN (:class:`AttentionThroughBlock`) and carries its error, which the RoPE stage (built for
+    float64's answers) reads as a position term it cannot fit."""
+    if not error > FFN_EXACT:
+        return exc
+    return type(exc)(f"the block's attention could not be read through its FFN, which was read first only "
+                     f"{error:.1e} close on fresh rows (above {FFN_EXACT:.0e}: small pre-activations leave a smooth "
+                     f"FFN nearly polynomial, its units poorly told apart); the attention's answers carry that "
+                     f"error, and its RoPE stage then failed: {exc}")
 
 
 def read_attention(run, att_oracle, query_rms: float, heads: int, *, seed=0, walk: int = 1):
@@ -218,11 +251,11 @@ def polish_queries(d: int, H: int) -> int:
 
 def block_queries(d: int, H: int, m: int, *, walk: int = 1, check: bool = True) -> int:
     """Queries of :func:`extract_block` with the FFN's width m given: 1 + 6d (linear) + the eps stage's + the gated
-    learner's plan + the unit-query RoPE learner's plan + the check."""
+    learner's plan and its fresh rows + the unit-query RoPE learner's plan + the check."""
     from attnprobe.learners.positional.rope import positional_queries
     from attnprobe.learners.smooth_ffn.gated_learner import gated_plan
 
-    n = 1 + 6 * d + eps_queries(H) + sum(gated_plan(d, d, m).values())
+    n = 1 + 6 * d + eps_queries(H) + sum(gated_plan(d, d, m).values()) + FFN_CHECK_ROWS
     n += positional_queries(d, H, max(2, d // H), outputs=d, walk=walk)
     n += REFIT_PER_D * d + calibration_queries(d, H, walk=walk) + polish_queries(d, H)
     return n + (len(CHECK_LENGTHS) * CHECK_PER_LENGTH if check else 0)

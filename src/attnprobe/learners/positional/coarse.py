@@ -33,6 +33,7 @@ from attnprobe.learners.positional.logit_samples import (ALS_ROUNDS, LOGIT_OFFSE
                                                          log_weights, reliability)
 from attnprobe.models.positional import PositionalAttention, rope_frequencies, rotation_matrix
 from attnprobe.learners.positional.polish import POLISH_WORK
+from attnprobe.learners.positional.token_scale import PAIRS as TOKEN_PAIRS, ScaledTokens, token_scale, unscale
 
 #: Chebyshev nodes on (0, 1] per key step sign, the odd polynomial's degree, the longest step (of the token norm)
 NODES, DEGREE, COARSE_STEP = 16, 15, 0.3
@@ -362,7 +363,8 @@ def split_value_maps(V: np.ndarray, M: np.ndarray):
 def coarse_queries(d: int, H: int, outputs: int | None = None, *, walk: int = 1, per: int = VALUE_QUERIES,
                    biases: bool = False) -> int:
     """Queries :func:`coarse_start` asks (the walk's halved steps apart): values, the walk, the value maps, the
-    token-scale probe and the logit maps' sequences (``biases``: the token scale's 16 with the keys flipped, and
+    token-scale probe and the logit maps' sequences (bias-free: the logits' size probe first; ``biases``: the
+    token scale's 16 with the keys flipped, and
     :func:`~.coarse_bias.biased_logit_maps`'s sequences)."""
     K = outputs or d
     dh = K // H
@@ -372,8 +374,8 @@ def coarse_queries(d: int, H: int, outputs: int | None = None, *, walk: int = 1,
 
         logits = 16 + coarse_bias.biased_logit_map_queries(d, dh, extra=logit_settings(d, dh).get("extra", 16))
         first = min(d - dh, first)
-    else:
-        logits = logit_map_queries(d, dh, extra=logit_settings(d, dh).get("extra", 16))
+    else:  # the logits' size probe (token_scale.py) first
+        logits = TOKEN_PAIRS + logit_map_queries(d, dh, extra=logit_settings(d, dh).get("extra", 16))
     return (2 * d * VALUE_REPEATS + probe * first + probe * (H + 4) * (walk * math.ceil(K / H) + 4)
             + probe * (H + 4) * per * d + 16 + logits)
 
@@ -426,6 +428,11 @@ def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None
     d = oracle.d
     rho = math.sqrt(d)
     M, c = coarse_values(oracle, rng, rho)
+    up, flat = 1.0, None
+    if not biases:  # small weights: the probes on tokens scaled up to logits of order one (token_scale.py)
+        up, flat = token_scale(oracle, M, c, rng, rho)
+        if up != 1.0:
+            oracle, c = ScaledTokens(oracle, up), c / up
     kernel = coarse_bias.coarse_kernel(M, H) if biases else key_probe_kernel(M, H, key_probe)
     rough, G = coarse_output_spaces(oracle, M, rng, H, walk, kernel=kernel)
     probe = rng.standard_normal((16, len(LOGIT_OFFSETS) + 1, d))  # the logits' size, read in the rough spaces
@@ -446,10 +453,10 @@ def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None
                                                               **logit_settings(d, dh))
     else:
         Wq, Wk, count = logit_maps(oracle, rng, Cb, G, c, theta, scale, **logit_settings(d, dh))
-    model = PositionalAttention(Wq, Wk, G, Cb, bq=bq, bk=bk, bo=c, position="rope", inv_freq=theta, layout="half",
-                                scale=1.0, causal=True)
-    return model, {"logit_sequences": count, "token_scale": scale,
-                   "head_probe": "pair" if kernel is None else "key"}
+    model = unscale(PositionalAttention(Wq, Wk, G, Cb, bq=bq, bk=bk, bo=c, position="rope", inv_freq=theta,
+                                        layout="half", scale=1.0, causal=True), up)
+    return model, {"logit_sequences": count, "token_scale": scale, "tokens_scaled_up": up,
+                   "logit_difference": flat, "head_probe": "pair" if kernel is None else "key"}
 
 
 def extract_coarse_positional(oracle, *, heads, seed=0, check=True, progress=None, walk: int = 1,

@@ -10,6 +10,7 @@ import math
 
 from attnprobe.learners.positional import coarse
 from attnprobe.learners.positional.logit_samples import LOGIT_OFFSETS, SAMPLES_PER_ENTRY, kept_offsets
+from attnprobe.learners.positional.token_scale import PAIRS as TOKEN_PAIRS
 
 #: the token-scale probe's sequences (the walk's stage) and the logit sequences' length
 SCALE_PROBES, LOGIT_LENGTH = 16, 1 - min(LOGIT_OFFSETS)
@@ -20,7 +21,8 @@ def coarse_start_tokens(d: int, heads: int, kv_heads: int | None = None, outputs
                         key: bool | None = None) -> dict:
     """Each stage of :func:`~.coarse.coarse_start` with the key probe (heads sharing keys and values,
     ``kv_heads`` groups: ``M`` of rank ``G·d_h``) or the pair probe (no kernel): ``{stage: (queries, tokens)}``
-    for ``values``, ``walk`` (with the token-scale probe), ``value maps`` (``per·d`` random queries, ``per·G·d_h``
+    for ``values`` (and the logits' size probe),
+    ``walk`` (with the token-scale probe), ``value maps`` (``per·d`` random queries, ``per·G·d_h``
     with ``row_space``) and ``logit maps`` (:func:`~.coarse.logit_settings`). ``key``: the heads' probe (default
     :func:`~.coarse.key_probe_kernel`'s choice). The walk's halved steps apart."""
     K = outputs or d
@@ -39,7 +41,8 @@ def coarse_start_tokens(d: int, heads: int, kv_heads: int | None = None, outputs
     extra = coarse.logit_settings(d, dh).get("extra", 16)
     sets = math.ceil((dh + extra) / m)
     logits = 2 * sets * (d + extra) + SAMPLES_PER_ENTRY * dh * dh
-    return {"values": (2 * d * coarse.VALUE_REPEATS, 2 * d * coarse.VALUE_REPEATS),
+    values = 2 * d * coarse.VALUE_REPEATS  # and the logits' size probe: two-token sequences
+    return {"values": (values + TOKEN_PAIRS, values + 2 * TOKEN_PAIRS),
             "walk": (per_direction * directions + SCALE_PROBES,
                      tokens_per_direction * directions + SCALE_PROBES * LOGIT_LENGTH),
             "value maps": (per_direction * (heads + 4) * queries, tokens_per_direction * (heads + 4) * queries),
