@@ -126,3 +126,26 @@ def test_a_key_bias_alone_is_read_after_the_bias_free_learner_refuses():
     assert res.queries == sum(res.queries_by_phase.values()) == oracle.queries - res.check.queries
     assert any("after the bias-free RoPE learner refused" in n for n in res.notes)
     assert function_error_over_lengths(res.model, truth, np.random.default_rng(1), LENGTHS) < 1e-7
+
+
+def test_a_family_that_declares_no_biases_is_not_read_with_biases_after_a_refusal():
+    """The same layer behind a callable that declares ``qk_biases = False`` (a Hugging Face folder whose config says
+    ``attention_bias: false``): the bias-free learner's refusal stands, saying why the biased route is not tried
+    (before, it was read as "RoPE with q/k biases", the folder's declaration notwithstanding)."""
+    from attnprobe.errors import RecoveryError
+    from attnprobe.models.positional import PositionalAttention
+    from attnprobe.targets import random_rope_attention
+
+    v = random_rope_attention(32, 2, 1, seed=5)
+    bk = 0.5 * np.random.default_rng(1).standard_normal((1, 16))
+    truth = PositionalAttention(v.Wq, v.Wk, v.Wv, v.Wo, bk=bk, position="rope", inv_freq=v.inv_freq)
+
+    def fn(X):
+        return truth(X)
+
+    fn.qk_biases = False
+    oracle = Oracle(fn, 32)
+    with pytest.raises(RecoveryError) as info:
+        extract_any_positional(oracle, seed=0, position="rope", polish="never")
+    assert "q/k biases" not in str(info.value).split(";")[0] and "tries next" not in str(info.value)
+    assert "declares no q/k biases" in str(info.value) or "biased" not in str(info.value)

@@ -27,6 +27,7 @@ from attnprobe.errors import AttnprobeError, RecoveryError, UnidentifiableError
 from attnprobe.learners.core.registry import Option
 from attnprobe.oracles.wrappers import declared_attribute
 from attnprobe.learners.positional.additive import extract_additive
+from attnprobe.learners.positional.heads import BIASES_REFUSED
 from attnprobe.learners.positional.polish import HOOK_ROUNDS, POLISH_MODES, POLISH_TARGET
 from attnprobe.learners.positional.polish_hook import polish_extraction
 
@@ -112,6 +113,9 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
         try:
             res = extract_positional(oracle, heads=heads, seed=seed, check=check, progress=progress, walk=walk)
         except RecoveryError as first:
+            if declared_attribute(oracle.fn, "qk_biases") is False:  # a folder that declares none: its refusal
+                raise type(first)(str(first).replace(BIASES_REFUSED, "the oracle's family declares no q/k biases, "
+                                                                     "so the biased route is not tried")) from first
             res = _after(oracle, start, first, "the bias-free RoPE learner refused", "bias-free tried", heads=heads,
                          seed=seed, check=check, progress=progress, walk=walk)
         _share_groups(res)
