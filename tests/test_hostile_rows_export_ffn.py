@@ -89,3 +89,13 @@ def test_a_block_of_a_folder_takes_its_head_count_from_the_folder(capsys, work, 
     assert rc == 0 and "block at d=16" in out, err
     rc, out2, _ = run(capsys, "extract", "--hf-dir", small_llama, "--block", "1", "--estimate", "--heads", "1")
     assert rc == 0 and out2 != out  # a given --heads is used, not overridden by the folder's
+
+
+def test_an_estimate_of_a_folders_attention_layer_takes_its_head_count_from_the_folder(capsys, work, small_llama):
+    """``extract --estimate --hf-dir DIR --layer L`` said "a positional estimate needs the number of heads H (give
+    --heads)" although config.json names H (the run itself reads it from the folder): the estimate takes the
+    folder's heads and key/value groups; a given --heads is used."""
+    rc, out, err = run(capsys, "extract", "--hf-dir", small_llama, "--layer", "1", "--estimate")
+    assert rc == 0 and "positional at d=16" in out, err
+    rc, out2, _ = run(capsys, "extract", "--hf-dir", small_llama, "--layer", "1", "--estimate", "--heads", "1")
+    assert rc == 0 and out2 != out

@@ -94,6 +94,8 @@ def run(args) -> int:
     hf.refuse_stray(args)
     if args.hf_dir and getattr(args, "block", None) is not None:
         hf.block_defaults(args, learner)  # the folder and L checked first; H from its config
+    elif args.hf_dir and args.estimate:
+        hf.estimate_defaults(args, learner)  # H and the KV groups from its config, as the run reads them
     # a learner of yes/no answers only implies --membership
     chain = answer_chain.chain_from_args(args, membership=not learner.capabilities.value_answers)
     if chain.membership and not learner.capabilities.membership_answers:

@@ -100,6 +100,22 @@ def block_defaults(args, learner) -> None:
         args.heads = spec.heads
 
 
+def estimate_defaults(args, learner) -> None:
+    """``extract --estimate --hf-dir DIR --layer L``: a learner that takes the number of heads (or of key/value
+    groups) and was not given it gets the folder's, as the run reads them from the folder's oracle."""
+    if args.layer is None:
+        return
+    from attnprobe.oracles.hf_families import layer_spec
+    from attnprobe.oracles.hf_folder import check_model_dir
+
+    check_model_dir(args.hf_dir)
+    spec = layer_spec(args.hf_dir)
+    names = {o.name for o in learner.options}
+    for name, value in (("heads", spec.heads), ("kv_heads", spec.kv_heads)):
+        if name in names and getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
 def block_oracle(args, kw: dict):
     """The oracle of ``extract --hf-dir DIR --block L``: every position of the whole block."""
     d = block_source(args).hidden
