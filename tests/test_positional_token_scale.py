@@ -21,11 +21,16 @@ def _small(d=16, t=0.1, seed=3):
     return dataclasses.replace(m, Wq=m.Wq * t, Wk=m.Wk * t, bo=bo)
 
 
-def test_the_scaled_view_is_the_layer_with_logits_s_squared_larger_and_unscale_inverts_it():
+@pytest.mark.parametrize("biases", [False, True])
+def test_the_scaled_view_is_the_layer_with_logits_s_squared_larger_and_unscale_inverts_it(biases):
     m, s = _small(), 7.0
+    if biases:  # q/k biases stay, the value bias shrinks with the tokens (Qwen2)
+        r = np.random.default_rng(4)
+        m = dataclasses.replace(m, bq=r.standard_normal(m.bq.shape), bk=r.standard_normal(m.bk.shape),
+                                bv=r.standard_normal(m.bv.shape))
     X = np.random.default_rng(0).standard_normal((5, 6, 16))
     view = ScaledTokens(Oracle(m, 16), s)
-    learned = dataclasses.replace(m, Wq=m.Wq * s, Wk=m.Wk * s, bo=m.bo / s)  # what a route learns on the view
+    learned = dataclasses.replace(m, Wq=m.Wq * s, Wk=m.Wk * s, bv=m.bv / s, bo=m.bo / s)  # what a route learns
     assert np.allclose(view(X), learned(X), rtol=1e-12, atol=1e-12)
     assert np.allclose(unscale(learned, s)(X), m(X), rtol=1e-12, atol=1e-12)
     assert view.d == 16 and view.queries == 5  # the oracle's own width and count (sequences)

@@ -363,7 +363,7 @@ def split_value_maps(V: np.ndarray, M: np.ndarray):
 def coarse_queries(d: int, H: int, outputs: int | None = None, *, walk: int = 1, per: int = VALUE_QUERIES,
                    biases: bool = False) -> int:
     """Queries :func:`coarse_start` asks (the walk's halved steps apart): values, the walk, the value maps, the
-    token-scale probe and the logit maps' sequences (bias-free: the logits' size probe first; ``biases``: the
+    token-scale probe and the logit maps' sequences (the logits' size probe first; ``biases``: the
     token scale's 16 with the keys flipped, and
     :func:`~.coarse_bias.biased_logit_maps`'s sequences)."""
     K = outputs or d
@@ -372,9 +372,10 @@ def coarse_queries(d: int, H: int, outputs: int | None = None, *, walk: int = 1,
     first = min(d, 2 * H + 8)
     if biases:  # the first probe's directions lie in the kernel of M: at most d − d_h dimensions (one KV group)
 
-        logits = 16 + coarse_bias.biased_logit_map_queries(d, dh, extra=logit_settings(d, dh).get("extra", 16))
+        logits = TOKEN_PAIRS + 16 + coarse_bias.biased_logit_map_queries(d, dh,
+                                                                         extra=logit_settings(d, dh).get("extra", 16))
         first = min(d - dh, first)
-    else:  # the logits' size probe (token_scale.py) first
+    else:  # the logits' size probe (token_scale.py) first, with or without biases
         logits = TOKEN_PAIRS + logit_map_queries(d, dh, extra=logit_settings(d, dh).get("extra", 16))
     return (2 * d * VALUE_REPEATS + probe * first + probe * (H + 4) * (walk * math.ceil(K / H) + 4)
             + probe * (H + 4) * per * d + 16 + logits)
@@ -428,11 +429,11 @@ def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None
     d = oracle.d
     rho = math.sqrt(d)
     M, c = coarse_values(oracle, rng, rho)
-    up, flat = 1.0, None
-    if not biases:  # small weights: the probes on tokens scaled up to logits of order one (token_scale.py)
-        up, flat = token_scale(oracle, M, c, rng, rho)
-        if up != 1.0:
-            oracle, c = ScaledTokens(oracle, up), c / up
+    # small weights: the probes on tokens scaled up to logits of order one (token_scale.py; q/k biases stay as they
+    # are in the scaled layer, the value and output biases shrink with it)
+    up, flat = token_scale(oracle, M, c, rng, rho)
+    if up != 1.0:
+        oracle, c = ScaledTokens(oracle, up), c / up
     kernel = coarse_bias.coarse_kernel(M, H) if biases else key_probe_kernel(M, H, key_probe)
     rough, G = coarse_output_spaces(oracle, M, rng, H, walk, kernel=kernel)
     probe = rng.standard_normal((16, len(LOGIT_OFFSETS) + 1, d))  # the logits' size, read in the rough spaces

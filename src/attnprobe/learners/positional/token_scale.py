@@ -1,7 +1,8 @@
-"""The tokens' scale for small logits: a bias-free RoPE layer seen on tokens scaled by ``s``.
+"""The tokens' scale for small logits: a RoPE layer seen on tokens scaled by ``s``.
 
-Bias-free attention is homogeneous in its tokens: ``f(sX)/s`` is the same layer with every logit ``s²`` times
-larger, the same value maps ``V_h`` and the output bias ``c/s``. The coarse route's probes are calibrated for
+Attention is homogeneous in its tokens up to its biases: ``f(sX)/s`` is the same layer with ``W_Q``, ``W_K`` times
+``s`` (bias-free logits ``s²`` larger), the same value maps ``V_h``, the same query and key biases and the value
+and output biases over ``s`` (the output's constant ``c/s``). The coarse route's probes are calibrated for
 logits of order one at tokens of norm ``√d`` (random-init layers at ``1/√d`` weights: median ``|logit|`` 0.6 … 0.7
 at d = 32); a layer at smaller weights (``transformers``' default ``initializer_range = 0.02`` at d = 32: ~0.01)
 leaves the attention nearly uniform there, its heads do not separate at float32's rounding, and the route failed
@@ -74,7 +75,8 @@ def token_scale(oracle, M: np.ndarray, c: np.ndarray, rng: np.random.Generator, 
 
 def unscale(model, s: float):
     """The layer a route learned on :class:`ScaledTokens` (``s``), for the oracle itself: ``W_Q``, ``W_K`` over
-    ``s`` (logits ``s²`` smaller), the output bias times ``s``; bias-free query and key maps only."""
+    ``s`` (logits ``s²`` smaller), the value and output biases times ``s``; the query and key biases as they are
+    (``(sW_Q x + b_Q)ᵀ R (sW_K x + b_K)`` is the scaled layer's logit with the same biases)."""
     if s == 1.0:
         return model
-    return dataclasses.replace(model, Wq=model.Wq / s, Wk=model.Wk / s, bo=model.bo * s)
+    return dataclasses.replace(model, Wq=model.Wq / s, Wk=model.Wk / s, bv=model.bv * s, bo=model.bo * s)
