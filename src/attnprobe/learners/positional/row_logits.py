@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from attnprobe.errors import ConfigError
-from attnprobe.models.positional import rotate, rotation_matrix, rotation_pairs  # noqa: F401  (rotation_matrix: the tests)
+from attnprobe.models.positional import rotation_matrix  # noqa: F401  (the tests' rotation)
 
 #: tokens per sequence below the heads' width (the weights' solve loses conditioning as N → d_h)
 MARGIN = 8
@@ -153,11 +153,14 @@ class _Scores:
         N = w.shape[-1]
         dh = 2 * len(theta)
         self.theta = theta
-        self.angles = np.arange(N)[:, None] * theta[None, :]
-        self.pairs = rotation_pairs(dh, "half")
+        angles = np.arange(N)[:, None] * theta[None, :]
+        self.cos, self.sin, self.h = np.cos(angles), np.sin(angles), dh // 2
 
     def rot(self, x: np.ndarray, sign: float = 1.0) -> np.ndarray:
-        return rotate(x, sign * self.angles, self.pairs)
+        """``R(±i)`` on the last axis of ``x (..., N, d_h)`` (rotate-half pairs), row ``i`` at position ``i``."""
+        a, b = x[..., :self.h], x[..., self.h:]
+        s = sign * self.sin
+        return np.concatenate([a * self.cos - b * s, b * self.cos + a * s], axis=-1)
 
     def center(self, S: np.ndarray) -> np.ndarray:
         """``w ⊙ P(S)``."""
@@ -207,20 +210,42 @@ def _moment(v: np.ndarray, weight: np.ndarray, sc: "_Scores", per_offset: np.nda
     """``D = Σ_δ p(δ) R(−sign·δ) C R(−sign·δ)ᵀ`` per head (``C`` the ``weight``-weighted second moment of the
     unrotated vectors ``v (B, m, N, d_h)``, ``p (m, N)`` the samples' weight per token at ``i − j = δ``): the other
     side's design ``R(j − i) k_j`` (or ``R(i − j) q_i``, ``sign = −1``) averaged over the rows, the first factor of
-    the Kronecker preconditioner ``D ⊗ XᵀX`` (a full ``d_h × d_h``: the low frequencies barely turn)."""
-    C = np.einsum("bmn,bmnk,bmnl->mkl", weight, v, v) / np.maximum(weight.sum((0, 2)), 1e-300)[:, None, None]
-    D = np.zeros_like(C)
-    for delta in range(per_offset.shape[1]):
-        ang = -sign * delta * sc.theta
-        RC = np.swapaxes(rotate(np.swapaxes(rotate(C, ang, sc.pairs), -1, -2), ang, sc.pairs), -1, -2)
-        D += per_offset[:, delta, None, None] * RC
-    return D
+    the Kronecker preconditioner ``D ⊗ XᵀX`` (a full ``d_h × d_h``: the low frequencies barely turn). With
+    ``R = [[c, −s], [s, c]]`` per pair the sum over δ is four ``h × h`` weighted products of cosines and sines."""
+    B, m, N, dh = v.shape
+    h = dh // 2
+    vw = (v * weight[..., None]).transpose(1, 0, 2, 3).reshape(m, -1, dh)
+    C = np.swapaxes(vw, 1, 2) @ v.transpose(1, 0, 2, 3).reshape(m, -1, dh)
+    C /= np.maximum(weight.sum((0, 2)), 1e-300)[:, None, None]
+    phi = -sign * np.arange(N)[:, None] * sc.theta[None, :]
+    cos, sin = np.cos(phi), np.sin(phi)
+    CC, CS = np.einsum("mn,np,nq->mpq", per_offset, cos, cos), np.einsum("mn,np,nq->mpq", per_offset, cos, sin)
+    SS = np.einsum("mn,np,nq->mpq", per_offset, sin, sin)
+    SC = np.swapaxes(CS, 1, 2)
+    A, Bm, Bt, Dm = C[:, :h, :h], C[:, :h, h:], C[:, h:, :h], C[:, h:, h:]
+    top = np.concatenate([CC * A - SC * Bt - CS * Bm + SS * Dm, CS * A - SS * Bt + CC * Bm - SC * Dm], axis=2)
+    bottom = np.concatenate([SC * A + CC * Bt - SS * Bm - CS * Dm, SS * A + CS * Bt + SC * Bm + CC * Dm], axis=2)
+    return np.concatenate([top, bottom], axis=1)
 
 
 def _offset_weights(w: np.ndarray) -> np.ndarray:
     """The samples' weight per token at each offset ``i − j = δ``: (H, N)."""
     n = w.shape[0] * w.shape[2]
     return np.stack([np.diagonal(w, -delta, 2, 3).sum((0, 2)) for delta in range(w.shape[-1])], axis=1) / n
+
+
+def _balance(Wq: np.ndarray, Wk: np.ndarray):
+    """The gauge's scales that balance it: each group's rotated pair scaled so that its queries (the group's heads
+    pooled, per head) and its keys have one norm (``q → c q``, ``k → k / c`` leaves every score unchanged): the
+    factors per head ``(H, d_h)`` and per group ``(G, d_h)``."""
+    G, dh, _ = Wk.shape
+    H = Wq.shape[0]
+    h = dh // 2
+    nq = np.sqrt((Wq.reshape(G, H // G, 2, h, -1) ** 2).sum((1, 2, 4)) / (H // G))
+    nk = np.sqrt((Wk.reshape(G, 2, h, -1) ** 2).sum((1, 3)))
+    c = np.sqrt(nk / np.maximum(nq, 1e-300))  # (G, h)
+    c = np.concatenate([c, c], axis=1)
+    return np.repeat(c, H // G, axis=0), c
 
 
 def _inverse(D: np.ndarray) -> np.ndarray:
@@ -235,7 +260,7 @@ def _precondition(tokens: "BlockTokens", Dinv: np.ndarray, G: np.ndarray) -> np.
 
 def gauss_newton_logit_maps(tokens: BlockTokens, ell: np.ndarray, w: np.ndarray, theta: np.ndarray, groups: int,
                             start, *, rounds: int = ROUNDS, cg_steps: int = CG_STEPS, cg_near: int = CG_NEAR,
-                            damping: float = DAMPING, log=None):
+                            damping: float = DAMPING, damping_floor: float = 1e-6, balance: bool = True, log=None):
     """Levenberg–Marquardt on the same misfit as :func:`fit_logit_maps`, ``W_Q`` and ``W_K`` together: each step
     ``(JᵀWJ + λD) δ = JᵀW r`` by conjugate gradients preconditioned by the blocks ``D_Q ⊗ XᵀX`` and
     ``D_K ⊗ XᵀX`` (the gauge's null directions are harmless: the system is consistent)."""
@@ -286,7 +311,11 @@ def gauss_newton_logit_maps(tokens: BlockTokens, ell: np.ndarray, w: np.ndarray,
         if trial[3] < misfit:
             Wq, Wk = Wq + dq, Wk + dk
             qt, kt, r, misfit = trial
-            lam = max(lam / 3, 1e-6)
+            if balance:
+                cq, ck = _balance(Wq, Wk)
+                Wq, Wk = Wq * cq[:, :, None], Wk / ck[:, :, None]
+                qt, kt = qt * cq[None, :, None], kt / cq[None, :, None]
+            lam = max(lam / 3, damping_floor)
         else:
             lam *= 4
         if log is not None:
