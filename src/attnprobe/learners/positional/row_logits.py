@@ -33,8 +33,9 @@ SUPPORT = 64
 #: Levenberg–Marquardt rounds, conjugate-gradient steps a round while the misfit is above NEAR (inexact steps
 #: keep a random start's first rounds short and tame) and below it, the first damping
 ROUNDS, CG_STEPS, CG_NEAR, NEAR, DAMPING = 40, 10, 40, 0.05, 1e-3
-#: the least damping (LLaMA's head shape d = 128, 1/1, base 5e5, exact rows, random start: misfit 2.0e-2 after 20
-#: rounds with 1e-2, 4.1e-2 with 1e-6: the barely turning pairs' near-gauge directions take huge steps undamped)
+#: the least damping while the misfit is above NEAR (1e-6 below it). LLaMA's head shape d = 128, 1/1, base 5e5,
+#: exact rows, random start: misfit 2.0e-2 after 20 rounds with 1e-2, 4.1e-2 with 1e-6 (the barely turning pairs'
+#: near-gauge directions take huge steps undamped)
 DAMPING_FLOOR = 1e-2
 
 
@@ -149,14 +150,15 @@ class _Scores:
     """The centred scores of every head and row: ``P(q̃_iᵀ k̃_j)`` with ``P`` the weighted centring over each row's
     keys (``w``-orthogonal, so the normal operator is ``Jᵀ (w ⊙ P(·))``)."""
 
-    def __init__(self, w: np.ndarray, theta: np.ndarray, groups: int):
+    def __init__(self, w: np.ndarray, theta: np.ndarray, groups: int, positions=None):
         self.w, self.groups = w, groups
         self.wsum = w.sum(-1, keepdims=True)
         self.wsum[self.wsum == 0] = np.inf
         N = w.shape[-1]
         dh = 2 * len(theta)
         self.theta = theta
-        angles = np.arange(N)[:, None] * theta[None, :]
+        self.positions = np.arange(N) if positions is None else np.asarray(positions)
+        angles = self.positions[:, None] * theta[None, :]
         self.cos, self.sin, self.h = np.cos(angles), np.sin(angles), dh // 2
 
     def rot(self, x: np.ndarray, sign: float = 1.0) -> np.ndarray:
@@ -209,9 +211,10 @@ def _pcg(op, b: np.ndarray, x: np.ndarray, precondition, steps: int) -> np.ndarr
     return x
 
 
-def _moment(v: np.ndarray, weight: np.ndarray, sc: "_Scores", per_offset: np.ndarray, sign: float) -> np.ndarray:
+def _moment(v: np.ndarray, weight: np.ndarray, sc: "_Scores", offsets: tuple, sign: float) -> np.ndarray:
     """``D = Σ_δ p(δ) R(−sign·δ) C R(−sign·δ)ᵀ`` per head (``C`` the ``weight``-weighted second moment of the
-    unrotated vectors ``v (B, m, N, d_h)``, ``p (m, N)`` the samples' weight per token at ``i − j = δ``): the other
+    unrotated vectors ``v (B, m, N, d_h)``, ``offsets = (δ, p (m, k))`` the samples' weight per token at each offset
+    ``i − j = δ``, :func:`_offset_weights`): the other
     side's design ``R(j − i) k_j`` (or ``R(i − j) q_i``, ``sign = −1``) averaged over the rows, the first factor of
     the Kronecker preconditioner ``D ⊗ XᵀX`` (a full ``d_h × d_h``: the low frequencies barely turn). With
     ``R = [[c, −s], [s, c]]`` per pair the sum over δ is four ``h × h`` weighted products of cosines and sines."""
@@ -220,7 +223,8 @@ def _moment(v: np.ndarray, weight: np.ndarray, sc: "_Scores", per_offset: np.nda
     vw = (v * weight[..., None]).transpose(1, 0, 2, 3).reshape(m, -1, dh)
     C = np.swapaxes(vw, 1, 2) @ v.transpose(1, 0, 2, 3).reshape(m, -1, dh)
     C /= np.maximum(weight.sum((0, 2)), 1e-300)[:, None, None]
-    phi = -sign * np.arange(N)[:, None] * sc.theta[None, :]
+    offs, per_offset = offsets
+    phi = -sign * offs[:, None] * sc.theta[None, :]
     cos, sin = np.cos(phi), np.sin(phi)
     CC, CS = np.einsum("mn,np,nq->mpq", per_offset, cos, cos), np.einsum("mn,np,nq->mpq", per_offset, cos, sin)
     SS = np.einsum("mn,np,nq->mpq", per_offset, sin, sin)
@@ -231,10 +235,14 @@ def _moment(v: np.ndarray, weight: np.ndarray, sc: "_Scores", per_offset: np.nda
     return np.concatenate([top, bottom], axis=1)
 
 
-def _offset_weights(w: np.ndarray) -> np.ndarray:
-    """The samples' weight per token at each offset ``i − j = δ``: (H, N)."""
+def _offset_weights(w: np.ndarray, positions: np.ndarray):
+    """The offsets ``i − j ≥ 0`` between the tokens' positions and the samples' weight per token at each: offsets
+    (k,) and weights (H, k)."""
     n = w.shape[0] * w.shape[2]
-    return np.stack([np.diagonal(w, -delta, 2, 3).sum((0, 2)) for delta in range(w.shape[-1])], axis=1) / n
+    delta = positions[:, None] - positions[None, :]
+    offsets = np.unique(delta[delta >= 0])
+    per_head = w.sum(0)  # (H, N, N)
+    return offsets, np.stack([per_head[:, delta == o].sum(-1) for o in offsets], axis=1) / n
 
 
 def _balance(Wq: np.ndarray, Wk: np.ndarray):
@@ -264,7 +272,7 @@ def _precondition(tokens: "BlockTokens", Dinv: np.ndarray, G: np.ndarray) -> np.
 def gauss_newton_logit_maps(tokens: BlockTokens, ell: np.ndarray, w: np.ndarray, theta: np.ndarray, groups: int,
                             start, *, rounds: int = ROUNDS, cg_steps: int = CG_STEPS, cg_near: int = CG_NEAR,
                             damping: float = DAMPING, damping_floor: float = DAMPING_FLOOR, balance: bool = True,
-                            log=None):
+                            positions=None, log=None):
     """``W_Q (H, d_h, d)`` and ``W_K (G, d_h, d)`` minimising ``Σ w (P(ℓ) − P(q̃_iᵀ k̃_j))²`` over every head, row
     and key (``ell, w (B, H, N, N)`` from :func:`log_weight_samples`, ``tokens`` the ``B·N`` tokens in order, ``P``
     the weighted centring over a row's keys) by Levenberg–Marquardt on both maps from ``start``: each step
@@ -274,12 +282,12 @@ def gauss_newton_logit_maps(tokens: BlockTokens, ell: np.ndarray, w: np.ndarray,
     failure; ``balance``: each pair's gauge scale balanced after a step. The scale is in ``W_Q`` (score
     ``q̃ᵀk̃``). ``log(round, misfit)``: the relative weighted misfit after each round."""
     B, H, N, _ = ell.shape
-    sc = _Scores(w, theta, groups)
+    sc = _Scores(w, theta, groups, positions)
     target = sc.center(ell)
     norm = float(np.sqrt(np.sum(target * ell))) or 1.0
     Wq, Wk = start
     nq = Wq.size
-    offs = _offset_weights(w)
+    offs = _offset_weights(w, sc.positions)
     lam = damping
 
     def split(v):
@@ -324,7 +332,7 @@ def gauss_newton_logit_maps(tokens: BlockTokens, ell: np.ndarray, w: np.ndarray,
                 cq, ck = _balance(Wq, Wk)
                 Wq, Wk = Wq * cq[:, :, None], Wk / ck[:, :, None]
                 qt, kt = qt * cq[None, :, None], kt / cq[None, :, None]
-            lam = max(lam / 3, damping_floor)
+            lam = max(lam / 3, damping_floor if misfit > NEAR else 1e-6)
         else:
             lam *= 4
         if log is not None:
