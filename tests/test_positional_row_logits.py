@@ -8,6 +8,8 @@ import pytest
 from attnprobe.errors import ConfigError
 from attnprobe.learners.positional import row_logits
 from attnprobe.learners.positional.coarse import split_value_maps
+from attnprobe.learners.positional.start_plan import row_logit_tokens
+from attnprobe.oracles.base import Oracle
 from attnprobe.targets import random_rope_attention
 
 
@@ -57,3 +59,21 @@ def test_the_rows_are_refused_past_the_heads_width():
     X = np.random.default_rng(0).standard_normal((1, 17, 32))
     with pytest.raises(ConfigError, match="at most 16 tokens"):
         row_logits.attention_from_rows(truth.every_position(X), X, Cb, G, 0.0)
+
+
+def test_the_stage_asks_what_its_plan_counts():
+    truth, Cb, G = _parts(64, 2, 1, 1e4)
+
+    class Rows:
+        tokens = 0
+
+        def __call__(self, X):
+            Rows.tokens += X.shape[0] * X.shape[1]
+            return truth.every_position(X)
+
+    oracle = Oracle(Rows(), 64, positions="causal")
+    sequences, tokens = row_logit_tokens(64, 2, per=16)
+    Wq, Wk = row_logits.row_logit_maps(oracle, Cb, G, 0.0, truth.inv_freq, 1, np.random.default_rng(0),
+                                       sequences=sequences, rounds=0)
+    assert oracle.queries == sequences and Rows.tokens == tokens
+    assert Wq.shape == (2, 32, 64) and Wk.shape == (1, 32, 64)

@@ -25,7 +25,7 @@ import numpy as np
 
 from attnprobe.learners.positional import coarse, row_logits
 from attnprobe.learners.positional.logit_samples import LOGIT_OFFSETS
-from attnprobe.learners.positional.start_plan import coarse_start_tokens, victim_macs_per_token
+from attnprobe.learners.positional.start_plan import coarse_start_tokens, row_logit_tokens, victim_macs_per_token
 from attnprobe.learners.positional.value_span import span_queries, split_span, value_span
 from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.models.positional import PositionalAttention, rope_frequencies
@@ -153,9 +153,7 @@ def run(args, oracle, fn, truth, H: int, kv: int, t0: float) -> None:
 
     print("| d | stage | queries (plan) | tokens | victim s | learner s | peak GB | measured |")
     if args.logits == "rows":
-        N = d // H - row_logits.MARGIN
-        count = math.ceil(args.row_tokens * d / N)
-        plan["logit maps"] = (count, count * N)
+        plan["logit maps"] = row_logit_tokens(d, H, args.row_tokens, row_logits.MARGIN)
         if args.cache and os.path.exists(args.cache):
             z = np.load(args.cache)
             print(f"value maps, output bias and token scale read from {args.cache}", flush=True)
@@ -210,7 +208,7 @@ def logits(args, oracle, fn, truth, rng, Cb, G, c, scale, stage, t0) -> None:
     theta = rope_frequencies(dh, BASE)
     if args.logits == "rows":
         kv = shape(d)[1]
-        count = math.ceil(args.row_tokens * d / (dh - row_logits.MARGIN))
+        count = row_logit_tokens(d, G.shape[0], args.row_tokens, row_logits.MARGIN)[0]
         Wq, Wk = row_logits.row_logit_maps(oracle, Cb, G, c, theta, kv, rng, sequences=count, support=args.support,
                                            scale=scale, rounds=args.rounds, cg_steps=args.cg_steps,
                                            log=lambda r, m: print(f"  round {r}: misfit {m:.2e}, "
