@@ -9,6 +9,7 @@ from attnprobe.errors import ConfigError
 from attnprobe.learners.positional import row_logits
 from attnprobe.learners.positional.coarse import split_value_maps
 from attnprobe.learners.positional.start_plan import row_logit_tokens
+from attnprobe.models.positional import rotation_matrix
 from attnprobe.oracles.base import Oracle
 from attnprobe.targets import random_rope_attention
 
@@ -50,7 +51,7 @@ def test_the_fit_gives_the_logit_maps_up_to_the_gauge():
     for h in range(heads):
         for delta in (0, -3, -40):
             true = truth.logit_matrix(h, delta)
-            found = fit_q[h].T @ row_logits.rotation_matrix(delta, truth.inv_freq, d // heads) @ fit_k[h // heads]
+            found = fit_q[h].T @ rotation_matrix(delta, truth.inv_freq, d // heads) @ fit_k[h // heads]
             assert np.linalg.norm(found - true) < 1e-6 * np.linalg.norm(true)
 
 
