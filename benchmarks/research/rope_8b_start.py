@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import resource
 import time
 
 import numpy as np
 
-from attnprobe.learners.positional import coarse
+from attnprobe.learners.positional import coarse, row_logits
 from attnprobe.learners.positional.logit_samples import LOGIT_OFFSETS
-from attnprobe.learners.positional.start_plan import coarse_start_tokens, victim_macs_per_token
+from attnprobe.learners.positional.start_plan import coarse_start_tokens, row_logit_tokens, victim_macs_per_token
 from attnprobe.learners.positional.value_span import span_queries, split_span, value_span
 from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.models.positional import PositionalAttention, rope_frequencies
@@ -104,10 +105,21 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=2, help="the logit maps' random sequences per entry of M(δ)")
     ap.add_argument("--values", default="walk", choices=("walk", "span"),
                     help="the value maps: the route's walk and value-map stage, or value_span.py's")
+    ap.add_argument("--logits", default="route", choices=("route", "rows"),
+                    help="the logit maps: the route's regressions, or row_logits.py's fit to every-position rows")
+    ap.add_argument("--row-tokens", type=float, default=16, help="rows: tokens per input dimension (sequences of "
+                    "d_h - 8 tokens)")
+    ap.add_argument("--support", type=int, default=row_logits.SUPPORT, help="rows: nonzero coordinates per token")
+    ap.add_argument("--rounds", type=int, default=row_logits.ROUNDS, help="rows: Gauss-Newton rounds")
+    ap.add_argument("--cg-steps", type=int, default=row_logits.CG_STEPS, help="rows: conjugate-gradient steps a round")
+    ap.add_argument("--cache", help="rows: an .npz of the value maps and token scale (written after the values, "
+                    "read instead of them when it exists)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.victim_rate:
         return victim_rates(args.victim_rate)
+    if args.logits == "rows" and args.values != "span":
+        ap.error("--logits rows reads every-position rows: give --values span")
     d = args.d
     H, kv = shape(d)
     rope = {"rope_type": "default", "rope_theta": BASE}
@@ -140,6 +152,12 @@ def run(args, oracle, fn, truth, H: int, kv: int, t0: float) -> None:
         mark.update(t=now, q=oracle.queries, tok=fn.tokens, vs=fn.seconds)
 
     print("| d | stage | queries (plan) | tokens | victim s | learner s | peak GB | measured |")
+    if args.logits == "rows":
+        plan["logit maps"] = row_logit_tokens(d, H, args.row_tokens, row_logits.MARGIN)
+        if args.cache and os.path.exists(args.cache):
+            z = np.load(args.cache)
+            print(f"value maps, output bias and token scale read from {args.cache}", flush=True)
+            return logits(args, oracle, fn, truth, rng, z["Cb"], z["G"], z["c"], float(z["scale"]), stage, t0)
     M, c = coarse.coarse_values(oracle, rng, math.sqrt(d))
     kernel = coarse.key_probe_kernel(M, H)
     Mt = truth.value_maps().sum(0)
@@ -161,6 +179,8 @@ def run(args, oracle, fn, truth, H: int, kv: int, t0: float) -> None:
         med = max(float(np.nanmedian(np.abs(ell))), 1e-12)
         scale = float(np.clip(math.sqrt(coarse.TARGET_LOGIT / med), 1e-3, 1e3))
         stage("token scale", f"median logit {med:.2f}, token scale {scale:.2f}")
+        if args.cache:
+            np.savez(args.cache, Cb=Cb, G=G, c=c, scale=scale)
         if args.stop:
             return summary(plan, d)
         return logits(args, oracle, fn, truth, rng, Cb, G, c, scale, stage, t0)
@@ -186,10 +206,19 @@ def logits(args, oracle, fn, truth, rng, Cb, G, c, scale, stage, t0) -> None:
     d = args.d
     dh = G.shape[1]
     theta = rope_frequencies(dh, BASE)
-    settings = coarse.logit_settings(d, dh)
-    if args.logit_extra is not None:
-        settings["extra"] = args.logit_extra
-    Wq, Wk, count = coarse.logit_maps(oracle, rng, Cb, G, c, theta, scale, samples=args.samples, **settings)
+    if args.logits == "rows":
+        kv = shape(d)[1]
+        count = row_logit_tokens(d, G.shape[0], args.row_tokens, row_logits.MARGIN)[0]
+        Wq, Wk = row_logits.row_logit_maps(oracle, Cb, G, c, theta, kv, rng, sequences=count, support=args.support,
+                                           scale=scale, rounds=args.rounds, cg_steps=args.cg_steps,
+                                           log=lambda r, m: print(f"  round {r}: misfit {m:.2e}, "
+                                                                  f"{time.perf_counter() - t0:.0f} s", flush=True))
+        Wk = np.repeat(Wk, G.shape[0] // kv, axis=0)
+    else:
+        settings = coarse.logit_settings(d, dh)
+        if args.logit_extra is not None:
+            settings["extra"] = args.logit_extra
+        Wq, Wk, count = coarse.logit_maps(oracle, rng, Cb, G, c, theta, scale, samples=args.samples, **settings)
     model = PositionalAttention(Wq, Wk, G, Cb, bo=c, position="rope", inv_freq=theta, layout="half", scale=1.0,
                                 causal=True)
     stage("logit maps", f"{count} sequences")

@@ -54,3 +54,12 @@ def victim_macs_per_token(d: int, heads: int, kv_heads: int | None = None, outpu
     K = outputs or d
     dh = K // heads
     return d * (heads + 2 * (kv_heads or heads)) * dh + heads * dh * K
+
+
+def row_logit_tokens(d: int, heads: int, per: float = 16, margin: int = 8) -> tuple[int, int]:
+    """``(sequences, tokens)`` of :func:`~.row_logits.row_logit_maps` at ``per·d`` tokens in sequences of
+    ``d_h − margin`` (every row of each answered: the logit stage's plan when the value maps come from
+    :mod:`.value_span`)."""
+    length = d // heads - margin
+    sequences = math.ceil(per * d / length)
+    return sequences, sequences * length
