@@ -68,8 +68,12 @@ JOURNAL = "finished.jsonl"
 
 
 def task_key(task: Task) -> str:
-    """What makes two tasks the same work: head spec, method, defence, seed, budget and rank."""
-    return json.dumps([asdict(task.head), task.method, task.defense.name, task.seed, task.budget, task.rank])
+    """What makes two tasks the same work: head spec, method, defence, seed, budget and rank (a spec's ``block``
+    only when set, so journals written before blocks were audited keep their keys)."""
+    spec = asdict(task.head)
+    if not spec["block"]:
+        del spec["block"]
+    return json.dumps([spec, task.method, task.defense.name, task.seed, task.budget, task.rank])
 
 
 def _fingerprint(source: str) -> str:
