@@ -201,6 +201,17 @@ def test_a_bert_folder_is_refused_block_by_block_with_its_cause(bert, tmp_path, 
     assert "unknown: no block was recovered by block from undefended answers" in html
 
 
+def test_a_defence_reaches_the_block_learner(llama, tmp_path, capsys, monkeypatch):
+    """float32 answers (the defence's cast on the block's answers): the block learner, which reads float64 answers,
+    refuses every block before its first query, naming the precision (the defence reached the oracle)."""
+    monkeypatch.setitem(audit_run.ENGINES, "processes", _in_process)
+    out = tmp_path / "audit"
+    rc, stdout, _ = run(capsys, *_audit(llama, out, "--defense", "float32"))
+    res = json.loads((out / "results.json").read_text())
+    assert rc == 0 and f"{LAYERS} tasks refused" in stdout
+    assert all("these answers are float32" in r["error"] and r["queries"] == 0 for r in res["heads"])
+
+
 @pytest.mark.parametrize("extra, says", [
     (["--model", "minilm"], "give --hf-dir DIR"),
     (["--layers", "2"], "--layers '2' is outside 0..1"),
