@@ -26,6 +26,7 @@ from attnprobe.learners.core.skeleton import Run
 from attnprobe.learners.multihead.options import HEADS
 from attnprobe.models.block import fold_norm_weights
 from attnprobe.models.io import load_model
+from attnprobe.oracles.querylog import MAX_PROBES
 from attnprobe.targets.block_folders import llama_block_folder
 
 #: the LLaMA folder: width, heads (one KV head), SwiGLU width, decoder layers (the block learner's RoPE stage needs
@@ -71,9 +72,13 @@ def _off(block, error: float):
 
 def _in_process(tasks, on_result, workers=1):
     """An engine running each task here, in order (the tasks' code is the engines' own: run_task)."""
+    return _in_process_with(run_task, tasks, on_result)
+
+
+def _in_process_with(runner, tasks, on_result):
     records = []
     for i, task in enumerate(tasks):
-        records.append(run_task(task))
+        records.append(runner(task))
         on_result(i, records[-1])
     return records, False
 
@@ -181,6 +186,37 @@ def test_a_resumed_block_audit_reuses_its_journal_without_asking_the_blocks(llam
     assert rc == 0 and "resumed 1 finished tasks" in stdout and again["resumed"] == 1
     assert [{k: v for k, v in r.items() if k != "seconds"} for r in again["heads"]] == \
         [{k: v for k, v in r.items() if k != "seconds"} for r in first]
+
+
+def test_a_block_task_takes_the_answers_it_paid_for_from_its_query_log(llama, tmp_path, peek):
+    """A block task given a query log, run again (as after a kill mid-task): the answers it had asked come from
+    the log, not from the block (the functional check is always asked afresh), and the result is the same."""
+    task = Task(HeadSpec(str(llama), 1, None, None, H, block=True), "peek", log=str(tmp_path / "logs" / "B1.sqlite"))
+    first, again = run_task(task), run_task(task)
+    assert first["error"] is None and first["from_log"] == 0 and first["log_note"] is None
+    assert again["from_log"] == first["queries"] == 3
+    # the resumed log first re-asks a few of its sequences (at most MAX_PROBES), checking it is this block's
+    assert 0 < again["queries"] - first["queries"] <= MAX_PROBES
+    assert all(np.array_equal(first["arrays"][k], again["arrays"][k]) for k in first["arrays"])
+    other = Task(HeadSpec(str(llama), 0, None, None, H, block=True), "peek", log=task.log)
+    assert "ConfigError" in run_task(other)["error"]  # another block's log is refused, not read
+
+
+def test_an_audit_gives_each_block_a_query_log_and_drops_it_once_journaled(llama, tmp_path, peek, monkeypatch):
+    """Every block task runs with its own log under out/logs (the path named by the task's work); once its record
+    is in the journal the log is removed, and with it the emptied folder."""
+    seen = []
+
+    def watched(task):
+        seen.append(task.log)
+        return run_task(task)
+
+    monkeypatch.setattr(audit_run, "ENGINES", dict(audit_run.ENGINES, processes=lambda tasks, on_result, workers=1:
+                                                   _in_process_with(watched, tasks, on_result)))
+    tasks = [Task(HeadSpec(str(llama), layer, None, None, H, block=True), "peek") for layer in range(LAYERS)]
+    res = run_audit(tasks, tmp_path / "out", progress=False)
+    assert len(set(seen)) == LAYERS and all(p.startswith(str((tmp_path / "out" / "logs").resolve())) for p in seen)
+    assert all(r["from_log"] == 0 for r in res.records) and not (tmp_path / "out" / "logs").exists()
 
 
 def test_a_bert_folder_is_refused_block_by_block_with_its_cause(bert, tmp_path, capsys, monkeypatch):

@@ -198,6 +198,10 @@ class Task:
     budget: int | None = None
     rank: int | None = None
     module: str | None = None
+    #: where the task keeps its query log (:class:`~attnprobe.oracles.querylog.QueryLog`; the audit gives one to
+    #: block tasks, which run for minutes): a task killed mid-way and run again takes the answers it paid for from
+    #: it. Not part of what makes two tasks the same work.
+    log: str | None = None
 
     def __post_init__(self) -> None:
         if self.module is None and self.method in {e.name for e in registry.learners()}:
@@ -267,13 +271,33 @@ def failed_record(task: Task, error: str | None) -> dict:
             "arrays": None}
 
 
+def query_log(task: Task, chain) -> tuple[object | None, str | None]:
+    """The task's query log (None without ``task.log``) and, when it cannot be written where the task runs (a Ray
+    node without that folder, a full disk), None and why: the task then runs without one and its record says so. A
+    log of another oracle is refused (a :class:`ConfigError`: the task fails naming it)."""
+    if task.log is None:
+        return None, None
+    from attnprobe.oracles.querylog import QueryLog, file_identity, identity_of
+
+    spec = task.head
+    identity = identity_of(f"hf {file_identity(Path(spec.source) / 'model.safetensors')}", block=spec.layer,
+                           dtype="float64")
+    try:
+        Path(task.log).parent.mkdir(parents=True, exist_ok=True)
+        return QueryLog(task.log, identity=identity, defences=chain.spec), None
+    except OSError as exc:
+        return None, f"no query log: cannot write {task.log} here ({exc.strerror or exc})"
+
+
 def _victim(task: Task):
-    """The oracle a task attacks and a function giving the truth (for a block read from the oracle's own layer
-    module, once the learner has finished: a refused block loads nothing more)."""
+    """The oracle a task attacks, a function giving the truth (for a block read from the oracle's own layer
+    module, once the learner has finished: a refused block loads nothing more) and why the task runs without the
+    query log it was given (None: it has it, or was given none)."""
     spec, chain = task.head, task.defense.seeded(task.seed)
     if spec.block:
-        oracle = spec.block_oracle(budget=task.budget, chain=chain)
-        return oracle, lambda: spec.target(oracle)
+        log, why = query_log(task, chain)
+        oracle = spec.block_oracle(budget=task.budget, chain=chain, log=log)
+        return oracle, lambda: spec.target(oracle), why
     truth = spec.target()
     outputs = truth.v.shape[1] if spec.kind.vector else None  # K known: no query spent to find it
     fn = truth
@@ -281,7 +305,7 @@ def _victim(task: Task):
         from attnprobe.models.every_position import EveryPositionLayer
 
         fn = EveryPositionLayer(truth)
-    return Oracle(fn, truth.d, budget=task.budget, chain=chain, outputs=outputs), lambda: truth
+    return Oracle(fn, truth.d, budget=task.budget, chain=chain, outputs=outputs), lambda: truth, None
 
 
 def run_task(task: Task) -> dict:
@@ -298,7 +322,7 @@ def run_task(task: Task) -> dict:
     oracle = None
     try:
         learner = registry.learner(task.learner)
-        oracle, truth = _victim(task)
+        oracle, truth, log_note = _victim(task)
         options = {"rank": task.rank} if "rank" in learner.option_names else {}
         if task.head.head is None and "heads" in learner.option_names:
             options["heads"] = task.head.heads()
@@ -315,6 +339,8 @@ def run_task(task: Task) -> dict:
                    unknowns=int(res.unknowns), relative_error=errors, check_error=chk.error if chk else None,
                    passed=bool(res.passed), arrays={k: np.asarray(v) for k, v in res.model.arrays().items()})
         rec.update(rows=int(oracle.rows), positions=oracle.positions)  # output rows answered; what they are
+        if task.log is not None:  # answers taken from the task's query log (paid for by a run that was killed)
+            rec.update(from_log=int(oracle.from_log), log_note=log_note)
         phases = getattr(res, "queries_by_phase", None)  # learners on the skeleton charge queries to phases
         if phases:
             rec["queries_by_phase"] = {str(k): int(v) for k, v in dict(phases).items()}
@@ -324,5 +350,7 @@ def run_task(task: Task) -> dict:
             rec["traceback"] = traceback.format_exc(limit=6)
     if oracle is not None and rec["error"] is not None:
         rec["queries"] = int(oracle.queries)
+    if oracle is not None and oracle.log is not None:
+        oracle.log.close()
     rec["seconds"] = time.perf_counter() - t0
     return rec
