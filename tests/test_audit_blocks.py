@@ -330,3 +330,40 @@ def test_a_two_node_ray_cluster_gives_the_blocks_of_the_process_pool(llama, audi
         a, b = np.load(tmp_path / "ray" / r["file"]), np.load(audited.out / r["file"])
         assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
 
+
+
+@pytest.mark.slow
+def test_a_block_killed_mid_way_resumes_from_its_query_log(llama, audited, tmp_path):
+    """``attnprobe audit --tasks blocks --layers 0`` killed (SIGKILL, the whole process group) once its block's query
+    log holds answers; the same audit again (the folder spelled another way) takes them from the log and writes
+    the arrays of the uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from hostile import SRC
+
+    out = tmp_path / "audit"
+    env = dict(os.environ, PYTHONPATH=SRC, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "attnprobe", "audit", "--hf-dir", str(llama), "--tasks", "blocks",
+                             "--layers", "0", "--quiet", "--out", str(out)], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        logs = list((out / "logs").glob("*.sqlite"))
+        if logs and logs[0].stat().st_size + sum(p.stat().st_size for p in out.glob("logs/*-wal")) > 2**20:
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, "the block finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "results.json").exists() and list((out / "logs").glob("*.sqlite"))
+    spec = HeadSpec(str(llama) + "/", 0, None, None, H, block=True)  # the same folder, spelled another way
+    res = run_audit([Task(spec, "block")], out, progress=False)
+    rec = res.records[0]
+    assert rec["error"] is None and rec["passed"] and rec["from_log"] > 0 and rec["log_note"] is None
+    a, b = np.load(out / rec["file"]), np.load(audited.out / audited.records[0]["file"])
+    assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
+    assert not (out / "logs").exists()

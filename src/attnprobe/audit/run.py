@@ -325,11 +325,12 @@ def _no_symlink(path, flags):
 LOGS = "logs"
 
 
-def with_query_logs(tasks: Sequence[Task], out: Path) -> list[Task]:
+def with_query_logs(tasks: Sequence[Task], out: Path, models: dict) -> list[Task]:
     """The tasks, each block task given its query log ``out/logs/B{layer}-{key hash}.sqlite`` (an absolute path: a
-    worker may run in another folder), named by the task's work (:func:`task_key`), so a rerun finds it."""
+    worker may run in another folder), named by the task's work with its folder named by content
+    (:func:`content_key`), so a rerun finds it whatever path spells the folder."""
     def log(t: Task) -> str:
-        key = hashlib.sha256(task_key(t).encode()).hexdigest()[:12]
+        key = hashlib.sha256(content_key(task_key(t), models).encode()).hexdigest()[:12]
         return str((out / LOGS / f"{t.head.name}-{key}.sqlite").resolve())
 
     return [replace(t, log=log(t)) if t.head.block and t.log is None else t for t in tasks]
@@ -380,7 +381,7 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
     out = Path(out)
     identity = audit_identity(tasks)
     refuse_odd_files(out)
-    tasks = with_query_logs(tasks, out)
+    tasks = with_query_logs(tasks, out, identity["models"])
     if resume:
         refuse_other_journal(out, identity)
     (out / "heads").mkdir(parents=True, exist_ok=True)
