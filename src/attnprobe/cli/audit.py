@@ -273,12 +273,14 @@ def run(args) -> int:
         res = run_audit(tasks, args.out, engine=engine, workers=args.workers, address=args.ray or None,
                         progress=not args.quiet, info=info, resume=not args.fresh)
     failed = sum(1 for r in res.records if r["error"])
+    # block tasks keep a query log until they finish (a block killed mid-way resumes from it); others keep none
+    logged = "each block's logged until it finished" if kind == "blocks" else "not logged"
     spent = sum(r["queries"] + r.get("check_queries", 0) for r in res.records)
     if res.info.get("resumed"):
         print(f"audit: resumed {res.info['resumed']} finished tasks from {args.out}/finished.jsonl (not run again; "
               "--fresh redoes them)")
     print(f"audit: {len(res.records)}/{len(tasks)} tasks finished ({failed} failed) on {engine} in "
-          f"{res.seconds:.1f} s; {spent} queries spent (not logged); wrote {args.out}/results.json, "
+          f"{res.seconds:.1f} s; {spent} queries spent ({logged}); wrote {args.out}/results.json, "
           f"{args.out}/report.html and {args.out}/heads/")
     if res.interrupted:
         how = "SIGTERM" if res.terminated else "SIGINT (Ctrl-C)"
