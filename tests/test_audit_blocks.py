@@ -20,7 +20,7 @@ from hostile import refused, run
 
 from attnprobe.audit import TASK_KINDS, HeadSpec, Task, run_audit, run_task
 from attnprobe.audit import run as audit_run
-from attnprobe.audit.tasks import block_errors
+from attnprobe.audit.blocks import block_errors
 from attnprobe.learners.core import registry
 from attnprobe.learners.core.skeleton import Run
 from attnprobe.learners.multihead.options import HEADS

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnprobe.audit.blocks import block_errors, query_log
 from attnprobe.audit.defenses import Defense, answers_left
 from attnprobe.errors import AttnprobeError, ConfigError
 from attnprobe.learners.core import registry
@@ -247,46 +248,12 @@ def _errors(task: Task, truth, model) -> tuple[dict[str, float], dict]:
     return {k: errs[k] for k in ("W", "v", "u", "c")}, per_head
 
 
-#: fresh sequences per length 1 … 64 on which a recovered block is measured against the true one
-TRUTH_PER_LENGTH = 2
-
-
-def block_errors(truth, model, seed: int) -> tuple[dict[str, float], dict]:
-    """A recovered block against the true one, as the block learner's check measures it against the oracle
-    (:func:`~attnprobe.learners.block.learner.every_position_check`: per length 1 … 64 the largest error at any
-    position over the largest entry of the block's own part ``y − x``, the worst length's), on fresh sequences of
-    its own: ``{"function": error}`` and the length where it is worst."""
-    from attnprobe.learners.block.learner import CHECK_LENGTHS, every_position_check
-
-    oracle = Oracle(truth.every_position, truth.d, outputs=truth.d, precision="float64", name="the true block")
-    chk = every_position_check(oracle, model, np.random.default_rng([seed, 1]), CHECK_LENGTHS, TRUTH_PER_LENGTH)
-    return {"function": chk.error}, {"worst_length": chk.extra["worst_length"]}
-
-
 def failed_record(task: Task, error: str | None) -> dict:
     """The record of a task that did not produce a model (also the blank a task fills in)."""
     return {"layer": task.head.layer, "head": task.head.head, "row": task.head.row, "defense": task.defense.name,
             "method": task.learner, "seed": task.seed, "queries": 0, "check_queries": 0, "unknowns": None,
             "relative_error": {}, "check_error": None, "passed": False, "seconds": 0.0, "error": error,
             "arrays": None}
-
-
-def query_log(task: Task, chain) -> tuple[object | None, str | None]:
-    """The task's query log (None without ``task.log``) and, when it cannot be written where the task runs (a Ray
-    node without that folder, a full disk), None and why: the task then runs without one and its record says so. A
-    log of another oracle is refused (a :class:`ConfigError`: the task fails naming it)."""
-    if task.log is None:
-        return None, None
-    from attnprobe.oracles.querylog import QueryLog, file_identity, identity_of
-
-    spec = task.head
-    identity = identity_of(f"hf {file_identity(Path(spec.source) / 'model.safetensors')}", block=spec.layer,
-                           dtype="float64")
-    try:
-        Path(task.log).parent.mkdir(parents=True, exist_ok=True)
-        return QueryLog(task.log, identity=identity, defences=chain.spec), None
-    except OSError as exc:
-        return None, f"no query log: cannot write {task.log} here ({exc.strerror or exc})"
 
 
 def _victim(task: Task):
