@@ -315,7 +315,7 @@ def test_a_resumed_real_block_audit_asks_nothing(llama, audited, monkeypatch):
 def test_a_two_node_ray_cluster_gives_the_blocks_of_the_process_pool(llama, audited, tmp_path, monkeypatch):
     """ray.cluster_utils on 127.0.0.1 (a head and a worker node of 1 CPU each): the same records (every number but
     the seconds) and the same arrays as the process pool."""
-    import ray
+    ray = pytest.importorskip("ray")
     from test_audit_cluster import _two_node_cluster
 
     cluster = _two_node_cluster(monkeypatch)
