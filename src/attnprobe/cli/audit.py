@@ -334,7 +334,7 @@ def add_parser(sub) -> None:
                    help="learners that take a rank bound (the head dimension): "
                    + ", ".join(registry.options()["rank"][1]))
     answer_chain.add_arguments(a, defense_help=f"{HELP}; or one defence as the flags below (default none)")
-    a.add_argument("--budget", type=int, help="queries an attacker may spend per task (a head, or a whole layer)")
+    a.add_argument("--budget", type=int, help="queries an attacker may spend per task (a head, a whole layer or a block)")
     a.add_argument("--seed", type=int, default=0, help="seed of every task (probes and noise)")
     run_on = a.add_argument_group("where to run")
     run_on.add_argument("--workers", type=int, default=1, help="worker processes (or local Ray CPUs)")
