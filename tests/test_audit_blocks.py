@@ -226,7 +226,7 @@ def test_a_bert_folder_is_refused_block_by_block_with_its_cause(bert, tmp_path, 
     out = tmp_path / "audit"
     rc, stdout, err = run(capsys, *_audit(bert, out))
     assert rc == 0 and err == ""
-    assert "2 tasks refused by their learner" in stdout and "post-norm block" in stdout
+    assert "2 tasks ended without a model" in stdout and "post-norm block" in stdout
     res = json.loads((out / "results.json").read_text())
     for rec in res["heads"]:
         assert rec["error"].startswith("UnidentifiableError: a post-norm block") and "stage ffn not built" in \
@@ -244,7 +244,7 @@ def test_a_defence_reaches_the_block_learner(llama, tmp_path, capsys, monkeypatc
     out = tmp_path / "audit"
     rc, stdout, _ = run(capsys, *_audit(llama, out, "--defense", "float32"))
     res = json.loads((out / "results.json").read_text())
-    assert rc == 0 and f"{LAYERS} tasks refused" in stdout
+    assert rc == 0 and f"{LAYERS} tasks ended without a model" in stdout
     assert all("these answers are float32" in r["error"] and r["queries"] == 0 for r in res["heads"])
 
 

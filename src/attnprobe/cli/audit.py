@@ -290,8 +290,8 @@ def run(args) -> int:
     errors = [str(r["error"]) for r in res.records if r["error"]]
     refused = [e for e in errors if e.startswith(REFUSALS)]
     if refused:
-        print(f"audit: {len(refused)} tasks refused by their learner, each naming its cause (see "
-              f"{args.out}/report.html); the first: {refused[0].splitlines()[0]}")
+        print(f"audit: {len(refused)} tasks ended without a model, each naming why (refused by the learner, or "
+              f"over the budget; see {args.out}/report.html); the first: {refused[0].splitlines()[0]}")
     # findings: the attacker's budget fell short, or the learner refused the answers (a post-norm block, float16)
     findings = len(refused) == len(errors)
     if res.records and failed == len(res.records) and not findings:  # nothing recovered: the audit failed
@@ -334,7 +334,8 @@ def add_parser(sub) -> None:
                    help="learners that take a rank bound (the head dimension): "
                    + ", ".join(registry.options()["rank"][1]))
     answer_chain.add_arguments(a, defense_help=f"{HELP}; or one defence as the flags below (default none)")
-    a.add_argument("--budget", type=int, help="queries an attacker may spend per task (a head, a whole layer or a block)")
+    a.add_argument("--budget", type=int,
+                   help="queries an attacker may spend per task (a head, a whole layer or a block)")
     a.add_argument("--seed", type=int, default=0, help="seed of every task (probes and noise)")
     run_on = a.add_argument_group("where to run")
     run_on.add_argument("--workers", type=int, default=1, help="worker processes (or local Ray CPUs)")
