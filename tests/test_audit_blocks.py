@@ -22,8 +22,6 @@ from attnprobe.audit import TASK_KINDS, HeadSpec, Task, run_audit, run_task
 from attnprobe.audit import run as audit_run
 from attnprobe.audit.blocks import block_errors
 from attnprobe.learners.core import registry
-from attnprobe.learners.core.skeleton import Run
-from attnprobe.learners.multihead.options import HEADS
 from attnprobe.models.block import fold_norm_weights
 from attnprobe.models.io import load_model
 from attnprobe.oracles.querylog import MAX_PROBES
@@ -63,13 +61,6 @@ def _worst_error(model, truth, lengths=range(1, 65), per: int = 2, seed: int = 9
     return worst
 
 
-def _off(block, error: float):
-    """``block`` with its attention's output map ``error`` off (relative)."""
-    arrays = dict(block.arrays())
-    arrays["attn_Wo"] = arrays["attn_Wo"] * (1 + error)
-    return type(block).from_arrays(arrays)
-
-
 def _in_process(tasks, on_result, workers=1):
     """An engine running each task here, in order (the tasks' code is the engines' own: run_task)."""
     return _in_process_with(run_task, tasks, on_result)
@@ -83,34 +74,15 @@ def _in_process_with(runner, tasks, on_result):
     return records, False
 
 
-#: the ``peek`` learner's weight error: 0 reads the block exactly; the mutation test sets it
-PEEK = {"error": 0.0}
-
-
-def _peek(oracle, *, seed, progress, heads=None):
-    """A stand-in block learner for the fast tests: the block of the oracle's own layer module in the learner's
-    canonical form (norm weights folded), ``PEEK['error']`` relative error put on W_O, checked like the block
-    learner's result (every position of every length 1 … 64)."""
-    from attnprobe.learners.block.learner import CHECK_LENGTHS, CHECK_PER_LENGTH, every_position_check
-    from attnprobe.oracles.hf_block import block_model
-    from attnprobe.oracles.wrappers import declared_attribute
-
-    r = Run(oracle, "peek", seed=seed, check_lengths=CHECK_LENGTHS, check_per_length=CHECK_PER_LENGTH)
-    with r.phase("look"):
-        oracle.answer_rows(r.rng.standard_normal((3, 4, oracle.d)))  # a few paid queries, as a learner asks
-    model = _off(fold_norm_weights(block_model(declared_attribute(oracle.fn, "module"))), PEEK["error"])
-    return r.finish(model, unknowns=model.attention.Wo.size, details={"eps": model.eps},
-                    check_fn=every_position_check)
-
-
 @pytest.fixture
 def peek(monkeypatch):
     """Register ``peek`` (recovers blocks) and run the audit's engine in process; both undone after the test."""
-    registry.register("peek", _peek, recovers="block", options=[HEADS],
-                      capabilities=registry.Capabilities(vector_answers=True, fine_answers=True))
+    import audit_block_peek  # registers peek on its first import
+
+    audit_block_peek.register()  # again, after an earlier test unregistered it
     monkeypatch.setitem(audit_run.ENGINES, "processes", _in_process)
-    monkeypatch.setitem(PEEK, "error", 0.0)
-    yield
+    monkeypatch.setitem(audit_block_peek.PEEK, "error", 0.0)
+    yield audit_block_peek
     registry.unregister("peek")
 
 
@@ -127,13 +99,13 @@ def test_blocks_are_a_task_kind_with_help():
         HeadSpec("DIR", 3, 0, 0, 2, block=True)
 
 
-def test_a_blocks_function_error_is_measured_against_the_true_block(llama):
+def test_a_blocks_function_error_is_measured_against_the_true_block(llama, peek):
     """The same function in another gauge (norm weights folded) is within rounding; W_O 1e-4 off (relative) is
     measured at that size, which the learner's claim (1e-6) does not pass; the worst length is named."""
     truth = _truth(llama, 1)
     same, extra = block_errors(truth, fold_norm_weights(truth), 0)
     assert same["function"] < 1e-12 and 1 <= extra["worst_length"] <= 64
-    off = _off(fold_norm_weights(truth), 1e-4)
+    off = peek.off(fold_norm_weights(truth), 1e-4)
     err, _ = block_errors(truth, off, 0)
     assert 1e-6 < err["function"] < 1e-3
     assert err["function"] == pytest.approx(_worst_error(off, truth), rel=0.5)
@@ -162,7 +134,7 @@ def test_an_audit_of_every_block_writes_records_files_and_report_rows(llama, tmp
 def test_a_wrong_block_is_reported_as_such(llama, tmp_path, peek, monkeypatch):
     """Mutation: a learner 1e-4 off is measured 1e-4 off against the truth, its check fails, and the report says
     "check failed" (a record must not pass what the truth contradicts)."""
-    monkeypatch.setitem(PEEK, "error", 1e-4)
+    monkeypatch.setitem(peek.PEEK, "error", 1e-4)
     res = run_audit([Task(HeadSpec(str(llama), 0, None, None, H, block=True), "peek")], tmp_path, progress=False)
     rec = res.records[0]
     assert rec["error"] is None and not rec["passed"] and 1e-6 < rec["relative_error"]["function"] < 1e-3
@@ -274,6 +246,37 @@ def test_a_folder_without_whole_blocks_is_refused_in_one_line(tmp_path, capsys):
 def test_the_help_names_the_blocks_kind(capsys):
     rc, out, _ = run(capsys, "audit", "--help")
     assert rc == 0 and "blocks: one task per decoder block" in " ".join(out.split())
+
+
+@pytest.mark.slow
+def test_block_tasks_on_a_two_node_ray_cluster_give_the_records_of_the_pool(llama, tmp_path, peek, monkeypatch):
+    """Twin of the real learner's Ray test below (a minute, not ten): ray.cluster_utils on 127.0.0.1 (a head and a
+    worker node of 1 CPU each) runs the block tasks with ``peek`` (each worker imports the module registering it,
+    as for any learner registered outside attnprobe): the records (every number but the seconds) and the arrays
+    of the in-process run."""
+    import os
+    from pathlib import Path
+
+    ray = pytest.importorskip("ray")
+    from test_audit_cluster import _two_node_cluster
+
+    tests = str(Path(__file__).parent)  # where the workers find audit_block_peek
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p))
+    tasks = [Task(HeadSpec(str(llama), layer, None, None, H, block=True), "peek") for layer in range(LAYERS)]
+    assert tasks[0].module == "audit_block_peek"
+    here = run_audit(tasks, tmp_path / "here", progress=False)
+    cluster = _two_node_cluster(monkeypatch)
+    try:
+        there = run_audit(tasks, tmp_path / "ray", engine="ray", address=cluster.address, progress=False)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    strip = [{k: v for k, v in r.items() if k not in ("seconds", "traceback")} for r in there.records]
+    assert all(r["error"] is None and r["passed"] for r in there.records)
+    assert strip == [{k: v for k, v in r.items() if k not in ("seconds", "traceback")} for r in here.records]
+    for r in there.records:
+        a, b = np.load(tmp_path / "ray" / r["file"]), np.load(tmp_path / "here" / r["file"])
+        assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
 
 
 # --- the real block learner (a minute a block at d = 16): slow -------------------------------------------------
