@@ -238,6 +238,12 @@ def test_combinations_that_cannot_work_are_refused_in_one_line(llama, tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+def test_head_and_layer_tasks_on_a_llama_folder_point_to_blocks(llama, tmp_path, capsys):
+    refused(capsys, tmp_path, "audit", "--hf-dir", llama, "--out", tmp_path / "out",
+            says="--tasks heads does not read it; --tasks blocks audits its whole blocks")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_folder_without_whole_blocks_is_refused_in_one_line(tmp_path, capsys):
     gpt2 = tiny_family_dir(tmp_path / "gpt2", "gpt2")
     refused(capsys, tmp_path, *_audit(gpt2, tmp_path / "out"), says="is a gpt2 model")

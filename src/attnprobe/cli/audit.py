@@ -58,6 +58,7 @@ def build_tasks(args):
                               "--model/--safetensors/--heads-per-layer", param="model")
         from attnprobe.cli.hf import audit_source
 
+        _refuse_positional_folder(args.hf_dir, kind)
         args.safetensors, args.heads_per_layer = audit_source(args.hf_dir)
     if bool(args.model) == bool(args.safetensors):
         raise ConfigError("say what to audit: --model minilm, --hf-dir DIR or --safetensors FILE --heads-per-layer H",
@@ -90,6 +91,21 @@ def build_tasks(args):
                       every_position=kind.name == "layers-every")
              for layer in layers for head in ([None] if kind.whole_layer else heads)]
     return _tasks_per_defense(args, kind, specs, _chosen_learners(args.method, kind, args.rank))
+
+
+def _refuse_positional_folder(hf_dir, kind) -> None:
+    """A folder whose attention depends on position (RoPE: LLaMA, Qwen2, Mistral, GPT-NeoX) and whose whole blocks
+    attnprobe reads, asked for head or layer tasks: refused in one line naming ``--tasks blocks``."""
+    from attnprobe.oracles.hf_block import BLOCK_FAMILIES
+    from attnprobe.oracles.hf_families import layer_spec
+    from attnprobe.oracles.hf_folder import check_model_dir
+
+    check_model_dir(hf_dir)
+    spec = layer_spec(hf_dir)
+    if spec.positional and spec.name in BLOCK_FAMILIES:
+        raise ConfigError(f"{spec.folder} is a {spec.name} model, whose attention logits depend on the key's position: "
+                          f"--tasks {kind.name} does not read it; --tasks blocks audits its whole blocks (the block "
+                          "learner)", param="tasks")
 
 
 def _tasks_per_defense(args, kind, specs, chosen: list[str]):
