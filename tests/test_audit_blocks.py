@@ -263,26 +263,40 @@ def test_block_tasks_on_a_two_node_ray_cluster_give_the_records_of_the_pool(llam
     import os
     from pathlib import Path
 
+    tests = str(Path(__file__).parent)  # where the workers find audit_block_peek
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p))
+    tasks = _block_tasks(llama, "peek")
+    assert tasks[0].module == "audit_block_peek"
+    here = run_audit(tasks, tmp_path / "here", progress=False)
+    there = _on_two_ray_nodes(tasks, tmp_path / "ray", monkeypatch)
+    assert all(r["error"] is None and r["passed"] for r in there.records)
+    _assert_same(there, here)
+
+
+def _block_tasks(folder, method: str) -> list:
+    return [Task(HeadSpec(str(folder), layer, None, None, H, block=True), method) for layer in range(LAYERS)]
+
+
+def _on_two_ray_nodes(tasks, out, monkeypatch):
+    """The audit of ``tasks`` on ray.cluster_utils' head and worker node (127.0.0.1, 1 CPU each), shut down after."""
     ray = pytest.importorskip("ray")
     from test_audit_cluster import _two_node_cluster
 
-    tests = str(Path(__file__).parent)  # where the workers find audit_block_peek
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p))
-    tasks = [Task(HeadSpec(str(llama), layer, None, None, H, block=True), "peek") for layer in range(LAYERS)]
-    assert tasks[0].module == "audit_block_peek"
-    here = run_audit(tasks, tmp_path / "here", progress=False)
     cluster = _two_node_cluster(monkeypatch)
     try:
-        there = run_audit(tasks, tmp_path / "ray", engine="ray", address=cluster.address, progress=False)
+        return run_audit(tasks, out, engine="ray", address=cluster.address, progress=False)
     finally:
         ray.shutdown()
         cluster.shutdown()
-    strip = [{k: v for k, v in r.items() if k not in ("seconds", "traceback")} for r in there.records]
-    assert all(r["error"] is None and r["passed"] for r in there.records)
-    assert strip == [{k: v for k, v in r.items() if k not in ("seconds", "traceback")} for r in here.records]
-    for r in there.records:
-        a, b = np.load(tmp_path / "ray" / r["file"]), np.load(tmp_path / "here" / r["file"])
-        assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
+
+
+def _assert_same(a, b) -> None:
+    """Two audits' records agree in every number but the seconds, and their files hold the same arrays."""
+    assert [{k: v for k, v in r.items() if k not in ("seconds", "traceback")} for r in a.records] == \
+        [{k: v for k, v in r.items() if k not in ("seconds", "traceback")} for r in b.records]
+    for r in a.records:
+        x, y = np.load(a.out / r["file"]), np.load(b.out / r["file"])
+        assert x.files == y.files and all(np.array_equal(x[k], y[k]) for k in x.files)
 
 
 # --- the real block learner (a minute a block at d = 16): slow -------------------------------------------------
@@ -291,8 +305,8 @@ def test_block_tasks_on_a_two_node_ray_cluster_give_the_records_of_the_pool(llam
 def audited(llama, tmp_path_factory):
     """The real audit of both blocks on the process pool (2 workers)."""
     out = tmp_path_factory.mktemp("real") / "audit"
-    tasks = [Task(HeadSpec(str(llama), layer, None, None, H, block=True), "block") for layer in range(LAYERS)]
-    return run_audit(tasks, out, workers=2, progress=False, info={"model": str(llama), "method": "auto"})
+    return run_audit(_block_tasks(llama, "block"), out, workers=2, progress=False,
+                     info={"model": str(llama), "method": "auto"})
 
 
 @pytest.mark.slow
@@ -315,7 +329,7 @@ def test_every_block_of_a_llama_folder_is_recovered_against_the_truth(llama, aud
 def test_a_resumed_real_block_audit_asks_nothing(llama, audited, monkeypatch):
     """The same tasks into the same folder: every block from the journal, no oracle built."""
     monkeypatch.setattr(HeadSpec, "block_oracle", lambda self, **kw: pytest.fail("a resumed block was asked"))
-    again = run_audit(audited.tasks, audited.out, progress=False)
+    again = run_audit(_block_tasks(llama, "block"), audited.out, progress=False)
     assert again.info["resumed"] == LAYERS
     assert [r["queries"] for r in again.records] == [r["queries"] for r in audited.records]
 
@@ -324,21 +338,7 @@ def test_a_resumed_real_block_audit_asks_nothing(llama, audited, monkeypatch):
 def test_a_two_node_ray_cluster_gives_the_blocks_of_the_process_pool(llama, audited, tmp_path, monkeypatch):
     """ray.cluster_utils on 127.0.0.1 (a head and a worker node of 1 CPU each): the same records (every number but
     the seconds) and the same arrays as the process pool."""
-    ray = pytest.importorskip("ray")
-    from test_audit_cluster import _two_node_cluster
-
-    cluster = _two_node_cluster(monkeypatch)
-    try:
-        res = run_audit(audited.tasks, tmp_path / "ray", engine="ray", address=cluster.address, progress=False)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-    strip = [{k: v for k, v in r.items() if k not in ("seconds", "traceback")} for r in res.records]
-    assert strip == [{k: v for k, v in r.items() if k not in ("seconds", "traceback")} for r in audited.records]
-    for r in res.records:
-        a, b = np.load(tmp_path / "ray" / r["file"]), np.load(audited.out / r["file"])
-        assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
-
+    _assert_same(_on_two_ray_nodes(_block_tasks(llama, "block"), tmp_path / "ray", monkeypatch), audited)
 
 
 @pytest.mark.slow
