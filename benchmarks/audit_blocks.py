@@ -80,7 +80,7 @@ def main():
         code, wall, res = audit(llama, tmp / "out", *workers)
         rows(t, f"LLaMA d = {D}", res)
         code2, wall2, again = audit(llama, tmp / "out", *workers)
-        runs = [f"the pool ({args.workers} workers): exit {code}, {wall:.0f} s wall for {res['tasks']} blocks "
+        runs = [f"The pool ({args.workers} workers): exit {code}, {wall:.0f} s wall for {res['tasks']} blocks "
                 f"(Σ task seconds {sum(r['seconds'] for r in res['heads']):.0f})",
                 f"the same command again: exit {code2}, {wall2:.1f} s, {again['resumed']} blocks resumed from the "
                 f"journal, records the same: {'yes' if numbers(again) == numbers(res) else 'NO'}"]
