@@ -240,7 +240,8 @@ def _two_node_cluster(monkeypatch):
     pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    monkeypatch.setenv("PYTHONPATH", SRC)  # the nodes' workers import this checkout
+    # the nodes' workers import this checkout (and whatever else the path held: Ray may be installed off the venv)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
     # every node on 127.0.0.1: Ray would otherwise rewrite the loopback address to the machine's own IP
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     monkeypatch.setattr("ray._private.ray_constants.ENABLE_RAY_CLUSTER", False)

@@ -18,16 +18,19 @@ def _k(n: float) -> str:
 
 
 def protection(errors: list[float], tried: list[str] | None = None, passed: list[bool] | None = None,
-               untried: list[str] | None = None) -> str:
+               untried: list[str] | None = None, unit: str = "head", undefended: bool = False) -> str:
     """Measured protection of a defence from the recovered heads' W errors (none / partial / strong): the
     attacker's best head over every learner ``tried`` is the defender's worst case. A recovered model that
     passes its functional check imitates the defended answers, so the defence is at most partial then; "strong"
     means that every learner tried failed, and only when no learner that fits the answers was left ``untried``
-    (then it is "unknown", naming them: an audit narrowed by ``--method`` measured less than the attacker has)."""
+    (then it is "unknown", naming them: an audit narrowed by ``--method`` measured less than the attacker has).
+    Nothing recovered from ``undefended`` answers is a limit of the learners, not a protection: "unknown"."""
     by = f" by {', '.join(tried)}" if tried else ""
     left = f"; not tried, though they fit these answers: {', '.join(untried)}" if untried else ""
     if not errors:
-        return f"unknown: no head was recovered{by}{left}" if untried else f"strong: no head was recovered{by}"
+        if undefended:
+            return f"unknown: no {unit} was recovered{by} from undefended answers (a limit of the learners){left}"
+        return f"unknown: no {unit} was recovered{by}{left}" if untried else f"strong: no {unit} was recovered{by}"
     worst_case = min(errors)
     if worst_case < NO_PROTECTION:
         return "none"
@@ -48,8 +51,23 @@ def untried_learners(run, defense: str, tried: list[str]) -> list[str]:
     if not tasks:
         return []
     kind, rank = tasks[0].head.kind, tasks[0].rank
-    fits = fitting_learners(tasks[0].defense, kind.whole_layer, kind.vector)
-    return [n for n in fits if n not in tried and registry.learner(n).ready({"rank": rank})]
+    fits = fitting_learners(tasks[0].defense, kind.whole_layer, kind.vector, recovers=kind.learner_kind)
+    given = {"rank": rank, "heads": tasks[0].head.heads_per_layer}
+    return [n for n in fits if n not in tried and registry.learner(n).ready(given)]
+
+
+def score(r) -> float:
+    """What a record is ranked by: W's relative error, or a block's function error (a block's weights are fixed
+    by the answers only up to gauges: norm weights folded, RoPE pairs, heads; docs/block.md)."""
+    e = r["relative_error"]
+    return e["W"] if "W" in e else e["function"]
+
+
+def unit(run) -> str:
+    """What one task of the run covers, as the report names it: ``block``, ``layer`` or ``head``."""
+    if any(t.head.block for t in run.tasks):
+        return "block"
+    return "layer" if any(t.head.head is None for t in run.tasks) else "head"
 
 
 def best_records(run, defense: str) -> dict:
@@ -59,7 +77,7 @@ def best_records(run, defense: str) -> dict:
     for r in run.records:
         if r["defense"] == defense and not r["error"]:
             key = (r["layer"], r["head"])
-            if key not in best or r["relative_error"]["W"] < best[key]["relative_error"]["W"]:
+            if key not in best or score(r) < score(best[key]):
                 best[key] = r
     return best
 
@@ -84,7 +102,7 @@ def _cheapest(run, defense: str, per: str) -> str:
     learners = ", ".join(f"{m} ×{n}" for m, n in _counts(r["method"] for r in cheap))
     errs = [e for r in cheap for e in _head_w_errors(r)]
     return (f"; cheapest attack that succeeds per {per}: {learners}, {_k(np.median([r['queries'] for r in cheap]))} "
-            f"queries (median), W to {np.median(errs):.0e}")
+            f"queries (median), {'function' if per == 'block' else 'W'} to {np.median(errs):.0e}")
 
 
 def _kinds(run) -> str:
@@ -94,15 +112,16 @@ def _kinds(run) -> str:
 
 
 def _head_w_errors(r) -> list[float]:
-    """W's error of each head a record recovered: one for a head task, one per true head for a whole layer."""
-    return list(r.get("head_W_errors") or [r["relative_error"]["W"]])
+    """W's error of each head a record recovered: one for a head task, one per true head for a whole layer (a
+    block's function error for a block)."""
+    return list(r.get("head_W_errors") or [score(r)])
 
 
 def _heads_asked(run, name: str) -> int:
     """Heads the tasks of defence ``name`` cover (a whole-layer task covers every head of its layer)."""
     heads = set()
     for spec in {t.head for t in run.tasks if t.defense.name == name}:
-        count = spec.checkpoint().heads_per_layer if spec.head is None else 1
+        count = spec.checkpoint().heads_per_layer if spec.head is None and not spec.block else 1
         heads.update((spec.layer, h) for h in ([spec.head] if spec.head is not None else range(count)))
     return len(heads)
 
@@ -110,9 +129,10 @@ def _heads_asked(run, name: str) -> int:
 def verdicts(run) -> Table:
     """One row per defence: the learners tried, what the best of them recovers and at what query cost (a
     whole-layer task's heads are counted one by one, matched to the true heads up to permutation)."""
-    per = "layer" if any(t.head.head is None for t in run.tasks) else "head"
-    t = Table(["defence", "learners tried", "heads recovered / heads", "W rel. error (median)",
-               "W rel. error (best for the attacker)", f"queries per {per} (median)", "protection", "verdict"])
+    per = unit(run)
+    what, err = ("blocks", "function") if per == "block" else ("heads", "W")
+    t = Table(["defence", "learners tried", f"{what} recovered / {what}", f"{err} rel. error (median)",
+               f"{err} rel. error (best for the attacker)", f"queries per {per} (median)", "protection", "verdict"])
     for name in run.defenses:
         recs = [r for r in run.records if r["defense"] == name]
         tried = list(dict.fromkeys(t.learner for t in run.tasks if t.defense.name == name))
@@ -122,18 +142,20 @@ def verdicts(run) -> Table:
         label = "undefended" if name == "none" else name
         if best:
             winners = ", ".join(f"{m} ×{n}" for m, n in _counts(r["method"] for r in best))
-            verdict = (f"{label} answers: W recovered to {np.median(errs):.0e} with {_k(np.median(queries))} "
-                       f"queries{' per layer' if per == 'layer' else ''} ({sum(r['passed'] for r in best)}/{len(best)} "
+            got = (f"the block's function recovered to {np.median(errs):.0e} (worst position of N = 1 … 64, over "
+                   f"|y − x|)" if per == "block" else f"W recovered to {np.median(errs):.0e}")
+            verdict = (f"{label} answers: {got} with {_k(np.median(queries))} "
+                       f"queries{'' if per == 'head' else f' per {per}'} ({sum(r['passed'] for r in best)}/{len(best)} "
                        f"pass the functional check); best learner per {per}: {winners}"
                        + _cheapest(run, name, per))
         else:
             first = recs[0]["error"].splitlines()[0] if recs else "no task finished"
-            verdict = f"{label} answers: no head recovered ({first})"
+            verdict = f"{label} answers: no {'block' if per == 'block' else 'head'} recovered ({first})"
         t.add(name, ", ".join(tried), f"{len(errs)}/{_heads_asked(run, name)}",
               float(np.median(errs)) if errs else None, float(min(errs)) if errs else None,
               int(np.median(queries)) if queries else None,
               protection(errs, tried, [bool(r["passed"]) for r in recs if not r["error"]],
-                         untried_learners(run, name, tried)), verdict)
+                         untried_learners(run, name, tried), per, undefended=name == "none"), verdict)
     return t
 
 
@@ -148,7 +170,7 @@ def _grid(run, defense: str, value) -> tuple[np.ndarray, list[int], list[int]]:
     """(layers × heads) array of ``value(record, head)`` over the best record of each head; a whole-layer task
     fills every head of its layer."""
     layers = sorted({t.head.layer for t in run.tasks})
-    heads = sorted({h for t in run.tasks for h in ([t.head.head] if t.head.head is not None
+    heads = sorted({h for t in run.tasks for h in ([t.head.head] if t.head.head is not None else [0] if t.head.block
                                                     else range(t.head.checkpoint().heads_per_layer))})
     grid = np.full((len(layers), len(heads)), np.nan)
     for r in best_records(run, defense).values():
@@ -158,8 +180,9 @@ def _grid(run, defense: str, value) -> tuple[np.ndarray, list[int], list[int]]:
 
 
 def _w_error(r, h) -> float:
-    """W's error of head h: per head for a whole-layer task (heads matched up to permutation)."""
-    return r["head_W_errors"][h] if r.get("head_W_errors") else r["relative_error"]["W"]
+    """W's error of head h: per head for a whole-layer task (heads matched up to permutation); a block's function
+    error."""
+    return r["head_W_errors"][h] if r.get("head_W_errors") else score(r)
 
 
 def write_report(run, path: str | Path) -> Path:
@@ -178,18 +201,21 @@ def write_report(run, path: str | Path) -> Path:
                   f"learner, partial when the best is below {PROTECTS:g} or a recovered model passes its functional "
                   "check (it imitates the defended answers), strong only when every learner tried failed and every "
                   "learner that fits the answers was tried (else unknown, naming those not tried).")
+    blocks = unit(run) == "block"
     for name in run.defenses:
         rep.heading(f"Defence: {name}")
         err, layers, heads = _grid(run, name, _w_error)
-        rep.image(heatmap_png(err, title=f"{name}: relative error of W", xlabel="head", ylabel="layer",
-                              colorbar="‖Ŵ−W‖/‖W‖", vmin=-16, vmax=1, rows=layers, cols=heads),
-                  alt=f"{name}: W error per head")
+        cols, xlabel = (["block"], "") if blocks else (heads, "head")
+        what, bar = ("the block's function", "max|ŷ−y| / max|y−x|") if blocks else ("W", "‖Ŵ−W‖/‖W‖")
+        rep.image(heatmap_png(err, title=f"{name}: relative error of {what}", xlabel=xlabel, ylabel="layer",
+                              colorbar=bar, vmin=-16, vmax=1, rows=layers, cols=cols),
+                  alt=f"{name}: {what} error per {unit(run)}")
         q, _, _ = _grid(run, name, lambda r, h: r["queries"])
-        per = "layer (whole-layer tasks)" if any(t.head.head is None for t in run.tasks) else "head"
-        rep.image(heatmap_png(q, title=f"{name}: queries per {per}", xlabel="head", ylabel="layer",
-                              colorbar="queries", rows=layers, cols=heads), alt=f"{name}: queries per {per}")
-        rep.paragraph(f"Rows: layers {layers}; columns: heads {heads}; each cell shows the best learner's head; "
-                      "grey × = failed or not run.")
+        per = {"block": "block", "layer": "layer (whole-layer tasks)", "head": "head"}[unit(run)]
+        rep.image(heatmap_png(q, title=f"{name}: queries per {per}", xlabel=xlabel, ylabel="layer",
+                              colorbar="queries", rows=layers, cols=cols), alt=f"{name}: queries per {per}")
+        rep.paragraph(f"Rows: layers {layers}; " + ("one cell per block" if blocks else f"columns: heads {heads}")
+                      + f"; each cell shows the best learner's {unit(run)}; grey × = failed or not run.")
     if failed:
         rep.heading("Failures")
         t = Table(["layer", "head", "defence", "queries spent", "error"])
@@ -197,6 +223,13 @@ def write_report(run, path: str | Path) -> Path:
             t.add(r["layer"], r["head"], r["defense"], r["queries"], r["error"].splitlines()[0])
         rep.table(t)
     rep.heading("Every task")
+    if blocks:
+        rep.table(block_rows(run))
+        rep.paragraph("Function error: the recovered block against the true one at every position of 2 fresh "
+                      "sequences of each length 1 … 64, the largest error over the largest entry of the block's own "
+                      "part y − x, at the worst length (N); the check error is the learner's own, against the "
+                      "answers. A refused block names its cause.")
+        return rep.write(path)
     t = Table(["layer", "head", "defence", "method", "queries", "unknowns", "W", "v", "u", "c", "check error",
                "passed", "seconds"])
     for r in run.records:
@@ -206,3 +239,18 @@ def write_report(run, path: str | Path) -> Path:
               round(r["seconds"], 2))
     rep.table(t)
     return rep.write(path)
+
+
+def block_rows(run) -> Table:
+    """One row per block task: verdict, queries (the check's apart), the function error against the true block and
+    its worst length, the check error, ε read, seconds; a refused or failed block its cause."""
+    t = Table(["block", "defence", "method", "verdict", "queries", "check queries", "unknowns", "function error",
+               "worst N", "check error", "ε", "seconds"])
+    for r in run.records:
+        e = r["relative_error"].get("function")
+        verdict = ("passed" if r["passed"] else "check failed") if not r["error"] else \
+            ("refused: " if r["error"].startswith("UnidentifiableError") else "failed: ") + \
+            r["error"].splitlines()[0].split(": ", 1)[-1]
+        t.add(r["layer"], r["defense"], r["method"], verdict, r["queries"], r["check_queries"], r["unknowns"], e,
+              r.get("worst_length"), r["check_error"], r.get("eps"), round(r["seconds"], 2))
+    return t

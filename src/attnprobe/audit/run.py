@@ -9,13 +9,14 @@ finished; ``resume=False`` starts afresh.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
 import threading
 import time
 import zipfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -68,8 +69,12 @@ JOURNAL = "finished.jsonl"
 
 
 def task_key(task: Task) -> str:
-    """What makes two tasks the same work: head spec, method, defence, seed, budget and rank."""
-    return json.dumps([asdict(task.head), task.method, task.defense.name, task.seed, task.budget, task.rank])
+    """What makes two tasks the same work: head spec, method, defence, seed, budget and rank (a spec's ``block``
+    only when set, so journals written before blocks were audited keep their keys)."""
+    spec = asdict(task.head)
+    if not spec["block"]:
+        del spec["block"]
+    return json.dumps([spec, task.method, task.defense.name, task.seed, task.budget, task.rank])
 
 
 def _fingerprint(source: str) -> str:
@@ -316,6 +321,29 @@ def _no_symlink(path, flags):
     return os.open(path, flags | os.O_NOFOLLOW, 0o666)
 
 
+#: the folder of ``out`` holding the query logs of block tasks that have not finished
+LOGS = "logs"
+
+
+def with_query_logs(tasks: Sequence[Task], out: Path, models: dict) -> list[Task]:
+    """The tasks, each block task given its query log ``out/logs/B{layer}-{key hash}.sqlite`` (an absolute path: a
+    worker may run in another folder), named by the task's work with its folder named by content
+    (:func:`content_key`), so a rerun finds it whatever path spells the folder."""
+    def log(t: Task) -> str:
+        key = hashlib.sha256(content_key(task_key(t), models).encode()).hexdigest()[:12]
+        return str((out / LOGS / f"{t.head.name}-{key}.sqlite").resolve())
+
+    return [replace(t, log=log(t)) if t.head.block and t.log is None else t for t in tasks]
+
+
+def drop_query_log(task: Task) -> None:
+    """Remove a finished task's query log (its record is in the journal; the answers are not needed again)."""
+    if task.log is not None:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(OSError):
+                Path(task.log + suffix).unlink()
+
+
 def refuse_odd_files(out: Path) -> None:
     """Refuse (one :class:`ConfigError`, before any task runs) an ``out`` folder where the audit's own names are
     taken by something it cannot write as intended: a symlink (it could point anywhere), a folder, a FIFO."""
@@ -353,6 +381,7 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
     out = Path(out)
     identity = audit_identity(tasks)
     refuse_odd_files(out)
+    tasks = with_query_logs(tasks, out, identity["models"])
     if resume:
         refuse_other_journal(out, identity)
     (out / "heads").mkdir(parents=True, exist_ok=True)
@@ -364,6 +393,9 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
     entries = _journal_entries(out)
     # --fresh over the same audit redoes this run's tasks (in their old files) and keeps every other record
     reused = _finished(out, tasks, entries, identity["models"]) if resume else {}
+    if not resume:  # --fresh: no answer is taken from a log of an earlier run
+        for t in tasks:
+            drop_query_log(t)
     claimed = _claimed_files(entries)
     todo = [i for i in range(len(tasks)) if i not in reused]
     bar = Progress(f"audit ({engine})", enabled=progress, delay=0.0, unit="task")
@@ -414,6 +446,7 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
                         (out / rec["file"]).unlink()
                 raise
             completed[i] = rec
+            drop_query_log(tasks[i])
 
     try:
         pending = [tasks[i] for i in todo]
@@ -432,6 +465,8 @@ def run_audit(tasks: Sequence[Task], out: str | Path, *, engine: str = "processe
         bar.close()
         if old is not None:
             signal.signal(signal.SIGTERM, old)
+    with contextlib.suppress(OSError):  # the logs' folder, once every task in it has finished
+        (out / LOGS).rmdir()
     run = AuditRun(engine, list(tasks), [r for r in records if r is not None], interrupted,
                    time.perf_counter() - t0, out,
                    dict(info or {}, workers=workers, address=address, resumed=len(reused)))

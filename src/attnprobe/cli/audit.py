@@ -43,18 +43,22 @@ def chosen_defenses(args):
 
 
 def build_tasks(args):
-    from attnprobe.audit import HeadSpec, Task, fitting_learners
+    from attnprobe.audit import HeadSpec
 
     if args.workers < 1:
         raise ConfigError(f"--workers must be at least 1; got {args.workers}", param="workers")
     if args.budget is not None and args.budget < 1:
         raise ConfigError(f"--budget must be a positive number of queries per head; got {args.budget}", param="budget")
+    kind = task_kind(args)
+    if kind.name == "blocks":
+        return block_tasks(args, kind)
     if args.hf_dir is not None:
         if args.model or args.safetensors or args.heads_per_layer is not None:
             raise ConfigError("--hf-dir reads the checkpoint and its heads per layer from the folder; drop "
                               "--model/--safetensors/--heads-per-layer", param="model")
         from attnprobe.cli.hf import audit_source
 
+        _refuse_positional_folder(args.hf_dir, kind)
         args.safetensors, args.heads_per_layer = audit_source(args.hf_dir)
     if bool(args.model) == bool(args.safetensors):
         raise ConfigError("say what to audit: --model minilm, --hf-dir DIR or --safetensors FILE --heads-per-layer H",
@@ -75,8 +79,6 @@ def build_tasks(args):
         raise ConfigError(f"--row must be in 0..{ckpt.hidden - 1}; got {row}", param="row")
     layers = parse_range(args.layers, ckpt.layers, "layers")
     heads = parse_range(args.heads, ckpt.heads_per_layer, "heads")
-    defenses = chosen_defenses(args)
-    kind = task_kind(args)
     if kind.whole_layer and args.heads != "all":
         raise ConfigError(f"--tasks {kind.name} audits whole layers; drop --heads", param="heads")
     if kind.vector and args.rank is not None:
@@ -85,20 +87,69 @@ def build_tasks(args):
     if kind.vector and args.row is not None:
         raise ConfigError(f"--tasks {kind.name} reads the whole output row of each layer; drop --row (or give "
                           "--tasks layer-rows for one output row)", param="row")
-    chosen = _chosen_learners(args.method, kind, args.rank)
+    specs = [HeadSpec(source, layer, head, None if kind.vector else row, args.heads_per_layer,
+                      every_position=kind.name == "layers-every")
+             for layer in layers for head in ([None] if kind.whole_layer else heads)]
+    return _tasks_per_defense(args, kind, specs, _chosen_learners(args.method, kind, args.rank))
+
+
+def _refuse_positional_folder(hf_dir, kind) -> None:
+    """A folder whose attention depends on position (RoPE: LLaMA, Qwen2, Mistral, GPT-NeoX) and whose whole blocks
+    attnprobe reads, asked for head or layer tasks: refused in one line naming ``--tasks blocks``."""
+    from attnprobe.oracles.hf_block import BLOCK_FAMILIES
+    from attnprobe.oracles.hf_families import layer_spec
+    from attnprobe.oracles.hf_folder import check_model_dir
+
+    check_model_dir(hf_dir)
+    spec = layer_spec(hf_dir)
+    if spec.positional and spec.name in BLOCK_FAMILIES:
+        raise ConfigError(f"{spec.folder} is a {spec.name} model, whose attention logits depend on the key's position: "
+                          f"--tasks {kind.name} does not read it; --tasks blocks audits its whole blocks (the block "
+                          "learner)", param="tasks")
+
+
+def _tasks_per_defense(args, kind, specs, chosen: list[str]):
+    """One task per (defence, spec, learner): of the ``chosen`` learners, those that fit the defence's answers (all
+    that fit when none of them does); a defence that no learner of the kind can read is refused."""
+    from attnprobe.audit import Task, fitting_learners
+
     tasks = []
-    for d in defenses:
-        fits = fitting_learners(d, kind.whole_layer, kind.vector)
+    for d in chosen_defenses(args):
+        fits = fitting_learners(d, kind.whole_layer, kind.vector, recovers=kind.learner_kind)
         names = [n for n in chosen if n in fits] or fits
         if not names:
             raise ConfigError(f"no {kind.learners} can read the answers the defence {d.name!r} leaves; "
                               f"drop {d.name} from --defense", param="defense")
-        for layer in layers:
-            for head in ([None] if kind.whole_layer else heads):
-                spec = HeadSpec(source, layer, head, None if kind.vector else row, args.heads_per_layer,
-                                every_position=kind.name == "layers-every")
-                tasks += [Task(spec, name, d, args.seed, args.budget, args.rank) for name in names]
+        tasks += [Task(spec, name, d, args.seed, args.budget, args.rank) for spec in specs for name in names]
     return tasks
+
+
+def block_tasks(args, kind):
+    """``--tasks blocks``: one task per block ``--layers`` of the folder ``--hf-dir`` (a family whose whole blocks
+    attnprobe reads), everything checked before any task runs."""
+    from attnprobe.audit import HeadSpec
+
+    if args.hf_dir is None:
+        given = "--model minilm" if args.model else "--safetensors" if args.safetensors else None
+        raise ConfigError("--tasks blocks reads whole blocks (norms, attention, residuals, FFN) of a Hugging Face "
+                          "folder: give --hf-dir DIR (LLaMA, Qwen2, Mistral, GPT-NeoX; a BERT-family folder's "
+                          "post-norm blocks are reported as refused)"
+                          + (f"; {given} holds attention weights alone" if given else ""), param="tasks")
+    for flag, given in (("model", args.model), ("safetensors", args.safetensors),
+                        ("heads-per-layer", args.heads_per_layer), ("row", args.row), ("rank", args.rank)):
+        if given is not None:
+            raise ConfigError(f"--tasks blocks reads each whole block of --hf-dir at every position; drop --{flag}",
+                              param=flag.replace("-", "_"))
+    if args.heads != "all":
+        raise ConfigError("--tasks blocks audits whole blocks; drop --heads", param="heads")
+    from attnprobe.oracles.hf_block import block_spec
+    from attnprobe.oracles.hf_folder import check_model_dir
+
+    check_model_dir(args.hf_dir)
+    spec, _, _ = block_spec(args.hf_dir)  # a family without whole blocks is refused in one line
+    layers = parse_range(args.layers, spec.layers, "layers")
+    specs = [HeadSpec(str(spec.folder), layer, None, None, spec.heads, block=True) for layer in layers]
+    return _tasks_per_defense(args, kind, specs, _chosen_learners(args.method, kind, None, heads=spec.heads))
 
 
 def task_kind(args):
@@ -113,22 +164,23 @@ def task_kind(args):
     return TASK_KINDS[args.tasks or next(iter(TASK_KINDS))]
 
 
-def _chosen_learners(method: str, kind, rank: int | None) -> list[str]:
-    """``--method``: ``auto`` (every registered learner of the task kind that can run with ``rank``; each
-    defence keeps those that fit it) or a comma-separated list of learner names."""
+def _chosen_learners(method: str, kind, rank: int | None, heads: int | None = None) -> list[str]:
+    """``--method``: ``auto`` (every registered learner of the task kind that can run with ``rank`` (and ``heads``,
+    known for blocks); each defence keeps those that fit it) or a comma-separated list of learner names."""
     from attnprobe.audit import audit_learners
     from attnprobe.learners.core import registry
 
-    known = audit_learners(kind.whole_layer, kind.vector)
+    known = audit_learners(kind.whole_layer, kind.vector, recovers=kind.learner_kind)
+    given = {"rank": rank, "heads": heads}
     if method == "auto":  # every learner that can run with the options given
-        return [n for n in known if registry.learner(n).ready({"rank": rank})]
+        return [n for n in known if registry.learner(n).ready(given)]
     names = [m.strip() for m in method.split(",") if m.strip()]
     unknown = [m for m in names if m not in known]
     if unknown or not names:
         raise ConfigError(f"--method {method!r}: the learners of {kind.extracts} are auto or a comma-separated list of "
                           f"{', '.join(known)}", param="method")
     for entry in map(registry.learner, names):
-        if not entry.ready({"rank": rank}):
+        if not entry.ready(given):
             hint = "give --rank (the head dimension)" if "rank" in entry.needs_one_of else "an audit gives only --rank"
             raise ConfigError(f"--method {entry.name} runs only with one of {', '.join(entry.needs_one_of)} given; "
                               f"{hint}", param="method")
@@ -208,6 +260,11 @@ def _refuse_values(args) -> None:
                           "reported as a finding)", param="budget")
 
 
+#: a failed task's error that is a finding, not a failure of the audit: the attacker's budget fell short, or the
+#: learner refused the answers in one line naming why (coarser than it reads; a post-norm block)
+REFUSALS = ("BudgetExceededError", "UnidentifiableError")
+
+
 def run(args) -> int:
     from attnprobe.audit import run_audit
 
@@ -226,18 +283,20 @@ def run(args) -> int:
 
         reachable(args.ray)
     kind = tasks[0].head.kind.name if tasks else None
-    info = {"model": args.model or args.safetensors, "method": args.method, "task_kind": kind, "seed": args.seed,
-            "row": tasks[0].head.row if tasks else None, "rank": args.rank, "budget": args.budget}
+    info = {"model": args.model or args.safetensors or args.hf_dir, "method": args.method, "task_kind": kind,
+            "seed": args.seed, "row": tasks[0].head.row if tasks else None, "rank": args.rank, "budget": args.budget}
     with claimed_folder(Path(args.out)):
         res = run_audit(tasks, args.out, engine=engine, workers=args.workers, address=args.ray or None,
                         progress=not args.quiet, info=info, resume=not args.fresh)
     failed = sum(1 for r in res.records if r["error"])
+    # block tasks keep a query log until they finish (a block killed mid-way resumes from it); others keep none
+    logged = "each block's logged until it finished" if kind == "blocks" else "not logged"
     spent = sum(r["queries"] + r.get("check_queries", 0) for r in res.records)
     if res.info.get("resumed"):
         print(f"audit: resumed {res.info['resumed']} finished tasks from {args.out}/finished.jsonl (not run again; "
               "--fresh redoes them)")
     print(f"audit: {len(res.records)}/{len(tasks)} tasks finished ({failed} failed) on {engine} in "
-          f"{res.seconds:.1f} s; {spent} queries spent (not logged); wrote {args.out}/results.json, "
+          f"{res.seconds:.1f} s; {spent} queries spent ({logged}); wrote {args.out}/results.json, "
           f"{args.out}/report.html and {args.out}/heads/")
     if res.interrupted:
         how = "SIGTERM" if res.terminated else "SIGINT (Ctrl-C)"
@@ -245,9 +304,14 @@ def run(args) -> int:
               f"{args.out}/results.json", file=sys.stderr)
         return 143 if res.terminated else 130
     errors = [str(r["error"]) for r in res.records if r["error"]]
-    findings = all(e.startswith("BudgetExceededError") for e in errors)  # the attacker's budget fell short
+    refused = [e for e in errors if e.startswith(REFUSALS)]
+    if refused:
+        print(f"audit: {len(refused)} tasks ended without a model, each naming why (refused by the learner, or "
+              f"over the budget; see {args.out}/report.html); the first: {refused[0].splitlines()[0]}")
+    # findings: the attacker's budget fell short, or the learner refused the answers (a post-norm block, float16)
+    findings = len(refused) == len(errors)
     if res.records and failed == len(res.records) and not findings:  # nothing recovered: the audit failed
-        first = next(e for e in errors if not e.startswith("BudgetExceededError"))
+        first = next(e for e in errors if not e.startswith(REFUSALS))
         raise AttnprobeError(f"every one of the {failed} tasks failed (see {args.out}/results.json); the first: "
                              f"{str(first).rstrip('.')}")
     return 0
@@ -266,8 +330,10 @@ def add_parser(sub) -> None:
     src.add_argument("--heads-per-layer", type=int, metavar="H", help="attention heads per layer of --safetensors")
     src.add_argument("--hf-dir", metavar="DIR", help="a Hugging Face model folder (config.json, "
                                                      "model.safetensors) of BERT, RoBERTa, ELECTRA, DistilBERT, "
-                                                     "ALBERT or GPT-2")
-    src.add_argument("--layers", default="all", help="layers to audit: all (default), 0-5, 3 or 0,2,4")
+                                                     "ALBERT or GPT-2; with --tasks blocks, of LLaMA, Qwen2, "
+                                                     "Mistral, GPT-NeoX (or BERT, RoBERTa, ELECTRA: refused per "
+                                                     "block)")
+    src.add_argument("--layers", default="all", help="layers (or blocks) to audit: all (default), 0-5, 3 or 0,2,4")
     src.add_argument("--heads", default="all", help="heads to audit in each layer: all (default), 0-3, ...")
     src.add_argument("--row", type=int, help="output row R of the layer that --tasks heads and layer-rows read "
                                              "(default 0)")
@@ -284,7 +350,8 @@ def add_parser(sub) -> None:
                    help="learners that take a rank bound (the head dimension): "
                    + ", ".join(registry.options()["rank"][1]))
     answer_chain.add_arguments(a, defense_help=f"{HELP}; or one defence as the flags below (default none)")
-    a.add_argument("--budget", type=int, help="queries an attacker may spend per task (a head, or a whole layer)")
+    a.add_argument("--budget", type=int,
+                   help="queries an attacker may spend per task (a head, a whole layer or a block)")
     a.add_argument("--seed", type=int, default=0, help="seed of every task (probes and noise)")
     run_on = a.add_argument_group("where to run")
     run_on.add_argument("--workers", type=int, default=1, help="worker processes (or local Ray CPUs)")
