@@ -32,8 +32,10 @@
 - ``attention`` (:mod:`.post_norm_attention`): the heads' value maps and logits through the FFN and both norms,
   each answered row traced back to its n1 input; built and measured, not run by :func:`refuse` (~275k queries on
   MiniLM, and the route stops at the FFN).
-- ``ffn`` (the FFN behind n2's per-row scale, on n1's ball): **not built**; :func:`refuse` runs the first three
-  stages and refuses in one line naming it.
+- ``ffn`` (the FFN behind n2's per-row scale, on n1's sphere): **half built** — given the neurons (the first layer
+  on n1's output), every row's scale, n1's weight, the second layer and the joint bias are one null vector
+  (:mod:`.post_norm_ffn`), and the assembled block is polished jointly (:mod:`.post_norm_polish`); the neurons
+  themselves are not read, so :func:`refuse` runs the first three stages and refuses in one line naming the stage.
 """
 
 from __future__ import annotations
@@ -278,6 +280,7 @@ def refuse(answer_rows, d: int, ratio: float, seed: int = 0) -> None:
     raise UnidentifiableError(
         f"{said}: stages output norm (|w2| {float(np.sqrt(np.mean(w2**2))):.2g} rms), first-norm centre and "
         f"first-norm input read, stage attention built but not run (~4k queries a pair); stage {MISSING_STAGE} not "
-        "built: the FFN answers only up to the second "
-        "LayerNorm's per-row scale and shift, which the FFN learners cannot difference; the block learner reads "
-        "pre-norm RMSNorm blocks")
+        "built: its neurons (the FFN's first layer on n1's output) are not read, the FFN answering only up to the "
+        "second LayerNorm's per-row scale and shift, which the FFN learners cannot difference (given the neurons, "
+        "the rest is built: post_norm_ffn.second_layer, then post_norm_polish.polish_block); the block learner "
+        "reads pre-norm RMSNorm blocks")
