@@ -12,6 +12,7 @@ check's norm: the largest error over the largest ``|y − x|``), before and afte
 steps of ``--iterations`` LSMR iterations on ``--sequences`` sequences), queries, seconds, peak memory.
 
     python benchmarks/post_norm_ffn.py [--write] [--only toy|minilm] [--cache FILE] [--rounds R] [--sequences S]
+        [--iterations I] [--delta D ...]
 
 MiniLM's attention comes from the pairs cached by ``benchmarks/post_norm_attention.py --cache FILE`` (its queries
 and seconds are added).
@@ -96,7 +97,7 @@ def measure(name, victim, *, step, pairs, delta, rounds, iterations, sequences, 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks/block.md")
-    ap.add_argument("--only", choices=("toy", "minilm"), help="one victim only")
+    ap.add_argument("--only", choices=("toy", "minilm"), default="toy", help="the victim (each has its own section)")
     ap.add_argument("--cache", type=Path, help="MiniLM's pairs, read by benchmarks/post_norm_attention.py --cache")
     ap.add_argument("--pairs", type=int, default=60, help="MiniLM's pairs in the cache")
     ap.add_argument("--rounds", type=int, default=4, help="Gauss–Newton steps of the polish (0: none)")
@@ -108,18 +109,19 @@ def main():
                "polish misfit", "polished at N = 1, 2, 5, 17, 64",
                "queries (stages + attention + FFN + polish)", "seconds (stages + polish)", "peak RSS GiB"])
     kw = dict(rounds=args.rounds, iterations=args.iterations, sequences=args.sequences)
-    if args.only != "minilm":
+    victim = "MiniLM layer 2" if args.only == "minilm" else "BertLayer d = 32"
+    if args.only == "toy":
         with tempfile.TemporaryDirectory() as tmp:
             for delta in args.delta:
                 t.add(*measure("BertLayer d = 32, 2 heads, FFN 64", tiny_bert_layer(Path(tmp) / "b32", d=32, heads=2),
                                step=0.1, pairs=24, delta=delta, **kw))
-    if args.only != "toy":
+    else:
         for delta in args.delta:
             t.add(*measure("MiniLM layer 2", hf_block(str(minilm_dir()), 2), step=0.2, pairs=args.pairs, delta=delta,
                            cache=args.cache, **kw))
     body = ("The post-norm block past its neurons (float64): the FFN stage given the first layer, the block "
             "assembled from the stages and its joint polish, against the truth:\n\n" + t.markdown())
-    publish("Post-norm stage ffn given the neurons, and the joint polish (float64)", body, doc=DOC,
+    publish(f"Post-norm stage ffn given the neurons, and the joint polish (float64): {victim}", body, doc=DOC,
             write=args.write)
 
 
