@@ -31,6 +31,8 @@ import numpy as np
 from attnprobe.learners.block.post_norm import output_norm
 from attnprobe.learners.block.post_norm_attention import attention_from_pairs
 from attnprobe.learners.block.post_norm_ffn import ffn_points, second_layer
+from attnprobe.learners.block.post_norm_neurons import (neuron_curves, neuron_span, rank_one_elements,
+                                                        sphere_jacobians)
 from attnprobe.learners.block.post_norm_polish import assemble, polish_block, polish_data
 from attnprobe.oracles.hf_block import block_model, hf_block
 from attnprobe.reports import Table
@@ -59,6 +61,14 @@ def _fmt(errs):
     return " / ".join(f"{e:.1e}" for e in errs)
 
 
+def read_neurons(rows, affine, n2, m: int, rng):
+    """Stage neurons from answers (4m points): ``(A, a, sweeps, span residual, curve misfit)``."""
+    Z, Q, O = sphere_jacobians(rows, affine, n2, rng, 4 * m)
+    B, Y, res = neuron_span(Z, Q, O, m)
+    A, a, misfit = neuron_curves(B, Y, rank_one_elements(B, m, rng), Z)
+    return A, a, len(res), res[-1], misfit
+
+
 def measure(name, victim, *, step, pairs, delta, rounds, iterations, sequences, cache=None):
     truth = block_model(victim)
     d = truth.d
@@ -70,7 +80,11 @@ def measure(name, victim, *, step, pairs, delta, rounds, iterations, sequences, 
     n2 = output_norm(rows, d, rng)
     A = truth.ffn.W1 * truth.norm1_w
     a = truth.ffn.W1 @ truth.norm1_b + truth.ffn.b1
-    if delta:
+    given = "true" if not delta else f"true × (1 + {delta:g}·N(0, 1))"
+    if delta is None:
+        A, a, sweeps, span, curves = read_neurons(rows, affine, n2, A.shape[0], rng)
+        given = f"read ({sweeps} sweeps, span {span:.1e}, curves {curves:.1e})"
+    elif delta:
         g = np.random.default_rng(7)
         A = A * (1 + delta * g.standard_normal(A.shape))
         a = a + delta * np.abs(a).mean() * g.standard_normal(a.shape)
@@ -88,7 +102,7 @@ def measure(name, victim, *, step, pairs, delta, rounds, iterations, sequences, 
         history = report.history
     s_polish = time.perf_counter() - t1
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    return [name, "true" if not delta else f"true × (1 + {delta:g}·N(0, 1))", f"{second.null:.1e} / {second.gap:.1e}",
+    return [name, given, f"{second.null:.1e} / {second.gap:.1e}",
             _fmt(assembled), (" → ".join(f"{h:.1e}" for h in history) or "—"), _fmt(whole_layer(truth, polished)),
             f"{before:,} + {stage.queries:,} + {stage_q:,} + {rows.queries - stage_q:,}",
             f"{s_before + s_pairs + seconds:.0f} + {s_polish:.0f}", f"{peak:.1f}"]
@@ -104,6 +118,7 @@ def main():
     ap.add_argument("--iterations", type=int, default=200, help="LSMR iterations per step")
     ap.add_argument("--sequences", type=int, default=100, help="sequences of the polish")
     ap.add_argument("--delta", type=float, nargs="*", default=[0.0], help="relative perturbations of the neurons")
+    ap.add_argument("--read-neurons", action="store_true", help="a row with the neurons read by stage neurons")
     args = ap.parse_args()
     t = Table(["victim", "first layer given", "null / next eigenvalue", "assembled at N = 1, 2, 5, 17, 64",
                "polish misfit", "polished at N = 1, 2, 5, 17, 64",
@@ -112,7 +127,7 @@ def main():
     victim = "MiniLM layer 2" if args.only == "minilm" else "BertLayer d = 32"
     if args.only == "toy":
         with tempfile.TemporaryDirectory() as tmp:
-            for delta in args.delta:
+            for delta in args.delta + ([None] if args.read_neurons else []):
                 t.add(*measure("BertLayer d = 32, 2 heads, FFN 64", tiny_bert_layer(Path(tmp) / "b32", d=32, heads=2),
                                step=0.1, pairs=24, delta=delta, **kw))
     else:

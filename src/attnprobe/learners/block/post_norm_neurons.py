@@ -76,11 +76,12 @@ def neuron_span(Z: np.ndarray, Q: np.ndarray, O: np.ndarray, m: int, sweeps: int
     residuals, scale = [], float(np.sum(X * X))
     for _ in range(sweeps):
         Y, res = np.empty_like(X), 0.0
-        for j in range(n):
-            G = np.hstack([B, -C[j]])
-            sol = np.linalg.lstsq(G, X[:, j], rcond=None)[0]
-            Y[:, j] = X[:, j] + C[j] @ sol[m + 1:]
-            res += float(np.sum((G @ sol - X[:, j]) ** 2))
+        for j in range(n):  # min |Bα − x − Cβ|: α from the parts off C (C orthonormal), then β = Cᵀ(Bα − x)
+            x, Cj = X[:, j], C[j]
+            PB, Px = B - Cj @ (Cj.T @ B), x - Cj @ (Cj.T @ x)
+            alpha = np.linalg.lstsq(PB, Px, rcond=None)[0]
+            Y[:, j] = x + Cj @ (Cj.T @ (B @ alpha - x))
+            res += float(np.sum((PB @ alpha - Px) ** 2))
         B = np.linalg.svd(Y, full_matrices=False)[0][:, :m + 1]
         residuals.append(float(np.sqrt(res / scale)))
         if residuals[-1] < SETTLED:
