@@ -76,12 +76,15 @@ def neuron_span(Z: np.ndarray, Q: np.ndarray, O: np.ndarray, m: int, sweeps: int
     residuals, scale = [], float(np.sum(X * X))
     for _ in range(sweeps):
         Y, res = np.empty_like(X), 0.0
-        for j in range(n):  # min |Bα − x − Cβ|: α from the parts off C (C orthonormal), then β = Cᵀ(Bα − x)
+        eye = np.eye(m + 1)
+        for j in range(n):  # min |Bα − x − Cβ| with B, C orthonormal: (I − MᵀM)α = Bᵀx − MᵀCᵀx, M = CᵀB
             x, Cj = X[:, j], C[j]
-            PB, Px = B - Cj @ (Cj.T @ B), x - Cj @ (Cj.T @ x)
-            alpha = np.linalg.lstsq(PB, Px, rcond=None)[0]
-            Y[:, j] = x + Cj @ (Cj.T @ (B @ alpha - x))
-            res += float(np.sum((PB @ alpha - Px) ** 2))
+            M = Cj.T @ B
+            alpha = np.linalg.solve(eye - M.T @ M, B.T @ x - M.T @ (Cj.T @ x))
+            e = B @ alpha - x
+            back = Cj @ (Cj.T @ e)
+            Y[:, j] = x + back
+            res += float(np.sum((e - back) ** 2))
         B = np.linalg.svd(Y, full_matrices=False)[0][:, :m + 1]
         residuals.append(float(np.sqrt(res / scale)))
         if residuals[-1] < SETTLED:
