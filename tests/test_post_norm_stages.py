@@ -164,7 +164,7 @@ def test_the_block_learner_refuses_a_post_norm_block_at_the_ffn_stage(bert_folde
     with pytest.raises(UnidentifiableError) as exc:
         extract_block(oracle, heads=2)
     msg = str(exc.value)
-    assert "\n" not in msg and "post-norm" in msg and "stage ffn not built" in msg and "per-row scale" in msg
+    assert "\n" not in msg and "post-norm" in msg and "stage ffn not run" in msg and "per-row scale" in msg
     assert "output norm" in msg and "first-norm centre" in msg and "first-norm input" in msg
 
 

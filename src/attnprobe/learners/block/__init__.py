@@ -9,8 +9,10 @@ levers (:mod:`.levers`), the sublayer oracles a pre-norm RMSNorm block splits in
 through the block (:mod:`.polish`) and the learner that chains them (:func:`.learner.extract_block`);
 the post-norm (BERT) route's stages built so far (:mod:`.post_norm`: output norm, first-norm centre, first-norm input,
 and the pair-curvature levers toward the attention; :mod:`.post_norm_attention`: the attention through both norms
-and the unknown FFN, measured but not run by ``extract_block``), which ``extract_block`` runs on a post-norm block
-before refusing it in one line at the stage not built (the FFN).
+and the unknown FFN; :mod:`.post_norm_neurons`: the FFN's neurons through n2's per-row scale; :mod:`.post_norm_ffn`:
+the rest of the FFN given them; :mod:`.post_norm_polish`: the block assembled and polished — measured on small
+layers, not run by ``extract_block``), which ``extract_block`` runs the first three of on a post-norm block before
+refusing it in one line at the stage it does not run (the FFN).
 """
 
 from attnprobe.errors import ConfigError

@@ -32,8 +32,11 @@
 - ``attention`` (:mod:`.post_norm_attention`): the heads' value maps and logits through the FFN and both norms,
   each answered row traced back to its n1 input; built and measured, not run by :func:`refuse` (~275k queries on
   MiniLM, and the route stops at the FFN).
-- ``ffn`` (the FFN behind n2's per-row scale, on n1's ball): **not built**; :func:`refuse` runs the first three
-  stages and refuses in one line naming it.
+- ``neurons``, ``ffn`` (the FFN behind n2's per-row scale, on n1's sphere): the neurons from first derivatives on
+  the sphere (:mod:`.post_norm_neurons`), then every row's scale, n1's weight, the second layer and the joint bias
+  as one null vector (:mod:`.post_norm_ffn`), and the assembled block polished jointly (:mod:`.post_norm_polish`):
+  built and measured on small layers, not run end to end by :func:`refuse`, which runs the first three stages and
+  refuses in one line naming the stage.
 """
 
 from __future__ import annotations
@@ -278,6 +281,8 @@ def refuse(answer_rows, d: int, ratio: float, seed: int = 0) -> None:
     raise UnidentifiableError(
         f"{said}: stages output norm (|w2| {float(np.sqrt(np.mean(w2**2))):.2g} rms), first-norm centre and "
         f"first-norm input read, stage attention built but not run (~4k queries a pair); stage {MISSING_STAGE} not "
-        "built: the FFN answers only up to the second "
-        "LayerNorm's per-row scale and shift, which the FFN learners cannot difference; the block learner reads "
+        "run: the FFN answers only up to the second LayerNorm's per-row scale and shift; its neurons are read "
+        "through it from first derivatives on n1's sphere (post_norm_neurons: measured at d = 16, not at this "
+        f"size: its span holds d²·4m = {d * d * 4 * 4 * d:.1e} numbers for an FFN of width 4d) and the rest past "
+        "them (post_norm_ffn, post_norm_polish), but the route is not run end to end by this learner; it reads "
         "pre-norm RMSNorm blocks")
