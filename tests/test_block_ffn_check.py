@@ -50,3 +50,26 @@ def test_a_block_at_small_weights_is_refused_naming_its_ffn(tmp_path):
     transformers.LlamaModel(config).save_pretrained(tmp_path)
     with pytest.raises(RecoveryError, match="read first only"):
         extract_block(oracle_from_hf_block(tmp_path, 0), heads=2)
+
+
+class _Asked(Exception):
+    pass
+
+
+def test_the_block_plan_without_the_width_is_a_lower_bound():
+    """Without ``hidden`` the plan counted the FFN at m = 4d and called it "at least": a d = 16 block of m = 2d asks
+    about a third of that, so a budget that sufficed was refused before any query. Now the count at m = d: a budget
+    of the m = 2d count passes the plan (the first query is asked), one below the m = d count is refused."""
+    from attnprobe.errors import BudgetExceededError, OracleError
+    from attnprobe.learners.block.learner import CHECK_LENGTHS, CHECK_PER_LENGTH, block_queries, extract_block
+
+    def asked(X):
+        raise _Asked
+
+    check = len(CHECK_LENGTHS) * CHECK_PER_LENGTH
+    enough = block_queries(16, 1, 32, check=False) + check
+    with pytest.raises(OracleError, match="_Asked"):  # past the plan: the first query is asked
+        extract_block(Oracle(asked, 16, budget=enough), heads=1)
+    floor = block_queries(16, 1, 16, check=False)
+    with pytest.raises(BudgetExceededError, match=f"at least {floor} queries"):
+        extract_block(Oracle(asked, 16, budget=floor + check - 1), heads=1)

@@ -96,8 +96,11 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
                           param="max_length")
     run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS,
               check_per_length=CHECK_PER_LENGTH, progress=progress)
-    run.plan(block_queries(d, heads, hidden or 4 * d, walk=walk, check=False),
-             f"the block learner at d={d}, H={heads}, m={hidden or 4 * d}", at_least=hidden is None)
+    # m not given: the count at m = d, a lower bound for any FFN at least as wide as the block (it was m = 4d, over
+    # twice what a d = 16 block of m = 2d asked, refusing budgets that sufficed)
+    run.plan(block_queries(d, heads, hidden or d, walk=walk, check=False),
+             f"the block learner at d={d}, H={heads}, " + (f"m={hidden}" if hidden else f"m ≥ d = {d} (not given)"),
+             at_least=hidden is None)
     rows = oracle.answer_rows  # the sublayers' oracles ask through it: their queries are counted here, by phase
     with run.phase("linear"):
         zero = rows(np.zeros((1, 1, d)))[0, 0]
