@@ -201,7 +201,7 @@ def test_a_bert_folder_is_refused_block_by_block_with_its_cause(bert, tmp_path, 
     assert "2 tasks ended without a model" in stdout and "post-norm block" in stdout
     res = json.loads((out / "results.json").read_text())
     for rec in res["heads"]:
-        assert rec["error"].startswith("UnidentifiableError: a post-norm block") and "stage ffn not built" in \
+        assert rec["error"].startswith("UnidentifiableError: a post-norm block") and "stage ffn not run" in \
             rec["error"] and "\n" not in rec["error"]
         assert rec["file"] is None and rec["queries"] > 0 and not rec["passed"]
     html = (out / "report.html").read_text()
