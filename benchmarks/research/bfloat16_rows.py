@@ -63,13 +63,15 @@ def stage_values(args, truth, oracle, rng):
         off.append(np.linalg.norm(t - np.einsum("h,har->ar", np.einsum("har,ar->h", S, t), S)) / np.linalg.norm(t))
     print(f"span: sv {' '.join(f'{s:.2e}' for s in sv[:H + 2])}; V_h off the span {min(off):.1e} … {max(off):.1e}; "
           f"{oracle.queries} queries, {time.perf_counter() - t0:.0f} s", flush=True)
+    np.savez(f"{OUT}/values_{args.d}_{H}_{args.kv_heads}.npz", M=M, c=c, kernel=kernel, Q=Q, S=S, sv=sv)
+    if not args.probes:
+        return
     t0 = time.perf_counter()
     V, far = split_span(oracle, S, Q, M, rng, kernel=kernel, probes=args.probes)
     e = matched(V, truth.value_maps())
     print(f"split ({args.probes} probes): V_h off {' '.join(f'{x:.1e}' for x in e)}; probes far "
           f"{' '.join(f'{x:.0e}' for x in np.sort(far))}; {oracle.queries} queries, {time.perf_counter() - t0:.0f} s",
           flush=True)
-    np.savez(f"{OUT}/values_{args.d}_{H}_{args.kv_heads}.npz", M=M, c=c, kernel=kernel, Q=Q, S=S, V=V, sv=sv)
 
 
 def span_sweep_answers(oracle, Z, zeros, block):
@@ -113,23 +115,103 @@ def grid_centres(C, T, zeros):
     return grid[np.argmin(err, axis=1)]
 
 
+def eigen_mixing(C, zeros, rng):
+    """T from the pencil: c(n) = T w(n), w_h = 1/(1 + n/S_h), so n L c(n) = c(0) − c(n) with L = T diag(1/S) T⁻¹ per
+    block; the blocks' L share T's columns as eigenvectors (a random combination's eigenvectors), scaled by
+    T 1 = c(0)."""
+    n = np.asarray(zeros, dtype=np.float64)
+    assert n[0] == 0
+    Ls = []
+    for c in C:
+        X = n[1:, None] * c[1:]
+        Lt = np.linalg.lstsq(X, c[0][None] - c[1:], rcond=None)[0]
+        Ls.append(Lt.T / np.linalg.norm(Lt))
+    Ls = np.array(Ls)
+    g = rng.standard_normal(len(Ls))
+    w, E = np.linalg.eig(np.einsum("b,bij->ij", g, Ls))
+    E = np.real(E)
+    s = np.linalg.lstsq(E, C[:, 0].mean(0), rcond=None)[0]
+    return E * s[None]
+
+
+def joint_lm(C, T, logS, zeros, steps=50, lam=1e-3):
+    """Levenberg–Marquardt on T and every block's centres at once, the centres eliminated (Schur complement):
+    r_b = c_b − W_b Tᵀ."""
+    B, nz, H = C.shape
+    def cost(T, logS):
+        return float(((C - shapes(logS, zeros) @ T.T) ** 2).sum())
+    f = cost(T, logS)
+    for it in range(steps):
+        w = shapes(logS, zeros)  # (B, nz, H)
+        r = (C - w @ T.T).reshape(B, -1)  # (B, nz·H_k)
+        dw = w * (1 - w)
+        eye = np.eye(H)
+        JT = (w[:, :, None, None, :] * eye[None, None, :, :, None]).reshape(B, nz * H, H * H)  # ∂(W Tᵀ)/∂T[k,h]
+        Js = (dw[:, :, None, :] * T[None, None]).reshape(B, nz * H, H)  # ∂/∂s_h
+        A = np.einsum("bni,bnj->ij", JT, JT)
+        Bb = np.einsum("bni,bnj->bij", JT, Js)
+        D = np.einsum("bni,bnj->bij", Js, Js)
+        gT = np.einsum("bni,bn->i", JT, r)
+        gs = np.einsum("bni,bn->bi", Js, r)
+        while True:
+            Dd = D + lam * (np.einsum("bii->bi", D)[:, :, None] * eye + 1e-12 * eye)
+            Dinv = np.linalg.inv(Dd)
+            S_ = A + lam * np.diag(np.diag(A)) - np.einsum("bij,bjk,blk->il", Bb, Dinv, Bb)
+            rhs = gT - np.einsum("bij,bjk,bk->i", Bb, Dinv, gs)
+            dT = np.linalg.solve(S_, rhs)
+            ds = np.einsum("bij,bj->bi", Dinv, gs - np.einsum("bji,j->bi", Bb, dT))
+            Tn, sn = T + dT.reshape(H, H), np.clip(logS + ds, -15, 20)
+            fn = cost(Tn, sn)
+            if fn < f:
+                gain = 1 - fn / f
+                T, logS, f, lam = Tn, sn, fn, lam / 3
+                break
+            lam *= 4
+            if lam > 1e8:
+                return T, logS
+        if gain < 1e-7:
+            break
+    return T, logS
+
+
 def fit_mixing(C, zeros, H, rng, starts=8, rounds=60):
     """T (H, H) and centres with C ≈ shapes(logS) Tᵀ: alternating, from random starts; the best misfit."""
     best = None
     B = len(C)
     for s in range(starts):
         T = rng.standard_normal((H, H))
-        T *= (C[:, 0].mean(0) @ np.linalg.pinv(T.sum(1, keepdims=True).T)).ravel()[0] if False else 1.0
-        logS = rng.uniform(-2, 5, (B, H))
         for k in range(rounds):
             logS = fit_centres(C, T, grid_centres(C, T, zeros), zeros, steps=3)
             W = shapes(logS, zeros).reshape(-1, H)
             T = np.linalg.lstsq(W, C.reshape(-1, H), rcond=None)[0].T
+        T, logS = joint_lm(C, T, logS, zeros, steps=30)
         misfit = np.linalg.norm(C - shapes(logS, zeros) @ T.T) / np.linalg.norm(C)
         print(f"  start {s}: misfit {misfit:.2e}", flush=True)
         if best is None or misfit < best[0]:
             best = (misfit, T, logS)
     return best
+
+
+def group_bases(S, dh, groups, rng, iters=60, tries=12):
+    """Each key/value group's sub-span of the span ``S`` (H, K, r): the combinations of rank ``d_h`` (a group's
+    heads share ``W_V,g``: any mix of them has its row space, rank ``d_h``; across groups the ranks add). Alternating:
+    the combination's null space ``N`` (its ``r − d_h`` smallest right singular vectors), then the combinations that
+    vanish on ``N`` (the smallest right singular vectors of ``[S_k N]``). Returns ``(groups, H/groups, H)``."""
+    H = S.shape[0]
+    per = H // groups
+    found = []
+    for _ in range(tries):
+        a = rng.standard_normal(H)
+        for _ in range(iters):
+            N = np.linalg.svd(np.einsum("k,kar->ar", a, S))[2][dh:].T
+            vt = np.linalg.svd(np.einsum("kar,rs->kas", S, N).reshape(H, -1).T, full_matrices=False)[2]
+            a = vt[-1]
+        sub = vt[-per:]
+        if all(np.linalg.norm(sub @ f.T) < 0.5 * math.sqrt(per) for f in found):
+            found.append(sub)
+        if len(found) == groups:
+            return np.array(found)
+    raise RuntimeError(f"found {len(found)} of {groups} group sub-spans")
 
 
 def stage_split(args, truth, oracle, rng):
@@ -153,7 +235,25 @@ def stage_split(args, truth, oracle, rng):
         ls = fit_centres(Cq, Tt, grid_centres(Cq, Tt, zeros) if trial else np.zeros((len(Cq), H)), zeros, steps=30)
         print(f"  with the truth's mixing: misfit {np.linalg.norm(Cq - shapes(ls, zeros) @ Tt.T) / np.linalg.norm(Cq):.2e}")
     t0 = time.perf_counter()
-    misfit, T, logS = fit_mixing(Cq, zeros, H, rng, starts=args.starts, rounds=args.als)
+    G = args.kv_heads
+    if G > 1:
+        subs = group_bases(S, d // H, G, rng)
+        Gf = np.concatenate(subs).T  # (H, H): each group's basis in the span's coordinates
+        Cg = Cq @ np.linalg.inv(Gf).T
+        per = H // G
+        blocks, logS, misfit = [], [], []
+        for g in range(G):
+            mis, Tg, ls = fit_mixing(Cg[..., g * per:(g + 1) * per], zeros, per, rng, starts=args.starts,
+                                     rounds=args.als)
+            blocks.append(Tg)
+            logS.append(ls)
+            misfit.append(mis)
+        from scipy.linalg import block_diag
+        T = Gf @ block_diag(*blocks)
+        logS = np.concatenate(logS, axis=1)
+        misfit = np.linalg.norm(Cq - shapes(logS, zeros) @ T.T) / np.linalg.norm(Cq)
+    else:
+        misfit, T, logS = fit_mixing(Cq, zeros, H, rng, starts=args.starts, rounds=args.als)
     parts = np.einsum("kh,kar->har", T, S)
     V = parts @ Q
     e = matched(V, truth.value_maps())
