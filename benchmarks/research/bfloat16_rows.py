@@ -433,7 +433,11 @@ def stage_polish(args, truth, oracle, rng):
     from attnprobe.models.positional import PositionalAttention
     d, H, G = args.d, args.heads, args.kv_heads
     z = np.load(f"{OUT}/start_{d}_{H}_{G}.npz")
-    model = grouped_start(z["Wq"], z["Wk"], z["Gh"], z["Cb"], z["c"], z["theta"])
+    Wq, Wk = z["Wq"], z["Wk"]
+    if args.random_logits:  # no logit stage: the polish from random query and key maps of the logits' size
+        Wq = rng.standard_normal(Wq.shape) * np.linalg.norm(Wq) / math.sqrt(Wq.size)
+        Wk = rng.standard_normal(Wk.shape) * np.linalg.norm(Wk) / math.sqrt(Wk.size)
+    model = grouped_start(Wq, Wk, z["Gh"], z["Cb"], z["c"], z["theta"])
     lengths = (1, 2, 3, 5, 17, 64, 100, 200, 256)
     print(f"start: {function_error_over_lengths(model, truth, np.random.default_rng(5), lengths):.2e}", flush=True)
     t0 = time.perf_counter()
@@ -464,6 +468,7 @@ def main():
     ap.add_argument("--polish-stages", type=int, default=2)
     ap.add_argument("--compute", default="float32")
     ap.add_argument("--frequencies", action="store_true")
+    ap.add_argument("--random-logits", action="store_true")
     ap.add_argument("--queries", type=int, default=8)
     ap.add_argument("--query-scale", type=float, default=2.0)
     ap.add_argument("--block", type=int, default=64)

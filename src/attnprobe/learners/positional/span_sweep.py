@@ -56,7 +56,8 @@ def shapes(logS: np.ndarray, zeros=ZEROS) -> np.ndarray:
 def grid_centres(C: np.ndarray, T: np.ndarray, zeros=ZEROS) -> np.ndarray:
     """Each head's centre from ``w = T⁻¹c`` by a grid (no coupling between heads): ``C (B, n, H)`` → (B, H)."""
     w = C @ np.linalg.pinv(T).T
-    err = ((w[:, None] - shapes(GRID[:, None], zeros)[:, :, 0][None, :, :, None]) ** 2).sum(2)  # (B, grid, H)
+    sh = shapes(GRID[:, None], zeros)[:, :, 0]  # (grid, n)
+    err = (sh ** 2).sum(1)[None, :, None] - 2 * np.einsum("bnh,gn->bgh", w, sh)  # ‖w − shape‖² less ‖w‖²
     return GRID[np.argmin(err, axis=1)]
 
 
@@ -160,7 +161,7 @@ def span_coordinates(oracle, S: np.ndarray, Q: np.ndarray, c: np.ndarray, Z: np.
 
 
 def row_value_maps(oracle, heads: int, rng: np.random.Generator, *, M: np.ndarray, c: np.ndarray,
-                   queries: int = QUERIES, rows: int = ROWS):
+                   queries: int = QUERIES, rows: int = ROWS, starts: int = STARTS, rounds: int = ROUNDS):
     """Every ``V_h`` (H, K, d) from every-position rows (module docstring); ``M``, ``c`` from the values stage.
     The groups come from ``M``'s kernel (``r = G·d_h``). Returns ``V`` and what was measured."""
     H, (K, d) = heads, M.shape
@@ -177,7 +178,7 @@ def row_value_maps(oracle, heads: int, rng: np.random.Generator, *, M: np.ndarra
     per = H // G
     Gf = np.concatenate(group_bases(S, dh, G, rng)).T if G > 1 else np.eye(H)
     Cg = C @ np.linalg.inv(Gf).T
-    fits = [fit_mixing(Cg[..., g * per:(g + 1) * per], per, rng) for g in range(G)]
+    fits = [fit_mixing(Cg[..., g * per:(g + 1) * per], per, rng, starts=starts, rounds=rounds) for g in range(G)]
     T = Gf @ block_diag(*[f[1] for f in fits])
     logS = np.concatenate([f[2] for f in fits], axis=1)
     misfit = float(np.linalg.norm(C - shapes(logS) @ T.T) / np.linalg.norm(C))
