@@ -444,8 +444,12 @@ def stage_polish(args, truth, oracle, rng):
     data = fresh_rows(oracle, args.polish_sequences, rng)
     print(f"{args.polish_sequences} sequences × 256 rows, {time.perf_counter() - t0:.0f} s", flush=True)
     for stage in range(args.polish_stages):
+        import attnprobe.learners.positional.row_polish as rp
+        from attnprobe.learners.positional.polish import fitted_names
+        rp.fitted_names = ((lambda m, f: ("Wq", "Wk") if f is False else fitted_names(m, f))
+                            if stage < args.logits_first else fitted_names)
         model, rep = polish_rows(model, data, rounds=args.polish_rounds, compute=args.compute,
-                                 frequencies=args.frequencies, log=print)
+                                 frequencies=args.frequencies, log=print, dense=False)
         err = function_error_over_lengths(model, truth, np.random.default_rng(5), lengths)
         print(f"polish {stage + 1}: misfit {rep.misfit_before:.2e} -> {rep.misfit_after:.2e}, function error {err:.2e}, "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
@@ -469,6 +473,7 @@ def main():
     ap.add_argument("--compute", default="float32")
     ap.add_argument("--frequencies", action="store_true")
     ap.add_argument("--random-logits", action="store_true")
+    ap.add_argument("--logits-first", type=int, default=0, help="polish stages fitting W_Q and W_K only")
     ap.add_argument("--queries", type=int, default=8)
     ap.add_argument("--query-scale", type=float, default=2.0)
     ap.add_argument("--block", type=int, default=64)
