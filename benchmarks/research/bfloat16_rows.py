@@ -74,196 +74,51 @@ def stage_values(args, truth, oracle, rng):
           flush=True)
 
 
-def span_sweep_answers(oracle, Z, zeros, block):
-    """Every row of ``[0 × n, z × block]``: (len(Z), len(zeros), block, K) — the rows inside the query block."""
-    B, d = Z.shape
-    out = []
-    for n in zeros:
-        X = np.zeros((B, n + block, d))
-        X[:, n:] = Z[:, None]
-        out.append(np.asarray(oracle.answer_rows(X), dtype=np.float64)[:, n:])
-    return np.stack(out, axis=1)
-
-
-def shapes(logS, zeros):
-    """S/(n + S): logS (..., H) -> (..., len(zeros), H)."""
-    S = np.exp(np.clip(logS, -15, 20))[..., None, :]
-    n = np.asarray(zeros, dtype=np.float64)[:, None]
-    return S / (n + S)
-
-
-def fit_centres(C, T, logS, zeros, steps=8):
-    """Gauss-Newton on every (query, block) at once: C (B, nz, H) coefficients, T (H, H) -> logS (B, H)."""
-    for _ in range(steps):
-        w = shapes(logS, zeros)  # (B, nz, H)
-        r = C - w @ T.T  # (B, nz, H)
-        dw = w * (1 - w)  # d w / d log S
-        J = dw[:, :, None, :] * T[None, None]  # (B, nz, H_out, H_in)
-        J = J.reshape(len(C), -1, T.shape[1])
-        A = np.einsum("bni,bnj->bij", J, J) + 1e-6 * np.eye(T.shape[1])
-        g = np.einsum("bni,bn->bi", J, r.reshape(len(C), -1))
-        logS = np.clip(logS + np.linalg.solve(A, g[..., None])[..., 0], -15, 20)
-    return logS
-
-
-def grid_centres(C, T, zeros):
-    """Each head's centre from w = T⁻¹c by a 1-D grid search (no coupling between heads)."""
-    w = C @ np.linalg.inv(T).T  # (B, nz, H)
-    grid = np.linspace(-6, 12, 181)
-    sh = shapes(grid[:, None], zeros)[:, :, 0]  # (grid, nz)
-    err = ((w[:, None, :, :] - sh[None, :, :, None]) ** 2).sum(2)  # (B, grid, H)
-    return grid[np.argmin(err, axis=1)]
-
-
 def eigen_mixing(C, zeros, rng):
-    """T from the pencil: c(n) = T w(n), w_h = 1/(1 + n/S_h), so n L c(n) = c(0) − c(n) with L = T diag(1/S) T⁻¹ per
-    block; the blocks' L share T's columns as eigenvectors (a random combination's eigenvectors), scaled by
-    T 1 = c(0)."""
+    """(Did not work: each block's L too noisy at bfloat16.) T from the pencil: c(n) = T w(n), w_h = 1/(1 + n/S_h),
+    so n L c(n) = c(0) − c(n) with L = T diag(1/S) T⁻¹ per block; the blocks' L share T's columns as eigenvectors (a
+    random combination's), scaled by T 1 = c(0)."""
     n = np.asarray(zeros, dtype=np.float64)
-    assert n[0] == 0
     Ls = []
     for c in C:
-        X = n[1:, None] * c[1:]
-        Lt = np.linalg.lstsq(X, c[0][None] - c[1:], rcond=None)[0]
+        Lt = np.linalg.lstsq(n[1:, None] * c[1:], c[0][None] - c[1:], rcond=None)[0]
         Ls.append(Lt.T / np.linalg.norm(Lt))
-    Ls = np.array(Ls)
-    g = rng.standard_normal(len(Ls))
-    w, E = np.linalg.eig(np.einsum("b,bij->ij", g, Ls))
-    E = np.real(E)
-    s = np.linalg.lstsq(E, C[:, 0].mean(0), rcond=None)[0]
-    return E * s[None]
-
-
-def joint_lm(C, T, logS, zeros, steps=50, lam=1e-3):
-    """Levenberg–Marquardt on T and every block's centres at once, the centres eliminated (Schur complement):
-    r_b = c_b − W_b Tᵀ."""
-    B, nz, H = C.shape
-    def cost(T, logS):
-        return float(((C - shapes(logS, zeros) @ T.T) ** 2).sum())
-    f = cost(T, logS)
-    for it in range(steps):
-        w = shapes(logS, zeros)  # (B, nz, H)
-        r = (C - w @ T.T).reshape(B, -1)  # (B, nz·H_k)
-        dw = w * (1 - w)
-        eye = np.eye(H)
-        JT = (w[:, :, None, None, :] * eye[None, None, :, :, None]).reshape(B, nz * H, H * H)  # ∂(W Tᵀ)/∂T[k,h]
-        Js = (dw[:, :, None, :] * T[None, None]).reshape(B, nz * H, H)  # ∂/∂s_h
-        A = np.einsum("bni,bnj->ij", JT, JT)
-        Bb = np.einsum("bni,bnj->bij", JT, Js)
-        D = np.einsum("bni,bnj->bij", Js, Js)
-        gT = np.einsum("bni,bn->i", JT, r)
-        gs = np.einsum("bni,bn->bi", Js, r)
-        while True:
-            Dd = D + lam * (np.einsum("bii->bi", D)[:, :, None] * eye + 1e-12 * eye)
-            Dinv = np.linalg.inv(Dd)
-            S_ = A + lam * np.diag(np.diag(A)) - np.einsum("bij,bjk,blk->il", Bb, Dinv, Bb)
-            rhs = gT - np.einsum("bij,bjk,bk->i", Bb, Dinv, gs)
-            dT = np.linalg.solve(S_, rhs)
-            ds = np.einsum("bij,bj->bi", Dinv, gs - np.einsum("bji,j->bi", Bb, dT))
-            Tn, sn = T + dT.reshape(H, H), np.clip(logS + ds, -15, 20)
-            fn = cost(Tn, sn)
-            if fn < f:
-                gain = 1 - fn / f
-                T, logS, f, lam = Tn, sn, fn, lam / 3
-                break
-            lam *= 4
-            if lam > 1e8:
-                return T, logS
-        if gain < 1e-7:
-            break
-    return T, logS
-
-
-def fit_mixing(C, zeros, H, rng, starts=8, rounds=60):
-    """T (H, H) and centres with C ≈ shapes(logS) Tᵀ: alternating, from random starts; the best misfit."""
-    best = None
-    B = len(C)
-    for s in range(starts):
-        T = rng.standard_normal((H, H))
-        for k in range(rounds):
-            logS = fit_centres(C, T, grid_centres(C, T, zeros), zeros, steps=3)
-            W = shapes(logS, zeros).reshape(-1, H)
-            T = np.linalg.lstsq(W, C.reshape(-1, H), rcond=None)[0].T
-        T, logS = joint_lm(C, T, logS, zeros, steps=30)
-        misfit = np.linalg.norm(C - shapes(logS, zeros) @ T.T) / np.linalg.norm(C)
-        print(f"  start {s}: misfit {misfit:.2e}", flush=True)
-        if best is None or misfit < best[0]:
-            best = (misfit, T, logS)
-    return best
-
-
-def group_bases(S, dh, groups, rng, iters=60, tries=12):
-    """Each key/value group's sub-span of the span ``S`` (H, K, r): the combinations of rank ``d_h`` (a group's
-    heads share ``W_V,g``: any mix of them has its row space, rank ``d_h``; across groups the ranks add). Alternating:
-    the combination's null space ``N`` (its ``r − d_h`` smallest right singular vectors), then the combinations that
-    vanish on ``N`` (the smallest right singular vectors of ``[S_k N]``). Returns ``(groups, H/groups, H)``."""
-    H = S.shape[0]
-    per = H // groups
-    found = []
-    for _ in range(tries):
-        a = rng.standard_normal(H)
-        for _ in range(iters):
-            N = np.linalg.svd(np.einsum("k,kar->ar", a, S))[2][dh:].T
-            vt = np.linalg.svd(np.einsum("kar,rs->kas", S, N).reshape(H, -1).T, full_matrices=False)[2]
-            a = vt[-1]
-        sub = vt[-per:]
-        if all(np.linalg.norm(sub @ f.T) < 0.5 * math.sqrt(per) for f in found):
-            found.append(sub)
-        if len(found) == groups:
-            return np.array(found)
-    raise RuntimeError(f"found {len(found)} of {groups} group sub-spans")
+    E = np.real(np.linalg.eig(np.einsum("b,bij->ij", rng.standard_normal(len(Ls)), np.array(Ls)))[1])
+    return E * np.linalg.lstsq(E, C[:, 0].mean(0), rcond=None)[0][None]
 
 
 def stage_split(args, truth, oracle, rng):
-    d, H = args.d, args.heads
-    z = np.load(f"{OUT}/values_{args.d}_{H}_{args.kv_heads}.npz")
-    M, c, Q, S = z["M"], z["c"], z["Q"], z["S"]
-    from attnprobe.learners.positional.sweep import ZEROS
-    zeros = ZEROS if args.zeros is None else tuple(int(x) for x in np.unique(np.round(np.geomspace(1, 512, args.zeros))))
-    zeros = tuple(sorted(set((0,) + tuple(zeros))))
+    """Each group's mixing from the sweep in span coordinates (span_sweep.py), against the module's own mixing."""
+    from scipy.linalg import block_diag
+
+    from attnprobe.learners.positional.span_sweep import (QUERY_SCALE, ZEROS, fit_mixing, group_bases, shapes,
+                                                          span_coordinates)
+    d, H, G = args.d, args.heads, args.kv_heads
+    z = np.load(f"{OUT}/values_{d}_{H}_{G}.npz")
+    c, Q, S = z["c"], z["Q"], z["S"]
     t0 = time.perf_counter()
-    Z = rng.standard_normal((args.queries, d)) * args.query_scale
-    Y = span_sweep_answers(oracle, Z, zeros, args.block) - c  # (q, nz, m, K)
-    U = np.einsum("hkr,qr->qkh", S, Z @ Q.T)  # (q, K, H): u_k = S_k Q z
-    Cq = np.stack([np.linalg.lstsq(U[i], Y[i].reshape(-1, Y.shape[-1]).T, rcond=None)[0].T for i in range(len(Z))])
-    resid = [np.linalg.norm(Y[i].reshape(-1, Y.shape[-1]) - Cq[i] @ U[i].T) / np.linalg.norm(Y[i]) for i in range(len(Z))]
-    print(f"span sweep: {oracle.queries} queries, {time.perf_counter() - t0:.0f} s; answers off the span "
-          f"{np.median(resid):.1e} (median)", flush=True)
-    Cq = Cq.reshape(len(Z), len(zeros), args.block, H).transpose(0, 2, 1, 3).reshape(-1, len(zeros), H)
+    Z = rng.standard_normal((args.queries, d)) * QUERY_SCALE
+    C, off = span_coordinates(oracle, S, Q, c, Z)
+    print(f"span sweep: {oracle.queries} queries, {time.perf_counter() - t0:.0f} s; rows off the span {off:.1e}")
     Tt = np.einsum("har,kar->kh", truth.value_maps() @ Q.T, S)
-    for trial in range(2):
-        ls = fit_centres(Cq, Tt, grid_centres(Cq, Tt, zeros) if trial else np.zeros((len(Cq), H)), zeros, steps=30)
-        print(f"  with the truth's mixing: misfit {np.linalg.norm(Cq - shapes(ls, zeros) @ Tt.T) / np.linalg.norm(Cq):.2e}")
-    t0 = time.perf_counter()
-    G = args.kv_heads
-    if G > 1:
-        subs = group_bases(S, d // H, G, rng)
-        Gf = np.concatenate(subs).T  # (H, H): each group's basis in the span's coordinates
-        Cg = Cq @ np.linalg.inv(Gf).T
-        per = H // G
-        blocks, logS, misfit = [], [], []
-        for g in range(G):
-            mis, Tg, ls = fit_mixing(Cg[..., g * per:(g + 1) * per], zeros, per, rng, starts=args.starts,
-                                     rounds=args.als)
-            blocks.append(Tg)
-            logS.append(ls)
-            misfit.append(mis)
-        from scipy.linalg import block_diag
-        T = Gf @ block_diag(*blocks)
-        logS = np.concatenate(logS, axis=1)
-        misfit = np.linalg.norm(Cq - shapes(logS, zeros) @ T.T) / np.linalg.norm(Cq)
-    else:
-        misfit, T, logS = fit_mixing(Cq, zeros, H, rng, starts=args.starts, rounds=args.als)
-    parts = np.einsum("kh,kar->har", T, S)
-    V = parts @ Q
-    e = matched(V, truth.value_maps())
-    # the truth's T for comparison: V_h Q^T in the basis S
-    Tt = np.einsum("har,kar->kh", truth.value_maps() @ Q.T, S)
+    if args.eigen:
+        E = eigen_mixing(C, ZEROS, rng)
+        cos = np.abs((E / np.linalg.norm(E, axis=0)).T @ (Tt / np.linalg.norm(Tt, axis=0))).max(0)
+        print("the pencil's columns against the module's: cos " + " ".join(f"{x:.2f}" for x in np.sort(cos)))
+    per = H // G if args.group_cut else H
+    Gf = np.concatenate(group_bases(S, d // H, G, rng)).T if args.group_cut and G > 1 else np.eye(H)
+    Cg = C @ np.linalg.inv(Gf).T
+    fits = [fit_mixing(Cg[..., g * per:(g + 1) * per], per, rng, starts=args.starts, rounds=args.als)
+            for g in range(H // per)]
+    T = Gf @ block_diag(*[f[1] for f in fits])
+    logS = np.concatenate([f[2] for f in fits], axis=1)
+    misfit = np.linalg.norm(C - shapes(logS) @ T.T) / np.linalg.norm(C)
+    V = np.einsum("kh,kar->har", T, S) @ Q
     Vt = np.einsum("kh,kar->har", Tt, S) @ Q
-    print(f"mixing fit: misfit {misfit:.2e}, {time.perf_counter() - t0:.0f} s; V_h off "
-          f"{' '.join(f'{x:.1e}' for x in e)}; the span's own floor {' '.join(f'{x:.1e}' for x in matched(Vt, truth.value_maps()))}",
-          flush=True)
-    np.savez(f"{OUT}/split_{args.d}_{H}_{args.kv_heads}.npz", V=V, T=T, Z=Z, C=Cq, logS=logS)
+    print(f"mixing: misfit {misfit:.2e} (groups {' '.join(f'{f[0]:.2e}' for f in fits)}), "
+          f"{time.perf_counter() - t0:.0f} s; V_h off {' '.join(f'{x:.1e}' for x in matched(V, truth.value_maps()))}; "
+          f"the span's floor {' '.join(f'{x:.1e}' for x in matched(Vt, truth.value_maps()))}", flush=True)
+    np.savez(f"{OUT}/split_{d}_{H}_{G}.npz", V=V, T=T, Z=Z, C=C, logS=logS)
 
 
 def row_logits(oracle, Cb, Gh, c, rng, sequences, tokens, length, lead, rho):
@@ -376,7 +231,7 @@ def fit_logit_maps(data, H, G, dh, theta, rng, rounds=10, log=print, truth=None)
 def stage_logits(args, truth, oracle, rng):
     from attnprobe.learners.positional.coarse import split_value_maps
     from attnprobe.models.compare import function_error_over_lengths
-    from attnprobe.models.positional import PositionalAttention, rope_frequencies
+    from attnprobe.models.positional import rope_frequencies
     d, H, G = args.d, args.heads, args.kv_heads
     z = np.load(f"{OUT}/values_{d}_{H}_{G}.npz")
     M, c = z["M"], z["c"]
@@ -430,7 +285,6 @@ def grouped_start(Wq, Wk, Gh, Cb, c, theta):
 def stage_polish(args, truth, oracle, rng):
     from attnprobe.learners.positional.row_polish import fresh_rows, polish_rows
     from attnprobe.models.compare import function_error_over_lengths
-    from attnprobe.models.positional import PositionalAttention
     d, H, G = args.d, args.heads, args.kv_heads
     z = np.load(f"{OUT}/start_{d}_{H}_{G}.npz")
     Wq, Wk = z["Wq"], z["Wk"]
@@ -451,8 +305,8 @@ def stage_polish(args, truth, oracle, rng):
         model, rep = polish_rows(model, data, rounds=args.polish_rounds, compute=args.compute,
                                  frequencies=args.frequencies, log=print, dense=False)
         err = function_error_over_lengths(model, truth, np.random.default_rng(5), lengths)
-        print(f"polish {stage + 1}: misfit {rep.misfit_before:.2e} -> {rep.misfit_after:.2e}, function error {err:.2e}, "
-              f"{time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"polish {stage + 1}: misfit {rep.misfit_before:.2e} -> {rep.misfit_after:.2e}, function error "
+              f"{err:.2e}, {time.perf_counter() - t0:.0f} s", flush=True)
         np.savez(f"{OUT}/polished_{d}_{H}_{G}.npz", **{n: np.asarray(getattr(model, n)) for n in
                  ("Wq", "Wk", "Wv", "Wo", "bo", "inv_freq")})
 
@@ -477,9 +331,10 @@ def main():
     ap.add_argument("--queries", type=int, default=8)
     ap.add_argument("--query-scale", type=float, default=2.0)
     ap.add_argument("--block", type=int, default=64)
-    ap.add_argument("--zeros", type=int)
-    ap.add_argument("--starts", type=int, default=4)
-    ap.add_argument("--als", type=int, default=60)
+    ap.add_argument("--eigen", action="store_true", help="also the pencil's start (did not work)")
+    ap.add_argument("--no-group-cut", dest="group_cut", action="store_false", help="one H × H mixing (did not work)")
+    ap.add_argument("--starts", type=int, default=3)
+    ap.add_argument("--als", type=int, default=40)
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--kv-heads", type=int, default=2)
@@ -492,7 +347,8 @@ def main():
     torch.set_num_threads(1)
     truth, oracle = setup(args)
     rng = np.random.default_rng(args.seed)
-    {"values": stage_values, "split": stage_split, "logits": stage_logits, "polish": stage_polish}[args.stage](args, truth, oracle, rng)
+    stages = {"values": stage_values, "split": stage_split, "logits": stage_logits, "polish": stage_polish}
+    stages[args.stage](args, truth, oracle, rng)
 
 
 if __name__ == "__main__":
