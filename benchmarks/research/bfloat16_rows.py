@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
@@ -17,19 +19,10 @@ from attnprobe.learners.positional.value_span import split_span, value_span
 from attnprobe.oracles.base import Oracle
 from attnprobe.targets.positional_modules import positional_victim, reference_model
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from positional_bfloat16 import EveryRow  # noqa: E402  (the bfloat16 victim's every row)
+
 OUT = "/tmp/bf16rows"
-
-
-class EveryRow:
-    """A bfloat16 victim's every row (causal)."""
-
-    positions = "causal"
-
-    def __init__(self, victim):
-        self.victim, self.dtype, self.__name__ = victim, "bfloat16", type(victim).__name__
-
-    def __call__(self, X):
-        return np.asarray(self.victim.every_position(X).float(), dtype=np.float64)
 
 
 def setup(args):
