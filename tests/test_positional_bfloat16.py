@@ -233,7 +233,7 @@ def test_row_value_maps_split_the_span_by_groups_and_the_sweep(precision, bound)
     """span_sweep.py: from every-position rows, the span of the V_h cut into its key/value groups' sub-spans (each
     true head inside exactly one) and each group's mixing from the sweep in span coordinates give every V_h — to
     the span's ε truncation from float64 rows, within a few % from rows rounded to bfloat16 (torch's bfloat16
-    LLaMA, d = 128, 8/2: 7.3e-3 … 1.1e-2)."""
+    LLaMA, d = 128, 8/2: 5.3e-3 … 8.0e-3)."""
     from attnprobe.learners.positional import coarse
     from attnprobe.learners.positional.span_sweep import row_value_maps
 

@@ -48,8 +48,13 @@ def stage_values(args, truth, oracle, rng):
     print(f"values: M {np.linalg.norm(M - Mt) / np.linalg.norm(Mt):.1e} off, kernel {len(kernel)}, "
           f"{oracle.queries} queries, {time.perf_counter() - t0:.0f} s", flush=True)
     t0 = time.perf_counter()
-    S, sv = value_span(oracle, Q, kernel, H, rng, rows=args.rows)
+    S, sv = value_span(oracle, Q, kernel, H, rng, rows=args.rows, key_scale=args.key_scale)
     # every true V_h's distance from the span
+    served = reference_model(oracle.fn.victim)  # the served layer's own (bfloat16-rounded) weights
+    for name, maps in (("the served layer's", served.value_maps()), ("float64", truth.value_maps())):
+        off = [np.linalg.norm(V @ Q.T - np.einsum("h,har->ar", np.einsum("har,ar->h", S, V @ Q.T), S))
+               / np.linalg.norm(V @ Q.T) for V in maps]
+        print(f"  {name} V_h off the span {min(off):.1e} … {max(off):.1e}")
     off = []
     for V in truth.value_maps():
         t = V @ Q.T
@@ -333,6 +338,7 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=16)
     ap.add_argument("--rows", type=int, default=48)
+    ap.add_argument("--key-scale", type=float, default=1.0)
     ap.add_argument("--probes", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()

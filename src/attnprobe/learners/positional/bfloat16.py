@@ -56,7 +56,7 @@ def bfloat16_refusal(d: int, H: int, outputs: int | None = None) -> str | None:
     "bfloat16 answers"): more than two heads — the sweep reads each value map through its output space only ~3 %
     close (d = 64, 4/1), and log-weights read through maps 3 % off start the logit maps 0.23 off (d = 32), three
     times the start the polish was measured to bring in (7.7e-2 at d = 128); every-position rows read the value
-    maps within 1.1e-2 (:mod:`.span_sweep`, d = 128, 8/2), but the logit maps from them start 0.41 off (joint fit,
+    maps within 8.0e-3 (:mod:`.span_sweep`, d = 128, 8/2), but the logit maps from them start 0.41 off (joint fit,
     d = 128) and the row polish from the row logits' start stalls at 7.7e-2 (d = 32, 4/1); wider heads — the logit maps'
     regressions need ~10⁵ sequences (row spaces 0.17 … 0.32 off from 18,944 at d = 128) and their alternating
     refinement ~10¹² operations a round."""

@@ -30,6 +30,10 @@ from attnprobe.learners.positional.value_span import ROWS, value_span
 #: are the blocks m = 1 … BLOCK), the random queries (their entries' size), the mixing's random starts and rounds
 ZEROS = tuple(int(n) for n in np.unique(np.concatenate([[0], np.round(np.geomspace(1, 512, 24))])))
 BLOCK, QUERIES, QUERY_SCALE, STARTS, ROUNDS = 64, 8, 2.0, 3, 40
+#: the span's kernel tokens' entries' size (value_span's KEY_SCALE is 1): the larger, the more the rows' weights differ
+#: between heads. d = 128, 8/2, bfloat16: every V_h within 6.4e-3 … 1.0e-2 of the span at 1, 4.6e-3 … 7.5e-3 at 1.5,
+#: 4.1e-3 … 7.7e-3 at 2, up to 2.0e-2 at 3, 2.4e-2 … 4.3e-2 at 0.5
+KEY_SCALE = 1.5
 #: the centres' range (log S) and their grid
 CENTRES = (-15.0, 20.0)
 GRID = np.linspace(-6.0, 12.0, 181)
@@ -172,7 +176,7 @@ def row_value_maps(oracle, heads: int, rng: np.random.Generator, *, M: np.ndarra
     if G < 1 or len(Q) != G * dh or H % G:
         raise RecoveryError(f"the value maps' row space has rank {len(Q)}, not a multiple of d_h = {dh} dividing "
                             f"{H} heads into key/value groups")
-    S, sv = value_span(oracle, Q, kernel, H, rng, rows=rows)
+    S, sv = value_span(oracle, Q, kernel, H, rng, rows=rows, key_scale=KEY_SCALE)
     Z = rng.standard_normal((queries, d)) * QUERY_SCALE
     C, off = span_coordinates(oracle, S, Q, c, Z)
     per = H // G
