@@ -228,8 +228,9 @@ class _RoundedRows:
         return np.asarray(self.model.every_position(X)).astype(self.cast).astype(np.float64)
 
 
-@pytest.mark.parametrize("precision, bound", [("float64", 1e-6), ("bfloat16", 3e-2)])
-def test_row_value_maps_split_the_span_by_groups_and_the_sweep(precision, bound):
+@pytest.mark.parametrize("seed", [1, 5])
+@pytest.mark.parametrize("precision, bound", [("float64", 1e-5), ("bfloat16", 3e-2)])
+def test_row_value_maps_split_the_span_by_groups_and_the_sweep(precision, bound, seed):
     """span_sweep.py: from every-position rows, the span of the V_h cut into its key/value groups' sub-spans (each
     true head inside exactly one) and each group's mixing from the sweep in span coordinates give every V_h — to
     the span's ε truncation from float64 rows, within a few % from rows rounded to bfloat16 (torch's bfloat16
@@ -238,10 +239,10 @@ def test_row_value_maps_split_the_span_by_groups_and_the_sweep(precision, bound)
     from attnprobe.learners.positional.span_sweep import row_value_maps
 
     d, H, G = 16, 4, 2
-    model = random_rope_attention(d, H, G, seed=1)
+    model = random_rope_attention(d, H, G, seed=seed)
     oracle = Oracle(_RoundedRows(model, precision), d, precision=precision)
     rng = np.random.default_rng(0)
     M, c = coarse.coarse_values(oracle, rng, 4.0, repeats=16 if precision == "bfloat16" else 1)
-    V, info = row_value_maps(oracle, H, rng, M=M, c=c, queries=2, starts=2, rounds=15)
+    V, info = row_value_maps(oracle, H, rng, M=M, c=c, queries=1, starts=4, rounds=8)
     assert info["groups"] == G
     assert _matched_errors(V, _value_maps(model)).max() < bound
