@@ -236,13 +236,15 @@ def test_row_value_maps_split_the_span_by_groups_and_the_sweep(precision, bound,
     the span's ε truncation from float64 rows, within a few % from rows rounded to bfloat16 (torch's bfloat16
     LLaMA, d = 128, 8/2: 5.3e-3 … 8.0e-3)."""
     from attnprobe.learners.positional import coarse
-    from attnprobe.learners.positional.span_sweep import row_value_maps
+    from attnprobe.learners.positional.span_sweep import row_value_maps, row_value_queries
 
     d, H, G = 16, 4, 2
     model = random_rope_attention(d, H, G, seed=seed)
     oracle = Oracle(_RoundedRows(model, precision), d, precision=precision)
     rng = np.random.default_rng(0)
     M, c = coarse.coarse_values(oracle, rng, 4.0, repeats=16 if precision == "bfloat16" else 1)
+    before = oracle.queries
     V, info = row_value_maps(oracle, H, rng, M=M, c=c, queries=1, starts=4, rounds=8)
+    assert oracle.queries - before == row_value_queries(d, H, G, queries=1)  # what the plan says
     assert info["groups"] == G
     assert _matched_errors(V, _value_maps(model)).max() < bound

@@ -290,6 +290,10 @@ def stage_polish(args, truth, oracle, rng):
         Wq = rng.standard_normal(Wq.shape) * np.linalg.norm(Wq) / math.sqrt(Wq.size)
         Wk = rng.standard_normal(Wk.shape) * np.linalg.norm(Wk) / math.sqrt(Wk.size)
     model = grouped_start(Wq, Wk, z["Gh"], z["Cb"], z["c"], z["theta"])
+    if args.resume:  # from the last polish stage saved
+        from dataclasses import replace
+        p = np.load(f"{OUT}/polished_{d}_{H}_{G}.npz")
+        model = replace(model, **{n: p[n] for n in p.files})
     lengths = (1, 2, 3, 5, 17, 64, 100, 200, 256)
     print(f"start: {function_error_over_lengths(model, truth, np.random.default_rng(5), lengths):.2e}", flush=True)
     t0 = time.perf_counter()
@@ -300,7 +304,7 @@ def stage_polish(args, truth, oracle, rng):
         from attnprobe.learners.positional.polish import fitted_names
         rp.fitted_names = ((lambda m, f: ("Wq", "Wk") if f is False else fitted_names(m, f))
                             if stage < args.logits_first else fitted_names)
-        model, rep = polish_rows(model, data, rounds=args.polish_rounds, compute=args.compute,
+        model, rep = polish_rows(model, data, rounds=args.polish_rounds, compute=args.compute, cg_steps=args.cg_steps,
                                  frequencies=args.frequencies, log=print, dense=False)
         err = function_error_over_lengths(model, truth, np.random.default_rng(5), lengths)
         print(f"polish {stage + 1}: misfit {rep.misfit_before:.2e} -> {rep.misfit_after:.2e}, function error "
@@ -325,6 +329,8 @@ def main():
     ap.add_argument("--compute", default="float32")
     ap.add_argument("--frequencies", action="store_true")
     ap.add_argument("--random-logits", action="store_true")
+    ap.add_argument("--resume", action="store_true", help="from the last polish stage saved")
+    ap.add_argument("--cg-steps", type=int, default=60)
     ap.add_argument("--logits-first", type=int, default=0, help="polish stages fitting W_Q and W_K only")
     ap.add_argument("--queries", type=int, default=8)
     ap.add_argument("--query-scale", type=float, default=2.0)
