@@ -9,6 +9,8 @@ else refused naming bfloat16).
 
     PYTHONPATH=src python benchmarks/positional_bfloat16.py --d 32 --heads 2 --kv-heads 1 --write
 
+``--row-values Q …``: the value maps from every-position rows (``span_sweep.py``: the span of the ``V_h``, the key/value
+groups' sub-spans, each group's mixing from the sweep in span coordinates at ``Q`` random queries).
 ``--per-query``: each random query's fit (four and twelve blocks) against the module's ``V_h z`` and against the
 least-squares split with the module's own centres (float64 logits: the floor of any centre fit); ``--value-maps``:
 the sweep's value maps through the output spaces (values, walk, ``3·d_h`` random queries), no logit maps.
@@ -137,6 +139,38 @@ def value_map_row(d: int, H: int, G: int) -> list:
             f"{misfit:.1e}", oracle.queries - before, oracle.queries, f"{time.perf_counter() - t0:.0f}"]
 
 
+class EveryRow:
+    """The victim's every row (causal), as a bfloat16 Hugging Face layer serves them (``every_position``)."""
+
+    positions = "causal"
+
+    def __init__(self, victim):
+        self.victim, self.dtype, self.__name__ = victim, "bfloat16", type(victim).__name__
+
+    def __call__(self, X):
+        return np.asarray(self.victim.every_position(X).float(), dtype=np.float64)
+
+
+def row_value_map_row(d: int, H: int, G: int, queries: int) -> list:
+    """The value maps from every-position rows (``span_sweep.row_value_maps``): values, the span, the groups and
+    each group's mixing from the sweep in span coordinates."""
+    from attnprobe.learners.positional.coarse import coarse_values
+    from attnprobe.learners.positional.span_sweep import row_value_maps
+    from attnprobe.oracles.base import Oracle
+
+    kw = dict(d=d, heads=H, kv_heads=G, seed=0)
+    truth = reference_model(positional_victim("llama", dtype="float64", **kw))
+    oracle = Oracle(EveryRow(positional_victim("llama", dtype="bfloat16", **kw)), d, precision="bfloat16")
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    M, c = coarse_values(oracle, rng, math.sqrt(d), repeats=16)
+    V, info = row_value_maps(oracle, H, rng, M=M, c=c, queries=queries)
+    errs = matched_errors(V.reshape(H, -1), truth.value_maps().reshape(H, -1))
+    return [f"LLaMA d={d} {H}/{G}", queries, f"{np.median(errs):.1e}", f"{errs.max():.1e}",
+            f"{info['span_gap']:.1e}", f"{info['mixing_misfit']:.1e}", oracle.queries,
+            f"{time.perf_counter() - t0:.0f}"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--d", type=int, nargs="+", default=[32])
@@ -145,7 +179,21 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks/")
     ap.add_argument("--per-query", action="store_true", help="the sweep's fit per random query, 4 and 12 blocks")
     ap.add_argument("--value-maps", action="store_true", help="the sweep's value maps through the output spaces")
+    ap.add_argument("--row-values", type=int, nargs="+", metavar="QUERIES",
+                    help="the value maps from every-position rows (span_sweep.py) at these sweep query counts")
     args = ap.parse_args()
+    if args.row_values:
+        table = Table(["module", "sweep queries", "V_h error (median)", "V_h error (worst)", "span gap s_H+1/s_H",
+                       "mixing misfit", "queries", "seconds"])
+        for d in args.d:
+            for q in args.row_values:
+                table.add(*row_value_map_row(d, args.heads, args.kv_heads, q))
+                print(table.markdown().splitlines()[-1], flush=True)
+        print(table.markdown())
+        if args.write:
+            write_section(f"RoPE bfloat16: the value maps from every-position rows ({args.heads}/{args.kv_heads} "
+                          "heads)", table.markdown(), command_line(), doc=DOC)
+        return
     if args.per_query or args.value_maps:
         if args.per_query:
             table = Table(["module", "blocks", "sequences a query", "fit: worst head per query",

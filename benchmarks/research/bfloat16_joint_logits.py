@@ -14,6 +14,7 @@ relative error over lengths up to 256) against the float64 module.
 (``coarse.refine_logit_maps``, default 0). Measured in docs/positional.md ("bfloat16 answers"): not used by the route.
 """
 import math
+import os
 import sys
 import time
 
@@ -38,12 +39,17 @@ oracle = oracle_from_torch(positional_victim("llama", dtype="bfloat16", **kw), d
 V = truth.value_maps()
 E = np.random.default_rng(9).standard_normal(V.shape)
 V = V + noise * E * (np.linalg.norm(V, axis=(1, 2)) / np.linalg.norm(E, axis=(1, 2)))[:, None, None]
-Cb, Gm = split_value_maps(V, truth.value_maps().sum(0))
+c = np.zeros(V.shape[1])
+if os.environ.get("VALUE_MAPS"):  # stage 1 of bfloat16_rows.py: V from the span sweep, M and c from the values
+    V = np.load(os.environ["VALUE_MAPS"])["V"]
+    c = np.load(os.environ["VALUE_MAPS"].replace("split_", "values_"))["c"]
+    print("value maps from", os.environ["VALUE_MAPS"], flush=True)
+Cb, Gm = split_value_maps(V, V.sum(0))
 K, dh, g = V.shape[1], V.shape[1] // H, H // G
-c = np.zeros(K)
 rng = np.random.default_rng(0)
 t0 = time.time()
-offs = np.array(LOGIT_OFFSETS)
+offs = np.array(LOGIT_OFFSETS if not os.environ.get("LONG_OFFSETS") else
+                (-1, -2, -4, -8, -16, -32, -64, -100, -150, -200, -255))
 span = int(-offs.min())
 ell = log_weights(oracle, Cb, Gm, c, rng.standard_normal((16, len(offs) + 1, d)), np.tile(offs, (16, 1)), span)
 rho = float(np.clip(math.sqrt(TARGET_LOGIT / np.nanmedian(np.abs(ell))), 1e-3, 1e3))

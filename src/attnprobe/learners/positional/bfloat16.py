@@ -55,14 +55,17 @@ def bfloat16_refusal(d: int, H: int, outputs: int | None = None) -> str | None:
     where it runs (up to two heads with ``d_h·d`` at most :data:`~.coarse.DENSE_ALS`). Measured (docs/positional.md,
     "bfloat16 answers"): more than two heads — the sweep reads each value map through its output space only ~3 %
     close (d = 64, 4/1), and log-weights read through maps 3 % off start the logit maps 0.23 off (d = 32), three
-    times the start the polish was measured to bring in (7.7e-2 at d = 128); wider heads — the logit maps'
-    regressions need ~10⁵ sequences (row spaces 0.17 … 0.32 off from 18,944 at d = 128) and their alternating
-    refinement ~10¹² operations a round."""
+    times the start the polish was measured to bring in (7.7e-2 at d = 128); every-position rows read the value
+    maps within 8.0e-3 (:mod:`.span_sweep`, d = 128, 8/2), and the row polish from the row logits' start (0.44 … 1.2)
+    reaches 3.5e-2 at d = 128 (research, ``benchmarks/research/bfloat16_rows.py``), not yet the claim; wider
+    heads — the logit maps' regressions need ~10⁵ sequences (row spaces 0.17 … 0.32 off from 18,944 at d = 128)
+    and their alternating refinement ~10¹² operations a round."""
     from attnprobe.learners.positional.coarse import DENSE_ALS
 
     dh = (outputs or d) // H
-    causes = ([f"for {H} heads (more than two) the zero-key sweep reads each head's value map only ~3 % close, and "
-               "log-weights read through maps that far off start the logit maps outside the polish's reach"]
+    causes = ([f"for {H} heads (more than two) no start from last-position answers comes within the polish's reach "
+               "(the zero-key sweep reads each head's value map only ~3 % close); every-position rows read them ~1 % "
+               "close, and their row polish reaches 3.5e-2 at d = 128, 8/2 (research), still above the claim"]
               if H > 2 else [])
     if dh * d > DENSE_ALS:
         causes.append(f"at d_h·d = {dh * d} (above {DENSE_ALS}) the logit maps from bfloat16 log-weights need ~10⁵ "
