@@ -27,7 +27,7 @@ def test_a_failing_attention_stage_is_blamed_on_an_inexact_ffn_only():
     exc = RecoveryError("the logit matrices at two offsets are not related by a rotation; the position term is not "
                         "RoPE")
     assert inexact_ffn(exc, FFN_EXACT / 10) is exc
-    assert inexact_ffn(exc, float("nan")) is exc
+    assert inexact_ffn(exc, float("nan")) is exc and inexact_ffn(exc, None) is exc  # None: an FFN given
     named = inexact_ffn(exc, 3.2e-4)
     assert isinstance(named, RecoveryError)
     assert "FFN" in str(named) and "3.2e-04" in str(named) and str(exc) in str(named)

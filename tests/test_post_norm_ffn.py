@@ -11,7 +11,8 @@ pytest.importorskip("transformers")
 from attnprobe.errors import UnidentifiableError  # noqa: E402
 from attnprobe.learners.block.post_norm import (FirstNormInput, first_norm_centre, first_norm_input,  # noqa: E402
                                                output_norm)
-from attnprobe.learners.block.post_norm_ffn import centred_unit, ffn_points, second_layer  # noqa: E402
+from attnprobe.learners.block.post_norm import centred_unit  # noqa: E402
+from attnprobe.learners.block.post_norm_ffn import ffn_points, second_layer  # noqa: E402
 from attnprobe.oracles.hf_block import block_model, hf_block, oracle_from_hf_block  # noqa: E402
 from test_post_norm_stages import _value_affine, moved_norms_bert_dir  # noqa: E402
 

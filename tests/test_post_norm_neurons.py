@@ -9,7 +9,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from attnprobe.learners.block.post_norm import first_norm_centre, first_norm_input, output_norm  # noqa: E402
-from attnprobe.learners.block.post_norm_ffn import centred_unit, ffn_points, second_layer  # noqa: E402
+from attnprobe.learners.block.post_norm import centred_unit  # noqa: E402
+from attnprobe.learners.block.post_norm_ffn import ffn_points, second_layer  # noqa: E402
 from attnprobe.learners.block.post_norm_neurons import (neuron_curves, neuron_span, rank_one_elements,  # noqa: E402
                                                         sphere_jacobians)
 from attnprobe.oracles.hf_block import block_model, hf_block, oracle_from_hf_block  # noqa: E402

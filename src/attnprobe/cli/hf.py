@@ -95,9 +95,7 @@ def block_source(args):
 def block_defaults(args, learner) -> None:
     """``--hf-dir DIR --block L``: the folder and L checked before the learner's options; a learner that takes the
     number of heads and was not given ``--heads`` gets the folder's (its config.json names it)."""
-    spec = block_source(args)
-    if any(o.name == "heads" for o in learner.options) and getattr(args, "heads", None) is None:
-        args.heads = spec.heads
+    _fill_options(args, learner, heads=block_source(args).heads)
 
 
 def estimate_defaults(args, learner) -> None:
@@ -110,8 +108,13 @@ def estimate_defaults(args, learner) -> None:
 
     check_model_dir(args.hf_dir)
     spec = layer_spec(args.hf_dir)
+    _fill_options(args, learner, heads=spec.heads, kv_heads=spec.kv_heads)
+
+
+def _fill_options(args, learner, **folder) -> None:
+    """Each option of ``folder`` (name → the folder's value) that ``learner`` takes and ``args`` leaves unset."""
     names = {o.name for o in learner.options}
-    for name, value in (("heads", spec.heads), ("kv_heads", spec.kv_heads)):
+    for name, value in folder.items():
         if name in names and getattr(args, name, None) is None:
             setattr(args, name, value)
 

@@ -117,6 +117,7 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
                                   f"at the origin (misfit {misfit:.1e}): not a pre-norm RMSNorm block")
     eps = s * s
     M = s * (K0 - np.eye(d))
+    ffn_error = None  # the FFN read first, on fresh rows (a given FFN is not checked)
     if ffn is not None:
         ffn = types.SimpleNamespace(model=ffn, queries=0, unknowns=GatedFFN.unknowns(d, ffn.m, d, bias=False))
     else:
@@ -125,14 +126,14 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
             ffn = extract_gated_ffn(ffn_oracle, seed=seed, activation=activation, hidden=hidden, bias=False,
                                     scale=ffn_scale(d), check=False)
         with run.phase("ffn check"):
-            ffn.fresh_error = ffn_fresh_error(ffn_oracle, ffn.model, run.rng)
+            ffn_error = ffn_fresh_error(ffn_oracle, ffn.model, run.rng)
     att_fn = AttentionThroughBlock(rows, ffn.model, eps, d, value_map=M)
     att_oracle = _oracle(att_fn, d, "the block's attention")
     if attention is None:
         try:
             att = read_attention(run, att_oracle, att_fn.query_rms, heads, seed=seed, walk=walk)
         except (RecoveryError, UnidentifiableError) as exc:
-            raise inexact_ffn(exc, getattr(ffn, "fresh_error", 0.0)) from exc
+            raise inexact_ffn(exc, ffn_error) from exc
     else:
         att = types.SimpleNamespace(model=attention, details={}, queries=0, history=[], unknowns=sum(
             np.size(getattr(attention, k)) for k in ("Wq", "Wk", "Wv", "Wo", "inv_freq")))
@@ -143,7 +144,7 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
     model = TransformerBlock(polished, f, np.ones(d), np.ones(d), norm="rms", eps=eps, layout="pre")
     details = {"eps": eps, "eps_misfit": misfit, "ffn": {"hidden": f.m, "activation": f.activation,
                                                          "queries": ffn.queries,
-                                                         "fresh_error": getattr(ffn, "fresh_error", None)},
+                                                         "fresh_error": ffn_error},
                "attention": {k: att.details[k] for k in ("heads", "head_dim", "base_estimate", "kv_groups")
                              if k in att.details} | {"queries": att.queries, "refit_residuals": att.history,
                                                      "polish": report.to_dict()},
@@ -167,11 +168,11 @@ def ffn_fresh_error(ffn_oracle, model, rng: np.random.Generator, rows: int = FFN
     return float(np.max(np.abs(y - p)) / max(np.max(np.abs(y)), 1e-300))
 
 
-def inexact_ffn(exc: Exception, error: float) -> Exception:
+def inexact_ffn(exc: Exception, error: float | None) -> Exception:
     """The attention stage's refusal, with its cause when the FFN read first is not exact: the attention's oracle
     answers through that FFN (:class:`AttentionThroughBlock`) and carries its error, which the RoPE stage (built for
-    float64's answers) reads as a position term it cannot fit."""
-    if not error > FFN_EXACT:
+    float64's answers) reads as a position term it cannot fit; ``error`` None: the FFN was given, not read."""
+    if error is None or not error > FFN_EXACT:
         return exc
     return type(exc)(f"the block's attention could not be read through its FFN, which was read first only "
                      f"{error:.1e} close on fresh rows (above {FFN_EXACT:.0e}: small pre-activations leave a smooth "

@@ -67,6 +67,12 @@ INPUT_POINTS = 2
 GAP = 1e-9
 
 
+def centred_unit(V: np.ndarray) -> np.ndarray:
+    """Rows of ``V`` (or the vector ``V``) centred and scaled to rms 1 (LayerNorm without weight, bias or ε)."""
+    V = V - V.mean(axis=-1, keepdims=True)
+    return V / np.sqrt(np.mean(V * V, axis=-1, keepdims=True))
+
+
 def single_tokens(answer_rows, X: np.ndarray) -> np.ndarray:
     """The answers (B, d) to the single tokens ``X`` (B, d)."""
     return np.asarray(answer_rows(np.asarray(X, dtype=np.float64)[:, None, :]), dtype=np.float64)[:, 0]

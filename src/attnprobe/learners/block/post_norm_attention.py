@@ -36,7 +36,8 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from attnprobe.errors import UnidentifiableError
-from attnprobe.learners.block.post_norm import STEP, FirstNormInput, single_tokens, single_token_jacobian
+from attnprobe.learners.block.post_norm import (STEP, FirstNormInput, centred_unit, single_tokens,
+                                               single_token_jacobian)
 from attnprobe.models.positional import PositionalAttention
 
 #: Jacobians allowed per row (full Newton steps took 8 on MiniLM layer 2 from the uniform-weights start at
@@ -55,11 +56,6 @@ PAIR_STEP = 0.2
 PAIRS = 60
 #: two eigenvalues of ``V⁻¹T_a`` belong to one head's cluster when closer than this share of their spread
 CLUSTER_TOL = 1e-6
-
-
-def _centred_unit(v: np.ndarray) -> np.ndarray:
-    v = v - v.mean()
-    return v / np.sqrt(np.mean(v**2))
 
 
 @dataclass(frozen=True)
@@ -86,13 +82,13 @@ def row_point(answer_rows, affine: FirstNormInput, y: np.ndarray, v0: np.ndarray
 
     def jacobian(v):
         return single_token_jacobian(answer_rows, token(v), STEP) @ Kinv
-    v = _centred_unit(v0)
+    v = centred_unit(v0)
     r = single_tokens(answer_rows, token(v)[None])[0] - y
     G, at, queries, fresh = jacobian(v), v, 1 + 2 * d, 1
     while np.abs(r).max() >= NEWTON_TOL:
         dv = np.linalg.lstsq(G, r, rcond=1e-8)[0]
         for t in 0.5 ** np.arange(11):
-            vn = _centred_unit(v - t * dv)
+            vn = centred_unit(v - t * dv)
             rn = single_tokens(answer_rows, token(vn)[None])[0] - y
             queries += 1
             if np.linalg.norm(rn) < np.linalg.norm(r):

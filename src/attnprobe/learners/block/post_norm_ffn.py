@@ -27,17 +27,11 @@ import numpy as np
 from scipy.linalg import eigh
 
 from attnprobe.errors import UnidentifiableError
-from attnprobe.learners.block.post_norm import FirstNormInput, single_tokens
+from attnprobe.learners.block.post_norm import FirstNormInput, centred_unit, single_tokens
 from attnprobe.models.smooth_ffn import SmoothFFN, activation
 
 #: points per column of the second layer's design (``m + d + 1`` columns; more points than columns fix ``r``)
 POINTS_PER_COLUMN = 2
-
-
-def centred_unit(V: np.ndarray) -> np.ndarray:
-    """Rows of ``V`` centred and scaled to rms 1 (LayerNorm without weight, bias or ε)."""
-    V = V - V.mean(axis=-1, keepdims=True)
-    return V / np.sqrt(np.mean(V * V, axis=-1, keepdims=True))
 
 
 def ffn_points(answer_rows, affine: FirstNormInput, n2: tuple, rng, points: int) -> tuple[np.ndarray, np.ndarray]:

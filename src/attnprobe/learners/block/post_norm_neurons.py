@@ -28,7 +28,7 @@ from scipy.optimize import least_squares
 
 from attnprobe.errors import UnidentifiableError
 from attnprobe.learners.block.post_norm import FirstNormInput, single_tokens
-from attnprobe.learners.block.post_norm_ffn import centred_unit
+from attnprobe.learners.block.post_norm import centred_unit
 from attnprobe.models.smooth_ffn import activation
 
 #: central-difference step in n1's input (rms 1)

@@ -11,7 +11,7 @@ its check after 250k queries. Its logits' size is read first from two-token sequ
     y − c − M (x₁ + x₂)/2 = Σ_h (α_h − ½) V_h (x₁ − x₂),   α_h − ½ ≈ Δℓ_h / 4,
 
 so ``‖y − c − M(x₁+x₂)/2‖ / ‖M(x₁−x₂)/2‖ ≈ |Δℓ|/2`` for small logit differences ``Δℓ``; the route then runs on
-:class:`ScaledTokens` and :func:`unscale` maps its result back (``W_Q, W_K`` divided by ``s``, ``b_o`` times ``s``).
+:class:`ScaledTokens` and :func:`unscale` maps its result back.
 """
 
 from __future__ import annotations
@@ -45,14 +45,10 @@ class ScaledTokens:
         return getattr(self._oracle, name)
 
 
-def pair_sequences(rng: np.random.Generator, d: int, rho: float, last: float | None = None) -> np.ndarray:
-    """:data:`PAIRS` random two-token sequences ``(PAIRS, 2, d)``, the first token of norm ``rho``, the second of
-    norm ``last`` (default ``rho``)."""
+def pair_sequences(rng: np.random.Generator, d: int, rho: float) -> np.ndarray:
+    """:data:`PAIRS` random two-token sequences ``(PAIRS, 2, d)``, every token of norm ``rho``."""
     X = rng.standard_normal((PAIRS, 2, d))
-    X /= np.linalg.norm(X, axis=2, keepdims=True)
-    X[:, 0] *= rho
-    X[:, 1] *= rho if last is None else last
-    return X
+    return X * (rho / np.linalg.norm(X, axis=2, keepdims=True))
 
 
 def logit_difference(oracle, M: np.ndarray, c, X: np.ndarray) -> float:
