@@ -79,3 +79,55 @@ def test_the_coarse_start_of_a_layer_at_small_weights_lands_as_at_1_over_root_d(
     except RecoveryError:
         return
     assert function_error_over_lengths(flat, truth, np.random.default_rng(1), (2, 17, 64)) > 1e-2
+
+
+class _Folder:
+    """A layer as a Hugging Face oracle declares it: its heads, no q/k biases, and its config's rotation."""
+
+    position_term, qk_biases, heads = "rope", False, 2
+
+    def __init__(self, model, declare: bool):
+        self.model = model
+        if declare:
+            self.rotary_frequencies = np.asarray(model.inv_freq)
+
+    def __call__(self, X):
+        return self.model(X)
+
+
+def test_a_declared_rotation_is_the_start_and_is_held_through_the_polish():
+    """A folder's config names its rotation (public, as its heads): the coarse route starts from it and its polish
+    plan holds it, where without it the frequencies start from base 1e4 and the polish fits them (d = 16, 2/1 heads
+    at a tenth of 1/√d, base 500: the lowest frequencies are weakly determined by the answers)."""
+    from attnprobe.learners.positional.coarse import extract_coarse_positional
+    from attnprobe.models.compare import function_error_over_lengths
+    from attnprobe.models.positional import rope_frequencies
+
+    truth = dataclasses.replace(_small(t=0.1), inv_freq=rope_frequencies(8, 500.0))
+    errors = {}
+    for declare in (True, False):
+        oracle = Oracle(_Folder(truth.with_dtype("float32"), declare), 16, precision="float32")
+        res = extract_coarse_positional(oracle, heads=None, seed=0, check=False)
+        plan = res.details["polish_plan"]
+        assert plan["frequencies"] is not declare
+        assert res.details["frequencies"] == ("declared" if declare else "from base")
+        errors[declare] = function_error_over_lengths(res.model, truth, np.random.default_rng(1), (2, 17, 64))
+        if declare:
+            assert np.array_equal(res.model.inv_freq, truth.inv_freq)
+        else:
+            assert np.allclose(res.model.inv_freq, rope_frequencies(8, 10000.0))
+    assert errors[True] < 1e-2 < errors[False]
+
+
+@pytest.mark.slow
+def test_the_route_polishes_with_a_declared_rotation_held():
+    """The positional route end to end on an oracle declaring its rotation: the polish keeps the declared
+    frequencies (the plan's flag reaches the hook) and the result passes its check."""
+    from attnprobe.learners.positional.route import extract_any_positional
+    from attnprobe.models.positional import rope_frequencies
+
+    truth = dataclasses.replace(_small(t=0.1), inv_freq=rope_frequencies(8, 500.0))
+    oracle = Oracle(_Folder(truth.with_dtype("float32"), True), 16, precision="float32")
+    res = extract_any_positional(oracle, seed=0, polish="always", polish_sequences=200)
+    assert res.details["polish"]["ran"] and np.array_equal(res.model.inv_freq, truth.inv_freq)
+    assert res.check.passed

@@ -185,6 +185,8 @@ def oracle_from_hf(model_dir, layer: int, *, dtype: str = "float64", row: int | 
         fn.position_term = POSITION_TERMS[module.spec.family.position]
         fn.heads = module.heads  # the config's heads (a route that cannot read them from coarse answers)
         fn.qk_biases = bool({"q", "k"} & set(module.spec.biases))
+        if module.spec.rotary is not None:  # the config's rotation (public, as its heads): a route may hold it
+            fn.rotary_frequencies = module.spec.rotary.frequencies()
     if kwargs.get("precision") is None:
         kwargs["precision"] = coarser(dtype, module.spec.softmax_dtype or dtype)
         if kwargs["precision"] != dtype:  # said with every message that names the precision (cli.common)

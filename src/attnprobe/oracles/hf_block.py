@@ -21,7 +21,7 @@ import numpy as np
 from attnprobe.errors import ConfigError
 from attnprobe.models.block import TransformerBlock
 from attnprobe.models.gated_ffn import GatedFFN
-from attnprobe.models.positional import PositionalAttention, rope_frequencies
+from attnprobe.models.positional import PositionalAttention
 from attnprobe.models.smooth_ffn import SmoothFFN
 from attnprobe.oracles.base import Oracle
 from attnprobe.oracles.hf_attention import DTYPES, additive_mask, load_hf_model
@@ -84,11 +84,7 @@ def inv_freq(spec: LayerSpec) -> np.ndarray | None:
     """The rotary frequencies of the folder's config (float64), None without RoPE."""
     if spec.rotary is None:
         return None
-    s = spec.rotary.scaling or {}
-    return rope_frequencies(spec.rotary.dims, spec.rotary.base, scaling=s.get("rope_type", "default"),
-                            factor=float(s.get("factor", 1.0)), low_freq_factor=float(s.get("low_freq_factor", 1.0)),
-                            high_freq_factor=float(s.get("high_freq_factor", 4.0)),
-                            original_max_position_embeddings=int(s.get("original_max_position_embeddings", 8192)))
+    return spec.rotary.frequencies()
 
 
 def _rms_in_dtype(self, hidden_states):

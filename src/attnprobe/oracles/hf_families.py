@@ -112,6 +112,16 @@ class Rotary:
     layout: str = "halves"
     scaling: dict | None = None
 
+    def frequencies(self) -> np.ndarray:
+        """The ``dims/2`` angular frequencies the folder rotates by: ``base^(−2k/dims)`` under its config's
+        scaling (``linear``, ``llama3``; :func:`~attnprobe.models.positional.rope_frequencies`)."""
+        from attnprobe.models.positional import rope_frequencies
+
+        scaling = dict(self.scaling or {})
+        kind = scaling.pop("rope_type", scaling.pop("type", "default"))
+        return rope_frequencies(self.dims, self.base, scaling=kind, **{k: scaling[k] for k in (
+            "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings") if k in scaling})
+
 
 @dataclass(frozen=True)
 class LayerSpec:

@@ -135,7 +135,6 @@ def rope_weights(result, spec: LayerSpec, layer: int) -> tuple[dict[str, np.ndar
 def rope_parts(model, spec: LayerSpec, layer: int, result) -> tuple[dict[str, np.ndarray], float]:
     """:func:`rope_weights` of a :class:`~attnprobe.models.positional.PositionalAttention` (``result`` names it in
     the messages)."""
-    from attnprobe.models.positional import rope_frequencies
     from attnprobe.models.positional_gauge import share_kv
 
     if model.position != "rope" or spec.family.position != "rope" or spec.rotary is None:
@@ -146,10 +145,7 @@ def rope_parts(model, spec: LayerSpec, layer: int, result) -> tuple[dict[str, np
                           f"{model.head_dim}; {spec.folder} has width {spec.hidden}, {spec.heads} heads of width "
                           f"{spec.head_dim}", param="result")
     rot = spec.rotary
-    scaling = dict(rot.scaling or {})
-    kind = scaling.pop("rope_type", "default")
-    theta = rope_frequencies(rot.dims, rot.base, scaling=kind, **{k: scaling[k] for k in (
-        "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings") if k in scaling})
+    theta = rot.frequencies()
     if model.rotary_dim != rot.dims or model.layout != "half":
         raise ConfigError(f"the result rotates {model.rotary_dim} coordinates per head ({model.layout} layout); "
                           f"{spec.folder} rotates {rot.dims} (rotate-half)", param="result")

@@ -419,12 +419,14 @@ def key_probe_kernel(M: np.ndarray, H: int, key_probe: bool | None = None) -> np
 
 
 def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None, walk: int = 1,
-                 per: int = VALUE_QUERIES, biases: bool = False, key_probe: bool | None = None):
+                 per: int = VALUE_QUERIES, biases: bool = False, key_probe: bool | None = None,
+                 theta: np.ndarray | None = None):
     """A start for the polish from coarse answers (module docstring, stages 1–3): a :class:`PositionalAttention`
     (one key and value map per head) and a dict of what each stage measured. ``biases``: q/k biases (Qwen2;
     :mod:`.coarse_bias`): the heads from the key probe inside the kernel of ``M``, the token scale from the keys'
     odd part of the log-weights, and the logit maps with the biases. ``key_probe``: the bias-free heads' probe
-    (:func:`key_probe_kernel`; default: the key probe for wide heads sharing keys and values)."""
+    (:func:`key_probe_kernel`; default: the key probe for wide heads sharing keys and values). ``theta``: the
+    frequencies the oracle declares (a folder's config), used when they fill the heads' width (else ``base``'s)."""
 
     d = oracle.d
     rho = math.sqrt(d)
@@ -447,7 +449,8 @@ def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None
     Cb, G = split_value_maps(coarse_value_maps(oracle, M, rough, rng, H, per=per, kernel=kernel,
                                                query_scale=min(1.0, math.sqrt(PROBE_LOGIT / med))), M)
     dh = G.shape[1]
-    theta = rope_frequencies(dh, base or DEFAULT_BASE)
+    held = theta is not None and len(theta) == dh // 2
+    theta = np.asarray(theta, dtype=np.float64) if held else rope_frequencies(dh, base or DEFAULT_BASE)
     bq = bk = None
     if biases:
         Wq, Wk, bq, bk, count = coarse_bias.biased_logit_maps(oracle, rng, Cb, G, c, theta, scale,
@@ -457,7 +460,8 @@ def coarse_start(oracle, H: int, rng: np.random.Generator, *, base: float | None
     model = unscale(PositionalAttention(Wq, Wk, G, Cb, bq=bq, bk=bk, bo=c, position="rope", inv_freq=theta,
                                         layout="half", scale=1.0, causal=True), up)
     return model, {"logit_sequences": count, "token_scale": scale, "tokens_scaled_up": up,
-                   "logit_difference": flat, "head_probe": "pair" if kernel is None else "key"}
+                   "logit_difference": flat, "head_probe": "pair" if kernel is None else "key",
+                   "frequencies": "declared" if held else "from base"}
 
 
 def extract_coarse_positional(oracle, *, heads, seed=0, check=True, progress=None, walk: int = 1,
@@ -477,6 +481,9 @@ def extract_coarse_positional(oracle, *, heads, seed=0, check=True, progress=Non
         biases = bool(declared_attribute(oracle.fn, "qk_biases"))
     if heads is None:  # a Hugging Face folder declares them (its config)
         heads = declared_attribute(oracle.fn, "heads", accept=lambda v: isinstance(v, int) and v >= 1)
+    # a folder's rotation (its config) is held through the polish; the answers determine the lowest frequencies
+    # only weakly where the logits are small (a 0.02-init LLaMA folder's lowest came out 38 % off, docs/positional.md)
+    declared = declared_attribute(oracle.fn, "rotary_frequencies") if base is None else None
     if heads is None:
         raise ConfigError("the RoPE route for float32 answers needs the number of heads (the pair probe's rank has no "
                           "gap at float32's rounding)", param="heads")
@@ -486,20 +493,25 @@ def extract_coarse_positional(oracle, *, heads, seed=0, check=True, progress=Non
     run.plan(coarse_queries(d, heads, oracle.outputs, walk=walk, per=per, biases=biases),
              f"the positional learner on {oracle.precision} answers at d={d}", at_least=True)
     with run.phase("coarse start"):
-        model, measured = coarse_start(oracle, heads, run.rng, base=base, walk=walk, per=per, biases=biases)
+        model, measured = coarse_start(oracle, heads, run.rng, base=base, walk=walk, per=per, biases=biases,
+                                       theta=declared)
     run.report()
     K = model.outputs
     unknowns = PositionalAttention.unknowns(d, heads, heads, K // heads, K, bias=biases)
     details = {"heads": heads, "head_dim": K // heads, "route": "coarse", "base_start": base or DEFAULT_BASE,
                "polish_plan": {"sequences": POLISH_PER * math.ceil(unknowns / K), "rounds": POLISH_ROUNDS,
-                               "relative": True, "work": POLISH_WORK},
+                               "relative": True, "work": POLISH_WORK,
+                               "frequencies": measured["frequencies"] != "declared"},
                "qk_biases": biases, **measured}
+    rotation = ("the frequencies the oracle declares (its config's rotation), held through the polish"
+                if measured["frequencies"] == "declared" else
+                f"frequencies from base {base or DEFAULT_BASE:g}, fitted by the polish")
+    heads_from = ("; q/k biases: the heads from the key probe inside the kernel of the value maps, the biases with "
+                  "the logit maps" if biases else
+                  "; the heads from the key probe inside the kernel of the value maps (heads sharing keys and values)"
+                  if measured["head_probe"] == "key" else "")
     notes = [f"{oracle.precision} answers: the coarse RoPE route (averaged probes, value maps at {per}·d random "
-             f"queries, logit maps from log-weights; frequencies from base {base or DEFAULT_BASE:g}, fitted by the "
-             "polish)" + ("; q/k biases: the heads from the key probe inside the kernel of the value maps, the "
-                          "biases with the logit maps" if biases else
-                          "; the heads from the key probe inside the kernel of the value maps (heads sharing keys "
-                          "and values)" if measured["head_probe"] == "key" else "")]
+             f"queries, logit maps from log-weights; {rotation}){heads_from}"]
     return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_fn=worst_length_check)
 
 
