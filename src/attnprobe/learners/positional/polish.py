@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from attnprobe.errors import ConfigError
+from attnprobe.learners.core.conjugate_gradients import conjugate_gradients
 from attnprobe.models.positional import PositionalAttention, rotation_pairs, t5_buckets
 from attnprobe.models.positional_gauge import balanced
 
@@ -262,28 +263,6 @@ def _normal_equations(residual, p, scale):
 
     (g,) = torch.autograd.grad(r, x, r.detach(), retain_graph=True)
     return apply, g * scale
-
-
-def conjugate_gradients(apply, b, steps):
-    """Conjugate gradients on ``apply(x) = b`` from zero (``apply`` symmetric positive definite)."""
-    import torch
-
-    x = torch.zeros_like(b)
-    res = b.clone()
-    d = res.clone()
-    rr = float(res @ res)
-    stop = 1e-20 * rr
-    for _ in range(steps):
-        Ad = apply(d)
-        a = rr / float(d @ Ad)
-        x = x + a * d
-        res = res - a * Ad
-        new = float(res @ res)
-        if new < stop:
-            break
-        d = res + (new / rr) * d
-        rr = new
-    return x
 
 
 def row_constants(model: PositionalAttention, lengths) -> dict:

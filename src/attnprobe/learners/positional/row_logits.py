@@ -25,6 +25,7 @@ import math
 import numpy as np
 
 from attnprobe.errors import ConfigError
+from attnprobe.learners.core.conjugate_gradients import conjugate_gradients
 
 #: tokens per sequence below the heads' width (the weights' solve loses conditioning as N → d_h)
 MARGIN = 8
@@ -191,26 +192,6 @@ def _to_maps(tokens: BlockTokens, g: np.ndarray) -> np.ndarray:
     return tokens.adjoint(g.transpose(0, 2, 1, 3).reshape(B * N, m * dh)).reshape(m, dh, tokens.d)
 
 
-def _pcg(op, b: np.ndarray, x: np.ndarray, precondition, steps: int) -> np.ndarray:
-    """Preconditioned conjugate gradients on ``op(x) = b`` from ``x``."""
-    r = b - op(x)
-    z = precondition(r)
-    p = z.copy()
-    rz = float(np.sum(r * z))
-    for _ in range(steps):
-        Ap = op(p)
-        pAp = float(np.sum(p * Ap))
-        if not pAp > 0:
-            break
-        a = rz / pAp
-        x = x + a * p
-        r = r - a * Ap
-        z = precondition(r)
-        rz, old = float(np.sum(r * z)), rz
-        p = z + (rz / old) * p
-    return x
-
-
 def _moment(v: np.ndarray, weight: np.ndarray, sc: "_Scores", offsets: tuple, sign: float) -> np.ndarray:
     """``D = Σ_δ p(δ) R(−sign·δ) C R(−sign·δ)ᵀ`` per head (``C`` the ``weight``-weighted second moment of the
     unrotated vectors ``v (B, m, N, d_h)``, ``offsets = (δ, p (m, k))`` the samples' weight per token at each offset
@@ -322,7 +303,7 @@ def gauss_newton_logit_maps(tokens: BlockTokens, ell: np.ndarray, w: np.ndarray,
             return np.concatenate([_precondition(tokens, Dq_inv, gq).ravel(),
                                    _precondition(tokens, Dk_inv, gk).ravel()]) / (1 + lam)
 
-        step = _pcg(op, jt(r), np.zeros(nq + Wk.size), pre, cg_steps if misfit > NEAR else cg_near)
+        step = conjugate_gradients(op, jt(r), cg_steps if misfit > NEAR else cg_near, precondition=pre, rtol=0.0)
         dq, dk = split(step)
         trial = state(Wq + dq, Wk + dk)
         if trial[3] < misfit:

@@ -24,10 +24,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from attnprobe.learners.core.conjugate_gradients import conjugate_gradients
 from attnprobe.errors import ConfigError
 from attnprobe.learners.core.estimate import duration
 from attnprobe.learners.positional.polish import (CG_STEPS, DENSE_LIMIT, LADDER, NULL_COLUMN, ROUNDS, PolishReport,
-                                                  conjugate_gradients, fitted_names, length_weights, marquardt_step)
+                                                  fitted_names, length_weights, marquardt_step)
 from attnprobe.models.positional import PositionalAttention, rotation_pairs, t5_buckets
 from attnprobe.models.positional_gauge import balanced
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnprobe.learners.core.conjugate_gradients import conjugate_gradients
 from attnprobe.models.positional import rotation_pairs
 
 #: dense design matrices above this many bytes take the solves here (LLaMA d = 128, 8/2: 50 MB, dense)
@@ -45,23 +46,7 @@ def reduced_logit_matrix(zq: np.ndarray, kx: np.ndarray, y: np.ndarray, w: np.nd
         return Sq_inv @ R @ Sk_inv
 
     b = zq.T @ ((w2 * y)[:, None] * kx)
-    M = precondition(b)
-    r = b - normal(M)
-    z = precondition(r)
-    p = z.copy()
-    rz = float(np.sum(r * z))
-    scale = float(np.linalg.norm(b)) or 1.0
-    for _ in range(steps):
-        if np.linalg.norm(r) <= tol * scale:
-            break
-        Ap = normal(p)
-        a = rz / float(np.sum(p * Ap))
-        M += a * p
-        r -= a * Ap
-        z = precondition(r)
-        rz, old = float(np.sum(r * z)), rz
-        p = z + (rz / old) * p
-    return M
+    return conjugate_gradients(normal, b, steps, x=precondition(b), precondition=precondition, rtol=tol)
 
 
 def rotation_gauge(P: list, R: list, rng: np.random.Generator, layout: str = "half") -> np.ndarray:
