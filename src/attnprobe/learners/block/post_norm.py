@@ -30,13 +30,12 @@
   :func:`logit_value_matrix` fits it, affine in b, over d + 8 tokens b: the rank-H matrix
   ``Σ_h (V_h e)(W_Q,hᵀ W_K,h e)ᵀ/√d_h`` for one direction e.
 - ``attention`` (:mod:`.post_norm_attention`): the heads' value maps and logits through the FFN and both norms,
-  each answered row traced back to its n1 input; built and measured, not run by :func:`refuse` (~275k queries on
-  MiniLM, and the route stops at the FFN).
+  each answered row traced back to its n1 input.
 - ``neurons``, ``ffn`` (the FFN behind n2's per-row scale, on n1's sphere): the neurons from first derivatives on
   the sphere (:mod:`.post_norm_neurons`), then every row's scale, n1's weight, the second layer and the joint bias
-  as one null vector (:mod:`.post_norm_ffn`), and the assembled block polished jointly (:mod:`.post_norm_polish`):
-  built and measured on small layers, not run end to end by :func:`refuse`, which runs the first three stages and
-  refuses in one line naming the stage.
+  as one null vector (:mod:`.post_norm_ffn`), and the assembled block polished jointly (:mod:`.post_norm_polish`).
+
+:mod:`.post_norm_learner` chains them all (``extract_block`` on a block told apart as post-norm).
 """
 
 from __future__ import annotations
