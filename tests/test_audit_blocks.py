@@ -192,8 +192,10 @@ def test_an_audit_gives_each_block_a_query_log_and_drops_it_once_journaled(llama
 
 
 def test_a_bert_folder_is_refused_block_by_block_with_its_cause(bert, tmp_path, capsys, monkeypatch):
-    """The real block learner on a transformers BERT folder: each post-norm block is a refusal naming the stage not
-    built, with the queries it spent; the audit still writes its report and exits 0 (a finding, not a crash)."""
+    """The real block learner on a transformers BERT folder: each post-norm block runs the post-norm chain (the
+    folder's FFN width passed as ``hidden``) and, with 2 heads of 8 (too narrow for the attention stage's split),
+    is a refusal naming that stage, with the queries it spent; the audit still writes its report and exits 0 (a
+    finding, not a crash)."""
     monkeypatch.setitem(audit_run.ENGINES, "processes", _in_process)
     out = tmp_path / "audit"
     rc, stdout, err = run(capsys, *_audit(bert, out))
@@ -201,7 +203,7 @@ def test_a_bert_folder_is_refused_block_by_block_with_its_cause(bert, tmp_path, 
     assert "2 tasks ended without a model" in stdout and "post-norm block" in stdout
     res = json.loads((out / "results.json").read_text())
     for rec in res["heads"]:
-        assert rec["error"].startswith("UnidentifiableError: a post-norm block") and "stage ffn not run" in \
+        assert rec["error"].startswith("UnidentifiableError: a post-norm block") and "stage attention: " in \
             rec["error"] and "\n" not in rec["error"]
         assert rec["file"] is None and rec["queries"] > 0 and not rec["passed"]
     html = (out / "report.html").read_text()

@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 from attnprobe.errors import UnidentifiableError  # noqa: E402
 from attnprobe.learners.block.post_norm import (first_norm_centre, first_norm_input, output_norm,  # noqa: E402
-                                                logit_value_matrix, pair_curvature, refuse)  # noqa: E402
+                                                logit_value_matrix, pair_curvature)  # noqa: E402
 from attnprobe.oracles.hf_block import block_model, hf_block, oracle_from_hf_block  # noqa: E402
 from hf_models import tiny_bert_dir  # noqa: E402
 
@@ -157,15 +157,17 @@ def test_logit_value_matrix_is_the_heads_rank_h_matrix_for_one_direction(bert_fo
     assert sv[H] <= 1e-5 * sv[0] < sv[H - 1]  # rank H: the gauge γK taken off
 
 
-def test_the_block_learner_refuses_a_post_norm_block_at_the_ffn_stage(bert_folder):
+def test_the_block_learner_refuses_a_post_norm_block_without_the_ffn_width(bert_folder):
+    """Told apart as post-norm (3 queries), the block goes to the post-norm chain, whose neurons stage needs the
+    FFN's width: without it, refused in one line before any stage (the chain itself: test_post_norm_learner.py)."""
     from attnprobe.learners.block.learner import extract_block
 
     oracle, m = _bert_oracle(bert_folder)
     with pytest.raises(UnidentifiableError) as exc:
         extract_block(oracle, heads=2)
     msg = str(exc.value)
-    assert "\n" not in msg and "post-norm" in msg and "stage ffn not run" in msg and "per-row scale" in msg
-    assert "output norm" in msg and "first-norm centre" in msg and "first-norm input" in msg
+    assert "\n" not in msg and "post-norm" in msg and "stage neurons" in msg and "hidden" in msg
+    assert oracle.queries == 3
 
 
 def test_the_centre_stage_refuses_a_map_that_is_not_affine_then_layernorm():
@@ -183,7 +185,7 @@ def test_the_centre_stage_refuses_a_map_that_is_not_affine_then_layernorm():
     with pytest.raises(UnidentifiableError, match="stage first-norm centre"):
         first_norm_centre(rows, 16, rng)
     with pytest.raises(UnidentifiableError, match="stage output norm: the rows do not lie on exactly one"):
-        refuse(rows, 16, 1.0)
+        output_norm(rows, 16, rng)
 
 
 @pytest.mark.slow

@@ -293,6 +293,11 @@ def run_task(task: Task) -> dict:
         options = {"rank": task.rank} if "rank" in learner.option_names else {}
         if task.head.head is None and "heads" in learner.option_names:
             options["heads"] = task.head.heads()
+        if task.head.block and "hidden" in learner.option_names:
+            from attnprobe.oracles.hf_block import post_norm_width
+
+            if width := post_norm_width(task.head.source):  # a BERT block: its neurons stage needs the width
+                options["hidden"] = width
         res = learner(oracle, seed=task.seed, **options)
         if task.head.block:
             errors, extra = block_errors(truth(), res.model, task.seed)

@@ -94,8 +94,13 @@ def block_source(args):
 
 def block_defaults(args, learner) -> None:
     """``--hf-dir DIR --block L``: the folder and L checked before the learner's options; a learner that takes the
-    number of heads and was not given ``--heads`` gets the folder's (its config.json names it)."""
-    _fill_options(args, learner, heads=block_source(args).heads)
+    number of heads and was not given ``--heads`` gets the folder's (its config.json names it), and for a
+    post-norm (BERT) folder the FFN's width (``--hidden``), which the post-norm route's neurons stage needs."""
+    from attnprobe.oracles.hf_block import post_norm_width
+
+    heads = block_source(args).heads
+    width = post_norm_width(args.hf_dir)
+    _fill_options(args, learner, heads=heads, **({"hidden": width} if width else {}))
 
 
 def estimate_defaults(args, learner) -> None:

@@ -80,6 +80,15 @@ def block_spec(model_dir) -> tuple[LayerSpec, BlockParts, str]:
     return spec, parts, layout
 
 
+def post_norm_width(model_dir) -> int | None:
+    """The FFN's width (config.json's ``intermediate_size``) of a folder whose blocks are post-norm (BERT,
+    RoBERTa, ELECTRA): the post-norm block learner's neurons stage reads the first layer given it; None for other
+    layouts (a pre-norm block's learner searches its width)."""
+    spec, _, layout = block_spec(model_dir)
+    width = spec.config.get("intermediate_size")
+    return int(width) if layout == "post" and width else None
+
+
 def inv_freq(spec: LayerSpec) -> np.ndarray | None:
     """The rotary frequencies of the folder's config (float64), None without RoPE."""
     if spec.rotary is None:

@@ -10,9 +10,9 @@ through the block (:mod:`.polish`) and the learner that chains them (:func:`.lea
 the post-norm (BERT) route's stages built so far (:mod:`.post_norm`: output norm, first-norm centre, first-norm input,
 and the pair-curvature levers toward the attention; :mod:`.post_norm_attention`: the attention through both norms
 and the unknown FFN; :mod:`.post_norm_neurons`: the FFN's neurons through n2's per-row scale; :mod:`.post_norm_ffn`:
-the rest of the FFN given them; :mod:`.post_norm_polish`: the block assembled and polished — measured on small
-layers, not run by ``extract_block``), which ``extract_block`` runs the first three of on a post-norm block before
-refusing it in one line at the stage it does not run (the FFN).
+the rest of the FFN given them; :mod:`.post_norm_polish`: the block assembled and polished), which
+:mod:`.post_norm_learner` chains end to end: ``extract_block`` runs it on a block told apart as post-norm (given
+the FFN's width, up to the neurons stage's measured size; beyond it, refused in one line naming that stage).
 """
 
 from attnprobe.errors import ConfigError
@@ -57,7 +57,9 @@ register("block", _block, recovers="block", needs_one_of=("heads",),
          capabilities=Capabilities(vector_answers=True, fine_answers=True), estimate=block_estimate,
          help="a whole pre-norm RMSNorm block (LLaMA decoder layer: RMSNorm → RoPE GQA attention → residual → "
               "RMSNorm → SwiGLU/GeGLU → residual, no biases) from hidden states in and every position out; norm "
-              "weights folded into the next projections (only the products are identifiable), ε learned",
+              "weights folded into the next projections (only the products are identifiable), ε learned; a "
+              "post-norm BERT block (LayerNorm after each residual, GELU FFN) by the post-norm route given its FFN "
+              "width (small layers only: the neurons stage's size)",
          options=[HEADS, Option("hidden", int, "the FFN's hidden width if known (skips the width search)", low=1,
                                 metavar="M"),
                   Option("activation", str, "the block FFN's gated activation (default: read from the answers)",

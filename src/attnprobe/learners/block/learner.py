@@ -16,13 +16,14 @@ learned; ε learned. Checked at every position of fresh sequences of every lengt
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 
 import numpy as np
 
 from attnprobe.errors import ConfigError, RecoveryError, UnidentifiableError
-from attnprobe.learners.block import post_norm
+from attnprobe.learners.block import post_norm_learner
 from attnprobe.learners.block.levers import STEPS, rational_keys
 from attnprobe.learners.block.sublayers import (MAX_RMS, AttentionThroughBlock, FFNThroughBlock, ffn_scale,
                                                 first_rows, linear_part, sqrt_eps)
@@ -104,12 +105,22 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
     rows = oracle.answer_rows  # the sublayers' oracles ask through it: their queries are counted here, by phase
     with run.phase("linear"):
         zero = rows(np.zeros((1, 1, d)))[0, 0]
-        if np.max(np.abs(zero)) > 0:
-            refuse_post_norm(rows, d)
+        said = post_norm_growth(rows, d) if np.max(np.abs(zero)) > 0 else None
+        if said is None and np.max(np.abs(zero)) > 0:
             raise UnidentifiableError(f"the block answers a zero token with {np.abs(zero).max():.1e} ≠ 0: it has "
                                       "biases, which this learner (pre-norm RMSNorm, bias-free LLaMA blocks) does "
                                       "not read yet")
-        K0 = linear_part(rows, d)
+        if said is not None:
+            post_norm_learner.too_large(d, hidden, said)
+        else:
+            K0 = linear_part(rows, d)
+    if said is not None:
+        model, unknowns, details = post_norm_learner.extract_post_norm(run, heads=heads, hidden=hidden, said=said,
+                                                                       seed=seed)
+        notes = [f"{said}: the post-norm route (docs/block.md), n1's weight up to one positive factor and its bias "
+                 "folded into the FFN's (bias 0), both LayerNorms' ε BERT's 1e-12 (not read)"]
+        return run.finish(model, unknowns=unknowns, details=details, notes=notes,
+                          check_fn=functools.partial(every_position_check, claim=post_norm_learner.CLAIM))
     with run.phase("eps"):
         s, misfit = sqrt_eps(rows, K0, run.rng, tokens=EPS_TOKENS, heads=heads)
     if not (s > 0 and misfit < 1e-4):
@@ -192,31 +203,33 @@ def read_attention(run, att_oracle, query_rms: float, heads: int, *, seed=0, wal
     return att
 
 
-#: the growth probe of :func:`refuse_post_norm`: a token and this multiple of it
+#: the growth probe of :func:`post_norm_growth`: a token and this multiple of it
 GROWTH = 1e3
 
 
-def refuse_post_norm(answer_rows, d: int) -> None:
-    """Refuse a post-norm block (BERT: ``y = n2(h + F(h))``, ``h = n1(x + A(x))``) in one line naming the cause: its
-    answers stay on the output LayerNorm's surface however large the input, where a residual block's grow with it
-    (two single tokens, ``u`` and :data:`GROWTH`·u). The pre-norm route does not carry over: the FFN is reachable
-    only on n1's output surface (rows ``w ⊙ z + b`` with ``z`` of mean 0 and variance 1, d − 2 dimensions) and
-    answers only up to n2's per-row scale and shift, while the FFN learners difference their inputs in every
-    direction (docs/block.md)."""
+def post_norm_growth(answer_rows, d: int) -> str | None:
+    """How a post-norm block (BERT: ``y = n2(h + F(h))``, ``h = n1(x + A(x))``) is told apart, or None for a
+    residual block: its answers stay on the output LayerNorm's surface however large the input, where a residual
+    block's grow with it (two single tokens, ``u`` and :data:`GROWTH`·u). The pre-norm route does not carry over
+    (the FFN is reachable only on n1's output surface and answers only up to n2's per-row scale and shift): such a
+    block goes to :mod:`.post_norm_learner` (docs/block.md)."""
     u = np.random.default_rng(0).standard_normal(d)
     y = first_rows(answer_rows, np.stack([u, GROWTH * u])[:, None, :])
     ratio = float(np.linalg.norm(y[1]) / np.linalg.norm(y[0]))
     if ratio < GROWTH / 30:
-        post_norm.refuse(answer_rows, d, ratio)  # runs the post-norm stages built, refuses at the first one not built
+        return (f"a post-norm block (its answers stay bounded: a token scaled by {GROWTH:.0e} moves the answer's "
+                f"norm by ×{ratio:.2f})")
+    return None
 
 
 #: sequences of the attention's logit refit per model width (:func:`.refine.refit_data`)
 REFIT_PER_D = 8
-def every_position_check(oracle, model, rng, lengths, per_length) -> CheckResult:
+def every_position_check(oracle, model, rng, lengths, per_length, *, claim: float = CLAIM) -> CheckResult:
     """Every row of ``per_length`` fresh N(0, 1) sequences at each length against the model's: per length the
     largest ``|ŷ − y|`` over the largest ``|y − x|`` (the block's own part: the residual removed, so the identity
     cannot hide an error), and the worst length's. ``passed`` only when that is within :data:`CLAIM` by more than
-    the answers' resolution (:func:`~attnprobe.learners.core.check.check_verdict`): the error a result claims, not
+    the answers' resolution (:func:`~attnprobe.learners.core.check.check_verdict`; ``claim``: a post-norm result's
+    :data:`.post_norm_learner.CLAIM`): the error a result claims, not
     the learner's tolerance, and not an average over lengths or positions (a NaN fails)."""
     before, d = oracle.queries, oracle.d
     per, resolution = {}, 0.0
@@ -228,8 +241,8 @@ def every_position_check(oracle, model, rng, lengths, per_length) -> CheckResult
         resolution = max(resolution, answer_resolution(oracle, float(np.max(np.abs(y))), signal))
     errors = np.array(list(per.values()))
     worst = float(np.max(errors))  # NaN propagates: a model answering NaN anywhere fails
-    verdict = check_verdict(worst, CLAIM, resolution)
-    return CheckResult(passed=verdict == "passed", error=worst, tolerance=CLAIM, queries=oracle.queries - before,
+    verdict = check_verdict(worst, claim, resolution)
+    return CheckResult(passed=verdict == "passed", error=worst, tolerance=claim, queries=oracle.queries - before,
                        lengths=tuple(map(int, lengths)), per_length=per,
                        extra={"per_length_count": per_length, "measured_on": "every position, y - x",
                               "norm": "worst", "worst_length": int(list(per)[int(np.nanargmax(errors))])

@@ -30,13 +30,12 @@
   :func:`logit_value_matrix` fits it, affine in b, over d + 8 tokens b: the rank-H matrix
   ``Σ_h (V_h e)(W_Q,hᵀ W_K,h e)ᵀ/√d_h`` for one direction e.
 - ``attention`` (:mod:`.post_norm_attention`): the heads' value maps and logits through the FFN and both norms,
-  each answered row traced back to its n1 input; built and measured, not run by :func:`refuse` (~275k queries on
-  MiniLM, and the route stops at the FFN).
+  each answered row traced back to its n1 input.
 - ``neurons``, ``ffn`` (the FFN behind n2's per-row scale, on n1's sphere): the neurons from first derivatives on
   the sphere (:mod:`.post_norm_neurons`), then every row's scale, n1's weight, the second layer and the joint bias
-  as one null vector (:mod:`.post_norm_ffn`), and the assembled block polished jointly (:mod:`.post_norm_polish`):
-  built and measured on small layers, not run end to end by :func:`refuse`, which runs the first three stages and
-  refuses in one line naming the stage.
+  as one null vector (:mod:`.post_norm_ffn`), and the assembled block polished jointly (:mod:`.post_norm_polish`).
+
+:mod:`.post_norm_learner` chains them all (``extract_block`` on a block told apart as post-norm).
 """
 
 from __future__ import annotations
@@ -221,10 +220,6 @@ def first_norm_input(answer_rows, centre: FirstNormCentre, rng, points: int = IN
     return FirstNormInput(K, -K @ centre.centre, misfit, points * 4 * d)
 
 
-#: the stage the post-norm route stops at
-MISSING_STAGE = "ffn"
-
-
 #: step of :func:`pair_curvature`'s five-point second differences (truncation ``h⁴``, rounding ``1e-16/h²``)
 CURVATURE_STEP = 1e-2
 _FIVE = np.array([-1.0, 16.0, -30.0, 16.0, -1.0]) / 12
@@ -270,25 +265,3 @@ def logit_value_matrix(answer_rows, affine: FirstNormInput, e: np.ndarray, rng, 
     P = np.eye(d) - 1.0 / d
     gamma = -float(np.median(np.linalg.eigvals(np.linalg.pinv(P @ K) @ P @ A).real))
     return P @ (A + gamma * K), P @ (a + gamma * c)
-
-
-def refuse(answer_rows, d: int, ratio: float, seed: int = 0) -> None:
-    """Run the stages built (``output norm``, ``first-norm centre``, ``first-norm input``) and refuse the post-norm
-    block in one line naming the stage that is not (:data:`MISSING_STAGE`). ``ratio``: how much the answer's norm
-    moved when the token was scaled ×1e3 (what told the block apart)."""
-    rng = np.random.default_rng(seed)
-    said = (f"a post-norm block (its answers stay bounded: a token scaled by 1e3 moves the answer's norm by "
-            f"×{ratio:.2f})")
-    try:
-        w2, _ = output_norm(answer_rows, d, rng)
-        first_norm_input(answer_rows, first_norm_centre(answer_rows, d, rng), rng)
-    except UnidentifiableError as exc:
-        raise UnidentifiableError(f"{said}: {exc}") from exc
-    raise UnidentifiableError(
-        f"{said}: stages output norm (|w2| {float(np.sqrt(np.mean(w2**2))):.2g} rms), first-norm centre and "
-        f"first-norm input read, stage attention built but not run (~4k queries a pair); stage {MISSING_STAGE} not "
-        "run: the FFN answers only up to the second LayerNorm's per-row scale and shift; its neurons are read "
-        "through it from first derivatives on n1's sphere (post_norm_neurons: measured at d = 16, not at this "
-        f"size: its span holds d²·4m = {d * d * 4 * 4 * d:.1e} numbers for an FFN of width 4d) and the rest past "
-        "them (post_norm_ffn, post_norm_polish), but the route is not run end to end by this learner; it reads "
-        "pre-norm RMSNorm blocks")

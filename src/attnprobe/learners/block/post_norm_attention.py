@@ -225,7 +225,7 @@ def heads_split(readings, V: np.ndarray, heads: int) -> HeadsSplit:
         if s.size < dh or s[dh - 1] < 1e-6 * s[0]:
             raise UnidentifiableError(f"stage attention: head {h}'s input space shows fewer than d_h = {dh} "
                                       f"directions over {len(readings)} pairs; read more pairs")
-        gap = max(gap, float(s[dh] / s[dh - 1]))
+        gap = max(gap, float(s[dh] / s[dh - 1]) if s.size > dh else 0.0)  # one head: I_h is all of R^d
         spaces.append(U[:, :dh])
     return HeadsSplit(spaces, np.array(alphas), _projectors(spaces), kept, gap)
 

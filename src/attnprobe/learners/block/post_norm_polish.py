@@ -93,10 +93,10 @@ class PolishReport:
     iterations: list = field(default_factory=list)
 
 
-def polish_block(block: TransformerBlock, data, *, rounds: int = 4,
-                 iterations: int = 200) -> tuple[TransformerBlock, PolishReport]:
-    """Gauss–Newton steps (module docstring) on ``data`` (:func:`polish_data`); the result fits ``data`` no worse
-    than ``block``."""
+def polish_block(block: TransformerBlock, data, *, rounds: int = 4, iterations: int = 200,
+                 target: float = 0.0) -> tuple[TransformerBlock, PolishReport]:
+    """Gauss–Newton steps (module docstring) on ``data`` (:func:`polish_data`), none once the misfit is below
+    ``target``; the result fits ``data`` no worse than ``block``."""
     import torch
 
     if block.ffn.activation != "gelu":
@@ -130,6 +130,8 @@ def polish_block(block: TransformerBlock, data, *, rounds: int = 4,
     r = residual(theta)
     report = PolishReport([misfit(r)])
     for _ in range(rounds):
+        if report.history[-1] < target:
+            break
         step, used = _gn_step(torch, residual, theta, r, iterations)
         report.iterations.append(used)
         best = None

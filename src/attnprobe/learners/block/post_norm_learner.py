@@ -1,0 +1,134 @@
+"""The post-norm (BERT) block ``y = n2(h + F(h))``, ``h = n1(x + A(X))`` from its answers alone: the stages of
+docs/block.md ("Post-norm blocks") chained, as :func:`.learner.extract_block` runs them on a block told apart as
+post-norm.
+
+1. ``output norm`` (:func:`.post_norm.output_norm`): n2's weight and bias from the answers' rows.
+2. ``first-norm centre`` and 3. ``first-norm input`` (:mod:`.post_norm`): the single token's n1 input
+   ``x ↦ K x + c`` (up to the ones gauge), the door to every n1 input.
+4. ``attention`` (:mod:`.post_norm_attention`): the heads' value maps and logits from pairs ``[b + t f, b]``, each
+   answered row traced back to its n1 input.
+5. ``neurons`` (:mod:`.post_norm_neurons`): the FFN's first layer on n1's sphere from first derivatives — the
+   Jacobians' (m + 1)-span by alternating least squares, its rank-one elements, each neuron's GELU curve. Its span
+   holds ``4m·d²`` numbers (``4m`` points of ``d²``) and is swept hundreds of times: run only up to
+   :data:`NEURON_NUMBERS` (measured: d = 32, m = 64), refused in one line beyond (MiniLM: d = 384, m = 1536).
+6. ``ffn`` (:mod:`.post_norm_ffn`): every row's scale, n1's weight, the second layer and the joint bias as one null
+   vector.
+7. ``polish`` (:mod:`.post_norm_polish`): the block assembled, then Gauss–Newton on every-position answers.
+
+The result (a post-norm :class:`~attnprobe.models.block.TransformerBlock`, LayerNorms, both ε BERT's 1e-12, n1's
+bias 0: one member of the gauge family of docs/block.md, "What the answers can fix") claims :data:`CLAIM` at every
+position of every length 1 … 64 (the block check's norm), the issue's line for MiniLM.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from attnprobe.errors import UnidentifiableError
+from attnprobe.learners.block.post_norm import first_norm_centre, first_norm_input, output_norm
+from attnprobe.learners.block.post_norm_attention import attention_stage
+from attnprobe.learners.block.post_norm_ffn import ffn_points, second_layer
+from attnprobe.learners.block.post_norm_neurons import (neuron_curves, neuron_span, rank_one_elements,
+                                                        sphere_jacobians)
+from attnprobe.learners.block.post_norm_polish import LENGTHS, assemble, polish_block, polish_data
+
+#: the error a post-norm result claims at every position of every length (largest error over the largest
+#: ``|y − x|``): the issue's line for MiniLM's layer; a d = 32 ``BertLayer`` from answers alone measured ~2e-9
+CLAIM = 1e-4
+#: the neurons stage's span at most (``4m`` points of ``d²`` numbers): measured up to d = 32, m = 64 (262,144)
+NEURON_NUMBERS = 4 * 64 * 32 * 32
+#: the attention stage's key step (MiniLM layer 2: 0.2 kept 45 of 60 pairs; d = 32 measured at 0.1)
+PAIR_STEP = 0.2
+#: Gauss–Newton steps of the polish, LSMR iterations per step, sequences at least (d = 32: 3 × 200 on 100
+#: sequences took the assembled 2.7e-5 to 1.7e-9), and the rms misfit below which no step is taken (the stages
+#: alone at d = 12, one head: 1.3e-9)
+ROUNDS, ITERATIONS, SEQUENCES, SETTLED = 3, 200, 100, 1e-8
+#: the neurons' curve fit above which the stage is refused (d = 32 measured 3.5e-8: a GELU neuron fits to the
+#: central differences' error)
+CURVE_MISFIT = 1e-4
+
+
+def pairs(d: int, heads: int) -> int:
+    """Pairs of the attention stage: each kept pair gives one ``k_h`` per head and ``d_h + 2`` are needed; a
+    quarter of MiniLM's were not kept (45 of 60)."""
+    return 2 * (d // heads) + 8
+
+
+def polish_sequences(d: int, unknowns: int) -> int:
+    """Sequences of the polish: twice as many answered numbers as unknowns, at least :data:`SEQUENCES`."""
+    return max(SEQUENCES, math.ceil(2 * unknowns / (d * float(np.mean(LENGTHS)))))
+
+
+def unknowns(d: int, m: int) -> int:
+    """The post-norm block's weights: attention ``4d² + 4d``, FFN ``2dm + m + d``, two LayerNorms ``4d``."""
+    return 4 * d * d + 4 * d + 2 * d * m + m + d + 4 * d
+
+
+def too_large(d: int, hidden: int | None, said: str) -> None:
+    """Refuse (one line) before any stage a block whose neurons stage is not run: its width unknown, or its span
+    beyond :data:`NEURON_NUMBERS`."""
+    if hidden is None:
+        raise UnidentifiableError(f"{said}: stage neurons reads the FFN's first layer given its width; give hidden "
+                                  "(the FFN's width m: a BERT folder's intermediate_size)")
+    n = 4 * hidden * d * d
+    if n > NEURON_NUMBERS:
+        raise UnidentifiableError(
+            f"{said}: stage neurons not run at d = {d}, m = {hidden}: its span holds 4m·d² = {n:.1e} numbers, "
+            f"measured up to {NEURON_NUMBERS:.1e} (d = 32, m = 64); the stages past it run given the neurons "
+            "(post_norm_ffn, post_norm_polish; MiniLM layer 2 with its true first layer given: within 1e-4)")
+
+
+def extract_post_norm(run, *, heads: int, hidden: int, said: str, seed=0):
+    """Stages 1–7 (module docstring) on ``run``'s oracle, each charged to its phase. Returns ``(model, unknowns,
+    details)``; a stage that fails refuses in one line prefixed by ``said`` (how the block was told apart)."""
+    rows, d = run.oracle.answer_rows, run.oracle.d
+    rng = np.random.default_rng([seed, 11])
+    try:
+        with run.phase("output norm"):
+            n2 = output_norm(rows, d, rng)
+        with run.phase("first-norm input"):
+            affine = first_norm_input(rows, first_norm_centre(rows, d, rng), rng)
+        with run.phase("attention"):
+            att = attention_stage(rows, affine, heads, rng, pairs(d, heads), PAIR_STEP)
+        with run.phase("neurons"):
+            A, a, sweeps, span, misfit = read_neurons(rows, affine, n2, hidden, rng)
+        with run.phase("ffn"):
+            Z, Q = ffn_points(rows, affine, n2, rng, 2 * (hidden + d + 1))
+            second = second_layer(Z, Q, A, a)
+    except UnidentifiableError as exc:
+        raise UnidentifiableError(f"{said}: {exc}") from exc
+    block = assemble(att.attention, second.w1, second.ffn, n2)
+    n = unknowns(d, hidden)
+    with run.phase("polish"):
+        data = polish_data(rows, d, rng, polish_sequences(d, n))
+    model, report = polish_block(block, data, rounds=ROUNDS, iterations=ITERATIONS, target=SETTLED)
+    details = {"layout": "post", "n2_weight_rms": float(np.sqrt(np.mean(n2[0] ** 2))),
+               "first_norm_input_misfit": affine.misfit,
+               "attention": {"pairs_kept": len(att.split.kept), "logit_misfit": att.misfit, "queries": att.queries},
+               "neurons": {"sweeps": sweeps, "span_residual": span, "curve_misfit": misfit},
+               "ffn": {"hidden": hidden, "activation": "gelu", "null": second.null, "gap": second.gap,
+                       "misfit": second.misfit},
+               "polish": {"history": report.history, "iterations": report.iterations,
+                          "sequences": sum(len(X) for X, _ in data)},
+               "claim": {"error": CLAIM, "norm": "worst",
+                         "cause": "every position of every length 1 … 64, relative to the largest |y − x|"}}
+    return model, n, details
+
+
+def read_neurons(rows, affine, n2, m: int, rng):
+    """Stage neurons (:mod:`.post_norm_neurons`) from ``4m`` points: ``(A, a, sweeps, span residual, curve
+    misfit)``; refused (one line) when fewer than ``m`` rank-one elements are found or a neuron's curve is not a
+    GELU's (:data:`CURVE_MISFIT`)."""
+    Z, Q, O = sphere_jacobians(rows, affine, n2, rng, 4 * m)
+    B, Y, res = neuron_span(Z, Q, O, m)
+    elements = rank_one_elements(B, m, rng)
+    if len(elements) < m:
+        raise UnidentifiableError(f"stage neurons: {len(elements)} of m = {m} rank-one elements found in the "
+                                  f"Jacobians' span (residual {res[-1]:.1e} after {len(res)} sweeps)")
+    A, a, misfit = neuron_curves(B, Y, elements, Z)
+    if not misfit < CURVE_MISFIT:
+        raise UnidentifiableError(f"stage neurons: a neuron's derivative along its direction is {misfit:.1e} off "
+                                  "the nearest GELU curve (BERT's FFN activation)")
+    return A, a, len(res), res[-1], misfit
