@@ -62,6 +62,8 @@ def run(args) -> int:
           f"like the result to {worst:.2e} (relative, {CHECK_SEQUENCES * len(CHECK_LENGTHS)} random sequences; "
           + (f"the result's parts beyond the head width, at most {dropped:.1e} of each W_h and V_h, were cut off)"
              if kind not in ("positional_attention", "transformer_block") else
+             "a post-norm block: every head's maps as the family stores them, both LayerNorms and the FFN)"
+             if getattr(model, "layout", None) == "post" else
              f"heads sharing keys and values written once per KV group, in the RoPE gauge: misfit {dropped:.1e})"))
     if not worst <= tolerance:
         raise CheckFailedError(f"the exported layer answers unlike the result ({worst:.2e} > {tolerance:.1e}); "
