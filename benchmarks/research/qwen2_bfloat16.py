@@ -179,8 +179,15 @@ def stage_neutral(args, truth, oracle, rng):
     U = rng.standard_normal((args.n_u, args.length, d)) / math.sqrt(d)
     for name, x in (("the true neutral key", xs), ("x_v", xv)):
         print(f"  |F| at {name}: {np.linalg.norm(probe(oracle, x, U, M, args.eps)):.3e}", flush=True)
-    x0 = find_neutral(oracle, truth, M, rng, x0=xv, basis=kernel, steps=args.steps, length=args.length,
-                      n_u=args.n_u, eta=args.eta, eps=args.eps, refresh=args.refresh)
+    if args.old_probe:  # no query row: its residual has zeros with a query, not a key, zero (did not work)
+        x0 = find_neutral(oracle, truth, M, rng, x0=xv, basis=kernel, steps=args.steps, length=args.length,
+                          n_u=args.n_u, eta=args.eta, eps=args.eps, refresh=args.refresh)
+    else:
+        from attnprobe.learners.positional.bias_rows import neutral_token
+        x0, info = neutral_token(oracle, M, c, kernel, rng, steps=args.steps, length=args.length, patterns=args.n_u,
+                                 difference=args.eta, refresh=args.refresh, move=args.eps,
+                                 log=lambda line: print(f"  {line}; {oracle.queries} q", flush=True))
+        print(f"  {info}")
     print("  per frequency pair (fastest first): " + " ".join(f"{x:.1e}" for x in key_residual(truth, x0, True)))
     print(f"neutral key: key residual {key_residual(truth, x0):.3e}, value residual {value_residual(truth, x0):.1e};"
           f" {oracle.queries} queries, {time.perf_counter() - t0:.0f} s", flush=True)
@@ -282,6 +289,7 @@ def main():
     ap.add_argument("--length", type=int, default=64)
     ap.add_argument("--eps", type=float, default=1.0)
     ap.add_argument("--refresh", type=int, default=3)
+    ap.add_argument("--old-probe", action="store_true", help="the probe without its query row (did not work)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--n-u", type=int, default=4)
     ap.add_argument("--eta", type=float, default=0.2)

@@ -36,6 +36,8 @@ from attnprobe.learners.positional import coarse
 
 #: the probe's sequence length, move patterns, Chebyshev steps per sign and longest move (of √d per unit entry)
 PROBE_LENGTH, PATTERNS, NODES, MOVE = 256, 4, 4, 1.0
+#: the last token's kernel offset's entries (its query: a row whose weights tell a zero key from a zero query)
+QUERY_SCALE = 1.5
 #: Levenberg–Marquardt steps, the Jacobian's difference step (token units) and how often it is formed again
 STEPS, DIFFERENCE, REFRESH = 8, 0.2, 3
 #: the dampings tried at each step (fractions of the Jacobian's largest singular value)
@@ -49,23 +51,38 @@ def zero_value_token(M: np.ndarray, c: np.ndarray, kernel: np.ndarray) -> np.nda
     return x - kernel.T @ (kernel @ x)
 
 
-def identical_token_residual(oracle, x0: np.ndarray, U: np.ndarray, M: np.ndarray, *, move: float = MOVE,
-                             nodes: int = NODES) -> np.ndarray:
-    """The identical-token probe's residual (module docstring, step 2) at ``x0``: every row's odd slope less
-    ``M ū_i``, relative to the moves' ``‖M u‖``, for the move patterns ``U (P, N, d)``: (P, N, K). Asks
+def probe_moves(rng: np.random.Generator, patterns: int, length: int, kernel: np.ndarray,
+                query_scale: float = QUERY_SCALE):
+    """The probe's moves ``U (P, N, d)`` (every token but the last, summing to zero) and each pattern's last token's
+    offset ``z`` in ``M``'s kernel (entries of size ``query_scale``; value zero): the query the last row asks."""
+    d = kernel.shape[1]
+    U = rng.standard_normal((patterns, length, d)) / math.sqrt(d)
+    U[:, -1] = 0.0
+    U[:, :-1] -= U[:, :-1].mean(axis=1, keepdims=True)
+    Z = rng.standard_normal((patterns, len(kernel))) @ kernel * query_scale
+    return U, Z
+
+
+def identical_token_residual(oracle, x0: np.ndarray, U: np.ndarray, Z: np.ndarray, M: np.ndarray, *,
+                             move: float = MOVE, nodes: int = NODES) -> np.ndarray:
+    """The identical-token probe's residual (module docstring, step 2) at ``x0`` for the moves ``U (P, N, d)`` and last
+    tokens ``x0 + Z`` (:func:`probe_moves`): every row's odd slope less ``M ū_i`` (the last row's: itself, the moves
+    summing to zero), relative to the moves' ``‖M u‖``: (P, N, K), the last row weighted by ``√N``. Asks
     ``2·nodes·P`` sequences of ``N`` tokens."""
     P, N, d = U.shape
     u = coarse.chebyshev_nodes(nodes)
     step = move * math.sqrt(d)
     X = np.broadcast_to(np.asarray(x0, dtype=np.float64), (2, nodes, P, N, d)).copy()
+    X[:, :, :, -1] += Z
     for s, sign in enumerate((1.0, -1.0)):
         X[s] += sign * step * u[:, None, None, None] * U
     Y = np.asarray(oracle.answer_rows(X.reshape(-1, N, d)), dtype=np.float64).reshape(2, nodes, P, N, -1)
     K = Y.shape[-1]
     slope = coarse.odd_slope(((Y[0] - Y[1]) / 2).reshape(nodes, P, N * K), u, min(2 * nodes - 1, coarse.DEGREE))
     L = slope.reshape(N, K, P).transpose(2, 0, 1) / step
-    mean_moves = np.cumsum(U, axis=1) / np.arange(1, N + 1)[None, :, None]
-    return (L - mean_moves @ M.T) / np.linalg.norm(U @ M.T) * math.sqrt(P * N)
+    F = L - (np.cumsum(U, axis=1) / np.arange(1, N + 1)[None, :, None]) @ M.T
+    F[:, -1] *= math.sqrt(N)
+    return F / np.linalg.norm(U @ M.T) * math.sqrt(P * N)
 
 
 def neutral_token(oracle, M: np.ndarray, c: np.ndarray, kernel: np.ndarray, rng: np.random.Generator, *,
@@ -84,10 +101,10 @@ def neutral_token(oracle, M: np.ndarray, c: np.ndarray, kernel: np.ndarray, rng:
             f"{2 * rank} equations of d = {d} (no room past the keys' {rank}: measured at Qwen2 d = 32, 4/2, the "
             "value maps 9 … 28 % off behind it); not recovered at bfloat16")
     before = oracle.queries
-    U = rng.standard_normal((patterns, length, d)) / math.sqrt(d)
+    U, Z = probe_moves(rng, patterns, length, kernel)
 
     def residual(x):
-        return identical_token_residual(oracle, x, U, M, move=move).ravel()
+        return identical_token_residual(oracle, x, U, Z, M, move=move).ravel()
 
     x0 = zero_value_token(M, c, kernel)
     F = residual(x0)
