@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 from attnprobe.errors import UnidentifiableError  # noqa: E402
 from attnprobe.learners.positional import coarse, coarse_bias  # noqa: E402
 from attnprobe.learners.positional.bias_rows import (identical_token_residual, neutral_token,  # noqa: E402
-                                                     zero_value_token)
+                                                     probe_moves, zero_value_token)
 from attnprobe.oracles.base import Oracle  # noqa: E402
 from attnprobe.oracles.subspace import shift_inputs  # noqa: E402
 from attnprobe.targets.positional_modules import positional_victim, reference_model  # noqa: E402
@@ -67,17 +67,40 @@ def test_the_neutral_token_zeroes_every_key_and_value(seed):
     assert info["sequences"] == oracle.queries - 2 * 16  # everything past the values stage is the search's
 
 
-def test_the_probe_sees_a_key_left_and_no_value_change():
-    """The residual is the rows' rounding at the module's own zero token and far above it with a key left."""
+def _zero_token(model):
+    d = model.d
+    W = np.concatenate([model.Wk.reshape(-1, d), model.Wv.reshape(-1, d)])
+    return -np.linalg.lstsq(W, np.concatenate([model.bk.ravel(), model.bv.ravel()]), rcond=None)[0]
+
+
+def test_the_probe_is_at_the_rounding_at_the_zero_token_and_far_above_it_with_a_key_left():
+    """bfloat16 rows (d = 16, 4/1): the residual at the module's own zero token is the rounding's, ≥ 5× that with
+    half the key bias left (the values still zero)."""
     model = _qwen(16, 4, 1)
     oracle = Oracle(_Rows(model, "bfloat16"), 16, precision="bfloat16")
-    W = np.concatenate([model.Wk.reshape(-1, 16), model.Wv.reshape(-1, 16)])
-    x0 = -np.linalg.lstsq(W, np.concatenate([model.bk.ravel(), model.bv.ravel()]), rcond=None)[0]
-    U = np.random.default_rng(0).standard_normal((2, 64, 16)) / 4
-    M = model.value_maps().sum(0)
-    at = np.linalg.norm(identical_token_residual(oracle, x0, U, M))
-    off = np.linalg.norm(identical_token_residual(oracle, x0 - np.linalg.pinv(model.Wk[0]) @ model.bk[0], U, M))
-    assert off > 5 * at
+    M, c, kernel = _values(oracle, 4)
+    x0 = _zero_token(model)
+    U, Z = probe_moves(np.random.default_rng(0), 2, 64, kernel)
+    inside = kernel.T @ np.linalg.lstsq(model.Wk[0] @ kernel.T, model.bk[0] / 2, rcond=None)[0]
+    assert _halves(model, x0 + inside)[0] > 0.4 and _halves(model, x0 + inside)[1] < 1e-2
+    at = np.linalg.norm(identical_token_residual(oracle, x0, U, Z, M))
+    assert np.linalg.norm(identical_token_residual(oracle, x0 + inside, U, Z, M)) > 5 * at
+
+
+def test_a_zero_query_is_not_taken_for_a_zero_key():
+    """A token whose key is zero in one frequency pair and every head's query in the other (d = 16, 4/1, d_h = 4,
+    values zero: 14 equations) makes the copies weigh alike though its key is not zero: the rows of copies are at
+    0, the last row, whose query is x₀ + z, is not (without it the search stalled there: d = 32, 8/2, float64)."""
+    model = _qwen(16, 4, 1)
+    oracle = Oracle(_Rows(model), 16)
+    W = np.concatenate([model.Wk[0, [0, 2]], model.Wq[:, [1, 3]].reshape(-1, 16), model.Wv[0]])
+    b = np.concatenate([model.bk[0, [0, 2]], model.bq[:, [1, 3]].ravel(), model.bv[0]])
+    xq = -np.linalg.lstsq(W, b, rcond=None)[0]
+    assert np.allclose(W @ xq + b, 0, atol=1e-12) and _halves(model, xq)[0] > 0.3
+    M, c, kernel = _values(oracle, 4)
+    U, Z = probe_moves(np.random.default_rng(0), 1, 32, kernel)
+    F = identical_token_residual(oracle, xq, U, Z, M, move=0.05)  # small moves: the slopes' truncation below 1e-5
+    assert np.abs(F[:, :-1]).max() < 1e-3 * np.abs(F[:, -1]).max()
 
 
 def test_no_room_past_the_keys_is_refused_in_one_line_before_any_query():
