@@ -170,7 +170,8 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
                                       "(learners/positional/coarse.py, bfloat16.py) reads heads with free query "
                                       "scales and its own offsets only (q/k biases from float32 answers only), not "
                                       "unit queries" + (", q/k biases" if noise > COARSEST else "") +
-                                      " or given offsets" + (_biased_rows_result() if biased and noise > COARSEST else ""))
+                                      " or given offsets"
+                                      + (_biased_rows_result() if biased and noise > COARSEST else ""))
         return _coarse_route(oracle, noise, heads=heads, seed=seed, check=check, progress=progress,
                              asked_before=asked, **({"biases": True} if biased else {}))
     run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress,
