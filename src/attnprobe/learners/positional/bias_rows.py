@@ -133,3 +133,20 @@ def neutral_token(oracle, M: np.ndarray, c: np.ndarray, kernel: np.ndarray, rng:
             log(f"neutral token step {taken}: probe residual {best[0]:.3e}")
     return x0, {"probe_residual": (first, float(np.linalg.norm(F))), "steps": taken,
                 "sequences": oracle.queries - before}
+
+
+def biased_row_value_maps(oracle, heads: int, rng: np.random.Generator, *, M: np.ndarray, c: np.ndarray, log=None,
+                          **probe):
+    """Every ``V_h`` (H, K, d) of a layer with q/k/v biases from every-position rows: :func:`neutral_token`, then
+    :func:`~.span_sweep.row_value_maps` on the rows of the tokens shifted by it (``shift_inputs``; a sequence of
+    copies answers ``M x₀ + c``). Returns ``V``, ``x₀`` (the later stages run on the same shifted rows, their model
+    mapped back by :func:`~.neutral.shifted_back`) and what was measured. ``probe``: :func:`neutral_token`'s
+    settings."""
+    from attnprobe.learners.positional import coarse_bias
+    from attnprobe.learners.positional.span_sweep import row_value_maps
+    from attnprobe.oracles.subspace import shift_inputs
+
+    kernel = coarse_bias.coarse_kernel(M, heads)
+    x0, found = neutral_token(oracle, M, c, kernel, rng, log=log, **probe)
+    V, info = row_value_maps(shift_inputs(oracle, x0, name="shifted by a zero token"), heads, rng, M=M, c=c + M @ x0)
+    return V, x0, {**info, "neutral_token": found}
