@@ -2,19 +2,16 @@
 against the float64 module (docs/positional.md, "bfloat16 answers", "Qwen2"). Stages save .npz under
 /tmp/qwen2bf16/ and resume.
 
-    PYTHONPATH=src python benchmarks/research/qwen2_bfloat16.py served --d 32 --heads 4 --kv-heads 2
-    PYTHONPATH=src python benchmarks/research/qwen2_bfloat16.py neutral --d 32 --heads 4 --kv-heads 2
-    PYTHONPATH=src python benchmarks/research/qwen2_bfloat16.py values --d 32 --heads 4 --kv-heads 2
-    PYTHONPATH=src python benchmarks/research/qwen2_bfloat16.py logits --d 32 --heads 4 --kv-heads 2
-    PYTHONPATH=src python benchmarks/research/qwen2_bfloat16.py polish --d 32 --heads 4 --kv-heads 2
+    PYTHONPATH=src python benchmarks/research/qwen2_bfloat16.py served --d 128 --heads 8 --kv-heads 2
+    PYTHONPATH=src python benchmarks/research/qwen2_bfloat16.py neutral --length 256 --steps 8 --refresh 3
+    PYTHONPATH=src python benchmarks/research/qwen2_bfloat16.py values          (--true-x0: the truth's token)
+    PYTHONPATH=src python benchmarks/research/qwen2_bfloat16.py logits --sequences 120 --als 6
+    PYTHONPATH=src python benchmarks/research/qwen2_bfloat16.py polish --polish-sequences 24 --polish-stages 14
 
-The neutral key ``x₀`` (``W_K,g x₀ + b_K,g = 0`` in every group) from the *identical-token probe*: a sequence of
-``N`` copies of ``x₀``, the first moved by ``s·u``. At ``s = 0`` every token is ``x₀`` (every value the same), so
-the odd slope in ``s`` of row ``i`` is exactly ``L_i u = Σ_h a_h,i V_h u`` with ``a_h,i`` the first copy's weight
-among ``i + 1`` copies — ``1/(i + 1)`` for every head iff the copies' logits ``q̃_h(x₀)ᵀ R(δ) k_g(x₀)`` do not
-depend on the offset: ``k_g(x₀) = 0`` (or the query ``q̃_h(x₀) = 0`` in every head). Row 0 answers ``M u``. The
-residual ``F(x₀) = [L_i u − M u/(i + 1)]_i`` is searched to 0 by Gauss–Newton, its Jacobian by central differences
-along ``d`` directions (rank ``G·d_h`` near the neutral key: only ``W_K x₀`` moves it), truncated at that rank.
+(d = 64, 4/1 by default; ``--d 128 --heads 8 --kv-heads 2`` under the heavy-run lock.) The zero token ``x₀`` (every
+group's key and value zero) is read by ``learners/positional/bias_rows.py``; the later stages run on the rows of the
+tokens shifted by it, the logit stage's ALS with the query augmented by a 1 (the query bias ``b' = W_Q x₀ + b_Q``),
+and the model is shifted back before the row polish, which fits every bias.
 """
 from __future__ import annotations
 
@@ -28,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from attnprobe.learners.positional import coarse, coarse_bias
+from attnprobe.learners.positional.bias_rows import (QUERY_SCALE, identical_token_residual, neutral_token,
+                                                     probe_moves, zero_value_token)
 from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.oracles.base import Oracle
 from attnprobe.targets.positional_modules import positional_victim, reference_model
@@ -114,80 +113,28 @@ def stage_served(args, truth, oracle, rng):
 
 
 # ------------------------------------------------------------------------------------------------ neutral key
-def probe(oracle, x0, U, M, eps=1.0, nodes=4):
-    """``F(x₀)`` (module docstring), every token ``j`` moved by ``s·u_j`` (``U (n, N, d)``): row ``i``'s odd slope
-    less ``M ū_i`` (``ū_i`` the mean move of tokens ``0 … i``), relative to ``‖M u‖``: (n, N, K)."""
-    n, N, d = U.shape
-    u = coarse.chebyshev_nodes(nodes)
-    step = eps * math.sqrt(d)
-    X = np.broadcast_to(x0, (2, nodes, n, N, d)).copy()
-    for s, sign in enumerate((1.0, -1.0)):
-        X[s] += sign * step * u[:, None, None, None] * U
-    Y = np.asarray(oracle.answer_rows(X.reshape(-1, N, d)), dtype=np.float64).reshape(2, nodes, n, N, -1)
-    K = Y.shape[-1]
-    slope = coarse.odd_slope(((Y[0] - Y[1]) / 2).reshape(nodes, n, N * K), u, min(2 * nodes - 1, coarse.DEGREE))
-    L = slope.reshape(N, K, n).transpose(2, 0, 1) / step
-    ubar = np.cumsum(U, axis=1) / np.arange(1, N + 1)[None, :, None]
-    return (L - ubar @ M.T) / np.linalg.norm(U @ M.T) * math.sqrt(n * N)
-
-
-def find_neutral(oracle, truth, M, rng, *, x0, basis, steps=6, length=64, n_u=4, eta=0.2, eps=1.0, refresh=3,
-                 log=print):
-    """Levenberg–Marquardt on ``F(x₀) = 0`` (module docstring) along the rows of ``basis`` (P, d), the Jacobian by
-    central differences, formed again every ``refresh`` steps; each step the best of a ladder of dampings."""
-    U = rng.standard_normal((n_u, length, oracle.d)) / math.sqrt(oracle.d)
-
-    def F_at(x):
-        return probe(oracle, x, U, M, eps).ravel()
-    F = F_at(x0)
-    log(f"  start: |F| {np.linalg.norm(F):.3e}, key residual {key_residual(truth, x0):.3e}, {oracle.queries} q")
-    for it in range(steps):
-        if it % refresh == 0:
-            J = np.array([(F_at(x0 + eta * b) - F_at(x0 - eta * b)) / (2 * eta) for b in basis]).T
-            Uj, s, Vt = np.linalg.svd(J, full_matrices=False)
-        g = Uj.T @ F
-        best = (np.linalg.norm(F), None, None)
-        for lam in (0.0, 1e-2, 1e-1, 1.0):
-            lam = lam * s[0]
-            step = -(Vt.T @ (g * s / (s ** 2 + lam ** 2))) @ basis
-            Ft = F_at(x0 + step)
-            if np.linalg.norm(Ft) < best[0]:
-                best = (np.linalg.norm(Ft), step, Ft)
-        if best[1] is None:
-            log(f"  step {it + 1}: no decrease; stop")
-            break
-        x0, F = x0 + best[1], best[2]
-        log(f"  step {it + 1}: |F| {np.linalg.norm(F):.3e}, key residual {key_residual(truth, x0):.3e}, "
-            f"{oracle.queries} q")
-    return x0
-
-
 def stage_neutral(args, truth, oracle, rng):
-    """The value part of x₀ from the values stage (``M x₀ = −c``: every group's value and the output constant
-    zero), its key part in M's kernel by Gauss–Newton on the probe."""
+    """The value half of x₀ from the values stage (``M x₀ = −c``), the key half in M's kernel by the probe
+    (``bias_rows.neutral_token``); every key residual measured against the truth's."""
     d = args.d
     t0 = time.perf_counter()
     M, c = coarse.coarse_values(oracle, rng, math.sqrt(d), repeats=16)
     kernel = coarse_bias.coarse_kernel(M, args.heads)
     rank = d - len(kernel)
-    xv = -np.linalg.pinv(M, rcond=1e-3) @ c
-    xv -= kernel.T @ (kernel @ xv)
+    xv = zero_value_token(M, c, kernel)
     print(f"values: M {np.linalg.norm(M - truth.value_maps().sum(0)) / np.linalg.norm(truth.value_maps().sum(0)):.1e}"
           f" off, kernel {len(kernel)}, rank {rank}; |M x_v + c| / |c| {value_residual(truth, xv):.1e}; "
           f"{oracle.queries} queries", flush=True)
-    xs = true_neutral(truth)
-    U = rng.standard_normal((args.n_u, args.length, d)) / math.sqrt(d)
-    for name, x in (("the true neutral key", xs), ("x_v", xv)):
-        print(f"  |F| at {name}: {np.linalg.norm(probe(oracle, x, U, M, args.eps)):.3e}", flush=True)
-    if args.old_probe:  # no query row: its residual has zeros with a query, not a key, zero (did not work)
-        x0 = find_neutral(oracle, truth, M, rng, x0=xv, basis=kernel, steps=args.steps, length=args.length,
-                          n_u=args.n_u, eta=args.eta, eps=args.eps, refresh=args.refresh)
-    else:
-        from attnprobe.learners.positional.bias_rows import neutral_token
-        x0, info = neutral_token(oracle, M, c, kernel, rng, steps=args.steps, length=args.length, patterns=args.n_u,
-                                 difference=args.eta, refresh=args.refresh, move=args.eps,
-                                 log=lambda line: print(f"  {line}; {oracle.queries} q", flush=True))
-        print(f"  {info}")
+    U, Z = probe_moves(rng, args.n_u, args.length, kernel, 0.0 if args.old_probe else QUERY_SCALE)
+    for name, x in (("the true neutral key", true_neutral(truth)), ("x_v", xv)):
+        F = identical_token_residual(oracle, x, U, Z, M, move=args.eps)
+        print(f"  |F| at {name}: {np.linalg.norm(F):.3e}", flush=True)
+    # --old-probe: no query row (its residual also vanishes where queries, not keys, are zero: did not work)
+    x0, info = neutral_token(oracle, M, c, kernel, rng, steps=args.steps, length=args.length, patterns=args.n_u,
+                             difference=args.eta, refresh=args.refresh, move=args.eps,
+                             query_scale=0.0 if args.old_probe else QUERY_SCALE,
+                             log=lambda line: print(f"  {line}; {oracle.queries} q", flush=True))
+    print(f"  {info}")
     print("  per frequency pair (fastest first): " + " ".join(f"{x:.1e}" for x in key_residual(truth, x0, True)))
     print(f"neutral key: key residual {key_residual(truth, x0):.3e}, value residual {value_residual(truth, x0):.1e};"
           f" {oracle.queries} queries, {time.perf_counter() - t0:.0f} s", flush=True)

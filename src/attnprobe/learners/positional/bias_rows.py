@@ -92,21 +92,23 @@ def identical_token_residual(oracle, x0: np.ndarray, U: np.ndarray, Z: np.ndarra
 
 def neutral_token(oracle, M: np.ndarray, c: np.ndarray, kernel: np.ndarray, rng: np.random.Generator, *,
                   steps: int = STEPS, length: int = PROBE_LENGTH, patterns: int = PATTERNS,
-                  difference: float = DIFFERENCE, refresh: int = REFRESH, move: float = MOVE, log=None):
+                  difference: float = DIFFERENCE, refresh: int = REFRESH, move: float = MOVE,
+                  query_scale: float = QUERY_SCALE, log=None):
     """``x₀`` with every group's key and value zero (module docstring), from ``M``, ``c`` (the values stage) and the
     rows of ``kernel`` (M's kernel, ``d − G·d_h`` of them). Refused in one line when the kernel leaves no room past
-    the keys' ``G·d_h`` equations (``d ≤ 2·G·d_h``: the value half then fixes ``x₀`` whole, ~10× the tokens' size at
-    Qwen2 d = 32, 4/2, and its rows are rounded far above their signal). Returns ``x₀`` and what was measured:
-    the probe's residual before and after, the steps taken, the sequences asked."""
+    the keys' ``G·d_h`` equations (``d ≤ 2·G·d_h``: the value half then fixes ``x₀`` whole, ~5× the tokens' norm at
+    Qwen2 d = 32, 4/2, and its rows are rounded far above their signal). ``query_scale`` 0: no query row (its
+    residual then also vanishes where queries, not keys, are zero: measured, docs). Returns ``x₀`` and what was
+    measured: the probe's residual before and after, the steps taken, the sequences asked."""
     d = M.shape[1]
     rank = d - len(kernel)
     if len(kernel) <= rank:
         raise UnidentifiableError(
             f"RoPE with q/k/v biases from bfloat16 rows: a token with every key and value zero takes 2·G·d_h = "
             f"{2 * rank} equations of d = {d} (no room past the keys' {rank}: measured at Qwen2 d = 32, 4/2, the "
-            "value maps 9 … 28 % off behind it); not recovered at bfloat16")
+            "value maps 9.5 … 20 % off behind the truth's own token); not recovered at bfloat16")
     before = oracle.queries
-    U, Z = probe_moves(rng, patterns, length, kernel)
+    U, Z = probe_moves(rng, patterns, length, kernel, query_scale)
 
     def residual(x):
         return identical_token_residual(oracle, x, U, Z, M, move=move).ravel()
