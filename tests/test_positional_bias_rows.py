@@ -111,7 +111,8 @@ def test_no_room_past_the_keys_is_refused_in_one_line_before_any_query():
     before = oracle.queries
     with pytest.raises(UnidentifiableError) as err:
         neutral_token(oracle, M, c, kernel, np.random.default_rng(0))
-    assert "2·G·d_h = 16 equations of d = 16" in str(err.value) and "not recovered at bfloat16" in str(err.value) and "\n" not in str(err.value)
+    msg = str(err.value)
+    assert "2·G·d_h = 16 equations of d = 16" in msg and "not recovered at bfloat16" in msg and "\n" not in msg
     assert oracle.queries == before
 
 
