@@ -37,7 +37,7 @@ from attnprobe.learners.positional import coarse
 #: what the bfloat16 refusals of q/k biases name (docs/positional.md, "Qwen2 (q/k/v biases) from bfloat16
 #: every-position rows"): measured with benchmarks/research/qwen2_bfloat16.py
 ROWS_RESULT = ("from every-position rows a token with every key and value zero is read (bias_rows.py), but the row "
-               "stages behind it reach 3.5e-2 (nine lengths) … 7.1e-2 (every length) at d = 64, 4/1 (research), above "
+               "stages behind it reach 3.2e-2 (nine lengths) … 5.7e-2 (every length) at d = 64, 4/1 (research), above "
                "the claim")
 #: the probe's sequence length, move patterns, Chebyshev steps per sign and longest move (of √d per unit entry)
 PROBE_LENGTH, PATTERNS, NODES, MOVE = 256, 4, 4, 1.0
