@@ -12,12 +12,14 @@ import numpy as np
 
 from attnprobe.errors import ConfigError
 from attnprobe.oracles.base import Oracle
+from attnprobe.oracles.positions import declared_positions
 from attnprobe.oracles.wrappers import Wrapper
 
 
 class _Lift(Wrapper):
     """``Z ↦ parent(Z Eᵀ + x₀)`` (``E`` None: the identity; ``x₀`` None: zero); adds no noise of its own, so its
-    ``noise`` is the parent oracle's."""
+    ``noise`` is the parent oracle's. A parent that answers every position (declared or seen) is asked its rows
+    (``answer_rows``), so the mapped oracle answers every position too."""
 
     def __init__(self, parent: Oracle, E: np.ndarray | None = None, x0: np.ndarray | None = None):
         super().__init__(parent)
@@ -27,7 +29,10 @@ class _Lift(Wrapper):
     def __call__(self, Z):
         X = np.asarray(Z, dtype=np.float64)
         X = X if self.E is None else X @ self.E.T
-        return self._raw(X if self.x0 is None else X + self.x0)
+        X = X if self.x0 is None else X + self.x0
+        if self.inner.every_position or (self.inner.every_position is None and declared_positions(self.inner)):
+            return np.asarray(self.inner.answer_rows(X), dtype=np.float64)
+        return self._raw(X)
 
 
 def _derived(oracle: Oracle, lift: _Lift, name: str, floor: float, outputs: int | None = None) -> Oracle:

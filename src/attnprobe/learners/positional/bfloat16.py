@@ -127,6 +127,7 @@ def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=N
     and :func:`~.route.claim_verdict` then holds its check to :data:`CLAIM`. Needs the number of heads."""
     from attnprobe.errors import ConfigError, UnidentifiableError
     from attnprobe.learners.core.skeleton import Run
+    from attnprobe.learners.positional.bias_rows import ROWS_RESULT
     from attnprobe.learners.positional.coarse import DEFAULT_BASE, worst_length_check
     from attnprobe.learners.positional.method import CHECK_LENGTHS, METHOD
     from attnprobe.oracles.wrappers import declared_attribute
@@ -135,8 +136,8 @@ def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=N
         raise UnidentifiableError(f"these answers are {oracle.precision} and the layer's queries and keys carry "
                                   "biases (its family's config): the RoPE route for bfloat16 answers reads bias-free "
                                   "heads only (its zero-key sweep needs zero keys with logit 0 and no value; a key "
-                                  "bias gives them a logit, a value bias a value; docs/positional.md, \"bfloat16 "
-                                  "answers\")")
+                                  "bias gives them a logit, a value bias a value; " + ROWS_RESULT +
+                                  "; docs/positional.md, \"bfloat16 answers\")")
     if heads is None:
         heads = declared_attribute(oracle.fn, "heads", accept=lambda v: isinstance(v, int) and v >= 1)
     if heads is None:

@@ -135,6 +135,12 @@ def positional_queries(d: int, H: int, head_dim: int, *, outputs: int | None = N
             + 4 * d * (head_dim + oversample) * (2 if query_bias else 1))
 
 
+def _biased_rows_result(applies: bool) -> str:
+    """What the bfloat16 refusal of q/k biases adds: the every-position rows' research result."""
+    from attnprobe.learners.positional.bias_rows import ROWS_RESULT
+    return "; q/k biases at this precision: " + ROWS_RESULT if applies else ""
+
+
 def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None, offsets=OFFSETS,
                        oversample: int = OVERSAMPLE, walk: int = WALK, query_rms: float | None = None,
                        query_bias: bool = False, key_bias: bool = False):
@@ -165,7 +171,7 @@ def extract_positional(oracle, *, heads=None, seed=0, check=True, progress=None,
                                       "(learners/positional/coarse.py, bfloat16.py) reads heads with free query "
                                       "scales and its own offsets only (q/k biases from float32 answers only), not "
                                       "unit queries" + (", q/k biases" if noise > COARSEST else "") +
-                                      " or given offsets")
+                                      " or given offsets" + _biased_rows_result(biased and noise > COARSEST))
         return _coarse_route(oracle, noise, heads=heads, seed=seed, check=check, progress=progress,
                              asked_before=asked, **({"biases": True} if biased else {}))
     run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress,
