@@ -305,7 +305,7 @@ def stage_polish(args, truth, oracle, rng):
         rp.fitted_names = ((lambda m, f: ("Wq", "Wk") if f is False else fitted_names(m, f))
                             if stage < args.logits_first else fitted_names)
         model, rep = polish_rows(model, data, rounds=args.polish_rounds, compute=args.compute, cg_steps=args.cg_steps,
-                                 frequencies=args.frequencies, log=print, dense=False)
+                                 frequencies=args.frequencies, log=print, dense=False, relative=args.relative)
         err = function_error_over_lengths(model, truth, np.random.default_rng(5), lengths)
         print(f"polish {stage + 1}: misfit {rep.misfit_before:.2e} -> {rep.misfit_after:.2e}, function error "
               f"{err:.2e}, {time.perf_counter() - t0:.0f} s", flush=True)
@@ -313,9 +313,40 @@ def stage_polish(args, truth, oracle, rng):
                  ("Wq", "Wk", "Wv", "Wo", "bo", "inv_freq")})
 
 
+def stage_lastpos(args, truth, oracle, rng):
+    """(Did not help.) The last-position polish (polish.py, ``fresh_answers``) from the row-polished state: per-length
+    errors (16 sequences a length) and over every length 1 … 256 after each round."""
+    from dataclasses import replace
+
+    from attnprobe.learners.positional.polish import fresh_answers, polish
+    from attnprobe.models.compare import function_error_over_lengths
+    from attnprobe.oracles.torch_adapter import oracle_from_torch
+    d, H, G = args.d, args.heads, args.kv_heads
+    z = np.load(f"{OUT}/start_{d}_{H}_{G}.npz")
+    p = np.load(f"{OUT}/polished_{d}_{H}_{G}.npz")
+    model = replace(grouped_start(z["Wq"], z["Wk"], z["Gh"], z["Cb"], z["c"], z["theta"]), **{n: p[n] for n in p.files})
+    last = oracle_from_torch(oracle.fn.victim, d, precision="bfloat16")
+    lengths = (1, 17, 64, 128, 160, 192, 224, 256)
+
+    def report(m, tag):
+        per = [function_error_over_lengths(m, truth, np.random.default_rng(5), (n,), per_length=16) for n in lengths]
+        every = function_error_over_lengths(m, truth, np.random.default_rng(7), tuple(range(1, 257)))
+        print(tag, " ".join(f"{n}:{e:.1e}" for n, e in zip(lengths, per)), f"every length {every:.2e}", flush=True)
+    report(model, "start:")
+    t0 = time.perf_counter()
+    data = fresh_answers(last, args.last_sequences, np.random.default_rng(11))
+    for r in range(args.polish_rounds):
+        model, rep = polish(model, data, frequencies=args.frequencies, rounds=1, relative=args.relative)
+        report(model, f"round {r + 1}: misfit {rep.misfit_before:.2e} -> {rep.misfit_after:.2e}, "
+                      f"{time.perf_counter() - t0:.0f} s; function error")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("stage", choices=("values", "split", "logits", "polish"))
+    ap.add_argument("stage", choices=("values", "split", "logits", "polish", "lastpos"))
+    ap.add_argument("--last-sequences", type=int, default=2000, help="lastpos: fresh last-position sequences")
+    ap.add_argument("--relative", action="store_true",
+                    help="polish/lastpos: residuals relative to each length's spread")
     ap.add_argument("--sequences", type=int, default=400)
     ap.add_argument("--tokens", type=int, default=12)
     ap.add_argument("--length", type=int, default=288)
@@ -352,7 +383,8 @@ def main():
     torch.set_num_threads(1)
     truth, oracle = setup(args)
     rng = np.random.default_rng(args.seed)
-    stages = {"values": stage_values, "split": stage_split, "logits": stage_logits, "polish": stage_polish}
+    stages = {"values": stage_values, "split": stage_split, "logits": stage_logits, "polish": stage_polish,
+              "lastpos": stage_lastpos}
     stages[args.stage](args, truth, oracle, rng)
 
 

@@ -19,7 +19,7 @@ from attnprobe.learners.positional.row_polish import ROW_LENGTH, chunk_precision
 def serves_causal_rows(oracle) -> bool:
     """Whether ``oracle`` is known to answer every position of a causal layer (declared, or already read from its
     answers: reading it here would ask queries)."""
-    known = getattr(oracle, "every_position", False) is True and getattr(oracle, "positions_source", None)
+    known = getattr(oracle, "every_position", False) is not False and getattr(oracle, "positions_source", None)
     return bool(known) and oracle.positions == "causal"
 
 
