@@ -26,9 +26,9 @@ import numpy as np
 
 from attnprobe.models.positional import PositionalAttention, rope_frequencies
 
-#: the row polish: fresh sequences of 256 rows, rounds and conjugate-gradient steps a round (d = 128, 8/2 from the
-#: logit maps' 1.14: 5.2e-2 after twelve rounds on 16 sequences, 308 s)
-ROW_SEQUENCES, ROW_ROUNDS, ROW_CG_STEPS = 16, 12, 60
+#: the row polish: fresh sequences, their rows, rounds and conjugate-gradient steps a round (d = 128, 8/2 from the
+#: logit maps' 1.14: 5.2e-2 after twelve rounds on 16 sequences of 256 rows, 308 s)
+ROW_SEQUENCES, ROW_TOKENS, ROW_ROUNDS, ROW_CG_STEPS = 16, 256, 12, 60
 #: the hook's polish: more rows (fresh sequences of 256 rows), rounds and conjugate-gradient steps a round (d = 128,
 #: 8/2: 5.2e-2 → 3.1e-2 over nine lengths in twelve rounds on 48 sequences; the last-position polish on 2,000
 #: sequences instead stalls at 3.4e-2, its long lengths worse — docs/positional.md, "bfloat16 answers")
@@ -98,7 +98,7 @@ def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None =
                                    log=log)
     model = grouped_start(Wq, Wk, Cb, Gh, c, theta)
     with oracle.phase("row polish", fresh=True):
-        data = fresh_rows(oracle, ROW_SEQUENCES, rng)
+        data = fresh_rows(oracle, ROW_SEQUENCES, rng, length=ROW_TOKENS)
     report()
     model, rep = polish_rows(model, data, frequencies=declared is None, rounds=ROW_ROUNDS, cg_steps=ROW_CG_STEPS,
                              dense=False, compute=chunk_precision(oracle.precision), log=log)
