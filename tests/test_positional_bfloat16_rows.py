@@ -131,13 +131,13 @@ def test_absolute_logits_from_rows_read_the_logits():
     assert misfits[1] < 0.5 * misfits[0] and misfits[1] < 0.3  # a rough start (ALS creeps): the row polish's job
 
 
-def test_grouped_normal_equations_are_the_design_matrix_s():
+def test_groupedtoken_normal_equations_are_the_design_matrix_s():
     """The alternating fit's normal equations grouped by token equal ``DᵀD``, ``Dᵀℓ`` of the per-sample design."""
-    from attnprobe.learners.positional.absolute_logits import _normal_equations
+    from attnprobe.learners.positional.absolute_logits import token_normal_equations
 
     rng = np.random.default_rng(2)
     X, n, dh = rng.standard_normal((7, 5)), 40, 3
     ids, v, w, ell = rng.integers(0, 7, n), rng.standard_normal((n, dh)), rng.random(n), rng.standard_normal(n)
     D = (X[ids][:, :, None] * v[:, None, :]).reshape(n, -1) * np.sqrt(w)[:, None]
-    A, b = _normal_equations(X, ids, v, w, ell, chunk=3)
+    A, b = token_normal_equations(X, ids, v, w, ell, chunk=3)
     assert np.allclose(A, D.T @ D) and np.allclose(b, D.T @ (ell * np.sqrt(w)))

@@ -114,7 +114,7 @@ class _Samples:
         return np.einsum("nab,na->nb", self.R, queries_mapped[self.qid])
 
 
-def _normal_equations(X: np.ndarray, ids: np.ndarray, vecs: np.ndarray, w: np.ndarray, ell: np.ndarray,
+def token_normal_equations(X: np.ndarray, ids: np.ndarray, vecs: np.ndarray, w: np.ndarray, ell: np.ndarray,
                       chunk: int = 256):
     """``A = Σ_n w_n (x x ᵀ) ⊗ (v vᵀ)``, ``b = Σ_n w_n ℓ_n x ⊗ v`` over samples ``n`` with token ``x = X[ids_n]`` and
     vector ``v = vecs_n``, grouped by token (each token's ``Σ w v vᵀ`` first: a token recurs in many samples) and
@@ -138,7 +138,7 @@ def fit_logit_maps(data: dict, heads: int, groups: int, theta: np.ndarray, rng: 
                    rounds: int = ALS_ROUNDS, log=None):
     """``W_Q (H, d_h, d)`` and ``W_K (G, d_h, d)`` minimising ``Σ w (ℓ − (W_Q,h x_q)ᵀ R(δ) (W_K,g x_k))²`` over every
     sample of :func:`absolute_logit_samples` by alternating least squares from a random ``W_K`` (module docstring;
-    each solve's normal equations grouped by token, :func:`_normal_equations`); ``log(line)``: the relative weighted
+    each solve's normal equations grouped by token, :func:`token_normal_equations`); ``log(line)``: the relative weighted
     misfit after each round. Returns the maps and that misfit."""
     X = data["tokens"]
     d = X.shape[1]
@@ -160,11 +160,11 @@ def fit_logit_maps(data: dict, heads: int, groups: int, theta: np.ndarray, rng: 
         return np.linalg.solve(A + 1e-9 * np.eye(len(b)), b).reshape(d, dh).T
 
     def solve_q(Wk):
-        return np.stack([solve([_normal_equations(X, s.qid, s.rotated_keys(X @ Wk[h // per].T), s.w, s.ell)])
+        return np.stack([solve([token_normal_equations(X, s.qid, s.rotated_keys(X @ Wk[h // per].T), s.w, s.ell)])
                          for h, s in enumerate(samples)])
 
     def solve_k(Wq):
-        return np.stack([solve([_normal_equations(X, samples[h].kid, samples[h].rotated_queries(X @ Wq[h].T),
+        return np.stack([solve([token_normal_equations(X, samples[h].kid, samples[h].rotated_queries(X @ Wq[h].T),
                                                   samples[h].w, samples[h].ell)
                                 for h in range(g * per, (g + 1) * per)]) for g in range(groups)])
 
