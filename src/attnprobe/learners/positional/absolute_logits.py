@@ -138,8 +138,8 @@ def fit_logit_maps(data: dict, heads: int, groups: int, theta: np.ndarray, rng: 
                    rounds: int = ALS_ROUNDS, log=None):
     """``W_Q (H, d_h, d)`` and ``W_K (G, d_h, d)`` minimising ``Σ w (ℓ − (W_Q,h x_q)ᵀ R(δ) (W_K,g x_k))²`` over every
     sample of :func:`absolute_logit_samples` by alternating least squares from a random ``W_K`` (module docstring;
-    each solve's normal equations grouped by token, :func:`token_normal_equations`); ``log(line)``: the relative weighted
-    misfit after each round. Returns the maps and that misfit."""
+    each solve's normal equations grouped by token, :func:`token_normal_equations`); ``log(line)``: the relative
+    weighted misfit after each round. Returns the maps and that misfit."""
     X = data["tokens"]
     d = X.shape[1]
     dh = 2 * len(theta)
