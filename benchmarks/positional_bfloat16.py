@@ -235,18 +235,21 @@ def main() -> None:
     ap.add_argument("--row-values", type=int, nargs="+", metavar="QUERIES",
                     help="the value maps from every-position rows (span_sweep.py) at these sweep query counts")
     ap.add_argument("--rows", action="store_true", help="the every-row route on a save_pretrained LLaMA folder")
-    ap.add_argument("--init", type=float, help="with --rows: the folder at transformers' initializer_range")
+    ap.add_argument("--init", nargs="+", default=["none"],
+                    help="with --rows: the folder's attention weights: none (N(0, 1/d)) or transformers' "
+                         "initializer_range R (a row each)")
     args = ap.parse_args()
     if args.rows:
         table = Table(["module", "check (worst length)", "function error (lengths 1 … 256)", "verdict", "queries",
                        "seconds", "peak MB"])
         for d in args.d:
-            table.add(*rows_route_row(d, args.heads, args.kv_heads, args.init))
-            print(table.markdown().splitlines()[-1], flush=True)
+            for init in args.init:
+                table.add(*rows_route_row(d, args.heads, args.kv_heads, None if init == "none" else float(init)))
+                print(table.markdown().splitlines()[-1], flush=True)
         print(table.markdown())
         if args.write:
-            write_section("RoPE bfloat16: the every-row route on a LLaMA folder", table.markdown(), command_line(),
-                          doc=DOC)
+            write_section(f"RoPE bfloat16: the every-row route on a LLaMA folder (d = {', '.join(map(str, args.d))})",
+                          table.markdown(), command_line(), doc=DOC)
         return
     if args.row_values:
         table = Table(["module", "sweep queries", "V_h error (median)", "V_h error (worst)", "span gap s_H+1/s_H",
