@@ -26,6 +26,8 @@ import numpy as np
 
 from attnprobe.models.positional import PositionalAttention, rope_frequencies
 
+#: one-token sequences per input dimension and sign in the values stage (as the last-position bfloat16 route's)
+VALUE_REPEATS = 16
 #: the row polish: fresh sequences, their rows, rounds and conjugate-gradient steps a round (d = 128, 8/2 from the
 #: logit maps' 1.14: 5.2e-2 after twelve rounds on 16 sequences of 256 rows, 308 s)
 ROW_SEQUENCES, ROW_TOKENS, ROW_ROUNDS, ROW_CG_STEPS = 16, 256, 12, 60
@@ -49,7 +51,6 @@ def rows_queries(d: int, H: int, G: int = 1) -> int:
     """Queries :func:`rows_start` asks: values, the span and the sweep (the span's grow with the ``G`` key/value
     groups: one gives the fewest), the logit sequences, the row polish's sequences."""
     from attnprobe.learners.positional.absolute_logits import absolute_logit_queries
-    from attnprobe.learners.positional.bfloat16 import VALUE_REPEATS
     from attnprobe.learners.positional.span_sweep import row_value_queries
 
     return (2 * d * VALUE_REPEATS + row_value_queries(d, H, G) + absolute_logit_queries()
@@ -72,7 +73,6 @@ def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None =
     """Stages 1–4 (module docstring): a :class:`PositionalAttention` and a dict of what they measured; ``log(line)``
     a line per stage and round, ``report()`` after each stage's queries."""
     from attnprobe.learners.positional.absolute_logits import absolute_logit_samples, fit_logit_maps
-    from attnprobe.learners.positional.bfloat16 import VALUE_REPEATS
     from attnprobe.learners.positional.coarse import DEFAULT_BASE, coarse_values, split_value_maps
     from attnprobe.learners.positional.row_polish import chunk_precision, fresh_rows, polish_rows
     from attnprobe.learners.positional.span_sweep import row_value_maps
