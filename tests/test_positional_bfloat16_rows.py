@@ -90,12 +90,11 @@ def test_the_estimate_prices_the_every_row_route_where_rows_are_declared():
     the last-position polish and two checks) from causal rows."""
     from attnprobe.errors import ConfigError
     from attnprobe.learners.core.check import check_queries
-    from attnprobe.learners.positional.method import CHECK_LENGTHS
 
     with pytest.raises(ConfigError, match="last position only"):
         estimate_queries("positional", 128, precision="bfloat16", heads=8, kv_heads=2)
     est = estimate_queries("positional", 128, precision="bfloat16", heads=8, kv_heads=2, positions="causal")
-    checks = check_queries(CHECK_LENGTHS)
+    checks = check_queries(bfloat16_rows.CHECK_LENGTHS, bfloat16_rows.CHECK_PER_LENGTH)
     assert est.queries == est.low == est.high == (bfloat16_rows.rows_queries(128, 8, 2) + 2 * checks
                                                   + bfloat16_rows.FINAL_SEQUENCES)
     loose = estimate_queries("positional", 128, precision="bfloat16", heads=8, positions="causal")
