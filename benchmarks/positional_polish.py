@@ -151,11 +151,13 @@ def measure(name: str, seed: int) -> list:
                                                                        "frequencies")})
     verdict = ""
     if rows:
+        every = function_error_over_lengths(res.model, truth, np.random.default_rng(7), tuple(range(1, 257)))
+        verdict = f"every length 1 … 256: {every:.1e}; "
         try:
             claim_verdict(oracle, res)
-            verdict = f"kept within its claim {res.details['claim']['error']:.0e}; "
+            verdict += f"kept within its claim {res.details['claim']['error']:.0e}; "
         except AttnprobeError as exc:
-            verdict = f"refused by its claim: {exc}; "
+            verdict += f"refused by its claim: {exc}; "
     info = res.details["polish"]
     after = function_error_over_lengths(res.model, truth, np.random.default_rng(100 + seed), LENGTHS)
     did = (f"{'kept' if info['kept'] else 'not kept'}: misfit {info['misfit_before']:.1e} → "

@@ -29,12 +29,13 @@ from attnprobe.models.positional import PositionalAttention, rope_frequencies
 #: one-token sequences per input dimension and sign in the values stage (as the last-position bfloat16 route's)
 VALUE_REPEATS = 16
 #: the row polish: fresh sequences, their rows, rounds and conjugate-gradient steps a round (d = 128, 8/2 from the
-#: logit maps' 1.14: 5.2e-2 after twelve rounds on 16 sequences of 256 rows, 308 s)
-ROW_SEQUENCES, ROW_TOKENS, ROW_ROUNDS, ROW_CG_STEPS = 16, 256, 12, 60
+#: logit maps' 1.14: 9.5e-2 after eight rounds on 16 sequences of 256 rows, 5.2e-2 after twelve, 308 s; eight keep
+#: the route within 20 minutes on this machine, the hook's rounds on more rows go on from there)
+ROW_SEQUENCES, ROW_TOKENS, ROW_ROUNDS, ROW_CG_STEPS = 16, 256, 8, 60
 #: the hook's polish: more rows (fresh sequences of 256 rows), rounds and conjugate-gradient steps a round (d = 128,
 #: 8/2: 5.2e-2 → 3.1e-2 over nine lengths in twelve rounds on 48 sequences; the last-position polish on 2,000
 #: sequences instead stalls at 3.4e-2, its long lengths worse — docs/positional.md, "bfloat16 answers")
-FINAL_SEQUENCES, FINAL_ROUNDS, FINAL_CG_STEPS = 48, 4, 60
+FINAL_SEQUENCES, FINAL_ROUNDS, FINAL_CG_STEPS = 32, 4, 60
 #: :func:`~.span_sweep.row_value_maps`' options beyond its defaults (a test shrinks the sweep), and the logit maps'
 #: alternating rounds (:mod:`.absolute_logits`)
 VALUE_MAP_OPTIONS: dict = {}
