@@ -76,8 +76,10 @@ own polish (on more rows) and its claim's verdict (docs/positional.md, "bfloat16
 rows run the module itself in that dtype, its precision read from the answers,
 errors against the float64 module: every one is refused in one line naming the precision (bfloat16), the biases
 (Qwen2) or the additive bias that did not fit (T5, BLOOM). LLaMA and GPT-NeoX float32 modules now take the float32
-RoPE route (docs/benchmarks/positional-precision.md, "RoPE float32 route": d = 32 function 2.2e-3); at d = 128 it
-was not run. Seconds are wall-clock on a loaded machine (load average 8–10 on 2 cores during the GPT-NeoX and
+RoPE route (docs/benchmarks/positional-precision.md, "RoPE float32 route": d = 32 function 2.2e-3), and so does the
+float32 Qwen2 module with its q/k biases (its zero-query spread read as RoPE with biases; "RoPE float32 route …
+(Qwen2: q/k biases)": d = 32 function 8.9e-5); at d = 128 neither was run (the qwen2 float32 row above is from before
+that route). Seconds are wall-clock on a loaded machine (load average 8–10 on 2 cores during the GPT-NeoX and
 BLOOM runs; unloaded, the LLaMA polish of 3 × 300 CG steps on 600 sequences took 208 s: docs/positional.md, "The
 polish"). Rows measured in separate runs of the command (one family each), stored in
 `benchmarks/results/positional_polish.json`."""
