@@ -9,6 +9,8 @@ else refused naming bfloat16).
 
     PYTHONPATH=src python benchmarks/positional_bfloat16.py --d 32 --heads 2 --kv-heads 1 --write
 
+``--rows``: the every-row route (``bfloat16_rows.py``) as ``extract --hf-dir DIR --layer 0 --dtype bfloat16`` runs it
+on a ``save_pretrained`` LLaMA folder, against the folder's float64 module (``--init R``: transformers' own init).
 ``--row-values Q …``: the value maps from every-position rows (``span_sweep.py``: the span of the ``V_h``, the key/value
 groups' sub-spans, each group's mixing from the sweep in span coordinates at ``Q`` random queries).
 ``--per-query``: each random query's fit (four and twelve blocks) against the module's ``V_h z`` and against the
@@ -171,6 +173,57 @@ def row_value_map_row(d: int, H: int, G: int, queries: int) -> list:
             f"{time.perf_counter() - t0:.0f}"]
 
 
+def folder_truth(folder, layer: int = 0):
+    """The float64 module of a ``save_pretrained`` LLaMA folder's attention layer as a :class:`PositionalAttention`
+    (its weights, its config's frequencies)."""
+    import torch
+    import transformers
+
+    from attnprobe.models.positional import rope_frequencies
+    from attnprobe.targets.positional_modules import PositionalVictim
+
+    model = transformers.AutoModel.from_pretrained(folder, torch_dtype=torch.float64)
+    cfg = model.config
+    dh = cfg.hidden_size // cfg.num_attention_heads
+    theta = rope_frequencies(dh, float(getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]))
+    return reference_model(PositionalVictim("llama", model.layers[layer].self_attn, cfg, theta, dh))
+
+
+def rows_route_row(d: int, H: int, G: int, init: float | None) -> list:
+    """The every-row route as ``extract --hf-dir DIR --layer 0 --dtype bfloat16`` runs it, on a ``save_pretrained``
+    LLaMA folder (attention weights N(0, 1/d), or the config's ``initializer_range`` ``init``): queries, seconds,
+    peak memory, the check and the function error against the folder's float64 module over lengths 1 … 256."""
+    import resource
+    import tempfile
+
+    from attnprobe.learners.positional.route import extract_any_positional
+    from attnprobe.oracles.hf_attention import oracle_from_hf
+    from attnprobe.targets.block_folders import llama_block_folder
+
+    folder = tempfile.mkdtemp(prefix="bf16rows_")
+    llama_block_folder(folder, d=d, heads=H, kv_heads=G, hidden=2 * d, layers=1, seed=0)
+    if init is not None:  # transformers' own random init at initializer_range = init (small logits)
+        import torch
+        import transformers
+
+        config = transformers.LlamaConfig.from_pretrained(folder)
+        config.initializer_range = init
+        torch.manual_seed(0)
+        transformers.AutoModel.from_config(config).save_pretrained(folder)
+    truth = folder_truth(folder)
+    oracle = oracle_from_hf(folder, 0, dtype="bfloat16", positional=True, every_position=True)
+    t0 = time.perf_counter()
+    label = f"LLaMA d={d} {H}/{G}" + (f", init {init:g}" if init is not None else "")
+    try:
+        res = extract_any_positional(oracle, heads=H, seed=0)
+    except UnidentifiableError as exc:
+        return [label, "–", "–", f"refused: {exc}", oracle.queries, f"{time.perf_counter() - t0:.0f}",
+                round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)]
+    err = function_error_over_lengths(res.model, truth, np.random.default_rng(7), tuple(range(1, 257)))
+    return [label, f"{res.check.error:.1e}", f"{err:.1e}", "kept", res.queries + res.check.queries,
+            f"{time.perf_counter() - t0:.0f}", round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--d", type=int, nargs="+", default=[32])
@@ -181,7 +234,23 @@ def main() -> None:
     ap.add_argument("--value-maps", action="store_true", help="the sweep's value maps through the output spaces")
     ap.add_argument("--row-values", type=int, nargs="+", metavar="QUERIES",
                     help="the value maps from every-position rows (span_sweep.py) at these sweep query counts")
+    ap.add_argument("--rows", action="store_true", help="the every-row route on a save_pretrained LLaMA folder")
+    ap.add_argument("--init", nargs="+", default=["none"],
+                    help="with --rows: the folder's attention weights: none (N(0, 1/d)) or transformers' "
+                         "initializer_range R (a row each)")
     args = ap.parse_args()
+    if args.rows:
+        table = Table(["module", "check (worst length)", "function error (lengths 1 … 256)", "verdict", "queries",
+                       "seconds", "peak MB"])
+        for d in args.d:
+            for init in args.init:
+                table.add(*rows_route_row(d, args.heads, args.kv_heads, None if init == "none" else float(init)))
+                print(table.markdown().splitlines()[-1], flush=True)
+        print(table.markdown())
+        if args.write:
+            write_section(f"RoPE bfloat16: the every-row route on a LLaMA folder (d = {', '.join(map(str, args.d))})",
+                          table.markdown(), command_line(), doc=DOC)
+        return
     if args.row_values:
         table = Table(["module", "sweep queries", "V_h error (median)", "V_h error (worst)", "span gap s_H+1/s_H",
                        "mixing misfit", "queries", "seconds"])

@@ -25,7 +25,7 @@ import numpy as np
 from attnprobe.errors import AttnprobeError
 from attnprobe.learners.positional.neutral import extract_neutral
 from attnprobe.learners.positional.polish_hook import polish_extraction
-from attnprobe.learners.positional.route import extract_any_positional
+from attnprobe.learners.positional.route import claim_verdict, extract_any_positional
 from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.oracles.base import Oracle
 from attnprobe.oracles.torch_adapter import TorchFunction
@@ -59,6 +59,9 @@ for _name in ("llama", "qwen2", "gpt_neox", "t5", "bloom"):
         _fam, _kw, _prec, _gqa = BASE_CASES[_name]
         CASES[f"{_name}@{_dtype}"] = (_fam, _kw, None, _gqa, _dtype)
         LABELS[f"{_name}@{_dtype}"] = LABELS[_name]
+#: the every-row bfloat16 route: the module's every row served (``every_position``, as ``--hf-dir`` opens it)
+CASES["llama@bfloat16-rows"] = ("llama", {"kv_heads": 2}, None, "8/2", "bfloat16")
+LABELS["llama@bfloat16-rows"] = "llama (every row served)"
 
 #: what the table shows and where its rows come from (written under it)
 NOTES = """\
@@ -68,11 +71,15 @@ BLOOM (1e-5 asked) reach their targets only with the polish; T5 is below the tar
 biases is read through the kernel of the value maps, GPT-NeoX with its biases (no kernel: 8/8 heads of full width)
 through the zero-query weights (section "RoPE with q/k/v biases as routed"; its row here was measured before that
 route's token-scale change, which took the learner alone from 1.5e-7 to 1.1e-7 and the polished function to 3.7e-9
-there). The float32 and bfloat16 rows run the module itself in that dtype, its precision read from the answers,
+there). "every row served": the bfloat16 module's every row (as `--hf-dir` opens it), the every-row route, its
+own polish (on more rows) and its claim's verdict (docs/positional.md, "bfloat16 answers"). The float32 and bfloat16
+rows run the module itself in that dtype, its precision read from the answers,
 errors against the float64 module: every one is refused in one line naming the precision (bfloat16), the biases
 (Qwen2) or the additive bias that did not fit (T5, BLOOM). LLaMA and GPT-NeoX float32 modules now take the float32
-RoPE route (docs/benchmarks/positional-precision.md, "RoPE float32 route": d = 32 function 2.2e-3); at d = 128 it
-was not run. Seconds are wall-clock on a loaded machine (load average 8–10 on 2 cores during the GPT-NeoX and
+RoPE route (docs/benchmarks/positional-precision.md, "RoPE float32 route": d = 32 function 2.2e-3), and so does the
+float32 Qwen2 module with its q/k biases (its zero-query spread read as RoPE with biases; "RoPE float32 route …
+(Qwen2: q/k biases)": d = 32 function 8.9e-5); at d = 128 neither was run (the qwen2 float32 row above is from before
+that route). Seconds are wall-clock on a loaded machine (load average 8–10 on 2 cores during the GPT-NeoX and
 BLOOM runs; unloaded, the LLaMA polish of 3 × 300 CG steps on 600 sequences took 208 s: docs/positional.md, "The
 polish"). Rows measured in separate runs of the command (one family each), stored in
 `benchmarks/results/positional_polish.json`."""
@@ -116,13 +123,23 @@ def measure(name: str, seed: int) -> list:
     reference = reference_model(positional_victim(family, d=128, heads=8, seed=seed, **kw))  # the float64 module
     truth = Module(positional_victim(family, d=128, heads=8, seed=seed, **kw), reference)
     unknowns, limit = unknowns_and_limit(reference)
-    oracle = Oracle(TorchFunction(victim, 128), 128, precision=precision)  # None: read from the answers
+    rows = name.endswith("-rows")
+    if rows:  # every row served, declared causal (positional_bfloat16.EveryRow)
+        from positional_bfloat16 import EveryRow
+
+        oracle = Oracle(EveryRow(victim), 128, precision=dtype)
+    else:
+        oracle = Oracle(TorchFunction(victim, 128), 128, precision=precision)  # None: read from the answers
     shown = (f"{dtype} (module)" if dtype != "float64" else precision + (" (module)" if precision == "float64"
                                                                           else " softmax (float64 module)"))
     t0 = time.perf_counter()
     try:
         if name == "qwen2_given_key":
             res = extract_neutral(oracle, neutral_key(reference), heads=8, seed=seed)
+        elif rows:  # the RoPE learner itself: the route's verdict after its own polish, below
+            from attnprobe.learners.positional import extract_positional
+
+            res = extract_positional(oracle, heads=8, seed=seed)
         else:
             res = extract_any_positional(oracle, heads=8, seed=seed, polish="never")
     except AttnprobeError as exc:
@@ -130,7 +147,19 @@ def measure(name: str, seed: int) -> list:
                 round(time.perf_counter() - t0), f"refused: {exc}"]
     err = function_error_over_lengths(res.model, truth, np.random.default_rng(100 + seed), LENGTHS)
     learner = res.queries
-    polish_extraction(oracle, res, mode="auto", seed=seed)
+    plan = res.details.get("polish_plan", {}) if rows else {}  # the every-row route's own polish and claim
+    polish_extraction(oracle, res, mode="auto", seed=seed, **{k: v for k, v in plan.items()
+                                                              if k in ("sequences", "rounds", "cg_steps", "rows",
+                                                                       "frequencies")})
+    verdict = ""
+    if rows:
+        every = function_error_over_lengths(res.model, truth, np.random.default_rng(7), tuple(range(1, 257)))
+        verdict = f"every length 1 … 256: {every:.1e}; "
+        try:
+            claim_verdict(oracle, res)
+            verdict += f"kept within its claim {res.details['claim']['error']:.0e}; "
+        except AttnprobeError as exc:
+            verdict += f"refused by its claim: {exc}; "
     info = res.details["polish"]
     after = function_error_over_lengths(res.model, truth, np.random.default_rng(100 + seed), LENGTHS)
     did = (f"{'kept' if info['kept'] else 'not kept'}: misfit {info['misfit_before']:.1e} → "
@@ -138,7 +167,7 @@ def measure(name: str, seed: int) -> list:
            else f"not run ({info['why']})")
     return [LABELS[name], gqa, shown, f"{learner} + {res.queries - learner}", unknowns, limit, f"{err:.1e}",
             f"{after:.1e}", did, f"{res.check.verdict} ({res.check.error:.1e})", round(time.perf_counter() - t0),
-            "; ".join(n for n in res.notes if n.startswith(("position term", "heads sharing")))]
+            verdict + "; ".join(n for n in res.notes if n.startswith(("position term", "heads sharing")))]
 
 
 def main() -> None:

@@ -119,45 +119,6 @@ def stage_split(args, truth, oracle, rng):
     np.savez(f"{OUT}/split_{d}_{H}_{G}.npz", V=V, T=T, Z=Z, C=C, logS=logS)
 
 
-def row_logits(oracle, Cb, Gh, c, rng, sequences, tokens, length, lead, rho):
-    """Absolute logits from every-position rows: ``tokens`` random tokens at random positions in
-    ``[lead, length)``, zeros elsewhere (logit 0, no value). At a token's row, each head's output component
-    ``u_h = Σ_s α_s G_h x_s`` (over the tokens so far; ``tokens ≤ d_h``) gives the weights α by least squares, the
-    zeros' weight 1/Z = (1 − Σα)/zeros, so ``ℓ_s = log(α_s Z)`` — the logit itself, the zero key's being 0.
-    Returns per head arrays of (query token, key token, offset, logit, weight)."""
-    H, dh, d = Gh.shape
-    pos = np.sort(np.stack([rng.choice(np.arange(lead, length), tokens, replace=False) for _ in range(sequences)]), 1)
-    import ml_dtypes
-    T = (rng.standard_normal((sequences, tokens, d)) * rho).astype(ml_dtypes.bfloat16).astype(np.float64)
-    X = np.zeros((sequences, length, d))
-    np.put_along_axis(X, pos[:, :, None], T, axis=1)
-    Y = np.concatenate([np.asarray(oracle.answer_rows(X[a:a + 16]), dtype=np.float64)
-                        for a in range(0, sequences, 16)])
-    Yt = np.take_along_axis(Y, pos[:, :, None], axis=1) - c  # (S, tokens, K)
-    U = Yt @ np.linalg.pinv(Cb).T  # (S, tokens, H·dh)
-    U = U.reshape(sequences, tokens, H, dh)
-    Vx = np.einsum("hed,std->shte", Gh, T)  # (S, H, tokens, dh): each token's value in each head's coordinates
-    out = {k: [] for k in ("q", "k", "off", "ell", "w", "head")}
-    for t in range(tokens):
-        A = Vx[:, :, :t + 1].transpose(0, 1, 3, 2)  # (S, H, dh, t+1)
-        alpha = np.linalg.solve(np.einsum("shei,shej->shij", A, A) + 1e-12 * np.eye(t + 1),
-                                np.einsum("shei,she->shi", A, U[:, t])[..., None])[..., 0]  # (S, H, t+1)
-        zeros = (pos[:, t] + 1 - (t + 1)).astype(float)  # (S,)
-        invZ = (1 - alpha.sum(-1)) / zeros[:, None]  # (S, H)
-        ratio = alpha / invZ[..., None]
-        ok = (ratio > 0) & (invZ[..., None] > 0)
-        ell = np.log(np.where(ok, ratio, 1.0))
-        w = np.where(ok, np.minimum(1.0, ratio) ** 2, 0.0)  # the logit's error ∝ 1/ratio
-        for h in range(H):
-            out["q"].append(np.repeat(T[:, t], t + 1, axis=0))
-            out["k"].append(T[:, :t + 1].reshape(-1, d))
-            out["off"].append((pos[:, :t + 1] - pos[:, t:t + 1]).reshape(-1))
-            out["ell"].append(ell[:, h].reshape(-1))
-            out["w"].append(w[:, h].reshape(-1))
-            out["head"].append(np.full(sequences * (t + 1), h))
-    return {k: np.concatenate(v) for k, v in out.items()}
-
-
 def rotated(theta, offs, dh):
     """R(δ) for every sample: (n, dh, dh)."""
     from attnprobe.models.positional import rotation_matrix
@@ -165,68 +126,9 @@ def rotated(theta, offs, dh):
     return np.stack([table[o] for o in offs])
 
 
-def fit_logit_maps(data, H, G, dh, theta, rng, rounds=10, log=print, truth=None):
-    """Alternating least squares on ``ℓ = (W_Q,h x_q)ᵀ R(δ) (W_K,g x_k)``: each head's W_Q given its group's W_K,
-    each group's W_K given its heads' W_Q (pooled), weighted; each round extrapolated along its step (line search
-    over the step's multiple, as for CP decompositions)."""
-    d = data["q"].shape[1]
-    g = H // G
-    heads = [np.flatnonzero(data["head"] == h) for h in range(H)]
-    Rs = [rotated(theta, data["off"][i], dh) for i in heads]
-    sw = [np.sqrt(data["w"][i]) for i in heads]
-    tot = sum(float((data["ell"][i] ** 2 * data["w"][i]).sum()) for i in heads)
-
-    def keys(Wk, h):
-        return np.einsum("nab,nb->na", Rs[h], data["k"][heads[h]] @ Wk[h // g].T)
-
-    def misfit(Wq, Wk):
-        res = 0.0
-        for h in range(H):
-            i = heads[h]
-            pred = np.einsum("na,na->n", data["q"][i] @ Wq[h].T, keys(Wk, h))
-            res += float((((pred - data["ell"][i]) * sw[h]) ** 2).sum())
-        return math.sqrt(res / tot)
-
-    def solve_q(Wk):
-        Wq = np.zeros((H, dh, d))
-        for h in range(H):
-            i = heads[h]
-            D = (data["q"][i][:, :, None] * keys(Wk, h)[:, None, :]).reshape(len(i), -1) * sw[h][:, None]
-            Wq[h] = np.linalg.solve(D.T @ D + 1e-9 * np.eye(D.shape[1]), D.T @ (data["ell"][i] * sw[h])
-                                    ).reshape(d, dh).T
-        return Wq
-
-    def solve_k(Wq):
-        Wk = np.zeros((G, dh, d))
-        for grp in range(G):
-            A, b = 0.0, 0.0
-            for h in range(grp * g, (grp + 1) * g):
-                i = heads[h]
-                qq = np.einsum("nab,na->nb", Rs[h], data["q"][i] @ Wq[h].T)
-                D = (data["k"][i][:, :, None] * qq[:, None, :]).reshape(len(i), -1) * sw[h][:, None]
-                A, b = A + D.T @ D, b + D.T @ (data["ell"][i] * sw[h])
-            Wk[grp] = np.linalg.solve(A + 1e-9 * np.eye(len(b)), b).reshape(d, dh).T
-        return Wk
-
-    Wk = rng.standard_normal((G, dh, d)) / math.sqrt(d)
-    Wq = solve_q(Wk)
-    f = misfit(Wq, Wk)
-    for r in range(rounds):
-        Wk1 = solve_k(Wq)
-        Wq1 = solve_q(Wk1)
-        f1 = misfit(Wq1, Wk1)
-        best = (f1, Wq1, Wk1)
-        for beta in (0.5, 1.0, 2.0):  # extrapolate: old + (1 + β)·step
-            Wqe, Wke = Wq1 + beta * (Wq1 - Wq), Wk1 + beta * (Wk1 - Wk)
-            fe = misfit(Wqe, Wke)
-            if fe < best[0]:
-                best = (fe, Wqe, Wke)
-        f, Wq, Wk = best
-        log(f"  ALS round {r + 1}: misfit {f:.3e}")
-    return Wq, Wk
-
-
 def stage_logits(args, truth, oracle, rng):
+    """The route's logit stage (absolute_logits.py) on the saved value maps, its start measured."""
+    from attnprobe.learners.positional.absolute_logits import absolute_logit_samples, fit_logit_maps
     from attnprobe.learners.positional.coarse import split_value_maps
     from attnprobe.models.compare import function_error_over_lengths
     from attnprobe.models.positional import rope_frequencies
@@ -237,7 +139,8 @@ def stage_logits(args, truth, oracle, rng):
     Cb, Gh = split_value_maps(V, M)
     dh = d // H
     t0 = time.perf_counter()
-    data = row_logits(oracle, Cb, Gh, c, rng, args.sequences, args.tokens, args.length, args.lead, args.rho)
+    data = absolute_logit_samples(oracle, Cb, Gh, c, rng, sequences=args.sequences, tokens=args.tokens,
+                                  length=args.length, lead=args.lead, scale=args.rho)
     ok = data["w"] > 0
     print(f"row logits: {args.sequences} sequences, {ok.sum()} samples of {len(ok)}; {time.perf_counter() - t0:.0f} s",
           flush=True)
@@ -246,9 +149,9 @@ def stage_logits(args, truth, oracle, rng):
         g = H // G
         for h in range(H):
             i = np.flatnonzero((data["head"] == h) & ok)
-            qq = data["q"][i] @ truth.Wq[h].T
+            qq = data["tokens"][data["qid"][i]] @ truth.Wq[h].T
             kk = np.einsum("nab,nb->na", rotated(np.asarray(truth.inv_freq), data["off"][i], dh),
-                           data["k"][i] @ truth.Wk[h // g].T)
+                           data["tokens"][data["kid"][i]] @ truth.Wk[h // g].T)
             true = truth.scale * np.einsum("na,na->n", qq, kk)
             err = np.abs(data["ell"][i] - true)
             wi = data["w"][i]
@@ -259,7 +162,7 @@ def stage_logits(args, truth, oracle, rng):
             print(f"  head {h}: logits' error median {np.median(err):.1e}, 90% {np.quantile(err, 0.9):.1e}; "
                   f"logits' median size {np.median(np.abs(true)):.1e}", flush=True)
     t0 = time.perf_counter()
-    Wq, Wk = fit_logit_maps(data, H, G, dh, theta, rng, rounds=args.als)
+    Wq, Wk, _ = fit_logit_maps(data, H, G, theta, rng, rounds=args.als, log=print)
     model = grouped_start(Wq, Wk, Gh, Cb, c, theta)
     errs = [function_error_over_lengths(model, truth, np.random.default_rng(5), (n,)) for n in (2, 17, 64, 256)]
     print(f"logit maps: {time.perf_counter() - t0:.0f} s; start error at N = 2/17/64/256: "
@@ -268,16 +171,9 @@ def stage_logits(args, truth, oracle, rng):
 
 
 def grouped_start(Wq, Wk, Gh, Cb, c, theta):
-    """The start with one value map per key/value group: ``W_V,g`` the group's first head's, each head's
-    ``W_O,h ← C_h G_h W_V,g⁺`` (docs/positional.md, "GQA in the result")."""
-    from attnprobe.models.positional import PositionalAttention
-    H, dh, d = Gh.shape
-    G = Wk.shape[0]
-    g = H // G
-    Wv = Gh[::g]
-    Wo = np.concatenate([Cb[:, h * dh:(h + 1) * dh] @ Gh[h] @ np.linalg.pinv(Wv[h // g]) for h in range(H)], axis=1)
-    return PositionalAttention(Wq, Wk, Wv, Wo, bo=c, position="rope", inv_freq=theta, layout="half", scale=1.0,
-                               causal=True)
+    """The start with one value map per key/value group (the route's ``bfloat16_rows.grouped_start``)."""
+    from attnprobe.learners.positional.bfloat16_rows import grouped_start as start
+    return start(Wq, Wk, Cb, Gh, c, theta)
 
 
 def stage_polish(args, truth, oracle, rng):
@@ -305,7 +201,7 @@ def stage_polish(args, truth, oracle, rng):
         rp.fitted_names = ((lambda m, f: ("Wq", "Wk") if f is False else fitted_names(m, f))
                             if stage < args.logits_first else fitted_names)
         model, rep = polish_rows(model, data, rounds=args.polish_rounds, compute=args.compute, cg_steps=args.cg_steps,
-                                 frequencies=args.frequencies, log=print, dense=False)
+                                 frequencies=args.frequencies, log=print, dense=False, relative=args.relative)
         err = function_error_over_lengths(model, truth, np.random.default_rng(5), lengths)
         print(f"polish {stage + 1}: misfit {rep.misfit_before:.2e} -> {rep.misfit_after:.2e}, function error "
               f"{err:.2e}, {time.perf_counter() - t0:.0f} s", flush=True)
@@ -313,9 +209,40 @@ def stage_polish(args, truth, oracle, rng):
                  ("Wq", "Wk", "Wv", "Wo", "bo", "inv_freq")})
 
 
+def stage_lastpos(args, truth, oracle, rng):
+    """(Did not help.) The last-position polish (polish.py, ``fresh_answers``) from the row-polished state: per-length
+    errors (16 sequences a length) and over every length 1 … 256 after each round."""
+    from dataclasses import replace
+
+    from attnprobe.learners.positional.polish import fresh_answers, polish
+    from attnprobe.models.compare import function_error_over_lengths
+    from attnprobe.oracles.torch_adapter import oracle_from_torch
+    d, H, G = args.d, args.heads, args.kv_heads
+    z = np.load(f"{OUT}/start_{d}_{H}_{G}.npz")
+    p = np.load(f"{OUT}/polished_{d}_{H}_{G}.npz")
+    model = replace(grouped_start(z["Wq"], z["Wk"], z["Gh"], z["Cb"], z["c"], z["theta"]), **{n: p[n] for n in p.files})
+    last = oracle_from_torch(oracle.fn.victim, d, precision="bfloat16")
+    lengths = (1, 17, 64, 128, 160, 192, 224, 256)
+
+    def report(m, tag):
+        per = [function_error_over_lengths(m, truth, np.random.default_rng(5), (n,), per_length=16) for n in lengths]
+        every = function_error_over_lengths(m, truth, np.random.default_rng(7), tuple(range(1, 257)))
+        print(tag, " ".join(f"{n}:{e:.1e}" for n, e in zip(lengths, per)), f"every length {every:.2e}", flush=True)
+    report(model, "start:")
+    t0 = time.perf_counter()
+    data = fresh_answers(last, args.last_sequences, np.random.default_rng(11))
+    for r in range(args.polish_rounds):
+        model, rep = polish(model, data, frequencies=args.frequencies, rounds=1, relative=args.relative)
+        report(model, f"round {r + 1}: misfit {rep.misfit_before:.2e} -> {rep.misfit_after:.2e}, "
+                      f"{time.perf_counter() - t0:.0f} s; function error")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("stage", choices=("values", "split", "logits", "polish"))
+    ap.add_argument("stage", choices=("values", "split", "logits", "polish", "lastpos"))
+    ap.add_argument("--last-sequences", type=int, default=2000, help="lastpos: fresh last-position sequences")
+    ap.add_argument("--relative", action="store_true",
+                    help="polish/lastpos: residuals relative to each length's spread")
     ap.add_argument("--sequences", type=int, default=400)
     ap.add_argument("--tokens", type=int, default=12)
     ap.add_argument("--length", type=int, default=288)
@@ -352,7 +279,8 @@ def main():
     torch.set_num_threads(1)
     truth, oracle = setup(args)
     rng = np.random.default_rng(args.seed)
-    stages = {"values": stage_values, "split": stage_split, "logits": stage_logits, "polish": stage_polish}
+    stages = {"values": stage_values, "split": stage_split, "logits": stage_logits, "polish": stage_polish,
+              "lastpos": stage_lastpos}
     stages[args.stage](args, truth, oracle, rng)
 
 

@@ -61,8 +61,10 @@ def oracle_from_args(args, kw: dict):
     from attnprobe.oracles.hf_attention import oracle_from_hf
 
     kw = {k: v for k, v in kw.items() if k != "outputs"}
-    # a bidirectional layer with position terms (T5) answers every row: its positive offsets are seen only there
-    rows = positional and spec.positional and not spec.causal
+    # a bidirectional layer with position terms (T5) answers every row: its positive offsets are seen only there;
+    # so does a causal RoPE layer run in bfloat16 or float16 (the every-row route reads more than two heads there)
+    rows = positional and spec.positional and (not spec.causal or args.dtype in ("bfloat16", "float16")
+                                               and spec.family.position == "rope")
     oracle = oracle_from_hf(args.hf_dir, args.layer, dtype=args.dtype, row=args.row, positional=positional,
                             every_position=rows, **kw)
     if args.d is not None and args.d != oracle.d:

@@ -3,6 +3,8 @@
 Registers ``positional`` (whole output rows at the last position, float64 answers) with its options and estimate.
 """
 
+import dataclasses
+
 from attnprobe.learners.core.check import check_queries
 from attnprobe.learners.core.estimate import QueryCount
 from attnprobe.learners.core.registry import Capabilities, Option, register
@@ -120,14 +122,20 @@ def positional_estimate(setting) -> QueryCount:
             from attnprobe.errors import ConfigError
             from attnprobe.learners.positional import bfloat16
 
-            if (cause := bfloat16.bfloat16_refusal(setting.d, H, setting.outputs)) is not None:
+            rows = setting.positions == "causal"
+            if (cause := bfloat16.bfloat16_refusal(setting.d, H, setting.outputs, rows=rows)) is not None:
                 raise ConfigError(f"{cause}: nothing to estimate", param="precision")
+            if bfloat16.bfloat16_refusal(setting.d, H, setting.outputs) is not None:  # the every-row route
+                from attnprobe.learners.positional.bfloat16_rows import rows_estimate
+
+                return rows_estimate(setting, H)
             q = (bfloat16.bfloat16_queries(setting.d, H, setting.outputs)
                  + (check_queries(CHECK_LENGTHS) if setting.check else 0))
             return with_polish(QueryCount(q, q, q, f"{setting.precision} answers, the bfloat16 route: values, the "
                                                    f"zero-key sweep at {bfloat16.SWEEP_QUERIES}·d random queries, the "
                                                    "logit maps' sequences, check"),
-                               setting, H, False, per=bfloat16.POLISH_PER)
+                               dataclasses.replace(setting, positions=None), H, False,  # it polishes last positions
+                               per=bfloat16.POLISH_PER)
         from attnprobe.learners.positional.route import PROBE_LENGTH
 
         checks = check_queries(CHECK_LENGTHS) if setting.check else 0

@@ -14,8 +14,9 @@ signal: its heads do not separate. Here
 4. **polish** — the learners' hook on ``POLISH_PER·⌈unknowns/K⌉`` fresh sequences (bfloat16 overfits 400
    sequences at d = 128: 2.8e-2; 2,000 give 9.5e-3 from a start 2.5e-3 … 2.5e-2 off).
 
-More than two heads, or heads with ``d_h·d`` above :data:`~.coarse.DENSE_ALS` (LLaMA d = 128, 8/2), are refused
-before any query, in one line naming the cause (:func:`bfloat16_refusal`). The result's check must come within
+More than two heads, or heads with ``d_h·d`` above :data:`~.coarse.DENSE_ALS` (LLaMA d = 128, 8/2), are read by the
+every-row route (:mod:`.bfloat16_rows`) when the oracle serves every row, else refused before any query, in one line
+naming the cause (:func:`bfloat16_refusal`). The result's check must come within
 :data:`CLAIM` of the answers (the issue's 3e-2 of the float64 module, less the served layer's own distance), else
 the route refuses naming the precision (:func:`~.route.claim_verdict`).
 """
@@ -50,30 +51,29 @@ CLAIM_CAUSE = ("the zero-key sweep reads the value maps, but the logit maps from
                "the polish's reach; docs/positional.md, \"bfloat16 answers\"")
 
 
-def bfloat16_refusal(d: int, H: int, outputs: int | None = None) -> str | None:
-    """The one-line cause why this route does not read ``H`` heads of width ``d_h`` at width ``d``, or ``None``
-    where it runs (up to two heads with ``d_h·d`` at most :data:`~.coarse.DENSE_ALS`). Measured (docs/positional.md,
-    "bfloat16 answers"): more than two heads — the sweep reads each value map through its output space only ~3 %
-    close (d = 64, 4/1), and log-weights read through maps 3 % off start the logit maps 0.23 off (d = 32), three
-    times the start the polish was measured to bring in (7.7e-2 at d = 128); every-position rows read the value
-    maps within 8.0e-3 (:mod:`.span_sweep`, d = 128, 8/2), and the row polish from the row logits' start (0.44 … 1.2)
-    reaches 3.5e-2 at d = 128 (research, ``benchmarks/research/bfloat16_rows.py``), not yet the claim; wider
-    heads — the logit maps' regressions need ~10⁵ sequences (row spaces 0.17 … 0.32 off from 18,944 at d = 128)
-    and their alternating refinement ~10¹² operations a round."""
+def bfloat16_refusal(d: int, H: int, outputs: int | None = None, *, rows: bool = False) -> str | None:
+    """The one-line cause why the bfloat16 routes do not read ``H`` heads of width ``d_h`` at width ``d``, or
+    ``None`` where one runs: this route up to two heads with ``d_h·d`` at most :data:`~.coarse.DENSE_ALS`, the
+    every-row route (:mod:`.bfloat16_rows`) for the others when the oracle serves every row (``rows``). Measured
+    (docs/positional.md, "bfloat16 answers"): more than two heads — the sweep at the last position reads each value
+    map through its output space only ~3 % close (d = 64, 4/1), and log-weights read through maps 3 % off start the
+    logit maps 0.23 off (d = 32), three times the start the polish was measured to bring in (7.7e-2 at d = 128);
+    wider heads — the logit maps' regressions need ~10⁵ sequences (row spaces 0.17 … 0.32 off from 18,944 at
+    d = 128) and their alternating refinement ~10¹² operations a round. Every-position rows read both (the value
+    maps within 8.0e-3 at d = 128, 8/2; :mod:`.bfloat16_rows`)."""
     from attnprobe.learners.positional.coarse import DENSE_ALS
 
     dh = (outputs or d) // H
     causes = ([f"for {H} heads (more than two) no start from last-position answers comes within the polish's reach "
-               "(the zero-key sweep reads each head's value map only ~3 % close); every-position rows read them ~1 % "
-               "close, and their row polish reaches 3.5e-2 at d = 128, 8/2 (research), still above the claim"]
-              if H > 2 else [])
+               "(the zero-key sweep reads each head's value map only ~3 % close)"] if H > 2 else [])
     if dh * d > DENSE_ALS:
         causes.append(f"at d_h·d = {dh * d} (above {DENSE_ALS}) the logit maps from bfloat16 log-weights need ~10⁵ "
                       "sequences")
-    if not causes:
+    if not causes or rows:
         return None
-    return (f"bfloat16 answers: {'; '.join(causes)}; not recovered at bfloat16 (docs/positional.md, \"bfloat16 "
-            "answers\")")
+    return (f"bfloat16 answers: {'; '.join(causes)}; the every-row route reads such layers from every-position rows, "
+            "but this oracle answers the last position only (a Hugging Face layer serves every row on request: "
+            "every_position); not recovered at bfloat16 (docs/positional.md, \"bfloat16 answers\")")
 
 
 def sweep_spaces(H: int) -> int | None:
@@ -143,8 +143,15 @@ def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=N
     if heads is None:
         raise ConfigError(f"the RoPE route for {oracle.precision} answers needs the number of heads", param="heads")
     d = oracle.d
-    if (cause := bfloat16_refusal(d, heads, oracle.outputs)) is not None:
-        raise UnidentifiableError(cause)
+    if bfloat16_refusal(d, heads, oracle.outputs) is not None:  # more than two heads, or wide ones
+        from attnprobe.learners.positional.bfloat16_rows import extract_bfloat16_rows
+        from attnprobe.learners.positional.polish_hook import serves_causal_rows
+
+        rows = serves_causal_rows(oracle)
+        if (cause := bfloat16_refusal(d, heads, oracle.outputs, rows=rows)) is not None:
+            raise UnidentifiableError(cause)
+        return extract_bfloat16_rows(oracle, heads=heads, seed=seed, check=check, progress=progress, base=base,
+                                     asked_before=asked_before)
     run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress,
               asked_before=asked_before)
     run.plan(bfloat16_queries(d, heads, oracle.outputs, per=per),
@@ -156,7 +163,8 @@ def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=N
     unknowns = PositionalAttention.unknowns(d, heads, heads, K // heads, K)
     details = {"heads": heads, "head_dim": K // heads, "route": "bfloat16", "base_start": base or DEFAULT_BASE,
                "claim": {"error": CLAIM, "norm": "worst", "cause": CLAIM_CAUSE},
-               "polish_plan": {"sequences": POLISH_PER * math.ceil(unknowns / K), "rounds": POLISH_ROUNDS},
+               "polish_plan": {"sequences": POLISH_PER * math.ceil(unknowns / K), "rounds": POLISH_ROUNDS,
+                               "rows": False},
                **measured}
     notes = [f"{oracle.precision} answers: the bfloat16 RoPE route (value maps from the zero-key sweep at {per}·d "
              f"random queries, logit maps from log-weights, frequencies from base {base or DEFAULT_BASE:g}, fitted by "

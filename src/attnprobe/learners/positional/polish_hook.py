@@ -16,11 +16,17 @@ from attnprobe.learners.positional.polish import (CHECKED, HOOK_CG_STEPS, HOOK_R
 from attnprobe.learners.positional.row_polish import ROW_LENGTH, chunk_precision, fresh_rows, polish_rows
 
 
-def causal_rows(oracle, model) -> bool:
+def serves_causal_rows(oracle) -> bool:
     """Whether ``oracle`` is known to answer every position of a causal layer (declared, or already read from its
-    answers: reading it here would ask queries) and ``model`` is causal: the polish can read every row."""
-    known = getattr(oracle, "every_position", False) is True and getattr(oracle, "positions_source", None)
-    return bool(known) and oracle.positions == "causal" and bool(getattr(model, "causal", False))
+    answers: reading it here would ask queries)."""
+    known = getattr(oracle, "every_position", False) is not False and getattr(oracle, "positions_source", None)
+    return bool(known) and oracle.positions == "causal"
+
+
+def causal_rows(oracle, model) -> bool:
+    """Whether ``oracle`` serves causal rows (:func:`serves_causal_rows`) and ``model`` is causal: the polish can
+    read every row."""
+    return serves_causal_rows(oracle) and bool(getattr(model, "causal", False))
 
 
 def polish_sequences(unknowns: int, outputs: int, per: float = POLISH_SEQUENCES) -> int:
