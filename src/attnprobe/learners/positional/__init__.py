@@ -10,6 +10,7 @@ from attnprobe.learners.core.estimate import QueryCount
 from attnprobe.learners.core.registry import Capabilities, Option, register
 from attnprobe.learners.multihead.options import HEADS
 from attnprobe.learners.positional.coarse import POLISH_PER, POLISH_ROUNDS, VALUE_QUERIES, coarse_queries
+from attnprobe.learners.positional.method import CLAIM_LENGTHS, CLAIM_PER_LENGTH
 from attnprobe.learners.positional.rope import (BFLOAT16_ROUNDING, CHECK_LENGTHS, COARSEST, WALK, coarse_refusal,
                                                extract_positional, positional_queries)
 from attnprobe.learners.positional.polish import HOOK_CG_STEPS, HOOK_ROUNDS, POLISH_SEQUENCES, POLISH_TARGET
@@ -51,8 +52,8 @@ def _positional(oracle, *, seed, progress, heads, position="auto", walk=WALK, po
     return res
 
 
-def with_polish(count: QueryCount, setting, heads: int, bias: bool, position: str = "rope",
-                per: float | None = None, rounds: int = HOOK_ROUNDS) -> QueryCount:
+def with_polish(count: QueryCount, setting, heads: int, bias: bool, position: str = "rope", *,
+                per: float | None = None, rounds: int = HOOK_ROUNDS, checks: int | None = None) -> QueryCount:
     """``count`` with the joint polish's fresh sequences and its check (:func:`~.polish_hook.polish_queries`, for at
     most one key/value group per head): in every end with polish ``always``; in the upper end only with ``auto``
     (it polishes only when the check's error is above the target: measured, LLaMA and GPT-NeoX at d = 128 do, T5
@@ -71,7 +72,9 @@ def with_polish(count: QueryCount, setting, heads: int, bias: bool, position: st
                                setting.option("polish_sequences") or polish_sequences(unknowns, K, per or
                                                                                       POLISH_SEQUENCES), rounds)
     given = setting.option("polish_sequences")
-    extra = polish_queries(unknowns, K, check_queries(CHECK_LENGTHS) if setting.check else 0,
+    if checks is None:  # the polished model's check: the route's own (``checks``) or the positional one
+        checks = check_queries(CHECK_LENGTHS) if setting.check else 0
+    extra = polish_queries(unknowns, K, checks,
                            given or polish_sequences(unknowns, K, per or POLISH_SEQUENCES))
     fresh = f"{given} fresh sequences (given)" if given else f"fresh sequences {per or POLISH_SEQUENCES:g}·⌈unknowns/K⌉"
     always = extra if mode == "always" else 0
@@ -129,13 +132,13 @@ def positional_estimate(setting) -> QueryCount:
                 from attnprobe.learners.positional.bfloat16_rows import rows_estimate
 
                 return rows_estimate(setting, H)
-            q = (bfloat16.bfloat16_queries(setting.d, H, setting.outputs)
-                 + (check_queries(CHECK_LENGTHS) if setting.check else 0))
+            checks = check_queries(CLAIM_LENGTHS, CLAIM_PER_LENGTH) if setting.check else 0
+            q = bfloat16.bfloat16_queries(setting.d, H, setting.outputs) + checks
             return with_polish(QueryCount(q, q, q, f"{setting.precision} answers, the bfloat16 route: values, the "
                                                    f"zero-key sweep at {bfloat16.SWEEP_QUERIES}·d random queries, the "
                                                    "logit maps' sequences, check"),
                                dataclasses.replace(setting, positions=None), H, False,  # it polishes last positions
-                               per=bfloat16.POLISH_PER)
+                               per=bfloat16.POLISH_PER, checks=checks)
         from attnprobe.learners.positional.route import PROBE_LENGTH
 
         checks = check_queries(CHECK_LENGTHS) if setting.check else 0

@@ -129,7 +129,7 @@ def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=N
     from attnprobe.learners.core.skeleton import Run
     from attnprobe.learners.positional.bias_rows import ROWS_RESULT
     from attnprobe.learners.positional.coarse import DEFAULT_BASE, worst_length_check
-    from attnprobe.learners.positional.method import CHECK_LENGTHS, METHOD
+    from attnprobe.learners.positional.method import CLAIM_LENGTHS, CLAIM_PER_LENGTH, METHOD
     from attnprobe.oracles.wrappers import declared_attribute
 
     if declared_attribute(oracle.fn, "qk_biases"):
@@ -152,8 +152,8 @@ def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=N
             raise UnidentifiableError(cause)
         return extract_bfloat16_rows(oracle, heads=heads, seed=seed, check=check, progress=progress, base=base,
                                      asked_before=asked_before)
-    run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, progress=progress,
-              asked_before=asked_before)
+    run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CLAIM_LENGTHS, check_per_length=CLAIM_PER_LENGTH,
+              progress=progress, asked_before=asked_before)  # every length: the statistic its claim bounds
     run.plan(bfloat16_queries(d, heads, oracle.outputs, per=per),
              f"the positional learner on {oracle.precision} answers at d={d}", at_least=True)
     with run.phase("bfloat16 start"):

@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from attnprobe.learners.positional.method import CLAIM_LENGTHS, CLAIM_PER_LENGTH
 from attnprobe.models.positional import PositionalAttention, rope_frequencies
 
 #: one-token sequences per input dimension and sign in the values stage (as the last-position bfloat16 route's)
@@ -45,10 +46,8 @@ LOGIT_ROUNDS = 3
 #: the check error (the worst length's, lengths 1 … 256, against the answers) the route claims: with the served
 #: bfloat16 layer's own 8.1e-3 from its float64 module, within the issue's 3e-2
 CLAIM = 2e-2
-#: the route's check: every length 1 … 256, four sequences each — the statistic the claim bounds (the largest
-#: relative error at the last position over those lengths). The positional check's five lengths × 8 sequences
-#: undersample it: d = 32, 4/2, check 1.1e-2 where every length read 3.8e-2 against the float64 module
-CHECK_LENGTHS, CHECK_PER_LENGTH = tuple(range(1, 257)), 4
+#: the route's check: every length, the statistic its claim bounds (:data:`~.method.CLAIM_LENGTHS`)
+CHECK_LENGTHS, CHECK_PER_LENGTH = CLAIM_LENGTHS, CLAIM_PER_LENGTH
 #: why a result above the claim is refused (the verdict's one line)
 CLAIM_CAUSE = ("the every-row route's row polish did not bring the logit maps within it (levelled at ~3e-2 at "
                "d = 128); docs/positional.md, \"bfloat16 answers\"")
