@@ -5,7 +5,7 @@ alone. Reported: the learner's own check (every position of 4 fresh sequences pe
 over the largest ``|y − x|``, against the claim), the same measure against the true block on 2 more fresh sequences
 per length, the stages' diagnostics, queries by stage, seconds, peak memory.
 
-    python benchmarks/post_norm_learner.py [--write] [--sizes 12:1 32:2]
+    python benchmarks/post_norm_learner.py [--write] [--sizes 12:1 24:2]
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def measure(d: int, heads: int, tmp: Path) -> list:
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks/block.md")
-    ap.add_argument("--sizes", nargs="*", default=["12:1", "32:2"], help="d:heads of the layers (FFN 2d)")
+    ap.add_argument("--sizes", nargs="*", default=["12:1", "24:2"], help="d:heads of the layers (FFN 2d)")
     args = ap.parse_args()
     t = Table(["victim", f"check (claim {CLAIM:.0e})", "against the truth (2 fresh per length 1 … 64)",
                "stages", "queries (by stage)", "seconds", "peak RSS GiB"])
