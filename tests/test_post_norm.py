@@ -58,10 +58,12 @@ def test_the_scale_is_identifiable_through_eps_only(tmp_path):
     assert exc.value.param == "scale"
 
 
-def test_method_block_refuses_a_bert_layer_from_its_folder_in_one_line(tmp_path, capsys):
+def test_method_block_refuses_a_bert_layer_it_cannot_split_in_one_line_naming_the_stage(tmp_path, capsys):
+    """A BERT folder whose two heads of width 8 the post-norm chain's attention stage does not split (weights
+    N(0, 0.25)): refused in one line naming the post-norm block and the stage, nothing written."""
     folder = tiny_bert_dir(tmp_path / "bert", hidden=16, heads=2)
     code = main(["extract", "--hf-dir", str(folder), "--block", "1", "--method", "block", "--heads", "2",
                  "--out", str(tmp_path / "m.npz")])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and "\n" not in err and "post-norm" in err and "per-row scale" in err
+    assert code == 2 and "\n" not in err and "post-norm" in err and "stage attention" in err
     assert not (tmp_path / "m.npz").exists()
