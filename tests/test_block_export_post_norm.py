@@ -1,5 +1,5 @@
 """``export`` of a post-norm block (BERT's layer: attention, residual, LayerNorm, GELU FFN, residual, LayerNorm) into
-a BERT-family folder (targets/hf_export.py, ``post_block_weights``)."""
+a BERT-family folder (targets/hf_export.py, ``block_weights`` and ``plain_parts``)."""
 
 import dataclasses
 

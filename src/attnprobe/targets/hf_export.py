@@ -185,85 +185,75 @@ def rope_parts(model, spec: LayerSpec, layer: int, result) -> tuple[dict[str, np
 
 
 def block_weights(result, hf_dir, spec: LayerSpec, layer: int) -> tuple[dict[str, np.ndarray], float, str]:
-    """A recovered pre-norm block (``transformer_block``: RMSNorm, RoPE attention, gated FFN) as the tensors of a
-    layer module of ``hf_dir``'s family (LLaMA, Qwen2, Mistral): the attention as :func:`rope_parts` writes it, the
-    norms' weights (1 in the learner's canonical form, the victim's folded into the projections after them) and the
-    gate, up and down projections. The folder's ε is kept (refused when the result's differs by more than
-    :data:`EPS_TOLERANCE`), as are its activation and FFN width (refused when they differ). Returns the tensors by
-    name under the layer module, the attention's misfit (:func:`rope_parts`) and the layer module's path."""
+    """A recovered block (``transformer_block``) as the tensors of a layer module of ``hf_dir``'s family: a pre-norm
+    block (RMSNorm, RoPE attention, gated FFN) into LLaMA, Qwen2 or Mistral — the attention as :func:`rope_parts`
+    writes it, the norms' weights (1 in the learner's canonical form, the victim's folded into the projections after
+    them), the gate, up and down projections — or a post-norm block (BERT: ``h = n1(x + A(X))``,
+    ``y = n2(h + F(h))``, LayerNorms, a smooth FFN) into BERT, RoBERTa or ELECTRA — the attention as
+    :func:`plain_parts` writes it, both LayerNorms' weights and biases, the FFN's two layers. The folder's ε is kept
+    (refused when the result's differs by more than :data:`EPS_TOLERANCE`), as are its activation and FFN width
+    (refused when they differ). Returns the tensors by name under the layer module, the attention's misfit
+    (:func:`rope_parts`; 0 for a post-norm block, whose heads are written as they are) and the layer module's
+    path."""
     from attnprobe.models import load_model
     from attnprobe.models.gated_ffn import GatedFFN
+    from attnprobe.models.smooth_ffn import SmoothFFN
     from attnprobe.oracles.hf_block import HF_ACTIVATIONS, block_spec
 
     _, parts, layout = block_spec(hf_dir)
     block = load_model(result)
     block = getattr(block, "model", block)
-    if layout == "post" and block.layout == "post":
-        return post_block_weights(block, spec, parts, layer, result)
-    if layout != "pre" or parts.gate is None or (block.layout, block.norm) != ("pre", parts.norm):
+    post = layout == "post"
+    writable = post or (layout == "pre" and parts.gate is not None)
+    if not writable or (block.layout, block.norm) != (layout, parts.norm):
         raise ConfigError(f"{result} holds a {block.layout}-norm block with {block.norm} norms; {spec.folder}'s are "
                           f"{layout}-norm with {parts.norm} norms: export writes pre-norm RMSNorm blocks with a gated "
                           "FFN into LLaMA, Qwen2 or Mistral folders and post-norm LayerNorm blocks into BERT, RoBERTa "
                           "or ELECTRA folders", param="result")
     ffn, cfg = block.ffn, spec.config
     act, width = HF_ACTIVATIONS.get(cfg.get("hidden_act", "")), cfg.get("intermediate_size")
-    if not isinstance(ffn, GatedFFN) or ffn.activation != act or ffn.m != width:
+    if not isinstance(ffn, SmoothFFN if post else GatedFFN) or ffn.activation != act or ffn.m != width:
         raise ConfigError(f"the result's FFN ({type(ffn).__name__}, {ffn.activation}, width {ffn.m}) is not "
-                          f"{spec.folder}'s (gated {act}, width {width})", param="result")
+                          f"{spec.folder}'s ({'' if post else 'gated '}{act} FFN, width {width})", param="result")
     eps = float(cfg.get(parts.eps_key, block.eps))
     if abs(block.eps / eps - 1) > EPS_TOLERANCE:
         raise ConfigError(f"the result's norm ε = {block.eps:.3e} differs from {spec.folder}'s {parts.eps_key} = "
                           f"{eps:.3e}; the block does not fit this folder", param="hf_dir")
-    attention, misfit = rope_parts(block.attention, spec, layer, result)
-    mlp_bias = bool(cfg.get("mlp_bias", False))
-    size = max(float(np.abs(ffn.W2).max()), 1e-300)
-    if not mlp_bias and max(float(np.abs(b).max()) for b in (ffn.bg, ffn.bu, ffn.b2)) > BIAS_FLOOR * size:
-        raise ConfigError(f"the recovered FFN has biases; a {spec.name} MLP of this config has none", param="hf_dir")
+    if post:
+        attention, misfit = plain_parts(block.attention, spec, layer, result), 0.0
+        mlp = {f"{parts.norm1}.bias": block.norm1_b, f"{parts.norm2}.bias": block.norm2_b,
+               f"{parts.up}.weight": ffn.W1, f"{parts.up}.bias": ffn.b1,
+               f"{parts.down}.weight": ffn.W2, f"{parts.down}.bias": ffn.b2}
+    else:
+        attention, misfit = rope_parts(block.attention, spec, layer, result)
+        mlp_bias = bool(cfg.get("mlp_bias", False))
+        size = max(float(np.abs(ffn.W2).max()), 1e-300)
+        if not mlp_bias and max(float(np.abs(b).max()) for b in (ffn.bg, ffn.bu, ffn.b2)) > BIAS_FLOOR * size:
+            raise ConfigError(f"the recovered FFN has biases; a {spec.name} MLP of this config has none",
+                              param="hf_dir")
+        mlp = {f"{parts.gate}.weight": ffn.Wg, f"{parts.up}.weight": ffn.Wu, f"{parts.down}.weight": ffn.W2}
+        if mlp_bias:
+            mlp.update({f"{parts.gate}.bias": ffn.bg, f"{parts.up}.bias": ffn.bu, f"{parts.down}.bias": ffn.b2})
     within = parts.layer.format(i=layer)
     rel = spec.module_path(layer)[len(within) + 1:]  # the attention under the layer module
     weights = {f"{rel}.{k}": v for k, v in attention.items()}
-    weights.update({f"{parts.norm1}.weight": block.norm1_w, f"{parts.norm2}.weight": block.norm2_w,
-                    f"{parts.gate}.weight": ffn.Wg, f"{parts.up}.weight": ffn.Wu, f"{parts.down}.weight": ffn.W2})
-    if mlp_bias:
-        weights.update({f"{parts.gate}.bias": ffn.bg, f"{parts.up}.bias": ffn.bu, f"{parts.down}.bias": ffn.b2})
+    weights.update({f"{parts.norm1}.weight": block.norm1_w, f"{parts.norm2}.weight": block.norm2_w, **mlp})
     return weights, misfit, parts.layer
 
 
-def post_block_weights(block, spec: LayerSpec, parts, layer: int, result) -> tuple[dict[str, np.ndarray], float, str]:
-    """A recovered post-norm block (BERT: ``h = n1(x + A(X))``, ``y = n2(h + F(h))``, LayerNorms, a smooth FFN) as
-    the tensors of a BERT-family layer module: the attention's per-head maps as the family stores them (the logit
-    scale moved into ``W_Q`` and its bias), the LayerNorms' weights and biases, the FFN's two layers. The folder's
-    ε, activation and FFN width are kept (refused when the result's differ). Returns the tensors, 0 (no head is
-    refitted) and the layer module's path."""
-    from attnprobe.models.smooth_ffn import SmoothFFN
-    from attnprobe.oracles.hf_block import HF_ACTIVATIONS
-
-    attn, ffn, cfg = block.attention, block.ffn, spec.config
-    act, width = HF_ACTIVATIONS.get(cfg.get("hidden_act", "")), cfg.get("intermediate_size")
-    if block.norm != parts.norm or not isinstance(ffn, SmoothFFN) or ffn.activation != act or ffn.m != width:
-        raise ConfigError(f"the result's block ({block.norm} norms, {type(ffn).__name__} {ffn.activation} of width "
-                          f"{ffn.m}) is not {spec.folder}'s ({parts.norm} norms, {act} FFN of width {width})",
-                          param="result")
-    eps = float(cfg.get(parts.eps_key, block.eps))
-    if abs(block.eps / eps - 1) > EPS_TOLERANCE:
-        raise ConfigError(f"the result's norm ε = {block.eps:.3e} differs from {spec.folder}'s {parts.eps_key} = "
-                          f"{eps:.3e}; the block does not fit this folder", param="hf_dir")
+def plain_parts(attn, spec: LayerSpec, layer: int, result) -> dict[str, np.ndarray]:
+    """A recovered attention without a position term (a post-norm block's) as the tensors of ``spec``'s attention
+    module: every head's maps as the family stores them, the result's logit scale moved into ``W_Q`` and its bias
+    (a key bias the result lacks is written as 0: it shifts each query's logits alike). Refused unless its heads,
+    their width and the key/value maps are the folder's (``result`` names it in the message)."""
     if attn.position != "none" or (attn.d, attn.outputs, attn.H, attn.G, attn.head_dim) != (
             spec.hidden, spec.hidden, spec.heads, spec.kv_heads, spec.head_dim):
-        raise ConfigError(f"the result's attention ({attn.position} position term, {attn.H} heads of width "
+        raise ConfigError(f"{result}: the attention ({attn.position} position term, {attn.H} heads of width "
                           f"{attn.head_dim}, {attn.G} key/value maps) is not {spec.folder}'s ({spec.heads} heads of "
                           f"width {spec.head_dim}, no position term)", param="result")
     q = attn.scale / spec.logit_scale(layer)
-    attention = join_projections(spec, {"Q": attn.Wq * q, "K": attn.Wk, "V": attn.Wv, "WO": attn.Wo,
-                                        "bQ": attn.bq * q, "bK": attn.bk, "bV": attn.bv, "bO": attn.bo})
-    within = parts.layer.format(i=layer)
-    rel = spec.module_path(layer)[len(within) + 1:]
-    weights = {f"{rel}.{k}": v for k, v in attention.items()}
-    weights.update({f"{parts.norm1}.weight": block.norm1_w, f"{parts.norm1}.bias": block.norm1_b,
-                    f"{parts.norm2}.weight": block.norm2_w, f"{parts.norm2}.bias": block.norm2_b,
-                    f"{parts.up}.weight": ffn.W1, f"{parts.up}.bias": ffn.b1,
-                    f"{parts.down}.weight": ffn.W2, f"{parts.down}.bias": ffn.b2})
-    return weights, 0.0, parts.layer
+    return join_projections(spec, {"Q": attn.Wq * q, "K": attn.Wk, "V": attn.Wv, "WO": attn.Wo,
+                                   "bQ": attn.bq * q, "bK": attn.bk, "bV": attn.bv, "bO": attn.bo})
 
 
 def _permuted(model, perm: np.ndarray, theta: np.ndarray):
