@@ -58,13 +58,14 @@ def run(args) -> int:
     # (the kernel's softmax precision counts: LLaMA-family eager attention and BLOOM compute it in float32)
     tolerance = min(CHECK_CEILING, max(CHECK_FLOOR, CHECK_FACTOR * machine_epsilon(oracle.precision), 10 * dropped))
     what = "block; the layer" if kind == "transformer_block" else "attention; its sublayer"
+    if kind not in ("positional_attention", "transformer_block"):
+        how = f"the result's parts beyond the head width, at most {dropped:.1e} of each W_h and V_h, were cut off"
+    elif getattr(model, "layout", None) == "post":
+        how = "a post-norm block: every head's maps as the family stores them, both LayerNorms and the FFN"
+    else:
+        how = f"heads sharing keys and values written once per KV group, in the RoPE gauge: misfit {dropped:.1e}"
     print(f"wrote {out}: layer {at} holds the recovered {what}, loaded with transformers, answers "
-          f"like the result to {worst:.2e} (relative, {CHECK_SEQUENCES * len(CHECK_LENGTHS)} random sequences; "
-          + (f"the result's parts beyond the head width, at most {dropped:.1e} of each W_h and V_h, were cut off)"
-             if kind not in ("positional_attention", "transformer_block") else
-             "a post-norm block: every head's maps as the family stores them, both LayerNorms and the FFN)"
-             if getattr(model, "layout", None) == "post" else
-             f"heads sharing keys and values written once per KV group, in the RoPE gauge: misfit {dropped:.1e})"))
+          f"like the result to {worst:.2e} (relative, {CHECK_SEQUENCES * len(CHECK_LENGTHS)} random sequences; {how})")
     if not worst <= tolerance:
         raise CheckFailedError(f"the exported layer answers unlike the result ({worst:.2e} > {tolerance:.1e}); "
                                f"{out} was written but does not hold the recovered layer")
