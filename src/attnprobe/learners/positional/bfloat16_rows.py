@@ -75,12 +75,11 @@ def grouped_start(Wq: np.ndarray, Wk: np.ndarray, Cb: np.ndarray, Gh: np.ndarray
                                causal=True)
 
 
-def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None, log=None, report=None):
-    """Stages 1–4 (module docstring): a :class:`PositionalAttention` and a dict of what they measured; ``log(line)``
-    a line per stage and round, ``report()`` after each stage's queries."""
+def logit_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None, log=None, report=None):
+    """Stages 1–3 (module docstring): the start :func:`grouped_start`, a dict of what they measured, and whether the
+    frequencies are declared (a Hugging Face folder's config's) rather than from ``base``."""
     from attnprobe.learners.positional.absolute_logits import absolute_logit_samples, fit_logit_maps
     from attnprobe.learners.positional.coarse import DEFAULT_BASE, coarse_values, split_value_maps
-    from attnprobe.learners.positional.row_polish import chunk_precision, fresh_rows, polish_rows
     from attnprobe.learners.positional.span_sweep import row_value_maps
     from attnprobe.oracles.wrappers import declared_attribute
 
@@ -94,7 +93,7 @@ def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None =
     report()
     log(f"value maps: {measured['groups']} key/value groups, mixing misfit {measured['mixing_misfit']:.1e}")
     Cb, Gh = split_value_maps(V, M)
-    declared = declared_attribute(oracle.fn, "rotary_frequencies")  # a Hugging Face folder's config's
+    declared = declared_attribute(oracle.fn, "rotary_frequencies")
     theta = (np.asarray(declared, dtype=np.float64) if declared is not None
              else rope_frequencies(Gh.shape[1], base or DEFAULT_BASE))
     with oracle.phase("logit maps"):
@@ -102,15 +101,27 @@ def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None =
     report()
     Wq, Wk, misfit = fit_logit_maps(samples, H, measured["groups"], theta, rng, rounds=LOGIT_ROUNDS,
                                    log=log)
-    model = grouped_start(Wq, Wk, Cb, Gh, c, theta)
+    measured = {**measured, "frequencies": "declared" if declared is not None else "fitted",
+                "logit_samples": int((samples["w"] > 0).sum()), "logit_misfit": misfit}
+    return grouped_start(Wq, Wk, Cb, Gh, c, theta), measured
+
+
+def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None, log=None, report=None):
+    """Stages 1–4 (module docstring), the row polish followed by :func:`~.pair_signs.choose_pair_signs` on the same
+    rows: a :class:`PositionalAttention` and a dict of what they measured; ``log(line)`` a line per stage and round,
+    ``report()`` after each stage's queries."""
+    from attnprobe.learners.positional.pair_signs import choose_pair_signs
+    from attnprobe.learners.positional.row_polish import chunk_precision, fresh_rows, polish_rows
+
+    model, measured = logit_start(oracle, H, rng, base=base, log=log, report=report)
     with oracle.phase("row polish", fresh=True):
         data = fresh_rows(oracle, ROW_SEQUENCES, rng, length=ROW_TOKENS)
-    report()
-    model, rep = polish_rows(model, data, frequencies=declared is None, rounds=ROW_ROUNDS, cg_steps=ROW_CG_STEPS,
-                             dense=False, compute=chunk_precision(oracle.precision), log=log)
-    return model, {**measured, "frequencies": "declared" if declared is not None else "fitted",
-                   "logit_samples": int((samples["w"] > 0).sum()), "logit_misfit": misfit,
-                   "row_polish": rep.to_dict()}
+    (report or (lambda: None))()
+    options = {"frequencies": measured["frequencies"] == "fitted", "cg_steps": ROW_CG_STEPS, "dense": False,
+               "compute": chunk_precision(oracle.precision), "log": log}
+    model, rep = polish_rows(model, data, rounds=ROW_ROUNDS, **options)
+    model, signs = choose_pair_signs(model, data, polish_options=options, log=log)
+    return model, {**measured, "row_polish": rep.to_dict(), "pair_signs": signs}
 
 
 def extract_bfloat16_rows(oracle, *, heads: int, seed=0, check=True, progress=None, base: float | None = None,
