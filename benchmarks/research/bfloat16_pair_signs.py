@@ -1,11 +1,13 @@
 """Research: the every-row route's stages (``learners/positional/bfloat16_rows.py``) on LLaMA from bfloat16 rows, each
 measured against the float64 module and saved under /tmp/bf16signs/ so the next resumes: ``start`` (values, value
 maps, logit maps: ``logit_start``), ``polish`` (the row polish on the route's rows), ``signs`` (``choose_pair_signs``
-on the same rows), ``final`` (the row polish on more fresh rows, as the learners' hook runs it).
+on the same rows), ``mix`` (``fit_slow_mixing`` on the same rows), ``final`` (the row polish on more fresh rows, as
+the learners' hook runs it).
 
     PYTHONPATH=src python benchmarks/research/bfloat16_pair_signs.py start --d 128 --heads 8 --kv-heads 2
     PYTHONPATH=src python benchmarks/research/bfloat16_pair_signs.py polish --rounds 12
     PYTHONPATH=src python benchmarks/research/bfloat16_pair_signs.py signs
+    PYTHONPATH=src python benchmarks/research/bfloat16_pair_signs.py mix --rounds 4 --from signs
     PYTHONPATH=src python benchmarks/research/bfloat16_pair_signs.py final --sequences 48 --rounds 8
 """
 from __future__ import annotations
@@ -20,8 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from attnprobe.learners.positional import bfloat16_rows
-from attnprobe.learners.positional.pair_signs import choose_pair_signs
+from attnprobe.learners.positional.pair_signs import choose_pair_signs, slow_pairs
 from attnprobe.learners.positional.row_polish import fresh_rows, polish_rows
+from attnprobe.learners.positional.slow_mixing import fit_slow_mixing
 from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.models.positional import PositionalAttention
 from attnprobe.oracles.base import Oracle
@@ -47,7 +50,7 @@ def load(name: str) -> PositionalAttention:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("stage", choices=("start", "polish", "signs", "final"))
+    ap.add_argument("stage", choices=("start", "polish", "signs", "mix", "final"))
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--kv-heads", type=int, default=2)
@@ -77,7 +80,7 @@ def main() -> None:
         print(f"start: {error(model):.2e} over {len(LENGTHS)} lengths, {oracle.queries} queries, "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
         return
-    source = args.source or {"polish": "start", "signs": "polish", "final": "signs"}[args.stage]
+    source = args.source or {"polish": "start", "signs": "polish", "mix": "polish", "final": "signs"}[args.stage]
     model = load(f"{source}_{tag}")
     print(f"{source}: {error(model):.2e} over {len(LENGTHS)} lengths", flush=True)
     # the route's rows (stage polish and signs: the same seed, the same rows); final: fresh ones
@@ -85,6 +88,9 @@ def main() -> None:
     data = fresh_rows(oracle, args.sequences, rng, length=bfloat16_rows.ROW_TOKENS)
     if args.stage == "signs":
         model, info = choose_pair_signs(model, data, polish_options=options, log=print)
+    elif args.stage == "mix":
+        model, info = fit_slow_mixing(model, data, slow_pairs(model, data[0][0].shape[1]), rounds=args.rounds,
+                                      compute="float32", log=print)
     else:
         model, rep = polish_rows(model, data, rounds=args.rounds, **options)
         info = rep.to_dict()

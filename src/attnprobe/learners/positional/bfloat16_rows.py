@@ -34,11 +34,11 @@ VALUE_REPEATS = 16
 #: the row polish: fresh sequences, their rows, rounds and conjugate-gradient steps a round (d = 128, 8/2 from the
 #: logit maps' 1.14: 9.5e-2 after eight rounds on 16 sequences of 256 rows, 5.2e-2 after twelve, 308 s; eight keep
 #: the route within 20 minutes on this machine, the hook's rounds on more rows go on from there)
-ROW_SEQUENCES, ROW_TOKENS, ROW_ROUNDS, ROW_CG_STEPS = 16, 256, 8, 60
+ROW_SEQUENCES, ROW_TOKENS, ROW_ROUNDS, ROW_CG_STEPS = 16, 256, 12, 60
 #: the hook's polish: more rows (fresh sequences of 256 rows), rounds and conjugate-gradient steps a round (d = 128,
 #: 8/2: 5.2e-2 → 3.1e-2 over nine lengths in twelve rounds on 48 sequences; the last-position polish on 2,000
 #: sequences instead stalls at 3.4e-2, its long lengths worse — docs/positional.md, "bfloat16 answers")
-FINAL_SEQUENCES, FINAL_ROUNDS, FINAL_CG_STEPS = 32, 4, 60
+FINAL_SEQUENCES, FINAL_ROUNDS, FINAL_CG_STEPS = 48, 4, 60
 #: :func:`~.span_sweep.row_value_maps`' options beyond its defaults (a test shrinks the sweep), and the logit maps'
 #: alternating rounds (:mod:`.absolute_logits`)
 VALUE_MAP_OPTIONS: dict = {}
@@ -107,11 +107,13 @@ def logit_start(oracle, H: int, rng: np.random.Generator, *, base: float | None 
 
 
 def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None, log=None, report=None):
-    """Stages 1–4 (module docstring), the row polish followed by :func:`~.pair_signs.choose_pair_signs` on the same
-    rows: a :class:`PositionalAttention` and a dict of what they measured; ``log(line)`` a line per stage and round,
+    """Stages 1–4 (module docstring), the row polish followed on the same rows by the slow pairs' split
+    (:func:`~.slow_mixing.fit_slow_mixing`) and their signs (:func:`~.pair_signs.choose_pair_signs`): a
+    :class:`PositionalAttention` and a dict of what they measured; ``log(line)`` a line per stage and round,
     ``report()`` after each stage's queries."""
     from attnprobe.learners.positional.pair_signs import choose_pair_signs
     from attnprobe.learners.positional.row_polish import chunk_precision, fresh_rows, polish_rows
+    from attnprobe.learners.positional.slow_mixing import fit_slow_mixing, mixing_pairs
 
     model, measured = logit_start(oracle, H, rng, base=base, log=log, report=report)
     with oracle.phase("row polish", fresh=True):
@@ -120,8 +122,10 @@ def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None =
     options = {"frequencies": measured["frequencies"] == "fitted", "cg_steps": ROW_CG_STEPS, "dense": False,
                "compute": chunk_precision(oracle.precision), "log": log}
     model, rep = polish_rows(model, data, rounds=ROW_ROUNDS, **options)
+    model, mixing = fit_slow_mixing(model, data, mixing_pairs(model, ROW_TOKENS), compute=options["compute"],
+                                    log=log)
     model, signs = choose_pair_signs(model, data, polish_options=options, log=log)
-    return model, {**measured, "row_polish": rep.to_dict(), "pair_signs": signs}
+    return model, {**measured, "row_polish": rep.to_dict(), "slow_mixing": mixing, "pair_signs": signs}
 
 
 def extract_bfloat16_rows(oracle, *, heads: int, seed=0, check=True, progress=None, base: float | None = None,
@@ -146,7 +150,7 @@ def extract_bfloat16_rows(oracle, *, heads: int, seed=0, check=True, progress=No
     details = {"heads": heads, "head_dim": K // heads, "route": "bfloat16 rows", "base_start": base or DEFAULT_BASE,
                "claim": {"error": CLAIM, "norm": "worst", "cause": CLAIM_CAUSE},
                "polish_plan": {"sequences": FINAL_SEQUENCES * ROW_LENGTH, "rounds": FINAL_ROUNDS,
-                               "cg_steps": FINAL_CG_STEPS, "rows": True,
+                               "cg_steps": FINAL_CG_STEPS, "rows": True, "slow_mixing": True,
                                "frequencies": measured["frequencies"] == "fitted"},
                **measured}
     notes = [f"{oracle.precision} every-position rows: the every-row RoPE route (value maps from the span and the "

@@ -42,7 +42,7 @@ def polish_queries(unknowns: int, outputs: int, check_queries: int, sequences: i
 def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH_TARGET, sequences: int | None = None,
                       seed: int = 0, lengths=POLISH_LENGTHS, rounds: int = HOOK_ROUNDS, cg_steps: int = HOOK_CG_STEPS,
                       frequencies: bool = True, relative: bool = False, progress=None, rows: bool | None = None,
-                      work: float | None = None):
+                      work: float | None = None, slow_mixing: bool = False):
     """The learners' hook: polish ``res.model`` (a :class:`PositionalAttention` result of ``oracle``) on
     ``sequences`` fresh last-position answers (default :func:`polish_sequences`) when ``mode`` is ``always``, or
     ``auto`` and the check's error is above ``target``; then a fresh functional check (the lengths and count of
@@ -51,7 +51,8 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
     every-position answers (:func:`~.row_polish.polish_rows`: ``sequences`` counts rows, asked in sequences of
     :data:`~.row_polish.ROW_LENGTH` tokens, computed in float32 for answers no finer; default: when the oracle is
     known to answer causal rows and the model is causal); ``work``: the last-position polish's rounds and
-    conjugate-gradient steps cut to this work cap (:func:`~.polish.capped_steps`). The result's check is
+    conjugate-gradient steps cut to this work cap (:func:`~.polish.capped_steps`); ``slow_mixing``: on rows, the
+    slow pairs' split refitted first (:func:`~.slow_mixing.fit_slow_mixing`). The result's check is
     the returned model's (counted apart, as every learner's); every other query the hook asks, and the learner's
     check when its model is replaced, is counted in ``res.queries`` and ``res.queries_by_phase`` (``polish``,
     ``polish check``); ``res.details["polish"]`` and a note say what happened. Returns ``res`` (changed in
@@ -91,8 +92,14 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
     if progress is not None:
         progress(res.queries + oracle.queries - before, res.queries + oracle.queries - before)
     if rows:
+        model = res.model
+        if slow_mixing:
+            from attnprobe.learners.positional.slow_mixing import fit_slow_mixing, mixing_pairs
 
-        model, report = polish_rows(res.model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
+            model, mixing = fit_slow_mixing(model, data, mixing_pairs(model, ROW_LENGTH),
+                                            compute=chunk_precision(oracle.precision))
+            res.details["polish_slow_mixing"] = mixing
+        model, report = polish_rows(model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
                                     relative=relative, compute=chunk_precision(oracle.precision))
     else:
         if work is not None:
