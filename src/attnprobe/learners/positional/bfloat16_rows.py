@@ -9,15 +9,15 @@ sweep at the last position reads the value maps only ~3 % close.
 3. **logit maps** — :mod:`.absolute_logits`: absolute logits from zero-padded rows, alternating least squares (a
    rough start: 0.44 … 1.2 off at d = 128);
 4. **row polish** — :func:`~.row_polish.polish_rows` on ``ROW_SEQUENCES`` fresh sequences of 256 rows (d = 128,
-   research, frequencies held: 1.14 → 9.5e-2 in eight rounds on 16 sequences, 5.2e-2 in twelve), the frequencies
-   fitted from the base (held where the oracle declares them: a Hugging Face folder's config);
-5. **more rows** — the learners' hook (:func:`~.polish_hook.polish_extraction`) polishes on the rows of
-   ``FINAL_SEQUENCES`` fresh sequences (d = 128, research: 5.2e-2 → 3.1e-2 over nine lengths on 48, levelled; kept
-   only when a fresh check says closer); then :func:`~.route.claim_verdict` holds the check, read over every length
-   1 … 256, to :data:`CLAIM`. As committed (eight rounds, 32 sequences, frequencies fitted) d = 128, 8/2 ends 1.8e-1
-   off over every length and is refused by its claim (docs/positional.md, "bfloat16 answers"). (The last-position
-   polish on 2,000 fresh sequences does not help there: the error sits at lengths ≥ 128, 3.1e-2 → 3.4e-2, its
-   lowest frequency 0.24× the module's when fitted, 6.4e-2 over every length when held.)
+   8/2, frequencies held: misfit 0.80 → 7.9e-3, the function 3.7e-2 over every length in twelve rounds), the
+   frequencies fitted from the base (held where the oracle declares them: a Hugging Face folder's config); then on
+   the same rows the slow pairs' split (:func:`~.slow_mixing.fit_slow_mixing`: 3.3e-2 → 2.0e-2 over every length)
+   and their signs (:func:`~.pair_signs.choose_pair_signs`: a conjugated slow pair, which no continuous fit turns
+   back);
+5. **more rows** — the learners' hook (:func:`~.polish_hook.polish_extraction`) refits the split and polishes on
+   the rows of ``FINAL_SEQUENCES`` fresh sequences (kept only when a fresh check says closer); then
+   :func:`~.route.claim_verdict` holds the check, read over every length 1 … 256, to :data:`CLAIM`
+   (docs/positional.md, "bfloat16 answers": the stages measured one by one, and end to end).
 """
 
 from __future__ import annotations
@@ -32,12 +32,11 @@ from attnprobe.models.positional import PositionalAttention, rope_frequencies
 #: one-token sequences per input dimension and sign in the values stage (as the last-position bfloat16 route's)
 VALUE_REPEATS = 16
 #: the row polish: fresh sequences, their rows, rounds and conjugate-gradient steps a round (d = 128, 8/2 from the
-#: logit maps' 1.14: 9.5e-2 after eight rounds on 16 sequences of 256 rows, 5.2e-2 after twelve, 308 s; eight keep
-#: the route within 20 minutes on this machine, the hook's rounds on more rows go on from there)
+#: logit maps' 1.15: 3.7e-2 over every length after twelve rounds on 16 sequences of 256 rows, 461 s under load)
 ROW_SEQUENCES, ROW_TOKENS, ROW_ROUNDS, ROW_CG_STEPS = 16, 256, 12, 60
-#: the hook's polish: more rows (fresh sequences of 256 rows), rounds and conjugate-gradient steps a round (d = 128,
-#: 8/2: 5.2e-2 → 3.1e-2 over nine lengths in twelve rounds on 48 sequences; the last-position polish on 2,000
-#: sequences instead stalls at 3.4e-2, its long lengths worse — docs/positional.md, "bfloat16 answers")
+#: the hook's polish: more rows (fresh sequences of 256 rows), rounds and conjugate-gradient steps a round, after
+#: the slow pairs' split refitted on them (the last-position polish on 2,000 sequences instead stalls at 3.4e-2, its
+#: long lengths worse — docs/positional.md, "bfloat16 answers")
 FINAL_SEQUENCES, FINAL_ROUNDS, FINAL_CG_STEPS = 48, 4, 60
 #: :func:`~.span_sweep.row_value_maps`' options beyond its defaults (a test shrinks the sweep), and the logit maps'
 #: alternating rounds (:mod:`.absolute_logits`)
@@ -49,8 +48,8 @@ CLAIM = 2e-2
 #: the route's check: every length, the statistic its claim bounds (:data:`~.method.CLAIM_LENGTHS`)
 CHECK_LENGTHS, CHECK_PER_LENGTH = CLAIM_LENGTHS, CLAIM_PER_LENGTH
 #: why a result above the claim is refused (the verdict's one line)
-CLAIM_CAUSE = ("the every-row route's row polish did not bring the logit maps within it (levelled at ~3e-2 at "
-               "d = 128); docs/positional.md, \"bfloat16 answers\"")
+CLAIM_CAUSE = ("the every-row route's row polish and the slow pairs' refit did not bring the logit maps within it; "
+               "docs/positional.md, \"bfloat16 answers\"")
 
 
 def rows_queries(d: int, H: int, G: int = 1) -> int:
@@ -155,7 +154,7 @@ def extract_bfloat16_rows(oracle, *, heads: int, seed=0, check=True, progress=No
                **measured}
     notes = [f"{oracle.precision} every-position rows: the every-row RoPE route (value maps from the span and the "
              f"sweep in its coordinates, logit maps from absolute logits, {ROW_ROUNDS} rounds of the row polish on "
-             f"{ROW_SEQUENCES} sequences, frequencies "
+             f"{ROW_SEQUENCES} sequences and the slow pairs' split and signs refitted on them, frequencies "
              + ("declared" if measured["frequencies"] == "declared" else
                 f"from base {base or DEFAULT_BASE:g} fitted") + f"; then the row polish on {FINAL_SEQUENCES} more)"]
     return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_fn=worst_length_check)
