@@ -42,9 +42,11 @@ FINAL_SEQUENCES, FINAL_ROUNDS, FINAL_CG_STEPS = 48, 4, 60
 #: alternating rounds (:mod:`.absolute_logits`)
 VALUE_MAP_OPTIONS: dict = {}
 LOGIT_ROUNDS = 3
-#: the check error (the worst length's, lengths 1 … 256, against the answers) the route claims: with the served
-#: bfloat16 layer's own 8.1e-3 from its float64 module, within the issue's 3e-2
-CLAIM = 2e-2
+#: the check error (the worst length's, lengths 1 … 256, against the answers) the route claims: the issue's 3e-2, as a
+#: distance from what the server answers. The answers are themselves that far from the layer's float64 function —
+#: the float64 module's own check reads 1.6e-2 (LLaMA d = 128, 8/2) and 1.8e-2 … 2.6e-2 (Qwen2 d = 64, 4/1) over
+#: every length — so a claim of 2e-2 refused the layer itself about half the time (docs/positional.md)
+CLAIM = 3e-2
 #: the route's check: every length, the statistic its claim bounds (:data:`~.method.CLAIM_LENGTHS`)
 CHECK_LENGTHS, CHECK_PER_LENGTH = CLAIM_LENGTHS, CLAIM_PER_LENGTH
 #: why a result above the claim is refused (the verdict's one line)
