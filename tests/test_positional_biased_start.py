@@ -35,9 +35,9 @@ def _zero_token(model):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_maps_behind_the_zero_token_map_back_to_the_layer(seed):
-    """The module's own maps read behind its zero token ``x₀`` (queries augmented by ``b' = W_Q x₀ + b_Q``, keys bias-free,
-    the value split and ``c0 = M x₀ + c``) give the layer itself on ``x`` (every bias moved by ``−W x₀``); without
-    the query bias column it is far off."""
+    """The module's own maps read behind its zero token ``x₀`` (queries augmented by ``b' = W_Q x₀ + b_Q``, keys
+    bias-free, the value split and ``c0 = M x₀ + c``) give the layer itself on ``x`` (every bias moved by ``−W x₀``);
+    without the query bias column it is far off."""
     truth = _layer(32, 4, 1, seed)
     x0 = _zero_token(truth)
     V, c = truth.value_maps(), truth.output_bias()
