@@ -90,6 +90,15 @@ def identical_token_residual(oracle, x0: np.ndarray, U: np.ndarray, Z: np.ndarra
     return F / np.linalg.norm(U @ M.T) * math.sqrt(P * N)
 
 
+def neutral_token_queries(d: int, rank: int, *, steps: int = STEPS, patterns: int = PATTERNS, nodes: int = NODES,
+                          refresh: int = REFRESH) -> int:
+    """Sequences :func:`neutral_token` asks at most (it stops early when no damping lowers the residual) for a kernel of
+    ``d − rank`` rows (``rank = G·d_h``): each probe residual ``2·nodes·patterns``, one at the start, the Jacobian's
+    two a kernel row every ``refresh`` steps and one a damping each step."""
+    jacobians = -(-steps // refresh)
+    return 2 * nodes * patterns * (1 + 2 * (d - rank) * jacobians + len(DAMPINGS) * steps)
+
+
 def neutral_token(oracle, M: np.ndarray, c: np.ndarray, kernel: np.ndarray, rng: np.random.Generator, *,
                   steps: int = STEPS, length: int = PROBE_LENGTH, patterns: int = PATTERNS,
                   difference: float = DIFFERENCE, refresh: int = REFRESH, move: float = MOVE,
@@ -138,17 +147,18 @@ def neutral_token(oracle, M: np.ndarray, c: np.ndarray, kernel: np.ndarray, rng:
 
 
 def biased_row_value_maps(oracle, heads: int, rng: np.random.Generator, *, M: np.ndarray, c: np.ndarray, log=None,
-                          **probe):
+                          value_options: dict | None = None, **probe):
     """Every ``V_h`` (H, K, d) of a layer with q/k/v biases from every-position rows: :func:`neutral_token`, then
     :func:`~.span_sweep.row_value_maps` on the rows of the tokens shifted by it (``shift_inputs``; a sequence of
     copies answers ``M x₀ + c``). Returns ``V``, ``x₀`` (the later stages run on the same shifted rows, their model
     mapped back by :func:`~.neutral.shifted_back`) and what was measured. ``probe``: :func:`neutral_token`'s
-    settings."""
+    settings; ``value_options``: :func:`~.span_sweep.row_value_maps`' beyond its defaults."""
     from attnprobe.learners.positional import coarse_bias
     from attnprobe.learners.positional.span_sweep import row_value_maps
     from attnprobe.oracles.subspace import shift_inputs
 
     kernel = coarse_bias.coarse_kernel(M, heads)
     x0, found = neutral_token(oracle, M, c, kernel, rng, log=log, **probe)
-    V, info = row_value_maps(shift_inputs(oracle, x0, name="shifted by a zero token"), heads, rng, M=M, c=c + M @ x0)
+    V, info = row_value_maps(shift_inputs(oracle, x0, name="shifted by a zero token"), heads, rng, M=M, c=c + M @ x0,
+                             **(value_options or {}))
     return V, x0, {**info, "neutral_token": found}

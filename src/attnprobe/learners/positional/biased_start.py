@@ -25,6 +25,10 @@ import numpy as np
 from attnprobe.models.positional import PositionalAttention, rope_frequencies
 
 
+#: :func:`~.bias_rows.neutral_token`'s settings beyond its defaults (a test shrinks the probe)
+ZERO_TOKEN_OPTIONS: dict = {}
+
+
 def start_behind(Wq: np.ndarray, Wk: np.ndarray, Cb: np.ndarray, Gh: np.ndarray, c0: np.ndarray, theta: np.ndarray,
                  x0: np.ndarray) -> PositionalAttention:
     """Stage 4 (module docstring): the layer on ``x`` from the maps read behind the zero token ``x₀`` — ``Wq (H, d_h,
@@ -44,7 +48,7 @@ def biased_logit_start(oracle, H: int, rng: np.random.Generator, *, base: float 
     frequencies are declared — a Hugging Face folder's config's — or from ``base``); ``log(line)`` a line per stage
     and round, ``report()`` after each stage's queries."""
     from attnprobe.learners.positional.absolute_logits import absolute_logit_samples, fit_logit_maps
-    from attnprobe.learners.positional.bfloat16_rows import VALUE_REPEATS
+    from attnprobe.learners.positional.bfloat16_rows import VALUE_MAP_OPTIONS, VALUE_REPEATS
     from attnprobe.learners.positional.bias_rows import biased_row_value_maps
     from attnprobe.learners.positional.coarse import DEFAULT_BASE, coarse_values, split_value_maps
     from attnprobe.oracles.subspace import shift_inputs
@@ -55,7 +59,8 @@ def biased_logit_start(oracle, H: int, rng: np.random.Generator, *, base: float 
     with oracle.phase("values"):
         M, c = coarse_values(oracle, rng, math.sqrt(oracle.d), repeats=VALUE_REPEATS)
     with oracle.phase("value maps"):
-        V, x0, measured = biased_row_value_maps(oracle, H, rng, M=M, c=c, log=log)
+        V, x0, measured = biased_row_value_maps(oracle, H, rng, M=M, c=c, log=log, value_options=VALUE_MAP_OPTIONS,
+                                                **ZERO_TOKEN_OPTIONS)
     report()
     log(f"value maps behind the zero token: {measured['groups']} key/value groups, mixing misfit "
         f"{measured['mixing_misfit']:.1e}")
