@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from attnprobe.learners.positional.absolute_logits import absolute_logit_samples, fit_logit_maps
+from attnprobe.learners.positional.bfloat16_rows import grouped_start
 from attnprobe.learners.positional.biased_start import start_behind
 from attnprobe.learners.positional.coarse import split_value_maps
 from attnprobe.models.compare import function_error_over_lengths
@@ -46,10 +47,10 @@ def test_the_maps_behind_the_zero_token_map_back_to_the_layer(seed):
     Cb, Gh = split_value_maps(V, M)
     bq = np.einsum("hkd,d->hk", truth.Wq, x0) + truth.bq
     Wq = np.concatenate([truth.Wq, bq[..., None]], axis=-1)
-    model = start_behind(Wq, truth.Wk, Cb, Gh, c + M @ x0, truth.inv_freq, x0)
+    model = start_behind(Wq, truth.Wk, Cb, Gh, c + M @ x0, truth.inv_freq, x0, assemble=grouped_start)
     assert function_error_over_lengths(model, truth, np.random.default_rng(5), (1, 2, 17, 64)) < 1e-9
     off = start_behind(np.concatenate([truth.Wq, 0 * bq[..., None]], axis=-1), truth.Wk, Cb, Gh, c + M @ x0,
-                       truth.inv_freq, x0)
+                       truth.inv_freq, x0, assemble=grouped_start)
     assert function_error_over_lengths(off, truth, np.random.default_rng(5), (17, 64)) > 1e-2
 
 

@@ -127,12 +127,12 @@ def main():
     ap.add_argument("--sequences", type=int, default=route.ROW_SEQUENCES)
     ap.add_argument("--rounds", type=int, default=route.ROW_ROUNDS)
     ap.add_argument("--no-signs", dest="signs", action="store_false")
-    ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the stage's fresh sequences (plus 10 per stage)")
+    ap.add_argument("--resume", action="store_true", help="polish, final: from the stage's own saved state")
     args = ap.parse_args()
+    OUT.mkdir(exist_ok=True)
     import torch
     torch.set_num_threads(1)
-    OUT.mkdir(exist_ok=True)
     truth, oracle = setup(args)
     t0 = time.perf_counter()
     {"start": stage_start, "polish": stage_polish, "final": stage_final}[args.stage](

@@ -121,8 +121,9 @@ def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None =
     if biases:
         from attnprobe.learners.positional.biased_start import biased_logit_start
 
-        model, measured = biased_logit_start(oracle, H, rng, base=base, logit_rounds=LOGIT_ROUNDS, log=log,
-                                             report=report)
+        settings = {"value_repeats": VALUE_REPEATS, "value_options": VALUE_MAP_OPTIONS, "logit_rounds": LOGIT_ROUNDS}
+        model, measured = biased_logit_start(oracle, H, rng, assemble=grouped_start, settings=settings, base=base,
+                                             log=log, report=report)
     else:
         model, measured = logit_start(oracle, H, rng, base=base, log=log, report=report)
     with oracle.phase("row polish", fresh=True):

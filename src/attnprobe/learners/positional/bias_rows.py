@@ -27,12 +27,14 @@ probe's offsets (their part of every logit is a row constant). The sweep's longe
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 from attnprobe.errors import UnidentifiableError
 from attnprobe.learners.positional import coarse
+from attnprobe.models.positional import PositionalAttention
 
 #: what the bfloat16 refusals of q/k biases name (docs/positional.md, "Qwen2 (q/k/v biases) from bfloat16
 #: every-position rows"): measured with benchmarks/research/qwen2_bfloat16.py
@@ -151,7 +153,7 @@ def biased_row_value_maps(oracle, heads: int, rng: np.random.Generator, *, M: np
     """Every ``V_h`` (H, K, d) of a layer with q/k/v biases from every-position rows: :func:`neutral_token`, then
     :func:`~.span_sweep.row_value_maps` on the rows of the tokens shifted by it (``shift_inputs``; a sequence of
     copies answers ``M x₀ + c``). Returns ``V``, ``x₀`` (the later stages run on the same shifted rows, their model
-    mapped back by :func:`~.neutral.shifted_back`) and what was measured. ``probe``: :func:`neutral_token`'s
+    mapped back by :func:`shifted_back`) and what was measured. ``probe``: :func:`neutral_token`'s
     settings; ``value_options``: :func:`~.span_sweep.row_value_maps`' beyond its defaults."""
     from attnprobe.learners.positional import coarse_bias
     from attnprobe.learners.positional.span_sweep import row_value_maps
@@ -162,3 +164,11 @@ def biased_row_value_maps(oracle, heads: int, rng: np.random.Generator, *, M: np
     V, info = row_value_maps(shift_inputs(oracle, x0, name="shifted by a zero token"), heads, rng, M=M, c=c + M @ x0,
                              **(value_options or {}))
     return V, x0, {**info, "neutral_token": found}
+
+
+def shifted_back(model: PositionalAttention, x0: np.ndarray) -> PositionalAttention:
+    """A model learned on inputs ``u = x − x₀`` as a model of ``x``: every projection's bias moves by ``−W x₀``."""
+    def moved(W, b):
+        return (0 if b is None else b) - np.einsum("gkd,d->gk", W, x0)
+    return dataclasses.replace(model, bq=moved(model.Wq, model.bq), bk=moved(model.Wk, model.bk),
+                               bv=moved(model.Wv, model.bv))
