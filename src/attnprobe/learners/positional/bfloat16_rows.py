@@ -18,6 +18,10 @@ sweep at the last position reads the value maps only ~3 % close.
    the rows of ``FINAL_SEQUENCES`` fresh sequences (kept only when a fresh check says closer); then
    :func:`~.route.claim_verdict` holds the check, read over every length 1 … 256, to :data:`CLAIM`
    (docs/positional.md, "bfloat16 answers": the stages measured one by one, and end to end).
+
+With ``biases`` (q/k/v biases, Qwen2) stages 1–3 run behind a token with every key and value zero
+(:mod:`.biased_start`) and the polish fits every bias; not dispatched to from bfloat16 answers (docs/positional.md,
+"The every-row route with biases": its check cannot meet :data:`CLAIM` on a served bfloat16 Qwen2 layer).
 """
 
 from __future__ import annotations

@@ -36,11 +36,12 @@ from attnprobe.errors import UnidentifiableError
 from attnprobe.learners.positional import coarse
 from attnprobe.models.positional import PositionalAttention
 
-#: what the bfloat16 refusals of q/k biases name (docs/positional.md, "Qwen2 (q/k/v biases) from bfloat16
-#: every-position rows"): measured with benchmarks/research/qwen2_bfloat16.py
-ROWS_RESULT = ("from every-position rows a token with every key and value zero is read (bias_rows.py), but the row "
-               "stages behind it reach 3.2e-2 (nine lengths) … 5.7e-2 (every length) at d = 64, 4/1 (research), above "
-               "the claim")
+#: what the bfloat16 refusals of q/k biases name (docs/positional.md, "The every-row route with biases"): measured
+#: with benchmarks/research/qwen2_rows_route.py
+ROWS_RESULT = ("the every-row route with biases (a token with every key and value zero read from the rows, the stages "
+               "behind it, mapped back) reads Qwen2 d = 64, 4/1 to 1.8e-2 of its float64 module at every length, but "
+               "its check against bfloat16 answers cannot meet the route's claim 2e-2: the float64 module itself reads "
+               "1.8e-2 … 2.6e-2 there")
 #: the probe's sequence length, move patterns, Chebyshev steps per sign and longest move (of √d per unit entry)
 PROBE_LENGTH, PATTERNS, NODES, MOVE = 256, 4, 4, 1.0
 #: the last token's kernel offset's entries (its query: a row whose weights tell a zero key from a zero query)
