@@ -135,13 +135,16 @@ def token_normal_equations(X: np.ndarray, ids: np.ndarray, vecs: np.ndarray, w: 
 
 
 def fit_logit_maps(data: dict, heads: int, groups: int, theta: np.ndarray, rng: np.random.Generator, *,
-                   rounds: int = ALS_ROUNDS, log=None):
+                   rounds: int = ALS_ROUNDS, query_bias: bool = False, log=None):
     """``W_Q (H, d_h, d)`` and ``W_K (G, d_h, d)`` minimising ``Σ w (ℓ − (W_Q,h x_q)ᵀ R(δ) (W_K,g x_k))²`` over every
     sample of :func:`absolute_logit_samples` by alternating least squares from a random ``W_K`` (module docstring;
-    each solve's normal equations grouped by token, :func:`token_normal_equations`); ``log(line)``: the relative
-    weighted misfit after each round. Returns the maps and that misfit."""
+    each solve's normal equations grouped by token, :func:`token_normal_equations`); ``query_bias``: the queries
+    augmented by a 1 (``W_Q (H, d_h, d + 1)``, its last column the query bias: the layer behind a zero token,
+    :mod:`.bias_rows`); ``log(line)``: the relative weighted misfit after each round. Returns the maps and that
+    misfit."""
     X = data["tokens"]
     d = X.shape[1]
+    Xq = np.concatenate([X, np.ones((len(X), 1))], axis=1) if query_bias else X
     dh = 2 * len(theta)
     per = heads // groups
     samples = [_Samples(data, h, theta, dh) for h in range(heads)]
@@ -150,21 +153,21 @@ def fit_logit_maps(data: dict, heads: int, groups: int, theta: np.ndarray, rng: 
     def misfit(Wq, Wk):
         res = 0.0
         for h, s in enumerate(samples):
-            pred = np.einsum("na,na->n", s.queries(X @ Wq[h].T), s.rotated_keys(X @ Wk[h // per].T))
+            pred = np.einsum("na,na->n", s.queries(Xq @ Wq[h].T), s.rotated_keys(X @ Wk[h // per].T))
             res += float((s.w * (pred - s.ell) ** 2).sum())
         return math.sqrt(res / total)
 
     def solve(parts):
         A = sum(p[0] for p in parts)
         b = sum(p[1] for p in parts)
-        return np.linalg.solve(A + 1e-9 * np.eye(len(b)), b).reshape(d, dh).T
+        return np.linalg.solve(A + 1e-9 * np.eye(len(b)), b).reshape(-1, dh).T
 
     def solve_q(Wk):
-        return np.stack([solve([token_normal_equations(X, s.qid, s.rotated_keys(X @ Wk[h // per].T), s.w, s.ell)])
+        return np.stack([solve([token_normal_equations(Xq, s.qid, s.rotated_keys(X @ Wk[h // per].T), s.w, s.ell)])
                          for h, s in enumerate(samples)])
 
     def solve_k(Wq):
-        return np.stack([solve([token_normal_equations(X, samples[h].kid, samples[h].rotated_queries(X @ Wq[h].T),
+        return np.stack([solve([token_normal_equations(X, samples[h].kid, samples[h].rotated_queries(Xq @ Wq[h].T),
                                                   samples[h].w, samples[h].ell)
                                 for h in range(g * per, (g + 1) * per)]) for g in range(groups)])
 

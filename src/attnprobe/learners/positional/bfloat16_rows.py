@@ -18,6 +18,10 @@ sweep at the last position reads the value maps only ~3 % close.
    the rows of ``FINAL_SEQUENCES`` fresh sequences (kept only when a fresh check says closer); then
    :func:`~.route.claim_verdict` holds the check, read over every length 1 … 256, to :data:`CLAIM`
    (docs/positional.md, "bfloat16 answers": the stages measured one by one, and end to end).
+
+With ``biases`` (q/k/v biases, Qwen2) stages 1–3 run behind a token with every key and value zero
+(:mod:`.biased_start`) and the polish fits every bias; not dispatched to from bfloat16 answers (docs/positional.md,
+"The every-row route with biases": its check cannot meet :data:`CLAIM` on a served bfloat16 Qwen2 layer).
 """
 
 from __future__ import annotations
@@ -54,14 +58,16 @@ CLAIM_CAUSE = ("the every-row route's row polish and the slow pairs' refit did n
                "docs/positional.md, \"bfloat16 answers\"")
 
 
-def rows_queries(d: int, H: int, G: int = 1) -> int:
+def rows_queries(d: int, H: int, G: int = 1, *, biases: bool = False) -> int:
     """Queries :func:`rows_start` asks: values, the span and the sweep (the span's grow with the ``G`` key/value
-    groups: one gives the fewest), the logit sequences, the row polish's sequences."""
+    groups: one gives the fewest), the logit sequences, the row polish's sequences; with ``biases`` the zero token's
+    probe besides (at most: :func:`~.bias_rows.neutral_token_queries`)."""
     from attnprobe.learners.positional.absolute_logits import absolute_logit_queries
+    from attnprobe.learners.positional.bias_rows import neutral_token_queries
     from attnprobe.learners.positional.span_sweep import row_value_queries
 
     return (2 * d * VALUE_REPEATS + row_value_queries(d, H, G) + absolute_logit_queries()
-            + ROW_SEQUENCES)
+            + ROW_SEQUENCES + (neutral_token_queries(d, G * d // H) if biases else 0))
 
 
 def grouped_start(Wq: np.ndarray, Wk: np.ndarray, Cb: np.ndarray, Gh: np.ndarray, c: np.ndarray,
@@ -107,16 +113,25 @@ def logit_start(oracle, H: int, rng: np.random.Generator, *, base: float | None 
     return grouped_start(Wq, Wk, Cb, Gh, c, theta), measured
 
 
-def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None, log=None, report=None):
+def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None, biases: bool = False, log=None,
+               report=None):
     """Stages 1–4 (module docstring), the row polish followed on the same rows by the slow pairs' split
     (:func:`~.slow_mixing.fit_slow_mixing`) and their signs (:func:`~.pair_signs.choose_pair_signs`): a
-    :class:`PositionalAttention` and a dict of what they measured; ``log(line)`` a line per stage and round,
+    :class:`PositionalAttention` and a dict of what they measured; ``biases``: stages 1–3 behind a zero token (q/k/v
+    biases, Qwen2: :func:`~.biased_start.biased_logit_start`); ``log(line)`` a line per stage and round,
     ``report()`` after each stage's queries."""
     from attnprobe.learners.positional.pair_signs import choose_pair_signs
     from attnprobe.learners.positional.row_polish import chunk_precision, fresh_rows, polish_rows
     from attnprobe.learners.positional.slow_mixing import fit_slow_mixing, mixing_pairs
 
-    model, measured = logit_start(oracle, H, rng, base=base, log=log, report=report)
+    if biases:
+        from attnprobe.learners.positional.biased_start import biased_logit_start
+
+        settings = {"value_repeats": VALUE_REPEATS, "value_options": VALUE_MAP_OPTIONS, "logit_rounds": LOGIT_ROUNDS}
+        model, measured = biased_logit_start(oracle, H, rng, assemble=grouped_start, settings=settings, base=base,
+                                             log=log, report=report)
+    else:
+        model, measured = logit_start(oracle, H, rng, base=base, log=log, report=report)
     with oracle.phase("row polish", fresh=True):
         data = fresh_rows(oracle, ROW_SEQUENCES, rng, length=ROW_TOKENS)
     (report or (lambda: None))()
@@ -130,8 +145,9 @@ def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None =
 
 
 def extract_bfloat16_rows(oracle, *, heads: int, seed=0, check=True, progress=None, base: float | None = None,
-                          asked_before=None, log=None):
-    """RoPE attention (no biases) from bfloat16 answers of an oracle serving causal rows: :func:`rows_start`,
+                          biases: bool = False, asked_before=None, log=None):
+    """RoPE attention (``biases``: with q/k/v biases) from bfloat16 answers of an oracle serving causal rows:
+    :func:`rows_start`,
     checked at the last position; the learners' hook then polishes it on the rows of :data:`FINAL_SEQUENCES` fresh
     sequences (``details["polish_plan"]``) and :func:`~.route.claim_verdict` holds its check to :data:`CLAIM`.
     ``log(line)``: a line per stage and round."""
@@ -143,18 +159,22 @@ def extract_bfloat16_rows(oracle, *, heads: int, seed=0, check=True, progress=No
     d = oracle.d
     run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CHECK_LENGTHS, check_per_length=CHECK_PER_LENGTH,
               progress=progress, asked_before=asked_before)
-    run.plan(rows_queries(d, heads),
+    run.plan(rows_queries(d, heads, biases=biases),
              f"the positional learner on {oracle.precision} every-position rows at d={d}", at_least=True)
-    model, measured = rows_start(oracle, heads, run.rng, base=base, log=log, report=run.report)
+    model, measured = rows_start(oracle, heads, run.rng, base=base, biases=biases, log=log, report=run.report)
     K = model.outputs
-    unknowns = PositionalAttention.unknowns(d, heads, measured["groups"], K // heads, K)
+    unknowns = PositionalAttention.unknowns(d, heads, measured["groups"], K // heads, K, bias=biases)
     details = {"heads": heads, "head_dim": K // heads, "route": "bfloat16 rows", "base_start": base or DEFAULT_BASE,
+               "biases": biases,
                "claim": {"error": CLAIM, "norm": "worst", "cause": CLAIM_CAUSE},
                "polish_plan": {"sequences": FINAL_SEQUENCES * ROW_LENGTH, "rounds": FINAL_ROUNDS,
                                "cg_steps": FINAL_CG_STEPS, "rows": True, "slow_mixing": True,
                                "frequencies": measured["frequencies"] == "fitted"},
                **measured}
-    notes = [f"{oracle.precision} every-position rows: the every-row RoPE route (value maps from the span and the "
+    notes = [f"{oracle.precision} every-position rows: the every-row RoPE route ("
+             + ("q/k/v biases: the stages behind a token with every key and value zero, the query bias an augmented "
+                "column of the logit fit, mapped back; " if biases else "")
+             + "value maps from the span and the "
              f"sweep in its coordinates, logit maps from absolute logits, {ROW_ROUNDS} rounds of the row polish on "
              f"{ROW_SEQUENCES} sequences and the slow pairs' split and signs refitted on them, frequencies "
              + ("declared" if measured["frequencies"] == "declared" else

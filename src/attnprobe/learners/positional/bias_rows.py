@@ -27,18 +27,21 @@ probe's offsets (their part of every logit is a row constant). The sweep's longe
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 from attnprobe.errors import UnidentifiableError
 from attnprobe.learners.positional import coarse
+from attnprobe.models.positional import PositionalAttention
 
-#: what the bfloat16 refusals of q/k biases name (docs/positional.md, "Qwen2 (q/k/v biases) from bfloat16
-#: every-position rows"): measured with benchmarks/research/qwen2_bfloat16.py
-ROWS_RESULT = ("from every-position rows a token with every key and value zero is read (bias_rows.py), but the row "
-               "stages behind it reach 3.2e-2 (nine lengths) … 5.7e-2 (every length) at d = 64, 4/1 (research), above "
-               "the claim")
+#: what the bfloat16 refusals of q/k biases name (docs/positional.md, "The every-row route with biases"): measured
+#: with benchmarks/research/qwen2_rows_route.py
+ROWS_RESULT = ("the every-row route with biases (a token with every key and value zero read from the rows, the stages "
+               "behind it, mapped back) reads Qwen2 d = 64, 4/1 to 1.8e-2 of its float64 module at every length, but "
+               "its check against bfloat16 answers cannot meet the route's claim 2e-2: the float64 module itself reads "
+               "1.8e-2 … 2.6e-2 there")
 #: the probe's sequence length, move patterns, Chebyshev steps per sign and longest move (of √d per unit entry)
 PROBE_LENGTH, PATTERNS, NODES, MOVE = 256, 4, 4, 1.0
 #: the last token's kernel offset's entries (its query: a row whose weights tell a zero key from a zero query)
@@ -90,6 +93,15 @@ def identical_token_residual(oracle, x0: np.ndarray, U: np.ndarray, Z: np.ndarra
     return F / np.linalg.norm(U @ M.T) * math.sqrt(P * N)
 
 
+def neutral_token_queries(d: int, rank: int, *, steps: int = STEPS, patterns: int = PATTERNS, nodes: int = NODES,
+                          refresh: int = REFRESH) -> int:
+    """Sequences :func:`neutral_token` asks at most (it stops early when no damping lowers the residual) for a kernel of
+    ``d − rank`` rows (``rank = G·d_h``): each probe residual ``2·nodes·patterns``, one at the start, the Jacobian's
+    two a kernel row every ``refresh`` steps and one a damping each step."""
+    jacobians = -(-steps // refresh)
+    return 2 * nodes * patterns * (1 + 2 * (d - rank) * jacobians + len(DAMPINGS) * steps)
+
+
 def neutral_token(oracle, M: np.ndarray, c: np.ndarray, kernel: np.ndarray, rng: np.random.Generator, *,
                   steps: int = STEPS, length: int = PROBE_LENGTH, patterns: int = PATTERNS,
                   difference: float = DIFFERENCE, refresh: int = REFRESH, move: float = MOVE,
@@ -138,17 +150,26 @@ def neutral_token(oracle, M: np.ndarray, c: np.ndarray, kernel: np.ndarray, rng:
 
 
 def biased_row_value_maps(oracle, heads: int, rng: np.random.Generator, *, M: np.ndarray, c: np.ndarray, log=None,
-                          **probe):
+                          value_options: dict | None = None, **probe):
     """Every ``V_h`` (H, K, d) of a layer with q/k/v biases from every-position rows: :func:`neutral_token`, then
     :func:`~.span_sweep.row_value_maps` on the rows of the tokens shifted by it (``shift_inputs``; a sequence of
     copies answers ``M x₀ + c``). Returns ``V``, ``x₀`` (the later stages run on the same shifted rows, their model
-    mapped back by :func:`~.neutral.shifted_back`) and what was measured. ``probe``: :func:`neutral_token`'s
-    settings."""
+    mapped back by :func:`shifted_back`) and what was measured. ``probe``: :func:`neutral_token`'s
+    settings; ``value_options``: :func:`~.span_sweep.row_value_maps`' beyond its defaults."""
     from attnprobe.learners.positional import coarse_bias
     from attnprobe.learners.positional.span_sweep import row_value_maps
     from attnprobe.oracles.subspace import shift_inputs
 
     kernel = coarse_bias.coarse_kernel(M, heads)
     x0, found = neutral_token(oracle, M, c, kernel, rng, log=log, **probe)
-    V, info = row_value_maps(shift_inputs(oracle, x0, name="shifted by a zero token"), heads, rng, M=M, c=c + M @ x0)
+    V, info = row_value_maps(shift_inputs(oracle, x0, name="shifted by a zero token"), heads, rng, M=M, c=c + M @ x0,
+                             **(value_options or {}))
     return V, x0, {**info, "neutral_token": found}
+
+
+def shifted_back(model: PositionalAttention, x0: np.ndarray) -> PositionalAttention:
+    """A model learned on inputs ``u = x − x₀`` as a model of ``x``: every projection's bias moves by ``−W x₀``."""
+    def moved(W, b):
+        return (0 if b is None else b) - np.einsum("gkd,d->gk", W, x0)
+    return dataclasses.replace(model, bq=moved(model.Wq, model.bq), bk=moved(model.Wk, model.bk),
+                               bv=moved(model.Wv, model.bv))

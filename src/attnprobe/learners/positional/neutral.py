@@ -14,22 +14,14 @@ docs/positional.md); the positional method reads such layers through the kernel 
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from attnprobe.errors import ConfigError, RecoveryError
+from attnprobe.learners.positional.bias_rows import shifted_back
 from attnprobe.learners.positional.rope import extract_positional
-from attnprobe.models.positional import PositionalAttention
 from attnprobe.oracles.subspace import shift_inputs
 
-
-def shifted_back(model: PositionalAttention, x0: np.ndarray) -> PositionalAttention:
-    """A model learned on inputs ``u = x − x₀`` as a model of ``x``: every projection's bias moves by ``−W x₀``."""
-    def moved(W, b):
-        return (0 if b is None else b) - np.einsum("gkd,d->gk", W, x0)
-    return dataclasses.replace(model, bq=moved(model.Wq, model.bq), bk=moved(model.Wk, model.bk),
-                               bv=moved(model.Wv, model.bv))
+__all__ = ["extract_neutral", "shifted_back"]
 
 
 def extract_neutral(oracle, x0, *, heads=None, seed=0, check=True, progress=None, walk=None):
