@@ -15,7 +15,12 @@ symmetric positive semidefinite in the Frobenius product, solved by conjugate gr
 
 prints per step the residual, the CG's relative residual, the span's sines to the true S (largest, median, 90th
 percentile, count within 1e-3) and, with ``--spectrum``, the smallest eigenvalues of the preconditioned A (Lanczos
-from the CG's coefficients): a near-zero one is a free direction.
+from the CG's coefficients): a near-zero one is a free direction. ``--step=H``: central differences of the exact
+``q(z)`` at step H (the answers' route) in place of exact Jacobians; ``--load=F`` / ``--save=F``: the span's basis;
+``--true-span``: S itself. The steps past the span (docs/block.md, "The span by Gauss–Newton …"):
+``--rank-one=STARTS`` (Newton in α; ``--alphas=F`` keeps the α's found and resumes, ``--seconds=T`` stops,
+``--deflate`` / ``--near=R`` the start variants measured), ``--extend=NB:CB`` (the directions past the probes) and
+``--curves=EVERY`` (n1's weight and every EVERY-th neuron's curve).
 """
 import resource
 import sys
@@ -37,7 +42,10 @@ layer = next((int(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--l
 step = next((float(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--step=")), None)
 starts = next((int(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--rank-one=")), 0)
 found_file = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--alphas=")), None)
+curves = next((int(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--curves=")), 0)
 extend = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--extend=")), None)
+deflate = "--deflate" in sys.argv
+near = next((float(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--near=")), None)
 seconds = next((float(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--seconds=")), 1e9)
 
 t = block_model(hf_block(str(minilm_dir()), layer))
@@ -189,7 +197,10 @@ def rank_one(B, total, batch=32, iters=14, pool=4096):
     for lo in range(0, total, batch):
         cand = rng.standard_normal((pool, C))
         cand /= np.linalg.norm(cand, axis=1, keepdims=True)
-        if len(alphas):
+        if len(alphas) and near:  # starts beside found α's (clusters of nearly parallel α_i)
+            cand = alphas[rng.integers(0, len(alphas), batch)] + near * rng.standard_normal((batch, C))
+            cand /= np.linalg.norm(cand, axis=1, keepdims=True)
+        elif len(alphas):
             score = 1 - np.max(np.abs(cand @ alphas.T), axis=1)
             cand = cand[np.argsort(-score)[:batch]]
         a = cand[:batch].copy()
@@ -218,6 +229,12 @@ def rank_one(B, total, batch=32, iters=14, pool=4096):
                 keep = np.abs(EV.T @ a[o]) < 0.5
                 if np.all(ev[keep] < 0):
                     stepv = -EV[:, keep] @ ((EV[:, keep].T @ gt) / ev[keep])
+                    if deflate and len(alphas):  # Farrell's deflation: Newton on η·∇λ, η = Π(|α ∓ α_i|⁻² + 1)
+                        sg = np.sign(alphas @ a[o])[:, None]
+                        diff = a[o] - sg * alphas
+                        r2 = np.sum(diff * diff, axis=1)
+                        u = np.sum((-2 * diff / r2[:, None] ** 2) / (1 / r2 + 1)[:, None], axis=0)
+                        stepv = stepv / (1 - u @ stepv)
                 else:
                     stepv = 0.1 * gt / max(np.linalg.norm(gt), 1e-300)
                 nrm = np.linalg.norm(stepv)
@@ -282,6 +299,41 @@ def extension(nb, Cb):
           f"{np.median(e):.1e} 90% {np.quantile(e, 0.9):.1e} max {e.max():.1e} ({time.time() - t1:.0f}s)", flush=True)
 
 
+def neuron_curves_through_probes(B, every):
+    """Past the factors (taken as the rank-one search returns them: unit, signs arbitrary) and the full directions
+    (``â_i = a_i/|Uᵀa_i|``, as the extension returns them): the span's element ``P diag(w) U`` (n1's weight up to
+    scale, a null vector), every point's coordinates on ``[ŵ_i ⊗ α̂_i…, P diag(w) U]`` (its correction from B),
+    and per neuron (every ``every``-th) the ratio to the linear part's, ``κ σ'(s t + c)`` with ``t = â_i·z_j``,
+    fitted as :func:`attnprobe.learners.block.post_norm_neurons._curve` does. Prints n1's weight's error (up to
+    scale) and the neurons' ``s â_i`` against ``a_i`` and ``c`` against the true bias."""
+    from attnprobe.learners.block.post_norm_neurons import _curve
+
+    t1 = time.time()
+    Gm = np.einsum("ki,ic->kci", P, U).reshape(d * C, d)             # columns vec(P e_i e_iᵀ U)
+    w = np.linalg.svd(Gm - B @ (B.T @ Gm), full_matrices=False)[2][-1]
+    w_err = np.linalg.norm(w / (w @ w1) * (w1 @ w1) - w1) / np.linalg.norm(w1)
+    rs = np.random.default_rng(5)
+    sgn = rs.choice([-1.0, 1.0], m)
+    nA = np.linalg.norm(AU, axis=1)
+    Fh = np.einsum("ki,ic->kci", Wt / np.linalg.norm(Wt, axis=0) * sgn, AU / nA[:, None]).reshape(d * C, m)
+    basis = np.hstack([Fh, ((P * w) @ U).reshape(-1, 1)])
+    _, _, cB, _ = corrections(B)
+    coef = np.linalg.solve(B.T @ basis, cB.T)                        # (m + 1) × n
+    ratio = coef[:m] / coef[m]
+    ahat = (W1 * w1) / nA[:, None]
+    bias = W1 @ b1 + c1
+    errs, berrs, mis = [], [], []
+    for i in range(0, m, every):
+        (kappa, s_, c_), misfit = _curve(Z @ ahat[i], ratio[i], "gelu")
+        errs.append(abs(s_ - nA[i]) / nA[i])
+        berrs.append(abs(c_ - bias[i]) / max(1.0, abs(bias[i])))
+        mis.append(misfit)
+    errs, berrs = np.array(errs), np.array(berrs)
+    print(f"curves: n1's weight {w_err:.1e} off (up to scale); {len(errs)} neurons: |a_i| relative error median "
+          f"{np.median(errs):.1e} max {errs.max():.1e}, bias error median {np.median(berrs):.1e} max "
+          f"{berrs.max():.1e}, curve misfit max {max(mis):.1e} ({time.time() - t1:.0f}s)", flush=True)
+
+
 def exact_jacobian(z, V):
     """``Π_q J V / r`` at the sphere point z (exact) and q."""
     h = z * w1 + b1
@@ -295,7 +347,9 @@ def exact_jacobian(z, V):
 
 
 t0 = time.time()
-if load:
+if "--true-span" in sys.argv:  # S itself (what the Gauss–Newton steps reach to 6e-14): for the steps past it
+    B = Ftrue
+elif load:
     B = np.load(load)["B"]
 else:
     B = np.linalg.svd(X.T, full_matrices=False)[0][:, :k]
@@ -313,6 +367,8 @@ for s in range(steps):
         np.savez(save, B=B)
 if starts:
     rank_one(B, starts)
+if curves:
+    neuron_curves_through_probes(B, curves)
 if extend:
     extension(*(int(v) for v in extend.split(":")))
 _, _, _, E = corrections(B)
