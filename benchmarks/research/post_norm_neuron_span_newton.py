@@ -19,8 +19,8 @@ from the CG's coefficients): a near-zero one is a free direction. ``--step=H``: 
 ``q(z)`` at step H (the answers' route) in place of exact Jacobians; ``--load=F`` / ``--save=F``: the span's basis;
 ``--true-span``: S itself. The steps past the span (docs/block.md, "The span by Gauss–Newton …"):
 ``--rank-one=STARTS`` (Newton in α; ``--alphas=F`` keeps the α's found and resumes, ``--seconds=T`` stops,
-``--deflate`` / ``--near=R`` the start variants measured), ``--extend=NB:CB`` (the directions past the probes) and
-``--curves=EVERY`` (n1's weight and every EVERY-th neuron's curve).
+``--deflate`` / ``--near=R`` / ``--rest`` the start variants measured), ``--extend=NB:CB`` (the directions past the
+probes) and ``--curves=EVERY`` (n1's weight and every EVERY-th neuron's curve).
 """
 import resource
 import sys
@@ -45,6 +45,7 @@ found_file = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--a
 curves = next((int(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--curves=")), 0)
 extend = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--extend=")), None)
 deflate = "--deflate" in sys.argv
+rest = "--rest" in sys.argv
 near = next((float(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--near=")), None)
 seconds = next((float(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--seconds=")), 1e9)
 
@@ -188,6 +189,7 @@ def rank_one(B, total, batch=32, iters=14, pool=4096):
     At = AU / np.linalg.norm(AU, axis=1, keepdims=True)
     Wn = Wt / np.linalg.norm(Wt, axis=0)
     alphas = np.zeros((0, C))
+    rest_n, Br = -1, None
     if found_file and __import__("os").path.exists(found_file):
         alphas = np.load(found_file)["alphas"]
     matched = np.zeros(m, bool)
@@ -197,7 +199,17 @@ def rank_one(B, total, batch=32, iters=14, pool=4096):
     for lo in range(0, total, batch):
         cand = rng.standard_normal((pool, C))
         cand /= np.linalg.norm(cand, axis=1, keepdims=True)
-        if len(alphas) and near:  # starts beside found α's (clusters of nearly parallel α_i)
+        if len(alphas) and rest:  # starts from random elements of the span's part off the factors found
+            if len(alphas) != rest_n:
+                Kf = (np.einsum("bc,be->bce", alphas, alphas).reshape(len(alphas), C * C) @ Gf).reshape(-1, d, d)
+                wf = np.linalg.eigh(Kf)[1][:, :, -1]
+                found_f = np.einsum("bx,bc->xcb", wf, alphas).reshape(d * C, -1)
+                Bc = B.T @ found_f
+                Br = B @ np.linalg.svd(Bc, full_matrices=True)[0][:, len(alphas):]
+                rest_n = len(alphas)
+            S3 = (Br @ rng.standard_normal((Br.shape[1], batch))).T.reshape(batch, d, C)
+            cand = np.linalg.eigh(np.einsum("bkc,bke->bce", S3, S3))[1][:, :, -1]
+        elif len(alphas) and near:  # starts beside found α's (clusters of nearly parallel α_i)
             cand = alphas[rng.integers(0, len(alphas), batch)] + near * rng.standard_normal((batch, C))
             cand /= np.linalg.norm(cand, axis=1, keepdims=True)
         elif len(alphas):
@@ -304,9 +316,9 @@ def neuron_curves_through_probes(B, every):
     (``â_i = a_i/|Uᵀa_i|``, as the extension returns them): the span's element ``P diag(w) U`` (n1's weight up to
     scale, a null vector), every point's coordinates on ``[ŵ_i ⊗ α̂_i…, P diag(w) U]`` (its correction from B),
     and per neuron (every ``every``-th) the ratio to the linear part's, ``κ σ'(s t + c)`` with ``t = â_i·z_j``,
-    fitted as :func:`attnprobe.learners.block.post_norm_neurons._curve` does. Prints n1's weight's error (up to
+    fitted as :func:`attnprobe.learners.block.post_norm_neurons.derivative_curve` does. Prints n1's weight's error (up to
     scale) and the neurons' ``s â_i`` against ``a_i`` and ``c`` against the true bias."""
-    from attnprobe.learners.block.post_norm_neurons import _curve
+    from attnprobe.learners.block.post_norm_neurons import derivative_curve
 
     t1 = time.time()
     Gm = np.einsum("ki,ic->kci", P, U).reshape(d * C, d)             # columns vec(P e_i e_iᵀ U)
@@ -324,7 +336,7 @@ def neuron_curves_through_probes(B, every):
     bias = W1 @ b1 + c1
     errs, berrs, mis = [], [], []
     for i in range(0, m, every):
-        (kappa, s_, c_), misfit = _curve(Z @ ahat[i], ratio[i], "gelu")
+        (kappa, s_, c_), misfit = derivative_curve(Z @ ahat[i], ratio[i], "gelu")
         errs.append(abs(s_ - nA[i]) / nA[i])
         berrs.append(abs(c_ - bias[i]) / max(1.0, abs(bias[i])))
         mis.append(misfit)
