@@ -316,8 +316,8 @@ def neuron_curves_through_probes(B, every):
     (``â_i = a_i/|Uᵀa_i|``, as the extension returns them): the span's element ``P diag(w) U`` (n1's weight up to
     scale, a null vector), every point's coordinates on ``[ŵ_i ⊗ α̂_i…, P diag(w) U]`` (its correction from B),
     and per neuron (every ``every``-th) the ratio to the linear part's, ``κ σ'(s t + c)`` with ``t = â_i·z_j``,
-    fitted as :func:`attnprobe.learners.block.post_norm_neurons.derivative_curve` does. Prints n1's weight's error (up to
-    scale) and the neurons' ``s â_i`` against ``a_i`` and ``c`` against the true bias."""
+    fitted by :func:`attnprobe.learners.block.post_norm_neurons.derivative_curve`. Prints n1's weight's error
+    (up to scale) and the neurons' ``s â_i`` against ``a_i`` and ``c`` against the true bias."""
     from attnprobe.learners.block.post_norm_neurons import derivative_curve
 
     t1 = time.time()
