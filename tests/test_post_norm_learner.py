@@ -43,6 +43,63 @@ def test_a_post_norm_block_beyond_the_neurons_stage_is_refused_before_its_stages
     assert "\n" not in str(exc.value) and oracle.queries == 3
 
 
+def test_a_post_norm_estimate_prices_the_post_norm_route_or_refuses_it_in_one_line():
+    """A block estimate whose setting declares the post-norm layout prices the post-norm route (not the pre-norm
+    learner's plan, 2,536,145 on MiniLM's shape) where it runs, and where the neurons stage refuses (MiniLM: d = 384,
+    m = 1536) says so in one line naming that stage, as the run would after its 3 queries."""
+    from attnprobe.errors import ConfigError
+    from attnprobe.learners.core.estimate import estimate_queries
+
+    pre = estimate_queries("block", 12, heads=1, hidden=24)
+    post = estimate_queries("block", 12, heads=1, hidden=24, layout="post")
+    assert "post-norm route" in post.basis and "post-norm" not in pre.basis and post.queries != pre.queries
+    assert post.low <= post.queries <= post.high and post.low > 4 * 24 * (2 * 12 + 1)  # at least the neurons' tokens
+    with pytest.raises(ConfigError, match="refused by the post-norm route .*stage neurons not run at d = 384, "
+                                          "m = 1536") as exc:
+        estimate_queries("block", 384, heads=12, hidden=1536, layout="post")
+    assert "\n" not in str(exc.value)
+    assert estimate_queries("block", 384, heads=12, hidden=1536).queries > 0  # undeclared layout: the pre-norm plan
+
+
+@pytest.mark.parametrize("family, layout", [("bert", "post"), ("llama", "pre")])
+def test_an_estimate_of_a_folders_block_is_given_its_layout(tmp_path, family, layout):
+    """``extract --estimate --hf-dir DIR --block L`` hands the estimate the block's layout as the folder's family
+    declares it (config.json alone), and none without ``--block`` (the fast twin of the CLI test below)."""
+    import argparse
+    import json
+
+    from attnprobe.cli.hf import block_layout
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": family, "hidden_size": 12, "num_attention_heads": 1,
+                                                      "num_hidden_layers": 1, "intermediate_size": 24,
+                                                      "hidden_act": "gelu" if family == "bert" else "silu"}))
+    (tmp_path / "model.safetensors").write_bytes(b"")  # the folder check asks for it; no weights are read
+    assert block_layout(argparse.Namespace(hf_dir=str(tmp_path), block=0)) == layout
+    assert block_layout(argparse.Namespace(hf_dir=str(tmp_path), block=None)) is None
+
+
+@pytest.mark.slow
+def test_extract_estimate_of_a_bert_folder_block_knows_its_layout(tmp_path, capsys):
+    """``extract --estimate --hf-dir DIR --block L`` on a BERT folder printed the pre-norm learner's count: the
+    folder's post-norm layout reaches the estimate, which prints the post-norm route's count, or (a span past the
+    neurons stage's size) exits 2 with its one-line refusal (~6 s: two folders saved)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hf_models import tiny_bert_dir
+
+    from attnprobe.cli import main
+    from attnprobe.learners.core.estimate import estimate_queries
+
+    small = tiny_bert_dir(tmp_path / "b12", hidden=12, heads=1, layers=1)
+    assert main(["extract", "--hf-dir", str(small), "--block", "0", "--estimate"]) == 0
+    want = estimate_queries("block", 12, heads=1, hidden=24, layout="post", positions="bidirectional")
+    out = capsys.readouterr().out
+    assert f"about {want.queries} queries" in out and "post-norm route" in out, out
+    wide = tiny_bert_dir(tmp_path / "b64", hidden=64, heads=2, layers=1)
+    assert main(["extract", "--hf-dir", str(wide), "--block", "0", "--estimate"]) == 2
+    err = capsys.readouterr().err
+    assert "refused by the post-norm route" in err and "m = 128" in err, err
+
+
 def test_the_post_norm_claim_is_what_the_check_holds_a_block_to():
     """The every-position check at the post-norm claim: the true block passes, the same block with its second FFN
     layer moved by 1e-3 (relative) fails, and at the pre-norm default claim (1e-6) a 1e-6 move fails too."""
@@ -66,12 +123,15 @@ def test_a_bert_layer_from_its_answers_alone_within_the_claim(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from post_norm import tiny_bert_layer
 
+    from attnprobe.learners.core.estimate import estimate_queries
     from attnprobe.models.io import load_model
     from attnprobe.oracles.hf_block import block_model
 
     truth = block_model(tiny_bert_layer(tmp_path / "b12", d=12, heads=1))
     res = extract_block(_oracle(truth), heads=1, hidden=truth.ffn.W1.shape[0])
     assert res.passed and res.check.error < CLAIM and res.check.tolerance == CLAIM
+    est = estimate_queries("block", 12, heads=1, hidden=truth.ffn.W1.shape[0], layout="post")
+    assert est.low <= res.queries <= est.high, (est, res.queries)  # the estimate brackets the run
     assert set(res.queries_by_phase) >= {"output norm", "first-norm input", "attention", "neurons", "ffn"}
     fresh = every_position_check(_oracle(truth), res.model, np.random.default_rng([7, 1]), CHECK_LENGTHS, 2,
                                  claim=CLAIM)

@@ -210,6 +210,7 @@ def _print_estimate(args, oracle) -> int:
     try:
         est = estimate_queries(args.method, oracle.d, outputs=oracle.outputs, precision=precision,
                                price_per_1k=args.price_per_1k, positions=_declared_rows(oracle),
+                               layout=hf.block_layout(args),
                                **{name: getattr(args, name, None) for name in entry.option_names})
     except ConfigError as exc:
         flag = entry.option(exc.param).flag if exc.param in entry.option_names else None

@@ -105,6 +105,16 @@ def block_defaults(args, learner) -> None:
     _fill_options(args, learner, heads=heads, **({"hidden": width} if width else {}))
 
 
+def block_layout(args) -> str | None:
+    """The layout (``pre``, ``post``, ``parallel``) of ``--hf-dir DIR --block L``'s block, as its family declares
+    it; None for any other target (an estimate's setting then has no layout)."""
+    if getattr(args, "hf_dir", None) is None or getattr(args, "block", None) is None:
+        return None
+    from attnprobe.oracles.hf_block import block_spec
+
+    return block_spec(args.hf_dir)[2]
+
+
 def estimate_defaults(args, learner) -> None:
     """``extract --estimate --hf-dir DIR --layer L``: a learner that takes the number of heads (or of key/value
     groups) and was not given it gets the folder's, as the run reads them from the folder's oracle."""

@@ -16,7 +16,8 @@ the FFN's width, up to the neurons stage's measured size; beyond it, refused in 
 """
 
 from attnprobe.errors import ConfigError
-from attnprobe.learners.block.learner import extract_block, block_queries
+from attnprobe.learners.block import post_norm_learner
+from attnprobe.learners.block.learner import CHECK_LENGTHS, CHECK_PER_LENGTH, extract_block, block_queries
 from attnprobe.learners.core.estimate import QueryCount
 from attnprobe.learners.core.registry import Capabilities, Option, register
 from attnprobe.learners.multihead.options import HEADS
@@ -34,12 +35,15 @@ def _block(oracle, *, seed, progress, heads=None, hidden=None, activation=None, 
 
 
 def block_estimate(setting) -> QueryCount:
-    """:func:`~.learner.block_queries`: exact given the FFN's width (``hidden``), a lower bound at ``4d`` without."""
+    """:func:`~.learner.block_queries`: exact given the FFN's width (``hidden``), a lower bound at ``4d`` without; a
+    block declared post-norm (``setting.layout``): :func:`_post_norm_estimate`."""
     H = setting.needs("heads", "a block estimate needs the attention's number of heads H")
     if setting.coarse:
         raise ConfigError(f"the block learner reads float64 answers without noise; {setting.precision} answers would "
                           "be refused, so there is nothing to estimate", param="precision")
     m = setting.option("hidden")
+    if setting.layout == "post":
+        return _post_norm_estimate(setting.d, H, m, setting.check)
     walk = setting.option("walk") or WALK
     d = setting.d
     if m:
@@ -51,6 +55,22 @@ def block_estimate(setting) -> QueryCount:
     return QueryCount(typical, low, high, f"linear part 1 + 6d, ε, the gated FFN learner (m not given: {8 * d // 3} "
                                           f"= 8d/3 assumed, 2d … 8d in the range), the RoPE learner at a fixed query "
                                           "rms, the logit refit 8d, the attention polish, the check")
+
+
+def _post_norm_estimate(d: int, H: int, m: int | None, check: bool) -> QueryCount:
+    """The post-norm route's queries (:func:`~.post_norm_learner.post_norm_queries` and the check), or its one-line
+    refusal where the run refuses after the 3 queries that tell the layout apart (the neurons stage's size)."""
+    cause = post_norm_learner.neurons_refusal(d, m)
+    if cause is not None:
+        raise ConfigError(f"a post-norm block (its layout declared by the target) is refused by the post-norm route "
+                          f"after the 3 queries that tell it apart: {cause}; nothing more to estimate",
+                          param="hidden" if m is None else None)
+    low, typical, high = (q + (len(CHECK_LENGTHS) * CHECK_PER_LENGTH if check else 0)
+                          for q in post_norm_learner.post_norm_queries(d, H, m))
+    return QueryCount(typical, low, high, f"the post-norm route (m = {m}): the layout told apart 3, output norm, "
+                                          f"first-norm centre and input, attention {post_norm_learner.pairs(d, H)} "
+                                          "pairs (1 … 3 Jacobians a row), neurons 4m points, ffn, the polish's "
+                                          "sequences, the check")
 
 
 register("block", _block, recovers="block", needs_one_of=("heads",),

@@ -27,8 +27,9 @@ import math
 import numpy as np
 
 from attnprobe.errors import UnidentifiableError
+from attnprobe.learners.block import post_norm
 from attnprobe.learners.block.post_norm import first_norm_centre, first_norm_input, output_norm
-from attnprobe.learners.block.post_norm_attention import attention_stage
+from attnprobe.learners.block.post_norm_attention import NEWTON_STEPS, attention_stage
 from attnprobe.learners.block.post_norm_ffn import ffn_points, second_layer
 from attnprobe.learners.block.post_norm_neurons import (neuron_curves, neuron_span, rank_one_elements,
                                                         sphere_jacobians)
@@ -66,18 +67,39 @@ def unknowns(d: int, m: int) -> int:
     return 4 * d * d + 4 * d + 2 * d * m + m + d + 4 * d
 
 
-def too_large(d: int, hidden: int | None, said: str) -> None:
-    """Refuse (one line) before any stage a block whose neurons stage is not run: its width unknown, or its span
-    beyond :data:`NEURON_NUMBERS`."""
+def neurons_refusal(d: int, hidden: int | None) -> str | None:
+    """Why stage neurons is not run on a block of width ``d`` and FFN width ``hidden`` (one line), or None when it
+    runs: the width unknown, or the span beyond :data:`NEURON_NUMBERS`."""
     if hidden is None:
-        raise UnidentifiableError(f"{said}: stage neurons reads the FFN's first layer given its width; give hidden "
-                                  "(the FFN's width m: a BERT folder's intermediate_size)")
+        return "stage neurons reads the FFN's first layer given its width; give hidden (the FFN's width m: a BERT " \
+               "folder's intermediate_size)"
     n = 4 * hidden * d * d
-    if n > NEURON_NUMBERS:
-        raise UnidentifiableError(
-            f"{said}: stage neurons not run at d = {d}, m = {hidden}: its span holds 4m·d² = {n:.1e} numbers, "
-            f"measured up to {NEURON_NUMBERS:.1e} (d = 32, m = 64); the stages past it run given the neurons "
-            "(post_norm_ffn, post_norm_polish; MiniLM layer 2 with its true first layer given: within 1e-4)")
+    if n <= NEURON_NUMBERS:
+        return None
+    return (f"stage neurons not run at d = {d}, m = {hidden}: its span holds 4m·d² = {n:.1e} numbers, measured up "
+            f"to {NEURON_NUMBERS:.1e} (d = 32, m = 64); the stages past it run given the neurons (post_norm_ffn, "
+            "post_norm_polish; MiniLM layer 2 with its true first layer given: within 1e-4)")
+
+
+def too_large(d: int, hidden: int | None, said: str) -> None:
+    """Refuse (one line) before any stage a block whose neurons stage is not run (:func:`neurons_refusal`)."""
+    cause = neurons_refusal(d, hidden)
+    if cause is not None:
+        raise UnidentifiableError(f"{said}: {cause}")
+
+
+def post_norm_queries(d: int, heads: int, hidden: int) -> tuple[int, int, int]:
+    """Queries of :func:`extract_post_norm` and the 3 that told the block apart, the check not counted:
+    ``(low, typical, high)``. Fixed: output norm ``4(d + 3)``, centre ``2d`` a point and ``3(2d + 2)`` a ray step,
+    input ``4d`` a point, neurons ``4m(2d + 1)``, ffn ``2(m + d + 1)``, the polish's sequences; adaptive: a pair
+    ``2 + 4d + 2d(J + 1)`` and its chord steps, J the Jacobians its row took (1, 2, 3; MiniLM layer 2: 2 … 3)."""
+    fixed = 3 + post_norm.ROWS * (d + 3) + sum(2 * d * p for _, p in post_norm.ROUNDS)
+    fixed += post_norm.RAY_NEWTON[1] * 3 * (2 * d + 2) + post_norm.INPUT_POINTS * 4 * d
+    fixed += 4 * hidden * (2 * d + 1) + 2 * (hidden + d + 1)
+    fixed += polish_sequences(d, unknowns(d, hidden))
+    n = pairs(d, heads)
+    return tuple(fixed + n * (2 + 4 * d + 2 * d * (J + 1) + steps)
+                 for J, steps in ((1, 1), (2, 4), (3, NEWTON_STEPS)))
 
 
 def extract_post_norm(run, *, heads: int, hidden: int, said: str, seed=0):

@@ -115,7 +115,7 @@ def rank_one_elements(B: np.ndarray, m: int, rng) -> np.ndarray:
     return np.array(found)
 
 
-def _curve(t: np.ndarray, y: np.ndarray, act: str):
+def derivative_curve(t: np.ndarray, y: np.ndarray, act: str = "gelu"):
     """``(κ, s, c)`` with ``κ σ'(s t + c)`` nearest ``y``, from the best of a grid of starts."""
     d1 = activation(act).d1
     best = None
@@ -145,7 +145,7 @@ def neuron_curves(B: np.ndarray, corrected: np.ndarray, elements: np.ndarray, Z:
     A, a, misfit = [], [], 0.0
     for i, el in enumerate(elements):
         direction = np.linalg.svd(el.reshape(d, d))[2][0]
-        (kappa, s, c), mis = _curve(Z @ direction, ratio[i], act)
+        (kappa, s, c), mis = derivative_curve(Z @ direction, ratio[i], act)
         A.append(s * direction)
         a.append(c)
         misfit = max(misfit, mis)

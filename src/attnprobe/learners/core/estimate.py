@@ -22,7 +22,8 @@ class Setting:
     undeclared), the answers' ``precision``, whether the functional check runs, the learner's options (its
     declared names: ``rank``, ``heads``, ``hidden``, ...; None when not given) and ``positions``: what the answers'
     rows are when the oracle answers every position (``causal``, ``bidirectional``, ``positional``: declared,
-    docs/every-position.md), None for the last position."""
+    docs/every-position.md), None for the last position; ``layout``: a whole block's (``pre``, ``post``,
+    ``parallel``) where the target declares it (a model folder's family), None when not known."""
 
     d: int
     outputs: int | None = None
@@ -31,6 +32,7 @@ class Setting:
     check: bool = True
     options: dict = field(default_factory=dict)
     positions: str | None = None
+    layout: str | None = None
 
     @property
     def coarse(self) -> bool:
@@ -111,13 +113,14 @@ class Estimate:
 
 def estimate_queries(method: str, d: int, *, outputs: int | None = None, precision: str = "float64",
                      bias: bool = True, check: bool = True, price_per_1k: float | None = None,
-                     positions: str | None = None, **options) -> Estimate:
+                     positions: str | None = None, layout: str | None = None, **options) -> Estimate:
     """The queries learner ``method`` will ask at width ``d``, from its registry entry's estimate; asks nothing.
 
     ``options`` are the learner's declared options (``rank``: lowrank and scalar multihead; ``heads``: multihead;
     ``hidden``: ffn; validated as for a run, None meaning not given); ``outputs``: the K numbers each answer holds,
     declared (None: undeclared, i.e. one number); ``positions``: the oracle answers every position and its rows
-    are ``causal``, ``bidirectional`` or ``positional`` (declared; None or ``"last"``: the last position). Raises
+    are ``causal``, ``bidirectional`` or ``positional`` (declared; None or ``"last"``: the last position);
+    ``layout``: a whole block's layout where declared (``pre``, ``post``, ``parallel``; None: not known). Raises
     :class:`ConfigError` naming the missing parameter, or ``method`` when the learner makes no estimate."""
     entry = registry.learner(method)
     if entry.estimate is None:
@@ -126,8 +129,10 @@ def estimate_queries(method: str, d: int, *, outputs: int | None = None, precisi
                           param="method")
     resolved = entry.resolve({k: v for k, v in options.items() if v is not None})
     rows = None if positions == "last" else check_positions(positions)
+    if layout not in (None, "pre", "post", "parallel"):
+        raise ConfigError(f"a block's layout is pre, post or parallel; got {layout!r}", param="layout")
     setting = Setting(int(d), outputs, precision, bool(bias) and not resolved.get("no_bias"), bool(check), resolved,
-                      rows)
+                      rows, layout)
     count = entry.estimate(setting)
     return Estimate(method, int(d), int(count.queries), int(count.low), int(count.high), count.basis, price_per_1k,
                     count.seconds, count.peak_bytes)
