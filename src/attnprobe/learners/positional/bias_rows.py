@@ -39,9 +39,9 @@ from attnprobe.models.positional import PositionalAttention
 #: what the bfloat16 refusals of q/k biases name (docs/positional.md, "The every-row route with biases"): measured
 #: with benchmarks/research/qwen2_rows_route.py
 ROWS_RESULT = ("the every-row route with biases (a token with every key and value zero read from the rows, the stages "
-               "behind it, mapped back) reads Qwen2 d = 64, 4/1 to 1.8e-2 of its float64 module at every length, but "
-               "its check against bfloat16 answers cannot meet the route's claim 2e-2: the float64 module itself reads "
-               "1.8e-2 … 2.6e-2 there")
+               "behind it, mapped back) reads Qwen2 d = 64, 4/1 to 1.8e-2 of its float64 module at every length "
+               "(check 2.3e-2 … 2.9e-2 against the answers), but d = 128, 8/2 only to 8.7e-2 (its two slowest "
+               "rotation pairs: one conjugated in a group, a mixed split)")
 #: the probe's sequence length, move patterns, Chebyshev steps per sign and longest move (of √d per unit entry)
 PROBE_LENGTH, PATTERNS, NODES, MOVE = 256, 4, 4, 1.0
 #: the last token's kernel offset's entries (its query: a row whose weights tell a zero key from a zero query)
