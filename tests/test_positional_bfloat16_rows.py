@@ -140,3 +140,25 @@ def test_groupedtoken_normal_equations_are_the_design_matrix_s():
     D = (X[ids][:, :, None] * v[:, None, :]).reshape(n, -1) * np.sqrt(w)[:, None]
     A, b = token_normal_equations(X, ids, v, w, ell, chunk=3)
     assert np.allclose(A, D.T @ D) and np.allclose(b, D.T @ (ell * np.sqrt(w)))
+
+
+def test_the_every_row_starts_take_declared_frequencies_else_the_bases():
+    """``start_frequencies`` (the every-row and biased starts' one copy): an oracle whose model declares its rotation
+    frequencies (a Hugging Face folder's config) gives those, ``declared``; one that does not, those of the base
+    given (or 1e4), ``fitted``."""
+    from attnprobe.learners.positional.coarse import start_frequencies
+    from attnprobe.models.positional import rope_frequencies
+
+    model = random_rope_attention(16, 4, 2, seed=0)
+    plain = Oracle(model.every_position, 16)
+    theta, source = start_frequencies(plain, 4, 500.0)
+    assert source == "fitted" and np.array_equal(theta, rope_frequencies(4, 500.0))
+    assert np.array_equal(start_frequencies(plain, 4)[0], rope_frequencies(4, 1e4))
+
+    class Declaring:
+        rotary_frequencies = [1.0, 0.25]
+
+        def __call__(self, X):
+            return model.every_position(X)
+    theta, source = start_frequencies(Oracle(Declaring(), 16), 4, 500.0)
+    assert source == "declared" and np.array_equal(theta, [1.0, 0.25])

@@ -31,7 +31,7 @@ import math
 import numpy as np
 
 from attnprobe.learners.positional.method import CLAIM_LENGTHS, CLAIM_PER_LENGTH
-from attnprobe.models.positional import PositionalAttention, rope_frequencies
+from attnprobe.models.positional import PositionalAttention
 
 #: one-token sequences per input dimension and sign in the values stage (as the last-position bfloat16 route's)
 VALUE_REPEATS = 16
@@ -83,12 +83,11 @@ def grouped_start(Wq: np.ndarray, Wk: np.ndarray, Cb: np.ndarray, Gh: np.ndarray
 
 
 def logit_start(oracle, H: int, rng: np.random.Generator, *, base: float | None = None, log=None, report=None):
-    """Stages 1–3 (module docstring): the start :func:`grouped_start`, a dict of what they measured, and whether the
-    frequencies are declared (a Hugging Face folder's config's) rather than from ``base``."""
+    """Stages 1–3 (module docstring): the start :func:`grouped_start` and a dict of what they measured (among it
+    ``frequencies``: ``declared`` by the oracle — a Hugging Face folder's config — or from ``base``, ``fitted``)."""
     from attnprobe.learners.positional.absolute_logits import absolute_logit_samples, fit_logit_maps
-    from attnprobe.learners.positional.coarse import DEFAULT_BASE, coarse_values, split_value_maps
+    from attnprobe.learners.positional.coarse import coarse_values, split_value_maps, start_frequencies
     from attnprobe.learners.positional.span_sweep import row_value_maps
-    from attnprobe.oracles.wrappers import declared_attribute
 
     log = log or (lambda line: None)
     report = report or (lambda: None)
@@ -100,15 +99,13 @@ def logit_start(oracle, H: int, rng: np.random.Generator, *, base: float | None 
     report()
     log(f"value maps: {measured['groups']} key/value groups, mixing misfit {measured['mixing_misfit']:.1e}")
     Cb, Gh = split_value_maps(V, M)
-    declared = declared_attribute(oracle.fn, "rotary_frequencies")
-    theta = (np.asarray(declared, dtype=np.float64) if declared is not None
-             else rope_frequencies(Gh.shape[1], base or DEFAULT_BASE))
+    theta, source = start_frequencies(oracle, Gh.shape[1], base)
     with oracle.phase("logit maps"):
         samples = absolute_logit_samples(oracle, Cb, Gh, c, rng)
     report()
     Wq, Wk, misfit = fit_logit_maps(samples, H, measured["groups"], theta, rng, rounds=LOGIT_ROUNDS,
                                    log=log)
-    measured = {**measured, "frequencies": "declared" if declared is not None else "fitted",
+    measured = {**measured, "frequencies": source,
                 "logit_samples": int((samples["w"] > 0).sum()), "logit_misfit": misfit}
     return grouped_start(Wq, Wk, Cb, Gh, c, theta), measured
 
@@ -124,6 +121,7 @@ def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None =
     from attnprobe.learners.positional.row_polish import chunk_precision, fresh_rows, polish_rows
     from attnprobe.learners.positional.slow_mixing import fit_slow_mixing, mixing_pairs
 
+    report = report or (lambda: None)
     if biases:
         from attnprobe.learners.positional.biased_start import biased_logit_start
 
@@ -134,7 +132,7 @@ def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None =
         model, measured = logit_start(oracle, H, rng, base=base, log=log, report=report)
     with oracle.phase("row polish", fresh=True):
         data = fresh_rows(oracle, ROW_SEQUENCES, rng, length=ROW_TOKENS)
-    (report or (lambda: None))()
+    report()
     options = {"frequencies": measured["frequencies"] == "fitted", "cg_steps": ROW_CG_STEPS, "dense": False,
                "compute": chunk_precision(oracle.precision), "log": log}
     model, rep = polish_rows(model, data, rounds=ROW_ROUNDS, **options)
@@ -147,9 +145,9 @@ def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None =
 def extract_bfloat16_rows(oracle, *, heads: int, seed=0, check=True, progress=None, base: float | None = None,
                           biases: bool = False, asked_before=None, log=None):
     """RoPE attention (``biases``: with q/k/v biases) from bfloat16 answers of an oracle serving causal rows:
-    :func:`rows_start`,
-    checked at the last position; the learners' hook then polishes it on the rows of :data:`FINAL_SEQUENCES` fresh
-    sequences (``details["polish_plan"]``) and :func:`~.route.claim_verdict` holds its check to :data:`CLAIM`.
+    :func:`rows_start`, checked at the last position; the learners' hook then polishes it on the rows of
+    :data:`FINAL_SEQUENCES` fresh sequences (``details["polish_plan"]``) and :func:`~.route.claim_verdict` holds its
+    check to :data:`CLAIM`.
     ``log(line)``: a line per stage and round."""
     from attnprobe.learners.core.skeleton import Run
     from attnprobe.learners.positional.coarse import DEFAULT_BASE, worst_length_check

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from attnprobe.models.positional import PositionalAttention, rope_frequencies
+from attnprobe.models.positional import PositionalAttention
 
 
 #: :func:`~.bias_rows.neutral_token`'s settings beyond its defaults (a test shrinks the probe)
@@ -50,9 +50,8 @@ def biased_logit_start(oracle, H: int, rng: np.random.Generator, *, assemble, se
     queries."""
     from attnprobe.learners.positional.absolute_logits import absolute_logit_samples, fit_logit_maps
     from attnprobe.learners.positional.bias_rows import biased_row_value_maps
-    from attnprobe.learners.positional.coarse import DEFAULT_BASE, coarse_values, split_value_maps
+    from attnprobe.learners.positional.coarse import coarse_values, split_value_maps, start_frequencies
     from attnprobe.oracles.subspace import shift_inputs
-    from attnprobe.oracles.wrappers import declared_attribute
 
     log = log or (lambda line: None)
     report = report or (lambda: None)
@@ -66,9 +65,7 @@ def biased_logit_start(oracle, H: int, rng: np.random.Generator, *, assemble, se
         f"{measured['mixing_misfit']:.1e}")
     Cb, Gh = split_value_maps(V, M)
     c0 = c + M @ x0  # what a sequence of copies of x₀ answers
-    declared = declared_attribute(oracle.fn, "rotary_frequencies")
-    theta = (np.asarray(declared, dtype=np.float64) if declared is not None
-             else rope_frequencies(Gh.shape[1], base or DEFAULT_BASE))
+    theta, source = start_frequencies(oracle, Gh.shape[1], base)
     with oracle.phase("logit maps"):
         samples = absolute_logit_samples(shift_inputs(oracle, x0, name="shifted by a zero token"), Cb, Gh, c0, rng)
     report()
@@ -76,5 +73,5 @@ def biased_logit_start(oracle, H: int, rng: np.random.Generator, *, assemble, se
                                    query_bias=True, log=log)
     return start_behind(Wq, Wk, Cb, Gh, c0, theta, x0, assemble=assemble), {
         **measured, "zero_token_norm": float(np.linalg.norm(x0)),
-        "frequencies": "declared" if declared is not None else "fitted",
+        "frequencies": source,
         "logit_samples": int((samples["w"] > 0).sum()), "logit_misfit": misfit}

@@ -131,6 +131,18 @@ def odd_slope(odd: np.ndarray, u: np.ndarray, degree: int = DEGREE) -> np.ndarra
     return (slope @ coef).reshape(r, -1).T
 
 
+def start_frequencies(oracle, head_dim: int, base: float | None = None) -> tuple[np.ndarray, str]:
+    """The rotation frequencies an every-row start uses and where they came from: the oracle's declared ones (a
+    Hugging Face folder's config's: ``"declared"``, held by the polish), else those of ``base`` (default
+    :data:`DEFAULT_BASE`: ``"fitted"``, the polish fits them)."""
+    from attnprobe.oracles.wrappers import declared_attribute
+
+    declared = declared_attribute(oracle.fn, "rotary_frequencies")
+    if declared is not None:
+        return np.asarray(declared, dtype=np.float64), "declared"
+    return rope_frequencies(head_dim, base or DEFAULT_BASE), "fitted"
+
+
 def coarse_values(oracle, rng: np.random.Generator, rho: float, repeats: int = VALUE_REPEATS):
     """``M`` (K, d) and ``c`` (K,) from ``2d·repeats`` one-token sequences ``±ρ P`` (P random orthogonal)."""
     d = oracle.d

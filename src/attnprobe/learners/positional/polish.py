@@ -16,6 +16,7 @@ is above a target, the polish runs on fresh sequences and its model is kept only
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -97,6 +98,19 @@ def fresh_answers(oracle, count: int, rng: np.random.Generator, lengths=POLISH_L
     return out
 
 
+@contextmanager
+def one_torch_thread():
+    """torch on one thread inside (the polishes' many small products: threads only contend), as it was after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def fitted_names(model: PositionalAttention, frequencies: bool = False) -> tuple[str, ...]:
     """The arrays the polish fits: the weights and biases, and the position term's own numbers (RoPE
     frequencies only when ``frequencies``)."""
@@ -113,14 +127,8 @@ def polish(model: PositionalAttention, data, *, frequencies: bool = False, round
     its answers' spread (:func:`length_weights`). The start's gauge scales are balanced first
     (:func:`~attnprobe.models.positional_gauge.balanced`). Returns the polished model (float64) and a
     :class:`PolishReport`. Runs torch on one thread (many small products: threads only contend)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         return _fit(model, data, frequencies, rounds, cg_steps, only, relative)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _fit(model, data, frequencies, rounds, cg_steps, only=None, relative=False):

@@ -92,15 +92,14 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
     if progress is not None:
         progress(res.queries + oracle.queries - before, res.queries + oracle.queries - before)
     if rows:
-        model = res.model
+        model, compute = res.model, chunk_precision(oracle.precision)
         if slow_mixing:
             from attnprobe.learners.positional.slow_mixing import fit_slow_mixing, mixing_pairs
 
-            model, mixing = fit_slow_mixing(model, data, mixing_pairs(model, ROW_LENGTH),
-                                            compute=chunk_precision(oracle.precision))
+            model, mixing = fit_slow_mixing(model, data, mixing_pairs(model, ROW_LENGTH), compute=compute)
             res.details["polish_slow_mixing"] = mixing
         model, report = polish_rows(model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
-                                    relative=relative, compute=chunk_precision(oracle.precision))
+                                    relative=relative, compute=compute)
     else:
         if work is not None:
             rounds, cg_steps = capped_steps(n, res.unknowns, rounds, cg_steps, work)

@@ -28,7 +28,7 @@ from attnprobe.learners.core.conjugate_gradients import conjugate_gradients
 from attnprobe.errors import ConfigError
 from attnprobe.learners.core.estimate import duration
 from attnprobe.learners.positional.polish import (CG_STEPS, DENSE_LIMIT, LADDER, NULL_COLUMN, ROUNDS, PolishReport,
-                                                  fitted_names, length_weights, marquardt_step)
+                                                  fitted_names, length_weights, marquardt_step, one_torch_thread)
 from attnprobe.models.positional import PositionalAttention, rotation_pairs, t5_buckets
 from attnprobe.models.positional_gauge import balanced
 
@@ -134,6 +134,12 @@ def rows_as_last_positions(data):
         for i in range(X.shape[1]):
             out.append((X[:, :i + 1], Y[:, i]))
     return out
+
+
+def rows_spread(data) -> float:
+    """The answers' spread over every row of ``data`` (``[(X, Y (B, N, K))]``): the root of the summed squares about
+    each batch's mean row, what the polishes' misfits are relative to."""
+    return math.sqrt(sum(float(((Y - Y.reshape(-1, Y.shape[-1]).mean(0)) ** 2).sum()) for _, Y in data))
 
 
 def row_weights(data, spread: float) -> list[np.ndarray]:
@@ -389,16 +395,10 @@ def polish_rows(model: PositionalAttention, data, *, frequencies: bool = False, 
     ``progress(done, total)``: Jacobian products done of the planned
     ``rounds · cg_steps``; ``log(line)``: a line per round. Returns the polished model (float64) and a
     :class:`PolishReport` (``sequences``: the sequences, ``numbers``: every row's numbers)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         return _fit_rows(model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
                          chunk_rows=chunk_rows, relative=relative, dense=dense, compute=compute, progress=progress,
                          log=log)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _fit_rows(model, data, *, frequencies, rounds, cg_steps, chunk_rows, relative, dense, compute, progress, log):
@@ -406,7 +406,7 @@ def _fit_rows(model, data, *, frequencies, rounds, cg_steps, chunk_rows, relativ
 
     names = fitted_names(model, frequencies)
     model = balanced(model)
-    spread = math.sqrt(sum(float(((Y - Y.reshape(-1, Y.shape[-1]).mean(0)) ** 2).sum()) for _, Y in data))
+    spread = rows_spread(data)
     weights = row_weights(data, spread) if relative else None
     problem = StreamedRows(model, names, data, chunk_rows=chunk_rows, weights=weights, compute=compute)
     p = problem.start

@@ -98,8 +98,8 @@ def fit_slow_mixing(model: PositionalAttention, data, pairs, *, rounds: int = RO
     cost falls. Returns the model and a dict (the relative misfit before and after, the steps kept)."""
     import torch
 
-    from attnprobe.learners.positional.polish import DENSE_LIMIT
-    from attnprobe.learners.positional.row_polish import StreamedRows
+    from attnprobe.learners.positional.polish import DENSE_LIMIT, one_torch_thread
+    from attnprobe.learners.positional.row_polish import StreamedRows, rows_spread
     from attnprobe.models.positional_gauge import balanced
 
     log = log or (lambda line: None)
@@ -107,11 +107,9 @@ def fit_slow_mixing(model: PositionalAttention, data, pairs, *, rounds: int = RO
         return model, {"pairs": [], "steps": 0}
     model = balanced(model)
     coords = slow_coordinates(model, pairs)
-    spread = math.sqrt(sum(float(((Y - Y.reshape(-1, Y.shape[-1]).mean(0)) ** 2).sum()) for _, Y in data))
+    spread = rows_spread(data)
     before, kept = None, 0
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         for r in range(rounds):
             problem = StreamedRows(model, ("Wq", "Wk"), data, compute=compute)
             p = problem.start
@@ -143,8 +141,6 @@ def fit_slow_mixing(model: PositionalAttention, data, pairs, *, rounds: int = RO
             kept += 1
             log(f"slow pairs' mixing round {r + 1}/{rounds}: misfit {math.sqrt(cost) / spread:.3e} -> "
                 f"{math.sqrt(best[0]) / spread:.3e}")
-    finally:
-        torch.set_num_threads(threads)
     final = StreamedRows(model, ("Wq", "Wk"), data, compute=compute)
     after = math.sqrt(final.cost(final.start)) / spread
     return model, {"pairs": [int(k) for k in pairs], "misfit_before": before, "misfit_after": after,
