@@ -133,3 +133,14 @@ def test_extract_hf_dir_on_t5_and_bloom_with_nothing_declared(tmp_path, capsys):
     assert main(["extract", "--hf-dir", str(qwen), "--layer", "1", "--out", str(tmp_path / "q.npz")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "float32" in err
+
+
+def test_a_folder_declares_the_biases_its_layer_has(llama, tmp_path):
+    """The polish holds the rest at zero (:func:`absent_biases`): LLaMA without ``attention_bias`` has none, Qwen2
+    has q, k and v but no output bias."""
+    from attnprobe.learners.positional.polish import absent_biases
+    from attnprobe.oracles.hf_attention import oracle_from_hf
+
+    qwen2 = tiny_family_dir(tmp_path / "q", "qwen2", hidden=32, heads=4, layers=1, kv_heads=2, seed=0)
+    assert absent_biases(oracle_from_hf(llama, 0, positional=True)) == ("bq", "bk", "bv", "bo")
+    assert absent_biases(oracle_from_hf(qwen2, 0, positional=True)) == ("bo",)
