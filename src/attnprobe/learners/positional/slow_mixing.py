@@ -52,32 +52,47 @@ def slow_coordinates(model: PositionalAttention, pairs) -> np.ndarray:
     return np.concatenate([a[pairs], b[pairs]])
 
 
-def mixing_tangents(model: PositionalAttention, coords: np.ndarray) -> np.ndarray:
-    """The tangents ``(n, H·d_h·d + G·d_h·d)`` (``W_Q`` then ``W_K``, flattened) of the mixings' unit directions: per
-    group ``g`` and ``(i, j)`` of ``coords``, ``δW_K,g[c_i] = W_K,g[c_j]``; per head ``h`` and ``(i, j)``,
-    ``δW_Q,h[c_i] = W_Q,h[c_j]``."""
-    H, G, dh, d = model.H, model.G, model.head_dim, model.Wq.shape[2]
-    n = len(coords)
-    out = []
-    for h in range(H):
-        for i in range(n):
-            for j in range(n):
-                t = np.zeros((H * dh * d + G * dh * d))
-                dq = t[:H * dh * d].reshape(H, dh, d)
-                dq[h, coords[i]] = model.Wq[h, coords[j]]
-                out.append(t)
-    for g in range(G):
-        for i in range(n):
-            for j in range(n):
-                t = np.zeros((H * dh * d + G * dh * d))
-                dk = t[H * dh * d:].reshape(G, dh, d)
-                dk[g, coords[i]] = model.Wk[g, coords[j]]
-                out.append(t)
-    return np.array(out)
+class MixingTangents:
+    """The mixings' unit directions in ``W_Q`` then ``W_K`` (flattened, ``H·d_h·d + G·d_h·d`` numbers): per head
+    ``h`` and ``(i, j)`` of ``coords``, ``δW_Q,h[c_i] = W_Q,h[c_j]``; then per group ``g``, ``δW_K,g[c_i] =
+    W_K,g[c_j]``. Never stacked: each touches one head's or group's ``|S|`` rows, so a dense stack would be
+    ``(H + G)·|S|²`` copies of every weight (~100 GB at LLaMA-3-8B's head shape) where one at a time is one copy."""
+
+    def __init__(self, model: PositionalAttention, coords: np.ndarray):
+        self.coords = np.asarray(coords, dtype=int)
+        self.blocks = [np.asarray(w, dtype=np.float64) for w in (*model.Wq, *model.Wk)]  # (d_h, d) each
+        self.queries = model.Wq.size
+        self.size = self.queries + model.Wk.size
+
+    def __len__(self) -> int:
+        return len(self.blocks) * len(self.coords) ** 2
+
+    def _at(self, block: int) -> int:
+        dh, d = self.blocks[0].shape
+        return block * dh * d
+
+    def vector(self, k: int) -> np.ndarray:
+        """Tangent ``k`` as a dense vector."""
+        n = len(self.coords)
+        block, rest = divmod(k, n * n)
+        i, j = divmod(rest, n)
+        W = self.blocks[block]
+        t = np.zeros(self.size)
+        t[self._at(block):self._at(block) + W.size].reshape(W.shape)[self.coords[i]] = W[self.coords[j]]
+        return t
+
+    def dot(self, v) -> np.ndarray:
+        """``T v`` for a flat vector ``v`` (every tangent's inner product with it), block by block."""
+        v = np.asarray(v, dtype=np.float64)
+        out = []
+        for block, W in enumerate(self.blocks):
+            V = v[self._at(block):self._at(block) + W.size].reshape(W.shape)
+            out.append((V[self.coords] @ W[self.coords].T).ravel())  # entry (i, j): v[c_i] · W[c_j]
+        return np.concatenate(out)
 
 
 def mixed(model: PositionalAttention, coords: np.ndarray, step: np.ndarray) -> np.ndarray:
-    """``W_Q`` then ``W_K`` flattened (as :func:`mixing_tangents`) with each block of ``step`` applied as a mixing
+    """``W_Q`` then ``W_K`` flattened (as :class:`MixingTangents`) with each block of ``step`` applied as a mixing
     ``exp(P)`` (a skew part rotates exactly, so a long step along a barely-seen rotation is not also a stretch)."""
     from scipy.linalg import expm
 
@@ -113,16 +128,18 @@ def fit_slow_mixing(model: PositionalAttention, data, pairs, *, rounds: int = RO
         for r in range(rounds):
             problem = StreamedRows(model, ("Wq", "Wk"), data, compute=compute)
             p = problem.start
-            T = torch.as_tensor(mixing_tangents(model, coords))
+            T = MixingTangents(model, coords)
             grad, cost = problem.gradient(p)
             before = before if before is not None else math.sqrt(cost) / spread
             if problem.numbers * problem.unknowns <= DENSE_LIMIT:  # small: the Jacobian itself, then J Tᵀ
-                JT = torch.as_tensor(problem.jacobian(p)) @ T.T
-                N = (JT.T @ JT).numpy()
-            else:  # streamed: JᵀJ t_i, a product each
-                N = (torch.stack([problem.normal(p, t) for t in T]) @ T.T).double().numpy()
+                J = problem.jacobian(p)
+                JT = np.stack([J @ T.vector(k) for k in range(len(T))], 1)
+                N = JT.T @ JT
+            else:  # streamed: T JᵀJ t_k, a product each
+                N = np.stack([T.dot(problem.normal(p, torch.as_tensor(T.vector(k))).double().numpy())
+                              for k in range(len(T))])
             N = (N + N.T) / 2
-            g = (T @ grad.double()).numpy()
+            g = T.dot(grad.double().numpy())
             lam_, U = np.linalg.eigh(N)
             keep = lam_ > NULL_EIGENVALUE * lam_.max()  # the pairs' gauge (scaled rotations) and what the rows miss
             U, lam_, gu = U[:, keep], lam_[keep], U[:, keep].T @ g
