@@ -315,3 +315,19 @@ def test_only_biases_can_be_held_and_a_layers_declared_biases_say_which():
     for letters, absent in (("", ALL_BIASES), ("qkv", ("bo",)), ("qkvo", ())):
         layer.biases = letters
         assert absent_biases(Oracle(layer, truth.d)) == absent
+
+
+def test_a_round_of_little_gain_ends_the_polish_unless_every_round_is_asked(monkeypatch):
+    """Steps cut to 1e-4 of the conjugate-gradient solution each lower the cost a little: by default the first such
+    round ends the polish; ``min_gain=0`` (the every-row route: its fit gains in bursts) runs every round."""
+    from attnprobe.learners.positional import row_polish
+
+    real = row_polish.conjugate_gradients
+    monkeypatch.setattr(row_polish, "conjugate_gradients", lambda *a, **kw: 1e-4 * real(*a, **kw))
+    truth = _model("llama")
+    start = _perturbed(truth, 1e-2)
+    data = _data(truth, shapes=((2, 12),), seed=4)
+    _, default = polish_rows(start, data, rounds=5, cg_steps=20, dense=False)
+    _, every = polish_rows(start, data, rounds=5, cg_steps=20, dense=False, min_gain=0.0)
+    assert default.rounds == 1 and every.rounds == 5
+    assert every.misfit_after < default.misfit_after < default.misfit_before

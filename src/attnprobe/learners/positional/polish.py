@@ -51,6 +51,8 @@ NULL_COLUMN = 1e-9
 WEIGHTS = ("Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
 #: the bias arrays by the letter a family's config names them with (``biases``: "qkv" for Qwen2, "" for LLaMA)
 BIAS_ARRAYS = {"q": "bq", "k": "bk", "v": "bv", "o": "bo"}
+#: a round whose cost falls by less than this fraction ends the polish (unless a caller asks for every round)
+MIN_GAIN = 1e-3
 #: when the learners' hook polishes: ``auto`` when the check's error is above the target, ``always``, ``never``
 POLISH_MODES = ("auto", "always", "never")
 #: the check error (relative RMS) above which ``auto`` polishes
@@ -221,7 +223,7 @@ def _fit(model, data, frequencies, rounds, cg_steps, only=None, relative=False, 
                 lam /= 4
             else:
                 lam *= 16
-        if not moved or gain < 1e-3:
+        if not moved or gain < MIN_GAIN:
             break
     out = dict(zip(names, torch.split(p.detach(), sizes)))
     numbers = sum(int(Y.numel()) for _, Y in batches)
