@@ -154,10 +154,10 @@ def polish(model: PositionalAttention, data, *, frequencies: bool = False, round
     (:func:`~attnprobe.models.positional_gauge.balanced`). Returns the polished model (float64) and a
     :class:`PolishReport`. Runs torch on one thread (many small products: threads only contend)."""
     with one_torch_thread():
-        return _fit(held_at_zero(model, held), data, frequencies, rounds, cg_steps, only, relative, held)
+        return _fit(held_at_zero(model, held), data, frequencies, rounds, cg_steps, only, relative, held=held)
 
 
-def _fit(model, data, frequencies, rounds, cg_steps, only=None, relative=False, held=()):
+def _fit(model, data, frequencies, rounds, cg_steps, only=None, relative=False, *, held=()):
     import torch
 
     names = fitted_names(model, frequencies, held)
