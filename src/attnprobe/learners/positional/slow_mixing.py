@@ -52,50 +52,58 @@ def slow_coordinates(model: PositionalAttention, pairs) -> np.ndarray:
     return np.concatenate([a[pairs], b[pairs]])
 
 
-def mixing_tangents(model: PositionalAttention, coords: np.ndarray) -> np.ndarray:
-    """The tangents ``(n, H·d_h·d + G·d_h·d)`` (``W_Q`` then ``W_K``, flattened) of the mixings' unit directions: per
-    group ``g`` and ``(i, j)`` of ``coords``, ``δW_K,g[c_i] = W_K,g[c_j]``; per head ``h`` and ``(i, j)``,
-    ``δW_Q,h[c_i] = W_Q,h[c_j]``."""
-    H, G, dh, d = model.H, model.G, model.head_dim, model.Wq.shape[2]
+def mixing_names(biases: bool) -> tuple[str, ...]:
+    """The arrays a mixing moves: ``W_Q``, ``W_K``, and with ``biases`` their biases ``b_Q``, ``b_K``."""
+    return ("Wq", "Wk", "bq", "bk") if biases else ("Wq", "Wk")
+
+
+def _arrays(model: PositionalAttention, biases: bool) -> list[np.ndarray]:
+    return [np.array(getattr(model, n), dtype=np.float64) for n in mixing_names(biases)]
+
+
+def mixing_tangents(model: PositionalAttention, coords: np.ndarray, *, biases: bool = False) -> np.ndarray:
+    """The tangents ``(n, unknowns)`` (:func:`mixing_names`' arrays flattened and concatenated) of the mixings' unit
+    directions: per head ``h`` and ``(i, j)`` of ``coords``, ``δW_Q,h[c_i] = W_Q,h[c_j]`` (with ``biases`` also
+    ``δb_Q,h[c_i] = b_Q,h[c_j]``: the query ``W_Q,h x + b_Q,h`` is what ``P_h`` mixes); per group ``g``,
+    ``δW_K,g[c_i] = W_K,g[c_j]`` (and ``δb_K,g[c_i] = b_K,g[c_j]``)."""
+    arrays = _arrays(model, biases)
+    sizes = [a.size for a in arrays]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
     n = len(coords)
     out = []
-    for h in range(H):
-        for i in range(n):
-            for j in range(n):
-                t = np.zeros((H * dh * d + G * dh * d))
-                dq = t[:H * dh * d].reshape(H, dh, d)
-                dq[h, coords[i]] = model.Wq[h, coords[j]]
-                out.append(t)
-    for g in range(G):
-        for i in range(n):
-            for j in range(n):
-                t = np.zeros((H * dh * d + G * dh * d))
-                dk = t[H * dh * d:].reshape(G, dh, d)
-                dk[g, coords[i]] = model.Wk[g, coords[j]]
-                out.append(t)
+    for side, count in ((0, model.H), (1, model.G)):  # queries (W_Q, b_Q), then keys (W_K, b_K)
+        for h in range(count):
+            for i in range(n):
+                for j in range(n):
+                    t = np.zeros(offsets[-1])
+                    for a in range(side, len(arrays), 2):  # W then, with biases, b
+                        t[offsets[a]:offsets[a + 1]].reshape(arrays[a].shape)[h, coords[i]] = arrays[a][h, coords[j]]
+                    out.append(t)
     return np.array(out)
 
 
-def mixed(model: PositionalAttention, coords: np.ndarray, step: np.ndarray) -> np.ndarray:
-    """``W_Q`` then ``W_K`` flattened (as :func:`mixing_tangents`) with each block of ``step`` applied as a mixing
-    ``exp(P)`` (a skew part rotates exactly, so a long step along a barely-seen rotation is not also a stretch)."""
+def mixed(model: PositionalAttention, coords: np.ndarray, step: np.ndarray, *, biases: bool = False) -> np.ndarray:
+    """:func:`mixing_names`' arrays flattened (as :func:`mixing_tangents`) with each block of ``step`` applied as a
+    mixing ``exp(P)`` to a head's (a group's) slow coordinates — of its bias too with ``biases`` (a skew part rotates
+    exactly, so a long step along a barely-seen rotation is not also a stretch)."""
     from scipy.linalg import expm
 
     n = len(coords)
     blocks = step.reshape(-1, n, n)
-    Wq, Wk = np.array(model.Wq, dtype=np.float64), np.array(model.Wk, dtype=np.float64)
-    for h in range(model.H):
-        Wq[h, coords] = expm(blocks[h]) @ Wq[h, coords]
-    for g in range(model.G):
-        Wk[g, coords] = expm(blocks[model.H + g]) @ Wk[g, coords]
-    return np.concatenate([Wq.ravel(), Wk.ravel()])
+    arrays = _arrays(model, biases)
+    for a, x in enumerate(arrays):
+        first = 0 if a % 2 == 0 else model.H  # W_Q, b_Q: the heads' blocks; W_K, b_K: the groups'
+        for h in range(len(x)):
+            x[h, coords] = expm(blocks[first + h]) @ x[h, coords]
+    return np.concatenate([x.ravel() for x in arrays])
 
 
 def fit_slow_mixing(model: PositionalAttention, data, pairs, *, rounds: int = ROUNDS, compute: str = "float64",
-                    log=None):
+                    biases: bool = False, log=None):
     """Refit the split of the slow ``pairs`` in every group (module docstring) on every-position rows ``data``
     (``[(X (B, N, d), Y (B, N, K))]``): ``rounds`` Gauss–Newton steps over the mixings, each kept only when the
-    cost falls. Returns the model and a dict (the relative misfit before and after, the steps kept)."""
+    cost falls; ``biases``: the mixings move the query and key biases' slow coordinates with their rows (held
+    otherwise). Returns the model and a dict (the relative misfit before and after, the steps kept)."""
     import torch
 
     from attnprobe.learners.positional.polish import DENSE_LIMIT, one_torch_thread
@@ -108,12 +116,13 @@ def fit_slow_mixing(model: PositionalAttention, data, pairs, *, rounds: int = RO
     model = balanced(model)
     coords = slow_coordinates(model, pairs)
     spread = rows_spread(data)
+    names = mixing_names(biases)
     before, kept = None, 0
     with one_torch_thread():
         for r in range(rounds):
-            problem = StreamedRows(model, ("Wq", "Wk"), data, compute=compute)
+            problem = StreamedRows(model, names, data, compute=compute)
             p = problem.start
-            T = torch.as_tensor(mixing_tangents(model, coords))
+            T = torch.as_tensor(mixing_tangents(model, coords, biases=biases))
             grad, cost = problem.gradient(p)
             before = before if before is not None else math.sqrt(cost) / spread
             if problem.numbers * problem.unknowns <= DENSE_LIMIT:  # small: the Jacobian itself, then J Tᵀ
@@ -129,7 +138,7 @@ def fit_slow_mixing(model: PositionalAttention, data, pairs, *, rounds: int = RO
             best = (cost, None)
             for damping in DAMPINGS:
                 step = -U @ (gu / (lam_ + damping * lam_.max()))
-                trial = torch.as_tensor(mixed(model, coords, step))
+                trial = torch.as_tensor(mixed(model, coords, step, biases=biases))
                 c = problem.cost(trial)
                 if c < best[0]:
                     best = (c, trial)
@@ -137,11 +146,11 @@ def fit_slow_mixing(model: PositionalAttention, data, pairs, *, rounds: int = RO
                 log(f"slow pairs' mixing round {r + 1}/{rounds}: no damping lowered the cost; stopped")
                 break
             arrays = problem.arrays(best[1].double())
-            model = balanced(replace(model, Wq=arrays["Wq"].double().numpy(), Wk=arrays["Wk"].double().numpy()))
+            model = balanced(replace(model, **{n: arrays[n].double().numpy() for n in names}))
             kept += 1
             log(f"slow pairs' mixing round {r + 1}/{rounds}: misfit {math.sqrt(cost) / spread:.3e} -> "
                 f"{math.sqrt(best[0]) / spread:.3e}")
-    final = StreamedRows(model, ("Wq", "Wk"), data, compute=compute)
+    final = StreamedRows(model, names, data, compute=compute)
     after = math.sqrt(final.cost(final.start)) / spread
     return model, {"pairs": [int(k) for k in pairs], "misfit_before": before, "misfit_after": after,
                    "steps": kept}
