@@ -56,16 +56,19 @@ def setup(args):
     return truth, Oracle(DeclaredRows(victim, truth.inv_freq), args.d, precision="bfloat16")
 
 
-def path(args, stage):
-    return OUT / f"{stage}_{args.d}_{args.heads}_{args.kv_heads}_m{args.model_seed}.npz"
+def path(args, stage, tag=""):
+    return OUT / f"{stage}{tag}_{args.d}_{args.heads}_{args.kv_heads}_m{args.model_seed}.npz"
 
 
 def save(args, stage, model):
-    np.savez(path(args, stage), **{k: np.asarray(getattr(model, k)) for k in NAMES})
+    np.savez(path(args, stage, args.tag), **{k: np.asarray(getattr(model, k)) for k in NAMES})
 
 
 def load(args, stage):
-    p = dict(np.load(path(args, stage)))
+    """The saved state of ``stage``: this run's own (``--tag``) when resuming it, else the previous stage's
+    (``--from-tag``)."""
+    own = args.resume and stage == {"polish": "polished", "slow": "mixed", "final": "final"}.get(args.stage)
+    p = dict(np.load(path(args, stage, args.tag if own else args.from_tag)))
     return PositionalAttention(p.pop("Wq"), p.pop("Wk"), p.pop("Wv"), p.pop("Wo"), position="rope", layout="half",
                                scale=1.0, causal=True, **p)
 
@@ -117,11 +120,20 @@ def stage_slow(args, truth, oracle, rng):
     model = load(args, "mixed" if args.resume else "polished")
     data = route_rows(args, oracle, rng)
     if not args.resume:
-        model, mixing = fit_slow_mixing(model, data, mixing_pairs(model, route.ROW_TOKENS),
-                                        compute=options(oracle)["compute"], log=log, biases=args.bias_mixing)
-        print(f"slow mixing: pairs {mixing['pairs']}, misfit {mixing['misfit_before']:.3e} -> "
-              f"{mixing['misfit_after']:.3e}; every length {every_length(model, truth):.2e}", flush=True)
-        save(args, "mixed", model)
+        print(f"row-polished: every length {every_length(model, truth):.2e}", flush=True)
+        variants = (args.bias_mixing, not args.bias_mixing) if args.variant else (args.bias_mixing,)
+        for biases in variants:  # the route's mixing first (kept), then the other, from the same state, compared
+            mixed, mixing = fit_slow_mixing(model, data, mixing_pairs(model, route.ROW_TOKENS),
+                                            compute=options(oracle)["compute"], log=log, biases=biases)
+            print(f"slow mixing ({'b_Q, b_K moved with their rows' if biases else 'b_Q, b_K held'}): pairs "
+                  f"{mixing['pairs']}, misfit {mixing['misfit_before']:.3e} -> {mixing['misfit_after']:.3e} "
+                  f"({mixing['steps']} steps); every length {every_length(mixed, truth):.2e}", flush=True)
+            if biases == args.bias_mixing:
+                kept = mixed
+                save(args, "mixed", mixed)
+            else:
+                np.savez(path(args, "mixed", args.tag + "_other"), **{k: np.asarray(getattr(mixed, k)) for k in NAMES})
+        model = kept
     if args.signs:
         model, signs = choose_pair_signs(model, data, polish_options=options(oracle), log=log)
         print(f"pair signs: flipped {signs['flipped']}; every length {every_length(model, truth):.2e}", flush=True)
@@ -163,8 +175,12 @@ def main():
     ap.add_argument("--als", type=int, default=route.LOGIT_ROUNDS)
     ap.add_argument("--sequences", type=int, default=None, help="polish, slow: ROW_SEQUENCES; final: FINAL_SEQUENCES")
     ap.add_argument("--rounds", type=int, default=None, help="polish: ROW_ROUNDS; final: FINAL_ROUNDS")
+    ap.add_argument("--tag", default="", help="a suffix of the names this run saves (a variant beside the route's)")
+    ap.add_argument("--from-tag", default="", help="the suffix of the previous stage's saved state to start from")
     ap.add_argument("--chunk", type=int, default=1000, help="polish: rounds a call of polish_rows, saved after each")
     ap.add_argument("--bias-mixing", action="store_true", help="slow, final: the slow mixing moves b_Q, b_K too")
+    ap.add_argument("--no-variant", dest="variant", action="store_false",
+                    help="slow: not also the other mixing (biases moved / held) from the same state, for comparison")
     ap.add_argument("--no-signs", dest="signs", action="store_false")
     ap.add_argument("--seed", type=int, default=0, help="the stage's fresh sequences (plus 10 per stage)")
     ap.add_argument("--resume", action="store_true", help="polish, final: from the stage's own saved state")
