@@ -87,8 +87,7 @@ def biased_refusal(precision: str, *, rows: bool = False) -> str:
     if not rows:
         return head + ("q/k biases at this precision need every-position rows (a Hugging Face layer serves them on "
                        "request: every_position), and this oracle answers the last position only; ")
-    return head + ("the every-row route with biases (extract_bfloat16_rows with biases) is built but not dispatched "
-                   "to: ")
+    return head + "these rows are not sent to extract_bfloat16_rows with biases: "
 
 
 def sweep_spaces(H: int) -> int | None:
