@@ -61,6 +61,8 @@ def test_four_heads_sharing_keys_from_bfloat16_rows_within_the_claim(small_route
     assert res.details["route"] == "bfloat16 rows" and res.details["groups"] == G
     assert res.details["claim"]["error"] == bfloat16_rows.CLAIM and res.check.error <= bfloat16_rows.CLAIM
     assert res.details["polish"]["ran"] and res.details["polish"]["sequences"] == 1  # the hook's row polish
+    # every round of both row polishes runs (their fits gain in bursts: no early stop on one small gain)
+    assert res.details["row_polish"]["rounds"] == 4 and res.details["polish"]["rounds"] == 1
     assert function_error_over_lengths(res.model, model, np.random.default_rng(5), LENGTHS) < 3e-2
 
 

@@ -93,6 +93,37 @@ def test_export_a_rope_result_into_a_llama_folder(llama, tmp_path):
                  str(tmp_path / "cli"), "--layers", "1"]) == 0
 
 
+def test_export_of_a_result_that_answers_every_row_checks_every_row(llama, tmp_path, capsys):
+    """A result of an every-row oracle (saved with its positions, loaded as rows): ``export`` compares the exported
+    layer's every row with the result's, and says so; a layer that does not answer like it is refused."""
+    from attnprobe.models.io import model_writer, write_files
+    from attnprobe.targets import hf_export
+
+    spec, p, _ = _truth(llama, 1)
+    dense = _scrambled(spec, p, np.random.default_rng(5))
+    write_files([(tmp_path / "rows.npz", model_writer(dense, positions="causal"))])
+    assert main(["export", "--result", str(tmp_path / "rows.npz"), "--hf-dir", str(llama), "--layer", "1", "--out",
+                 str(tmp_path / "cli"), "--layers", "1"]) == 0
+    real = hf_export.export_layer
+
+    def off(result, *args, **kw):  # the exported folder's layer 1 answers unlike the result
+        out, misfit = real(result, *args, **kw)
+        from safetensors.numpy import load_file, save_file
+        weights = load_file(str(out / "model.safetensors"))
+        name = next(k for k in weights if k.endswith("o_proj.weight"))
+        weights[name] = weights[name] * 1.01
+        save_file(weights, str(out / "model.safetensors"))
+        return out, misfit
+
+    hf_export.export_layer = off
+    try:
+        code = main(["export", "--result", str(tmp_path / "rows.npz"), "--hf-dir", str(llama), "--layer", "1",
+                     "--out", str(tmp_path / "off"), "--layers", "1"])
+    finally:
+        hf_export.export_layer = real
+    assert code != 0 and "answers unlike the result" in capsys.readouterr().err
+
+
 def test_export_refuses_frequencies_that_do_not_fit(llama, tmp_path):
     spec, p, _ = _truth(llama, 1)
     dense = _scrambled(spec, p, np.random.default_rng(4))
@@ -133,3 +164,14 @@ def test_extract_hf_dir_on_t5_and_bloom_with_nothing_declared(tmp_path, capsys):
     assert main(["extract", "--hf-dir", str(qwen), "--layer", "1", "--out", str(tmp_path / "q.npz")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "float32" in err
+
+
+def test_a_folder_declares_the_biases_its_layer_has(llama, tmp_path):
+    """The polish holds the rest at zero (:func:`absent_biases`): LLaMA without ``attention_bias`` has none, Qwen2
+    has q, k and v but no output bias."""
+    from attnprobe.learners.positional.polish import absent_biases
+    from attnprobe.oracles.hf_attention import oracle_from_hf
+
+    qwen2 = tiny_family_dir(tmp_path / "q", "qwen2", hidden=32, heads=4, layers=1, kv_heads=2, seed=0)
+    assert absent_biases(oracle_from_hf(llama, 0, positional=True)) == ("bq", "bk", "bv", "bo")
+    assert absent_biases(oracle_from_hf(qwen2, 0, positional=True)) == ("bo",)

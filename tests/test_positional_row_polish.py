@@ -270,3 +270,64 @@ def test_the_hook_polishes_on_every_row_when_the_oracle_answers_causal_rows(roun
     if rounds:
         assert info["kept"] and info["misfit_after"] < 1e-9
         assert function_error_over_lengths(res.model, truth, np.random.default_rng(1), (1, 4, 64)) < 1e-9
+
+
+def _with_biases(model, size=0.05, seed=5):
+    rng = np.random.default_rng(seed)
+    return replace(model, **{n: size * rng.standard_normal(np.shape(getattr(model, n)))
+                             for n in ("bq", "bk", "bv", "bo")})
+
+
+ALL_BIASES = ("bq", "bk", "bv", "bo")
+
+
+@pytest.mark.parametrize("rows", [True, False])
+def test_biases_the_layer_lacks_stay_zero_and_the_polish_still_reaches_it(rows):
+    """A bias-free layer polished from a start that carries biases: held at zero they are exactly zero after, and
+    the weights alone reach the module (rows or last positions); fitted, the polish keeps nonzero biases."""
+    truth = _model("llama")
+    start = _with_biases(_perturbed(truth, 1e-3))
+    data = _data(truth, shapes=((3, 16),), seed=3)
+    fit = ((lambda m, **kw: polish_rows(m, data, rounds=3, chunk_rows=16, **kw)) if rows
+           else (lambda m, **kw: polish(m, rows_as_last_positions(data), rounds=3, **kw)))
+    held, report = fit(start, held=ALL_BIASES)
+    free, _ = fit(start)
+    assert all(not np.any(getattr(held, n)) for n in ALL_BIASES)
+    assert report.unknowns == sum(np.size(getattr(truth, n)) for n in ("Wq", "Wk", "Wv", "Wo"))
+    assert function_error_over_lengths(held, truth, np.random.default_rng(7), (1, 2, 5, 12, 40)) < 1e-9
+    assert max(np.abs(getattr(free, n)).max() for n in ALL_BIASES) > 1e-6
+
+
+def test_only_biases_can_be_held_and_a_layers_declared_biases_say_which():
+    from attnprobe.learners.positional.polish import absent_biases, held_at_zero
+
+    truth = _model("llama")
+    with pytest.raises(ConfigError) as err:
+        fitted_names(truth, held=("Wq",))
+    assert err.value.param == "held" and "Wq" in str(err.value)
+    with pytest.raises(ConfigError):
+        held_at_zero(truth, ("bias",))
+
+    def layer(X):
+        return truth(X)
+
+    assert absent_biases(Oracle(layer, truth.d)) == ()  # nothing declared: every bias fitted
+    for letters, absent in (("", ALL_BIASES), ("qkv", ("bo",)), ("qkvo", ())):
+        layer.biases = letters
+        assert absent_biases(Oracle(layer, truth.d)) == absent
+
+
+def test_a_round_of_little_gain_ends_the_polish_unless_every_round_is_asked(monkeypatch):
+    """Steps cut to 1e-4 of the conjugate-gradient solution each lower the cost a little: by default the first such
+    round ends the polish; ``min_gain=0`` (the every-row route: its fit gains in bursts) runs every round."""
+    from attnprobe.learners.positional import row_polish
+
+    real = row_polish.conjugate_gradients
+    monkeypatch.setattr(row_polish, "conjugate_gradients", lambda *a, **kw: 1e-4 * real(*a, **kw))
+    truth = _model("llama")
+    start = _perturbed(truth, 1e-2)
+    data = _data(truth, shapes=((2, 12),), seed=4)
+    _, default = polish_rows(start, data, rounds=5, cg_steps=20, dense=False)
+    _, every = polish_rows(start, data, rounds=5, cg_steps=20, dense=False, min_gain=0.0)
+    assert default.rounds == 1 and every.rounds == 5
+    assert every.misfit_after < default.misfit_after < default.misfit_before

@@ -6,7 +6,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from attnprobe.learners.positional.slow_mixing import fit_slow_mixing, mixed, slow_coordinates
+from attnprobe.learners.positional import polish
+from attnprobe.learners.positional.slow_mixing import MixingTangents, fit_slow_mixing, mixed, slow_coordinates
 from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.targets import random_rope_attention
 
@@ -23,11 +24,14 @@ def _mixed_slow_pairs(truth, rng, size):
     return replace(truth, Wq=Wq, Wk=Wk)
 
 
-@pytest.mark.parametrize("seed", [0, 3])
-def test_a_wrong_split_of_the_slow_pairs_is_refitted_to_the_layer(seed):
+@pytest.mark.parametrize("seed,streamed", [(0, False), (3, False), (0, True)])
+def test_a_wrong_split_of_the_slow_pairs_is_refitted_to_the_layer(seed, streamed, monkeypatch):
     """d = 16, 2 heads sharing one group, exact rows of 32 tokens (the two slowest pairs turn 0.32 and 0.032 rad):
     their coordinates mixed by 10 %, the function is several percent off; the mixing fit brings it within 1e-8 over
-    every length to 32 (Gauss–Newton converges quadratically: measured 1e-15)."""
+    every length to 32 (Gauss–Newton converges quadratically: measured 1e-15), from the formed Jacobian or from
+    streamed products (the route's way at d = 128)."""
+    if streamed:
+        monkeypatch.setattr(polish, "DENSE_LIMIT", 0)
     truth = random_rope_attention(16, 2, 1, head_dim=8, seed=seed)
     X = np.random.default_rng(seed).standard_normal((2, 32, 16))
     start = _mixed_slow_pairs(truth, np.random.default_rng(seed + 1), 0.1)
@@ -55,6 +59,29 @@ def test_a_mixing_step_is_the_exponential_of_its_blocks():
     assert np.allclose(Wq[1, S], np.array([[c, -s], [s, c]]) @ model.Wq[1, S], atol=1e-12)
     others = [i for i in range(8) if i not in S]
     assert np.array_equal(Wq[1, others], model.Wq[1, others]) and np.array_equal(Wq[0], model.Wq[0])
+
+
+@pytest.mark.parametrize("biases", [False, True])
+def test_the_tangents_are_the_mixings_derivatives_and_their_products_match(biases):
+    """Tangent k is the derivative of ``mixed`` along the step's unit k (central differences), and ``dot`` is every
+    tangent's inner product with a vector — without the dense stack; with ``biases`` the same over W_Q, W_K, b_Q,
+    b_K (a layer with q/k biases)."""
+    model = random_rope_attention(16, 4, 2, head_dim=8, seed=2)
+    model = _biased(model, np.random.default_rng(3)) if biases else model
+    S = slow_coordinates(model, [2, 3])
+    T = MixingTangents(model, S, biases=biases)
+    n = len(S)
+    assert len(T) == (4 + 2) * n * n
+    assert T.size == model.Wq.size + model.Wk.size + (model.bq.size + model.bk.size if biases else 0)
+    v = np.random.default_rng(0).standard_normal(T.size)
+    dense = []
+    for k in range(len(T)):
+        e = np.zeros(len(T))
+        e[k] = 1e-6
+        derivative = (mixed(model, S, e, biases=biases) - mixed(model, S, -e, biases=biases)) / 2e-6
+        assert np.abs(derivative - T.vector(k)).max() < 1e-8 * np.abs(model.Wq).max()
+        dense.append(T.vector(k))
+    assert np.allclose(T.dot(v), np.array(dense) @ v, rtol=1e-12, atol=1e-12)
 
 
 def test_the_pairs_mixed_are_the_slowest_that_fit_the_unknowns_allowed():

@@ -58,6 +58,8 @@ def main() -> None:
     ap.add_argument("--sequences", type=int, default=16)
     ap.add_argument("--from", dest="source", default=None, help="the saved state to start from")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--held", action="store_true", help="hold every bias at zero (the LLaMA layer has none)")
+    ap.add_argument("--tag", default="", help="suffix of the saved state's name")
     args = ap.parse_args()
     import torch
     torch.set_num_threads(1)
@@ -73,7 +75,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     options = {"frequencies": False, "cg_steps": bfloat16_rows.ROW_CG_STEPS, "dense": False, "compute": "float32",
-               "log": print}
+               "held": ("bq", "bk", "bv", "bo") if args.held else (), "log": print}
     if args.stage == "start":
         model, measured = bfloat16_rows.logit_start(oracle, args.heads, np.random.default_rng(args.seed), log=print)
         save(model, f"start_{tag}", {**measured, "queries": oracle.queries})
@@ -94,7 +96,7 @@ def main() -> None:
     else:
         model, rep = polish_rows(model, data, rounds=args.rounds, **options)
         info = rep.to_dict()
-    save(model, f"{args.stage}_{tag}", info)
+    save(model, f"{args.stage}{args.tag}_{tag}", info)
     print(f"{args.stage}: {error(model):.2e} over {len(LENGTHS)} lengths, every length 1 … 256: "
           f"{error(model, every=True):.2e}; {time.perf_counter() - t0:.0f} s", flush=True)
 

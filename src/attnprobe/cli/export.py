@@ -19,6 +19,7 @@ CHECK_FACTOR, CHECK_FLOOR, CHECK_CEILING = 1e4, 1e-8, 0.1
 
 def run(args) -> int:
     from attnprobe.models import load_model
+    from attnprobe.models.rows import AnswerRows
     from attnprobe.models.precision import machine_epsilon
     from attnprobe.oracles.hf_attention import oracle_from_hf
     from attnprobe.targets.hf_export import check_out_folder, export_layer
@@ -46,6 +47,12 @@ def run(args) -> int:
 
         def answers(X):
             return oracle.answer_rows(X), model.every_position(X), X
+    elif isinstance(model, AnswerRows):  # a result that answers every row: the exported layer's every row
+        oracle = oracle_from_hf(out, at, dtype=args.dtype, positional=kind == "positional_attention",
+                                every_position=True)
+
+        def answers(X):
+            return oracle.answer_rows(X), model(X), 0.0
     else:
         oracle = oracle_from_hf(out, at, dtype=args.dtype, positional=kind == "positional_attention")
 

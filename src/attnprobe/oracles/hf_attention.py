@@ -185,6 +185,7 @@ def oracle_from_hf(model_dir, layer: int, *, dtype: str = "float64", row: int | 
         fn.position_term = POSITION_TERMS[module.spec.family.position]
         fn.heads = module.heads  # the config's heads (a route that cannot read them from coarse answers)
         fn.qk_biases = bool({"q", "k"} & set(module.spec.biases))
+        fn.biases = "".join(sorted(module.spec.biases))  # the letters of the biases it has (the polish holds the rest)
         if module.spec.rotary is not None:  # the config's rotation (public, as its heads): a route may hold it
             fn.rotary_frequencies = module.spec.rotary.frequencies()
     if kwargs.get("precision") is None:

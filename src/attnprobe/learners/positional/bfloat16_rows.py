@@ -118,6 +118,7 @@ def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None =
     biases, Qwen2: :func:`~.biased_start.biased_logit_start`); ``log(line)`` a line per stage and round,
     ``report()`` after each stage's queries."""
     from attnprobe.learners.positional.pair_signs import choose_pair_signs
+    from attnprobe.learners.positional.polish import absent_biases
     from attnprobe.learners.positional.row_polish import chunk_precision, fresh_rows, polish_rows
     from attnprobe.learners.positional.slow_mixing import fit_slow_mixing, mixing_pairs
 
@@ -134,7 +135,8 @@ def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None =
         data = fresh_rows(oracle, ROW_SEQUENCES, rng, length=ROW_TOKENS)
     report()
     options = {"frequencies": measured["frequencies"] == "fitted", "cg_steps": ROW_CG_STEPS, "dense": False,
-               "compute": chunk_precision(oracle.precision), "log": log}
+               "compute": chunk_precision(oracle.precision), "held": absent_biases(oracle), "min_gain": 0.0,
+               "log": log}
     model, rep = polish_rows(model, data, rounds=ROW_ROUNDS, **options)
     model, mixing = fit_slow_mixing(model, data, mixing_pairs(model, ROW_TOKENS), compute=options["compute"],
                                     log=log)
@@ -166,7 +168,7 @@ def extract_bfloat16_rows(oracle, *, heads: int, seed=0, check=True, progress=No
                "biases": biases,
                "claim": {"error": CLAIM, "norm": "worst", "cause": CLAIM_CAUSE},
                "polish_plan": {"sequences": FINAL_SEQUENCES * ROW_LENGTH, "rounds": FINAL_ROUNDS,
-                               "cg_steps": FINAL_CG_STEPS, "rows": True, "slow_mixing": True,
+                               "cg_steps": FINAL_CG_STEPS, "rows": True, "slow_mixing": True, "min_gain": 0.0,
                                "frequencies": measured["frequencies"] == "fitted"},
                **measured}
     notes = [f"{oracle.precision} every-position rows: the every-row RoPE route ("

@@ -49,6 +49,10 @@ LADDER = (1e-14, 1e-11, 1e-8, 1e-5, 1e-2, 1.0)
 NULL_COLUMN = 1e-9
 #: the fitted arrays besides the position term
 WEIGHTS = ("Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
+#: the bias arrays by the letter a family's config names them with (``biases``: "qkv" for Qwen2, "" for LLaMA)
+BIAS_ARRAYS = {"q": "bq", "k": "bk", "v": "bv", "o": "bo"}
+#: a round whose cost falls by less than this fraction ends the polish (unless a caller asks for every round)
+MIN_GAIN = 1e-3
 #: when the learners' hook polishes: ``auto`` when the check's error is above the target, ``always``, ``never``
 POLISH_MODES = ("auto", "always", "never")
 #: the check error (relative RMS) above which ``auto`` polishes
@@ -111,40 +115,62 @@ def one_torch_thread():
         torch.set_num_threads(threads)
 
 
-def fitted_names(model: PositionalAttention, frequencies: bool = False) -> tuple[str, ...]:
-    """The arrays the polish fits: the weights and biases, and the position term's own numbers (RoPE
-    frequencies only when ``frequencies``)."""
+def fitted_names(model: PositionalAttention, frequencies: bool = False, held=()) -> tuple[str, ...]:
+    """The arrays the polish fits: the weights and biases (less the biases ``held`` at zero), and the position
+    term's own numbers (RoPE frequencies only when ``frequencies``)."""
+    unknown = sorted(set(held) - set(BIAS_ARRAYS.values()))
+    if unknown:
+        raise ConfigError(f"only biases can be held at zero ({', '.join(BIAS_ARRAYS.values())}); got "
+                          f"{', '.join(unknown)}", param="held")
     extra = {"alibi": ("slopes",), "t5": ("rel_bias",), "rope": ("inv_freq",) if frequencies else ()}
-    return WEIGHTS + extra.get(model.position, ())
+    return tuple(n for n in WEIGHTS if n not in held) + extra.get(model.position, ())
+
+
+def absent_biases(oracle) -> tuple[str, ...]:
+    """The bias arrays the layer behind ``oracle`` declares it has not — a Hugging Face folder's family and config
+    declare the letters of those it has (``biases``: "" for LLaMA, "qkv" for Qwen2) — which the polish holds at
+    zero: a fitted q or k bias the layer lacks is not the layer (under RoPE neither cancels in the softmax), and
+    ``export`` refuses it. ``()`` when the oracle declares nothing (every bias fitted)."""
+    from attnprobe.oracles.wrappers import declared_attribute
+
+    letters = declared_attribute(oracle.fn, "biases", accept=lambda v: isinstance(v, str))
+    return () if letters is None else tuple(name for letter, name in BIAS_ARRAYS.items() if letter not in letters)
+
+
+def held_at_zero(model: PositionalAttention, held) -> PositionalAttention:
+    """``model`` with the bias arrays ``held`` set to zero (validated as :func:`fitted_names` does)."""
+    fitted_names(model, held=held)
+    return replace(model, **{n: None for n in held}) if held else model
 
 
 def polish(model: PositionalAttention, data, *, frequencies: bool = False, rounds: int = ROUNDS,
            cg_steps: int = CG_STEPS, only: tuple[str, ...] | None = None,
-           relative: bool = False) -> tuple[PositionalAttention, PolishReport]:
+           relative: bool = False, held=()) -> tuple[PositionalAttention, PolishReport]:
     """Fit every parameter of ``model`` to the answers ``data`` (list of ``(X, Y)``, last positions) by
     Levenberg–Marquardt (module docstring); ``only``: fit these arrays of :func:`fitted_names` alone, the others
     held (a staged fit: the logit maps with the value maps held); ``relative``: each length's residuals relative to
-    its answers' spread (:func:`length_weights`). The start's gauge scales are balanced first
+    its answers' spread (:func:`length_weights`); ``held``: biases held at zero (:func:`absent_biases`). The
+    start's gauge scales are balanced first
     (:func:`~attnprobe.models.positional_gauge.balanced`). Returns the polished model (float64) and a
     :class:`PolishReport`. Runs torch on one thread (many small products: threads only contend)."""
     with one_torch_thread():
-        return _fit(model, data, frequencies, rounds, cg_steps, only, relative)
+        return _fit(held_at_zero(model, held), data, frequencies, rounds, cg_steps, only, relative, held)
 
 
-def _fit(model, data, frequencies, rounds, cg_steps, only=None, relative=False):
+def _fit(model, data, frequencies, rounds, cg_steps, only=None, relative=False, held=()):
     import torch
 
-    names = fitted_names(model, frequencies)
+    names = fitted_names(model, frequencies, held)
     if only is not None:
         unknown = sorted(set(only) - set(names))
         if unknown:
             raise ConfigError(f"the polish fits {', '.join(names)}; cannot fit {', '.join(unknown)}", param="only")
         names = tuple(n for n in names if n in only)
     # the same function, its gauge scales balanced where both arrays are fitted: a better-conditioned Jacobian
-    model = balanced(model, keys={"Wq", "Wk", "bq", "bk"} <= set(names),
-                     values={"Wv", "Wo", "bv"} <= set(names))
-    held = {n: torch.as_tensor(np.array(getattr(model, n), dtype=np.float64))
-            for n in fitted_names(model, True) if n not in names}
+    free = set(names) | set(held)  # a bias held at zero stays zero under any gauge scale
+    model = balanced(model, keys={"Wq", "Wk", "bq", "bk"} <= free, values={"Wv", "Wo", "bv"} <= free)
+    fixed = {n: torch.as_tensor(np.array(getattr(model, n), dtype=np.float64))
+             for n in fitted_names(model, True) if n not in names}
     arrays = {n: np.asarray(getattr(model, n), dtype=np.float64) for n in names}
     shapes = {n: a.shape for n, a in arrays.items()}
     sizes = [a.size for a in arrays.values()]
@@ -156,7 +182,7 @@ def _fit(model, data, frequencies, rounds, cg_steps, only=None, relative=False):
 
     def residual(flat):
         parts = dict(zip(names, torch.split(flat, sizes)))
-        parts = {**held, **{n: v.reshape(shapes[n]) for n, v in parts.items()}}
+        parts = {**fixed, **{n: v.reshape(shapes[n]) for n, v in parts.items()}}
         return torch.cat([(w * (last_row(model, parts, const, X) - Y)).reshape(-1)
                           for w, (X, Y) in zip(weight, batches)])
 
@@ -197,7 +223,7 @@ def _fit(model, data, frequencies, rounds, cg_steps, only=None, relative=False):
                 lam /= 4
             else:
                 lam *= 16
-        if not moved or gain < 1e-3:
+        if not moved or gain < MIN_GAIN:
             break
     out = dict(zip(names, torch.split(p.detach(), sizes)))
     numbers = sum(int(Y.numel()) for _, Y in batches)

@@ -11,8 +11,9 @@ import numpy as np
 
 from attnprobe.errors import ConfigError
 from attnprobe.models.positional import PositionalAttention
-from attnprobe.learners.positional.polish import (CHECKED, HOOK_CG_STEPS, HOOK_ROUNDS, POLISH_LENGTHS, POLISH_MODES,
-                                                  POLISH_SEQUENCES, POLISH_TARGET, capped_steps, fresh_answers, polish)
+from attnprobe.learners.positional.polish import (CHECKED, HOOK_CG_STEPS, HOOK_ROUNDS, MIN_GAIN, POLISH_LENGTHS,
+                                                  POLISH_MODES, POLISH_SEQUENCES, POLISH_TARGET, absent_biases,
+                                                  capped_steps, fresh_answers, held_at_zero, polish)
 from attnprobe.learners.positional.row_polish import ROW_LENGTH, chunk_precision, fresh_rows, polish_rows
 
 
@@ -42,7 +43,7 @@ def polish_queries(unknowns: int, outputs: int, check_queries: int, sequences: i
 def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH_TARGET, sequences: int | None = None,
                       seed: int = 0, lengths=POLISH_LENGTHS, rounds: int = HOOK_ROUNDS, cg_steps: int = HOOK_CG_STEPS,
                       frequencies: bool = True, relative: bool = False, progress=None, rows: bool | None = None,
-                      work: float | None = None, slow_mixing: bool = False):
+                      work: float | None = None, slow_mixing: bool = False, min_gain: float = MIN_GAIN):
     """The learners' hook: polish ``res.model`` (a :class:`PositionalAttention` result of ``oracle``) on
     ``sequences`` fresh last-position answers (default :func:`polish_sequences`) when ``mode`` is ``always``, or
     ``auto`` and the check's error is above ``target``; then a fresh functional check (the lengths and count of
@@ -52,7 +53,9 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
     :data:`~.row_polish.ROW_LENGTH` tokens, computed in float32 for answers no finer; default: when the oracle is
     known to answer causal rows and the model is causal); ``work``: the last-position polish's rounds and
     conjugate-gradient steps cut to this work cap (:func:`~.polish.capped_steps`); ``slow_mixing``: on rows, the
-    slow pairs' split refitted first (:func:`~.slow_mixing.fit_slow_mixing`). The result's check is
+    slow pairs' split refitted first (:func:`~.slow_mixing.fit_slow_mixing`), and ``min_gain`` (0: every round) as
+    :func:`~.row_polish.polish_rows` takes it; the biases the oracle's layer declares
+    it has not are held at zero (:func:`~.polish.absent_biases`). The result's check is
     the returned model's (counted apart, as every learner's); every other query the hook asks, and the learner's
     check when its model is replaced, is counted in ``res.queries`` and ``res.queries_by_phase`` (``polish``,
     ``polish check``); ``res.details["polish"]`` and a note say what happened. Returns ``res`` (changed in
@@ -91,20 +94,21 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
             data = fresh_answers(oracle, n, rng, lengths)
     if progress is not None:
         progress(res.queries + oracle.queries - before, res.queries + oracle.queries - before)
+    held = absent_biases(oracle)
     if rows:
-        model, compute = res.model, chunk_precision(oracle.precision)
+        model, compute = held_at_zero(res.model, held), chunk_precision(oracle.precision)
         if slow_mixing:
             from attnprobe.learners.positional.slow_mixing import fit_slow_mixing, mixing_pairs
 
             model, mixing = fit_slow_mixing(model, data, mixing_pairs(model, ROW_LENGTH), compute=compute)
             res.details["polish_slow_mixing"] = mixing
         model, report = polish_rows(model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
-                                    relative=relative, compute=compute)
+                                    relative=relative, compute=compute, held=held, min_gain=min_gain)
     else:
         if work is not None:
             rounds, cg_steps = capped_steps(n, res.unknowns, rounds, cg_steps, work)
         model, report = polish(res.model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
-                               relative=relative)
+                               relative=relative, held=held)
     with oracle.phase("check", fresh=True):
         if check is None:
             check = functional_check(oracle, res.model, rng, lengths_checked, per_length)

@@ -27,8 +27,10 @@ import numpy as np
 from attnprobe.learners.core.conjugate_gradients import conjugate_gradients
 from attnprobe.errors import ConfigError
 from attnprobe.learners.core.estimate import duration
-from attnprobe.learners.positional.polish import (CG_STEPS, DENSE_LIMIT, LADDER, NULL_COLUMN, ROUNDS, PolishReport,
-                                                  fitted_names, length_weights, marquardt_step, one_torch_thread)
+from attnprobe.learners.positional.polish import (CG_STEPS, DENSE_LIMIT, LADDER, MIN_GAIN, NULL_COLUMN, ROUNDS,
+                                                  PolishReport,
+                                                  fitted_names, held_at_zero, length_weights, marquardt_step,
+                                                  one_torch_thread)
 from attnprobe.models.positional import PositionalAttention, rotation_pairs, t5_buckets
 from attnprobe.models.positional_gauge import balanced
 
@@ -384,27 +386,31 @@ class StreamedRows:
 
 def polish_rows(model: PositionalAttention, data, *, frequencies: bool = False, rounds: int = ROUNDS,
                 cg_steps: int = CG_STEPS, chunk_rows: int = CHUNK_ROWS, relative: bool = False,
-                dense: bool | None = None, compute: str = "float64", progress=None,
-                log=None) -> tuple[PositionalAttention, PolishReport]:
+                dense: bool | None = None, compute: str = "float64", held=(), min_gain: float = MIN_GAIN,
+                progress=None, log=None) -> tuple[PositionalAttention, PolishReport]:
     """Fit every parameter of ``model`` to every-position answers ``data`` (``[(X (B, N, d), Y (B, N, K))]``; a
     causal or bidirectional model's rows, as the model is) by Levenberg–Marquardt, every product streamed over
     chunks of ``chunk_rows`` rows (:class:`StreamedRows`); the rest as :func:`~.polish.polish`: gauge balanced
     first; a small Jacobian (numbers × unknowns ≤ :data:`~.polish.DENSE_LIMIT`, or ``dense``) formed and solved
     for a ladder of dampings, a larger one matrix-free (Jacobi-scaled conjugate gradients); ``relative``: each
-    position's rows relative to their spread; ``compute``: the chunks' precision (:class:`StreamedRows`).
+    position's rows relative to their spread; ``compute``: the chunks' precision (:class:`StreamedRows`);
+    ``held``: biases held at zero (:func:`~.polish.absent_biases`); ``min_gain``: stop early after a round whose
+    cost fell by less than this fraction (0: run every round — on bfloat16 rows the fit gains in bursts, a round
+    of 1e-3 followed by one of 70 %).
     ``progress(done, total)``: Jacobian products done of the planned
     ``rounds · cg_steps``; ``log(line)``: a line per round. Returns the polished model (float64) and a
     :class:`PolishReport` (``sequences``: the sequences, ``numbers``: every row's numbers)."""
     with one_torch_thread():
-        return _fit_rows(model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
-                         chunk_rows=chunk_rows, relative=relative, dense=dense, compute=compute, progress=progress,
-                         log=log)
+        return _fit_rows(held_at_zero(model, held), data, frequencies=frequencies, rounds=rounds,
+                         cg_steps=cg_steps, chunk_rows=chunk_rows, relative=relative, dense=dense, compute=compute,
+                         held=held, min_gain=min_gain, progress=progress, log=log)
 
 
-def _fit_rows(model, data, *, frequencies, rounds, cg_steps, chunk_rows, relative, dense, compute, progress, log):
+def _fit_rows(model, data, *, frequencies, rounds, cg_steps, chunk_rows, relative, dense, compute, held, min_gain,
+              progress, log):
     import torch
 
-    names = fitted_names(model, frequencies)
+    names = fitted_names(model, frequencies, held)
     model = balanced(model)
     spread = rows_spread(data)
     weights = row_weights(data, spread) if relative else None
@@ -459,7 +465,7 @@ def _fit_rows(model, data, *, frequencies, rounds, cg_steps, chunk_rows, relativ
             log(f"row polish round {done}/{rounds}: misfit {math.sqrt(cost) / spread:.2e} (from {before:.2e}), "
                 + ("dense step" if dense else f"damping {lam:.0e}, {done_steps} CG steps")
                 + f", {time.perf_counter() - t0:.0f} s")
-        if not moved or gain < 1e-3:
+        if not moved or gain < min_gain:
             break
     out = dict(zip(names, torch.split(p.detach(), problem.sizes)))
     report = PolishReport(problem.sequences, problem.numbers, problem.unknowns, before, math.sqrt(cost) / spread,

@@ -57,40 +57,67 @@ def mixing_names(biases: bool) -> tuple[str, ...]:
     return ("Wq", "Wk", "bq", "bk") if biases else ("Wq", "Wk")
 
 
-def _arrays(model: PositionalAttention, biases: bool) -> list[np.ndarray]:
-    return [np.array(getattr(model, n), dtype=np.float64) for n in mixing_names(biases)]
+class MixingTangents:
+    """The mixings' unit directions in ``W_Q`` then ``W_K`` (flattened, ``H·d_h·d + G·d_h·d`` numbers; with
+    ``biases`` then ``b_Q``, ``b_K``): per head ``h`` and ``(i, j)`` of ``coords``, ``δW_Q,h[c_i] = W_Q,h[c_j]`` (with
+    ``biases`` also ``δb_Q,h[c_i] = b_Q,h[c_j]``: the query ``W_Q,h x + b_Q,h`` is what ``P_h`` mixes); then per group
+    ``g``, ``δW_K,g[c_i] = W_K,g[c_j]`` (and ``δb_K,g[c_i] = b_K,g[c_j]``). Never stacked: each touches one head's or
+    group's ``|S|`` rows, so a dense stack would be ``(H + G)·|S|²`` copies of every weight (~100 GB at LLaMA-3-8B's
+    head shape) where one at a time is one copy."""
 
+    def __init__(self, model: PositionalAttention, coords: np.ndarray, *, biases: bool = False):
+        self.coords = np.asarray(coords, dtype=int)
+        self.blocks = [np.asarray(w, dtype=np.float64) for w in (*model.Wq, *model.Wk)]  # (d_h, d) each
+        self.biases = ([np.asarray(b, dtype=np.float64) for b in (*model.bq, *model.bk)] if biases else None)
+        self.queries = model.Wq.size
+        self.weights = self.queries + model.Wk.size
+        self.size = self.weights + (model.bq.size + model.bk.size if biases else 0)
 
-def mixing_tangents(model: PositionalAttention, coords: np.ndarray, *, biases: bool = False) -> np.ndarray:
-    """The tangents ``(n, unknowns)`` (:func:`mixing_names`' arrays flattened and concatenated) of the mixings' unit
-    directions: per head ``h`` and ``(i, j)`` of ``coords``, ``δW_Q,h[c_i] = W_Q,h[c_j]`` (with ``biases`` also
-    ``δb_Q,h[c_i] = b_Q,h[c_j]``: the query ``W_Q,h x + b_Q,h`` is what ``P_h`` mixes); per group ``g``,
-    ``δW_K,g[c_i] = W_K,g[c_j]`` (and ``δb_K,g[c_i] = b_K,g[c_j]``)."""
-    arrays = _arrays(model, biases)
-    sizes = [a.size for a in arrays]
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    n = len(coords)
-    out = []
-    for side, count in ((0, model.H), (1, model.G)):  # queries (W_Q, b_Q), then keys (W_K, b_K)
-        for h in range(count):
-            for i in range(n):
-                for j in range(n):
-                    t = np.zeros(offsets[-1])
-                    for a in range(side, len(arrays), 2):  # W then, with biases, b
-                        t[offsets[a]:offsets[a + 1]].reshape(arrays[a].shape)[h, coords[i]] = arrays[a][h, coords[j]]
-                    out.append(t)
-    return np.array(out)
+    def __len__(self) -> int:
+        return len(self.blocks) * len(self.coords) ** 2
+
+    def _at(self, block: int) -> int:
+        dh, d = self.blocks[0].shape
+        return block * dh * d
+
+    def _bias_at(self, block: int) -> int:  # b_Q's heads then b_K's groups, the blocks' order
+        return self.weights + block * self.blocks[0].shape[0]
+
+    def vector(self, k: int) -> np.ndarray:
+        """Tangent ``k`` as a dense vector."""
+        n = len(self.coords)
+        block, rest = divmod(k, n * n)
+        i, j = divmod(rest, n)
+        W = self.blocks[block]
+        t = np.zeros(self.size)
+        t[self._at(block):self._at(block) + W.size].reshape(W.shape)[self.coords[i]] = W[self.coords[j]]
+        if self.biases is not None:
+            t[self._bias_at(block) + self.coords[i]] = self.biases[block][self.coords[j]]
+        return t
+
+    def dot(self, v) -> np.ndarray:
+        """``T v`` for a flat vector ``v`` (every tangent's inner product with it), block by block."""
+        v = np.asarray(v, dtype=np.float64)
+        out = []
+        for block, W in enumerate(self.blocks):
+            V = v[self._at(block):self._at(block) + W.size].reshape(W.shape)
+            entry = V[self.coords] @ W[self.coords].T  # (i, j): v[c_i] · W[c_j]
+            if self.biases is not None:
+                vb = v[self._bias_at(block) + self.coords]
+                entry = entry + np.outer(vb, self.biases[block][self.coords])
+            out.append(entry.ravel())
+        return np.concatenate(out)
 
 
 def mixed(model: PositionalAttention, coords: np.ndarray, step: np.ndarray, *, biases: bool = False) -> np.ndarray:
-    """:func:`mixing_names`' arrays flattened (as :func:`mixing_tangents`) with each block of ``step`` applied as a
+    """:func:`mixing_names`' arrays flattened (as :class:`MixingTangents`) with each block of ``step`` applied as a
     mixing ``exp(P)`` to a head's (a group's) slow coordinates — of its bias too with ``biases`` (a skew part rotates
     exactly, so a long step along a barely-seen rotation is not also a stretch)."""
     from scipy.linalg import expm
 
     n = len(coords)
     blocks = step.reshape(-1, n, n)
-    arrays = _arrays(model, biases)
+    arrays = [np.array(getattr(model, name), dtype=np.float64) for name in mixing_names(biases)]
     for a, x in enumerate(arrays):
         first = 0 if a % 2 == 0 else model.H  # W_Q, b_Q: the heads' blocks; W_K, b_K: the groups'
         for h in range(len(x)):
@@ -122,16 +149,18 @@ def fit_slow_mixing(model: PositionalAttention, data, pairs, *, rounds: int = RO
         for r in range(rounds):
             problem = StreamedRows(model, names, data, compute=compute)
             p = problem.start
-            T = torch.as_tensor(mixing_tangents(model, coords, biases=biases))
+            T = MixingTangents(model, coords, biases=biases)
             grad, cost = problem.gradient(p)
             before = before if before is not None else math.sqrt(cost) / spread
             if problem.numbers * problem.unknowns <= DENSE_LIMIT:  # small: the Jacobian itself, then J Tᵀ
-                JT = torch.as_tensor(problem.jacobian(p)) @ T.T
-                N = (JT.T @ JT).numpy()
-            else:  # streamed: JᵀJ t_i, a product each
-                N = (torch.stack([problem.normal(p, t) for t in T]) @ T.T).double().numpy()
+                J = problem.jacobian(p)
+                JT = np.stack([J @ T.vector(k) for k in range(len(T))], 1)
+                N = JT.T @ JT
+            else:  # streamed: T JᵀJ t_k, a product each
+                N = np.stack([T.dot(problem.normal(p, torch.as_tensor(T.vector(k))).double().numpy())
+                              for k in range(len(T))])
             N = (N + N.T) / 2
-            g = (T @ grad.double()).numpy()
+            g = T.dot(grad.double().numpy())
             lam_, U = np.linalg.eigh(N)
             keep = lam_ > NULL_EIGENVALUE * lam_.max()  # the pairs' gauge (scaled rotations) and what the rows miss
             U, lam_, gu = U[:, keep], lam_[keep], U[:, keep].T @ g
