@@ -174,8 +174,8 @@ def row_value_map_row(d: int, H: int, G: int, queries: int) -> list:
 
 
 def folder_truth(folder, layer: int = 0):
-    """The float64 module of a ``save_pretrained`` LLaMA folder's attention layer as a :class:`PositionalAttention`
-    (its weights, its config's frequencies)."""
+    """The float64 module of a ``save_pretrained`` LLaMA (or Qwen2) folder's attention layer as a
+    :class:`PositionalAttention` (its weights and biases, its config's frequencies)."""
     import torch
     import transformers
 
@@ -186,7 +186,7 @@ def folder_truth(folder, layer: int = 0):
     cfg = model.config
     dh = cfg.hidden_size // cfg.num_attention_heads
     theta = rope_frequencies(dh, float(getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]))
-    return reference_model(PositionalVictim("llama", model.layers[layer].self_attn, cfg, theta, dh))
+    return reference_model(PositionalVictim(cfg.model_type, model.layers[layer].self_attn, cfg, theta, dh))
 
 
 def rows_route_row(d: int, H: int, G: int, init: float | None) -> list:

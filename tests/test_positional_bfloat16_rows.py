@@ -164,3 +164,56 @@ def test_the_every_row_starts_take_declared_frequencies_else_the_bases():
             return model.every_position(X)
     theta, source = start_frequencies(Oracle(Declaring(), 16), 4, 500.0)
     assert source == "declared" and np.array_equal(theta, [1.0, 0.25])
+
+
+class _BiasedRows(_RoundedRows):
+    """:class:`_RoundedRows` of a layer whose family declares q/k biases (as a Qwen2 folder's config does)."""
+
+    qk_biases = True
+
+
+def test_bfloat16_rows_of_a_layer_declaring_qk_biases_are_refused_before_any_query_naming_the_rows_route(monkeypatch):
+    """A bfloat16 oracle serving causal rows of a layer declaring q/k biases (Qwen2) is refused before any query, in
+    one line naming the every-row route with biases and what it measured (docs/positional.md, "The every-row route
+    with biases": not dispatched to); the same rows without the declaration go to the every-row route."""
+    calls = []
+
+    class Reached(Exception):
+        pass
+
+    def recorder(oracle, **kw):
+        calls.append((oracle.queries, kw))
+        raise Reached
+
+    monkeypatch.setattr(bfloat16_rows, "extract_bfloat16_rows", recorder)
+    model = random_rope_attention(16, 4, 2, seed=1)
+    oracle = Oracle(_BiasedRows(model), 16, precision="bfloat16")
+    oracle.declare_positions("causal")
+    with pytest.raises(UnidentifiableError) as exc:
+        extract_positional(oracle, heads=4)
+    msg = str(exc.value)
+    assert "bfloat16" in msg and "biases" in msg and "extract_bfloat16_rows" in msg and "last position only" not in msg
+    assert "\n" not in msg and oracle.queries == 0 and not calls
+    plain = Oracle(_RoundedRows(model), 16, precision="bfloat16")
+    plain.declare_positions("causal")
+    with pytest.raises(Reached):
+        extract_positional(plain, heads=4)
+    assert calls[-1][0] == 0 and calls[-1][1]["heads"] == 4 and not calls[-1][1].get("biases", False)
+
+
+def test_last_position_bfloat16_answers_of_a_layer_declaring_qk_biases_are_refused_before_any_query():
+    """The same layer answering the last position only: refused in one line naming bfloat16, the q/k biases, the
+    every-position rows they need and that this oracle answers the last position only — two heads too (the
+    last-position route's own case)."""
+    for H, G in ((4, 2), (2, 1)):
+        rows = _BiasedRows(random_rope_attention(16, H, G, seed=1))
+
+        def last(X, rows=rows):
+            return rows(X)[:, -1]
+        last.qk_biases = True
+        oracle = Oracle(last, 16, precision="bfloat16")
+        with pytest.raises(UnidentifiableError) as exc:
+            extract_positional(oracle, heads=H)
+        msg = str(exc.value)
+        assert "bfloat16" in msg and "biases" in msg and "every-position rows" in msg and "last position only" in msg
+        assert "\n" not in msg and oracle.queries == 0

@@ -76,6 +76,20 @@ def bfloat16_refusal(d: int, H: int, outputs: int | None = None, *, rows: bool =
             "every_position); not recovered at bfloat16 (docs/positional.md, \"bfloat16 answers\")")
 
 
+def biased_refusal(precision: str, *, rows: bool = False) -> str:
+    """The one-line cause why answers at ``precision`` (bfloat16) from a layer declaring q/k biases are not read
+    (the reader appends :data:`~.bias_rows.ROWS_RESULT`, what the every-row route with biases measured): from the
+    last position only (``rows`` False) no route reads them; from every row (``rows``) the route with biases
+    (:func:`~.bfloat16_rows.extract_bfloat16_rows` with ``biases``) is built but not dispatched to."""
+    head = (f"these answers are {precision} and the layer's queries and keys carry biases (its family's config): the "
+            "last-position route's zero-key sweep reads bias-free heads only (a key bias gives zero keys a logit, a "
+            "value bias a value); ")
+    if not rows:
+        return head + ("q/k biases at this precision need every-position rows (a Hugging Face layer serves them on "
+                       "request: every_position), and this oracle answers the last position only; ")
+    return head + "these rows are not sent to extract_bfloat16_rows with biases: "
+
+
 def sweep_spaces(H: int) -> int | None:
     """How the sweep reads the value maps for ``H`` heads: ``None`` (the map ``z ↦ V_h z`` at ``per·d`` queries)
     up to two heads, else :data:`SPACE_QUERIES` (each head's output space; the sweep's twelve blocks)."""
@@ -130,14 +144,12 @@ def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=N
     from attnprobe.learners.positional.bias_rows import ROWS_RESULT
     from attnprobe.learners.positional.coarse import DEFAULT_BASE, worst_length_check
     from attnprobe.learners.positional.method import CLAIM_LENGTHS, CLAIM_PER_LENGTH, METHOD
+    from attnprobe.learners.positional.polish_hook import serves_causal_rows
     from attnprobe.oracles.wrappers import declared_attribute
 
     if declared_attribute(oracle.fn, "qk_biases"):
-        raise UnidentifiableError(f"these answers are {oracle.precision} and the layer's queries and keys carry "
-                                  "biases (its family's config): the RoPE route for bfloat16 answers reads bias-free "
-                                  "heads only (its zero-key sweep needs zero keys with logit 0 and no value; a key "
-                                  "bias gives them a logit, a value bias a value; " + ROWS_RESULT +
-                                  "; docs/positional.md, \"bfloat16 answers\")")
+        raise UnidentifiableError(biased_refusal(oracle.precision, rows=serves_causal_rows(oracle)) + ROWS_RESULT
+                                  + " (docs/positional.md, \"The every-row route with biases\")")
     if heads is None:
         heads = declared_attribute(oracle.fn, "heads", accept=lambda v: isinstance(v, int) and v >= 1)
     if heads is None:
@@ -145,7 +157,6 @@ def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=N
     d = oracle.d
     if bfloat16_refusal(d, heads, oracle.outputs) is not None:  # more than two heads, or wide ones
         from attnprobe.learners.positional.bfloat16_rows import extract_bfloat16_rows
-        from attnprobe.learners.positional.polish_hook import serves_causal_rows
 
         rows = serves_causal_rows(oracle)
         if (cause := bfloat16_refusal(d, heads, oracle.outputs, rows=rows)) is not None:

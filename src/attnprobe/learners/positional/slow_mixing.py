@@ -52,17 +52,26 @@ def slow_coordinates(model: PositionalAttention, pairs) -> np.ndarray:
     return np.concatenate([a[pairs], b[pairs]])
 
 
-class MixingTangents:
-    """The mixings' unit directions in ``W_Q`` then ``W_K`` (flattened, ``H·d_h·d + G·d_h·d`` numbers): per head
-    ``h`` and ``(i, j)`` of ``coords``, ``δW_Q,h[c_i] = W_Q,h[c_j]``; then per group ``g``, ``δW_K,g[c_i] =
-    W_K,g[c_j]``. Never stacked: each touches one head's or group's ``|S|`` rows, so a dense stack would be
-    ``(H + G)·|S|²`` copies of every weight (~100 GB at LLaMA-3-8B's head shape) where one at a time is one copy."""
+def mixing_names(biases: bool) -> tuple[str, ...]:
+    """The arrays a mixing moves: ``W_Q``, ``W_K``, and with ``biases`` their biases ``b_Q``, ``b_K``."""
+    return ("Wq", "Wk", "bq", "bk") if biases else ("Wq", "Wk")
 
-    def __init__(self, model: PositionalAttention, coords: np.ndarray):
+
+class MixingTangents:
+    """The mixings' unit directions in ``W_Q`` then ``W_K`` (flattened, ``H·d_h·d + G·d_h·d`` numbers; with
+    ``biases`` then ``b_Q``, ``b_K``): per head ``h`` and ``(i, j)`` of ``coords``, ``δW_Q,h[c_i] = W_Q,h[c_j]`` (with
+    ``biases`` also ``δb_Q,h[c_i] = b_Q,h[c_j]``: the query ``W_Q,h x + b_Q,h`` is what ``P_h`` mixes); then per group
+    ``g``, ``δW_K,g[c_i] = W_K,g[c_j]`` (and ``δb_K,g[c_i] = b_K,g[c_j]``). Never stacked: each touches one head's or
+    group's ``|S|`` rows, so a dense stack would be ``(H + G)·|S|²`` copies of every weight (~100 GB at LLaMA-3-8B's
+    head shape) where one at a time is one copy."""
+
+    def __init__(self, model: PositionalAttention, coords: np.ndarray, *, biases: bool = False):
         self.coords = np.asarray(coords, dtype=int)
         self.blocks = [np.asarray(w, dtype=np.float64) for w in (*model.Wq, *model.Wk)]  # (d_h, d) each
+        self.biases = ([np.asarray(b, dtype=np.float64) for b in (*model.bq, *model.bk)] if biases else None)
         self.queries = model.Wq.size
-        self.size = self.queries + model.Wk.size
+        self.weights = self.queries + model.Wk.size
+        self.size = self.weights + (model.bq.size + model.bk.size if biases else 0)
 
     def __len__(self) -> int:
         return len(self.blocks) * len(self.coords) ** 2
@@ -70,6 +79,9 @@ class MixingTangents:
     def _at(self, block: int) -> int:
         dh, d = self.blocks[0].shape
         return block * dh * d
+
+    def _bias_at(self, block: int) -> int:  # b_Q's heads then b_K's groups, the blocks' order
+        return self.weights + block * self.blocks[0].shape[0]
 
     def vector(self, k: int) -> np.ndarray:
         """Tangent ``k`` as a dense vector."""
@@ -79,6 +91,8 @@ class MixingTangents:
         W = self.blocks[block]
         t = np.zeros(self.size)
         t[self._at(block):self._at(block) + W.size].reshape(W.shape)[self.coords[i]] = W[self.coords[j]]
+        if self.biases is not None:
+            t[self._bias_at(block) + self.coords[i]] = self.biases[block][self.coords[j]]
         return t
 
     def dot(self, v) -> np.ndarray:
@@ -87,30 +101,36 @@ class MixingTangents:
         out = []
         for block, W in enumerate(self.blocks):
             V = v[self._at(block):self._at(block) + W.size].reshape(W.shape)
-            out.append((V[self.coords] @ W[self.coords].T).ravel())  # entry (i, j): v[c_i] · W[c_j]
+            entry = V[self.coords] @ W[self.coords].T  # (i, j): v[c_i] · W[c_j]
+            if self.biases is not None:
+                vb = v[self._bias_at(block) + self.coords]
+                entry = entry + np.outer(vb, self.biases[block][self.coords])
+            out.append(entry.ravel())
         return np.concatenate(out)
 
 
-def mixed(model: PositionalAttention, coords: np.ndarray, step: np.ndarray) -> np.ndarray:
-    """``W_Q`` then ``W_K`` flattened (as :class:`MixingTangents`) with each block of ``step`` applied as a mixing
-    ``exp(P)`` (a skew part rotates exactly, so a long step along a barely-seen rotation is not also a stretch)."""
+def mixed(model: PositionalAttention, coords: np.ndarray, step: np.ndarray, *, biases: bool = False) -> np.ndarray:
+    """:func:`mixing_names`' arrays flattened (as :class:`MixingTangents`) with each block of ``step`` applied as a
+    mixing ``exp(P)`` to a head's (a group's) slow coordinates — of its bias too with ``biases`` (a skew part rotates
+    exactly, so a long step along a barely-seen rotation is not also a stretch)."""
     from scipy.linalg import expm
 
     n = len(coords)
     blocks = step.reshape(-1, n, n)
-    Wq, Wk = np.array(model.Wq, dtype=np.float64), np.array(model.Wk, dtype=np.float64)
-    for h in range(model.H):
-        Wq[h, coords] = expm(blocks[h]) @ Wq[h, coords]
-    for g in range(model.G):
-        Wk[g, coords] = expm(blocks[model.H + g]) @ Wk[g, coords]
-    return np.concatenate([Wq.ravel(), Wk.ravel()])
+    arrays = [np.array(getattr(model, name), dtype=np.float64) for name in mixing_names(biases)]
+    for a, x in enumerate(arrays):
+        first = 0 if a % 2 == 0 else model.H  # W_Q, b_Q: the heads' blocks; W_K, b_K: the groups'
+        for h in range(len(x)):
+            x[h, coords] = expm(blocks[first + h]) @ x[h, coords]
+    return np.concatenate([x.ravel() for x in arrays])
 
 
 def fit_slow_mixing(model: PositionalAttention, data, pairs, *, rounds: int = ROUNDS, compute: str = "float64",
-                    log=None):
+                    biases: bool = False, log=None):
     """Refit the split of the slow ``pairs`` in every group (module docstring) on every-position rows ``data``
     (``[(X (B, N, d), Y (B, N, K))]``): ``rounds`` Gauss–Newton steps over the mixings, each kept only when the
-    cost falls. Returns the model and a dict (the relative misfit before and after, the steps kept)."""
+    cost falls; ``biases``: the mixings move the query and key biases' slow coordinates with their rows (held
+    otherwise). Returns the model and a dict (the relative misfit before and after, the steps kept)."""
     import torch
 
     from attnprobe.learners.positional.polish import DENSE_LIMIT, one_torch_thread
@@ -123,12 +143,13 @@ def fit_slow_mixing(model: PositionalAttention, data, pairs, *, rounds: int = RO
     model = balanced(model)
     coords = slow_coordinates(model, pairs)
     spread = rows_spread(data)
+    names = mixing_names(biases)
     before, kept = None, 0
     with one_torch_thread():
         for r in range(rounds):
-            problem = StreamedRows(model, ("Wq", "Wk"), data, compute=compute)
+            problem = StreamedRows(model, names, data, compute=compute)
             p = problem.start
-            T = MixingTangents(model, coords)
+            T = MixingTangents(model, coords, biases=biases)
             grad, cost = problem.gradient(p)
             before = before if before is not None else math.sqrt(cost) / spread
             if problem.numbers * problem.unknowns <= DENSE_LIMIT:  # small: the Jacobian itself, then J Tᵀ
@@ -146,7 +167,7 @@ def fit_slow_mixing(model: PositionalAttention, data, pairs, *, rounds: int = RO
             best = (cost, None)
             for damping in DAMPINGS:
                 step = -U @ (gu / (lam_ + damping * lam_.max()))
-                trial = torch.as_tensor(mixed(model, coords, step))
+                trial = torch.as_tensor(mixed(model, coords, step, biases=biases))
                 c = problem.cost(trial)
                 if c < best[0]:
                     best = (c, trial)
@@ -154,11 +175,11 @@ def fit_slow_mixing(model: PositionalAttention, data, pairs, *, rounds: int = RO
                 log(f"slow pairs' mixing round {r + 1}/{rounds}: no damping lowered the cost; stopped")
                 break
             arrays = problem.arrays(best[1].double())
-            model = balanced(replace(model, Wq=arrays["Wq"].double().numpy(), Wk=arrays["Wk"].double().numpy()))
+            model = balanced(replace(model, **{n: arrays[n].double().numpy() for n in names}))
             kept += 1
             log(f"slow pairs' mixing round {r + 1}/{rounds}: misfit {math.sqrt(cost) / spread:.3e} -> "
                 f"{math.sqrt(best[0]) / spread:.3e}")
-    final = StreamedRows(model, ("Wq", "Wk"), data, compute=compute)
+    final = StreamedRows(model, names, data, compute=compute)
     after = math.sqrt(final.cost(final.start)) / spread
     return model, {"pairs": [int(k) for k in pairs], "misfit_before": before, "misfit_after": after,
                    "steps": kept}
