@@ -139,7 +139,7 @@ def rows_start(oracle, H: int, rng: np.random.Generator, *, base: float | None =
                "log": log}
     model, rep = polish_rows(model, data, rounds=ROW_ROUNDS, **options)
     model, mixing = fit_slow_mixing(model, data, mixing_pairs(model, ROW_TOKENS), compute=options["compute"],
-                                    log=log)
+                                    biases=biases, log=log)  # q/k biases mixed with their rows (Qwen2: 0.265 → 0.257)
     model, signs = choose_pair_signs(model, data, polish_options=options, log=log)
     return model, {**measured, "row_polish": rep.to_dict(), "slow_mixing": mixing, "pair_signs": signs}
 

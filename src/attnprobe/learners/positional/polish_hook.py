@@ -87,7 +87,6 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
         rows = causal_rows(oracle, res.model)
     with oracle.phase("polish", fresh=True):
         if rows:
-
             n = -(-n // ROW_LENGTH)
             data = fresh_rows(oracle, n, rng)
         else:
@@ -100,7 +99,8 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
         if slow_mixing:
             from attnprobe.learners.positional.slow_mixing import fit_slow_mixing, mixing_pairs
 
-            model, mixing = fit_slow_mixing(model, data, mixing_pairs(model, ROW_LENGTH), compute=compute)
+            model, mixing = fit_slow_mixing(model, data, mixing_pairs(model, ROW_LENGTH), compute=compute,
+                                            biases=bool(res.details.get("biases")))
             res.details["polish_slow_mixing"] = mixing
         model, report = polish_rows(model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
                                     relative=relative, compute=compute, held=held, min_gain=min_gain)
