@@ -10,13 +10,19 @@ made of this stage's output and the truth elsewhere:
 
     values     coarse_values: ``M``, ``c`` (the error: the value maps' sum, not a function)
     maps       span_sweep.row_value_maps (every ``V_h``; the truth's logit maps, heads matched)
+    block      one block of block_logits (absolute_logit_samples on a block oracle, fit_logit_maps): its time, the
+               normal matrix's size, its score maps against the truth's on the block (gauge-free) — the cost of
+               ``blocks`` at widths where the whole stage is too long
     logits     the logit maps: ``blocks`` (block_logits: absolute logits on coordinate blocks, alternating least
                squares per block, gauges aligned on shared anchor coordinates), ``als`` (the route's
                absolute_logits on the whole input: its dense ``(d·d_h)²`` normal matrix is counted, refused past
-               ``--max-gb``), or ``truth`` (the float64 module's maps times ``exp`` of N(0, ``--perturb``²) noise
-               in every entry: a start in the polish's basin, to time the polish)
-    polish     row_polish.polish_rows on ``--sequences`` fresh sequences of 256 rows, ``--rounds`` rounds of
-               ``--cg-steps`` steps, chunks in float32; ``--resume`` from its own saved state
+               ``--max-gb``), ``rows`` (row_logits.row_logit_maps: Levenberg–Marquardt on the rows' log-weights
+               from a random start, ``--als`` rounds of ``--cg-steps``), or ``truth`` (the default: the float64
+               module's maps times ``exp`` of N(0, ``--perturb``²) noise in every entry, a start in the polish's
+               basin, to time the polish)
+    polish     row_polish.polish_rows (from the ``--logits`` method's start) on ``--sequences`` fresh sequences of
+               256 rows, ``--rounds`` rounds of ``--cg-steps`` steps, chunks in float32; ``--resume`` from its own
+               saved state
 
     PYTHONPATH=src python benchmarks/research/rope_8b_rows_route.py values --d 256
     PYTHONPATH=src python benchmarks/research/rope_8b_rows_route.py maps --d 256
@@ -48,7 +54,7 @@ from positional_bfloat16 import matched_errors  # noqa: E402
 OUT = Path("/tmp/rope8b")
 BASE = 5e5
 ALL = tuple(range(1, 257))
-STAGES = ("values", "maps", "logits", "polish")
+STAGES = ("values", "maps", "block", "logits", "polish")
 
 
 class TimedRows:
@@ -148,6 +154,13 @@ def stage_logits(args, truth, fn, oracle, rng):
         Wq, Wk = matched_truth_logits(truth, V)
         Wq = Wq * np.exp(args.perturb * rng.standard_normal(Wq.shape))
         Wk = Wk * np.exp(args.perturb * rng.standard_normal(Wk.shape))
+    elif args.logits == "rows":
+        from attnprobe.learners.positional import row_logits
+
+        sequences = args.logit_sequences or math.ceil(16 * d / (dh - row_logits.MARGIN))
+        Wq, Wk = row_logits.row_logit_maps(oracle, Cb, Gh, v["c"], theta, G, rng, sequences=sequences,
+                                           rounds=args.als, cg_steps=args.cg_steps,
+                                           log=lambda r, f: print(f"  round {r + 1}: misfit {f:.2e}", flush=True))
     elif args.logits == "als":
         gb = (d * dh) ** 2 * 8 * 2 / 2**30  # the normal matrix and its transposed copy
         if gb > args.max_gb:
@@ -155,20 +168,64 @@ def stage_logits(args, truth, fn, oracle, rng):
                              f"half-step: {gb:.1f} GB with its copy, over --max-gb {args.max_gb:g}")
         from attnprobe.learners.positional.absolute_logits import absolute_logit_samples, fit_logit_maps
 
-        samples = absolute_logit_samples(oracle, Cb, Gh, c=v["c"], rng=rng, sequences=args.logit_sequences)
+        samples = absolute_logit_samples(oracle, Cb, Gh, c=v["c"], rng=rng, sequences=args.logit_sequences or 120)
         Wq, Wk, _ = fit_logit_maps(samples, H, G, theta, rng, rounds=args.als, log=print)
     else:
         from attnprobe.learners.positional.block_logits import block_logit_maps
 
         Wq, Wk, info = block_logit_maps(oracle, Cb, Gh, v["c"], theta, G, rng, block=args.block,
-                                        anchor=args.anchor, sequences=args.logit_sequences, tokens=args.tokens,
-                                        rounds=args.als, log=lambda line: print(f"  {line}", flush=True))
+                                        anchor=args.anchor, sequences=args.logit_sequences or 40,
+                                        tokens=args.tokens, rounds=args.als, log=lambda line: print(f"  {line}", flush=True))
         print(f"  blocks: {info}", flush=True)
     t0 = time.perf_counter()
     model = start_model(Wq, Wk, Cb, Gh, v["c"], theta)
-    np.savez(path(args.d, "logits"), **model.arrays())
+    np.savez(path(args.d, f"logits-{args.logits}"), **model.arrays())
     return {"error": every_length(model, truth, args.per_length), "what": f"function (start, {args.logits})",
             "eval": time.perf_counter() - t0}
+
+
+def scores_off(Wq, Wk, Wq_t, Wk_t, theta, deltas=(0.0, -10.0, -100.0, -250.0)):
+    """``max over heads ‖B_h(δ) − B̂_h(δ)‖/‖B_h(δ)‖`` at each offset (the score maps: gauge-free)."""
+    from attnprobe.models.positional import rotation_matrix
+
+    H, dh, _ = Wq.shape
+    per = H // Wk.shape[0]
+    out = []
+    for dl in deltas:
+        R = rotation_matrix(dl, theta, dh)
+        b = np.einsum("hai,ab,hbj->hij", Wq, R, Wk[np.arange(H) // per])
+        t = np.einsum("hai,ab,hbj->hij", Wq_t, R, Wk_t[np.arange(H) // per])
+        out.append(float(max(np.linalg.norm(b[h] - t[h]) / np.linalg.norm(t[h]) for h in range(H))))
+    return out
+
+
+def stage_block(args, truth, fn, oracle, rng):
+    from attnprobe.learners.positional.absolute_logits import absolute_logit_samples, fit_logit_maps
+    from attnprobe.learners.positional.block_logits import BlockOracle, block_coordinates
+
+    v, m = np.load(path(args.d, "values")), np.load(path(args.d, "maps"))
+    V, G = m["V"], int(m["groups"])
+    Cb, Gh = split_value_maps(V, v["M"])
+    theta, _ = start_frequencies(oracle, Gh.shape[1])
+    H, dh, d = Gh.shape
+    blocks = block_coordinates(d, args.block, args.anchor, rng)
+    S = blocks[0]
+    data = absolute_logit_samples(BlockOracle(oracle, S), Cb, Gh[:, :, S], v["c"], rng,
+                                  sequences=args.logit_sequences or 40, tokens=args.tokens,
+                                  scale=math.sqrt(d / args.block))
+    t0 = time.perf_counter()
+    Wq, Wk, misfit = fit_logit_maps(data, H, G, theta, rng, rounds=args.als,
+                                    log=lambda line: print(f"  {line} ({time.perf_counter() - t0:.0f} s)",
+                                                           flush=True))
+    learner = time.perf_counter() - t0
+    Wq_t, Wk_t = matched_truth_logits(truth, V)
+    off = scores_off(Wq, Wk, Wq_t[:, :, S], Wk_t[:, :, S], theta)
+    n = args.block * dh
+    print(f"  one block of {args.block} ({args.anchor} shared): {len(blocks)} blocks at d = {d}; samples "
+          f"{int((data['w'] > 0).sum()):,}, normal matrix {n}² ({n * n * 8 / 2**30:.2f} GB), fit {learner:.0f} s "
+          f"({args.als} rounds: {H + args.als * (H + G)} solves); misfit {misfit:.2e}; score maps off (worst head, "
+          f"δ = 0 / -10 / -100 / -250) " + " / ".join(f"{e:.1e}" for e in off), flush=True)
+    return {"error": off[-1], "what": "block's score maps at δ = -250", "learner": learner}
 
 
 def load_model(d: int, stage: str) -> PositionalAttention:
@@ -181,7 +238,7 @@ def load_model(d: int, stage: str) -> PositionalAttention:
 def stage_polish(args, truth, fn, oracle, rng):
     from attnprobe.learners.positional.row_polish import fresh_rows, polish_rows
 
-    model = load_model(args.d, "polish" if args.resume else "logits")
+    model = load_model(args.d, f"polish-{args.logits}" if args.resume else f"logits-{args.logits}")
     data = fresh_rows(oracle, args.sequences, rng, length=route.ROW_TOKENS)
     learner = 0.0
     err = None
@@ -190,7 +247,7 @@ def stage_polish(args, truth, fn, oracle, rng):
         model, rep = polish_rows(model, data, rounds=1, frequencies=False, cg_steps=args.cg_steps, dense=False,
                                  compute="float32")
         learner += time.perf_counter() - t0
-        np.savez(path(args.d, "polish"), **model.arrays())
+        np.savez(path(args.d, f"polish-{args.logits}"), **model.arrays())
         t1 = time.perf_counter()
         err = every_length(model, truth, args.per_length) if args.every_round or r == args.rounds - 1 else None
         print(f"  round {r + 1}: misfit {rep.misfit_before:.2e} -> {rep.misfit_after:.2e}, "
@@ -206,12 +263,14 @@ def main():
     ap.add_argument("--d", type=int, default=256)
     ap.add_argument("--per-length", type=int, default=2, help="sequences per length in the function error")
     ap.add_argument("--value-repeats", type=int, default=2, help="values: one-token sequences per dimension and sign")
-    ap.add_argument("--logits", default="blocks", choices=("blocks", "als", "truth"))
+    ap.add_argument("--logits", default="truth", choices=("blocks", "als", "rows", "truth"),
+                    help="logits: the method; polish: the start (that method's saved maps)")
     ap.add_argument("--perturb", type=float, default=0.3, help="logits truth: log-normal noise in every entry")
     ap.add_argument("--max-gb", type=float, default=4.0, help="logits als: the largest normal matrix formed")
     ap.add_argument("--block", type=int, default=32, help="logits blocks: coordinates per block (anchor included)")
     ap.add_argument("--anchor", type=int, default=8, help="logits blocks: coordinates every block shares")
-    ap.add_argument("--logit-sequences", type=int, default=40, help="logits: zero-padded sequences (per block)")
+    ap.add_argument("--logit-sequences", type=int, help="logits: zero-padded sequences (per block; default 40), "
+                    "rows: sequences of d_h - 8 tokens (default 16·d tokens)")
     ap.add_argument("--tokens", type=int, default=12, help="logits blocks: random tokens per sequence")
     ap.add_argument("--als", type=int, default=route.LOGIT_ROUNDS, help="logits: alternating rounds")
     ap.add_argument("--sequences", type=int, default=route.ROW_SEQUENCES, help="polish: fresh sequences of 256 rows")
