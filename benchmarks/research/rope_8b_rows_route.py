@@ -175,7 +175,8 @@ def stage_logits(args, truth, fn, oracle, rng):
 
         Wq, Wk, info = block_logit_maps(oracle, Cb, Gh, v["c"], theta, G, rng, block=args.block,
                                         anchor=args.anchor, sequences=args.logit_sequences or 40,
-                                        tokens=args.tokens, rounds=args.als, log=lambda line: print(f"  {line}", flush=True))
+                                        tokens=args.tokens, rounds=args.als,
+                                        log=lambda line: print(f"  {line}", flush=True))
         print(f"  blocks: {info}", flush=True)
     t0 = time.perf_counter()
     model = start_model(Wq, Wk, Cb, Gh, v["c"], theta)
