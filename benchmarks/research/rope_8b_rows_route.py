@@ -20,6 +20,8 @@ made of this stage's output and the truth elsewhere:
                from a random start, ``--als`` rounds of ``--cg-steps``), or ``truth`` (the default: the float64
                module's maps times ``exp`` of N(0, ``--perturb``²) noise in every entry, a start in the polish's
                basin, to time the polish)
+    toy        block_logits end to end on a float64 layer at d = 64, 4/2 heads (d_h = 16), against the whole-input
+               alternating fit on as many sequences (score maps and function; no victim)
     polish     row_polish.polish_rows (from the ``--logits`` method's start) on ``--sequences`` fresh sequences of
                256 rows, ``--rounds`` rounds of ``--cg-steps`` steps, chunks in float32; ``--resume`` from its own
                saved state
@@ -229,6 +231,43 @@ def stage_block(args, truth, fn, oracle, rng):
     return {"error": off[-1], "what": "block's score maps at δ = -250", "learner": learner}
 
 
+def toy(args) -> None:
+    """block_logit_maps end to end on a float64 layer (``random_rope_attention(64, 4, 2)``, base 1e4, d_h = 16, its
+    own value maps), against the whole-input alternating fit on as many sequences."""
+    from attnprobe.learners.positional.absolute_logits import absolute_logit_samples, fit_logit_maps
+    from attnprobe.learners.positional.block_logits import block_coordinates, block_logit_maps
+    from attnprobe.targets import random_rope_attention
+
+    d, H, G = 64, 4, 2
+    m = random_rope_attention(d, H, G, seed=3, base=1e4)
+    theta, c = np.asarray(m.inv_freq), m.output_bias()
+    V = m.value_maps()
+    Cb, Gh = split_value_maps(V, V.sum(0))
+    lengths = (2, 17, 64, 256)
+    for name in ("blocks", "whole"):
+        oracle = Oracle(m.every_position, d, precision="float64")
+        oracle.declare_positions("causal")
+        rng = np.random.default_rng(args.seed)
+        t0 = time.perf_counter()
+        if name == "blocks":
+            Wq, Wk, info = block_logit_maps(oracle, Cb, Gh, c, theta, G, rng, block=args.block, anchor=args.anchor,
+                                            sequences=args.logit_sequences or 60, tokens=args.tokens,
+                                            rounds=args.als)
+            seqs = oracle.queries
+            misfit = f"blocks' misfits {' / '.join(f'{f:.2e}' for f in info['misfits'])}"
+        else:
+            data = absolute_logit_samples(oracle, Cb, Gh, c, rng, sequences=seqs, tokens=args.tokens)
+            Wq, Wk, f = fit_logit_maps(data, H, G, theta, rng, rounds=args.als)
+            misfit = f"misfit {f:.2e}"
+        off = scores_off(Wq, Wk, m.Wq * m.scale, m.Wk, theta)
+        err = function_error_over_lengths(route.grouped_start(Wq, Wk, Cb, Gh, c, theta), m,
+                                          np.random.default_rng(1), lengths)
+        blocks = len(block_coordinates(d, args.block, args.anchor, np.random.default_rng(0)))
+        print(f"| {name} ({blocks} blocks of {args.block}, {args.anchor} shared)" if name == "blocks" else
+              "| whole input", f"| {oracle.queries} | {args.als} | {misfit} | "
+              + " / ".join(f"{e:.1e}" for e in off) + f" | {err:.2e} | {time.perf_counter() - t0:.0f} |", flush=True)
+
+
 def load_model(d: int, stage: str) -> PositionalAttention:
     p = dict(np.load(path(d, stage)))
     keep = {k: p[k] for k in ("Wq", "Wk", "Wv", "Wo")}
@@ -260,7 +299,7 @@ def stage_polish(args, truth, fn, oracle, rng):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("stage", choices=STAGES)
+    ap.add_argument("stage", choices=STAGES + ("toy",))
     ap.add_argument("--d", type=int, default=256)
     ap.add_argument("--per-length", type=int, default=2, help="sequences per length in the function error")
     ap.add_argument("--value-repeats", type=int, default=2, help="values: one-token sequences per dimension and sign")
@@ -281,6 +320,8 @@ def main():
     ap.add_argument("--resume", action="store_true", help="polish: from its own saved state")
     ap.add_argument("--seed", type=int, default=0, help="the stage's randomness (plus 10 per stage)")
     args = ap.parse_args()
+    if args.stage == "toy":
+        return toy(args)
     OUT.mkdir(exist_ok=True)
     import torch
 
