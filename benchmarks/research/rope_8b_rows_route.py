@@ -278,7 +278,7 @@ def load_model(d: int, stage: str) -> PositionalAttention:
 def stage_polish(args, truth, fn, oracle, rng):
     from attnprobe.learners.positional.row_polish import fresh_rows, polish_rows
 
-    model = load_model(args.d, f"polish-{args.logits}" if args.resume else f"logits-{args.logits}")
+    model = load_model(args.d, f"polish-{args.logits}{args.tag}" if args.resume else f"logits-{args.logits}")
     data = fresh_rows(oracle, args.sequences, rng, length=route.ROW_TOKENS)
     learner = 0.0
     err = None
@@ -287,7 +287,7 @@ def stage_polish(args, truth, fn, oracle, rng):
         model, rep = polish_rows(model, data, rounds=1, frequencies=False, cg_steps=args.cg_steps, dense=False,
                                  compute="float32")
         learner += time.perf_counter() - t0
-        np.savez(path(args.d, f"polish-{args.logits}"), **model.arrays())
+        np.savez(path(args.d, f"polish-{args.logits}{args.tag}"), **model.arrays())
         t1 = time.perf_counter()
         err = every_length(model, truth, args.per_length) if args.every_round or r == args.rounds - 1 else None
         print(f"  round {r + 1}: misfit {rep.misfit_before:.2e} -> {rep.misfit_after:.2e}, "
@@ -317,6 +317,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="polish: rounds")
     ap.add_argument("--cg-steps", type=int, default=route.ROW_CG_STEPS, help="polish: conjugate-gradient steps")
     ap.add_argument("--every-round", action="store_true", help="polish: the function error after every round")
+    ap.add_argument("--tag", default="", help="polish: a suffix to its saved state's name (runs side by side)")
     ap.add_argument("--resume", action="store_true", help="polish: from its own saved state")
     ap.add_argument("--seed", type=int, default=0, help="the stage's randomness (plus 10 per stage)")
     args = ap.parse_args()
