@@ -62,3 +62,4 @@ def test_block_logit_maps_refuse_more_tokens_than_a_block_keeps_apart():
     with pytest.raises(ConfigError, match="tokens"):
         block_logit_maps(None, None, np.zeros((2, 8, 16)), None, np.asarray(m.inv_freq), 1,
                          np.random.default_rng(0), block=8, anchor=4, tokens=12)
+
