@@ -52,30 +52,12 @@ from attnprobe.targets.positional_modules import positional_victim, reference_mo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from positional_bfloat16 import matched_errors  # noqa: E402
+from research.rope_8b_start import EveryRow, Timed  # noqa: E402  (float32 rows; tokens and victim seconds counted)
 
 OUT = Path("/tmp/rope8b")
 BASE = 5e5
 ALL = tuple(range(1, 257))
 STAGES = ("values", "maps", "block", "logits", "polish")
-
-
-class TimedRows:
-    """The float32 victim's every row (causal), its rotary frequencies declared (as ``--hf-dir`` declares a folder's
-    config), counting tokens and the victim's own seconds."""
-
-    positions = "causal"
-
-    def __init__(self, victim, frequencies):
-        self.victim, self.dtype, self.__name__ = victim, "float32", type(victim).__name__
-        self.rotary_frequencies = frequencies
-        self.tokens, self.seconds = 0, 0.0
-
-    def __call__(self, X):
-        t0 = time.perf_counter()
-        y = np.asarray(self.victim.every_position(X), dtype=np.float64)
-        self.seconds += time.perf_counter() - t0
-        self.tokens += int(np.prod(np.shape(X)[:2]))
-        return y
 
 
 def shape(d: int) -> tuple[int, int]:
@@ -87,7 +69,8 @@ def setup(d: int):
     H, G = shape(d)
     kw = dict(d=d, heads=H, kv_heads=G, seed=0, rope={"rope_type": "default", "rope_theta": BASE})
     truth = reference_model(positional_victim("llama", dtype="float64", **kw))
-    fn = TimedRows(positional_victim("llama", dtype="float32", **kw), truth.inv_freq)
+    fn = Timed(EveryRow(positional_victim("llama", dtype="float32", **kw)))
+    fn.rotary_frequencies = truth.inv_freq  # declared, as --hf-dir declares a folder's config
     return truth, fn, Oracle(fn, d, precision="float32")
 
 
@@ -146,11 +129,15 @@ def stage_maps(args, truth, fn, oracle, rng):
             "eval": time.perf_counter() - t0}
 
 
+def saved_maps(d: int, oracle):
+    """The values and maps stages' results: ``v`` (``M``, ``c``), ``V``, the groups, ``Cb``, ``Gh``, the frequencies."""
+    v, m = np.load(path(d, "values")), np.load(path(d, "maps"))
+    Cb, Gh = split_value_maps(m["V"], v["M"])
+    return v, m["V"], int(m["groups"]), Cb, Gh, start_frequencies(oracle, Gh.shape[1])[0]
+
+
 def stage_logits(args, truth, fn, oracle, rng):
-    v, m = np.load(path(args.d, "values")), np.load(path(args.d, "maps"))
-    V, G = m["V"], int(m["groups"])
-    Cb, Gh = split_value_maps(V, v["M"])
-    theta, _ = start_frequencies(oracle, Gh.shape[1])
+    v, V, G, Cb, Gh, theta = saved_maps(args.d, oracle)
     H, dh, d = Gh.shape
     if args.logits == "truth":
         Wq, Wk = matched_truth_logits(truth, V)
@@ -206,10 +193,7 @@ def stage_block(args, truth, fn, oracle, rng):
     from attnprobe.learners.positional.absolute_logits import absolute_logit_samples, fit_logit_maps
     from attnprobe.learners.positional.block_logits import BlockOracle, block_coordinates
 
-    v, m = np.load(path(args.d, "values")), np.load(path(args.d, "maps"))
-    V, G = m["V"], int(m["groups"])
-    Cb, Gh = split_value_maps(V, v["M"])
-    theta, _ = start_frequencies(oracle, Gh.shape[1])
+    v, V, G, Cb, Gh, theta = saved_maps(args.d, oracle)
     H, dh, d = Gh.shape
     blocks = block_coordinates(d, args.block, args.anchor, rng)
     S = blocks[0]
