@@ -34,6 +34,10 @@ BLOCK, QUERIES, QUERY_SCALE, STARTS, ROUNDS = 64, 8, 2.0, 6, 40
 #: between heads. d = 128, 8/2, bfloat16: every V_h within 6.4e-3 … 1.0e-2 of the span at 1, 4.6e-3 … 7.5e-3 at 1.5,
 #: 4.1e-3 … 7.7e-3 at 2, up to 2.0e-2 at 3, 2.4e-2 … 4.3e-2 at 0.5
 KEY_SCALE = 1.5
+#: group_bases reads the span through sketches of SKETCH_WIDTH·d_h rows and columns when a span matrix holds more
+#: than SKETCH_ABOVE numbers (d = 1024, 8/2 and up; every measured route below it is unchanged). d = 4096, 32/8: an
+#: iteration on the whole (4096, 1024) matrices costs ~4⁴× its d = 1024 second, ~4 min (docs/positional.md)
+SKETCH_WIDTH, SKETCH_ABOVE = 2, 2**16
 #: the centres' range (log S) and their grid
 CENTRES = (-15.0, 20.0)
 GRID = np.linspace(-6.0, 12.0, 181)
@@ -136,7 +140,11 @@ def fit_mixing(C: np.ndarray, H: int, rng: np.random.Generator, zeros=ZEROS, *, 
 def group_bases(S: np.ndarray, dh: int, groups: int, rng: np.random.Generator, *, iters: int = 60,
                 tries: int = 12) -> np.ndarray:
     """Each key/value group's sub-span of ``S (H, K, r)`` (module docstring, step 2) as rows of coefficients
-    ``(groups, H/groups, H)``; refused when fewer than ``groups`` distinct sub-spans are found."""
+    ``(groups, H/groups, H)``; refused when fewer than ``groups`` distinct sub-spans are found. Past
+    :data:`SKETCH_ABOVE` numbers a matrix, read on ``P S_k Q`` (:func:`sketched_span`: the ranks the search tests
+    are kept, each iteration ~(K/4d_h)(r/4d_h)× cheaper)."""
+    if S.shape[1] * S.shape[2] > SKETCH_ABOVE:
+        S = sketched_span(S, SKETCH_WIDTH * dh)
     H = S.shape[0]
     per = H // groups
     found = []
@@ -153,6 +161,18 @@ def group_bases(S: np.ndarray, dh: int, groups: int, rng: np.random.Generator, *
             return np.array(found)
     raise RecoveryError(f"the value maps' span did not split into {groups} key/value groups (found {len(found)} "
                         f"sub-spans of rank-{dh} combinations)")
+
+
+def sketched_span(S: np.ndarray, width: int, seed: int = 0) -> np.ndarray:
+    """``P S_k Q`` for every ``S_k (K, r)``, ``P (min(K, width), K)`` and ``Q (r, min(r, width))`` Gaussian (their
+    own generator: the caller's draws are unchanged). A combination ``Σ a_k S_k`` of rank ``ρ`` keeps rank
+    ``min(ρ, width)`` (generic sketches), so a group's rank-``d_h`` combinations stay the only ones of rank
+    ``d_h`` when ``width > d_h``: the coefficients :func:`group_bases` looks for are the same."""
+    H, K, r = S.shape
+    gen = np.random.default_rng(seed)
+    P = gen.standard_normal((min(K, width), K)) / math.sqrt(K) if K > width else np.eye(K)
+    Q = gen.standard_normal((r, min(r, width))) / math.sqrt(r) if r > width else np.eye(r)
+    return np.einsum("ak,hkr,rb->hab", P, S, Q, optimize=True)
 
 
 def span_coordinates(oracle, S: np.ndarray, Q: np.ndarray, c: np.ndarray, Z: np.ndarray, zeros=ZEROS,
