@@ -5,7 +5,7 @@ coverage"), against the truth of a synthetic span whose α's come in tight clust
 import numpy as np
 import pytest
 
-from attnprobe.learners.block.post_norm_factors import factors_complete, probe_factors
+from attnprobe.learners.block.post_norm_factors import factors_complete, polish_factors, probe_factors
 
 D, C, M = 24, 6, 48
 
@@ -70,3 +70,15 @@ def test_completeness_is_refused_for_a_missing_or_a_wrong_factor(span, found):
     W3 = np.vstack([W[:-1], W[0]])
     A3 = np.vstack([A[:-1], A[0]])  # a factor twice and one missing: m found, but not the span
     assert not factors_complete(B, W3, A3, U)[0]
+
+
+def test_polishing_takes_loose_factors_to_a_complete_set(span):
+    B, U, Wt, At = span
+    rng = np.random.default_rng(1)
+    A0 = At + 1e-5 * rng.standard_normal(At.shape)  # as a looser search leaves them
+    A0 /= np.linalg.norm(A0, axis=1, keepdims=True)
+    assert not factors_complete(B, Wt, A0, U)[0]
+    W, A = polish_factors(B, D, C, A0)
+    assert _matched(W, A, Wt, At).all()
+    ok, detail = factors_complete(B, W, A, U)
+    assert ok, detail

@@ -272,7 +272,7 @@ def rank_one(B, total, batch=32, iters=14, pool=4096):
 
 def coverage(B, total):
     """Every factor by the deflated pencil (:func:`attnprobe.learners.block.post_norm_factors.probe_factors`),
-    resumed from ``--alphas=F`` (the α's of the plain search: each w from K(α); or the (W, A) this saved), saved
+    resumed from ``--alphas=F`` (the α's of the plain search or of this: polished, each w from K(α)), saved
     there after every batch; ``--plain`` the same starts on K(α) alone. Prints per batch the factors found and the
     true ones matched, and at the end :func:`~attnprobe.learners.block.post_norm_factors.factors_complete`."""
     import os
@@ -285,11 +285,7 @@ def coverage(B, total):
     if found_file and os.path.exists(found_file):
         saved = np.load(found_file)
         A = saved["alphas"] if "alphas" in saved else saved["A"]
-        if "W" in saved:
-            W = saved["W"]
-        else:
-            _, V, _ = pf.pencil_top(pf.probe_gram(B, d, C), None, A)
-            W = V[:, :, -1] / np.linalg.norm(V[:, :, -1], axis=1, keepdims=True)
+        W, A = pf.polish_factors(B, d, C, A)  # the plain search's α's (1 − λ < 1e-12) to the rounding, w from K(α)
     t1 = time.time()
     print(f"cover: {len(W)} factors to start from", flush=True)
 

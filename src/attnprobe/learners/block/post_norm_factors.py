@@ -22,8 +22,8 @@ import numpy as np
 
 #: Newton steps per start, the eigenvalue's distance from 1 that accepts a factor, the farthest-from-found pool
 ITERATIONS, CONVERGED, POOL = 16, 1e-13, 2048
-#: a factor's part off the span (relative) above which it is not accepted, and the cosine that makes two the same
-OFF_SPAN, SAME = 1e-6, 1 - 1e-8
+#: the cosine (of both α and w) that makes two factors the same
+SAME = 1 - 1e-8
 
 
 def probe_gram(B: np.ndarray, d: int, C: int) -> np.ndarray:
@@ -119,7 +119,7 @@ def deflated_gram(B: np.ndarray, W: np.ndarray, A: np.ndarray, d: int, C: int) -
     return probe_gram(B @ Ub[:, len(W):], d, C)
 
 
-def probe_factors(B: np.ndarray, d: int, C: int, m: int, rng, starts: int, batch: int = 16, found=None,
+def probe_factors(B: np.ndarray, d: int, C: int, m: int, rng, starts: int, *, batch: int = 16, found=None,
                   deflate: bool = True, log=None):
     """``(W, A)``: unit factors ``w_i ⊗ α_i`` of the span B (rows, n ≤ m of each), from at most ``starts`` Newton
     starts in batches, each start the candidate (of :data:`POOL` random unit α) farthest from the α's found; with
@@ -143,22 +143,40 @@ def probe_factors(B: np.ndarray, d: int, C: int, m: int, rng, starts: int, batch
                 break
             a[ok] = newton_step(G, Gd, a[ok], V[ok], lam[ok])
         nu, V, lam = pencil_top(G, Gd, a)
-        W, A = _accept(B, d, C, W, A, a, V[:, :, -1], nu)
+        ok = 1 - nu < CONVERGED
+        if ok.any():  # one more step where converged: quadratic, so the factor ends at the rounding
+            a[ok] = newton_step(G, Gd, a[ok], V[ok], lam[ok])
+            nu, V, lam = pencil_top(G, Gd, a)
+        W, A = _accept(W, A, a, V[:, :, -1], nu)
         if log is not None:
             log(lo + batch, W, A)
     return W, A
 
 
-def _accept(B, d, C, W, A, a, v, nu):
-    """The converged starts that are new factors in the span, unit, appended to ``(W, A)``."""
+def _accept(W, A, a, v, nu):
+    """The converged starts (``ν`` within :data:`CONVERGED` of 1: the factor within ~√CONVERGED of the span, checked
+    at the end by :func:`factors_complete`) that are new, unit, appended to ``(W, A)``."""
     for b in np.flatnonzero(1 - nu < CONVERGED):
         w = v[b] / np.linalg.norm(v[b])
-        x = np.outer(w, a[b]).ravel()
-        if np.linalg.norm(x - B @ (B.T @ x)) > OFF_SPAN:
-            continue
         if len(W) and np.any((np.abs(A @ a[b]) > SAME) & (np.abs(W @ w) > SAME)):
             continue
         W, A = np.vstack([W, w]), np.vstack([A, a[b]])
+    return W, A
+
+
+def polish_factors(B: np.ndarray, d: int, C: int, A: np.ndarray, *, steps: int = 2, chunk: int = 64):
+    """``(W, A)``: factors found elsewhere (their α's, e.g. the plain search's at a looser tolerance) taken to the
+    rounding by ``steps`` Newton steps on ``K(α)`` each (quadratic: every factor is a maximum), w from ``K(α)``."""
+    G = probe_gram(B, d, C)
+    A = np.array(A, dtype=float)
+    W = np.empty((len(A), d))
+    for lo in range(0, len(A), chunk):
+        a = A[lo:lo + chunk]
+        for _ in range(steps):
+            _, V, lam = pencil_top(G, None, a)
+            a = newton_step(G, None, a, V, lam)
+        _, V, _ = pencil_top(G, None, a)
+        A[lo:lo + chunk], W[lo:lo + chunk] = a, V[:, :, -1] / np.linalg.norm(V[:, :, -1], axis=1, keepdims=True)
     return W, A
 
 
