@@ -180,6 +180,16 @@ def polish_factors(B: np.ndarray, d: int, C: int, A: np.ndarray, *, steps: int =
     return W, A
 
 
+def linear_part(B: np.ndarray, U: np.ndarray):
+    """``(P diag(w) U, residual)``: the span's element of that form (n1's weight w up to scale, the smallest right
+    singular vector of the diagonal elements' part off the span) and its relative residual."""
+    d, C = U.shape
+    P = np.eye(d) - 1.0 / d
+    Gm = np.einsum("ki,ic->kci", P, U).reshape(d * C, d)                   # columns vec(P e_i e_iᵀ U)
+    _, s, Vt = np.linalg.svd(Gm - B @ (B.T @ Gm), full_matrices=False)
+    return (P * Vt[-1]) @ U, float(s[-1] / s[0])
+
+
 def factors_complete(B: np.ndarray, W: np.ndarray, A: np.ndarray, U: np.ndarray, tol: float = 1e-8):
     """``(complete, detail)``: whether the m = k − 1 factors found and the linear part ``P diag(w) U`` (the span's
     element of that form, one null vector) make the whole span: each factor within ``tol`` of the span, the linear
@@ -187,13 +197,9 @@ def factors_complete(B: np.ndarray, W: np.ndarray, A: np.ndarray, U: np.ndarray,
     ``tol``). ``detail`` names the three numbers."""
     d, C = U.shape
     k = B.shape[1]
-    P = np.eye(d) - 1.0 / d
     F = np.einsum("bx,bc->xcb", W, A).reshape(d * C, -1)
     off = float(np.max(np.linalg.norm(F - B @ (B.T @ F), axis=0))) if len(W) else 0.0
-    Gm = np.einsum("ki,ic->kci", P, U).reshape(d * C, d)                   # columns vec(P e_i e_iᵀ U)
-    _, s, Vt = np.linalg.svd(Gm - B @ (B.T @ Gm), full_matrices=False)
-    lin = (P * Vt[-1]) @ U
-    lin_res = float(s[-1] / s[0])
+    lin, lin_res = linear_part(B, U)
     cols = np.hstack([F, lin.reshape(-1, 1) / np.linalg.norm(lin)])
     smallest = float(np.linalg.svd(B.T @ cols, compute_uv=False)[-1]) if cols.shape[1] == k else 0.0
     ok = len(W) == k - 1 and off < tol and lin_res < tol and smallest > tol
