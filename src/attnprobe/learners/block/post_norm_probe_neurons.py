@@ -118,8 +118,8 @@ def probe_neurons(answer_rows, affine, n2, m: int, rng):
     W, A = probe_factors(B, d, C, m, rng, STARTS_PER_FACTOR * m)
     ok, detail = factors_complete(B, W, A, U, tol=COMPLETE)
     if not ok:
-        raise UnidentifiableError(f"stage neurons: the probe span's factors are not complete ({detail['factors']} of "
-                                  f"m = {m}; off the span {detail['off_span']:.1e}, linear part "
+        raise UnidentifiableError(f"stage neurons: the probe span's factors are not complete ({detail['factors']} "
+                                  f"of m = {m}; off the span {detail['off_span']:.1e}, linear part "
                                   f"{detail['linear_residual']:.1e}, smallest singular {detail['smallest_singular']:.1e})")
     D, queries = probe_directions(answer_rows, affine, n2, U, W, A, B, rng)
     A1, a1, misfit = probe_curves(B, X, Q, Z, U, W, D, A)
