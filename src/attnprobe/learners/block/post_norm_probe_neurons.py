@@ -40,8 +40,11 @@ def _factor_basis(W, A):
     return np.einsum("bx,bc->xcb", W, A).reshape(W.shape[1] * A.shape[1], -1)
 
 
-def _direction_block(answer_rows, affine, n2, U, Ub, W, A, ell, rng, points):
-    """θ (m × C_b) for the block ``U_b`` (module docstring) from ``points·(2(C + C_b) + 1)`` single tokens."""
+def _direction_block(ask, U, Ub, factors, rng, points):
+    """θ (m × C_b) for the block ``U_b`` (module docstring) from ``points·(2(C + C_b) + 1)`` single tokens;
+    ``ask`` = (answer_rows, affine, n2), ``factors`` = (W, A, ℓ)."""
+    answer_rows, affine, n2 = ask
+    W, A, ell = factors
     d, C = U.shape
     Cb, m = Ub.shape[1], len(W)
     UU = np.hstack([U, Ub])
@@ -66,9 +69,11 @@ def _direction_block(answer_rows, affine, n2, U, Ub, W, A, ell, rng, points):
     return np.linalg.lstsq(np.vstack(rows), np.vstack(rhs), rcond=None)[0][:m]
 
 
-def probe_directions(answer_rows, affine, n2, U, W, A, B, rng):
+def probe_directions(ask, U, factors, B, rng):
     """``(D, queries)``: the neurons' full directions ``â_i`` (m × d, on the centred space) from the unit factors
-    ``(W, A)`` of the span B, block by block of the centred directions past U."""
+    ``(W, A)`` of the span B, block by block of the centred directions past U; ``ask`` = (answer_rows, affine,
+    n2)."""
+    W, A = factors
     d, C = U.shape
     m = len(W)
     P = np.eye(d) - 1.0 / d
@@ -80,14 +85,16 @@ def probe_directions(answer_rows, affine, n2, U, W, A, B, rng):
     D, queries = U @ A.T, 0
     for lo in range(0, rest.shape[1], Cb):
         Ub = rest[:, lo:lo + Cb]
-        D = D + Ub @ _direction_block(answer_rows, affine, n2, U, Ub, W, A, ell[:, 0], rng, points).T
+        D = D + Ub @ _direction_block(ask, U, Ub, (W, A, ell[:, 0]), rng, points).T
         queries += points * (2 * (C + Ub.shape[1]) + 1)
     return D.T, queries
 
 
-def probe_curves(B, X, Q, Z, U, W, D, A, act: str = "gelu"):
-    """``(A1, a1, misfit)``: the first layer on z (m × d, m) from the probe points (rows of Z, their X and Q), the
-    unit factors ``(W, A)`` and full directions D (module docstring); ``misfit``: the worst curve's."""
+def probe_curves(B, points, U, factors, D, act: str = "gelu"):
+    """``(A1, a1, misfit)``: the first layer on z (m × d, m) from the probe points ``(Z, Q, X)``, the unit
+    factors ``(W, A)`` and full directions D (module docstring); ``misfit``: the worst curve's."""
+    Z, Q, X = points
+    W, A = factors
     C = U.shape[1]
     lin, _ = linear_part(B, U)
     basis = np.hstack([_factor_basis(W, A), lin.reshape(-1, 1)])
@@ -120,9 +127,10 @@ def probe_neurons(answer_rows, affine, n2, m: int, rng):
     if not ok:
         raise UnidentifiableError(f"stage neurons: the probe span's factors are not complete ({detail['factors']} "
                                   f"of m = {m}; off the span {detail['off_span']:.1e}, linear part "
-                                  f"{detail['linear_residual']:.1e}, smallest singular {detail['smallest_singular']:.1e})")
-    D, queries = probe_directions(answer_rows, affine, n2, U, W, A, B, rng)
-    A1, a1, misfit = probe_curves(B, X, Q, Z, U, W, D, A)
+                                  f"{detail['linear_residual']:.1e}, smallest singular "
+                                  f"{detail['smallest_singular']:.1e})")
+    D, queries = probe_directions((answer_rows, affine, n2), U, (W, A), B, rng)
+    A1, a1, misfit = probe_curves(B, (Z, Q, X), U, (W, A), D)
     details = {"probes": C, "points": n, "span_residual": residuals[-1], "gauss_newton_steps": len(residuals) - 1,
                "queries": n * (2 * C + 1) + queries, "curve_misfit": misfit}
     return A1, a1, details
