@@ -80,7 +80,7 @@ def probe_directions(ask, U, factors, B, rng):
     rest = np.linalg.svd(P - U @ U.T)[0][:, :d - 1 - C]                     # centred, orthogonal to U
     F = _factor_basis(W, A)
     ell = B @ np.linalg.svd(B.T @ F, full_matrices=True)[0][:, m:m + 1]
-    points = 3 * (m + d) // d + 4
+    _, _, points, _ = probe_plan(d, m)  # 3(m + d)/d + 4 points left a mostly-off neuron 2.8e-2 off at d = 64
     Cb = max(1, min(C, (d - 1 - C) // 2))  # the points, orthogonal to U and U_b, keep half of the rest free
     D, queries = U @ A.T, 0
     for lo in range(0, rest.shape[1], Cb):
@@ -112,14 +112,23 @@ def probe_curves(B, points, U, factors, D, act: str = "gelu"):
     return np.array(A1), np.array(a1), misfit
 
 
+def probe_plan(d: int, m: int) -> tuple[int, int, int, int]:
+    """``(C, points, direction points a block, single tokens)`` of :func:`probe_neurons` at width d, FFN m."""
+    C = probes(d, m)
+    n = 16 * (m + 1) // C + 16
+    Cb = max(1, min(C, (d - 1 - C) // 2))
+    per_block = 8 * (m + d) // d + 8
+    blocks = [min(Cb, d - 1 - C - lo) for lo in range(0, d - 1 - C, Cb)]
+    return C, n, per_block, n * (2 * C + 1) + sum(per_block * (2 * (C + b) + 1) for b in blocks)
+
+
 def probe_neurons(answer_rows, affine, n2, m: int, rng):
     """Stage neurons through probes: ``(A, a, details)`` (the first layer on z), refused in one line when the
     factors found are not the whole span (:func:`.post_norm_factors.factors_complete`)."""
     d = affine.K.shape[0]
-    C = probes(d, m)
+    C, n, _, _ = probe_plan(d, m)
     P = np.eye(d) - 1.0 / d
     U = np.linalg.qr(P @ rng.standard_normal((d, C)))[0]
-    n = 16 * (m + 1) // C + 16
     Z, Q, X = probe_points(answer_rows, affine, n2, U, rng, n)
     B, residuals = probe_span(X, Q, C, m + 1)
     W, A = probe_factors(B, d, C, m, rng, STARTS_PER_FACTOR * m)
