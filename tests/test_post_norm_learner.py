@@ -160,3 +160,16 @@ def test_extract_hf_dir_block_reads_a_bert_block(tmp_path, capsys):
     chk = every_position_check(_oracle(truth), load_model(tmp_path / "r.npz"), np.random.default_rng(5),
                                CHECK_LENGTHS, 1, claim=CLAIM)
     assert chk.passed and chk.error < CLAIM
+
+
+def test_the_neurons_stage_runs_through_probes_up_to_the_size_measured_and_names_both_routes_beyond():
+    """Past the d² route's size the probe route runs (measured from answers at d = 64, m = 128), priced by its plan;
+    MiniLM's shape is refused in one line naming both routes' measured sizes."""
+    from attnprobe.learners.block.post_norm_learner import PROBE_NEURONS, neuron_queries, neurons_refusal
+    from attnprobe.learners.block.post_norm_probe_neurons import probe_plan
+
+    assert 4 * 128 * 64 * 64 > NEURON_NUMBERS and 128 * 64 <= PROBE_NEURONS
+    assert neurons_refusal(64, 128) is None and neurons_refusal(32, 64) is None
+    assert neuron_queries(64, 128) == probe_plan(64, 128)[3] and neuron_queries(32, 64) == 4 * 64 * 65
+    cause = neurons_refusal(384, 1536)
+    assert "probe route m·d = 589,824" in cause and "\n" not in cause
