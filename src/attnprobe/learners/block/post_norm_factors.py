@@ -110,11 +110,15 @@ def newton_step(G: np.ndarray, Gd: np.ndarray | None, a: np.ndarray, V: np.ndarr
     return out
 
 
-def deflated_gram(B: np.ndarray, W: np.ndarray, A: np.ndarray, d: int, C: int) -> np.ndarray | None:
-    """``G'`` of ``S' = S ⊖ span{w_i ⊗ α_i}`` (None when nothing is found)."""
+def deflated_gram(B: np.ndarray, W: np.ndarray, A: np.ndarray, G: np.ndarray) -> np.ndarray | None:
+    """``G'`` of ``S' = S ⊖ span{w_i ⊗ α_i}`` (None when nothing is found): from S' 's basis, or as ``G`` less the
+    found span's Gram where that is the smaller (fewer than half found)."""
     if not len(W):
         return None
+    d, C = W.shape[1], A.shape[1]
     F = np.einsum("bx,bc->xcb", W, A).reshape(d * C, -1)
+    if 2 * len(W) < B.shape[1]:
+        return G - probe_gram(np.linalg.qr(F)[0], d, C)
     Ub = np.linalg.svd(B.T @ F, full_matrices=True)[0]
     return probe_gram(B @ Ub[:, len(W):], d, C)
 
@@ -130,7 +134,7 @@ def probe_factors(B: np.ndarray, d: int, C: int, m: int, rng, starts: int, *, ba
     for lo in range(0, starts, batch):
         if len(W) >= m:
             break
-        Gd = deflated_gram(B, W, A, d, C) if deflate else None
+        Gd = deflated_gram(B, W, A, G) if deflate else None
         cand = rng.standard_normal((POOL, C))
         cand /= np.linalg.norm(cand, axis=1, keepdims=True)
         if len(A):
