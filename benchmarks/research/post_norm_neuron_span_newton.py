@@ -106,16 +106,11 @@ def sine(B):
 
 
 def corrections(B):
-    """Per point: M_j = N_jᵀB (C × k), the optimal g_j, c_j, e_j, S_j = (I − M_j M_jᵀ)⁻¹."""
-    Mj = np.einsum("dck,jd->jck", B.reshape(d, C, k), Qh, optimize=True)
-    Bx = X @ B
-    Cx = np.einsum("jdc,jd->jc", X.reshape(n, d, C), Qh)
-    S = np.linalg.inv(np.eye(C)[None] - np.einsum("jcm,jem->jce", Mj, Mj))
-    g = -np.einsum("jce,je->jc", S, Cx - np.einsum("jcm,jm->jc", Mj, Bx))
-    c = Bx + np.einsum("jcm,jc->jm", Mj, g)
-    Y = X + (Qh[:, :, None] * g[:, None, :]).reshape(n, d * C)
-    E = Y - c @ B.T
-    return Mj, S, c, E
+    """Per point: (unused), ``S_j = (I − M_j M_jᵀ)⁻¹``, the optimal c_j, e_j (the library's
+    :func:`attnprobe.learners.block.post_norm_probe_span.point_corrections`)."""
+    from attnprobe.learners.block.post_norm_probe_span import point_corrections
+
+    return (None, *point_corrections(B, X, Qh, C))
 
 
 def project(B, D):
