@@ -81,8 +81,8 @@ def test_an_estimate_of_a_folders_block_is_given_its_layout(tmp_path, family, la
 @pytest.mark.slow
 def test_extract_estimate_of_a_bert_folder_block_knows_its_layout(tmp_path, capsys):
     """``extract --estimate --hf-dir DIR --block L`` on a BERT folder printed the pre-norm learner's count: the
-    folder's post-norm layout reaches the estimate, which prints the post-norm route's count, or (a span past the
-    neurons stage's size) exits 2 with its one-line refusal (~6 s: two folders saved)."""
+    folder's post-norm layout reaches the estimate, which prints the post-norm route's count, or (past both of the
+    neurons stage's routes: d = 96, m = 192) exits 2 with its one-line refusal (~6 s: two folders saved)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from hf_models import tiny_bert_dir
 
@@ -94,10 +94,10 @@ def test_extract_estimate_of_a_bert_folder_block_knows_its_layout(tmp_path, caps
     want = estimate_queries("block", 12, heads=1, hidden=24, layout="post", positions="bidirectional")
     out = capsys.readouterr().out
     assert f"about {want.queries} queries" in out and "post-norm route" in out, out
-    wide = tiny_bert_dir(tmp_path / "b64", hidden=64, heads=2, layers=1)
+    wide = tiny_bert_dir(tmp_path / "b96", hidden=96, heads=2, layers=1)  # m·d = 18,432: past the probe route too
     assert main(["extract", "--hf-dir", str(wide), "--block", "0", "--estimate"]) == 2
     err = capsys.readouterr().err
-    assert "refused by the post-norm route" in err and "m = 128" in err, err
+    assert "refused by the post-norm route" in err and "m = 192" in err, err
 
 
 def test_the_post_norm_claim_is_what_the_check_holds_a_block_to():
@@ -140,6 +140,25 @@ def test_a_bert_layer_from_its_answers_alone_within_the_claim(tmp_path):
     loaded = load_model(tmp_path / "r.npz")
     X = np.random.default_rng(3).standard_normal((2, 9, 12))
     assert loaded.layout == "post" and np.allclose(loaded.every_position(X), res.model.every_position(X), atol=1e-13)
+
+
+@pytest.mark.slow
+def test_a_bert_layer_through_the_probe_route_within_the_claim(tmp_path, monkeypatch):
+    """The same layer with the d² route's limit set to 0, so stage neurons runs through probes (the wide layers'
+    route): the check passes within the claim and the result answers like the true block on fresh sequences."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from post_norm import tiny_bert_layer
+
+    from attnprobe.learners.block import post_norm_learner
+    from attnprobe.oracles.hf_block import block_model
+
+    monkeypatch.setattr(post_norm_learner, "NEURON_NUMBERS", 0)
+    truth = block_model(tiny_bert_layer(tmp_path / "b12", d=12, heads=1))
+    res = extract_block(_oracle(truth), heads=1, hidden=truth.ffn.W1.shape[0])
+    assert res.passed and res.check.error < CLAIM
+    fresh = every_position_check(_oracle(truth), res.model, np.random.default_rng([7, 2]), CHECK_LENGTHS, 2,
+                                 claim=CLAIM)
+    assert fresh.passed and fresh.error < CLAIM
 
 
 @pytest.mark.slow

@@ -29,8 +29,9 @@ PROBES, STARTS_PER_FACTOR, COMPLETE = 8, 4, 1e-6
 
 def probes(d: int, m: int) -> int:
     """The probe count C: :data:`PROBES`, more where ``dC ≤ 1.5(m + d + C)`` (the rank-one family's bound with room;
-    MiniLM's C = 8, where its factors were measured well conditioned: 6.1e-2)."""
-    C = PROBES
+    MiniLM's C = 8, where its factors were measured well conditioned: 6.1e-2), at most ``(d − 1)/2`` to start
+    with (the points, orthogonal to the probes, need room: d = 12 with C = 8 found no factor)."""
+    C = min(PROBES, (d - 1) // 2)
     while d * C <= 1.5 * (m + d + C) and C < d - 2:
         C += 1
     return C
