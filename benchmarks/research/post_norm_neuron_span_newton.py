@@ -269,7 +269,7 @@ def coverage(B, total):
     """Every factor by the deflated pencil (:func:`attnprobe.learners.block.post_norm_factors.probe_factors`),
     resumed from ``--alphas=F`` (the α's of the plain search or of this: polished, each w from K(α)), saved
     there after every batch; ``--plain`` the same starts on K(α) alone. Prints per batch the factors found and the
-    true ones matched, and at the end :func:`~attnprobe.learners.block.post_norm_factors.factors_complete`."""
+    true ones matched (α and w to |cos| 1 − ``--match``, default 1e-8; 1e-6 on a span from differences), and at the end :func:`~attnprobe.learners.block.post_norm_factors.factors_complete`."""
     import os
 
     from attnprobe.learners.block import post_norm_factors as pf
@@ -284,8 +284,10 @@ def coverage(B, total):
     t1 = time.time()
     print(f"cover: {len(W)} factors to start from", flush=True)
 
+    tol = next((float(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--match=")), 1e-8)
+
     def log(done, W, A):
-        hit = (np.max(np.abs(At @ A.T), axis=1) > 1 - 1e-8) & (np.max(np.abs(Wn.T @ W.T), axis=1) > 1 - 1e-8)
+        hit = (np.max(np.abs(At @ A.T), axis=1) > 1 - tol) & (np.max(np.abs(Wn.T @ W.T), axis=1) > 1 - tol)
         if found_file:
             np.savez(found_file, W=W, A=A)
         print(f"cover starts {done}: factors {len(W)}, true matched {hit.sum()} of {m} ({time.time() - t1:.0f}s)",
