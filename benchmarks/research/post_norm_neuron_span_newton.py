@@ -269,7 +269,8 @@ def coverage(B, total):
     """Every factor by the deflated pencil (:func:`attnprobe.learners.block.post_norm_factors.probe_factors`),
     resumed from ``--alphas=F`` (the α's of the plain search or of this: polished, each w from K(α)), saved
     there after every batch; ``--plain`` the same starts on K(α) alone. Prints per batch the factors found and the
-    true ones matched (α and w to |cos| 1 − ``--match``, default 1e-8; 1e-6 on a span from differences), and at the end :func:`~attnprobe.learners.block.post_norm_factors.factors_complete`."""
+    true ones matched (α and w to |cos| 1 − ``--match``, default 1e-8; 1e-6 on a span from differences), and at
+    the end :func:`~attnprobe.learners.block.post_norm_factors.factors_complete`."""
     import os
 
     from attnprobe.learners.block import post_norm_factors as pf
