@@ -81,8 +81,8 @@ def test_an_estimate_of_a_folders_block_is_given_its_layout(tmp_path, family, la
 @pytest.mark.slow
 def test_extract_estimate_of_a_bert_folder_block_knows_its_layout(tmp_path, capsys):
     """``extract --estimate --hf-dir DIR --block L`` on a BERT folder printed the pre-norm learner's count: the
-    folder's post-norm layout reaches the estimate, which prints the post-norm route's count, or (a span past the
-    neurons stage's size) exits 2 with its one-line refusal (~6 s: two folders saved)."""
+    folder's post-norm layout reaches the estimate, which prints the post-norm route's count, or (past both of the
+    neurons stage's routes: d = 96, m = 192) exits 2 with its one-line refusal (~6 s: two folders saved)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from hf_models import tiny_bert_dir
 
@@ -94,10 +94,10 @@ def test_extract_estimate_of_a_bert_folder_block_knows_its_layout(tmp_path, caps
     want = estimate_queries("block", 12, heads=1, hidden=24, layout="post", positions="bidirectional")
     out = capsys.readouterr().out
     assert f"about {want.queries} queries" in out and "post-norm route" in out, out
-    wide = tiny_bert_dir(tmp_path / "b64", hidden=64, heads=2, layers=1)
+    wide = tiny_bert_dir(tmp_path / "b96", hidden=96, heads=2, layers=1)  # m·d = 18,432: past the probe route too
     assert main(["extract", "--hf-dir", str(wide), "--block", "0", "--estimate"]) == 2
     err = capsys.readouterr().err
-    assert "refused by the post-norm route" in err and "m = 128" in err, err
+    assert "refused by the post-norm route" in err and "m = 192" in err, err
 
 
 def test_the_post_norm_claim_is_what_the_check_holds_a_block_to():
@@ -143,6 +143,25 @@ def test_a_bert_layer_from_its_answers_alone_within_the_claim(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_bert_layer_through_the_probe_route_within_the_claim(tmp_path, monkeypatch):
+    """The same layer with the d² route's limit set to 0, so stage neurons runs through probes (the wide layers'
+    route): the check passes within the claim and the result answers like the true block on fresh sequences."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from post_norm import tiny_bert_layer
+
+    from attnprobe.learners.block import post_norm_learner
+    from attnprobe.oracles.hf_block import block_model
+
+    monkeypatch.setattr(post_norm_learner, "NEURON_NUMBERS", 0)
+    truth = block_model(tiny_bert_layer(tmp_path / "b12", d=12, heads=1))
+    res = extract_block(_oracle(truth), heads=1, hidden=truth.ffn.W1.shape[0])
+    assert res.passed and res.check.error < CLAIM
+    fresh = every_position_check(_oracle(truth), res.model, np.random.default_rng([7, 2]), CHECK_LENGTHS, 2,
+                                 claim=CLAIM)
+    assert fresh.passed and fresh.error < CLAIM
+
+
+@pytest.mark.slow
 def test_extract_hf_dir_block_reads_a_bert_block(tmp_path, capsys):
     """``attnprobe extract --hf-dir DIR --block 1`` on a transformers BERT folder (d = 12, one head, FFN 24): the
     folder names H and the FFN's width, the post-norm chain runs, the check passes (exit 0) and the written result
@@ -160,3 +179,16 @@ def test_extract_hf_dir_block_reads_a_bert_block(tmp_path, capsys):
     chk = every_position_check(_oracle(truth), load_model(tmp_path / "r.npz"), np.random.default_rng(5),
                                CHECK_LENGTHS, 1, claim=CLAIM)
     assert chk.passed and chk.error < CLAIM
+
+
+def test_the_neurons_stage_runs_through_probes_up_to_the_size_measured_and_names_both_routes_beyond():
+    """Past the d² route's size the probe route runs (measured from answers at d = 64, m = 128), priced by its plan;
+    MiniLM's shape is refused in one line naming both routes' measured sizes."""
+    from attnprobe.learners.block.post_norm_learner import PROBE_NEURONS, neuron_queries, neurons_refusal
+    from attnprobe.learners.block.post_norm_probe_neurons import probe_plan
+
+    assert 4 * 128 * 64 * 64 > NEURON_NUMBERS and 128 * 64 <= PROBE_NEURONS
+    assert neurons_refusal(64, 128) is None and neurons_refusal(32, 64) is None
+    assert neuron_queries(64, 128) == probe_plan(64, 128)[3] and neuron_queries(32, 64) == 4 * 64 * 65
+    cause = neurons_refusal(384, 1536)
+    assert "probe route m·d = 589,824" in cause and "\n" not in cause

@@ -19,7 +19,8 @@ from the CG's coefficients): a near-zero one is a free direction. ``--step=H``: 
 ``q(z)`` at step H (the answers' route) in place of exact Jacobians; ``--load=F`` / ``--save=F``: the span's basis;
 ``--true-span``: S itself. The steps past the span (docs/block.md, "The span by Gauss–Newton …"):
 ``--rank-one=STARTS`` (Newton in α; ``--alphas=F`` keeps the α's found and resumes, ``--seconds=T`` stops,
-``--deflate`` / ``--near=R`` / ``--rest`` the start variants measured), ``--extend=NB:CB`` (the directions past the
+``--deflate`` / ``--near=R`` / ``--rest`` the start variants measured; ``--cover=STARTS`` the deflated pencil that
+finds them all, ``--plain`` its starts without deflation), ``--extend=NB:CB`` (the directions past the
 probes) and ``--curves=EVERY`` (n1's weight and every EVERY-th neuron's curve).
 """
 import resource
@@ -48,6 +49,8 @@ deflate = "--deflate" in sys.argv
 rest = "--rest" in sys.argv
 near = next((float(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--near=")), None)
 seconds = next((float(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--seconds=")), 1e9)
+cover = next((int(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--cover=")), 0)
+plain = "--plain" in sys.argv
 
 t = block_model(hf_block(str(minilm_dir()), layer))
 d = t.d
@@ -103,16 +106,11 @@ def sine(B):
 
 
 def corrections(B):
-    """Per point: M_j = N_jᵀB (C × k), the optimal g_j, c_j, e_j, S_j = (I − M_j M_jᵀ)⁻¹."""
-    Mj = np.einsum("dck,jd->jck", B.reshape(d, C, k), Qh, optimize=True)
-    Bx = X @ B
-    Cx = np.einsum("jdc,jd->jc", X.reshape(n, d, C), Qh)
-    S = np.linalg.inv(np.eye(C)[None] - np.einsum("jcm,jem->jce", Mj, Mj))
-    g = -np.einsum("jce,je->jc", S, Cx - np.einsum("jcm,jm->jc", Mj, Bx))
-    c = Bx + np.einsum("jcm,jc->jm", Mj, g)
-    Y = X + (Qh[:, :, None] * g[:, None, :]).reshape(n, d * C)
-    E = Y - c @ B.T
-    return Mj, S, c, E
+    """Per point: (unused), ``S_j = (I − M_j M_jᵀ)⁻¹``, the optimal c_j, e_j (the library's
+    :func:`attnprobe.learners.block.post_norm_probe_span.point_corrections`)."""
+    from attnprobe.learners.block.post_norm_probe_span import point_corrections
+
+    return (None, *point_corrections(B, X, Qh, C))
 
 
 def project(B, D):
@@ -267,6 +265,45 @@ def rank_one(B, total, batch=32, iters=14, pool=4096):
             break
 
 
+def coverage(B, total):
+    """Every factor by the deflated pencil (:func:`attnprobe.learners.block.post_norm_factors.probe_factors`),
+    resumed from ``--alphas=F`` (the α's of the plain search or of this: polished, each w from K(α)), saved
+    there after every batch; ``--plain`` the same starts on K(α) alone. Prints per batch the factors found and the
+    true ones matched (α and w to |cos| 1 − ``--match``, default 1e-8; 1e-6 on a span from differences), and at
+    the end :func:`~attnprobe.learners.block.post_norm_factors.factors_complete`."""
+    import os
+
+    from attnprobe.learners.block import post_norm_factors as pf
+
+    At = AU / np.linalg.norm(AU, axis=1, keepdims=True)
+    Wn = Wt / np.linalg.norm(Wt, axis=0)
+    W, A = np.zeros((0, d)), np.zeros((0, C))
+    if found_file and os.path.exists(found_file):
+        saved = np.load(found_file)
+        A = saved["alphas"] if "alphas" in saved else saved["A"]
+        W, A = pf.polish_factors(B, d, C, A)  # the plain search's α's (1 − λ < 1e-12) to the rounding, w from K(α)
+    t1 = time.time()
+    print(f"cover: {len(W)} factors to start from", flush=True)
+
+    tol = next((float(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--match=")), 1e-8)
+
+    def log(done, W, A):
+        hit = (np.max(np.abs(At @ A.T), axis=1) > 1 - tol) & (np.max(np.abs(Wn.T @ W.T), axis=1) > 1 - tol)
+        if found_file:
+            np.savez(found_file, W=W, A=A)
+        print(f"cover starts {done}: factors {len(W)}, true matched {hit.sum()} of {m} ({time.time() - t1:.0f}s)",
+              flush=True)
+        if time.time() - t1 > seconds:
+            raise TimeoutError
+
+    try:
+        W, A = pf.probe_factors(B, d, C, m, rng, total, found=(W, A), deflate=not plain, log=log)
+    except TimeoutError:
+        return
+    ok, detail = pf.factors_complete(B, W, A, U)
+    print(f"cover: complete {ok} {detail} ({time.time() - t1:.0f}s)", flush=True)
+
+
 def extension(nb, Cb):
     """The neurons' directions past the probes U: C_b more centred directions U_b, ``nb`` points orthogonal to U and
     U_b. Each point's U-Jacobian, corrected by ``q̂ ⊗ g``, has coordinates ĉ_j on the unit factors ``ŵ_i ⊗ α̂_i``
@@ -379,6 +416,8 @@ for s in range(steps):
         np.savez(save, B=B)
 if starts:
     rank_one(B, starts)
+if cover:
+    coverage(B, cover)
 if curves:
     neuron_curves_through_probes(B, curves)
 if extend:

@@ -69,8 +69,8 @@ def _post_norm_estimate(d: int, H: int, m: int | None, check: bool) -> QueryCoun
                           for q in post_norm_learner.post_norm_queries(d, H, m))
     return QueryCount(typical, low, high, f"the post-norm route (m = {m}): the layout told apart 3, output norm, "
                                           f"first-norm centre and input, attention {post_norm_learner.pairs(d, H)} "
-                                          "pairs (1 … 3 Jacobians a row), neurons 4m points, ffn, the polish's "
-                                          "sequences, the check")
+                                          "pairs (1 … 3 Jacobians a row), neurons (4m points, or through probes "
+                                          "past the d² span's size), ffn, the polish's sequences, the check")
 
 
 register("block", _block, recovers="block", needs_one_of=("heads",),
@@ -79,7 +79,7 @@ register("block", _block, recovers="block", needs_one_of=("heads",),
               "RMSNorm → SwiGLU/GeGLU → residual, no biases) from hidden states in and every position out; norm "
               "weights folded into the next projections (only the products are identifiable), ε learned; a "
               "post-norm BERT block (LayerNorm after each residual, GELU FFN) by the post-norm route given its FFN "
-              "width (small layers only: the neurons stage's size)",
+              "width (layers up to m·d = 8,192 only: the neurons stage's size)",
          options=[HEADS, Option("hidden", int, "the FFN's hidden width if known (skips the width search)", low=1,
                                 metavar="M"),
                   Option("activation", str, "the block FFN's gated activation (default: read from the answers)",

@@ -9,8 +9,11 @@ post-norm.
    answered row traced back to its n1 input.
 5. ``neurons`` (:mod:`.post_norm_neurons`): the FFN's first layer on n1's sphere from first derivatives — the
    Jacobians' (m + 1)-span by alternating least squares, its rank-one elements, each neuron's GELU curve. Its span
-   holds ``4m·d²`` numbers (``4m`` points of ``d²``) and is swept hundreds of times: run only up to
-   :data:`NEURON_NUMBERS` (measured: d = 32, m = 64), refused in one line beyond (MiniLM: d = 384, m = 1536).
+   holds ``4m·d²`` numbers (``4m`` points of ``d²``) and is swept hundreds of times: run up to
+   :data:`NEURON_NUMBERS` (measured: d = 32, m = 64); beyond, through C probe directions
+   (:mod:`.post_norm_probe_neurons`: the probe span by Gauss–Newton, every factor by the deflated pencil, the
+   directions past the probes, the curves) up to :data:`PROBE_NEURONS` (``m·d``; measured d = 64, m = 128), refused
+   in one line beyond (MiniLM: d = 384, m = 1536).
 6. ``ffn`` (:mod:`.post_norm_ffn`): every row's scale, n1's weight, the second layer and the joint bias as one null
    vector.
 7. ``polish`` (:mod:`.post_norm_polish`): the block assembled, then Gauss–Newton on every-position answers.
@@ -33,6 +36,7 @@ from attnprobe.learners.block.post_norm_attention import NEWTON_STEPS, attention
 from attnprobe.learners.block.post_norm_ffn import ffn_points, second_layer
 from attnprobe.learners.block.post_norm_neurons import (neuron_curves, neuron_span, rank_one_elements,
                                                         sphere_jacobians)
+from attnprobe.learners.block.post_norm_probe_neurons import probe_neurons, probe_plan
 from attnprobe.learners.block.post_norm_polish import LENGTHS, assemble, polish_block, polish_data
 
 #: the error a post-norm result claims at every position of every length (largest error over the largest
@@ -40,6 +44,9 @@ from attnprobe.learners.block.post_norm_polish import LENGTHS, assemble, polish_
 CLAIM = 1e-4
 #: the neurons stage's span at most (``4m`` points of ``d²`` numbers): measured up to d = 32, m = 64 (262,144)
 NEURON_NUMBERS = 4 * 64 * 32 * 32
+#: the probe route of the neurons stage at most (``m·d``): measured from answers up to d = 64, m = 128 (every neuron
+#: within 3.4e-7; MiniLM's pieces at d = 384, m = 1,536 are measured apart, not chained: docs/block.md)
+PROBE_NEURONS = 128 * 64
 #: the attention stage's key step (MiniLM layer 2: 0.2 kept 45 of 60 pairs; d = 32 measured at 0.1)
 PAIR_STEP = 0.2
 #: Gauss–Newton steps of the polish, LSMR iterations per step, sequences at least (d = 32: 3 × 200 on 100
@@ -74,10 +81,11 @@ def neurons_refusal(d: int, hidden: int | None) -> str | None:
         return "stage neurons reads the FFN's first layer given its width; give hidden (the FFN's width m: a BERT " \
                "folder's intermediate_size)"
     n = 4 * hidden * d * d
-    if n <= NEURON_NUMBERS:
+    if n <= NEURON_NUMBERS or hidden * d <= PROBE_NEURONS:
         return None
     return (f"stage neurons not run at d = {d}, m = {hidden}: its span holds 4m·d² = {n:.1e} numbers, measured up "
-            f"to {NEURON_NUMBERS:.1e} (d = 32, m = 64); the stages past it run given the neurons (post_norm_ffn, "
+            f"to {NEURON_NUMBERS:.1e} (d = 32, m = 64), and its probe route m·d = {hidden * d:,} up to "
+            f"{PROBE_NEURONS:,} (d = 64, m = 128); the stages past it run given the neurons (post_norm_ffn, "
             "post_norm_polish; MiniLM layer 2 with its true first layer given: within 1e-4)")
 
 
@@ -88,14 +96,22 @@ def too_large(d: int, hidden: int | None, said: str) -> None:
         raise UnidentifiableError(f"{said}: {cause}")
 
 
+def neuron_queries(d: int, hidden: int) -> int:
+    """Single tokens of stage neurons: ``4m(2d + 1)`` on the d² route, :func:`.post_norm_probe_neurons.probe_plan`'s
+    through probes."""
+    if 4 * hidden * d * d <= NEURON_NUMBERS:
+        return 4 * hidden * (2 * d + 1)
+    return probe_plan(d, hidden)[3]
+
+
 def post_norm_queries(d: int, heads: int, hidden: int) -> tuple[int, int, int]:
     """Queries of :func:`extract_post_norm` and the 3 that told the block apart, the check not counted:
     ``(low, typical, high)``. Fixed: output norm ``4(d + 3)``, centre ``2d`` a point and ``3(2d + 2)`` a ray step,
-    input ``4d`` a point, neurons ``4m(2d + 1)``, ffn ``2(m + d + 1)``, the polish's sequences; adaptive: a pair
+    input ``4d`` a point, neurons :func:`neuron_queries`, ffn ``2(m + d + 1)``, the polish's sequences; adaptive: a pair
     ``2 + 4d + 2d(J + 1)`` and its chord steps, J the Jacobians its row took (1, 2, 3; MiniLM layer 2: 2 … 3)."""
     fixed = 3 + post_norm.ROWS * (d + 3) + sum(2 * d * p for _, p in post_norm.ROUNDS)
     fixed += post_norm.RAY_NEWTON[1] * 3 * (2 * d + 2) + post_norm.INPUT_POINTS * 4 * d
-    fixed += 4 * hidden * (2 * d + 1) + 2 * (hidden + d + 1)
+    fixed += neuron_queries(d, hidden) + 2 * (hidden + d + 1)
     fixed += polish_sequences(d, unknowns(d, hidden))
     n = pairs(d, heads)
     return tuple(fixed + n * (2 + 4 * d + 2 * d * (J + 1) + steps)
@@ -140,9 +156,15 @@ def extract_post_norm(run, *, heads: int, hidden: int, said: str, seed=0):
 
 
 def read_neurons(rows, affine, n2, m: int, rng):
-    """Stage neurons (:mod:`.post_norm_neurons`) from ``4m`` points: ``(A, a, sweeps, span residual, curve
-    misfit)``; refused (one line) when fewer than ``m`` rank-one elements are found or a neuron's curve is not a
-    GELU's (:data:`CURVE_MISFIT`)."""
+    """Stage neurons (:mod:`.post_norm_neurons`) from ``4m`` points, or through probes past :data:`NEURON_NUMBERS`
+    (:mod:`.post_norm_probe_neurons`): ``(A, a, sweeps or Gauss–Newton steps, span residual, curve misfit)``; refused
+    (one line) when fewer than ``m`` rank-one elements are found (through probes: the factors not the whole span) or
+    a neuron's curve is not a GELU's (:data:`CURVE_MISFIT`)."""
+    d = affine.K.shape[0]
+    if 4 * m * d * d > NEURON_NUMBERS:
+        A, a, det = probe_neurons(rows, affine, n2, m, rng)
+        _curve_check(det["curve_misfit"])
+        return A, a, det["gauss_newton_steps"], det["span_residual"], det["curve_misfit"]
     Z, Q, O = sphere_jacobians(rows, affine, n2, rng, 4 * m)
     B, Y, res = neuron_span(Z, Q, O, m)
     elements = rank_one_elements(B, m, rng)
@@ -150,7 +172,11 @@ def read_neurons(rows, affine, n2, m: int, rng):
         raise UnidentifiableError(f"stage neurons: {len(elements)} of m = {m} rank-one elements found in the "
                                   f"Jacobians' span (residual {res[-1]:.1e} after {len(res)} sweeps)")
     A, a, misfit = neuron_curves(B, Y, elements, Z)
+    _curve_check(misfit)
+    return A, a, len(res), res[-1], misfit
+
+
+def _curve_check(misfit: float) -> None:
     if not misfit < CURVE_MISFIT:
         raise UnidentifiableError(f"stage neurons: a neuron's derivative along its direction is {misfit:.1e} off "
                                   "the nearest GELU curve (BERT's FFN activation)")
-    return A, a, len(res), res[-1], misfit
