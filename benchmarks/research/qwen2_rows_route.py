@@ -79,7 +79,8 @@ def every_length(model, truth, seed=5):
 
 def options(oracle):
     return {"frequencies": False, "cg_steps": route.ROW_CG_STEPS, "dense": False,
-            "compute": chunk_precision(oracle.precision), "log": lambda line: print(f"  {line}", flush=True)}
+            "compute": chunk_precision(oracle.precision), "min_gain": 0.0,  # the route: every round
+            "log": lambda line: print(f"  {line}", flush=True)}
 
 
 def stage_start(args, truth, oracle, rng):
