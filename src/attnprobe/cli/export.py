@@ -47,17 +47,14 @@ def run(args) -> int:
 
         def answers(X):
             return oracle.answer_rows(X), model.every_position(X), X
-    elif isinstance(model, AnswerRows):  # a result that answers every row: the exported layer's every row
+    else:  # a result that answers every row is compared with the exported layer's every row
+        rows = isinstance(model, AnswerRows)
         oracle = oracle_from_hf(out, at, dtype=args.dtype, positional=kind == "positional_attention",
-                                every_position=True)
+                                every_position=rows)
+        answer = oracle.answer_rows if rows else oracle
 
         def answers(X):
-            return oracle.answer_rows(X), model(X), 0.0
-    else:
-        oracle = oracle_from_hf(out, at, dtype=args.dtype, positional=kind == "positional_attention")
-
-        def answers(X):
-            return oracle(X), model(X), 0.0
+            return answer(X), model(X), 0.0
     for N in CHECK_LENGTHS:  # what transformers loads from OUT answers like the recovered layer
         got, want, base = answers(rng.standard_normal((CHECK_SEQUENCES, N, model.d)))
         worst = max(worst, float(np.abs(got - want).max() / max(np.abs(want - base).max(), 1e-300)))

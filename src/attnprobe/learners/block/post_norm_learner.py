@@ -81,7 +81,7 @@ def neurons_refusal(d: int, hidden: int | None) -> str | None:
         return "stage neurons reads the FFN's first layer given its width; give hidden (the FFN's width m: a BERT " \
                "folder's intermediate_size)"
     n = 4 * hidden * d * d
-    if n <= NEURON_NUMBERS or hidden * d <= PROBE_NEURONS:
+    if on_span(d, hidden) or hidden * d <= PROBE_NEURONS:
         return None
     return (f"stage neurons not run at d = {d}, m = {hidden}: its span holds 4m·d² = {n:.1e} numbers, measured up "
             f"to {NEURON_NUMBERS:.1e} (d = 32, m = 64), and its probe route m·d = {hidden * d:,} up to "
@@ -96,10 +96,15 @@ def too_large(d: int, hidden: int | None, said: str) -> None:
         raise UnidentifiableError(f"{said}: {cause}")
 
 
+def on_span(d: int, hidden: int) -> bool:
+    """Whether stage neurons reads the d² span (its ``4m·d²`` numbers within :data:`NEURON_NUMBERS`), not probes."""
+    return 4 * hidden * d * d <= NEURON_NUMBERS
+
+
 def neuron_queries(d: int, hidden: int) -> int:
     """Single tokens of stage neurons: ``4m(2d + 1)`` on the d² route, :func:`.post_norm_probe_neurons.probe_plan`'s
     through probes."""
-    if 4 * hidden * d * d <= NEURON_NUMBERS:
+    if on_span(d, hidden):
         return 4 * hidden * (2 * d + 1)
     return probe_plan(d, hidden)[3]
 
@@ -161,7 +166,7 @@ def read_neurons(rows, affine, n2, m: int, rng):
     (one line) when fewer than ``m`` rank-one elements are found (through probes: the factors not the whole span) or
     a neuron's curve is not a GELU's (:data:`CURVE_MISFIT`)."""
     d = affine.K.shape[0]
-    if 4 * m * d * d > NEURON_NUMBERS:
+    if not on_span(d, m):
         A, a, det = probe_neurons(rows, affine, n2, m, rng)
         _curve_check(det["curve_misfit"])
         return A, a, det["gauss_newton_steps"], det["span_residual"], det["curve_misfit"]

@@ -12,7 +12,8 @@ are the zero tokens the bias-free stages need. So
    1 (``query_bias``: ``ℓ = (W_Q u_i + b')ᵀ R(δ) W_K u_s``);
 4. the model on ``u`` (the route's assembly, :func:`~.bfloat16_rows.grouped_start`, with ``b_Q = b'``) mapped back
    to ``x`` (:func:`~.bias_rows.shifted_back`: every bias moved by ``−W x₀``), for the row polish on the layer's
-   own rows, which fits every bias (:func:`~.polish.fitted_names`).
+   own rows, which fits every bias the layer has (:func:`~.polish.fitted_names`; those it declares it lacks held at
+   zero: :func:`~.polish.absent_biases`).
 """
 
 from __future__ import annotations

@@ -28,9 +28,8 @@ from attnprobe.learners.core.conjugate_gradients import conjugate_gradients
 from attnprobe.errors import ConfigError
 from attnprobe.learners.core.estimate import duration
 from attnprobe.learners.positional.polish import (CG_STEPS, DENSE_LIMIT, LADDER, MIN_GAIN, NULL_COLUMN, ROUNDS,
-                                                  PolishReport,
-                                                  fitted_names, held_at_zero, length_weights, marquardt_step,
-                                                  one_torch_thread)
+                                                  PolishReport, fitted_names, held_at_zero, length_weights,
+                                                  marquardt_step, one_torch_thread)
 from attnprobe.models.positional import PositionalAttention, rotation_pairs, t5_buckets
 from attnprobe.models.positional_gauge import balanced
 

@@ -69,8 +69,7 @@ class MixingTangents:
         self.coords = np.asarray(coords, dtype=int)
         self.blocks = [np.asarray(w, dtype=np.float64) for w in (*model.Wq, *model.Wk)]  # (d_h, d) each
         self.biases = ([np.asarray(b, dtype=np.float64) for b in (*model.bq, *model.bk)] if biases else None)
-        self.queries = model.Wq.size
-        self.weights = self.queries + model.Wk.size
+        self.weights = model.Wq.size + model.Wk.size
         self.size = self.weights + (model.bq.size + model.bk.size if biases else 0)
 
     def __len__(self) -> int:
