@@ -34,7 +34,7 @@ from attnprobe.learners.positional.polish_hook import polish_extraction
 from attnprobe.models.compare import function_error_over_lengths
 from attnprobe.oracles.torch_adapter import oracle_from_torch
 from attnprobe.reports import Table
-from attnprobe.targets.positional_modules import positional_victim, reference_model
+from attnprobe.targets.positional_modules import folder_reference, positional_victim, reference_model
 from sections import command_line, write_section
 
 DOC = "positional-precision"
@@ -173,22 +173,6 @@ def row_value_map_row(d: int, H: int, G: int, queries: int) -> list:
             f"{time.perf_counter() - t0:.0f}"]
 
 
-def folder_truth(folder, layer: int = 0):
-    """The float64 module of a ``save_pretrained`` LLaMA (or Qwen2) folder's attention layer as a
-    :class:`PositionalAttention` (its weights and biases, its config's frequencies)."""
-    import torch
-    import transformers
-
-    from attnprobe.models.positional import rope_frequencies
-    from attnprobe.targets.positional_modules import PositionalVictim
-
-    model = transformers.AutoModel.from_pretrained(folder, torch_dtype=torch.float64)
-    cfg = model.config
-    dh = cfg.hidden_size // cfg.num_attention_heads
-    theta = rope_frequencies(dh, float(getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]))
-    return reference_model(PositionalVictim(cfg.model_type, model.layers[layer].self_attn, cfg, theta, dh))
-
-
 def rows_route_row(d: int, H: int, G: int, init: float | None) -> list:
     """The every-row route as ``extract --hf-dir DIR --layer 0 --dtype bfloat16`` runs it, on a ``save_pretrained``
     LLaMA folder (attention weights N(0, 1/d), or the config's ``initializer_range`` ``init``): queries, seconds,
@@ -210,7 +194,7 @@ def rows_route_row(d: int, H: int, G: int, init: float | None) -> list:
         config.initializer_range = init
         torch.manual_seed(0)
         transformers.AutoModel.from_config(config).save_pretrained(folder)
-    truth = folder_truth(folder)
+    truth = folder_reference(folder)
     oracle = oracle_from_hf(folder, 0, dtype="bfloat16", positional=True, every_position=True)
     t0 = time.perf_counter()
     label = f"LLaMA d={d} {H}/{G}" + (f", init {init:g}" if init is not None else "")

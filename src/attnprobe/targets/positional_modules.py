@@ -210,3 +210,15 @@ def reference_model(victim: PositionalVictim, dtype: str = "float64") -> Positio
                                rel_bias=_np(a.relative_attention_bias.weight).T,
                                max_distance=a.relative_attention_max_distance,
                                bidirectional=not a.is_decoder, scale=1.0, causal=False, dtype=dtype)
+
+
+def folder_reference(folder, layer: int = 0) -> PositionalAttention:
+    """The float64 function of layer ``layer`` of a ``save_pretrained`` LLaMA or Qwen2 folder as a
+    :class:`PositionalAttention` (its weights and biases, its config's frequencies): the truth a result of
+    ``extract --hf-dir`` is measured against."""
+    transformers = _transformers()
+    model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float64)
+    cfg = model.config
+    dh = cfg.hidden_size // cfg.num_attention_heads
+    theta = rope_frequencies(dh, float(getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]))
+    return reference_model(PositionalVictim(cfg.model_type, model.layers[layer].self_attn, cfg, theta, dh))
