@@ -135,7 +135,25 @@ elif stage == "curves":
     A1, a1, misfit = probe_curves(s["B"], (s["Z"], s["Q"], s["X"]), s["U"], (fa["W"], fa["A"]), di["D"].T)
     np.savez(out / "neurons.npz", A=A1, a=a1, misfit=misfit)
     print(f"curves: misfit {misfit:.1e}, {time.time() - t0:.0f} s")
-if stage in ("curves", "truth"):
+if stage == "report":
+    s = load("span")
+    U = s["U"]
+    print(f"span: residuals {['%.1e' % r for r in s['residuals']]}")
+    if (out / "factors.npz").exists():
+        fa = load("factors")
+        ea, ew, hit = factor_truth(fa["W"], fa["A"], U)
+        print(f"factors: {len(fa['W'])} after {int(fa['starts'])} starts; worst 1 − |cos| {ea:.1e} (α), {ew:.1e} (w), "
+              f"{hit} distinct true neurons; complete {factors_complete(s['B'], fa['W'], fa['A'], U, tol=1e-6)}")
+    if (out / "directions.npz").exists():
+        di = load("directions")
+        Dm = di["D"].T
+        true = At / np.linalg.norm(At @ U, axis=1, keepdims=True)
+        i = np.argmax(np.abs(Dm @ true.T) / np.linalg.norm(true, axis=1), axis=1)
+        sg = np.sign(np.sum(Dm * true[i], axis=1))
+        e = np.linalg.norm(Dm - sg[:, None] * true[i], axis=1) / np.linalg.norm(true[i], axis=1)
+        print(f"directions: up to {int(di['next']) + U.shape[1]} of {d - 1}, {int(di['queries']):,} single tokens; "
+              f"relative error (full rows only meaningful when complete) median {np.median(e):.1e} worst {e.max():.1e}")
+if stage in ("curves", "truth") or (stage == "report" and (out / "neurons.npz").exists()):
     nn = load("neurons")
     A1, a1 = nn["A"], nn["a"]
     i = np.argmin(np.linalg.norm(At[None] - A1[:, None], axis=2), axis=1)

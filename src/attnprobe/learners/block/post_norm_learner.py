@@ -56,10 +56,10 @@ PAIR_STEP = 0.2
 #: sequences took the assembled 2.7e-5 to 1.7e-9), and the rms misfit below which no step is taken (the stages
 #: alone at d = 12, one head: 1.3e-9)
 ROUNDS, ITERATIONS, SEQUENCES, SETTLED = 3, 200, 100, 1e-8
-#: past WIDE unknowns, LSMR iterations per step (MiniLM layer 2 with its true first layer given: one step of 30 on
-#: 300 sequences took the misfit 8.8e-6 → 1.1e-6, 489 s: 200 would take ~1 h a step), and with a store the share of
-#: a sitting that must be left to begin a step (a step at MiniLM's size fills most of one)
-WIDE, WIDE_ITERATIONS, SITTING_SHARE = 200_000, 30, 0.9
+#: past WIDE unknowns, Gauss–Newton steps and LSMR iterations per step (MiniLM layer 2 with its true first layer
+#: given: one step of 30 on 300 sequences took the misfit 8.8e-6 → 1.1e-6, 489 s: 200 would take ~1 h a step), and
+#: with a store the share of a sitting that must be left to begin a step (a step at MiniLM's size fills most of one)
+WIDE, WIDE_ROUNDS, WIDE_ITERATIONS, SITTING_SHARE = 200_000, 2, 30, 0.9
 #: the neurons' curve fit above which the stage is refused (d = 32 measured 3.5e-8: a GELU neuron fits to the
 #: central differences' error)
 CURVE_MISFIT = 1e-4
@@ -151,10 +151,19 @@ def extract_post_norm(run, *, heads: int, hidden: int, said: str, seed=0, store=
             affine = FirstNormInput(prep["K"], prep["c"], float(prep["misfit"]), int(prep["queries"]))
         with run.phase("attention"):
             att = _attention(rows, affine, heads, rng, store)
+        got = store.get("ffn") if store is not None else None  # the block assembled: the neurons are in it
         with run.phase("neurons"):
-            A, a, sweeps, span, misfit = read_neurons(rows, affine, n2, hidden, rng, store)
+            if got is None:
+                A, a, *neurons = read_neurons(rows, affine, n2, hidden, rng, store)
+            else:
+                neurons = [int(got["sweeps"]), float(got["span"]), float(got["curves"])]
         with run.phase("ffn"):
-            block, second = _ffn(rows, (affine, n2), (A, a), att.attention, rng, store)
+            if got is None:
+                got = _ffn(rows, (affine, n2), (A, a), att.attention, rng)
+                got.update(sweeps=neurons[0], span=neurons[1], curves=neurons[2])
+                if store is not None:
+                    store.put("ffn", **got)
+            block, second = _block_of(got), {k: float(got[k]) for k in ("null", "gap", "misfit")}
     except UnidentifiableError as exc:
         raise UnidentifiableError(f"{said}: {exc}") from exc
     n = unknowns(d, hidden)
@@ -163,7 +172,7 @@ def extract_post_norm(run, *, heads: int, hidden: int, said: str, seed=0, store=
     details = {"layout": "post", "n2_weight_rms": float(np.sqrt(np.mean(n2[0] ** 2))),
                "first_norm_input_misfit": affine.misfit,
                "attention": {"pairs_kept": att.kept, "logit_misfit": att.misfit, "queries": att.queries},
-               "neurons": {"sweeps": sweeps, "span_residual": span, "curve_misfit": misfit},
+               "neurons": dict(zip(("sweeps", "span_residual", "curve_misfit"), neurons)),
                "ffn": {"hidden": hidden, "activation": "gelu", **second},
                "polish": {"history": report.history, "iterations": report.iterations, "sequences": count},
                "resumed": list(store.resumed) if store is not None else [],
@@ -187,29 +196,26 @@ def _attention(rows, affine, heads: int, rng, store):
                            queries=int(got["queries"]))
 
 
-def _ffn(rows, norms, first, attention, rng, store):
-    """Stage ffn (:func:`.post_norm_ffn.second_layer` given the first layer ``(A, a)``) and the block assembled,
-    or the one ``store`` saved: ``(block, {null, gap, misfit})``."""
+def _ffn(rows, norms, first, attention, rng) -> dict:
+    """Stage ffn (:func:`.post_norm_ffn.second_layer` given the first layer ``(A, a)``) and the block assembled:
+    its arrays (``block_…``) and the stage's ``null``, ``gap``, ``misfit``."""
     (affine, n2), (A, a) = norms, first
-    got = store.get("ffn") if store is not None else None
-    if got is None:
-        d, m = affine.K.shape[0], len(A)
-        second = second_layer(*ffn_points(rows, affine, n2, rng, 2 * (m + d + 1)), A, a)
-        block = assemble(attention, second.w1, second.ffn, n2)
-        got = {f"block_{k}": v for k, v in block.arrays().items()}
-        got.update(null=second.null, gap=second.gap, misfit=second.misfit)
-        if store is not None:
-            store.put("ffn", **got)
-    return _block_of(got), {k: float(got[k]) for k in ("null", "gap", "misfit")}
+    d, m = affine.K.shape[0], len(A)
+    second = second_layer(*ffn_points(rows, affine, n2, rng, 2 * (m + d + 1)), A, a)
+    block = assemble(attention, second.w1, second.ffn, n2)
+    got = {f"block_{k}": v for k, v in block.arrays().items()}
+    got.update(null=second.null, gap=second.gap, misfit=second.misfit)
+    return got
 
 
 def _block_of(arrays: dict) -> TransformerBlock:
     return TransformerBlock.from_arrays({k[6:]: v for k, v in arrays.items() if k.startswith("block_")})
 
 
-def polish_iterations(n: int) -> int:
-    """LSMR iterations per polish step: :data:`ITERATIONS`, :data:`WIDE_ITERATIONS` past :data:`WIDE` unknowns."""
-    return ITERATIONS if n <= WIDE else WIDE_ITERATIONS
+def polish_plan(n: int) -> tuple[int, int]:
+    """Polish steps and LSMR iterations a step: :data:`ROUNDS`, :data:`ITERATIONS`; past :data:`WIDE` unknowns
+    :data:`WIDE_ROUNDS`, :data:`WIDE_ITERATIONS`."""
+    return (ROUNDS, ITERATIONS) if n <= WIDE else (WIDE_ROUNDS, WIDE_ITERATIONS)
 
 
 def _polish(rows, block, rng, n: int, store):
@@ -218,7 +224,8 @@ def _polish(rows, block, rng, n: int, store):
     d = block.d
     if store is None:
         data = polish_data(rows, d, rng, polish_sequences(d, n))
-        model, report = polish_block(block, data, rounds=ROUNDS, iterations=polish_iterations(n), target=SETTLED)
+        rounds, iterations = polish_plan(n)
+        model, report = polish_block(block, data, rounds=rounds, iterations=iterations, target=SETTLED)
         return model, report, sum(len(X) for X, _ in data)
     got = store.get("polish")
     if got is not None:
@@ -226,14 +233,15 @@ def _polish(rows, block, rng, n: int, store):
     report = PolishReport([float(h) for h in got["history"]] if got is not None else [],
                           [int(i) for i in got["iterations"]] if got is not None else [])
     count, done = (int(got["sequences"]), bool(got["done"])) if got is not None else (0, False)
+    rounds, iterations = polish_plan(n)
     while not done:
-        store.pause_if_due(f"stage polish: {len(report.iterations)} of {ROUNDS} steps", share=SITTING_SHARE)
+        store.pause_if_due(f"stage polish: {len(report.iterations)} of {rounds} steps", share=SITTING_SHARE)
         data = polish_data(rows, d, rng, polish_sequences(d, n))
-        block, one = polish_block(block, data, rounds=1, iterations=polish_iterations(n), target=SETTLED)
+        block, one = polish_block(block, data, rounds=1, iterations=iterations, target=SETTLED)
         count += sum(len(X) for X, _ in data)
         report.history.extend(one.history[len(report.history) > 0:])
         report.iterations.extend(one.iterations)
-        done = len(one.history) < 2 or len(report.iterations) >= ROUNDS or report.history[-1] < SETTLED
+        done = len(one.history) < 2 or len(report.iterations) >= rounds or report.history[-1] < SETTLED
         store.put("polish", **{f"block_{k}": v for k, v in block.arrays().items()}, history=report.history,
                   iterations=report.iterations, sequences=count, done=done)
     return block, report, count

@@ -150,7 +150,7 @@ def probe_neurons(answer_rows, affine, n2, m: int, rng, store=None):
         if store is not None:
             store.put("span", **got)
     U, B = got["U"], got["B"]
-    W, A = _factors(B, U, m, rng, store)
+    W, A = all_factors(B, U, m, rng, store)
     ok, detail = factors_complete(B, W, A, U, tol=COMPLETE)
     if not ok:
         raise UnidentifiableError(f"stage neurons: the probe span's factors are not complete ({detail['factors']} "
@@ -169,7 +169,7 @@ def probe_neurons(answer_rows, affine, n2, m: int, rng, store=None):
     return curves["A"], curves["a"], details
 
 
-def _factors(B, U, m, rng, store):
+def all_factors(B, U, m, rng, store):
     """Every factor by the deflated pencil (at most :data:`STARTS_PER_FACTOR`·m starts), resumed from ``store``'s
     ``factors`` and saved after each batch."""
     d, C = U.shape

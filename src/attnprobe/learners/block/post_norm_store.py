@@ -31,6 +31,7 @@ class StageStore:
         self.seconds = seconds
         self.deadline = None if seconds is None else time.monotonic() + seconds
         self.resumed: list[str] = []
+        self.saved = False
 
     def get(self, name: str) -> dict | None:
         """The arrays saved for stage ``name``, or None when it has not been saved."""
@@ -47,10 +48,11 @@ class StageStore:
         tmp = self.folder / f".{name}.tmp.npz"
         np.savez(tmp, **arrays)
         os.replace(tmp, self.folder / f"{name}.npz")
+        self.saved = True
 
     def pause_if_due(self, where: str, share: float = 0.0) -> None:
         """Raise :class:`Paused` (naming ``where``) once less than ``share`` of the sitting is left (0: once the
-        deadline has passed)."""
-        if self.deadline is not None and self.deadline - time.monotonic() < share * self.seconds:
+        deadline has passed) — never before this sitting has saved something (each sitting moves the run on)."""
+        if self.saved and self.deadline is not None and self.deadline - time.monotonic() < share * self.seconds:
             raise Paused(f"{where}: paused at the store's deadline with the stages so far saved in {self.folder}; "
                          "run again with the same folder to resume")
