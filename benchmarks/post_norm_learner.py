@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from attnprobe.learners.block.learner import CHECK_LENGTHS, every_position_check, extract_block
-from attnprobe.learners.block.post_norm_learner import CLAIM
+from attnprobe.learners.block.post_norm_learner import CLAIM, on_span
 from attnprobe.oracles import Oracle
 from attnprobe.oracles.hf_block import block_model
 from attnprobe.reports import Table
@@ -42,20 +42,26 @@ def measure(d: int, heads: int, tmp: Path) -> list:
     t0 = time.perf_counter()
     res = extract_block(oracle, heads=heads, hidden=m)
     seconds = time.perf_counter() - t0
-    fresh = Oracle(truth.every_position, d, outputs=d, precision="float64")
+    by = res.queries_by_phase
+    return row(f"BertLayer d = {d}, {heads} head{'s' if heads > 1 else ''}, FFN {m}", res, truth,
+               f"{res.queries:,} (" + ", ".join(f"{k} {v:,}" for k, v in by.items()) + ")", seconds,
+               "sweeps" if on_span(d, m) else "Gauss–Newton steps")
+
+
+def row(victim: str, res, truth, queries: str, seconds: float, steps: str) -> list:
+    """The table's row: the check, the same measure against the true block on 2 fresh sequences per length, the
+    stages' diagnostics (``steps``: what the neurons stage counts), queries, seconds, peak memory."""
+    fresh = Oracle(truth.every_position, truth.d, outputs=truth.d, precision="float64")
     vs_truth = every_position_check(fresh, res.model, np.random.default_rng(99), CHECK_LENGTHS, 2, claim=CLAIM)
     det = res.details
-    stages = (f"{det['attention']['pairs_kept']} pairs kept; neurons {det['neurons']['sweeps']} sweeps, span "
+    stages = (f"{det['attention']['pairs_kept']} pairs kept; neurons {det['neurons']['sweeps']} {steps}, span "
               f"{det['neurons']['span_residual']:.1e}, curves {det['neurons']['curve_misfit']:.1e}; ffn null "
               f"{det['ffn']['null']:.1e} / {det['ffn']['gap']:.1e}; polish "
               + " → ".join(f"{h:.1e}" for h in det["polish"]["history"]))
-    by = res.queries_by_phase
-    phases = ", ".join(f"{k} {v:,}" for k, v in by.items())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    return [f"BertLayer d = {d}, {heads} head{'s' if heads > 1 else ''}, FFN {m}",
-            f"{'passed' if res.passed else 'FAILED'} {res.check.error:.1e} (worst N = "
-            f"{res.check.extra['worst_length']})", f"{vs_truth.error:.1e}", stages,
-            f"{res.queries:,} ({phases})", f"{seconds:.0f}", f"{peak:.1f}"]
+    return [victim, f"{'passed' if res.passed else 'FAILED'} {res.check.error:.1e} (worst N = "
+                    f"{res.check.extra['worst_length']})", f"{vs_truth.error:.1e}", stages, queries, f"{seconds:.0f}",
+            f"{peak:.1f}"]
 
 
 def minilm(folder: Path, seconds: float) -> list | None:
@@ -79,20 +85,10 @@ def minilm(folder: Path, seconds: float) -> list | None:
         f.write(f"{oracle.queries} {time.perf_counter() - t0:.0f} finished\n")
     sittings = [line.split() for line in log.read_text().splitlines()]
     truth = block_model(hf_block(str(minilm_dir()), 2))
-    fresh = Oracle(truth.every_position, truth.d, outputs=truth.d, precision="float64")
-    vs_truth = every_position_check(fresh, res.model, np.random.default_rng(99), CHECK_LENGTHS, 2, claim=CLAIM)
-    det = res.details
-    stages = (f"{det['attention']['pairs_kept']} pairs kept; neurons {det['neurons']['sweeps']} Gauss–Newton steps, "
-              f"span {det['neurons']['span_residual']:.1e}, curves {det['neurons']['curve_misfit']:.1e}; ffn null "
-              f"{det['ffn']['null']:.1e} / {det['ffn']['gap']:.1e}; polish "
-              + " → ".join(f"{h:.1e}" for h in det["polish"]["history"]))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    return ["MiniLM layer 2 (d = 384, 12 heads, FFN 1536)",
-            f"{'passed' if res.passed else 'FAILED'} {res.check.error:.1e} (worst N = "
-            f"{res.check.extra['worst_length']})", f"{vs_truth.error:.1e}", stages,
-            f"{sum(int(s[0]) for s in sittings):,} in {len(sittings)} sittings (the last: "
-            + ", ".join(f"{k} {v:,}" for k, v in res.queries_by_phase.items()) + ")",
-            f"{sum(int(s[1]) for s in sittings):,}", f"{peak:.1f}"]
+    return row("MiniLM layer 2 (d = 384, 12 heads, FFN 1536)", res, truth,
+               f"{sum(int(s[0]) for s in sittings):,} in {len(sittings)} sittings (the last: "
+               + ", ".join(f"{k} {v:,}" for k, v in res.queries_by_phase.items()) + ")",
+               sum(int(s[1]) for s in sittings), "Gauss–Newton steps")
 
 
 def main():
