@@ -12,11 +12,13 @@ post-norm.
    holds ``4m·d²`` numbers (``4m`` points of ``d²``) and is swept hundreds of times: run up to
    :data:`NEURON_NUMBERS` (measured: d = 32, m = 64); beyond, through C probe directions
    (:mod:`.post_norm_probe_neurons`: the probe span by Gauss–Newton, every factor by the deflated pencil, the
-   directions past the probes, the curves) up to :data:`PROBE_NEURONS` (``m·d``; measured d = 64, m = 128), refused
-   in one line beyond (MiniLM: d = 384, m = 1536).
+   directions past the probes, the curves) up to :data:`PROBE_NEURONS` (``m·d``: MiniLM's d = 384, m = 1536),
+   refused in one line beyond.
 6. ``ffn`` (:mod:`.post_norm_ffn`): every row's scale, n1's weight, the second layer and the joint bias as one null
    vector.
 7. ``polish`` (:mod:`.post_norm_polish`): the block assembled, then Gauss–Newton on every-position answers.
+
+A run longer than one sitting (MiniLM's) keeps its stages in a :class:`.post_norm_store.StageStore` and resumes.
 
 The result (a post-norm :class:`~attnprobe.models.block.TransformerBlock`, LayerNorms, both ε BERT's 1e-12, n1's
 bias 0: one member of the gauge family of docs/block.md, "What the answers can fix") claims :data:`CLAIM` at every
@@ -56,11 +58,11 @@ PAIR_STEP = 0.2
 #: sequences took the assembled 2.7e-5 to 1.7e-9), and the rms misfit below which no step is taken (the stages
 #: alone at d = 12, one head: 1.3e-9)
 ROUNDS, ITERATIONS, SEQUENCES, SETTLED = 3, 200, 100, 1e-8
-#: past WIDE unknowns, Gauss–Newton steps and LSMR iterations per step (MiniLM layer 2 with its true first layer
-#: given: one step of 30 on 300 sequences took the misfit 8.8e-6 → 1.1e-6 and every length within 1e-4, 489 s; 200
-#: would take ~1 h a step), and with a store the share of a sitting that must be left to begin a step (a step at
-#: MiniLM's size fills most of one)
-WIDE, WIDE_ROUNDS, WIDE_ITERATIONS, SITTING_SHARE = 200_000, 1, 30, 0.9
+#: past WIDE unknowns, Gauss–Newton steps, LSMR iterations per step and answered numbers per unknown (MiniLM layer 2
+#: with its true first layer given: one step of 30 on 300 sequences, 1.2 numbers an unknown, took the misfit
+#: 8.8e-6 → 1.1e-6 and every length within 1e-4, 489 s; 200 iterations would take ~1 h a step), and with a store the
+#: share of a sitting that must be left to begin a step (a step at MiniLM's size fills half of one)
+WIDE, WIDE_ROUNDS, WIDE_ITERATIONS, WIDE_NUMBERS, SITTING_SHARE = 200_000, 1, 30, 1.2, 0.5
 #: the neurons' curve fit above which the stage is refused (d = 32 measured 3.5e-8: a GELU neuron fits to the
 #: central differences' error)
 CURVE_MISFIT = 1e-4
@@ -73,8 +75,10 @@ def pairs(d: int, heads: int) -> int:
 
 
 def polish_sequences(d: int, unknowns: int) -> int:
-    """Sequences of the polish: twice as many answered numbers as unknowns, at least :data:`SEQUENCES`."""
-    return max(SEQUENCES, math.ceil(2 * unknowns / (d * float(np.mean(LENGTHS)))))
+    """Sequences of the polish: twice as many answered numbers as unknowns (past :data:`WIDE` unknowns
+    :data:`WIDE_NUMBERS` times as many), at least :data:`SEQUENCES`."""
+    ratio = 2 if unknowns <= WIDE else WIDE_NUMBERS
+    return max(SEQUENCES, math.ceil(ratio * unknowns / (d * float(np.mean(LENGTHS)))))
 
 
 def unknowns(d: int, m: int) -> int:
