@@ -1,6 +1,6 @@
 """A post-norm run's stage results kept in a folder (one ``.npz`` a stage), so a run longer than one sitting resumes
-where it stopped (docs/block.md, "Through probes, as library pieces": MiniLM's neurons stage alone took ~40 min,
-its factor search ~22 of them).
+where it stopped (docs/block.md, "Chained from MiniLM's answers, in sittings": MiniLM layer 2 took ~67 min in six
+runs, its factor search ~38 of them).
 
 A stage found in the folder is loaded, not run (its queries are not asked again); a long stage (the factor search,
 the directions past the probes) saves its state as it goes and stops with :class:`Paused` once the store's time
