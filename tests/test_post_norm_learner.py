@@ -13,7 +13,7 @@ import pytest
 
 from attnprobe.errors import UnidentifiableError
 from attnprobe.learners.block.learner import CHECK_LENGTHS, every_position_check, extract_block
-from attnprobe.learners.block.post_norm_learner import CLAIM, NEURON_NUMBERS
+from attnprobe.learners.block.post_norm_learner import CLAIM, NEURON_NUMBERS, PROBE_NEURONS
 from attnprobe.oracles import Oracle
 from attnprobe.targets.block import random_llama_block
 
@@ -32,11 +32,11 @@ def _oracle(block):
 
 
 @pytest.mark.parametrize("hidden, cause", [(None, "stage neurons reads the FFN's first layer given its width"),
-                                           (4096, "stage neurons not run at d = 16, m = 4096: its span holds")])
+                                           (40000, "stage neurons not run at d = 16, m = 40000: its span holds")])
 def test_a_post_norm_block_beyond_the_neurons_stage_is_refused_before_its_stages(hidden, cause):
-    """Without the FFN's width, or with a span past the size measured (4m·d² > NEURON_NUMBERS), the block is refused
-    in one line naming the stage and the size, after the 3 queries that told it apart (no stage run)."""
-    assert 4 * 4096 * 16 * 16 > NEURON_NUMBERS >= 4 * 32 * 16 * 16
+    """Without the FFN's width, or past both routes' sizes (4m·d² > NEURON_NUMBERS, m·d > PROBE_NEURONS), the block
+    is refused in one line naming the stage and the size, after the 3 queries that told it apart (no stage run)."""
+    assert 40000 * 16 > PROBE_NEURONS and 4 * 40000 * 16 * 16 > NEURON_NUMBERS >= 4 * 32 * 16 * 16
     oracle = _oracle(_post_norm())
     with pytest.raises(UnidentifiableError, match="a post-norm block .*: " + cause) as exc:
         extract_block(oracle, heads=2, hidden=hidden)
@@ -45,8 +45,9 @@ def test_a_post_norm_block_beyond_the_neurons_stage_is_refused_before_its_stages
 
 def test_a_post_norm_estimate_prices_the_post_norm_route_or_refuses_it_in_one_line():
     """A block estimate whose setting declares the post-norm layout prices the post-norm route (not the pre-norm
-    learner's plan, 2,536,145 on MiniLM's shape) where it runs, and where the neurons stage refuses (MiniLM: d = 384,
-    m = 1536) says so in one line naming that stage, as the run would after its 3 queries."""
+    learner's plan, 2,536,145 on MiniLM's shape) where it runs (MiniLM: d = 384, m = 1536, through probes), and where
+    the neurons stage refuses (m·d past MiniLM's) says so in one line naming that stage, as the run would after its 3
+    queries."""
     from attnprobe.errors import ConfigError
     from attnprobe.learners.core.estimate import estimate_queries
 
@@ -54,9 +55,13 @@ def test_a_post_norm_estimate_prices_the_post_norm_route_or_refuses_it_in_one_li
     post = estimate_queries("block", 12, heads=1, hidden=24, layout="post")
     assert "post-norm route" in post.basis and "post-norm" not in pre.basis and post.queries != pre.queries
     assert post.low <= post.queries <= post.high and post.low > 4 * 24 * (2 * 12 + 1)  # at least the neurons' tokens
+    from attnprobe.learners.block.post_norm_learner import post_norm_queries
+
+    minilm = estimate_queries("block", 384, heads=12, hidden=1536, layout="post", check=False)
+    assert (minilm.low, minilm.queries, minilm.high) == post_norm_queries(384, 12, 1536)
     with pytest.raises(ConfigError, match="refused by the post-norm route .*stage neurons not run at d = 384, "
-                                          "m = 1536") as exc:
-        estimate_queries("block", 384, heads=12, hidden=1536, layout="post")
+                                          "m = 1537") as exc:
+        estimate_queries("block", 384, heads=12, hidden=1537, layout="post")
     assert "\n" not in str(exc.value)
     assert estimate_queries("block", 384, heads=12, hidden=1536).queries > 0  # undeclared layout: the pre-norm plan
 
@@ -82,7 +87,8 @@ def test_an_estimate_of_a_folders_block_is_given_its_layout(tmp_path, family, la
 def test_extract_estimate_of_a_bert_folder_block_knows_its_layout(tmp_path, capsys):
     """``extract --estimate --hf-dir DIR --block L`` on a BERT folder printed the pre-norm learner's count: the
     folder's post-norm layout reaches the estimate, which prints the post-norm route's count, or (past both of the
-    neurons stage's routes: d = 96, m = 192) exits 2 with its one-line refusal (~6 s: two folders saved)."""
+    neurons stage's routes: d = 552, m = 1104, m·d past MiniLM's) exits 2 with its one-line refusal (~8 s: two
+    folders saved)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from hf_models import tiny_bert_dir
 
@@ -94,10 +100,10 @@ def test_extract_estimate_of_a_bert_folder_block_knows_its_layout(tmp_path, caps
     want = estimate_queries("block", 12, heads=1, hidden=24, layout="post", positions="bidirectional")
     out = capsys.readouterr().out
     assert f"about {want.queries} queries" in out and "post-norm route" in out, out
-    wide = tiny_bert_dir(tmp_path / "b96", hidden=96, heads=2, layers=1)  # m·d = 18,432: past the probe route too
+    wide = tiny_bert_dir(tmp_path / "b552", hidden=552, heads=2, layers=1)  # m·d = 609,408: past the probe route
     assert main(["extract", "--hf-dir", str(wide), "--block", "0", "--estimate"]) == 2
     err = capsys.readouterr().err
-    assert "refused by the post-norm route" in err and "m = 192" in err, err
+    assert "refused by the post-norm route" in err and "m = 1104" in err, err
 
 
 def test_the_post_norm_claim_is_what_the_check_holds_a_block_to():
@@ -182,13 +188,14 @@ def test_extract_hf_dir_block_reads_a_bert_block(tmp_path, capsys):
 
 
 def test_the_neurons_stage_runs_through_probes_up_to_the_size_measured_and_names_both_routes_beyond():
-    """Past the d² route's size the probe route runs (measured from answers at d = 64, m = 128), priced by its plan;
-    MiniLM's shape is refused in one line naming both routes' measured sizes."""
+    """Past the d² route's size the probe route runs (measured from answers at d = 64, m = 128 and MiniLM's d = 384,
+    m = 1536), priced by its plan; past MiniLM's m·d it is refused in one line naming both routes' measured sizes."""
     from attnprobe.learners.block.post_norm_learner import PROBE_NEURONS, neuron_queries, neurons_refusal
     from attnprobe.learners.block.post_norm_probe_neurons import probe_plan
 
-    assert 4 * 128 * 64 * 64 > NEURON_NUMBERS and 128 * 64 <= PROBE_NEURONS
-    assert neurons_refusal(64, 128) is None and neurons_refusal(32, 64) is None
+    assert 4 * 128 * 64 * 64 > NEURON_NUMBERS and 1536 * 384 <= PROBE_NEURONS
+    assert neurons_refusal(64, 128) is None and neurons_refusal(32, 64) is None and neurons_refusal(384, 1536) is None
     assert neuron_queries(64, 128) == probe_plan(64, 128)[3] and neuron_queries(32, 64) == 4 * 64 * 65
-    cause = neurons_refusal(384, 1536)
-    assert "probe route m·d = 589,824" in cause and "\n" not in cause
+    assert neuron_queries(384, 1536) == probe_plan(384, 1536)[3] == 126_882
+    cause = neurons_refusal(384, 1537)
+    assert "probe route m·d = 590,208" in cause and "\n" not in cause

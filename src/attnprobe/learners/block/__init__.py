@@ -79,7 +79,7 @@ register("block", _block, recovers="block", needs_one_of=("heads",),
               "RMSNorm → SwiGLU/GeGLU → residual, no biases) from hidden states in and every position out; norm "
               "weights folded into the next projections (only the products are identifiable), ε learned; a "
               "post-norm BERT block (LayerNorm after each residual, GELU FFN) by the post-norm route given its FFN "
-              "width (layers up to m·d = 8,192 only: the neurons stage's size)",
+              "width (layers up to MiniLM's m·d = 589,824: the neurons stage's size)",
          options=[HEADS, Option("hidden", int, "the FFN's hidden width if known (skips the width search)", low=1,
                                 metavar="M"),
                   Option("activation", str, "the block FFN's gated activation (default: read from the answers)",

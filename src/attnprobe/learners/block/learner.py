@@ -67,7 +67,7 @@ def _oracle(fn, d, name):
 
 
 def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: str | None = None, seed=0,
-                  check: bool = True, progress=None, walk: int = 1, ffn=None, attention=None):
+                  check: bool = True, progress=None, walk: int = 1, ffn=None, attention=None, store=None):
     """Recover a pre-norm RMSNorm block with RoPE attention and a bias-free gated FFN (module docstring).
     ``heads``: the attention's H; ``hidden``: the FFN's gated units if known; ``activation``: ``swiglu``,
     ``geglu``, ``geglu_tanh`` or None (read from the answers); ``ffn``: a gated FFN already read from this block's
@@ -116,7 +116,7 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
             K0 = linear_part(rows, d)
     if said is not None:
         model, unknowns, details = post_norm_learner.extract_post_norm(run, heads=heads, hidden=hidden, said=said,
-                                                                       seed=seed)
+                                                                       seed=seed, store=store)
         notes = [f"{said}: the post-norm route (docs/block.md), n1's weight up to one positive factor and its bias "
                  "folded into the FFN's (bias 0), both LayerNorms' ε BERT's 1e-12 (not read)"]
         return run.finish(model, unknowns=unknowns, details=details, notes=notes,

@@ -124,11 +124,12 @@ def deflated_gram(B: np.ndarray, W: np.ndarray, A: np.ndarray, G: np.ndarray) ->
 
 
 def probe_factors(B: np.ndarray, d: int, C: int, m: int, rng, starts: int, *, batch: int = 16, found=None,
-                  deflate: bool = True, log=None):
+                  deflate: bool = True, log=None, converged: float = CONVERGED):
     """``(W, A)``: unit factors ``w_i ⊗ α_i`` of the span B (rows, n ≤ m of each), from at most ``starts`` Newton
     starts in batches, each start the candidate (of :data:`POOL` random unit α) farthest from the α's found; with
     ``deflate`` each batch runs on the pencil of the span off the factors found so far (module docstring), without
-    it on ``K(α)`` (the plain search). ``found``: ``(W, A)`` to resume from."""
+    it on ``K(α)`` (the plain search). ``found``: ``(W, A)`` to resume from; ``converged``: the ``1 − ν`` that
+    accepts a factor (a span read to δ holds its factors only to ~δ: ``1 − ν ≈ δ²``)."""
     W, A = (np.zeros((0, d)), np.zeros((0, C))) if found is None else (np.asarray(found[0]), np.asarray(found[1]))
     G = probe_gram(B, d, C)
     for lo in range(0, starts, batch):
@@ -143,24 +144,24 @@ def probe_factors(B: np.ndarray, d: int, C: int, m: int, rng, starts: int, *, ba
         for _ in range(ITERATIONS):
             nu, V, lam = pencil_top(G, Gd, a)
             ok = np.isfinite(nu)
-            if np.all(1 - nu[ok] < CONVERGED):
+            if np.all(1 - nu[ok] < converged):
                 break
             a[ok] = newton_step(G, Gd, a[ok], V[ok], lam[ok])
         nu, V, lam = pencil_top(G, Gd, a)
-        ok = 1 - nu < CONVERGED
+        ok = 1 - nu < converged
         if ok.any():  # one more step where converged: quadratic, so the factor ends at the rounding
             a[ok] = newton_step(G, Gd, a[ok], V[ok], lam[ok])
             nu, V, lam = pencil_top(G, Gd, a)
-        W, A = _accept(W, A, a, V[:, :, -1], nu)
+        W, A = _accept(W, A, a, V[:, :, -1], nu, converged)
         if log is not None:
             log(lo + batch, W, A)
     return W, A
 
 
-def _accept(W, A, a, v, nu):
-    """The converged starts (``ν`` within :data:`CONVERGED` of 1: the factor within ~√CONVERGED of the span, checked
+def _accept(W, A, a, v, nu, converged):
+    """The converged starts (``ν`` within ``converged`` of 1: the factor within ~√converged of the span, checked
     at the end by :func:`factors_complete`) that are new, unit, appended to ``(W, A)``."""
-    for b in np.flatnonzero(1 - nu < CONVERGED):
+    for b in np.flatnonzero(1 - nu < converged):
         w = v[b] / np.linalg.norm(v[b])
         if len(W) and np.any((np.abs(A @ a[b]) > SAME) & (np.abs(W @ w) > SAME)):
             continue

@@ -15,6 +15,7 @@ factor ``ŵ_i ⊗ α̂_i`` (:mod:`.post_norm_factors`), the directions past the 
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg import cho_factor, cho_solve
 
 from attnprobe.errors import UnidentifiableError
 from attnprobe.learners.block.post_norm import centred_unit, single_tokens
@@ -25,6 +26,11 @@ from attnprobe.learners.block.post_norm_probe_span import STEP, point_correction
 #: probe directions (MiniLM: C = 8; the rank-one elements are only the factors when ``dC > m + d + C``), Newton
 #: starts of the factor search per neuron at most, and the span's precision the completeness check allows
 PROBES, STARTS_PER_FACTOR, COMPLETE = 8, 4, 1e-6
+#: the ``1 − ν`` that accepts a factor: within COMPLETE of the span, as the completeness check then holds it (MiniLM
+#: layer 2 from its answers: the true factors 6.8e-8 median, 3.7e-7 worst off the span read; at 1e-13, the exact
+#: span's, the 6 farthest were never accepted — 1,530 after 2,016 starts —, at (COMPLETE/2)² the last 2, whose
+#: deflated pencil, beside found neighbours at |cos| 0.96, stays 2.6e-13 and 3.2e-13 below 1 at their true α)
+ACCEPT = COMPLETE ** 2
 
 
 def probes(d: int, m: int) -> int:
@@ -42,11 +48,13 @@ def _factor_basis(W, A):
     return np.einsum("bx,bc->xcb", W, A).reshape(W.shape[1] * A.shape[1], -1)
 
 
-def _direction_block(ask, U, Ub, factors, rng, points):
+def _direction_block(ask, U, Ub, span, rng, points):
     """θ (m × C_b) for the block ``U_b`` (module docstring) from ``points·(2(C + C_b) + 1)`` single tokens;
-    ``ask`` = (answer_rows, affine, n2), ``factors`` = (W, A, ℓ)."""
+    ``ask`` = (answer_rows, affine, n2), ``span`` = (B, W, A, ℓ): each point's coordinates on the factors and ℓ
+    through the span B (its corrections eliminated), then ``g_j`` eliminated by projecting off ``q̂_j``; the least
+    squares by its normal equations (condition ~261 at MiniLM's size, measured in research) refined once."""
     answer_rows, affine, n2 = ask
-    W, A, ell = factors
+    B, W, A, ell = span
     d, C = U.shape
     Cb, m = Ub.shape[1], len(W)
     UU = np.hstack([U, Ub])
@@ -58,37 +66,45 @@ def _direction_block(ask, U, Ub, factors, rng, points):
     Xs = (Y[:, 1:C + Cb + 1] - Y[:, C + Cb + 1:]).transpose(0, 2, 1) / (2 * STEP)      # points × d × (C + C_b)
     Qh = Y[:, 0] / np.linalg.norm(Y[:, 0], axis=1, keepdims=True)
     basis = np.hstack([_factor_basis(W, A), ell[:, None]])
-    rows, rhs = [], []
-    for j in range(points):
-        sol = np.linalg.lstsq(np.hstack([basis, np.kron(Qh[j][:, None], np.eye(C))]), Xs[j, :, :C].ravel(),
-                              rcond=None)[0]
-        Aj = np.zeros((d, m + d + points))
-        Aj[:, :m] = W.T * sol[:m]
-        Aj[:, m:m + d] = sol[m] * np.eye(d)
-        Aj[:, m + d + j] = Qh[j]
-        rows.append(Aj)
-        rhs.append(Xs[j, :, C:])
-    return np.linalg.lstsq(np.vstack(rows), np.vstack(rhs), rcond=None)[0][:m]
+    _, c, _ = point_corrections(B, Xs[:, :, :C].reshape(points, d * C), Qh, C)
+    coef = np.linalg.solve(B.T @ basis, c.T)                                    # (m + 1) × points
+    M = np.concatenate([W.T[None] * coef[:m].T[:, None, :],
+                        coef[m][:, None, None] * np.eye(d)[None]], axis=2)      # points × d × (m + d)
+    R = Xs[:, :, C:]
+    M -= Qh[:, :, None] * np.einsum("jx,jxk->jk", Qh, M)[:, None, :]          # g_j eliminated: off q̂_j
+    R = R - Qh[:, :, None] * np.einsum("jx,jxk->jk", Qh, R)[:, None, :]
+    M, R = M.reshape(points * d, -1), R.reshape(points * d, -1)
+    G = cho_factor(M.T @ M)  # normal equations, one refinement step (MiniLM: a QR solve took 46 s a block, this 6)
+    x = cho_solve(G, M.T @ R)
+    return (x + cho_solve(G, M.T @ (R - M @ x)))[:m]
 
 
-def probe_directions(ask, U, factors, B, rng):
-    """``(D, queries)``: the neurons' full directions ``â_i`` (m × d, on the centred space) from the unit factors
-    ``(W, A)`` of the span B, block by block of the centred directions past U; ``ask`` = (answer_rows, affine,
-    n2)."""
+def direction_blocks(ask, U, factors, B, rng, *, start: int = 0, D=None):
+    """Yields ``(next, D, queries)`` after each block of the centred directions past U (:func:`probe_directions`,
+    resumable: ``start`` the first block's offset, ``D`` the directions so far, m × d transposed as d × m)."""
     W, A = factors
     d, C = U.shape
     m = len(W)
     P = np.eye(d) - 1.0 / d
     rest = np.linalg.svd(P - U @ U.T)[0][:, :d - 1 - C]                     # centred, orthogonal to U
     F = _factor_basis(W, A)
-    ell = B @ np.linalg.svd(B.T @ F, full_matrices=True)[0][:, m:m + 1]
+    ell = B @ np.linalg.svd(B.T @ F, full_matrices=True)[0][:, m]
     _, _, points, _ = probe_plan(d, m)  # 3(m + d)/d + 4 points left a mostly-off neuron 2.8e-2 off at d = 64
     Cb = max(1, min(C, (d - 1 - C) // 2))  # the points, orthogonal to U and U_b, keep half of the rest free
-    D, queries = U @ A.T, 0
-    for lo in range(0, rest.shape[1], Cb):
+    D = U @ A.T if D is None else D
+    for lo in range(start, rest.shape[1], Cb):
         Ub = rest[:, lo:lo + Cb]
-        D = D + Ub @ _direction_block(ask, U, Ub, (W, A, ell[:, 0]), rng, points).T
-        queries += points * (2 * (C + Ub.shape[1]) + 1)
+        D = D + Ub @ _direction_block(ask, U, Ub, (B, W, A, ell), rng, points).T
+        yield lo + Cb, D, points * (2 * (C + Ub.shape[1]) + 1)
+
+
+def probe_directions(ask, U, factors, B, rng):
+    """``(D, queries)``: the neurons' full directions ``â_i`` (m × d, on the centred space) from the unit factors
+    ``(W, A)`` of the span B, block by block of the centred directions past U; ``ask`` = (answer_rows, affine,
+    n2)."""
+    D, queries = U @ factors[1].T, 0
+    for _, D, q in direction_blocks(ask, U, factors, B, rng):
+        queries += q
     return D.T, queries
 
 
@@ -124,24 +140,73 @@ def probe_plan(d: int, m: int) -> tuple[int, int, int, int]:
     return C, n, per_block, n * (2 * C + 1) + sum(per_block * (2 * (C + b) + 1) for b in blocks)
 
 
-def probe_neurons(answer_rows, affine, n2, m: int, rng):
+def probe_neurons(answer_rows, affine, n2, m: int, rng, store=None):
     """Stage neurons through probes: ``(A, a, details)`` (the first layer on z), refused in one line when the
-    factors found are not the whole span (:func:`.post_norm_factors.factors_complete`)."""
+    factors found are not the whole span (:func:`.post_norm_factors.factors_complete`). ``store``: a
+    :class:`.post_norm_store.StageStore` keeping the span, the factors, the directions and the curves (``span``,
+    ``factors``, ``directions``, ``neurons``) as they are read, the factor search and the directions resumed from
+    their last batch and block (:class:`.post_norm_store.Paused` at its deadline)."""
     d = affine.K.shape[0]
     C, n, _, _ = probe_plan(d, m)
-    P = np.eye(d) - 1.0 / d
-    U = np.linalg.qr(P @ rng.standard_normal((d, C)))[0]
-    Z, Q, X = probe_points(answer_rows, affine, n2, U, rng, n)
-    B, residuals = probe_span(X, Q, C, m + 1)
-    W, A = probe_factors(B, d, C, m, rng, STARTS_PER_FACTOR * m)
+    got = store.get("span") if store is not None else None
+    if got is None:
+        P = np.eye(d) - 1.0 / d
+        U = np.linalg.qr(P @ rng.standard_normal((d, C)))[0]
+        Z, Q, X = probe_points(answer_rows, affine, n2, U, rng, n)
+        B, residuals = probe_span(X, Q, C, m + 1)
+        got = dict(U=U, Z=Z, Q=Q, X=X, B=B, residuals=np.array(residuals))
+        if store is not None:
+            store.put("span", **got)
+    U, B = got["U"], got["B"]
+    W, A = all_factors(B, U, m, rng, store)
     ok, detail = factors_complete(B, W, A, U, tol=COMPLETE)
     if not ok:
         raise UnidentifiableError(f"stage neurons: the probe span's factors are not complete ({detail['factors']} "
                                   f"of m = {m}; off the span {detail['off_span']:.1e}, linear part "
                                   f"{detail['linear_residual']:.1e}, smallest singular "
                                   f"{detail['smallest_singular']:.1e})")
-    D, queries = probe_directions((answer_rows, affine, n2), U, (W, A), B, rng)
-    A1, a1, misfit = probe_curves(B, (Z, Q, X), U, (W, A), D)
-    details = {"probes": C, "points": n, "span_residual": residuals[-1], "gauss_newton_steps": len(residuals) - 1,
-               "queries": n * (2 * C + 1) + queries, "curve_misfit": misfit}
-    return A1, a1, details
+    D, queries = _directions((answer_rows, affine, n2), U, (W, A), B, rng, store)
+    curves = store.get("neurons") if store is not None else None
+    if curves is None:
+        curves = dict(zip(("A", "a", "misfit"), probe_curves(B, (got["Z"], got["Q"], got["X"]), U, (W, A), D)))
+        if store is not None:
+            store.put("neurons", **curves)
+    details = {"probes": C, "points": n, "span_residual": float(got["residuals"][-1]),
+               "gauss_newton_steps": len(got["residuals"]) - 1, "queries": n * (2 * C + 1) + queries,
+               "curve_misfit": float(curves["misfit"])}
+    return curves["A"], curves["a"], details
+
+
+def all_factors(B, U, m, rng, store):
+    """Every factor by the deflated pencil (at most :data:`STARTS_PER_FACTOR`·m starts), resumed from ``store``'s
+    ``factors`` and saved after each batch."""
+    d, C = U.shape
+    most = STARTS_PER_FACTOR * m
+    if store is None:
+        return probe_factors(B, d, C, m, rng, most, converged=ACCEPT)
+    got = store.get("factors") or {"W": np.zeros((0, d)), "A": np.zeros((0, C)), "starts": 0}
+    W, A, done = got["W"], got["A"], int(got["starts"])
+    if len(W) >= m or done >= most:
+        return W, A
+
+    def log(starts, W, A):
+        store.put("factors", W=W, A=A, starts=done + starts)
+        store.pause_if_due(f"stage neurons: {len(W)} of m = {m} factors after {done + starts} starts")
+
+    return probe_factors(B, d, C, m, rng, most - done, found=(W, A), log=log, converged=ACCEPT)
+
+
+def _directions(ask, U, factors, B, rng, store):
+    """:func:`probe_directions`, resumed from ``store``'s ``directions`` and saved after each block."""
+    if store is None:
+        return probe_directions(ask, U, factors, B, rng)
+    d, C = U.shape
+    got = store.get("directions") or {"D": U @ factors[1].T, "next": 0, "queries": 0}
+    D, queries = got["D"], int(got["queries"])
+    if int(got["next"]) < d - 1 - C:
+        for nxt, D, q in direction_blocks(ask, U, factors, B, rng, start=int(got["next"]), D=D):
+            queries += q
+            store.put("directions", D=D, next=nxt, queries=queries)
+            if nxt < d - 1 - C:
+                store.pause_if_due(f"stage neurons: the directions past the probes up to {C + nxt} of {d - 1}")
+    return D.T, queries
