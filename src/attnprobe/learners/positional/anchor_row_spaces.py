@@ -80,11 +80,11 @@ def joined(parts: list) -> BlockTokens:
 
 
 def column_subspace(probes: BlockTokens, Ys: list, k: int, rng: np.random.Generator, *, intercept: bool = False,
-                    rounds: int = ROUNDS, cg_steps: int = CG_STEPS, log=None):
+                    spectral: bool = True, rounds: int = ROUNDS, cg_steps: int = CG_STEPS, log=None):
     """An orthonormal basis ``(k, d)`` of the ``k``-dimensional ``T`` in ``Y[s, p, col] ≈ z_s,pᵀ T c_p,col`` over
     every family's ``Y (S_f, n, cols_f)`` in ``Ys`` (NaN = missing; the probes of the families in order, slot ``p``
     of a family's sequence ``s`` its token ``s·n + p``; each family its own ``c``; ``intercept``: plus ``b_p,col``):
-    alternating least squares from a random ``T``, the ``c`` by one least squares per family and slot, ``T`` by
+    alternating least squares from ``T``'s spectral estimate (``spectral``; else a random ``T``), the ``c`` by one least squares per family and slot, ``T`` by
     conjugate gradients on its normal equations preconditioned by ``(XᵀX)⁻¹ ⊗ (mean c cᵀ)⁻¹``.
     ``log(round, misfit)``: the relative misfit."""
     d = probes.d
@@ -93,7 +93,7 @@ def column_subspace(probes: BlockTokens, Ys: list, k: int, rng: np.random.Genera
     w = [o.astype(float) for o in ok]
     at = np.cumsum([0] + [Y.shape[0] * Y.shape[1] for Y in Ys])
     norm = float(np.sqrt(sum((Y**2).sum() for Y in Y0))) or 1.0
-    T = np.linalg.qr(rng.standard_normal((d, k)))[0]
+    T = _spectral_start(probes, Y0, k) if spectral else np.linalg.qr(rng.standard_normal((d, k)))[0]
 
     def split(P):
         return [P[at[f]:at[f + 1]].reshape(Y.shape[0], Y.shape[1], -1) for f, Y in enumerate(Ys)]
@@ -127,6 +127,20 @@ def column_subspace(probes: BlockTokens, Ys: list, k: int, rng: np.random.Genera
             res = sum(float((wf * (R - Y) ** 2).sum()) for wf, R, Y in zip(w, forward(Tt), Yc))
             log(rnd, np.sqrt(res) / norm)
     return T.T
+
+
+def _spectral_start(probes: BlockTokens, Ys: list, k: int) -> np.ndarray:
+    """The top ``k`` left singular vectors of ``[(XᵀX)⁻¹ Z_pᵀ Y_p]`` over every family and slot (``E[z zᵀ] ∝ I``:
+    each block is ``T C_p`` plus noise), a ``(d, k)`` orthonormal start."""
+    parts, at = [], 0
+    for Y in Ys:
+        S, n, _ = Y.shape
+        for p in range(n):
+            idx = at + np.arange(S) * n + p
+            parts.append(BlockTokens(probes.block[idx], probes.vals[idx], probes.d).adjoint(Y[:, p]))
+        at += S * n
+    F = probes.gram_solve(np.concatenate(parts))  # (Σ n·cols, d)
+    return np.linalg.svd(F.T, full_matrices=False)[0][:, :k]
 
 
 def _slots(P: np.ndarray, C: np.ndarray) -> np.ndarray:
