@@ -84,8 +84,9 @@ def column_subspace(probes: BlockTokens, Ys: list, k: int, rng: np.random.Genera
     """An orthonormal basis ``(k, d)`` of the ``k``-dimensional ``T`` in ``Y[s, p, col] ≈ z_s,pᵀ T c_p,col`` over
     every family's ``Y (S_f, n, cols_f)`` in ``Ys`` (NaN = missing; the probes of the families in order, slot ``p``
     of a family's sequence ``s`` its token ``s·n + p``; each family its own ``c``; ``intercept``: plus ``b_p,col``):
-    alternating least squares from ``T``'s spectral estimate (``spectral``; else a random ``T``), the ``c`` by one least squares per family and slot, ``T`` by
-    conjugate gradients on its normal equations preconditioned by ``(XᵀX)⁻¹ ⊗ (mean c cᵀ)⁻¹``.
+    alternating least squares from ``T``'s spectral estimate (``spectral``; else a random ``T``), the ``c`` by one
+    least squares per family and slot, ``T`` by conjugate gradients on its normal equations preconditioned by
+    ``(XᵀX)⁻¹ ⊗ (mean c cᵀ)⁻¹``.
     ``log(round, misfit)``: the relative misfit."""
     d = probes.d
     ok = [~np.isnan(Y) for Y in Ys]
