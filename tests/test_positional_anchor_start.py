@@ -78,3 +78,20 @@ def test_the_reduced_matrices_and_the_gauge_give_the_layer_back():
 
     model = grouped_start(Wq2, Wk2, Cb, G, truth.output_bias(), theta)
     assert function_error_over_lengths(model, truth, np.random.default_rng(5), (2, 17, 64), per_length=2) < 1e-8
+
+
+def test_the_spectral_start_is_near_the_span():
+    rng = np.random.default_rng(6)
+    d, k, n, S, cols = 32, 4, 5, 200, 6
+    T = rng.standard_normal((d, k))
+    probes = BlockTokens.random(S, n, d, rng, support=8)
+    C = rng.standard_normal((n, k, cols))
+    Y = np.einsum("spk,pkc->spc", probes.project(T.T).reshape(S, n, k), C)
+    Qt = np.linalg.qr(T)[0]
+    for spectral, bound in ((True, 0.3), (False, None)):
+        B = ars.column_subspace(probes, [Y], k, np.random.default_rng(7), spectral=spectral, rounds=0)
+        angle = np.linalg.norm(Qt - B.T @ (B @ Qt), 2)
+        if bound:
+            assert angle < bound
+        else:
+            assert angle > 0.5  # a random start is not (the bound above is a real property)
