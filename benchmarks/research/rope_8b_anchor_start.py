@@ -8,7 +8,7 @@ maps`` (saved under /tmp/rope8b), against the float64 module.
              principal angle (sine) of every head's / group's space against the truth's; saved
              /tmp/rope8b/spaces-<side>_<d>.npz
     maps     subspace_logits: absolute logits of ``--sequences`` zero-led sequences (``--lead`` zeros, ``--tokens``
-             tokens), the reduced matrices at subspace_logits.OFFSETS, the gauge (``--tol``), the start's function
+             tokens), the reduced matrices at subspace_logits.OFFSETS, the gauge (``--tol``; ``--refine`` alternating rounds on the matrices), the start's function
              error at lengths 2 / 17 / 64 / 256 and over every length; ``--truth-spaces`` takes the truth's row
              spaces (to tell the spaces' error from the rest); saved /tmp/rope8b/logits-anchor_<d>.npz (the row
              polish of ``rope_8b_rows_route.py polish --logits anchor`` starts there)
@@ -86,7 +86,7 @@ def maps(args, truth, fn, oracle, rng):
     print(f"  {fn.tokens:,} tokens asked; samples {len(data['ell']):,}", flush=True)
     M = sl.offset_matrices(data, U, K)
     print(f"  reduced matrices {time.perf_counter() - t0:.0f} s", flush=True)
-    Wq, Wk = sl.maps_from_subspaces(M, U, K, theta, tol=args.tol)
+    Wq, Wk = sl.maps_from_subspaces(M, U, K, theta, tol=args.tol, refine=args.refine)
     learner = time.perf_counter() - t0
     model = start_model(Wq, Wk, Cb, Gh, v["c"], theta)
     np.savez(path(args.d, "logits-anchor"), **model.arrays())
@@ -112,6 +112,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=64, help="maps: tokens per sequence")
     ap.add_argument("--lead", type=int, default=32, help="maps: zeros before them")
     ap.add_argument("--tol", type=float, default=1e-9, help="maps: the gauge's cluster tolerance")
+    ap.add_argument("--refine", type=int, default=50, help="maps: alternating rounds on the reduced matrices")
     ap.add_argument("--truth-spaces", action="store_true")
     ap.add_argument("--per-length", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
