@@ -9,7 +9,8 @@ maps`` (saved under /tmp/rope8b), against the float64 module.
              /tmp/rope8b/spaces-<side>_<d>.npz
     maps     subspace_logits: absolute logits of ``--sequences`` zero-led sequences (``--lead`` zeros, ``--tokens``
              tokens), the reduced matrices at subspace_logits.OFFSETS, the gauge (``--tol``; ``--refine``
-             alternating rounds on the matrices), the start's function error at lengths 2 / 17 / 64 / 256 and over every length; ``--truth-spaces`` takes the truth's row
+             alternating rounds on the matrices), the start's function error at lengths 2 / 17 / 64 / 256 and
+             over every length; ``--truth-spaces`` takes the truth's row
              spaces (to tell the spaces' error from the rest); saved /tmp/rope8b/logits-anchor_<d>.npz (the row
              polish of ``rope_8b_rows_route.py polish --logits anchor`` starts there)
 
