@@ -92,8 +92,8 @@ def maps(args, truth, fn, oracle, rng):
     model = start_model(Wq, Wk, Cb, Gh, v["c"], theta)
     np.savez(path(args.d, "logits-anchor"), **model.arrays())
     for n in (2, 17, 64, 256):
-        print(f"  length {n}: {function_error_over_lengths(model, truth, np.random.default_rng(5), (n,), per_length=2):.2e}",
-              flush=True)
+        err = function_error_over_lengths(model, truth, np.random.default_rng(5), (n,), per_length=2)
+        print(f"  length {n}: {err:.2e}", flush=True)
     err = function_error_over_lengths(model, truth, np.random.default_rng(5), ALL, per_length=args.per_length)
     return {"error": err, "what": "function (anchor start)", "learner": learner}
 
