@@ -37,6 +37,7 @@ from attnprobe.learners.positional import anchor_row_spaces as ars  # noqa: E402
 from attnprobe.learners.positional import subspace_logits as sl  # noqa: E402
 from attnprobe.learners.positional.row_logits import BlockTokens  # noqa: E402
 from attnprobe.models.compare import function_error_over_lengths  # noqa: E402
+from attnprobe.models.positional import rotation_matrix  # noqa: E402
 
 
 def largest_angle(B: np.ndarray, W: np.ndarray) -> float:
@@ -85,9 +86,17 @@ def maps(args, truth, fn, oracle, rng):
                                   length=args.lead + args.tokens, lead=args.lead)
     t0 = time.perf_counter()
     print(f"  {fn.tokens:,} tokens asked; samples {len(data['ell']):,}", flush=True)
-    M = sl.offset_matrices(data, U, K)
+    offsets = tuple(int(x) for x in args.offsets.split(","))
+    M = sl.offset_matrices(data, U, K, offsets)
     print(f"  reduced matrices {time.perf_counter() - t0:.0f} s", flush=True)
-    Wq, Wk = sl.maps_from_subspaces(M, U, K, theta, tol=args.tol, refine=args.refine)
+    Wq_t, Wk_t = matched_truth_logits(truth, V)
+    per = H // G
+    for o, dl in enumerate(offsets):
+        R = rotation_matrix(float(dl), theta, dh)
+        off = [np.linalg.norm(M[h, o] - U[h] @ Wq_t[h].T @ R @ Wk_t[h // per] @ K[h // per].T)
+               / np.linalg.norm(M[h, o]) for h in range(H)]
+        print(f"  reduced matrix at {dl}: {max(off):.1e} off (worst head)", flush=True)
+    Wq, Wk = sl.maps_from_subspaces(M, U, K, theta, offsets, tol=args.tol, refine=args.refine)
     learner = time.perf_counter() - t0
     model = start_model(Wq, Wk, Cb, Gh, v["c"], theta)
     np.savez(path(args.d, "logits-anchor"), **model.arrays())
@@ -114,6 +123,7 @@ def main():
     ap.add_argument("--lead", type=int, default=32, help="maps: zeros before them")
     ap.add_argument("--tol", type=float, default=1e-9, help="maps: the gauge's cluster tolerance")
     ap.add_argument("--refine", type=int, default=50, help="maps: alternating rounds on the reduced matrices")
+    ap.add_argument("--offsets", default=",".join(map(str, sl.OFFSETS)), help="maps: the reduced matrices' offsets")
     ap.add_argument("--truth-spaces", action="store_true")
     ap.add_argument("--per-length", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
