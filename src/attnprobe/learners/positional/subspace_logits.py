@@ -4,8 +4,8 @@ LLaMA-3-8B's head shape: row spaces, then linear"): linear per offset, then the 
 With ``U_h`` (``d_h × d``, orthonormal rows) spanning ``W_Q,h``'s row space and ``V_g`` spanning ``W_K,g``'s, an
 absolute logit at offset ``δ`` is ``ℓ = (U_h x_q)ᵀ M_h(δ) (V_g x_k)`` with ``M_h(δ) = Ãᵀ R(δ) A``, ``Ã = W_Q,h U_hᵀ``,
 ``A = W_K,g V_gᵀ``: LINEAR in ``M_h(δ)`` (``d_h²`` unknowns; :func:`~.wide_logits.reduced_logit_matrix`), whatever
-the frequencies. ``M(0)⁻¹ M(δ) = A⁻¹ R(δ) A`` gives ``A`` (:func:`cluster_gauge`), and ``Ã`` is then a least squares
-over every offset (:func:`query_side`). Pairs whose frequencies no measured offset tells apart (``δ_max·Δθ`` below
+the frequencies. ``M(δ₀)⁻¹ M(δ) = A⁻¹ R(δ − δ₀) A`` gives ``A`` (:func:`cluster_gauge`), and ``Ã`` is then a
+least squares over every offset (:func:`query_side`). Pairs whose frequencies no measured offset tells apart (``δ_max·Δθ`` below
 ``tol``: LLaMA-3's slow pairs, base 5e5) are taken together, their rows an orthonormal basis of the cluster's
 common solutions — a near-gauge over the offsets measured, which a polish then resolves.
 """
@@ -17,9 +17,11 @@ import numpy as np
 from attnprobe.learners.positional.wide_logits import reduced_logit_matrix
 from attnprobe.models.positional import rotation_matrix, rotation_pairs
 
-#: offsets whose reduced matrix is solved (key − query), and the frequency separation (radians over the largest
+#: offsets whose reduced matrix is solved (key − query; not 0: a token against itself, ``u = U x`` and ``v = V x``
+#: correlated, left the matrix 2.8e-2 off where the others were 1.1e-4, d = 256 float32 rows), and the frequency
+#: separation (radians over the largest
 #: offset) below which neighbouring pairs are taken together (none by default: clusters measured worse, docs)
-OFFSETS, CLUSTER_TOL = (0, -1, -2, -3, -4, -6, -8, -12, -16), 0.0
+OFFSETS, CLUSTER_TOL = (-1, -2, -3, -4, -6, -8, -12, -16, -24, -32), 0.0
 
 
 def offset_matrices(data: dict, U: np.ndarray, V: np.ndarray, offsets=OFFSETS, steps: int = 60) -> np.ndarray:
@@ -52,7 +54,7 @@ def clusters(theta: np.ndarray, span: float, tol: float = CLUSTER_TOL) -> list:
 
 def cluster_gauge(P: list, deltas: list, theta: np.ndarray, tol: float = CLUSTER_TOL,
                   layout: str = "half") -> np.ndarray:
-    """``A (d_h, d_h)`` with ``A P_j ≈ R(δ_j) A`` (``P_j = M(0)⁻¹ M(δ_j)``): per pair the two-dimensional
+    """``A (d_h, d_h)`` with ``A P_j ≈ R(δ_j) A`` (``P_j = M(δ₀)⁻¹ M(δ₀ + δ_j)``): per pair the two-dimensional
     least-squares null space of its rows' equations (its two right singular vectors, orthonormal rows); per cluster
     of ``c`` pairs (:func:`clusters`) the equations at the cluster's mean frequency, whose ``2c`` smallest singular
     vectors' rows span the cluster's rows (an orthonormal basis of them)."""
@@ -95,14 +97,15 @@ def key_side(M: list, At: list, deltas, theta: np.ndarray) -> np.ndarray:
 def maps_from_subspaces(M: np.ndarray, U: np.ndarray, V: np.ndarray, theta: np.ndarray, offsets=OFFSETS,
                         tol: float = CLUSTER_TOL, refine: int = 0):
     """``W_Q (H, d_h, d)`` (the score's scale in it) and ``W_K (G, d_h, d)`` from the reduced matrices ``M``
-    (:func:`offset_matrices`; ``offsets[0]`` must be 0): ``A`` per group from every head's ``M(0)⁻¹ M(δ)``, then
+    (:func:`offset_matrices` at ``offsets``): ``A`` per group from every head's ``M(δ₀)⁻¹ M(δ) = A⁻¹ R(δ − δ₀) A``
+    (``δ₀ = offsets[0]``), then
     each head's ``Ã`` (module docstring); ``refine``: that many alternating rounds of :func:`key_side` and
     :func:`query_side` after it (every pair at its own frequency; with offsets to −64 and reduced matrices within
     1e-4 they bring d = 256's start from 1.8e-3 to 1.05e-3 at N = 256, docs)."""
     H = M.shape[0]
     G = V.shape[0]
     per = H // G
-    deltas = list(offsets[1:])
+    deltas = [o - offsets[0] for o in offsets[1:]]
     Wq, Wk = np.empty_like(U), np.empty_like(V)
     for g in range(G):
         P = [np.linalg.solve(M[h, 0], M[h, o]) for h in range(g * per, (g + 1) * per) for o in range(1, len(offsets))]
