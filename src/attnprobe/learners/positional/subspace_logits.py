@@ -5,9 +5,9 @@ With ``U_h`` (``d_h × d``, orthonormal rows) spanning ``W_Q,h``'s row space and
 absolute logit at offset ``δ`` is ``ℓ = (U_h x_q)ᵀ M_h(δ) (V_g x_k)`` with ``M_h(δ) = Ãᵀ R(δ) A``, ``Ã = W_Q,h U_hᵀ``,
 ``A = W_K,g V_gᵀ``: LINEAR in ``M_h(δ)`` (``d_h²`` unknowns; :func:`~.wide_logits.reduced_logit_matrix`), whatever
 the frequencies. ``M(δ₀)⁻¹ M(δ) = A⁻¹ R(δ − δ₀) A`` gives ``A`` (:func:`cluster_gauge`), and ``Ã`` is then a
-least squares over every offset (:func:`query_side`). Pairs whose frequencies no measured offset tells apart (``δ_max·Δθ`` below
-``tol``: LLaMA-3's slow pairs, base 5e5) are taken together, their rows an orthonormal basis of the cluster's
-common solutions — a near-gauge over the offsets measured, which a polish then resolves.
+least squares over every offset (:func:`query_side`). Pairs whose frequencies no measured offset tells apart
+(``δ_max·Δθ`` below ``tol``: LLaMA-3's slow pairs, base 5e5) may be taken together, their rows an orthonormal basis
+of the cluster's common solutions — measured worse than each pair on its own (the default), docs.
 """
 
 from __future__ import annotations
