@@ -37,8 +37,8 @@ def test_anchor_logits_are_the_layers_relative_logits():
     anchors = rng.standard_normal((m, 64))
     probes = BlockTokens.random(S, n, 64, rng)
     Z = probes.dense().reshape(S, n, 64)
-    q = ars.anchor_logits(oracle, Cb, G, truth.output_bias(), anchors, probes, S, "query")
-    k = ars.anchor_logits(oracle, Cb, G, truth.output_bias(), anchors, probes, S, "key")
+    q = ars.anchor_logits(oracle, Cb, G, truth.output_bias(), anchors, probes, S, side="query")
+    k = ars.anchor_logits(oracle, Cb, G, truth.output_bias(), anchors, probes, S, side="key")
     for s, p, h, j in [(0, 0, 0, 0), (2, 3, 1, 4), (1, 2, 0, 2)]:
         want = _score(truth, h, Z[s, p], anchors[j + 1], j + 1 - (m + p)) - _score(truth, h, Z[s, p], anchors[0],
                                                                                    -(m + p))

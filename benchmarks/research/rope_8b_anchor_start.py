@@ -55,7 +55,8 @@ def spaces(args, truth, fn, oracle, rng):
     for _ in range(args.families):
         anchors = rng.standard_normal((args.anchors, d))
         probes = BlockTokens.random(args.sequences, args.slots, d, rng)
-        fams.append((probes, ars.anchor_logits(oracle, Cb, Gh, v["c"], anchors, probes, args.sequences, args.side)))
+        fams.append((probes, ars.anchor_logits(oracle, Cb, Gh, v["c"], anchors, probes, args.sequences,
+                                                   side=args.side)))
     probes = ars.joined([p for p, _ in fams])
     t0 = time.perf_counter()
     out, angles = [], []

@@ -35,7 +35,7 @@ BATCH = 32
 
 
 def anchor_logits(oracle, Cb: np.ndarray, G: np.ndarray, c, anchors: np.ndarray, probes: BlockTokens,
-                  sequences: int, side: str, batch: int = BATCH):
+                  sequences: int, *, side: str, batch: int = BATCH):
     """Logits ``(S, n, H, m')`` of every head between the probes (slot ``p`` of sequence ``s`` is token ``s·n + p``
     of ``probes``) and the anchors, each relative to a fixed token's (no row constant, no zero token):
     ``side="query"``, ``[a_1 … a_m, z_1 … z_n]``, probe rows against anchors ``2 … m`` minus against ``a_1``
