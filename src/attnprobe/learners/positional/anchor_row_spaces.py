@@ -1,21 +1,23 @@
 """Every RoPE head's query row space and every group's key row space from anchor sequences (docs/positional.md,
 "The logit start at LLaMA-3-8B's head shape: row spaces, then linear").
 
-A sequence ``[0, a_1 … a_m, z_1 … z_n]`` holds ``m`` *anchor* tokens, the same in every sequence, and ``n`` random
-*probe* tokens. The zero token has logit 0 and no value, so each row's weights (solved in the heads' coordinates,
-:func:`~.row_logits.attention_from_rows`) give absolute logits, and probe ``p``'s row against anchor ``j`` reads
+A sequence ``[a_1 … a_m, z_1 … z_n]`` holds ``m`` *anchor* tokens, the same in every sequence, and ``n`` random
+block-sparse *probe* tokens. Each row's weights are solved in the heads' coordinates
+(:func:`~.row_logits.attention_from_rows`), and probe ``p``'s logit against anchor ``j`` minus its logit against
+``a_1`` (no row constant) reads
 
-    ``ℓ = z_pᵀ T_h c_h,p,j``,   ``T_h = W_Q,hᵀ`` (d × d_h),   ``c_h,p,j = R(j − p) W_K,g a_j``,
+    ``ℓ = z_pᵀ T_h c_h,p,j``,   ``T_h = W_Q,hᵀ`` (d × d_h),   ``c_h,p,j = R(j − p) W_K,g a_j − R(1 − p) W_K,g a_1``,
 
 with ``c`` the same in every sequence: the matrix of a slot's logits over sequences and anchors is ``Z_p T_h C_p``,
 every slot's columns in one ``d_h``-dimensional subspace, the row space of ``W_Q,h`` (``side="query"``). With the
-anchors last (``[0, z_1 … z_n, a_1 … a_l]``) anchor ``r``'s row against probe ``p`` reads ``z_pᵀ W_K,gᵀ
-R(p − r)ᵀ W_Q,h a_r`` for every head of the group: the row space of ``W_K,g`` (``side="key"``). The ``c`` are free
-(no rotation tied to them: the only gauge is ``T → T S``, ``C → S⁻¹C``, which keeps the span), so this is low-rank
-column-wise sensing (:func:`column_subspace`, alternating least squares): ``S·n·m`` logits for ``d·d_h + n·d_h·m``
-unknowns, far fewer than the ``d`` sequences a per-vector regression needs. The anchors must span the slowly turning
-pairs (over ``n`` offsets they barely rotate: ``c`` restricted to them is about ``W_K a_j``), so ``m`` is near
-``d_h`` on the query side; on the key side the group's heads multiply the columns.
+anchors last (``[a_0, z_1 … z_n, a_1 … a_l]``) anchor ``r``'s row against probe ``p`` minus against ``a_0`` reads
+``z_pᵀ W_K,gᵀ R(p − r)ᵀ W_Q,h a_r`` plus a constant, for every head of the group: the row space of ``W_K,g``
+(``side="key"``). The ``c`` are free (no rotation tied to them: the only gauge is ``T → T S``, ``C → S⁻¹C``, which
+keeps the span), so this is low-rank column-wise sensing (:func:`column_subspace`, alternating least squares):
+``S·n·m`` logits for ``d·d_h + n·d_h·m`` unknowns, far fewer than the ``d`` sequences a per-vector regression needs.
+The anchors must span the slowly turning pairs (over ``n`` offsets they barely rotate: ``c`` restricted to them is
+about ``W_K a_j``), so ``m`` is near ``d_h`` on the query side (two families of 80 at ``d_h = 128``: each family
+its own anchors and ``c``); on the key side the group's heads multiply the columns. Measured: docs.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from attnprobe.errors import ConfigError
 from attnprobe.learners.core.conjugate_gradients import conjugate_gradients
 from attnprobe.learners.positional.row_logits import BlockTokens, attention_from_rows
 
-#: probe slots per sequence, anchors on the query side and on the key side (tokens ≤ d_h − 8 with the probes)
-SLOTS, QUERY_ANCHORS, KEY_ANCHORS = 20, 100, 40
-#: alternating rounds and conjugate-gradient steps of the subspace's half-step
-ROUNDS, CG_STEPS = 12, 30
+#: probe slots per sequence (the research driver's anchors: 80 a family, two families on the query side)
+SLOTS = 20
+#: alternating rounds and conjugate-gradient steps of the subspace's half-step (d = 256 float32 rows: the misfit
+#: at its floor after ~15 rounds from a random start)
+ROUNDS, CG_STEPS = 20, 30
 #: sequences asked at once
 BATCH = 32
 
