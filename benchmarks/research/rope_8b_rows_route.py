@@ -287,7 +287,7 @@ def main():
     ap.add_argument("--d", type=int, default=256)
     ap.add_argument("--per-length", type=int, default=2, help="sequences per length in the function error")
     ap.add_argument("--value-repeats", type=int, default=2, help="values: one-token sequences per dimension and sign")
-    ap.add_argument("--logits", default="truth", choices=("blocks", "als", "rows", "truth"),
+    ap.add_argument("--logits", default="truth", choices=("blocks", "als", "rows", "truth", "anchor"),
                     help="logits: the method; polish: the start (that method's saved maps)")
     ap.add_argument("--perturb", type=float, default=0.3, help="logits truth: log-normal noise in every entry")
     ap.add_argument("--max-gb", type=float, default=4.0, help="logits als: the largest normal matrix formed")
