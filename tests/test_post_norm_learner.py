@@ -5,6 +5,7 @@ the every-position check (a perturbed block fails it), and the one-line refusals
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -199,3 +200,39 @@ def test_the_neurons_stage_runs_through_probes_up_to_the_size_measured_and_names
     assert neuron_queries(384, 1536) == probe_plan(384, 1536)[3] == 126_882
     cause = neurons_refusal(384, 1537)
     assert "probe route m·d = 590,208" in cause and "\n" not in cause
+
+
+@pytest.mark.slow
+def test_extract_hf_dir_block_in_sittings_resumes_and_refuses_another_blocks_stages(tmp_path, capsys):
+    """``extract --hf-dir DIR --block 1 --stages S --sitting T`` on a BERT folder (d = 12): every sitting pauses with
+    exit 75 and one line saying to run again, until the run ends (exit 0) with its check within the claim and the
+    stages it resumed named; the same stages folder with another folder's block is refused (exit 2) before any stage
+    is loaded, and a sitting without a stages folder is refused before any query (~1 min)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hf_models import tiny_bert_dir
+
+    from attnprobe.cli import main
+    from attnprobe.models.io import load_model
+    from attnprobe.oracles.hf_block import block_model, hf_block
+
+    folder = tiny_bert_dir(tmp_path / "bert", hidden=12, heads=1, layers=2, seed=4)
+    cmd = ["extract", "--hf-dir", str(folder), "--block", "1", "--out", str(tmp_path / "r.npz"), "--quiet",
+           "--stages", str(tmp_path / "stages"), "--sitting", "0.001"]
+    codes = []
+    while not codes or codes[-1] == 75:
+        codes.append(main(cmd))
+        err = capsys.readouterr().err
+        assert len(codes) < 50
+        if codes[-1] == 75:
+            assert len(err.strip().splitlines()) == 1 and "paused" in err and "run again" in err
+    assert codes[-1] == 0 and len(codes) >= 2
+    assert any("resumed from" in n for n in json.loads((tmp_path / "r.json").read_text())["notes"])
+    truth = block_model(hf_block(str(folder), 1))
+    chk = every_position_check(_oracle(truth), load_model(tmp_path / "r.npz"), np.random.default_rng(5),
+                               CHECK_LENGTHS, 1, claim=CLAIM)
+    assert chk.passed and chk.error < CLAIM
+    other = tiny_bert_dir(tmp_path / "other", hidden=12, heads=1, layers=2, seed=5)
+    cmd[2], cmd[6] = str(other), str(tmp_path / "r2.npz")
+    assert main(cmd) == 2 and "made from another block" in capsys.readouterr().err
+    assert not (tmp_path / "r2.npz").exists()
+    assert main(cmd[:8] + ["--sitting", "5"]) == 2 and "--stages" in capsys.readouterr().err

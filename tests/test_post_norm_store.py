@@ -108,3 +108,32 @@ def test_the_probe_route_paused_after_every_step_reads_every_true_neuron(tmp_pat
         hit.add(i)
         assert np.linalg.norm(row - At[i]) < 1e-6 * np.linalg.norm(At[i]) and abs(bias - at[i]) < 1e-6
     assert len(hit) == m.m and details["curve_misfit"] < 1e-6
+
+
+def test_a_stages_folder_is_bound_to_its_block_and_setting(tmp_path):
+    """:meth:`StageStore.bind`: the first sitting saves the block's answer to one fixed sequence and the setting; a
+    later sitting of the same block passes, another block (answers 1e-6 apart), another setting or a folder of other
+    files is refused in one line — a stage of another block is never loaded."""
+    from attnprobe.errors import ConfigError
+
+    W = np.random.default_rng(0).standard_normal((6, 6))
+
+    def rows_of(A):
+        return lambda X: np.tanh(X @ A)
+
+    store = StageStore(tmp_path / "run")
+    store.bind(rows_of(W), 6, {"heads": 2, "hidden": 12, "seed": 0})
+    assert not store.saved  # the fingerprint is no stage: a sitting must still save one before it may pause
+    store.put("prep", x=np.ones(2))
+    StageStore(tmp_path / "run").bind(rows_of(W), 6, {"heads": 2, "hidden": 12, "seed": 0})
+    with pytest.raises(ConfigError, match="made from another block") as exc:
+        StageStore(tmp_path / "run").bind(rows_of(W + 1e-6), 6, {"heads": 2, "hidden": 12, "seed": 0})
+    assert exc.value.param == "stages" and "\n" not in str(exc.value)
+    with pytest.raises(ConfigError, match="made with seed = 0, not 1"):
+        StageStore(tmp_path / "run").bind(rows_of(W), 6, {"heads": 2, "hidden": 12, "seed": 1})
+    with pytest.raises(ConfigError, match="width 6, not 5"):
+        StageStore(tmp_path / "run").bind(rows_of(W[:5, :5]), 5, {"heads": 2, "hidden": 12, "seed": 0})
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="holds files but no fingerprint"):
+        StageStore(tmp_path / "model").bind(rows_of(W), 6, {"heads": 2, "hidden": 12, "seed": 0})

@@ -66,6 +66,11 @@ class ModelMismatchError(RecoveryError):
     output, a row attended besides the input rows)."""
 
 
+class PausedError(AttnprobeError):
+    """A run stopped at the end of its sitting with its stages so far saved: run it again with the same stages
+    folder to resume (the CLI's exit code 75, sysexits' "temporary failure: try again")."""
+
+
 class CheckFailedError(AttnprobeError):
     """The functional check on fresh queries failed: the recovered model does not describe the oracle."""
 

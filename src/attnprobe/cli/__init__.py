@@ -2,7 +2,8 @@
 
 Every run ends with an exit code and, unless it succeeded, one line on stderr that says what happened and how
 many queries were spent: 0 done and verified; 2 bad input or refused (before or during the run);
-3 the functional check failed (nothing written unless ``--keep-failed``); 130 interrupted (SIGINT, Ctrl-C);
+3 the functional check failed (nothing written unless ``--keep-failed``); 75 paused at the end of a sitting
+(``--sitting``: the stages so far saved, run the same command again); 130 interrupted (SIGINT, Ctrl-C);
 143 terminated (SIGTERM); 1 an internal error (a bug: the line says so; ``ATTNPROBE_DEBUG=1`` shows the traceback).
 
 The subcommands (and with them numpy, scipy, torch, cvxpy) are imported inside :func:`main`, after its signal
@@ -20,7 +21,7 @@ import signal
 import sys
 import threading
 
-from attnprobe.errors import AttnprobeError, CheckFailedError
+from attnprobe.errors import AttnprobeError, CheckFailedError, PausedError
 
 #: the subcommands' modules under ``attnprobe.cli``, in the order ``--help`` lists them; each has
 #: ``add_parser(sub)`` and ``run(args)``
@@ -28,6 +29,7 @@ SUBCOMMANDS = ("extract", "verify", "demo", "target", "serve", "audit", "reprodu
 
 #: exit codes (README "Exit codes")
 EXIT_OK, EXIT_BUG, EXIT_REFUSED, EXIT_CHECK_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 2, 3, 130, 143
+EXIT_PAUSED = 75  # sysexits' EX_TEMPFAIL: the run is not over, run it again
 
 __all__ = ["build_parser", "main", "relative_errors"]
 
@@ -205,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                     _close_log(args)
     except CheckFailedError as exc:
         return _end(args, "check failed", str(exc), EXIT_CHECK_FAILED)
+    except PausedError as exc:
+        return _end(args, "paused", str(exc), EXIT_PAUSED)
     except AttnprobeError as exc:
         return _end(args, "error", flag_message(args, exc), EXIT_REFUSED)
     except KeyboardInterrupt:

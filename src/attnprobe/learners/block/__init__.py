@@ -18,6 +18,7 @@ the FFN's width, up to the neurons stage's measured size; beyond it, refused in 
 from attnprobe.errors import ConfigError
 from attnprobe.learners.block import post_norm_learner
 from attnprobe.learners.block.learner import CHECK_LENGTHS, CHECK_PER_LENGTH, extract_block, block_queries
+from attnprobe.learners.block.post_norm_store import StageStore
 from attnprobe.learners.core.estimate import QueryCount
 from attnprobe.learners.core.registry import Capabilities, Option, register
 from attnprobe.learners.multihead.options import HEADS
@@ -26,12 +27,17 @@ from attnprobe.learners.positional.rope import WALK
 from attnprobe.models.gated_ffn import GATED_FAMILIES
 
 
-def _block(oracle, *, seed, progress, heads=None, hidden=None, activation=None, walk=WALK):
+def _block(oracle, *, seed, progress, heads=None, hidden=None, activation=None, walk=WALK, stages=None,
+           sitting=None):
     if heads is None:
         raise ConfigError("the block learner needs the attention's number of heads H (the 'heads' parameter)",
                           param="heads")
+    if sitting is not None and stages is None:
+        raise ConfigError("a sitting pauses a run with its stages saved: give the stages folder too (the 'stages' "
+                          "parameter)", param="sitting")
+    store = None if stages is None else StageStore(stages, sitting)
     return extract_block(oracle, heads=heads, hidden=hidden, activation=activation, seed=seed, progress=progress,
-                         walk=walk)
+                         walk=walk, store=store)
 
 
 def block_estimate(setting) -> QueryCount:
@@ -84,6 +90,12 @@ register("block", _block, recovers="block", needs_one_of=("heads",),
                                 metavar="M"),
                   Option("activation", str, "the block FFN's gated activation (default: read from the answers)",
                          choices=tuple(GATED_FAMILIES)),
-                  WALK_OPTION])
+                  WALK_OPTION,
+                  Option("stages", str, "a folder keeping each stage of the post-norm route as it is read: a run that "
+                                        "stops (Ctrl-C, a crash, --sitting) resumes there when run again with the "
+                                        "same folder (MiniLM's layer takes ~70 min)", metavar="DIR"),
+                  Option("sitting", float, "with --stages: pause after about this many seconds, the stages so far "
+                                           "saved (exit 75: run the same command again)", low=0, open_low=True,
+                         metavar="SECONDS")])
 
 __all__ = ["extract_block", "block_estimate"]

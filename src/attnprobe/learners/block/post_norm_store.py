@@ -4,8 +4,9 @@ runs, its factor search ~38 of them).
 
 A stage found in the folder is loaded, not run (its queries are not asked again); a long stage (the factor search,
 the directions past the probes) saves its state as it goes and stops with :class:`Paused` once the store's time
-is up. The folder belongs to one block and one seed: a result from another block is not detected here — the check
-at the end of the run is what tells a wrong stage apart.
+is up. The folder belongs to one block and one seed: :meth:`StageStore.bind` keeps the block's answer to one fixed
+sequence, the width, heads and seed, and refuses a folder of another block or setting in one line (the check at the
+end of the run would tell a wrong stage apart too, after the whole run).
 """
 
 from __future__ import annotations
@@ -16,8 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
+from attnprobe.errors import ConfigError, PausedError
 
-class Paused(Exception):
+#: the answer a resumed run must give again to the store's fingerprint sequence (float64 answers; the block learner
+#: reads nothing coarser): far above a re-run's rounding, far below any other block's difference
+FINGERPRINT_TOLERANCE = 1e-9
+
+
+class Paused(PausedError):
     """A run stopped at its store's deadline with its stages so far saved: run it again with the same folder."""
 
 
@@ -56,3 +63,33 @@ class StageStore:
         if self.saved and self.deadline is not None and self.deadline - time.monotonic() < share * self.seconds:
             raise Paused(f"{where}: paused at the store's deadline with the stages so far saved in {self.folder}; "
                          "run again with the same folder to resume")
+
+    def bind(self, rows, d: int, setting: dict) -> None:
+        """Tie the folder to this block (one query: a fixed sequence of three rows) and ``setting`` (heads, width,
+        seed): saved on the first sitting, compared on every later one — another block's or setting's folder is
+        refused in one line before any stage is loaded."""
+        X = np.random.default_rng(20261130).standard_normal((1, 3, d))
+        Y = np.asarray(rows(X), dtype=np.float64)
+        f = self.folder / "fingerprint.npz"
+        if not f.exists():
+            if any(p for p in self.folder.iterdir() if not p.name.startswith(".")):
+                raise ConfigError(f"the stages folder {self.folder} holds files but no fingerprint: it was not made "
+                                  "by this route; give an empty or new folder", param="stages")
+            self.put("fingerprint", X=X, Y=Y, **{k: np.asarray(v) for k, v in setting.items()})
+            self.saved = False  # the fingerprint is not a stage: a sitting still has to save one before pausing
+            return
+        with np.load(f, allow_pickle=False) as z:
+            saved = {k: z[k] for k in z.files}
+        for k, v in setting.items():
+            if k not in saved or saved[k].tolist() != np.asarray(v).tolist():
+                was = saved[k].tolist() if k in saved else "not saved"
+                raise ConfigError(f"the stages folder {self.folder} was made with {k} = {was}, not {v}: give a "
+                                  "new folder, or the setting it was made with", param="stages")
+        if saved["X"].shape != X.shape:
+            raise ConfigError(f"the stages folder {self.folder} was made for a block of width "
+                              f"{saved['X'].shape[-1]}, not {d}: give a new folder", param="stages")
+        off = float(np.abs(Y - saved["Y"]).max() / max(np.abs(saved["Y"]).max(), 1e-300))
+        if not off <= FINGERPRINT_TOLERANCE:
+            raise ConfigError(f"the stages folder {self.folder} was made from another block: its fingerprint "
+                              f"sequence is answered {off:.1e} differently (relative); give a new folder",
+                              param="stages")
