@@ -91,11 +91,12 @@ register("block", _block, recovers="block", needs_one_of=("heads",),
                   Option("activation", str, "the block FFN's gated activation (default: read from the answers)",
                          choices=tuple(GATED_FAMILIES)),
                   WALK_OPTION,
-                  Option("stages", str, "a folder keeping each stage of the post-norm route as it is read: a run that "
-                                        "stops (Ctrl-C, a crash, --sitting) resumes there when run again with the "
-                                        "same folder (MiniLM's layer takes ~70 min)", metavar="DIR"),
-                  Option("sitting", float, "with --stages: pause after about this many seconds, the stages so far "
-                                           "saved (exit 75: run the same command again)", low=0, open_low=True,
-                         metavar="SECONDS")])
+                  Option("stages", str, "a folder keeping each stage of the post-norm route as it is read: a "
+                                        "run that stops (Ctrl-C, a crash, the end of a sitting) resumes there when "
+                                        "run again with the same folder (MiniLM's layer takes ~70 min)",
+                         metavar="DIR"),
+                  Option("sitting", float, "with a stages folder: pause after about this many seconds, the stages "
+                                           "so far saved (exit 75: run the same command again)", low=0,
+                         open_low=True, metavar="SECONDS")])
 
 __all__ = ["extract_block", "block_estimate"]

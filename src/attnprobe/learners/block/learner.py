@@ -115,17 +115,9 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
         else:
             K0 = linear_part(rows, d)
     if said is not None:
-        if store is not None:
-            with run.phase("linear"):
-                store.bind(rows, d, {"heads": heads, "hidden": -1 if hidden is None else hidden, "seed": seed})
         model, unknowns, details = post_norm_learner.extract_post_norm(run, heads=heads, hidden=hidden, said=said,
                                                                        seed=seed, store=store)
-        notes = [f"{said}: the post-norm route (docs/block.md), n1's weight up to one positive factor and its bias "
-                 "folded into the FFN's (bias 0), both LayerNorms' ε BERT's 1e-12 (not read)"]
-        if store is not None and store.resumed:
-            notes.append(f"resumed from {store.folder}: stages {', '.join(dict.fromkeys(store.resumed))} loaded, "
-                         "their queries asked in earlier sittings and not counted here")
-        return run.finish(model, unknowns=unknowns, details=details, notes=notes,
+        return run.finish(model, unknowns=unknowns, details=details, notes=post_norm_learner.notes(said, store),
                           check_fn=functools.partial(every_position_check, claim=post_norm_learner.CLAIM))
     with run.phase("eps"):
         s, misfit = sqrt_eps(rows, K0, run.rng, tokens=EPS_TOKENS, heads=heads)
@@ -167,9 +159,8 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
                                                      "polish": report.to_dict()},
                "claim": {"error": CLAIM, "norm": "worst",
                          "cause": "every position of every length 1 … 64, relative to the largest |y − x|"}}
-    notes = ([] if store is None else [f"the stages folder {store.folder} is not used: the pre-norm route runs in "
-                                        "one sitting"])
-    notes += ["norm weights folded into the next projections (W_Q, W_K, W_V and W_gate, W_up): only the products "
+    notes = [f"the stages folder {getattr(store, 'folder', '')} is not used: the pre-norm route runs in one sitting"]
+    notes = notes[:store is not None] + ["norm weights folded into the next projections (W_Q, W_K, W_V and W_gate, W_up): only the products "
              "are identifiable; the result has norm weights 1",
              f"ε = {eps:.3e} read from the answers"]
     unknowns = att.unknowns + ffn.unknowns + 1

@@ -134,6 +134,16 @@ def post_norm_queries(d: int, heads: int, hidden: int) -> tuple[int, int, int]:
                  for J, steps in ((1, 1), (2, 4), (3, NEWTON_STEPS)))
 
 
+def notes(said: str, store=None) -> list[str]:
+    """The post-norm result's notes: what is identifiable, and the stages a resumed run loaded from ``store``."""
+    out = [f"{said}: the post-norm route (docs/block.md), n1's weight up to one positive factor and its bias folded "
+           "into the FFN's (bias 0), both LayerNorms' ε BERT's 1e-12 (not read)"]
+    if store is not None and store.resumed:
+        out.append(f"resumed from {store.folder}: stages {', '.join(dict.fromkeys(store.resumed))} loaded, their "
+                   "queries asked in earlier sittings and not counted here")
+    return out
+
+
 def extract_post_norm(run, *, heads: int, hidden: int, said: str, seed=0, store=None):
     """Stages 1–7 (module docstring) on ``run``'s oracle, each charged to its phase. Returns ``(model, unknowns,
     details)``; a stage that fails refuses in one line prefixed by ``said`` (how the block was told apart).
@@ -143,6 +153,8 @@ def extract_post_norm(run, *, heads: int, hidden: int, said: str, seed=0, store=
     rng = np.random.default_rng([seed, 11])
     try:
         with run.phase("output norm"):
+            if store is not None:  # a folder of another block or setting is refused before any stage is loaded
+                store.bind(rows, d, {"heads": heads, "hidden": -1 if hidden is None else hidden, "seed": seed})
             prep = store.get("prep") if store is not None else None
             if prep is None:
                 n2 = output_norm(rows, d, rng)
