@@ -160,9 +160,9 @@ def extract_block(oracle, *, heads: int, hidden: int | None = None, activation: 
                "claim": {"error": CLAIM, "norm": "worst",
                          "cause": "every position of every length 1 … 64, relative to the largest |y − x|"}}
     notes = [f"the stages folder {getattr(store, 'folder', '')} is not used: the pre-norm route runs in one sitting"]
-    notes = notes[:store is not None] + ["norm weights folded into the next projections (W_Q, W_K, W_V and W_gate, W_up): only the products "
-             "are identifiable; the result has norm weights 1",
-             f"ε = {eps:.3e} read from the answers"]
+    notes = notes[:store is not None] + ["norm weights folded into the next projections (W_Q, W_K, W_V and W_gate, "
+                                         "W_up): only the products are identifiable; the result has norm weights 1",
+                                         f"ε = {eps:.3e} read from the answers"]
     unknowns = att.unknowns + ffn.unknowns + 1
     return run.finish(model, unknowns=unknowns, details=details, notes=notes, check_fn=every_position_check)
 
