@@ -121,11 +121,17 @@ def test_a_stages_folder_is_bound_to_its_block_and_setting(tmp_path):
     def rows_of(A):
         return lambda X: np.tanh(X @ A)
 
+    asked = [100]
     store = StageStore(tmp_path / "run")
-    store.bind(rows_of(W), 6, {"heads": 2, "hidden": 12, "seed": 0})
+    store.bind(rows_of(W), 6, {"heads": 2, "hidden": 12, "seed": 0}, count=lambda: asked[0])
     assert not store.saved  # the fingerprint is no stage: a sitting must still save one before it may pause
+    asked[0] = 130
     store.put("prep", x=np.ones(2))
-    StageStore(tmp_path / "run").bind(rows_of(W), 6, {"heads": 2, "hidden": 12, "seed": 0})
+    asked[0] = 170  # asked after the last save: not in the ledger
+    again = StageStore(tmp_path / "run")
+    again.bind(rows_of(W), 6, {"heads": 2, "hidden": 12, "seed": 0}, count=lambda: asked[0])
+    asked[0] += 5
+    assert again.queries() == 30 + 5  # the earlier sitting's 30 up to its save, this one's 5
     with pytest.raises(ConfigError, match="made from another block") as exc:
         StageStore(tmp_path / "run").bind(rows_of(W + 1e-6), 6, {"heads": 2, "hidden": 12, "seed": 0})
     assert exc.value.param == "stages" and "\n" not in str(exc.value)

@@ -140,7 +140,8 @@ def notes(said: str, store=None) -> list[str]:
            "into the FFN's (bias 0), both LayerNorms' ε BERT's 1e-12 (not read)"]
     if store is not None and store.resumed:
         out.append(f"resumed from {store.folder}: stages {', '.join(dict.fromkeys(store.resumed))} loaded, their "
-                   "queries asked in earlier sittings and not counted here")
+                   f"queries asked in earlier sittings and not counted here ({store.queries():,} over every sitting "
+                   "up to its last save, the check not included)")
     return out
 
 
@@ -154,7 +155,8 @@ def extract_post_norm(run, *, heads: int, hidden: int, said: str, seed=0, store=
     try:
         with run.phase("output norm"):
             if store is not None:  # a folder of another block or setting is refused before any stage is loaded
-                store.bind(rows, d, {"heads": heads, "hidden": -1 if hidden is None else hidden, "seed": seed})
+                store.bind(rows, d, {"heads": heads, "hidden": -1 if hidden is None else hidden, "seed": seed},
+                           count=lambda: run.oracle.queries)
             prep = store.get("prep") if store is not None else None
             if prep is None:
                 n2 = output_norm(rows, d, rng)

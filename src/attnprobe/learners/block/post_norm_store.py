@@ -39,6 +39,8 @@ class StageStore:
         self.deadline = None if seconds is None else time.monotonic() + seconds
         self.resumed: list[str] = []
         self.saved = False
+        self.count = None  # the oracle's query counter once bound (:meth:`bind`)
+        self.earlier = 0  # queries the earlier sittings asked up to their last save (the ledger)
 
     def get(self, name: str) -> dict | None:
         """The arrays saved for stage ``name``, or None when it has not been saved."""
@@ -56,6 +58,14 @@ class StageStore:
         np.savez(tmp, **arrays)
         os.replace(tmp, self.folder / f"{name}.npz")
         self.saved = True
+        if self.count is not None:  # the ledger: queries of every sitting up to its last save
+            np.savez(self.folder / ".ledger.tmp.npz", queries=self.earlier + self.count())
+            os.replace(self.folder / ".ledger.tmp.npz", self.folder / "ledger.npz")
+
+    def queries(self) -> int:
+        """Queries asked over every sitting so far (the earlier ones up to their last save: a sitting killed between
+        saves loses its last queries from the count)."""
+        return self.earlier + (self.count() if self.count is not None else 0)
 
     def pause_if_due(self, where: str, share: float = 0.0) -> None:
         """Raise :class:`Paused` (naming ``where``) once less than ``share`` of the sitting is left (0: once the
@@ -64,10 +74,12 @@ class StageStore:
             raise Paused(f"{where}: paused at the store's deadline with the stages so far saved in {self.folder}; "
                          "run again with the same folder to resume")
 
-    def bind(self, rows, d: int, setting: dict) -> None:
+    def bind(self, rows, d: int, setting: dict, count=None) -> None:
         """Tie the folder to this block (one query: a fixed sequence of three rows) and ``setting`` (heads, width,
         seed): saved on the first sitting, compared on every later one — another block's or setting's folder is
-        refused in one line before any stage is loaded."""
+        refused in one line before any stage is loaded. ``count``: the run's query counter (``() -> int``), kept in
+        the folder's ledger at every save (:meth:`queries`)."""
+        start = count() if count is not None else 0
         X = np.random.default_rng(20261130).standard_normal((1, 3, d))
         Y = np.asarray(rows(X), dtype=np.float64)
         f = self.folder / "fingerprint.npz"
@@ -75,6 +87,7 @@ class StageStore:
             if any(p for p in self.folder.iterdir() if not p.name.startswith(".")):
                 raise ConfigError(f"the stages folder {self.folder} holds files but no fingerprint: it was not made "
                                   "by this route; give an empty or new folder", param="stages")
+            self._count_from(count, start)
             self.put("fingerprint", X=X, Y=Y, **{k: np.asarray(v) for k, v in setting.items()})
             self.saved = False  # the fingerprint is not a stage: a sitting still has to save one before pausing
             return
@@ -93,3 +106,15 @@ class StageStore:
             raise ConfigError(f"the stages folder {self.folder} was made from another block: its fingerprint "
                               f"sequence is answered {off:.1e} differently (relative); give a new folder",
                               param="stages")
+        self._count_from(count, start)
+
+    def _count_from(self, count, start: int) -> None:
+        """Count this sitting's queries from ``start`` on top of the ledger's (the fingerprint's query is each
+        sitting's own)."""
+        if count is None:
+            return
+        ledger = self.folder / "ledger.npz"
+        if ledger.exists():
+            with np.load(ledger, allow_pickle=False) as z:
+                self.earlier = int(z["queries"])
+        self.count = lambda: count() - start
