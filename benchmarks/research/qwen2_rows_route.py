@@ -9,6 +9,9 @@ library stages run one by one and each measured against the float64 module (docs
     PYTHONPATH=src python benchmarks/research/qwen2_rows_route.py final     (the hook's plan: the split refitted and
                                                                              the row polish on FINAL_SEQUENCES more
                                                                              rows; then the route's check)
+    PYTHONPATH=src python benchmarks/research/qwen2_rows_route.py more      (research past the route: the polish
+                                                                             continued on the final stage's rows and
+                                                                             more, relative, a wider slow mixing)
 
 (d = 64, 4/1 by default; ``--d 128 --heads 8 --kv-heads 2`` under the heavy-run wrapper.) The served layer is a
 ``transformers`` Qwen2 layer in bfloat16 answering every row, declaring its rotary frequencies as a Hugging Face
@@ -37,7 +40,7 @@ from positional_bfloat16 import EveryRow  # noqa: E402  (the bfloat16 victim's e
 
 OUT = Path("/tmp/qwen2")
 ALL = tuple(range(1, 257))
-STAGES = ("start", "polish", "slow", "final")
+STAGES = ("start", "polish", "slow", "final", "more")
 NAMES = ("Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo", "inv_freq")
 
 
@@ -67,7 +70,8 @@ def save(args, stage, model):
 def load(args, stage):
     """The saved state of ``stage``: this run's own (``--tag``) when resuming it, else the previous stage's
     (``--from-tag``)."""
-    own = args.resume and stage == {"polish": "polished", "slow": "mixed", "final": "final"}.get(args.stage)
+    own = args.resume and stage == {"polish": "polished", "slow": "mixed", "final": "final", "more": "more"}.get(
+        args.stage)
     p = dict(np.load(path(args, stage, args.tag if own else args.from_tag)))
     return PositionalAttention(p.pop("Wq"), p.pop("Wk"), p.pop("Wv"), p.pop("Wo"), position="rope", layout="half",
                                scale=1.0, causal=True, **p)
@@ -166,6 +170,41 @@ def stage_final(args, truth, oracle, rng):
           f"float64 {every_length(model, truth, 6):.2e} (seed 6)", flush=True)
 
 
+def stage_more(args, truth, oracle, rng):
+    """Past the hook's plan (research): the row polish continued from ``final`` (``--from-tag``) on the final stage's
+    own rows (its seed's FINAL_SEQUENCES) plus ``--add`` fresh sequences, ``--relative`` (each position's rows
+    relative to their spread, as the check weighs lengths) and ``--cg-steps``; saved every ``--chunk`` rounds; then
+    the route's check on two seeds."""
+    from attnprobe.learners.positional.coarse import worst_length_check
+
+    model = load(args, "more" if args.resume else "final")
+    X, Y = fresh_rows(oracle, route.FINAL_SEQUENCES, np.random.default_rng(args.seed + 20))[0]
+    if args.add:
+        X2, Y2 = fresh_rows(oracle, args.add, rng)[0]
+        X, Y = np.concatenate([X, X2]), np.concatenate([Y, Y2])
+    opts = {**options(oracle), "cg_steps": args.cg_steps or route.FINAL_CG_STEPS, "relative": args.relative}
+    if args.pairs and not args.resume:  # the slow mixing over these pairs first (the route's: under SLOW_ANGLE)
+        from attnprobe.learners.positional.slow_mixing import fit_slow_mixing
+
+        used = [(X[:args.mixing_sequences], Y[:args.mixing_sequences])] if args.mixing_sequences else [(X, Y)]
+        model, mixing = fit_slow_mixing(model, used, [int(k) for k in args.pairs.split(",")], compute=opts["compute"],
+                                        log=opts["log"], biases=True)
+        print(f"slow mixing over pairs {args.pairs} on {len(used[0][0])} sequences: misfit "
+              f"{mixing['misfit_before']:.3e} -> {mixing['misfit_after']:.3e}; every length "
+              f"{every_length(model, truth):.2e} / {every_length(model, truth, 6):.2e} (seeds 5 / 6)", flush=True)
+        save(args, "more", model)
+    for done in range(0, args.rounds, args.chunk):
+        model, rep = polish_rows(model, [(X, Y)], rounds=min(args.chunk, args.rounds - done), **opts)
+        print(f"rounds {done + 1}..{min(done + args.chunk, args.rounds)} on {len(X)} sequences: misfit "
+              f"{rep.misfit_before:.3e} -> {rep.misfit_after:.3e}; every length {every_length(model, truth):.2e} / "
+              f"{every_length(model, truth, 6):.2e} (seeds 5 / 6)", flush=True)
+        save(args, "more", model)
+    for seed in (99, 98):
+        check = worst_length_check(oracle, model, np.random.default_rng(seed), route.CHECK_LENGTHS,
+                                   route.CHECK_PER_LENGTH)
+        print(f"check (seed {seed}): {check.error:.2e} (claim {route.CLAIM:g})", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("stage", choices=STAGES)
@@ -184,9 +223,14 @@ def main():
                     help="slow: not also the other mixing (biases moved / held) from the same state, for comparison")
     ap.add_argument("--no-signs", dest="signs", action="store_false")
     ap.add_argument("--seed", type=int, default=0, help="the stage's fresh sequences (plus 10 per stage)")
+    ap.add_argument("--add", type=int, default=0, help="more: fresh sequences added to the final stage's rows")
+    ap.add_argument("--relative", action="store_true", help="more: each position's rows relative to their spread")
+    ap.add_argument("--pairs", default="", help="more: the slow mixing over these pairs first (e.g. 5,6,7)")
+    ap.add_argument("--mixing-sequences", type=int, default=0, help="more: the mixing on the first this many")
+    ap.add_argument("--cg-steps", type=int, default=0, help="more: conjugate-gradient steps a round")
     ap.add_argument("--resume", action="store_true", help="polish, final: from the stage's own saved state")
     args = ap.parse_args()
-    final = args.stage == "final"
+    final = args.stage in ("final", "more")
     args.sequences = args.sequences or (route.FINAL_SEQUENCES if final else route.ROW_SEQUENCES)
     args.rounds = args.rounds or (route.FINAL_ROUNDS if final else route.ROW_ROUNDS)
     OUT.mkdir(exist_ok=True)
@@ -194,8 +238,10 @@ def main():
     torch.set_num_threads(1)
     truth, oracle = setup(args)
     t0 = time.perf_counter()
-    seed = args.seed + 10 * {"start": 0, "polish": 1, "slow": 1, "final": 2}[args.stage]  # slow: the polish's rows
-    {"start": stage_start, "polish": stage_polish, "slow": stage_slow, "final": stage_final}[args.stage](
+    # slow: the polish's rows
+    seed = args.seed + 10 * {"start": 0, "polish": 1, "slow": 1, "final": 2, "more": 3}[args.stage]
+    {"start": stage_start, "polish": stage_polish, "slow": stage_slow, "final": stage_final,
+     "more": stage_more}[args.stage](
         args, truth, oracle, np.random.default_rng(seed))
     print(f"{args.stage}: {oracle.queries} queries, {time.perf_counter() - t0:.0f} s", flush=True)
 
