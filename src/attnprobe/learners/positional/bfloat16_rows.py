@@ -42,6 +42,10 @@ ROW_SEQUENCES, ROW_TOKENS, ROW_ROUNDS, ROW_CG_STEPS = 16, 256, 12, 60
 #: the slow pairs' split refitted on them (the last-position polish on 2,000 sequences instead stalls at 3.4e-2, its
 #: long lengths worse — docs/positional.md, "bfloat16 answers")
 FINAL_SEQUENCES, FINAL_ROUNDS, FINAL_CG_STEPS = 48, 4, 60
+#: with q/k biases the hook then tests the slow pairs' signs again on this many of its sequences (its rows have
+#: settled the slow pairs by then; Qwen2 d = 128, 8/2: a group's lowest pair left conjugated by the route's own test,
+#: flipped back there: 2.5e-2 … 4.3e-2 → 1.4e-2 … 1.6e-2 over every length — docs/positional.md)
+FINAL_SIGN_SEQUENCES = 16
 #: :func:`~.span_sweep.row_value_maps`' options beyond its defaults (a test shrinks the sweep), and the logit maps'
 #: alternating rounds (:mod:`.absolute_logits`)
 VALUE_MAP_OPTIONS: dict = {}
@@ -169,6 +173,7 @@ def extract_bfloat16_rows(oracle, *, heads: int, seed=0, check=True, progress=No
                "claim": {"error": CLAIM, "norm": "worst", "cause": CLAIM_CAUSE},
                "polish_plan": {"sequences": FINAL_SEQUENCES * ROW_LENGTH, "rounds": FINAL_ROUNDS,
                                "cg_steps": FINAL_CG_STEPS, "rows": True, "slow_mixing": True, "min_gain": 0.0,
+                               "pair_signs": FINAL_SIGN_SEQUENCES if biases else 0,
                                "frequencies": measured["frequencies"] == "fitted"},
                **measured}
     notes = [f"{oracle.precision} every-position rows: the every-row RoPE route ("
