@@ -170,13 +170,21 @@ def stage_final(args, truth, oracle, rng):
           f"float64 {every_length(model, truth, 6):.2e} (seed 6)", flush=True)
 
 
+def two_checks(oracle, model):
+    """The route's check (the worst length against the answers) on two seeds."""
+    from attnprobe.learners.positional.coarse import worst_length_check
+
+    for seed in (99, 98):
+        check = worst_length_check(oracle, model, np.random.default_rng(seed), route.CHECK_LENGTHS,
+                                   route.CHECK_PER_LENGTH)
+        print(f"check (seed {seed}): {check.error:.2e} (claim {route.CLAIM:g})", flush=True)
+
+
 def stage_more(args, truth, oracle, rng):
     """Past the hook's plan (research): the row polish continued from ``final`` (``--from-tag``) on the final stage's
     own rows (its seed's FINAL_SEQUENCES) plus ``--add`` fresh sequences, ``--relative`` (each position's rows
     relative to their spread, as the check weighs lengths) and ``--cg-steps``; saved every ``--chunk`` rounds; then
     the route's check on two seeds."""
-    from attnprobe.learners.positional.coarse import worst_length_check
-
     model = load(args, "more" if args.resume else "final")
     data = fresh_rows(oracle, route.FINAL_SEQUENCES, np.random.default_rng(args.seed + 20))
     if args.add:  # more rows: of 256 tokens joined to the final stage's, or longer ones (a batch of their own)
@@ -207,17 +215,13 @@ def stage_more(args, truth, oracle, rng):
               f"{rep.misfit_before:.3e} -> {rep.misfit_after:.3e}; every length {every_length(model, truth):.2e} / "
               f"{every_length(model, truth, 6):.2e} (seeds 5 / 6)", flush=True)
         save(args, "more", model)
-    for seed in (99, 98):
-        check = worst_length_check(oracle, model, np.random.default_rng(seed), route.CHECK_LENGTHS,
-                                   route.CHECK_PER_LENGTH)
-        print(f"check (seed {seed}): {check.error:.2e} (claim {route.CLAIM:g})", flush=True)
+    two_checks(oracle, model)
 
 
 def stage_signs(args, truth, oracle, rng):
     """The hook's sign test (``polish_plan["pair_signs"]``, the route with biases): from ``final`` (``--from-tag``),
     :func:`~.pair_signs.choose_pair_signs` on the first ``--sign-sequences`` of the final stage's rows, then
     ``--rounds`` rounds on all of them (the hook's options); the function on two seeds and the route's check on two."""
-    from attnprobe.learners.positional.coarse import worst_length_check
     from attnprobe.learners.positional.pair_signs import choose_pair_signs
 
     model = load(args, "final")
@@ -234,10 +238,7 @@ def stage_signs(args, truth, oracle, rng):
     print(f"{args.rounds} rounds on {len(X)}: misfit {rep.misfit_before:.3e} -> {rep.misfit_after:.3e}; every length "
           f"{every_length(model, truth):.2e} / {every_length(model, truth, 6):.2e} (seeds 5 / 6)", flush=True)
     save(args, "signs", model)
-    for seed in (99, 98):
-        check = worst_length_check(oracle, model, np.random.default_rng(seed), route.CHECK_LENGTHS,
-                                   route.CHECK_PER_LENGTH)
-        print(f"check (seed {seed}): {check.error:.2e} (claim {route.CLAIM:g})", flush=True)
+    two_checks(oracle, model)
 
 
 def main():
