@@ -172,10 +172,11 @@ class _BiasedRows(_RoundedRows):
     qk_biases = True
 
 
-def test_bfloat16_rows_of_a_layer_declaring_qk_biases_are_refused_before_any_query_naming_the_rows_route(monkeypatch):
-    """A bfloat16 oracle serving causal rows of a layer declaring q/k biases (Qwen2) is refused before any query, in
-    one line naming the every-row route with biases and what it measured (docs/positional.md, "The every-row route
-    with biases": not dispatched to); the same rows without the declaration go to the every-row route."""
+def test_bfloat16_rows_of_a_layer_declaring_qk_biases_go_to_the_every_row_route_with_biases(monkeypatch):
+    """A bfloat16 oracle serving causal rows of a layer declaring q/k biases (Qwen2) goes to the every-row route with
+    ``biases`` before any query — two heads too, which without biases take the last-position route
+    (docs/positional.md, "The every-row route with biases"); the same rows without the declaration go to the
+    every-row route without them."""
     calls = []
 
     class Reached(Exception):
@@ -186,15 +187,13 @@ def test_bfloat16_rows_of_a_layer_declaring_qk_biases_are_refused_before_any_que
         raise Reached
 
     monkeypatch.setattr(bfloat16_rows, "extract_bfloat16_rows", recorder)
-    model = random_rope_attention(16, 4, 2, seed=1)
-    oracle = Oracle(_BiasedRows(model), 16, precision="bfloat16")
-    oracle.declare_positions("causal")
-    with pytest.raises(UnidentifiableError) as exc:
-        extract_positional(oracle, heads=4)
-    msg = str(exc.value)
-    assert "bfloat16" in msg and "biases" in msg and "extract_bfloat16_rows" in msg and "last position only" not in msg
-    assert "\n" not in msg and oracle.queries == 0 and not calls
-    plain = Oracle(_RoundedRows(model), 16, precision="bfloat16")
+    for H, G in ((4, 2), (2, 1)):
+        oracle = Oracle(_BiasedRows(random_rope_attention(16, H, G, seed=1)), 16, precision="bfloat16")
+        oracle.declare_positions("causal")
+        with pytest.raises(Reached):
+            extract_positional(oracle, heads=H)
+        assert calls[-1][0] == 0 and calls[-1][1]["heads"] == H and calls[-1][1]["biases"] is True
+    plain = Oracle(_RoundedRows(random_rope_attention(16, 4, 2, seed=1)), 16, precision="bfloat16")
     plain.declare_positions("causal")
     with pytest.raises(Reached):
         extract_positional(plain, heads=4)

@@ -146,3 +146,32 @@ def test_on_rows_the_hook_refits_the_slow_pairs_split_before_its_polish():
         else:
             assert "polish_slow_mixing" not in res.details
     assert errors[True] < errors[False] / 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [6, 8])
+def test_on_rows_the_hook_tests_the_slow_pairs_signs_after_its_polish(seed):
+    """Exact rows of a d = 8 layer with 2 groups of one head (θ = 1, 0.01; rows of 32), started from the layer with
+    group 1's slow pair conjugated: the polish alone stalls; with ``pair_signs`` (the test on one of the two
+    sequences) the hook's rows stage flips that pair back, no other, polishes the flipped model on every row and
+    ends at least twice as close (seed 6: 3.0×). From the layer itself nothing flips and the polish's own model stands
+    (slow: 6 … 16 s under load)."""
+    from attnprobe.learners.positional.pair_signs import conjugated
+    from attnprobe.learners.positional.polish_hook import rows_polished
+
+    truth = random_rope_attention(8, 2, 2, head_dim=4, seed=seed)
+    X = np.random.default_rng(0).standard_normal((2, 32, 8))
+    data = [(X, np.asarray(truth.every_position(X)))]
+    options = {"frequencies": False, "cg_steps": 10, "dense": None, "compute": "float64", "rounds": 4}
+
+    def error(model):
+        return function_error_over_lengths(model, truth, np.random.default_rng(2), tuple(range(1, 33)), per_length=1)
+
+    start = conjugated(truth, 1, 1)
+    stalled, _, measured = rows_polished(start, data, slow_mixing=False, pair_signs=0, biases=False, **options)
+    assert "polish_pair_signs" not in measured and error(stalled) > 0.1
+    model, report, measured = rows_polished(start, data, slow_mixing=False, pair_signs=1, biases=False, **options)
+    assert measured["polish_pair_signs"]["flipped"] == [[1, 1]]
+    assert error(model) < error(stalled) / 2 and report.rounds > 4
+    model, report, measured = rows_polished(truth, data, slow_mixing=False, pair_signs=1, biases=False, **options)
+    assert measured["polish_pair_signs"]["flipped"] == [] and report.rounds <= 4 and error(model) < 1e-6

@@ -9,6 +9,9 @@ library stages run one by one and each measured against the float64 module (docs
     PYTHONPATH=src python benchmarks/research/qwen2_rows_route.py final     (the hook's plan: the split refitted and
                                                                              the row polish on FINAL_SEQUENCES more
                                                                              rows; then the route's check)
+    PYTHONPATH=src python benchmarks/research/qwen2_rows_route.py more      (research past the route: the polish
+                                                                             continued on the final stage's rows and
+                                                                             more, relative, a wider slow mixing)
 
 (d = 64, 4/1 by default; ``--d 128 --heads 8 --kv-heads 2`` under the heavy-run wrapper.) The served layer is a
 ``transformers`` Qwen2 layer in bfloat16 answering every row, declaring its rotary frequencies as a Hugging Face
@@ -37,7 +40,7 @@ from positional_bfloat16 import EveryRow  # noqa: E402  (the bfloat16 victim's e
 
 OUT = Path("/tmp/qwen2")
 ALL = tuple(range(1, 257))
-STAGES = ("start", "polish", "slow", "final")
+STAGES = ("start", "polish", "slow", "final", "more", "signs")
 NAMES = ("Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo", "inv_freq")
 
 
@@ -67,7 +70,8 @@ def save(args, stage, model):
 def load(args, stage):
     """The saved state of ``stage``: this run's own (``--tag``) when resuming it, else the previous stage's
     (``--from-tag``)."""
-    own = args.resume and stage == {"polish": "polished", "slow": "mixed", "final": "final"}.get(args.stage)
+    own = args.resume and stage == {"polish": "polished", "slow": "mixed", "final": "final", "more": "more"}.get(
+        args.stage)
     p = dict(np.load(path(args, stage, args.tag if own else args.from_tag)))
     return PositionalAttention(p.pop("Wq"), p.pop("Wk"), p.pop("Wv"), p.pop("Wo"), position="rope", layout="half",
                                scale=1.0, causal=True, **p)
@@ -166,6 +170,77 @@ def stage_final(args, truth, oracle, rng):
           f"float64 {every_length(model, truth, 6):.2e} (seed 6)", flush=True)
 
 
+def two_checks(oracle, model):
+    """The route's check (the worst length against the answers) on two seeds."""
+    from attnprobe.learners.positional.coarse import worst_length_check
+
+    for seed in (99, 98):
+        check = worst_length_check(oracle, model, np.random.default_rng(seed), route.CHECK_LENGTHS,
+                                   route.CHECK_PER_LENGTH)
+        print(f"check (seed {seed}): {check.error:.2e} (claim {route.CLAIM:g})", flush=True)
+
+
+def stage_more(args, truth, oracle, rng):
+    """Past the hook's plan (research): the row polish continued from ``final`` (``--from-tag``) on the final stage's
+    own rows (its seed's FINAL_SEQUENCES) plus ``--add`` fresh sequences, ``--relative`` (each position's rows
+    relative to their spread, as the check weighs lengths) and ``--cg-steps``; saved every ``--chunk`` rounds; then
+    the route's check on two seeds."""
+    model = load(args, "more" if args.resume else "final")
+    data = fresh_rows(oracle, route.FINAL_SEQUENCES, np.random.default_rng(args.seed + 20))
+    if args.add:  # more rows: of 256 tokens joined to the final stage's, or longer ones (a batch of their own)
+        more = fresh_rows(oracle, args.add, rng, length=args.add_length)[0]
+        joined = args.add_length == data[0][0].shape[1]
+        data = [tuple(np.concatenate(z) for z in zip(data[0], more))] if joined else data + [more]
+    X, Y = data[0]
+    opts = {**options(oracle), "cg_steps": args.cg_steps or route.FINAL_CG_STEPS, "relative": args.relative}
+    for flip in args.conjugate.split(",") if args.conjugate and not args.resume else ():
+        from attnprobe.learners.positional.pair_signs import conjugated
+
+        group, pair = map(int, flip.split(":"))
+        model = conjugated(model, group, pair)
+        print(f"conjugated group {group}'s pair {pair}", flush=True)
+    if args.pairs and not args.resume:  # the slow mixing over these pairs first (the route's: under SLOW_ANGLE)
+        from attnprobe.learners.positional.slow_mixing import fit_slow_mixing
+
+        used = [(X[:args.mixing_sequences], Y[:args.mixing_sequences])] if args.mixing_sequences else data
+        model, mixing = fit_slow_mixing(model, used, [int(k) for k in args.pairs.split(",")], compute=opts["compute"],
+                                        log=opts["log"], biases=True)
+        print(f"slow mixing over pairs {args.pairs} on {len(used[0][0])} sequences: misfit "
+              f"{mixing['misfit_before']:.3e} -> {mixing['misfit_after']:.3e}; every length "
+              f"{every_length(model, truth):.2e} / {every_length(model, truth, 6):.2e} (seeds 5 / 6)", flush=True)
+        save(args, "more", model)
+    for done in range(0, args.rounds, args.chunk):
+        model, rep = polish_rows(model, data, rounds=min(args.chunk, args.rounds - done), **opts)
+        print(f"rounds {done + 1}..{min(done + args.chunk, args.rounds)} on {rep.sequences} sequences: misfit "
+              f"{rep.misfit_before:.3e} -> {rep.misfit_after:.3e}; every length {every_length(model, truth):.2e} / "
+              f"{every_length(model, truth, 6):.2e} (seeds 5 / 6)", flush=True)
+        save(args, "more", model)
+    two_checks(oracle, model)
+
+
+def stage_signs(args, truth, oracle, rng):
+    """The hook's sign test (``polish_plan["pair_signs"]``, the route with biases): from ``final`` (``--from-tag``),
+    :func:`~.pair_signs.choose_pair_signs` on the first ``--sign-sequences`` of the final stage's rows, then
+    ``--rounds`` rounds on all of them (the hook's options); the function on two seeds and the route's check on two."""
+    from attnprobe.learners.positional.pair_signs import choose_pair_signs
+
+    model = load(args, "final")
+    X, Y = fresh_rows(oracle, route.FINAL_SEQUENCES, np.random.default_rng(args.seed + 20))[0]
+    opts = {**options(oracle), "cg_steps": route.FINAL_CG_STEPS}
+    print(f"from final{args.from_tag}: every length {every_length(model, truth):.2e} / "
+          f"{every_length(model, truth, 6):.2e} (seeds 5 / 6)", flush=True)
+    model, signs = choose_pair_signs(model, [(X[:args.sign_sequences], Y[:args.sign_sequences])],
+                                     polish_options=opts, log=opts["log"])
+    print(f"pair signs on {args.sign_sequences} sequences: flipped {signs['flipped']}; every length "
+          f"{every_length(model, truth):.2e} / {every_length(model, truth, 6):.2e}", flush=True)
+    save(args, "signs", model)
+    model, rep = polish_rows(model, [(X, Y)], rounds=args.rounds, **opts)
+    print(f"{args.rounds} rounds on {len(X)}: misfit {rep.misfit_before:.3e} -> {rep.misfit_after:.3e}; every length "
+          f"{every_length(model, truth):.2e} / {every_length(model, truth, 6):.2e} (seeds 5 / 6)", flush=True)
+    save(args, "signs", model)
+    two_checks(oracle, model)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("stage", choices=STAGES)
@@ -184,9 +259,17 @@ def main():
                     help="slow: not also the other mixing (biases moved / held) from the same state, for comparison")
     ap.add_argument("--no-signs", dest="signs", action="store_false")
     ap.add_argument("--seed", type=int, default=0, help="the stage's fresh sequences (plus 10 per stage)")
+    ap.add_argument("--add", type=int, default=0, help="more: fresh sequences added to the final stage's rows")
+    ap.add_argument("--add-length", type=int, default=256, help="more: the added sequences' tokens")
+    ap.add_argument("--relative", action="store_true", help="more: each position's rows relative to their spread")
+    ap.add_argument("--pairs", default="", help="more: the slow mixing over these pairs first (e.g. 5,6,7)")
+    ap.add_argument("--sign-sequences", type=int, default=16, help="signs: the test's sequences")
+    ap.add_argument("--conjugate", default="", help="more: conjugate these pairs first (group:pair, comma-separated)")
+    ap.add_argument("--mixing-sequences", type=int, default=0, help="more: the mixing on the first this many")
+    ap.add_argument("--cg-steps", type=int, default=0, help="more: conjugate-gradient steps a round")
     ap.add_argument("--resume", action="store_true", help="polish, final: from the stage's own saved state")
     args = ap.parse_args()
-    final = args.stage == "final"
+    final = args.stage in ("final", "more", "signs")
     args.sequences = args.sequences or (route.FINAL_SEQUENCES if final else route.ROW_SEQUENCES)
     args.rounds = args.rounds or (route.FINAL_ROUNDS if final else route.ROW_ROUNDS)
     OUT.mkdir(exist_ok=True)
@@ -194,8 +277,10 @@ def main():
     torch.set_num_threads(1)
     truth, oracle = setup(args)
     t0 = time.perf_counter()
-    seed = args.seed + 10 * {"start": 0, "polish": 1, "slow": 1, "final": 2}[args.stage]  # slow: the polish's rows
-    {"start": stage_start, "polish": stage_polish, "slow": stage_slow, "final": stage_final}[args.stage](
+    # slow: the polish's rows
+    seed = args.seed + 10 * {"start": 0, "polish": 1, "slow": 1, "final": 2, "more": 3, "signs": 3}[args.stage]
+    {"start": stage_start, "polish": stage_polish, "slow": stage_slow, "final": stage_final,
+     "more": stage_more, "signs": stage_signs}[args.stage](
         args, truth, oracle, np.random.default_rng(seed))
     print(f"{args.stage}: {oracle.queries} queries, {time.perf_counter() - t0:.0f} s", flush=True)
 

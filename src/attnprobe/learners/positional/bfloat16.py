@@ -76,18 +76,15 @@ def bfloat16_refusal(d: int, H: int, outputs: int | None = None, *, rows: bool =
             "every_position); not recovered at bfloat16 (docs/positional.md, \"bfloat16 answers\")")
 
 
-def biased_refusal(precision: str, *, rows: bool = False) -> str:
-    """The one-line cause why answers at ``precision`` (bfloat16) from a layer declaring q/k biases are not read
-    (the reader appends :data:`~.bias_rows.ROWS_RESULT`, what the every-row route with biases measured): from the
-    last position only (``rows`` False) no route reads them; from every row (``rows``) the route with biases
-    (:func:`~.bfloat16_rows.extract_bfloat16_rows` with ``biases``) is built but not dispatched to."""
-    head = (f"these answers are {precision} and the layer's queries and keys carry biases (its family's config): the "
+def biased_refusal(precision: str) -> str:
+    """The one-line cause why last-position answers at ``precision`` (bfloat16) from a layer declaring q/k biases
+    are not read (the reader appends :data:`~.bias_rows.ROWS_RESULT`, what the every-row route with biases
+    measured): the route with biases (:func:`~.bfloat16_rows.extract_bfloat16_rows` with ``biases``) reads every
+    row, and this oracle answers the last position only."""
+    return (f"these answers are {precision} and the layer's queries and keys carry biases (its family's config): the "
             "last-position route's zero-key sweep reads bias-free heads only (a key bias gives zero keys a logit, a "
-            "value bias a value); ")
-    if not rows:
-        return head + ("q/k biases at this precision need every-position rows (a Hugging Face layer serves them on "
-                       "request: every_position), and this oracle answers the last position only; ")
-    return head + "these rows are not sent to extract_bfloat16_rows with biases: "
+            "value bias a value); q/k biases at this precision need every-position rows (a Hugging Face layer serves "
+            "them on request: every_position), and this oracle answers the last position only; ")
 
 
 def sweep_spaces(H: int) -> int | None:
@@ -138,7 +135,10 @@ def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=N
                                 per: int = SWEEP_QUERIES, asked_before=None):
     """RoPE attention (no biases) from bfloat16 answers at the last position: :func:`bfloat16_start`, checked; the
     learners' hook (:func:`~.polish_hook.polish_extraction`) polishes it on ``POLISH_PER·⌈unknowns/K⌉`` fresh answers
-    and :func:`~.route.claim_verdict` then holds its check to :data:`CLAIM`. Needs the number of heads."""
+    and :func:`~.route.claim_verdict` then holds its check to :data:`CLAIM`. Needs the number of heads. More than
+    two heads, wide heads and layers declaring q/k biases (Qwen2) go to the every-row route
+    (:func:`~.bfloat16_rows.extract_bfloat16_rows`, ``biases`` where declared) when the oracle serves every row, and
+    are refused in one line before any query when it does not."""
     from attnprobe.errors import ConfigError, UnidentifiableError
     from attnprobe.learners.core.skeleton import Run
     from attnprobe.learners.positional.bias_rows import ROWS_RESULT
@@ -147,22 +147,23 @@ def extract_bfloat16_positional(oracle, *, heads, seed=0, check=True, progress=N
     from attnprobe.learners.positional.polish_hook import serves_causal_rows
     from attnprobe.oracles.wrappers import declared_attribute
 
-    if declared_attribute(oracle.fn, "qk_biases"):
-        raise UnidentifiableError(biased_refusal(oracle.precision, rows=serves_causal_rows(oracle)) + ROWS_RESULT
+    biased = bool(declared_attribute(oracle.fn, "qk_biases"))
+    if biased and not serves_causal_rows(oracle):  # every row is read by the route with biases
+        raise UnidentifiableError(biased_refusal(oracle.precision) + ROWS_RESULT
                                   + " (docs/positional.md, \"The every-row route with biases\")")
     if heads is None:
         heads = declared_attribute(oracle.fn, "heads", accept=lambda v: isinstance(v, int) and v >= 1)
     if heads is None:
         raise ConfigError(f"the RoPE route for {oracle.precision} answers needs the number of heads", param="heads")
     d = oracle.d
-    if bfloat16_refusal(d, heads, oracle.outputs) is not None:  # more than two heads, or wide ones
+    if biased or bfloat16_refusal(d, heads, oracle.outputs) is not None:  # q/k biases, more heads, wide ones
         from attnprobe.learners.positional.bfloat16_rows import extract_bfloat16_rows
 
         rows = serves_causal_rows(oracle)
         if (cause := bfloat16_refusal(d, heads, oracle.outputs, rows=rows)) is not None:
             raise UnidentifiableError(cause)
         return extract_bfloat16_rows(oracle, heads=heads, seed=seed, check=check, progress=progress, base=base,
-                                     asked_before=asked_before)
+                                     biases=biased, asked_before=asked_before)
     run = Run(oracle, METHOD, seed=seed, check=check, check_lengths=CLAIM_LENGTHS, check_per_length=CLAIM_PER_LENGTH,
               progress=progress, asked_before=asked_before)  # every length: the statistic its claim bounds
     run.plan(bfloat16_queries(d, heads, oracle.outputs, per=per),

@@ -19,9 +19,12 @@ sweep at the last position reads the value maps only ~3 % close.
    :func:`~.route.claim_verdict` holds the check, read over every length 1 … 256, to :data:`CLAIM`
    (docs/positional.md, "bfloat16 answers": the stages measured one by one, and end to end).
 
-With ``biases`` (q/k/v biases, Qwen2) stages 1–3 run behind a token with every key and value zero
-(:mod:`.biased_start`) and the polish fits every bias; not dispatched to from bfloat16 answers (docs/positional.md,
-"The every-row route with biases": its check cannot meet :data:`CLAIM` on a served bfloat16 Qwen2 layer).
+With ``biases`` (q/k/v biases, Qwen2: what :func:`~.bfloat16.extract_bfloat16_positional` sends here when the layer
+declares them) stages 1–3 run behind a token with every key and value zero (:mod:`.biased_start`), the polish fits
+every bias, and the hook runs :data:`FINAL_ROUNDS_BIASES` rounds, then tests the slow pairs' signs again on
+:data:`FINAL_SIGN_SEQUENCES` of its sequences (Qwen2 d = 128, 8/2, the stages one by one: 1.4e-2 … 1.7e-2 from the
+float64 module over every length, check 2.1e-2 … 2.2e-2; docs/positional.md, "The sign test after the hook's
+polish").
 """
 
 from __future__ import annotations
@@ -42,6 +45,12 @@ ROW_SEQUENCES, ROW_TOKENS, ROW_ROUNDS, ROW_CG_STEPS = 16, 256, 12, 60
 #: the slow pairs' split refitted on them (the last-position polish on 2,000 sequences instead stalls at 3.4e-2, its
 #: long lengths worse — docs/positional.md, "bfloat16 answers")
 FINAL_SEQUENCES, FINAL_ROUNDS, FINAL_CG_STEPS = 48, 4, 60
+#: with q/k biases the hook then tests the slow pairs' signs again on this many of its sequences (its rows have
+#: settled the slow pairs by then; Qwen2 d = 128, 8/2: a group's lowest pair left conjugated by the route's own test,
+#: flipped back there: 2.5e-2 … 4.3e-2 → 1.4e-2 … 1.6e-2 over every length — docs/positional.md)
+FINAL_SIGN_SEQUENCES = 16
+#: the hook's rounds with q/k biases (measured so: eight rounds, then the sign test; the slow pairs settle later)
+FINAL_ROUNDS_BIASES = 8
 #: :func:`~.span_sweep.row_value_maps`' options beyond its defaults (a test shrinks the sweep), and the logit maps'
 #: alternating rounds (:mod:`.absolute_logits`)
 VALUE_MAP_OPTIONS: dict = {}
@@ -167,8 +176,10 @@ def extract_bfloat16_rows(oracle, *, heads: int, seed=0, check=True, progress=No
     details = {"heads": heads, "head_dim": K // heads, "route": "bfloat16 rows", "base_start": base or DEFAULT_BASE,
                "biases": biases,
                "claim": {"error": CLAIM, "norm": "worst", "cause": CLAIM_CAUSE},
-               "polish_plan": {"sequences": FINAL_SEQUENCES * ROW_LENGTH, "rounds": FINAL_ROUNDS,
+               "polish_plan": {"sequences": FINAL_SEQUENCES * ROW_LENGTH,
+                               "rounds": FINAL_ROUNDS_BIASES if biases else FINAL_ROUNDS,
                                "cg_steps": FINAL_CG_STEPS, "rows": True, "slow_mixing": True, "min_gain": 0.0,
+                               "pair_signs": FINAL_SIGN_SEQUENCES if biases else 0,
                                "frequencies": measured["frequencies"] == "fitted"},
                **measured}
     notes = [f"{oracle.precision} every-position rows: the every-row RoPE route ("

@@ -39,10 +39,9 @@ from attnprobe.models.positional import PositionalAttention
 #: what the bfloat16 refusals of q/k biases name (docs/positional.md, "The every-row route with biases"): measured
 #: with benchmarks/research/qwen2_rows_route.py
 ROWS_RESULT = ("the every-row route with biases (a token with every key and value zero read from the rows, the stages "
-               "behind it, mapped back) reads Qwen2 d = 64, 4/1 to 1.8e-2 of its float64 module at every length "
-               "(check 2.3e-2 … 2.9e-2 against the answers), but not d = 128, 8/2: twelve row-polish rounds, the slow "
-               "pairs' refit and their sign test leave it 7.4e-2 off at every length (a rotation pair the refit does "
-               "not reach 31 … 60 % off after the twelve)")
+               "behind it, mapped back; the slow pairs' signs tested again after the hook's polish) reads Qwen2 "
+               "d = 128, 8/2 to 1.4e-2 … 1.7e-2 of its float64 module at every length (check 2.1e-2 … 2.2e-2 against "
+               "the answers, claim 3e-2)")
 #: the probe's sequence length, move patterns, Chebyshev steps per sign and longest move (of √d per unit entry)
 PROBE_LENGTH, PATTERNS, NODES, MOVE = 256, 4, 4, 1.0
 #: the last token's kernel offset's entries (its query: a row whose weights tell a zero key from a zero query)

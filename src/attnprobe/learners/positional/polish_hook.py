@@ -40,10 +40,43 @@ def polish_queries(unknowns: int, outputs: int, check_queries: int, sequences: i
     return (sequences or polish_sequences(unknowns, outputs)) + check_queries
 
 
+def rows_polished(model: PositionalAttention, data, *, slow_mixing: bool, pair_signs: int, biases: bool,
+                  rounds: int, **options):
+    """The hook's polish on every-position rows ``data`` (one batch): the slow pairs' split refitted first
+    (``slow_mixing``: :func:`~.slow_mixing.fit_slow_mixing`, the q/k biases mixed with their rows when ``biases``),
+    ``rounds`` rounds of :func:`~.row_polish.polish_rows` with ``options``; then, with ``pair_signs`` (a number of
+    sequences), the slow pairs' signs tested on that many of the rows (:func:`~.pair_signs.choose_pair_signs`) and,
+    when one flipped, the tested model polished ``TEST_ROUNDS`` more rounds on every row. The signs are read here,
+    after the rows have settled the slow pairs: the route's own test (``rows_start``, 16 sequences) runs while they
+    are still 1.1 … 1.9 off either way, and on Qwen2 d = 128 it left a group's lowest pair conjugated, which the
+    polish never turns back (docs/positional.md, "The sign test after the hook's polish"). Returns the model, the
+    polish's :class:`~.polish.PolishReport` and a dict of what was measured."""
+    measured = {}
+    if slow_mixing:
+        from attnprobe.learners.positional.slow_mixing import fit_slow_mixing, mixing_pairs
+
+        model, measured["polish_slow_mixing"] = fit_slow_mixing(model, data, mixing_pairs(model, ROW_LENGTH),
+                                                                compute=options["compute"], biases=biases)
+    model, report = polish_rows(model, data, rounds=rounds, **options)
+    if pair_signs:
+        from dataclasses import replace
+
+        from attnprobe.learners.positional.pair_signs import TEST_ROUNDS, choose_pair_signs
+
+        (X, Y), = data
+        tested, signs = choose_pair_signs(model, [(X[:pair_signs], Y[:pair_signs])], polish_options=options)
+        measured["polish_pair_signs"] = signs
+        if signs["flipped"]:  # else the polish on every row stands (the test's own rounds saw fewer)
+            model, after = polish_rows(tested, data, rounds=TEST_ROUNDS, **options)
+            report = replace(report, misfit_after=after.misfit_after, rounds=report.rounds + after.rounds)
+    return model, report, measured
+
+
 def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH_TARGET, sequences: int | None = None,
                       seed: int = 0, lengths=POLISH_LENGTHS, rounds: int = HOOK_ROUNDS, cg_steps: int = HOOK_CG_STEPS,
                       frequencies: bool = True, relative: bool = False, progress=None, rows: bool | None = None,
-                      work: float | None = None, slow_mixing: bool = False, min_gain: float = MIN_GAIN):
+                      work: float | None = None, slow_mixing: bool = False, pair_signs: int = 0,
+                      min_gain: float = MIN_GAIN):
     """The learners' hook: polish ``res.model`` (a :class:`PositionalAttention` result of ``oracle``) on
     ``sequences`` fresh last-position answers (default :func:`polish_sequences`) when ``mode`` is ``always``, or
     ``auto`` and the check's error is above ``target``; then a fresh functional check (the lengths and count of
@@ -53,7 +86,8 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
     :data:`~.row_polish.ROW_LENGTH` tokens, computed in float32 for answers no finer; default: when the oracle is
     known to answer causal rows and the model is causal); ``work``: the last-position polish's rounds and
     conjugate-gradient steps cut to this work cap (:func:`~.polish.capped_steps`); ``slow_mixing``: on rows, the
-    slow pairs' split refitted first (:func:`~.slow_mixing.fit_slow_mixing`), and ``min_gain`` (0: every round) as
+    slow pairs' split refitted first (:func:`~.slow_mixing.fit_slow_mixing`), ``pair_signs``: on rows, their signs
+    tested after the polish (:func:`rows_polished`), and ``min_gain`` (0: every round) as
     :func:`~.row_polish.polish_rows` takes it; the biases the oracle's layer declares
     it has not are held at zero (:func:`~.polish.absent_biases`). The result's check is
     the returned model's (counted apart, as every learner's); every other query the hook asks, and the learner's
@@ -95,15 +129,11 @@ def polish_extraction(oracle, res, *, mode: str = "auto", target: float = POLISH
         progress(res.queries + oracle.queries - before, res.queries + oracle.queries - before)
     held = absent_biases(oracle)
     if rows:
-        model, compute = held_at_zero(res.model, held), chunk_precision(oracle.precision)
-        if slow_mixing:
-            from attnprobe.learners.positional.slow_mixing import fit_slow_mixing, mixing_pairs
-
-            model, mixing = fit_slow_mixing(model, data, mixing_pairs(model, ROW_LENGTH), compute=compute,
-                                            biases=bool(res.details.get("biases")))
-            res.details["polish_slow_mixing"] = mixing
-        model, report = polish_rows(model, data, frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
-                                    relative=relative, compute=compute, held=held, min_gain=min_gain)
+        model, report, measured = rows_polished(
+            held_at_zero(res.model, held), data, slow_mixing=slow_mixing, pair_signs=pair_signs,
+            biases=bool(res.details.get("biases")), frequencies=frequencies, rounds=rounds, cg_steps=cg_steps,
+            relative=relative, compute=chunk_precision(oracle.precision), held=held, min_gain=min_gain)
+        res.details.update(measured)
     else:
         if work is not None:
             rounds, cg_steps = capped_steps(n, res.unknowns, rounds, cg_steps, work)

@@ -147,8 +147,8 @@ def extract_any_positional(oracle, *, heads=None, seed=0, check=True, progress=N
     polish_extraction(oracle, res, mode=polish, target=polish_target, seed=seed, progress=progress,
                       sequences=polish_sequences or plan.get("sequences"), rounds=plan.get("rounds", HOOK_ROUNDS),
                       relative=plan.get("relative", False), work=plan.get("work"),
-                      **{k: plan[k] for k in ("cg_steps", "rows", "frequencies", "slow_mixing", "min_gain")
-                         if k in plan})
+                      **{k: plan[k] for k in ("cg_steps", "rows", "frequencies", "slow_mixing", "pair_signs",
+                                              "min_gain") if k in plan})
     claim_verdict(oracle, res)  # a route that claims an error (the bfloat16 route's) held to it
     route = res.details.get("position", kind or "rope")
     if (oracle.eps > FINEST and oracle.noise.exact and kind != "rope" and res.check is not None
