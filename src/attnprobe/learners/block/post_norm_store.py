@@ -53,14 +53,17 @@ class StageStore:
         return out
 
     def put(self, name: str, **arrays) -> None:
-        """Save stage ``name`` (written whole, then renamed: a run killed mid-write leaves the previous save)."""
+        """Save stage ``name`` and the ledger (queries of every sitting up to this save)."""
+        self._write(name, **arrays)
+        self.saved = True
+        if self.count is not None:
+            self._write("ledger", queries=self.earlier + self.count())
+
+    def _write(self, name: str, **arrays) -> None:
+        """``name``.npz written whole, then renamed: a run killed mid-write leaves the previous save."""
         tmp = self.folder / f".{name}.tmp.npz"
         np.savez(tmp, **arrays)
         os.replace(tmp, self.folder / f"{name}.npz")
-        self.saved = True
-        if self.count is not None:  # the ledger: queries of every sitting up to its last save
-            np.savez(self.folder / ".ledger.tmp.npz", queries=self.earlier + self.count())
-            os.replace(self.folder / ".ledger.tmp.npz", self.folder / "ledger.npz")
 
     def queries(self) -> int:
         """Queries asked over every sitting so far (the earlier ones up to their last save: a sitting killed between
@@ -88,8 +91,7 @@ class StageStore:
                 raise ConfigError(f"the stages folder {self.folder} holds files but no fingerprint: it was not made "
                                   "by this route; give an empty or new folder", param="stages")
             self._count_from(count, start)
-            self.put("fingerprint", X=X, Y=Y, **{k: np.asarray(v) for k, v in setting.items()})
-            self.saved = False  # the fingerprint is not a stage: a sitting still has to save one before pausing
+            self._write("fingerprint", X=X, Y=Y, **{k: np.asarray(v) for k, v in setting.items()})  # not a stage
             return
         with np.load(f, allow_pickle=False) as z:
             saved = {k: z[k] for k in z.files}
